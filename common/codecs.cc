@@ -1,0 +1,154 @@
+#include "common/codecs.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/bf16.h"
+
+namespace ss {
+namespace {
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+constexpr float kE2m1Values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+}  // namespace
+
+float E4m3ToFloat(uint8_t code) {
+  const int sign = code >> 7;
+  const int exp = (code >> 3) & 0xf;
+  const int man = code & 0x7;
+  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  float v = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
+                     : std::ldexp(static_cast<float>(8 + man), exp - 10);
+  return sign ? -v : v;
+}
+
+uint8_t FloatToE4m3(float x) {
+  if (std::isnan(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const float a = std::fabs(x);
+  if (a >= kE4m3Max) return sign | 0x7e;
+  if (a < 0.015625f) {  // below 2^-6: subnormal grid with spacing 2^-9
+    // nearbyint rounds half to even in the default rounding mode; 8 lands on code 0x08 = 2^-6.
+    const int q = static_cast<int>(std::nearbyint(a * 512.0f));
+    return sign | static_cast<uint8_t>(q);
+  }
+  int e2;
+  std::frexp(a, &e2);       // a = f * 2^e2, f in [0.5, 1)
+  int e = e2 - 1;           // a in [2^e, 2^(e+1))
+  int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));  // in [8, 16]
+  if (q == 16) {
+    q = 8;
+    ++e;
+  }
+  const int code = ((e + 7) << 3) | (q - 8);
+  if (code > 0x7e) return sign | 0x7e;
+  return sign | static_cast<uint8_t>(code);
+}
+
+float Ue8m0ToFloat(uint8_t b) {
+  if (b == 255) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(b) - 127);
+}
+
+float E2m1ToFloat(uint8_t code) {
+  const float v = kE2m1Values[code & 7];
+  return (code & 8) ? -v : v;
+}
+
+uint8_t FloatToE2m1(float x) {
+  if (std::isnan(x)) return 0;
+  const float a = std::fabs(x);
+  uint8_t c;
+  // Ties go to the even code (the one whose lowest bit is 0).
+  if (a <= 0.25f) c = 0;
+  else if (a < 0.75f) c = 1;
+  else if (a <= 1.25f) c = 2;
+  else if (a < 1.75f) c = 3;
+  else if (a <= 2.5f) c = 4;
+  else if (a < 3.5f) c = 5;
+  else if (a <= 5.0f) c = 6;
+  else c = 7;
+  if (c == 0) return 0;
+  return std::signbit(x) ? static_cast<uint8_t>(c | 8) : c;
+}
+
+float Pow2Scale(float amax, float amax_floor, float qmax) {
+  const float a = std::max(amax, amax_floor);
+  const float inv = 1.0f / qmax;
+  const uint32_t bits = FloatBits(a * inv);
+  int e = static_cast<int>((bits >> 23) & 0xff) - 127;
+  if (bits & 0x7fffffu) ++e;
+  return std::ldexp(1.0f, e);
+}
+
+uint8_t Ue8m0FromPow2(float s) {
+  int e2;
+  std::frexp(s, &e2);
+  return static_cast<uint8_t>(std::clamp(e2 - 1 + 127, 0, 254));
+}
+
+void QuantizeActE4m3(const float* x, size_t n, size_t block, uint8_t* q, float* scales) {
+  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
+    const size_t b1 = std::min(n, b0 + block);
+    float amax = 0.0f;
+    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float s = Pow2Scale(amax, kFp8AmaxFloor, kE4m3Max);
+    scales[bi] = s;
+    for (size_t i = b0; i < b1; ++i) {
+      q[i] = FloatToE4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max));
+    }
+  }
+}
+
+void Fp8SimInplace(float* x, size_t n, size_t block, bool round_e4m3) {
+  for (size_t b0 = 0; b0 < n; b0 += block) {
+    const size_t b1 = std::min(n, b0 + block);
+    float amax = 0.0f;
+    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float s = Pow2Scale(amax, kFp8AmaxFloor, kE4m3Max);
+    for (size_t i = b0; i < b1; ++i) {
+      float v = std::clamp(x[i] / s, -kE4m3Max, kE4m3Max);
+      v = round_e4m3 ? RoundE4m3(v) : RoundBf16(v);
+      x[i] = RoundBf16(v * s);
+    }
+  }
+}
+
+void Fp4SimInplace(float* x, size_t n, size_t block) {
+  for (size_t b0 = 0; b0 < n; b0 += block) {
+    const size_t b1 = std::min(n, b0 + block);
+    float amax = 0.0f;
+    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float s = Pow2Scale(amax, kFp4AmaxFloor, kE2m1Max);
+    for (size_t i = b0; i < b1; ++i) {
+      const float v = E2m1ToFloat(FloatToE2m1(std::clamp(x[i] / s, -kE2m1Max, kE2m1Max)));
+      x[i] = RoundBf16(v * s);
+    }
+  }
+}
+
+void HadamardInplace(float* x, size_t n) {
+  std::vector<double> t(x, x + n);
+  for (size_t h = 1; h < n; h <<= 1) {
+    for (size_t i = 0; i < n; i += 2 * h) {
+      for (size_t j = i; j < i + h; ++j) {
+        const double a = t[j], b = t[j + h];
+        t[j] = a + b;
+        t[j + h] = a - b;
+      }
+    }
+  }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  for (size_t i = 0; i < n; ++i) x[i] = RoundBf16(static_cast<float>(t[i]) * scale);
+}
+
+}  // namespace ss

@@ -1,0 +1,170 @@
+#include "common/model/attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/bf16.h"
+#include "common/codecs.h"
+#include "common/model/compressor.h"
+#include "common/model/linear.h"
+#include "common/rope.h"
+
+namespace ss::model {
+namespace {
+
+constexpr int64_t kSoftmaxChunk = 64;
+
+// The demo's per-head q normalisation, done with bf16 tensor ops.
+void HeadNormBf16(float* q, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += RoundBf16(q[i] * q[i]);
+  const float mean = RoundBf16(static_cast<float>(sum) * (1.0f / static_cast<float>(n)));
+  const float r = RoundBf16(1.0f / std::sqrt(RoundBf16(mean + eps)));
+  for (int64_t i = 0; i < n; ++i) q[i] = RoundBf16(q[i] * r);
+}
+
+// Sparse attention of one head over a candidate list (nullptr = masked entry), spec §3.9,
+// as the reference kernel runs it: online softmax over 64-entry chunks, probabilities rounded
+// to bf16 before P·V, the sink only in the denominator.
+void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int64_t d,
+                      float scale, float sink, float* out) {
+  std::vector<float> acc(d, 0.0f), s(kSoftmaxChunk), pb(kSoftmaxChunk);
+  std::vector<double> pv(d);
+  float m = -INFINITY, l = 0.0f;
+  const int64_t n = static_cast<int64_t>(cand.size());
+  for (int64_t c0 = 0; c0 < n; c0 += kSoftmaxChunk) {
+    const int64_t c1 = std::min(n, c0 + kSoftmaxChunk);
+    float cmax = m;
+    for (int64_t i = c0; i < c1; ++i) {
+      s[i - c0] = cand[i] ? DotF32(q, cand[i], d) * scale : -INFINITY;
+      cmax = std::max(cmax, s[i - c0]);
+    }
+    const float alpha = std::exp(m - cmax);
+    m = cmax;
+    double psum = 0.0;
+    std::fill(pv.begin(), pv.end(), 0.0);
+    for (int64_t i = c0; i < c1; ++i) {
+      const float p = std::exp(s[i - c0] - m);
+      psum += p;
+      if (!cand[i]) continue;
+      const double pr = RoundBf16(p);
+      for (int64_t j = 0; j < d; ++j) pv[j] += pr * cand[i][j];
+    }
+    l = l * alpha + static_cast<float>(psum);
+    for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * alpha + static_cast<float>(pv[j]);
+  }
+  l += std::exp(sink - m);
+  for (int64_t j = 0; j < d; ++j) out[j] = RoundBf16(acc[j] / l);
+}
+
+}  // namespace
+
+LayerState NewLayerState(const ModelConfig& c, int64_t ratio) {
+  LayerState st;
+  st.window.assign(c.window_size * c.head_dim, 0.0f);
+  if (ratio > 0) st.compressor.Reset(ratio, c.head_dim);
+  if (ratio == 4) st.index_compressor.Reset(ratio, c.index_head_dim);
+  return st;
+}
+
+void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
+                      const float* x, int64_t S, int64_t start, float* out,
+                      AttentionTrace* trace) {
+  const ModelConfig& c = *p.config;
+  const int64_t dim = c.dim, H = c.n_heads, Dh = c.head_dim, rd = c.rope_head_dim;
+  const int64_t W = c.window_size, ratio = w.ratio, qlr = c.q_lora_rank;
+  const float eps = static_cast<float>(c.norm_eps);
+  const int64_t end = start + S;
+
+  // Query path.
+  std::vector<float> qa(S * qlr), qr(S * qlr), q(S * H * Dh);
+  Linear8(w.wq_a, x, S, qa.data());
+  for (int64_t s = 0; s < S; ++s) RmsNorm(qa.data() + s * qlr, w.q_norm.data(), qlr, eps, qr.data() + s * qlr);
+  Linear8(w.wq_b, qr.data(), S, q.data());
+  // KV path.
+  std::vector<float> kva(S * Dh), kv(S * Dh);
+  Linear8(w.wkv, x, S, kva.data());
+  std::vector<float> cs(rd / 2), sn(rd / 2);
+  for (int64_t s = 0; s < S; ++s) {
+    RopeCosSin(*p.rope_freqs, start + s, cs.data(), sn.data());
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = q.data() + (s * H + h) * Dh;
+      HeadNormBf16(qh, Dh, eps);
+      ApplyRope(qh + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(), false);
+    }
+    float* e = kv.data() + s * Dh;
+    RmsNorm(kva.data() + s * Dh, w.kv_norm.data(), Dh, eps, e);
+    ApplyRope(e + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(), false);
+    Fp8SimInplace(e, Dh - rd, 64, p.kv_fp8_sim_rounds);
+  }
+
+  // Compressors first (spec §3.14): every block completing inside the chunk exists before any
+  // query of the chunk attends.
+  if (w.has_compressor) {
+    CompressorParams cp{CompressorKind::kMain, rd, eps, p.kv_fp8_sim_rounds, p.rope_freqs};
+    CompressorFeed(w.compressor, cp, st.compressor, x, S, dim, start, st.compressed);
+  }
+  IndexerResult idx;
+  if (w.has_indexer) {
+    CompressorParams cp{CompressorKind::kIndexer, rd, eps, p.kv_fp8_sim_rounds, p.rope_freqs};
+    CompressorFeed(w.indexer.compressor, cp, st.index_compressor, x, S, dim, start,
+                   st.index_keys);
+    idx = IndexerSelect(w.indexer, c, *p.rope_freqs, x, qr.data(), S, start, st.index_keys);
+  }
+
+  auto raw_entry = [&](int64_t t) -> const float* {
+    return t >= start ? kv.data() + (t - start) * Dh : st.window.data() + (t % W) * Dh;
+  };
+  const int64_t win_width = start == 0 ? std::min(S, W) : W;
+  const float scale = static_cast<float>(std::pow(static_cast<double>(Dh), -0.5));
+  std::vector<float> o(S * H * Dh);
+#pragma omp parallel for schedule(dynamic) if (S * H > 1)
+  for (int64_t sh = 0; sh < S * H; ++sh) {
+    const int64_t s = sh / H, h = sh % H, pos = start + s;
+    std::vector<const float*> cand;
+    const int64_t first = std::max<int64_t>(0, pos - W + 1);
+    for (int64_t t = first; t <= pos; ++t) cand.push_back(raw_entry(t));
+    cand.resize(std::max<int64_t>(win_width, static_cast<int64_t>(cand.size())), nullptr);
+    if (ratio > 0 && !w.has_indexer) {
+      const int64_t complete = (pos + 1) / ratio;
+      for (int64_t j = 0; j < end / ratio; ++j) {
+        cand.push_back(j < complete ? st.compressed.data() + j * Dh : nullptr);
+      }
+    } else if (w.has_indexer) {
+      for (int64_t i = 0; i < idx.k; ++i) {
+        const int32_t j = idx.sel[s * idx.k + i];
+        cand.push_back(j >= 0 ? st.compressed.data() + j * Dh : nullptr);
+      }
+    }
+    SparseAttendHead(q.data() + sh * Dh, cand, Dh, scale, w.attn_sink[h], o.data() + sh * Dh);
+  }
+
+  // De-rotate with the query position, then the grouped low-rank projection.
+  const int64_t G = c.o_groups, R = c.o_lora_rank, gin = H * Dh / G;
+  std::vector<float> z(S * G * R);
+  for (int64_t s = 0; s < S; ++s) {
+    RopeCosSin(*p.rope_freqs, start + s, cs.data(), sn.data());
+    for (int64_t h = 0; h < H; ++h) {
+      ApplyRope(o.data() + (s * H + h) * Dh + Dh - rd, static_cast<int>(rd / 2), cs.data(),
+                sn.data(), true);
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t gr = 0; gr < G * R; ++gr) {
+    const int64_t g = gr / R;
+    std::vector<float> wrow(gin);
+    for (int64_t i = 0; i < gin; ++i) wrow[i] = w.wo_a.At(gr, i);
+    for (int64_t s = 0; s < S; ++s) {
+      z[s * G * R + gr] = RoundBf16(DotF32(o.data() + s * H * Dh + g * gin, wrow.data(), gin));
+    }
+  }
+  Linear8(w.wo_b, z.data(), S, out);
+
+  // The chunk's raw KV enters the window ring (the last W positions survive).
+  for (int64_t t = std::max(start, end - W); t < end; ++t) {
+    std::copy_n(kv.data() + (t - start) * Dh, Dh, st.window.data() + (t % W) * Dh);
+  }
+  if (trace && trace->indexer) *trace->indexer = std::move(idx);
+}
+
+}  // namespace ss::model

@@ -1,0 +1,43 @@
+// Attention of one block (spec §3.4–§3.10): low-rank query with per-head RMS normalisation,
+// a single shared latent KV (K = V) FP8-simulated on its nope dims, sliding window, compressed
+// entries (HCA: all completed blocks; CSA: the indexer's top-k), sparse attention with a sink,
+// and the grouped low-rank output projection.
+//
+// The candidate list of a query follows the demo's index layout exactly (window entries in
+// position order, padded with -1 to min(S, window) in a prefill from position 0 and to `window`
+// otherwise, then compressed entries), because the online softmax runs over 64-entry chunks of
+// that list and its rounding depends on the chunking.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/model/indexer.h"
+#include "common/model/state.h"
+#include "common/model/weights.h"
+#include "common/model_config.h"
+
+namespace ss::model {
+
+struct AttentionParams {
+  const ModelConfig* config = nullptr;
+  const std::vector<float>* rope_freqs = nullptr;  // the layer's table (ratio-dependent)
+  bool kv_fp8_sim_rounds = true;
+};
+
+// What a block test may want to look at; every member is optional.
+struct AttentionTrace {
+  IndexerResult* indexer = nullptr;
+};
+
+// Attention over the tokens at positions start..start+S-1 of one sequence. x: [S, dim] normed
+// inputs, out: [S, dim] bf16. Appends the chunk's raw KV to the window ring and its completed
+// blocks to the compressed caches of `st`.
+void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
+                      const float* x, int64_t S, int64_t start, float* out,
+                      AttentionTrace* trace);
+
+// Fresh per-layer state for a block with compression ratio `ratio`.
+LayerState NewLayerState(const ModelConfig& c, int64_t ratio);
+
+}  // namespace ss::model

@@ -1,0 +1,221 @@
+#include "common/model/model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/attention.h"
+#include "common/model/hyper_connection.h"
+#include "common/model/linear.h"
+#include "common/rope.h"
+#include "common/status.h"
+
+namespace ss::model {
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, ModelOptions options) {
+  std::unique_ptr<Model> m(new Model());
+  ASSIGN_OR_RETURN(m->w_, LoadModelWeights(dir));
+  m->options_ = options;
+  m->rope_plain_ = LayerRopeFrequencies(m->config(), 0);
+  m->rope_compressed_ = LayerRopeFrequencies(m->config(), 4);
+  return m;
+}
+
+const BlockWeights& Model::Block(int64_t layer) const {
+  const int64_t n = config().n_layers;
+  return layer < n ? w_->blocks[layer] : w_->mtp[layer - n].block;
+}
+
+int64_t Model::Ratio(int64_t layer) const {
+  return config().compress_ratios[layer];
+}
+
+SequenceState Model::NewSequence() const {
+  SequenceState s;
+  const ModelConfig& c = config();
+  for (int64_t l = 0; l < c.n_layers + c.n_mtp_layers; ++l) {
+    s.layers.push_back(NewLayerState(c, Ratio(l)));
+  }
+  return s;
+}
+
+void Model::EmbedStreams(const int64_t* ids, int64_t n, float* out) const {
+  const int64_t hc = config().hc_mult, dim = config().dim;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t s = 0; s < hc; ++s) w_->embed.Row(ids[t], out + (t * hc + s) * dim);
+  }
+}
+
+void Model::RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
+                     float* h_out, BlockTrace* trace) const {
+  const ModelConfig& c = config();
+  const BlockWeights& bw = Block(layer);
+  const int64_t hc = c.hc_mult, dim = c.dim;
+  const float hc_eps = static_cast<float>(c.hc_eps), eps = static_cast<float>(c.norm_eps);
+  int64_t T = 0;
+  for (const ChunkRef& ch : chunks) T += ch.n;
+  std::vector<int64_t> ids;
+  for (const ChunkRef& ch : chunks) ids.insert(ids.end(), ch.tokens, ch.tokens + ch.n);
+
+  std::vector<HcSplit> split(T);
+  std::vector<float> y(T * dim), xn(T * dim), a(T * dim), mid(T * hc * dim), f(T * dim);
+  auto pre = [&](const float* h, const HcWeights& hw, const std::vector<float>& g) {
+#pragma omp parallel for schedule(static) if (T > 1)
+    for (int64_t t = 0; t < T; ++t) {
+      split[t] = HcPre(h + t * hc * dim, hc, dim, hw, c.hc_sinkhorn_iters, hc_eps, eps,
+                       y.data() + t * dim);
+      RmsNorm(y.data() + t * dim, g.data(), dim, eps, xn.data() + t * dim);
+    }
+  };
+  auto post = [&](const float* sub, const float* h, float* out) {
+#pragma omp parallel for schedule(static) if (T > 1)
+    for (int64_t t = 0; t < T; ++t) {
+      HcPost(sub + t * dim, h + t * hc * dim, split[t], hc, dim, out + t * hc * dim);
+    }
+  };
+  auto keep_split = [&](std::vector<std::vector<float>>& dst) {
+    for (const HcSplit& s : split) {
+      std::vector<float> v = s.pre;
+      v.insert(v.end(), s.post.begin(), s.post.end());
+      v.insert(v.end(), s.comb.begin(), s.comb.end());
+      dst.push_back(std::move(v));
+    }
+  };
+
+  pre(h_in, bw.hc_attn, bw.attn_norm);
+  if (trace) keep_split(trace->hc_attn_split);
+  const int64_t ratio = Ratio(layer);
+  AttentionParams ap{&c, ratio == 0 ? &rope_plain_ : &rope_compressed_, options_.kv_fp8_sim_rounds};
+  int64_t row = 0;
+  for (const ChunkRef& ch : chunks) {
+    IndexerResult idx;
+    AttentionTrace at{&idx};
+    AttentionForward(bw.attn, ap, ch.state->layers[layer], xn.data() + row * dim, ch.n, ch.start,
+                     a.data() + row * dim, &at);
+    if (trace) trace->indexer.push_back(std::move(idx));
+    row += ch.n;
+  }
+  post(a.data(), h_in, mid.data());
+
+  pre(mid.data(), bw.hc_ffn, bw.ffn_norm);
+  if (trace) keep_split(trace->hc_ffn_split);
+  MoeForward(bw.moe, c, options_.shared_expert_clamp, xn.data(), ids.data(), T, f.data(),
+             trace ? &trace->router : nullptr);
+  post(f.data(), mid.data(), h_out);
+  if (trace) {
+    trace->attn_out = std::move(a);
+    trace->moe_out = std::move(f);
+  }
+}
+
+void Model::Logits(const float* streams, float* logits) const {
+  const ModelConfig& c = config();
+  std::vector<float> z(c.dim), u(c.dim);
+  HcHead(streams, c.hc_mult, c.dim, w_->hc_head, static_cast<float>(c.hc_eps),
+         static_cast<float>(c.norm_eps), z.data());
+  RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps), u.data());
+  LinearF32(w_->head, u.data(), 1, logits);
+}
+
+absl::Status Model::ValidateChunks(std::span<const ChunkRef> chunks) const {
+  const ModelConfig& c = config();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ChunkRef& ch = chunks[i];
+    if (ch.state == nullptr || ch.n <= 0 || ch.tokens == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": empty or without state"));
+    }
+    if (static_cast<int64_t>(ch.state->layers.size()) != c.n_layers + c.n_mtp_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", i, ": state was not made by this model"));
+    }
+    if (ch.start < 0) return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": start < 0"));
+    for (int64_t t = 0; t < ch.n; ++t) {
+      if (ch.tokens[t] < 0 || ch.tokens[t] >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": token id ", ch.tokens[t],
+                                                       " outside [0, ", c.vocab_size, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Model::Forward(std::span<const ChunkRef> chunks,
+                                                               std::vector<float>* final_streams)
+    const {
+  std::vector<ChunkRef> cs(chunks.begin(), chunks.end());
+  for (ChunkRef& ch : cs) {
+    if (ch.state) ch.start = ch.state->next_pos;
+  }
+  RETURN_IF_ERROR(ValidateChunks(cs));
+  const ModelConfig& c = config();
+  const int64_t hc = c.hc_mult, dim = c.dim;
+  int64_t T = 0;
+  for (const ChunkRef& ch : cs) T += ch.n;
+  std::vector<float> h(T * hc * dim), h2(T * hc * dim);
+  int64_t row = 0;
+  for (const ChunkRef& ch : cs) {
+    EmbedStreams(ch.tokens, ch.n, h.data() + row * hc * dim);
+    row += ch.n;
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    RunBlock(l, cs, h.data(), h2.data(), nullptr);
+    h.swap(h2);
+  }
+  std::vector<std::vector<float>> logits;
+  row = 0;
+  for (ChunkRef& ch : cs) {
+    row += ch.n;
+    logits.emplace_back(c.vocab_size);
+    Logits(h.data() + (row - 1) * hc * dim, logits.back().data());
+    ch.state->next_pos += ch.n;
+  }
+  if (final_streams) *final_streams = std::move(h);
+  return logits;
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Model::MtpForward(
+    int64_t k, std::span<const ChunkRef> chunks, const float* h_main) const {
+  const ModelConfig& c = config();
+  if (k < 0 || k >= c.n_mtp_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("no MTP block ", k, " in this checkpoint"));
+  }
+  RETURN_IF_ERROR(ValidateChunks(chunks));
+  const MtpWeights& mw = w_->mtp[k];
+  const int64_t hc = c.hc_mult, dim = c.dim;
+  const float eps = static_cast<float>(c.norm_eps);
+  int64_t T = 0;
+  for (const ChunkRef& ch : chunks) T += ch.n;
+  std::vector<float> e(T * dim), en(T * dim), ep(T * dim), hs(T * hc * dim), hp(T * hc * dim);
+  std::vector<float> x(T * hc * dim), out(T * hc * dim);
+  int64_t row = 0;
+  for (const ChunkRef& ch : chunks) {
+    for (int64_t t = 0; t < ch.n; ++t) w_->embed.Row(ch.tokens[t], e.data() + (row + t) * dim);
+    row += ch.n;
+  }
+  for (int64_t t = 0; t < T; ++t) RmsNorm(e.data() + t * dim, mw.enorm.data(), dim, eps, en.data() + t * dim);
+  for (int64_t r = 0; r < T * hc; ++r) RmsNorm(h_main + r * dim, mw.hnorm.data(), dim, eps, hs.data() + r * dim);
+  Linear8(mw.e_proj, en.data(), T, ep.data());
+  Linear8(mw.h_proj, hs.data(), T * hc, hp.data());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t s = 0; s < hc; ++s) {
+      for (int64_t i = 0; i < dim; ++i) {
+        const int64_t j = (t * hc + s) * dim + i;
+        x[j] = RoundBf16(ep[t * dim + i] + hp[j]);
+      }
+    }
+  }
+  RunBlock(c.n_layers + k, chunks, x.data(), out.data(), nullptr);
+  std::vector<std::vector<float>> logits;
+  std::vector<float> z(dim), u(dim);
+  row = 0;
+  for (const ChunkRef& ch : chunks) {
+    row += ch.n;
+    HcHead(out.data() + (row - 1) * hc * dim, hc, dim, mw.hc_head, static_cast<float>(c.hc_eps),
+           eps, z.data());
+    RmsNorm(z.data(), mw.norm.data(), dim, eps, u.data());
+    logits.emplace_back(c.vocab_size);
+    LinearF32(w_->head, u.data(), 1, logits.back().data());
+  }
+  return logits;
+}
+
+}  // namespace ss::model
