@@ -123,10 +123,10 @@ absl::Status ValidateCheckpoint(const Checkpoint& ckpt, const ModelConfig& c,
   for (const ExpectedTensor& t : ExpectedTensors(c)) {
     absl::StatusOr<const TensorView*> v = ckpt.Get(t.name, t.dtype, t.shape);
     if (absl::IsNotFound(v.status())) {
-      return absl::NotFoundError(absl::StrCat(v.status().message(), " (expected ",
-                                              absl::string_view(DTypeName(t.dtype).data(),
-                                                                DTypeName(t.dtype).size()),
-                                              " [", absl::StrJoin(t.shape, ", "), "])"));
+      return absl::NotFoundError(
+          absl::StrCat(v.status().message(), " (expected ",
+                       absl::string_view(DTypeName(t.dtype).data(), DTypeName(t.dtype).size()),
+                       " [", absl::StrJoin(t.shape, ", "), "])"));
     }
     if (!v.ok()) return v.status();
     expected.insert(t.name);

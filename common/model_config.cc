@@ -24,9 +24,9 @@ class Fields {
       : obj_(obj), label_(std::move(label)), prefix_(std::move(prefix)) {}
 
   absl::Status Error(std::string_view field, std::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(label_, ": field '", prefix_,
-                                                   absl::string_view(field.data(), field.size()),
-                                                   "' ", absl::string_view(what.data(), what.size())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label_, ": field '", prefix_, absl::string_view(field.data(), field.size()),
+                     "' ", absl::string_view(what.data(), what.size())));
   }
   const json* Find(const char* field) const {
     auto it = obj_.find(field);
@@ -74,7 +74,8 @@ class Fields {
     if (!v.is_number()) return Error(field, absl::StrCat("must be a number, got ", v.dump()));
     const double x = v.get<double>();
     if (!std::isfinite(x) || x < 0 || (x == 0 && !allow_zero)) {
-      return Error(field, absl::StrCat("= ", v.dump(), allow_zero ? " must be >= 0" : " must be > 0"));
+      return Error(field,
+                   absl::StrCat("= ", v.dump(), allow_zero ? " must be >= 0" : " must be > 0"));
     }
     return x;
   }
@@ -84,7 +85,7 @@ class Fields {
     if (!v->is_string()) return Error(field, absl::StrCat("must be a string, got ", v->dump()));
     return v->get<std::string>();
   }
-  // Optional string field that, when present, must equal `want`.
+  // A string field that must equal `want`; it may be absent unless `required`.
   absl::Status StrIs(const char* field, const std::string& want, bool required) const {
     if (!required && Find(field) == nullptr) return absl::OkStatus();
     ASSIGN_OR_RETURN(std::string s, Str(field));
@@ -134,8 +135,7 @@ absl::Status MultipleOf128(const Fields& f, const char* field, std::string_view 
                            std::string_view why) {
   if (v % 128 == 0) return absl::OkStatus();
   return f.Error(field, absl::StrCat(absl::string_view(expr.data(), expr.size()),
-                                     expr.empty() ? "= " : " = ", v,
-                                     " must be a multiple of 128 (",
+                                     expr.empty() ? "= " : " = ", v, " must be a multiple of 128 (",
                                      absl::string_view(why.data(), why.size()), ")"));
 }
 
@@ -144,12 +144,12 @@ absl::Status CheckShapes(const Fields& f, const ModelConfig& c) {
   constexpr std::string_view kK = "FP8 GEMM K dimension";
   RETURN_IF_ERROR(MultipleOf128(f, "hidden_size", "", c.dim, kK));
   RETURN_IF_ERROR(MultipleOf128(f, "q_lora_rank", "", c.q_lora_rank, kK));
-  RETURN_IF_ERROR(MultipleOf128(f, "o_lora_rank", "o_groups * o_lora_rank",
-                                c.o_groups * c.o_lora_rank, kK));
+  RETURN_IF_ERROR(
+      MultipleOf128(f, "o_lora_rank", "o_groups * o_lora_rank", c.o_groups * c.o_lora_rank, kK));
   RETURN_IF_ERROR(MultipleOf128(f, "moe_intermediate_size", "", c.moe_inter_dim, kK));
   if (c.n_heads % c.o_groups != 0) {
-    return f.Error("o_groups", absl::StrCat("= ", c.o_groups, " must divide num_attention_heads = ",
-                                            c.n_heads));
+    return f.Error("o_groups", absl::StrCat("= ", c.o_groups,
+                                            " must divide num_attention_heads = ", c.n_heads));
   }
   RETURN_IF_ERROR(MultipleOf128(f, "o_groups", "num_attention_heads * head_dim / o_groups",
                                 c.n_heads * c.head_dim / c.o_groups, "wo_a 128x128 blocks"));
@@ -172,8 +172,8 @@ absl::Status CheckShapes(const Fields& f, const ModelConfig& c) {
   }
   if (c.n_activated_experts > c.n_routed_experts) {
     return f.Error("num_experts_per_tok",
-                   absl::StrCat("= ", c.n_activated_experts, " must be <= n_routed_experts = ",
-                                c.n_routed_experts));
+                   absl::StrCat("= ", c.n_activated_experts,
+                                " must be <= n_routed_experts = ", c.n_routed_experts));
   }
   if (c.n_hash_layers > c.n_layers) {
     return f.Error("num_hash_layers", absl::StrCat("= ", c.n_hash_layers,
@@ -245,17 +245,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   ASSIGN_OR_RETURN(const json* ratios, f.Require("compress_ratios"));
   if (!ratios->is_array()) return f.Error("compress_ratios", "must be an array");
   if (static_cast<int64_t>(ratios->size()) != c.n_layers + c.n_mtp_layers) {
-    return f.Error("compress_ratios",
-                   absl::StrCat("has ", ratios->size(), " entries, expected num_hidden_layers + "
-                                "num_nextn_predict_layers = ", c.n_layers + c.n_mtp_layers));
+    return f.Error("compress_ratios", absl::StrCat("has ", ratios->size(),
+                                                   " entries, expected num_hidden_layers + "
+                                                   "num_nextn_predict_layers = ",
+                                                   c.n_layers + c.n_mtp_layers));
   }
   for (size_t i = 0; i < ratios->size(); ++i) {
     const std::string name = absl::StrCat("compress_ratios[", i, "]");
     ASSIGN_OR_RETURN(int64_t m, f.ToInt(name, (*ratios)[i], 0, 128));
     const bool mtp = static_cast<int64_t>(i) >= c.n_layers;
     if (mtp ? m != 0 : (m != 0 && m != 4 && m != 128)) {
-      return f.Error(name, absl::StrCat("= ", m, mtp ? " must be 0 (MTP blocks are SWA-only)"
-                                                     : " must be 0, 4 or 128"));
+      return f.Error(name, absl::StrCat("= ", m,
+                                        mtp ? " must be 0 (MTP blocks are SWA-only)"
+                                            : " must be 0, 4 or 128"));
     }
     c.compress_ratios.push_back(m);
   }

@@ -37,9 +37,9 @@ struct DTypeInfo {
   size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kBF16, "BF16", 2},   {DType::kF32, "F32", 4}, {DType::kF8E4M3, "F8_E4M3", 1},
+    {DType::kBF16, "BF16", 2},      {DType::kF32, "F32", 4}, {DType::kF8E4M3, "F8_E4M3", 1},
     {DType::kF8E8M0, "F8_E8M0", 1}, {DType::kI8, "I8", 1},   {DType::kI64, "I64", 8},
-    {DType::kI32, "I32", 4},     {DType::kU8, "U8", 1},
+    {DType::kI32, "I32", 4},        {DType::kU8, "U8", 1},
 };
 
 // A JSON value as a non-negative integer; floats, negatives and booleans are rejected.
@@ -100,7 +100,8 @@ absl::StatusOr<TensorView> ParseEntry(const std::string& label, const std::strin
   for (const json& d : *sh) {
     uint64_t u;
     if (!AsNonNegative(d, &u) || u > static_cast<uint64_t>(INT64_MAX)) {
-      return Bad(label, name, absl::StrCat("shape entry ", d.dump(), " is not a non-negative integer"));
+      return Bad(label, name,
+                 absl::StrCat("shape entry ", d.dump(), " is not a non-negative integer"));
     }
     v.shape.push_back(static_cast<int64_t>(u));
   }
@@ -123,10 +124,10 @@ absl::StatusOr<TensorView> ParseEntry(const std::string& label, const std::strin
                             data_len, " bytes)"));
   }
   if (end - begin != want) {
-    return Bad(label, name,
-               absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin,
-                            " bytes but ", AV(DTypeName(v.dtype)), " ", ShapeStr(v.shape), " needs ",
-                            want));
+    return Bad(
+        label, name,
+        absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes but ",
+                     AV(DTypeName(v.dtype)), " ", ShapeStr(v.shape), " needs ", want));
   }
   v.data = data + begin;
   v.nbytes = static_cast<size_t>(want);
@@ -143,10 +144,13 @@ absl::Status ParseImage(const uint8_t* buf, size_t len, const std::string& label
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | buf[i];
-  if (n > len - 8 || n > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(label, ": header length ", n,
-                                                   " exceeds the file (", len,
-                                                   " bytes) or the 100 MB limit"));
+  if (n > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": header length ", n, " exceeds the 100 MB limit"));
+  }
+  if (n > len - 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": header length ", n, " exceeds the file (", len, " bytes)"));
   }
   const uint8_t* data = buf + 8 + n;
   const uint64_t data_len = len - 8 - n;
@@ -210,9 +214,9 @@ absl::Status ParseImage(const uint8_t* buf, size_t len, const std::string& label
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].begin < ranges[i - 1].end) {
       return Bad(label, *ranges[i].name,
-                 absl::StrCat("bytes [", ranges[i].begin, ", ", ranges[i].end,
-                              ") overlap tensor '", *ranges[i - 1].name, "' [",
-                              ranges[i - 1].begin, ", ", ranges[i - 1].end, ")"));
+                 absl::StrCat("bytes [", ranges[i].begin, ", ", ranges[i].end, ") overlap tensor '",
+                              *ranges[i - 1].name, "' [", ranges[i - 1].begin, ", ",
+                              ranges[i - 1].end, ")"));
     }
   }
   return absl::OkStatus();
@@ -293,8 +297,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     f->map_len_ = len;
   }
   ::close(fd);  // the mapping keeps the file alive
-  RETURN_IF_ERROR(ParseImage(static_cast<const uint8_t*>(f->map_), len, path, &f->tensors_,
-                             &f->metadata_));
+  RETURN_IF_ERROR(
+      ParseImage(static_cast<const uint8_t*>(f->map_), len, path, &f->tensors_, &f->metadata_));
   return f;
 }
 
@@ -309,12 +313,12 @@ const TensorView* SafetensorsFile::Find(std::string_view name) const {
 
 absl::Status Checkpoint::AddFile(std::unique_ptr<SafetensorsFile> file) {
   for (const auto& [name, view] : file->tensors()) {
-    auto [it, inserted] = index_.emplace(name, &view);
-    if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is in both ",
-                                                     it->second->file, " and ", file->path()));
+    if (const TensorView* other = Find(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' is in both ", other->file, " and ", file->path()));
     }
   }
+  for (const auto& [name, view] : file->tensors()) index_.emplace(name, &view);
   files_.push_back(std::move(file));
   return absl::OkStatus();
 }
@@ -341,8 +345,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     std::vector<std::string> paths;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
-      if (name.starts_with("model") && name.ends_with(".safetensors") &&
-          it->is_regular_file(ec)) {
+      if (name.starts_with("model") && name.ends_with(".safetensors") && it->is_regular_file(ec)) {
         paths.push_back(it->path().string());
       }
     }
@@ -371,9 +374,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     const std::string* shard = it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
     // Shards are plain file names next to the index; anything else could escape the directory.
     if (shard == nullptr || shard->empty() || shard->find('/') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", it.key(),
-                                                     "' maps to ", it->dump(),
-                                                     ", not a file name"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          index_path, ": tensor '", it.key(), "' maps to ", it->dump(), ", not a file name"));
     }
     weight_map[it.key()] = *shard;
     shards.insert(*shard);
@@ -438,9 +440,8 @@ absl::StatusOr<const TensorView*> Checkpoint::Get(std::string_view name, DType d
                                                   const std::vector<int64_t>& shape) const {
   ASSIGN_OR_RETURN(const TensorView* v, GetAnyShape(name, dtype));
   if (v->shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(AV(name), " in ", v->file, ": shape ",
-                                                   v->ShapeString(), ", expected ",
-                                                   ShapeStr(shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        AV(name), " in ", v->file, ": shape ", v->ShapeString(), ", expected ", ShapeStr(shape)));
   }
   return v;
 }
@@ -457,9 +458,9 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
     }
     uint64_t want;
     if (!CheckedBytes(t.shape, DTypeSize(t.dtype), &want) || t.bytes.size() != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor '", t.name, "': ", t.bytes.size(), " bytes do not match ",
-          AV(DTypeName(t.dtype)), " ", ShapeStr(t.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", t.name, "': ", t.bytes.size(), " bytes do not match ",
+                       AV(DTypeName(t.dtype)), " ", ShapeStr(t.shape)));
     }
     header[t.name] = {{"dtype", DTypeName(t.dtype)},
                       {"shape", t.shape},
@@ -484,8 +485,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   bool ok = std::fwrite(len_le, 1, 8, f) == 8 &&
             std::fwrite(text.data(), 1, text.size(), f) == text.size();
   for (const TensorToWrite& t : tensors) {
-    ok = ok && (t.bytes.empty() ||
-                std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size());
+    ok = ok &&
+         (t.bytes.empty() || std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size());
   }
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -118,7 +118,7 @@ void AttentionForward(const AttentionWeights& w, const AttentionParams& p, Layer
   const int64_t win_width = start == 0 ? std::min(S, W) : W;
   const float scale = static_cast<float>(std::pow(static_cast<double>(Dh), -0.5));
   std::vector<float> o(S * H * Dh);
-#pragma omp parallel for schedule(dynamic) if (S * H > 1)
+#pragma omp parallel for schedule(dynamic) if (S * H * (W + end / std::max<int64_t>(ratio, 1)) * Dh >= kParallelMinWork)
   for (int64_t sh = 0; sh < S * H; ++sh) {
     const int64_t s = sh / H, h = sh % H, pos = start + s;
     std::vector<const float*> cand;
@@ -149,7 +149,7 @@ void AttentionForward(const AttentionWeights& w, const AttentionParams& p, Layer
                 sn.data(), true);
     }
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (S * G * R * gin >= kParallelMinWork)
   for (int64_t gr = 0; gr < G * R; ++gr) {
     const int64_t g = gr / R;
     std::vector<float> wrow(gin);

@@ -40,7 +40,7 @@ IndexerResult IndexerSelect(const IndexerWeights& w, const ModelConfig& c,
     for (int64_t h = 0; h < nh; ++h) wts[s * nh + h] = RoundBf16(wts[s * nh + h] * wscale);
   }
 
-#pragma omp parallel for schedule(static) if (S > 1)
+#pragma omp parallel for schedule(static) if (S * res.n_blocks * nh * hd >= kParallelMinWork)
   for (int64_t s = 0; s < S; ++s) {
     const int64_t eligible = (start + s + 1) / ratio;
     float* sc = res.scores.data() + s * res.n_blocks;

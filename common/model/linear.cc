@@ -11,6 +11,9 @@ namespace {
 
 constexpr int64_t kBlock = 128;   // activation and FP8 weight block
 constexpr int64_t kFp4Group = 32;
+// Below kParallelMinWork multiply-adds a parallel region costs more than it saves (and with
+// more threads than free cores OpenMP's barrier spinning makes small regions very slow).
+constexpr int64_t kParallelWork = kParallelMinWork;
 
 struct Tables {
   std::array<float, 256> e4m3;
@@ -58,7 +61,7 @@ void Linear8(const Fp8Weight& w, const float* x, int64_t rows, float* y) {
   QuantizeRows(x, rows, w.in, qv, sa);
   const int64_t nb = (w.in + kBlock - 1) / kBlock;
   const auto& t = T();
-#pragma omp parallel for schedule(static) if (w.out * rows >= 64)
+#pragma omp parallel for schedule(static) if (w.out * w.in * rows >= kParallelWork)
   for (int64_t o = 0; o < w.out; ++o) {
     std::vector<float> wrow(w.in);
     for (int64_t i = 0; i < w.in; ++i) wrow[i] = t.e4m3[w.w[o * w.in + i]];
@@ -83,7 +86,7 @@ void Linear4(const Fp4Weight& w, const float* x, int64_t rows, float* y) {
   const int64_t nb = (w.in + kBlock - 1) / kBlock;
   const int64_t ng = w.in / kFp4Group;
   const auto& t = T();
-#pragma omp parallel for schedule(static) if (w.out * rows >= 64)
+#pragma omp parallel for schedule(static) if (w.out * w.in * rows >= kParallelWork)
   for (int64_t o = 0; o < w.out; ++o) {
     std::vector<float> wrow(w.in);
     const uint8_t* packed = w.w + o * (w.in / 2);
@@ -114,7 +117,7 @@ float DotF32(const float* a, const float* b, int64_t n) {
 }
 
 void LinearF32(const Bf16Matrix& w, const float* x, int64_t rows, float* y) {
-#pragma omp parallel for schedule(static) if (w.rows * rows >= 64)
+#pragma omp parallel for schedule(static) if (w.rows * w.cols * rows >= kParallelWork)
   for (int64_t o = 0; o < w.rows; ++o) {
     std::vector<float> wrow(w.cols);
     w.Row(o, wrow.data());

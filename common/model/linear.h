@@ -61,6 +61,9 @@ void RmsNorm(const float* x, const float* g, int64_t n, float eps, float* y);
 // The mean of squares as torch computes it: sum · fp32(1/n).
 float MeanSquare(const float* x, int64_t n);
 
+// Work (multiply-adds) from which the model's loops run in parallel.
+inline constexpr int64_t kParallelMinWork = int64_t{1} << 21;
+
 // Dot product of two float arrays formed exactly in double and rounded to fp32 once.
 float DotF32(const float* a, const float* b, int64_t n);
 

@@ -59,7 +59,7 @@ void Model::RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const floa
   std::vector<HcSplit> split(T);
   std::vector<float> y(T * dim), xn(T * dim), a(T * dim), mid(T * hc * dim), f(T * dim);
   auto pre = [&](const float* h, const HcWeights& hw, const std::vector<float>& g) {
-#pragma omp parallel for schedule(static) if (T > 1)
+#pragma omp parallel for schedule(static) if (T * hc * dim * c.mix_hc() >= kParallelMinWork)
     for (int64_t t = 0; t < T; ++t) {
       split[t] = HcPre(h + t * hc * dim, hc, dim, hw, c.hc_sinkhorn_iters, hc_eps, eps,
                        y.data() + t * dim);
@@ -67,7 +67,7 @@ void Model::RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const floa
     }
   };
   auto post = [&](const float* sub, const float* h, float* out) {
-#pragma omp parallel for schedule(static) if (T > 1)
+#pragma omp parallel for schedule(static) if (T * hc * hc * dim >= kParallelMinWork)
     for (int64_t t = 0; t < T; ++t) {
       HcPost(sub + t * dim, h + t * hc * dim, split[t], hc, dim, out + t * hc * dim);
     }

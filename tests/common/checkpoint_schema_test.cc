@@ -31,12 +31,10 @@ TEST(CheckpointSchemaTest, TinyAMatchesExactly) {
   ASSERT_TRUE(c.ok()) << c.status();
   const std::vector<ExpectedTensor> expected = ExpectedTensors(*c);
   EXPECT_EQ(expected.size(), 1057u);
-  EXPECT_EQ(DTypeCounts(expected), (std::map<std::string, int>{{"BF16", 73},
-                                                               {"F32", 75},
-                                                               {"F8_E4M3", 69},
-                                                               {"F8_E8M0", 453},
-                                                               {"I64", 3},
-                                                               {"I8", 384}}));
+  EXPECT_EQ(
+      DTypeCounts(expected),
+      (std::map<std::string, int>{
+          {"BF16", 73}, {"F32", 75}, {"F8_E4M3", 69}, {"F8_E8M0", 453}, {"I64", 3}, {"I8", 384}}));
   std::set<std::string> names;
   for (const ExpectedTensor& t : expected) EXPECT_TRUE(names.insert(t.name).second) << t.name;
 
@@ -166,7 +164,8 @@ TEST_F(CheckpointSchemaCopyTest, UnmodifiedCopyValidates) {
 }
 
 TEST_F(CheckpointSchemaCopyTest, MissingTensor) {
-  std::erase_if(tensors_, [](const TensorToWrite& t) { return t.name == "layers.3.ffn.gate.bias"; });
+  std::erase_if(tensors_,
+                [](const TensorToWrite& t) { return t.name == "layers.3.ffn.gate.bias"; });
   absl::Status s = Validate(nullptr);
   EXPECT_TRUE(absl::IsNotFound(s)) << s;
   EXPECT_EQ(s.message(), dir_ + ": missing tensor 'layers.3.ffn.gate.bias' (expected F32 [16])");

@@ -197,11 +197,18 @@ std::vector<BadConfig> BadConfigs() {
        "o_groups * o_lora_rank = 192"},
       {"moe_inter_dim % 128", [](json& j) { j["moe_intermediate_size"] = 192; },
        "moe_intermediate_size", "multiple of 128"},
-      {"n_heads % o_groups", [](json& j) { j["o_groups"] = 3; j["o_lora_rank"] = 128; },
+      {"n_heads % o_groups",
+       [](json& j) {
+         j["o_groups"] = 3;
+         j["o_lora_rank"] = 128;
+       },
        "o_groups", "must divide num_attention_heads"},
       {"n_heads * head_dim / o_groups % 128",
-       [](json& j) { j["head_dim"] = 160; j["qk_rope_head_dim"] = 32; }, "o_groups",
-       "num_attention_heads * head_dim / o_groups = 320"},
+       [](json& j) {
+         j["head_dim"] = 160;
+         j["qk_rope_head_dim"] = 32;
+       },
+       "o_groups", "num_attention_heads * head_dim / o_groups = 320"},
       {"nope % 64", [](json& j) { j["qk_rope_head_dim"] = 32; }, "qk_rope_head_dim",
        "positive multiple of 64"},
       {"nope = 0", [](json& j) { j["qk_rope_head_dim"] = 128; }, "qk_rope_head_dim",
@@ -225,8 +232,7 @@ std::vector<BadConfig> BadConfigs() {
        "<= n_routed_experts"},
       {"hash layers > layers", [](json& j) { j["num_hash_layers"] = 8; }, "num_hash_layers",
        "<= num_hidden_layers"},
-      {"two shared experts", [](json& j) { j["n_shared_experts"] = 2; }, "n_shared_experts",
-       "= 2"},
+      {"two shared experts", [](json& j) { j["n_shared_experts"] = 2; }, "n_shared_experts", "= 2"},
       {"kv heads", [](json& j) { j["num_key_value_heads"] = 4; }, "num_key_value_heads", "= 4"},
       // identity and format
       {"model_type", [](json& j) { j["model_type"] = "deepseek_v3"; }, "model_type",
@@ -243,10 +249,13 @@ std::vector<BadConfig> BadConfigs() {
        "quantization_config.quant_method", "missing"},
       {"quant scale", [](json& j) { j["quantization_config"]["scale_fmt"] = "fp32"; },
        "quantization_config.scale_fmt", "ue8m0"},
-      {"quant block", [](json& j) { j["quantization_config"]["weight_block_size"] = {64, 64}; },
+      {"quant block",
+       [](json& j) {
+         j["quantization_config"]["weight_block_size"] = {64, 64};
+       },
        "quantization_config.weight_block_size", "[128, 128]"},
-      {"quant not object", [](json& j) { j["quantization_config"] = "fp8"; },
-       "quantization_config", "object"},
+      {"quant not object", [](json& j) { j["quantization_config"] = "fp8"; }, "quantization_config",
+       "object"},
       // compress ratios
       {"ratios length", [](json& j) { j["compress_ratios"].erase(0); }, "compress_ratios",
        "has 7 entries"},
@@ -282,12 +291,16 @@ std::vector<BadConfig> BadConfigs() {
        "rope_scaling.type", "only \"yarn\""},
       {"rope scaling factor", [](json& j) { j["rope_scaling"]["factor"] = "16"; },
        "rope_scaling.factor", "must be a number"},
-      {"rope scaling orig", [](json& j) { j["rope_scaling"].erase("original_max_position_embeddings"); },
+      {"rope scaling orig",
+       [](json& j) { j["rope_scaling"].erase("original_max_position_embeddings"); },
        "rope_scaling.original_max_position_embeddings", "is missing"},
       {"rope scaling not object", [](json& j) { j["rope_scaling"] = 16; }, "rope_scaling",
        "object"},
-      {"eos list", [](json& j) { j["eos_token_id"] = {1, 2}; }, "eos_token_id",
-       "must be an integer"},
+      {"eos list",
+       [](json& j) {
+         j["eos_token_id"] = {1, 2};
+       },
+       "eos_token_id", "must be an integer"},
   };
 }
 

@@ -80,8 +80,7 @@ TEST(SafetensorsTest, WriteThenReadRoundTrip) {
   const std::string path = dir / "model.safetensors";
   std::vector<TensorToWrite> ts = {T("z.first", DType::kF32, {2, 3}, 3),
                                    T("a.second", DType::kBF16, {5}, 9),
-                                   T("empty", DType::kI64, {0, 4}),
-                                   T("scalar", DType::kU8, {}, 5),
+                                   T("empty", DType::kI64, {0, 4}), T("scalar", DType::kU8, {}, 5),
                                    T("m.codes", DType::kI8, {3, 1}, 200)};
   ASSERT_TRUE(WriteSafetensors(path, ts, {{"format", "pt"}}).ok());
 
@@ -124,9 +123,9 @@ TEST(SafetensorsTest, WriterRejectsBadInput) {
   TensorToWrite bad = T("x", DType::kF32, {2, 2});
   bad.bytes.pop_back();
   EXPECT_FALSE(WriteSafetensors(dir / "a.safetensors", {bad}).ok());
-  EXPECT_FALSE(WriteSafetensors(dir / "a.safetensors",
-                                {T("x", DType::kF32, {1}), T("x", DType::kF32, {1})})
-                   .ok());
+  EXPECT_FALSE(
+      WriteSafetensors(dir / "a.safetensors", {T("x", DType::kF32, {1}), T("x", DType::kF32, {1})})
+          .ok());
   EXPECT_FALSE(WriteSafetensors(dir / "a.safetensors", {T("", DType::kF32, {1})}).ok());
   EXPECT_FALSE(WriteSafetensors(dir / "a.safetensors", {{"neg", DType::kF32, {-1}, {}}}).ok());
   EXPECT_FALSE(WriteSafetensors(dir / "no_such_dir/a.safetensors", {}).ok());
@@ -166,7 +165,8 @@ std::vector<BadCase> BadCases() {
   std::vector<uint8_t> over_limit = Image("{}", {});
   const uint64_t n = (100ull << 20) + 1;
   for (int i = 0; i < 8; ++i) over_limit[i] = static_cast<uint8_t>(n >> (8 * i));
-  std::vector<uint8_t> beyond = Image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", {7});
+  std::vector<uint8_t> beyond =
+      Image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", {7});
   beyond[0] += 2;  // header length 2 bytes past the end
   std::vector<uint8_t> cut = one(R"({"dtype":"F32","shape":[16],"data_offsets":[0,64]})");
   cut.resize(cut.size() - 1);
@@ -175,8 +175,8 @@ std::vector<BadCase> BadCases() {
       {"empty file", {}, "too short"},
       {"truncated length", {1, 0, 0}, "too short"},
       {"header length beyond file", beyond, "exceeds the file"},
-      {"header length huge", huge_len, "exceeds the file"},
-      {"header length over 100 MB", over_limit, "100 MB"},
+      {"header length huge", huge_len, "exceeds the 100 MB limit"},
+      {"header length over 100 MB", over_limit, "header length 104857601 exceeds the 100 MB limit"},
       {"truncated data", cut, "exceed the data section (63 bytes)"},
       {"malformed JSON", Image(R"({"a.weight": {"dtype": )", d64), "well-formed"},
       {"trailing garbage", Image(R"({} x)", d64), "well-formed"},
@@ -195,14 +195,14 @@ std::vector<BadCase> BadCases() {
        "not a non-negative integer"},
       {"string shape", one(R"({"dtype":"U8","shape":["4"],"data_offsets":[0,4]})"),
        "not a non-negative integer"},
-      {"shape beyond int64", one(R"({"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,4]})"),
+      {"shape beyond int64",
+       one(R"({"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,4]})"),
        "not a non-negative integer"},
       {"shape product overflow",
        one(R"({"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]})"),
        "overflows"},
       {"shape bytes overflow",
-       one(R"({"dtype":"I64","shape":[4611686018427387904],"data_offsets":[0,0]})"),
-       "overflows"},
+       one(R"({"dtype":"I64","shape":[4611686018427387904],"data_offsets":[0,0]})"), "overflows"},
       {"offsets out of bounds", one(R"({"dtype":"U8","shape":[100],"data_offsets":[0,100]})"),
        "tensor 'a.weight': data_offsets [0, 100] exceed the data section (64 bytes)"},
       {"offsets huge", one(R"({"dtype":"U8","shape":[1],"data_offsets":[18446744073709551615,0]})"),
@@ -252,11 +252,14 @@ TEST(SafetensorsTest, HeaderErrorsNameFileAndTensor) {
 TEST(SafetensorsTest, OpenReportsHeaderErrorsFromDisk) {
   TempDir dir;
   const std::string path = dir / "model.safetensors";
-  std::vector<uint8_t> img = Image(R"({"a":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}})", Bytes(8));
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()), img.size());
+  std::vector<uint8_t> img =
+      Image(R"({"a":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}})", Bytes(8));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(img.data()), img.size());
   auto f = SafetensorsFile::Open(path);
   ASSERT_FALSE(f.ok());
-  EXPECT_NE(f.status().message().find(path + ": tensor 'a'"), absl::string_view::npos) << f.status();
+  EXPECT_NE(f.status().message().find(path + ": tensor 'a'"), absl::string_view::npos)
+      << f.status();
   std::ofstream(path, std::ios::binary | std::ios::trunc);  // empty file: no mapping at all
   EXPECT_TRUE(absl::IsInvalidArgument(SafetensorsFile::Open(path).status()));
   EXPECT_FALSE(SafetensorsFile::Open(dir.path()).ok()) << "a directory is not a file";
@@ -298,8 +301,10 @@ TEST(SafetensorsTest, CheckpointGetChecksDtypeAndShape) {
 
 TEST(SafetensorsTest, CheckpointWithoutIndexOpensModelFilesSorted) {
   TempDir dir;
-  ASSERT_TRUE(WriteSafetensors(dir / "model-00002-of-00002.safetensors", {T("b", DType::kU8, {2})}).ok());
-  ASSERT_TRUE(WriteSafetensors(dir / "model-00001-of-00002.safetensors", {T("a", DType::kU8, {2})}).ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir / "model-00002-of-00002.safetensors", {T("b", DType::kU8, {2})}).ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir / "model-00001-of-00002.safetensors", {T("a", DType::kU8, {2})}).ok());
   ASSERT_TRUE(WriteSafetensors(dir / "golden.safetensors", {T("g", DType::kU8, {2})}).ok());
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -314,8 +319,8 @@ TEST(SafetensorsTest, CheckpointWithoutIndexOpensModelFilesSorted) {
   ASSERT_FALSE(dup.ok());
   EXPECT_NE(dup.status().message().find("tensor 'a' is in both"), absl::string_view::npos)
       << dup.status();
-  EXPECT_FALSE(Checkpoint::OpenFiles({dir / "model-00001-of-00002.safetensors",
-                                      dir / "model-00003.safetensors"})
+  EXPECT_FALSE(Checkpoint::OpenFiles(
+                   {dir / "model-00001-of-00002.safetensors", dir / "model-00003.safetensors"})
                    .ok());
 }
 
@@ -342,13 +347,13 @@ TEST(SafetensorsTest, OpenFilesOpensExactlyThose) {
 class SafetensorsShardedTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(WriteSafetensors(dir_ / "model-00001-of-00002.safetensors",
-                                 {T("embed.weight", DType::kBF16, {4, 2}),
-                                  T("layers.0.w", DType::kF32, {3})})
+    ASSERT_TRUE(WriteSafetensors(
+                    dir_ / "model-00001-of-00002.safetensors",
+                    {T("embed.weight", DType::kBF16, {4, 2}), T("layers.0.w", DType::kF32, {3})})
                     .ok());
-    ASSERT_TRUE(WriteSafetensors(dir_ / "model-00002-of-00002.safetensors",
-                                 {T("layers.1.w", DType::kF32, {3}),
-                                  T("head.weight", DType::kBF16, {4, 2})})
+    ASSERT_TRUE(WriteSafetensors(
+                    dir_ / "model-00002-of-00002.safetensors",
+                    {T("layers.1.w", DType::kF32, {3}), T("head.weight", DType::kBF16, {4, 2})})
                     .ok());
   }
   void WriteIndex(const std::map<std::string, std::string>& weight_map) {
@@ -375,7 +380,8 @@ class SafetensorsShardedTest : public ::testing::Test {
 
 TEST_F(SafetensorsShardedTest, OpensEveryShard) {
   // A stray model file next to the index is not opened: the index is authoritative.
-  ASSERT_TRUE(WriteSafetensors(dir_ / "model-stray.safetensors", {T("stray", DType::kU8, {1})}).ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir_ / "model-stray.safetensors", {T("stray", DType::kU8, {1})}).ok());
   WriteIndex(GoodMap());
   auto ckpt = Checkpoint::Open(dir_.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -421,15 +427,16 @@ TEST_F(SafetensorsShardedTest, ShardTensorMissingFromIndex) {
   auto m = GoodMap();
   m.erase("head.weight");
   WriteIndex(m);
-  EXPECT_NE(Error().find("1 tensor(s) not in the index: head.weight"), std::string::npos) << Error();
+  EXPECT_NE(Error().find("1 tensor(s) not in the index: head.weight"), std::string::npos)
+      << Error();
 }
 
 TEST_F(SafetensorsShardedTest, DuplicateAcrossShards) {
-  ASSERT_TRUE(WriteSafetensors(dir_ / "model-00002-of-00002.safetensors",
-                               {T("layers.1.w", DType::kF32, {3}),
-                                T("head.weight", DType::kBF16, {4, 2}),
-                                T("layers.0.w", DType::kF32, {3})})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir_ / "model-00002-of-00002.safetensors",
+                       {T("layers.1.w", DType::kF32, {3}), T("head.weight", DType::kBF16, {4, 2}),
+                        T("layers.0.w", DType::kF32, {3})})
+          .ok());
   WriteIndex(GoodMap());
   EXPECT_NE(Error().find("tensor 'layers.0.w' is in both"), std::string::npos) << Error();
 }
@@ -464,10 +471,32 @@ TEST(SafetensorsFuzzTest, MutatedImagesNeverCrash) {
   const std::vector<uint8_t> data(seed.begin() + 8 + header_len, seed.end());
   ASSERT_TRUE(SafetensorsFile::FromBuffer(seed.data(), seed.size(), "seed").ok());
 
-  static constexpr const char* kTokens[] = {
-      "{", "}", "[", "]", ",", ":", "\"", "-", "0", "-1", "1e3", "0.5", "null", "true",
-      "18446744073709551615", "9223372036854775807", "4294967296", "\"F32\"", "\"I64\"", "\\u0000",
-      "\"shape\"", "\"data_offsets\"", "\"dtype\"", "\"__metadata__\"", "\xff", " "};
+  static constexpr const char* kTokens[] = {"{",
+                                            "}",
+                                            "[",
+                                            "]",
+                                            ",",
+                                            ":",
+                                            "\"",
+                                            "-",
+                                            "0",
+                                            "-1",
+                                            "1e3",
+                                            "0.5",
+                                            "null",
+                                            "true",
+                                            "18446744073709551615",
+                                            "9223372036854775807",
+                                            "4294967296",
+                                            "\"F32\"",
+                                            "\"I64\"",
+                                            "\\u0000",
+                                            "\"shape\"",
+                                            "\"data_offsets\"",
+                                            "\"dtype\"",
+                                            "\"__metadata__\"",
+                                            "\xff",
+                                            " "};
   std::mt19937_64 rng(0x5afe7e45);
   auto pick = [&](size_t n) { return n == 0 ? size_t{0} : static_cast<size_t>(rng() % n); };
   int accepted = 0, rejected = 0;
