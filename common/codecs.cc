@@ -19,6 +19,18 @@ uint32_t FloatBits(float f) {
 
 constexpr float kE2m1Values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
+// Calls fn(b0, b1, s) for each block [b0, b1) of x[0..n) with its power-of-two scale.
+template <typename Fn>
+void ForEachScaledBlock(const float* x, size_t n, size_t block, float amax_floor, float qmax,
+                        Fn&& fn) {
+  for (size_t b0 = 0; b0 < n; b0 += block) {
+    const size_t b1 = std::min(n, b0 + block);
+    float amax = 0.0f;
+    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    fn(b0, b1, Pow2Scale(amax, amax_floor, qmax));
+  }
+}
+
 }  // namespace
 
 float E4m3ToFloat(uint8_t code) {
@@ -97,43 +109,29 @@ uint8_t Ue8m0FromPow2(float s) {
 }
 
 void QuantizeActE4m3(const float* x, size_t n, size_t block, uint8_t* q, float* scales) {
-  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
-    const size_t b1 = std::min(n, b0 + block);
-    float amax = 0.0f;
-    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float s = Pow2Scale(amax, kFp8AmaxFloor, kE4m3Max);
-    scales[bi] = s;
-    for (size_t i = b0; i < b1; ++i) {
-      q[i] = FloatToE4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max));
-    }
-  }
+  ForEachScaledBlock(x, n, block, kFp8AmaxFloor, kE4m3Max, [&](size_t b0, size_t b1, float s) {
+    scales[b0 / block] = s;
+    for (size_t i = b0; i < b1; ++i) q[i] = FloatToE4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max));
+  });
 }
 
 void Fp8SimInplace(float* x, size_t n, size_t block, bool round_e4m3) {
-  for (size_t b0 = 0; b0 < n; b0 += block) {
-    const size_t b1 = std::min(n, b0 + block);
-    float amax = 0.0f;
-    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float s = Pow2Scale(amax, kFp8AmaxFloor, kE4m3Max);
+  ForEachScaledBlock(x, n, block, kFp8AmaxFloor, kE4m3Max, [&](size_t b0, size_t b1, float s) {
     for (size_t i = b0; i < b1; ++i) {
       float v = std::clamp(x[i] / s, -kE4m3Max, kE4m3Max);
       v = round_e4m3 ? RoundE4m3(v) : RoundBf16(v);
       x[i] = RoundBf16(v * s);
     }
-  }
+  });
 }
 
 void Fp4SimInplace(float* x, size_t n, size_t block) {
-  for (size_t b0 = 0; b0 < n; b0 += block) {
-    const size_t b1 = std::min(n, b0 + block);
-    float amax = 0.0f;
-    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float s = Pow2Scale(amax, kFp4AmaxFloor, kE2m1Max);
+  ForEachScaledBlock(x, n, block, kFp4AmaxFloor, kE2m1Max, [&](size_t b0, size_t b1, float s) {
     for (size_t i = b0; i < b1; ++i) {
       const float v = E2m1ToFloat(FloatToE2m1(std::clamp(x[i] / s, -kE2m1Max, kE2m1Max)));
       x[i] = RoundBf16(v * s);
     }
-  }
+  });
 }
 
 void HadamardInplace(float* x, size_t n) {

@@ -4,18 +4,11 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git ca-certificates python3
+  build-essential cmake ninja-build pkg-config git ca-certificates
   libabsl-dev
   libspdlog-dev libfmt-dev
   nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest
-  libbenchmark-dev
-  libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
-  libhwloc-dev libnuma-dev
-  prometheus-cpp-dev
-  libcpp-httplib-dev
-  libpcre2-dev
-  zstd
 )
 
 missing=()

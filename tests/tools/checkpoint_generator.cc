@@ -128,7 +128,13 @@ absl::Status Fill(const ModelConfig& cfg, const ExpectedTensor& t, uint64_t seed
     case DType::kF8E4M3: {
       RETURN_IF_ERROR(need_scale());
       const int64_t rows = t.shape[0], cols = t.shape[1];
-      const std::vector<float> v = Draw(rng, n, 0, 1.0 / std::sqrt(static_cast<double>(cols)));
+      // The shared expert takes the routed experts' multipliers (as tiny-a does), so its
+      // SwiGLU clamp fires and the shared-expert-clamp switch changes results.
+      double mult = 1.0;
+      if (absl::StrContains(t.name, "shared_experts.")) {
+        mult = absl::StrContains(t.name, ".w2.") ? 0.25 : 8.0;
+      }
+      const std::vector<float> v = Draw(rng, n, 0, mult / std::sqrt(static_cast<double>(cols)));
       w->bytes.resize(n);
       scale->bytes.resize(Numel(scale->shape));
       QuantizeFp8Blocks(v.data(), rows, cols, w->bytes.data(), scale->bytes.data());

@@ -19,25 +19,62 @@ namespace {
 
 constexpr float kEps = 1e-6f;
 
+// Distributions of tiny-a's init (cases.json -> init): fn N(0, 0.02), base N(0, 0.5),
+// scale U(0.5, 1.5).
 HcWeights RandomWeights(std::mt19937& rng, int64_t hc, int64_t dim) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> uni(0.1f, 2.0f);
+  std::uniform_real_distribution<float> uni(0.5f, 1.5f);
   HcWeights w;
   const int64_t mix = (2 + hc) * hc;
   w.fn.resize(mix * hc * dim);
-  for (float& v : w.fn) v = normal(rng) * 0.05f;
+  for (float& v : w.fn) v = normal(rng) * 0.02f;
   w.base.resize(mix);
-  for (float& v : w.base) v = normal(rng);
+  for (float& v : w.base) v = normal(rng) * 0.5f;
   w.scale = {uni(rng), uni(rng), uni(rng)};
   return w;
 }
 
+// Spec §3.3.2 in double precision, the reference for the fp32 implementation.
+void SinkhornDouble(const std::vector<float>& mixes, const HcWeights& w, int64_t hc,
+                    int64_t iters, double eps, std::vector<double>& c) {
+  c.resize(hc * hc);
+  for (int64_t i = 0; i < hc * hc; ++i) {
+    c[i] = static_cast<double>(mixes[2 * hc + i]) * w.scale[2] + w.base[2 * hc + i];
+  }
+  auto cols = [&] {
+    for (int64_t k = 0; k < hc; ++k) {
+      double sum = 0;
+      for (int64_t j = 0; j < hc; ++j) sum += c[j * hc + k];
+      for (int64_t j = 0; j < hc; ++j) c[j * hc + k] /= sum + eps;
+    }
+  };
+  for (int64_t j = 0; j < hc; ++j) {
+    double mx = c[j * hc], sum = 0;
+    for (int64_t k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
+    for (int64_t k = 0; k < hc; ++k) sum += c[j * hc + k] = std::exp(c[j * hc + k] - mx);
+    for (int64_t k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / sum + eps;
+  }
+  cols();
+  for (int64_t it = 1; it < iters; ++it) {
+    for (int64_t j = 0; j < hc; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < hc; ++k) sum += c[j * hc + k];
+      for (int64_t k = 0; k < hc; ++k) c[j * hc + k] /= sum + eps;
+    }
+    cols();
+  }
+}
+
 TEST(HcSplitSinkhorn, RandomSplitsAreDoublyStochastic) {
   std::mt19937 rng(1234);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  constexpr int64_t hc = 4, iters = 20;
-  double worst_col = 0, worst_row = 0;
-  for (int trial = 0; trial < 500; ++trial) {
+  // Mixing logits of unit-RMS streams through fn ~ N(0, 0.02) over hc*dim = 1024 values have a
+  // standard deviation of about 0.64; N(0, 1) covers that with margin.
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr int64_t hc = 4, iters = 20, trials = 1000;
+  double worst_col = 0, worst_row = 0, worst_vs_double = 0;
+  int64_t rows_within_1e3 = 0;
+  std::vector<double> ref;
+  for (int64_t trial = 0; trial < trials; ++trial) {
     const HcWeights w = RandomWeights(rng, hc, 1);
     std::vector<float> mixes((2 + hc) * hc);
     for (float& v : mixes) v = normal(rng);
@@ -51,23 +88,37 @@ TEST(HcSplitSinkhorn, RandomSplitsAreDoublyStochastic) {
       EXPECT_GT(s.post[i], 0.0f) << "trial " << trial << " post[" << i << "]";
       EXPECT_LT(s.post[i], 2.0f) << "trial " << trial << " post[" << i << "]";
     }
+    SinkhornDouble(mixes, w, hc, iters, kEps, ref);
+    double row_err = 0;
     for (int64_t a = 0; a < hc; ++a) {
       double col = 0, row = 0;
       for (int64_t b = 0; b < hc; ++b) {
         EXPECT_GT(s.comb[a * hc + b], 0.0f) << "trial " << trial;
         col += s.comb[b * hc + a];
         row += s.comb[a * hc + b];
+        worst_vs_double =
+            std::max(worst_vs_double, std::fabs(s.comb[a * hc + b] - ref[a * hc + b]));
       }
       worst_col = std::max(worst_col, std::fabs(col - 1.0));
-      worst_row = std::max(worst_row, std::fabs(row - 1.0));
+      row_err = std::max(row_err, std::fabs(row - 1.0));
     }
+    worst_row = std::max(worst_row, row_err);
+    rows_within_1e3 += row_err <= 1e-3;
   }
-  std::printf("worst |column sum - 1| = %.3g, worst |row sum - 1| = %.3g\n", worst_col,
-              worst_row);
+  std::printf(
+      "%lld trials: worst |column sum - 1| = %.3g, worst |row sum - 1| = %.3g, row sums within "
+      "1e-3: %lld, worst |comb - double reference| = %.3g\n",
+      static_cast<long long>(trials), worst_col, worst_row, static_cast<long long>(rows_within_1e3),
+      worst_vs_double);
   // The last step normalises columns (with +eps in the denominator): exact up to eps and
-  // rounding. Rows are only as good as 20 iterations make them.
+  // rounding.
   EXPECT_LE(worst_col, 1e-5);
-  EXPECT_LE(worst_row, 1e-3);
+  // Rows are only as good as 20 iterations make them: exact arithmetic leaves a tail of slowly
+  // converging matrices (measured: 1 of these 1000 draws beyond 1e-3, at 2.4e-3; a double
+  // precision Sinkhorn on wider logits reaches 1e-2).
+  EXPECT_GE(rows_within_1e3, trials * 99 / 100);
+  EXPECT_LE(worst_row, 1e-2);
+  EXPECT_LE(worst_vs_double, 1e-5);
 }
 
 // hc = 2, one iteration: row softmax + eps, then column normalisation. Expected values were
