@@ -35,8 +35,8 @@ HcWeights RandomWeights(std::mt19937& rng, int64_t hc, int64_t dim) {
 }
 
 // Spec §3.3.2 in double precision, the reference for the fp32 implementation.
-void SinkhornDouble(const std::vector<float>& mixes, const HcWeights& w, int64_t hc,
-                    int64_t iters, double eps, std::vector<double>& c) {
+void SinkhornDouble(const std::vector<float>& mixes, const HcWeights& w, int64_t hc, int64_t iters,
+                    double eps, std::vector<double>& c) {
   c.resize(hc * hc);
   for (int64_t i = 0; i < hc * hc; ++i) {
     c[i] = static_cast<double>(mixes[2 * hc + i]) * w.scale[2] + w.base[2 * hc + i];
@@ -154,7 +154,9 @@ TEST(HcMixes, MatchesDoublePrecisionFormula) {
   const double r = 1.0 / std::sqrt(ms / (hc * dim) + kEps);
   for (size_t m = 0; m < mixes.size(); ++m) {
     double dot = 0;
-    for (int64_t i = 0; i < hc * dim; ++i) dot += static_cast<double>(x[i]) * w.fn[m * hc * dim + i];
+    for (int64_t i = 0; i < hc * dim; ++i) {
+      dot += static_cast<double>(x[i]) * w.fn[m * hc * dim + i];
+    }
     EXPECT_NEAR(mixes[m], dot * r, 1e-5 * (1.0 + std::fabs(dot * r))) << "mix " << m;
   }
 }

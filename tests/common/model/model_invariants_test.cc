@@ -103,9 +103,21 @@ double FractionEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return static_cast<double>(same) / a.size();
 }
 
+// Measured on tiny-a: every comparison below is bit-identical (rms_rel 0, bit_identical 1, states
+// equal), as it should be: each op is row-independent and, with a 16-slot window and top-8
+// selection, every candidate list fits one 64-entry softmax chunk, so a schedule cannot change
+// the summation order. The limits still leave room for a few one-ulp flips.
+//
+// rms_rel alone cannot catch a bug at block level: the block output is dominated by the
+// residual streams. Injected bugs (decode-only ring slot or compressor slot, missing overlap
+// hand-off, HCA / indexer causal mask, chunk-relative rope position) gave block-output
+// rms_rel of only 0.006-0.03 but bit_identical 0.21-0.86, attention-output rms_rel 0.06-0.46,
+// or compressed entries 0.61-0.97 equal. One wrong position among 20 decoded ones is
+// bit_identical <= 0.95, hence 0.97.
 struct ScheduleLimits {
-  double max_rms_rel = 0.02;
-  double min_bit_identical = 0.9;
+  double max_rms_rel = 0.02;        // block output and attention output
+  double min_bit_identical = 0.97;  // block output and attention output
+  double min_state_equal = 0.99;    // window ring, compressed entries, indexer keys, slots
 };
 
 // Runs every block under `schedule` and under one prefill of the whole sequence, on the same
@@ -123,16 +135,18 @@ void CheckScheduleAgainstPrefill(const Model& m, const std::string& what,
   for (int64_t L = 0; L < c.n_layers; ++L) {
     const BlockRun ref = RunSchedule(m, L, ids, h, {T});
     const BlockRun got = RunSchedule(m, L, ids, h, schedule);
-    const Closeness out = Compare(got.out.data() + from * hcd, ref.out.data() + from * hcd,
-                                  (T - from) * hcd);
-    const Closeness attn = Compare(got.attn.data() + from * dim, ref.attn.data() + from * dim,
-                                   (T - from) * dim);
+    const Closeness out =
+        Compare(got.out.data() + from * hcd, ref.out.data() + from * hcd, (T - from) * hcd);
+    const Closeness attn =
+        Compare(got.attn.data() + from * dim, ref.attn.data() + from * dim, (T - from) * dim);
     const double win = FractionEqual(got.state.window, ref.state.window);
     const double cmp = FractionEqual(got.state.compressed, ref.state.compressed);
     const double idx = FractionEqual(got.state.index_keys, ref.state.index_keys);
-    const double slots =
-        0.5 * (FractionEqual(got.state.compressor.kv, ref.state.compressor.kv) +
-               FractionEqual(got.state.compressor.score, ref.state.compressor.score));
+    const double slots = std::min(
+        {FractionEqual(got.state.compressor.kv, ref.state.compressor.kv),
+         FractionEqual(got.state.compressor.score, ref.state.compressor.score),
+         FractionEqual(got.state.index_compressor.kv, ref.state.index_compressor.kv),
+         FractionEqual(got.state.index_compressor.score, ref.state.index_compressor.score)});
     std::printf(
         "%s L%lld (ratio %lld): out rms_rel=%.5f max_rel=%.4f bit_identical=%.4f | attn_out "
         "rms_rel=%.5f bit_identical=%.4f | state equal: window=%.4f compressed=%.4f (%zu vs "
@@ -148,10 +162,10 @@ void CheckScheduleAgainstPrefill(const Model& m, const std::string& what,
     // or a block emitted twice makes them differ wholesale.
     EXPECT_EQ(got.state.compressed.size(), ref.state.compressed.size()) << what << " block " << L;
     EXPECT_EQ(got.state.index_keys.size(), ref.state.index_keys.size()) << what << " block " << L;
-    EXPECT_GE(win, lim.min_bit_identical) << what << " block " << L << " window";
-    EXPECT_GE(cmp, lim.min_bit_identical) << what << " block " << L << " compressed";
-    EXPECT_GE(idx, lim.min_bit_identical) << what << " block " << L << " index_keys";
-    EXPECT_GE(slots, lim.min_bit_identical) << what << " block " << L << " compressor slots";
+    EXPECT_GE(win, lim.min_state_equal) << what << " block " << L << " window";
+    EXPECT_GE(cmp, lim.min_state_equal) << what << " block " << L << " compressed";
+    EXPECT_GE(idx, lim.min_state_equal) << what << " block " << L << " index_keys";
+    EXPECT_GE(slots, lim.min_state_equal) << what << " block " << L << " compressor slots";
     h = ref.out;
   }
 }
@@ -183,8 +197,8 @@ TEST_F(ModelInvariants, MultiTokenDecodeMatchesPrefill) {
 
 // (c) Chunked prefill: 13 + 20 + 27 vs one chunk of 60.
 TEST_F(ModelInvariants, ChunkedPrefillMatchesPrefill) {
-  CheckScheduleAgainstPrefill(M(), "chunks 13+20+27", Tokens(60, 13, C().vocab_size),
-                              {13, 20, 27}, {});
+  CheckScheduleAgainstPrefill(M(), "chunks 13+20+27", Tokens(60, 13, C().vocab_size), {13, 20, 27},
+                              {});
 }
 
 // (d) Two different sequences in one Forward call give bit-identical logits to each alone, in
@@ -296,7 +310,8 @@ TEST_F(ModelInvariants, BadInputIsAnErrorAndLeavesStateUntouched) {
     auto r = M().Forward({&ch, 1});
     EXPECT_FALSE(r.ok()) << what;
     if (!r.ok()) {
-      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << r.status();
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+          << what << ": " << r.status();
     }
   };
   for (int64_t bad : {V, int64_t{-1}, V + 1000}) {
@@ -391,9 +406,10 @@ TEST_F(ModelInvariants, KvFp8SimRoundsSwitchPutsKvOnTheE4m3Grid) {
       int64_t nw = 0, nc = 0;
       const double win = FractionOnFp8Grid(st.layers[L].window, hd, nope, &nw);
       const double cmp = FractionOnFp8Grid(st.layers[L].compressed, hd, nope, &nc);
-      std::printf("kv_fp8_sim_rounds=%d L%lld: on-grid window %.4f of %lld, compressed %.4f of %lld\n",
-                  rounds, static_cast<long long>(L), win, static_cast<long long>(nw), cmp,
-                  static_cast<long long>(nc));
+      std::printf(
+          "kv_fp8_sim_rounds=%d L%lld: on-grid window %.4f of %lld, compressed %.4f of %lld\n",
+          rounds, static_cast<long long>(L), win, static_cast<long long>(nw), cmp,
+          static_cast<long long>(nc));
       ASSERT_GT(nw, 0) << "layer " << L;
       if (rounds) {
         EXPECT_EQ(win, 1.0) << "layer " << L << " window";
