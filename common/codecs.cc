@@ -54,8 +54,8 @@ uint8_t FloatToE4m3(float x) {
     return sign | static_cast<uint8_t>(q);
   }
   int e2;
-  std::frexp(a, &e2);       // a = f * 2^e2, f in [0.5, 1)
-  int e = e2 - 1;           // a in [2^e, 2^(e+1))
+  std::frexp(a, &e2);                                              // a = f * 2^e2, f in [0.5, 1)
+  int e = e2 - 1;                                                  // a in [2^e, 2^(e+1))
   int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));  // in [8, 16]
   if (q == 16) {
     q = 8;
@@ -81,14 +81,22 @@ uint8_t FloatToE2m1(float x) {
   const float a = std::fabs(x);
   uint8_t c;
   // Ties go to the even code (the one whose lowest bit is 0).
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
-  else c = 7;
+  if (a <= 0.25f)
+    c = 0;
+  else if (a < 0.75f)
+    c = 1;
+  else if (a <= 1.25f)
+    c = 2;
+  else if (a < 1.75f)
+    c = 3;
+  else if (a <= 2.5f)
+    c = 4;
+  else if (a < 3.5f)
+    c = 5;
+  else if (a <= 5.0f)
+    c = 6;
+  else
+    c = 7;
   if (c == 0) return 0;
   return std::signbit(x) ? static_cast<uint8_t>(c | 8) : c;
 }

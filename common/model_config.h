@@ -20,20 +20,20 @@ struct YarnConfig {
 
 struct ModelConfig {
   int64_t vocab_size = 0;
-  int64_t dim = 0;             // hidden_size
-  int64_t n_layers = 0;        // num_hidden_layers (MTP blocks are extra)
-  int64_t n_heads = 0;         // num_attention_heads
-  int64_t head_dim = 0;        // q/k/v width per head (512 in Flash)
-  int64_t rope_head_dim = 0;   // qk_rope_head_dim: the LAST rope_head_dim dims of a head
+  int64_t dim = 0;            // hidden_size
+  int64_t n_layers = 0;       // num_hidden_layers (MTP blocks are extra)
+  int64_t n_heads = 0;        // num_attention_heads
+  int64_t head_dim = 0;       // q/k/v width per head (512 in Flash)
+  int64_t rope_head_dim = 0;  // qk_rope_head_dim: the LAST rope_head_dim dims of a head
   int64_t q_lora_rank = 0;
   int64_t o_groups = 0;
   int64_t o_lora_rank = 0;
-  int64_t window_size = 0;     // sliding_window
+  int64_t window_size = 0;  // sliding_window
   // compress_ratios[i] for i < n_layers are the layers, the entries after are the MTP blocks.
   std::vector<int64_t> compress_ratios;
   double rope_theta = 10000;
   double compress_rope_theta = 160000;
-  bool has_yarn = false;       // rope_scaling present with type "yarn"
+  bool has_yarn = false;  // rope_scaling present with type "yarn"
   YarnConfig yarn;
   int64_t max_position_embeddings = 0;
   int64_t index_n_heads = 0;
@@ -49,8 +49,8 @@ struct ModelConfig {
   int64_t hc_mult = 0;
   int64_t hc_sinkhorn_iters = 0;
   double hc_eps = 1e-6;
-  double norm_eps = 1e-6;           // rms_norm_eps
-  int64_t n_mtp_layers = 0;         // num_nextn_predict_layers
+  double norm_eps = 1e-6;    // rms_norm_eps
+  int64_t n_mtp_layers = 0;  // num_nextn_predict_layers
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 1;
 

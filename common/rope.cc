@@ -18,8 +18,9 @@ std::vector<float> RopeFrequencies(int rope_dim, double base, const YarnConfig* 
   }
   if (yarn != nullptr && yarn->original_seq_len > 0) {
     auto corr_dim = [&](double rotations) {
-      return rope_dim * std::log(static_cast<double>(yarn->original_seq_len) /
-                                 (rotations * 2 * std::numbers::pi)) /
+      return rope_dim *
+             std::log(static_cast<double>(yarn->original_seq_len) /
+                      (rotations * 2 * std::numbers::pi)) /
              (2 * std::log(base));
     };
     double low = std::max(std::floor(corr_dim(yarn->beta_fast)), 0.0);
@@ -27,8 +28,8 @@ std::vector<float> RopeFrequencies(int rope_dim, double base, const YarnConfig* 
     if (low == high) high += 0.001;
     const float factor = static_cast<float>(yarn->factor);
     for (int i = 0; i < pairs; ++i) {
-      float ramp = (static_cast<float>(i) - static_cast<float>(low)) /
-                   static_cast<float>(high - low);
+      float ramp =
+          (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low);
       ramp = std::clamp(ramp, 0.0f, 1.0f);
       const float smooth = 1.0f - ramp;
       f[i] = f[i] / factor * (1.0f - smooth) + f[i] * smooth;

@@ -50,8 +50,7 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   // Parses and validates an in-memory image (the whole file's bytes); used by the fuzz test.
   // `buf` must outlive the returned object.
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBuffer(const uint8_t* buf,
-                                                                     size_t len,
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBuffer(const uint8_t* buf, size_t len,
                                                                      const std::string& label);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;

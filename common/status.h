@@ -12,10 +12,10 @@
 #define SS_STATUS_CONCAT_INNER(a, b) a##b
 #define SS_STATUS_CONCAT(a, b) SS_STATUS_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                             \
-  do {                                                    \
-    ::absl::Status ss_status_ = (expr);                   \
-    if (!ss_status_.ok()) return ss_status_;              \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::absl::Status ss_status_ = (expr);      \
+    if (!ss_status_.ok()) return ss_status_; \
   } while (0)
 
 #define SS_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

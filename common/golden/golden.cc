@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/bf16.h"
 #include "common/codecs.h"
 #include "common/model/model.h"
@@ -64,7 +64,8 @@ class GoldenSet {
           name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
         continue;
       }
-      const std::string mid = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+      const std::string mid =
+          name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
       int64_t L = 0;
       if (!mid.empty() && mid.size() < 10 &&
           std::all_of(mid.begin(), mid.end(), [](char c) { return c >= '0' && c <= '9'; })) {
@@ -82,7 +83,9 @@ class GoldenSet {
     std::vector<float> out(v->numel());
     for (size_t i = 0; i < out.size(); ++i) {
       switch (v->dtype) {
-        case DType::kF32: std::memcpy(&out[i], v->data + 4 * i, 4); break;
+        case DType::kF32:
+          std::memcpy(&out[i], v->data + 4 * i, 4);
+          break;
         case DType::kBF16: {
           uint16_t b;
           std::memcpy(&b, v->data + 2 * i, 2);
@@ -101,7 +104,8 @@ class GoldenSet {
           out[i] = static_cast<float>(x);
           break;
         }
-        default: out[i] = NAN;
+        default:
+          out[i] = NAN;
       }
     }
     return out;
@@ -229,9 +233,9 @@ class Runner {
     bool ok = have.size() == shape.size();
     for (size_t i = 0; ok && i < have.size(); ++i) ok = shape[i] < 0 || have[i] == shape[i];
     if (!ok) {
-      Add(check, false, absl::StrCat("malformed golden set: ", tensor, " has shape [",
-                                     absl::StrJoin(have, ", "), "], expected [",
-                                     absl::StrJoin(shape, ", "), "] (-1: any)"));
+      Add(check, false,
+          absl::StrCat("malformed golden set: ", tensor, " has shape [", absl::StrJoin(have, ", "),
+                       "], expected [", absl::StrJoin(shape, ", "), "] (-1: any)"));
     }
     return ok;
   }
@@ -239,8 +243,9 @@ class Runner {
                const std::vector<int64_t>& ids) {
     for (int64_t id : ids) {
       if (id < 0 || id >= C().vocab_size) {
-        Add(check, false, absl::StrCat("malformed golden set: ", tensor, " holds token id ", id,
-                                       " outside [0, ", C().vocab_size, ")"));
+        Add(check, false,
+            absl::StrCat("malformed golden set: ", tensor, " holds token id ", id, " outside [0, ",
+                         C().vocab_size, ")"));
         return false;
       }
     }
@@ -336,7 +341,8 @@ class Runner {
                {"pre", 0, hc}, {"post", hc, hc}, {"comb", 2 * hc, hc * hc}}) {
         const std::vector<float> ref = g_.Floats(absl::StrCat("inter.L0.", which, ".", part));
         std::vector<float> ours(S * len);
-        for (int64_t t = 0; t < S; ++t) std::copy_n(split[t].data() + off, len, ours.data() + t * len);
+        for (int64_t t = 0; t < S; ++t)
+          std::copy_n(split[t].data() + off, len, ours.data() + t * len);
         const Closeness c = Compare(ours.data(), ref.data(), ours.size());
         worst = std::max(worst, c.max_rel);
         absl::StrAppend(&fig, absl::StrFormat("%s max_rel=%.2e ", part, c.max_rel));
@@ -378,7 +384,8 @@ class Runner {
     for (const char* part : {".attn_out", ".moe_out"}) {
       if (g_.Has(set + part) && !Need(check, set + part, {nl, S, dim})) return;
     }
-    if (g_.Has(set + ".router.indices") && !Need(check, set + ".router.indices", {nl, S, k})) return;
+    if (g_.Has(set + ".router.indices") && !Need(check, set + ".router.indices", {nl, S, k}))
+      return;
     for (int64_t L = 0; L < nl; ++L) {
       const std::string name = absl::StrCat("block_prefill.", set, ".L", L);
       if (!Wanted(name)) continue;
@@ -400,7 +407,8 @@ class Runner {
         if (!g_.Has(rn)) continue;
         const std::vector<float>& r = Cached(rn);
         const auto& ours = std::string(part) == "attn_out" ? tr.attn_out : tr.moe_out;
-        absl::StrAppend(&fig, " | ", Fig(part, Compare(ours.data(), r.data() + L * S * dim, S * dim)));
+        absl::StrAppend(&fig, " | ",
+                        Fig(part, Compare(ours.data(), r.data() + L * S * dim, S * dim)));
       }
       const std::string router = set + ".router.indices";
       if (g_.Has(router)) {
@@ -428,7 +436,8 @@ class Runner {
               ref_f.push_back(gsc[i]);
             }
           }
-          absl::StrAppend(&fig, " ", Fig("scores", Compare(ours_f.data(), ref_f.data(), ours_f.size())));
+          absl::StrAppend(&fig, " ",
+                          Fig("scores", Compare(ours_f.data(), ref_f.data(), ours_f.size())));
         }
       }
       for (const auto& [tn, cache] : std::vector<std::pair<std::string, const std::vector<float>*>>{
@@ -437,7 +446,8 @@ class Runner {
         if (!g_.Has(tn)) continue;
         const std::vector<float> r = g_.Floats(tn);
         const bool same_size = r.size() == cache->size();
-        absl::StrAppend(&fig, " | ", tn.substr(tn.find('.') + 1), same_size ? " " : " SIZE MISMATCH ",
+        absl::StrAppend(&fig, " | ", tn.substr(tn.find('.') + 1),
+                        same_size ? " " : " SIZE MISMATCH ",
                         same_size ? Fig("", Compare(cache->data(), r.data(), r.size())) : "");
         pass = pass && same_size;
       }
@@ -455,8 +465,9 @@ class Runner {
     const int64_t P = static_cast<int64_t>(ids.size());
     const int64_t prompt = g_.Shape("long.prompt_ids")[0];
     if (prompt < 1 || prompt >= P) {
-      return Add(check, false, "malformed golden set: long.prompt_ids must be shorter than "
-                               "long.input_ids and not empty");
+      return Add(check, false,
+                 "malformed golden set: long.prompt_ids must be shorter than "
+                 "long.input_ids and not empty");
     }
     if (!NeedIds(check, "long.input_ids", ids) ||
         !Need(check, streams, {C().n_layers, P, C().hc_mult, C().dim})) {
@@ -509,7 +520,8 @@ class Runner {
       std::sort(sorted.begin(), sorted.end());
       const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
       const double worst = sorted.empty() ? 0 : sorted.back();
-      bool pass = all.rms_rel <= 0.08 && median <= 0.08 && worst <= 0.4 && all.bit_identical >= 0.10;
+      bool pass =
+          all.rms_rel <= 0.08 && median <= 0.08 && worst <= 0.4 && all.bit_identical >= 0.10;
       std::string fig = absl::StrFormat(
           "positions=%d rms_rel=%.5f median_pos_rms_rel=%.5f worst_pos_rms_rel=%.4f "
           "bit_identical=%.3f",
@@ -636,7 +648,8 @@ class Runner {
   void LongGreedy() {
     if (!g_.Has("long.logits") || !Wanted("model.long")) return;
     const int64_t V = C().vocab_size;
-    if (!Need("model.long", "long.input_ids", {-1}) || !Need("model.long", "long.prompt_ids", {-1}) ||
+    if (!Need("model.long", "long.input_ids", {-1}) ||
+        !Need("model.long", "long.prompt_ids", {-1}) ||
         !Need("model.long", "long.logits", {-1, V})) {
       return;
     }
@@ -654,7 +667,8 @@ class Runner {
     auto r = m_.Forward({&ch, 1});
     if (!r.ok()) return Add("model.long", false, std::string(r.status().message()));
     s.Add((*r)[0].data(), ref.data(), V);
-    for (int64_t row = 1; row < rows && prompt + row - 1 < static_cast<int64_t>(ids.size()); ++row) {
+    for (int64_t row = 1; row < rows && prompt + row - 1 < static_cast<int64_t>(ids.size());
+         ++row) {
       ChunkRef d{&st, ids.data() + prompt + row - 1, 1, 0};
       auto rr = m_.Forward({&d, 1});
       if (!rr.ok()) return Add("model.long", false, std::string(rr.status().message()));
@@ -690,8 +704,10 @@ class Runner {
     for (int64_t row = 0; row < rows; ++row) {
       std::vector<ChunkRef> chunks;
       for (int64_t b = 0; b < B; ++b) {
-        if (row == 0) chunks.push_back({&st[b], prompts.data() + b * S, S, 0});
-        else chunks.push_back({&st[b], gen.data() + b * gen_cols + row - 1, 1, 0});
+        if (row == 0)
+          chunks.push_back({&st[b], prompts.data() + b * S, S, 0});
+        else
+          chunks.push_back({&st[b], gen.data() + b * gen_cols + row - 1, 1, 0});
       }
       auto r = m_.Forward(chunks);
       if (!r.ok()) return Add("model.batch2", false, std::string(r.status().message()));
@@ -705,9 +721,9 @@ class Runner {
       std::string name;
       bool clamp, rounds;
     };
-    for (const Variant& v : {Variant{"shared_clamp_off", false, true},
-                             Variant{"kv_fp8_round_off", true, false},
-                             Variant{"initial_revision", false, false}}) {
+    for (const Variant& v :
+         {Variant{"shared_clamp_off", false, true}, Variant{"kv_fp8_round_off", true, false},
+          Variant{"initial_revision", false, false}}) {
       const std::vector<int64_t> lens = g_.Lengths("variant." + v.name + ".L", ".logits");
       if (lens.empty() || !Wanted("variant." + v.name)) continue;
       auto m = Model::Load(o_.model_dir, model::ModelOptions{v.clamp, v.rounds});

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   }
   auto results = ss::golden::RunGolden(o);
   if (!results.ok()) {
-    std::fprintf(stderr, "splitserve-golden: %s\n", std::string(results.status().message()).c_str());
+    std::fprintf(stderr, "splitserve-golden: %s\n",
+                 std::string(results.status().message()).c_str());
     return 1;
   }
   int failed = 0;

@@ -26,8 +26,8 @@ void HeadNormBf16(float* q, int64_t n, float eps) {
 // Sparse attention of one head over a candidate list (nullptr = masked entry), spec §3.9,
 // as the reference kernel runs it: online softmax over 64-entry chunks, probabilities rounded
 // to bf16 before P·V, the sink only in the denominator.
-void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int64_t d,
-                      float scale, float sink, float* out) {
+void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int64_t d, float scale,
+                      float sink, float* out) {
   std::vector<float> acc(d, 0.0f), s(kSoftmaxChunk), pb(kSoftmaxChunk);
   std::vector<double> pv(d);
   float m = -INFINITY, l = 0.0f;
@@ -68,8 +68,7 @@ LayerState NewLayerState(const ModelConfig& c, int64_t ratio) {
 }
 
 void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
-                      const float* x, int64_t S, int64_t start, float* out,
-                      AttentionTrace* trace) {
+                      const float* x, int64_t S, int64_t start, float* out, AttentionTrace* trace) {
   const ModelConfig& c = *p.config;
   const int64_t dim = c.dim, H = c.n_heads, Dh = c.head_dim, rd = c.rope_head_dim;
   const int64_t W = c.window_size, ratio = w.ratio, qlr = c.q_lora_rank;
@@ -79,7 +78,8 @@ void AttentionForward(const AttentionWeights& w, const AttentionParams& p, Layer
   // Query path.
   std::vector<float> qa(S * qlr), qr(S * qlr), q(S * H * Dh);
   Linear8(w.wq_a, x, S, qa.data());
-  for (int64_t s = 0; s < S; ++s) RmsNorm(qa.data() + s * qlr, w.q_norm.data(), qlr, eps, qr.data() + s * qlr);
+  for (int64_t s = 0; s < S; ++s)
+    RmsNorm(qa.data() + s * qlr, w.q_norm.data(), qlr, eps, qr.data() + s * qlr);
   Linear8(w.wq_b, qr.data(), S, q.data());
   // KV path.
   std::vector<float> kva(S * Dh), kv(S * Dh);
@@ -107,8 +107,7 @@ void AttentionForward(const AttentionWeights& w, const AttentionParams& p, Layer
   IndexerResult idx;
   if (w.has_indexer) {
     CompressorParams cp{CompressorKind::kIndexer, rd, eps, p.kv_fp8_sim_rounds, p.rope_freqs};
-    CompressorFeed(w.indexer.compressor, cp, st.index_compressor, x, S, dim, start,
-                   st.index_keys);
+    CompressorFeed(w.indexer.compressor, cp, st.index_compressor, x, S, dim, start, st.index_keys);
     idx = IndexerSelect(w.indexer, c, *p.rope_freqs, x, qr.data(), S, start, st.index_keys);
   }
 
@@ -118,7 +117,8 @@ void AttentionForward(const AttentionWeights& w, const AttentionParams& p, Layer
   const int64_t win_width = start == 0 ? std::min(S, W) : W;
   const float scale = static_cast<float>(std::pow(static_cast<double>(Dh), -0.5));
   std::vector<float> o(S * H * Dh);
-#pragma omp parallel for schedule(dynamic) if (S * H * (W + end / std::max<int64_t>(ratio, 1)) * Dh >= kParallelMinWork)
+#pragma omp parallel for schedule( \
+    dynamic) if (S * H * (W + end / std::max <int64_t>(ratio, 1)) * Dh >= kParallelMinWork)
   for (int64_t sh = 0; sh < S * H; ++sh) {
     const int64_t s = sh / H, h = sh % H, pos = start + s;
     std::vector<const float*> cand;

@@ -34,8 +34,7 @@ struct AttentionTrace {
 // inputs, out: [S, dim] bf16. Appends the chunk's raw KV to the window ring and its completed
 // blocks to the compressed caches of `st`.
 void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
-                      const float* x, int64_t S, int64_t start, float* out,
-                      AttentionTrace* trace);
+                      const float* x, int64_t S, int64_t start, float* out, AttentionTrace* trace);
 
 // Fresh per-layer state for a block with compression ratio `ratio`.
 LayerState NewLayerState(const ModelConfig& c, int64_t ratio);

@@ -19,7 +19,7 @@ struct CompressorParams {
   CompressorKind kind = CompressorKind::kMain;
   int64_t rope_head_dim = 0;
   float norm_eps = 1e-6f;
-  bool kv_fp8_sim_rounds = true;     // current revision: real e4m3 rounding in FP8sim
+  bool kv_fp8_sim_rounds = true;  // current revision: real e4m3 rounding in FP8sim
   const std::vector<float>* rope_freqs = nullptr;
 };
 

@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
       "splitserve-generate [--model DIR] [--prompt_ids 1,2,3] [--max_new_tokens N]");
   absl::ParseCommandLine(argc, argv);
   std::vector<int64_t> prompt;
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_prompt_ids), ',', absl::SkipWhitespace())) {
+  for (absl::string_view s :
+       absl::StrSplit(absl::GetFlag(FLAGS_prompt_ids), ',', absl::SkipWhitespace())) {
     int64_t id;
     if (!absl::SimpleAtoi(s, &id)) {
       std::fprintf(stderr, "splitserve-generate: --prompt_ids: '%s' is not an integer\n",
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   auto model = ss::model::Model::Load(absl::GetFlag(FLAGS_model));
   if (!model.ok()) {
-    std::fprintf(stderr, "splitserve-generate: %s\n", std::string(model.status().message()).c_str());
+    std::fprintf(stderr, "splitserve-generate: %s\n",
+                 std::string(model.status().message()).c_str());
     return 1;
   }
   const auto& m = **model;

@@ -66,8 +66,8 @@ HcSplit HcSplitSinkhorn(const std::vector<float>& mixes, const HcWeights& w, int
   return s;
 }
 
-HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w,
-              int64_t iters, float hc_eps, float norm_eps, float* y) {
+HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w, int64_t iters,
+              float hc_eps, float norm_eps, float* y) {
   HcSplit s = HcSplitSinkhorn(HcMixes(streams, hc, dim, w, norm_eps), w, hc, iters, hc_eps);
   for (int64_t i = 0; i < dim; ++i) {
     float acc = s.pre[0] * streams[i];

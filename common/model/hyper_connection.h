@@ -27,8 +27,8 @@ HcSplit HcSplitSinkhorn(const std::vector<float>& mixes, const HcWeights& w, int
                         int64_t iters, float eps);
 
 // y = bf16(Σ_s pre[s]·X_s), returning the split for the matching HcPost.
-HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w,
-              int64_t iters, float hc_eps, float norm_eps, float* y);
+HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w, int64_t iters,
+              float hc_eps, float norm_eps, float* y);
 
 // out[k] = bf16(post[k]·x + Σ_j comb[j][k]·R[j]).
 void HcPost(const float* x, const float* residual, const HcSplit& s, int64_t hc, int64_t dim,

@@ -12,9 +12,8 @@
 namespace ss::model {
 
 IndexerResult IndexerSelect(const IndexerWeights& w, const ModelConfig& c,
-                            const std::vector<float>& rope_freqs, const float* x,
-                            const float* qr, int64_t S, int64_t start,
-                            const std::vector<float>& keys) {
+                            const std::vector<float>& rope_freqs, const float* x, const float* qr,
+                            int64_t S, int64_t start, const std::vector<float>& keys) {
   const int64_t nh = c.index_n_heads, hd = c.index_head_dim, rd = c.rope_head_dim;
   const int64_t ratio = 4;
   IndexerResult res;
@@ -54,7 +53,8 @@ IndexerResult IndexerSelect(const IndexerWeights& w, const ModelConfig& c,
     }
     std::vector<int32_t> order(res.n_blocks);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return sc[a] > sc[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return sc[a] > sc[b]; });
     for (int64_t i = 0; i < res.k; ++i) {
       res.sel[s * res.k + i] = order[i] < eligible ? order[i] : -1;
     }

@@ -11,17 +11,16 @@
 namespace ss::model {
 
 struct IndexerResult {
-  int64_t k = 0;                 // entries per query (min(index_topk, n_blocks))
-  std::vector<int32_t> sel;      // [S, k] block ids in top-k order, -1 = none
-  int64_t n_blocks = 0;          // blocks scored per query (end_pos / ratio)
-  std::vector<float> scores;     // [S, n_blocks] bf16 scores, -inf where not yet complete
+  int64_t k = 0;              // entries per query (min(index_topk, n_blocks))
+  std::vector<int32_t> sel;   // [S, k] block ids in top-k order, -1 = none
+  int64_t n_blocks = 0;       // blocks scored per query (end_pos / ratio)
+  std::vector<float> scores;  // [S, n_blocks] bf16 scores, -inf where not yet complete
 };
 
 // x: [S, dim] attention inputs, qr: [S, q_lora_rank] low-rank queries of the tokens at
 // positions start..start+S-1; keys: the layer's indexer keys (at least end_pos/ratio blocks).
 IndexerResult IndexerSelect(const IndexerWeights& w, const ModelConfig& c,
-                            const std::vector<float>& rope_freqs, const float* x,
-                            const float* qr, int64_t S, int64_t start,
-                            const std::vector<float>& keys);
+                            const std::vector<float>& rope_freqs, const float* x, const float* qr,
+                            int64_t S, int64_t start, const std::vector<float>& keys);
 
 }  // namespace ss::model

@@ -9,7 +9,7 @@
 namespace ss::model {
 namespace {
 
-constexpr int64_t kBlock = 128;   // activation and FP8 weight block
+constexpr int64_t kBlock = 128;  // activation and FP8 weight block
 constexpr int64_t kFp4Group = 32;
 // Below kParallelMinWork multiply-adds a parallel region costs more than it saves (and with
 // more threads than free cores OpenMP's barrier spinning makes small regions very slow).
@@ -121,7 +121,8 @@ void LinearF32(const Bf16Matrix& w, const float* x, int64_t rows, float* y) {
   for (int64_t o = 0; o < w.rows; ++o) {
     std::vector<float> wrow(w.cols);
     w.Row(o, wrow.data());
-    for (int64_t r = 0; r < rows; ++r) y[r * w.rows + o] = DotF32(x + r * w.cols, wrow.data(), w.cols);
+    for (int64_t r = 0; r < rows; ++r)
+      y[r * w.rows + o] = DotF32(x + r * w.cols, wrow.data(), w.cols);
   }
 }
 

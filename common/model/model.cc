@@ -25,9 +25,7 @@ const BlockWeights& Model::Block(int64_t layer) const {
   return layer < n ? w_->blocks[layer] : w_->mtp[layer - n].block;
 }
 
-int64_t Model::Ratio(int64_t layer) const {
-  return config().compress_ratios[layer];
-}
+int64_t Model::Ratio(int64_t layer) const { return config().compress_ratios[layer]; }
 
 SequenceState Model::NewSequence() const {
   SequenceState s;
@@ -138,9 +136,8 @@ absl::Status Model::ValidateChunks(std::span<const ChunkRef> chunks) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> Model::Forward(std::span<const ChunkRef> chunks,
-                                                               std::vector<float>* final_streams)
-    const {
+absl::StatusOr<std::vector<std::vector<float>>> Model::Forward(
+    std::span<const ChunkRef> chunks, std::vector<float>* final_streams) const {
   std::vector<ChunkRef> cs(chunks.begin(), chunks.end());
   for (ChunkRef& ch : cs) {
     if (ch.state) ch.start = ch.state->next_pos;
@@ -172,8 +169,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Model::Forward(std::span<const C
   return logits;
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> Model::MtpForward(
-    int64_t k, std::span<const ChunkRef> chunks, const float* h_main) const {
+absl::StatusOr<std::vector<std::vector<float>>> Model::MtpForward(int64_t k,
+                                                                  std::span<const ChunkRef> chunks,
+                                                                  const float* h_main) const {
   const ModelConfig& c = config();
   if (k < 0 || k >= c.n_mtp_layers) {
     return absl::InvalidArgumentError(absl::StrCat("no MTP block ", k, " in this checkpoint"));
@@ -191,8 +189,10 @@ absl::StatusOr<std::vector<std::vector<float>>> Model::MtpForward(
     for (int64_t t = 0; t < ch.n; ++t) w_->embed.Row(ch.tokens[t], e.data() + (row + t) * dim);
     row += ch.n;
   }
-  for (int64_t t = 0; t < T; ++t) RmsNorm(e.data() + t * dim, mw.enorm.data(), dim, eps, en.data() + t * dim);
-  for (int64_t r = 0; r < T * hc; ++r) RmsNorm(h_main + r * dim, mw.hnorm.data(), dim, eps, hs.data() + r * dim);
+  for (int64_t t = 0; t < T; ++t)
+    RmsNorm(e.data() + t * dim, mw.enorm.data(), dim, eps, en.data() + t * dim);
+  for (int64_t r = 0; r < T * hc; ++r)
+    RmsNorm(h_main + r * dim, mw.hnorm.data(), dim, eps, hs.data() + r * dim);
   Linear8(mw.e_proj, en.data(), T, ep.data());
   Linear8(mw.h_proj, hs.data(), T * hc, hp.data());
   for (int64_t t = 0; t < T; ++t) {

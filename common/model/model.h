@@ -40,10 +40,10 @@ struct ChunkRef {
 
 // Intermediates of one block call, for block-level tests; rows follow the chunk order.
 struct BlockTrace {
-  std::vector<float> attn_out;            // [T, dim] attention sublayer output (after wo_b)
-  std::vector<float> moe_out;             // [T, dim] MoE sublayer output
-  RouterResult router;                    // [T, k]
-  std::vector<IndexerResult> indexer;     // one per chunk (CSA layers)
+  std::vector<float> attn_out;         // [T, dim] attention sublayer output (after wo_b)
+  std::vector<float> moe_out;          // [T, dim] MoE sublayer output
+  RouterResult router;                 // [T, k]
+  std::vector<IndexerResult> indexer;  // one per chunk (CSA layers)
   std::vector<std::vector<float>> hc_attn_split, hc_ffn_split;  // per row: pre|post|comb
 };
 
@@ -65,8 +65,8 @@ class Model {
   // Runs one block (0..n_layers-1, or n_layers + k for MTP block k's decoder block) on the
   // streams h_in [T, hc, dim] of the chunks (rows in chunk order) into h_out. Updates the
   // chunks' state of that layer only; does not advance next_pos.
-  void RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
-                float* h_out, BlockTrace* trace) const;
+  void RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in, float* h_out,
+                BlockTrace* trace) const;
 
   // logits [vocab] fp32 from one token's final streams [hc, dim] (head collapse, norm, head).
   void Logits(const float* streams, float* logits) const;
@@ -74,9 +74,8 @@ class Model {
   // Full forward over the chunks: each chunk starts at its state's next_pos, which then
   // advances by n. Returns the last position's logits of every chunk. `final_streams`
   // (optional) receives the streams after the last block, [T, hc, dim].
-  absl::StatusOr<std::vector<std::vector<float>>> Forward(std::span<const ChunkRef> chunks,
-                                                          std::vector<float>* final_streams =
-                                                              nullptr) const;
+  absl::StatusOr<std::vector<std::vector<float>>> Forward(
+      std::span<const ChunkRef> chunks, std::vector<float>* final_streams = nullptr) const;
 
   // MTP block k (spec §3.13) over the chunks: row r takes the main model's final streams
   // h_main[r] at position start+r and the NEXT token id chunk.tokens[r]; it uses the state's

@@ -90,9 +90,8 @@ void SharedExpert(const MoeWeights& w, const float* x, int64_t n, float limit, f
   Linear8(w.shared_w2, a.data(), n, y);
 }
 
-void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp,
-                const float* x, const int64_t* token_ids, int64_t T, float* y,
-                RouterResult* router) {
+void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp, const float* x,
+                const int64_t* token_ids, int64_t T, float* y, RouterResult* router) {
   const int64_t dim = c.dim, k = c.n_activated_experts;
   const float limit = static_cast<float>(c.swiglu_limit);
   RouterResult r = Route(w, c, x, token_ids, T);

@@ -28,8 +28,7 @@ void SharedExpert(const MoeWeights& w, const float* x, int64_t n, float limit, f
 
 // Full MoE sublayer: y = bf16(Σ routed (ascending expert id) + shared). x: [T, dim].
 // `router` (optional) receives the routing decisions.
-void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp,
-                const float* x, const int64_t* token_ids, int64_t T, float* y,
-                RouterResult* router);
+void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp, const float* x,
+                const int64_t* token_ids, int64_t T, float* y, RouterResult* router);
 
 }  // namespace ss::model

@@ -27,15 +27,15 @@ struct CompressorState {
 
 struct LayerState {
   // Raw KV entries of the last `window` positions; slot = position mod window.
-  std::vector<float> window;         // [window, head_dim]
-  std::vector<float> compressed;     // [n_blocks, head_dim] main compressed KV
-  std::vector<float> index_keys;     // [n_blocks, index_head_dim]
+  std::vector<float> window;      // [window, head_dim]
+  std::vector<float> compressed;  // [n_blocks, head_dim] main compressed KV
+  std::vector<float> index_keys;  // [n_blocks, index_head_dim]
   CompressorState compressor, index_compressor;
 };
 
 struct SequenceState {
-  int64_t next_pos = 0;              // position of the next token this sequence will consume
-  std::vector<LayerState> layers;    // n_layers blocks, then the MTP blocks
+  int64_t next_pos = 0;            // position of the next token this sequence will consume
+  std::vector<LayerState> layers;  // n_layers blocks, then the MTP blocks
 };
 
 }  // namespace ss::model

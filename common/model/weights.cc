@@ -153,9 +153,9 @@ BlockWeights BindBlock(Binder& b, const ModelConfig& c, const std::string& p, in
 absl::Status CheckTid2eid(const MoeWeights& m, const ModelConfig& c, const std::string& name) {
   for (size_t i = 0; i < m.tid2eid.size(); ++i) {
     if (m.tid2eid[i] < 0 || m.tid2eid[i] >= c.n_routed_experts) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": entry ", i, " = ", m.tid2eid[i], " is not an expert id in [0, ",
-          c.n_routed_experts, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(name, ": entry ", i, " = ", m.tid2eid[i],
+                                                     " is not an expert id in [0, ",
+                                                     c.n_routed_experts, ")"));
     }
   }
   return absl::OkStatus();
@@ -175,8 +175,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string
   w->norm = b.Bf16Vec("norm.weight");
   w->hc_head = b.Hc("hc_head");
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    w->blocks.push_back(BindBlock(b, c, absl::StrCat("layers.", l, "."), c.compress_ratio(l),
-                                  l < c.n_hash_layers));
+    w->blocks.push_back(
+        BindBlock(b, c, absl::StrCat("layers.", l, "."), c.compress_ratio(l), l < c.n_hash_layers));
     RETURN_IF_ERROR(CheckTid2eid(w->blocks.back().moe, c,
                                  absl::StrCat(dir, ": layers.", l, ".ffn.gate.tid2eid")));
   }

@@ -17,7 +17,7 @@
 
 namespace ss::model {
 
-struct HcWeights {  // one hyper-connection mixer (hc_attn_*, hc_ffn_* or hc_head_*)
+struct HcWeights {           // one hyper-connection mixer (hc_attn_*, hc_ffn_* or hc_head_*)
   std::vector<float> fn;     // [mix, hc*dim]
   std::vector<float> base;   // [mix]
   std::vector<float> scale;  // [3] for blocks, [1] for heads
@@ -31,14 +31,14 @@ struct CompressorWeights {
 };
 
 struct IndexerWeights {
-  Fp8Weight wq_b;                   // [index_n_heads*index_head_dim, q_lora_rank]
-  Bf16Matrix weights_proj;          // [index_n_heads, dim]
+  Fp8Weight wq_b;           // [index_n_heads*index_head_dim, q_lora_rank]
+  Bf16Matrix weights_proj;  // [index_n_heads, dim]
   CompressorWeights compressor;
 };
 
 struct AttentionWeights {
   int64_t ratio = 0;
-  std::vector<float> attn_sink;     // [n_heads]
+  std::vector<float> attn_sink;  // [n_heads]
   Fp8Weight wq_a, wq_b, wkv, wo_a, wo_b;
   std::vector<float> q_norm, kv_norm;
   bool has_compressor = false, has_indexer = false;
@@ -51,10 +51,10 @@ struct ExpertWeights {
 };
 
 struct MoeWeights {
-  Bf16Matrix gate;                  // [n_routed, dim]
+  Bf16Matrix gate;  // [n_routed, dim]
   bool hash = false;
-  std::vector<int32_t> tid2eid;     // [vocab, k] when hash
-  std::vector<float> bias;          // [n_routed] when learned
+  std::vector<int32_t> tid2eid;  // [vocab, k] when hash
+  std::vector<float> bias;       // [n_routed] when learned
   std::vector<ExpertWeights> experts;
   Fp8Weight shared_w1, shared_w2, shared_w3;
 };

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace ss {
@@ -128,13 +129,6 @@ class CheckpointSchemaCopyTest : public ::testing::Test {
     for (const auto& [name, v] : (*ckpt)->tensors()) {
       tensors_.push_back({name, v->dtype, v->shape, {v->data, v->data + v->nbytes}});
     }
-    std::string tmpl = (fs::path(::testing::TempDir()) / "ss_schema_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   TensorToWrite& Tensor(const std::string& name) {
     for (TensorToWrite& t : tensors_) {
@@ -154,7 +148,8 @@ class CheckpointSchemaCopyTest : public ::testing::Test {
 
   ModelConfig config_;
   std::vector<TensorToWrite> tensors_;
-  std::string dir_;
+  testing_util::TempDir tmp_{"ss_schema"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(CheckpointSchemaCopyTest, UnmodifiedCopyValidates) {

@@ -12,30 +12,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace ss {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the test temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "ss_safetensors_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing_util::TempDir;
 
 std::vector<uint8_t> Image(const std::string& header, const std::vector<uint8_t>& data) {
   std::vector<uint8_t> out(8 + header.size() + data.size());
