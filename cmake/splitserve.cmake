@@ -46,5 +46,6 @@ function(ss_test name)
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${A_WORKING_DIRECTORY}
     PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+               SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -1,0 +1,46 @@
+#include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/kernels.h"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* __restrict__ g,
+                                  int64_t n, float eps, uint16_t* __restrict__ y) {
+  const uint16_t* xr = x + blockIdx.x * n;
+  uint16_t* yr = y + blockIdx.x * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = Bf16ToF32(xr[i]);
+    sum = __fadd_rn(sum, __fmul_rn(v, v));
+  }
+  __shared__ float partial[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float s = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    if (threadIdx.x == 0) partial[0] = s;
+  }
+  __syncthreads();
+  const float mean = __fmul_rn(partial[0], __frcp_rn(static_cast<float>(n)));
+  const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    yr[i] = F32ToBf16(__fmul_rn(g[i], __fmul_rn(Bf16ToF32(xr[i]), r)));
+  }
+}
+
+}  // namespace
+
+cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
+                    uint16_t* y, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormKernelImpl<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, g, n, eps, y);
+  return cudaGetLastError();
+}
+
+const void* RmsNormKernel() { return reinterpret_cast<const void*>(&RmsNormKernelImpl); }
+
+}  // namespace ss::cuda
