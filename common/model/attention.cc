@@ -23,12 +23,11 @@ void HeadNormBf16(float* q, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) q[i] = RoundBf16(q[i] * r);
 }
 
-// Sparse attention of one head over a candidate list (nullptr = masked entry), spec §3.9,
-// as the reference kernel runs it: online softmax over 64-entry chunks, probabilities rounded
-// to bf16 before P·V, the sink only in the denominator.
+}  // namespace
+
 void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int64_t d, float scale,
                       float sink, float* out) {
-  std::vector<float> acc(d, 0.0f), s(kSoftmaxChunk), pb(kSoftmaxChunk);
+  std::vector<float> acc(d, 0.0f), s(kSoftmaxChunk);
   std::vector<double> pv(d);
   float m = -INFINITY, l = 0.0f;
   const int64_t n = static_cast<int64_t>(cand.size());
@@ -56,8 +55,6 @@ void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int
   l += std::exp(sink - m);
   for (int64_t j = 0; j < d; ++j) out[j] = RoundBf16(acc[j] / l);
 }
-
-}  // namespace
 
 LayerState NewLayerState(const ModelConfig& c, int64_t ratio) {
   LayerState st;
