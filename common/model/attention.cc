@@ -14,7 +14,8 @@ namespace {
 
 constexpr int64_t kSoftmaxChunk = 64;
 
-// The demo's per-head q normalisation, done with bf16 tensor ops.
+}  // namespace
+
 void HeadNormBf16(float* q, int64_t n, float eps) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += RoundBf16(q[i] * q[i]);
@@ -22,8 +23,6 @@ void HeadNormBf16(float* q, int64_t n, float eps) {
   const float r = RoundBf16(1.0f / std::sqrt(RoundBf16(mean + eps)));
   for (int64_t i = 0; i < n; ++i) q[i] = RoundBf16(q[i] * r);
 }
-
-}  // namespace
 
 void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int64_t d, float scale,
                       float sink, float* out) {

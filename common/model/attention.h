@@ -36,12 +36,16 @@ struct AttentionTrace {
 void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
                       const float* x, int64_t S, int64_t start, float* out, AttentionTrace* trace);
 
+// The demo's per-head q normalisation (spec §3.4), done as its bf16 tensor ops do it: bf16
+// squares, a bf16 mean, bf16 (mean + eps), a bf16 rsqrt, a bf16 product. In place over n values.
+void HeadNormBf16(float* q, int64_t n, float eps);
+
 // Sparse attention of one head over a candidate list (nullptr = masked entry), spec §3.9, as
 // the reference kernel runs it: fp32 scores times `scale`, online softmax over 64-entry chunks
 // of the list, probabilities rounded to bf16 before P·V, the sink only in the denominator.
 // q, entries: d bf16 values; out: d bf16 values.
-void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int64_t d,
-                      float scale, float sink, float* out);
+void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int64_t d, float scale,
+                      float sink, float* out);
 
 // Fresh per-layer state for a block with compression ratio `ratio`.
 LayerState NewLayerState(const ModelConfig& c, int64_t ratio);

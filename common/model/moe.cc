@@ -8,10 +8,7 @@
 #include "common/model/linear.h"
 
 namespace ss::model {
-namespace {
 
-// SwiGLU with the demo's clamp (gate one-sided, up two-sided), times the routing weight, in
-// fp32; rounded to bf16 as the input of w2.
 void SwiGlu(const float* gate, const float* up, int64_t n, float limit, float weight, bool weighted,
             float* a) {
   for (int64_t i = 0; i < n; ++i) {
@@ -25,8 +22,6 @@ void SwiGlu(const float* gate, const float* up, int64_t n, float limit, float we
     a[i] = RoundBf16(v);
   }
 }
-
-}  // namespace
 
 RouterResult Route(const MoeWeights& w, const ModelConfig& c, const float* x,
                    const int64_t* token_ids, int64_t T) {

@@ -19,6 +19,11 @@ struct RouterResult {
 RouterResult Route(const MoeWeights& w, const ModelConfig& c, const float* x,
                    const int64_t* token_ids, int64_t T);
 
+// SwiGLU with the demo's clamp (gate ≤ limit, up within ±limit; limit 0 = none), silu(g)·u,
+// times the routing weight when `weighted`, in fp32; a[i] = bf16 of that (the input of w2).
+void SwiGlu(const float* gate, const float* up, int64_t n, float limit, float weight, bool weighted,
+            float* a);
+
 // One routed expert on rows x [n, dim] with per-row routing weights: y = bf16 [n, dim].
 // `limit` 0 disables the clamp.
 void RoutedExpert(const ExpertWeights& e, const float* x, const float* row_weights, int64_t n,

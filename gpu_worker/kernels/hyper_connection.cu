@@ -1,0 +1,209 @@
+// Hyper-connection collapse (HcPre, HcHead) and expand (HcPost), spec §3.3; mirrors
+// common/model/hyper_connection.cc operation by operation.
+#include "gpu_worker/kernels/block_kernels.h"
+#include "gpu_worker/kernels/fp8_common.cuh"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxMult = static_cast<int>(kHcMaxMult);
+constexpr int kMaxMix = (2 + kMaxMult) * kMaxMult;
+
+// float(exp(double(x))): the correctly rounded expf that glibc's std::exp(float) approximates.
+__device__ __forceinline__ float ExpRn(float x) {
+  return static_cast<float>(exp(static_cast<double>(x)));
+}
+
+__device__ __forceinline__ float Sigmoid(float x) {
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpRn(-x)));
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block of one value per thread; every thread gets the total.
+__device__ float BlockSum(float v, float* scratch) {
+  v = WarpSum(v);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < kWarps; ++w) s = __fadd_rn(s, scratch[w]);
+  __syncthreads();  // scratch may be reused by the caller
+  return s;
+}
+
+// The reference's HcSplitSinkhorn on mixes[0..(2+hc)·hc), by one thread.
+__device__ void SplitSinkhorn(const float* mixes, const float* base, const float* scale, int hc,
+                              int iters, float eps, float* pre, float* post, float* c) {
+  for (int i = 0; i < hc; ++i) {
+    pre[i] = __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(mixes[i], scale[0]), base[i])), eps);
+    post[i] = __fmul_rn(2.0f, Sigmoid(__fadd_rn(__fmul_rn(mixes[hc + i], scale[1]), base[hc + i])));
+  }
+  for (int i = 0; i < hc * hc; ++i) {
+    c[i] = __fadd_rn(__fmul_rn(mixes[2 * hc + i], scale[2]), base[2 * hc + i]);
+  }
+  for (int j = 0; j < hc; ++j) {
+    float* row = c + j * hc;
+    float mx = row[0];
+    for (int k = 1; k < hc; ++k) mx = row[k] > mx ? row[k] : mx;  // std::max_element: first max
+    float sum = 0.0f;
+    for (int k = 0; k < hc; ++k) {
+      row[k] = ExpRn(__fsub_rn(row[k], mx));
+      sum = __fadd_rn(sum, row[k]);
+    }
+    for (int k = 0; k < hc; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], sum), eps);
+  }
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {
+      for (int j = 0; j < hc; ++j) {
+        float* row = c + j * hc;
+        float sum = 0.0f;
+        for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, row[k]);
+        for (int k = 0; k < hc; ++k) row[k] = __fdiv_rn(row[k], __fadd_rn(sum, eps));
+      }
+    }
+    for (int k = 0; k < hc; ++k) {
+      float sum = 0.0f;
+      for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, c[j * hc + k]);
+      for (int j = 0; j < hc; ++j) c[j * hc + k] = __fdiv_rn(c[j * hc + k], __fadd_rn(sum, eps));
+    }
+  }
+}
+
+// One block per token. kHead: the head collapse (mix = hc, no post/comb/Sinkhorn).
+template <bool kHead>
+__global__ void HcCollapseKernelImpl(const uint16_t* __restrict__ streams,
+                                     const float* __restrict__ fn, const float* __restrict__ base,
+                                     const float* __restrict__ scale, int hc, int64_t dim,
+                                     int iters, float hc_eps, float norm_eps,
+                                     uint16_t* __restrict__ y, float* __restrict__ pre_out,
+                                     float* __restrict__ post_out, float* __restrict__ comb_out) {
+  __shared__ float scratch[kWarps];
+  __shared__ float mixes[kMaxMix];
+  __shared__ float pre[kMaxMult], post[kMaxMult], comb[kMaxMult * kMaxMult];
+  const int64_t t = blockIdx.x;
+  const int64_t n = hc * dim;
+  const uint16_t* X = streams + t * n;
+  const int mix = kHead ? hc : (2 + hc) * hc;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+
+  float sq = 0.0f;
+  for (int64_t i = tid; i < n; i += kThreads) {
+    const float v = Bf16ToF32(X[i]);
+    sq = __fadd_rn(sq, __fmul_rn(v, v));
+  }
+  sq = BlockSum(sq, scratch);
+  const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(n)));
+  const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
+
+  for (int m = warp; m < mix; m += kWarps) {
+    const float* f = fn + m * n;
+    float acc = 0.0f;
+    for (int64_t i = lane; i < n; i += 32) acc = __fadd_rn(acc, __fmul_rn(Bf16ToF32(X[i]), f[i]));
+    acc = WarpSum(acc);
+    if (lane == 0) mixes[m] = __fmul_rn(acc, r);
+  }
+  __syncthreads();
+
+  if (tid == 0) {
+    if (kHead) {
+      for (int s = 0; s < hc; ++s) {
+        pre[s] = __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(mixes[s], scale[0]), base[s])), hc_eps);
+      }
+    } else {
+      SplitSinkhorn(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
+    }
+  }
+  __syncthreads();
+
+  if (!kHead) {
+    if (tid < hc) {
+      pre_out[t * hc + tid] = pre[tid];
+      post_out[t * hc + tid] = post[tid];
+    }
+    if (tid < hc * hc) comb_out[t * hc * hc + tid] = comb[tid];
+  }
+  for (int64_t i = tid; i < dim; i += kThreads) {
+    float acc = __fmul_rn(pre[0], Bf16ToF32(X[i]));
+    for (int s = 1; s < hc; ++s) acc = __fadd_rn(acc, __fmul_rn(pre[s], Bf16ToF32(X[s * dim + i])));
+    y[t * dim + i] = F32ToBf16(acc);
+  }
+}
+
+// grid (ceil(dim / kThreads), T); one thread per (token, i) computes all hc new streams, reading
+// the old ones first, so out may alias residual (no __restrict__ on those two).
+__global__ void HcPostKernelImpl(const uint16_t* __restrict__ x, const uint16_t* residual,
+                                 const float* __restrict__ post, const float* __restrict__ comb,
+                                 int hc, int64_t dim, uint16_t* out) {
+  __shared__ float p[kMaxMult], c[kMaxMult * kMaxMult];
+  const int64_t t = blockIdx.y;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < hc) p[tid] = post[t * hc + tid];
+  if (tid < hc * hc) c[tid] = comb[t * hc * hc + tid];
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + tid;
+  if (i >= dim) return;
+  const uint16_t* R = residual + t * hc * dim;
+  float rv[kMaxMult];
+#pragma unroll
+  for (int j = 0; j < kMaxMult; ++j) rv[j] = j < hc ? Bf16ToF32(R[j * dim + i]) : 0.0f;
+  const float xv = Bf16ToF32(x[t * dim + i]);
+#pragma unroll
+  for (int k = 0; k < kMaxMult; ++k) {
+    if (k >= hc) break;
+    float acc = __fmul_rn(c[k], rv[0]);
+#pragma unroll
+    for (int j = 1; j < kMaxMult; ++j) {
+      if (j < hc) acc = __fadd_rn(acc, __fmul_rn(c[j * hc + k], rv[j]));
+    }
+    out[(t * hc + k) * dim + i] = F32ToBf16(__fadd_rn(__fmul_rn(p[k], xv), acc));
+  }
+}
+
+bool BadMult(int64_t hc) { return hc < 1 || hc > kHcMaxMult; }
+
+}  // namespace
+
+cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
+                  int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
+                  float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
+                  cudaStream_t stream) {
+  if (BadMult(hc) || dim < 1 || sinkhorn_iters < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  HcCollapseKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+      streams, fn, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
+      norm_eps, y, pre, post, comb);
+  return cudaGetLastError();
+}
+
+cudaError_t HcPost(const uint16_t* x, const uint16_t* residual, const float* post,
+                   const float* comb, int64_t T, int64_t hc, int64_t dim, uint16_t* out,
+                   cudaStream_t stream) {
+  if (BadMult(hc) || dim < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>((dim + kThreads - 1) / kThreads), static_cast<unsigned>(T));
+  HcPostKernelImpl<<<grid, kThreads, 0, stream>>>(x, residual, post, comb, static_cast<int>(hc),
+                                                  dim, out);
+  return cudaGetLastError();
+}
+
+cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, const float* scale,
+                   int64_t T, int64_t hc, int64_t dim, float hc_eps, float norm_eps, uint16_t* z,
+                   cudaStream_t stream) {
+  if (BadMult(hc) || dim < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  HcCollapseKernelImpl<true><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+      streams, fn, base, scale, static_cast<int>(hc), dim, 0, hc_eps, norm_eps, z, nullptr, nullptr,
+      nullptr);
+  return cudaGetLastError();
+}
+
+const void* HcPreKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<false>); }
+const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelImpl); }
+const void* HcHeadKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<true>); }
+
+}  // namespace ss::cuda

@@ -1,0 +1,145 @@
+// Query/KV path pieces (spec §3.4, §3.5, §5.3): the demo's bf16 per-head q normalisation
+// (attention.cc HeadNormBf16), the RoPE cos/sin table and rotation (common/rope.cc) and the FP8
+// simulation of the KV nope dims (codecs.cc Fp8SimInplace).
+#include "gpu_worker/kernels/block_kernels.h"
+#include "gpu_worker/kernels/fp8_common.cuh"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kMaxGrid = 1u << 20;
+
+__device__ __forceinline__ float RoundBf16(float v) { return Bf16ToF32(F32ToBf16(v)); }
+
+unsigned GridFor(int64_t threads) {
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
+}
+
+// One warp per row.
+__global__ void HeadRmsNormKernelImpl(uint16_t* __restrict__ x, int64_t rows, int64_t n,
+                                      float eps) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  uint16_t* v = x + row * n;
+  float sum = 0.0f;
+  for (int64_t i = lane; i < n; i += 32) {
+    const float f = Bf16ToF32(v[i]);
+    sum = __fadd_rn(sum, RoundBf16(__fmul_rn(f, f)));
+  }
+  for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  const float mean = RoundBf16(__fmul_rn(sum, __frcp_rn(static_cast<float>(n))));
+  const float r = RoundBf16(__frcp_rn(__fsqrt_rn(RoundBf16(__fadd_rn(mean, eps)))));
+  for (int64_t i = lane; i < n; i += 32) v[i] = F32ToBf16(__fmul_rn(Bf16ToF32(v[i]), r));
+}
+
+__global__ void RopeCosSinKernelImpl(const float* __restrict__ freqs, int64_t pairs,
+                                     const int64_t* __restrict__ positions, int64_t n,
+                                     bool fp32_trig, float* __restrict__ cos_out,
+                                     float* __restrict__ sin_out) {
+  const int64_t total = n * pairs;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float angle = __fmul_rn(static_cast<float>(positions[idx / pairs]), freqs[idx % pairs]);
+    if (fp32_trig) {
+      cos_out[idx] = cosf(angle);
+      sin_out[idx] = sinf(angle);
+    } else {
+      cos_out[idx] = static_cast<float>(cos(static_cast<double>(angle)));
+      sin_out[idx] = static_cast<float>(sin(static_cast<double>(angle)));
+    }
+  }
+}
+
+// One thread per (token, head, pair).
+__global__ void ApplyRopeKernelImpl(uint16_t* __restrict__ x, int64_t T, int64_t heads,
+                                    int64_t head_dim, int64_t rope_dim,
+                                    const float* __restrict__ cos_t,
+                                    const float* __restrict__ sin_t, bool inverse) {
+  const int64_t pairs = rope_dim / 2, total = T * heads * pairs;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx % pairs, th = idx / pairs, t = th / heads;
+    uint16_t* v = x + th * head_dim + (head_dim - rope_dim) + 2 * i;
+    const float a = Bf16ToF32(v[0]), b = Bf16ToF32(v[1]);
+    const float c = cos_t[t * pairs + i];
+    const float s = inverse ? -sin_t[t * pairs + i] : sin_t[t * pairs + i];
+    v[0] = F32ToBf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    v[1] = F32ToBf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+  }
+}
+
+// One warp per (row, block).
+__global__ void Fp8SimKernelImpl(uint16_t* __restrict__ x, int64_t rows, int64_t row_stride,
+                                 int64_t n, int64_t block, bool round_e4m3) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t nb = (n + block - 1) / block;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (w >= rows * nb) return;
+  const int64_t b0 = (w % nb) * block;
+  const int64_t len = n - b0 < block ? n - b0 : block;
+  uint16_t* v = x + (w / nb) * row_stride + b0;
+  float amax = 0.0f;
+  for (int64_t i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(Bf16ToF32(v[i])));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = Pow2Scale(amax, 1e-4f, 448.0f);
+  for (int64_t i = lane; i < len; i += 32) {
+    float q = __fdiv_rn(Bf16ToF32(v[i]), s);
+    q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);  // std::clamp
+    q = round_e4m3 ? E4m3ToF32(F32ToE4m3(q)) : RoundBf16(q);
+    v[i] = F32ToBf16(__fmul_rn(q, s));
+  }
+}
+
+}  // namespace
+
+cudaError_t HeadRmsNormBf16(uint16_t* x, int64_t rows, int64_t head_dim, float eps,
+                            cudaStream_t stream) {
+  if (head_dim < 1) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  HeadRmsNormKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, head_dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positions, int64_t n,
+                       bool fp32_trig, float* cos_out, float* sin_out, cudaStream_t stream) {
+  if (pairs < 1) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  RopeCosSinKernelImpl<<<GridFor(n * pairs), kThreads, 0, stream>>>(freqs, pairs, positions, n,
+                                                                    fp32_trig, cos_out, sin_out);
+  return cudaGetLastError();
+}
+
+cudaError_t ApplyRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                      const float* cos_t, const float* sin_t, bool inverse, cudaStream_t stream) {
+  if (heads < 1 || rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0) return cudaSuccess;
+  ApplyRopeKernelImpl<<<GridFor(T * heads * (rope_dim / 2)), kThreads, 0, stream>>>(
+      x, T, heads, head_dim, rope_dim, cos_t, sin_t, inverse);
+  return cudaGetLastError();
+}
+
+cudaError_t Fp8SimInplace(uint16_t* x, int64_t rows, int64_t row_stride, int64_t n, int64_t block,
+                          bool round_e4m3, cudaStream_t stream) {
+  if (block < 1 || n < 0 || row_stride < n) return cudaErrorInvalidValue;
+  if (rows == 0 || n == 0) return cudaSuccess;
+  const int64_t warps = rows * ((n + block - 1) / block);
+  const unsigned blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+  Fp8SimKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, row_stride, n, block, round_e4m3);
+  return cudaGetLastError();
+}
+
+const void* HeadRmsNormBf16Kernel() {
+  return reinterpret_cast<const void*>(&HeadRmsNormKernelImpl);
+}
+const void* RopeCosSinKernel() { return reinterpret_cast<const void*>(&RopeCosSinKernelImpl); }
+const void* ApplyRopeKernel() { return reinterpret_cast<const void*>(&ApplyRopeKernelImpl); }
+const void* Fp8SimInplaceKernel() { return reinterpret_cast<const void*>(&Fp8SimKernelImpl); }
+
+}  // namespace ss::cuda

@@ -1,0 +1,206 @@
+// MoE router and SwiGLU activation (spec §3.11); mirrors common/model/moe.cc (Route, SwiGlu).
+#include <climits>
+
+#include "gpu_worker/kernels/block_kernels.h"
+#include "gpu_worker/kernels/fp8_common.cuh"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kLogitRows = 8;    // token rows per pass over a gate row
+constexpr int kLogitChunk = 64;  // token rows per block row of the grid
+constexpr int kMaxExperts = static_cast<int>(kRouterMaxExperts);
+constexpr int kMaxTopK = static_cast<int>(kRouterMaxTopK);
+constexpr unsigned kMaxGrid = 1u << 20;
+
+// float(f(double(x))): the correctly rounded float function glibc's expf/log1pf approximate.
+__device__ __forceinline__ float ExpRn(float x) {
+  return static_cast<float>(exp(static_cast<double>(x)));
+}
+__device__ __forceinline__ float Log1pRn(float x) {
+  return static_cast<float>(log1p(static_cast<double>(x)));
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// grid (ceil(E / kWarps), ceil(T / kLogitChunk)): one warp per expert e and chunk of tokens,
+// logits[t][e] = Σ_i x[t][i]·gate[e][i] with each lane summing its i ≡ lane (mod 32) in order,
+// then a butterfly, so the result does not depend on T or on the batching.
+__global__ void RouterLogitsKernelImpl(const uint16_t* __restrict__ x,
+                                       const uint16_t* __restrict__ gate, int64_t T, int64_t E,
+                                       int64_t dim, float* __restrict__ logits) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (e >= E) return;
+  const uint16_t* g = gate + e * dim;
+  const int64_t t_begin = static_cast<int64_t>(blockIdx.y) * kLogitChunk;
+  const int64_t t_end = T - t_begin < kLogitChunk ? T : t_begin + kLogitChunk;
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += kLogitRows) {
+    const int nr = static_cast<int>(t_end - t0 < kLogitRows ? t_end - t0 : kLogitRows);
+    float acc[kLogitRows];
+#pragma unroll
+    for (int r = 0; r < kLogitRows; ++r) acc[r] = 0.0f;
+    for (int64_t i = lane; i < dim; i += 32) {
+      const float gv = Bf16ToF32(g[i]);
+#pragma unroll
+      for (int r = 0; r < kLogitRows; ++r) {
+        if (r < nr) acc[r] = __fadd_rn(acc[r], __fmul_rn(Bf16ToF32(x[(t0 + r) * dim + i]), gv));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kLogitRows; ++r) {
+      const float s = WarpSum(acc[r]);
+      if (lane == 0 && r < nr) logits[(t0 + r) * E + e] = s;
+    }
+  }
+}
+
+// (v, i) beats (bv, bi): larger value, equal values to the lower index; bi == INT_MAX is "none".
+__device__ __forceinline__ bool Beats(float v, int i, float bv, int bi) {
+  return bi == INT_MAX || v > bv || (v == bv && i < bi);
+}
+
+// A bad hash-table id gives a NaN weight rather than an out-of-bounds read.
+__device__ __forceinline__ float ScoreOf(const float* score, int e, int E) {
+  return static_cast<unsigned>(e) < static_cast<unsigned>(E) ? score[e] : NAN;
+}
+
+// One warp per token.
+__global__ void RouterSelectKernelImpl(const float* __restrict__ logits,
+                                       const float* __restrict__ bias,
+                                       const int32_t* __restrict__ tid2eid,
+                                       const int64_t* __restrict__ token_ids, int E, int k,
+                                       float route_scale, int32_t* __restrict__ indices,
+                                       float* __restrict__ weights) {
+  __shared__ float score[kMaxExperts];
+  __shared__ float biased[kMaxExperts];
+  __shared__ unsigned char taken[kMaxExperts];
+  __shared__ int sel[kMaxTopK];
+  const int64_t t = blockIdx.x;
+  const int lane = static_cast<int>(threadIdx.x);
+  const bool hash = tid2eid != nullptr;
+  for (int e = lane; e < E; e += 32) {
+    const float l = logits[t * E + e];
+    score[e] = __fsqrt_rn(l > 20.0f ? l : Log1pRn(ExpRn(l)));
+    if (!hash) biased[e] = __fadd_rn(score[e], bias[e]);
+    taken[e] = 0;
+  }
+  __syncwarp();
+  if (hash) {
+    if (lane < k) sel[lane] = tid2eid[token_ids[t] * k + lane];
+  } else {
+    for (int j = 0; j < k; ++j) {
+      float bv = -INFINITY;
+      int bi = INT_MAX;
+      for (int e = lane; e < E; e += 32) {
+        if (!taken[e] && Beats(biased[e], e, bv, bi)) {
+          bv = biased[e];
+          bi = e;
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi != INT_MAX && Beats(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        sel[j] = bi;
+        taken[bi] = 1;
+      }
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum = __fadd_rn(sum, ScoreOf(score, sel[i], E));
+    for (int i = 0; i < k; ++i) {
+      indices[t * k + i] = sel[i];
+      weights[t * k + i] = __fmul_rn(__fdiv_rn(ScoreOf(score, sel[i], E), sum), route_scale);
+    }
+  }
+}
+
+__device__ __forceinline__ float Load(float v) { return v; }
+__device__ __forceinline__ float Load(uint16_t v) { return Bf16ToF32(v); }
+
+template <typename In>
+__global__ void SwiGluKernelImpl(const In* __restrict__ gate, const In* __restrict__ up,
+                                 int64_t in_stride, const float* __restrict__ row_weights,
+                                 int64_t rows, int64_t n, float limit, uint16_t* __restrict__ out) {
+  const int64_t total = rows * n;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / n, i = idx % n;
+    float g = Load(gate[r * in_stride + i]), u = Load(up[r * in_stride + i]);
+    if (limit > 0.0f) {
+      u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
+      g = limit < g ? limit : g;                          // std::min
+    }
+    float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    if (row_weights != nullptr) v = __fmul_rn(row_weights[r], v);
+    out[idx] = F32ToBf16(v);
+  }
+}
+
+template <typename In>
+cudaError_t LaunchSwiGlu(const In* gate, const In* up, int64_t in_stride, const float* row_weights,
+                         int64_t rows, int64_t n, float limit, uint16_t* out, cudaStream_t stream) {
+  if (n < 1 || in_stride < n) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t blocks = (rows * n + kThreads - 1) / kThreads;
+  const unsigned grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
+  SwiGluKernelImpl<In>
+      <<<grid, kThreads, 0, stream>>>(gate, up, in_stride, row_weights, rows, n, limit, out);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t Route(const uint16_t* x, const uint16_t* gate, const float* bias,
+                  const int32_t* tid2eid, const int64_t* token_ids, int64_t T, int64_t E,
+                  int64_t dim, int64_t k, float route_scale, float* logits, int32_t* indices,
+                  float* weights, cudaStream_t stream) {
+  if (E < 1 || E > kRouterMaxExperts || k < 1 || k > E || k > kRouterMaxTopK || dim < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0) return cudaSuccess;
+  const dim3 lgrid(static_cast<unsigned>((E + kWarps - 1) / kWarps),
+                   static_cast<unsigned>((T + kLogitChunk - 1) / kLogitChunk));
+  RouterLogitsKernelImpl<<<lgrid, kThreads, 0, stream>>>(x, gate, T, E, dim, logits);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  RouterSelectKernelImpl<<<static_cast<unsigned>(T), 32, 0, stream>>>(
+      logits, bias, tid2eid, token_ids, static_cast<int>(E), static_cast<int>(k), route_scale,
+      indices, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t SwiGluF32(const float* gate, const float* up, int64_t in_stride,
+                      const float* row_weights, int64_t rows, int64_t n, float limit, uint16_t* out,
+                      cudaStream_t stream) {
+  return LaunchSwiGlu(gate, up, in_stride, row_weights, rows, n, limit, out, stream);
+}
+
+cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stride,
+                       const float* row_weights, int64_t rows, int64_t n, float limit,
+                       uint16_t* out, cudaStream_t stream) {
+  return LaunchSwiGlu(gate, up, in_stride, row_weights, rows, n, limit, out, stream);
+}
+
+const void* RouterLogitsKernel() { return reinterpret_cast<const void*>(&RouterLogitsKernelImpl); }
+const void* RouterSelectKernel() { return reinterpret_cast<const void*>(&RouterSelectKernelImpl); }
+const void* SwiGluF32Kernel() { return reinterpret_cast<const void*>(&SwiGluKernelImpl<float>); }
+const void* SwiGluBf16Kernel() {
+  return reinterpret_cast<const void*>(&SwiGluKernelImpl<uint16_t>);
+}
+
+}  // namespace ss::cuda
