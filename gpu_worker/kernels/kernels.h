@@ -24,9 +24,11 @@ cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, 
 cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
                             cudaStream_t stream);
 
-// Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w)
-// with the per-block sums accumulated in K-block order. One warp per output element row
-// (bandwidth-bound GEMV path for decode; rows is small).
+// Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w).
+// Bandwidth-bound GEMV path for decode (rows small): one warp per output feature reads each
+// weight byte once for all rows. The e4m3 products are exact as in the reference; they are
+// summed in another order (per-lane partials scaled per block, one warp reduction), so results
+// agree up to fp32 summation order.
 cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                       const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                       cudaStream_t stream);
