@@ -8,6 +8,7 @@ packages=(
   libabsl-dev
   libspdlog-dev libfmt-dev
   nlohmann-json3-dev
+  libpcre2-dev
   libgtest-dev libgmock-dev googletest
 )
 

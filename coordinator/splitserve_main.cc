@@ -1,0 +1,47 @@
+// splitserve: the user-facing launcher, one binary with subcommands.
+//
+//   splitserve tokenize ...   the tokenizer as a JSON-lines filter (coordinator/tokenize_command.h)
+//
+// Each subcommand parses its own arguments (argv from the subcommand word on), so their flags
+// stay separate.
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "coordinator/tokenize_command.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  const char* help;
+  int (*run)(int argc, char** argv);
+};
+
+int RunTokenize(int argc, char** argv) {
+  return ss::RunTokenizeCommand(argc, argv, std::cin, std::cout, std::cerr);
+}
+
+constexpr Subcommand kSubcommands[] = {
+    {"tokenize", "JSON lines {\"text\"} -> {\"ids\"} (or back with --decode)", RunTokenize},
+};
+
+void Usage(FILE* f) {
+  std::fprintf(f, "usage: splitserve <command> [args]\ncommands:\n");
+  for (const Subcommand& c : kSubcommands) std::fprintf(f, "  %-10s %s\n", c.name, c.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    Usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Subcommand& c : kSubcommands) {
+    if (!std::strcmp(argv[1], c.name)) return c.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "splitserve: unknown command '%s'\n", argv[1]);
+  Usage(stderr);
+  return 2;
+}

@@ -1,0 +1,111 @@
+// Routed-expert kernels of the CPU expert worker (spec §3.11, §5.2; ARCHITECTURE.md "The MoE
+// call"): for T token rows, their top-k expert ids and routing weights, compute the fp32 partial
+// MoE sum over the expert SLICES this worker holds.
+//
+// Slices. Worker i of n holds rows [i·I/n, (i+1)·I/n) of every expert's w1/w3 and the matching
+// columns of w2 (I = moe_intermediate_size). An ExpertSliceView points at those bytes either
+// straight inside the checkpoint's mmap (w2 rows then have the checkpoint's stride I/2) or inside
+// a compact node-local copy (stride I_slice/2); the kernels read nothing else.
+//
+// Semantics (the reference, `ss::model::RoutedExpert` and `MoeForward`), per expert e in
+// ascending id order, for every (token t, k-th choice) with ids[t, k] == e, in t-major order:
+//   q, s  = e4m3 activation quantisation of x[t] (1x128 blocks, power-of-two scales)
+//   g, u  = bf16(Linear4(q, s; w1_slice)), bf16(Linear4(q, s; w3_slice))      [I_slice]
+//           (each output element is complete within the slice, so its rounding is the reference's)
+//   g     = min(g, limit); u = clamp(u, -limit, limit)                         (limit 0: no clamp)
+//   a     = bf16(weights[t, k] · silu(g) · u)                                  (fp32 math)
+//   q', s'= e4m3 quantisation of a in 1x128 blocks (aligned: I_slice % 128 == 0)
+//   y     = Linear4(q', s'; w2_slice)   fp32, NOT rounded: it is a partial over I_slice
+//   out[t] += round_expert_outputs ? bf16(y) : y                               (fp32)
+// where Linear4 forms, per output element and per 32-wide K group, the exact sum of e2m1 × e4m3
+// products, rounds it to fp32 once, multiplies by s_act[k/4] and then by the weight scale, and
+// accumulates the groups in K order in fp32. The caller sums the workers' partials and rounds
+// once. With one slice (n = 1) and round_expert_outputs = true the result is bit-identical to
+// the reference's routed sum (before the shared expert is added).
+//
+// Every ISA variant (see dispatch.h) forms the per-group partials from exact fp32 products and
+// accumulates groups in the same order as the scalar definition, so variants agree bit for bit
+// unless an intermediate of a 32-term partial needs more than fp32's 24 bits (an activation
+// ~2^-11 of its block maximum next to products summing past 2^14 times the block scale); there
+// they differ by fp32 summation order. Not seen in the tests (over 10^6 outputs) or on tiny-a.
+//
+// Threading: a kernel call is pure apart from writing `out` and the workspace; concurrent calls
+// with distinct workspaces and outputs are safe. A worker spreads one layer over its cores by
+// giving each thread a sub-slice of its I-range (any multiple of 128) and summing the partials.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ss::expert {
+
+inline constexpr int64_t kActBlock = 128;  // activation-quantisation block (spec §5.2)
+inline constexpr int64_t kMxGroup = 32;    // MXFP4 scale group along K (spec §2.4)
+
+// The bytes of one expert's slice. All six pointers null means "not held by this worker";
+// referencing such an expert is an error (NotFound, naming the id). Rows are K-contiguous
+// MXFP4: two e2m1 codes per byte, element 2j in the low nibble; one ue8m0 byte per 32 elements.
+struct ExpertSliceView {
+  const uint8_t* w1 = nullptr;        // [i_slice, dim/2], row r at w1 + r·dim/2
+  const uint8_t* w1_scale = nullptr;  // [i_slice, dim/32], row r at w1_scale + r·dim/32
+  const uint8_t* w3 = nullptr;        // like w1
+  const uint8_t* w3_scale = nullptr;  // like w1_scale
+  const uint8_t* w2 = nullptr;        // [dim, i_slice/2], row r at w2 + r·w2_stride
+  const uint8_t* w2_scale = nullptr;  // [dim, i_slice/32], row r at w2_scale + r·w2_scale_stride
+  int64_t w2_stride = 0;              // bytes, >= i_slice/2 (I/2 inside the checkpoint)
+  int64_t w2_scale_stride = 0;        // bytes, >= i_slice/32 (I/32 inside the checkpoint)
+};
+
+// A whole expert as the checkpoint stores it: w1/w3 [I, dim/2] + [I, dim/32],
+// w2 [dim, I/2] + [dim, I/32], all row-major and dense.
+struct ExpertMatrices {
+  const uint8_t* w1 = nullptr;
+  const uint8_t* w1_scale = nullptr;
+  const uint8_t* w3 = nullptr;
+  const uint8_t* w3_scale = nullptr;
+  const uint8_t* w2 = nullptr;
+  const uint8_t* w2_scale = nullptr;
+};
+
+// The view of slice `index` of `count` of a whole expert (pointers into `e`, no copy).
+// Errors: count < 1, index outside [0, count), I not divisible by count, I/count or dim not a
+// multiple of 128, a null pointer.
+absl::StatusOr<ExpertSliceView> SliceExpert(const ExpertMatrices& e, int64_t dim, int64_t inter,
+                                            int64_t index, int64_t count);
+
+// One call: everything a kernel reads and writes. Pointers are borrowed for the call.
+struct ExpertCall {
+  int64_t num_tokens = 0;                    // T; 0 is a no-op that touches nothing
+  int64_t dim = 0;                           // hidden size; a multiple of 128
+  int64_t top_k = 0;                         // experts per token, >= 1
+  int64_t inter_slice = 0;                   // I_slice; a multiple of 128
+  const uint16_t* x = nullptr;               // [T, dim] bf16 bits
+  const int32_t* expert_ids = nullptr;       // [T, top_k]; repeated ids in a row are allowed
+  const float* expert_weights = nullptr;     // [T, top_k] routing weights (route_scale applied)
+  const ExpertSliceView* experts = nullptr;  // [num_experts], indexed by expert id
+  int64_t num_experts = 0;
+  float swiglu_limit = 0.0f;  // >= 0; 0 disables the clamp
+  // Round each expert's w2 result to bf16 before accumulating (only meaningful with one slice:
+  // it reproduces the reference's per-expert bf16 output bit for bit).
+  bool round_expert_outputs = false;
+  float* out = nullptr;  // [T, dim] fp32, overwritten with the partial sum
+};
+
+// Bytes of caller-owned workspace a call with these sizes needs (any ISA; kernels align it
+// internally). Depends on num_tokens, dim, top_k, inter_slice and num_experts only, so a worker
+// sizes it once for its largest batch.
+size_t ExpertWorkspaceBytes(const ExpertCall& call);
+
+// A kernel variant. `run` validates the call (shapes, pointers, ids, workspace size) before it
+// writes anything, then fills call.out; it never allocates. Errors: InvalidArgument for bad
+// shapes, null pointers, ids outside [0, num_experts) or a short workspace; NotFound for an id
+// whose slice this worker does not hold.
+struct ExpertKernel {
+  const char* name;  // "scalar", "avx2", "avx512"
+  absl::Status (*run)(const ExpertCall& call, void* workspace, size_t workspace_bytes);
+};
+
+}  // namespace ss::expert
