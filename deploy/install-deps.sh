@@ -9,6 +9,7 @@ packages=(
   libspdlog-dev libfmt-dev
   nlohmann-json3-dev
   libpcre2-dev
+  libhwloc-dev
   libgtest-dev libgmock-dev googletest
 )
 

@@ -1,0 +1,219 @@
+#include "cpu_expert_worker/expert_store.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace ss::expert {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kPieceAlign = 64;
+constexpr int64_t kProgressMinBytes = int64_t{256} << 20;  // smaller loads log the summary only
+
+int64_t AlignUp(int64_t v) { return (v + kPieceAlign - 1) / kPieceAlign * kPieceAlign; }
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// One expert's six source tensors inside the checkpoint's mapping.
+struct Source {
+  const TensorView *w1, *w1_scale, *w3, *w3_scale, *w2, *w2_scale;
+};
+
+std::string ExpertPrefix(const ModelConfig& c, int layer, int64_t expert) {
+  return layer < c.n_layers
+             ? absl::StrCat("layers.", layer, ".ffn.experts.", expert, ".")
+             : absl::StrCat("mtp.", layer - c.n_layers, ".ffn.experts.", expert, ".");
+}
+
+absl::StatusOr<Source> FindSource(const Checkpoint& ckpt, const ModelConfig& c, int layer,
+                                  int64_t expert) {
+  const std::string p = ExpertPrefix(c, layer, expert);
+  const int64_t dim = c.dim, inter = c.moe_inter_dim;
+  Source s;
+  ASSIGN_OR_RETURN(s.w1, ckpt.Get(p + "w1.weight", DType::kI8, {inter, dim / 2}));
+  ASSIGN_OR_RETURN(s.w1_scale, ckpt.Get(p + "w1.scale", DType::kF8E8M0, {inter, dim / kMxGroup}));
+  ASSIGN_OR_RETURN(s.w3, ckpt.Get(p + "w3.weight", DType::kI8, {inter, dim / 2}));
+  ASSIGN_OR_RETURN(s.w3_scale, ckpt.Get(p + "w3.scale", DType::kF8E8M0, {inter, dim / kMxGroup}));
+  ASSIGN_OR_RETURN(s.w2, ckpt.Get(p + "w2.weight", DType::kI8, {dim, inter / 2}));
+  ASSIGN_OR_RETURN(s.w2_scale, ckpt.Get(p + "w2.scale", DType::kF8E8M0, {dim, inter / kMxGroup}));
+  return s;
+}
+
+absl::Status ValidateSlice(const ModelConfig& c, int index, int count) {
+  if (count < 1 || index < 0 || index >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slice ", index, "/", count, ": need n >= 1 and 0 <= i < n"));
+  }
+  const int64_t inter = c.moe_inter_dim;
+  if (inter % count != 0 || (inter / count) % kActBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slice ", index, "/", count, ": moe_intermediate_size ", inter, " / ", count, " = ",
+        static_cast<double>(inter) / count, " is not a multiple of ", kActBlock,
+        " (each slice must hold whole 128-wide activation blocks of w2's input; n must divide "
+        "moe_intermediate_size / 128 = ",
+        inter / kActBlock, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLayers(const ModelConfig& c, const std::vector<int>& layers) {
+  if (layers.empty()) return absl::InvalidArgumentError("no layers requested");
+  const int64_t limit = c.n_layers + c.n_mtp_layers;
+  std::vector<bool> seen(limit, false);
+  for (int l : layers) {
+    if (l < 0 || l >= limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, " is out of range: the model has ", c.n_layers, " layers (0-",
+                       c.n_layers - 1, ")",
+                       c.n_mtp_layers > 0 ? absl::StrCat(" and ", c.n_mtp_layers, " MTP block(s) (",
+                                                         c.n_layers, "-", limit - 1, ")")
+                                          : std::string()));
+    }
+    if (seen[l]) return absl::InvalidArgumentError(absl::StrCat("layer ", l, " is listed twice"));
+    seen[l] = true;
+  }
+  return absl::OkStatus();
+}
+
+// Drops the pages lying wholly inside `t` from this process's mapping (they stay in the page
+// cache for other readers); keeps the resident set at the copy's size while loading.
+void DropSourcePages(const TensorView& t) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+void CopyRows(uint8_t* dst, const uint8_t* src, int64_t rows, int64_t len, int64_t src_stride) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * len, src + r * src_stride, len);
+}
+
+}  // namespace
+
+const ExpertSliceView* ExpertStore::layer_views(int layer) const {
+  if (layer < 0 || layer >= static_cast<int>(layer_pos_.size()) || layer_pos_[layer] < 0) {
+    return nullptr;
+  }
+  return views_[layer_pos_[layer]].data();
+}
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStoreOptions& o,
+                                                               ThreadPool* pool) {
+  const Clock::time_point t0 = Clock::now();
+  std::unique_ptr<ExpertStore> s(new ExpertStore());
+  ASSIGN_OR_RETURN(s->config_, LoadModelConfig(o.model_dir));
+  const ModelConfig& c = s->config_;
+  RETURN_IF_ERROR(ValidateSlice(c, o.slice_index, o.slice_count));
+  RETURN_IF_ERROR(ValidateLayers(c, o.layers));
+  s->slice_index_ = o.slice_index;
+  s->slice_count_ = o.slice_count;
+  s->layers_ = o.layers;
+  const int64_t dim = c.dim, inter = c.moe_inter_dim, E = c.n_routed_experts;
+  const int64_t is = inter / o.slice_count, r0 = is * o.slice_index;
+  s->inter_slice_ = is;
+
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(o.model_dir));
+  const int64_t L = static_cast<int64_t>(o.layers.size());
+  std::vector<Source> sources;
+  sources.reserve(L * E);
+  for (int layer : o.layers) {
+    for (int64_t e = 0; e < E; ++e) {
+      ASSIGN_OR_RETURN(Source src, FindSource(*ckpt, c, layer, e));
+      sources.push_back(src);
+    }
+  }
+
+  // Compact layout of one expert's slice; every piece 64-byte aligned.
+  const int64_t w13 = is * dim / 2, w13s = is * dim / kMxGroup;
+  const int64_t w2 = dim * is / 2, w2s = dim * is / kMxGroup;
+  s->expert_slice_bytes_ = 2 * w13 + 2 * w13s + w2 + w2s;
+  const int64_t off_w1s = AlignUp(w13), off_w3 = off_w1s + AlignUp(w13s);
+  const int64_t off_w3s = off_w3 + AlignUp(w13), off_w2 = off_w3s + AlignUp(w13s);
+  const int64_t off_w2s = off_w2 + AlignUp(w2), stride = off_w2s + AlignUp(w2s);
+  ASSIGN_OR_RETURN(s->memory_, AllocateNodeMemory(o.topology, static_cast<size_t>(stride * L * E),
+                                                  o.topology != nullptr ? o.numa_node : -1));
+
+  s->layer_pos_.assign(c.n_layers + c.n_mtp_layers, -1);
+  s->views_.resize(L);
+  for (int64_t li = 0; li < L; ++li) {
+    s->layer_pos_[o.layers[li]] = static_cast<int>(li);
+    s->views_[li].resize(E);
+    for (int64_t e = 0; e < E; ++e) {
+      const uint8_t* base = s->memory_.data() + (li * E + e) * stride;
+      ExpertSliceView& v = s->views_[li][e];
+      v.w1 = base;
+      v.w1_scale = base + off_w1s;
+      v.w3 = base + off_w3;
+      v.w3_scale = base + off_w3s;
+      v.w2 = base + off_w2;
+      v.w2_scale = base + off_w2s;
+      v.w2_stride = is / 2;
+      v.w2_scale_stride = is / kMxGroup;
+    }
+  }
+
+  const double open_s = SecondsSince(t0);
+  const int64_t total = s->slice_bytes();
+  const bool progress = total >= kProgressMinBytes;
+  spdlog::info(absl::StrFormat(
+      "expert store: copying %d layer(s) x %d experts, slice %d/%d (rows %d-%d of I %d), %.3f GB%s",
+      L, E, o.slice_index, o.slice_count, r0, r0 + is - 1, inter, total / 1e9,
+      s->memory_.bound() ? absl::StrCat(" bound to NUMA node ", o.numa_node)
+                         : std::string(" (not node-bound)")));
+  std::atomic<int64_t> done{0};
+  std::atomic<int> logged_decile{0};
+  const Clock::time_point t1 = Clock::now();
+  const auto copy = [&](int64_t unit, int) {
+    const Source& src = sources[unit];
+    uint8_t* dst = s->memory_.data() + unit * stride;
+    std::memcpy(dst, src.w1->data + r0 * dim / 2, w13);
+    std::memcpy(dst + off_w1s, src.w1_scale->data + r0 * dim / kMxGroup, w13s);
+    std::memcpy(dst + off_w3, src.w3->data + r0 * dim / 2, w13);
+    std::memcpy(dst + off_w3s, src.w3_scale->data + r0 * dim / kMxGroup, w13s);
+    CopyRows(dst + off_w2, src.w2->data + r0 / 2, dim, is / 2, inter / 2);
+    CopyRows(dst + off_w2s, src.w2_scale->data + r0 / kMxGroup, dim, is / kMxGroup,
+             inter / kMxGroup);
+    for (const TensorView* t : {src.w1, src.w1_scale, src.w3, src.w3_scale, src.w2, src.w2_scale})
+      DropSourcePages(*t);
+    const int64_t now_done = done.fetch_add(s->expert_slice_bytes_) + s->expert_slice_bytes_;
+    const int decile = static_cast<int>(now_done * 10 / total);
+    int prev = logged_decile.load();
+    if (progress && decile > prev && decile < 10 &&
+        logged_decile.compare_exchange_strong(prev, decile)) {
+      const double secs = SecondsSince(t1);
+      spdlog::info(absl::StrFormat("expert store: %d%% (%.2f of %.2f GB, %.2f GB/s)", decile * 10,
+                                   now_done / 1e9, total / 1e9,
+                                   now_done / 1e9 / std::max(secs, 1e-9)));
+    }
+  };
+  if (pool != nullptr) {
+    RETURN_IF_ERROR(pool->ParallelFor(L * E, copy));
+  } else {
+    for (int64_t u = 0; u < L * E; ++u) copy(u, 0);
+  }
+  const double copy_s = SecondsSince(t1);
+  ckpt.reset();  // unmaps every shard: nothing of the checkpoint stays resident
+  s->load_seconds_ = SecondsSince(t0);
+  spdlog::info(absl::StrFormat(
+      "expert store: loaded %.3f GB in %.2f s (%.2f GB/s copy; %.2f s to open the checkpoint and "
+      "check %d expert tensors), %d MB allocated, resident %d MB",
+      total / 1e9, copy_s, total / 1e9 / std::max(copy_s, 1e-9), open_s, sources.size() * 6,
+      s->allocated_bytes() >> 20, ResidentBytes() >> 20));
+  return s;
+}
+
+}  // namespace ss::expert

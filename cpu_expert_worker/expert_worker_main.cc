@@ -1,0 +1,285 @@
+// splitserve-expert-worker: one NUMA node's slice of the routed experts, served to GPU workers
+// (ARCHITECTURE.md "Processes"). Flags: worker_config.h.
+//
+// Start-up: parse and validate every flag; discover the topology (before any thread is pinned);
+// pick the node, its physical cores and the kernel ISA, and log them; build the pinned pool;
+// load the store onto the node; preallocate the engine. Then serve — except that the
+// shared-memory and gRPC transports are not built yet (issue 3 item 5): --shm_name and
+// --grpc_listen are refused with exit status 2 before anything is loaded, and the only thing
+// the binary does is --selftest N (N random requests through the engine; 0 = load only).
+//
+// Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/bf16.h"
+#include "common/model_config.h"
+#include "cpu_expert_worker/expert_engine.h"
+#include "cpu_expert_worker/expert_store.h"
+#include "cpu_expert_worker/kernels/dispatch.h"
+#include "cpu_expert_worker/numa.h"
+#include "cpu_expert_worker/thread_pool.h"
+#include "cpu_expert_worker/worker_config.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
+ABSL_FLAG(std::string, layers, "all",
+          "layer ids to hold: ids and inclusive ranges, e.g. 0-42,43 (MTP blocks are "
+          "n_layers + k); 'all' = every block and MTP block");
+ABSL_FLAG(std::string, slice, "0/1",
+          "i/n: hold rows [i*I/n, (i+1)*I/n) of every expert's w1/w3 and those columns of w2");
+ABSL_FLAG(std::string, numa_node, "auto",
+          "NUMA node (OS number) whose cores and memory to use; auto = the node with the most "
+          "allowed physical cores");
+ABSL_FLAG(int, threads, 0, "pool threads; 0 = every physical core of the node in the allowed set");
+ABSL_FLAG(std::string, isa, "auto", "expert kernels: auto (CPUID), scalar, avx2 or avx512");
+ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve (transport not built yet)");
+ABSL_FLAG(std::string, grpc_listen, "", "gRPC address to serve (transport not built yet)");
+ABSL_FLAG(int64_t, max_tokens, 256, "largest number of tokens per call");
+ABSL_FLAG(int, spin_us, 200, "microseconds an idle pool thread spins before it sleeps");
+ABSL_FLAG(int64_t, split_target, 128,
+          "engine: work units a call aims for (more: finer parallelism, more re-quantisation)");
+ABSL_FLAG(int64_t, min_split_cols, 128,
+          "engine: narrowest sub-range of the slice's intermediate dimension per unit "
+          "(a multiple of 128)");
+ABSL_FLAG(int64_t, selftest, -1,
+          "load, run N random requests through the engine and print tokens/s and GB/s "
+          "(0 = load only)");
+ABSL_FLAG(int64_t, selftest_tokens, 1, "tokens per self-test request");
+
+namespace ss::expert {
+namespace {
+
+constexpr char kName[] = "splitserve-expert-worker";
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", kName, message.c_str());
+  return 2;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "%s: %s\n", kName, std::string(status.message()).c_str());
+  return 1;
+}
+
+// The baseline the self-test's rate is compared to: GB/s of a parallel sequential read (a sum of
+// 64-bit words) of every held expert slice, on the same pool (best of 3 passes).
+double StreamReadGbps(const ExpertStore& store, ThreadPool& pool) {
+  const int64_t dim = store.dim(), is = store.inter_slice(), E = store.num_experts();
+  const int64_t sizes[6] = {is * dim / 2,  is * dim / 32, is * dim / 2,
+                            is * dim / 32, dim * is / 2,  dim * is / 32};
+  const auto& layers = store.layers();
+  std::vector<uint64_t> sums(pool.size() * 8, 0);  // one cache line per worker
+  double best = 0.0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const absl::Status st =
+        pool.ParallelFor(static_cast<int64_t>(layers.size()) * E, [&](int64_t u, int worker) {
+          const ExpertSliceView& v = store.layer_views(layers[u / E])[u % E];
+          const uint8_t* ptrs[6] = {v.w1, v.w1_scale, v.w3, v.w3_scale, v.w2, v.w2_scale};
+          uint64_t acc = 0;
+          for (int p = 0; p < 6; ++p) {
+            for (int64_t i = 0; i + 8 <= sizes[p]; i += 8) {
+              uint64_t w;
+              std::memcpy(&w, ptrs[p] + i, 8);
+              acc += w;
+            }
+          }
+          sums[worker * 8] += acc;
+        });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (st.ok() && s > 0) best = std::max(best, store.slice_bytes() / s / 1e9);
+  }
+  if (std::accumulate(sums.begin(), sums.end(), uint64_t{0}) == 1) std::printf(" ");
+  return best;
+}
+
+// N requests of T tokens with distinct random top-k ids per token, over the held layers.
+int SelfTest(const WorkerConfig& c, const ExpertStore& store, ThreadPool& pool,
+             ExpertEngine& engine) {
+  const ModelConfig& m = store.config();
+  const int64_t T = c.selftest_tokens, dim = m.dim, E = m.n_routed_experts;
+  const int k = static_cast<int>(m.n_activated_experts);
+  constexpr int kInputs = 8;  // a small ring of inputs, reused
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.1f, 1.0f);
+  std::vector<std::vector<uint16_t>> xs(kInputs, std::vector<uint16_t>(T * dim));
+  std::vector<std::vector<int32_t>> ids(kInputs, std::vector<int32_t>(T * k));
+  std::vector<std::vector<float>> ws(kInputs, std::vector<float>(T * k));
+  std::vector<int64_t> distinct(kInputs);
+  std::vector<int32_t> perm(E);
+  for (int r = 0; r < kInputs; ++r) {
+    for (auto& v : xs[r]) v = FloatToBf16(normal(rng));
+    std::vector<bool> used(E, false);
+    for (int64_t t = 0; t < T; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      float sum = 0.0f;
+      for (int j = 0; j < k; ++j) {
+        ids[r][t * k + j] = perm[j];
+        used[perm[j]] = true;
+        sum += ws[r][t * k + j] = uniform(rng);
+      }
+      for (int j = 0; j < k; ++j) ws[r][t * k + j] *= static_cast<float>(m.route_scale) / sum;
+    }
+    distinct[r] = std::count(used.begin(), used.end(), true);
+  }
+  std::vector<float> out(T * dim);
+  std::vector<double> us;
+  double bytes = 0.0;
+  const auto& layers = store.layers();
+  for (int64_t i = 0; i < c.selftest; ++i) {
+    const int r = static_cast<int>(i % kInputs);
+    const int layer = layers[i % layers.size()];
+    const auto t0 = std::chrono::steady_clock::now();
+    const absl::Status st =
+        engine.Compute(layer, T, xs[r].data(), ids[r].data(), ws[r].data(), k, out.data());
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    if (!st.ok()) return Fail(st);
+    bytes += static_cast<double>(distinct[r]) * store.expert_slice_bytes();
+  }
+  const double total_s = std::accumulate(us.begin(), us.end(), 0.0) / 1e6;
+  std::sort(us.begin(), us.end());
+  const double median_us = us.empty() ? 0.0 : us[us.size() / 2];
+  const double tokens_per_s = total_s > 0 ? c.selftest * T / total_s : 0.0;
+  const double gbps = total_s > 0 ? bytes / total_s / 1e9 : 0.0;
+  const double stream = StreamReadGbps(store, pool);
+  const double efficiency = stream > 0 ? gbps / stream : 0.0;
+  std::printf(
+      "selftest: %ld requests of T=%ld (top-%d, %ld layer(s), slice %d/%d, isa %s, %d threads): "
+      "%.1f tokens/s, %.2f GB/s of expert bytes = %.2f x a %.2f GB/s streaming read of the "
+      "store on the same threads; median %.1f us per call\n",
+      static_cast<long>(c.selftest), static_cast<long>(T), k, static_cast<long>(layers.size()),
+      store.slice_index(), store.slice_count(), engine.isa_name(), pool.size(), tokens_per_s, gbps,
+      efficiency, stream, median_us);
+  std::printf(
+      "requests=%ld tokens=%ld threads=%d tokens_per_s=%.1f gbps=%.3f stream_gbps=%.3f "
+      "efficiency=%.3f median_us=%.1f load_s=%.3f slice_gb=%.4f resident_gb=%.4f\n",
+      static_cast<long>(c.selftest), static_cast<long>(T), pool.size(), tokens_per_s, gbps, stream,
+      efficiency, median_us, store.load_seconds(), store.slice_bytes() / 1e9,
+      ResidentBytes() / 1e9);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "splitserve-expert-worker --model DIR [--layers 0-42,43] [--slice i/n] "
+      "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N]");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "expert_worker_main");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  NormalizeFlagDashes(argc, argv);
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) return Usage(absl::StrCat("unexpected argument '", rest[1], "'"));
+  WorkerFlags f;
+  f.model = absl::GetFlag(FLAGS_model);
+  f.layers = absl::GetFlag(FLAGS_layers);
+  f.slice = absl::GetFlag(FLAGS_slice);
+  f.numa_node = absl::GetFlag(FLAGS_numa_node);
+  f.threads = absl::GetFlag(FLAGS_threads);
+  f.isa = absl::GetFlag(FLAGS_isa);
+  f.shm_name = absl::GetFlag(FLAGS_shm_name);
+  f.grpc_listen = absl::GetFlag(FLAGS_grpc_listen);
+  f.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  f.spin_us = absl::GetFlag(FLAGS_spin_us);
+  f.split_target = absl::GetFlag(FLAGS_split_target);
+  f.min_split_cols = absl::GetFlag(FLAGS_min_split_cols);
+  f.selftest = absl::GetFlag(FLAGS_selftest);
+  f.selftest_tokens = absl::GetFlag(FLAGS_selftest_tokens);
+  auto parsed = ParseWorkerConfig(f);
+  if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
+  const WorkerConfig& c = *parsed;
+  if (!c.shm_name.empty() || !c.grpc_listen.empty()) {
+    return Usage(absl::StrCat(
+        !c.shm_name.empty() ? "--shm_name" : "--grpc_listen",
+        ": the shared-memory and gRPC transports are not built yet (issue 3 item 5), so this "
+        "worker cannot serve; run --selftest N to exercise the store and the engine"));
+  }
+  if (c.selftest < 0) {
+    return Usage("nothing to do: no transport is built yet; pass --selftest N (0 = load only)");
+  }
+
+  const Isa isa = *ParseIsa(c.isa);
+  auto kernel = KernelFor(isa);
+  if (!kernel.ok()) return Usage(absl::StrCat("--isa ", c.isa, ": ", kernel.status().message()));
+  spdlog::info(absl::StrCat("expert kernels: ", (*kernel)->name, " (--isa ", c.isa, "; CPU: avx2 ",
+                            IsaSupported(Isa::kAvx2) ? "yes" : "no", ", avx512 ",
+                            IsaSupported(Isa::kAvx512) ? "yes" : "no", ")"));
+
+  auto topo = NumaTopology::Discover();
+  if (!topo.ok()) return Fail(topo.status());
+  spdlog::info("topology: " + (*topo)->Describe());
+  auto node = (*topo)->ResolveNode(c.numa_node);
+  if (!node.ok()) return Usage(absl::StrCat("--numa_node: ", node.status().message()));
+  const std::vector<int>& cores = (*topo)->FindNode(*node)->core_cpus;
+  const int threads = c.threads == 0 ? static_cast<int>(cores.size()) : c.threads;
+  if (threads > static_cast<int>(cores.size())) {
+    return Usage(absl::StrCat("--threads ", threads, " exceeds the ", cores.size(),
+                              " physical cores of NUMA node ", *node,
+                              " in the allowed CPU set (one thread per core)"));
+  }
+  ThreadPoolOptions po;
+  po.num_threads = threads;
+  po.cpus.assign(cores.begin(), cores.begin() + threads);
+  po.spin_us = c.spin_us;
+  auto pool = ThreadPool::Create(po);
+  if (!pool.ok()) return Fail(pool.status());
+  const bool caller_pinned = (*pool)->PinCallingThread();
+  spdlog::info(
+      absl::StrCat("NUMA node ", *node, c.numa_node < 0 ? " (auto)" : "", ": ", threads,
+                   " threads on cpus ", absl::StrJoin(po.cpus, ","),
+                   caller_pinned && (*pool)->workers_pinned() ? " (pinned)" : " (NOT all pinned)"));
+
+  std::vector<int> layers = c.layers;
+  if (c.all_layers) {
+    auto mc = LoadModelConfig(c.model_dir);
+    if (!mc.ok()) return Fail(mc.status());
+    layers.resize(mc->n_layers + mc->n_mtp_layers);
+    std::iota(layers.begin(), layers.end(), 0);
+  }
+  ExpertStoreOptions so;
+  so.model_dir = c.model_dir;
+  so.layers = layers;
+  so.slice_index = c.slice_index;
+  so.slice_count = c.slice_count;
+  so.topology = topo->get();
+  so.numa_node = *node;
+  auto store = ExpertStore::Load(so, pool->get());
+  if (!store.ok()) return Fail(store.status());
+
+  ExpertEngineOptions eo;
+  eo.isa = isa;
+  eo.max_tokens = c.max_tokens;
+  eo.split_target = c.split_target;
+  eo.min_split_cols = c.min_split_cols;
+  eo.topology = topo->get();
+  eo.numa_node = *node;
+  auto engine = ExpertEngine::Create(**store, **pool, eo);
+  if (!engine.ok()) return Fail(engine.status());
+  spdlog::info(absl::StrCat("engine ready: isa ", (*engine)->isa_name(), ", max_tokens ",
+                            (*engine)->max_tokens(), ", top_k <= ", (*engine)->max_top_k()));
+  return SelfTest(c, **store, **pool, **engine);
+}
+
+}  // namespace
+}  // namespace ss::expert
+
+int main(int argc, char** argv) { return ss::expert::Main(argc, argv); }

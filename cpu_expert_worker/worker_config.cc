@@ -1,0 +1,143 @@
+#include "cpu_expert_worker/worker_config.h"
+
+#include <cstring>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status.h"
+#include "cpu_expert_worker/kernels/dispatch.h"
+
+namespace ss::expert {
+namespace {
+
+absl::StatusOr<int> ParseNonNegative(absl::string_view s, absl::string_view what) {
+  int v = 0;
+  if (!absl::SimpleAtoi(s, &v) || v < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": '", s, "' is not a non-negative integer"));
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> ParseLayerList(absl::string_view spec) {
+  std::vector<int> layers;
+  std::set<int> seen;
+  if (absl::StripAsciiWhitespace(spec).empty()) {
+    return absl::InvalidArgumentError("--layers: empty list");
+  }
+  for (absl::string_view raw : absl::StrSplit(spec, ',')) {
+    const absl::string_view item = absl::StripAsciiWhitespace(raw);
+    if (item.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--layers '", spec, "': empty item"));
+    }
+    const size_t dash = item.find('-', 1);  // from 1: "-3" is a (negative) number, not a range
+    int first = 0, last = 0;
+    const std::string what = absl::StrCat("--layers item '", item, "'");
+    if (dash == absl::string_view::npos) {
+      ASSIGN_OR_RETURN(first, ParseNonNegative(item, what));
+      last = first;
+    } else {
+      ASSIGN_OR_RETURN(first,
+                       ParseNonNegative(absl::StripAsciiWhitespace(item.substr(0, dash)), what));
+      ASSIGN_OR_RETURN(last,
+                       ParseNonNegative(absl::StripAsciiWhitespace(item.substr(dash + 1)), what));
+      if (last < first) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": the range ends before it starts"));
+      }
+    }
+    for (int l = first; l <= last; ++l) {
+      if (!seen.insert(l).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--layers '", spec, "': layer ", l, " is listed twice"));
+      }
+      layers.push_back(l);
+    }
+  }
+  return layers;
+}
+
+absl::StatusOr<std::pair<int, int>> ParseSlice(absl::string_view spec) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(spec, '/');
+  int i = 0, n = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &i) || !absl::SimpleAtoi(parts[1], &n)) {
+    return absl::InvalidArgumentError(absl::StrCat("--slice '", spec, "': expected i/n, e.g. 0/2"));
+  }
+  if (n < 1 || i < 0 || i >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slice ", i, "/", n, ": need n >= 1 and 0 <= i < n"));
+  }
+  return std::make_pair(i, n);
+}
+
+absl::StatusOr<int> ParseNumaNode(absl::string_view spec) {
+  if (spec == "auto") return -1;
+  return ParseNonNegative(spec, "--numa_node (a node number or 'auto')");
+}
+
+absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
+  WorkerConfig c;
+  if (f.model.empty()) return absl::InvalidArgumentError("--model DIR is required");
+  c.model_dir = f.model;
+  c.all_layers = f.layers == "all";
+  if (!c.all_layers) {
+    ASSIGN_OR_RETURN(c.layers, ParseLayerList(f.layers));
+  }
+  std::pair<int, int> slice;
+  ASSIGN_OR_RETURN(slice, ParseSlice(f.slice));
+  c.slice_index = slice.first;
+  c.slice_count = slice.second;
+  ASSIGN_OR_RETURN(c.numa_node, ParseNumaNode(f.numa_node));
+  if (f.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads ", f.threads, ": use 0 for every physical core of the node"));
+  }
+  c.threads = f.threads;
+  const auto isa = ParseIsa(f.isa);
+  if (!isa.ok()) return absl::InvalidArgumentError(absl::StrCat("--isa: ", isa.status().message()));
+  c.isa = f.isa;
+  c.shm_name = f.shm_name;
+  c.grpc_listen = f.grpc_listen;
+  if (f.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_tokens ", f.max_tokens, " < 1"));
+  }
+  c.max_tokens = f.max_tokens;
+  if (f.spin_us < 0) return absl::InvalidArgumentError(absl::StrCat("--spin_us ", f.spin_us));
+  c.spin_us = f.spin_us;
+  if (f.split_target < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--split_target ", f.split_target, " < 1"));
+  }
+  c.split_target = f.split_target;
+  if (f.min_split_cols < 128 || f.min_split_cols % 128 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_split_cols ", f.min_split_cols, " is not a positive multiple of 128"));
+  }
+  c.min_split_cols = f.min_split_cols;
+  if (f.selftest < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--selftest ", f.selftest, " < 0"));
+  }
+  c.selftest = f.selftest;
+  if (f.selftest_tokens < 1 || f.selftest_tokens > f.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--selftest_tokens ", f.selftest_tokens,
+                                                   " is outside [1, --max_tokens ", f.max_tokens,
+                                                   "]"));
+  }
+  c.selftest_tokens = f.selftest_tokens;
+  return c;
+}
+
+void NormalizeFlagDashes(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* a = argv[i];
+    if (std::strcmp(a, "--") == 0) return;
+    if (std::strncmp(a, "--", 2) != 0) continue;
+    for (char* p = a + 2; *p != '\0' && *p != '='; ++p)
+      if (*p == '-') *p = '_';
+  }
+}
+
+}  // namespace ss::expert

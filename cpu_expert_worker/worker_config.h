@@ -1,0 +1,84 @@
+// The expert worker's command line, parsed once into a validated WorkerConfig (STYLE.md "One
+// configuration table"). expert_worker_main.cc declares the flags (absl) and hands their raw
+// values here, so every rule is testable without a process.
+//
+//   --model DIR           checkpoint directory (required)
+//   --layers LIST         "0-42,43": ids and inclusive ranges, comma-separated; "all" = every
+//                         block and MTP block of the model (default)
+//   --slice i/n           which part of every expert's intermediate dimension (default 0/1)
+//   --numa_node k|auto    the node whose cores and memory the worker uses (default auto)
+//   --threads N           pool size; 0 = the node's physical cores in the allowed CPU set
+//   --isa auto|scalar|avx2|avx512   expert kernels (auto: from CPUID)
+//   --shm_name NAME, --grpc_listen ADDR   transports (not built yet: refused, see main)
+//   --max_tokens T        largest T per call (sizes the engine's preallocated memory)
+//   --spin_us US          how long idle pool threads spin before sleeping
+//   --split_target U, --min_split_cols W   how the engine cuts a call (expert_engine.h)
+//   --selftest N          load, run N random requests through the engine, print the rates
+//   --selftest_tokens T   tokens per self-test request
+// Flag names may be written with dashes (--numa-node) or underscores (--numa_node).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ss::expert {
+
+// "0-42,43" -> {0..42, 43}. Spaces around items are ignored. Errors (InvalidArgument, naming
+// the item): an empty list or item, a non-number, a negative id, a range whose end is below its
+// start, an id listed twice.
+absl::StatusOr<std::vector<int>> ParseLayerList(absl::string_view spec);
+
+// "i/n" -> {i, n} with n >= 1 and 0 <= i < n. Whether I/n suits the model is the store's check.
+absl::StatusOr<std::pair<int, int>> ParseSlice(absl::string_view spec);
+
+// "auto" -> -1, "k" -> k >= 0.
+absl::StatusOr<int> ParseNumaNode(absl::string_view spec);
+
+// The flags' raw values, as the command line gave them.
+struct WorkerFlags {
+  std::string model;
+  std::string layers = "all";
+  std::string slice = "0/1";
+  std::string numa_node = "auto";
+  int threads = 0;
+  std::string isa = "auto";
+  std::string shm_name;
+  std::string grpc_listen;
+  int64_t max_tokens = 256;
+  int spin_us = 200;
+  int64_t split_target = 128;
+  int64_t min_split_cols = 128;
+  int64_t selftest = -1;  // -1: not requested
+  int64_t selftest_tokens = 1;
+};
+
+struct WorkerConfig {
+  std::string model_dir;
+  bool all_layers = true;   // --layers all (resolved against the model's config at load)
+  std::vector<int> layers;  // when !all_layers
+  int slice_index = 0, slice_count = 1;
+  int numa_node = -1;  // -1 = auto
+  int threads = 0;     // 0 = every physical core of the node
+  std::string isa;     // validated name; dispatch.h's ParseIsa gives the Isa
+  std::string shm_name, grpc_listen;
+  int64_t max_tokens = 256;
+  int spin_us = 200;
+  int64_t split_target = 128;
+  int64_t min_split_cols = 128;
+  int64_t selftest = -1;
+  int64_t selftest_tokens = 1;
+};
+
+// Validates every flag (InvalidArgument naming the flag and its value).
+absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& flags);
+
+// Rewrites "--some-flag[=v]" to "--some_flag[=v]" in place (absl flag names are identifiers),
+// up to a "--" terminator. Values and single-dash arguments are left alone.
+void NormalizeFlagDashes(int argc, char** argv);
+
+}  // namespace ss::expert

@@ -1,0 +1,297 @@
+// The pinned thread pool and the NUMA topology it is built from:
+//  * every index runs exactly once, for many sizes and pool sizes, each worker id in range;
+//  * RunOnEachWorker reaches every worker once, on distinct threads;
+//  * nested use of the same pool is refused (no deadlock), another pool nests fine;
+//  * many short calls, calls after sleeping, concurrent callers: no deadlock, no lost work;
+//  * pinning refused (a CPU outside the allowed set) -> one warning, the pool still works;
+//  * pinned workers run on their CPUs; topology lists each physical core once;
+//  * node memory: bound where the kernel allows, unbound (and usable) where it refuses.
+// A machine with one NUMA node exercises binding to that node and refusal for a missing node,
+// not placement across two real nodes.
+#include "cpu_expert_worker/thread_pool.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu_expert_worker/numa.h"
+
+namespace ss::expert {
+namespace {
+
+std::unique_ptr<ThreadPool> MakePool(int n, int spin_us = 200, std::vector<int> cpus = {}) {
+  ThreadPoolOptions o;
+  o.num_threads = n;
+  o.spin_us = spin_us;
+  o.cpus = std::move(cpus);
+  auto p = ThreadPool::Create(o);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? std::move(*p) : nullptr;
+}
+
+TEST(ThreadPool, EveryIndexRunsExactlyOnce) {
+  for (int threads : {1, 2, 3, 5}) {
+    auto pool = MakePool(threads);
+    ASSERT_NE(pool, nullptr);
+    EXPECT_EQ(pool->size(), threads);
+    for (int64_t n : {0, 1, 2, 7, 64, 1000, 100003}) {
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<bool> bad_worker{false};
+      ASSERT_TRUE(pool->ParallelFor(n,
+                                    [&](int64_t i, int w) {
+                                      hits[i].fetch_add(1);
+                                      if (w < 0 || w >= threads) bad_worker = true;
+                                    })
+                      .ok());
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << i;
+      EXPECT_FALSE(bad_worker);
+    }
+  }
+}
+
+TEST(ThreadPool, RunOnEachWorkerReachesEveryWorkerOnce) {
+  auto pool = MakePool(4);
+  ASSERT_NE(pool, nullptr);
+  std::vector<std::atomic<int>> hits(4);
+  std::vector<std::thread::id> ids(4);
+  ASSERT_TRUE(pool->RunOnEachWorker([&](int w) {
+                    hits[w].fetch_add(1);
+                    ids[w] = std::this_thread::get_id();
+                  })
+                  .ok());
+  std::set<std::thread::id> distinct(ids.begin(), ids.end());
+  EXPECT_EQ(distinct.size(), 4u);
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  EXPECT_EQ(ids[0], std::this_thread::get_id());  // worker 0 is the caller
+}
+
+TEST(ThreadPool, NestedUseOfTheSamePoolIsRefused) {
+  auto pool = MakePool(3);
+  auto other = MakePool(2);
+  ASSERT_NE(pool, nullptr);
+  ASSERT_NE(other, nullptr);
+  std::atomic<int> refused{0}, inner_runs{0}, outer_runs{0};
+  ASSERT_TRUE(
+      pool->ParallelFor(12,
+                        [&](int64_t, int) {
+                          outer_runs.fetch_add(1);
+                          const absl::Status st = pool->ParallelFor(4, [&](int64_t, int) {});
+                          if (st.code() == absl::StatusCode::kFailedPrecondition)
+                            refused.fetch_add(1);
+                          if (pool->RunOnEachWorker([](int) {}).code() ==
+                              absl::StatusCode::kFailedPrecondition) {
+                            refused.fetch_add(1);
+                          }
+                          // A different pool may be used from inside a task.
+                          EXPECT_TRUE(
+                              other->ParallelFor(3, [&](int64_t, int) { inner_runs++; }).ok());
+                        })
+          .ok());
+  EXPECT_EQ(outer_runs.load(), 12);
+  EXPECT_EQ(refused.load(), 24);
+  EXPECT_EQ(inner_runs.load(), 36);
+  // Still serving afterwards.
+  std::atomic<int> after{0};
+  EXPECT_TRUE(pool->ParallelFor(5, [&](int64_t, int) { after++; }).ok());
+  EXPECT_EQ(after.load(), 5);
+}
+
+TEST(ThreadPool, ManyShortCallsDoNotDeadlock) {
+  // spin 0: (almost) every call goes through the futex sleep/wake path. 3 threads: more than
+  // the 2-core development machine has, so spinning waiters must yield to the thread they wait
+  // for.
+  for (int spin_us : {0, 20, 200}) {
+    auto pool = MakePool(3, spin_us);
+    ASSERT_NE(pool, nullptr);
+    int64_t expect = 0;
+    std::atomic<int64_t> sum{0};
+    for (int call = 0; call < 20000; ++call) {
+      const int64_t n = call % 5;  // 0..4: no-op, inline and shared paths
+      ASSERT_TRUE(pool->ParallelFor(n, [&](int64_t i, int) { sum.fetch_add(i + 1); }).ok());
+      expect += n * (n + 1) / 2;
+    }
+    EXPECT_EQ(sum.load(), expect) << "spin_us " << spin_us;
+  }
+}
+
+TEST(ThreadPool, CallsAfterWorkersFellAsleep) {
+  auto pool = MakePool(3, /*spin_us=*/50);
+  ASSERT_NE(pool, nullptr);
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(i % 2 ? 300 : 10));
+    std::atomic<int> hits{0};
+    ASSERT_TRUE(pool->ParallelFor(9, [&](int64_t, int) { hits++; }).ok());
+    ASSERT_EQ(hits.load(), 9);
+  }
+}
+
+TEST(ThreadPool, ConcurrentCallersAreSerialised) {
+  auto pool = MakePool(2, 10);
+  ASSERT_NE(pool, nullptr);
+  std::atomic<int64_t> sum{0};
+  std::atomic<int> active{0}, overlap{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        EXPECT_TRUE(pool->ParallelFor(4,
+                                      [&](int64_t j, int) {
+                                        sum.fetch_add(j);
+                                        if (j == 0 && active.fetch_add(1) != 0) overlap++;
+                                        if (j == 0) active.fetch_sub(1);
+                                      })
+                        .ok());
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(sum.load(), 3 * 2000 * 6);
+  EXPECT_EQ(overlap.load(), 0);
+}
+
+TEST(ThreadPool, RejectsBadOptions) {
+  ThreadPoolOptions o;
+  o.num_threads = 0;
+  EXPECT_EQ(ThreadPool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.num_threads = 2;
+  o.cpus = {0};
+  EXPECT_EQ(ThreadPool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.cpus = {};
+  o.spin_us = -1;
+  EXPECT_EQ(ThreadPool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// CPU 4000 is not in any allowed set here: the kernel refuses the pin with EINVAL, which is
+// how a container's cpuset refusal looks to the pool.
+TEST(ThreadPool, PinningRefusedStillWorks) {
+  auto pool = MakePool(3, 50, {4000, 4001, -1});
+  ASSERT_NE(pool, nullptr);
+  EXPECT_FALSE(pool->workers_pinned());
+  EXPECT_GE(RefusalCount(Refusal::kPinning), 1);
+  EXPECT_FALSE(WarnOnce(Refusal::kPinning, "already reported: not logged again"));
+  bool caller_pinned = true;
+  std::thread([&] { caller_pinned = pool->PinCallingThread(); }).join();
+  EXPECT_FALSE(caller_pinned);
+  std::atomic<int> hits{0};
+  for (int i = 0; i < 100; ++i)
+    ASSERT_TRUE(pool->ParallelFor(7, [&](int64_t, int) { hits++; }).ok());
+  EXPECT_EQ(hits.load(), 700);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Topology.
+
+// (package, core) of an OS CPU from sysfs, or {-1, -1}.
+std::pair<int, int> CoreOf(int cpu) {
+  auto read = [cpu](const char* f) {
+    std::ifstream in("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/" + f);
+    int v = -1;
+    in >> v;
+    return v;
+  };
+  return {read("physical_package_id"), read("core_id")};
+}
+
+TEST(NumaTopology, OneCpuPerPhysicalCoreWithinTheAllowedSet) {
+  auto topo = NumaTopology::Discover();
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  const NumaTopology& t = **topo;
+  ASSERT_FALSE(t.nodes().empty());
+  ASSERT_FALSE(t.allowed_cpus().empty());
+  const std::set<int> allowed(t.allowed_cpus().begin(), t.allowed_cpus().end());
+  std::set<std::pair<int, int>> cores;
+  int total = 0;
+  for (const NumaNode& n : t.nodes()) {
+    EXPECT_LE(static_cast<int>(n.core_cpus.size()), n.allowed_pus);
+    for (int cpu : n.core_cpus) {
+      EXPECT_TRUE(allowed.count(cpu)) << cpu;
+      const auto core = CoreOf(cpu);
+      if (core.second >= 0) {
+        EXPECT_TRUE(cores.insert(core).second) << "two threads on the core of cpu " << cpu;
+      }
+      ++total;
+    }
+  }
+  EXPECT_GE(total, 1);
+  std::printf("topology: %s\n", t.Describe().c_str());
+  auto node = t.ResolveNode(-1);
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_NE(t.FindNode(*node), nullptr);
+  EXPECT_EQ(*t.ResolveNode(*node), *node);
+  const auto missing = t.ResolveNode(99);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("99"), std::string::npos) << missing.status();
+}
+
+TEST(NumaTopology, PinnedWorkersRunOnTheirCores) {
+  auto topo = NumaTopology::Discover();
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  const NumaNode* node = (*topo)->FindNode(*(*topo)->ResolveNode(-1));
+  const std::vector<int>& cpus = node->core_cpus;
+  auto pool = MakePool(static_cast<int>(cpus.size()), 200, cpus);
+  ASSERT_NE(pool, nullptr);
+  if (!pool->workers_pinned()) GTEST_SKIP() << "pinning is refused on this machine";
+  // The caller's share runs on a thread of our own, so the test process keeps its affinity.
+  std::thread([&] {
+    ASSERT_TRUE(pool->PinCallingThread());
+    std::vector<int> seen(cpus.size(), -1);
+    ASSERT_TRUE(pool->RunOnEachWorker([&](int w) { seen[w] = sched_getcpu(); }).ok());
+    for (size_t w = 0; w < cpus.size(); ++w) EXPECT_EQ(seen[w], cpus[w]) << "worker " << w;
+  }).join();
+}
+
+TEST(NodeMemory, BoundWhereAllowedUnboundAndUsableWhereRefused) {
+  auto topo = NumaTopology::Discover();
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  const int node = *(*topo)->ResolveNode(-1);
+  const int64_t refusals_before = RefusalCount(Refusal::kMemoryBinding);
+  auto m = AllocateNodeMemory(topo->get(), 5 << 20, node);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_GE(m->size(), size_t{5} << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data()) % 4096, 0u);
+  std::memset(m->data(), 1, m->size());
+  if (!m->bound()) {
+    EXPECT_GT(RefusalCount(Refusal::kMemoryBinding), refusals_before);
+    std::printf("binding to node %d is refused here: the refusal path ran\n", node);
+  }
+  // A node that does not exist: the kernel refuses; the memory comes back unbound and usable.
+  auto missing = AllocateNodeMemory(topo->get(), 1 << 20, 63);
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_FALSE(missing->bound());
+  EXPECT_GE(RefusalCount(Refusal::kMemoryBinding), 1);
+  std::memset(missing->data(), 7, missing->size());
+  EXPECT_EQ(missing->data()[12345], 7);
+  // No topology: plain memory. Zero bytes: an error. Moves transfer ownership.
+  auto plain = AllocateNodeMemory(nullptr, 100, 0);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->bound());
+  EXPECT_EQ(AllocateNodeMemory(nullptr, 0, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  NodeMemory moved = std::move(*missing);
+  EXPECT_EQ(missing->data(), nullptr);
+  EXPECT_EQ(moved.data()[12345], 7);
+}
+
+TEST(ResidentBytes, TracksTouchedMemory) {
+  const int64_t before = ResidentBytes();
+  ASSERT_GT(before, 0);
+  auto m = AllocateNodeMemory(nullptr, 64 << 20, -1);
+  ASSERT_TRUE(m.ok());
+  const int64_t untouched = ResidentBytes();
+  std::memset(m->data(), 1, m->size());
+  const int64_t touched = ResidentBytes();
+  EXPECT_LT(untouched - before, 8 << 20);
+  EXPECT_GE(touched - untouched, 60 << 20);
+}
+
+}  // namespace
+}  // namespace ss::expert
