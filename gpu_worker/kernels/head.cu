@@ -1,0 +1,149 @@
+// fp32 linear on bf16 inputs (model::LinearF32: compressor wkv/wgate, indexer weights_proj, the
+// LM head of spec §3.12) and greedy argmax.
+#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/fp8_common.cuh"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 8;       // token rows per pass over a weight row
+constexpr int kRowChunk = 64;  // token rows per block row of the grid
+
+__device__ __forceinline__ void Unpack8(uint4 v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    f[2 * c] = Bf16ToF32(static_cast<uint16_t>(w[c] & 0xffffu));
+    f[2 * c + 1] = Bf16ToF32(static_cast<uint16_t>(w[c] >> 16));
+  }
+}
+
+// grid (ceil(out / kWarps), ceil(rows / kRowChunk)): one warp per output feature o; lane l sums
+// the 8 consecutive inputs at 8l + 256i (one 16-byte load) in order for each of up to kRows
+// token rows, then one warp reduction per row. The result does not depend on the batching.
+__global__ void __launch_bounds__(kThreads)
+    LinearBf16F32KernelImpl(const uint16_t* __restrict__ x, int64_t rows, int64_t in,
+                            const uint16_t* __restrict__ w, int64_t out, float* __restrict__ y,
+                            int64_t ldy) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (o >= out) return;
+  const uint16_t* wr = w + o * in;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * kRowChunk;
+  const int64_t r_end = rows - r_begin < kRowChunk ? rows : r_begin + kRowChunk;
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kRows) {
+    const int nr = static_cast<int>(r_end - r0 < kRows ? r_end - r0 : kRows);
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+    for (int64_t i = 8 * lane; i < in; i += 256) {
+      float wf[8];
+      Unpack8(__ldg(reinterpret_cast<const uint4*>(wr + i)), wf);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r < nr) {
+          float xf[8];
+          Unpack8(*reinterpret_cast<const uint4*>(x + (r0 + r) * in + i), xf);
+#pragma unroll
+          for (int c = 0; c < 8; ++c) acc[r] = __fadd_rn(acc[r], __fmul_rn(xf[c], wf[c]));
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float s = acc[r];
+      for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+      if (lane == 0 && r < nr) y[(r0 + r) * ldy + o] = s;
+    }
+  }
+}
+
+// (v, i) beats (bv, bi): larger value, equal values to the lower index; bi < 0 is "none".
+__device__ __forceinline__ bool Beats(float v, int64_t i, float bv, int64_t bi) {
+  return bi < 0 || v > bv || (v == bv && i < bi);
+}
+
+// One block per row.
+__global__ void __launch_bounds__(kThreads)
+    ArgmaxKernelImpl(const float* __restrict__ logits, int64_t n, int64_t ld, int64_t id_base,
+                     int32_t* __restrict__ ids, float* __restrict__ max_vals) {
+  __shared__ float sv[kWarps];
+  __shared__ int64_t si[kWarps];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * ld;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  float bv = 0.0f;
+  int64_t bi = -1;
+  for (int64_t i = tid; i < n; i += kThreads) {
+    const float v = row[i];
+    if (v == v && Beats(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (oi >= 0 && Beats(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    for (int wi = 1; wi < kWarps; ++wi) {
+      if (si[wi] >= 0 && Beats(sv[wi], si[wi], bv, bi)) {
+        bv = sv[wi];
+        bi = si[wi];
+      }
+    }
+    ids[blockIdx.x] = bi < 0 ? -1 : static_cast<int32_t>(id_base + bi);
+    if (max_vals != nullptr) max_vals[blockIdx.x] = bi < 0 ? __uint_as_float(0x7fc00000u) : bv;
+  }
+}
+
+}  // namespace
+
+cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
+                          int64_t out, float* y, int64_t ldy, cudaStream_t stream) {
+  if (in < 8 || in % 8 != 0 || out < 1 || ldy < out || rows < 0 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  const int64_t row_blocks = (rows + kRowChunk - 1) / kRowChunk;
+  const int64_t out_blocks = (out + kWarps - 1) / kWarps;
+  if (row_blocks > 65535 || out_blocks > INT32_MAX) return cudaErrorInvalidValue;
+  LinearBf16F32KernelImpl<<<dim3(static_cast<unsigned>(out_blocks),
+                                 static_cast<unsigned>(row_blocks)),
+                            kThreads, 0, stream>>>(x, rows, in, w, out, y, ldy);
+  return cudaGetLastError();
+}
+
+cudaError_t LmHead(const uint16_t* u, int64_t T, int64_t dim, const uint16_t* head, int64_t n_rows,
+                   float* logits, int64_t ld, cudaStream_t stream) {
+  return LinearBf16F32(u, T, dim, head, n_rows, logits, ld, stream);
+}
+
+cudaError_t ArgmaxRows(const float* logits, int64_t T, int64_t n, int64_t ld, int64_t id_base,
+                       int32_t* ids, float* max_vals, cudaStream_t stream) {
+  if (n < 1 || ld < n || T < 0 || T > INT32_MAX || id_base < 0 || id_base + n > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0) return cudaSuccess;
+  ArgmaxKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(logits, n, ld, id_base, ids,
+                                                                      max_vals);
+  return cudaGetLastError();
+}
+
+const void* LinearBf16F32Kernel() {
+  return reinterpret_cast<const void*>(&LinearBf16F32KernelImpl);
+}
+const void* ArgmaxKernel() { return reinterpret_cast<const void*>(&ArgmaxKernelImpl); }
+
+}  // namespace ss::cuda

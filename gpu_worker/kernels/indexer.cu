@@ -1,0 +1,331 @@
+// Lightning indexer (spec §3.8); mirrors common/model/indexer.cc (IndexerSelect) and
+// common/codecs.cc (HadamardInplace, Fp4SimInplace).
+#include <climits>
+
+#include "gpu_worker/kernels/block_kernels.h"
+#include "gpu_worker/kernels/compressor_common.cuh"
+#include "gpu_worker/kernels/compressor_kernels.h"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kMaxGrid = 1u << 20;
+
+// ---- Hadamard + FP4sim: one warp per row ----
+
+__global__ void __launch_bounds__(kThreads)
+    HadamardFp4KernelImpl(uint16_t* __restrict__ x, int64_t rows, int n, bool fp64, float scale) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  uint16_t* xr = x + row * n;
+  const int per = n / 32;
+  float v[kHadamardMaxPerLane];
+#pragma unroll
+  for (int k = 0; k < kHadamardMaxPerLane; ++k)
+    v[k] = k < per ? Bf16ToF32(xr[lane + 32 * k]) : 0.0f;
+  if (fp64) {
+    WarpHadamardFp4<double>(v, per, scale);
+  } else {
+    WarpHadamardFp4<float>(v, per, scale);
+  }
+#pragma unroll
+  for (int k = 0; k < kHadamardMaxPerLane; ++k) {
+    if (k < per) xr[lane + 32 * k] = F32ToBf16(v[k]);
+  }
+}
+
+__global__ void IndexerWeightScaleKernelImpl(const float* __restrict__ proj, int64_t n, float scale,
+                                             uint16_t* __restrict__ w) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    w[i] = F32ToBf16(__fmul_rn(RoundBf16Dev(proj[i]), scale));
+  }
+}
+
+// ---- Scores ----
+//
+// grid (T, ceil(n_cols / kTileKeys)), kThreads threads. The token's q is staged transposed in
+// shared memory as fp32 qs[d][h] (heads padded to 64 with zeros), so lane l reads heads l and
+// l + 32 of one dim without bank conflicts (and the padded row fills without them). Each warp
+// scores kKeysPerWarp keys at a time (staged as bf16 in shared memory, read by broadcast): per key
+// and head a sequential fp32 dot over d, bf16, relu, × w, bf16, then the TwoSum warp reduction over
+// heads.
+constexpr int kMaxHeads = static_cast<int>(kIndexerMaxHeads);
+constexpr int kMaxHeadDim = static_cast<int>(kIndexerMaxHeadDim);
+constexpr int kKeysPerWarp = 4;
+constexpr int kTileKeys = 64;
+
+__global__ void __launch_bounds__(kThreads)
+    IndexerScoresKernelImpl(const uint16_t* __restrict__ q, const uint16_t* __restrict__ w,
+                            const uint16_t* __restrict__ keys,
+                            const int64_t* __restrict__ key_row_offset,
+                            const int64_t* __restrict__ positions, int heads, int hd, int ratio,
+                            int64_t n_cols, float* __restrict__ scores) {
+  __shared__ float qs[kMaxHeadDim][kMaxHeads + 1];  // +1: conflict-free transposed fill
+  __shared__ float ws[kMaxHeads];
+  __shared__ uint16_t ks[kWarps][kKeysPerWarp][kMaxHeadDim];
+  const int64_t t = blockIdx.x;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kTileKeys;
+  const int64_t j1 = j0 + kTileKeys < n_cols ? j0 + kTileKeys : n_cols;
+  const int64_t eligible = (positions[t] + 1) / ratio;
+  float* out = scores + t * n_cols;
+  if (j0 >= eligible) {
+    for (int64_t j = j0 + tid; j < j1; j += kThreads) out[j] = -INFINITY;
+    return;
+  }
+  const int64_t jv = j1 < eligible ? j1 : eligible;  // columns [j0, jv) are scored
+  for (int i = tid; i < kMaxHeadDim * kMaxHeads; i += kThreads) {
+    const int h = i / kMaxHeadDim, d = i % kMaxHeadDim;
+    qs[d][h] = (h < heads && d < hd) ? Bf16ToF32(q[(t * heads + h) * hd + d]) : 0.0f;
+  }
+  for (int h = tid; h < kMaxHeads; h += kThreads) {
+    ws[h] = h < heads ? Bf16ToF32(w[t * heads + h]) : 0.0f;
+  }
+  __syncthreads();
+  const uint16_t* kt = keys + (key_row_offset != nullptr ? key_row_offset[t] : 0) * hd;
+  for (int64_t jg = j0 + warp * kKeysPerWarp; jg < j1; jg += kWarps * kKeysPerWarp) {
+    for (int i = lane; i < kKeysPerWarp * hd; i += 32) {
+      const int kk = i / hd, d = i % hd;
+      ks[warp][kk][d] = jg + kk < jv ? kt[(jg + kk) * hd + d] : uint16_t{0};
+    }
+    __syncwarp();
+    float acc[kKeysPerWarp][2];
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerWarp; ++kk) acc[kk][0] = acc[kk][1] = 0.0f;
+    for (int d = 0; d < hd; ++d) {
+      const float q0 = qs[d][lane], q1 = qs[d][lane + 32];
+#pragma unroll
+      for (int kk = 0; kk < kKeysPerWarp; ++kk) {
+        const float kv = Bf16ToF32(ks[warp][kk][d]);
+        acc[kk][0] = __fadd_rn(acc[kk][0], __fmul_rn(q0, kv));
+        acc[kk][1] = __fadd_rn(acc[kk][1], __fmul_rn(q1, kv));
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerWarp; ++kk) {
+      float r[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float dot = RoundBf16Dev(acc[kk][hh]);
+        const float relu = dot < 0.0f ? 0.0f : dot;  // std::max(dot, 0.0f)
+        r[hh] = RoundBf16Dev(__fmul_rn(relu, ws[lane + 32 * hh]));
+      }
+      float s, e;
+      TwoSum(r[0], r[1], s, e);
+      for (int o = 16; o > 0; o >>= 1) {
+        const float so = __shfl_xor_sync(0xffffffffu, s, o);
+        const float eo = __shfl_xor_sync(0xffffffffu, e, o);
+        float s2, err;
+        TwoSum(s, so, s2, err);
+        e = __fadd_rn(__fadd_rn(e, eo), err);
+        s = s2;
+      }
+      const int64_t j = jg + kk;
+      if (lane == 0 && j < j1) out[j] = j < jv ? RoundBf16Dev(__fadd_rn(s, e)) : -INFINITY;
+    }
+    __syncwarp();
+  }
+}
+
+// ---- Top-k ----
+
+constexpr int kTopKThreads = 512;
+constexpr int kTopKWarps = kTopKThreads / 32;
+constexpr int kMaxTopK = static_cast<int>(kIndexerMaxTopK);
+
+// Order-preserving unsigned image of a float (larger float, larger key).
+__device__ __forceinline__ uint32_t OrderKey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One block per row. Finds the k-th largest key by 8-bit digits from the top; after each digit
+// the entries are "above" (high bits greater than the prefix: all selected), "tied" (equal
+// high bits) or out. Stops early when every tied entry is needed. Then collects the above
+// entries and the `need` lowest-index tied ones (a block-wide scan in index order), and sorts
+// the k 64-bit keys (score key, ~index) descending.
+__global__ void __launch_bounds__(kTopKThreads)
+    IndexerTopKKernelImpl(const float* __restrict__ scores, int64_t n_cols, int k,
+                          int32_t* __restrict__ sel) {
+  __shared__ unsigned hist[256];
+  __shared__ unsigned long long cand[kMaxTopK];
+  __shared__ unsigned warp_ties[kTopKWarps];
+  __shared__ uint32_t sh_prefix, sh_mask, sh_need;
+  __shared__ unsigned sh_count;
+  const float* row = scores + static_cast<int64_t>(blockIdx.x) * n_cols;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+
+  uint32_t prefix = 0, mask = 0, need = static_cast<uint32_t>(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += kTopKThreads) hist[i] = 0;
+    __syncthreads();
+    for (int64_t i = tid; i < n_cols; i += kTopKThreads) {
+      const uint32_t u = OrderKey(row[i]);
+      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      uint32_t above = 0;
+      int digit = 255;
+      for (; digit > 0; --digit) {
+        if (above + hist[digit] >= need) break;
+        above += hist[digit];
+      }
+      sh_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
+      sh_mask = mask | (0xffu << shift);
+      sh_need = need - above;
+      sh_count = hist[digit];
+    }
+    __syncthreads();
+    prefix = sh_prefix;
+    mask = sh_mask;
+    need = sh_need;
+    const bool all_tied_needed = sh_count == need;
+    __syncthreads();
+    if (all_tied_needed) break;
+  }
+
+  // Collect in index order so that the first `need` tied entries are the lowest-index ones.
+  if (tid == 0) sh_count = 0;
+  __syncthreads();
+  uint32_t tie_base = 0;
+  for (int64_t base = 0; base < n_cols; base += kTopKThreads) {
+    const int64_t i = base + tid;
+    uint32_t u = 0;
+    bool above = false, tied = false;
+    if (i < n_cols) {
+      u = OrderKey(row[i]);
+      above = (u & mask) > prefix;
+      tied = (u & mask) == prefix;
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, tied);
+    if (lane == 0) warp_ties[warp] = __popc(ballot);
+    __syncthreads();
+    uint32_t rank = tie_base + __popc(ballot & ((1u << lane) - 1u)), total = 0;
+    for (int wi = 0; wi < kTopKWarps; ++wi) {
+      if (wi < warp) rank += warp_ties[wi];
+      total += warp_ties[wi];
+    }
+    if (above || (tied && rank < need)) {
+      const unsigned slot = atomicAdd(&sh_count, 1u);
+      if (slot < static_cast<unsigned>(k)) {
+        cand[slot] = (static_cast<unsigned long long>(u) << 32) |
+                     static_cast<unsigned long long>(0xffffffffu - static_cast<uint32_t>(i));
+      }
+    }
+    tie_base += total;
+    __syncthreads();  // warp_ties is rewritten by the next chunk
+  }
+
+  int P = 1;
+  while (P < k) P <<= 1;
+  for (int i = k + tid; i < P; i += kTopKThreads) cand[i] = 0ull;
+  __syncthreads();
+  for (int size = 2; size <= P; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = tid; i < P; i += kTopKThreads) {
+        const int jx = i ^ stride;
+        if (jx > i) {
+          const unsigned long long a = cand[i], b = cand[jx];
+          const bool descending = (i & size) == 0;
+          if (descending ? a < b : a > b) {
+            cand[i] = b;
+            cand[jx] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  const uint32_t masked = OrderKey(-INFINITY);
+  int32_t* out = sel + static_cast<int64_t>(blockIdx.x) * k;
+  for (int i = tid; i < k; i += kTopKThreads) {
+    const unsigned long long key = cand[i];
+    const uint32_t u = static_cast<uint32_t>(key >> 32);
+    out[i] = u == masked
+                 ? -1
+                 : static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffull));
+  }
+}
+
+bool IsPow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+}  // namespace
+
+cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp64,
+                                  cudaStream_t stream) {
+  if (!IsPow2(n) || n < 32 || n > kHadamardMaxDim) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(n)));
+  const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  HadamardFp4KernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, static_cast<int>(n), fp64, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t IndexerPrepQ(uint16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                         const float* cos_t, const float* sin_t, bool hadamard_fp64,
+                         cudaStream_t stream) {
+  if (heads < 1 || !IsPow2(head_dim) || head_dim < 32 || head_dim > kHadamardMaxDim ||
+      rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0) return cudaSuccess;
+  const cudaError_t e = ApplyRope(q, T, heads, head_dim, rope_dim, cos_t, sin_t, false, stream);
+  if (e != cudaSuccess) return e;
+  return HadamardFp4SimInplace(q, T * heads, head_dim, hadamard_fp64, stream);
+}
+
+cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16_t* w,
+                               cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  IndexerWeightScaleKernelImpl<<<static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid),
+                                 kThreads, 0, stream>>>(proj, n, scale, w);
+  return cudaGetLastError();
+}
+
+cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* keys,
+                          const int64_t* key_row_offset, const int64_t* positions, int64_t T,
+                          int64_t heads, int64_t head_dim, int64_t ratio, int64_t n_cols,
+                          float* scores, cudaStream_t stream) {
+  if (heads < 1 || heads > kIndexerMaxHeads || head_dim < 1 || head_dim > kIndexerMaxHeadDim ||
+      ratio < 1 || ratio > INT_MAX || n_cols < 0 || T < 0 || T > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0 || n_cols == 0) return cudaSuccess;
+  const int64_t tiles = (n_cols + kTileKeys - 1) / kTileKeys;
+  if (tiles > 65535) return cudaErrorInvalidValue;
+  IndexerScoresKernelImpl<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(tiles)), kThreads,
+                            0, stream>>>(q, w, keys, key_row_offset, positions,
+                                         static_cast<int>(heads), static_cast<int>(head_dim),
+                                         static_cast<int>(ratio), n_cols, scores);
+  return cudaGetLastError();
+}
+
+cudaError_t IndexerTopK(const float* scores, int64_t T, int64_t n_cols, int64_t k, int32_t* sel,
+                        cudaStream_t stream) {
+  if (k < 1 || k > kIndexerMaxTopK || k > n_cols || n_cols >= (int64_t{1} << 32) || T < 0 ||
+      T > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0) return cudaSuccess;
+  IndexerTopKKernelImpl<<<static_cast<unsigned>(T), kTopKThreads, 0, stream>>>(
+      scores, n_cols, static_cast<int>(k), sel);
+  return cudaGetLastError();
+}
+
+const void* HadamardFp4Kernel() { return reinterpret_cast<const void*>(&HadamardFp4KernelImpl); }
+const void* IndexerWeightScaleKernel() {
+  return reinterpret_cast<const void*>(&IndexerWeightScaleKernelImpl);
+}
+const void* IndexerScoresKernel() {
+  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl);
+}
+const void* IndexerTopKKernel() { return reinterpret_cast<const void*>(&IndexerTopKKernelImpl); }
+
+}  // namespace ss::cuda
