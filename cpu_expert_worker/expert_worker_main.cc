@@ -3,13 +3,16 @@
 //
 // Start-up: parse and validate every flag; discover the topology (before any thread is pinned);
 // pick the node, its physical cores and the kernel ISA, and log them; build the pinned pool;
-// load the store onto the node; preallocate the engine. Then serve — except that the
-// shared-memory and gRPC transports are not built yet (issue 3 item 5): --shm_name and
-// --grpc_listen are refused with exit status 2 before anything is loaded, and the only thing
-// the binary does is --selftest N (N random requests through the engine; 0 = load only).
+// load the store onto the node; preallocate the engine. Then --selftest N runs N random requests
+// through the engine (0 = load only), and --shm_name NAME serves expert calls over a
+// shared-memory segment until SIGTERM or SIGINT (which unlink it). The gRPC transport is not
+// built yet: --grpc_listen is refused with exit status 2 before anything is loaded.
 //
 // Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +31,7 @@
 #include "common/bf16.h"
 #include "common/model_config.h"
 #include "cpu_expert_worker/expert_engine.h"
+#include "cpu_expert_worker/transport/shm_server.h"
 #include "cpu_expert_worker/expert_store.h"
 #include "cpu_expert_worker/kernels/dispatch.h"
 #include "cpu_expert_worker/numa.h"
@@ -46,7 +50,7 @@ ABSL_FLAG(std::string, numa_node, "auto",
           "allowed physical cores");
 ABSL_FLAG(int, threads, 0, "pool threads; 0 = every physical core of the node in the allowed set");
 ABSL_FLAG(std::string, isa, "auto", "expert kernels: auto (CPUID), scalar, avx2 or avx512");
-ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve (transport not built yet)");
+ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve expert calls on");
 ABSL_FLAG(std::string, grpc_listen, "", "gRPC address to serve (transport not built yet)");
 ABSL_FLAG(int64_t, max_tokens, 256, "largest number of tokens per call");
 ABSL_FLAG(int, spin_us, 200, "microseconds an idle pool thread spins before it sleeps");
@@ -176,10 +180,50 @@ int SelfTest(const WorkerConfig& c, const ExpertStore& store, ThreadPool& pool,
   return 0;
 }
 
+// The server being run, for the signal handler (RequestStop is async-signal-safe).
+std::atomic<shm::ShmServer*> g_server{nullptr};
+
+void OnStopSignal(int) {
+  if (shm::ShmServer* s = g_server.load()) s->RequestStop();
+}
+
+// Serves expert calls on the shared-memory segment until SIGTERM / SIGINT; the segment is
+// unlinked on the way out.
+int ServeShm(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine) {
+  shm::ShmServerOptions so;
+  so.name = c.shm_name;
+  so.max_tokens = static_cast<uint32_t>(engine.max_tokens());
+  so.dim = static_cast<uint32_t>(store.dim());
+  so.top_k = static_cast<uint32_t>(engine.max_top_k());
+  // The engine serialises calls and parallelises each one over the pool: one serving thread.
+  so.serving_threads = 1;
+  auto server = shm::ShmServer::Create(so, [&engine](const shm::ExpertRequestView& r, float* out) {
+    return engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
+  });
+  if (!server.ok()) return Fail(server.status());
+  g_server.store(server->get());
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  spdlog::info(absl::StrCat("serving expert calls on shared memory '", c.shm_name,
+                            "' (max_tokens ", so.max_tokens, ", dim ", so.dim, ", top_k ", so.top_k,
+                            ")"));
+  std::fflush(stdout);
+  (*server)->Wait();
+  g_server.store(nullptr);
+  const auto stats = (*server)->stats();
+  spdlog::info(absl::StrCat("stopped: ", stats.calls, " calls, ", stats.handler_errors,
+                            " handler errors, ", stats.rejected, " rejected"));
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-expert-worker --model DIR [--layers 0-42,43] [--slice i/n] "
-      "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N]");
+      "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N] "
+      "[--shm-name NAME]");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::StrContains(file, "expert_worker_main");
@@ -207,14 +251,13 @@ int Main(int argc, char** argv) {
   auto parsed = ParseWorkerConfig(f);
   if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
   const WorkerConfig& c = *parsed;
-  if (!c.shm_name.empty() || !c.grpc_listen.empty()) {
-    return Usage(absl::StrCat(
-        !c.shm_name.empty() ? "--shm_name" : "--grpc_listen",
-        ": the shared-memory and gRPC transports are not built yet (issue 3 item 5), so this "
-        "worker cannot serve; run --selftest N to exercise the store and the engine"));
+  if (!c.grpc_listen.empty()) {
+    return Usage(
+        "--grpc_listen: the gRPC transport is not built yet (issue 3 item 5); serve on the same "
+        "host with --shm_name NAME");
   }
-  if (c.selftest < 0) {
-    return Usage("nothing to do: no transport is built yet; pass --selftest N (0 = load only)");
+  if (c.selftest < 0 && c.shm_name.empty()) {
+    return Usage("nothing to do: pass --shm_name NAME to serve, or --selftest N (0 = load only)");
   }
 
   const Isa isa = *ParseIsa(c.isa);
@@ -276,7 +319,11 @@ int Main(int argc, char** argv) {
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info(absl::StrCat("engine ready: isa ", (*engine)->isa_name(), ", max_tokens ",
                             (*engine)->max_tokens(), ", top_k <= ", (*engine)->max_top_k()));
-  return SelfTest(c, **store, **pool, **engine);
+  if (c.selftest >= 0) {
+    const int rc = SelfTest(c, **store, **pool, **engine);
+    if (rc != 0 || c.shm_name.empty()) return rc;
+  }
+  return ServeShm(c, **store, **engine);
 }
 
 }  // namespace

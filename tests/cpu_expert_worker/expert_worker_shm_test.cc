@@ -1,0 +1,206 @@
+// End to end: splitserve-expert-worker processes serving slices over shared memory, a client
+// sending MoE inputs, and the sum over slices against the reference routed-expert output.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/bf16.h"
+#include "common/golden/golden.h"
+#include "common/model/linear.h"
+#include "common/model/moe.h"
+#include "common/model/weights.h"
+#include "cpu_expert_worker/transport/shm_client.h"
+#include "gtest/gtest.h"
+#include "tests/cpu_expert_worker/expert_test_util.h"
+
+namespace ss::expert {
+namespace {
+
+using testing_util::I256Checkpoint;
+using testing_util::kTinyA;
+
+// A worker process serving one slice; stopped with SIGTERM when the object goes away.
+class WorkerProcess {
+ public:
+  WorkerProcess(const std::string& model, const std::string& slice, const std::string& name)
+      : name_(name) {
+    std::vector<std::string> args = {SS_BIN_DIR "/splitserve-expert-worker", "--model", model,
+                                     "--slice", slice, "--threads", "1", "--shm-name", name};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ == 0) {
+      // The worker dies with the test, even if the test crashes.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(127);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    EXPECT_GT(pid_, 0);
+  }
+  ~WorkerProcess() { Stop(); }
+  // SIGTERM, then the exit status (0 = clean shutdown).
+  int Stop() {
+    if (pid_ <= 0) return status_;
+    kill(pid_, SIGTERM);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return status_;
+  }
+  // Connects, retrying while the worker loads (bounded).
+  std::unique_ptr<shm::ShmClient> Connect() {
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < until) {
+      auto c = shm::ShmClient::Connect(name_);
+      if (c.ok()) return std::move(*c);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ADD_FAILURE() << "worker on " << name_ << " did not come up";
+    return nullptr;
+  }
+
+ private:
+  std::string name_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+std::string SegmentName(const std::string& tag) {
+  return "ss-e2e-" + tag + "-" + std::to_string(getpid());
+}
+
+const model::MoeWeights& Moe(const model::ModelWeights& w, int layer) {
+  const int64_t n = w.config.n_layers;
+  return layer < n ? w.blocks[layer].moe : w.mtp[layer - n].block.moe;
+}
+
+struct MoeInput {
+  int64_t T = 0, k = 0, dim = 0;
+  std::vector<float> x;
+  std::vector<uint16_t> x_bf16;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// T tokens of bf16 activations routed by the layer's own router.
+MoeInput MakeInput(const model::ModelWeights& w, int layer, int64_t T, uint64_t seed) {
+  MoeInput in;
+  in.T = T;
+  in.dim = w.config.dim;
+  in.k = w.config.n_activated_experts;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  in.x.resize(T * in.dim);
+  for (float& v : in.x) v = RoundBf16(nd(rng));
+  for (float v : in.x) in.x_bf16.push_back(FloatToBf16(v));
+  std::vector<int64_t> tokens(T);
+  for (int64_t t = 0; t < T; ++t) tokens[t] = (t * 37 + 5) % w.config.vocab_size;
+  const model::RouterResult r = model::Route(Moe(w, layer), w.config, in.x.data(), tokens.data(), T);
+  in.ids = r.indices;
+  in.weights = r.weights;
+  return in;
+}
+
+// The reference routed sum: each expert's bf16 output, summed in fp32 in ascending expert order.
+std::vector<float> ReferenceRouted(const model::ModelWeights& w, int layer, const MoeInput& in) {
+  std::vector<float> acc(in.T * in.dim, 0.0f), y(in.dim);
+  const float limit = static_cast<float>(w.config.swiglu_limit);
+  for (int64_t e = 0; e < w.config.n_routed_experts; ++e) {
+    for (int64_t t = 0; t < in.T; ++t) {
+      for (int64_t i = 0; i < in.k; ++i) {
+        if (in.ids[t * in.k + i] != e) continue;
+        model::RoutedExpert(Moe(w, layer).experts[e], in.x.data() + t * in.dim,
+                            &in.weights[t * in.k + i], 1, limit, y.data());
+        for (int64_t d = 0; d < in.dim; ++d) acc[t * in.dim + d] += y[d];
+      }
+    }
+  }
+  return acc;
+}
+
+std::vector<float> Call(shm::ShmClient& c, int layer, const MoeInput& in) {
+  std::vector<float> out(in.T * in.dim, NAN);
+  const shm::ExpertCallInput ci{layer, static_cast<int32_t>(in.T), static_cast<int32_t>(in.k),
+                                static_cast<int32_t>(in.dim), in.x_bf16.data(), in.ids.data(),
+                                in.weights.data()};
+  const absl::Status st = c.Call(ci, out.data(), absl::Now() + absl::Seconds(30));
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+TEST(ExpertWorkerShm, TinyAWholeExpertsMatchTheReference) {
+  auto w = model::LoadModelWeights(kTinyA);
+  ASSERT_TRUE(w.ok()) << w.status();
+  WorkerProcess worker(kTinyA, "0/1", SegmentName("tiny"));
+  auto client = worker.Connect();
+  ASSERT_NE(client, nullptr);
+  for (const int layer : {0, 3, 6}) {
+    const MoeInput in = MakeInput(**w, layer, 7, layer);
+    const std::vector<float> got = Call(*client, layer, in);
+    const std::vector<float> ref = ReferenceRouted(**w, layer, in);
+    // The worker sums unrounded expert outputs; the reference rounds each expert to bf16 first.
+    const golden::Closeness c = golden::Compare(got.data(), ref.data(), ref.size());
+    EXPECT_LE(c.rms_rel, 1.0 / 256) << "layer " << layer;
+  }
+  // A malformed request is an error and the worker keeps serving.
+  MoeInput bad = MakeInput(**w, 3, 2, 9);
+  bad.ids[0] = 99;
+  std::vector<float> out(bad.T * bad.dim);
+  const shm::ExpertCallInput ci{3, 2, static_cast<int32_t>(bad.k), static_cast<int32_t>(bad.dim),
+                                bad.x_bf16.data(), bad.ids.data(), bad.weights.data()};
+  EXPECT_FALSE(client->Call(ci, out.data(), absl::Now() + absl::Seconds(30)).ok());
+  const MoeInput again = MakeInput(**w, 4, 3, 11);
+  const std::vector<float> ref = ReferenceRouted(**w, 4, again);
+  const std::vector<float> got = Call(*client, 4, again);
+  EXPECT_LE(golden::Compare(got.data(), ref.data(), ref.size()).rms_rel, 1.0 / 256);
+  client.reset();
+  EXPECT_EQ(worker.Stop(), 0);
+}
+
+TEST(ExpertWorkerShm, TwoSlicesSumToTheWholeExpert) {
+  const std::string& dir = I256Checkpoint();
+  auto w = model::LoadModelWeights(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  WorkerProcess whole(dir, "0/1", SegmentName("whole"));
+  WorkerProcess s0(dir, "0/2", SegmentName("s0"));
+  WorkerProcess s1(dir, "1/2", SegmentName("s1"));
+  auto cw = whole.Connect(), c0 = s0.Connect(), c1 = s1.Connect();
+  ASSERT_TRUE(cw && c0 && c1);
+  for (const int layer : {0, 2, 5}) {  // hash, HCA and the MTP block's experts
+    const MoeInput in = MakeInput(**w, layer, 9, 100 + layer);
+    const std::vector<float> a = Call(*c0, layer, in), b = Call(*c1, layer, in);
+    const std::vector<float> one = Call(*cw, layer, in);
+    std::vector<float> sum(a.size());
+    int64_t within_ulp = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      sum[i] = a[i] + b[i];
+      const float rs = RoundBf16(sum[i]), ro = RoundBf16(one[i]);
+      const float ulp = std::ldexp(1.0f, std::ilogb(std::max(std::fabs(ro), 1e-30f)) - 7);
+      within_ulp += std::fabs(rs - ro) <= ulp;
+    }
+    EXPECT_GE(static_cast<double>(within_ulp) / a.size(), 0.99) << "layer " << layer;
+    const std::vector<float> ref = ReferenceRouted(**w, layer, in);
+    EXPECT_LE(golden::Compare(sum.data(), ref.data(), ref.size()).rms_rel, 1.0 / 256)
+        << "layer " << layer;
+  }
+  cw.reset();
+  c0.reset();
+  c1.reset();
+  EXPECT_EQ(whole.Stop(), 0);
+  EXPECT_EQ(s0.Stop(), 0);
+  EXPECT_EQ(s1.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace ss::expert
