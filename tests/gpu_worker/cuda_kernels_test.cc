@@ -15,59 +15,14 @@
 #include "common/model/weights.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_test_util.h"
 
 namespace ss::cuda {
 namespace {
 
-#define CUDA_ASSERT_OK(expr)                                                   \
-  do {                                                                         \
-    const cudaError_t e_ = (expr);                                             \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);     \
-  } while (0)
+using namespace testing_util;  // NOLINT: the shared GPU test helpers
 
-class CudaKernelsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-      GTEST_SKIP() << "no CUDA device (" << (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e))
-                   << "): GPU tests run on the device machine";
-    }
-  }
-};
-
-template <typename T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  explicit DeviceBuffer(size_t n) { cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)); }
-  ~DeviceBuffer() { cudaFree(p); }
-  void Put(const std::vector<T>& v) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
-  std::vector<T> Get(size_t n) const {
-    std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-};
-
-std::vector<float> RandomBf16(size_t n, float stddev, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = RoundBf16(d(rng));
-  return v;
-}
-
-std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
-  return b;
-}
-std::vector<float> FromBf16(const std::vector<uint16_t>& b) {
-  std::vector<float> v(b.size());
-  for (size_t i = 0; i < b.size(); ++i) v[i] = Bf16ToFloat(b[i]);
-  return v;
-}
+class CudaKernelsTest : public testing_util::GpuTest {};
 
 TEST_F(CudaKernelsTest, KernelsRunFromCompute86Ptx) {
   for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
@@ -92,11 +47,12 @@ TEST_F(CudaKernelsTest, RmsNormMatchesReference) {
     DeviceBuffer<float> dg(n);
     dx.Put(ToBf16(x));
     dg.Put(g);
-    CUDA_ASSERT_OK(RmsNorm(dx.p, dg.p, rows, n, 1e-6f, dy.p, nullptr));
+    CUDA_ASSERT_OK(RmsNorm(dx.get(), dg.get(), rows, n, 1e-6f, dy.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
-    const std::vector<float> got = FromBf16(dy.Get(x.size()));
+    const std::vector<float> got = FromBf16(dy.Get());
     std::vector<float> ref(x.size());
-    for (int64_t r = 0; r < rows; ++r) model::RmsNorm(x.data() + r * n, g.data(), n, 1e-6f, ref.data() + r * n);
+    for (int64_t r = 0; r < rows; ++r)
+      model::RmsNorm(x.data() + r * n, g.data(), n, 1e-6f, ref.data() + r * n);
     const golden::Closeness c = golden::Compare(got.data(), ref.data(), ref.size());
     std::printf("RmsNorm n=%ld: rms_rel=%.2e bit_identical=%.4f\n", static_cast<long>(n), c.rms_rel,
                 c.bit_identical);
@@ -110,21 +66,22 @@ TEST_F(CudaKernelsTest, ActivationQuantisationIsExact) {
     const int64_t rows = 3, nb = (n + 127) / 128;
     std::vector<float> x = RandomBf16(rows * n, 2.0f, 7 * n);
     std::fill(x.begin(), x.begin() + 128, 0.0f);  // an all-zero block: the 1e-4 floor
-    x[200 % n] = 448.0f;                           // an exact power-of-two amax/448
+    x[200 % n] = 448.0f;                          // an exact power-of-two amax/448
     DeviceBuffer<uint16_t> dx(x.size());
     DeviceBuffer<uint8_t> dq(x.size());
     DeviceBuffer<float> ds(rows * nb);
     dx.Put(ToBf16(x));
-    CUDA_ASSERT_OK(QuantizeActE4m3(dx.p, rows, n, dq.p, ds.p, nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(dx.get(), rows, n, dq.get(), ds.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
-    const std::vector<uint8_t> q = dq.Get(x.size());
-    const std::vector<float> s = ds.Get(rows * nb);
+    const std::vector<uint8_t> q = dq.Get();
+    const std::vector<float> s = ds.Get();
     std::vector<uint8_t> rq(n);
     std::vector<float> rs(nb);
     for (int64_t r = 0; r < rows; ++r) {
       ss::QuantizeActE4m3(x.data() + r * n, n, 128, rq.data(), rs.data());
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(q[r * n + i], rq[i]) << "row " << r << " i " << i;
-      for (int64_t b = 0; b < nb; ++b) ASSERT_EQ(s[r * nb + b], rs[b]) << "row " << r << " block " << b;
+      for (int64_t b = 0; b < nb; ++b)
+        ASSERT_EQ(s[r * nb + b], rs[b]) << "row " << r << " block " << b;
     }
   }
 }
@@ -139,10 +96,12 @@ golden::Closeness RunLinear(const model::Fp8Weight& w, const std::vector<float>&
   dx.Put(ToBf16(x));
   dw.Put(std::vector<uint8_t>(w.w, w.w + wbytes));
   dws.Put(std::vector<uint8_t>(w.s, w.s + sbytes));
-  EXPECT_EQ(QuantizeActE4m3(dx.p, rows, w.in, dq.p, dsa.p, nullptr), cudaSuccess);
-  EXPECT_EQ(Fp8Linear(dq.p, dsa.p, rows, dw.p, dws.p, w.out, w.in, dy.p, nullptr), cudaSuccess);
+  EXPECT_EQ(QuantizeActE4m3(dx.get(), rows, w.in, dq.get(), dsa.get(), nullptr), cudaSuccess);
+  EXPECT_EQ(
+      Fp8Linear(dq.get(), dsa.get(), rows, dw.get(), dws.get(), w.out, w.in, dy.get(), nullptr),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> got = FromBf16(dy.Get(rows * w.out));
+  const std::vector<float> got = FromBf16(dy.Get());
   std::vector<float> ref(rows * w.out);
   model::Linear8(w, x.data(), rows, ref.data());
   return golden::Compare(got.data(), ref.data(), ref.size());
@@ -168,8 +127,11 @@ TEST_F(CudaKernelsTest, Fp8LinearMatchesReferenceOnTinyA) {
 TEST_F(CudaKernelsTest, Fp8LinearMatchesReferenceAtFlashShapes) {
   std::mt19937_64 rng(5);
   std::uniform_int_distribution<int> byte(0, 255);
-  for (const auto& [name, out, in] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
-           {"wq_a", 1024, 4096}, {"wkv", 512, 4096}, {"wo_b", 4096, 8192}, {"wq_b/8", 4096, 1024}}) {
+  for (const auto& [name, out, in] :
+       std::vector<std::tuple<std::string, int64_t, int64_t>>{{"wq_a", 1024, 4096},
+                                                              {"wkv", 512, 4096},
+                                                              {"wo_b", 4096, 8192},
+                                                              {"wq_b/8", 4096, 1024}}) {
     std::vector<uint8_t> w(out * in), s(((out + 127) / 128) * ((in + 127) / 128));
     for (uint8_t& b : w) {
       b = static_cast<uint8_t>(byte(rng));

@@ -13,21 +13,12 @@
 #include "common/golden/golden.h"
 #include "common/model/attention.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_test_util.h"
 
 namespace ss::cuda {
 namespace {
 
-class SparseAttentionTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-      GTEST_SKIP() << "no CUDA device (" << (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e))
-                   << "): GPU tests run on the device machine";
-    }
-  }
-};
+class SparseAttentionTest : public testing_util::GpuTest {};
 
 struct Case {
   const char* name;
@@ -119,9 +110,9 @@ TEST_F(SparseAttentionTest, FlashShapeTpHeads) {
 }
 
 TEST_F(SparseAttentionTest, RejectsUnsupportedHeadDim) {
-  EXPECT_EQ(SparseAttention(nullptr, nullptr, nullptr, nullptr, 1, 1, 100, 1, 1.0f, nullptr,
-                            nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      SparseAttention(nullptr, nullptr, nullptr, nullptr, 1, 1, 100, 1, 1.0f, nullptr, nullptr),
+      cudaErrorInvalidValue);
 }
 
 }  // namespace
