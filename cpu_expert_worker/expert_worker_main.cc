@@ -4,9 +4,9 @@
 // Start-up: parse and validate every flag; discover the topology (before any thread is pinned);
 // pick the node, its physical cores and the kernel ISA, and log them; build the pinned pool;
 // load the store onto the node; preallocate the engine. Then --selftest N runs N random requests
-// through the engine (0 = load only), and --shm_name NAME serves expert calls over a
-// shared-memory segment until SIGTERM or SIGINT (which unlink it). The gRPC transport is not
-// built yet: --grpc_listen is refused with exit status 2 before anything is loaded.
+// through the engine (0 = load only); --shm_name NAME serves expert calls over a shared-memory
+// segment and --grpc_listen ADDR over gRPC (both may be given: both are served, with one engine
+// whose calls each transport serialises) until SIGTERM or SIGINT (which unlink the segment).
 //
 // Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
 #include <signal.h>
@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -28,9 +29,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/bf16.h"
 #include "common/model_config.h"
 #include "cpu_expert_worker/expert_engine.h"
+#include "cpu_expert_worker/transport/grpc_server.h"
 #include "cpu_expert_worker/transport/shm_server.h"
 #include "cpu_expert_worker/expert_store.h"
 #include "cpu_expert_worker/kernels/dispatch.h"
@@ -51,7 +54,7 @@ ABSL_FLAG(std::string, numa_node, "auto",
 ABSL_FLAG(int, threads, 0, "pool threads; 0 = every physical core of the node in the allowed set");
 ABSL_FLAG(std::string, isa, "auto", "expert kernels: auto (CPUID), scalar, avx2 or avx512");
 ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve expert calls on");
-ABSL_FLAG(std::string, grpc_listen, "", "gRPC address to serve (transport not built yet)");
+ABSL_FLAG(std::string, grpc_listen, "", "gRPC address (host:port) to serve expert calls on");
 ABSL_FLAG(int64_t, max_tokens, 256, "largest number of tokens per call");
 ABSL_FLAG(int, spin_us, 200, "microseconds an idle pool thread spins before it sleeps");
 ABSL_FLAG(int64_t, split_target, 128,
@@ -180,16 +183,63 @@ int SelfTest(const WorkerConfig& c, const ExpertStore& store, ThreadPool& pool,
   return 0;
 }
 
-// The server being run, for the signal handler (RequestStop is async-signal-safe).
+// The servers being run, for the signal handler (both RequestStops are async-signal-safe).
 std::atomic<shm::ShmServer*> g_server{nullptr};
+std::atomic<grpc_transport::GrpcExpertServer*> g_grpc_server{nullptr};
+
+// Set by a stop signal that arrives before a server exists, so that server stops at once.
+std::atomic<bool> g_stop_requested{false};
 
 void OnStopSignal(int) {
+  g_stop_requested.store(true);
   if (shm::ShmServer* s = g_server.load()) s->RequestStop();
+  if (grpc_transport::GrpcExpertServer* g = g_grpc_server.load()) g->RequestStop();
 }
 
-// Serves expert calls on the shared-memory segment until SIGTERM / SIGINT; the segment is
-// unlinked on the way out.
-int ServeShm(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine) {
+// Serves expert calls on the shared-memory segment and/or gRPC until SIGTERM / SIGINT; the
+// segment is unlinked on the way out. The engine is not thread-safe across transports, so with
+// both, one mutex serialises every engine call.
+int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine) {
+  absl::Mutex engine_mu;
+  const shm::ExpertHandler handler = [&engine, &engine_mu](const shm::ExpertRequestView& r,
+                                                           float* out) {
+    absl::MutexLock lock(&engine_mu);
+    return engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
+  };
+  // Handlers first: a stop signal during start-up is remembered and honoured.
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::unique_ptr<grpc_transport::GrpcExpertServer> grpc_server;
+  if (!c.grpc_listen.empty()) {
+    grpc_transport::GrpcServerOptions go;
+    go.listen_address = c.grpc_listen;
+    go.max_tokens = static_cast<uint32_t>(engine.max_tokens());
+    go.dim = static_cast<uint32_t>(store.dim());
+    go.top_k = static_cast<uint32_t>(engine.max_top_k());
+    go.layers = store.layers();
+    go.slice_index = store.slice_index();
+    go.slice_count = store.slice_count();
+    auto g = grpc_transport::GrpcExpertServer::Start(go, handler);
+    if (!g.ok()) return Fail(g.status());
+    grpc_server = std::move(*g);
+    g_grpc_server.store(grpc_server.get());
+    if (g_stop_requested.load()) grpc_server->RequestStop();
+    spdlog::info(absl::StrCat("serving expert calls on gRPC '", c.grpc_listen, "' (port ",
+                              grpc_server->port(), ", protocol version ",
+                              grpc_transport::kGrpcProtocolVersion, ")"));
+    std::fflush(stdout);
+  }
+  if (c.shm_name.empty()) {
+    grpc_server->Wait();
+    g_grpc_server.store(nullptr);
+    const auto gs = grpc_server->stats();
+    spdlog::info(absl::StrCat("gRPC stopped: ", gs.calls, " calls, ", gs.handler_errors,
+                              " handler errors, ", gs.rejected, " rejected"));
+    return 0;
+  }
   shm::ShmServerOptions so;
   so.name = c.shm_name;
   so.max_tokens = static_cast<uint32_t>(engine.max_tokens());
@@ -197,22 +247,26 @@ int ServeShm(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engi
   so.top_k = static_cast<uint32_t>(engine.max_top_k());
   // The engine serialises calls and parallelises each one over the pool: one serving thread.
   so.serving_threads = 1;
-  auto server = shm::ShmServer::Create(so, [&engine](const shm::ExpertRequestView& r, float* out) {
-    return engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
-  });
-  if (!server.ok()) return Fail(server.status());
+  auto server = shm::ShmServer::Create(so, handler);
+  if (!server.ok()) {
+    if (grpc_server != nullptr) {
+      g_grpc_server.store(nullptr);
+      grpc_server->Stop();
+    }
+    return Fail(server.status());
+  }
   g_server.store(server->get());
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  if (g_stop_requested.load()) (*server)->RequestStop();
   spdlog::info(absl::StrCat("serving expert calls on shared memory '", c.shm_name,
                             "' (max_tokens ", so.max_tokens, ", dim ", so.dim, ", top_k ", so.top_k,
                             ")"));
   std::fflush(stdout);
   (*server)->Wait();
   g_server.store(nullptr);
+  if (grpc_server != nullptr) {  // the same signal asked it to stop
+    grpc_server->Wait();
+    g_grpc_server.store(nullptr);
+  }
   const auto stats = (*server)->stats();
   spdlog::info(absl::StrCat("stopped: ", stats.calls, " calls, ", stats.handler_errors,
                             " handler errors, ", stats.rejected, " rejected"));
@@ -223,7 +277,7 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-expert-worker --model DIR [--layers 0-42,43] [--slice i/n] "
       "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N] "
-      "[--shm-name NAME]");
+      "[--shm-name NAME] [--grpc-listen HOST:PORT]");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::StrContains(file, "expert_worker_main");
@@ -251,13 +305,10 @@ int Main(int argc, char** argv) {
   auto parsed = ParseWorkerConfig(f);
   if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
   const WorkerConfig& c = *parsed;
-  if (!c.grpc_listen.empty()) {
+  if (c.selftest < 0 && c.shm_name.empty() && c.grpc_listen.empty()) {
     return Usage(
-        "--grpc_listen: the gRPC transport is not built yet (issue 3 item 5); serve on the same "
-        "host with --shm_name NAME");
-  }
-  if (c.selftest < 0 && c.shm_name.empty()) {
-    return Usage("nothing to do: pass --shm_name NAME to serve, or --selftest N (0 = load only)");
+        "nothing to do: pass --shm_name NAME and/or --grpc_listen HOST:PORT to serve, or "
+        "--selftest N (0 = load only)");
   }
 
   const Isa isa = *ParseIsa(c.isa);
@@ -321,9 +372,9 @@ int Main(int argc, char** argv) {
                             (*engine)->max_tokens(), ", top_k <= ", (*engine)->max_top_k()));
   if (c.selftest >= 0) {
     const int rc = SelfTest(c, **store, **pool, **engine);
-    if (rc != 0 || c.shm_name.empty()) return rc;
+    if (rc != 0 || (c.shm_name.empty() && c.grpc_listen.empty())) return rc;
   }
-  return ServeShm(c, **store, **engine);
+  return Serve(c, **store, **engine);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@ packages=(
   libpcre2-dev
   libhwloc-dev
   libgtest-dev libgmock-dev googletest
+  libcpp-httplib-dev
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
 )
 
 missing=()

@@ -1,0 +1,108 @@
+// The gateway's view of the model: a GenerationEngine takes a tokenised prompt with sampling
+// parameters and streams generated token ids back. The OpenAI gateway (openai_server.h) depends
+// only on this interface, so it is tested against FakeEngine (fake_engine.h) and later served by
+// the real scheduler + workers without change.
+//
+// Contract:
+//   * Submit() never blocks on generation. It either refuses at once (kOverloaded / kNotReady:
+//     expected outcomes, not errors) or returns a GenerationStream that the engine fills from its
+//     own threads.
+//   * The engine delivers generated ids in order, in one or more Push() calls, then exactly one
+//     Finish(). The token that ended generation (EOS or a stop token id) is NOT delivered and not
+//     counted; a kLength finish means max_tokens ids were delivered.
+//   * Cancellation: the gateway calls request.cancel->Cancel() when its client went away. The
+//     engine polls cancelled() between steps, frees the sequence's resources (KV) and finishes
+//     the stream with kCancelled. Finishing with another reason after a cancel is allowed (a race
+//     with the last step); the gateway ignores the outcome either way.
+//
+// Threading: GenerationStream is a single-producer (the engine) single-consumer (one gateway
+// request thread) queue; every method is thread-safe. CancellationToken is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ss {
+
+// Set by the gateway (client disconnected), read by the engine. Never reset.
+class CancellationToken {
+ public:
+  void Cancel() { cancelled_.store(true, std::memory_order_release); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;        // (0, 1]
+  int32_t top_k = -1;        // -1 or 0 = disabled
+  int32_t max_tokens = 16;   // >= 1; generation stops with kLength after this many ids
+  std::optional<uint64_t> seed;
+  std::vector<int32_t> stop_token_ids;  // besides EOS; finish kStop
+};
+
+enum class FinishReason { kNone, kEos, kLength, kStop, kCancelled, kError };
+
+// "stop" | "length" | "cancelled" | "error" ("" for kNone): OpenAI spells EOS as "stop".
+const char* FinishReasonName(FinishReason reason);
+
+struct GenerationRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  std::shared_ptr<CancellationToken> cancel;  // never null once submitted
+};
+
+// What the consumer receives: newly generated ids and, on the last event, the finish reason.
+struct GenerationEvent {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;  // != kNone: this is the last event
+  std::string error;                          // with kError
+};
+
+class GenerationStream {
+ public:
+  // Producer side (the engine).
+  void Push(std::vector<int32_t> tokens);
+  void Finish(FinishReason reason, std::string error = {});
+
+  // Consumer side: waits up to `timeout` and returns everything queued since the last call
+  // (tokens concatenated; finish set once the engine finished). nullopt: nothing new yet.
+  std::optional<GenerationEvent> Next(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> pending_;                 // guarded by mu_
+  FinishReason finish_ = FinishReason::kNone;    // guarded by mu_
+  std::string error_;                            // guarded by mu_
+  bool finish_delivered_ = false;                // guarded by mu_
+};
+
+enum class SubmitStatus { kAccepted, kOverloaded, kNotReady };
+
+struct SubmitOutcome {
+  SubmitStatus status = SubmitStatus::kAccepted;
+  std::shared_ptr<GenerationStream> stream;  // set iff kAccepted
+  int retry_after_s = 1;                     // a hint for kOverloaded
+};
+
+class GenerationEngine {
+ public:
+  virtual ~GenerationEngine() = default;
+  // True once every worker is registered and warmed (GET /ready). Thread-safe.
+  virtual bool Ready() const = 0;
+  // Thread-safe; called concurrently from gateway request threads.
+  virtual SubmitOutcome Submit(GenerationRequest request) = 0;
+};
+
+}  // namespace ss

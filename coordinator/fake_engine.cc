@@ -1,0 +1,83 @@
+#include "coordinator/fake_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace ss {
+
+FakeEngine::~FakeEngine() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.join();
+}
+
+void FakeEngine::set_script(std::vector<int32_t> script) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.script = std::move(script);
+}
+
+GenerationRequest FakeEngine::last_request() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_;
+}
+
+SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
+  SubmitOutcome out;
+  if (!ready_.load()) {
+    out.status = SubmitStatus::kNotReady;
+    return out;
+  }
+  if (overloaded_.load()) {
+    out.status = SubmitStatus::kOverloaded;
+    out.retry_after_s = 2;
+    return out;
+  }
+  if (!request.cancel) request.cancel = std::make_shared<CancellationToken>();
+  auto stream = std::make_shared<GenerationStream>();
+  out.stream = stream;
+  submitted_.fetch_add(1);
+  std::lock_guard<std::mutex> lock(mu_);
+  last_ = request;
+  std::vector<int32_t> script = options_.echo ? request.prompt : options_.script;
+  const bool fail = fail_.load();
+  const auto delay = options_.step_delay;
+  threads_.emplace_back([this, stream, script = std::move(script), fail, delay,
+                         req = std::move(request)] {
+    int32_t emitted = 0;
+    for (int32_t id : script) {
+      if (delay.count() > 0) std::this_thread::sleep_for(delay);
+      if (req.cancel->cancelled()) {
+        cancelled_.fetch_add(1);
+        stream->Finish(FinishReason::kCancelled);
+        return;
+      }
+      const auto& stops = req.sampling.stop_token_ids;
+      if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
+        stream->Finish(FinishReason::kStop);
+        return;
+      }
+      stream->Push({id});
+      ++emitted;
+      if (fail) {
+        stream->Finish(FinishReason::kError, "fake engine failure");
+        return;
+      }
+      if (emitted >= req.sampling.max_tokens) {
+        stream->Finish(FinishReason::kLength);
+        return;
+      }
+    }
+    if (req.cancel->cancelled()) {
+      cancelled_.fetch_add(1);
+      stream->Finish(FinishReason::kCancelled);
+      return;
+    }
+    stream->Finish(FinishReason::kEos);
+  });
+  return out;
+}
+
+}  // namespace ss

@@ -1,0 +1,53 @@
+// A deterministic GenerationEngine for gateway tests (and, later, a `--fake` serve mode).
+//
+// Every accepted request gets its own thread that delivers the scripted ids one per step
+// (`step_delay` apart), stopping early at a stop_token_id (kStop) or max_tokens (kLength) and
+// otherwise finishing with kEos. With `echo` the prompt ids are the script. It checks the
+// cancellation token before every step and finishes with kCancelled, counting it in
+// cancelled_count(). Knobs, all thread-safe and changeable at any time: ready, overloaded
+// (Submit refuses with kOverloaded), fail (the stream finishes with kError after the first id).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "coordinator/engine.h"
+
+namespace ss {
+
+class FakeEngine : public GenerationEngine {
+ public:
+  struct Options {
+    std::vector<int32_t> script;
+    bool echo = false;
+    std::chrono::milliseconds step_delay{0};
+  };
+  explicit FakeEngine(Options options) : options_(std::move(options)) {}
+  ~FakeEngine() override;  // joins every request thread (cancelled ones end at the next step)
+
+  bool Ready() const override { return ready_.load(); }
+  SubmitOutcome Submit(GenerationRequest request) override;
+
+  void set_ready(bool v) { ready_.store(v); }
+  void set_overloaded(bool v) { overloaded_.store(v); }
+  void set_fail(bool v) { fail_.store(v); }
+  void set_script(std::vector<int32_t> script);
+
+  int cancelled_count() const { return cancelled_.load(); }
+  int submitted_count() const { return submitted_.load(); }
+  // The last accepted request (prompt and sampling as the gateway built them).
+  GenerationRequest last_request() const;
+
+ private:
+  Options options_;  // script guarded by mu_
+  std::atomic<bool> ready_{true}, overloaded_{false}, fail_{false};
+  std::atomic<int> cancelled_{0}, submitted_{0};
+  mutable std::mutex mu_;
+  GenerationRequest last_;            // guarded by mu_
+  std::vector<std::thread> threads_;  // guarded by mu_
+};
+
+}  // namespace ss

@@ -1,0 +1,771 @@
+#include "coordinator/openai_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <exception>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/chat_encoding.h"
+#include "coordinator/completion_parser.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace ss {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using chat::ThinkingMode;
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+// An OpenAI error response. Thrown inside a handler, caught by Guard() and rendered; it never
+// leaves this file.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  int retry_after_s = 0;
+};
+
+ApiError Invalid(std::string param, std::string message) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), "", 0};
+}
+
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+Json ErrorBody(const ApiError& e) {
+  Json err = Json::object();
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
+  err["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
+  Json body = Json::object();
+  body["error"] = std::move(err);
+  return body;
+}
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+  res.set_content(Dump(ErrorBody(e)), "application/json");
+}
+
+void SendJson(httplib::Response& res, const Json& j) {
+  res.status = 200;
+  res.set_content(Dump(j), "application/json");
+}
+
+const char* TypeName(const Json& j) { return j.type_name(); }
+
+Json ParseBody(const httplib::Request& req) {
+  Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) throw Invalid("", "request body is not valid JSON");
+  if (!body.is_object()) {
+    throw Invalid("", absl::StrCat("request body must be a JSON object, got ", TypeName(body)));
+  }
+  return body;
+}
+
+const Json* Field(const Json& obj, const std::string& key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> GetNumber(const Json& obj, const std::string& key, double lo, double hi) {
+  const Json* v = Field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) {
+    throw Invalid(key, absl::StrCat(key, ": expected a number, got ", TypeName(*v)));
+  }
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
+  }
+  return d;
+}
+
+std::optional<int64_t> GetInt(const Json& obj, const std::string& key, int64_t lo, int64_t hi) {
+  const Json* v = Field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) {
+    throw Invalid(key, absl::StrCat(key, ": expected an integer, got ", TypeName(*v)));
+  }
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) {
+      throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
+    }
+    return static_cast<int64_t>(u);
+  }
+  int64_t i = v->get<int64_t>();
+  if (i < lo || i > hi) throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
+  return i;
+}
+
+std::optional<bool> GetBool(const Json& obj, const std::string& key) {
+  const Json* v = Field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) {
+    throw Invalid(key, absl::StrCat(key, ": expected a boolean, got ", TypeName(*v)));
+  }
+  return v->get<bool>();
+}
+
+std::optional<std::string> GetString(const Json& obj, const std::string& key) {
+  const Json* v = Field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) {
+    throw Invalid(key, absl::StrCat(key, ": expected a string, got ", TypeName(*v)));
+  }
+  return v->get<std::string>();
+}
+
+// Everything a generation route reads besides its prompt.
+struct GenerationParams {
+  SamplingParams sampling;
+  std::optional<int64_t> max_tokens;  // as requested
+  bool stream = false;
+  bool include_usage = false;
+};
+
+GenerationParams ParseGenerationParams(const Json& body, bool chat) {
+  GenerationParams p;
+  if (auto v = GetNumber(body, "temperature", 0.0, 2.0)) p.sampling.temperature = float(*v);
+  if (auto v = GetNumber(body, "top_p", 0.0, 1.0)) {
+    if (*v <= 0.0) throw Invalid("top_p", "top_p: must be in (0, 1]");
+    p.sampling.top_p = float(*v);
+  }
+  if (auto v = GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max())) {
+    p.sampling.top_k = int32_t(*v);
+  }
+  constexpr int64_t kMaxTok = std::numeric_limits<int32_t>::max();
+  p.max_tokens = GetInt(body, "max_tokens", 1, kMaxTok);
+  if (chat) {
+    if (auto v = GetInt(body, "max_completion_tokens", 1, kMaxTok)) p.max_tokens = v;
+  }
+  if (auto v = GetInt(body, "seed", std::numeric_limits<int64_t>::min(),
+                      std::numeric_limits<int64_t>::max())) {
+    p.sampling.seed = static_cast<uint64_t>(*v);
+  }
+  if (auto v = GetInt(body, "n", 1, 1)) (void)v;
+  if (const Json* stop = Field(body, "stop")) {
+    bool ok = stop->is_string();
+    if (stop->is_array()) {
+      ok = stop->size() <= 4;
+      for (const auto& s : *stop) ok = ok && s.is_string();
+    }
+    if (!ok) throw Invalid("stop", "stop: expected a string or an array of up to 4 strings");
+  }
+  if (auto v = GetBool(body, "logprobs"); v && *v) {
+    throw Invalid("logprobs", "logprobs: not supported by this server");
+  }
+  p.stream = GetBool(body, "stream").value_or(false);
+  if (const Json* so = Field(body, "stream_options")) {
+    if (!so->is_object()) {
+      throw Invalid("stream_options",
+                    absl::StrCat("stream_options: expected an object, got ", TypeName(*so)));
+    }
+    if (const Json* iu = Field(*so, "include_usage")) {
+      if (!iu->is_boolean()) {
+        throw Invalid("stream_options.include_usage",
+                      "stream_options.include_usage: expected a boolean");
+      }
+      p.include_usage = iu->get<bool>();
+    }
+  }
+  return p;
+}
+
+// Thinking mode and reasoning effort from chat_template_kwargs (and a top-level
+// reasoning_effort, as OpenAI spells it).
+void ParseThinking(const Json& body, chat::EncodeOptions* opts) {
+  if (auto v = GetString(body, "reasoning_effort")) opts->reasoning_effort = *v;
+  const Json* kw = Field(body, "chat_template_kwargs");
+  if (!kw) return;
+  if (!kw->is_object()) {
+    throw Invalid("chat_template_kwargs",
+                  absl::StrCat("chat_template_kwargs: expected an object, got ", TypeName(*kw)));
+  }
+  for (const char* key : {"thinking", "enable_thinking"}) {
+    if (const Json* v = Field(*kw, key)) {
+      if (!v->is_boolean()) {
+        throw Invalid(absl::StrCat("chat_template_kwargs.", key),
+                      absl::StrCat("chat_template_kwargs.", key, ": expected a boolean"));
+      }
+      opts->mode = v->get<bool>() ? ThinkingMode::kThinking : ThinkingMode::kChat;
+    }
+  }
+  if (const Json* v = Field(*kw, "thinking_mode")) {
+    if (!v->is_string() || (*v != "thinking" && *v != "chat")) {
+      throw Invalid("chat_template_kwargs.thinking_mode",
+                    "chat_template_kwargs.thinking_mode: expected \"thinking\" or \"chat\"");
+    }
+    opts->mode = *v == "thinking" ? ThinkingMode::kThinking : ThinkingMode::kChat;
+  }
+  if (const Json* v = Field(*kw, "reasoning_effort")) {
+    if (!v->is_string()) {
+      throw Invalid("chat_template_kwargs.reasoning_effort",
+                    "chat_template_kwargs.reasoning_effort: expected a string");
+    }
+    opts->reasoning_effort = v->get<std::string>();
+  }
+}
+
+int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
+
+Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_t index,
+                  bool with_index) {
+  Json j = Json::object();
+  if (with_index) j["index"] = index;
+  j["id"] = id;
+  j["type"] = "function";
+  Json fn = Json::object();
+  fn["name"] = call.name;
+  fn["arguments"] = call.arguments;
+  j["function"] = std::move(fn);
+  return j;
+}
+
+Json UsageJson(size_t prompt, size_t completion) {
+  Json u = Json::object();
+  u["prompt_tokens"] = prompt;
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = prompt + completion;
+  return u;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+struct OpenAiServer::Impl {
+  GatewayConfig config;
+  const Tokenizer* tokenizer;
+  GenerationEngine* engine;
+  std::atomic<uint64_t> next_id{1};
+
+  enum class Kind { kChat, kCompletion };
+
+  // A request that passed validation, ready to submit.
+  struct Job {
+    Kind kind;
+    ThinkingMode mode = ThinkingMode::kChat;
+    std::vector<int32_t> prompt;
+    GenerationParams params;
+    std::string id;
+  };
+
+  template <typename F>
+  void Guard(const httplib::Request& req, httplib::Response& res, F&& f) {
+    try {
+      f(req, res);
+    } catch (const ApiError& e) {
+      SendError(res, e);
+    } catch (const std::exception& e) {
+      SendError(res, ApiError{500, absl::StrCat("internal error: ", e.what()), "server_error",
+                              "", "", 0});
+    }
+  }
+
+  void CheckModel(const Json& body) {
+    const Json* m = Field(body, "model");
+    if (!m) throw Invalid("model", "model: required");
+    if (!m->is_string()) {
+      throw Invalid("model", absl::StrCat("model: expected a string, got ", TypeName(*m)));
+    }
+    if (m->get<std::string>() != config.model_name) {
+      throw ApiError{404,
+                     absl::StrCat("The model `", m->get<std::string>(), "` does not exist"),
+                     "invalid_request_error", "model", "model_not_found", 0};
+    }
+  }
+
+  std::vector<int32_t> Encode(const std::string& text, const char* param) {
+    auto ids = tokenizer->Encode(text);
+    if (!ids.ok()) throw Invalid(param, std::string(ids.status().message()));
+    return *std::move(ids);
+  }
+
+  // Fills sampling.max_tokens and rejects what cannot fit the context.
+  void FitContext(Job& job, const char* param) {
+    const int64_t prompt = static_cast<int64_t>(job.prompt.size());
+    const int64_t ctx = config.max_context_tokens;
+    const int64_t want = job.params.max_tokens.value_or(ctx - prompt);
+    if (prompt + want > ctx || want < 1) {
+      throw ApiError{400,
+                     absl::StrCat("This model's maximum context length is ", ctx,
+                                  " tokens. However, you requested ", prompt + std::max<int64_t>(want, 0),
+                                  " tokens (", prompt, " in the prompt, ", std::max<int64_t>(want, 0),
+                                  " for the completion)."),
+                     "invalid_request_error", param, "context_length_exceeded", 0};
+    }
+    job.params.sampling.max_tokens = static_cast<int32_t>(want);
+  }
+
+  std::vector<int32_t> ChatPrompt(const Json& body, ThinkingMode* mode) {
+    const Json* messages = Field(body, "messages");
+    if (!messages) throw Invalid("messages", "messages: required");
+    if (!messages->is_array() || messages->empty()) {
+      throw Invalid("messages", "messages: expected a non-empty array");
+    }
+    Json msgs = *messages;
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      if (!msgs[i].is_object()) {
+        throw Invalid("messages", absl::StrCat("messages[", i, "]: expected an object"));
+      }
+    }
+    // Request-level tools / response_format go on the system message (prepended if missing).
+    const Json* tools = Field(body, "tools");
+    if (tools && !tools->is_array()) throw Invalid("tools", "tools: expected an array");
+    const Json* rf = Field(body, "response_format");
+    if (rf && !rf->is_object()) {
+      throw Invalid("response_format", "response_format: expected an object");
+    }
+    if (const Json* tc = Field(body, "tool_choice"); tc && !tc->is_string() && !tc->is_object()) {
+      throw Invalid("tool_choice", "tool_choice: expected a string or an object");
+    }
+    const bool text_format = rf && rf->value("type", Json("text")) == "text";
+    if ((tools && !tools->empty()) || (rf && !text_format)) {
+      if (msgs[0].value("role", Json("")) != "system") {
+        Json sys = Json::object();
+        sys["role"] = "system";
+        sys["content"] = "";
+        msgs.insert(msgs.begin(), std::move(sys));
+      }
+      if (tools && !tools->empty()) msgs[0]["tools"] = *tools;
+      if (rf && !text_format) msgs[0]["response_format"] = *rf;
+    }
+    chat::EncodeOptions opts;
+    ParseThinking(body, &opts);
+    *mode = opts.mode;
+    auto prompt = chat::EncodeMessages(msgs, opts);
+    if (!prompt.ok()) throw Invalid("messages", std::string(prompt.status().message()));
+    return Encode(*prompt, "messages");
+  }
+
+  void HandleChat(const httplib::Request& req, httplib::Response& res) {
+    Json body = ParseBody(req);
+    CheckModel(body);
+    Job job;
+    job.kind = Kind::kChat;
+    job.params = ParseGenerationParams(body, /*chat=*/true);
+    job.prompt = ChatPrompt(body, &job.mode);
+    job.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
+    FitContext(job, "messages");
+    Run(std::move(job), res);
+  }
+
+  void HandleCompletion(const httplib::Request& req, httplib::Response& res) {
+    Json body = ParseBody(req);
+    CheckModel(body);
+    Job job;
+    job.kind = Kind::kCompletion;
+    job.params = ParseGenerationParams(body, /*chat=*/false);
+    const Json* prompt = Field(body, "prompt");
+    if (!prompt) throw Invalid("prompt", "prompt: required");
+    if (prompt->is_string()) {
+      job.prompt = Encode(prompt->get<std::string>(), "prompt");
+    } else if (prompt->is_array() && !prompt->empty()) {
+      for (const auto& id : *prompt) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= tokenizer->vocab_size()) {
+          throw Invalid("prompt", "prompt: expected a string or an array of token ids");
+        }
+        job.prompt.push_back(id.get<int32_t>());
+      }
+    } else {
+      throw Invalid("prompt", "prompt: expected a string or an array of token ids");
+    }
+    if (job.prompt.empty()) throw Invalid("prompt", "prompt: must not be empty");
+    job.id = absl::StrCat("cmpl-", next_id.fetch_add(1));
+    FitContext(job, "prompt");
+    Run(std::move(job), res);
+  }
+
+  std::shared_ptr<GenerationStream> Submit(const Job& job,
+                                           std::shared_ptr<CancellationToken> cancel) {
+    GenerationRequest gr;
+    gr.request_id = job.id;
+    gr.prompt = job.prompt;
+    gr.sampling = job.params.sampling;
+    gr.cancel = std::move(cancel);
+    SubmitOutcome out = engine->Submit(std::move(gr));
+    switch (out.status) {
+      case SubmitStatus::kAccepted:
+        if (out.stream) return out.stream;
+        break;
+      case SubmitStatus::kOverloaded:
+        throw ApiError{503, "The server is overloaded; retry later", "server_error", "",
+                       "overloaded", std::max(1, out.retry_after_s)};
+      case SubmitStatus::kNotReady:
+        throw ApiError{503, "The model is not ready yet; retry later", "server_error", "",
+                       "not_ready", std::max(1, out.retry_after_s)};
+    }
+    throw ApiError{500, "engine returned no stream", "server_error", "", "", 0};
+  }
+
+  void Run(Job job, httplib::Response& res) {
+    auto cancel = std::make_shared<CancellationToken>();
+    auto stream = Submit(job, cancel);
+    if (job.params.stream) {
+      Stream(std::move(job), std::move(stream), std::move(cancel), res);
+      return;
+    }
+    std::vector<int32_t> out;
+    FinishReason finish = FinishReason::kNone;
+    std::string error;
+    while (finish == FinishReason::kNone) {
+      auto ev = stream->Next(kPollInterval);
+      if (!ev) continue;
+      out.insert(out.end(), ev->tokens.begin(), ev->tokens.end());
+      finish = ev->finish;
+      error = ev->error;
+    }
+    if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
+      throw ApiError{500, absl::StrCat("generation failed: ", error.empty() ? "cancelled" : error),
+                     "server_error", "", "", 0};
+    }
+    auto text = tokenizer->Decode(out);
+    if (!text.ok()) throw ApiError{500, std::string(text.status().message()), "server_error", "", "", 0};
+    Json resp = Json::object();
+    resp["id"] = job.id;
+    resp["object"] = job.kind == Kind::kChat ? "chat.completion" : "text_completion";
+    resp["created"] = NowSeconds();
+    resp["model"] = config.model_name;
+    Json choice = Json::object();
+    choice["index"] = 0;
+    std::string reason = FinishReasonName(finish);
+    if (job.kind == Kind::kChat) {
+      chat::ParsedCompletion parsed = chat::ParseCompletion(*text, job.mode);
+      Json msg = Json::object();
+      msg["role"] = "assistant";
+      msg["content"] = parsed.content.empty() && !parsed.tool_calls.empty()
+                           ? Json(nullptr)
+                           : Json(parsed.content);
+      if (job.mode == ThinkingMode::kThinking) msg["reasoning_content"] = parsed.reasoning_content;
+      if (!parsed.tool_calls.empty()) {
+        Json calls = Json::array();
+        for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
+          calls.push_back(ToolCallJson(parsed.tool_calls[i], absl::StrCat("call_", job.id, "_", i),
+                                       i, /*with_index=*/false));
+        }
+        msg["tool_calls"] = std::move(calls);
+        if (finish != FinishReason::kLength) reason = "tool_calls";
+      }
+      choice["message"] = std::move(msg);
+    } else {
+      choice["text"] = *text;
+      choice["logprobs"] = nullptr;
+    }
+    choice["finish_reason"] = reason;
+    resp["choices"] = Json::array({std::move(choice)});
+    resp["usage"] = UsageJson(job.prompt.size(), out.size());
+    SendJson(res, resp);
+  }
+
+  // Per-stream state shared by httplib's content provider and releaser.
+  struct StreamState {
+    Job job;
+    std::shared_ptr<GenerationStream> stream;
+    std::shared_ptr<CancellationToken> cancel;
+    std::unique_ptr<StreamDecoder> decoder;
+    std::unique_ptr<chat::CompletionStreamParser> parser;
+    size_t completion_tokens = 0;
+    size_t tool_calls = 0;
+    bool started = false;
+    bool finished = false;
+    int64_t created = 0;
+  };
+
+  Json ChunkBase(const StreamState& st) const {
+    Json c = Json::object();
+    c["id"] = st.job.id;
+    c["object"] = st.job.kind == Kind::kChat ? "chat.completion.chunk" : "text_completion";
+    c["created"] = st.created;
+    c["model"] = config.model_name;
+    return c;
+  }
+
+  static bool WriteEvent(httplib::DataSink& sink, const std::string& data) {
+    std::string line = absl::StrCat("data: ", data, "\n\n");
+    return sink.write(line.data(), line.size());
+  }
+
+  // One chunk carrying `delta` (chat) or `text` (completions); finish_reason null or given.
+  bool WriteDelta(StreamState& st, httplib::DataSink& sink, const chat::CompletionDelta& d,
+                  const std::string& text, const char* finish) {
+    Json c = ChunkBase(st);
+    Json choice = Json::object();
+    choice["index"] = 0;
+    if (st.job.kind == Kind::kChat) {
+      Json delta = Json::object();
+      if (!st.started) delta["role"] = "assistant";
+      if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
+      if (!d.content.empty() || !st.started) delta["content"] = d.content;
+      if (!d.tool_calls.empty()) {
+        Json calls = Json::array();
+        for (const auto& call : d.tool_calls) {
+          const size_t i = st.tool_calls++;
+          calls.push_back(ToolCallJson(call, absl::StrCat("call_", st.job.id, "_", i), i,
+                                       /*with_index=*/true));
+        }
+        delta["tool_calls"] = std::move(calls);
+      }
+      choice["delta"] = std::move(delta);
+    } else {
+      choice["text"] = text;
+      choice["logprobs"] = nullptr;
+    }
+    choice["finish_reason"] = finish ? Json(finish) : Json(nullptr);
+    c["choices"] = Json::array({std::move(choice)});
+    st.started = true;
+    return WriteEvent(sink, Dump(c));
+  }
+
+  // Decoded text -> one delta chunk (nothing written when it carries nothing).
+  bool EmitText(StreamState& st, httplib::DataSink& sink, const std::string& text, bool final) {
+    if (st.job.kind == Kind::kCompletion) {
+      if (text.empty()) return true;
+      return WriteDelta(st, sink, {}, text, nullptr);
+    }
+    chat::CompletionDelta d = st.parser->Feed(text);
+    if (final) {
+      chat::CompletionDelta rest = st.parser->Finish();
+      d.reasoning_content += rest.reasoning_content;
+      d.content += rest.content;
+      for (auto& call : rest.tool_calls) d.tool_calls.push_back(std::move(call));
+    }
+    if (d.empty()) return true;
+    return WriteDelta(st, sink, d, "", nullptr);
+  }
+
+  // Called repeatedly by httplib until it returns false or calls sink.done().
+  bool Provide(StreamState& st, httplib::DataSink& sink) {
+    if (!st.started && st.job.kind == Kind::kChat) {
+      if (!WriteDelta(st, sink, {}, "", nullptr)) return false;  // the role chunk
+    }
+    auto ev = st.stream->Next(kPollInterval);
+    if (!ev) return !st.cancel->cancelled();
+    std::string text;
+    for (int32_t id : ev->tokens) {
+      auto piece = st.decoder->Add(id);
+      if (piece.ok()) text += *piece;
+    }
+    st.completion_tokens += ev->tokens.size();
+    if (ev->finish == FinishReason::kNone) return EmitText(st, sink, text, /*final=*/false);
+
+    text += st.decoder->Flush();
+    if (!EmitText(st, sink, text, /*final=*/true)) return false;
+    st.finished = true;
+    if (ev->finish == FinishReason::kError || ev->finish == FinishReason::kCancelled) {
+      ApiError e{500, absl::StrCat("generation failed: ",
+                                   ev->error.empty() ? "cancelled" : ev->error),
+                 "server_error", "", "", 0};
+      if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
+    } else {
+      std::string reason = FinishReasonName(ev->finish);
+      if (st.tool_calls > 0 && ev->finish != FinishReason::kLength) reason = "tool_calls";
+      if (!WriteDelta(st, sink, {}, "", reason.c_str())) return false;
+      if (st.job.params.include_usage) {
+        Json c = ChunkBase(st);
+        c["choices"] = Json::array();
+        c["usage"] = UsageJson(st.job.prompt.size(), st.completion_tokens);
+        if (!WriteEvent(sink, Dump(c))) return false;
+      }
+    }
+    if (!WriteEvent(sink, "[DONE]")) return false;
+    sink.done();
+    return true;
+  }
+
+  void Stream(Job job, std::shared_ptr<GenerationStream> stream,
+              std::shared_ptr<CancellationToken> cancel, httplib::Response& res) {
+    auto st = std::make_shared<StreamState>();
+    st->job = std::move(job);
+    st->stream = std::move(stream);
+    st->cancel = std::move(cancel);
+    st->decoder = std::make_unique<StreamDecoder>(*tokenizer);
+    st->parser = std::make_unique<chat::CompletionStreamParser>(st->job.mode);
+    st->created = NowSeconds();
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st](size_t, httplib::DataSink& sink) {
+          try {
+            if (Provide(*st, sink)) return true;
+          } catch (const std::exception&) {
+          }
+          st->cancel->Cancel();  // the client went away (or rendering failed): stop generating
+          return false;
+        },
+        [st](bool success) {
+          if (!st->finished) st->cancel->Cancel();
+        });
+  }
+
+  void HandleTokenize(const httplib::Request& req, httplib::Response& res) {
+    Json body = ParseBody(req);
+    if (const Json* m = Field(body, "model"); m) CheckModel(body);
+    std::vector<int32_t> ids;
+    if (Field(body, "messages")) {
+      ThinkingMode mode;
+      ids = ChatPrompt(body, &mode);
+    } else {
+      std::optional<std::string> text = GetString(body, "text");
+      if (!text) text = GetString(body, "prompt");
+      if (!text) throw Invalid("text", "text: required (a string), or messages");
+      ids = Encode(*text, "text");
+    }
+    Json resp = Json::object();
+    resp["ids"] = ids;
+    resp["count"] = ids.size();
+    resp["max_model_len"] = config.max_context_tokens;
+    SendJson(res, resp);
+  }
+
+  void HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
+    Json body = ParseBody(req);
+    const char* key = Field(body, "ids") ? "ids" : "tokens";
+    const Json* ids = Field(body, key);
+    if (!ids) throw Invalid("ids", "ids: required (an array of token ids)");
+    if (!ids->is_array()) throw Invalid(key, absl::StrCat(key, ": expected an array"));
+    std::vector<int32_t> v;
+    for (size_t i = 0; i < ids->size(); ++i) {
+      const Json& id = (*ids)[i];
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= tokenizer->vocab_size()) {
+        throw Invalid(key, absl::StrCat(key, "[", i, "]: not a token id"));
+      }
+      v.push_back(id.get<int32_t>());
+    }
+    auto text = tokenizer->Decode(v);
+    if (!text.ok()) throw Invalid(key, std::string(text.status().message()));
+    Json resp = Json::object();
+    resp["text"] = *text;
+    SendJson(res, resp);
+  }
+
+  void HandleModels(const httplib::Request&, httplib::Response& res) {
+    Json m = Json::object();
+    m["id"] = config.model_name;
+    m["object"] = "model";
+    m["created"] = 0;
+    m["owned_by"] = "splitserve";
+    m["max_model_len"] = config.max_context_tokens;
+    Json resp = Json::object();
+    resp["object"] = "list";
+    resp["data"] = Json::array({std::move(m)});
+    SendJson(res, resp);
+  }
+
+  bool Authorized(const httplib::Request& req) const {
+    if (config.api_keys.empty()) return true;
+    const std::string auth = req.get_header_value("Authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth.size() <= kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) {
+      return false;
+    }
+    const std::string key = auth.substr(kBearer.size());
+    for (const auto& k : config.api_keys) {
+      if (k == key) return true;
+    }
+    return false;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+
+OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
+                           GenerationEngine& engine)
+    : impl_(std::make_unique<Impl>()), server_(std::make_unique<httplib::Server>()) {
+  impl_->config = std::move(config);
+  impl_->tokenizer = &tokenizer;
+  impl_->engine = &engine;
+  Impl* impl = impl_.get();
+  httplib::Server& s = *server_;
+  s.set_payload_max_length(impl->config.max_body_bytes);
+  s.set_pre_routing_handler([impl](const httplib::Request& req, httplib::Response& res) {
+    if (req.path == "/health" || req.path == "/ready" || impl->Authorized(req)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    SendError(res, ApiError{401, "Incorrect API key provided", "invalid_request_error", "",
+                            "invalid_api_key", 0});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Statuses httplib sets itself (404 route, 413 body, 400 unparsable request) get a body too.
+  s.set_error_handler(httplib::Server::HandlerWithResponse(
+      [](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e{res.status, "", "invalid_request_error", "", "", 0};
+    if (res.status == 404) {
+      e.message = absl::StrCat("no route ", req.method, " ", req.path);
+    } else if (res.status == 413) {
+      e.message = "request body too large";
+    } else {
+      e.message = absl::StrCat("HTTP ", res.status);
+      if (res.status >= 500) e.type = "server_error";
+    }
+    res.set_content(Dump(ErrorBody(e)), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    SendError(res, ApiError{500, "internal error", "server_error", "", "", 0});
+  });
+  auto route = [impl](void (Impl::*fn)(const httplib::Request&, httplib::Response&)) {
+    return [impl, fn](const httplib::Request& req, httplib::Response& res) {
+      impl->Guard(req, res, [&](const httplib::Request& q, httplib::Response& r) {
+        (impl->*fn)(q, r);
+      });
+    };
+  };
+  s.Post("/v1/chat/completions", route(&Impl::HandleChat));
+  s.Post("/v1/completions", route(&Impl::HandleCompletion));
+  s.Post("/tokenize", route(&Impl::HandleTokenize));
+  s.Post("/detokenize", route(&Impl::HandleDetokenize));
+  s.Get("/v1/models", route(&Impl::HandleModels));
+  s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  s.Get("/ready", [impl](const httplib::Request&, httplib::Response& res) {
+    if (impl->engine->Ready()) {
+      res.set_content("{\"status\":\"ready\"}", "application/json");
+    } else {
+      SendError(res, ApiError{503, "not ready", "server_error", "", "not_ready", 1});
+    }
+  });
+}
+
+OpenAiServer::~OpenAiServer() { Stop(); }
+
+absl::StatusOr<int> OpenAiServer::Start(const std::string& host, int port) {
+  if (thread_.joinable()) return absl::FailedPreconditionError("server already started");
+  int bound = port;
+  if (port == 0) {
+    bound = server_->bind_to_any_port(host);
+    if (bound <= 0) return absl::UnavailableError(absl::StrCat("cannot bind ", host, ":0"));
+  } else if (!server_->bind_to_port(host, port)) {
+    return absl::UnavailableError(absl::StrCat("cannot bind ", host, ":", port));
+  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return bound;
+}
+
+void OpenAiServer::Stop() {
+  if (!thread_.joinable()) return;
+  server_->stop();
+  thread_.join();
+}
+
+}  // namespace ss

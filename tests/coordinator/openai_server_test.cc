@@ -1,0 +1,403 @@
+// The OpenAI gateway end to end on loopback: FakeEngine scripted with ids of real DeepSeek-V4
+// text, httplib::Client as the client.
+#include "coordinator/openai_server.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coordinator/fake_engine.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace ss {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+class OpenAiServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::signal(SIGPIPE, SIG_IGN);
+    auto tok = Tokenizer::Load(SS_TOKENIZER_JSON);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = tok->release();
+  }
+  static void TearDownTestSuite() { delete tokenizer_; }
+
+  void Start(GatewayConfig config = {}) {
+    config.max_context_tokens = 4096;
+    config.max_body_bytes = 1 << 20;
+    engine_ = std::make_unique<FakeEngine>(FakeEngine::Options{});
+    server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
+    auto port = server_->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+    client_->set_read_timeout(10, 0);
+  }
+  void SetUp() override { Start(); }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+    engine_.reset();
+  }
+
+  std::vector<int32_t> Ids(const std::string& text) {
+    auto ids = tokenizer_->Encode(text);
+    EXPECT_TRUE(ids.ok());
+    return *ids;
+  }
+
+  httplib::Result Post(const std::string& path, const std::string& body,
+                       const httplib::Headers& headers = {}) {
+    return client_->Post(path.c_str(), headers, body, "application/json");
+  }
+
+  static Json ChatBody(bool stream, bool thinking) {
+    Json b = Json::object();
+    b["model"] = "deepseek-v4";
+    b["messages"] = Json::array({Json{{"role", "user"}, {"content", "What is 2+2?"}}});
+    b["chat_template_kwargs"] = Json{{"thinking", thinking}};
+    b["stream"] = stream;
+    return b;
+  }
+
+  // Parses an SSE body: every event's data; checks the framing.
+  static std::vector<std::string> Events(const std::string& body) {
+    std::vector<std::string> out;
+    size_t pos = 0;
+    while (pos < body.size()) {
+      size_t end = body.find("\n\n", pos);
+      EXPECT_NE(end, std::string::npos) << "unterminated event";
+      if (end == std::string::npos) break;
+      std::string ev = body.substr(pos, end - pos);
+      EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+      out.push_back(ev.substr(6));
+      pos = end + 2;
+    }
+    return out;
+  }
+
+  static void ExpectError(const httplib::Result& r, int status, const std::string& param = "") {
+    ASSERT_TRUE(r) << "no response";
+    EXPECT_EQ(r->status, status) << r->body;
+    Json j = Json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    const Json& e = j["error"];
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e["type"].is_string());
+    EXPECT_TRUE(e.contains("param"));
+    EXPECT_TRUE(e.contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(e["param"], param) << r->body;
+    }
+  }
+
+  static inline Tokenizer* tokenizer_ = nullptr;
+  std::unique_ptr<FakeEngine> engine_;
+  std::unique_ptr<OpenAiServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(OpenAiServerTest, ModelsHealthReady) {
+  auto r = client_->Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["data"][0]["id"], "deepseek-v4");
+  r = client_->Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = client_->Get("/ready");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  engine_->set_ready(false);
+  ExpectError(client_->Get("/ready"), 503);
+  ExpectError(Post("/v1/chat/completions", ChatBody(false, false).dump()), 503);
+}
+
+TEST_F(OpenAiServerTest, NonStreamingChatParsesReasoning) {
+  const std::vector<int32_t> script = Ids("Adding two and two.</think>The answer is 4.");
+  engine_->set_script(script);
+  Json body = ChatBody(false, true);
+  body["temperature"] = 0.5;
+  body["top_k"] = 20;
+  body["seed"] = 7;
+  body["max_tokens"] = 100;
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  const Json& msg = j["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "The answer is 4.");
+  EXPECT_EQ(msg["reasoning_content"], "Adding two and two.");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  const GenerationRequest req = engine_->last_request();
+  EXPECT_EQ(j["usage"]["prompt_tokens"], req.prompt.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], script.size());
+  EXPECT_EQ(j["usage"]["total_tokens"], req.prompt.size() + script.size());
+  EXPECT_FLOAT_EQ(req.sampling.temperature, 0.5f);
+  EXPECT_EQ(req.sampling.top_k, 20);
+  EXPECT_EQ(req.sampling.max_tokens, 100);
+  ASSERT_TRUE(req.sampling.seed.has_value());
+  // The prompt is the thinking-mode encoding: it ends with <think>.
+  auto prompt_text = tokenizer_->Decode(req.prompt);
+  ASSERT_TRUE(prompt_text.ok());
+  EXPECT_TRUE(prompt_text->ends_with("<think>")) << *prompt_text;
+}
+
+TEST_F(OpenAiServerTest, LengthFinish) {
+  engine_->set_script(Ids("one two three four five six"));
+  Json body = ChatBody(false, false);
+  body["max_completion_tokens"] = 2;
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2);
+}
+
+const char* kToolText =
+    "Let me check.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+
+TEST_F(OpenAiServerTest, ToolCall) {
+  engine_->set_script(Ids(kToolText));
+  Json body = ChatBody(false, false);
+  body["tools"] = Json::array({Json::parse(
+      R"({"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}})")});
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  const Json& msg = j["choices"][0]["message"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(msg["content"], "Let me check.");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u) << r->body;
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  Json args = Json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>());
+  EXPECT_EQ(args, Json::parse(R"({"city":"Paris","days":3})"));
+  // The tools reached the prompt.
+  auto prompt_text = tokenizer_->Decode(engine_->last_request().prompt);
+  ASSERT_TRUE(prompt_text.ok());
+  EXPECT_NE(prompt_text->find("get_weather"), std::string::npos);
+}
+
+// Streams `body` and returns the concatenated deltas plus the parsed events.
+struct Streamed {
+  std::string reasoning, content;
+  Json tool_calls = Json::array();
+  std::string finish;
+  Json usage;
+  bool done = false;
+};
+
+Streamed Concat(const std::vector<std::string>& events) {
+  Streamed s;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i] == "[DONE]") {
+      EXPECT_EQ(i + 1, events.size()) << "[DONE] must be last";
+      s.done = true;
+      continue;
+    }
+    Json c = Json::parse(events[i], nullptr, false);
+    EXPECT_TRUE(c.is_object()) << events[i];
+    if (!c.is_object()) continue;
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    if (c.contains("usage")) s.usage = c["usage"];
+    for (const auto& ch : c["choices"]) {
+      const Json& d = ch["delta"];
+      if (d.contains("reasoning_content")) s.reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content")) s.content += d["content"].get<std::string>();
+      if (d.contains("tool_calls")) {
+        for (const auto& t : d["tool_calls"]) s.tool_calls.push_back(t);
+      }
+      if (!ch["finish_reason"].is_null()) s.finish = ch["finish_reason"];
+    }
+  }
+  return s;
+}
+
+TEST_F(OpenAiServerTest, StreamingEqualsNonStreaming) {
+  for (const std::string& text : {std::string("思考一下: 2+2.</think>答案是 4 🎉."),
+                                 std::string(kToolText)}) {
+    engine_->set_script(Ids(text));
+    const bool thinking = text.find("</think>") != std::string::npos;
+    auto r = Post("/v1/chat/completions", ChatBody(false, thinking).dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    Json whole = Json::parse(r->body);
+    Json body = ChatBody(true, thinking);
+    body["stream_options"] = Json{{"include_usage", true}};
+    auto rs = Post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(rs);
+    ASSERT_EQ(rs->status, 200);
+    EXPECT_NE(rs->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+    Streamed s = Concat(Events(rs->body));
+    const Json& msg = whole["choices"][0]["message"];
+    EXPECT_TRUE(s.done);
+    EXPECT_EQ(s.content, msg["content"].is_null() ? "" : msg["content"].get<std::string>());
+    EXPECT_EQ(s.reasoning, msg.value("reasoning_content", Json("")).get<std::string>());
+    EXPECT_EQ(s.finish, whole["choices"][0]["finish_reason"]);
+    EXPECT_EQ(s.usage, whole["usage"]);
+    ASSERT_EQ(s.tool_calls.size(), msg.value("tool_calls", Json::array()).size());
+    for (size_t i = 0; i < s.tool_calls.size(); ++i) {
+      EXPECT_EQ(s.tool_calls[i]["function"], msg["tool_calls"][i]["function"]);
+    }
+  }
+}
+
+TEST_F(OpenAiServerTest, StreamingWithoutUsage) {
+  engine_->set_script(Ids("hello"));
+  auto r = Post("/v1/chat/completions", ChatBody(true, false).dump());
+  ASSERT_TRUE(r);
+  Streamed s = Concat(Events(r->body));
+  EXPECT_TRUE(s.done);
+  EXPECT_TRUE(s.usage.is_null());
+  EXPECT_EQ(s.content, "hello");
+}
+
+TEST_F(OpenAiServerTest, CompletionsTokenizeDetokenize) {
+  engine_->set_script(Ids(" world!"));
+  auto r = Post("/v1/completions", R"({"model":"deepseek-v4","prompt":"Hello","max_tokens":8})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], " world!");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], Ids("Hello").size());
+
+  r = Post("/tokenize", R"({"text":"Hello world"})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  j = Json::parse(r->body);
+  Json ids = Json(Ids("Hello world"));
+  EXPECT_EQ(j["ids"], ids);
+  Json req = Json::object();
+  req["ids"] = ids;
+  r = Post("/detokenize", req.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["text"], "Hello world");
+  ExpectError(Post("/detokenize", R"({"ids":[-1]})"), 400, "ids");
+}
+
+TEST_F(OpenAiServerTest, Errors) {
+  engine_->set_script(Ids("ok"));
+  ExpectError(Post("/v1/chat/completions", "{not json"), 400);
+  ExpectError(Post("/v1/chat/completions", "[1,2]"), 400);
+  ExpectError(Post("/v1/chat/completions", "\xff\xfe"), 400);
+  auto with = [&](const char* key, Json value) {
+    Json b = ChatBody(false, false);
+    b[key] = std::move(value);
+    return Post("/v1/chat/completions", b.dump());
+  };
+  ExpectError(with("temperature", "hot"), 400, "temperature");
+  ExpectError(with("temperature", 9), 400, "temperature");
+  ExpectError(with("max_tokens", -5), 400, "max_tokens");
+  ExpectError(with("max_tokens", 1.5), 400, "max_tokens");
+  ExpectError(with("top_k", "x"), 400, "top_k");
+  ExpectError(with("stream", "yes"), 400, "stream");
+  ExpectError(with("messages", "hi"), 400, "messages");
+  ExpectError(with("messages", Json::array()), 400, "messages");
+  ExpectError(with("messages", Json::array({Json{{"role", "wizard"}, {"content", "x"}}})), 400,
+              "messages");
+  ExpectError(with("stop", 5), 400, "stop");
+  ExpectError(with("chat_template_kwargs", Json{{"thinking", "yes"}}), 400,
+              "chat_template_kwargs.thinking");
+  ExpectError(with("model", 42), 400, "model");
+  ExpectError(with("model", "gpt-4"), 404, "model");
+  // Too long: prompt + max_tokens > 4096.
+  ExpectError(with("max_tokens", 4096), 400, "messages");
+  Json big = ChatBody(false, false);
+  std::string words;
+  for (int i = 0; i < 3000; ++i) words += " hello";
+  big["messages"][0]["content"] = words;
+  big["max_tokens"] = 2000;  // ~3000 prompt tokens + 2000 > 4096
+  auto r = Post("/v1/chat/completions", big.dump());
+  ExpectError(r, 400, "messages");
+  EXPECT_EQ(Json::parse(r->body)["error"]["code"], "context_length_exceeded");
+  // Body over the limit.
+  std::string huge(2 << 20, 'a');
+  ExpectError(Post("/v1/chat/completions", huge), 413);
+  ExpectError(client_->Get("/v1/nothing"), 404);
+  // Overload -> 503 with Retry-After.
+  engine_->set_overloaded(true);
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump());
+  ExpectError(r, 503);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "2");
+  engine_->set_overloaded(false);
+  // Engine failure -> 500.
+  engine_->set_fail(true);
+  ExpectError(Post("/v1/chat/completions", ChatBody(false, false).dump()), 500);
+  engine_->set_fail(false);
+  // A valid request right after all that succeeds.
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST_F(OpenAiServerTest, ApiKeys) {
+  TearDown();
+  GatewayConfig config;
+  config.api_keys = {"sk-good"};
+  Start(config);
+  engine_->set_script(Ids("ok"));
+  auto r = Post("/v1/chat/completions", ChatBody(false, false).dump());
+  ExpectError(r, 401);
+  ExpectError(Post("/v1/chat/completions", ChatBody(false, false).dump(),
+                   {{"Authorization", "Bearer sk-bad"}}),
+              401);
+  ExpectError(client_->Get("/v1/models", {{"Authorization", "Bearer sk-bad"}}), 401);
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump(),
+           {{"Authorization", "Bearer sk-good"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  r = client_->Get("/health");  // liveness stays open
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST_F(OpenAiServerTest, DisconnectCancels) {
+  TearDown();
+  Start();
+  // A long script at 20 ms a token: the client reads the first chunk and hangs up.
+  std::vector<int32_t> script;
+  for (int i = 0; i < 500; ++i) script.push_back(Ids(" tick")[0]);
+  engine_ = nullptr;
+  server_.reset();
+  engine_ = std::make_unique<FakeEngine>(
+      FakeEngine::Options{script, false, std::chrono::milliseconds(20)});
+  GatewayConfig config;
+  config.max_context_tokens = 4096;
+  server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
+  auto port = server_->Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+  int chunks = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = ChatBody(true, false).dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  auto r = client_->send(req);
+  EXPECT_FALSE(r);  // cancelled by the receiver
+  client_->stop();
+  client_.reset();
+  for (int i = 0; i < 200 && engine_->cancelled_count() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(engine_->cancelled_count(), 1);
+}
+
+}  // namespace
+}  // namespace ss
