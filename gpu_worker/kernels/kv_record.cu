@@ -1,6 +1,7 @@
 #include "common/kv_record.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/kv_record.h"
+#include "gpu_worker/kernels/sparse_attention_impl.cuh"
 
 namespace ss::cuda {
 namespace {
@@ -48,13 +49,14 @@ __device__ __forceinline__ float DecodeDim(const uint8_t* __restrict__ rec, int 
   return Bf16ToF32(reinterpret_cast<const uint16_t*>(rec + kKvRopeOffset)[k - kKvNopeDim]);
 }
 
-// ---- attention: the structure of SparseAttentionKernelImpl (sparse_attention.cu) with d = 512
-// and every pool read replaced by DecodeDim; the arithmetic and its order are the same. ----
-constexpr int kChunk = 64;
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kPer = kKvDim / kThreads;
-static_assert(kKvDim % kThreads == 0);
+// Pool entries stored as records: dims decoded in registers.
+struct RecordPool {
+  const uint8_t* __restrict__ p;
+  __device__ __forceinline__ float At(int32_t idx, int64_t k) const {
+    return DecodeDim(p + static_cast<int64_t>(idx) * static_cast<int64_t>(kKvRecordBytes),
+                     static_cast<int>(k));
+  }
+};
 
 __global__ void SparseAttentionFp8KvKernelImpl(const uint16_t* __restrict__ q,
                                                const uint8_t* __restrict__ pool,
@@ -62,74 +64,7 @@ __global__ void SparseAttentionFp8KvKernelImpl(const uint16_t* __restrict__ q,
                                                const float* __restrict__ sink, int64_t n_heads,
                                                int64_t n_cand, float scale,
                                                uint16_t* __restrict__ out) {
-  constexpr int64_t d = kKvDim;
-  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-  const uint16_t* qh = q + (t * n_heads + h) * d;
-  const int32_t* ct = cand + t * n_cand;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float s[kChunk];
-  __shared__ float p_bf16[kChunk];
-  __shared__ float stats[2];  // running max, alpha of this chunk
-
-  float acc[kPer];
-  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-
-  for (int64_t c0 = 0; c0 < n_cand; c0 += kChunk) {
-    const int nc = static_cast<int>(n_cand - c0 < kChunk ? n_cand - c0 : kChunk);
-    for (int i = warp; i < nc; i += kWarps) {
-      const int32_t idx = ct[c0 + i];
-      float dot = 0.0f;
-      if (idx >= 0) {
-        const uint8_t* rec = pool + static_cast<int64_t>(idx) * static_cast<int64_t>(kKvRecordBytes);
-        for (int k = lane; k < d; k += 32) {
-          dot = __fadd_rn(dot, __fmul_rn(Bf16ToF32(qh[k]), DecodeDim(rec, k)));
-        }
-        for (int o = 16; o > 0; o >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
-      }
-      if (lane == 0) s[i] = idx >= 0 ? __fmul_rn(dot, scale) : -INFINITY;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float cmax = m;
-      for (int i = 0; i < nc; ++i) cmax = fmaxf(cmax, s[i]);
-      const float alpha = expf(__fsub_rn(m, cmax));
-      float psum = 0.0f;
-      for (int i = 0; i < nc; ++i) {
-        const float p = expf(__fsub_rn(s[i], cmax));
-        psum = __fadd_rn(psum, p);
-        p_bf16[i] = ct[c0 + i] >= 0 ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
-      }
-      l = __fadd_rn(__fmul_rn(l, alpha), psum);
-      m = cmax;
-      stats[0] = m;
-      stats[1] = alpha;
-    }
-    __syncthreads();
-    const float alpha = stats[1];
-    for (int j = 0; j < kPer; ++j) {
-      const int k = threadIdx.x + j * kThreads;
-      float pv = 0.0f;
-      for (int i = 0; i < nc; ++i) {
-        const int32_t idx = ct[c0 + i];
-        if (idx >= 0) {
-          const uint8_t* rec =
-              pool + static_cast<int64_t>(idx) * static_cast<int64_t>(kKvRecordBytes);
-          pv = __fadd_rn(pv, __fmul_rn(p_bf16[i], DecodeDim(rec, k)));
-        }
-      }
-      acc[j] = __fadd_rn(__fmul_rn(acc[j], alpha), pv);
-    }
-    __syncthreads();
-  }
-  __shared__ float denom;
-  if (threadIdx.x == 0) denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
-  __syncthreads();
-  uint16_t* oh = out + (t * n_heads + h) * d;
-  for (int j = 0; j < kPer; ++j) {
-    const int k = threadIdx.x + j * kThreads;
-    oh[k] = F32ToBf16(__fdiv_rn(acc[j], denom));
-  }
+  SparseAttendBlock(q, RecordPool{pool}, cand, sink, n_heads, kKvDim, n_cand, scale, out);
 }
 
 }  // namespace
@@ -148,7 +83,7 @@ cudaError_t SparseAttentionFp8Kv(const uint16_t* q, const uint8_t* pool, const i
                                  float scale, uint16_t* out, cudaStream_t stream) {
   if (T == 0 || n_heads == 0) return cudaSuccess;
   if (T < 0 || n_heads < 0 || n_cand < 1 || T * n_heads > 0x7fffffff) return cudaErrorInvalidValue;
-  SparseAttentionFp8KvKernelImpl<<<static_cast<unsigned>(T * n_heads), kThreads, 0, stream>>>(
+  SparseAttentionFp8KvKernelImpl<<<static_cast<unsigned>(T * n_heads), kSparseThreads, 0, stream>>>(
       q, pool, cand, sink, n_heads, n_cand, scale, out);
   return cudaGetLastError();
 }
