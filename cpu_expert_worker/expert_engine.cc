@@ -51,6 +51,16 @@ absl::StatusOr<std::unique_ptr<ExpertEngine>> ExpertEngine::Create(
   e->partial_capacity_ = std::max(o.partial_rows, max_entries);
   ASSIGN_OR_RETURN(e->partial_, AllocateNodeMemory(
                                     o.topology, e->partial_capacity_ * dim * sizeof(float), node));
+  const size_t xq_bytes = AlignUp(o.max_tokens * dim * sizeof(float));
+  ASSIGN_OR_RETURN(e->act_, AllocateNodeMemory(o.topology,
+                                               xq_bytes + o.max_tokens * (dim / kActBlock) *
+                                                              sizeof(float),
+                                               node));
+  e->xq_ = reinterpret_cast<float*>(e->act_.data());
+  e->xs_ = reinterpret_cast<float*>(e->act_.data() + xq_bytes);
+  if (reinterpret_cast<uintptr_t>(e->xq_) % kAlign != 0) {
+    return absl::InternalError("expert engine: activation buffer is not 64-byte aligned");
+  }
   e->expert_count_.resize(E);
   e->expert_offset_.resize(E + 1);
   e->expert_cursor_.resize(E);
@@ -69,7 +79,7 @@ absl::StatusOr<std::unique_ptr<ExpertEngine>> ExpertEngine::Create(
   probe.inter_slice = store.inter_slice();
   probe.num_experts = 1;
   const size_t ws_bytes = ExpertWorkspaceBytes(probe);
-  const size_t x_bytes = AlignUp(kRowBatch * dim * sizeof(uint16_t));
+  const size_t x_bytes = AlignUp(2 * kRowBatch * sizeof(const float*));
   const size_t ids_bytes = AlignUp(kRowBatch * sizeof(int32_t));
   const size_t w_bytes = AlignUp(kRowBatch * sizeof(float));
   e->scratch_.resize(pool.size());
@@ -87,7 +97,8 @@ absl::StatusOr<std::unique_ptr<ExpertEngine>> ExpertEngine::Create(
     uint8_t* p = s.memory.data();
     s.workspace = p;
     s.workspace_bytes = ws_bytes;
-    s.x = reinterpret_cast<uint16_t*>(p + AlignUp(ws_bytes));
+    s.xq_rows = reinterpret_cast<const float**>(p + AlignUp(ws_bytes));
+    s.xs_rows = s.xq_rows + kRowBatch;
     s.ids = reinterpret_cast<int32_t*>(p + AlignUp(ws_bytes) + x_bytes);
     s.weights = reinterpret_cast<float*>(p + AlignUp(ws_bytes) + x_bytes + ids_bytes);
   }));
@@ -194,12 +205,13 @@ void ExpertEngine::Plan(int64_t T, const int32_t* ids, const float* weights, int
   last_splits_ = s;
 }
 
-void ExpertEngine::RunUnit(const Unit& u, const ExpertSliceView* views, const uint16_t* x,
-                           int worker) {
+void ExpertEngine::RunUnit(const Unit& u, const ExpertSliceView* views, int worker) {
   WorkerScratch& s = scratch_[worker];
-  const int64_t dim = store_.dim();
+  const int64_t dim = store_.dim(), nb = dim / kActBlock;
   for (int32_t i = 0; i < u.rows; ++i) {
-    std::memcpy(s.x + i * dim, x + entry_token_[u.entry_begin + i] * dim, dim * sizeof(uint16_t));
+    const int64_t t = entry_token_[u.entry_begin + i];
+    s.xq_rows[i] = xq_ + t * dim;
+    s.xs_rows[i] = xs_ + t * nb;
     s.weights[i] = entry_weight_[u.entry_begin + i];
   }
   const ExpertSliceView& v = views[u.expert];
@@ -216,7 +228,9 @@ void ExpertEngine::RunUnit(const Unit& u, const ExpertSliceView* views, const ui
   call.dim = dim;
   call.top_k = 1;
   call.inter_slice = u.col_end - u.col_begin;
-  call.x = s.x;
+  call.x = nullptr;  // pre-quantised: the call's shared rows
+  call.xq_rows = s.xq_rows;
+  call.xs_rows = s.xs_rows;
   call.expert_ids = s.ids;
   call.expert_weights = s.weights;
   call.experts = &sub;
@@ -235,8 +249,13 @@ absl::Status ExpertEngine::Compute(int layer, int64_t T, const uint16_t* x_bf16,
   const ExpertSliceView* views = store_.layer_views(layer);
   Plan(T, ids, weights, top_k);
 
+  const int64_t dim = store_.dim(), nb = dim / kActBlock;
+  // Quantise each token row once; every unit of this call shares it.
+  RETURN_IF_ERROR(pool_.ParallelFor(T, [&](int64_t t, int) {
+    kernel_->quantize_row(x_bf16 + t * dim, dim, xq_ + t * dim, xs_ + t * nb);
+  }));
   RETURN_IF_ERROR(pool_.ParallelFor(
-      num_units_, [&](int64_t u, int worker) { RunUnit(units_[u], views, x_bf16, worker); }));
+      num_units_, [&](int64_t u, int worker) { RunUnit(units_[u], views, worker); }));
   absl::Status failed;
   for (WorkerScratch& s : scratch_) {
     if (failed.ok() && !s.status.ok()) failed = s.status;
@@ -247,7 +266,7 @@ absl::Status ExpertEngine::Compute(int layer, int64_t T, const uint16_t* x_bf16,
         absl::StrCat("expert kernel failed on a validated request: ", failed.message()));
   }
 
-  const int64_t dim = store_.dim(), blocks = CeilDiv(dim, kReduceCols);
+  const int64_t blocks = CeilDiv(dim, kReduceCols);
   const float* partial = reinterpret_cast<const float*>(partial_.data());
   return pool_.ParallelFor(T * blocks, [&](int64_t task, int) {
     const int64_t t = task / blocks, d0 = task % blocks * kReduceCols;

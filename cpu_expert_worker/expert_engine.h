@@ -16,13 +16,11 @@
 // memory:
 //   P = Σ_e ceil(rows_e / 64),  C = inter_slice / min_split_cols,
 //   s = max(1, min(C, ceil(split_target / P), partial_rows_capacity / (T·top_k), max_splits)).
-// The cost of splitting: every kernel call quantises its x rows to e4m3 again (dim values per
-// row, a cost per unit that does not shrink with the unit's width; ~35 us per 4096-wide row with
-// the current scalar quantiser), so narrow units trade that overhead for parallelism. Measured
-// at T = 1 on Flash-shaped experts (bench/RESULTS.md): one thread loses ~40% to 128-column
-// units, 16 threads gain ~30% from them; the defaults (128 columns, split_target 128: the
-// finest split at decode) are for a worker with a node's worth of cores. A kernel entry taking
-// pre-quantised activations would remove the overhead.
+// Each token row is quantised to e4m3 ONCE per call (ExpertKernel::quantize_row, in parallel
+// over tokens) and every unit's kernel call reads those shared rows (ExpertCall::xq_rows), so
+// narrow units no longer pay a per-unit re-quantisation of x (before: ~35 us per 4096-wide
+// row and unit with the scalar quantiser; bench/RESULTS.md). The result is bit-identical to
+// each unit quantising its own rows.
 // The units, their order and s depend only on the request and the options — never on the
 // thread count or on timing — so a call's output is bit-identical on 1 or N threads and from
 // run to run. With s = 1 (e.g. max_splits = 1) it is bit-identical to one kernel call over the
@@ -104,7 +102,8 @@ class ExpertEngine {
     NodeMemory memory;  // kernel workspace + gathered x rows + ids + weights
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
-    uint16_t* x = nullptr;     // [kRowBatch, dim]
+    const float** xq_rows = nullptr;  // [kRowBatch] into xq_
+    const float** xs_rows = nullptr;  // [kRowBatch] into xs_
     int32_t* ids = nullptr;    // [kRowBatch], all 0
     float* weights = nullptr;  // [kRowBatch]
     absl::Status status;       // first kernel error of the current call
@@ -115,7 +114,7 @@ class ExpertEngine {
   absl::Status Validate(int layer, int64_t T, const uint16_t* x, const int32_t* ids,
                         const float* weights, int top_k, const float* out) const;
   void Plan(int64_t T, const int32_t* ids, const float* weights, int top_k);
-  void RunUnit(const Unit& u, const ExpertSliceView* views, const uint16_t* x, int worker);
+  void RunUnit(const Unit& u, const ExpertSliceView* views, int worker);
 
   const ExpertStore& store_;
   ThreadPool& pool_;
@@ -125,6 +124,9 @@ class ExpertEngine {
 
   std::vector<WorkerScratch> scratch_;  // [pool size]
   NodeMemory partial_;                  // [partial_capacity_, dim] fp32
+  NodeMemory act_;                      // the call's quantised rows: xq_ then xs_
+  float* xq_ = nullptr;                 // [max_tokens, dim], the kernel's layout
+  float* xs_ = nullptr;                 // [max_tokens, dim / 128]
   int64_t partial_capacity_ = 0;
   // Plan of the current call (capacities fixed in Create).
   std::vector<int32_t> expert_count_, expert_offset_, expert_cursor_;  // [E (+1)]

@@ -7,6 +7,9 @@
 // through the engine (0 = load only); --shm_name NAME serves expert calls over a shared-memory
 // segment and --grpc_listen ADDR over gRPC (both may be given: both are served, with one engine
 // whose calls each transport serialises) until SIGTERM or SIGINT (which unlink the segment).
+// --metrics_listen HOST:PORT serves Prometheus metrics on GET /metrics (ARCHITECTURE.md):
+// splitserve:expert_worker_info{isa,slice,numa_node}, calls and errors per transport, per-layer
+// call latency, expert weight bytes streamed and the achieved GB/s over the last calls.
 //
 // Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
 #include <signal.h>
@@ -16,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -31,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bf16.h"
+#include "common/metrics/metrics.h"
 #include "common/model_config.h"
 #include "cpu_expert_worker/expert_engine.h"
 #include "cpu_expert_worker/transport/grpc_server.h"
@@ -55,6 +60,8 @@ ABSL_FLAG(int, threads, 0, "pool threads; 0 = every physical core of the node in
 ABSL_FLAG(std::string, isa, "auto", "expert kernels: auto (CPUID), scalar, avx2 or avx512");
 ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve expert calls on");
 ABSL_FLAG(std::string, grpc_listen, "", "gRPC address (host:port) to serve expert calls on");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "address (host:port) to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, max_tokens, 256, "largest number of tokens per call");
 ABSL_FLAG(int, spin_us, 200, "microseconds an idle pool thread spins before it sleeps");
 ABSL_FLAG(int64_t, split_target, 128,
@@ -196,15 +203,109 @@ void OnStopSignal(int) {
   if (grpc_transport::GrpcExpertServer* g = g_grpc_server.load()) g->RequestStop();
 }
 
+// The worker's Prometheus series; every engine call of every transport goes through Observe().
+class WorkerMetrics {
+ public:
+  WorkerMetrics(metrics::Metrics& m, const ExpertStore& store, const ExpertEngine& engine,
+                int numa_node)
+      : expert_slice_bytes_(store.expert_slice_bytes()),
+        weight_bytes_(m.Counter("expert_weight_bytes_total",
+                                "bytes of expert weight slices streamed by successful calls")),
+        gbps_(m.Gauge("expert_achieved_gbps", "GB/s of expert weight bytes over the last " +
+                                                  std::to_string(kWindow) +
+                                                  " successful calls (bytes / compute time)")),
+        used_(store.num_experts(), 0) {
+    m.Gauge("expert_worker_info", "the expert worker's kernel ISA, slice and NUMA node",
+            {{"isa", engine.isa_name()},
+             {"slice", absl::StrCat(store.slice_index(), "/", store.slice_count())},
+             {"numa_node", std::to_string(numa_node)}})
+        .Set(1);
+    for (const char* t : {"shm", "grpc"}) {
+      calls_[t] = &m.Counter("expert_calls_total", "expert calls handled", {{"transport", t}});
+      errors_[t] = &m.Counter("expert_call_errors_total", "expert calls that failed",
+                              {{"transport", t}});
+    }
+    for (const int layer : store.layers()) {
+      latency_[layer] = &m.Histogram("expert_call_seconds", "engine time per expert call",
+                                     {{"layer", std::to_string(layer)}});
+    }
+  }
+
+  // One engine call on `transport` (a key of calls_) that took `seconds`. Called with the engine
+  // mutex held, so the scratch and the window need no lock of their own.
+  void Observe(const std::string& transport, const shm::ExpertRequestView& r, double seconds,
+               bool ok) {
+    calls_.at(transport)->Increment();
+    if (auto it = latency_.find(r.layer); it != latency_.end()) it->second->Observe(seconds);
+    if (!ok) {
+      errors_.at(transport)->Increment();
+      return;
+    }
+    // Each distinct expert of the call streams its slice once.
+    int64_t distinct = 0;
+    const int64_t n = static_cast<int64_t>(r.tokens) * r.top_k;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t e = r.ids[i];
+      if (e >= 0 && e < static_cast<int32_t>(used_.size()) && !used_[e]) {
+        used_[e] = 1;
+        ++distinct;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t e = r.ids[i];
+      if (e >= 0 && e < static_cast<int32_t>(used_.size())) used_[e] = 0;
+    }
+    const double bytes = static_cast<double>(distinct * expert_slice_bytes_);
+    weight_bytes_.Increment(bytes);
+    Sample& old = window_[next_ % kWindow];
+    window_bytes_ += bytes - old.bytes;
+    window_seconds_ += seconds - old.seconds;
+    old = {bytes, seconds};
+    ++next_;
+    if (next_ % kWindow == 0) {  // re-sum now and then: no drift from the running sums
+      window_bytes_ = window_seconds_ = 0.0;
+      for (const Sample& s : window_) window_bytes_ += s.bytes, window_seconds_ += s.seconds;
+    }
+    gbps_.Set(window_seconds_ > 0 ? window_bytes_ / window_seconds_ / 1e9 : 0.0);
+  }
+
+ private:
+  static constexpr int kWindow = 64;
+  struct Sample {
+    double bytes = 0.0, seconds = 0.0;
+  };
+  const int64_t expert_slice_bytes_;
+  prometheus::Counter& weight_bytes_;
+  prometheus::Gauge& gbps_;
+  std::map<std::string, prometheus::Counter*> calls_, errors_;
+  std::map<int, prometheus::Histogram*> latency_;
+  std::vector<uint8_t> used_;
+  Sample window_[kWindow];
+  double window_bytes_ = 0.0, window_seconds_ = 0.0;
+  uint64_t next_ = 0;
+};
+
 // Serves expert calls on the shared-memory segment and/or gRPC until SIGTERM / SIGINT; the
 // segment is unlinked on the way out. The engine is not thread-safe across transports, so with
-// both, one mutex serialises every engine call.
-int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine) {
+// both, one mutex serialises every engine call. With `metrics`, each call is timed and counted.
+int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine,
+          WorkerMetrics* metrics) {
   absl::Mutex engine_mu;
-  const shm::ExpertHandler handler = [&engine, &engine_mu](const shm::ExpertRequestView& r,
-                                                           float* out) {
-    absl::MutexLock lock(&engine_mu);
-    return engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
+  const auto handler_for = [&engine, &engine_mu, metrics](std::string transport) {
+    return shm::ExpertHandler([&engine, &engine_mu, metrics, transport](
+                                  const shm::ExpertRequestView& r, float* out) {
+      absl::MutexLock lock(&engine_mu);
+      const auto t0 = std::chrono::steady_clock::now();
+      absl::Status st =
+          engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
+      if (metrics != nullptr) {
+        metrics->Observe(
+            transport, r,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            st.ok());
+      }
+      return st;
+    });
   };
   // Handlers first: a stop signal during start-up is remembered and honoured.
   struct sigaction sa {};
@@ -222,7 +323,7 @@ int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine)
     go.layers = store.layers();
     go.slice_index = store.slice_index();
     go.slice_count = store.slice_count();
-    auto g = grpc_transport::GrpcExpertServer::Start(go, handler);
+    auto g = grpc_transport::GrpcExpertServer::Start(go, handler_for("grpc"));
     if (!g.ok()) return Fail(g.status());
     grpc_server = std::move(*g);
     g_grpc_server.store(grpc_server.get());
@@ -247,7 +348,7 @@ int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine)
   so.top_k = static_cast<uint32_t>(engine.max_top_k());
   // The engine serialises calls and parallelises each one over the pool: one serving thread.
   so.serving_threads = 1;
-  auto server = shm::ShmServer::Create(so, handler);
+  auto server = shm::ShmServer::Create(so, handler_for("shm"));
   if (!server.ok()) {
     if (grpc_server != nullptr) {
       g_grpc_server.store(nullptr);
@@ -277,7 +378,7 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-expert-worker --model DIR [--layers 0-42,43] [--slice i/n] "
       "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N] "
-      "[--shm-name NAME] [--grpc-listen HOST:PORT]");
+      "[--shm-name NAME] [--grpc-listen HOST:PORT] [--metrics-listen HOST:PORT]");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::StrContains(file, "expert_worker_main");
@@ -374,7 +475,19 @@ int Main(int argc, char** argv) {
     const int rc = SelfTest(c, **store, **pool, **engine);
     if (rc != 0 || (c.shm_name.empty() && c.grpc_listen.empty())) return rc;
   }
-  return Serve(c, **store, **engine);
+  std::unique_ptr<metrics::Metrics> registry;
+  std::unique_ptr<WorkerMetrics> worker_metrics;
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    registry = std::make_unique<metrics::Metrics>();
+    worker_metrics = std::make_unique<WorkerMetrics>(*registry, **store, **engine, *node);
+    const absl::Status st = registry->Listen(metrics_listen);
+    if (absl::IsInvalidArgument(st)) return Usage(absl::StrCat("--metrics_listen: ", st.message()));
+    if (!st.ok()) return Fail(st);
+    spdlog::info(absl::StrCat("serving metrics on http://", metrics_listen, "/metrics (port ",
+                              registry->port(), ")"));
+  }
+  return Serve(c, **store, **engine, worker_metrics.get());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libcpp-httplib-dev
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  prometheus-cpp-dev
 )
 
 missing=()

@@ -9,21 +9,28 @@
 namespace ss::expert {
 namespace {
 
-absl::Status RunScalar(const ExpertCall& c, void* ws, size_t bytes) {
-  return internal::RunExperts(&internal::Linear4Scalar, 0, c, ws, bytes);
+constexpr internal::IsaOps kScalarOps{&internal::Linear4Scalar, 0, &internal::QuantizeActScalar};
+constexpr internal::IsaOps kAvx2Ops{&internal::Linear4Avx2, 2, &internal::QuantizeActAvx2};
+constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, 4, &internal::QuantizeActAvx512};
+
+template <const internal::IsaOps& kOps>
+absl::Status Run(const ExpertCall& c, void* ws, size_t bytes) {
+  return internal::RunExperts(kOps, c, ws, bytes);
 }
-absl::Status RunAvx2(const ExpertCall& c, void* ws, size_t bytes) {
-  return internal::RunExperts(&internal::Linear4Avx2, 2, c, ws, bytes);
+template <const internal::IsaOps& kOps>
+void QuantizeAct(const float* x, int64_t n, uint8_t* codes, float* scales) {
+  kOps.quantize(x, n, codes, scales, nullptr, nullptr);
 }
-absl::Status RunAvx512(const ExpertCall& c, void* ws, size_t bytes) {
-  return internal::RunExperts(&internal::Linear4Avx512, 4, c, ws, bytes);
+template <const internal::IsaOps& kOps>
+void QuantizeRow(const uint16_t* x, int64_t n, float* q, float* scales) {
+  internal::QuantizeBf16Row(kOps, x, n, q, scales);
 }
 
 // Indexed by Isa.
 constexpr ExpertKernel kKernels[] = {
-    {"scalar", &RunScalar},
-    {"avx2", &RunAvx2},
-    {"avx512", &RunAvx512},
+    {"scalar", &Run<kScalarOps>, &QuantizeAct<kScalarOps>, &QuantizeRow<kScalarOps>},
+    {"avx2", &Run<kAvx2Ops>, &QuantizeAct<kAvx2Ops>, &QuantizeRow<kAvx2Ops>},
+    {"avx512", &Run<kAvx512Ops>, &QuantizeAct<kAvx512Ops>, &QuantizeRow<kAvx512Ops>},
 };
 
 }  // namespace

@@ -12,8 +12,25 @@
 
 namespace ss::expert::internal {
 
-// `groups_per_vector`: the activation layout `linear4` expects (see PermutedIndex).
-absl::Status RunExperts(Linear4Fn linear4, int groups_per_vector, const ExpertCall& call,
-                        void* workspace, size_t workspace_bytes);
+// One ISA's pieces. `groups_per_vector`: the activation layout `linear4` expects and `quantize`
+// writes (see PermutedIndex).
+struct IsaOps {
+  Linear4Fn linear4;
+  int groups_per_vector;
+  QuantizeActFn quantize;
+};
+
+absl::Status RunExperts(const IsaOps& ops, const ExpertCall& call, void* workspace,
+                        size_t workspace_bytes);
+
+// The scalar QuantizeActFn (ss::QuantizeActE4m3 and a table lookup; natural order).
+void QuantizeActScalar(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
+                       const float* e4m3);
+
+// ss::E4m3ToFloat for all 256 codes.
+const float* E4m3Table();
+
+// ExpertKernel::quantize_row for `ops`: bf16 x[0..n) -> q (ops' layout) + scales.
+void QuantizeBf16Row(const IsaOps& ops, const uint16_t* x, int64_t n, float* q, float* scales);
 
 }  // namespace ss::expert::internal

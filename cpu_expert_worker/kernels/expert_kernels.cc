@@ -68,13 +68,6 @@ const std::array<float, 256>& E4m3Values() {
   return t;
 }
 
-// Quantises x[0..n) (bf16-valued floats) in 1x128 blocks into permuted e4m3 values + scales.
-void QuantizeRow(const float* x, int64_t n, int gpv, uint8_t* codes, float* q, float* scales) {
-  QuantizeActE4m3(x, n, kActBlock, codes, scales);
-  const auto& e4m3 = E4m3Values();
-  for (int64_t i = 0; i < n; ++i) q[internal::PermutedIndex(i, gpv)] = e4m3[codes[i]];
-}
-
 // The reference's SwiGLU (ss::model moe.cc): clamp, silu(g)·u, times the routing weight, in
 // fp32, rounded to bf16 as the input of w2.
 void SwiGlu(const float* g, const float* u, int64_t n, float limit, float weight, float* a) {
@@ -170,16 +163,52 @@ size_t ExpertWorkspaceBytes(const ExpertCall& call) {
 
 namespace internal {
 
-absl::Status RunExperts(Linear4Fn linear4, int gpv, const ExpertCall& c, void* workspace,
+const float* E4m3Table() { return E4m3Values().data(); }
+
+void QuantizeActScalar(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
+                       const float* e4m3) {
+  uint8_t block[kActBlock];
+  for (int64_t b = 0; b < n; b += kActBlock) {
+    uint8_t* cb = codes != nullptr ? codes + b : block;
+    QuantizeActE4m3(x + b, kActBlock, kActBlock, cb, scales + b / kActBlock);
+    if (q != nullptr) {
+      for (int64_t i = 0; i < kActBlock; ++i) q[b + i] = e4m3[cb[i]];
+    }
+  }
+}
+
+void QuantizeBf16Row(const IsaOps& ops, const uint16_t* x, int64_t n, float* q, float* scales) {
+  // Block by block: every layout permutes within a 128-block only.
+  alignas(kAlign) float xf[kActBlock];
+  const float* e4m3 = E4m3Table();
+  for (int64_t b = 0; b < n; b += kActBlock) {
+    for (int64_t i = 0; i < kActBlock; ++i) xf[i] = Bf16ToFloat(x[b + i]);
+    ops.quantize(xf, kActBlock, nullptr, scales + b / kActBlock, q + b, e4m3);
+  }
+}
+
+absl::Status RunExperts(const IsaOps& ops, const ExpertCall& c, void* workspace,
                         size_t workspace_bytes) {
+  const Linear4Fn linear4 = ops.linear4;
   if (c.num_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_tokens ", c.num_tokens, " < 0"));
   }
   if (c.num_tokens == 0) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateShape(c));
-  if (!c.x || !c.expert_ids || !c.expert_weights || !c.experts || !c.out || !workspace) {
+  const bool prequantised = c.xq_rows != nullptr;
+  if ((!c.x && !prequantised) || !c.expert_ids || !c.expert_weights || !c.experts || !c.out ||
+      !workspace || (prequantised && !c.xs_rows)) {
     return absl::InvalidArgumentError(
-        "null pointer among x, expert_ids, expert_weights, experts, out, workspace");
+        "null pointer among x, expert_ids, expert_weights, experts, out, workspace (or xs_rows "
+        "with xq_rows)");
+  }
+  if (prequantised) {
+    for (int64_t t = 0; t < c.num_tokens; ++t) {
+      if (!c.xq_rows[t] || !c.xs_rows[t] || reinterpret_cast<uintptr_t>(c.xq_rows[t]) % kAlign) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("pre-quantised row ", t, " is null or not 64-byte aligned"));
+      }
+    }
   }
   const Layout l = MakeLayout(c);
   if (workspace_bytes < l.total) {
@@ -195,7 +224,6 @@ absl::Status RunExperts(Linear4Fn linear4, int gpv, const ExpertCall& c, void* w
   float* xq = reinterpret_cast<float*>(at(l.xq));
   float* xs = reinterpret_cast<float*>(at(l.xs));
   float* xf = reinterpret_cast<float*>(at(l.xf));
-  uint8_t* codes = reinterpret_cast<uint8_t*>(at(l.codes));
   int32_t* offsets = reinterpret_cast<int32_t*>(at(l.offsets));
   int32_t* cursor = reinterpret_cast<int32_t*>(at(l.cursor));
   int32_t* entry_tok = reinterpret_cast<int32_t*>(at(l.entry_tok));
@@ -233,10 +261,11 @@ absl::Status RunExperts(Linear4Fn linear4, int gpv, const ExpertCall& c, void* w
     }
   }
 
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < dim; ++i) xf[i] = Bf16ToFloat(c.x[t * dim + i]);
-    QuantizeRow(xf, dim, gpv, codes, xq + t * dim, xs + t * nbx);
+  if (!prequantised) {
+    for (int64_t t = 0; t < T; ++t) QuantizeBf16Row(ops, c.x + t * dim, dim, xq + t * dim, xs + t * nbx);
   }
+  auto x_row = [&](int64_t t) { return prequantised ? c.xq_rows[t] : xq + t * dim; };
+  auto x_scales = [&](int64_t t) { return prequantised ? c.xs_rows[t] : xs + t * nbx; };
   std::fill(c.out, c.out + T * dim, 0.0f);
 
   for (int64_t e = 0; e < E; ++e) {
@@ -256,8 +285,8 @@ absl::Status RunExperts(Linear4Fn linear4, int gpv, const ExpertCall& c, void* w
       a.s_stride = dim / kMxGroup;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = entry_tok[b0 + i];
-        qp[i] = xq + t * dim;
-        sap[i] = xs + t * nbx;
+        qp[i] = x_row(t);
+        sap[i] = x_scales(t);
         yp[i] = g + i * I;
       }
       a.w = v.w1;
@@ -270,7 +299,7 @@ absl::Status RunExperts(Linear4Fn linear4, int gpv, const ExpertCall& c, void* w
 
       for (int64_t i = 0; i < n; ++i) {
         SwiGlu(g + i * I, u + i * I, I, c.swiglu_limit, entry_w[b0 + i], xf);
-        QuantizeRow(xf, I, gpv, codes, aq + i * I, as + i * nbi);
+        ops.quantize(xf, I, nullptr, as + i * nbi, aq + i * I, E4m3Table());
         qp[i] = aq + i * I;
         sap[i] = as + i * nbi;
         yp[i] = c.out + static_cast<int64_t>(entry_tok[b0 + i]) * dim;

@@ -92,6 +92,13 @@ struct ExpertCall {
   // it reproduces the reference's per-expert bf16 output bit for bit).
   bool round_expert_outputs = false;
   float* out = nullptr;  // [T, dim] fp32, overwritten with the partial sum
+  // Optional pre-quantised activations (a caller sharing one quantisation of a token row among
+  // many calls). When xq_rows is set, token t's activations are xq_rows[t] (dim floats, 64-byte
+  // aligned) with scales xs_rows[t] (dim/128 floats), both as the SAME kernel's quantize_row
+  // wrote them from x[t]; x is then not read (may be null). The result is bit-identical to
+  // passing x.
+  const float* const* xq_rows = nullptr;  // [T]
+  const float* const* xs_rows = nullptr;  // [T]
 };
 
 // Bytes of caller-owned workspace a call with these sizes needs (any ISA; kernels align it
@@ -106,6 +113,13 @@ size_t ExpertWorkspaceBytes(const ExpertCall& call);
 struct ExpertKernel {
   const char* name;  // "scalar", "avx2", "avx512"
   absl::Status (*run)(const ExpertCall& call, void* workspace, size_t workspace_bytes);
+  // This ISA's activation quantiser: ss::QuantizeActE4m3(x, n, 128, codes, scales), codes and
+  // scales bit-identical, for n a multiple of 128 (scales: n/128 floats). Thread-safe.
+  void (*quantize_act)(const float* x, int64_t n, uint8_t* codes, float* scales);
+  // One bf16 activation row x[0..n) (n a multiple of 128) in the pre-quantised form `run`
+  // accepts (ExpertCall::xq_rows): q gets n floats in this kernel's layout (q 64-byte aligned),
+  // scales n/128. Exactly what `run` computes from x internally. Thread-safe.
+  void (*quantize_row)(const uint16_t* x, int64_t n, float* q, float* scales);
 };
 
 }  // namespace ss::expert

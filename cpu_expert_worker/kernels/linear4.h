@@ -51,6 +51,18 @@ void Linear4Scalar(const Linear4Args& a);  // ref/expert_ref.cc: the definition
 void Linear4Avx2(const Linear4Args& a);    // avx2/expert_avx2.cc (AVX2 + FMA)
 void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL, DQ)
 
+// The activation quantiser of every variant: exactly ss::QuantizeActE4m3(x, n, 128, codes,
+// scales) (codes and scales bit-identical) for n a multiple of 128; `scales` gets n/128 floats,
+// `codes` (n bytes) may be null. If `q` is not null it also gets e4m3[code] (e4m3: the 256-entry
+// ss::E4m3ToFloat table) for every element, in the ISA's PermutedIndex(·, gpv) layout (64-byte
+// aligned). Scalar: internal::QuantizeActScalar (expert_kernels.cc, gpv 0).
+using QuantizeActFn = void (*)(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
+                               const float* e4m3);
+void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
+                     const float* e4m3);  // gpv 2
+void QuantizeActAvx512(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
+                       const float* e4m3);  // gpv 4
+
 // Where natural element `e` of a K-row lands in the permuted layout of an ISA that decodes
 // `gpv` 32-groups per vector (AVX2: 2, AVX-512: 4; 0 = natural order). Within each run of gpv
 // groups, vector v (0..7) holds in lane L (group L of the run) the elements
@@ -64,5 +76,13 @@ inline constexpr int64_t PermutedIndex(int64_t e, int gpv) {
   const int64_t v = (j & 1) * 4 + ((j >> 4) & 1) * 2 + ((j >> 1) & 1), d = (j >> 2) & 3;
   return e / run * run + v * 4 * gpv + lane * 4 + d;
 }
+
+// inv[p] = the natural element of a 128-block that lands at p in the layout of `gpv`.
+struct InversePermutation {
+  int32_t inv[128];
+  constexpr explicit InversePermutation(int gpv) : inv{} {
+    for (int e = 0; e < 128; ++e) inv[PermutedIndex(e, gpv)] = e;
+  }
+};
 
 }  // namespace ss::expert::internal

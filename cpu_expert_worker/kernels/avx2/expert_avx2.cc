@@ -272,4 +272,80 @@ void Linear4Avx2(const Linear4Args& a) {
   }
 }
 
+
+// ss::QuantizeActE4m3 for one 128-block, 8 lanes at a time: the power-of-two scale from the
+// fp32 bits of max(amax, 1e-4) · fp32(1/448); e4m3 RNE by integer rounding of the fp32 bits
+// (mantissa to 3 bits, a carry bumps the exponent) and, below 2^-6, by adding 2^14 (whose ulp
+// is the subnormal step 2^-9), both in the default round-to-nearest-even mode.
+void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
+                     const float* e4m3) {
+  static constexpr InversePermutation kInv(2);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 qmax = _mm256_set1_ps(448.0f), sub_max = _mm256_set1_ps(0.015625f);
+  const __m256 magic = _mm256_set1_ps(16384.0f);
+  const __m256i magic_bits = _mm256_set1_epi32(0x46800000);
+  const __m256i round_bias = _mm256_set1_epi32(0x7ffff), one = _mm256_set1_epi32(1);
+  const __m256i code_bias = _mm256_set1_epi32(120 << 3), code_max = _mm256_set1_epi32(0x7e);
+  const __m256i pack_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < n; b += 128) {
+    __m256 v[16];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 16; ++j) {
+      v[j] = _mm256_loadu_ps(x + b + 8 * j);
+      // NaN in the first operand returns the second: NaN is skipped, as std::max skips it.
+      amax = _mm256_max_ps(_mm256_and_ps(v[j], abs_mask), amax);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float am = _mm_cvtss_f32(m4);
+    if (am < 1e-4f) am = 1e-4f;
+    const float prod = am * (1.0f / 448.0f);
+    uint32_t bits;
+    std::memcpy(&bits, &prod, 4);
+    uint32_t biased = ((bits >> 23) & 0xff) + ((bits & 0x7fffffu) != 0);
+    if (biased > 255) biased = 255;  // 2^128 and beyond: inf, as ldexp gives
+    const uint32_t sbits = biased << 23;
+    float s;
+    std::memcpy(&s, &sbits, 4);
+    scales[b / 128] = s;
+    const __m256 sv = _mm256_set1_ps(s);
+    alignas(64) float dec[128];
+    __m256i c[16];
+    for (int j = 0; j < 16; ++j) {
+      const __m256 y = _mm256_div_ps(v[j], sv);
+      const __m256i sign = _mm256_srli_epi32(
+          _mm256_andnot_si256(_mm256_castps_si256(abs_mask), _mm256_castps_si256(y)), 24);
+      const __m256 a = _mm256_min_ps(_mm256_and_ps(y, abs_mask), qmax);
+      const __m256i ai = _mm256_castps_si256(a);
+      const __m256i r = _mm256_add_epi32(
+          ai, _mm256_add_epi32(round_bias, _mm256_and_si256(_mm256_srli_epi32(ai, 20), one)));
+      __m256i cj =
+          _mm256_min_epi32(_mm256_sub_epi32(_mm256_srli_epi32(r, 20), code_bias), code_max);
+      const __m256i cs =
+          _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, magic)), magic_bits);
+      cj = _mm256_blendv_epi8(cj, cs, _mm256_castps_si256(_mm256_cmp_ps(a, sub_max, _CMP_LT_OQ)));
+      cj = _mm256_or_si256(cj, sign);
+      cj = _mm256_blendv_epi8(cj, _mm256_set1_epi32(0x7f),
+                              _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q)));
+      c[j] = cj;
+      if (q != nullptr) _mm256_store_ps(dec + 8 * j, _mm256_i32gather_ps(e4m3, cj, 4));
+    }
+    if (codes != nullptr) {
+      for (int j = 0; j < 16; j += 4) {
+        const __m256i p01 = _mm256_packus_epi32(c[j], c[j + 1]);
+        const __m256i p23 = _mm256_packus_epi32(c[j + 2], c[j + 3]);
+        const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p01, p23), pack_order);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b + 8 * j), p);
+      }
+    }
+    if (q != nullptr) {
+      for (int j = 0; j < 16; ++j) {
+        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kInv.inv + 8 * j));
+        _mm256_store_ps(q + b + 8 * j, _mm256_i32gather_ps(dec, idx, 4));
+      }
+    }
+  }
+}
+
 }  // namespace ss::expert::internal

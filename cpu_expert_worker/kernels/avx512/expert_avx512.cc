@@ -286,4 +286,66 @@ void Linear4Avx512(const Linear4Args& a) {
   }
 }
 
+
+// ss::QuantizeActE4m3 for one 128-block, 16 lanes at a time: the power-of-two scale from the
+// fp32 bits of max(amax, 1e-4) · fp32(1/448); e4m3 RNE by integer rounding of the fp32 bits
+// (mantissa to 3 bits, a carry bumps the exponent) and, below 2^-6, by adding 2^14 (whose ulp
+// is the subnormal step 2^-9), both in the default round-to-nearest-even mode.
+void QuantizeActAvx512(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
+                       const float* e4m3) {
+  static constexpr InversePermutation kInv(4);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 qmax = _mm512_set1_ps(448.0f), sub_max = _mm512_set1_ps(0.015625f);
+  const __m512 magic = _mm512_set1_ps(16384.0f);
+  const __m512i magic_bits = _mm512_set1_epi32(0x46800000);
+  const __m512i round_bias = _mm512_set1_epi32(0x7ffff), one = _mm512_set1_epi32(1);
+  const __m512i code_bias = _mm512_set1_epi32(120 << 3), code_max = _mm512_set1_epi32(0x7e);
+  for (int64_t b = 0; b < n; b += 128) {
+    __m512 v[8];
+    __m512 amax = _mm512_setzero_ps();
+    for (int j = 0; j < 8; ++j) {
+      v[j] = _mm512_loadu_ps(x + b + 16 * j);
+      // NaN in the first operand returns the second: NaN is skipped, as std::max skips it.
+      amax = _mm512_max_ps(_mm512_and_ps(v[j], abs_mask), amax);
+    }
+    float am = _mm512_reduce_max_ps(amax);
+    if (am < 1e-4f) am = 1e-4f;
+    const float prod = am * (1.0f / 448.0f);
+    uint32_t bits;
+    std::memcpy(&bits, &prod, 4);
+    uint32_t biased = ((bits >> 23) & 0xff) + ((bits & 0x7fffffu) != 0);
+    if (biased > 255) biased = 255;  // 2^128 and beyond: inf, as ldexp gives
+    const uint32_t sbits = biased << 23;
+    float s;
+    std::memcpy(&s, &sbits, 4);
+    scales[b / 128] = s;
+    const __m512 sv = _mm512_set1_ps(s);
+    alignas(64) float dec[128];
+    for (int j = 0; j < 8; ++j) {
+      const __m512 y = _mm512_div_ps(v[j], sv);
+      const __m512i sign = _mm512_srli_epi32(
+          _mm512_andnot_si512(_mm512_castps_si512(abs_mask), _mm512_castps_si512(y)), 24);
+      const __m512 a = _mm512_min_ps(_mm512_and_ps(y, abs_mask), qmax);
+      const __m512i ai = _mm512_castps_si512(a);
+      const __m512i r = _mm512_add_epi32(
+          ai, _mm512_add_epi32(round_bias, _mm512_and_si512(_mm512_srli_epi32(ai, 20), one)));
+      __m512i c = _mm512_min_epi32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), code_bias), code_max);
+      const __m512i cs =
+          _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, magic)), magic_bits);
+      c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(a, sub_max, _CMP_LT_OQ), cs);
+      c = _mm512_or_si512(c, sign);
+      c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_set1_epi32(0x7f));
+      if (codes != nullptr) _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b + 16 * j),
+                                             _mm512_cvtepi32_epi8(c));
+      if (q != nullptr) _mm512_store_ps(dec + 16 * j, _mm512_i32gather_ps(c, e4m3, 4));
+    }
+    if (q != nullptr) {
+      for (int j = 0; j < 8; ++j) {
+        const __m512i idx = _mm512_loadu_si512(kInv.inv + 16 * j);
+        _mm512_store_ps(q + b + 16 * j, _mm512_i32gather_ps(idx, dec, 4));
+      }
+    }
+  }
+}
+
 }  // namespace ss::expert::internal

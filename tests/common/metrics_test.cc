@@ -1,0 +1,70 @@
+// ss_metrics: the registry wrapper's names, labels and text exposition, and the /metrics exposer.
+#include "common/metrics/metrics.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/common/http_get.h"
+
+namespace ss::metrics {
+namespace {
+
+using testing_util::HttpGet;
+
+TEST(Metrics, TextExpositionHasPrefixedNamesAndLabels) {
+  Metrics m;
+  prometheus::Counter& c = m.Counter("calls_total", "calls served", {{"transport", "shm"}});
+  c.Increment(3);
+  // Same name and labels: the same metric.
+  EXPECT_EQ(&m.Counter("calls_total", "calls served", {{"transport", "shm"}}), &c);
+  m.Counter("calls_total", "calls served", {{"transport", "grpc"}}).Increment();
+  m.Gauge("info", "build info", {{"isa", "avx2"}, {"slice", "0/1"}}).Set(1);
+  prometheus::Histogram& h = m.Histogram("call_seconds", "latency", {{"layer", "3"}});
+  h.Observe(0.002);
+  h.Observe(0.004);
+
+  const std::string text = m.Serialize();
+  EXPECT_NE(text.find("# TYPE splitserve:calls_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("splitserve:calls_total{transport=\"shm\"} 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("splitserve:calls_total{transport=\"grpc\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("splitserve:info{isa=\"avx2\",slice=\"0/1\"} 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# TYPE splitserve:call_seconds histogram"), std::string::npos) << text;
+  EXPECT_NE(text.find("splitserve:call_seconds_count{layer=\"3\"} 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("splitserve:call_seconds_bucket{layer=\"3\",le=\"0.005\"} 2"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("splitserve:call_seconds_bucket{layer=\"3\",le=\"0.0025\"} 1"),
+            std::string::npos)
+      << text;
+}
+
+TEST(Metrics, ExposerServesMetricsOnLoopback) {
+  Metrics m;
+  EXPECT_EQ(m.port(), 0);
+  ASSERT_TRUE(m.Listen("127.0.0.1:0").ok());
+  ASSERT_GT(m.port(), 0);
+  EXPECT_FALSE(m.Listen("127.0.0.1:0").ok());  // at most once
+  m.Counter("scrape_test_total", "a counter").Increment(5);
+  const std::string resp = HttpGet(m.port(), "/metrics");
+  EXPECT_NE(resp.find("200 OK"), std::string::npos) << resp;
+  EXPECT_NE(resp.find("splitserve:scrape_test_total 5"), std::string::npos) << resp;
+  // Metrics registered after the exposer started are served too.
+  m.Gauge("late", "registered after Listen").Set(2);
+  EXPECT_NE(HttpGet(m.port(), "/metrics").find("splitserve:late 2"), std::string::npos);
+}
+
+TEST(Metrics, ListenRejectsBadAddresses) {
+  Metrics m;
+  EXPECT_EQ(m.Listen("127.0.0.1").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Listen("127.0.0.1:http").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Listen("127.0.0.1:70000").code(), absl::StatusCode::kInvalidArgument);
+  // A port already taken is an error, not an exception.
+  Metrics first;
+  ASSERT_TRUE(first.Listen("127.0.0.1:0").ok());
+  EXPECT_FALSE(m.Listen("127.0.0.1:" + std::to_string(first.port())).ok());
+  EXPECT_EQ(m.port(), 0);
+}
+
+}  // namespace
+}  // namespace ss::metrics
