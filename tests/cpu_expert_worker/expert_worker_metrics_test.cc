@@ -16,50 +16,25 @@
 #include "cpu_expert_worker/transport/shm_client.h"
 #include "gtest/gtest.h"
 #include "tests/common/http_get.h"
+#include "tests/cpu_expert_worker/expert_test_util.h"
 
 namespace ss::expert {
 namespace {
 
-using testing_util::FreeLoopbackPort;
-using testing_util::HttpGet;
+using ::ss::testing_util::FreeLoopbackPort;
+using ::ss::testing_util::HttpGet;
 
-constexpr char kTinyA[] = "tests/data/tiny-a";
+using testing_util::kTinyA;
 
-// Runs the worker with `extra` flags; SIGTERM and the exit status on Stop() or destruction.
-class Worker {
+// The worker on tiny-a with one thread and `extra` flags.
+class Worker : public testing_util::WorkerProcess {
  public:
-  explicit Worker(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {SS_BIN_DIR "/splitserve-expert-worker", "--model", kTinyA,
-                                     "--threads", "1"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(127);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    EXPECT_GT(pid_, 0);
-  }
-  ~Worker() { Stop(); }
-  int Stop() { return Wait(true); }
-  int Wait(bool terminate = false) {
-    if (pid_ <= 0) return status_;
-    if (terminate) kill(pid_, SIGTERM);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    pid_ = -1;
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return status_;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int status_ = -1;
+  explicit Worker(const std::vector<std::string>& extra)
+      : WorkerProcess([&] {
+          std::vector<std::string> a = {"--model", kTinyA, "--threads", "1"};
+          a.insert(a.end(), extra.begin(), extra.end());
+          return a;
+        }()) {}
 };
 
 // The value of the series line that starts with `series` (name and labels exactly), or NAN.
@@ -103,8 +78,13 @@ TEST(ExpertWorkerMetrics, ScrapeShowsIsaAndCalls) {
     for (int64_t j = 0; j < k; ++j) ids[t * k + j] = static_cast<int32_t>((t * 5 + j) % E);
   std::vector<float> out(T * dim);
   const int layer = 1;
-  const shm::ExpertCallInput in{layer, static_cast<int32_t>(T), static_cast<int32_t>(k),
-                                static_cast<int32_t>(dim), x.data(), ids.data(), w.data()};
+  const shm::ExpertCallInput in{layer,
+                                static_cast<int32_t>(T),
+                                static_cast<int32_t>(k),
+                                static_cast<int32_t>(dim),
+                                x.data(),
+                                ids.data(),
+                                w.data()};
   ASSERT_TRUE(client->Call(in, out.data(), absl::Now() + absl::Seconds(30)).ok());
 
   const std::string resp = HttpGet(port, "/metrics");
@@ -116,9 +96,9 @@ TEST(ExpertWorkerMetrics, ScrapeShowsIsaAndCalls) {
   EXPECT_GE(Sample(resp, "splitserve:expert_calls_total{transport=\"shm\"}"), 1.0) << resp;
   EXPECT_EQ(Sample(resp, "splitserve:expert_calls_total{transport=\"grpc\"}"), 0.0) << resp;
   EXPECT_EQ(Sample(resp, "splitserve:expert_call_errors_total{transport=\"shm\"}"), 0.0) << resp;
-  EXPECT_EQ(Sample(resp, "splitserve:expert_call_seconds_count{layer=\"" +
-                             std::to_string(layer) + "\"}"),
-            1.0)
+  EXPECT_EQ(
+      Sample(resp, "splitserve:expert_call_seconds_count{layer=\"" + std::to_string(layer) + "\"}"),
+      1.0)
       << resp;
   EXPECT_GT(Sample(resp, "splitserve:expert_weight_bytes_total"), 0.0) << resp;
   EXPECT_GT(Sample(resp, "splitserve:expert_achieved_gbps"), 0.0) << resp;
@@ -128,8 +108,8 @@ TEST(ExpertWorkerMetrics, ScrapeShowsIsaAndCalls) {
 }
 
 TEST(ExpertWorkerMetrics, BadMetricsAddressIsAUsageError) {
-  Worker worker({"--shm-name", "ss-e2e-metrics-bad-" + std::to_string(getpid()),
-                 "--metrics-listen", "127.0.0.1"});
+  Worker worker({"--shm-name", "ss-e2e-metrics-bad-" + std::to_string(getpid()), "--metrics-listen",
+                 "127.0.0.1"});
   EXPECT_EQ(worker.Wait(), 2);
 }
 

@@ -26,38 +26,13 @@ namespace {
 using testing_util::I256Checkpoint;
 using testing_util::kTinyA;
 
-// A worker process serving one slice; stopped with SIGTERM when the object goes away.
-class WorkerProcess {
+// A worker process serving one slice over shared memory.
+class WorkerProcess : public testing_util::WorkerProcess {
  public:
   WorkerProcess(const std::string& model, const std::string& slice, const std::string& name)
-      : name_(name) {
-    std::vector<std::string> args = {SS_BIN_DIR "/splitserve-expert-worker", "--model", model,
-                                     "--slice", slice, "--threads", "1", "--shm-name", name};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      // The worker dies with the test, even if the test crashes.
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(127);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    EXPECT_GT(pid_, 0);
-  }
-  ~WorkerProcess() { Stop(); }
-  // SIGTERM, then the exit status (0 = clean shutdown).
-  int Stop() {
-    if (pid_ <= 0) return status_;
-    kill(pid_, SIGTERM);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    pid_ = -1;
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return status_;
-  }
+      : testing_util::WorkerProcess(
+            {"--model", model, "--slice", slice, "--threads", "1", "--shm-name", name}),
+        name_(name) {}
   // Connects, retrying while the worker loads (bounded).
   std::unique_ptr<shm::ShmClient> Connect() {
     const absl::Time until = absl::Now() + absl::Seconds(60);
@@ -72,8 +47,6 @@ class WorkerProcess {
 
  private:
   std::string name_;
-  pid_t pid_ = -1;
-  int status_ = -1;
 };
 
 std::string SegmentName(const std::string& tag) {
@@ -106,7 +79,8 @@ MoeInput MakeInput(const model::ModelWeights& w, int layer, int64_t T, uint64_t 
   for (float v : in.x) in.x_bf16.push_back(FloatToBf16(v));
   std::vector<int64_t> tokens(T);
   for (int64_t t = 0; t < T; ++t) tokens[t] = (t * 37 + 5) % w.config.vocab_size;
-  const model::RouterResult r = model::Route(Moe(w, layer), w.config, in.x.data(), tokens.data(), T);
+  const model::RouterResult r =
+      model::Route(Moe(w, layer), w.config, in.x.data(), tokens.data(), T);
   in.ids = r.indices;
   in.weights = r.weights;
   return in;
@@ -131,8 +105,12 @@ std::vector<float> ReferenceRouted(const model::ModelWeights& w, int layer, cons
 
 std::vector<float> Call(shm::ShmClient& c, int layer, const MoeInput& in) {
   std::vector<float> out(in.T * in.dim, NAN);
-  const shm::ExpertCallInput ci{layer, static_cast<int32_t>(in.T), static_cast<int32_t>(in.k),
-                                static_cast<int32_t>(in.dim), in.x_bf16.data(), in.ids.data(),
+  const shm::ExpertCallInput ci{layer,
+                                static_cast<int32_t>(in.T),
+                                static_cast<int32_t>(in.k),
+                                static_cast<int32_t>(in.dim),
+                                in.x_bf16.data(),
+                                in.ids.data(),
                                 in.weights.data()};
   const absl::Status st = c.Call(ci, out.data(), absl::Now() + absl::Seconds(30));
   EXPECT_TRUE(st.ok()) << st;
@@ -157,8 +135,13 @@ TEST(ExpertWorkerShm, TinyAWholeExpertsMatchTheReference) {
   MoeInput bad = MakeInput(**w, 3, 2, 9);
   bad.ids[0] = 99;
   std::vector<float> out(bad.T * bad.dim);
-  const shm::ExpertCallInput ci{3, 2, static_cast<int32_t>(bad.k), static_cast<int32_t>(bad.dim),
-                                bad.x_bf16.data(), bad.ids.data(), bad.weights.data()};
+  const shm::ExpertCallInput ci{3,
+                                2,
+                                static_cast<int32_t>(bad.k),
+                                static_cast<int32_t>(bad.dim),
+                                bad.x_bf16.data(),
+                                bad.ids.data(),
+                                bad.weights.data()};
   EXPECT_FALSE(client->Call(ci, out.data(), absl::Now() + absl::Seconds(30)).ok());
   const MoeInput again = MakeInput(**w, 4, 3, 11);
   const std::vector<float> ref = ReferenceRouted(**w, 4, again);
