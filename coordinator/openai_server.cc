@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
 #include "httplib.h"
@@ -23,6 +24,108 @@ using Json = nlohmann::ordered_json;
 using chat::ThinkingMode;
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The gateway's vLLM-compatible series (openai_server.h, "Metrics"), created up front.
+class GatewayMetrics {
+ public:
+  GatewayMetrics(metrics::Metrics& m, const std::string& model) : m_(m), model_(model) {
+    const metrics::Labels l{{"model_name", model}};
+    ttft = &m.Histogram("time_to_first_token_seconds",
+                        "Time from arrival to the first generated token, in seconds.", l);
+    itl = &m.Histogram("inter_token_latency_seconds",
+                       "Latency between successive generated tokens, in seconds.", l);
+    e2e = &m.Histogram("e2e_request_latency_seconds",
+                       "Time from arrival to the end of generation, in seconds.", l);
+    queue = &m.Histogram("request_queue_time_seconds",
+                         "Time from arrival until the engine accepted the request, in seconds.",
+                         l);
+    prompt_tokens = &m.Counter("prompt_tokens_total", "Number of prefill tokens processed.", l);
+    generation_tokens =
+        &m.Counter("generation_tokens_total", "Number of generation tokens processed.", l);
+    running = &m.Gauge("num_requests_running",
+                       "Number of requests with an open generation in the gateway.", l);
+    waiting = &m.Gauge("num_requests_waiting",
+                       "Number of requests waiting to be scheduled (0: not visible yet).", l);
+    kv_usage = &m.Gauge("kv_cache_usage_perc", "KV cache usage, 0 to 1 (1 = 100 percent).", l);
+    success_stop = &Success("stop");
+    success_length = &Success("length");
+    success_abort = &Success("abort");
+  }
+
+  prometheus::Counter& Success(const std::string& reason) {
+    return m_.Counter("request_success_total", "Count of successfully processed requests.",
+                      {{"model_name", model_}, {"finished_reason", reason}});
+  }
+  prometheus::Counter& Error(int status) {
+    return m_.Counter("http_request_errors_total",
+                      "Count of responses with an HTTP error status (or a failed stream).",
+                      {{"model_name", model_}, {"status_code", std::to_string(status)}});
+  }
+  void Finished(FinishReason reason) {
+    switch (reason) {
+      case FinishReason::kEos:
+      case FinishReason::kStop: success_stop->Increment(); break;
+      case FinishReason::kLength: success_length->Increment(); break;
+      case FinishReason::kCancelled: success_abort->Increment(); break;
+      case FinishReason::kNone:
+      case FinishReason::kError: break;
+    }
+  }
+
+  prometheus::Histogram *ttft, *itl, *e2e, *queue;
+  prometheus::Counter *prompt_tokens, *generation_tokens;
+  prometheus::Gauge *running, *waiting, *kv_usage;
+  prometheus::Counter *success_stop, *success_length, *success_abort;
+
+ private:
+  metrics::Metrics& m_;
+  std::string model_;
+};
+
+// Timing of one accepted request, fed from the consumer thread as its events arrive.
+struct RequestTimer {
+  GatewayMetrics* gm = nullptr;
+  Clock::time_point arrival;
+  Clock::time_point last_token;
+  bool first_seen = false;
+  bool running = false;
+  bool streaming = false;  // a failure is then an in-band event after a 200, not an HTTP 500
+
+  void Accepted(size_t prompt_tokens) {
+    gm->queue->Observe(Seconds(Clock::now() - arrival));
+    gm->prompt_tokens->Increment(static_cast<double>(prompt_tokens));
+    gm->running->Increment();
+    running = true;
+  }
+  void Event(const GenerationEvent& ev) {
+    const auto now = Clock::now();
+    const size_t n = ev.tokens.size();
+    if (n > 0) {
+      gm->generation_tokens->Increment(static_cast<double>(n));
+      if (!first_seen) {
+        gm->ttft->Observe(Seconds(now - arrival));
+        first_seen = true;
+      } else {
+        const double each = Seconds(now - last_token) / static_cast<double>(n);
+        for (size_t i = 0; i < n; ++i) gm->itl->Observe(each);
+      }
+      last_token = now;
+    }
+    if (ev.finish != FinishReason::kNone) {
+      gm->e2e->Observe(Seconds(now - arrival));
+      gm->Finished(ev.finish);
+      // A non-streaming failure becomes an HTTP 500 that the server's logger counts.
+      if (ev.finish == FinishReason::kError && streaming) gm->Error(500).Increment();
+    }
+  }
+  ~RequestTimer() {
+    if (running) gm->running->Decrement();
+  }
+};
 
 // An OpenAI error response. Thrown inside a handler, caught by Guard() and rendered; it never
 // leaves this file.
@@ -254,6 +357,9 @@ struct OpenAiServer::Impl {
   const Tokenizer* tokenizer;
   GenerationEngine* engine;
   std::atomic<uint64_t> next_id{1};
+  std::unique_ptr<metrics::Metrics> owned_metrics;  // when config.metrics is null
+  metrics::Metrics* registry = nullptr;
+  std::unique_ptr<GatewayMetrics> gm;
 
   enum class Kind { kChat, kCompletion };
 
@@ -264,7 +370,14 @@ struct OpenAiServer::Impl {
     std::vector<int32_t> prompt;
     GenerationParams params;
     std::string id;
+    Clock::time_point arrival;
   };
+
+  void HandleMetrics(const httplib::Request&, httplib::Response& res) {
+    gm->kv_usage->Set(config.kv_cache_usage ? config.kv_cache_usage() : 0.0);
+    res.status = 200;
+    res.set_content(registry->Serialize(), "text/plain; version=0.0.4");
+  }
 
   template <typename F>
   void Guard(const httplib::Request& req, httplib::Response& res, F&& f) {
@@ -358,6 +471,7 @@ struct OpenAiServer::Impl {
     Json body = ParseBody(req);
     CheckModel(body);
     Job job;
+    job.arrival = Clock::now();
     job.kind = Kind::kChat;
     job.params = ParseGenerationParams(body, /*chat=*/true);
     job.prompt = ChatPrompt(body, &job.mode);
@@ -370,6 +484,7 @@ struct OpenAiServer::Impl {
     Json body = ParseBody(req);
     CheckModel(body);
     Job job;
+    job.arrival = Clock::now();
     job.kind = Kind::kCompletion;
     job.params = ParseGenerationParams(body, /*chat=*/false);
     const Json* prompt = Field(body, "prompt");
@@ -417,9 +532,14 @@ struct OpenAiServer::Impl {
 
   void Run(Job job, httplib::Response& res) {
     auto cancel = std::make_shared<CancellationToken>();
+    auto timer = std::make_unique<RequestTimer>();
+    timer->gm = gm.get();
+    timer->arrival = job.arrival;
     auto stream = Submit(job, cancel);
+    timer->Accepted(job.prompt.size());
+    timer->streaming = job.params.stream;
     if (job.params.stream) {
-      Stream(std::move(job), std::move(stream), std::move(cancel), res);
+      Stream(std::move(job), std::move(stream), std::move(cancel), std::move(timer), res);
       return;
     }
     std::vector<int32_t> out;
@@ -428,6 +548,7 @@ struct OpenAiServer::Impl {
     while (finish == FinishReason::kNone) {
       auto ev = stream->Next(kPollInterval);
       if (!ev) continue;
+      timer->Event(*ev);
       out.insert(out.end(), ev->tokens.begin(), ev->tokens.end());
       finish = ev->finish;
       error = ev->error;
@@ -481,6 +602,7 @@ struct OpenAiServer::Impl {
     std::shared_ptr<CancellationToken> cancel;
     std::unique_ptr<StreamDecoder> decoder;
     std::unique_ptr<chat::CompletionStreamParser> parser;
+    std::unique_ptr<RequestTimer> timer;  // running until the response (and this) is destroyed
     size_t completion_tokens = 0;
     size_t tool_calls = 0;
     bool started = false;
@@ -557,6 +679,7 @@ struct OpenAiServer::Impl {
     }
     auto ev = st.stream->Next(kPollInterval);
     if (!ev) return !st.cancel->cancelled();
+    st.timer->Event(*ev);
     std::string text;
     for (int32_t id : ev->tokens) {
       auto piece = st.decoder->Add(id);
@@ -590,8 +713,10 @@ struct OpenAiServer::Impl {
   }
 
   void Stream(Job job, std::shared_ptr<GenerationStream> stream,
-              std::shared_ptr<CancellationToken> cancel, httplib::Response& res) {
+              std::shared_ptr<CancellationToken> cancel, std::unique_ptr<RequestTimer> timer,
+              httplib::Response& res) {
     auto st = std::make_shared<StreamState>();
+    st->timer = std::move(timer);
     st->job = std::move(job);
     st->stream = std::move(stream);
     st->cancel = std::move(cancel);
@@ -692,11 +817,19 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   impl_->config = std::move(config);
   impl_->tokenizer = &tokenizer;
   impl_->engine = &engine;
+  if (impl_->config.metrics == nullptr) {
+    impl_->owned_metrics = std::make_unique<metrics::Metrics>();
+    impl_->registry = impl_->owned_metrics.get();
+  } else {
+    impl_->registry = impl_->config.metrics;
+  }
+  impl_->gm = std::make_unique<GatewayMetrics>(*impl_->registry, impl_->config.model_name);
   Impl* impl = impl_.get();
   httplib::Server& s = *server_;
   s.set_payload_max_length(impl->config.max_body_bytes);
   s.set_pre_routing_handler([impl](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || req.path == "/ready" || impl->Authorized(req)) {
+    if (req.path == "/health" || req.path == "/ready" || req.path == "/metrics" ||
+        impl->Authorized(req)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     SendError(res, ApiError{401, "Incorrect API key provided", "invalid_request_error", "",
@@ -719,6 +852,12 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     res.set_content(Dump(ErrorBody(e)), "application/json");
     return httplib::Server::HandlerResponse::Handled;
   }));
+  // Every response passes here once written: count the errors (probes and scrapes excepted).
+  s.set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
+    if (res.status < 400) return;
+    if (req.path == "/health" || req.path == "/ready" || req.path == "/metrics") return;
+    impl->gm->Error(res.status).Increment();
+  });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     SendError(res, ApiError{500, "internal error", "server_error", "", "", 0});
   });
@@ -734,6 +873,7 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   s.Post("/tokenize", route(&Impl::HandleTokenize));
   s.Post("/detokenize", route(&Impl::HandleDetokenize));
   s.Get("/v1/models", route(&Impl::HandleModels));
+  s.Get("/metrics", route(&Impl::HandleMetrics));
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });

@@ -10,11 +10,14 @@
 //                               reasoning_effort}, reasoning_effort
 //   POST /v1/completions        prompt (string or array of ids) -> text
 //   GET  /v1/models, GET /health (live), GET /ready (engine->Ready())
+//   GET  /metrics               Prometheus text exposition (text/plain; version=0.0.4) of the
+//                               gateway's registry (see "Metrics" below)
 //   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids", "count"}
 //   POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
 // Errors are OpenAI bodies {"error": {"message", "type", "param", "code"}}: 400 malformed JSON,
 // invalid field (param names it) or prompt too long (code "context_length_exceeded"), 401 bad or
-// missing `Authorization: Bearer` key when keys are configured (/health and /ready stay open),
+// missing `Authorization: Bearer` key when keys are configured (/health, /ready and /metrics stay
+// open: scrapers and probes carry no key, and the series hold no request content),
 // 404 unknown model or route, 413 body over max_body_bytes, 503 engine overloaded or not ready
 // (with Retry-After), 500 engine error. No input crashes the process: every handler is wrapped.
 //
@@ -23,6 +26,33 @@
 // closed socket must not raise SIGPIPE: the process should ignore SIGPIPE (the server does not
 // change signal dispositions itself).
 //
+// Metrics (vLLM-compatible names under `splitserve:`, every series labelled model_name):
+//   time_to_first_token_seconds    histogram: arrival -> first generated ids seen by the gateway
+//   inter_token_latency_seconds    histogram: gap between successive token events, divided evenly
+//                                  over the ids the later event carries (one observation per id
+//                                  after the first event, so ids coalesced into the first event
+//                                  are not observed)
+//   e2e_request_latency_seconds    histogram: arrival -> the engine's finish event
+//   request_queue_time_seconds     histogram: arrival -> Submit() accepted. The gateway cannot see
+//                                  when a scheduler behind the engine first schedules the
+//                                  sequence, so this is the gateway-side wait only (it includes
+//                                  validation, chat encoding and tokenisation).
+//   prompt_tokens_total            counter: prompt ids of every accepted request
+//   generation_tokens_total        counter: generated ids delivered by the engine (= usage)
+//   num_requests_running           gauge: accepted requests whose stream is still open in the
+//                                  gateway (non-streaming: until the response is rendered)
+//   num_requests_waiting           gauge: always 0 for now (no queue is visible through
+//                                  GenerationEngine; it becomes real once a scheduler reports it)
+//   kv_cache_usage_perc            gauge in [0, 1]: GatewayConfig::kv_cache_usage at scrape time,
+//                                  0 when the hook is unset
+//   request_success_total{finished_reason}  counter: finished generations, "stop" (EOS, stop
+//                                  ids, tool calls), "length", "abort" (client went away / engine
+//                                  cancelled), as vLLM spells them
+//   http_request_errors_total{status_code}  counter: responses with status >= 400 on every route
+//                                  but /health, /ready and /metrics, plus streams that fail after
+//                                  their 200 header (in-band error event: counted as "500")
+// Arrival is when the route handler starts (the body has been read).
+//
 // Threading: Start() and Stop() from one owner thread; requests run on httplib's thread pool,
 // one blocking thread per in-flight request (a streaming request holds its thread until done).
 // The tokenizer and engine are not owned and must outlive the server.
@@ -30,6 +60,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -45,11 +76,20 @@ class Server;
 
 namespace ss {
 
+namespace metrics {
+class Metrics;
+}  // namespace metrics
+
 struct GatewayConfig {
   std::string model_name = "deepseek-v4";
   std::vector<std::string> api_keys;       // empty: no authentication
   int32_t max_context_tokens = 65536;      // prompt + max_tokens must fit
   size_t max_body_bytes = 8u << 20;        // larger bodies get 413
+  // The registry the gateway's series go into and GET /metrics serves; not owned, must outlive
+  // the server. Null: the server owns a private one.
+  metrics::Metrics* metrics = nullptr;
+  // Optional: the engine's KV cache usage in [0, 1], read at every scrape (thread-safe).
+  std::function<double()> kv_cache_usage;
 };
 
 class OpenAiServer {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/metrics/metrics.h"
 #include "coordinator/fake_engine.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -397,6 +398,139 @@ TEST_F(OpenAiServerTest, DisconnectCancels) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(engine_->cancelled_count(), 1);
+}
+
+// The value of the sample `name` whose labels include every `labels` entry (as `k="v"`); -1 when
+// there is none.
+double Sample(const std::string& text, const std::string& name,
+              const std::vector<std::string>& labels = {}) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) continue;
+    bool ok = true;
+    for (const auto& l : labels) ok = ok && line.find(l) != std::string::npos;
+    if (!ok) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+constexpr char kModelLabel[] = "model_name=\"deepseek-v4\"";
+
+TEST_F(OpenAiServerTest, MetricsAfterRequests) {
+  // 5 ms a token so that later tokens arrive in events of their own (inter-token latency).
+  TearDown();
+  engine_ = std::make_unique<FakeEngine>(
+      FakeEngine::Options{Ids("The answer is 4."), false, std::chrono::milliseconds(5)});
+  GatewayConfig config;
+  config.max_context_tokens = 4096;
+  server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
+  auto port = server_->Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+  client_->set_read_timeout(10, 0);
+
+  auto r = Post("/v1/chat/completions", ChatBody(false, false).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json usage1 = Json::parse(r->body)["usage"];
+  Json body = ChatBody(true, false);
+  body["stream_options"] = Json{{"include_usage", true}};
+  r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const Json usage2 = Concat(Events(r->body)).usage;
+  ASSERT_TRUE(usage2.is_object());
+
+  // The stream's response object (and with it the running count) goes away just after [DONE].
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    auto m = client_->Get("/metrics");
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->status, 200);
+    EXPECT_EQ(m->get_header_value("Content-Type"), "text/plain; version=0.0.4");
+    text = m->body;
+    if (Sample(text, "splitserve:num_requests_running", {kModelLabel}) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (const char* name :
+       {"splitserve:time_to_first_token_seconds_count", "splitserve:inter_token_latency_seconds_count",
+        "splitserve:e2e_request_latency_seconds_count", "splitserve:request_queue_time_seconds_count",
+        "splitserve:prompt_tokens_total", "splitserve:generation_tokens_total",
+        "splitserve:num_requests_running", "splitserve:num_requests_waiting",
+        "splitserve:kv_cache_usage_perc", "splitserve:request_success_total"}) {
+    EXPECT_GE(Sample(text, name, {kModelLabel}), 0) << name << "\n" << text;
+  }
+  const double prompt = usage1["prompt_tokens"].get<double>() + usage2["prompt_tokens"].get<double>();
+  const double gen =
+      usage1["completion_tokens"].get<double>() + usage2["completion_tokens"].get<double>();
+  EXPECT_EQ(Sample(text, "splitserve:prompt_tokens_total", {kModelLabel}), prompt);
+  EXPECT_EQ(Sample(text, "splitserve:generation_tokens_total", {kModelLabel}), gen);
+  EXPECT_EQ(Sample(text, "splitserve:time_to_first_token_seconds_count", {kModelLabel}), 2);
+  EXPECT_EQ(Sample(text, "splitserve:e2e_request_latency_seconds_count", {kModelLabel}), 2);
+  EXPECT_EQ(Sample(text, "splitserve:request_queue_time_seconds_count", {kModelLabel}), 2);
+  const double itl = Sample(text, "splitserve:inter_token_latency_seconds_count", {kModelLabel});
+  EXPECT_GT(itl, 0);
+  EXPECT_LE(itl, gen - 2);
+  EXPECT_EQ(Sample(text, "splitserve:request_success_total",
+                   {kModelLabel, "finished_reason=\"stop\""}),
+            2);
+  EXPECT_EQ(Sample(text, "splitserve:request_success_total",
+                   {kModelLabel, "finished_reason=\"length\""}),
+            0);
+  EXPECT_EQ(Sample(text, "splitserve:num_requests_running", {kModelLabel}), 0);
+  EXPECT_EQ(Sample(text, "splitserve:num_requests_waiting", {kModelLabel}), 0);
+  EXPECT_EQ(Sample(text, "splitserve:kv_cache_usage_perc", {kModelLabel}), 0);
+  EXPECT_LT(Sample(text, "splitserve:http_request_errors_total", {kModelLabel}), 0);  // none yet
+
+  ExpectError(Post("/v1/chat/completions", "{not json"), 400);
+  auto m = client_->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(Sample(m->body, "splitserve:http_request_errors_total",
+                   {kModelLabel, "status_code=\"400\""}),
+            1)
+      << m->body;
+  EXPECT_EQ(Sample(m->body, "splitserve:prompt_tokens_total", {kModelLabel}), prompt);
+}
+
+TEST_F(OpenAiServerTest, MetricsOpenSharedRegistryAndHook) {
+  TearDown();
+  metrics::Metrics registry;
+  GatewayConfig config;
+  config.api_keys = {"sk-good"};
+  config.metrics = &registry;
+  config.kv_cache_usage = [] { return 0.25; };
+  Start(config);
+  ExpectError(client_->Get("/v1/models"), 401);
+  auto m = client_->Get("/metrics");  // open like /health: no key needed
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  EXPECT_EQ(Sample(m->body, "splitserve:kv_cache_usage_perc", {kModelLabel}), 0.25);
+  EXPECT_EQ(Sample(m->body, "splitserve:http_request_errors_total",
+                   {kModelLabel, "status_code=\"401\""}),
+            1)
+      << m->body;
+  // A stream that fails after its 200 header counts as a 500.
+  engine_->set_script(Ids("hello world"));
+  engine_->set_fail(true);
+  auto r = Post("/v1/chat/completions", ChatBody(true, false).dump(),
+                {{"Authorization", "Bearer sk-good"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  // The series live in the given registry.
+  const std::string text = registry.Serialize();
+  EXPECT_EQ(Sample(text, "splitserve:http_request_errors_total",
+                   {kModelLabel, "status_code=\"500\""}),
+            1)
+      << text;
+  EXPECT_EQ(Sample(text, "splitserve:request_success_total",
+                   {kModelLabel, "finished_reason=\"stop\""}),
+            0);
+  TearDown();  // the server goes before the registry it was given
 }
 
 }  // namespace
