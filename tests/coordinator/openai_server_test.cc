@@ -4,8 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include <csignal>
 #include <chrono>
+#include <csignal>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -229,8 +230,8 @@ Streamed Concat(const std::vector<std::string>& events) {
 }
 
 TEST_F(OpenAiServerTest, StreamingEqualsNonStreaming) {
-  for (const std::string& text : {std::string("思考一下: 2+2.</think>答案是 4 🎉."),
-                                 std::string(kToolText)}) {
+  for (const std::string& text :
+       {std::string("思考一下: 2+2.</think>答案是 4 🎉."), std::string(kToolText)}) {
     engine_->set_script(Ids(text));
     const bool thinking = text.find("</think>") != std::string::npos;
     auto r = Post("/v1/chat/completions", ChatBody(false, thinking).dump());
@@ -421,6 +422,19 @@ double Sample(const std::string& text, const std::string& name,
 
 constexpr char kModelLabel[] = "model_name=\"deepseek-v4\"";
 
+// Error responses are counted after they are written, so a scrape right after the client got
+// the response may not see the count yet: scrape again for up to 5 s until it reads `want`.
+double SampleEventually(const std::function<std::string()>& scrape, const std::string& name,
+                        const std::vector<std::string>& labels, double want) {
+  double v = -1;
+  for (int i = 0; i < 500; ++i) {
+    v = Sample(scrape(), name, labels);
+    if (v == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return v;
+}
+
 TEST_F(OpenAiServerTest, MetricsAfterRequests) {
   // 5 ms a token so that later tokens arrive in events of their own (inter-token latency).
   TearDown();
@@ -457,15 +471,17 @@ TEST_F(OpenAiServerTest, MetricsAfterRequests) {
     if (Sample(text, "splitserve:num_requests_running", {kModelLabel}) == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  for (const char* name :
-       {"splitserve:time_to_first_token_seconds_count", "splitserve:inter_token_latency_seconds_count",
-        "splitserve:e2e_request_latency_seconds_count", "splitserve:request_queue_time_seconds_count",
-        "splitserve:prompt_tokens_total", "splitserve:generation_tokens_total",
-        "splitserve:num_requests_running", "splitserve:num_requests_waiting",
-        "splitserve:kv_cache_usage_perc", "splitserve:request_success_total"}) {
+  for (const char* name : {"splitserve:time_to_first_token_seconds_count",
+                           "splitserve:inter_token_latency_seconds_count",
+                           "splitserve:e2e_request_latency_seconds_count",
+                           "splitserve:request_queue_time_seconds_count",
+                           "splitserve:prompt_tokens_total", "splitserve:generation_tokens_total",
+                           "splitserve:num_requests_running", "splitserve:num_requests_waiting",
+                           "splitserve:kv_cache_usage_perc", "splitserve:request_success_total"}) {
     EXPECT_GE(Sample(text, name, {kModelLabel}), 0) << name << "\n" << text;
   }
-  const double prompt = usage1["prompt_tokens"].get<double>() + usage2["prompt_tokens"].get<double>();
+  const double prompt =
+      usage1["prompt_tokens"].get<double>() + usage2["prompt_tokens"].get<double>();
   const double gen =
       usage1["completion_tokens"].get<double>() + usage2["completion_tokens"].get<double>();
   EXPECT_EQ(Sample(text, "splitserve:prompt_tokens_total", {kModelLabel}), prompt);
@@ -476,25 +492,27 @@ TEST_F(OpenAiServerTest, MetricsAfterRequests) {
   const double itl = Sample(text, "splitserve:inter_token_latency_seconds_count", {kModelLabel});
   EXPECT_GT(itl, 0);
   EXPECT_LE(itl, gen - 2);
-  EXPECT_EQ(Sample(text, "splitserve:request_success_total",
-                   {kModelLabel, "finished_reason=\"stop\""}),
-            2);
-  EXPECT_EQ(Sample(text, "splitserve:request_success_total",
-                   {kModelLabel, "finished_reason=\"length\""}),
-            0);
+  EXPECT_EQ(
+      Sample(text, "splitserve:request_success_total", {kModelLabel, "finished_reason=\"stop\""}),
+      2);
+  EXPECT_EQ(
+      Sample(text, "splitserve:request_success_total", {kModelLabel, "finished_reason=\"length\""}),
+      0);
   EXPECT_EQ(Sample(text, "splitserve:num_requests_running", {kModelLabel}), 0);
   EXPECT_EQ(Sample(text, "splitserve:num_requests_waiting", {kModelLabel}), 0);
   EXPECT_EQ(Sample(text, "splitserve:kv_cache_usage_perc", {kModelLabel}), 0);
   EXPECT_LT(Sample(text, "splitserve:http_request_errors_total", {kModelLabel}), 0);  // none yet
 
   ExpectError(Post("/v1/chat/completions", "{not json"), 400);
-  auto m = client_->Get("/metrics");
-  ASSERT_TRUE(m);
-  EXPECT_EQ(Sample(m->body, "splitserve:http_request_errors_total",
-                   {kModelLabel, "status_code=\"400\""}),
+  auto scrape = [&] {
+    auto m = client_->Get("/metrics");
+    return m ? m->body : std::string();
+  };
+  EXPECT_EQ(SampleEventually(scrape, "splitserve:http_request_errors_total",
+                             {kModelLabel, "status_code=\"400\""}, 1),
             1)
-      << m->body;
-  EXPECT_EQ(Sample(m->body, "splitserve:prompt_tokens_total", {kModelLabel}), prompt);
+      << scrape();
+  EXPECT_EQ(Sample(scrape(), "splitserve:prompt_tokens_total", {kModelLabel}), prompt);
 }
 
 TEST_F(OpenAiServerTest, MetricsOpenSharedRegistryAndHook) {
@@ -510,9 +528,10 @@ TEST_F(OpenAiServerTest, MetricsOpenSharedRegistryAndHook) {
   ASSERT_TRUE(m);
   ASSERT_EQ(m->status, 200);
   EXPECT_EQ(Sample(m->body, "splitserve:kv_cache_usage_perc", {kModelLabel}), 0.25);
-  EXPECT_EQ(Sample(m->body, "splitserve:http_request_errors_total",
-                   {kModelLabel, "status_code=\"401\""}),
-            1)
+  EXPECT_EQ(
+      SampleEventually([&] { return registry.Serialize(); }, "splitserve:http_request_errors_total",
+                       {kModelLabel, "status_code=\"401\""}, 1),
+      1)
       << m->body;
   // A stream that fails after its 200 header counts as a 500.
   engine_->set_script(Ids("hello world"));
@@ -522,14 +541,15 @@ TEST_F(OpenAiServerTest, MetricsOpenSharedRegistryAndHook) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   // The series live in the given registry.
+  EXPECT_EQ(
+      SampleEventually([&] { return registry.Serialize(); }, "splitserve:http_request_errors_total",
+                       {kModelLabel, "status_code=\"500\""}, 1),
+      1)
+      << registry.Serialize();
   const std::string text = registry.Serialize();
-  EXPECT_EQ(Sample(text, "splitserve:http_request_errors_total",
-                   {kModelLabel, "status_code=\"500\""}),
-            1)
-      << text;
-  EXPECT_EQ(Sample(text, "splitserve:request_success_total",
-                   {kModelLabel, "finished_reason=\"stop\""}),
-            0);
+  EXPECT_EQ(
+      Sample(text, "splitserve:request_success_total", {kModelLabel, "finished_reason=\"stop\""}),
+      0);
   TearDown();  // the server goes before the registry it was given
 }
 
