@@ -19,31 +19,21 @@
 #include <random>
 #include <vector>
 
+#include "common/model_config.h"
 #include "coordinator/kv_accounting.h"
 #include "coordinator/scheduler.h"
+#include "tests/tools/test_configs.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace ss::sched;
 
+// DeepSeek-V4-Flash's config.json (tests/tools/test_configs.h).
 ss::ModelConfig FlashConfig() {
-  ss::ModelConfig c;
-  c.n_layers = 43;
-  c.n_mtp_layers = 1;
-  c.head_dim = 512;
-  c.rope_head_dim = 64;
-  c.window_size = 128;
-  c.index_head_dim = 128;
-  c.max_position_embeddings = 1 << 20;
-  c.compress_ratios = {0, 0};
-  for (int i = 0; i < 20; ++i) {
-    c.compress_ratios.push_back(4);
-    c.compress_ratios.push_back(128);
-  }
-  c.compress_ratios.push_back(4);
-  c.compress_ratios.push_back(0);
-  return c;
+  auto c = ss::ParseModelConfig(ss::testing_util::kFlashConfig, "Flash config.json");
+  if (!c.ok()) std::abort();
+  return *c;
 }
 
 template <typename F>

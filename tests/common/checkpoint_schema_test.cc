@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_util.h"
+#include "tests/tools/test_configs.h"
 
 namespace ss {
 namespace {
@@ -74,31 +75,7 @@ TEST(CheckpointSchemaTest, SpotShapes) {
 
 // The real Flash inventory (spec §0.1, [VAL]): 69,187 tensors, 159,609,485,896 bytes.
 TEST(CheckpointSchemaTest, FlashInventoryMatchesTheHub) {
-  nlohmann::json j;
-  {
-    std::ifstream in(std::string(kTinyDir) + "/config.json");
-    j = nlohmann::json::parse(in);
-  }
-  j["vocab_size"] = 129280;
-  j["hidden_size"] = 4096;
-  j["num_hidden_layers"] = 43;
-  j["num_attention_heads"] = 64;
-  j["head_dim"] = 512;
-  j["q_lora_rank"] = 1024;
-  j["o_groups"] = 8;
-  j["o_lora_rank"] = 1024;
-  j["sliding_window"] = 128;
-  std::vector<int> ratios = {0, 0};
-  for (int i = 0; i < 20; ++i) ratios.insert(ratios.end(), {4, 128});
-  ratios.insert(ratios.end(), {4, 0});
-  j["compress_ratios"] = ratios;
-  j["max_position_embeddings"] = 1048576;
-  j["index_n_heads"] = 64;
-  j["index_topk"] = 512;
-  j["n_routed_experts"] = 256;
-  j["num_experts_per_tok"] = 6;
-  j["moe_intermediate_size"] = 2048;
-  auto c = ParseModelConfig(j.dump());
+  auto c = ParseModelConfig(testing_util::kFlashConfig);
   ASSERT_TRUE(c.ok()) << c.status();
   const std::vector<ExpectedTensor> expected = ExpectedTensors(*c);
   EXPECT_EQ(expected.size(), 69187u);

@@ -2,33 +2,23 @@
 #include "coordinator/kv_accounting.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <set>
 #include <vector>
 
+#include "common/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/tools/test_configs.h"
 
 namespace ss::sched {
 namespace {
 
-// The fields of DeepSeek-V4-Flash that the KV layout depends on (spec §1.1, §1.4).
+// DeepSeek-V4-Flash's config.json (tests/tools/test_configs.h).
 ModelConfig FlashConfig() {
-  ModelConfig c;
-  c.n_layers = 43;
-  c.n_mtp_layers = 1;
-  c.head_dim = 512;
-  c.rope_head_dim = 64;
-  c.window_size = 128;
-  c.index_head_dim = 128;
-  c.max_position_embeddings = 1 << 20;
-  c.compress_ratios = {0, 0};
-  for (int i = 0; i < 20; ++i) {
-    c.compress_ratios.push_back(4);
-    c.compress_ratios.push_back(128);
-  }
-  c.compress_ratios.push_back(4);
-  c.compress_ratios.push_back(0);  // MTP
-  return c;
+  auto c = ParseModelConfig(testing_util::kFlashConfig, "Flash config.json");
+  if (!c.ok()) std::abort();
+  return *c;
 }
 
 TEST(KvCostModelTest, FlashMatchesSpecPerTokenAndPerSequence) {
