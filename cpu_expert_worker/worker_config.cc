@@ -24,56 +24,6 @@ absl::StatusOr<int> ParseNonNegative(absl::string_view s, absl::string_view what
 
 }  // namespace
 
-absl::StatusOr<std::vector<int>> ParseLayerList(absl::string_view spec) {
-  std::vector<int> layers;
-  std::set<int> seen;
-  if (absl::StripAsciiWhitespace(spec).empty()) {
-    return absl::InvalidArgumentError("--layers: empty list");
-  }
-  for (absl::string_view raw : absl::StrSplit(spec, ',')) {
-    const absl::string_view item = absl::StripAsciiWhitespace(raw);
-    if (item.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--layers '", spec, "': empty item"));
-    }
-    const size_t dash = item.find('-', 1);  // from 1: "-3" is a (negative) number, not a range
-    int first = 0, last = 0;
-    const std::string what = absl::StrCat("--layers item '", item, "'");
-    if (dash == absl::string_view::npos) {
-      ASSIGN_OR_RETURN(first, ParseNonNegative(item, what));
-      last = first;
-    } else {
-      ASSIGN_OR_RETURN(first,
-                       ParseNonNegative(absl::StripAsciiWhitespace(item.substr(0, dash)), what));
-      ASSIGN_OR_RETURN(last,
-                       ParseNonNegative(absl::StripAsciiWhitespace(item.substr(dash + 1)), what));
-      if (last < first) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": the range ends before it starts"));
-      }
-    }
-    for (int l = first; l <= last; ++l) {
-      if (!seen.insert(l).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--layers '", spec, "': layer ", l, " is listed twice"));
-      }
-      layers.push_back(l);
-    }
-  }
-  return layers;
-}
-
-absl::StatusOr<std::pair<int, int>> ParseSlice(absl::string_view spec) {
-  const std::vector<absl::string_view> parts = absl::StrSplit(spec, '/');
-  int i = 0, n = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &i) || !absl::SimpleAtoi(parts[1], &n)) {
-    return absl::InvalidArgumentError(absl::StrCat("--slice '", spec, "': expected i/n, e.g. 0/2"));
-  }
-  if (n < 1 || i < 0 || i >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--slice ", i, "/", n, ": need n >= 1 and 0 <= i < n"));
-  }
-  return std::make_pair(i, n);
-}
-
 absl::StatusOr<int> ParseNumaNode(absl::string_view spec) {
   if (spec == "auto") return -1;
   return ParseNonNegative(spec, "--numa_node (a node number or 'auto')");
@@ -128,16 +78,6 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   }
   c.selftest_tokens = f.selftest_tokens;
   return c;
-}
-
-void NormalizeFlagDashes(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    char* a = argv[i];
-    if (std::strcmp(a, "--") == 0) return;
-    if (std::strncmp(a, "--", 2) != 0) continue;
-    for (char* p = a + 2; *p != '\0' && *p != '='; ++p)
-      if (*p == '-') *p = '_';
-  }
 }
 
 }  // namespace ss::expert

@@ -25,16 +25,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/layer_list.h"
 
 namespace ss::expert {
 
-// "0-42,43" -> {0..42, 43}. Spaces around items are ignored. Errors (InvalidArgument, naming
-// the item): an empty list or item, a non-number, a negative id, a range whose end is below its
-// start, an id listed twice.
-absl::StatusOr<std::vector<int>> ParseLayerList(absl::string_view spec);
-
-// "i/n" -> {i, n} with n >= 1 and 0 <= i < n. Whether I/n suits the model is the store's check.
-absl::StatusOr<std::pair<int, int>> ParseSlice(absl::string_view spec);
+// Layer lists and slices: common/layer_list.h.
+using ss::ParseLayerList;
+using ss::ParseSlice;
 
 // "auto" -> -1, "k" -> k >= 0.
 absl::StatusOr<int> ParseNumaNode(absl::string_view spec);
@@ -77,8 +74,6 @@ struct WorkerConfig {
 // Validates every flag (InvalidArgument naming the flag and its value).
 absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& flags);
 
-// Rewrites "--some-flag[=v]" to "--some_flag[=v]" in place (absl flag names are identifiers),
-// up to a "--" terminator. Values and single-dash arguments are left alone.
-void NormalizeFlagDashes(int argc, char** argv);
+using ss::NormalizeFlagDashes;  // common/layer_list.h
 
 }  // namespace ss::expert
