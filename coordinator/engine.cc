@@ -16,11 +16,19 @@ const char* FinishReasonName(FinishReason reason) {
   return "error";
 }
 
-void GenerationStream::Push(std::vector<int32_t> tokens) {
+void GenerationStream::Push(std::vector<int32_t> tokens) { Push(std::move(tokens), {}); }
+
+void GenerationStream::Push(std::vector<int32_t> tokens, std::vector<TokenLogprobs> logprobs) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finish_ != FinishReason::kNone) return;
     pending_.insert(pending_.end(), tokens.begin(), tokens.end());
+    if (!logprobs.empty()) has_logprobs_ = true;
+    if (has_logprobs_) {
+      logprobs.resize(tokens.size());
+      pending_logprobs_.resize(pending_.size() - tokens.size());
+      for (auto& lp : logprobs) pending_logprobs_.push_back(std::move(lp));
+    }
   }
   cv_.notify_all();
 }
@@ -43,6 +51,7 @@ std::optional<GenerationEvent> GenerationStream::Next(std::chrono::milliseconds 
   if (!cv_.wait_for(lock, timeout, has_news)) return std::nullopt;
   GenerationEvent event;
   event.tokens.swap(pending_);
+  event.logprobs.swap(pending_logprobs_);
   if (finish_ != FinishReason::kNone) {
     event.finish = finish_;
     event.error = error_;

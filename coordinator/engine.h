@@ -10,7 +10,8 @@
 //   * The engine delivers generated ids in order, in one or more Push() calls, then exactly one
 //     Finish(). The token that ended generation (EOS or a stop token id) is NOT delivered and not
 //     counted; a kLength finish means max_tokens ids were delivered.
-//   * Cancellation: the gateway calls request.cancel->Cancel() when its client went away. The
+//   * Cancellation: the gateway calls request.cancel->Cancel() when its client went away or the
+//     text matched one of the request's stop strings (applied in the gateway, on text). The
 //     engine polls cancelled() between steps, frees the sequence's resources (KV) and finishes
 //     the stream with kCancelled. Finishing with another reason after a cancel is allowed (a race
 //     with the last step); the gateway ignores the outcome either way.
@@ -27,11 +28,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ss {
 
-// Set by the gateway (client disconnected), read by the engine. Never reset.
+// Set by the gateway (client disconnected, stop string matched), read by the engine. Never reset.
 class CancellationToken {
  public:
   void Cancel() { cancelled_.store(true, std::memory_order_release); }
@@ -48,6 +50,16 @@ struct SamplingParams {
   int32_t max_tokens = 16;   // >= 1; generation stops with kLength after this many ids
   std::optional<uint64_t> seed;
   std::vector<int32_t> stop_token_ids;  // besides EOS; finish kStop
+  // Log-probabilities to return with every generated id: -1 none; k >= 0 the sampled id's
+  // logprob plus the k most likely ids (k <= 20, the gateway's limit). They are the log-softmax
+  // of the model's logits before temperature, top_p and top_k (vLLM's default "raw_logprobs").
+  int32_t top_logprobs = -1;
+};
+
+// The log-probabilities of one generated id (SamplingParams::top_logprobs >= 0).
+struct TokenLogprobs {
+  float logprob = 0.0f;                        // of the sampled id
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first; size k
 };
 
 enum class FinishReason { kNone, kEos, kLength, kStop, kCancelled, kError };
@@ -65,6 +77,8 @@ struct GenerationRequest {
 // What the consumer receives: newly generated ids and, on the last event, the finish reason.
 struct GenerationEvent {
   std::vector<int32_t> tokens;
+  // Parallel to `tokens` when the request asked for logprobs (top_logprobs >= 0), else empty.
+  std::vector<TokenLogprobs> logprobs;
   FinishReason finish = FinishReason::kNone;  // != kNone: this is the last event
   std::string error;                          // with kError
 };
@@ -73,16 +87,23 @@ class GenerationStream {
  public:
   // Producer side (the engine).
   void Push(std::vector<int32_t> tokens);
+  // The same with one TokenLogprobs per id (for requests with top_logprobs >= 0; an engine asked
+  // for logprobs uses this overload for every push). Once logprobs were pushed, the stream keeps
+  // them parallel to the ids: a short `logprobs` (or a plain Push) is padded with empty entries.
+  void Push(std::vector<int32_t> tokens, std::vector<TokenLogprobs> logprobs);
   void Finish(FinishReason reason, std::string error = {});
 
   // Consumer side: waits up to `timeout` and returns everything queued since the last call
-  // (tokens concatenated; finish set once the engine finished). nullopt: nothing new yet.
+  // (tokens and logprobs concatenated; finish set once the engine finished). nullopt: nothing
+  // new yet.
   std::optional<GenerationEvent> Next(std::chrono::milliseconds timeout);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int32_t> pending_;                 // guarded by mu_
+  std::vector<TokenLogprobs> pending_logprobs_;  // guarded by mu_
+  bool has_logprobs_ = false;                    // guarded by mu_
   FinishReason finish_ = FinishReason::kNone;    // guarded by mu_
   std::string error_;                            // guarded by mu_
   bool finish_delivered_ = false;                // guarded by mu_

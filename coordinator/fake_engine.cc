@@ -19,9 +19,26 @@ void FakeEngine::set_script(std::vector<int32_t> script) {
   options_.script = std::move(script);
 }
 
+void FakeEngine::set_script_fn(ScriptFn fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  script_fn_ = std::move(fn);
+}
+
 GenerationRequest FakeEngine::last_request() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_;
+}
+
+TokenLogprobs FakeEngine::FakeLogprobs(int32_t id, int32_t step, int32_t k) {
+  TokenLogprobs lp;
+  lp.logprob = FakeLogprob(step);
+  if (k > 0) lp.top.emplace_back(id, lp.logprob);
+  for (int32_t alt = 10, j = 1; j < k; ++alt) {
+    if (alt == id) continue;
+    lp.top.emplace_back(alt, lp.logprob - static_cast<float>(j));
+    ++j;
+  }
+  return lp;
 }
 
 SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
@@ -41,7 +58,9 @@ SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
   submitted_.fetch_add(1);
   std::lock_guard<std::mutex> lock(mu_);
   last_ = request;
-  std::vector<int32_t> script = options_.echo ? request.prompt : options_.script;
+  std::vector<int32_t> script = script_fn_      ? script_fn_(request)
+                                : options_.echo ? request.prompt
+                                                : options_.script;
   const bool fail = fail_.load();
   const auto delay = options_.step_delay;
   threads_.emplace_back([this, stream, script = std::move(script), fail, delay,
@@ -59,7 +78,12 @@ SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
         stream->Finish(FinishReason::kStop);
         return;
       }
-      stream->Push({id});
+      const int32_t k = req.sampling.top_logprobs;
+      if (k >= 0) {
+        stream->Push({id}, {FakeLogprobs(id, emitted, k)});
+      } else {
+        stream->Push({id});
+      }
       ++emitted;
       if (fail) {
         stream->Finish(FinishReason::kError, "fake engine failure");

@@ -6,10 +6,17 @@
 // cancellation token before every step and finishes with kCancelled, counting it in
 // cancelled_count(). Knobs, all thread-safe and changeable at any time: ready, overloaded
 // (Submit refuses with kOverloaded), fail (the stream finishes with kError after the first id).
+//
+// Logprobs (sampling.top_logprobs = k >= 0) are made up but deterministic: the id at step i
+// (0-based) gets logprob FakeLogprob(i) = -0.25 * (1 + i % 4), and its top list is the id itself
+// followed by k - 1 alternatives 10, 11, ... (skipping the id) at FakeLogprob(i) - j for the
+// j-th alternative, so it is sorted and every id is a real token of any tokenizer with more than
+// 10 + k ids.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -25,6 +32,13 @@ class FakeEngine : public GenerationEngine {
     bool echo = false;
     std::chrono::milliseconds step_delay{0};
   };
+  // Chooses each request's script (called on the Submit thread, under the engine's lock);
+  // when set, it takes precedence over `echo` and `script`.
+  using ScriptFn = std::function<std::vector<int32_t>(const GenerationRequest&)>;
+
+  static float FakeLogprob(int32_t step) { return -0.25f * static_cast<float>(1 + step % 4); }
+  static TokenLogprobs FakeLogprobs(int32_t id, int32_t step, int32_t k);
+
   explicit FakeEngine(Options options) : options_(std::move(options)) {}
   ~FakeEngine() override;  // joins every request thread (cancelled ones end at the next step)
 
@@ -35,6 +49,7 @@ class FakeEngine : public GenerationEngine {
   void set_overloaded(bool v) { overloaded_.store(v); }
   void set_fail(bool v) { fail_.store(v); }
   void set_script(std::vector<int32_t> script);
+  void set_script_fn(ScriptFn fn);
 
   int cancelled_count() const { return cancelled_.load(); }
   int submitted_count() const { return submitted_.load(); }
@@ -42,7 +57,8 @@ class FakeEngine : public GenerationEngine {
   GenerationRequest last_request() const;
 
  private:
-  Options options_;  // script guarded by mu_
+  Options options_;     // script guarded by mu_
+  ScriptFn script_fn_;  // guarded by mu_
   std::atomic<bool> ready_{true}, overloaded_{false}, fail_{false};
   std::atomic<int> cancelled_{0}, submitted_{0};
   mutable std::mutex mu_;

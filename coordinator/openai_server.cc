@@ -14,6 +14,8 @@
 #include "common/metrics/metrics.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
+#include "coordinator/output_text.h"
+#include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
@@ -101,9 +103,10 @@ struct RequestTimer {
     gm->running->Increment();
     running = true;
   }
-  void Event(const GenerationEvent& ev) {
+  // `n` generated ids arrived (those the gateway took: none past a stop string); `finish` is the
+  // request's outcome once known.
+  void Event(size_t n, FinishReason finish) {
     const auto now = Clock::now();
-    const size_t n = ev.tokens.size();
     if (n > 0) {
       gm->generation_tokens->Increment(static_cast<double>(n));
       if (!first_seen) {
@@ -115,11 +118,11 @@ struct RequestTimer {
       }
       last_token = now;
     }
-    if (ev.finish != FinishReason::kNone) {
+    if (finish != FinishReason::kNone) {
       gm->e2e->Observe(Seconds(now - arrival));
-      gm->Finished(ev.finish);
+      gm->Finished(finish);
       // A non-streaming failure becomes an HTTP 500 that the server's logger counts.
-      if (ev.finish == FinishReason::kError && streaming) gm->Error(500).Increment();
+      if (finish == FinishReason::kError && streaming) gm->Error(500).Increment();
     }
   }
   ~RequestTimer() {
@@ -236,11 +239,14 @@ std::optional<std::string> GetString(const Json& obj, const std::string& key) {
 
 // Everything a generation route reads besides its prompt.
 struct GenerationParams {
-  SamplingParams sampling;
+  SamplingParams sampling;            // sampling.top_logprobs >= 0: logprobs requested
   std::optional<int64_t> max_tokens;  // as requested
+  std::vector<std::string> stop;      // stop strings (output_text.h)
   bool stream = false;
   bool include_usage = false;
 };
+
+constexpr int64_t kMaxTopLogprobs = 20;
 
 GenerationParams ParseGenerationParams(const Json& body, bool chat) {
   GenerationParams p;
@@ -269,9 +275,21 @@ GenerationParams ParseGenerationParams(const Json& body, bool chat) {
       for (const auto& s : *stop) ok = ok && s.is_string();
     }
     if (!ok) throw Invalid("stop", "stop: expected a string or an array of up to 4 strings");
+    if (stop->is_string()) {
+      p.stop.push_back(stop->get<std::string>());
+    } else {
+      for (const auto& s : *stop) p.stop.push_back(s.get<std::string>());
+    }
   }
-  if (auto v = GetBool(body, "logprobs"); v && *v) {
-    throw Invalid("logprobs", "logprobs: not supported by this server");
+  if (chat) {
+    const bool logprobs = GetBool(body, "logprobs").value_or(false);
+    const auto top = GetInt(body, "top_logprobs", 0, kMaxTopLogprobs);
+    if (top && !logprobs) {
+      throw Invalid("top_logprobs", "top_logprobs: requires logprobs to be true");
+    }
+    if (logprobs) p.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
+  } else if (auto v = GetInt(body, "logprobs", 0, kMaxTopLogprobs)) {
+    p.sampling.top_logprobs = static_cast<int32_t>(*v);
   }
   p.stream = GetBool(body, "stream").value_or(false);
   if (const Json* so = Field(body, "stream_options")) {
@@ -346,6 +364,68 @@ Json UsageJson(size_t prompt, size_t completion) {
   u["completion_tokens"] = completion;
   u["total_tokens"] = prompt + completion;
   return u;
+}
+
+// Logprobs as OpenAI renders them. A token's text is its bytes as UTF-8 (lossy: an id can hold
+// half a character; `bytes` has the exact bytes). A logprob JSON cannot hold (-inf) is -9999, as
+// vLLM writes it.
+double LogprobValue(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+std::string_view IdBytes(const Tokenizer& tok, int32_t id) {
+  auto b = tok.TokenBytes(id);
+  return b ? *b : std::string_view();
+}
+
+Json ChatLogprobEntry(const Tokenizer& tok, int32_t id, float lp) {
+  const std::string_view b = IdBytes(tok, id);
+  Json bytes = Json::array();
+  for (unsigned char c : b) bytes.push_back(static_cast<int>(c));
+  Json j = Json::object();
+  j["token"] = utf8::Lossy(b);
+  j["logprob"] = LogprobValue(lp);
+  j["bytes"] = std::move(bytes);
+  return j;
+}
+
+// Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+Json ChatLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries) {
+  Json content = Json::array();
+  for (const auto& e : entries) {
+    Json j = ChatLogprobEntry(tok, e.id, e.logprobs.logprob);
+    Json top = Json::array();
+    for (const auto& [id, lp] : e.logprobs.top) top.push_back(ChatLogprobEntry(tok, id, lp));
+    j["top_logprobs"] = std::move(top);
+    content.push_back(std::move(j));
+  }
+  Json out = Json::object();
+  out["content"] = std::move(content);
+  return out;
+}
+
+// Completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; each
+// top_logprobs map holds the k most likely tokens and the sampled one.
+Json CompletionLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries) {
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
+       offsets = Json::array();
+  for (const auto& e : entries) {
+    const std::string token = utf8::Lossy(IdBytes(tok, e.id));
+    tokens.push_back(token);
+    token_logprobs.push_back(LogprobValue(e.logprobs.logprob));
+    Json top = Json::object();
+    for (const auto& [id, lp] : e.logprobs.top) {
+      const std::string t = utf8::Lossy(IdBytes(tok, id));
+      if (!top.contains(t)) top[t] = LogprobValue(lp);
+    }
+    if (!top.contains(token)) top[token] = LogprobValue(e.logprobs.logprob);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(e.text_offset);
+  }
+  Json out = Json::object();
+  out["tokens"] = std::move(tokens);
+  out["token_logprobs"] = std::move(token_logprobs);
+  out["top_logprobs"] = std::move(top_logprobs);
+  out["text_offset"] = std::move(offsets);
+  return out;
 }
 
 }  // namespace
@@ -530,6 +610,24 @@ struct OpenAiServer::Impl {
     throw ApiError{500, "engine returned no stream", "server_error", "", "", 0};
   }
 
+  // One engine event through `output`: returns the text and logprobs it releases and sets
+  // `*finish` once the request is over. A stop string ends it with kStop (whatever the engine
+  // says) and cancels the engine's request, which frees its KV.
+  static OutputText::Piece Consume(OutputText& output, const GenerationEvent& ev,
+                                   CancellationToken& cancel, RequestTimer& timer,
+                                   FinishReason* finish) {
+    const size_t before = output.tokens();
+    OutputText::Piece piece = output.Add(ev.tokens, ev.logprobs);
+    if (!output.stopped() && ev.finish != FinishReason::kNone) piece.Append(output.Finish());
+    *finish = ev.finish;
+    if (output.stopped()) {
+      *finish = FinishReason::kStop;
+      cancel.Cancel();
+    }
+    timer.Event(output.tokens() - before, *finish);
+    return piece;
+  }
+
   void Run(Job job, httplib::Response& res) {
     auto cancel = std::make_shared<CancellationToken>();
     auto timer = std::make_unique<RequestTimer>();
@@ -542,23 +640,22 @@ struct OpenAiServer::Impl {
       Stream(std::move(job), std::move(stream), std::move(cancel), std::move(timer), res);
       return;
     }
-    std::vector<int32_t> out;
+    OutputText output(*tokenizer, job.params.stop);
+    OutputText::Piece all;
     FinishReason finish = FinishReason::kNone;
     std::string error;
     while (finish == FinishReason::kNone) {
       auto ev = stream->Next(kPollInterval);
       if (!ev) continue;
-      timer->Event(*ev);
-      out.insert(out.end(), ev->tokens.begin(), ev->tokens.end());
-      finish = ev->finish;
+      all.Append(Consume(output, *ev, *cancel, *timer, &finish));
       error = ev->error;
     }
     if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
       throw ApiError{500, absl::StrCat("generation failed: ", error.empty() ? "cancelled" : error),
                      "server_error", "", "", 0};
     }
-    auto text = tokenizer->Decode(out);
-    if (!text.ok()) throw ApiError{500, std::string(text.status().message()), "server_error", "", "", 0};
+    const std::string* text = &all.text;
+    const bool logprobs = job.params.sampling.top_logprobs >= 0;
     Json resp = Json::object();
     resp["id"] = job.id;
     resp["object"] = job.kind == Kind::kChat ? "chat.completion" : "text_completion";
@@ -585,13 +682,14 @@ struct OpenAiServer::Impl {
         if (finish != FinishReason::kLength) reason = "tool_calls";
       }
       choice["message"] = std::move(msg);
+      choice["logprobs"] = logprobs ? ChatLogprobs(*tokenizer, all.logprobs) : Json(nullptr);
     } else {
       choice["text"] = *text;
-      choice["logprobs"] = nullptr;
+      choice["logprobs"] = logprobs ? CompletionLogprobs(*tokenizer, all.logprobs) : Json(nullptr);
     }
     choice["finish_reason"] = reason;
     resp["choices"] = Json::array({std::move(choice)});
-    resp["usage"] = UsageJson(job.prompt.size(), out.size());
+    resp["usage"] = UsageJson(job.prompt.size(), output.tokens());
     SendJson(res, resp);
   }
 
@@ -600,10 +698,9 @@ struct OpenAiServer::Impl {
     Job job;
     std::shared_ptr<GenerationStream> stream;
     std::shared_ptr<CancellationToken> cancel;
-    std::unique_ptr<StreamDecoder> decoder;
+    std::unique_ptr<OutputText> output;
     std::unique_ptr<chat::CompletionStreamParser> parser;
     std::unique_ptr<RequestTimer> timer;  // running until the response (and this) is destroyed
-    size_t completion_tokens = 0;
     size_t tool_calls = 0;
     bool started = false;
     bool finished = false;
@@ -624,9 +721,12 @@ struct OpenAiServer::Impl {
     return sink.write(line.data(), line.size());
   }
 
-  // One chunk carrying `delta` (chat) or `text` (completions); finish_reason null or given.
+  // One chunk carrying `delta` (chat) or `text` (completions) and the logprobs of the ids it
+  // completes (when requested); finish_reason null or given.
   bool WriteDelta(StreamState& st, httplib::DataSink& sink, const chat::CompletionDelta& d,
-                  const std::string& text, const char* finish) {
+                  const std::string& text, const char* finish,
+                  const std::vector<OutputLogprob>& logprobs = {}) {
+    const bool with_logprobs = st.job.params.sampling.top_logprobs >= 0 && !logprobs.empty();
     Json c = ChunkBase(st);
     Json choice = Json::object();
     choice["index"] = 0;
@@ -645,9 +745,10 @@ struct OpenAiServer::Impl {
         delta["tool_calls"] = std::move(calls);
       }
       choice["delta"] = std::move(delta);
+      choice["logprobs"] = with_logprobs ? ChatLogprobs(*tokenizer, logprobs) : Json(nullptr);
     } else {
       choice["text"] = text;
-      choice["logprobs"] = nullptr;
+      choice["logprobs"] = with_logprobs ? CompletionLogprobs(*tokenizer, logprobs) : Json(nullptr);
     }
     choice["finish_reason"] = finish ? Json(finish) : Json(nullptr);
     c["choices"] = Json::array({std::move(choice)});
@@ -655,11 +756,13 @@ struct OpenAiServer::Impl {
     return WriteEvent(sink, Dump(c));
   }
 
-  // Decoded text -> one delta chunk (nothing written when it carries nothing).
-  bool EmitText(StreamState& st, httplib::DataSink& sink, const std::string& text, bool final) {
+  // Released text and logprobs -> one delta chunk (nothing written when it carries nothing).
+  bool EmitText(StreamState& st, httplib::DataSink& sink, const OutputText::Piece& piece,
+                bool final) {
+    const std::string& text = piece.text;
     if (st.job.kind == Kind::kCompletion) {
-      if (text.empty()) return true;
-      return WriteDelta(st, sink, {}, text, nullptr);
+      if (text.empty() && piece.logprobs.empty()) return true;
+      return WriteDelta(st, sink, {}, text, nullptr, piece.logprobs);
     }
     chat::CompletionDelta d = st.parser->Feed(text);
     if (final) {
@@ -668,8 +771,8 @@ struct OpenAiServer::Impl {
       d.content += rest.content;
       for (auto& call : rest.tool_calls) d.tool_calls.push_back(std::move(call));
     }
-    if (d.empty()) return true;
-    return WriteDelta(st, sink, d, "", nullptr);
+    if (d.empty() && piece.logprobs.empty()) return true;
+    return WriteDelta(st, sink, d, "", nullptr, piece.logprobs);
   }
 
   // Called repeatedly by httplib until it returns false or calls sink.done().
@@ -679,31 +782,25 @@ struct OpenAiServer::Impl {
     }
     auto ev = st.stream->Next(kPollInterval);
     if (!ev) return !st.cancel->cancelled();
-    st.timer->Event(*ev);
-    std::string text;
-    for (int32_t id : ev->tokens) {
-      auto piece = st.decoder->Add(id);
-      if (piece.ok()) text += *piece;
-    }
-    st.completion_tokens += ev->tokens.size();
-    if (ev->finish == FinishReason::kNone) return EmitText(st, sink, text, /*final=*/false);
+    FinishReason finish = FinishReason::kNone;
+    OutputText::Piece piece = Consume(*st.output, *ev, *st.cancel, *st.timer, &finish);
+    if (finish == FinishReason::kNone) return EmitText(st, sink, piece, /*final=*/false);
 
-    text += st.decoder->Flush();
-    if (!EmitText(st, sink, text, /*final=*/true)) return false;
+    if (!EmitText(st, sink, piece, /*final=*/true)) return false;
     st.finished = true;
-    if (ev->finish == FinishReason::kError || ev->finish == FinishReason::kCancelled) {
+    if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
       ApiError e{500, absl::StrCat("generation failed: ",
                                    ev->error.empty() ? "cancelled" : ev->error),
                  "server_error", "", "", 0};
       if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
     } else {
-      std::string reason = FinishReasonName(ev->finish);
-      if (st.tool_calls > 0 && ev->finish != FinishReason::kLength) reason = "tool_calls";
+      std::string reason = FinishReasonName(finish);
+      if (st.tool_calls > 0 && finish != FinishReason::kLength) reason = "tool_calls";
       if (!WriteDelta(st, sink, {}, "", reason.c_str())) return false;
       if (st.job.params.include_usage) {
         Json c = ChunkBase(st);
         c["choices"] = Json::array();
-        c["usage"] = UsageJson(st.job.prompt.size(), st.completion_tokens);
+        c["usage"] = UsageJson(st.job.prompt.size(), st.output->tokens());
         if (!WriteEvent(sink, Dump(c))) return false;
       }
     }
@@ -720,7 +817,7 @@ struct OpenAiServer::Impl {
     st->job = std::move(job);
     st->stream = std::move(stream);
     st->cancel = std::move(cancel);
-    st->decoder = std::make_unique<StreamDecoder>(*tokenizer);
+    st->output = std::make_unique<OutputText>(*tokenizer, st->job.params.stop);
     st->parser = std::make_unique<chat::CompletionStreamParser>(st->job.mode);
     st->created = NowSeconds();
     res.set_header("Cache-Control", "no-cache");
@@ -897,6 +994,8 @@ absl::StatusOr<int> OpenAiServer::Start(const std::string& host, int port) {
   } else if (!server_->bind_to_port(host, port)) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", host, ":", port));
   }
+  const size_t threads = static_cast<size_t>(std::max(1, impl_->config.http_threads));
+  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return bound;

@@ -4,11 +4,12 @@
 //
 // Routes:
 //   POST /v1/chat/completions   messages, tools, response_format, temperature, top_p, top_k,
-//                               max_tokens | max_completion_tokens, seed, stop (validated; stop
-//                               strings are not applied yet), stream, stream_options.include_usage,
-//                               chat_template_kwargs {thinking | enable_thinking | thinking_mode,
-//                               reasoning_effort}, reasoning_effort
-//   POST /v1/completions        prompt (string or array of ids) -> text
+//                               max_tokens | max_completion_tokens, seed, stop, logprobs,
+//                               top_logprobs (0..20, needs logprobs: true), stream,
+//                               stream_options.include_usage, chat_template_kwargs {thinking |
+//                               enable_thinking | thinking_mode, reasoning_effort},
+//                               reasoning_effort
+//   POST /v1/completions        prompt (string or array of ids) -> text; logprobs (0..20)
 //   GET  /v1/models, GET /health (live), GET /ready (engine->Ready())
 //   GET  /metrics               Prometheus text exposition (text/plain; version=0.0.4) of the
 //                               gateway's registry (see "Metrics" below)
@@ -20,6 +21,18 @@
 // open: scrapers and probes carry no key, and the series hold no request content),
 // 404 unknown model or route, 413 body over max_body_bytes, 503 engine overloaded or not ready
 // (with Retry-After), 500 engine error. No input crashes the process: every handler is wrapped.
+//
+// Stop strings (`stop`, up to 4) are matched on the generated text before reasoning and tool
+// calls are parsed (output_text.h): the text before the first one is returned, the engine's
+// request is cancelled (freeing its KV) and finish_reason is "stop". A stream holds back text that
+// may still become a stop string, so it never emits part of one.
+//
+// Logprobs (SamplingParams::top_logprobs, filled by the engine) in OpenAI's formats: chat
+// choices[].logprobs = {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob,
+// bytes}]}]}; completions choices[].logprobs = {tokens, token_logprobs, top_logprobs: [{token:
+// logprob}], text_offset}. A stream chunk carries the entries of the ids whose text it completes.
+// Entries cover the ids whose text is returned: none for the ids that made a stop string. Usage
+// counts every id taken, up to the one that completed a stop string.
 //
 // Streaming: a client that disconnects mid-stream is detected when a write fails (httplib's
 // content provider / releaser) and its request's CancellationToken is signalled. Writes to a
@@ -85,6 +98,9 @@ struct GatewayConfig {
   std::vector<std::string> api_keys;       // empty: no authentication
   int32_t max_context_tokens = 65536;      // prompt + max_tokens must fit
   size_t max_body_bytes = 8u << 20;        // larger bodies get 413
+  // HTTP worker threads: each in-flight request (a stream included) holds one; requests beyond
+  // wait for a free thread.
+  int http_threads = 256;
   // The registry the gateway's series go into and GET /metrics serves; not owned, must outlive
   // the server. Null: the server owns a private one.
   metrics::Metrics* metrics = nullptr;

@@ -1,5 +1,6 @@
 // splitserve: the user-facing launcher, one binary with subcommands.
 //
+//   splitserve up ...         the whole system on this machine (coordinator/launcher.h)
 //   splitserve tokenize ...   the tokenizer as a JSON-lines filter (coordinator/tokenize_command.h)
 //
 // Each subcommand parses its own arguments (argv from the subcommand word on), so their flags
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "coordinator/launcher.h"
 #include "coordinator/tokenize_command.h"
 
 namespace {
@@ -23,6 +25,8 @@ int RunTokenize(int argc, char** argv) {
 }
 
 constexpr Subcommand kSubcommands[] = {
+    {"up", "start the coordinator and every worker on this machine (--help for options)",
+     ss::RunUpCommand},
     {"tokenize", "JSON lines {\"text\"} -> {\"ids\"} (or back with --decode)", RunTokenize},
 };
 

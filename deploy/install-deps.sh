@@ -20,9 +20,14 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# node and npm run the `openai` npm client test (tests/e2e/openai_client). Checked as commands:
+# a node installed otherwise (NodeSource's nodejs bundles npm and conflicts with Debian's npm)
+# counts.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
+  echo "install-deps: all ${#packages[@]} packages, node and npm present"
   exit 0
 fi
 

@@ -13,6 +13,7 @@
 
 #include "common/metrics/metrics.h"
 #include "coordinator/fake_engine.h"
+#include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
@@ -42,6 +43,24 @@ class OpenAiServerTest : public ::testing::Test {
     client_->set_read_timeout(10, 0);
   }
   void SetUp() override { Start(); }
+  // Restarts with an engine that delivers `script` one id every `delay`.
+  void Restart(std::vector<int32_t> script, std::chrono::milliseconds delay) {
+    TearDown();
+    engine_ = std::make_unique<FakeEngine>(FakeEngine::Options{std::move(script), false, delay});
+    GatewayConfig config;
+    config.max_context_tokens = 4096;
+    server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
+    auto port = server_->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+    client_->set_read_timeout(10, 0);
+  }
+  void WaitCancelled(int n) {
+    for (int i = 0; i < 500 && engine_->cancelled_count() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(engine_->cancelled_count(), n);
+  }
   void TearDown() override {
     client_.reset();
     server_.reset();
@@ -551,6 +570,273 @@ TEST_F(OpenAiServerTest, MetricsOpenSharedRegistryAndHook) {
       Sample(text, "splitserve:request_success_total", {kModelLabel, "finished_reason=\"stop\""}),
       0);
   TearDown();  // the server goes before the registry it was given
+}
+
+// ---- Stop strings ----------------------------------------------------------------------------
+
+// Long enough that the engine is still generating when the stop string shows up.
+std::string LongText(const std::string& head) {
+  std::string t = head;
+  for (int i = 0; i < 1000; ++i) t += " tick";
+  return t;
+}
+
+TEST_F(OpenAiServerTest, StopStringNonStreamingCancelsTheEngine) {
+  const auto script = Ids(LongText("this is 3, this is 4! and then more"));
+  Restart(script, std::chrono::milliseconds(2));
+  Json body = ChatBody(false, false);
+  body["stop"] = Json::array({"never", "is 4"});
+  body["max_tokens"] = 2000;
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "this is 3, this ");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  // Usage counts the ids up to the one that completed the stop string.
+  const size_t upto = Ids("this is 3, this is 4").size();
+  EXPECT_GE(j["usage"]["completion_tokens"].get<size_t>(), upto - 1);
+  EXPECT_LE(j["usage"]["completion_tokens"].get<size_t>(), upto);
+  WaitCancelled(1);  // the engine's request was cancelled (its KV freed)
+}
+
+TEST_F(OpenAiServerTest, StopStringStreamingNeverEmitsPartOfIt) {
+  Restart(Ids(LongText("this is 3, this is 4! and then more")), std::chrono::milliseconds(2));
+  const std::string want = "this is 3, this ";
+  Json body = ChatBody(true, false);
+  body["stop"] = "is 4";
+  body["max_tokens"] = 2000;
+  body["stream_options"] = Json{{"include_usage", true}};
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto events = Events(r->body);
+  std::string so_far;
+  for (const auto& ev : events) {
+    if (ev == "[DONE]") continue;
+    Json c = Json::parse(ev);
+    for (const auto& ch : c["choices"]) {
+      if (ch["delta"].contains("content")) so_far += ch["delta"]["content"].get<std::string>();
+    }
+    // Every prefix streamed so far is a prefix of the final text: nothing was taken back.
+    EXPECT_EQ(want.compare(0, so_far.size(), so_far), 0) << so_far;
+  }
+  Streamed s = Concat(events);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.content, want);
+  EXPECT_EQ(s.finish, "stop");
+  const size_t upto = Ids("this is 3, this is 4").size();
+  EXPECT_LE(s.usage["completion_tokens"].get<size_t>(), upto);
+  WaitCancelled(1);
+}
+
+TEST_F(OpenAiServerTest, StopStringInReasoningAndCompletions) {
+  engine_->set_script(Ids("Let me think. STOP here</think>The answer."));
+  Json body = ChatBody(false, true);
+  body["stop"] = Json::array({"STOP"});
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "Let me think. ");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+
+  engine_->set_script(Ids(" world! And more."));
+  for (bool stream : {false, true}) {
+    Json c = Json::object();
+    c["model"] = "deepseek-v4";
+    c["prompt"] = "Hello";
+    c["stop"] = "!";
+    c["stream"] = stream;
+    r = Post("/v1/completions", c.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string text, finish;
+    if (!stream) {
+      j = Json::parse(r->body);
+      text = j["choices"][0]["text"];
+      finish = j["choices"][0]["finish_reason"];
+    } else {
+      for (const auto& ev : Events(r->body)) {
+        if (ev == "[DONE]") continue;
+        Json chunk = Json::parse(ev);
+        text += chunk["choices"][0]["text"].get<std::string>();
+        const Json& f = chunk["choices"][0]["finish_reason"];
+        if (!f.is_null()) finish = f;
+      }
+    }
+    EXPECT_EQ(text, " world") << stream;
+    EXPECT_EQ(finish, "stop") << stream;
+  }
+  // A stop string that never shows up changes nothing.
+  engine_->set_script(Ids("hello there"));
+  body = ChatBody(false, false);
+  body["stop"] = Json::array({"zzz", "there!"});
+  r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  j = Json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "hello there");
+}
+
+// ---- Logprobs --------------------------------------------------------------------------------
+
+TEST_F(OpenAiServerTest, ChatLogprobs) {
+  const std::string text = "The answer is 4 🎉.";
+  const auto ids = Ids(text);
+  engine_->set_script(ids);
+  Json body = ChatBody(false, false);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(engine_->last_request().sampling.top_logprobs, 3);
+  Json j = Json::parse(r->body);
+  const Json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), ids.size()) << r->body;
+  std::string bytes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Json& e = content[i];
+    const std::string_view tb = *tokenizer_->TokenBytes(ids[i]);
+    std::string b;
+    for (const auto& x : e["bytes"]) b.push_back(static_cast<char>(x.get<int>()));
+    EXPECT_EQ(b, tb);
+    bytes += b;
+    // Whole characters come as they are; part of one as U+FFFD.
+    EXPECT_EQ(e["token"], utf8::Lossy(tb));
+    if (utf8::FirstInvalid(tb) == std::string_view::npos) {
+      EXPECT_EQ(e["token"], tb);
+    }
+    EXPECT_EQ(e["logprob"].get<double>(), FakeEngine::FakeLogprob(static_cast<int32_t>(i)));
+    ASSERT_EQ(e["top_logprobs"].size(), 3u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
+    EXPECT_EQ(e["top_logprobs"][1]["logprob"].get<double>(), e["logprob"].get<double>() - 1);
+    EXPECT_TRUE(e["top_logprobs"][1]["bytes"].is_array());
+  }
+  EXPECT_EQ(bytes, text);
+
+  // Streaming: the chunks' entries concatenate to the same list.
+  body["stream"] = true;
+  r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  Json streamed = Json::array();
+  for (const auto& ev : Events(r->body)) {
+    if (ev == "[DONE]") continue;
+    Json c = Json::parse(ev);
+    const Json& lp = c["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const auto& e : lp["content"]) streamed.push_back(e);
+  }
+  EXPECT_EQ(streamed, content);
+
+  // logprobs without top_logprobs: entries with empty top lists; none asked: null.
+  body = ChatBody(false, false);
+  body["logprobs"] = true;
+  r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  j = Json::parse(r->body);
+  EXPECT_EQ(engine_->last_request().sampling.top_logprobs, 0);
+  ASSERT_EQ(j["choices"][0]["logprobs"]["content"].size(), ids.size());
+  EXPECT_TRUE(j["choices"][0]["logprobs"]["content"][0]["top_logprobs"].empty());
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump());
+  ASSERT_TRUE(r);
+  j = Json::parse(r->body);
+  EXPECT_EQ(engine_->last_request().sampling.top_logprobs, -1);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(OpenAiServerTest, LogprobsCoverOnlyTheReturnedText) {
+  engine_->set_script(Ids("The answer is 4. More text"));
+  Json body = ChatBody(false, false);
+  body["logprobs"] = true;
+  body["stop"] = ". M";
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "The answer is 4");
+  std::string bytes;
+  for (const auto& e : j["choices"][0]["logprobs"]["content"]) {
+    for (const auto& x : e["bytes"]) bytes.push_back(static_cast<char>(x.get<int>()));
+  }
+  EXPECT_EQ(bytes, "The answer is 4");
+}
+
+TEST_F(OpenAiServerTest, CompletionLogprobs) {
+  const std::string text = " world, again and again";
+  engine_->set_script(Ids(text));
+  Json body = Json::object();
+  body["model"] = "deepseek-v4";
+  body["prompt"] = "Hello";
+  body["logprobs"] = 2;
+  auto r = Post("/v1/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(engine_->last_request().sampling.top_logprobs, 2);
+  Json j = Json::parse(r->body);
+  const Json& lp = j["choices"][0]["logprobs"];
+  const size_t n = Ids(text).size();
+  ASSERT_EQ(lp["tokens"].size(), n) << r->body;
+  ASSERT_EQ(lp["token_logprobs"].size(), n);
+  ASSERT_EQ(lp["top_logprobs"].size(), n);
+  ASSERT_EQ(lp["text_offset"].size(), n);
+  std::string joined;
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(lp["text_offset"][i], joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    EXPECT_EQ(lp["token_logprobs"][i].get<double>(), FakeEngine::FakeLogprob(int32_t(i)));
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);  // the sampled id is the first of the top 2
+    EXPECT_EQ(lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i]);
+  }
+  EXPECT_EQ(joined, text);
+
+  body["stream"] = true;
+  r = Post("/v1/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  Json tokens = Json::array(), offsets = Json::array();
+  for (const auto& ev : Events(r->body)) {
+    if (ev == "[DONE]") continue;
+    const Json c = Json::parse(ev);
+    const Json& l = c["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const auto& t : l["tokens"]) tokens.push_back(t);
+    for (const auto& o : l["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(offsets, lp["text_offset"]);
+}
+
+TEST_F(OpenAiServerTest, LogprobsValidation) {
+  engine_->set_script(Ids("ok"));
+  auto chat = [&](Json extra) {
+    Json b = ChatBody(false, false);
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return Post("/v1/chat/completions", b.dump());
+  };
+  ExpectError(chat(Json{{"top_logprobs", 3}}), 400, "top_logprobs");
+  ExpectError(chat(Json{{"logprobs", false}, {"top_logprobs", 3}}), 400, "top_logprobs");
+  ExpectError(chat(Json{{"logprobs", true}, {"top_logprobs", 21}}), 400, "top_logprobs");
+  ExpectError(chat(Json{{"logprobs", true}, {"top_logprobs", -1}}), 400, "top_logprobs");
+  ExpectError(chat(Json{{"logprobs", "yes"}}), 400, "logprobs");
+  auto r = chat(Json{{"logprobs", true}, {"top_logprobs", 20}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  auto completion = [&](Json logprobs) {
+    Json b = Json::object();
+    b["model"] = "deepseek-v4";
+    b["prompt"] = "Hi";
+    b["logprobs"] = std::move(logprobs);
+    return Post("/v1/completions", b.dump());
+  };
+  ExpectError(completion(21), 400, "logprobs");
+  ExpectError(completion(true), 400, "logprobs");
+  r = completion(0);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
 }
 
 }  // namespace

@@ -1,0 +1,334 @@
+#include "coordinator/cluster_config.h"
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/layer_list.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "proto/cluster.pb.h"
+
+namespace ss::coord {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status ReadInt(const json& j, const char* key, int min, int* out) {
+  if (!j.contains(key)) return absl::OkStatus();
+  const json& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster config: '", key, "' must be an integer >= ", min));
+  }
+  *out = v.get<int>();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadString(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster config: ", where, ": '", key, "' must be a non-empty string"));
+  }
+  return j[key].get<std::string>();
+}
+
+// A layer list, from a string ("0-3,7") or an array of integers; every layer in [0, limit).
+absl::StatusOr<std::vector<int>> ReadLayers(const json& j, const std::string& where, int limit) {
+  std::vector<int> layers;
+  const std::string what = absl::StrCat("cluster config: ", where, ": 'layers'");
+  if (!j.contains("layers")) return absl::InvalidArgumentError(absl::StrCat(what, " is missing"));
+  if (j["layers"].is_string()) {
+    ASSIGN_OR_RETURN(layers, ParseLayerList(j["layers"].get<std::string>(), what));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be a string such as \"0-20\""));
+  }
+  for (int l : layers) {
+    if (l >= limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": layer ", l, " is outside the model's ", limit, " layers"));
+    }
+  }
+  return layers;
+}
+
+std::string LayerText(const std::vector<int>& layers) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(layers[i]) : absl::StrCat(layers[i], "-", layers[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+}  // namespace
+
+int ClusterConfig::num_gpu_workers() const {
+  int n = 0;
+  for (const StageSpec& s : stages) n += static_cast<int>(s.workers.size());
+  return n;
+}
+
+std::vector<std::string> ClusterConfig::GpuWorkerIds() const {
+  std::vector<std::string> ids;
+  for (const StageSpec& s : stages) ids.insert(ids.end(), s.workers.begin(), s.workers.end());
+  return ids;
+}
+
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
+                                                 const ModelConfig& model) {
+  const json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("cluster config: not a JSON object");
+  }
+  static const std::set<std::string> kKeys = {
+      "model_name",  "kv_block_tokens", "max_batch_tokens",      "max_running",
+      "max_waiting", "stages",          "heartbeat_interval_ms", "heartbeat_timeout_ms",
+      "expert_workers"};
+  for (const auto& [key, value] : j.items()) {
+    if (!kKeys.contains(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("cluster config: unknown key '", key, "'"));
+    }
+  }
+  ClusterConfig c;
+  if (j.contains("model_name")) {
+    ASSIGN_OR_RETURN(c.model_name, ReadString(j, "model_name", "top level"));
+  }
+  RETURN_IF_ERROR(ReadInt(j, "kv_block_tokens", 1, &c.kv_block_tokens));
+  RETURN_IF_ERROR(ReadInt(j, "max_batch_tokens", 1, &c.max_batch_tokens));
+  RETURN_IF_ERROR(ReadInt(j, "max_running", 1, &c.max_running));
+  RETURN_IF_ERROR(ReadInt(j, "max_waiting", 0, &c.max_waiting));
+  RETURN_IF_ERROR(ReadInt(j, "heartbeat_interval_ms", 10, &c.heartbeat_interval_ms));
+  RETURN_IF_ERROR(ReadInt(j, "heartbeat_timeout_ms", 100, &c.heartbeat_timeout_ms));
+  if (c.heartbeat_timeout_ms < 2 * c.heartbeat_interval_ms) {
+    return absl::InvalidArgumentError(
+        "cluster config: 'heartbeat_timeout_ms' must be at least twice 'heartbeat_interval_ms'");
+  }
+  if (c.max_batch_tokens < c.max_running) {
+    return absl::InvalidArgumentError(
+        "cluster config: 'max_batch_tokens' must be >= 'max_running' (one decode token each)");
+  }
+  for (int64_t layer = 0; layer < model.n_layers + model.n_mtp_layers; ++layer) {
+    const int64_t ratio = model.compress_ratios.at(layer);
+    if (ratio > 0 && c.kv_block_tokens % ratio != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster config: 'kv_block_tokens' ", c.kv_block_tokens,
+          " must be a multiple of every compress ratio (layer ", layer, " has ", ratio, ")"));
+    }
+  }
+
+  const int n_layers = static_cast<int>(model.n_layers);
+  if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty()) {
+    return absl::InvalidArgumentError("cluster config: 'stages' must be a non-empty array");
+  }
+  std::set<std::string> ids;
+  int next_layer = 0;
+  for (size_t s = 0; s < j["stages"].size(); ++s) {
+    const json& js = j["stages"][s];
+    const std::string where = absl::StrCat("stages[", s, "]");
+    if (!js.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("cluster config: ", where, " is not an object"));
+    }
+    StageSpec stage;
+    ASSIGN_OR_RETURN(std::vector<int> layers, ReadLayers(js, where, n_layers));
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (layers[i] != next_layer) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cluster config: ", where, ": layers must continue the previous stage in order "
+            "(expected layer ", next_layer, ", got ", layers[i], ")"));
+      }
+      ++next_layer;
+    }
+    stage.first_layer = layers.front();
+    stage.end_layer = layers.back() + 1;
+    if (!js.contains("workers") || !js["workers"].is_array() || js["workers"].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster config: ", where, ": 'workers' must be a non-empty array of ids"));
+    }
+    for (const json& w : js["workers"]) {
+      if (!w.is_string() || w.get<std::string>().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster config: ", where, ": every worker id must be a string"));
+      }
+      if (!ids.insert(w.get<std::string>()).second) {
+        return absl::InvalidArgumentError(absl::StrCat("cluster config: worker id '",
+                                                       w.get<std::string>(), "' appears twice"));
+      }
+      stage.workers.push_back(w.get<std::string>());
+    }
+    c.stages.push_back(std::move(stage));
+  }
+  if (next_layer != n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: the stages cover layers 0-",
+                                                   next_layer - 1, " but the model has ", n_layers));
+  }
+  const int tp = static_cast<int>(c.stages.front().workers.size());
+  for (size_t s = 1; s < c.stages.size(); ++s) {
+    if (static_cast<int>(c.stages[s].workers.size()) != tp) {
+      return absl::InvalidArgumentError(
+          "cluster config: every stage must have the same number of workers (TP size)");
+    }
+  }
+  if (model.n_heads % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: TP size ", tp,
+                                                   " does not divide the ", model.n_heads,
+                                                   " attention heads"));
+  }
+
+  if (j.contains("expert_workers")) {
+    if (!j["expert_workers"].is_array()) {
+      return absl::InvalidArgumentError("cluster config: 'expert_workers' must be an array");
+    }
+    for (size_t e = 0; e < j["expert_workers"].size(); ++e) {
+      const json& je = j["expert_workers"][e];
+      const std::string where = absl::StrCat("expert_workers[", e, "]");
+      if (!je.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster config: ", where, " is not an object"));
+      }
+      ExpertWorkerSpec w;
+      ASSIGN_OR_RETURN(w.id, ReadString(je, "id", where));
+      if (!ids.insert(w.id).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster config: worker id '", w.id, "' appears twice"));
+      }
+      ASSIGN_OR_RETURN(w.layers, ReadLayers(je, where, n_layers));
+      ASSIGN_OR_RETURN(const std::string slice, ReadString(je, "slice", where));
+      ASSIGN_OR_RETURN(auto sl, ParseSlice(slice, absl::StrCat("cluster config: ", where,
+                                                               ": 'slice'")));
+      w.slice_index = sl.first;
+      w.slice_count = sl.second;
+      if (model.moe_inter_dim % (128 * w.slice_count) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cluster config: ", where, ": slice count ", w.slice_count, " does not split the ",
+            model.moe_inter_dim, "-wide expert into 128-multiples"));
+      }
+      const bool has_shm = je.contains("shm"), has_grpc = je.contains("grpc");
+      if (has_shm == has_grpc) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster config: ", where, ": give exactly one of 'shm' and 'grpc'"));
+      }
+      if (has_shm) {
+        ASSIGN_OR_RETURN(w.shm_name, ReadString(je, "shm", where));
+      } else {
+        ASSIGN_OR_RETURN(w.grpc_address, ReadString(je, "grpc", where));
+      }
+      c.expert_workers.push_back(std::move(w));
+    }
+    // Per layer: the slices must be 0..n-1 of one n, each once.
+    std::map<int, std::vector<const ExpertWorkerSpec*>> by_layer;
+    for (const ExpertWorkerSpec& w : c.expert_workers) {
+      for (int l : w.layers) by_layer[l].push_back(&w);
+    }
+    for (const auto& [layer, workers] : by_layer) {
+      const int n = workers.front()->slice_count;
+      std::set<int> seen;
+      for (const ExpertWorkerSpec* w : workers) {
+        if (w->slice_count != n || !seen.insert(w->slice_index).second) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "cluster config: layer ", layer, ": its expert workers do not form one set of ",
+              "slices (every slice i/n of one n exactly once); check '", w->id, "'"));
+        }
+      }
+      if (static_cast<int>(seen.size()) != n) {
+        return absl::InvalidArgumentError(absl::StrCat("cluster config: layer ", layer, ": only ",
+                                                       seen.size(), " of its ", n,
+                                                       " expert slices are served"));
+      }
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, const ModelConfig& model) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cluster config: cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(ss.str(), model);
+  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  return c;
+}
+
+std::string ClusterConfigToJson(const ClusterConfig& c) {
+  json j;
+  j["model_name"] = c.model_name;
+  j["kv_block_tokens"] = c.kv_block_tokens;
+  j["max_batch_tokens"] = c.max_batch_tokens;
+  j["max_running"] = c.max_running;
+  j["max_waiting"] = c.max_waiting;
+  j["heartbeat_interval_ms"] = c.heartbeat_interval_ms;
+  j["heartbeat_timeout_ms"] = c.heartbeat_timeout_ms;
+  j["stages"] = json::array();
+  for (const StageSpec& s : c.stages) {
+    std::vector<int> layers;
+    for (int l = s.first_layer; l < s.end_layer; ++l) layers.push_back(l);
+    j["stages"].push_back({{"layers", LayerText(layers)}, {"workers", s.workers}});
+  }
+  j["expert_workers"] = json::array();
+  for (const ExpertWorkerSpec& w : c.expert_workers) {
+    json jw = {{"id", w.id},
+               {"layers", LayerText(w.layers)},
+               {"slice", absl::StrCat(w.slice_index, "/", w.slice_count)}};
+    if (!w.shm_name.empty()) jw["shm"] = w.shm_name;
+    if (!w.grpc_address.empty()) jw["grpc"] = w.grpc_address;
+    j["expert_workers"].push_back(std::move(jw));
+  }
+  return j.dump(2);
+}
+
+absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& c, const std::string& worker_id) {
+  for (size_t s = 0; s < c.stages.size(); ++s) {
+    const StageSpec& stage = c.stages[s];
+    for (size_t r = 0; r < stage.workers.size(); ++r) {
+      if (stage.workers[r] != worker_id) continue;
+      splitserve::v1::Role role;
+      const int tp = static_cast<int>(stage.workers.size());
+      role.set_stage(static_cast<int>(s));
+      role.set_num_stages(static_cast<int>(c.stages.size()));
+      role.set_tp_rank(static_cast<int>(r));
+      role.set_tp_size(tp);
+      role.set_first_layer(stage.first_layer);
+      role.set_end_layer(stage.end_layer);
+      role.set_runs_mtp(s + 1 == c.stages.size());
+      role.set_kv_block_tokens(c.kv_block_tokens);
+      role.set_max_batch_tokens(c.max_batch_tokens);
+      role.set_max_running(c.max_running);
+      role.set_heartbeat_interval_ms(c.heartbeat_interval_ms);
+      role.set_model_name(c.model_name);
+      for (int layer = stage.first_layer; layer < stage.end_layer; ++layer) {
+        splitserve::v1::LayerExperts* le = nullptr;
+        for (const ExpertWorkerSpec& w : c.expert_workers) {
+          if (w.slice_index % tp != static_cast<int>(r)) continue;
+          bool holds = false;
+          for (int l : w.layers) holds |= l == layer;
+          if (!holds) continue;
+          if (le == nullptr) {
+            le = role.add_experts();
+            le->set_layer(layer);
+          }
+          splitserve::v1::ExpertEndpoint* ep = le->add_endpoints();
+          ep->set_slice_index(w.slice_index);
+          ep->set_slice_count(w.slice_count);
+          ep->set_shm_name(w.shm_name);
+          ep->set_grpc_address(w.grpc_address);
+          ep->set_worker_id(w.id);
+        }
+        if (le != nullptr) {
+          std::sort(le->mutable_endpoints()->begin(), le->mutable_endpoints()->end(),
+                    [](const auto& a, const auto& b) { return a.slice_index() < b.slice_index(); });
+        }
+      }
+      return role;
+    }
+  }
+  return absl::NotFoundError(
+      absl::StrCat("worker id '", worker_id, "' is not a GPU worker of the cluster config"));
+}
+
+}  // namespace ss::coord

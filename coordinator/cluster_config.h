@@ -1,0 +1,86 @@
+// The cluster config: which GPU workers form which pipeline stage and TP rank, which layers each
+// stage runs, and where every layer's routed experts are served (ARCHITECTURE.md "Processes",
+// "The MoE call"). The coordinator reads it once at start and hands every registering GPU worker
+// its Role (proto/cluster.proto) from it; `splitserve up` writes one for the machine it runs on,
+// and multi-machine deployments write it by hand (deploy/cluster.example.json).
+//
+//   {
+//     "model_name": "deepseek-v4-flash",       // optional: the name /v1/models reports
+//     "kv_block_tokens": 128,                  // optional: tokens per KV block
+//     "max_batch_tokens": 2048,                // optional: tokens per micro-batch
+//     "max_running": 64,                       // optional: sequences holding KV at once
+//     "max_waiting": 1024,                     // optional: queued requests before 503
+//     "heartbeat_interval_ms": 1000,           // optional
+//     "heartbeat_timeout_ms": 10000,           // optional: a silent worker is declared dead
+//     "stages": [                              // in pipeline order, covering every layer once
+//       {"layers": "0-20", "workers": ["gpu0", "gpu1"]},   // TP size = number of workers
+//       {"layers": "21-42", "workers": ["gpu2", "gpu3"]}
+//     ],
+//     "expert_workers": [                      // optional: none = experts computed on the GPU
+//       {"id": "exp0", "layers": "0-42", "slice": "0/2", "shm": "splitserve-exp0"},
+//       {"id": "exp1", "layers": "0-42", "slice": "1/2", "grpc": "10.0.0.2:50071"}
+//     ]
+//   }
+//
+// Layer lists use the expert worker's syntax ("0-3,7"). For every layer, the expert workers that
+// hold it must be the complete set of slices 0..n-1 of one n (or there are none: that layer's
+// experts run where its attention runs). Slice i of a layer is served to the stage's TP rank
+// i mod tp (its partial sum joins that rank's MoE all-reduce). Every error names the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+
+namespace splitserve::v1 {
+class Role;
+}  // namespace splitserve::v1
+
+namespace ss::coord {
+
+struct StageSpec {
+  int first_layer = 0;  // [first_layer, end_layer)
+  int end_layer = 0;
+  std::vector<std::string> workers;  // TP rank order
+};
+
+struct ExpertWorkerSpec {
+  std::string id;
+  std::vector<int> layers;
+  int slice_index = 0;
+  int slice_count = 1;
+  std::string shm_name;      // exactly one of shm_name / grpc_address
+  std::string grpc_address;
+};
+
+struct ClusterConfig {
+  std::string model_name = "deepseek-v4";
+  int kv_block_tokens = 128;
+  int max_batch_tokens = 2048;
+  int max_running = 64;
+  int max_waiting = 1024;
+  int heartbeat_interval_ms = 1000;
+  int heartbeat_timeout_ms = 10000;
+  std::vector<StageSpec> stages;
+  std::vector<ExpertWorkerSpec> expert_workers;
+
+  int num_gpu_workers() const;
+  // Every GPU worker id, stage by stage in TP rank order.
+  std::vector<std::string> GpuWorkerIds() const;
+};
+
+// Parses and validates against the model (layer ranges, block size vs compress ratios).
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
+                                                 const ModelConfig& model);
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, const ModelConfig& model);
+// The JSON text of a config (what `splitserve up` writes; parses back to the same config).
+std::string ClusterConfigToJson(const ClusterConfig& config);
+
+// The role of GPU worker `worker_id` (NotFound for an id the config does not name).
+absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
+                                             const std::string& worker_id);
+
+}  // namespace ss::coord

@@ -1,0 +1,545 @@
+#include "coordinator/cluster_engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster_protocol.h"
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+
+namespace ss::coord {
+
+namespace pb = splitserve::v1;
+
+struct ClusterEngine::WorkerConn {
+  std::string id;
+  uint64_t generation = 0;
+  std::unique_ptr<pb::GpuWorker::Stub> stub;
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::StepPlan, pb::StepResult>> stream;
+  std::thread reader;
+  int64_t kv_blocks = 0;
+};
+
+namespace {
+
+// Micro-batch ids on the wire: (connection epoch << kEpochShift) | the scheduler's id, so ids
+// never repeat across reconnections (a stage's inbox may still hold an old micro-batch's
+// streams when the cluster reconnects).
+constexpr int kEpochShift = 40;
+
+int SamplerIndex(const ClusterConfig& c) {
+  int index = 0;
+  for (size_t s = 0; s + 1 < c.stages.size(); ++s) index += static_cast<int>(c.stages[s].workers.size());
+  return index;
+}
+
+sched::FinishReason ToSched(FinishReason r) {
+  return r == FinishReason::kEos ? sched::FinishReason::kEos : sched::FinishReason::kStop;
+}
+
+}  // namespace
+
+ClusterEngine::ClusterEngine(ControlService& control, const ModelConfig& model,
+                             ClusterEngineOptions options)
+    : control_(control),
+      model_(model),
+      options_(options),
+      sampler_index_(SamplerIndex(control.config())) {}
+
+ClusterEngine::~ClusterEngine() { Stop(); }
+
+void ClusterEngine::Start() {
+  if (supervisor_.joinable()) return;
+  supervisor_ = std::thread([this] { Supervise(); });
+}
+
+void ClusterEngine::Stop() {
+  stop_.store(true);
+  cv_.notify_all();
+  if (supervisor_.joinable()) supervisor_.join();
+  FailAll(FinishReason::kCancelled, "");
+}
+
+void ClusterEngine::BeginDrain() { draining_.store(true); }
+
+bool ClusterEngine::WaitIdle(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!requests_.empty()) {
+    if (absl::Now() >= deadline) return false;
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+double ClusterEngine::KvUsage() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scheduler_ || scheduler_->kv().total_blocks() == 0) return 0.0;
+  return static_cast<double>(scheduler_->kv().used_blocks()) /
+         static_cast<double>(scheduler_->kv().total_blocks());
+}
+
+int64_t ClusterEngine::NumWaiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_ ? scheduler_->num_waiting() : 0;
+}
+
+int64_t ClusterEngine::NumRunning() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_ ? scheduler_->num_running() : 0;
+}
+
+int64_t ClusterEngine::KvBlocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_ ? scheduler_->kv().total_blocks() : 0;
+}
+
+SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
+  SubmitOutcome out;
+  if (!Ready()) {
+    out.status = SubmitStatus::kNotReady;
+    return out;
+  }
+  auto stream = std::make_shared<GenerationStream>();
+  // Ids the model cannot embed would fail the whole micro-batch on the workers: refuse here.
+  for (int32_t id : request.prompt) {
+    if (id < 0 || id >= model_.vocab_size) {
+      stream->Finish(FinishReason::kError,
+                     absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ",
+                                  model_.vocab_size, ")"));
+      out.stream = stream;
+      return out;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scheduler_ || !serving_.load()) {
+    out.status = SubmitStatus::kNotReady;
+    return out;
+  }
+  const sched::RequestId id = next_id_++;
+  sched::Request sr{id, static_cast<int64_t>(request.prompt.size()), request.sampling.max_tokens};
+  switch (scheduler_->Submit(sr)) {
+    case sched::SubmitOutcome::kQueued:
+      break;
+    case sched::SubmitOutcome::kQueueFull:
+      out.status = SubmitStatus::kOverloaded;
+      out.retry_after_s = 1;
+      return out;
+    case sched::SubmitOutcome::kInvalid:
+      stream->Finish(FinishReason::kError, "empty prompt or max_tokens < 1");
+      out.stream = stream;
+      return out;
+    case sched::SubmitOutcome::kTooLong:
+      stream->Finish(FinishReason::kError,
+                     absl::StrCat("prompt + max_tokens exceeds the model's context of ",
+                                  scheduler_->config().max_model_len, " tokens"));
+      out.stream = stream;
+      return out;
+    case sched::SubmitOutcome::kExceedsKvCapacity:
+      stream->Finish(FinishReason::kError,
+                     absl::StrCat("prompt + max_tokens needs more KV cache than the cluster has (",
+                                  scheduler_->kv().total_blocks(), " blocks of ",
+                                  scheduler_->kv().cost().block_tokens, " tokens)"));
+      out.stream = stream;
+      return out;
+    case sched::SubmitOutcome::kDuplicateId:
+      stream->Finish(FinishReason::kError, "internal: duplicate request id");
+      out.stream = stream;
+      return out;
+  }
+  Request& r = requests_[id];
+  r.tokens = request.prompt;
+  r.prompt_len = static_cast<int64_t>(request.prompt.size());
+  r.req = std::move(request);
+  r.stream = stream;
+  r.in_scheduler = true;
+  out.stream = stream;
+  cv_.notify_all();
+  return out;
+}
+
+void ClusterEngine::EndRequestLocked(sched::RequestId id, FinishReason reason,
+                                     const std::string& error) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (it->second.in_scheduler && scheduler_) scheduler_->Cancel(id);
+  it->second.stream->Finish(reason, error);
+  releases_.push_back(id);
+  requests_.erase(it);
+}
+
+void ClusterEngine::FailAll(FinishReason reason, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, r] : requests_) r.stream->Finish(reason, error);
+  requests_.clear();
+  releases_.clear();
+  in_flight_.clear();
+  results_.clear();
+  scheduler_.reset();
+  cv_.notify_all();
+}
+
+void ClusterEngine::Supervise() {
+  while (!stop_.load()) {
+    std::string why;
+    if (!Connect(&why)) {
+      if (!why.empty()) spdlog::warn("cluster not ready: {}", why);
+      Disconnect();
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop_.load(); });
+      continue;
+    }
+    spdlog::info("cluster ready: {} GPU workers, KV pool {} blocks", workers_.size(), KvBlocks());
+    serving_.store(true);
+    const std::string failure = ServeLoop();
+    serving_.store(false);
+    if (!failure.empty()) spdlog::error("cluster failure: {}", failure);
+    Disconnect();
+    FailAll(stop_.load() ? FinishReason::kCancelled : FinishReason::kError,
+            stop_.load() ? "" : failure);
+  }
+}
+
+bool ClusterEngine::Connect(std::string* why) {
+  if (!control_.WaitAllAlive(absl::Seconds(1))) {
+    *why = "";  // quietly keep waiting for registrations
+    return false;
+  }
+  const ClusterConfig& config = control_.config();
+  const std::vector<MemberInfo> members = control_.Members();
+  workers_.clear();
+  int64_t min_blocks = -1;
+  const absl::Time ready_deadline = absl::Now() + options_.ready_timeout;
+  for (const MemberInfo& m : members) {
+    auto w = std::make_unique<WorkerConn>();
+    w->id = m.id;
+    w->generation = m.generation;
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(256 << 20);
+    args.SetMaxSendMessageSize(256 << 20);
+    w->stub = pb::GpuWorker::NewStub(
+        grpc::CreateCustomChannel(m.address, grpc::InsecureChannelCredentials(), args));
+    // Poll Status until the worker has loaded its stage.
+    while (true) {
+      if (stop_.load()) return false;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      pb::StatusRequest req;
+      req.set_protocol_version(kClusterProtocolVersion);
+      pb::WorkerStatus st;
+      const grpc::Status rpc = w->stub->Status(&ctx, req, &st);
+      if (rpc.ok() && st.protocol_version() != kClusterProtocolVersion) {
+        *why = absl::StrCat("worker ", m.id, " speaks cluster protocol ", st.protocol_version(),
+                            ", the coordinator ", kClusterProtocolVersion);
+        return false;
+      }
+      if (rpc.ok() && !st.error().empty()) {
+        *why = absl::StrCat("worker ", m.id, " failed to start: ", st.error());
+        control_.DeclareDead(m.id, m.generation);
+        return false;
+      }
+      if (rpc.ok() && st.ready()) {
+        w->kv_blocks = st.kv_blocks();
+        break;
+      }
+      if (!rpc.ok() && rpc.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+          rpc.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        *why = absl::StrCat("worker ", m.id, " Status: ", rpc.error_message());
+        return false;
+      }
+      if (absl::Now() > ready_deadline) {
+        *why = absl::StrCat("worker ", m.id, " not ready after ",
+                            absl::FormatDuration(options_.ready_timeout),
+                            rpc.ok() ? "" : absl::StrCat(": ", rpc.error_message()));
+        return false;
+      }
+      for (const std::string& dead : control_.CheckHeartbeats()) {
+        if (dead == m.id) {
+          *why = absl::StrCat("worker ", m.id, " stopped sending heartbeats while loading");
+          return false;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (w->kv_blocks <= 0) {
+      *why = absl::StrCat("worker ", m.id, " reports no KV capacity");
+      control_.DeclareDead(m.id, m.generation);
+      return false;
+    }
+    min_blocks = min_blocks < 0 ? w->kv_blocks : std::min(min_blocks, w->kv_blocks);
+    workers_.push_back(std::move(w));
+  }
+
+  // The scheduler: one pipeline, the stages' cost models combined.
+  std::vector<sched::KvCostModel> stage_costs;
+  for (const StageSpec& s : config.stages) {
+    sched::KvCostOptions o;
+    o.block_tokens = config.kv_block_tokens;
+    o.first_layer = s.first_layer;
+    o.end_layer = s.end_layer;
+    o.include_mtp = false;  // the workers run no MTP yet
+    absl::StatusOr<sched::KvCostModel> cost = sched::KvCostModel::FromModelConfig(model_, o);
+    if (!cost.ok()) {
+      *why = std::string(cost.status().message());
+      return false;
+    }
+    stage_costs.push_back(*cost);
+  }
+  absl::StatusOr<sched::KvCostModel> cost = sched::KvCostModel::Pipeline(stage_costs);
+  if (!cost.ok()) {
+    *why = std::string(cost.status().message());
+    return false;
+  }
+  sched::SchedulerConfig sc;
+  sc.max_model_len = model_.max_position_embeddings;
+  sc.max_tokens_per_step = config.max_batch_tokens;
+  sc.max_running = config.max_running;
+  sc.max_waiting = config.max_waiting;
+  sc.num_micro_batches = static_cast<int64_t>(config.stages.size());
+  sc.admission_watermark_blocks = options_.admission_watermark_blocks;
+  absl::StatusOr<sched::Scheduler> scheduler = sched::Scheduler::Create(sc, *cost, min_blocks);
+  if (!scheduler.ok()) {
+    *why = absl::StrCat("scheduler: ", scheduler.status().message());
+    return false;
+  }
+
+  // Step streams and their readers.
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    WorkerConn& w = *workers_[i];
+    w.context = std::make_unique<grpc::ClientContext>();
+    w.stream = w.stub->Steps(w.context.get());
+    w.reader = std::thread([this, i, &w] {
+      pb::StepResult r;
+      while (w.stream->Read(&r)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        results_.push_back(Result{static_cast<int>(i), false, "", std::move(r)});
+        cv_.notify_all();
+        r = pb::StepResult();
+      }
+      const grpc::Status st = w.stream->Finish();
+      std::lock_guard<std::mutex> lock(mu_);
+      results_.push_back(Result{static_cast<int>(i), true,
+                                absl::StrCat("step stream of worker ", w.id, " ended: ",
+                                             st.ok() ? "closed" : st.error_message()),
+                                {}});
+      cv_.notify_all();
+    });
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++epoch_;
+  scheduler_.emplace(std::move(*scheduler));
+  results_.clear();
+  in_flight_.clear();
+  releases_.clear();
+  return true;
+}
+
+void ClusterEngine::Disconnect() {
+  for (auto& w : workers_) {
+    if (w->context) w->context->TryCancel();
+  }
+  for (auto& w : workers_) {
+    if (w->reader.joinable()) w->reader.join();
+  }
+  workers_.clear();
+}
+
+void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
+  // Requests whose client went away.
+  std::vector<sched::RequestId> cancelled;
+  for (auto& [id, r] : requests_) {
+    if (r.req.cancel && r.req.cancel->cancelled()) cancelled.push_back(id);
+  }
+  for (sched::RequestId id : cancelled) EndRequestLocked(id, FinishReason::kCancelled, "");
+
+  sched::StepPlan plan;
+  while (true) {
+    const sched::StepOutcome o = scheduler_->Step(&plan);
+    if (o != sched::StepOutcome::kPlanned) break;
+    pb::StepPlan msg;
+    msg.set_protocol_version(kClusterProtocolVersion);
+    msg.set_micro_batch_id((epoch_ << kEpochShift) | plan.micro_batch_id);
+    for (sched::RequestId id : plan.preempted) releases_.push_back(id);
+    for (uint64_t id : releases_) msg.add_release(id);
+    releases_.clear();
+    InFlight flight;
+    flight.sent = absl::Now();
+    auto add_chunk = [&](sched::RequestId id, int64_t start, int64_t length, bool samples) {
+      Request& r = requests_.at(id);
+      pb::SeqChunk* c = msg.add_chunks();
+      c->set_seq_id(id);
+      c->set_start(start);
+      for (int64_t p = start; p < start + length; ++p) c->add_tokens(r.tokens[p]);
+      c->set_samples(samples);
+      for (int32_t b : scheduler_->BlockTable(id)) c->add_block_table(b);
+      pb::SamplingParams* sp = c->mutable_sampling();
+      sp->set_temperature(r.req.sampling.temperature);
+      sp->set_top_p(r.req.sampling.top_p);
+      sp->set_top_k(r.req.sampling.top_k);
+      sp->set_has_seed(r.req.sampling.seed.has_value());
+      sp->set_seed(r.req.sampling.seed.value_or(0));
+      sp->set_top_logprobs(r.req.sampling.top_logprobs);
+      flight.all.push_back(id);
+      if (samples) flight.sampling.push_back(id);
+    };
+    for (const sched::DecodeEntry& d : plan.decode) add_chunk(d.id, d.position, 1, true);
+    for (const sched::PrefillChunk& p : plan.prefill) add_chunk(p.id, p.start, p.length, p.samples);
+    in_flight_[plan.micro_batch_id] = std::move(flight);
+    out->push_back(std::move(msg));
+  }
+}
+
+void ClusterEngine::CompleteLocked(uint64_t micro_batch, InFlight& flight) {
+  std::vector<sched::SampledToken> sampled;
+  std::vector<sched::TokenEvent> events;
+  std::map<sched::RequestId, TokenLogprobs> logprobs;  // of this micro-batch's sampled tokens
+  const bool failed = !flight.error.empty();
+  if (failed) {
+    // Its sequences end with the error; the dummy results complete the micro-batch and are
+    // dropped by the scheduler because those sequences are cancelled first.
+    for (sched::RequestId id : flight.all) {
+      EndRequestLocked(id, FinishReason::kError, flight.error);
+    }
+    for (sched::RequestId id : flight.sampling) sampled.push_back({id, 0, sched::FinishReason::kNone});
+  } else {
+    const pb::StepResult& res = *flight.sampler_result;
+    for (size_t i = 0; i < flight.sampling.size(); ++i) {
+      const sched::RequestId id = flight.sampling[i];
+      const int32_t token = res.samples(static_cast<int>(i)).token();
+      sched::FinishReason finish = sched::FinishReason::kNone;
+      auto it = requests_.find(id);
+      if (it != requests_.end()) {
+        const SamplingParams& sp = it->second.req.sampling;
+        if (token == model_.eos_token_id) {
+          finish = ToSched(FinishReason::kEos);
+        } else if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) !=
+                   sp.stop_token_ids.end()) {
+          finish = ToSched(FinishReason::kStop);
+        }
+      }
+      sampled.push_back({id, token, finish});
+      if (it != requests_.end() && it->second.req.sampling.top_logprobs >= 0) {
+        const pb::Sample& smp = res.samples(static_cast<int>(i));
+        TokenLogprobs lp;
+        lp.logprob = smp.logprob();
+        for (const pb::TokenLogprob& t : smp.top()) lp.top.emplace_back(t.token(), t.logprob());
+        logprobs[id] = std::move(lp);
+      }
+    }
+  }
+  if (absl::Status st = scheduler_->Complete(micro_batch, sampled, &events); !st.ok()) {
+    spdlog::error("scheduler refused micro-batch {}: {}", micro_batch, std::string(st.message()));
+    return;
+  }
+  for (const sched::TokenEvent& e : events) {
+    auto it = requests_.find(e.id);
+    if (it == requests_.end()) continue;
+    Request& r = it->second;
+    auto push = [&] {
+      if (r.req.sampling.top_logprobs < 0) {
+        r.stream->Push({e.token});
+        return;
+      }
+      std::vector<TokenLogprobs> lp(1);
+      if (auto l = logprobs.find(e.id); l != logprobs.end()) lp[0] = std::move(l->second);
+      r.stream->Push({e.token}, std::move(lp));
+    };
+    switch (e.finish) {
+      case sched::FinishReason::kNone:
+        r.tokens.push_back(e.token);
+        push();
+        break;
+      case sched::FinishReason::kLength:
+        push();
+        r.in_scheduler = false;
+        EndRequestLocked(e.id, FinishReason::kLength, "");
+        break;
+      case sched::FinishReason::kEos:
+        r.in_scheduler = false;
+        EndRequestLocked(e.id, FinishReason::kEos, "");
+        break;
+      case sched::FinishReason::kStop:
+        r.in_scheduler = false;
+        EndRequestLocked(e.id, FinishReason::kStop, "");
+        break;
+    }
+  }
+}
+
+std::string ClusterEngine::ServeLoop() {
+  std::vector<pb::StepPlan> plans;
+  absl::Time last_heartbeat_check = absl::Now();
+  while (!stop_.load()) {
+    plans.clear();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Results first: they free micro-batch slots and sequences for the next plans.
+      while (!results_.empty()) {
+        Result res = std::move(results_.front());
+        results_.pop_front();
+        if (res.broken) {
+          control_.DeclareDead(workers_[res.worker]->id, workers_[res.worker]->generation);
+          return res.broken_why;
+        }
+        const uint64_t wire = res.result.micro_batch_id();
+        auto it = (wire >> kEpochShift) == epoch_
+                      ? in_flight_.find(wire & ((uint64_t{1} << kEpochShift) - 1))
+                      : in_flight_.end();
+        if (it == in_flight_.end()) {
+          return absl::StrCat("worker ", workers_[res.worker]->id,
+                              " answered unknown micro-batch ", res.result.micro_batch_id());
+        }
+        InFlight& f = it->second;
+        ++f.answers;
+        if (!res.result.error().empty() && f.error.empty()) {
+          f.error = absl::StrCat("worker ", workers_[res.worker]->id, ": ", res.result.error());
+        }
+        if (res.worker == sampler_index_ && res.result.error().empty()) {
+          if (res.result.samples_size() != static_cast<int>(f.sampling.size())) {
+            f.error = absl::StrCat("worker ", workers_[res.worker]->id, " returned ",
+                                   res.result.samples_size(), " samples for ",
+                                   f.sampling.size(), " sampling entries");
+          } else {
+            f.sampler_result = std::move(res.result);
+          }
+        }
+        if (f.answers == static_cast<int>(workers_.size())) {
+          CompleteLocked(it->first, f);
+          in_flight_.erase(it);
+        }
+      }
+      for (const auto& [mb, f] : in_flight_) {
+        if (absl::Now() - f.sent > options_.step_timeout) {
+          return absl::StrCat("micro-batch ", mb, " unanswered for ",
+                              absl::FormatDuration(options_.step_timeout));
+        }
+      }
+      PlanLocked(&plans);
+      if (plans.empty()) {
+        cv_.wait_for(lock, std::chrono::milliseconds(in_flight_.empty() ? 20 : 2), [&] {
+          return stop_.load() || !results_.empty();
+        });
+      }
+    }
+    for (const pb::StepPlan& plan : plans) {
+      for (auto& w : workers_) {
+        if (!w->stream->Write(plan)) {
+          control_.DeclareDead(w->id, w->generation);
+          return absl::StrCat("step stream of worker ", w->id, " refused a write");
+        }
+      }
+    }
+    if (absl::Now() - last_heartbeat_check > absl::Milliseconds(200)) {
+      last_heartbeat_check = absl::Now();
+      const std::vector<std::string> dead = control_.CheckHeartbeats();
+      if (!dead.empty()) return absl::StrCat("worker ", dead.front(), " missed its heartbeats");
+      for (const MemberInfo& m : control_.Members()) {
+        if (m.dead) return absl::StrCat("worker ", m.id, " was declared dead");
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace ss::coord

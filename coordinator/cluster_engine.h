@@ -1,0 +1,146 @@
+// The real GenerationEngine: the continuous-batching scheduler (scheduler.h) driving the GPU
+// workers of a cluster over their step streams (proto/cluster.proto, service GpuWorker).
+//
+// Life of the cluster, as the engine's supervisor thread sees it:
+//   connect   wait until every GPU worker of the config is registered and alive (control
+//             service), poll each one's Status until it is ready, size the scheduler's KV pool
+//             as the smallest pool any worker reports, and open one Steps stream per worker.
+//   serve     the step loop: plan micro-batches (up to one per pipeline stage in flight), write
+//             each plan to every worker in planning order, read results (a reader thread per
+//             stream), hand the sampled tokens back to the scheduler and the requests' streams.
+//   fail      a stream that breaks, a worker declared dead (missed heartbeats) or a micro-batch
+//             unanswered for `step_timeout` ends every request in flight with kError (naming
+//             the cause) and closes every stream; the engine goes back to `connect` and serves
+//             again once the cluster is whole (a restarted worker registers again). Workers
+//             start every Steps stream with no sequences, so nothing stale survives.
+// Ready() is true only while serving. Submit() refuses with kNotReady while not serving and
+// with kOverloaded when the waiting queue is full.
+//
+// A failed micro-batch (a worker answered it with an error) ends only its own sequences with
+// kError; the cluster keeps serving the others.
+//
+// Sampling entries: a sampled token equal to the model's EOS id finishes kEos, one in the
+// request's stop_token_ids kStop (neither is delivered); max_tokens finishes kLength.
+//
+// Threads: Submit, Ready and the getters from any thread. Start once, Stop from the owner.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/model_config.h"
+#include "coordinator/control_service.h"
+#include "coordinator/engine.h"
+#include "coordinator/scheduler.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace ss::coord {
+
+struct ClusterEngineOptions {
+  absl::Duration step_timeout = absl::Seconds(120);   // a micro-batch unanswered this long fails
+  absl::Duration ready_timeout = absl::Seconds(600);  // per connect attempt: workers loading
+  absl::Duration rpc_timeout = absl::Seconds(5);      // Status calls
+  // Free blocks kept back at admission (fewer preemptions); see SchedulerConfig.
+  int64_t admission_watermark_blocks = 0;
+};
+
+class ClusterEngine : public GenerationEngine {
+ public:
+  // `control` must outlive the engine. The KV cost model is built from `model` and the config's
+  // block size for each stage's layer range.
+  ClusterEngine(ControlService& control, const ModelConfig& model, ClusterEngineOptions options);
+  ~ClusterEngine() override;  // Stop()s
+
+  // Starts the supervisor thread (connects in the background).
+  void Start();
+  // Ends every request (kCancelled), closes the streams, joins the threads. Idempotent.
+  void Stop();
+  // Refuse new requests (Submit: kNotReady) and let the running ones finish.
+  void BeginDrain();
+  // Waits until no request is queued or running, up to `timeout`. True when idle.
+  bool WaitIdle(absl::Duration timeout);
+
+  bool Ready() const override { return serving_.load() && !draining_.load(); }
+  SubmitOutcome Submit(GenerationRequest request) override;
+
+  // For metrics: KV blocks in use / total (0 when not serving), requests waiting / running.
+  double KvUsage() const;
+  int64_t NumWaiting() const;
+  int64_t NumRunning() const;
+  // Total KV blocks of the current pool (0 when not serving).
+  int64_t KvBlocks() const;
+
+ private:
+  struct Request {
+    GenerationRequest req;
+    std::shared_ptr<GenerationStream> stream;
+    std::vector<int32_t> tokens;  // prompt, then every generated token
+    int64_t prompt_len = 0;
+    bool in_scheduler = false;
+  };
+  struct WorkerConn;  // one GPU worker's stub, step stream and reader thread
+  struct Result {
+    int worker = 0;
+    bool broken = false;  // the stream ended
+    std::string broken_why;
+    splitserve::v1::StepResult result;
+  };
+  struct InFlight {
+    std::vector<sched::RequestId> sampling;  // the plan's sampling entries, in order
+    std::vector<sched::RequestId> all;       // every sequence of the plan
+    absl::Time sent;
+    int answers = 0;  // workers that answered
+    std::optional<splitserve::v1::StepResult> sampler_result;
+    std::string error;  // first error any worker reported
+  };
+
+  void Supervise();
+  // Connects to every worker and builds the scheduler; false (with `why`) when the cluster is not
+  // whole or a worker failed to start.
+  bool Connect(std::string* why);
+  // Runs steps until a failure (returns its description) or Stop().
+  std::string ServeLoop();
+  void Disconnect();
+  // Ends every request with `reason` (and `error`); clears the scheduler. Takes mu_.
+  void FailAll(FinishReason reason, const std::string& error);
+  // Under mu_: plans as many micro-batches as may be in flight into `out`.
+  void PlanLocked(std::vector<splitserve::v1::StepPlan>* out);
+  // Under mu_: applies one completed micro-batch.
+  void CompleteLocked(uint64_t micro_batch, InFlight& flight);
+  void EndRequestLocked(sched::RequestId id, FinishReason reason, const std::string& error);
+
+  ControlService& control_;
+  const ModelConfig model_;
+  const ClusterEngineOptions options_;
+  const int sampler_index_;  // the last stage's TP rank 0, in GpuWorkerIds() order
+
+  std::atomic<bool> serving_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> stop_{false};
+  std::thread supervisor_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // submissions, results, stop
+  std::optional<sched::Scheduler> scheduler_;               // guarded by mu_
+  std::map<sched::RequestId, Request> requests_;            // guarded by mu_
+  std::vector<uint64_t> releases_;                          // guarded by mu_: for the next plan
+  std::map<uint64_t, InFlight> in_flight_;                  // guarded by mu_
+  std::deque<Result> results_;                              // guarded by mu_
+  sched::RequestId next_id_ = 1;                            // guarded by mu_
+  uint64_t epoch_ = 0;  // guarded by mu_: bumped by every successful Connect
+  std::vector<std::unique_ptr<WorkerConn>> workers_;        // supervisor thread only
+  std::vector<uint64_t> generations_;                       // supervisor thread only
+};
+
+}  // namespace ss::coord

@@ -1,0 +1,183 @@
+#include "coordinator/control_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster_protocol.h"
+#include "spdlog/spdlog.h"
+
+namespace ss::coord {
+namespace {
+
+grpc::Status CheckVersion(uint32_t version) {
+  if (version == kClusterProtocolVersion) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat("cluster protocol version ", version,
+                                   " is not the coordinator's version ", kClusterProtocolVersion));
+}
+
+}  // namespace
+
+ControlService::ControlService(ClusterConfig config, absl::Duration rendezvous_timeout)
+    : config_(std::move(config)), rendezvous_timeout_(rendezvous_timeout) {
+  for (const std::string& id : config_.GpuWorkerIds()) members_[id].info.id = id;
+}
+
+grpc::Status ControlService::Register(grpc::ServerContext*,
+                                      const splitserve::v1::RegisterRequest* request,
+                                      splitserve::v1::RegisterReply* reply) {
+  if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
+  absl::StatusOr<splitserve::v1::Role> role = RoleFor(config_, request->worker_id());
+  if (!role.ok()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(role.status().message()));
+  }
+  if (request->address().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: 'address' is empty");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Member& m = members_.at(request->worker_id());
+  if (m.info.registered && !m.info.dead &&
+      absl::Now() - m.info.last_heartbeat < absl::Milliseconds(config_.heartbeat_timeout_ms)) {
+    return grpc::Status(
+        grpc::StatusCode::ALREADY_EXISTS,
+        absl::StrCat("worker id '", request->worker_id(), "' is already registered by pid ",
+                     m.info.pid, " at ", m.info.address, " and alive"));
+  }
+  m.info.address = request->address();
+  m.info.backend = request->backend();
+  m.info.pid = request->pid();
+  m.info.registered = true;
+  m.info.dead = false;
+  m.info.last_heartbeat = absl::Now();
+  ++m.info.generation;
+  m.met = false;
+  spdlog::info("worker {} registered: {} backend {} pid {} (stage {}, tp rank {})",
+               request->worker_id(), request->address(), request->backend(), request->pid(),
+               role->stage(), role->tp_rank());
+  reply->set_protocol_version(kClusterProtocolVersion);
+  *reply->mutable_role() = std::move(*role);
+  cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
+                                        const splitserve::v1::RendezvousRequest* request,
+                                        splitserve::v1::RendezvousReply* reply) {
+  if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = members_.find(request->worker_id());
+  if (it == members_.end() || !it->second.info.registered || it->second.info.dead) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("rendezvous: worker '", request->worker_id(),
+                                     "' is not registered (register first)"));
+  }
+  it->second.met = true;
+  for (const auto& id : request->nccl_ids()) nccl_ids_[id.group()] = id.unique_id();
+  cv_.notify_all();
+  absl::Time deadline = absl::Now() + rendezvous_timeout_;
+  const absl::Time call_deadline = absl::FromChrono(context->deadline());
+  if (call_deadline < deadline) deadline = call_deadline;
+  auto all_met = [&] {
+    for (const auto& [id, m] : members_) {
+      if (!m.met || !m.info.registered || m.info.dead) return false;
+    }
+    return true;
+  };
+  while (!all_met()) {
+    if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is stopping");
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::string missing;
+      for (const auto& [id, m] : members_) {
+        if (!m.met || m.info.dead) absl::StrAppend(&missing, missing.empty() ? "" : ", ", id);
+      }
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("rendezvous: still waiting for ", missing));
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(
+                           std::min<int64_t>(200, absl::ToInt64Milliseconds(deadline - now) + 1)));
+  }
+  const std::vector<std::string> ids = config_.GpuWorkerIds();
+  for (size_t s = 0, i = 0; s < config_.stages.size(); ++s) {
+    for (size_t r = 0; r < config_.stages[s].workers.size(); ++r, ++i) {
+      splitserve::v1::PeerInfo* p = reply->add_peers();
+      p->set_worker_id(ids[i]);
+      p->set_address(members_.at(ids[i]).info.address);
+      p->set_stage(static_cast<int>(s));
+      p->set_tp_rank(static_cast<int>(r));
+    }
+  }
+  for (const auto& [group, bytes] : nccl_ids_) {
+    splitserve::v1::NcclGroupId* g = reply->add_nccl_ids();
+    g->set_group(group);
+    g->set_unique_id(bytes);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Heartbeat(grpc::ServerContext*,
+                                       const splitserve::v1::HeartbeatRequest* request,
+                                       splitserve::v1::HeartbeatReply* reply) {
+  if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = members_.find(request->worker_id());
+  const bool member = it != members_.end() && it->second.info.registered && !it->second.info.dead;
+  if (member) it->second.info.last_heartbeat = absl::Now();
+  reply->set_member(member);
+  return grpc::Status::OK;
+}
+
+std::vector<MemberInfo> ControlService::Members() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<MemberInfo> out;
+  for (const std::string& id : config_.GpuWorkerIds()) out.push_back(members_.at(id).info);
+  return out;
+}
+
+bool ControlService::WaitAllAlive(absl::Duration timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto alive = [&] {
+    for (const auto& [id, m] : members_) {
+      if (!m.info.registered || m.info.dead) return false;
+    }
+    return true;
+  };
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return alive() || shutdown_; }) &&
+         !shutdown_;
+}
+
+void ControlService::DeclareDead(const std::string& id, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = members_.find(id);
+  if (it == members_.end() || it->second.info.dead || it->second.info.generation != generation) {
+    return;
+  }
+  it->second.info.dead = true;
+  it->second.met = false;
+  spdlog::warn("worker {} (generation {}) declared dead", id, generation);
+  cv_.notify_all();
+}
+
+std::vector<std::string> ControlService::CheckHeartbeats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> dead;
+  const absl::Time cutoff = absl::Now() - absl::Milliseconds(config_.heartbeat_timeout_ms);
+  for (auto& [id, m] : members_) {
+    if (m.info.registered && !m.info.dead && m.info.last_heartbeat < cutoff) {
+      m.info.dead = true;
+      m.met = false;
+      spdlog::warn("worker {}: no heartbeat for {} ms, declared dead", id,
+                   config_.heartbeat_timeout_ms);
+      dead.push_back(id);
+    }
+  }
+  if (!dead.empty()) cv_.notify_all();
+  return dead;
+}
+
+void ControlService::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace ss::coord

@@ -1,0 +1,89 @@
+// The coordinator's side of the control plane (proto/cluster.proto, service Coordinator): GPU
+// workers register under the id the cluster config gives their role, meet at the rendezvous
+// (peer addresses, NCCL unique ids), and heartbeat. The service keeps the membership table that
+// the ClusterEngine (cluster_engine.h) reads to connect to the workers and to notice dead ones.
+//
+// Membership. A worker is a member from its Register until it is declared dead: by the engine
+// (its step stream broke) or by CheckHeartbeats() (silent for heartbeat_timeout_ms). A dead
+// worker's heartbeats are answered member = false, and it should exit; the same id may register
+// again (a restarted process), which starts a new generation of that member: the engine
+// reconnects to it. Register refuses another protocol version (FAILED_PRECONDITION naming both),
+// an id the config does not name (NOT_FOUND) and an id whose current registration is alive
+// (ALREADY_EXISTS).
+//
+// Rendezvous blocks until every GPU worker of the config has called Rendezvous since its latest
+// registration (or the call's deadline, at most `rendezvous_timeout`), then returns every peer's
+// address and every NCCL id published so far.
+//
+// Threads: gRPC's synchronous server runs each RPC on its own thread; Rendezvous blocks only its
+// own. All methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "coordinator/cluster_config.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace ss::coord {
+
+struct MemberInfo {
+  std::string id;
+  std::string address;  // its GpuWorker service
+  std::string backend;
+  int pid = 0;
+  bool registered = false;
+  bool dead = false;        // declared dead since its latest registration
+  uint64_t generation = 0;  // bumped by every Register of this id
+  absl::Time last_heartbeat = absl::InfinitePast();
+};
+
+class ControlService final : public splitserve::v1::Coordinator::Service {
+ public:
+  explicit ControlService(ClusterConfig config,
+                          absl::Duration rendezvous_timeout = absl::Seconds(300));
+
+  grpc::Status Register(grpc::ServerContext* context, const splitserve::v1::RegisterRequest* request,
+                        splitserve::v1::RegisterReply* reply) override;
+  grpc::Status Rendezvous(grpc::ServerContext* context,
+                          const splitserve::v1::RendezvousRequest* request,
+                          splitserve::v1::RendezvousReply* reply) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context,
+                         const splitserve::v1::HeartbeatRequest* request,
+                         splitserve::v1::HeartbeatReply* reply) override;
+
+  const ClusterConfig& config() const { return config_; }
+  // Every GPU worker of the config, in GpuWorkerIds() order.
+  std::vector<MemberInfo> Members() const;
+  // True once every GPU worker is registered and none is dead; waits up to `timeout` for it.
+  bool WaitAllAlive(absl::Duration timeout) const;
+  // Marks the member dead (no-op for an unknown id or one already dead). `generation` guards
+  // against killing a newer registration: only that generation is declared dead.
+  void DeclareDead(const std::string& id, uint64_t generation);
+  // Declares dead every registered member whose last heartbeat is older than the config's
+  // heartbeat_timeout_ms; returns their ids.
+  std::vector<std::string> CheckHeartbeats();
+  // Wakes every blocked Rendezvous (they fail with UNAVAILABLE); later calls fail at once.
+  void Shutdown();
+
+ private:
+  struct Member {
+    MemberInfo info;
+    bool met = false;  // called Rendezvous since its latest registration
+  };
+
+  const ClusterConfig config_;
+  const absl::Duration rendezvous_timeout_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::map<std::string, Member> members_;                 // guarded by mu_; every GPU worker id
+  std::map<std::string, std::string> nccl_ids_;            // guarded by mu_; group -> id bytes
+  bool shutdown_ = false;                                 // guarded by mu_
+};
+
+}  // namespace ss::coord

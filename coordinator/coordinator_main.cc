@@ -1,0 +1,174 @@
+// splitserve-coordinator: the cluster's one coordinator (ARCHITECTURE.md "Processes"): the
+// OpenAI-compatible gateway (openai_server.h) in front of the ClusterEngine (cluster_engine.h),
+// and the control plane (control_service.h) GPU workers register with.
+//
+// Start-up: parse and validate every flag, load the model config, the tokenizer and the cluster
+// config (any error: one line naming the file or flag, exit 2 for usage, 1 otherwise); serve the
+// control plane and the HTTP API at once (GET /ready stays 503 until every GPU worker is
+// registered and ready). --ports_file writes {"http": P, "control": Q} once both are bound.
+//
+// SIGTERM / SIGINT: drain — new requests get 503, running ones finish (up to --drain_timeout_s),
+// then everything stops and the process exits 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/layer_list.h"
+#include "common/metrics/metrics.h"
+#include "common/model_config.h"
+#include "coordinator/cluster_config.h"
+#include "coordinator/cluster_engine.h"
+#include "coordinator/control_service.h"
+#include "coordinator/openai_server.h"
+#include "coordinator/tokenizer.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, model, "", "checkpoint directory (its config.json; tokenizer.json unless "
+                                  "--tokenizer is given)");
+ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json; default: MODEL/tokenizer.json");
+ABSL_FLAG(std::string, cluster, "", "cluster config (JSON, coordinator/cluster_config.h)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP API address");
+ABSL_FLAG(int, port, 8000, "HTTP API port (0 = any free port)");
+ABSL_FLAG(std::string, control_listen, "127.0.0.1:50050",
+          "gRPC control-plane address GPU workers register with (port 0 = any free port)");
+ABSL_FLAG(std::string, api_keys, "",
+          "comma-separated API keys clients must send as 'Authorization: Bearer KEY'; empty = "
+          "none. Environment mirror: SPLITSERVE_API_KEYS");
+ABSL_FLAG(std::string, ports_file, "", "write {\"http\": P, \"control\": Q} here once bound");
+ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM, seconds to let running requests finish");
+ABSL_FLAG(int, step_timeout_s, 120, "a micro-batch unanswered this long fails the cluster");
+ABSL_FLAG(int, ready_timeout_s, 600, "seconds a GPU worker may take to load before it is failed");
+
+namespace ss::coord {
+namespace {
+
+constexpr char kName[] = "splitserve-coordinator";
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", kName, message.c_str());
+  return code;
+}
+
+int Run(int argc, char** argv) {
+  NormalizeFlagDashes(argc, argv);
+  absl::SetProgramUsageMessage("the splitserve coordinator: OpenAI API + cluster control plane");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) return Fail(2, absl::StrCat("unexpected argument '", rest[1], "'"));
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const std::string cluster_path = absl::GetFlag(FLAGS_cluster);
+  if (model_dir.empty()) return Fail(2, "--model DIR is required");
+  if (cluster_path.empty()) return Fail(2, "--cluster FILE is required");
+  const int port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535) return Fail(2, absl::StrCat("--port ", port, " is not a port"));
+  if (absl::GetFlag(FLAGS_drain_timeout_s) < 0 || absl::GetFlag(FLAGS_step_timeout_s) < 1 ||
+      absl::GetFlag(FLAGS_ready_timeout_s) < 1) {
+    return Fail(2, "--drain_timeout_s must be >= 0, --step_timeout_s and --ready_timeout_s >= 1");
+  }
+  std::string keys = absl::GetFlag(FLAGS_api_keys);
+  if (keys.empty()) {
+    if (const char* env = std::getenv("SPLITSERVE_API_KEYS")) keys = env;
+  }
+
+  absl::StatusOr<ModelConfig> model = LoadModelConfig(model_dir);
+  if (!model.ok()) return Fail(1, std::string(model.status().message()));
+  const std::string tok_path = absl::GetFlag(FLAGS_tokenizer).empty()
+                                   ? model_dir + "/tokenizer.json"
+                                   : absl::GetFlag(FLAGS_tokenizer);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(tok_path);
+  if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
+  if ((*tokenizer)->vocab_size() > model->vocab_size) {
+    return Fail(1, absl::StrCat(tok_path, ": ", (*tokenizer)->vocab_size(),
+                                " tokens do not fit the model's vocabulary of ",
+                                model->vocab_size));
+  }
+  absl::StatusOr<ClusterConfig> cluster = LoadClusterConfig(cluster_path, *model);
+  if (!cluster.ok()) return Fail(1, std::string(cluster.status().message()));
+
+  // Signals are taken by sigwait below: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  spdlog::info("{}: model {} ({} layers), cluster {} ({} stages x TP {}, {} expert workers)",
+               kName, model_dir, model->n_layers, cluster_path, cluster->stages.size(),
+               cluster->stages.front().workers.size(), cluster->expert_workers.size());
+
+  ControlService control(*cluster);
+  int control_port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_control_listen), grpc::InsecureServerCredentials(),
+                           &control_port);
+  builder.RegisterService(&control);
+  std::unique_ptr<grpc::Server> control_server = builder.BuildAndStart();
+  if (!control_server || control_port == 0) {
+    return Fail(1, absl::StrCat("cannot serve the control plane on ",
+                                absl::GetFlag(FLAGS_control_listen)));
+  }
+
+  ClusterEngineOptions eo;
+  eo.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  eo.ready_timeout = absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
+  ClusterEngine engine(control, *model, eo);
+  engine.Start();
+
+  metrics::Metrics registry;
+  GatewayConfig gc;
+  gc.model_name = cluster->model_name;
+  for (absl::string_view k : absl::StrSplit(keys, ',', absl::SkipWhitespace())) {
+    gc.api_keys.emplace_back(k);
+  }
+  gc.max_context_tokens = static_cast<int32_t>(model->max_position_embeddings);
+  gc.metrics = &registry;
+  gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };
+  OpenAiServer gateway(gc, **tokenizer, engine);
+  absl::StatusOr<int> http_port = gateway.Start(absl::GetFlag(FLAGS_host), port);
+  if (!http_port.ok()) {
+    engine.Stop();
+    control.Shutdown();
+    control_server->Shutdown();
+    return Fail(1, std::string(http_port.status().message()));
+  }
+  spdlog::info("{}: HTTP API on http://{}:{}, control plane on port {}", kName,
+               absl::GetFlag(FLAGS_host), *http_port, control_port);
+  if (!absl::GetFlag(FLAGS_ports_file).empty()) {
+    const std::string tmp = absl::GetFlag(FLAGS_ports_file) + ".tmp";
+    std::ofstream(tmp) << nlohmann::json{{"http", *http_port}, {"control", control_port}}.dump()
+                       << "\n";
+    std::rename(tmp.c_str(), absl::GetFlag(FLAGS_ports_file).c_str());
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("{}: signal {}: draining (up to {} s)", kName, sig,
+               absl::GetFlag(FLAGS_drain_timeout_s));
+  engine.BeginDrain();
+  if (!engine.WaitIdle(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)))) {
+    spdlog::warn("{}: drain timed out; cancelling the remaining requests", kName);
+  }
+  gateway.Stop();
+  engine.Stop();
+  control.Shutdown();
+  control_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  spdlog::info("{}: stopped", kName);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ss::coord
+
+int main(int argc, char** argv) { return ss::coord::Run(argc, argv); }

@@ -1,0 +1,524 @@
+#include "coordinator/launcher.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_config.h"
+#include "coordinator/cluster_config.h"
+#include "cpu_expert_worker/numa.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace ss {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kUsage[] =
+    "usage: splitserve up [--model DIR] [--tokenizer FILE] [--host H] [--port P]\n"
+    "                     [--backend auto|cpu|cuda] [--stages N] [--expert-workers N|auto]\n"
+    "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N] [--api-keys K1,K2]\n"
+    "                     [--ready-timeout-s S] [--log-dir DIR]\n"
+    "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
+    "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
+    "  Without --model: the bundled tiny model (random weights: its text is noise).\n";
+
+struct Options {
+  std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
+  std::string isa = "auto", api_keys, log_dir;
+  int port = 8000, stages = 1, ready_timeout_s = 600;
+  int64_t kv_tokens = 65536;
+};
+
+bool ParseInt(const std::string& s, int64_t min, int64_t max, int64_t* out) {
+  return absl::SimpleAtoi(s, out) && *out >= min && *out <= max;
+}
+
+// "" on success, else the error.
+std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i], value;
+    if (name == "--help" || name == "-h") {
+      *help = true;
+      return "";
+    }
+    for (char& c : name) c = c == '_' ? '-' : c;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) return absl::StrCat(name, " needs a value");
+      value = argv[++i];
+    }
+    int64_t v = 0;
+    if (name == "--model") {
+      o->model = value;
+    } else if (name == "--tokenizer") {
+      o->tokenizer = value;
+    } else if (name == "--host") {
+      o->host = value;
+    } else if (name == "--port") {
+      if (!ParseInt(value, 0, 65535, &v)) return absl::StrCat("--port ", value, " is not a port");
+      o->port = static_cast<int>(v);
+    } else if (name == "--backend") {
+      if (value != "auto" && value != "cpu" && value != "cuda") {
+        return absl::StrCat("--backend ", value, ": expected auto, cpu or cuda");
+      }
+      o->backend = value;
+    } else if (name == "--stages") {
+      if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--stages ", value, ": expected 1..64");
+      o->stages = static_cast<int>(v);
+    } else if (name == "--expert-workers") {
+      if (value != "auto" && !ParseInt(value, 0, 64, &v)) {
+        return absl::StrCat("--expert-workers ", value, ": expected auto or 0..64");
+      }
+      o->expert_workers = value;
+    } else if (name == "--isa") {
+      o->isa = value;
+    } else if (name == "--kv-tokens") {
+      if (!ParseInt(value, 1, int64_t{1} << 40, &v)) {
+        return absl::StrCat("--kv-tokens ", value, ": expected a positive number");
+      }
+      o->kv_tokens = v;
+    } else if (name == "--api-keys") {
+      o->api_keys = value;
+    } else if (name == "--ready-timeout-s") {
+      if (!ParseInt(value, 1, 86400, &v)) return absl::StrCat("--ready-timeout-s ", value);
+      o->ready_timeout_s = static_cast<int>(v);
+    } else if (name == "--log-dir") {
+      o->log_dir = value;
+    } else {
+      return absl::StrCat("unknown option ", name);
+    }
+  }
+  return "";
+}
+
+fs::path SelfDir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::current_path() : exe.parent_path();
+}
+
+int CountGpus() {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// One child process: its own process group, SIGTERM when the launcher dies.
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+};
+
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: only async-signal-safe calls until exec.
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (!log_path.empty()) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+  }
+  execv(argv[0], argv.data());
+  _exit(127);
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return "ended";
+}
+
+class Supervisor {
+ public:
+  ~Supervisor() { StopAll(); }
+
+  bool Start(const std::string& name, const std::vector<std::string>& args,
+             const std::string& log_dir) {
+    const std::string log = log_dir.empty() ? "" : absl::StrCat(log_dir, "/", name, ".log");
+    const pid_t pid = Spawn(args, log);
+    if (pid < 0) {
+      std::fprintf(stderr, "splitserve up: cannot start %s\n", name.c_str());
+      return false;
+    }
+    children_.push_back(Child{name, pid});
+    return true;
+  }
+
+  // Reaps exited children; returns the first one that exited unexpectedly, or null.
+  const Child* Reap() {
+    for (Child& c : children_) {
+      if (c.exited) continue;
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.exited = true;
+        c.status = status;
+        return &c;
+      }
+    }
+    return nullptr;
+  }
+
+  // SIGTERM to the children whose name starts with `prefix`, then waits up to `grace` and
+  // SIGKILLs the rest.
+  void StopGroup(const std::string& prefix, std::chrono::milliseconds grace) {
+    for (Child& c : children_) {
+      if (!c.exited && c.name.rfind(prefix, 0) == 0) kill(c.pid, SIGTERM);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool any = false;
+      for (Child& c : children_) {
+        if (c.exited || c.name.rfind(prefix, 0) != 0) continue;
+        int status = 0;
+        if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+          c.exited = true;
+          c.status = status;
+        } else {
+          any = true;
+        }
+      }
+      if (!any) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (Child& c : children_) {
+      if (c.exited || c.name.rfind(prefix, 0) != 0) continue;
+      std::fprintf(stderr, "splitserve up: %s did not stop in time: SIGKILL\n", c.name.c_str());
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &c.status, 0);
+      c.exited = true;
+    }
+  }
+
+  void StopAll() {
+    StopGroup("coordinator", std::chrono::seconds(40));
+    StopGroup("gpu", std::chrono::seconds(10));
+    StopGroup("expert", std::chrono::seconds(10));
+    StopGroup("", std::chrono::seconds(5));
+  }
+
+ private:
+  std::vector<Child> children_;
+};
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int RunUpCommand(int argc, char** argv) {
+  Options o;
+  bool help = false;
+  if (std::string err = ParseArgs(argc, argv, &o, &help); !err.empty()) {
+    std::fprintf(stderr, "splitserve up: %s\n%s", err.c_str(), kUsage);
+    return 2;
+  }
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const fs::path bin = SelfDir();
+  if (o.model.empty()) {
+    o.model = (bin.parent_path() / "share/splitserve/tiny").string();
+    std::printf("splitserve up: no --model: serving the bundled tiny model (%s; random weights, "
+                "its text is noise)\n",
+                o.model.c_str());
+  }
+  if (o.tokenizer.empty()) o.tokenizer = o.model + "/tokenizer.json";
+  absl::StatusOr<ModelConfig> model = LoadModelConfig(o.model);
+  if (!model.ok()) {
+    std::fprintf(stderr, "splitserve up: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  if (!fs::exists(o.tokenizer)) {
+    std::fprintf(stderr, "splitserve up: no tokenizer at %s (give --tokenizer FILE)\n",
+                 o.tokenizer.c_str());
+    return 1;
+  }
+  for (const char* b : {"splitserve-coordinator", "splitserve-gpu-worker",
+                        "splitserve-expert-worker"}) {
+    if (!fs::exists(bin / b)) {
+      std::fprintf(stderr, "splitserve up: %s is missing next to %s\n", b, bin.c_str());
+      return 1;
+    }
+  }
+
+  // Layout.
+  const int gpus = CountGpus();
+  std::string backend = o.backend;
+  if (backend == "auto") {
+    backend = "cpu";
+    if (gpus > 0) {
+      std::printf("splitserve up: %d GPU device(s) found, but the cuda backend is not built yet: "
+                  "using the cpu backend\n",
+                  gpus);
+    }
+  }
+  if (backend == "cuda") {
+    std::fprintf(stderr, "splitserve up: the cuda backend is not built yet; use --backend cpu\n");
+    return 2;
+  }
+  if (o.stages > model->n_layers) {
+    std::fprintf(stderr, "splitserve up: --stages %d exceeds the model's %lld layers\n", o.stages,
+                 static_cast<long long>(model->n_layers));
+    return 2;
+  }
+  int nodes = 1;
+  if (absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
+      topo.ok()) {
+    int usable = 0;
+    for (const expert::NumaNode& n : (*topo)->nodes()) usable += n.core_cpus.empty() ? 0 : 1;
+    nodes = std::max(1, usable);
+  }
+  int experts = nodes;
+  if (o.expert_workers != "auto") experts = std::atoi(o.expert_workers.c_str());
+  // Slices must split the expert width into 128-multiples.
+  while (experts > 1 && model->moe_inter_dim % (128 * experts) != 0) --experts;
+
+  const std::string run_dir =
+      (fs::temp_directory_path() / absl::StrCat("splitserve-up-", getpid())).string();
+  fs::create_directories(run_dir);
+  if (!o.log_dir.empty()) fs::create_directories(o.log_dir);
+
+  coord::ClusterConfig cluster;
+  cluster.model_name = fs::path(o.model).filename().string();
+  if (cluster.model_name.empty()) cluster.model_name = "model";
+  int64_t max_ratio = 1;
+  for (int64_t r : model->compress_ratios) max_ratio = std::max(max_ratio, r);
+  cluster.kv_block_tokens = static_cast<int>(std::max<int64_t>(128, max_ratio));
+  cluster.max_batch_tokens = 2048;
+  cluster.max_running = 64;
+  const int n_layers = static_cast<int>(model->n_layers);
+  for (int s = 0; s < o.stages; ++s) {
+    coord::StageSpec st;
+    st.first_layer = n_layers * s / o.stages;
+    st.end_layer = n_layers * (s + 1) / o.stages;
+    st.workers = {absl::StrCat("gpu", s)};
+    cluster.stages.push_back(st);
+  }
+  std::vector<std::string> shm_names;
+  for (int e = 0; e < experts; ++e) {
+    coord::ExpertWorkerSpec w;
+    w.id = absl::StrCat("expert", e);
+    for (int l = 0; l < n_layers; ++l) w.layers.push_back(l);
+    w.slice_index = e;
+    w.slice_count = experts;
+    w.shm_name = absl::StrCat("splitserve-", getpid(), "-expert", e);
+    shm_names.push_back(w.shm_name);
+    cluster.expert_workers.push_back(w);
+  }
+  const std::string cluster_path = run_dir + "/cluster.json";
+  std::ofstream(cluster_path) << coord::ClusterConfigToJson(cluster) << "\n";
+  if (absl::StatusOr<coord::ClusterConfig> check = coord::LoadClusterConfig(cluster_path, *model);
+      !check.ok()) {
+    std::fprintf(stderr, "splitserve up: internal: %s\n",
+                 std::string(check.status().message()).c_str());
+    return 1;
+  }
+
+  // Signals: taken with sigtimedwait in the loop below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+
+  Supervisor sup;
+  int exit_code = 0;
+  auto cleanup = [&] {
+    sup.StopAll();
+    for (const std::string& n : shm_names) shm_unlink(("/" + n).c_str());
+    std::error_code ec;
+    fs::remove_all(run_dir, ec);
+  };
+  auto child_died = [&](const Child* c) {
+    std::fprintf(stderr, "splitserve up: %s %s; stopping everything\n", c->name.c_str(),
+                 DescribeExit(c->status).c_str());
+  };
+  auto wait_signal = [&](std::chrono::milliseconds ms) {
+    timespec ts{static_cast<time_t>(ms.count() / 1000), static_cast<long>(ms.count() % 1000) * 1000000};
+    return sigtimedwait(&signals, nullptr, &ts) > 0;
+  };
+  const int metrics_base = o.port == 0 ? 0 : o.port + 1;
+  auto metrics_addr = [&](int i) {
+    return absl::StrCat("127.0.0.1:", metrics_base == 0 ? 0 : metrics_base + i);
+  };
+
+  for (int e = 0; e < experts; ++e) {
+    std::vector<std::string> args = {(bin / "splitserve-expert-worker").string(),
+                                     "--model", o.model, "--layers", absl::StrCat("0-", n_layers - 1),
+                                     "--slice", absl::StrCat(e, "/", experts),
+                                     "--isa", o.isa, "--shm-name", shm_names[e],
+                                     "--metrics-listen", metrics_addr(o.stages + e)};
+    if (experts == nodes && nodes > 1) {
+      args.push_back("--numa-node");
+      args.push_back(absl::StrCat(e));
+    }
+    if (!sup.Start(absl::StrCat("expert", e), args, o.log_dir)) {
+      cleanup();
+      return 1;
+    }
+  }
+  const std::string ports_file = run_dir + "/ports.json";
+  std::vector<std::string> cargs = {(bin / "splitserve-coordinator").string(),
+                                    "--model", o.model, "--tokenizer", o.tokenizer,
+                                    "--cluster", cluster_path, "--host", o.host,
+                                    "--port", absl::StrCat(o.port),
+                                    "--control-listen", "127.0.0.1:0",
+                                    "--ports-file", ports_file};
+  if (!o.api_keys.empty()) {
+    cargs.push_back("--api-keys");
+    cargs.push_back(o.api_keys);
+  }
+  if (!sup.Start("coordinator", cargs, o.log_dir)) {
+    cleanup();
+    return 1;
+  }
+  // The coordinator's ports, then the GPU workers.
+  int http_port = 0, control_port = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const auto ready_deadline = start + std::chrono::seconds(o.ready_timeout_s);
+  while (http_port == 0) {
+    if (const Child* c = sup.Reap()) {
+      child_died(c);
+      cleanup();
+      return 1;
+    }
+    if (wait_signal(std::chrono::milliseconds(50))) {
+      cleanup();
+      return 0;
+    }
+    if (std::chrono::steady_clock::now() > ready_deadline) {
+      std::fprintf(stderr, "splitserve up: the coordinator did not start in time\n");
+      cleanup();
+      return 1;
+    }
+    if (fs::exists(ports_file)) {
+      const nlohmann::json j = nlohmann::json::parse(ReadFile(ports_file), nullptr, false);
+      if (j.is_object() && j.contains("http") && j.contains("control")) {
+        http_port = j["http"].get<int>();
+        control_port = j["control"].get<int>();
+      }
+    }
+  }
+  for (int s = 0; s < o.stages; ++s) {
+    std::vector<std::string> args = {(bin / "splitserve-gpu-worker").string(),
+                                     "--coordinator", absl::StrCat("127.0.0.1:", control_port),
+                                     "--worker-id", absl::StrCat("gpu", s),
+                                     "--listen", "127.0.0.1:0",
+                                     "--backend", backend, "--model", o.model,
+                                     "--kv-tokens", absl::StrCat(o.kv_tokens),
+                                     "--metrics-listen", metrics_addr(s)};
+    if (!sup.Start(absl::StrCat("gpu", s), args, o.log_dir)) {
+      cleanup();
+      return 1;
+    }
+  }
+
+  // Ready?
+  const std::string url = absl::StrCat("http://", o.host, ":", http_port);
+  httplib::Client client(o.host, http_port);
+  client.set_connection_timeout(1, 0);
+  client.set_read_timeout(2, 0);
+  while (true) {
+    if (const Child* c = sup.Reap()) {
+      child_died(c);
+      cleanup();
+      return 1;
+    }
+    if (wait_signal(std::chrono::milliseconds(200))) {
+      cleanup();
+      return 0;
+    }
+    if (std::chrono::steady_clock::now() > ready_deadline) {
+      std::fprintf(stderr, "splitserve up: not ready after %d s (see the logs%s%s)\n",
+                   o.ready_timeout_s, o.log_dir.empty() ? "" : " in ", o.log_dir.c_str());
+      cleanup();
+      return 1;
+    }
+    if (auto res = client.Get("/ready"); res && res->status == 200) break;
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "splitserve up: ready in %.1f s: %s (%d stage(s), %s backend, %d expert worker(s))\n"
+      "  try:\n"
+      "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+      "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+      "\"max_tokens\": 32}'\n"
+      "  metrics: %s/metrics%s\n"
+      "  Ctrl-C stops everything.\n",
+      secs, url.c_str(), o.stages, backend.c_str(), experts, url.c_str(),
+      cluster.model_name.c_str(), url.c_str(),
+      metrics_base == 0 ? ""
+                        : absl::StrCat(" (workers: 127.0.0.1:", metrics_base, "-",
+                                       metrics_base + o.stages + experts - 1, "/metrics)")
+                              .c_str());
+  std::fflush(stdout);
+
+  while (true) {
+    if (const Child* c = sup.Reap()) {
+      child_died(c);
+      exit_code = 1;
+      break;
+    }
+    if (wait_signal(std::chrono::milliseconds(200))) {
+      std::printf("splitserve up: stopping (draining running requests)\n");
+      std::fflush(stdout);
+      break;
+    }
+  }
+  cleanup();
+  std::printf("splitserve up: stopped\n");
+  return exit_code;
+}
+
+}  // namespace ss

@@ -1,0 +1,28 @@
+// `splitserve up`: the whole system on one machine from one command (ARCHITECTURE.md
+// "Processes", issue 6 item 7).
+//
+//   splitserve up [--model DIR] [--host H] [--port P] [--stages N] [--expert-workers N|auto]
+//
+// It picks the layout (the cuda backend when GPUs are present and the cuda backend is built,
+// else the cpu backend; one expert worker per NUMA node holding slice i/n of every layer's
+// experts, n limited to what the model's expert width allows), writes the cluster config into a
+// private run directory, and starts every process as its child: expert workers (shared memory),
+// the coordinator, then the GPU workers, which register with it. Children run in their own
+// process group (so a terminal's Ctrl-C reaches only the launcher, which stops them in order) and
+// with PR_SET_PDEATHSIG, so they die with the launcher even when it is killed. It waits for
+// GET /ready, prints the URL and a curl example, and then waits.
+//
+// Stop: on SIGINT / SIGTERM the coordinator drains first (running requests finish), then the
+// GPU workers and the expert workers get SIGTERM; anything still alive after its grace period
+// gets SIGKILL, the shared-memory names it assigned are unlinked and the run directory removed.
+// A child that exits on its own takes the whole system down (exit 1, naming the child).
+//
+// Without --model it serves the bundled tiny model (tiny-a's random weights with the project's
+// generated tokenizer: its text is noise) found in <binary dir>/../share/splitserve/tiny.
+#pragma once
+
+namespace ss {
+
+int RunUpCommand(int argc, char** argv);
+
+}  // namespace ss

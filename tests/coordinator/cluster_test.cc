@@ -1,0 +1,508 @@
+// The coordinator's cluster layer: the cluster config, the control plane (registration,
+// rendezvous, heartbeats) and the ClusterEngine driving GPU workers' step streams. The workers
+// here are in-process fakes speaking proto/cluster.proto, whose "model" is predictable (the next
+// token is the previous one + 1), so every planned chunk and every delivered token is checked.
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cluster_protocol.h"
+#include "common/model_config.h"
+#include "coordinator/cluster_config.h"
+#include "coordinator/cluster_engine.h"
+#include "coordinator/control_service.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace ss::coord {
+namespace {
+
+namespace pb = splitserve::v1;
+
+ModelConfig TinyModel() {
+  absl::StatusOr<ModelConfig> m = LoadModelConfig(SS_TINY_A_DIR);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+constexpr char kTwoStages[] = R"({
+  "model_name": "tiny", "kv_block_tokens": 128, "max_batch_tokens": 256, "max_running": 32,
+  "heartbeat_interval_ms": 50, "heartbeat_timeout_ms": 3000,
+  "stages": [{"layers": "0-3", "workers": ["gpu0"]}, {"layers": "4-6", "workers": ["gpu1"]}],
+  "expert_workers": [
+    {"id": "e0", "layers": "0-3", "slice": "0/1", "shm": "seg0"},
+    {"id": "e1", "layers": "4-6", "slice": "0/1", "grpc": "127.0.0.1:1"}
+  ]})";
+
+TEST(ClusterConfigTest, ParsesRolesAndRoundTrips) {
+  const ModelConfig model = TinyModel();
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kTwoStages, model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->GpuWorkerIds(), (std::vector<std::string>{"gpu0", "gpu1"}));
+  absl::StatusOr<pb::Role> r1 = RoleFor(*c, "gpu1");
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->stage(), 1);
+  EXPECT_EQ(r1->num_stages(), 2);
+  EXPECT_EQ(r1->first_layer(), 4);
+  EXPECT_EQ(r1->end_layer(), 7);
+  ASSERT_EQ(r1->experts_size(), 3);
+  EXPECT_EQ(r1->experts(0).layer(), 4);
+  EXPECT_EQ(r1->experts(0).endpoints(0).grpc_address(), "127.0.0.1:1");
+  absl::StatusOr<pb::Role> r0 = RoleFor(*c, "gpu0");
+  ASSERT_TRUE(r0.ok());
+  ASSERT_EQ(r0->experts_size(), 4);
+  EXPECT_EQ(r0->experts(3).endpoints(0).shm_name(), "seg0");
+  EXPECT_EQ(RoleFor(*c, "e0").status().code(), absl::StatusCode::kNotFound);
+
+  absl::StatusOr<ClusterConfig> again = ParseClusterConfig(ClusterConfigToJson(*c), model);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ClusterConfigToJson(*again), ClusterConfigToJson(*c));
+}
+
+TEST(ClusterConfigTest, SlicesGoToTpRanks) {
+  const ModelConfig model = TinyModel();
+  // tiny-a's experts are 128 wide: one slice only. Use TP 2 with whole experts on both ranks'
+  // view: slice 0/1 goes to rank 0, none to rank 1.
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"({
+    "stages": [{"layers": "0-6", "workers": ["a", "b"]}],
+    "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/1", "shm": "s"}]})",
+                                                       model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(RoleFor(*c, "a")->experts_size(), 7);
+  EXPECT_EQ(RoleFor(*c, "b")->experts_size(), 0);
+  EXPECT_EQ(RoleFor(*c, "b")->tp_rank(), 1);
+  EXPECT_EQ(RoleFor(*c, "b")->tp_size(), 2);
+}
+
+TEST(ClusterConfigTest, RejectsBadConfigsNamingTheField) {
+  const ModelConfig model = TinyModel();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[]", "not a JSON object"},
+      {"{\"stages\": []}", "'stages'"},
+      {R"({"stages": [{"layers": "0-3", "workers": ["a"]}]})", "the model has 7"},
+      {R"({"stages": [{"layers": "0-3", "workers": ["a"]}, {"layers": "5-6", "workers": ["b"]}]})",
+       "expected layer 4"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a", "a"]}]})", "appears twice"},
+      {R"({"stages": [{"layers": "0-9", "workers": ["a"]}]})", "outside the model"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a", "b", "c"]}]})", "does not divide"},
+      {R"({"kv_block_tokens": 100, "stages": [{"layers": "0-6", "workers": ["a"]}]})",
+       "multiple of every compress ratio"},
+      {R"({"bogus": 1, "stages": [{"layers": "0-6", "workers": ["a"]}]})", "unknown key 'bogus'"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a"]}],
+           "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/2", "shm": "s"}]})",
+       "does not split"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a"]}],
+           "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/1"}]})",
+       "exactly one of 'shm' and 'grpc'"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a"]}],
+           "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/1", "shm": "s"},
+                              {"id": "f", "layers": "3", "slice": "0/1", "shm": "t"}]})",
+       "layer 3"},
+      {R"({"max_batch_tokens": 4, "max_running": 8, "stages": [{"layers": "0-6", "workers": ["a"]}]})",
+       "max_batch_tokens"},
+  };
+  for (const auto& [text, want] : cases) {
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(text, model);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(want), std::string::npos)
+        << text << " -> " << c.status().message();
+  }
+}
+
+// ---- A fake GPU worker: next token = previous + 1 (skipping EOS), EOS after token 100 ----
+
+class FakeWorker final : public pb::GpuWorker::Service {
+ public:
+  FakeWorker(std::string id, bool sampler, int64_t kv_blocks)
+      : id_(std::move(id)), sampler_(sampler), kv_blocks_(kv_blocks) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+  }
+  ~FakeWorker() override { server_->Shutdown(std::chrono::system_clock::now()); }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  grpc::Status Status(grpc::ServerContext*, const pb::StatusRequest*,
+                      pb::WorkerStatus* out) override {
+    out->set_protocol_version(kClusterProtocolVersion);
+    out->set_worker_id(id_);
+    out->set_ready(true);
+    out->set_kv_blocks(kv_blocks_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Steps(grpc::ServerContext* ctx,
+                     grpc::ServerReaderWriter<pb::StepResult, pb::StepPlan>* stream) override {
+    std::map<uint64_t, std::vector<int32_t>> seqs;  // a new stream starts with no sequences
+    pb::StepPlan plan;
+    while (stream->Read(&plan)) {
+      ++plans_;
+      pb::StepResult r;
+      r.set_micro_batch_id(plan.micro_batch_id());
+      for (uint64_t id : plan.release()) seqs.erase(id);
+      for (const pb::SeqChunk& c : plan.chunks()) {
+        std::vector<int32_t>& s = seqs[c.seq_id()];
+        if (c.start() == 0) s.clear();
+        if (static_cast<int64_t>(s.size()) != c.start()) {
+          r.set_error("seq " + std::to_string(c.seq_id()) + " starts at " +
+                      std::to_string(c.start()) + " but holds " + std::to_string(s.size()));
+        }
+        s.insert(s.end(), c.tokens().begin(), c.tokens().end());
+        max_chunks_ = std::max<int>(max_chunks_, plan.chunks_size());
+        if (sampler_ && c.samples()) {
+          const int32_t last = s.back();
+          int32_t next = last == 100 ? 1 : (last + 1) % 1024;
+          if (next == 1 && last != 100) next = 2;
+          pb::Sample* smp = r.add_samples();
+          smp->set_seq_id(c.seq_id());
+          smp->set_token(next);
+          if (c.sampling().top_logprobs() >= 0) {
+            smp->set_logprob(-0.5f);
+            for (int k = 0; k < c.sampling().top_logprobs(); ++k) {
+              pb::TokenLogprob* t = smp->add_top();
+              t->set_token(next + k);
+              t->set_logprob(-0.5f - k);
+            }
+          }
+        }
+      }
+      // Wire ids carry the connection epoch above bit 40 (cluster_engine.cc).
+      const int64_t mb = static_cast<int64_t>(plan.micro_batch_id() & ((uint64_t{1} << 40) - 1));
+      if (fail_micro_batch_.load() == mb) {
+        r.set_error("injected failure");
+        r.clear_samples();
+      }
+      if (die_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker died");
+      if (delay_ms_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+      if (!stream->Write(r)) break;
+      if (ctx->IsCancelled()) break;
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status PushStreams(grpc::ServerContext*, const pb::StageStreams*,
+                           pb::PushReply*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "fake");
+  }
+
+  std::atomic<int64_t> fail_micro_batch_{-1};
+  std::atomic<bool> die_{false};
+  std::atomic<int> delay_ms_{0};
+  std::atomic<int> plans_{0};
+  std::atomic<int> max_chunks_{0};
+
+ private:
+  std::string id_;
+  bool sampler_;
+  int64_t kv_blocks_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// The control service on a loopback port, two fake workers registered with heartbeats.
+class ClusterFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = TinyModel();
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kTwoStages, model_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    control_ = std::make_unique<ControlService>(*c, absl::Seconds(5));
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &control_port_);
+    b.RegisterService(control_.get());
+    control_server_ = b.BuildAndStart();
+    stub_ = pb::Coordinator::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(control_port_), grpc::InsecureChannelCredentials()));
+    workers_.push_back(std::make_unique<FakeWorker>("gpu0", false, 64));
+    workers_.push_back(std::make_unique<FakeWorker>("gpu1", true, 48));
+    for (auto& w : workers_) ASSERT_TRUE(RegisterWorker(w.get()).ok());
+    heartbeats_ = std::thread([this] {
+      while (!stop_.load()) {
+        for (const char* id : {"gpu0", "gpu1"}) {
+          if (silent_.load() == id) continue;
+          grpc::ClientContext ctx;
+          pb::HeartbeatRequest req;
+          req.set_protocol_version(kClusterProtocolVersion);
+          req.set_worker_id(id);
+          pb::HeartbeatReply rep;
+          stub_->Heartbeat(&ctx, req, &rep);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
+  void TearDown() override {
+    if (engine_) engine_->Stop();
+    stop_.store(true);
+    if (heartbeats_.joinable()) heartbeats_.join();
+    control_->Shutdown();
+    control_server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  grpc::Status RegisterWorker(FakeWorker* w, uint32_t version = kClusterProtocolVersion,
+                              const char* id = nullptr) {
+    grpc::ClientContext ctx;
+    pb::RegisterRequest req;
+    req.set_protocol_version(version);
+    req.set_worker_id(id ? id : (w == workers_[0].get() ? "gpu0" : "gpu1"));
+    req.set_address(w->address());
+    req.set_backend("cpu");
+    pb::RegisterReply rep;
+    return stub_->Register(&ctx, req, &rep);
+  }
+
+  void StartEngine() {
+    ClusterEngineOptions o;
+    o.step_timeout = absl::Seconds(20);
+    engine_ = std::make_unique<ClusterEngine>(*control_, model_, o);
+    engine_->Start();
+    ASSERT_TRUE(WaitReady());
+  }
+  bool WaitReady() {
+    for (int i = 0; i < 500 && !engine_->Ready(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return engine_->Ready();
+  }
+
+  struct Outcome {
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+    FinishReason finish = FinishReason::kNone;
+    std::string error;
+  };
+  static Outcome Drain(GenerationStream& s) {
+    Outcome o;
+    for (int i = 0; i < 2000 && o.finish == FinishReason::kNone; ++i) {
+      std::optional<GenerationEvent> e = s.Next(std::chrono::milliseconds(10));
+      if (!e) continue;
+      o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
+      o.logprobs.insert(o.logprobs.end(), e->logprobs.begin(), e->logprobs.end());
+      o.finish = e->finish;
+      o.error = e->error;
+    }
+    return o;
+  }
+  std::shared_ptr<GenerationStream> Submit(std::vector<int32_t> prompt, int max_tokens,
+                                           std::shared_ptr<CancellationToken> cancel = nullptr,
+                                           std::vector<int32_t> stop_ids = {}) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.stop_token_ids = std::move(stop_ids);
+    r.cancel = cancel ? cancel : std::make_shared<CancellationToken>();
+    SubmitOutcome out = engine_->Submit(std::move(r));
+    EXPECT_EQ(out.status, SubmitStatus::kAccepted);
+    return out.stream;
+  }
+
+  ModelConfig model_;
+  std::unique_ptr<ControlService> control_;
+  int control_port_ = 0;
+  std::unique_ptr<grpc::Server> control_server_;
+  std::unique_ptr<pb::Coordinator::Stub> stub_;
+  std::vector<std::unique_ptr<FakeWorker>> workers_;
+  std::unique_ptr<ClusterEngine> engine_;
+  std::thread heartbeats_;
+  std::atomic<bool> stop_{false};
+  std::atomic<const char*> silent_{""};
+};
+
+TEST_F(ClusterFixture, RegistrationChecksVersionIdAndLiveness) {
+  EXPECT_EQ(RegisterWorker(workers_[0].get(), kClusterProtocolVersion + 1).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(RegisterWorker(workers_[0].get(), kClusterProtocolVersion, "gpu7").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // gpu0 is registered and heartbeating: a second process with its id is refused.
+  EXPECT_EQ(RegisterWorker(workers_[0].get()).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  const std::vector<MemberInfo> m = control_->Members();
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[1].address, workers_[1]->address());
+  EXPECT_TRUE(control_->WaitAllAlive(absl::Seconds(1)));
+}
+
+TEST_F(ClusterFixture, RendezvousWaitsForEveryWorkerAndHandsOutIds) {
+  pb::RendezvousReply reply0;
+  std::thread first([&] {
+    grpc::ClientContext ctx;
+    pb::RendezvousRequest req;
+    req.set_protocol_version(kClusterProtocolVersion);
+    req.set_worker_id("gpu0");
+    pb::NcclGroupId* g = req.add_nccl_ids();
+    g->set_group("pp");
+    g->set_unique_id(std::string(128, 'x'));
+    EXPECT_TRUE(stub_->Rendezvous(&ctx, req, &reply0).ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(reply0.peers_size(), 0);  // still blocked: gpu1 has not met
+  grpc::ClientContext ctx;
+  pb::RendezvousRequest req;
+  req.set_protocol_version(kClusterProtocolVersion);
+  req.set_worker_id("gpu1");
+  pb::RendezvousReply reply1;
+  ASSERT_TRUE(stub_->Rendezvous(&ctx, req, &reply1).ok());
+  first.join();
+  ASSERT_EQ(reply1.peers_size(), 2);
+  EXPECT_EQ(reply1.peers(1).address(), workers_[1]->address());
+  EXPECT_EQ(reply1.peers(1).stage(), 1);
+  ASSERT_EQ(reply1.nccl_ids_size(), 1);
+  EXPECT_EQ(reply1.nccl_ids(0).unique_id(), std::string(128, 'x'));
+  EXPECT_EQ(reply0.peers_size(), 2);
+}
+
+TEST_F(ClusterFixture, SilentWorkerIsDeclaredDeadAndMayRegisterAgain) {
+  silent_.store("gpu1");
+  std::vector<std::string> dead;
+  for (int i = 0; i < 100 && dead.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    dead = control_->CheckHeartbeats();
+  }
+  ASSERT_EQ(dead, std::vector<std::string>{"gpu1"});
+  grpc::ClientContext ctx;
+  pb::HeartbeatRequest req;
+  req.set_protocol_version(kClusterProtocolVersion);
+  req.set_worker_id("gpu1");
+  pb::HeartbeatReply rep;
+  ASSERT_TRUE(stub_->Heartbeat(&ctx, req, &rep).ok());
+  EXPECT_FALSE(rep.member());
+  EXPECT_TRUE(RegisterWorker(workers_[1].get()).ok());
+  EXPECT_EQ(control_->Members()[1].generation, 2u);
+}
+
+TEST_F(ClusterFixture, GeneratesStopsAndFinishesLikeTheModel) {
+  StartEngine();
+  EXPECT_EQ(engine_->KvBlocks(), 48);  // the smallest pool
+  Outcome a = Drain(*Submit({10, 11, 12}, 5));
+  EXPECT_EQ(a.tokens, (std::vector<int32_t>{13, 14, 15, 16, 17}));
+  EXPECT_EQ(a.finish, FinishReason::kLength);
+  Outcome b = Drain(*Submit({97, 98}, 10));  // 99, 100, then EOS (not delivered)
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{99, 100}));
+  EXPECT_EQ(b.finish, FinishReason::kEos);
+  Outcome c = Drain(*Submit({50}, 10, nullptr, {53}));
+  EXPECT_EQ(c.tokens, (std::vector<int32_t>{51, 52}));
+  EXPECT_EQ(c.finish, FinishReason::kStop);
+  Outcome d = Drain(*Submit({4000}, 3));
+  EXPECT_EQ(d.finish, FinishReason::kError);
+  EXPECT_NE(d.error.find("outside the vocabulary"), std::string::npos) << d.error;
+  EXPECT_DOUBLE_EQ(engine_->KvUsage(), 0.0);
+}
+
+TEST_F(ClusterFixture, LogprobsTravelWithTheirTokens) {
+  StartEngine();
+  GenerationRequest r;
+  r.prompt = {20};
+  r.sampling.max_tokens = 3;
+  r.sampling.top_logprobs = 2;
+  r.cancel = std::make_shared<CancellationToken>();
+  Outcome o = Drain(*engine_->Submit(std::move(r)).stream);
+  ASSERT_EQ(o.tokens, (std::vector<int32_t>{21, 22, 23}));
+  ASSERT_EQ(o.logprobs.size(), 3u);
+  EXPECT_FLOAT_EQ(o.logprobs[1].logprob, -0.5f);
+  ASSERT_EQ(o.logprobs[1].top.size(), 2u);
+  EXPECT_EQ(o.logprobs[1].top[1].first, 23);
+}
+
+TEST_F(ClusterFixture, ConcurrentRequestsBatchWithoutChangingResults) {
+  StartEngine();
+  std::vector<std::shared_ptr<GenerationStream>> streams;
+  for (int i = 0; i < 16; ++i) {
+    // Long prompts (300 tokens for some) make prefill chunks share micro-batches with decodes.
+    std::vector<int32_t> prompt(i % 3 == 0 ? 300 : 1 + i, 200 + i);
+    prompt.back() = 200 + 10 * i;
+    streams.push_back(Submit(prompt, 20));
+  }
+  for (int i = 0; i < 16; ++i) {
+    Outcome o = Drain(*streams[i]);
+    ASSERT_EQ(o.finish, FinishReason::kLength) << i << " " << o.error;
+    ASSERT_EQ(o.tokens.size(), 20u);
+    for (int k = 0; k < 20; ++k) EXPECT_EQ(o.tokens[k], 200 + 10 * i + 1 + k) << i;
+  }
+  EXPECT_GT(workers_[1]->max_chunks_.load(), 1);  // sequences really shared micro-batches
+  EXPECT_DOUBLE_EQ(engine_->KvUsage(), 0.0);
+  EXPECT_EQ(engine_->NumRunning(), 0);
+}
+
+TEST_F(ClusterFixture, CancelFreesTheKvCache) {
+  StartEngine();
+  workers_[1]->delay_ms_.store(20);
+  auto cancel = std::make_shared<CancellationToken>();
+  auto s = Submit({300}, 500, cancel);
+  // Wait for some tokens, then cancel.
+  std::vector<int32_t> got;
+  for (int i = 0; i < 500 && got.size() < 3; ++i) {
+    if (auto e = s->Next(std::chrono::milliseconds(10))) {
+      got.insert(got.end(), e->tokens.begin(), e->tokens.end());
+    }
+  }
+  ASSERT_GE(got.size(), 3u);
+  EXPECT_GT(engine_->KvUsage(), 0.0);
+  cancel->Cancel();
+  Outcome o = Drain(*s);
+  EXPECT_EQ(o.finish, FinishReason::kCancelled);
+  EXPECT_DOUBLE_EQ(engine_->KvUsage(), 0.0);
+}
+
+TEST_F(ClusterFixture, FailedMicroBatchEndsOnlyItsSequences) {
+  StartEngine();
+  workers_[0]->fail_micro_batch_.store(0);  // the very first micro-batch
+  Outcome bad = Drain(*Submit({10}, 4));
+  EXPECT_EQ(bad.finish, FinishReason::kError);
+  EXPECT_NE(bad.error.find("injected failure"), std::string::npos) << bad.error;
+  EXPECT_TRUE(engine_->Ready());
+  Outcome good = Drain(*Submit({10}, 4));
+  EXPECT_EQ(good.tokens, (std::vector<int32_t>{11, 12, 13, 14}));
+  EXPECT_DOUBLE_EQ(engine_->KvUsage(), 0.0);
+}
+
+TEST_F(ClusterFixture, DeadWorkerFailsRequestsAndTheClusterRecovers) {
+  StartEngine();
+  workers_[1]->delay_ms_.store(10);
+  auto s = Submit({30}, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  workers_[1]->die_.store(true);
+  Outcome o = Drain(*s);
+  EXPECT_EQ(o.finish, FinishReason::kError);
+  EXPECT_NE(o.error.find("gpu1"), std::string::npos) << o.error;
+  // Not ready until gpu1 registers again (a restarted process would).
+  for (int i = 0; i < 100 && engine_->Ready(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(engine_->Ready());
+  GenerationRequest r;
+  r.prompt = {1};
+  r.cancel = std::make_shared<CancellationToken>();
+  EXPECT_EQ(engine_->Submit(std::move(r)).status, SubmitStatus::kNotReady);
+  workers_[1]->die_.store(false);
+  workers_[1]->delay_ms_.store(0);
+  ASSERT_TRUE(RegisterWorker(workers_[1].get()).ok());
+  ASSERT_TRUE(WaitReady());
+  Outcome again = Drain(*Submit({40}, 3));
+  EXPECT_EQ(again.tokens, (std::vector<int32_t>{41, 42, 43}));
+}
+
+TEST_F(ClusterFixture, DrainLetsRunningRequestsFinish) {
+  StartEngine();
+  workers_[1]->delay_ms_.store(5);
+  auto s = Submit({60}, 20);
+  engine_->BeginDrain();
+  EXPECT_FALSE(engine_->Ready());
+  GenerationRequest r;
+  r.prompt = {1};
+  r.cancel = std::make_shared<CancellationToken>();
+  EXPECT_EQ(engine_->Submit(std::move(r)).status, SubmitStatus::kNotReady);
+  EXPECT_TRUE(engine_->WaitIdle(absl::Seconds(10)));
+  Outcome o = Drain(*s);
+  EXPECT_EQ(o.finish, FinishReason::kLength);
+  EXPECT_EQ(o.tokens.size(), 20u);
+}
+
+}  // namespace
+}  // namespace ss::coord

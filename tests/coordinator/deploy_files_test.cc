@@ -1,0 +1,110 @@
+// deploy/ stays in step with the code: the example cluster config parses, the systemd units pass
+// only flags the binaries have, and the Grafana dashboard queries only series the processes
+// export.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "common/model_config.h"
+#include "coordinator/cluster_config.h"
+#include "nlohmann/json.hpp"
+#include "tests/tools/test_configs.h"
+
+namespace ss {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << path;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(DeployFilesTest, ClusterExampleParses) {
+  auto model = ParseModelConfig(testing_util::kFlashConfig, "Flash config.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto c = coord::ParseClusterConfig(ReadAll(SS_DEPLOY_DIR "/cluster.example.json"), *model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_gpu_workers(), 4);
+  EXPECT_EQ(c->expert_workers.size(), 4u);
+}
+
+// `--name=` flags of a unit's ExecStart must be flags of the binary (its --helpfull lists them).
+TEST(DeployFilesTest, UnitFlagsExist) {
+  const std::pair<const char*, const char*> units[] = {
+      {"splitserve-coordinator.service", "splitserve-coordinator"},
+      {"splitserve-gpu-worker@.service", "splitserve-gpu-worker"},
+      {"splitserve-expert-worker@.service", "splitserve-expert-worker"}};
+  int checked = 0;
+  for (const auto& [unit, binary] : units) {
+    const std::string text = ReadAll(std::string(SS_DEPLOY_DIR "/systemd/") + unit);
+    EXPECT_NE(text.find("Restart=on-failure"), std::string::npos) << unit;
+    EXPECT_NE(text.find(std::string("ExecStart=/usr/local/bin/") + binary), std::string::npos);
+    const std::string path = std::string(SS_BIN_DIR "/") + binary;
+    std::FILE* f = popen((path + " --helpfull 2>&1").c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string help;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) help.append(buf, n);
+    const int rc = pclose(f);
+    if (help.find("--model") == std::string::npos) {
+      std::printf("%s not built here (rc %d): its unit's flags are not checked\n", binary, rc);
+      continue;
+    }
+    ++checked;
+    const std::regex flag("--([a-z0-9_]+)=");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), flag);
+         it != std::sregex_iterator(); ++it) {
+      const std::string name = (*it)[1];
+      EXPECT_NE(help.find("--" + name + " "), std::string::npos) << unit << ": --" << name;
+    }
+  }
+  EXPECT_GE(checked, 1);
+}
+
+// Every series the dashboard queries is one the processes register (without _bucket/_sum/_count).
+TEST(DeployFilesTest, DashboardUsesExportedSeries) {
+  const std::set<std::string> exported = {
+      // coordinator/openai_server.h "Metrics"
+      "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+      "request_queue_time_seconds", "prompt_tokens_total", "generation_tokens_total",
+      "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+      "request_success_total", "http_request_errors_total",
+      // gpu_worker/stage_runner.cc
+      "layer_latency_seconds", "gpu_worker_steps_total", "gpu_worker_step_errors_total",
+      "gpu_worker_kv_usage_perc", "gpu_worker_kv_tokens_used", "gpu_worker_kv_tokens_capacity",
+      "gpu_worker_sequences",
+      // cpu_expert_worker/expert_worker_main.cc
+      "expert_achieved_gbps", "expert_worker_info", "expert_call_seconds", "expert_calls_total",
+      "expert_call_errors_total", "expert_weight_bytes_total"};
+  const auto dash =
+      nlohmann::json::parse(ReadAll(SS_DEPLOY_DIR "/grafana/splitserve-dashboard.json"));
+  const std::regex series("splitserve:([a-z0-9_]+)");
+  int queries = 0;
+  for (const auto& panel : dash["panels"]) {
+    for (const auto& target : panel.value("targets", nlohmann::json::array())) {
+      const std::string expr = target["expr"];
+      ++queries;
+      for (auto it = std::sregex_iterator(expr.begin(), expr.end(), series);
+           it != std::sregex_iterator(); ++it) {
+        std::string name = (*it)[1];
+        for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+          if (name.ends_with(suffix) && !exported.contains(name)) {
+            name.resize(name.size() - std::string(suffix).size());
+          }
+        }
+        EXPECT_TRUE(exported.contains(name)) << name << " in " << expr;
+      }
+    }
+  }
+  EXPECT_GT(queries, 10);
+}
+
+}  // namespace
+}  // namespace ss
