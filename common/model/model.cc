@@ -1,6 +1,7 @@
 #include "common/model/model.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/attention.h"
@@ -45,6 +46,21 @@ void Model::EmbedStreams(const int64_t* ids, int64_t n, float* out) const {
 
 void Model::RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
                      float* h_out, BlockTrace* trace) const {
+  // Local experts cannot fail.
+  (void)RunBlockImpl(layer, chunks, h_in, h_out, trace, nullptr, nullptr);
+}
+
+absl::Status Model::RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
+                             float* h_out, const RoutedExperts* experts,
+                             BlockTimings* timings) const {
+  return RunBlockImpl(layer, chunks, h_in, h_out, nullptr, experts, timings);
+}
+
+absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
+                                 float* h_out, BlockTrace* trace, const RoutedExperts* experts,
+                                 BlockTimings* timings) const {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   const ModelConfig& c = config();
   const BlockWeights& bw = Block(layer);
   const int64_t hc = c.hc_mult, dim = c.dim;
@@ -93,16 +109,25 @@ void Model::RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const floa
     row += ch.n;
   }
   post(a.data(), h_in, mid.data());
+  const auto t1 = Clock::now();
 
   pre(mid.data(), bw.hc_ffn, bw.ffn_norm);
   if (trace) keep_split(trace->hc_ffn_split);
-  MoeForward(bw.moe, c, options_.shared_expert_clamp, xn.data(), ids.data(), T, f.data(),
-             trace ? &trace->router : nullptr);
+  MoeTimings mt;
+  RETURN_IF_ERROR(MoeForward(bw.moe, c, options_.shared_expert_clamp, layer, xn.data(), ids.data(),
+                             T, experts, f.data(), trace ? &trace->router : nullptr, &mt));
   post(f.data(), mid.data(), h_out);
   if (trace) {
     trace->attn_out = std::move(a);
     trace->moe_out = std::move(f);
   }
+  if (timings) {
+    const double moe = std::chrono::duration<double>(Clock::now() - t1).count();
+    timings->attention += std::chrono::duration<double>(t1 - t0).count();
+    timings->moe += moe - mt.routed;
+    timings->moe_cpu += mt.routed;
+  }
+  return absl::OkStatus();
 }
 
 void Model::Logits(const float* streams, float* logits) const {

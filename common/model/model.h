@@ -47,6 +47,13 @@ struct BlockTrace {
   std::vector<std::vector<float>> hc_attn_split, hc_ffn_split;  // per row: pre|post|comb
 };
 
+// Wall seconds of one RunBlock call's parts (accumulated: += ).
+struct BlockTimings {
+  double attention = 0.0;  // hyper-connection pre-mix, norm, attention, post-mix
+  double moe = 0.0;        // the GPU side of the MoE sublayer: pre/post-mix, router, shared expert
+  double moe_cpu = 0.0;    // the routed experts (the RoutedExperts call, or the local sum)
+};
+
 class Model {
  public:
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
@@ -67,6 +74,14 @@ class Model {
   // chunks' state of that layer only; does not advance next_pos.
   void RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in, float* h_out,
                 BlockTrace* trace) const;
+
+  // The same with the block's routed experts computed by `experts` (null: locally, exactly as
+  // above) and the parts' wall time added to `timings` (optional). The result is bit-identical to
+  // the overload above when `experts` returns RoutedSum's values (moe.h). An error from
+  // `experts` is returned as is; the chunks' states of this layer have then taken the chunk's
+  // attention update but not its MoE output, so they must not be used again.
+  absl::Status RunBlock(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
+                        float* h_out, const RoutedExperts* experts, BlockTimings* timings) const;
 
   // logits [vocab] fp32 from one token's final streams [hc, dim] (head collapse, norm, head).
   void Logits(const float* streams, float* logits) const;
@@ -91,6 +106,9 @@ class Model {
   Model() = default;
   const BlockWeights& Block(int64_t layer) const;
   int64_t Ratio(int64_t layer) const;
+  absl::Status RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
+                            float* h_out, BlockTrace* trace, const RoutedExperts* experts,
+                            BlockTimings* timings) const;
 
   std::unique_ptr<ModelWeights> w_;
   ModelOptions options_;

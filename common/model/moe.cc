@@ -1,6 +1,7 @@
 #include "common/model/moe.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -85,12 +86,11 @@ void SharedExpert(const MoeWeights& w, const float* x, int64_t n, float limit, f
   Linear8(w.shared_w2, a.data(), n, y);
 }
 
-void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp, const float* x,
-                const int64_t* token_ids, int64_t T, float* y, RouterResult* router) {
+void RoutedSum(const MoeWeights& w, const ModelConfig& c, const float* x, const RouterResult& r,
+               int64_t T, float* acc) {
   const int64_t dim = c.dim, k = c.n_activated_experts;
   const float limit = static_cast<float>(c.swiglu_limit);
-  RouterResult r = Route(w, c, x, token_ids, T);
-  std::vector<float> acc(T * dim, 0.0f);
+  std::fill_n(acc, T * dim, 0.0f);
   std::vector<float> xs, ws, ys;
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
     std::vector<int64_t> rows;
@@ -112,10 +112,44 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_cl
       for (int64_t d = 0; d < dim; ++d) acc[rows[i] * dim + d] += ys[i * dim + d];
     }
   }
+}
+
+void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp, const float* x,
+                const int64_t* token_ids, int64_t T, float* y, RouterResult* router) {
+  // The local provider cannot fail.
+  (void)MoeForward(w, c, shared_expert_clamp, /*layer=*/-1, x, token_ids, T, nullptr, y, router,
+                   nullptr);
+}
+
+absl::Status MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp,
+                        int64_t layer, const float* x, const int64_t* token_ids, int64_t T,
+                        const RoutedExperts* experts, float* y, RouterResult* router,
+                        MoeTimings* timings) {
+  using Clock = std::chrono::steady_clock;
+  const int64_t dim = c.dim;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const auto t0 = Clock::now();
+  RouterResult r = Route(w, c, x, token_ids, T);
+  const auto t1 = Clock::now();
+  std::vector<float> acc(T * dim);
+  if (experts == nullptr) {
+    RoutedSum(w, c, x, r, T, acc.data());
+  } else {
+    absl::Status st = experts->Compute(layer, T, x, r.indices.data(), r.weights.data(),
+                                       static_cast<int>(c.n_activated_experts), acc.data());
+    if (!st.ok()) return st;
+  }
+  const auto t2 = Clock::now();
   std::vector<float> sh(T * dim);
   SharedExpert(w, x, T, shared_expert_clamp ? limit : 0.0f, sh.data());
   for (int64_t i = 0; i < T * dim; ++i) y[i] = RoundBf16(acc[i] + sh[i]);
   if (router) *router = std::move(r);
+  if (timings) {
+    const auto t3 = Clock::now();
+    timings->router_shared += std::chrono::duration<double>((t1 - t0) + (t3 - t2)).count();
+    timings->routed += std::chrono::duration<double>(t2 - t1).count();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ss::model

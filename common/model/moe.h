@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/model/weights.h"
 #include "common/model_config.h"
 
@@ -31,9 +32,44 @@ void RoutedExpert(const ExpertWeights& e, const float* x, const float* row_weigh
 // The shared expert (FP8 weights, routing weight 1).
 void SharedExpert(const MoeWeights& w, const float* x, int64_t n, float limit, float* y);
 
+// The routed half of the MoE sublayer for the routing `r`: acc [T, dim] (fp32, overwritten) =
+// Σ over each row's chosen experts, in ascending expert id, of that expert's bf16 output.
+void RoutedSum(const MoeWeights& w, const ModelConfig& c, const float* x, const RouterResult& r,
+               int64_t T, float* acc);
+
+// Where a MoE layer's routed experts are computed when not locally (an expert-worker client,
+// gpu_worker/routed_experts_client.h). Compute writes out [T, dim] (fp32, overwritten) = exactly
+// what RoutedSum writes for the same inputs, or its slices' partial sums added in slice order
+// (which equals it up to fp32 summation order):
+//   layer    block id (n_layers + k for MTP block k)
+//   x        [T, dim] the MoE input, every value bf16-representable
+//   ids      [T, top_k] expert ids in the router's order; weights [T, top_k] with route_scale
+// An error (a dead worker, a deadline) fails the block; the caller's state is then not valid.
+// Thread-safety: implementations must allow concurrent calls from several threads.
+class RoutedExperts {
+ public:
+  virtual ~RoutedExperts() = default;
+  virtual absl::Status Compute(int64_t layer, int64_t T, const float* x, const int32_t* ids,
+                               const float* weights, int top_k, float* out) const = 0;
+};
+
+// Wall seconds of one MoE sublayer's parts (accumulated: += ).
+struct MoeTimings {
+  double router_shared = 0.0;  // router, shared expert and the combination (the GPU side)
+  double routed = 0.0;         // the routed experts (RoutedSum or RoutedExperts::Compute)
+};
+
 // Full MoE sublayer: y = bf16(Σ routed (ascending expert id) + shared). x: [T, dim].
 // `router` (optional) receives the routing decisions.
 void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp, const float* x,
                 const int64_t* token_ids, int64_t T, float* y, RouterResult* router);
+
+// The same with the routed experts of block `layer` computed by `experts` (null: RoutedSum).
+// With a provider that returns RoutedSum's values, y is bit-identical to MoeForward's. On error
+// y is untouched.
+absl::Status MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp,
+                        int64_t layer, const float* x, const int64_t* token_ids, int64_t T,
+                        const RoutedExperts* experts, float* y, RouterResult* router,
+                        MoeTimings* timings);
 
 }  // namespace ss::model

@@ -1,0 +1,109 @@
+// Continuous batching end to end (issue 6 acceptance): `splitserve up` on the bundled tiny model
+// (cpu backend, every process real), then decode throughput of one sequence alone against N
+// concurrent sequences, through the OpenAI API. The baseline is the single sequence measured in
+// the same run; the ratio is what batching buys.
+//
+//   build/bin/cluster_bench [--concurrency 8] [--tokens 48] [--stages 1] [--repeat 2]
+//
+// Each request is a /v1/completions call with a short prompt of ids and temperature 0;
+// throughput = completion tokens / wall time of the batch of requests (prefill included, the
+// prompts are 8 tokens). Last line: name=value pairs.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/http_get.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Batch {
+  int64_t tokens = 0;
+  double seconds = 0;
+  double rate() const { return seconds > 0 ? tokens / seconds : 0; }
+};
+
+Batch RunBatch(int port, int n, int max_tokens, int salt) {
+  std::vector<int64_t> got(n, 0);
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(600, 0);
+      std::vector<int> prompt = {0, 100 + i, 200 + salt, 300 + i, 400, 500 + salt, 600 + i, 700};
+      json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+                   {"temperature", 0}};
+      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      if (r && r->status == 200) {
+        got[i] = json::parse(r->body)["usage"]["completion_tokens"].get<int64_t>();
+      } else {
+        std::fprintf(stderr, "request %d failed: %s\n", i, r ? r->body.c_str() : "no response");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  Batch b;
+  b.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (int64_t g : got) b.tokens += g;
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int concurrency = 8, tokens = 48, stages = 1, repeat = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const int v = std::atoi(argv[i + 1]);
+    if (a == "--concurrency") concurrency = v;
+    else if (a == "--tokens") tokens = v;
+    else if (a == "--stages") stages = v;
+    else if (a == "--repeat") repeat = v;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const int port = ss::testing_util::FreeLoopbackPort();
+  ss::testing_util::TempDir dir("cluster_bench");
+  ss::testing_util::ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port",
+                                     std::to_string(port), "--stages", std::to_string(stages),
+                                     "--log-dir", dir.path()},
+                                    dir / "up.log");
+  bool ready = false;
+  for (int i = 0; i < 1200 && !ready && up.Running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ready = ss::testing_util::HttpGet(port, "/ready").find(" 200 ") != std::string::npos;
+  }
+  if (!ready) {
+    std::fprintf(stderr, "splitserve up did not become ready (logs in %s)\n", dir.path().c_str());
+    return 1;
+  }
+  RunBatch(port, 1, 4, 99);  // warm-up
+  double best1 = 0, bestn = 0;
+  for (int r = 0; r < repeat; ++r) {
+    const Batch one = RunBatch(port, 1, tokens, r);
+    const Batch many = RunBatch(port, concurrency, tokens, r);
+    std::printf("round %d: 1 sequence %lld tokens in %.2f s = %.1f tok/s; %d sequences %lld "
+                "tokens in %.2f s = %.1f tok/s; ratio %.2f\n",
+                r, static_cast<long long>(one.tokens), one.seconds, one.rate(), concurrency,
+                static_cast<long long>(many.tokens), many.seconds, many.rate(),
+                one.rate() > 0 ? many.rate() / one.rate() : 0.0);
+    best1 = std::max(best1, one.rate());
+    bestn = std::max(bestn, many.rate());
+  }
+  up.Stop();
+  std::printf("single_tok_s=%.1f concurrent_tok_s=%.1f concurrency=%d stages=%d ratio=%.2f\n",
+              best1, bestn, concurrency, stages, best1 > 0 ? bestn / best1 : 0.0);
+  return 0;
+}

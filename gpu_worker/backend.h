@@ -1,0 +1,92 @@
+// The GPU worker's backend interface: one pipeline stage's share of a micro-batch, behind which
+// the `cpu` backend (the reference model, cpu_backend.h) and the `cuda` backend (kernels/) sit.
+//
+// A backend owns the stage's weights and its sequences' KV state. The stage runner
+// (stage_runner.h) drives it, one micro-batch at a time, from ONE thread:
+//
+//   Check(batch)                          validates without changing anything
+//   Run(batch, streams_in, &out, &t)      embeds (stage 0) or takes streams_in, runs the stage's
+//                                         layers, and leaves the next stage's input streams
+//                                         (non-last) or the sampling rows' logits (last) in out
+//   Release(seq_id)                       frees a sequence
+//
+// Run is all-or-nothing for the sequences' positions: on success every chunk's sequence
+// advances to start + tokens; on failure the sequences of the batch are dropped (their state
+// may hold a partial update), so a later chunk for them must start again at 0 — the
+// coordinator fails a micro-batch's requests when a step fails, so none follows.
+//
+// A chunk with start == 0 begins (or restarts) its sequence; any other start must equal the
+// sequence's next position. KV capacity is counted in tokens (the sum of the live sequences'
+// positions); a batch that would exceed it is refused by Check.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model_config.h"
+
+namespace ss::gpu {
+
+// One sequence's share of a micro-batch (proto SeqChunk without the sampling parameters).
+struct StageChunk {
+  uint64_t seq_id = 0;
+  int64_t start = 0;
+  std::span<const int32_t> tokens;
+  bool samples = false;
+  std::span<const int32_t> block_table;  // unused by the cpu backend
+};
+
+// Wall seconds of a stage run, per layer of the stage (index = layer - first_layer).
+struct StageTimings {
+  std::vector<double> attention, moe_gpu, moe_cpu, allreduce;
+};
+
+struct StageOutput {
+  int64_t rows = 0;            // tokens of the batch
+  int64_t width = 0;           // hc_mult * dim
+  std::vector<float> streams;  // non-last stage: [rows, width] fp32, the next stage's input
+  std::vector<std::vector<float>> logits;  // last stage: [vocab] per chunk with `samples`
+};
+
+struct BackendInfo {
+  std::string device;        // "cpu", or the GPU's name
+  int64_t weight_bytes = 0;  // the stage's weights resident on the device
+  int64_t kv_tokens = 0;     // KV capacity in tokens
+  int64_t kv_bytes = 0;      // bytes of the KV pool (an estimate for the cpu backend)
+};
+
+struct KvUsage {
+  int64_t used_tokens = 0;
+  int64_t capacity_tokens = 0;
+  int64_t sequences = 0;
+};
+
+class StageBackend {
+ public:
+  virtual ~StageBackend() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual BackendInfo info() const = 0;
+  virtual KvUsage kv_usage() const = 0;
+
+  // InvalidArgument naming the sequence for: an empty chunk, a token id outside the vocabulary,
+  // a start that is neither 0 nor the sequence's next position (an unknown or failed sequence
+  // has none), a sequence twice in one batch, a position past the model's context;
+  // ResourceExhausted when the batch would exceed the KV capacity.
+  virtual absl::Status Check(std::span<const StageChunk> batch) const = 0;
+
+  // Runs the stage (see the header comment). `streams_in` is [T, hc*dim] fp32 for a stage > 0
+  // (rows in chunk order) and ignored on stage 0. `timings` is optional.
+  virtual absl::Status Run(std::span<const StageChunk> batch, const float* streams_in,
+                           StageOutput* out, StageTimings* timings) = 0;
+
+  // Frees a sequence's state (unknown ids are ignored).
+  virtual void Release(uint64_t seq_id) = 0;
+  // Frees every sequence (a new step stream starts with none: cluster.proto).
+  virtual void ReleaseAll() = 0;
+};
+
+}  // namespace ss::gpu

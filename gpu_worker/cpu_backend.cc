@@ -1,0 +1,213 @@
+#include "gpu_worker/cpu_backend.h"
+
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace ss::gpu {
+namespace {
+
+// Bytes of the checkpoint tensors this stage keeps: its blocks (routed experts only where they
+// are local), the embedding on stage 0, the head and final norm on the last stage.
+int64_t StageWeightBytes(const model::Model& m, const CpuBackendOptions& o,
+                         const RoutedExpertsClient* experts) {
+  int64_t bytes = 0;
+  const bool last = o.stage == o.num_stages - 1;
+  for (const auto& [name, t] : m.weights().checkpoint->tensors()) {
+    bool keep = false;
+    if (absl::StartsWith(name, "layers.")) {
+      const size_t dot = name.find('.', 7);
+      int layer = -1;
+      if (dot != std::string::npos && absl::SimpleAtoi(name.substr(7, dot - 7), &layer)) {
+        keep = layer >= o.first_layer && layer < o.end_layer &&
+               !(experts->remote(layer) && absl::StrContains(name, ".ffn.experts."));
+      }
+    } else if (absl::StartsWith(name, "embed.")) {
+      keep = o.stage == 0;
+    } else if (!absl::StartsWith(name, "mtp.")) {
+      keep = last;  // head, norm, hc_head_*
+    }
+    if (keep) bytes += static_cast<int64_t>(t->nbytes);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(std::shared_ptr<const model::Model> model, const CpuBackendOptions& options)
+    : model_(std::move(model)), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
+    std::shared_ptr<const model::Model> model, const CpuBackendOptions& o) {
+  const ModelConfig& c = model->config();
+  if (o.num_stages < 1 || o.stage < 0 || o.stage >= o.num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", o.stage, " of ", o.num_stages, " stages"));
+  }
+  if (o.first_layer < 0 || o.end_layer > c.n_layers || o.first_layer >= o.end_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", o.first_layer, ", ", o.end_layer,
+                                                   ") are not a range of the model's ", c.n_layers,
+                                                   " layers"));
+  }
+  if (o.stage == 0 && o.first_layer != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage 0 must start at layer 0, not ", o.first_layer));
+  }
+  if (o.stage == o.num_stages - 1 && o.end_layer != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the last stage must end at layer ", c.n_layers, ", not ", o.end_layer));
+  }
+  if (o.kv_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_tokens ", o.kv_tokens, " < 1"));
+  }
+  std::unique_ptr<CpuBackend> b(new CpuBackend(std::move(model), o));
+  ASSIGN_OR_RETURN(b->experts_,
+                   RoutedExpertsClient::Connect(*b->model_, o.experts, o.expert_client));
+  b->info_.device = "cpu";
+  b->info_.kv_tokens = o.kv_tokens;
+  b->info_.weight_bytes = StageWeightBytes(*b->model_, o, b->experts_.get());
+  int64_t per_token = 0;  // fp32 compressed KV + indexer keys, amortised per token
+  for (int l = o.first_layer; l < o.end_layer; ++l) {
+    const int64_t ratio = c.compress_ratio(l);
+    if (ratio > 0) per_token += c.head_dim * 4 / ratio;
+    if (ratio == 4) per_token += c.index_head_dim * 4 / ratio;
+  }
+  b->info_.kv_bytes = per_token * o.kv_tokens;
+  return b;
+}
+
+KvUsage CpuBackend::kv_usage() const {
+  KvUsage u;
+  u.capacity_tokens = options_.kv_tokens;
+  u.sequences = static_cast<int64_t>(sequences_.size());
+  for (const auto& [id, s] : sequences_) u.used_tokens += s.next_pos;
+  return u;
+}
+
+absl::Status CpuBackend::Check(std::span<const StageChunk> batch) const {
+  const ModelConfig& c = model_->config();
+  std::set<uint64_t> seen;
+  int64_t used = kv_usage().used_tokens;
+  for (const StageChunk& ch : batch) {
+    const std::string seq = absl::StrCat("sequence ", ch.seq_id);
+    if (!seen.insert(ch.seq_id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(seq, " appears twice in the micro-batch"));
+    }
+    if (ch.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(seq, ": no tokens"));
+    for (const int32_t t : ch.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(seq, ": token id ", t, " outside [0, ", c.vocab_size, ")"));
+      }
+    }
+    auto it = sequences_.find(ch.seq_id);
+    const int64_t held = it == sequences_.end() ? 0 : it->second.next_pos;
+    if (ch.start != 0) {
+      if (it == sequences_.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(seq, ": chunk starts at ", ch.start,
+                         " but this worker holds no state for it (unknown, released or failed)"));
+      }
+      if (ch.start != held) {
+        return absl::InvalidArgumentError(absl::StrCat(seq, ": chunk starts at ", ch.start,
+                                                       ", the sequence's next position is ", held));
+      }
+    }
+    const int64_t end = ch.start + static_cast<int64_t>(ch.tokens.size());
+    if (c.max_position_embeddings > 0 && end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(seq, ": positions up to ", end,
+                                                     " exceed the model's context of ",
+                                                     c.max_position_embeddings));
+    }
+    used += end - held;
+  }
+  if (used > options_.kv_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV capacity exceeded: the micro-batch needs ",
+                                                     used, " tokens, this worker holds ",
+                                                     options_.kv_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* streams_in,
+                             StageOutput* out, StageTimings* timings) {
+  RETURN_IF_ERROR(Check(batch));
+  const ModelConfig& c = model_->config();
+  const int64_t width = c.hc_mult * c.dim;
+  const bool first = options_.stage == 0, last = options_.stage == options_.num_stages - 1;
+  if (!first && streams_in == nullptr) {
+    return absl::InvalidArgumentError("stage > 0 needs the previous stage's streams");
+  }
+  // Sequences that begin here get fresh states, installed only when the stage succeeds.
+  std::map<uint64_t, model::SequenceState> fresh;
+  std::vector<std::vector<int64_t>> ids(batch.size());
+  std::vector<model::ChunkRef> refs(batch.size());
+  int64_t T = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const StageChunk& ch = batch[i];
+    ids[i].assign(ch.tokens.begin(), ch.tokens.end());
+    model::SequenceState* state =
+        ch.start == 0 ? &(fresh[ch.seq_id] = model_->NewSequence()) : &sequences_.at(ch.seq_id);
+    refs[i] = {state, ids[i].data(), static_cast<int64_t>(ids[i].size()), ch.start};
+    T += refs[i].n;
+  }
+  std::vector<float> h(T * width), h2(T * width);
+  if (first) {
+    int64_t row = 0;
+    for (const model::ChunkRef& r : refs) {
+      model_->EmbedStreams(r.tokens, r.n, h.data() + row * width);
+      row += r.n;
+    }
+  } else {
+    std::copy_n(streams_in, T * width, h.data());
+  }
+  const int n_layers = options_.end_layer - options_.first_layer;
+  if (timings) {
+    for (auto* v :
+         {&timings->attention, &timings->moe_gpu, &timings->moe_cpu, &timings->allreduce}) {
+      v->assign(n_layers, 0.0);
+    }
+  }
+  for (int l = options_.first_layer; l < options_.end_layer; ++l) {
+    model::BlockTimings bt;
+    const absl::Status st = model_->RunBlock(l, refs, h.data(), h2.data(),
+                                             experts_->remote(l) ? experts_.get() : nullptr, &bt);
+    if (!st.ok()) {
+      // The batch's existing sequences took part of this step: drop them.
+      for (const StageChunk& ch : batch) sequences_.erase(ch.seq_id);
+      return st;
+    }
+    if (timings) {
+      const int i = l - options_.first_layer;
+      timings->attention[i] = bt.attention;
+      timings->moe_gpu[i] = bt.moe;
+      timings->moe_cpu[i] = bt.moe_cpu;
+    }
+    h.swap(h2);
+  }
+  out->rows = T;
+  out->width = width;
+  out->streams.clear();
+  out->logits.clear();
+  if (last) {
+    int64_t row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      row += refs[i].n;
+      if (!batch[i].samples) continue;
+      out->logits.emplace_back(c.vocab_size);
+      model_->Logits(h.data() + (row - 1) * width, out->logits.back().data());
+    }
+  } else {
+    out->streams = std::move(h);
+  }
+  for (auto& [id, s] : fresh) sequences_[id] = std::move(s);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    sequences_.at(batch[i].seq_id).next_pos = batch[i].start + refs[i].n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ss::gpu

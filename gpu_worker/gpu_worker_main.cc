@@ -1,0 +1,370 @@
+// splitserve-gpu-worker: one pipeline stage (one TP rank) of the model's non-expert layers,
+// serving the coordinator's step plans (ARCHITECTURE.md "Processes", proto/cluster.proto).
+// Flags: worker_config.h.
+//
+// Start-up: parse and validate every flag and log them; start the GpuWorker service (not ready);
+// with --coordinator: Register (the role), Rendezvous (the peers: the next stage's address),
+// heartbeat every heartbeat_interval_ms; standalone: the role from the flags. Then load the
+// model, connect the expert workers and size the KV pool: Status reports ready (or the start-up
+// error, the worker staying up to report it). Runs until SIGTERM / SIGINT (exit 0), until the
+// coordinator says this worker is no longer a member (exit 0) or has been unreachable for
+// --coordinator_timeout_ms (exit 1); then it closes its streams and exits.
+//
+// Exit status: 0 clean stop, 1 a runtime failure (registration refused, coordinator lost, cannot
+// listen), 2 a usage error.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cluster_protocol.h"
+#include "common/metrics/metrics.h"
+#include "common/model/model.h"
+#include "common/status.h"
+#include "gpu_worker/coordinator_client.h"
+#include "gpu_worker/cpu_backend.h"
+#include "gpu_worker/gpu_worker_service.h"
+#include "gpu_worker/worker_config.h"
+#include "spdlog/spdlog.h"
+
+using ss::gpu::WorkerFlags;
+
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator HOST:PORT to register with; empty = standalone (role from the flags below)");
+ABSL_FLAG(std::string, worker_id, "",
+          "this worker's name in the cluster config (standalone default: stage<S>)");
+ABSL_FLAG(std::string, listen, WorkerFlags{}.listen,
+          "HOST:PORT of the GpuWorker service (port 0 = any free port, logged)");
+ABSL_FLAG(std::string, advertise, "",
+          "HOST:PORT the coordinator and peers reach this worker at (default: --listen with the "
+          "bound port; a wildcard host becomes the hostname)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
+ABSL_FLAG(std::string, backend, WorkerFlags{}.backend, "cpu (the reference model) or cuda");
+ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on GET /metrics; empty = off");
+ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
+          "KV capacity in tokens (reported as kv_tokens / kv_block_tokens blocks)");
+ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
+          "deadline of one expert-worker call");
+ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
+          "how long to wait at start for expert workers that are still loading");
+ABSL_FLAG(int64_t, stream_wait_ms, WorkerFlags{}.stream_wait_ms,
+          "how long a stage > 0 waits for the previous stage's streams of a micro-batch");
+ABSL_FLAG(int64_t, coordinator_timeout_ms, WorkerFlags{}.coordinator_timeout_ms,
+          "how long registration retries, and how long the coordinator may stay unreachable "
+          "before the worker exits");
+ABSL_FLAG(int, stage, 0, "standalone: this worker's pipeline stage");
+ABSL_FLAG(int, num_stages, 1, "standalone: pipeline stages");
+ABSL_FLAG(std::string, layers, "",
+          "standalone: the stage's layers a-b (inclusive); empty = every layer");
+ABSL_FLAG(std::string, next_stage, "",
+          "standalone: HOST:PORT of the next stage's worker (every stage but the last)");
+ABSL_FLAG(int, kv_block_tokens, WorkerFlags{}.kv_block_tokens,
+          "standalone: tokens per KV block in Status");
+ABSL_FLAG(std::string, experts, "",
+          "standalone: where routed experts are served, \"a-b=shm:NAME[+grpc:HOST:PORT...],...\" "
+          "(the i-th endpoint of a range is slice i); layers not listed run locally");
+
+namespace ss::gpu {
+namespace {
+
+constexpr char kName[] = "splitserve-gpu-worker";
+
+// Why and how the process stops; the first Trigger wins.
+class StopEvent {
+ public:
+  void Trigger(int exit_code, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_.load()) return;
+    exit_code_ = exit_code;
+    reason_ = reason;
+    stopped_.store(true);
+    cv_.notify_all();
+  }
+  // True once triggered (waits at most `d`).
+  bool WaitFor(absl::Duration d) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoMilliseconds(d), [&] { return stopped_.load(); });
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stopped_.load(); });
+  }
+  const std::atomic<bool>* flag() const { return &stopped_; }
+  int exit_code() const { return exit_code_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stopped_{false};
+  int exit_code_ = 0;
+  std::string reason_;
+};
+
+std::string Hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::string AdvertiseAddress(const WorkerConfig& c, int port) {
+  if (!c.advertise.empty()) return c.advertise;
+  std::string host = c.listen.substr(0, c.listen.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) host = Hostname();
+  return absl::StrCat(host, ":", port);
+}
+
+// Loads the model and builds the stage (backend, sender, runner, metrics).
+absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
+                                      metrics::Metrics* metrics, StreamInbox* inbox,
+                                      const std::atomic<bool>* stop) {
+  if (role.tp_size != 1 || role.tp_rank != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("the cpu backend runs tp_size 1; the role is TP rank ", role.tp_rank, " of ",
+                     role.tp_size));
+  }
+  if (role.kv_block_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the role's kv_block_tokens ", role.kv_block_tokens, " < 1"));
+  }
+  spdlog::info("loading {}", c.model_dir);
+  ASSIGN_OR_RETURN(std::shared_ptr<const model::Model> model, model::Model::Load(c.model_dir));
+  if (role.end_layer < 0) role.end_layer = static_cast<int>(model->config().n_layers);
+  CpuBackendOptions o;
+  o.stage = role.stage;
+  o.num_stages = role.num_stages;
+  o.first_layer = role.first_layer;
+  o.end_layer = role.end_layer;
+  o.kv_tokens = c.kv_tokens;
+  for (const LayerExpertsConfig& l : role.experts) {
+    if (l.layer >= role.first_layer && l.layer < role.end_layer) o.experts.push_back(l);
+  }
+  o.expert_client.call_deadline = absl::Milliseconds(c.expert_deadline_ms);
+  o.expert_client.connect_timeout = absl::Milliseconds(c.expert_connect_timeout_ms);
+  o.expert_client.cancel = stop;
+  LoadedStage stage;
+  ASSIGN_OR_RETURN(stage.backend, CpuBackend::Create(model, o));
+  stage.kv_block_tokens = role.kv_block_tokens;
+  if (!role.last_stage()) {
+    if (role.next_stage_address.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stage ", role.stage, " has no address for stage ", role.stage + 1));
+    }
+    stage.sender = std::make_unique<StreamSender>(role.next_stage_address);
+  }
+  if (metrics != nullptr) {
+    stage.metrics =
+        std::make_unique<WorkerMetrics>(*metrics, role.worker_id, role.first_layer, role.end_layer);
+    stage.metrics->SetKv(stage.backend->kv_usage());
+  }
+  RunnerOptions ro;
+  ro.stream_wait = absl::Milliseconds(c.stream_wait_ms);
+  ro.process_seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  stage.runner = std::make_unique<StageRunner>(stage.backend.get(), role, inbox, stage.sender.get(),
+                                               stage.metrics.get(), ro);
+  const BackendInfo info = stage.backend->info();
+  spdlog::info(
+      "stage {} of {}: layers [{}, {}), {} expert layer(s) remote, weights {:.1f} MB, KV {} "
+      "tokens = {} blocks of {} ({:.1f} MB)",
+      role.stage, role.num_stages, role.first_layer, role.end_layer, o.experts.size(),
+      info.weight_bytes / 1e6, info.kv_tokens, info.kv_tokens / role.kv_block_tokens,
+      role.kv_block_tokens, info.kv_bytes / 1e6);
+  return stage;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "splitserve-gpu-worker --model DIR [--coordinator HOST:PORT --worker-id ID] "
+      "[--listen HOST:PORT] [--backend cpu|cuda] [--kv-tokens N] [--metrics-listen HOST:PORT] | "
+      "standalone: [--stage S --num-stages N --layers a-b --next-stage HOST:PORT] "
+      "[--experts a-b=shm:NAME|grpc:HOST:PORT,...]");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "gpu_worker_main");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  NormalizeFlagDashes(argc, argv);
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "%s: unexpected argument '%s'\n", kName, rest[1]);
+    return 2;
+  }
+  WorkerFlags f;
+  f.coordinator = absl::GetFlag(FLAGS_coordinator);
+  f.worker_id = absl::GetFlag(FLAGS_worker_id);
+  f.listen = absl::GetFlag(FLAGS_listen);
+  f.advertise = absl::GetFlag(FLAGS_advertise);
+  f.port_file = absl::GetFlag(FLAGS_port_file);
+  f.backend = absl::GetFlag(FLAGS_backend);
+  f.model = absl::GetFlag(FLAGS_model);
+  f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
+  f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
+  f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
+  f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);
+  f.coordinator_timeout_ms = absl::GetFlag(FLAGS_coordinator_timeout_ms);
+  f.stage = absl::GetFlag(FLAGS_stage);
+  f.num_stages = absl::GetFlag(FLAGS_num_stages);
+  f.layers = absl::GetFlag(FLAGS_layers);
+  f.next_stage = absl::GetFlag(FLAGS_next_stage);
+  f.kv_block_tokens = absl::GetFlag(FLAGS_kv_block_tokens);
+  f.experts = absl::GetFlag(FLAGS_experts);
+  auto parsed = ParseWorkerConfig(f);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kName, std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  const WorkerConfig& c = *parsed;
+  spdlog::info("{} (cluster protocol version {})", kName, kClusterProtocolVersion);
+  for (const std::string& line : c.Describe()) spdlog::info("  {}", line);
+
+  // Stop signals are taken by one thread (sigwait); every other thread, gRPC's included, is
+  // started after this mask and inherits it.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  StopEvent stop;
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    stop.Trigger(0, sig == SIGINT ? "SIGINT" : "SIGTERM");
+  });
+  int exit_code = 0;
+  {
+    std::unique_ptr<metrics::Metrics> metrics;
+    if (!c.metrics_listen.empty()) {
+      metrics = std::make_unique<metrics::Metrics>();
+      if (absl::Status st = metrics->Listen(c.metrics_listen); !st.ok()) {
+        spdlog::error("--metrics_listen: {}", std::string(st.message()));
+        stop.Trigger(1, "cannot serve metrics");
+      } else {
+        spdlog::info("serving metrics on {} (port {})", c.metrics_listen, metrics->port());
+      }
+    }
+    std::unique_ptr<GpuWorkerServer> server;
+    if (!stop.flag()->load()) {
+      auto s = GpuWorkerServer::Start(c.listen, c.worker_id);
+      if (!s.ok()) {
+        spdlog::error("{}", std::string(s.status().message()));
+        stop.Trigger(1, "cannot listen");
+      } else {
+        server = std::move(*s);
+        spdlog::info("serving GpuWorker on {} (port {})", c.listen, server->port());
+        if (!c.port_file.empty()) {  // written whole, then renamed: readers never see a part
+          const std::string tmp = absl::StrCat(c.port_file, ".tmp");
+          std::ofstream(tmp) << server->port() << "\n";
+          std::rename(tmp.c_str(), c.port_file.c_str());
+        }
+      }
+    }
+    std::unique_ptr<CoordinatorClient> coordinator;
+    std::thread heartbeat;
+    StageRole role;
+    bool have_role = false;
+    if (server != nullptr && !c.coordinator.empty()) {
+      coordinator = std::make_unique<CoordinatorClient>(c.coordinator);
+      const std::string address = AdvertiseAddress(c, server->port());
+      DeviceDescription device;
+      device.host = Hostname();
+      const absl::Time until = absl::Now() + absl::Milliseconds(c.coordinator_timeout_ms);
+      auto r = coordinator->Register(c.worker_id, address, c.backend, device, until, stop.flag());
+      if (!r.ok()) {
+        spdlog::error("{}", std::string(r.status().message()));
+        stop.Trigger(1, "registration failed");
+      } else {
+        role = *r;
+        spdlog::info("registered as '{}' at {}: stage {} of {}, TP rank {} of {}, layers [{}, {})",
+                     c.worker_id, address, role.stage, role.num_stages, role.tp_rank, role.tp_size,
+                     role.first_layer, role.end_layer);
+        const int interval_ms = std::max(50, role.heartbeat_interval_ms);
+        heartbeat = std::thread([&, interval_ms] {
+          absl::Time last_ok = absl::Now();
+          while (!stop.WaitFor(absl::Milliseconds(interval_ms))) {
+            auto hb = coordinator->Heartbeat(c.worker_id,
+                                             absl::Milliseconds(std::max(1000, interval_ms)));
+            if (hb.ok() && !*hb) {
+              stop.Trigger(0, "the coordinator no longer counts this worker as a member");
+            } else if (hb.ok()) {
+              last_ok = absl::Now();
+            } else if (absl::Now() - last_ok > absl::Milliseconds(c.coordinator_timeout_ms)) {
+              stop.Trigger(1,
+                           absl::StrCat("the coordinator has been unreachable for ",
+                                        c.coordinator_timeout_ms, " ms: ", hb.status().message()));
+            }
+          }
+        });
+        auto peers = coordinator->Rendezvous(
+            c.worker_id, until + absl::Milliseconds(c.coordinator_timeout_ms), stop.flag());
+        if (!peers.ok()) {
+          server->SetError(std::string(peers.status().message()));
+          spdlog::error("{}", std::string(peers.status().message()));
+        } else {
+          for (const PeerWorker& p : *peers) {
+            if (p.stage == role.stage + 1 && p.tp_rank == 0) role.next_stage_address = p.address;
+          }
+          have_role = true;
+        }
+      }
+    } else if (server != nullptr) {
+      role.worker_id = c.worker_id;
+      role.stage = c.stage;
+      role.num_stages = c.num_stages;
+      role.first_layer = c.first_layer;
+      role.end_layer = c.end_layer;
+      role.experts = c.experts;
+      role.kv_block_tokens = c.kv_block_tokens;
+      role.next_stage_address = c.next_stage;
+      have_role = true;
+    }
+    if (have_role && !stop.flag()->load()) {
+      auto stage = LoadStage(c, role, metrics.get(), &server->inbox(), stop.flag());
+      if (!stage.ok()) {
+        spdlog::error("start-up failed: {}", std::string(stage.status().message()));
+        server->SetError(std::string(stage.status().message()));
+      } else {
+        server->SetStage(std::move(*stage));
+        spdlog::info("ready");
+      }
+    }
+    stop.Wait();
+    exit_code = stop.exit_code();
+    spdlog::info("stopping: {}", stop.reason());
+    // Open Steps streams are cancelled at once; the grace is for unary calls in flight (gRPC
+    // also waits it out while a client keeps an idle channel open).
+    if (server != nullptr) server->Shutdown(absl::Milliseconds(500));
+    if (heartbeat.joinable()) heartbeat.join();
+  }
+  // Wake the signal thread if it is still waiting (the stop came from elsewhere).
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  spdlog::info("stopped");
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace ss::gpu
+
+int main(int argc, char** argv) { return ss::gpu::Main(argc, argv); }

@@ -1,0 +1,114 @@
+#include "gpu_worker/memory_plan.h"
+
+#include "absl/strings/string_view.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checkpoint_schema.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+
+namespace ss::gpu {
+namespace {
+
+enum class Placement { kNone, kReplicated, kSharded };
+
+// Where tensor `name` lives for `layout`.
+Placement Place(absl::string_view name, const StageLayout& layout) {
+  auto in = [&](absl::string_view part) { return absl::StrContains(name, part); };
+  if (in(".experts.")) return Placement::kNone;  // routed experts: CPU expert workers
+  int64_t layer = -1;
+  if (absl::StartsWith(name, "layers.")) {
+    absl::string_view rest = name.substr(7);
+    absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer);
+    if (layer < layout.first_layer || layer >= layout.end_layer) return Placement::kNone;
+  } else if (absl::StartsWith(name, "mtp.")) {
+    if (!layout.last_stage || !layout.runs_mtp) return Placement::kNone;
+  } else if (absl::StartsWith(name, "embed.")) {
+    return layout.first_stage ? Placement::kReplicated : Placement::kNone;
+  } else if (absl::StartsWith(name, "head.")) {
+    return layout.last_stage ? Placement::kSharded : Placement::kNone;
+  } else {
+    return layout.last_stage ? Placement::kReplicated : Placement::kNone;  // norm, hc_head
+  }
+  if (in(".attn.wq_b.") || in(".attn.wo_a.") || in(".attn.wo_b.") || in(".attn_sink") ||
+      in(".shared_experts.")) {
+    return Placement::kSharded;
+  }
+  return Placement::kReplicated;
+}
+
+absl::Status CheckLayout(const ModelConfig& model, const StageLayout& l) {
+  if (l.first_layer < 0 || l.end_layer > model.n_layers || l.first_layer >= l.end_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", l.first_layer, ", ", l.end_layer,
+                                                   ") are not a range of the model's ",
+                                                   model.n_layers));
+  }
+  if (l.tp_size < 1 || model.n_heads % l.tp_size != 0 || model.o_groups % l.tp_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("TP ", l.tp_size, " must divide the ",
+                                                   model.n_heads, " heads and ", model.o_groups,
+                                                   " output groups"));
+  }
+  return absl::OkStatus();
+}
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / 1073741824.0); }
+
+}  // namespace
+
+int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout) {
+  int64_t bytes = 0;
+  for (const ExpectedTensor& t : ExpectedTensors(model)) {
+    const Placement p = Place(t.name, layout);
+    if (p == Placement::kNone) continue;
+    int64_t n = static_cast<int64_t>(DTypeSize(t.dtype));
+    for (int64_t d : t.shape) n *= d;
+    bytes += p == Placement::kSharded ? (n + layout.tp_size - 1) / layout.tp_size : n;
+  }
+  return bytes;
+}
+
+absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
+                                           int64_t device_bytes,
+                                           const MemoryPlanOptions& options) {
+  RETURN_IF_ERROR(CheckLayout(model, layout));
+  MemoryPlan plan;
+  plan.weight_bytes = StageWeightBytes(model, layout);
+  plan.reserve_bytes = options.reserve_bytes;
+  sched::KvCostOptions ko;
+  ko.block_tokens = options.block_tokens;
+  ko.first_layer = layout.first_layer;
+  ko.end_layer = layout.end_layer;
+  ko.include_mtp = layout.last_stage && layout.runs_mtp;
+  ko.indexer_keys = options.indexer_keys;
+  ASSIGN_OR_RETURN(plan.kv_cost, sched::KvCostModel::FromModelConfig(model, ko));
+  const std::string where =
+      absl::StrCat("layers ", layout.first_layer, "-", layout.end_layer - 1, " at TP ",
+                   layout.tp_size, " on a ", GiB(device_bytes), " device");
+  plan.kv_pool_bytes = device_bytes - plan.weight_bytes - plan.reserve_bytes;
+  if (plan.kv_pool_bytes <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, " does not fit: weights ", GiB(plan.weight_bytes), " + reserve ",
+                     GiB(plan.reserve_bytes), " exceed the device; use more pipeline stages or "
+                     "a larger TP size"));
+  }
+  plan.kv_blocks = plan.kv_cost.BlocksInPool(plan.kv_pool_bytes);
+  plan.kv_tokens = plan.kv_cost.TokensInBlocks(plan.kv_blocks);
+  if (plan.kv_tokens < options.min_kv_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " leaves ", GiB(plan.kv_pool_bytes), " for the KV cache: ", plan.kv_tokens,
+        " tokens, fewer than the minimum of ", options.min_kv_tokens,
+        "; use more pipeline stages or a larger TP size"));
+  }
+  return plan;
+}
+
+std::string MemoryPlan::Describe() const {
+  return absl::StrFormat("weights %s + reserve %s, KV pool %s = %d blocks of %d tokens (%d tokens)",
+                         GiB(weight_bytes), GiB(reserve_bytes), GiB(kv_pool_bytes), kv_blocks,
+                         kv_cost.block_tokens, kv_tokens);
+}
+
+}  // namespace ss::gpu

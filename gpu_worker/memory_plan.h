@@ -1,0 +1,72 @@
+// Device-memory plan of one GPU worker (issue 5: "a 24 GB card's budget is respected"): the
+// bytes of the weights its role keeps on the device, what is left for the KV pool after a
+// reserve for the CUDA context, workspaces and activations, and the pool's capacity in blocks
+// and tokens — computed from config.json alone, before any weight is read, so a layout that does
+// not fit is refused at start with the numbers, not by an out-of-memory error mid-load.
+//
+// Weights on a GPU worker are the checkpoint's own bytes (FP8 e4m3 with ue8m0 block scales, bf16
+// norms, fp32 small tensors), minus the routed experts (CPU expert workers hold them):
+//   every stage:  its layers' attention (q/kv path, compressors, indexer, output projection),
+//                 hyper-connection mixers, norms, router, shared expert
+//   first stage:  the embedding (replicated on every TP rank)
+//   last stage:   final norm, hc head, LM head; the MTP blocks when the role runs them
+// Sharded by TP (each rank holds 1/tp): wq_b, wo_a, wo_b and attn_sink (heads and o-groups),
+// the shared expert (its intermediate dimension), the LM head (vocabulary-parallel). The single
+// MQA latent KV path (wkv), wq_a, the compressors and the indexer are replicated
+// (ARCHITECTURE.md "One step").
+//
+// KV: the stage's layers under the cost model of common/kv_cost_model.h (block_tokens per block;
+// every TP rank holds the whole KV of its stage: the latent is replicated).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/kv_cost_model.h"
+#include "common/model_config.h"
+
+namespace ss::gpu {
+
+struct StageLayout {
+  int first_layer = 0;  // [first_layer, end_layer)
+  int end_layer = 0;
+  int tp_size = 1;
+  bool first_stage = true;
+  bool last_stage = true;
+  bool runs_mtp = false;  // the last stage holds the MTP blocks' weights and KV
+};
+
+struct MemoryPlanOptions {
+  // CUDA context, cuBLAS workspace, activations and staging buffers of a micro-batch.
+  int64_t reserve_bytes = int64_t{3} << 29;  // 1.5 GiB
+  int64_t block_tokens = 128;
+  // The pool must hold at least this many tokens of one sequence (plus its fixed state),
+  // else the layout is refused.
+  int64_t min_kv_tokens = 8192;
+  sched::IndexerKeyFormat indexer_keys = sched::IndexerKeyFormat::kMxfp4;
+};
+
+struct MemoryPlan {
+  int64_t weight_bytes = 0;  // resident on this GPU
+  int64_t reserve_bytes = 0;
+  int64_t kv_pool_bytes = 0;  // what is left for the KV pool
+  sched::KvCostModel kv_cost;
+  int64_t kv_blocks = 0;
+  int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)
+  // "weights 6.21 GiB + reserve 1.50 GiB, KV pool 14.3 GiB = 29,812 blocks (3,815,680 tokens)"
+  std::string Describe() const;
+};
+
+// The bytes of the weights `layout` keeps on one GPU (a TP rank's share).
+int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
+
+// The plan for a device of `device_bytes`. FailedPrecondition, with every figure, when the
+// weights and reserve do not fit or the pool would hold fewer than min_kv_tokens tokens;
+// InvalidArgument for a layout the model does not allow (layer range, TP not dividing the heads
+// or o-groups).
+absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
+                                           int64_t device_bytes,
+                                           const MemoryPlanOptions& options = {});
+
+}  // namespace ss::gpu

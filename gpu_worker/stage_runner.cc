@@ -1,0 +1,214 @@
+#include "gpu_worker/stage_runner.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cluster_protocol.h"
+#include "gpu_worker/sampler.h"
+
+namespace ss::gpu {
+
+namespace pb = ::splitserve::v1;
+
+WorkerMetrics::WorkerMetrics(metrics::Metrics& m, const std::string& worker, int first_layer,
+                             int end_layer)
+    : first_layer_(first_layer),
+      steps_(m.Counter("gpu_worker_steps_total", "step plans run", {{"worker", worker}})),
+      errors_(m.Counter("gpu_worker_step_errors_total", "step plans answered with an error",
+                        {{"worker", worker}})),
+      kv_used_(m.Gauge("gpu_worker_kv_tokens_used", "KV positions held by live sequences",
+                       {{"worker", worker}})),
+      kv_capacity_(
+          m.Gauge("gpu_worker_kv_tokens_capacity", "KV capacity in tokens", {{"worker", worker}})),
+      kv_usage_(m.Gauge("gpu_worker_kv_usage_perc", "KV usage, 0..1", {{"worker", worker}})),
+      sequences_(m.Gauge("gpu_worker_sequences", "sequences holding state", {{"worker", worker}})) {
+  const char* help = "wall time of one part of one layer per micro-batch";
+  auto hist = [&](int layer, const char* part) {
+    return &m.Histogram("layer_latency_seconds", help,
+                        {{"layer", std::to_string(layer)}, {"part", part}, {"worker", worker}});
+  };
+  for (int l = first_layer; l < end_layer; ++l) {
+    attention_.push_back(hist(l, "attention"));
+    moe_gpu_.push_back(hist(l, "moe_gpu"));
+    moe_cpu_.push_back(hist(l, "moe_cpu"));
+    allreduce_.push_back(hist(l, "allreduce"));
+  }
+  pp_receive_ = hist(first_layer, "pp_transfer");
+  pp_send_ = hist(end_layer - 1, "pp_transfer");
+}
+
+void WorkerMetrics::ObserveStep(const StageTimings& t, double receive_s, double send_s, bool ok) {
+  steps_.Increment();
+  if (!ok) errors_.Increment();
+  for (size_t i = 0; i < t.attention.size() && i < attention_.size(); ++i) {
+    attention_[i]->Observe(t.attention[i]);
+    moe_gpu_[i]->Observe(t.moe_gpu[i]);
+    moe_cpu_[i]->Observe(t.moe_cpu[i]);
+  }
+  if (receive_s > 0) pp_receive_->Observe(receive_s);
+  if (send_s > 0) pp_send_->Observe(send_s);
+}
+
+void WorkerMetrics::SetKv(const KvUsage& kv) {
+  kv_used_.Set(static_cast<double>(kv.used_tokens));
+  kv_capacity_.Set(static_cast<double>(kv.capacity_tokens));
+  kv_usage_.Set(kv.capacity_tokens > 0
+                    ? static_cast<double>(kv.used_tokens) / static_cast<double>(kv.capacity_tokens)
+                    : 0.0);
+  sequences_.Set(static_cast<double>(kv.sequences));
+}
+
+StageRunner::StageRunner(StageBackend* backend, const StageRole& role, StreamInbox* inbox,
+                         StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options)
+    : backend_(backend),
+      role_(role),
+      inbox_(inbox),
+      sender_(sender),
+      metrics_(metrics),
+      options_(options) {}
+
+pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
+  const auto t0 = std::chrono::steady_clock::now();
+  pb::StepResult result;
+  result.set_micro_batch_id(plan.micro_batch_id());
+  StageTimings timings;
+  double receive_s = 0.0, send_s = 0.0;
+  const absl::Status st = Run(plan, &result, &timings, &receive_s, &send_s);
+  if (!st.ok()) {
+    result.clear_samples();
+    result.set_error(
+        absl::StrCat("stage ", role_.stage, " (worker ", role_.worker_id, "): ", st.message()));
+  }
+  result.set_compute_us(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  if (metrics_) {
+    metrics_->ObserveStep(timings, receive_s, send_s, st.ok());
+    metrics_->SetKv(backend_->kv_usage());
+  }
+  return result;
+}
+
+void StageRunner::ReleaseAll() { backend_->ReleaseAll(); }
+
+void StageRunner::PushError(uint64_t id, const std::string& error) {
+  if (role_.last_stage() || sender_ == nullptr) return;
+  StageStreamsData d;
+  d.error = error.empty() ? "failed" : error;
+  // Best effort: the next stage fails the micro-batch by its own deadline otherwise.
+  (void)sender_->Push(id, d, absl::Now() + options_.push_deadline);
+}
+
+absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
+                              StageTimings* timings, double* receive_s, double* send_s) {
+  const uint64_t mb = plan.micro_batch_id();
+  const bool has_chunks = plan.chunks_size() > 0;
+  auto fail = [&](const absl::Status& st) {
+    if (has_chunks) {
+      PushError(mb, std::string(st.message()));
+      if (role_.stage > 0 && inbox_ != nullptr) inbox_->Finish(mb);
+    }
+    return st;
+  };
+  if (plan.protocol_version() != kClusterProtocolVersion) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("step plan protocol version ", plan.protocol_version(),
+                     ", this worker speaks version ", kClusterProtocolVersion)));
+  }
+  for (const uint64_t id : plan.release()) backend_->Release(id);
+  if (!has_chunks) return absl::OkStatus();
+
+  std::vector<StageChunk> batch;
+  std::vector<SamplingConfig> sampling;
+  int64_t T = 0;
+  for (const pb::SeqChunk& c : plan.chunks()) {
+    StageChunk ch;
+    ch.seq_id = c.seq_id();
+    ch.start = c.start();
+    ch.tokens = std::span<const int32_t>(c.tokens().data(), c.tokens_size());
+    ch.samples = c.samples();
+    ch.block_table = std::span<const int32_t>(c.block_table().data(), c.block_table_size());
+    batch.push_back(ch);
+    T += c.tokens_size();
+    if (!c.samples()) continue;
+    const pb::SamplingParams& p = c.sampling();
+    SamplingConfig s;
+    s.temperature = p.temperature();
+    s.top_p = p.top_p();
+    s.top_k = p.top_k();
+    s.seed = p.has_seed() ? p.seed() : DefaultSeed(options_.process_seed, c.seq_id());
+    s.top_logprobs = p.top_logprobs();
+    if (absl::Status st = ValidateSampling(s); !st.ok()) {
+      return fail(
+          absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq_id(), ": ", st.message())));
+    }
+    sampling.push_back(s);
+  }
+  if (absl::Status st = backend_->Check(batch); !st.ok()) return fail(st);
+
+  const ModelConfig& mc = backend_->config();
+  const int64_t width = mc.hc_mult * mc.dim;
+  StageStreamsData in;
+  if (role_.stage > 0) {
+    const auto r0 = std::chrono::steady_clock::now();
+    auto got = inbox_->Take(mb, absl::Now() + options_.stream_wait);
+    *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    if (!got.ok()) return fail(got.status());
+    in = std::move(*got);
+    if (!in.error.empty()) {
+      return fail(absl::AbortedError(
+          absl::StrCat("the previous stage failed micro-batch ", mb, ": ", in.error)));
+    }
+    if (in.rows != T || in.width != width || static_cast<int64_t>(in.streams.size()) != T * width) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "the previous stage's streams of micro-batch ", mb, " are [", in.rows, ", ", in.width,
+          "] with ", in.streams.size(), " values; the plan needs [", T, ", ", width, "]")));
+    }
+  }
+  StageOutput out;
+  if (absl::Status st = backend_->Run(batch, in.streams.data(), &out, timings); !st.ok()) {
+    return fail(st);
+  }
+  auto drop = [&](const absl::Status& st) {
+    for (const StageChunk& ch : batch) backend_->Release(ch.seq_id);
+    return st;
+  };
+  if (!role_.last_stage()) {
+    StageStreamsData d;
+    d.rows = out.rows;
+    d.width = out.width;
+    d.streams = std::move(out.streams);
+    const auto s0 = std::chrono::steady_clock::now();
+    const absl::Status st = sender_->Push(mb, d, absl::Now() + options_.push_deadline);
+    *send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    return st.ok() ? st : drop(st);
+  }
+  if (role_.tp_rank != 0) return absl::OkStatus();
+  size_t si = 0;
+  for (const StageChunk& ch : batch) {
+    if (!ch.samples) continue;
+    const SamplingConfig& s = sampling[si];
+    const int64_t position = ch.start + static_cast<int64_t>(ch.tokens.size()) - 1;
+    auto sampled = SampleToken(out.logits[si].data(), mc.vocab_size, s, position);
+    ++si;
+    if (!sampled.ok()) {
+      return drop(absl::Status(sampled.status().code(), absl::StrCat("sequence ", ch.seq_id, ": ",
+                                                                     sampled.status().message())));
+    }
+    pb::Sample* sample = result->add_samples();
+    sample->set_seq_id(ch.seq_id);
+    sample->set_token(sampled->token);
+    if (s.top_logprobs >= 0) {
+      sample->set_logprob(sampled->logprob);
+      for (const auto& [id, lp] : sampled->top) {
+        pb::TokenLogprob* t = sample->add_top();
+        t->set_token(id);
+        t->set_logprob(lp);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ss::gpu

@@ -1,0 +1,90 @@
+// Runs one step plan (proto StepPlan) on this worker's stage and answers it (StepResult):
+// releases ended sequences, validates, takes the previous stage's streams (stage > 0) or embeds
+// (stage 0), runs the stage's layers on the backend, pushes the output streams to the next stage
+// (non-last) or samples (last stage), and records metrics.
+//
+// Errors of a step go in StepResult.error, naming the sequence or layer at fault; the runner
+// keeps serving. A step that fails before any state changed (protocol version, a malformed
+// chunk, a start mismatch, KV capacity, bad sampling parameters) leaves every sequence as it
+// was; one that fails later drops the step's sequences (backend.h). In both cases a non-last
+// stage pushes the error downstream so the next stage fails the micro-batch at once.
+//
+// Sampling positions: the draw for a chunk is made at its last position (start + n - 1), seeded
+// by SamplingParams.seed when has_seed, else by a per-process random value mixed with the
+// sequence id (sampler.h).
+//
+// Threads: RunPlan from one thread at a time (the worker's executor).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/metrics/metrics.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/stage_transfer.h"
+#include "gpu_worker/worker_config.h"
+#include "proto/cluster.pb.h"
+
+namespace ss::gpu {
+
+// The worker's Prometheus series, created up front for the stage's layers.
+//   layer_latency_seconds{layer, part, worker}  part: attention, moe_gpu, moe_cpu, allreduce,
+//                                               pp_transfer (receive on the first layer, send
+//                                               on the last)
+//   gpu_worker_steps_total{worker}, gpu_worker_step_errors_total{worker}
+//   gpu_worker_kv_tokens_used{worker}, gpu_worker_kv_tokens_capacity{worker},
+//   gpu_worker_kv_usage_perc{worker} (0..1), gpu_worker_sequences{worker}
+class WorkerMetrics {
+ public:
+  WorkerMetrics(metrics::Metrics& m, const std::string& worker_id, int first_layer, int end_layer);
+  void ObserveStep(const StageTimings& t, double pp_receive_s, double pp_send_s, bool ok);
+  void SetKv(const KvUsage& kv);
+
+ private:
+  int first_layer_;
+  std::vector<prometheus::Histogram*> attention_, moe_gpu_, moe_cpu_, allreduce_;
+  prometheus::Histogram* pp_receive_;
+  prometheus::Histogram* pp_send_;
+  prometheus::Counter& steps_;
+  prometheus::Counter& errors_;
+  prometheus::Gauge& kv_used_;
+  prometheus::Gauge& kv_capacity_;
+  prometheus::Gauge& kv_usage_;
+  prometheus::Gauge& sequences_;
+};
+
+struct RunnerOptions {
+  absl::Duration stream_wait = absl::Seconds(120);  // stage > 0: for the previous stage's streams
+  absl::Duration push_deadline = absl::Seconds(60);
+  uint64_t process_seed = 0;  // unseeded sampling
+};
+
+class StageRunner {
+ public:
+  // `inbox` is needed on stage > 0, `sender` on a non-last stage; `metrics` is optional. All
+  // are borrowed and must outlive the runner.
+  StageRunner(StageBackend* backend, const StageRole& role, StreamInbox* inbox,
+              StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options);
+
+  ::splitserve::v1::StepResult RunPlan(const ::splitserve::v1::StepPlan& plan);
+  // Frees every sequence of the backend (a new step stream begins).
+  void ReleaseAll();
+
+ private:
+  absl::Status Run(const ::splitserve::v1::StepPlan& plan, ::splitserve::v1::StepResult* result,
+                   StageTimings* timings, double* receive_s, double* send_s);
+  void PushError(uint64_t micro_batch_id, const std::string& error);
+
+  StageBackend* backend_;
+  const StageRole role_;
+  StreamInbox* inbox_;
+  StreamSender* sender_;
+  WorkerMetrics* metrics_;
+  const RunnerOptions options_;
+};
+
+}  // namespace ss::gpu

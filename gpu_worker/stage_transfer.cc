@@ -1,0 +1,124 @@
+#include "gpu_worker/stage_transfer.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cluster_protocol.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace ss::gpu {
+
+namespace pb = ::splitserve::v1;
+
+namespace {
+constexpr size_t kFinishedKept = 4096;
+}  // namespace
+
+absl::Status StreamInbox::Put(uint64_t id, StageStreamsData data) {
+  absl::MutexLock lock(&mu_);
+  if (finished_.count(id)) return absl::OkStatus();  // the runner is past it
+  if (pending_.count(id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("streams of micro-batch ", id, " already received"));
+  }
+  if (pending_.size() >= capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "stream inbox full (", capacity_, " micro-batches waiting); micro-batch ", id, " refused"));
+  }
+  pending_.emplace(id, std::move(data));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StageStreamsData> StreamInbox::Take(uint64_t id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shutdown_ || pending_.count(id) != 0;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  MarkFinished(id);
+  if (shutdown_) return absl::CancelledError("the worker is shutting down");
+  auto it = pending_.find(id);
+  if (it == pending_.end()) {
+    return absl::DeadlineExceededError(absl::StrCat("the previous stage's streams of micro-batch ",
+                                                    id, " did not arrive in time"));
+  }
+  StageStreamsData d = std::move(it->second);
+  pending_.erase(it);
+  return d;
+}
+
+void StreamInbox::Finish(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  pending_.erase(id);
+  MarkFinished(id);
+}
+
+void StreamInbox::MarkFinished(uint64_t id) {
+  if (!finished_.insert(id).second) return;
+  finished_order_.push_back(id);
+  if (finished_order_.size() > kFinishedKept) {
+    finished_.erase(finished_order_.front());
+    finished_order_.pop_front();
+  }
+}
+
+void StreamInbox::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+void StreamInbox::Clear() {
+  absl::MutexLock lock(&mu_);
+  pending_.clear();
+}
+
+size_t StreamInbox::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return pending_.size();
+}
+
+class StreamSender::Impl {
+ public:
+  explicit Impl(const std::string& address) {
+    ::grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetMaxReceiveMessageSize(-1);
+    channel_ = ::grpc::CreateCustomChannel(address, ::grpc::InsecureChannelCredentials(), args);
+    stub_ = pb::GpuWorker::NewStub(channel_);
+  }
+  std::shared_ptr<::grpc::Channel> channel_;
+  std::unique_ptr<pb::GpuWorker::Stub> stub_;
+};
+
+StreamSender::StreamSender(std::string address)
+    : address_(std::move(address)), impl_(std::make_unique<Impl>(address_)) {}
+
+StreamSender::~StreamSender() = default;
+
+absl::Status StreamSender::Push(uint64_t id, const StageStreamsData& data, absl::Time deadline) {
+  pb::StageStreams msg;
+  msg.set_protocol_version(kClusterProtocolVersion);
+  msg.set_micro_batch_id(id);
+  msg.set_rows(static_cast<int32_t>(data.rows));
+  msg.set_width(static_cast<int32_t>(data.width));
+  if (!data.error.empty()) {
+    msg.set_error(data.error);
+  } else {
+    msg.set_streams(reinterpret_cast<const char*>(data.streams.data()),
+                    data.streams.size() * sizeof(float));
+  }
+  ::grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  ctx.set_wait_for_ready(true);
+  pb::PushReply reply;
+  const ::grpc::Status st = impl_->stub_->PushStreams(&ctx, msg, &reply);
+  if (st.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                      absl::StrCat("pushing micro-batch ", id, "'s streams to the next stage at ",
+                                   address_, ": ", st.error_message()));
+}
+
+}  // namespace ss::gpu

@@ -1,0 +1,90 @@
+// Pipeline-parallel stream transfer of the cpu backend (proto StageStreams, GpuWorker.PushStreams):
+// stage s pushes each micro-batch's output streams to stage s + 1's TP rank 0, which holds them
+// in its StreamInbox until its runner takes them for that micro-batch. (The cuda backend moves
+// the streams with NCCL send/recv instead.)
+//
+// A sending stage pushes exactly one StageStreams for every micro-batch that has chunks: the
+// streams, or `error` when it failed the micro-batch, so the receiving stage fails it at once
+// instead of waiting out its deadline.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace ss::gpu {
+
+struct StageStreamsData {
+  int64_t rows = 0;
+  int64_t width = 0;
+  std::vector<float> streams;  // [rows, width]
+  std::string error;           // the previous stage failed the micro-batch
+};
+
+// Streams received for micro-batches this worker has not run yet.
+//
+// Threads: Put from gRPC handler threads, Take / Finish from the runner thread, Shutdown from
+// any. Memory is bounded: at most `capacity` micro-batches wait (the coordinator keeps at most
+// `stages` in flight); a Put beyond that is refused with ResourceExhausted. Streams for a
+// micro-batch the runner has already finished (e.g. it failed before waiting) are dropped.
+class StreamInbox {
+ public:
+  explicit StreamInbox(size_t capacity = 64) : capacity_(capacity) {}
+
+  absl::Status Put(uint64_t micro_batch_id, StageStreamsData data);
+  // Waits for the micro-batch's streams until `deadline` (DeadlineExceeded) or Shutdown
+  // (Cancelled). Marks it finished.
+  absl::StatusOr<StageStreamsData> Take(uint64_t micro_batch_id, absl::Time deadline);
+  // The runner is done with the micro-batch without taking its streams: drop them, now or when
+  // they arrive.
+  void Finish(uint64_t micro_batch_id);
+  void Shutdown();
+  // Drops every pending (pushed, not taken) micro-batch: a new step stream starts clean.
+  void Clear();
+  size_t waiting() const;
+
+ private:
+  void MarkFinished(uint64_t micro_batch_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, StageStreamsData> pending_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> finished_ ABSL_GUARDED_BY(mu_);  // the last kFinishedKept finished ids
+  std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Sends StageStreams to the next stage over one gRPC channel, waiting for a peer that is still
+// starting (wait-for-ready) until the push's deadline. From one thread at a time.
+class StreamSender {
+ public:
+  explicit StreamSender(std::string address);
+  ~StreamSender();
+
+  // Errors name the address: the RPC's status (DeadlineExceeded, Unavailable, the receiver's
+  // refusal).
+  absl::Status Push(uint64_t micro_batch_id, const StageStreamsData& data, absl::Time deadline);
+  const std::string& address() const { return address_; }
+
+  class Impl;
+
+ private:
+  const std::string address_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ss::gpu

@@ -1,0 +1,203 @@
+#include "gpu_worker/worker_config.h"
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/layer_list.h"
+#include "common/status.h"
+
+namespace ss::gpu {
+namespace {
+
+absl::Status CheckHostPort(absl::string_view flag, absl::string_view value) {
+  const size_t colon = value.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " '", value, "': expected HOST:PORT"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositive(absl::string_view flag, int64_t v) {
+  if (v > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", v, " must be > 0"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<int, int>> ParseLayerRange(absl::string_view spec) {
+  ASSIGN_OR_RETURN(std::vector<int> layers, ParseLayerList(spec, "--layers"));
+  for (size_t i = 1; i < layers.size(); ++i) {
+    if (layers[i] != layers[i - 1] + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--layers '", spec, "': a stage runs one ascending range of layers"));
+    }
+  }
+  return std::make_pair(layers.front(), layers.back() + 1);
+}
+
+absl::StatusOr<std::vector<LayerExpertsConfig>> ParseExpertsSpec(absl::string_view spec) {
+  std::vector<LayerExpertsConfig> out;
+  if (absl::StripAsciiWhitespace(spec).empty()) return out;
+  for (absl::string_view raw : absl::StrSplit(spec, ',')) {
+    const absl::string_view item = absl::StripAsciiWhitespace(raw);
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--experts item '", item, "': expected LAYERS=shm:NAME or LAYERS=grpc:ADDR"));
+    }
+    ASSIGN_OR_RETURN(
+        std::vector<int> layers,
+        ParseLayerList(item.substr(0, eq), absl::StrCat("--experts item '", item, "'")));
+    std::vector<absl::string_view> eps = absl::StrSplit(item.substr(eq + 1), '+');
+    std::vector<ExpertEndpointConfig> endpoints;
+    for (size_t i = 0; i < eps.size(); ++i) {
+      const absl::string_view ep = absl::StripAsciiWhitespace(eps[i]);
+      ExpertEndpointConfig e;
+      e.slice_index = static_cast<int>(i);
+      e.slice_count = static_cast<int>(eps.size());
+      if (absl::StartsWith(ep, "shm:") && ep.size() > 4) {
+        e.shm_name = std::string(ep.substr(4));
+      } else if (absl::StartsWith(ep, "grpc:") && ep.size() > 5) {
+        e.grpc_address = std::string(ep.substr(5));
+        RETURN_IF_ERROR(CheckHostPort("experts grpc endpoint", e.grpc_address));
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("--experts item '", item, "': endpoint '",
+                                                       ep, "' is not shm:NAME or grpc:HOST:PORT"));
+      }
+      endpoints.push_back(std::move(e));
+    }
+    for (const int l : layers) {
+      for (const LayerExpertsConfig& prev : out) {
+        if (prev.layer == l) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--experts: layer ", l, " is given twice"));
+        }
+      }
+      out.push_back({l, endpoints});
+      RETURN_IF_ERROR(ValidateLayerExperts(out.back()));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
+  WorkerConfig c;
+  if (f.model.empty()) return absl::InvalidArgumentError("--model DIR is required");
+  c.model_dir = f.model;
+  if (f.backend != "cpu" && f.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend '", f.backend, "': expected cpu or cuda"));
+  }
+  if (f.backend == "cuda") {
+    return absl::UnimplementedError(
+        "--backend cuda: the cuda backend is not built yet; use --backend cpu");
+  }
+  c.backend = f.backend;
+  RETURN_IF_ERROR(CheckHostPort("listen", f.listen));
+  c.listen = f.listen;
+  if (!f.advertise.empty()) RETURN_IF_ERROR(CheckHostPort("advertise", f.advertise));
+  c.advertise = f.advertise;
+  c.port_file = f.port_file;
+  if (!f.metrics_listen.empty()) RETURN_IF_ERROR(CheckHostPort("metrics_listen", f.metrics_listen));
+  c.metrics_listen = f.metrics_listen;
+  RETURN_IF_ERROR(CheckPositive("kv_tokens", f.kv_tokens));
+  RETURN_IF_ERROR(CheckPositive("expert_deadline_ms", f.expert_deadline_ms));
+  RETURN_IF_ERROR(CheckPositive("expert_connect_timeout_ms", f.expert_connect_timeout_ms));
+  RETURN_IF_ERROR(CheckPositive("stream_wait_ms", f.stream_wait_ms));
+  RETURN_IF_ERROR(CheckPositive("coordinator_timeout_ms", f.coordinator_timeout_ms));
+  c.kv_tokens = f.kv_tokens;
+  c.expert_deadline_ms = f.expert_deadline_ms;
+  c.expert_connect_timeout_ms = f.expert_connect_timeout_ms;
+  c.stream_wait_ms = f.stream_wait_ms;
+  c.coordinator_timeout_ms = f.coordinator_timeout_ms;
+  c.worker_id = f.worker_id;
+  if (!f.coordinator.empty()) {
+    RETURN_IF_ERROR(CheckHostPort("coordinator", f.coordinator));
+    c.coordinator = f.coordinator;
+    if (f.worker_id.empty()) {
+      return absl::InvalidArgumentError("--worker_id is required with --coordinator");
+    }
+    if (f.stage != 0 || f.num_stages != 1 || !f.layers.empty() || !f.next_stage.empty() ||
+        !f.experts.empty()) {
+      return absl::InvalidArgumentError(
+          "--stage, --num_stages, --layers, --next_stage and --experts are for standalone runs; "
+          "with --coordinator the role comes from the cluster config");
+    }
+    return c;
+  }
+  if (f.num_stages < 1 || f.stage < 0 || f.stage >= f.num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("--stage ", f.stage, " --num_stages ",
+                                                   f.num_stages, ": need 0 <= stage < stages"));
+  }
+  c.stage = f.stage;
+  c.num_stages = f.num_stages;
+  if (!f.layers.empty()) {
+    ASSIGN_OR_RETURN(std::tie(c.first_layer, c.end_layer), ParseLayerRange(f.layers));
+  } else if (f.num_stages > 1) {
+    return absl::InvalidArgumentError("--layers a-b is required with --num_stages > 1");
+  }
+  if (f.stage < f.num_stages - 1) {
+    if (f.next_stage.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--next_stage HOST:PORT is required: stage ",
+                                                     f.stage, " is not the last stage"));
+    }
+    RETURN_IF_ERROR(CheckHostPort("next_stage", f.next_stage));
+  }
+  c.next_stage = f.next_stage;
+  RETURN_IF_ERROR(CheckPositive("kv_block_tokens", f.kv_block_tokens));
+  c.kv_block_tokens = f.kv_block_tokens;
+  ASSIGN_OR_RETURN(c.experts, ParseExpertsSpec(f.experts));
+  if (c.worker_id.empty()) c.worker_id = absl::StrCat("stage", c.stage);
+  return c;
+}
+
+std::vector<std::string> WorkerConfig::Describe() const {
+  std::vector<std::string> lines = {
+      absl::StrCat("coordinator = ", coordinator.empty() ? "(standalone)" : coordinator),
+      absl::StrCat("worker_id = ", worker_id),
+      absl::StrCat("listen = ", listen),
+      absl::StrCat("advertise = ", advertise.empty() ? "(from listen)" : advertise),
+      absl::StrCat("backend = ", backend),
+      absl::StrCat("model = ", model_dir),
+      absl::StrCat("metrics_listen = ", metrics_listen.empty() ? "(off)" : metrics_listen),
+      absl::StrCat("kv_tokens = ", kv_tokens),
+      absl::StrCat("expert_deadline_ms = ", expert_deadline_ms),
+      absl::StrCat("expert_connect_timeout_ms = ", expert_connect_timeout_ms),
+      absl::StrCat("stream_wait_ms = ", stream_wait_ms),
+      absl::StrCat("coordinator_timeout_ms = ", coordinator_timeout_ms),
+  };
+  if (coordinator.empty()) {
+    lines.push_back(absl::StrCat("stage = ", stage, " of ", num_stages));
+    lines.push_back(end_layer < 0 ? std::string("layers = all")
+                                  : absl::StrCat("layers = [", first_layer, ", ", end_layer, ")"));
+    lines.push_back(
+        absl::StrCat("next_stage = ", next_stage.empty() ? "(last stage)" : next_stage));
+    lines.push_back(absl::StrCat("kv_block_tokens = ", kv_block_tokens));
+    std::string ex;
+    for (const LayerExpertsConfig& l : experts) {
+      absl::StrAppend(&ex, ex.empty() ? "" : ", ", l.layer, ":");
+      for (const ExpertEndpointConfig& e : l.endpoints) absl::StrAppend(&ex, " ", e.Describe());
+    }
+    lines.push_back(absl::StrCat("experts = ", ex.empty() ? "(local)" : ex));
+  }
+  return lines;
+}
+
+void NormalizeFlagDashes(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* a = argv[i];
+    if (std::strcmp(a, "--") == 0) return;
+    if (std::strncmp(a, "--", 2) != 0) continue;
+    for (char* p = a + 2; *p != '\0' && *p != '='; ++p) {
+      if (*p == '-') *p = '_';
+    }
+  }
+}
+
+}  // namespace ss::gpu

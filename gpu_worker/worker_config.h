@@ -1,0 +1,111 @@
+// The GPU worker's command line, parsed once into a validated WorkerConfig (STYLE.md "One
+// configuration table"), and the StageRole it runs (from the coordinator's Role, or from the
+// standalone flags when no --coordinator is given).
+//
+// Flags (dashes or underscores; gpu_worker_main.cc declares them, kFlagTable lists them):
+//   --coordinator HOST:PORT   register with this coordinator (else: standalone)
+//   --worker_id ID            the role's name in the cluster config (standalone default stage<S>)
+//   --listen HOST:PORT        the GpuWorker service (port 0 = any free port; logged)
+//   --advertise HOST:PORT     the address peers and the coordinator use (default: --listen with
+//                             the bound port; a wildcard host becomes this machine's hostname)
+//   --port_file PATH          write the bound port there once listening (for launchers, tests)
+//   --backend cpu|cuda        cuda is not built yet: refused
+//   --model DIR               checkpoint directory (required)
+//   --metrics_listen HOST:PORT  Prometheus /metrics (empty = off)
+//   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions)
+//   --expert_deadline_ms MS   deadline of one expert call
+//   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
+//   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
+//   --coordinator_timeout_ms MS  registration retries / heartbeat silence before giving up
+//   standalone only: --stage S, --num_stages N, --layers a-b (inclusive), --next_stage ADDR,
+//   --kv_block_tokens N, --experts "a-b=EP[+EP...],..." with EP = shm:NAME | grpc:HOST:PORT,
+//   the i-th EP of a range being slice i of n.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "gpu_worker/routed_experts_client.h"
+
+namespace ss::gpu {
+
+// The flags' raw values, as the command line gave them.
+struct WorkerFlags {
+  std::string coordinator;
+  std::string worker_id;
+  std::string listen = "127.0.0.1:0";
+  std::string advertise;
+  std::string port_file;
+  std::string backend = "cpu";
+  std::string model;
+  std::string metrics_listen;
+  int64_t kv_tokens = 16384;
+  int64_t expert_deadline_ms = 30000;
+  int64_t expert_connect_timeout_ms = 60000;
+  int64_t stream_wait_ms = 120000;
+  int64_t coordinator_timeout_ms = 60000;
+  int stage = 0;
+  int num_stages = 1;
+  std::string layers;  // standalone: "a-b"; empty = every layer (one stage)
+  std::string next_stage;
+  int kv_block_tokens = 128;
+  std::string experts;
+};
+
+struct WorkerConfig {
+  std::string coordinator;  // empty: standalone
+  std::string worker_id;
+  std::string listen, advertise, port_file;
+  std::string backend;
+  std::string model_dir;
+  std::string metrics_listen;
+  int64_t kv_tokens = 0;
+  int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
+  int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
+  // Standalone role (validated against the model when it is loaded).
+  int stage = 0, num_stages = 1;
+  int first_layer = 0, end_layer = -1;  // end -1: the model's n_layers
+  std::string next_stage;
+  int kv_block_tokens = 128;
+  std::vector<LayerExpertsConfig> experts;
+
+  // One "name = value" line per flag, for the start-up log.
+  std::vector<std::string> Describe() const;
+};
+
+// Validates every flag (InvalidArgument naming the flag and its value). Standalone flags given
+// together with --coordinator are refused (the coordinator's role would silently win).
+absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& flags);
+
+// "a-b" (inclusive) or "a" -> [a, b + 1).
+absl::StatusOr<std::pair<int, int>> ParseLayerRange(absl::string_view spec);
+
+// The --experts syntax above -> one LayerExpertsConfig per layer, validated.
+absl::StatusOr<std::vector<LayerExpertsConfig>> ParseExpertsSpec(absl::string_view spec);
+
+// What a worker runs.
+struct StageRole {
+  std::string worker_id;
+  int stage = 0, num_stages = 1;
+  int tp_rank = 0, tp_size = 1;
+  int first_layer = 0, end_layer = 0;  // [first_layer, end_layer)
+  bool runs_mtp = false;
+  std::vector<LayerExpertsConfig> experts;
+  int kv_block_tokens = 128;
+  int max_batch_tokens = 0;
+  int max_running = 0;
+  int heartbeat_interval_ms = 1000;
+  std::string model_name;
+  std::string next_stage_address;  // non-last stage: stage + 1's TP rank 0
+
+  bool last_stage() const { return stage == num_stages - 1; }
+};
+
+// Rewrites "--some-flag[=v]" to "--some_flag[=v]" in place, up to a "--" terminator.
+void NormalizeFlagDashes(int argc, char** argv);
+
+}  // namespace ss::gpu

@@ -1,0 +1,330 @@
+// The whole system on loopback, as issue 6 item 8 describes it: a coordinator, two GPU workers
+// (cpu backend) as pipeline stages, two expert workers — layers 0-3 over shared memory, layers
+// 4-6 over gRPC, each holding whole experts (slice 0/1) and running the scalar kernels, so the
+// arithmetic is the reference's own — all as separate processes on tiny-a with the bundled tiny
+// tokenizer. Every output is checked against the reference model run in this process.
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/model/model.h"
+#include "coordinator/tokenizer.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/http_get.h"
+#include "tests/test_util.h"
+
+namespace ss {
+namespace {
+
+using json = nlohmann::json;
+using testing_util::ChildProcess;
+
+const std::string kBin = SS_BIN_DIR;
+const std::string kModel = SS_TINY_A_DIR;
+const std::string kTokenizer = SS_TINY_TOKENIZER;
+
+// The reference greedy continuation of `prompt`: up to `n` ids, stopping after EOS (excluded).
+std::vector<int32_t> ReferenceGreedy(const model::Model& m, const std::vector<int32_t>& prompt,
+                                     int n) {
+  model::SequenceState state = m.NewSequence();
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  std::vector<int32_t> out;
+  int64_t start = 0;
+  while (static_cast<int>(out.size()) < n) {
+    model::ChunkRef chunk{&state, ids.data() + start, static_cast<int64_t>(ids.size()) - start,
+                          start};
+    auto logits = m.Forward(std::span<const model::ChunkRef>(&chunk, 1));
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    const std::vector<float>& l = (*logits)[0];
+    const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    if (next == m.config().eos_token_id) break;
+    out.push_back(next);
+    start = static_cast<int64_t>(ids.size());
+    ids.push_back(next);
+  }
+  return out;
+}
+
+class ClusterE2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing_util::TempDir("cluster_e2e");
+    const std::string shm = "ss-e2e-" + std::to_string(getpid());
+    const int grpc_port = testing_util::FreeLoopbackPort();
+    json cluster = {
+        {"model_name", "tiny"},
+        {"kv_block_tokens", 128},
+        {"max_batch_tokens", 512},
+        {"max_running", 32},
+        {"heartbeat_interval_ms", 200},
+        {"heartbeat_timeout_ms", 5000},
+        {"stages",
+         {{{"layers", "0-3"}, {"workers", {"gpu0"}}}, {{"layers", "4-6"}, {"workers", {"gpu1"}}}}},
+        {"expert_workers",
+         {{{"id", "e0"}, {"layers", "0-3"}, {"slice", "0/1"}, {"shm", shm}},
+          {{"id", "e1"},
+           {"layers", "4-6"},
+           {"slice", "0/1"},
+           {"grpc", "127.0.0.1:" + std::to_string(grpc_port)}}}}};
+    std::ofstream(*dir_ / "cluster.json") << cluster.dump(2);
+    auto log = [](const std::string& name) { return *dir_ / (name + ".log"); };
+    procs_ = new std::vector<std::unique_ptr<ChildProcess>>();
+    auto start = [&](std::vector<std::string> argv, const std::string& name) {
+      procs_->push_back(std::make_unique<ChildProcess>(std::move(argv), log(name)));
+    };
+    start({kBin + "/splitserve-expert-worker", "--model", kModel, "--layers", "0-3", "--slice",
+           "0/1", "--isa", "scalar", "--threads", "1", "--shm-name", shm},
+          "e0");
+    start({kBin + "/splitserve-expert-worker", "--model", kModel, "--layers", "4-6", "--slice",
+           "0/1", "--isa", "scalar", "--threads", "1", "--grpc-listen",
+           "127.0.0.1:" + std::to_string(grpc_port)},
+          "e1");
+    const std::string ports = *dir_ / "ports.json";
+    start({kBin + "/splitserve-coordinator", "--model", kModel, "--tokenizer", kTokenizer,
+           "--cluster", *dir_ / "cluster.json", "--port", "0", "--control-listen", "127.0.0.1:0",
+           "--ports-file", ports},
+          "coordinator");
+    json p;
+    for (int i = 0; i < 600 && !p.is_object(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::ifstream in(ports);
+      if (in) p = json::parse(in, nullptr, false);
+    }
+    ASSERT_TRUE(p.is_object()) << "the coordinator did not write its ports";
+    http_port_ = p["http"].get<int>();
+    const std::string control = "127.0.0.1:" + std::to_string(p["control"].get<int>());
+    for (int s = 0; s < 2; ++s) {
+      const std::string id = "gpu" + std::to_string(s);
+      start({kBin + "/splitserve-gpu-worker", "--coordinator", control, "--worker-id", id,
+             "--listen", "127.0.0.1:0", "--backend", "cpu", "--model", kModel, "--kv-tokens",
+             "65536"},
+            id);
+    }
+    httplib::Client c("127.0.0.1", http_port_);
+    bool ready = false;
+    for (int i = 0; i < 1200 && !ready; ++i) {
+      auto r = c.Get("/ready");
+      ready = r && r->status == 200;
+      if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!ready) {
+      for (const char* n : {"coordinator", "gpu0", "gpu1", "e0", "e1"}) {
+        std::ifstream in(log(n));
+        std::stringstream ss;
+        ss << in.rdbuf();
+        ADD_FAILURE() << n << " log:\n" << ss.str();
+      }
+    }
+    ASSERT_TRUE(ready) << "the cluster did not become ready";
+    auto m = model::Model::Load(kModel);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = m->release();
+    auto t = Tokenizer::Load(kTokenizer);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tokenizer_ = t->release();
+  }
+  static void TearDownTestSuite() {
+    if (procs_) {
+      // Coordinator first (drains), then the workers; every one must exit cleanly.
+      for (int i : {2, 3, 4, 0, 1}) {
+        if (i < static_cast<int>(procs_->size())) {
+          EXPECT_EQ((*procs_)[i]->Stop(), 0) << i;
+        }
+      }
+    }
+    delete procs_;
+    delete model_;
+    delete tokenizer_;
+    delete dir_;
+    procs_ = nullptr;
+  }
+
+  static httplib::Result Post(const std::string& path, const json& body) {
+    httplib::Client c("127.0.0.1", http_port_);
+    c.set_read_timeout(120, 0);
+    return c.Post(path.c_str(), body.dump(), "application/json");
+  }
+  static std::vector<int32_t> PromptIds(const json& messages) {
+    auto r = Post("/tokenize", {{"messages", messages}});
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return json::parse(r->body)["ids"].get<std::vector<int32_t>>();
+  }
+  static double KvUsage() {
+    const std::string m = testing_util::HttpGet(http_port_, "/metrics");
+    const size_t at = m.find("\nsplitserve:kv_cache_usage_perc{");
+    if (at == std::string::npos) return -1;
+    return std::stod(m.substr(m.find('}', at) + 1));
+  }
+  // Streams a chat completion; returns the content text; checks the SSE framing.
+  static std::string StreamChat(const json& messages, int max_tokens) {
+    json body = {{"model", "tiny"},       {"messages", messages}, {"max_tokens", max_tokens},
+                 {"temperature", 0},      {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}};
+    auto r = Post("/v1/chat/completions", body);
+    EXPECT_TRUE(r && r->status == 200)
+        << (r ? r->body : "no response: " + httplib::to_string(r.error()));
+    if (!r) return "";
+    std::string text;
+    std::istringstream in(r->body);
+    std::string line;
+    std::vector<std::string> events;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+      events.push_back(line.substr(6));
+    }
+    EXPECT_FALSE(events.empty());
+    if (events.empty()) return "";
+    EXPECT_EQ(events.back(), "[DONE]");
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      const json j = json::parse(events[i], nullptr, false);
+      EXPECT_TRUE(j.is_object()) << events[i];
+      if (!j.is_object()) continue;
+      EXPECT_EQ(j["object"], "chat.completion.chunk");
+      if (!j["choices"].empty()) {
+        const json& d = j["choices"][0]["delta"];
+        if (d.contains("content") && d["content"].is_string()) text += d["content"];
+        if (d.contains("reasoning_content") && d["reasoning_content"].is_string()) {
+          text += d["reasoning_content"];
+        }
+      }
+    }
+    return text;
+  }
+
+  static testing_util::TempDir* dir_;
+  static std::vector<std::unique_ptr<ChildProcess>>* procs_;
+  static int http_port_;
+  static model::Model* model_;
+  static Tokenizer* tokenizer_;
+};
+
+testing_util::TempDir* ClusterE2eTest::dir_ = nullptr;
+std::vector<std::unique_ptr<ChildProcess>>* ClusterE2eTest::procs_ = nullptr;
+int ClusterE2eTest::http_port_ = 0;
+model::Model* ClusterE2eTest::model_ = nullptr;
+Tokenizer* ClusterE2eTest::tokenizer_ = nullptr;
+
+TEST_F(ClusterE2eTest, GreedyChatEqualsTheReferenceContinuation) {
+  const json messages = {{{"role", "user"}, {"content", "Hello there, tiny model!"}}};
+  const std::vector<int32_t> prompt = PromptIds(messages);
+  ASSERT_FALSE(prompt.empty());
+  const std::vector<int32_t> want = ReferenceGreedy(*model_, prompt, 12);
+  ASSERT_FALSE(want.empty());
+  auto r = Post("/v1/chat/completions", {{"model", "tiny"},
+                                         {"messages", messages},
+                                         {"max_tokens", 12},
+                                         {"temperature", 0},
+                                         {"logprobs", true}});
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], want.size());
+  // Each generated token's bytes, as the logprobs report them, are the expected id's bytes.
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), want.size()) << r->body;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string_view bytes = *tokenizer_->TokenBytes(want[i]);
+    EXPECT_EQ(content[i]["bytes"].get<std::vector<int>>(),
+              std::vector<int>(bytes.begin(), bytes.end()))
+        << "token " << i;
+  }
+}
+
+TEST_F(ClusterE2eTest, CompletionOfPromptIdsEqualsTheReference) {
+  const std::vector<int32_t> prompt = {0, 300, 301, 302, 303, 400, 500};
+  const std::vector<int32_t> want = ReferenceGreedy(*model_, prompt, 16);
+  auto r = Post("/v1/completions",
+                {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}});
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], *tokenizer_->Decode(want));
+  EXPECT_EQ(j["usage"]["completion_tokens"], want.size());
+}
+
+TEST_F(ClusterE2eTest, ConcurrentStreamsMatchTheirSoloRuns) {
+  constexpr int kN = 16;
+  std::vector<json> prompts;
+  for (int i = 0; i < kN; ++i) {
+    prompts.push_back(json::array(
+        {{{"role", "user"}, {"content", "Request number " + std::to_string(i) + " says hi"}}}));
+  }
+  std::vector<std::string> solo(kN), together(kN);
+  for (int i = 0; i < kN; ++i) solo[i] = StreamChat(prompts[i], 10);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kN; ++i) {
+    threads.emplace_back([&, i] { together[i] = StreamChat(prompts[i], 10); });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(together[i], solo[i]) << i;
+  }
+  std::set<std::string> distinct(solo.begin(), solo.end());
+  EXPECT_GT(distinct.size(), 1u);  // the prompts really differ
+}
+
+TEST_F(ClusterE2eTest, CancelledStreamReturnsKvUsageToBaseline) {
+  const double baseline = KvUsage();
+  ASSERT_GE(baseline, 0.0);
+  {
+    httplib::Client c("127.0.0.1", http_port_);
+    int chunks = 0;
+    json body = {{"model", "tiny"},
+                 {"messages", {{{"role", "user"}, {"content", "go on forever"}}}},
+                 {"max_tokens", 900},
+                 {"temperature", 0.7},
+                 {"stream", true}};
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      return ++chunks < 4;  // false: the client hangs up mid-stream
+    };
+    c.send(req);
+    EXPECT_GE(chunks, 4);
+  }
+  double usage = -1;
+  for (int i = 0; i < 200; ++i) {
+    usage = KvUsage();
+    if (usage == baseline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(usage, baseline);
+}
+
+TEST_F(ClusterE2eTest, MalformedRequestsGetErrorsAndServingContinues) {
+  httplib::Client c("127.0.0.1", http_port_);
+  const std::vector<std::string> bad = {
+      "{", "[]", R"({"model": "tiny", "messages": "hi"})",
+      R"({"model": "nope", "messages": [{"role": "user", "content": "x"}]})",
+      R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": -3})",
+      R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000000})",
+      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}"};
+  for (const std::string& b : bad) {
+    auto r = c.Post("/v1/chat/completions", b, "application/json");
+    ASSERT_TRUE(r) << b;
+    EXPECT_GE(r->status, 400) << b;
+    EXPECT_LT(r->status, 500) << b;
+    EXPECT_TRUE(json::parse(r->body, nullptr, false).contains("error")) << r->body;
+  }
+  auto ok = Post("/v1/chat/completions", {{"model", "tiny"},
+                                          {"messages", {{{"role", "user"}, {"content", "ok?"}}}},
+                                          {"max_tokens", 4}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+}  // namespace
+}  // namespace ss

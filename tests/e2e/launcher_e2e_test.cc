@@ -1,0 +1,159 @@
+// `splitserve up` as a user runs it (issue 6 item 7): the bundled tiny model, the README's curl
+// example, a clean stop on SIGTERM that leaves no child process and no shared-memory segment,
+// and the same when the launcher is killed outright (its children die with it).
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/http_get.h"
+#include "tests/test_util.h"
+
+namespace ss {
+namespace {
+
+using json = nlohmann::json;
+using testing_util::ChildProcess;
+
+// Processes whose parent is `pid`.
+std::vector<int> ChildrenOf(int pid) {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid && state != "Z") out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+bool ProcessAlive(int pid) { return kill(pid, 0) == 0; }
+
+std::vector<std::string> ShmSegmentsOf(int launcher_pid) {
+  std::vector<std::string> out;
+  const std::string prefix = "splitserve-" + std::to_string(launcher_pid) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+  }
+  return out;
+}
+
+bool WaitReady(int port, ChildProcess& up) {
+  for (int i = 0; i < 1200; ++i) {
+    if (!up.Running()) return false;
+    if (testing_util::HttpGet(port, "/ready").find(" 200 ") != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string ReadLog(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
+  testing_util::TempDir dir("launcher");
+  const int port = testing_util::FreeLoopbackPort();
+  const std::string log = dir / "up.log";
+  ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
+                   "--log-dir", dir / "logs"},
+                  log);
+  const int pid = up.pid();
+  ASSERT_TRUE(WaitReady(port, up)) << ReadLog(log);
+  // The launcher prints its banner right after it sees /ready itself.
+  std::string banner;
+  for (int i = 0; i < 200 && banner.find("curl ") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    banner = ReadLog(log);
+  }
+  EXPECT_NE(banner.find("curl http://127.0.0.1:" + std::to_string(port) + "/v1/chat/completions"),
+            std::string::npos)
+      << banner;
+  const std::vector<int> children = ChildrenOf(pid);
+  EXPECT_GE(children.size(), 3u);  // coordinator, GPU worker, expert worker(s)
+  EXPECT_FALSE(ShmSegmentsOf(pid).empty());
+
+  // The README's request.
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  auto r = c.Post("/v1/chat/completions",
+                  R"({"model": "tiny", "messages": [{"role": "user", "content": "Hello!"}],)"
+                  R"( "max_tokens": 16})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 0);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+
+  EXPECT_EQ(up.Stop(), 0) << ReadLog(log);
+  for (int child : children) EXPECT_FALSE(ProcessAlive(child)) << child;
+  EXPECT_TRUE(ShmSegmentsOf(pid).empty());
+}
+
+TEST(LauncherE2eTest, ChildrenDieWithAKilledLauncher) {
+  testing_util::TempDir dir("launcher_kill");
+  const int port = testing_util::FreeLoopbackPort();
+  ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port)},
+                  dir / "up.log");
+  const int pid = up.pid();
+  ASSERT_TRUE(WaitReady(port, up)) << ReadLog(dir / "up.log");
+  const std::vector<int> children = ChildrenOf(pid);
+  ASSERT_GE(children.size(), 3u);
+  up.Kill();
+  up.Wait();
+  for (int child : children) {
+    bool gone = false;
+    for (int i = 0; i < 300 && !gone; ++i) {
+      gone = !ProcessAlive(child);
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(gone) << "child " << child << " outlived the launcher";
+  }
+  // Expert workers unlink their segments on the SIGTERM their parent's death sends.
+  for (int i = 0; i < 100 && !ShmSegmentsOf(pid).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(ShmSegmentsOf(pid).empty());
+}
+
+TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--port", "99999"},
+                                             {"--backend", "tpu"},
+                                             {"--bogus", "1"},
+                                             {"--model", "/nonexistent"},
+                                             {"--stages", "99"}}) {
+    std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ChildProcess p(argv, "/dev/null");
+    const int code = p.Wait();
+    EXPECT_TRUE(code == 1 || code == 2) << args[0] << " exit " << code;
+  }
+}
+
+}  // namespace
+}  // namespace ss

@@ -1,0 +1,312 @@
+// The GpuWorker service in-process (cpu backend, tiny-a): malformed plans and requests each get
+// an error that names what is wrong, leave the sequences as they were, and the worker keeps
+// serving; the stage-to-stage inbox and its deadline; the worker's flag table.
+#include "gpu_worker/gpu_worker_service.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
+#include "common/model/model.h"
+#include "gpu_worker/cpu_backend.h"
+#include "gpu_worker/worker_config.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_worker_test_util.h"
+
+namespace ss::gpu {
+namespace {
+
+using testing_util::AddChunk;
+using testing_util::kTinyA;
+using testing_util::Plan;
+using testing_util::WorkerClient;
+namespace pb = testing_util::pb;
+
+std::shared_ptr<const model::Model> TinyA() {
+  static std::shared_ptr<const model::Model> m = [] {
+    auto l = model::Model::Load(kTinyA);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return std::shared_ptr<const model::Model>(std::move(*l));
+  }();
+  return m;
+}
+
+// One worker serving `stage` of `stages` (layers split 0-3 / 4-6 when two) in this process.
+struct InProcessWorker {
+  std::unique_ptr<GpuWorkerServer> server;
+  std::unique_ptr<WorkerClient> client;
+
+  InProcessWorker(int stage, int stages, int64_t kv_tokens, absl::Duration stream_wait,
+                  const std::string& next = "") {
+    auto s = GpuWorkerServer::Start("127.0.0.1:0", "test");
+    EXPECT_TRUE(s.ok()) << s.status();
+    server = std::move(*s);
+    StageRole role;
+    role.worker_id = "test";
+    role.stage = stage;
+    role.num_stages = stages;
+    role.first_layer = stages == 1 || stage == 0 ? 0 : 4;
+    role.end_layer = stages == 2 && stage == 0 ? 4 : 7;
+    role.next_stage_address = next;
+    CpuBackendOptions o;
+    o.stage = stage;
+    o.num_stages = stages;
+    o.first_layer = role.first_layer;
+    o.end_layer = role.end_layer;
+    o.kv_tokens = kv_tokens;
+    LoadedStage ls;
+    auto b = CpuBackend::Create(TinyA(), o);
+    EXPECT_TRUE(b.ok()) << b.status();
+    ls.backend = std::move(*b);
+    if (!next.empty()) ls.sender = std::make_unique<StreamSender>(next);
+    RunnerOptions ro;
+    ro.stream_wait = stream_wait;
+    ro.push_deadline = absl::Seconds(2);
+    ls.runner = std::make_unique<StageRunner>(ls.backend.get(), role, &server->inbox(),
+                                              ls.sender.get(), nullptr, ro);
+    server->SetStage(std::move(ls));
+    client = std::make_unique<WorkerClient>(absl::StrCat("127.0.0.1:", server->port()));
+  }
+};
+
+void ExpectError(const pb::StepResult& r, const std::string& part) {
+  EXPECT_NE(r.error().find(part), std::string::npos)
+      << "error '" << r.error() << "' lacks '" << part << "'";
+  EXPECT_EQ(r.samples_size(), 0);
+}
+
+TEST(GpuWorkerService, MalformedPlansGetErrorsAndTheWorkerKeepsServing) {
+  InProcessWorker w(0, 1, 64, absl::Seconds(1));
+  WorkerClient& c = *w.client;
+  c.OpenSteps();
+  const std::vector<int32_t> prompt = {0, 5, 6, 7, 8};
+
+  pb::StepPlan v = Plan(1);
+  v.set_protocol_version(kClusterProtocolVersion + 1);
+  AddChunk(&v, 1, 0, prompt);
+  pb::StepResult r = c.Step(v);
+  EXPECT_EQ(r.micro_batch_id(), 1u);
+  ExpectError(r, "protocol version");
+
+  pb::StepPlan unknown = Plan(2);
+  AddChunk(&unknown, 42, 3, {1});
+  ExpectError(c.Step(unknown), "sequence 42");
+
+  pb::StepPlan range = Plan(3);
+  AddChunk(&range, 1, 0, {1, 2, 1024});
+  ExpectError(c.Step(range), "token id 1024");
+  pb::StepPlan negative = Plan(4);
+  AddChunk(&negative, 1, 0, {-1});
+  ExpectError(c.Step(negative), "token id -1");
+
+  pb::StepPlan twice = Plan(5);
+  AddChunk(&twice, 1, 0, {1});
+  AddChunk(&twice, 1, 0, {2});
+  ExpectError(c.Step(twice), "twice");
+
+  pb::StepPlan empty = Plan(6);
+  AddChunk(&empty, 1, 0, {});
+  ExpectError(c.Step(empty), "no tokens");
+
+  pb::StepPlan sampling = Plan(7);
+  AddChunk(&sampling, 1, 0, prompt)->mutable_sampling()->set_top_p(2.0f);
+  ExpectError(c.Step(sampling), "top_p");
+
+  pb::StepPlan big = Plan(8);
+  AddChunk(&big, 1, 0, std::vector<int32_t>(65, 3));
+  ExpectError(c.Step(big), "KV capacity");
+
+  // A good prefill, then a start mismatch: refused, and the sequence is untouched, so the right
+  // continuation still gives the reference's tokens.
+  const auto want = testing_util::ReferenceGreedy(*TinyA(), {prompt}, 3);
+  pb::StepPlan prefill = Plan(9);
+  AddChunk(&prefill, 1, 0, prompt);
+  r = c.Step(prefill);
+  ASSERT_EQ(r.error(), "");
+  ASSERT_EQ(r.samples_size(), 1);
+  EXPECT_EQ(r.samples(0).token(), want[0][0]);
+  pb::StepPlan mismatch = Plan(10);
+  AddChunk(&mismatch, 1, 4, {r.samples(0).token()});
+  ExpectError(c.Step(mismatch), "next position is 5");
+  int32_t next = r.samples(0).token();
+  for (int s = 1; s < 3; ++s) {
+    pb::StepPlan d = Plan(10 + s);
+    AddChunk(&d, 1, 4 + s, {next});
+    r = c.Step(d);
+    ASSERT_EQ(r.error(), "");
+    ASSERT_EQ(r.samples_size(), 1);
+    next = r.samples(0).token();
+    EXPECT_EQ(next, want[0][s]);
+  }
+
+  // Logprobs on request; chunks without `samples` give no sample.
+  pb::StepPlan lp = Plan(20);
+  AddChunk(&lp, 2, 0, {3, 4}, /*samples=*/false);
+  AddChunk(&lp, 3, 0, {3, 4})->mutable_sampling()->set_top_logprobs(2);
+  r = c.Step(lp);
+  ASSERT_EQ(r.error(), "");
+  ASSERT_EQ(r.samples_size(), 1);
+  EXPECT_EQ(r.samples(0).seq_id(), 3u);
+  EXPECT_EQ(r.samples(0).top_size(), 2);
+  EXPECT_EQ(r.samples(0).top(0).token(), r.samples(0).token());  // greedy: the most likely
+  EXPECT_LT(r.samples(0).logprob(), 0.0f);
+  EXPECT_GT(r.compute_us(), 0);
+
+  // A shutdown plan is answered and ends the stream.
+  pb::StepPlan down = Plan(30);
+  down.set_shutdown(true);
+  r = c.Step(down);
+  EXPECT_EQ(r.micro_batch_id(), 30u);
+  EXPECT_EQ(r.error(), "");
+  EXPECT_TRUE(c.CloseSteps().ok());
+}
+
+TEST(GpuWorkerService, StatusAndPushStreamsCheckTheProtocolVersion) {
+  InProcessWorker w(1, 2, 4096, absl::Seconds(1));
+  pb::WorkerStatus st;
+  const ::grpc::Status bad = w.client->Status(&st, kClusterProtocolVersion + 7);
+  EXPECT_EQ(bad.error_code(), ::grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(bad.error_message().find(std::to_string(kClusterProtocolVersion + 7)),
+            std::string::npos);
+  ASSERT_TRUE(w.client->Status(&st).ok());
+  EXPECT_TRUE(st.ready());
+  EXPECT_EQ(st.worker_id(), "test");
+  EXPECT_EQ(st.kv_blocks(), 4096 / 128);
+  pb::StageStreams msg;
+  msg.set_protocol_version(kClusterProtocolVersion + 1);
+  msg.set_micro_batch_id(1);
+  EXPECT_EQ(w.client->Push(msg).error_code(), ::grpc::StatusCode::FAILED_PRECONDITION);
+  msg.set_protocol_version(kClusterProtocolVersion);
+  msg.set_rows(2);
+  msg.set_width(1024);
+  msg.set_streams(std::string(100, '\0'));
+  EXPECT_EQ(w.client->Push(msg).error_code(), ::grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(GpuWorkerService, LaterStageFailsWithoutOrWithBadStreams) {
+  InProcessWorker w(1, 2, 4096, absl::Milliseconds(300));
+  WorkerClient& c = *w.client;
+  c.OpenSteps();
+  // No streams ever arrive: the deadline.
+  pb::StepPlan p1 = Plan(1);
+  AddChunk(&p1, 1, 0, {1, 2});
+  ExpectError(c.Step(p1), "did not arrive");
+  // The previous stage reports a failure: passed on at once.
+  pb::StageStreams failed;
+  failed.set_protocol_version(kClusterProtocolVersion);
+  failed.set_micro_batch_id(2);
+  failed.set_error("layer 1: expert worker gone");
+  ASSERT_TRUE(c.Push(failed).ok());
+  pb::StepPlan p2 = Plan(2);
+  AddChunk(&p2, 1, 0, {1, 2});
+  ExpectError(c.Step(p2), "expert worker gone");
+  // Streams of the wrong shape for the plan.
+  pb::StageStreams wrong;
+  wrong.set_protocol_version(kClusterProtocolVersion);
+  wrong.set_micro_batch_id(3);
+  wrong.set_rows(1);
+  wrong.set_width(1024);
+  wrong.set_streams(std::string(1024 * 4, '\0'));
+  ASSERT_TRUE(c.Push(wrong).ok());
+  pb::StepPlan p3 = Plan(3);
+  AddChunk(&p3, 1, 0, {1, 2});
+  ExpectError(c.Step(p3), "the plan needs [2, 1024]");
+  // Streams for an already finished micro-batch are dropped, not kept.
+  ASSERT_TRUE(c.Push(wrong).ok());
+  EXPECT_EQ(w.server->inbox().waiting(), 0u);
+  EXPECT_TRUE(c.CloseSteps().ok());
+}
+
+TEST(GpuWorkerService, TwoInProcessStagesMatchTheReference) {
+  InProcessWorker s1(1, 2, 4096, absl::Seconds(10));
+  InProcessWorker s0(0, 2, 4096, absl::Seconds(10), absl::StrCat("127.0.0.1:", s1.server->port()));
+  const std::vector<std::vector<int32_t>> prompts = {{0, 1, 2, 3, 4, 5, 6}, {0, 9}};
+  const auto want = testing_util::ReferenceGreedy(*TinyA(), prompts, 4);
+  s0.client->OpenSteps();
+  s1.client->OpenSteps();
+  EXPECT_EQ(testing_util::RunGreedy({s0.client.get(), s1.client.get()}, prompts, 4), want);
+  EXPECT_TRUE(s0.client->CloseSteps().ok());
+  EXPECT_TRUE(s1.client->CloseSteps().ok());
+}
+
+TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
+  metrics::Metrics m;
+  CpuBackendOptions o;
+  o.end_layer = 7;
+  o.kv_tokens = 100;
+  auto backend = CpuBackend::Create(TinyA(), o);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  StageRole role;
+  role.worker_id = "w0";
+  role.end_layer = 7;
+  WorkerMetrics wm(m, "w0", 0, 7);
+  StageRunner runner(backend->get(), role, nullptr, nullptr, &wm, RunnerOptions{});
+  pb::StepPlan plan = Plan(1);
+  AddChunk(&plan, 1, 0, {0, 1, 2, 3, 4});
+  EXPECT_EQ(runner.RunPlan(plan).error(), "");
+  pb::StepPlan bad = Plan(2);
+  AddChunk(&bad, 1, 0, {5000});
+  EXPECT_NE(runner.RunPlan(bad).error(), "");
+  const std::string text = m.Serialize();
+  for (const char* want :
+       {"splitserve:layer_latency_seconds_count{layer=\"6\",part=\"moe_cpu\",worker=\"w0\"} 1",
+        "splitserve:layer_latency_seconds_count{layer=\"0\",part=\"attention\",worker=\"w0\"} 1",
+        "splitserve:gpu_worker_steps_total{worker=\"w0\"} 2",
+        "splitserve:gpu_worker_step_errors_total{worker=\"w0\"} 1",
+        "splitserve:gpu_worker_kv_tokens_used{worker=\"w0\"} 5",
+        "splitserve:gpu_worker_kv_usage_perc{worker=\"w0\"} 0.05"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
+TEST(GpuWorkerConfig, FlagsAreValidated) {
+  WorkerFlags f;
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());  // --model missing
+  f.model = kTinyA;
+  auto c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_id, "stage0");
+  EXPECT_EQ(c->end_layer, -1);
+  f.backend = "cuda";
+  EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kUnimplemented);
+  f.backend = "cpu";
+  f.num_stages = 2;
+  f.layers = "0-3";
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--next_stage"), std::string::npos);
+  f.next_stage = "127.0.0.1:5000";
+  f.experts = "0-1=shm:a+grpc:10.0.0.2:7000,3=shm:b";
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->first_layer, 0);
+  EXPECT_EQ(c->end_layer, 4);
+  ASSERT_EQ(c->experts.size(), 3u);
+  EXPECT_EQ(c->experts[1].layer, 1);
+  ASSERT_EQ(c->experts[1].endpoints.size(), 2u);
+  EXPECT_EQ(c->experts[1].endpoints[1].grpc_address, "10.0.0.2:7000");
+  EXPECT_EQ(c->experts[1].endpoints[1].slice_index, 1);
+  EXPECT_EQ(c->experts[1].endpoints[1].slice_count, 2);
+  EXPECT_EQ(c->experts[2].endpoints[0].shm_name, "b");
+  for (const char* bad : {"0-1", "0=tcp:x", "0=grpc:nohost", "0=shm:a,0=shm:b"}) {
+    f.experts = bad;
+    EXPECT_FALSE(ParseWorkerConfig(f).ok()) << bad;
+  }
+  f.experts = "";
+  f.layers = "0-1,3";
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());
+  f.layers = "0-3";
+  f.coordinator = "127.0.0.1:9";
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());  // standalone flags with a coordinator
+  WorkerFlags g;
+  g.model = kTinyA;
+  g.coordinator = "127.0.0.1:9";
+  EXPECT_FALSE(ParseWorkerConfig(g).ok());  // --worker_id required
+  g.worker_id = "gpu0";
+  EXPECT_TRUE(ParseWorkerConfig(g).ok());
+  g.kv_tokens = 0;
+  EXPECT_FALSE(ParseWorkerConfig(g).ok());
+}
+
+}  // namespace
+}  // namespace ss::gpu
