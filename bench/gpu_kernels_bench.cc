@@ -1,10 +1,26 @@
-// GPU decode kernels: bytes read per second as a fraction of a device-to-device copy measured in
-// the same run (the copy's bytes read + written per second). Needs a CUDA device.
+// GPU FP8 linear kernels. Needs a CUDA device.
 //
-//   build/bin/gpu_kernels_bench
+//   build/bin/gpu_kernels_bench [path/to/libcublas.so]
+//
+// Decode (Fp8Gemv, rows 1 and 8): weight bytes read per second as a fraction of a
+// device-to-device copy measured in the same run (the copy's bytes read + written per second).
+// Every timed launch reads a different copy of the weights, cycling through at least 512 MiB of
+// them, so no launch finds its weights in L2 (an H200 has 60 MB of it, more than one Flash
+// matrix), as in a real decode step that reads every layer once. The launches are captured in a
+// CUDA graph and replayed, as decode runs (the time launched one by one from the host is printed
+// beside it). The plain fallback kernel is timed the same way for comparison.
+//
+// Prefill (Fp8Gemm, T = 512 and 8192 rows): time, tokens/s and TFLOP/s (2·T·out·in), and, where
+// cuBLAS can be loaded (dlopen: the bench links only cudart), the same shape as a cuBLAS bf16
+// GEMM (bf16 in and out, fp32 compute) in the same run.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,25 +29,28 @@
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));                    \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK_CUDA(expr)                                               \
+  do {                                                                 \
+    const cudaError_t e_ = (expr);                                     \
+    if (e_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                    \
+    }                                                                  \
   } while (0)
 
+// Mean milliseconds per call of f(i) over `iters` calls after one warm-up call, launched one by
+// one from the host.
 template <typename F>
 float TimeMs(int iters, F&& f) {
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
-  f();  // warm-up
+  f(0);
   CHECK_CUDA(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
+  for (int i = 0; i < iters; ++i) f(i + 1);
   CHECK_CUDA(cudaEventRecord(b));
   CHECK_CUDA(cudaEventSynchronize(b));
+  CHECK_CUDA(cudaGetLastError());
   float ms = 0;
   CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
   cudaEventDestroy(a);
@@ -39,60 +58,229 @@ float TimeMs(int iters, F&& f) {
   return ms / iters;
 }
 
-}  // namespace
-
-int main() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::fprintf(stderr, "gpu_kernels_bench: no CUDA device\n");
-    return 1;
+// The same with the `n` calls f(i, stream) captured in one CUDA graph (global capture mode, as
+// decode runs) and the graph replayed: no host launch cost between kernels. -1 if capture fails.
+template <typename F>
+float GraphMs(int n, F&& f) {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  f(0, s);  // first calls outside capture
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < n; ++i) f(i, s);
+  const cudaError_t e = cudaStreamEndCapture(s, &graph);
+  if (e != cudaSuccess) {
+    std::printf("graph capture failed: %s\n", cudaGetErrorString(e));
+    cudaGetLastError();
+    cudaStreamDestroy(s);
+    return -1.0f;
   }
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s\n", prop.name);
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, s));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  constexpr int kReps = 5;
+  CHECK_CUDA(cudaEventRecord(a, s));
+  for (int r = 0; r < kReps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaEventRecord(b, s));
+  CHECK_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return ms / (kReps * n);
+}
 
-  const size_t copy_bytes = size_t{256} << 20;
-  void *src, *dst;
-  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
-  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
-  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
-  const float copy_ms = TimeMs(20, [&] { cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice); });
-  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
-  std::printf("baseline D2D copy: %.1f GB/s (read + write)\n", copy_gbs);
+template <typename T>
+T* DeviceAlloc(size_t n) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
 
-  std::mt19937 rng(1);
-  struct Shape {
-    const char* name;
-    int64_t out, in;
-  };
+// e4m3 bytes without the NaN codes, as in a checkpoint.
+std::vector<uint8_t> RandomCodes(size_t n, std::mt19937& rng) {
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) {
+    b = static_cast<uint8_t>(rng());
+    if ((b & 0x7f) == 0x7f) b ^= 1;
+  }
+  return v;
+}
+
+// bf16 values of a unit normal, as bit patterns.
+std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) {
+    const float f = d(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = static_cast<uint16_t>(u >> 16);
+  }
+  return v;
+}
+
+// cuBLAS, loaded at run time so the bench needs no link dependency on it.
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void*, cudaDataType, int, const void*,
+                                    cudaDataType, int, const void*, void*, cudaDataType, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
+  GemmEx gemm = nullptr;
+  cublasHandle_t handle = nullptr;
+  std::string from;
+
+  bool Load(const char* user_path) {
+    std::vector<std::string> paths;
+    if (user_path) paths.push_back(user_path);
+    for (const char* p :
+         {"libcublas.so.13", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
+          "/usr/local/cuda/lib/libcublas.so.13",
+          "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/"
+          "libcublas.so.13",
+          "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cublas/lib/"
+          "libcublas.so.13"}) {
+      paths.push_back(p);
+    }
+    for (const std::string& p : paths) {
+      const size_t slash = p.rfind('/');
+      if (slash != std::string::npos) {  // its libcublasLt beside it, for the loader to find
+        dlopen((p.substr(0, slash + 1) + "libcublasLt.so.13").c_str(), RTLD_NOW | RTLD_GLOBAL);
+      }
+      void* lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!lib) continue;
+      create = reinterpret_cast<decltype(create)>(dlsym(lib, "cublasCreate_v2"));
+      destroy = reinterpret_cast<decltype(destroy)>(dlsym(lib, "cublasDestroy_v2"));
+      gemm = reinterpret_cast<GemmEx>(dlsym(lib, "cublasGemmEx"));
+      if (create && destroy && gemm && create(&handle) == CUBLAS_STATUS_SUCCESS) {
+        from = p;
+        return true;
+      }
+    }
+    return false;
+  }
+  // y[T, out] = x[T, in] · w[out, in]ᵀ, all bf16 row-major (column-major yᵀ = wᵀᵀ·xᵀ).
+  bool Gemm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t t, int64_t out,
+            int64_t in) const {
+    const float one = 1.0f, zero = 0.0f;
+    return gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(t),
+                static_cast<int>(in), &one, w, CUDA_R_16BF, static_cast<int>(in), x, CUDA_R_16BF,
+                static_cast<int>(in), &zero, y, CUDA_R_16BF, static_cast<int>(out),
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  }
+};
+
+struct Shape {
+  const char* name;
+  int64_t out, in;
+};
+
+void BenchDecode(double copy_gbs, std::mt19937& rng) {
+  std::printf("\n== decode GEMV: weight bytes/s as a fraction of the copy (L2 defeated) ==\n");
   for (const Shape& s : {Shape{"wq_a", 1024, 4096}, Shape{"wkv", 512, 4096},
                          Shape{"wq_b", 32768, 1024}, Shape{"wo_b", 4096, 8192},
                          Shape{"shared w1", 2048, 4096}, Shape{"shared w2", 4096, 2048}}) {
     const int64_t nb = (s.in + 127) / 128, sbytes = ((s.out + 127) / 128) * nb;
-    std::vector<uint8_t> w(s.out * s.in);
-    for (auto& b : w) b = static_cast<uint8_t>(rng() % 0x7e);
-    uint8_t *dw, *dws, *dq;
-    uint16_t *dx, *dy;
-    float* dsa;
-    CHECK_CUDA(cudaMalloc(&dw, w.size()));
-    CHECK_CUDA(cudaMalloc(&dws, sbytes));
-    CHECK_CUDA(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemset(dws, 127, sbytes));
+    const size_t wbytes = static_cast<size_t>(s.out * s.in);
+    const int copies =
+        static_cast<int>(std::max<size_t>(1, ((size_t{512} << 20) + wbytes - 1) / wbytes));
+    const std::vector<uint8_t> w = RandomCodes(wbytes, rng);
+    std::vector<uint8_t*> dw(copies), dws(copies);
+    for (int c = 0; c < copies; ++c) {
+      dw[c] = DeviceAlloc<uint8_t>(wbytes);
+      dws[c] = DeviceAlloc<uint8_t>(sbytes);
+      CHECK_CUDA(cudaMemcpy(dw[c], w.data(), wbytes, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemset(dws[c], 127, sbytes));
+    }
     for (const int64_t rows : {1, 8}) {
-      CHECK_CUDA(cudaMalloc(&dx, rows * s.in * 2));
-      CHECK_CUDA(cudaMalloc(&dq, rows * s.in));
-      CHECK_CUDA(cudaMalloc(&dsa, rows * nb * 4));
-      CHECK_CUDA(cudaMalloc(&dy, rows * s.out * 2));
-      CHECK_CUDA(cudaMemset(dx, 0x3f, rows * s.in * 2));
+      uint16_t* dx = DeviceAlloc<uint16_t>(rows * s.in);
+      uint8_t* dq = DeviceAlloc<uint8_t>(rows * s.in);
+      float* dsa = DeviceAlloc<float>(rows * nb);
+      uint16_t* dy = DeviceAlloc<uint16_t>(rows * s.out);
+      CHECK_CUDA(cudaMemcpy(dx, RandomBf16(rows * s.in, rng).data(), rows * s.in * 2,
+                            cudaMemcpyHostToDevice));
       CHECK_CUDA(ss::cuda::QuantizeActE4m3(dx, rows, s.in, dq, dsa, nullptr));
-      const float ms = TimeMs(50, [&] {
-        ss::cuda::Fp8Linear(dq, dsa, rows, dw, dws, s.out, s.in, dy, nullptr);
-      });
-      CHECK_CUDA(cudaGetLastError());
-      const double gbs = (w.size() + sbytes) / (ms * 1e-3) / 1e9;
-      std::printf("Fp8Linear %-10s [%5ld x %5ld] rows=%ld: %8.2f us  %7.1f GB/s  = %.3f of copy\n",
-                  s.name, static_cast<long>(s.out), static_cast<long>(s.in),
-                  static_cast<long>(rows), ms * 1e3, gbs, gbs / copy_gbs);
+      for (const auto& [path, fn] : {std::pair{"Fp8Gemv", &ss::cuda::Fp8Gemv},
+                                     std::pair{"plain", &ss::cuda::Fp8LinearGeneric}}) {
+        const auto call = [&, fn = fn](int i, cudaStream_t st) {
+          fn(dq, dsa, rows, dw[i % copies], dws[i % copies], s.out, s.in, dy, st);
+        };
+        const int n_calls = std::max(copies, 64);
+        const float gms = GraphMs(n_calls, call);
+        const float sms = TimeMs(n_calls, [&](int i) { call(i, nullptr); });
+        const double gbs = (wbytes + sbytes) / (gms * 1e-3) / 1e9;
+        std::printf(
+            "%-8s %-10s [%5ld x %5ld] rows=%ld: graph %7.2f us %7.1f GB/s = %.3f of copy"
+            " | stream-launched %7.2f us\n",
+            path, s.name, static_cast<long>(s.out), static_cast<long>(s.in),
+            static_cast<long>(rows), gms * 1e3, gbs, gbs / copy_gbs, sms * 1e3);
+      }
+      cudaFree(dx);
+      cudaFree(dq);
+      cudaFree(dsa);
+      cudaFree(dy);
+    }
+    for (int c = 0; c < copies; ++c) {
+      cudaFree(dw[c]);
+      cudaFree(dws[c]);
+    }
+  }
+}
+
+void BenchPrefill(const Cublas* cublas, std::mt19937& rng) {
+  std::printf("\n== prefill GEMM: Fp8Gemm (e4m3 codes in) vs cuBLAS bf16 GEMM, same shape ==\n");
+  for (const Shape& s :
+       {Shape{"wq_a", 1024, 4096}, Shape{"wq_b", 32768, 1024}, Shape{"wo_b", 4096, 8192}}) {
+    const int64_t nb = s.in / 128, sbytes = ((s.out + 127) / 128) * nb;
+    uint8_t* dw = DeviceAlloc<uint8_t>(s.out * s.in);
+    uint8_t* dws = DeviceAlloc<uint8_t>(sbytes);
+    CHECK_CUDA(cudaMemcpy(dw, RandomCodes(s.out * s.in, rng).data(), s.out * s.in,
+                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(dws, 120, sbytes));
+    uint16_t* dwb = DeviceAlloc<uint16_t>(s.out * s.in);  // cuBLAS's bf16 weights
+    CHECK_CUDA(cudaMemcpy(dwb, RandomBf16(s.out * s.in, rng).data(), s.out * s.in * 2,
+                          cudaMemcpyHostToDevice));
+    for (const int64_t t : {512, 8192}) {
+      uint16_t* dx = DeviceAlloc<uint16_t>(t * s.in);
+      uint8_t* dq = DeviceAlloc<uint8_t>(t * s.in);
+      float* dsa = DeviceAlloc<float>(t * nb);
+      uint16_t* dy = DeviceAlloc<uint16_t>(t * s.out);
+      CHECK_CUDA(
+          cudaMemcpy(dx, RandomBf16(t * s.in, rng).data(), t * s.in * 2, cudaMemcpyHostToDevice));
+      const float quant_ms =
+          TimeMs(20, [&](int) { ss::cuda::QuantizeActE4m3(dx, t, s.in, dq, dsa, nullptr); });
+      const double flop = 2.0 * t * s.out * s.in;
+      const int iters = std::max(5, static_cast<int>(2e12 / flop));
+      const float ms = TimeMs(
+          iters, [&](int) { ss::cuda::Fp8Gemm(dq, dsa, t, dw, dws, s.out, s.in, dy, nullptr); });
+      const double tflops = flop / (ms * 1e-3) / 1e12;
+      std::printf(
+          "Fp8Gemm %-5s [%5ld x %5ld] T=%5ld: %9.1f us  %10.0f tokens/s  %6.1f TFLOP/s"
+          "  (+ quantise %.1f us)",
+          s.name, static_cast<long>(s.out), static_cast<long>(s.in), static_cast<long>(t), ms * 1e3,
+          t / (ms * 1e-3), tflops, quant_ms * 1e3);
+      if (cublas) {
+        bool ok = true;
+        const float cms =
+            TimeMs(iters, [&](int) { ok = cublas->Gemm(dx, dwb, dy, t, s.out, s.in) && ok; });
+        const double ctflops = flop / (cms * 1e-3) / 1e12;
+        if (ok) {
+          std::printf("  | cuBLAS bf16 %9.1f us %6.1f TFLOP/s  ratio %.3f", cms * 1e3, ctflops,
+                      tflops / ctflops);
+        } else {
+          std::printf("  | cuBLAS bf16 failed");
+        }
+      }
+      std::printf("\n");
       cudaFree(dx);
       cudaFree(dq);
       cudaFree(dsa);
@@ -100,6 +288,44 @@ int main() {
     }
     cudaFree(dw);
     cudaFree(dws);
+    cudaFree(dwb);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "gpu_kernels_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %d MB L2\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+
+  const size_t copy_bytes = size_t{256} << 20;
+  void* src = DeviceAlloc<uint8_t>(copy_bytes);
+  void* dst = DeviceAlloc<uint8_t>(copy_bytes);
+  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
+  const float copy_ms =
+      TimeMs(20, [&](int) { cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice); });
+  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
+  std::printf("baseline D2D copy: %.1f GB/s (read + write)\n", copy_gbs);
+  cudaFree(src);
+  cudaFree(dst);
+
+  std::mt19937 rng(1);
+  BenchDecode(copy_gbs, rng);
+  Cublas cublas;
+  const bool have_cublas = cublas.Load(argc > 1 ? argv[1] : nullptr);
+  if (have_cublas) {
+    std::printf("\ncuBLAS from %s\n", cublas.from.c_str());
+  } else {
+    std::printf("\ncuBLAS not found: the ratio to cuBLAS is skipped\n");
+  }
+  BenchPrefill(have_cublas ? &cublas : nullptr, rng);
+  if (have_cublas) cublas.destroy(cublas.handle);
   return 0;
 }

@@ -2,6 +2,8 @@
 // and fp32 arithmetic (no FP8 conversion instructions: SM 8.6 has none).
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 namespace ss::cuda {
@@ -41,7 +43,7 @@ __device__ __forceinline__ uint8_t F32ToE4m3(float x) {
   if (a >= 448.0f) return static_cast<uint8_t>(sign | 0x7e);
   if (a < 0.015625f) return static_cast<uint8_t>(sign | __float2int_rn(a * 512.0f));
   const int e = static_cast<int>((__float_as_uint(a) >> 23) & 0xff) - 127;  // a in [2^e, 2^e+1)
-  int q = __float2int_rn(ldexpf(a, 3 - e));                                   // [8, 16]
+  int q = __float2int_rn(ldexpf(a, 3 - e));                                 // [8, 16]
   int ee = e;
   if (q == 16) {
     q = 8;
@@ -58,6 +60,62 @@ __device__ __forceinline__ float Pow2Scale(float amax, float amax_floor, float q
   int e = static_cast<int>((bits >> 23) & 0xff) - 127;
   if (bits & 0x7fffffu) ++e;
   return ldexpf(1.0f, e);
+}
+
+// Two e4m3 codes of `w` (bytes 0,1 with sel = 0x1404; bytes 2,3 with sel = 0x3424) as an f16x2,
+// each half holding the code's value times 2^-8, exactly: the 7 magnitude bits shifted into an
+// fp16's exponent and mantissa fields are that value for every code, subnormals included (an
+// e4m3 subnormal lands on an fp16 subnormal). The lower byte goes to the lower half, as mma.sync
+// expects. A product of two such operands is the exact e4m3 product times 2^-16 (kF16Unscale).
+__device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t w, uint32_t sel) {
+  const uint32_t h = __byte_perm(w, 0u, sel);  // [0, lo code, 0, hi code]
+  return (h & 0x80008000u) | ((h >> 1) & 0x3f803f80u);
+}
+constexpr float kF16Unscale = 65536.0f;
+
+// d += a·b on the tensor cores (sm_80+): m16n8k16, f16 inputs, fp32 accumulation. Fragment
+// layouts (PTX ISA "mma.m16n8k16"), lane = 4·g + t: a0 = A[g][2t..2t+1], a1 = A[g+8][2t..],
+// a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..][g];
+// d0,d1 = D[g][2t..2t+1], d2,d3 = D[g+8][2t..2t+1].
+__device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// k16 step `s` (0..3) of 64 bytes of e4m3 codes split as 16 per lane t (bytes 16t..16t+15):
+// lane t's word s holds the codes that mma.sync calls k = 2t, 2t+1 (bytes 0,1) and 2t+8, 2t+9
+// (bytes 2,3). Both operands use the same permutation of k, so each dot product is unchanged.
+__device__ __forceinline__ uint32_t U4Word(const uint4& v, int s) {
+  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
+}
+
+// Asynchronous global -> shared copies (sm_80+), 16 bytes through L2 only or 4 bytes.
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(dst)), "l"(src));
+}
+__device__ __forceinline__ void CpAsync4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(dst)), "l"(src));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Multiprocessors of the current device (1 if it cannot be read), for launch heuristics.
+inline int DeviceSmCount() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    return 1;
+  }
+  return n;
 }
 
 }  // namespace ss::cuda

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
 
@@ -47,15 +49,16 @@ __device__ __forceinline__ void Load16(const uint8_t* p, bool full, int64_t avai
   }
 }
 
-// One warp per output feature o, all rows (a decode batch) at once, so each weight byte is read
+// General fallback (any in, unaligned pointers): one warp per output feature o, all rows at
 // once. Lane l reads 16 consecutive bytes (inside one 128-block), keeps its own partial sum per
 // row scaled by s_act·s_w (powers of two, so scaling each partial is exact), and the warp
-// reduces once at the end: the same exact products as the reference, summed in another order.
+// reduces once at the end.
 template <int kMaxRows>
-__global__ void Fp8LinearKernelImpl(const uint8_t* __restrict__ q, const float* __restrict__ sa,
-                                    int64_t rows, const uint8_t* __restrict__ w,
-                                    const uint8_t* __restrict__ ws, int64_t out, int64_t in,
-                                    bool aligned, uint16_t* __restrict__ y) {
+__global__ void Fp8LinearGenericKernelImpl(const uint8_t* __restrict__ q,
+                                           const float* __restrict__ sa, int64_t rows,
+                                           const uint8_t* __restrict__ w,
+                                           const uint8_t* __restrict__ ws, int64_t out, int64_t in,
+                                           bool aligned, uint16_t* __restrict__ y) {
   const int64_t o = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (o >= out) return;
   const int lane = threadIdx.x & 31;
@@ -96,6 +99,115 @@ __global__ void Fp8LinearKernelImpl(const uint8_t* __restrict__ q, const float* 
 constexpr int kRowsPerPass = 8;
 constexpr int kWarpsPerBlock = 8;
 
+// Decode GEMV (rows ≤ 8, in % 128 == 0): one block per 16 output features, the block's warps
+// splitting K by whole 128-blocks. The weight tile is the A operand of m16n8k16 mma.sync (16
+// features × 16 k), the ≤ 8 activation rows the B operand (n = row): the tensor cores take the
+// multiply-adds off the fp32 pipes, so batch 8 costs what batch 1 does and the loop is bound by
+// the weight loads. Lane (g, t) takes 16 bytes of feature rows g and g+8 and of activation row g
+// per 64 k (U4Word's layout). Each 128-block's mma partial (exact products, fp32 sums) is scaled
+// by s_act·s_w·2^16 and added into an fp32 accumulator, as Linear8's per-block sums are; warps
+// meet in shared memory in a fixed order (no atomics).
+constexpr int kGemvFeatures = 16;
+constexpr int kGemvMaxWarps = 16;
+
+// One 128-block: wa/wb = feature rows g, g+8, x = activation row g, [c] = bytes 64c + 16t...
+__device__ __forceinline__ void GemvBlockMma(const uint4 (&wa)[2], const uint4 (&wb)[2],
+                                             const uint4 (&x)[2], float (&p)[4]) {
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t a = U4Word(wa[c], s), b = U4Word(wb[c], s), xs = U4Word(x[c], s);
+      MmaF16(p, E4m3x2ToF16x2(a, 0x1404), E4m3x2ToF16x2(b, 0x1404), E4m3x2ToF16x2(a, 0x3424),
+             E4m3x2ToF16x2(b, 0x3424), E4m3x2ToF16x2(xs, 0x1404), E4m3x2ToF16x2(xs, 0x3424));
+    }
+  }
+}
+
+// acc += p · s_act[row]·s_w·2^16. Powers of two: each product is exact, so the fma rounds once,
+// like Linear8's add. p[0], p[2] belong to activation row 2t, p[1], p[3] to row 2t+1.
+__device__ __forceinline__ void GemvScaleAdd(const float (&p)[4], float s0, float s1,
+                                             uint32_t sw_byte, float (&acc)[4]) {
+  const float sw = __fmul_rn(Ue8m0ToF32(sw_byte), kF16Unscale);
+  const float f0 = __fmul_rn(s0, sw), f1 = __fmul_rn(s1, sw);
+  acc[0] = __fmaf_rn(p[0], f0, acc[0]);
+  acc[1] = __fmaf_rn(p[1], f1, acc[1]);
+  acc[2] = __fmaf_rn(p[2], f0, acc[2]);
+  acc[3] = __fmaf_rn(p[3], f1, acc[3]);
+}
+
+// Sums the warps' accumulators in warp order and stores the block's 16 x rows outputs. `red`:
+// nwarps·128 floats of shared memory no longer in use.
+__device__ __forceinline__ void GemvReduceStore(const float (&acc)[4], float* red, int rows,
+                                                int64_t o0, int64_t out, uint16_t* y) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  for (int j = 0; j < 4; ++j) red[warp * 128 + lane * 4 + j] = acc[j];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+    const int l = i >> 2, j = i & 3;
+    float sum = 0.0f;
+    for (int v = 0; v < nwarps; ++v) sum = __fadd_rn(sum, red[v * 128 + i]);
+    const int64_t o = o0 + (l >> 2) + (j >= 2 ? 8 : 0);
+    const int r = 2 * (l & 3) + (j & 1);
+    if (r < rows && o < out) y[r * out + o] = F32ToBf16(sum);
+  }
+}
+
+// A lane's operands of one 128-block; the next block's are loaded while one is multiplied.
+struct GemvBlock {
+  uint4 wa[2], wb[2], x[2];
+  float s0, s1;  // s_act of rows 2t, 2t+1 (0 past `rows`)
+  uint32_t sw;   // the ue8m0 byte of the features' 128-block
+};
+
+__global__ void __launch_bounds__(32 * kGemvMaxWarps)
+    Fp8GemvKernelImpl(const uint8_t* __restrict__ q, const float* __restrict__ sa, int rows,
+                      const uint8_t* __restrict__ w, const uint8_t* __restrict__ ws, int64_t out,
+                      int64_t in, uint16_t* __restrict__ y) {
+  __shared__ float red[kGemvMaxWarps * 128];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int nwarps = blockDim.x >> 5;
+  const int64_t nb = in / kBlock;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kGemvFeatures;
+  // Features past `out` repeat the last one; their results are not stored.
+  const uint8_t* pa = w + min(o0 + g, out - 1) * in + 16 * t;
+  const uint8_t* pb = w + min(o0 + g + 8, out - 1) * in + 16 * t;
+  const bool live = g < rows;
+  const uint8_t* px = q + (live ? g : 0) * in + 16 * t;
+  const float* sa0 = 2 * t < rows ? sa + (2 * t) * nb : nullptr;
+  const float* sa1 = 2 * t + 1 < rows ? sa + (2 * t + 1) * nb : nullptr;
+  const uint8_t* psw = ws + (o0 / kBlock) * nb;
+  const int64_t kb0 = warp * nb / nwarps, kb1 = (warp + 1) * nb / nwarps;
+  const auto load = [&](GemvBlock& f, int64_t kb) {
+    const int64_t off = kb * kBlock;
+    for (int c = 0; c < 2; ++c) {  // weights are read once: streamed, evict-first
+      f.wa[c] = __ldcs(reinterpret_cast<const uint4*>(pa + off + 64 * c));
+      f.wb[c] = __ldcs(reinterpret_cast<const uint4*>(pb + off + 64 * c));
+      f.x[c] =
+          live ? __ldg(reinterpret_cast<const uint4*>(px + off + 64 * c)) : make_uint4(0, 0, 0, 0);
+    }
+    f.s0 = sa0 ? __ldg(sa0 + kb) : 0.0f;
+    f.s1 = sa1 ? __ldg(sa1 + kb) : 0.0f;
+    f.sw = __ldg(psw + kb);
+  };
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  GemvBlock cur, nxt;
+  if (kb0 < kb1) load(cur, kb0);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    if (kb + 1 < kb1) load(nxt, kb + 1);
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    GemvBlockMma(cur.wa, cur.wb, cur.x, p);
+    GemvScaleAdd(p, cur.s0, cur.s1, cur.sw, acc);
+    cur = nxt;
+  }
+  GemvReduceStore(acc, red, rows, o0, out, y);
+}
+
+bool FastPathFits(const uint8_t* q, const uint8_t* w, int64_t in) {
+  return in % kBlock == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
 }  // namespace
 
 cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
@@ -107,23 +219,61 @@ cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t*
   return cudaGetLastError();
 }
 
-cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                      const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
-                      cudaStream_t stream) {
+cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                             const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                             cudaStream_t stream) {
   if (rows == 0 || out == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((out + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const bool aligned = in % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  Fp8LinearKernelImpl<kRowsPerPass><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-      q, s_act, rows, w, w_scale, out, in, aligned, y);
+  Fp8LinearGenericKernelImpl<kRowsPerPass>
+      <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(q, s_act, rows, w, w_scale, out, in, aligned, y);
   return cudaGetLastError();
+}
+
+cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                    cudaStream_t stream) {
+  if (rows == 0 || out == 0) return cudaSuccess;
+  if (!FastPathFits(q, w, in)) {
+    return Fp8LinearGeneric(q, s_act, rows, w, w_scale, out, in, y, stream);
+  }
+  const int64_t nb = in / kBlock;
+  const int64_t blocks = (out + kGemvFeatures - 1) / kGemvFeatures;
+  // Warps per block: many when there are fewer blocks than SMs (small `out`, latency-bound);
+  // otherwise about two 128-blocks per warp, at most 8, so several blocks share each SM (wq_b,
+  // in = 1024: 4 warps; wo_b, in = 8192: 8). Measured on an H200 (bench/RESULTS.md).
+  const int64_t warps = blocks < DeviceSmCount()
+                            ? std::min<int64_t>(nb, kGemvMaxWarps)
+                            : std::min<int64_t>(8, std::max<int64_t>(1, nb / 2));
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r0));
+    Fp8GemvKernelImpl<<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0,
+                        stream>>>(q + r0 * in, s_act + r0 * nb, nr, w, w_scale, out, in,
+                                  y + r0 * out);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                      const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                      cudaStream_t stream) {
+  if (rows == 0 || out == 0) return cudaSuccess;
+  if (!FastPathFits(q, w, in)) {
+    return Fp8LinearGeneric(q, s_act, rows, w, w_scale, out, in, y, stream);
+  }
+  return rows <= kFp8GemvMaxRows ? Fp8Gemv(q, s_act, rows, w, w_scale, out, in, y, stream)
+                                 : Fp8Gemm(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
 
 const void* QuantizeActE4m3Kernel() {
   return reinterpret_cast<const void*>(&QuantizeActKernelImpl);
 }
-const void* Fp8LinearKernel() {
-  return reinterpret_cast<const void*>(&Fp8LinearKernelImpl<kRowsPerPass>);
+const void* Fp8LinearKernel() { return reinterpret_cast<const void*>(&Fp8GemvKernelImpl); }
+const void* Fp8LinearGenericKernel() {
+  return reinterpret_cast<const void*>(&Fp8LinearGenericKernelImpl<kRowsPerPass>);
 }
 
 }  // namespace ss::cuda

@@ -1,6 +1,6 @@
 // CUDA kernels of the GPU worker (spec §3, §5), built for sm_86 + compute_86 PTX only: no FP8
 // tensor-core instructions, no wgmma, TMA or clusters. FP8 values are decoded in registers and
-// multiplied in fp32.
+// multiplied exactly, in fp32 or on the tensor cores as f16 (see Fp8Linear).
 //
 // Every kernel takes raw device pointers, sizes, a stream and caller-owned workspace, never
 // allocates, and returns the launch's cudaError_t; shape validation happens one layer up
@@ -24,18 +24,59 @@ cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, 
 cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
                             cudaStream_t stream);
 
-// Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w).
-// Bandwidth-bound GEMV path for decode (rows small): one warp per output feature reads each
-// weight byte once for all rows. The e4m3 products are exact as in the reference; they are
-// summed in another order (per-lane partials scaled per block, one warp reduction), so results
-// agree up to fp32 summation order.
+// Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w),
+// q: [rows, in] e4m3 codes from QuantizeActE4m3, s_act: [rows, nb = ceil(in/128)], w: [out, in]
+// e4m3, w_scale: [ceil(out/128), nb] ue8m0, y: [rows, out] bf16.
+//
+// Both fast paths run on the tensor cores with m16n8k16 mma.sync on f16 operands (sm_80+, no
+// FP8 instructions): every e4m3 code is decoded in registers, by three integer operations per
+// pair, to an f16 holding its value times 2^-8, which is exact for all codes, subnormals too
+// (bf16 would need a rebias that breaks for e4m3 subnormals). A product of two decoded codes is
+// therefore the exact e4m3 product times 2^-16; the tensor cores sum each 128-block's products
+// in fp32, and that block partial is multiplied by s_a·s_w·2^16 (powers of two: exact) and added
+// to an fp32 accumulator with one rounding, as Linear8 adds its block sums. Results agree with
+// Linear8 up to fp32 summation order (Linear8 sums each block in double, the tensor cores in
+// fp32 with their own rounding).
+//
+// Fp8Linear picks the path: Fp8Gemv for rows ≤ kFp8GemvMaxRows (decode), Fp8Gemm above
+// (prefill, verification). Where in % 128 != 0 or q/w are not 16-byte aligned it falls back to
+// a plain fp32 kernel (one warp per output feature). The three may be called directly; each
+// result is the same function of the inputs up to summation order.
+inline constexpr int64_t kFp8GemvMaxRows = 8;
+
 cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                       const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                       cudaStream_t stream);
 
+// Decode GEMV, bound by the weight bytes: one block per 16 output features (the mma's A
+// operand), its warps splitting K by 128-blocks, the ≤ 8 activation rows the B operand, so each
+// weight byte is read once for all rows and batch 8 costs about what batch 1 does. More rows
+// run in passes of 8. Falls back to the plain kernel where in % 128 != 0 or q/w are unaligned.
+// Only static shared memory: safe to call during CUDA-graph capture.
+cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                    cudaStream_t stream);
+
+// Prefill GEMM: 32/64/128 x 128 output tiles (the tallest that still fills about every SM), K
+// in 128-blocks through a 3-stage cp.async pipeline of raw e4m3 codes (up to 97.5 KiB of dynamic
+// shared memory, within SM 8.6's 99 KiB), decoded per fragment. Needs in % 128 == 0 and 16-byte
+// aligned q and w; returns cudaErrorInvalidValue otherwise. The first call per tile height on a
+// device sets the kernel's shared-memory opt-in (cudaFuncSetAttribute): make one call before
+// capturing a CUDA graph that contains it.
+cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                    cudaStream_t stream);
+
+// The plain fallback: any in, any alignment; fp32 products and sums on the CUDA cores.
+cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                             const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                             cudaStream_t stream);
+
 // Addresses of the kernels' entry points, for attribute queries (ptxVersion) in tests.
 const void* RmsNormKernel();
 const void* QuantizeActE4m3Kernel();
-const void* Fp8LinearKernel();
+const void* Fp8LinearKernel();         // the decode GEMV
+const void* Fp8GemmKernel();           // the prefill GEMM (128-row tiles)
+const void* Fp8LinearGenericKernel();  // the plain fallback
 
 }  // namespace ss::cuda

@@ -28,7 +28,9 @@ TEST_F(CudaKernelsTest, KernelsRunFromCompute86Ptx) {
   for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
            {"RmsNorm", RmsNormKernel()},
            {"QuantizeActE4m3", QuantizeActE4m3Kernel()},
-           {"Fp8Linear", Fp8LinearKernel()}}) {
+           {"Fp8Gemv", Fp8LinearKernel()},
+           {"Fp8Gemm", Fp8GemmKernel()},
+           {"Fp8LinearGeneric", Fp8LinearGenericKernel()}}) {
     cudaFuncAttributes a{};
     CUDA_ASSERT_OK(cudaFuncGetAttributes(&a, fn));
     EXPECT_EQ(a.ptxVersion, 86) << name;
@@ -86,8 +88,12 @@ TEST_F(CudaKernelsTest, ActivationQuantisationIsExact) {
   }
 }
 
-// Runs the CUDA Linear8 on bf16 rows x against the reference.
-golden::Closeness RunLinear(const model::Fp8Weight& w, const std::vector<float>& x, int64_t rows) {
+using LinearFn = cudaError_t (*)(const uint8_t*, const float*, int64_t, const uint8_t*,
+                                 const uint8_t*, int64_t, int64_t, uint16_t*, cudaStream_t);
+
+// Runs a CUDA Linear8 path on bf16 rows x against the reference and prints one line.
+golden::Closeness RunLinear(const std::string& what, LinearFn fn, const model::Fp8Weight& w,
+                            const std::vector<float>& x, int64_t rows) {
   const int64_t nb = (w.in + 127) / 128;
   const size_t wbytes = w.out * w.in, sbytes = ((w.out + 127) / 128) * nb;
   DeviceBuffer<uint16_t> dx(rows * w.in), dy(rows * w.out);
@@ -97,15 +103,34 @@ golden::Closeness RunLinear(const model::Fp8Weight& w, const std::vector<float>&
   dw.Put(std::vector<uint8_t>(w.w, w.w + wbytes));
   dws.Put(std::vector<uint8_t>(w.s, w.s + sbytes));
   EXPECT_EQ(QuantizeActE4m3(dx.get(), rows, w.in, dq.get(), dsa.get(), nullptr), cudaSuccess);
-  EXPECT_EQ(
-      Fp8Linear(dq.get(), dsa.get(), rows, dw.get(), dws.get(), w.out, w.in, dy.get(), nullptr),
-      cudaSuccess);
+  EXPECT_EQ(fn(dq.get(), dsa.get(), rows, dw.get(), dws.get(), w.out, w.in, dy.get(), nullptr),
+            cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> got = FromBf16(dy.Get());
   std::vector<float> ref(rows * w.out);
   model::Linear8(w, x.data(), rows, ref.data());
-  return golden::Compare(got.data(), ref.data(), ref.size());
+  char label[160];
+  std::snprintf(label, sizeof(label), "%s [%ld x %ld] rows=%ld", what.c_str(),
+                static_cast<long>(w.out), static_cast<long>(w.in), static_cast<long>(rows));
+  return Report(label, got, ref);
 }
+
+// Random e4m3 weight bytes (every code but NaN, subnormals included) and ue8m0 scales.
+struct RandomFp8 {
+  RandomFp8(int64_t out, int64_t in, uint64_t seed)
+      : w(out * in), s(((out + 127) / 128) * ((in + 127) / 128)) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (uint8_t& b : w) {
+      b = static_cast<uint8_t>(byte(rng));
+      if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes in a real checkpoint
+    }
+    for (uint8_t& b : s) b = static_cast<uint8_t>(120 + byte(rng) % 6);
+    weight = model::Fp8Weight{w.data(), s.data(), out, in};
+  }
+  std::vector<uint8_t> w, s;
+  model::Fp8Weight weight;
+};
 
 TEST_F(CudaKernelsTest, Fp8LinearMatchesReferenceOnTinyA) {
   auto weights = model::LoadModelWeights("tests/data/tiny-a");
@@ -113,41 +138,78 @@ TEST_F(CudaKernelsTest, Fp8LinearMatchesReferenceOnTinyA) {
   const auto& a = (*weights)->blocks[3].attn;
   for (const auto& [name, w] : std::vector<std::pair<std::string, model::Fp8Weight>>{
            {"wq_a", a.wq_a}, {"wq_b", a.wq_b}, {"wkv", a.wkv}, {"wo_b", a.wo_b}}) {
-    for (const int64_t rows : {1, 8, 19}) {
-      const golden::Closeness c = RunLinear(w, RandomBf16(rows * w.in, 1.0f, rows), rows);
-      std::printf("tiny-a %s [%ld x %ld] rows=%ld: rms_rel=%.2e bit_identical=%.4f\n", name.c_str(),
-                  static_cast<long>(w.out), static_cast<long>(w.in), static_cast<long>(rows),
-                  c.rms_rel, c.bit_identical);
-      EXPECT_LE(c.rms_rel, 1e-3) << name;
-      EXPECT_GE(c.bit_identical, 0.98) << name;
+    // Fp8Linear: the GEMV up to 8 rows, the GEMM above; then each path forced at other sizes.
+    for (const auto& [path, fn, rows] : std::vector<std::tuple<std::string, LinearFn, int64_t>>{
+             {"Fp8Linear", &Fp8Linear, 1},
+             {"Fp8Linear", &Fp8Linear, 8},
+             {"Fp8Linear", &Fp8Linear, 19},
+             {"Fp8Gemv", &Fp8Gemv, 19},
+             {"Fp8Gemm", &Fp8Gemm, 1},
+             {"Fp8Gemm", &Fp8Gemm, 16},
+             {"Fp8Gemm", &Fp8Gemm, 128},
+             {"Fp8Gemm", &Fp8Gemm, 512},
+             {"Fp8LinearGeneric", &Fp8LinearGeneric, 8}}) {
+      const golden::Closeness c = RunLinear("tiny-a " + name + " " + path, fn, w,
+                                            RandomBf16(rows * w.in, 1.0f, rows), rows);
+      EXPECT_LE(c.rms_rel, 1e-3) << name << " " << path << " rows=" << rows;
+      EXPECT_GE(c.bit_identical, 0.98) << name << " " << path << " rows=" << rows;
     }
   }
 }
 
-TEST_F(CudaKernelsTest, Fp8LinearMatchesReferenceAtFlashShapes) {
-  std::mt19937_64 rng(5);
-  std::uniform_int_distribution<int> byte(0, 255);
+TEST_F(CudaKernelsTest, Fp8GemvMatchesReferenceAtFlashShapes) {
   for (const auto& [name, out, in] :
        std::vector<std::tuple<std::string, int64_t, int64_t>>{{"wq_a", 1024, 4096},
                                                               {"wkv", 512, 4096},
                                                               {"wo_b", 4096, 8192},
-                                                              {"wq_b/8", 4096, 1024}}) {
-    std::vector<uint8_t> w(out * in), s(((out + 127) / 128) * ((in + 127) / 128));
-    for (uint8_t& b : w) {
-      b = static_cast<uint8_t>(byte(rng));
-      if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes in a real checkpoint
-    }
-    for (uint8_t& b : s) b = static_cast<uint8_t>(120 + byte(rng) % 6);
-    const model::Fp8Weight fw{w.data(), s.data(), out, in};
-    for (const int64_t rows : {1, 8}) {
-      const golden::Closeness c = RunLinear(fw, RandomBf16(rows * in, 1.0f, out + rows), rows);
-      std::printf("flash %s [%ld x %ld] rows=%ld: rms_rel=%.2e bit_identical=%.4f\n", name.c_str(),
-                  static_cast<long>(out), static_cast<long>(in), static_cast<long>(rows), c.rms_rel,
-                  c.bit_identical);
+                                                              {"wq_b/8", 4096, 1024},
+                                                              {"ragged", 200, 1024}}) {
+    const RandomFp8 w(out, in, 5 + out + in);
+    for (const int64_t rows : {1, 3, 8}) {
+      const golden::Closeness c = RunLinear("flash " + name + " Fp8Linear", &Fp8Linear, w.weight,
+                                            RandomBf16(rows * in, 1.0f, out + rows), rows);
       EXPECT_LE(c.rms_rel, 1e-3) << name;
       EXPECT_GE(c.bit_identical, 0.95) << name;
     }
   }
+}
+
+// The prefill GEMM at Flash shapes, with row counts that leave partial 32/64/128-row tiles.
+TEST_F(CudaKernelsTest, Fp8GemmMatchesReferenceAtFlashShapes) {
+  for (const auto& [name, out, in] :
+       std::vector<std::tuple<std::string, int64_t, int64_t>>{{"wq_a", 1024, 4096},
+                                                              {"wq_b", 32768, 1024},
+                                                              {"wo_b", 4096, 8192},
+                                                              {"shared w1", 2048, 4096},
+                                                              {"ragged", 200, 1024}}) {
+    const RandomFp8 w(out, in, 7 + out + in);
+    for (const int64_t rows : {16, 128, 512, 77}) {
+      // The CPU reference is the slow part; shared w1 at 512 rows takes 64-row tiles on an H200.
+      if (name == "wo_b" && rows != 128) continue;
+      if (name == "shared w1" && rows != 512) continue;
+      const golden::Closeness c = RunLinear("flash " + name + " Fp8Gemm", &Fp8Gemm, w.weight,
+                                            RandomBf16(rows * in, 1.0f, out + rows), rows);
+      EXPECT_LE(c.rms_rel, 1e-3) << name << " rows=" << rows;
+      EXPECT_GE(c.bit_identical, 0.95) << name << " rows=" << rows;
+    }
+  }
+}
+
+// K not a multiple of 128 (a partial last scale block): Fp8Linear takes the plain kernel, and
+// the tensor-core paths refuse the shape.
+TEST_F(CudaKernelsTest, Fp8LinearFallsBackForRaggedK) {
+  const RandomFp8 w(200, 1000, 11);
+  for (const int64_t rows : {1, 8, 19}) {
+    const golden::Closeness c = RunLinear("ragged-k Fp8Linear", &Fp8Linear, w.weight,
+                                          RandomBf16(rows * 1000, 1.0f, rows), rows);
+    EXPECT_LE(c.rms_rel, 1e-3);
+    EXPECT_GE(c.bit_identical, 0.95);
+  }
+  DeviceBuffer<uint8_t> q(16 * 1000), dw(200 * 1000), ws(2 * 8);
+  DeviceBuffer<float> sa(16 * 8);
+  DeviceBuffer<uint16_t> y(16 * 200);
+  EXPECT_EQ(Fp8Gemm(q.get(), sa.get(), 16, dw.get(), ws.get(), 200, 1000, y.get(), nullptr),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace
