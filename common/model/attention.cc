@@ -63,36 +63,48 @@ LayerState NewLayerState(const ModelConfig& c, int64_t ratio) {
   return st;
 }
 
-void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
-                      const float* x, int64_t S, int64_t start, float* out, AttentionTrace* trace) {
+void AttentionProject(const AttentionWeights& w, const AttentionParams& p, const float* x,
+                      const int64_t* positions, int64_t T, AttentionRows* rows) {
+  const ModelConfig& c = *p.config;
+  const int64_t H = c.n_heads, Dh = c.head_dim, rd = c.rope_head_dim, qlr = c.q_lora_rank;
+  const float eps = static_cast<float>(c.norm_eps);
+  // Query path.
+  std::vector<float> qa(T * qlr);
+  rows->qr.resize(T * qlr);
+  rows->q.resize(T * H * Dh);
+  Linear8(w.wq_a, x, T, qa.data());
+  for (int64_t t = 0; t < T; ++t)
+    RmsNorm(qa.data() + t * qlr, w.q_norm.data(), qlr, eps, rows->qr.data() + t * qlr);
+  Linear8(w.wq_b, rows->qr.data(), T, rows->q.data());
+  // KV path.
+  std::vector<float> kva(T * Dh);
+  rows->kv.resize(T * Dh);
+  Linear8(w.wkv, x, T, kva.data());
+  std::vector<float> cs(rd / 2), sn(rd / 2);
+  for (int64_t t = 0; t < T; ++t) {
+    RopeCosSin(*p.rope_freqs, positions[t], cs.data(), sn.data());
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = rows->q.data() + (t * H + h) * Dh;
+      HeadNormBf16(qh, Dh, eps);
+      ApplyRope(qh + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(), false);
+    }
+    float* e = rows->kv.data() + t * Dh;
+    RmsNorm(kva.data() + t * Dh, w.kv_norm.data(), Dh, eps, e);
+    ApplyRope(e + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(), false);
+    Fp8SimInplace(e, Dh - rd, 64, p.kv_fp8_sim_rounds);
+  }
+}
+
+void AttentionCore(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
+                   const float* x, const AttentionRows& rows, int64_t row0, int64_t S,
+                   int64_t start, float* o_out, AttentionTrace* trace) {
   const ModelConfig& c = *p.config;
   const int64_t dim = c.dim, H = c.n_heads, Dh = c.head_dim, rd = c.rope_head_dim;
   const int64_t W = c.window_size, ratio = w.ratio, qlr = c.q_lora_rank;
   const float eps = static_cast<float>(c.norm_eps);
   const int64_t end = start + S;
-
-  // Query path.
-  std::vector<float> qa(S * qlr), qr(S * qlr), q(S * H * Dh);
-  Linear8(w.wq_a, x, S, qa.data());
-  for (int64_t s = 0; s < S; ++s)
-    RmsNorm(qa.data() + s * qlr, w.q_norm.data(), qlr, eps, qr.data() + s * qlr);
-  Linear8(w.wq_b, qr.data(), S, q.data());
-  // KV path.
-  std::vector<float> kva(S * Dh), kv(S * Dh);
-  Linear8(w.wkv, x, S, kva.data());
-  std::vector<float> cs(rd / 2), sn(rd / 2);
-  for (int64_t s = 0; s < S; ++s) {
-    RopeCosSin(*p.rope_freqs, start + s, cs.data(), sn.data());
-    for (int64_t h = 0; h < H; ++h) {
-      float* qh = q.data() + (s * H + h) * Dh;
-      HeadNormBf16(qh, Dh, eps);
-      ApplyRope(qh + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(), false);
-    }
-    float* e = kv.data() + s * Dh;
-    RmsNorm(kva.data() + s * Dh, w.kv_norm.data(), Dh, eps, e);
-    ApplyRope(e + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(), false);
-    Fp8SimInplace(e, Dh - rd, 64, p.kv_fp8_sim_rounds);
-  }
+  const float* q = rows.q.data() + row0 * H * Dh;
+  const float* kv = rows.kv.data() + row0 * Dh;
 
   // Compressors first (spec §3.14): every block completing inside the chunk exists before any
   // query of the chunk attends.
@@ -104,15 +116,15 @@ void AttentionForward(const AttentionWeights& w, const AttentionParams& p, Layer
   if (w.has_indexer) {
     CompressorParams cp{CompressorKind::kIndexer, rd, eps, p.kv_fp8_sim_rounds, p.rope_freqs};
     CompressorFeed(w.indexer.compressor, cp, st.index_compressor, x, S, dim, start, st.index_keys);
-    idx = IndexerSelect(w.indexer, c, *p.rope_freqs, x, qr.data(), S, start, st.index_keys);
+    idx = IndexerSelect(w.indexer, c, *p.rope_freqs, x, rows.qr.data() + row0 * qlr, S, start,
+                        st.index_keys);
   }
 
   auto raw_entry = [&](int64_t t) -> const float* {
-    return t >= start ? kv.data() + (t - start) * Dh : st.window.data() + (t % W) * Dh;
+    return t >= start ? kv + (t - start) * Dh : st.window.data() + (t % W) * Dh;
   };
   const int64_t win_width = start == 0 ? std::min(S, W) : W;
   const float scale = static_cast<float>(std::pow(static_cast<double>(Dh), -0.5));
-  std::vector<float> o(S * H * Dh);
 #pragma omp parallel for schedule( \
     dynamic) if (S * H * (W + end / std::max <int64_t>(ratio, 1)) * Dh >= kParallelMinWork)
   for (int64_t sh = 0; sh < S * H; ++sh) {
@@ -132,35 +144,62 @@ void AttentionForward(const AttentionWeights& w, const AttentionParams& p, Layer
         cand.push_back(j >= 0 ? st.compressed.data() + j * Dh : nullptr);
       }
     }
-    SparseAttendHead(q.data() + sh * Dh, cand, Dh, scale, w.attn_sink[h], o.data() + sh * Dh);
+    SparseAttendHead(q + sh * Dh, cand, Dh, scale, w.attn_sink[h], o_out + sh * Dh);
   }
-
-  // De-rotate with the query position, then the grouped low-rank projection.
-  const int64_t G = c.o_groups, R = c.o_lora_rank, gin = H * Dh / G;
-  std::vector<float> z(S * G * R);
-  for (int64_t s = 0; s < S; ++s) {
-    RopeCosSin(*p.rope_freqs, start + s, cs.data(), sn.data());
-    for (int64_t h = 0; h < H; ++h) {
-      ApplyRope(o.data() + (s * H + h) * Dh + Dh - rd, static_cast<int>(rd / 2), cs.data(),
-                sn.data(), true);
-    }
-  }
-#pragma omp parallel for schedule(static) if (S * G * R * gin >= kParallelMinWork)
-  for (int64_t gr = 0; gr < G * R; ++gr) {
-    const int64_t g = gr / R;
-    std::vector<float> wrow(gin);
-    for (int64_t i = 0; i < gin; ++i) wrow[i] = w.wo_a.At(gr, i);
-    for (int64_t s = 0; s < S; ++s) {
-      z[s * G * R + gr] = RoundBf16(DotF32(o.data() + s * H * Dh + g * gin, wrow.data(), gin));
-    }
-  }
-  Linear8(w.wo_b, z.data(), S, out);
 
   // The chunk's raw KV enters the window ring (the last W positions survive).
   for (int64_t t = std::max(start, end - W); t < end; ++t) {
-    std::copy_n(kv.data() + (t - start) * Dh, Dh, st.window.data() + (t % W) * Dh);
+    std::copy_n(kv + (t - start) * Dh, Dh, st.window.data() + (t % W) * Dh);
   }
   if (trace && trace->indexer) *trace->indexer = std::move(idx);
+}
+
+void AttentionOutput(const AttentionWeights& w, const AttentionParams& p, float* o,
+                     const int64_t* positions, int64_t T, float* out) {
+  const ModelConfig& c = *p.config;
+  const int64_t H = c.n_heads, Dh = c.head_dim, rd = c.rope_head_dim;
+  // De-rotate with the query position, then the grouped low-rank projection.
+  const int64_t G = c.o_groups, R = c.o_lora_rank, gin = H * Dh / G;
+  std::vector<float> cs(rd / 2), sn(rd / 2), z(T * G * R);
+  for (int64_t t = 0; t < T; ++t) {
+    RopeCosSin(*p.rope_freqs, positions[t], cs.data(), sn.data());
+    for (int64_t h = 0; h < H; ++h) {
+      ApplyRope(o + (t * H + h) * Dh + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(),
+                true);
+    }
+  }
+  // Four outputs of one group per task (R is a multiple of 4 in every config we know; the
+  // tail is handled), each sum in DotF32's order.
+  const int64_t per_group = (R + 3) / 4;
+#pragma omp parallel for schedule(static) if (T * G * R * gin >= kParallelMinWork)
+  for (int64_t task = 0; task < G * per_group; ++task) {
+    const int64_t g = task / per_group, r0 = (task % per_group) * 4;
+    const int64_t n = std::min<int64_t>(4, R - r0);
+    std::vector<float> wrows(4 * gin);
+    const float* b[4];
+    for (int64_t k = 0; k < 4; ++k) {
+      b[k] = wrows.data() + std::min(k, n - 1) * gin;
+      if (k < n) w.wo_a.Row(g * R + r0 + k, wrows.data() + k * gin);
+    }
+    float out4[4];
+    for (int64_t t = 0; t < T; ++t) {
+      DotF32x4(o + t * H * Dh + g * gin, b, gin, out4);
+      for (int64_t k = 0; k < n; ++k) z[t * G * R + g * R + r0 + k] = RoundBf16(out4[k]);
+    }
+  }
+  Linear8(w.wo_b, z.data(), T, out);
+}
+
+void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
+                      const float* x, int64_t S, int64_t start, float* out, AttentionTrace* trace) {
+  const ModelConfig& c = *p.config;
+  std::vector<int64_t> positions(S);
+  for (int64_t s = 0; s < S; ++s) positions[s] = start + s;
+  AttentionRows rows;
+  AttentionProject(w, p, x, positions.data(), S, &rows);
+  std::vector<float> o(S * c.n_heads * c.head_dim);
+  AttentionCore(w, p, st, x, rows, 0, S, start, o.data(), trace);
+  AttentionOutput(w, p, o.data(), positions.data(), S, out);
 }
 
 }  // namespace ss::model

@@ -32,9 +32,31 @@ struct AttentionTrace {
 
 // Attention over the tokens at positions start..start+S-1 of one sequence. x: [S, dim] normed
 // inputs, out: [S, dim] bf16. Appends the chunk's raw KV to the window ring and its completed
-// blocks to the compressed caches of `st`.
+// blocks to the compressed caches of `st`. = AttentionProject + AttentionCore + AttentionOutput.
 void AttentionForward(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
                       const float* x, int64_t S, int64_t start, float* out, AttentionTrace* trace);
+
+// The three phases of AttentionForward, so a batch of several sequences runs its per-row work
+// (every projection) once for all rows; each row's result depends only on that row and its
+// position, so a row is bit-identical alone or in any batch.
+struct AttentionRows {
+  std::vector<float> qr;  // [T, q_lora_rank] normed low-rank query (the indexer's input)
+  std::vector<float> q;   // [T, n_heads, head_dim] normed, rotated queries
+  std::vector<float> kv;  // [T, head_dim] normed, rotated, FP8-simulated raw KV
+};
+// Query and KV paths of T rows; positions[t] is row t's position.
+void AttentionProject(const AttentionWeights& w, const AttentionParams& p, const float* x,
+                      const int64_t* positions, int64_t T, AttentionRows* rows);
+// One sequence's chunk: rows [row0, row0 + S) of `rows` at positions start..start+S-1, x its
+// [S, dim] inputs. Feeds the compressors, selects (indexer), attends; o_out [S, n_heads,
+// head_dim] (still rotated). Updates `st` like AttentionForward.
+void AttentionCore(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
+                   const float* x, const AttentionRows& rows, int64_t row0, int64_t S,
+                   int64_t start, float* o_out, AttentionTrace* trace);
+// De-rotation, grouped wo_a and wo_b of T rows of o (overwritten by the de-rotation); out
+// [T, dim] bf16.
+void AttentionOutput(const AttentionWeights& w, const AttentionParams& p, float* o,
+                     const int64_t* positions, int64_t T, float* out);
 
 // The demo's per-head q normalisation (spec §3.4), done as its bf16 tensor ops do it: bf16
 // squares, a bf16 mean, bf16 (mean + eps), a bf16 rsqrt, a bf16 product. In place over n values.

@@ -22,6 +22,8 @@ struct Fp8Weight {
   int64_t out = 0, in = 0;
   // The dequantised value (exact in bf16 and fp32).
   float At(int64_t o, int64_t i) const;
+  // Row o dequantised into dst[in]: At(o, i) for every i, without the per-element lookups.
+  void Row(int64_t o, float* dst) const;
 };
 
 // MXFP4 weight: I8 [out, in/2] (element 2j = low nibble) with ue8m0 scales [out, in/32].
@@ -66,5 +68,8 @@ inline constexpr int64_t kParallelMinWork = int64_t{1} << 21;
 
 // Dot product of two float arrays formed exactly in double and rounded to fp32 once.
 float DotF32(const float* a, const float* b, int64_t n);
+// Four DotF32(a, b[k], n) at once: the same sequential double sum per k (bit-identical results),
+// interleaved so the four dependency chains overlap.
+void DotF32x4(const float* a, const float* const* b, int64_t n, float* out);
 
 }  // namespace ss::model

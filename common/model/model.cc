@@ -99,15 +99,28 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
   if (trace) keep_split(trace->hc_attn_split);
   const int64_t ratio = Ratio(layer);
   AttentionParams ap{&c, ratio == 0 ? &rope_plain_ : &rope_compressed_, options_.kv_fp8_sim_rounds};
+  // Every row's projections at once (the weights are decoded once per block call, not once per
+  // sequence), the stateful core per sequence, the output projections at once again.
+  std::vector<int64_t> positions(T);
+  {
+    int64_t row = 0;
+    for (const ChunkRef& ch : chunks) {
+      for (int64_t s = 0; s < ch.n; ++s) positions[row++] = ch.start + s;
+    }
+  }
+  AttentionRows rows;
+  AttentionProject(bw.attn, ap, xn.data(), positions.data(), T, &rows);
+  std::vector<float> o(T * c.n_heads * c.head_dim);
   int64_t row = 0;
   for (const ChunkRef& ch : chunks) {
     IndexerResult idx;
     AttentionTrace at{&idx};
-    AttentionForward(bw.attn, ap, ch.state->layers[layer], xn.data() + row * dim, ch.n, ch.start,
-                     a.data() + row * dim, &at);
+    AttentionCore(bw.attn, ap, ch.state->layers[layer], xn.data() + row * dim, rows, row, ch.n,
+                  ch.start, o.data() + row * c.n_heads * c.head_dim, &at);
     if (trace) trace->indexer.push_back(std::move(idx));
     row += ch.n;
   }
+  AttentionOutput(bw.attn, ap, o.data(), positions.data(), T, a.data());
   post(a.data(), h_in, mid.data());
   const auto t1 = Clock::now();
 
