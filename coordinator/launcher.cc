@@ -47,6 +47,7 @@ struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
   std::string isa = "auto", api_keys, log_dir;
   int port = 8000, stages = 1, ready_timeout_s = 600;
+  bool stages_given = false;
   int64_t kv_tokens = 65536;
 };
 
@@ -89,6 +90,7 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
     } else if (name == "--stages") {
       if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--stages ", value, ": expected 1..64");
       o->stages = static_cast<int>(v);
+      o->stages_given = true;
     } else if (name == "--expert-workers") {
       if (value != "auto" && !ParseInt(value, 0, 64, &v)) {
         return absl::StrCat("--expert-workers ", value, ": expected auto or 0..64");
@@ -293,19 +295,27 @@ int RunUpCommand(int argc, char** argv) {
 
   // Layout.
   const int gpus = CountGpus();
+#ifdef SS_HAVE_CUDA
+  constexpr bool kCudaBuilt = true;
+#else
+  constexpr bool kCudaBuilt = false;
+#endif
   std::string backend = o.backend;
   if (backend == "auto") {
-    backend = "cpu";
-    if (gpus > 0) {
-      std::printf("splitserve up: %d GPU device(s) found, but the cuda backend is not built yet: "
-                  "using the cpu backend\n",
+    backend = gpus > 0 && kCudaBuilt ? "cuda" : "cpu";
+    if (gpus > 0 && !kCudaBuilt) {
+      std::printf("splitserve up: %d GPU device(s) found, but this build has no CUDA: using the "
+                  "cpu backend\n",
                   gpus);
     }
   }
-  if (backend == "cuda") {
-    std::fprintf(stderr, "splitserve up: the cuda backend is not built yet; use --backend cpu\n");
+  if (backend == "cuda" && (!kCudaBuilt || gpus == 0)) {
+    std::fprintf(stderr, "splitserve up: --backend cuda needs a CUDA build and a GPU (%d found)\n",
+                 gpus);
     return 2;
   }
+  // The cuda backend runs TP 1: without --stages, one pipeline stage per GPU.
+  if (backend == "cuda" && !o.stages_given) o.stages = std::min<int>(gpus, model->n_layers);
   if (o.stages > model->n_layers) {
     std::fprintf(stderr, "splitserve up: --stages %d exceeds the model's %lld layers\n", o.stages,
                  static_cast<long long>(model->n_layers));
@@ -457,6 +467,10 @@ int RunUpCommand(int argc, char** argv) {
                                      "--backend", backend, "--model", o.model,
                                      "--kv-tokens", absl::StrCat(o.kv_tokens),
                                      "--metrics-listen", metrics_addr(s)};
+    if (backend == "cuda") {
+      args.push_back("--cuda-device");
+      args.push_back(absl::StrCat(s % std::max(gpus, 1)));
+    }
     if (!sup.Start(absl::StrCat("gpu", s), args, o.log_dir)) {
       cleanup();
       return 1;

@@ -40,6 +40,9 @@
 #include "common/status.h"
 #include "gpu_worker/coordinator_client.h"
 #include "gpu_worker/cpu_backend.h"
+#ifdef SS_HAVE_CUDA
+#include "gpu_worker/cuda_backend.h"
+#endif
 #include "gpu_worker/gpu_worker_service.h"
 #include "gpu_worker/worker_config.h"
 #include "spdlog/spdlog.h"
@@ -62,6 +65,8 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
           "KV capacity in tokens (reported as kv_tokens / kv_block_tokens blocks)");
+ABSL_FLAG(int, cuda_device, WorkerFlags{}.cuda_device,
+          "--backend cuda: the CUDA device ordinal this worker uses");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -139,8 +144,8 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
                                       const std::atomic<bool>* stop) {
   if (role.tp_size != 1 || role.tp_rank != 0) {
     return absl::UnimplementedError(
-        absl::StrCat("the cpu backend runs tp_size 1; the role is TP rank ", role.tp_rank, " of ",
-                     role.tp_size));
+        absl::StrCat("the ", c.backend, " backend runs tp_size 1; the role is TP rank ",
+                     role.tp_rank, " of ", role.tp_size));
   }
   if (role.kv_block_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -162,7 +167,28 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
   o.expert_client.connect_timeout = absl::Milliseconds(c.expert_connect_timeout_ms);
   o.expert_client.cancel = stop;
   LoadedStage stage;
-  ASSIGN_OR_RETURN(stage.backend, CpuBackend::Create(model, o));
+  if (c.backend == "cuda") {
+#ifdef SS_HAVE_CUDA
+    // The expert-worker client, kept alive by the backend's provider function.
+    ASSIGN_OR_RETURN(std::shared_ptr<RoutedExpertsClient> client,
+                     RoutedExpertsClient::Connect(*model, o.experts, o.expert_client));
+    CudaBackendOptions co;
+    co.stage = o.stage;
+    co.num_stages = o.num_stages;
+    co.first_layer = o.first_layer;
+    co.end_layer = o.end_layer;
+    co.kv_tokens = o.kv_tokens;
+    co.device = c.cuda_device;
+    co.experts = [client](int64_t layer) -> const model::RoutedExperts* {
+      return client->remote(layer) ? client.get() : nullptr;
+    };
+    ASSIGN_OR_RETURN(stage.backend, CudaBackend::Create(model, co));
+#else
+    return absl::UnimplementedError("--backend cuda: this build has no CUDA");
+#endif
+  } else {
+    ASSIGN_OR_RETURN(stage.backend, CpuBackend::Create(model, o));
+  }
   stage.kv_block_tokens = role.kv_block_tokens;
   if (!role.last_stage()) {
     if (role.next_stage_address.empty()) {
@@ -219,6 +245,7 @@ int Main(int argc, char** argv) {
   f.model = absl::GetFlag(FLAGS_model);
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
+  f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
   f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
   f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);

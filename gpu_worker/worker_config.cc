@@ -94,11 +94,17 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend '", f.backend, "': expected cpu or cuda"));
   }
+#ifndef SS_HAVE_CUDA
   if (f.backend == "cuda") {
     return absl::UnimplementedError(
-        "--backend cuda: the cuda backend is not built yet; use --backend cpu");
+        "--backend cuda: this build has no CUDA (no nvcc at configure time); use --backend cpu");
   }
+#endif
   c.backend = f.backend;
+  if (f.cuda_device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--cuda_device ", f.cuda_device, " < 0"));
+  }
+  c.cuda_device = f.cuda_device;
   RETURN_IF_ERROR(CheckHostPort("listen", f.listen));
   c.listen = f.listen;
   if (!f.advertise.empty()) RETURN_IF_ERROR(CheckHostPort("advertise", f.advertise));

@@ -9,10 +9,11 @@
 //   --advertise HOST:PORT     the address peers and the coordinator use (default: --listen with
 //                             the bound port; a wildcard host becomes this machine's hostname)
 //   --port_file PATH          write the bound port there once listening (for launchers, tests)
-//   --backend cpu|cuda        cuda is not built yet: refused
+//   --backend cpu|cuda        cuda (TP = 1) needs a build with CUDA; refused without it
 //   --model DIR               checkpoint directory (required)
 //   --metrics_listen HOST:PORT  Prometheus /metrics (empty = off)
 //   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions)
+//   --cuda_device N           --backend cuda: the CUDA device ordinal (default 0)
 //   --expert_deadline_ms MS   deadline of one expert call
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
@@ -44,6 +45,7 @@ struct WorkerFlags {
   std::string model;
   std::string metrics_listen;
   int64_t kv_tokens = 16384;
+  int cuda_device = 0;  // --backend cuda: the CUDA device ordinal
   int64_t expert_deadline_ms = 30000;
   int64_t expert_connect_timeout_ms = 60000;
   int64_t stream_wait_ms = 120000;
@@ -64,6 +66,7 @@ struct WorkerConfig {
   std::string model_dir;
   std::string metrics_listen;
   int64_t kv_tokens = 0;
+  int cuda_device = 0;
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
   int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
   // Standalone role (validated against the model when it is loaded).

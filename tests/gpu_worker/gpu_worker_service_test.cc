@@ -270,7 +270,17 @@ TEST(GpuWorkerConfig, FlagsAreValidated) {
   EXPECT_EQ(c->worker_id, "stage0");
   EXPECT_EQ(c->end_layer, -1);
   f.backend = "cuda";
+#ifdef SS_HAVE_CUDA
+  EXPECT_TRUE(ParseWorkerConfig(f).ok());  // accepted; a missing device fails at start-up
+#else
   EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kUnimplemented);
+#endif
+  f.backend = "gpu";
+  EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument);
+  f.cuda_device = -1;
+  f.backend = "cpu";
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());
+  f.cuda_device = 0;
   f.backend = "cpu";
   f.num_stages = 2;
   f.layers = "0-3";

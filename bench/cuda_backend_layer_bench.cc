@@ -1,0 +1,188 @@
+// One Flash-shaped layer of the cuda backend (gpu_worker/cuda_backend.h): decode at batch 1 and 8
+// with 8K tokens of context per sequence, and the 8K-token prefill chunk. Needs a CUDA device.
+//
+//   build/bin/cuda_backend_layer_bench [checkpoint dir, default /tmp/ss_flash_layers]
+//
+// The checkpoint is generated (tests/tools/checkpoint_generator.h, random weights) with the
+// Flash config but 2 layers (compress ratio 4: CSA with the indexer; 128: HCA), a 1024-token
+// vocabulary and 8 routed experts (routed experts are excluded from the timing: a provider that
+// returns zeros stands in for the expert workers, so only the host copies of the MoE rows stay).
+// Each layer runs as a middle pipeline stage fed random bf16 streams.
+//
+// Decode figures per layer: wall ms per step (Run, including its host synchronisations), the
+// bytes it must read (the layer's device weights + per sequence the window ring, and the
+// compressed entries / indexer keys the step reads), those bytes per second, and that as a
+// fraction of a device-to-device copy measured in the same run (bytes read + written per
+// second, as gpu_kernels_bench).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/model/model.h"
+#include "common/model_config.h"
+#include "gpu_worker/cuda_backend.h"
+#include "tests/tools/checkpoint_generator.h"
+
+namespace {
+
+constexpr char kConfig[] = R"({
+  "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+  "vocab_size": 1024, "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 64,
+  "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
+  "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128, "compress_ratios": [4, 128],
+  "compress_rope_theta": 160000, "rope_theta": 10000,
+  "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                   "beta_fast": 32, "beta_slow": 1},
+  "max_position_embeddings": 1048576, "index_n_heads": 64, "index_head_dim": 128,
+  "index_topk": 512, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 6,
+  "moe_intermediate_size": 2048, "num_hash_layers": 0, "scoring_func": "sqrtsoftplus",
+  "topk_method": "noaux_tc", "norm_topk_prob": true, "routed_scaling_factor": 1.5,
+  "swiglu_limit": 10.0, "hidden_act": "silu", "hc_mult": 4, "hc_sinkhorn_iters": 20,
+  "hc_eps": 1e-06, "rms_norm_eps": 1e-06, "num_nextn_predict_layers": 0,
+  "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                          "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+  "expert_dtype": "fp4", "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1,
+  "torch_dtype": "bfloat16"
+})";
+
+constexpr int64_t kContext = 8192;
+
+class ZeroExperts final : public ss::model::RoutedExperts {
+ public:
+  absl::Status Compute(int64_t, int64_t T, const float*, const int32_t*, const float*, int,
+                       float* out) const override {
+    std::fill_n(out, T * dim_, 0.0f);
+    return absl::OkStatus();
+  }
+  int64_t dim_ = 4096;
+};
+
+void Die(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Bytes read + written per second of a 1 GiB device-to-device copy.
+double CopyBandwidth() {
+  const size_t n = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0;
+  cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+  cudaDeviceSynchronize();
+  const int iters = 10;
+  const double t0 = Now();
+  for (int i = 0; i < iters; ++i) cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+  cudaDeviceSynchronize();
+  const double t = (Now() - t0) / iters;
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * n / t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  const std::string dir = argc > 1 ? argv[1] : "/tmp/ss_flash_layers";
+  auto cfg = ss::ParseModelConfig(kConfig);
+  Die(cfg.status(), "config");
+  const double tg = Now();
+  Die(ss::GenerateCheckpoint(*cfg, kConfig, dir, 1, 1), "generate");
+  std::printf("generated %s in %.1f s\n", dir.c_str(), Now() - tg);
+  auto loaded = ss::model::Model::Load(dir);
+  Die(loaded.status(), "load");
+  std::shared_ptr<const ss::model::Model> model(std::move(*loaded));
+  const ss::ModelConfig& c = model->config();
+  const int64_t width = c.hc_mult * c.dim;
+  const double copy_bw = CopyBandwidth();
+  std::printf("D2D copy: %.1f GB/s (read + write)\n", copy_bw / 1e9);
+  static ZeroExperts zero;
+
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> streams(kContext * width);
+  for (float& v : streams) v = ss::RoundBf16(nd(rng));
+  std::vector<int32_t> tokens(kContext);
+  for (auto& t : tokens) t = static_cast<int32_t>(2 + rng() % 1000);
+
+  for (int layer = 0; layer < 2; ++layer) {
+    ss::gpu::CudaBackendOptions o;
+    o.stage = 1;
+    o.num_stages = 3;
+    o.first_layer = layer;
+    o.end_layer = layer + 1;
+    o.kv_tokens = 9 * kContext;
+    o.experts = [](int64_t) -> const ss::model::RoutedExperts* { return &zero; };
+    auto b = ss::gpu::CudaBackend::Create(model, o);
+    Die(b.status(), "create");
+    const int64_t ratio = c.compress_ratio(layer);
+    const int64_t wbytes = (*b)->info().weight_bytes;
+    for (const int batch : {1, 8}) {
+      (*b)->ReleaseAll();
+      double prefill = 0;
+      for (int s = 0; s < batch; ++s) {
+        ss::gpu::StageChunk ch{static_cast<uint64_t>(s), 0, tokens, false, {}};
+        ss::gpu::StageOutput out;
+        const double t0 = Now();
+        Die((*b)->Run(std::vector<ss::gpu::StageChunk>{ch}, streams.data(), &out, nullptr),
+            "prefill");
+        prefill = Now() - t0;  // the last one: warm
+      }
+      std::vector<int32_t> one(batch);
+      std::vector<ss::gpu::StageChunk> step(batch);
+      const int warm = 3, iters = 20;
+      double t_sum = 0, attn = 0, moe = 0;
+      for (int i = 0; i < warm + iters; ++i) {
+        for (int s = 0; s < batch; ++s) {
+          one[s] = tokens[i % kContext];
+          step[s] = {static_cast<uint64_t>(s), kContext + i, std::span(&one[s], 1), true, {}};
+        }
+        ss::gpu::StageOutput out;
+        ss::gpu::StageTimings tm;
+        const double t0 = Now();
+        Die((*b)->Run(step, streams.data(), &out, &tm), "decode");
+        if (i >= warm) {
+          t_sum += Now() - t0;
+          attn += tm.attention[0];
+          moe += tm.moe_gpu[0];
+        }
+      }
+      const double t = t_sum / iters;
+      const int64_t ctx = kContext + warm + iters / 2;
+      int64_t kv = c.window_size * c.head_dim * 2;
+      if (ratio == 4) {
+        kv += (ctx / 4) * c.index_head_dim * 2 +
+              std::min<int64_t>(c.index_topk, ctx / 4) * c.head_dim * 2;
+      } else if (ratio == 128) {
+        kv += (ctx / 128) * c.head_dim * 2;
+      }
+      const double bytes = static_cast<double>(wbytes) + static_cast<double>(batch) * kv;
+      std::printf(
+          "layer ratio %3lld batch %d ctx %lld: decode %.3f ms/step (attention %.3f, moe gpu "
+          "%.3f), %.1f MB read, %.1f GB/s = %.3f of D2D copy; prefill 8K chunk %.1f ms = %.0f "
+          "tokens/s\n",
+          static_cast<long long>(ratio), batch, static_cast<long long>(kContext), t * 1e3,
+          attn / iters * 1e3, moe / iters * 1e3, bytes / 1e6, bytes / t / 1e9, bytes / t / copy_bw,
+          prefill * 1e3, kContext / prefill);
+    }
+  }
+  return 0;
+}

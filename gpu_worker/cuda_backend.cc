@@ -1,0 +1,899 @@
+#include "gpu_worker/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/bf16.h"
+#include "common/rope.h"
+#include "common/status.h"
+#include "gpu_worker/kernels/block_kernels.h"
+#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/sparse_attention.h"
+
+namespace ss::gpu {
+namespace {
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
+}
+
+#define CUDA_RETURN_IF_ERROR(expr)                                       \
+  do {                                                                   \
+    const cudaError_t ss_cuda_e_ = (expr);                               \
+    if (ss_cuda_e_ != cudaSuccess) return CudaStatus(ss_cuda_e_, #expr); \
+  } while (0)
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct DevFp8 {
+  const uint8_t* w = nullptr;
+  const uint8_t* s = nullptr;
+  int64_t out = 0, in = 0;
+};
+struct DevBf16 {
+  const uint16_t* p = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+struct DevHc {
+  const float *fn = nullptr, *base = nullptr, *scale = nullptr;
+};
+struct DevCompressor {
+  const float* ape = nullptr;
+  DevBf16 wkv, wgate;
+  const float* norm = nullptr;
+  int64_t width = 0;
+};
+struct DevBlock {
+  int64_t ratio = 0;
+  const float *attn_norm = nullptr, *ffn_norm = nullptr;
+  DevHc hc_attn, hc_ffn;
+  const float* sink = nullptr;
+  DevFp8 wq_a, wq_b, wkv, wo_a, wo_b;
+  const float *q_norm = nullptr, *kv_norm = nullptr;
+  bool has_compressor = false, has_indexer = false;
+  DevCompressor compressor, index_compressor;
+  DevFp8 index_wq_b;
+  DevBf16 index_weights_proj;
+  DevBf16 gate;
+  const float* bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  DevFp8 shared_w1, shared_w2, shared_w3;
+};
+
+// One (sequence, layer)'s KV on the device (see the header for the pool's layout).
+struct LayerKv {
+  uint16_t* pool = nullptr;
+  int64_t stage_cap = 0, comp_cap = 0;
+  uint16_t* keys = nullptr;
+  int64_t keys_cap = 0;
+  float* comp_state = nullptr;      // kv | score, each [slots, width]
+  float* index_state = nullptr;     // kv | score
+  int64_t comp_n = 0, index_n = 0;  // slots·width of each half
+};
+
+struct SeqState {
+  int64_t next_pos = 0;
+  int64_t bytes = 0;            // device bytes of its layers' buffers
+  std::vector<LayerKv> layers;  // index = layer − first_layer
+};
+
+// A grow-only device buffer.
+struct DevBuf {
+  void* p = nullptr;
+  size_t cap = 0;
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= cap) return absl::OkStatus();
+    cudaFree(p);
+    p = nullptr;
+    cap = 0;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+    cap = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  ~DevBuf() { cudaFree(p); }
+};
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t routed_ready = nullptr;
+  std::vector<void*> allocations;  // weights, freed at destruction
+  int64_t weight_bytes = 0;
+  std::vector<DevBlock> blocks;  // index = layer − first_layer
+  DevHc hc_head;
+  const float* final_norm = nullptr;
+  DevBf16 head;
+  const float *freqs_plain = nullptr, *freqs_comp = nullptr;
+  std::map<uint64_t, SeqState> seqs;
+  // Scratch, grow-only.
+  DevBuf arena, params, cand, scores, sel, logits;
+
+  ~Impl() {
+    for (auto& [id, s] : seqs) FreeSeq(s);
+    for (void* p : allocations) cudaFree(p);
+    if (routed_ready) cudaEventDestroy(routed_ready);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  absl::StatusOr<void*> Upload(const void* src, size_t bytes) {
+    void* p = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    allocations.push_back(p);
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice));
+    weight_bytes += static_cast<int64_t>(bytes);
+    return p;
+  }
+  absl::StatusOr<const float*> F32(const std::vector<float>& v) {
+    ASSIGN_OR_RETURN(void* p, Upload(v.data(), v.size() * 4));
+    return static_cast<const float*>(p);
+  }
+  absl::StatusOr<DevFp8> Fp8(const model::Fp8Weight& w) {
+    DevFp8 d{nullptr, nullptr, w.out, w.in};
+    ASSIGN_OR_RETURN(void* pw, Upload(w.w, static_cast<size_t>(w.out * w.in)));
+    ASSIGN_OR_RETURN(
+        void* ps, Upload(w.s, static_cast<size_t>(((w.out + 127) / 128) * ((w.in + 127) / 128))));
+    d.w = static_cast<const uint8_t*>(pw);
+    d.s = static_cast<const uint8_t*>(ps);
+    return d;
+  }
+  absl::StatusOr<DevBf16> Bf16(const model::Bf16Matrix& m) {
+    ASSIGN_OR_RETURN(void* p, Upload(m.data, static_cast<size_t>(m.rows * m.cols * 2)));
+    return DevBf16{static_cast<const uint16_t*>(p), m.rows, m.cols};
+  }
+  absl::StatusOr<DevHc> Hc(const model::HcWeights& h) {
+    DevHc d;
+    ASSIGN_OR_RETURN(d.fn, F32(h.fn));
+    ASSIGN_OR_RETURN(d.base, F32(h.base));
+    ASSIGN_OR_RETURN(d.scale, F32(h.scale));
+    return d;
+  }
+  absl::StatusOr<DevCompressor> Compressor(const model::CompressorWeights& c) {
+    DevCompressor d;
+    ASSIGN_OR_RETURN(d.ape, F32(c.ape));
+    ASSIGN_OR_RETURN(d.wkv, Bf16(c.wkv));
+    ASSIGN_OR_RETURN(d.wgate, Bf16(c.wgate));
+    ASSIGN_OR_RETURN(d.norm, F32(c.norm));
+    d.width = c.wkv.rows;
+    return d;
+  }
+  absl::StatusOr<DevBlock> Block(const model::BlockWeights& b) {
+    DevBlock d;
+    const model::AttentionWeights& a = b.attn;
+    d.ratio = a.ratio;
+    ASSIGN_OR_RETURN(d.attn_norm, F32(b.attn_norm));
+    ASSIGN_OR_RETURN(d.ffn_norm, F32(b.ffn_norm));
+    ASSIGN_OR_RETURN(d.hc_attn, Hc(b.hc_attn));
+    ASSIGN_OR_RETURN(d.hc_ffn, Hc(b.hc_ffn));
+    ASSIGN_OR_RETURN(d.sink, F32(a.attn_sink));
+    ASSIGN_OR_RETURN(d.wq_a, Fp8(a.wq_a));
+    ASSIGN_OR_RETURN(d.wq_b, Fp8(a.wq_b));
+    ASSIGN_OR_RETURN(d.wkv, Fp8(a.wkv));
+    ASSIGN_OR_RETURN(d.wo_a, Fp8(a.wo_a));
+    ASSIGN_OR_RETURN(d.wo_b, Fp8(a.wo_b));
+    ASSIGN_OR_RETURN(d.q_norm, F32(a.q_norm));
+    ASSIGN_OR_RETURN(d.kv_norm, F32(a.kv_norm));
+    d.has_compressor = a.has_compressor;
+    d.has_indexer = a.has_indexer;
+    if (a.has_compressor) {
+      ASSIGN_OR_RETURN(d.compressor, Compressor(a.compressor));
+    }
+    if (a.has_indexer) {
+      ASSIGN_OR_RETURN(d.index_compressor, Compressor(a.indexer.compressor));
+      ASSIGN_OR_RETURN(d.index_wq_b, Fp8(a.indexer.wq_b));
+      ASSIGN_OR_RETURN(d.index_weights_proj, Bf16(a.indexer.weights_proj));
+    }
+    const model::MoeWeights& m = b.moe;
+    ASSIGN_OR_RETURN(d.gate, Bf16(m.gate));
+    if (m.hash) {
+      ASSIGN_OR_RETURN(void* p, Upload(m.tid2eid.data(), m.tid2eid.size() * 4));
+      d.tid2eid = static_cast<const int32_t*>(p);
+    } else {
+      ASSIGN_OR_RETURN(d.bias, F32(m.bias));
+    }
+    ASSIGN_OR_RETURN(d.shared_w1, Fp8(m.shared_w1));
+    ASSIGN_OR_RETURN(d.shared_w2, Fp8(m.shared_w2));
+    ASSIGN_OR_RETURN(d.shared_w3, Fp8(m.shared_w3));
+    return d;
+  }
+
+  void FreeLayer(LayerKv& k) {
+    cudaFree(k.pool);
+    cudaFree(k.keys);
+    cudaFree(k.comp_state);
+    cudaFree(k.index_state);
+    k = LayerKv{};
+  }
+  void FreeSeq(SeqState& s) {
+    for (LayerKv& k : s.layers) FreeLayer(k);
+    s.layers.clear();
+    s.bytes = 0;
+  }
+};
+
+CudaBackend::CudaBackend(std::shared_ptr<const model::Model> model,
+                         const CudaBackendOptions& options)
+    : model_(std::move(model)), options_(options), impl_(std::make_unique<Impl>()) {}
+
+CudaBackend::~CudaBackend() {
+  if (impl_) cudaSetDevice(impl_->device);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    std::shared_ptr<const model::Model> model, const CudaBackendOptions& o) {
+  const ModelConfig& c = model->config();
+  if (o.num_stages < 1 || o.stage < 0 || o.stage >= o.num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", o.stage, " of ", o.num_stages, " stages"));
+  }
+  if (o.first_layer < 0 || o.end_layer > c.n_layers || o.first_layer >= o.end_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", o.first_layer, ", ", o.end_layer,
+                                                   ") are not a range of the model's ", c.n_layers,
+                                                   " layers"));
+  }
+  if (o.stage == 0 && o.first_layer != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage 0 must start at layer 0, not ", o.first_layer));
+  }
+  if (o.stage == o.num_stages - 1 && o.end_layer != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the last stage must end at layer ", c.n_layers, ", not ", o.end_layer));
+  }
+  if (o.kv_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_tokens ", o.kv_tokens, " < 1"));
+  }
+  // The kernels' static limits, checked once here rather than at every launch.
+  if (c.hc_mult > cuda::kHcMaxMult || c.n_routed_experts > cuda::kRouterMaxExperts ||
+      c.n_activated_experts > cuda::kRouterMaxTopK || c.head_dim % 128 != 0 ||
+      c.head_dim > cuda::kCompressorMaxDim || c.index_n_heads > cuda::kIndexerMaxHeads ||
+      c.index_head_dim > cuda::kIndexerMaxHeadDim || c.index_topk > cuda::kIndexerMaxTopK) {
+    return absl::InvalidArgumentError(
+        "the model's shapes exceed the CUDA kernels' static limits (kernels/*.h)");
+  }
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || o.device < 0 || o.device >= n) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the cuda backend needs CUDA device ", o.device, "; ", n, " found"));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(model), o));
+  Impl& im = *b->impl_;
+  im.device = o.device;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_ready, cudaEventDisableTiming));
+  const model::ModelWeights& w = b->model_->weights();
+  for (int l = o.first_layer; l < o.end_layer; ++l) {
+    ASSIGN_OR_RETURN(DevBlock d, im.Block(w.blocks[l]));
+    im.blocks.push_back(d);
+  }
+  if (o.stage == o.num_stages - 1) {
+    ASSIGN_OR_RETURN(im.hc_head, im.Hc(w.hc_head));
+    ASSIGN_OR_RETURN(im.final_norm, im.F32(w.norm));
+    ASSIGN_OR_RETURN(im.head, im.Bf16(w.head));
+  }
+  ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
+  ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
+  return b;
+}
+
+BackendInfo CudaBackend::info() const {
+  BackendInfo i;
+  cudaDeviceProp p{};
+  i.device = cudaGetDeviceProperties(&p, impl_->device) == cudaSuccess ? p.name : "cuda";
+  i.weight_bytes = impl_->weight_bytes;
+  i.kv_tokens = options_.kv_tokens;
+  // bf16 compressed KV and indexer keys at capacity, amortised per token (the window rings and
+  // the compressor states are per sequence, not per token, and not counted).
+  const ModelConfig& c = model_->config();
+  int64_t per_token = 0;
+  for (int l = options_.first_layer; l < options_.end_layer; ++l) {
+    const int64_t ratio = c.compress_ratio(l);
+    if (ratio > 0) per_token += c.head_dim * 2 / ratio;
+    if (ratio == 4) per_token += c.index_head_dim * 2 / ratio;
+  }
+  i.kv_bytes = per_token * options_.kv_tokens;
+  return i;
+}
+
+KvUsage CudaBackend::kv_usage() const {
+  KvUsage u;
+  u.capacity_tokens = options_.kv_tokens;
+  u.sequences = static_cast<int64_t>(impl_->seqs.size());
+  for (const auto& [id, s] : impl_->seqs) u.used_tokens += s.next_pos;
+  return u;
+}
+
+void CudaBackend::Release(uint64_t seq_id) {
+  auto it = impl_->seqs.find(seq_id);
+  if (it == impl_->seqs.end()) return;
+  cudaSetDevice(impl_->device);
+  cudaStreamSynchronize(impl_->stream);
+  impl_->FreeSeq(it->second);
+  impl_->seqs.erase(it);
+}
+
+void CudaBackend::ReleaseAll() {
+  cudaSetDevice(impl_->device);
+  cudaStreamSynchronize(impl_->stream);
+  for (auto& [id, s] : impl_->seqs) impl_->FreeSeq(s);
+  impl_->seqs.clear();
+}
+
+// The same checks, in the same words, as CpuBackend::Check.
+absl::Status CudaBackend::Check(std::span<const StageChunk> batch) const {
+  const ModelConfig& c = model_->config();
+  std::set<uint64_t> seen;
+  int64_t used = kv_usage().used_tokens;
+  for (const StageChunk& ch : batch) {
+    const std::string seq = absl::StrCat("sequence ", ch.seq_id);
+    if (!seen.insert(ch.seq_id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(seq, " appears twice in the micro-batch"));
+    }
+    if (ch.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(seq, ": no tokens"));
+    for (const int32_t t : ch.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(seq, ": token id ", t, " outside [0, ", c.vocab_size, ")"));
+      }
+    }
+    auto it = impl_->seqs.find(ch.seq_id);
+    const int64_t held = it == impl_->seqs.end() ? 0 : it->second.next_pos;
+    if (ch.start != 0) {
+      if (it == impl_->seqs.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(seq, ": chunk starts at ", ch.start,
+                         " but this worker holds no state for it (unknown, released or failed)"));
+      }
+      if (ch.start != held) {
+        return absl::InvalidArgumentError(absl::StrCat(seq, ": chunk starts at ", ch.start,
+                                                       ", the sequence's next position is ", held));
+      }
+    }
+    const int64_t end = ch.start + static_cast<int64_t>(ch.tokens.size());
+    if (c.max_position_embeddings > 0 && end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(seq, ": positions up to ", end,
+                                                     " exceed the model's context of ",
+                                                     c.max_position_embeddings));
+    }
+    used += end - held;
+  }
+  if (used > options_.kv_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV capacity exceeded: the micro-batch needs ",
+                                                     used, " tokens, this worker holds ",
+                                                     options_.kv_tokens));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Grows (or creates) a layer's buffers so a chunk [start, start + S) fits; keeps the ring, the
+// entries and the keys written so far (positions < start).
+absl::Status EnsureLayer(const ModelConfig& c, int64_t ratio, int64_t start, int64_t S,
+                         cudaStream_t stream, LayerKv& k, int64_t* bytes) {
+  const int64_t W = c.window_size, Dh = c.head_dim, end = start + S;
+  const int64_t blocks_before = ratio > 0 ? start / ratio : 0;
+  const int64_t blocks_after = ratio > 0 ? end / ratio : 0;
+  if (k.pool == nullptr || S > k.stage_cap || blocks_after > k.comp_cap) {
+    const int64_t stage_cap = std::max(S, k.stage_cap);
+    const int64_t comp_cap =
+        blocks_after > k.comp_cap ? std::max(blocks_after, 2 * k.comp_cap) : k.comp_cap;
+    uint16_t* pool = nullptr;
+    const size_t n = static_cast<size_t>((W + stage_cap + comp_cap) * Dh * 2);
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&pool, n));
+    *bytes += static_cast<int64_t>(n);
+    if (k.pool != nullptr) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(pool, k.pool, W * Dh * 2, cudaMemcpyDeviceToDevice, stream));
+      if (blocks_before > 0) {
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(pool + (W + stage_cap) * Dh, k.pool + (W + k.stage_cap) * Dh,
+                            blocks_before * Dh * 2, cudaMemcpyDeviceToDevice, stream));
+      }
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      cudaFree(k.pool);
+      *bytes -= (W + k.stage_cap + k.comp_cap) * Dh * 2;
+    }
+    k.pool = pool;
+    k.stage_cap = stage_cap;
+    k.comp_cap = comp_cap;
+  }
+  if (ratio == 4 && blocks_after > k.keys_cap) {
+    const int64_t cap = std::max(blocks_after, 2 * k.keys_cap);
+    const int64_t hd = c.index_head_dim;
+    uint16_t* keys = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&keys, std::max<size_t>(cap * hd * 2, 16)));
+    *bytes += cap * hd * 2;
+    if (k.keys != nullptr) {
+      if (blocks_before > 0) {
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys, k.keys, blocks_before * hd * 2,
+                                             cudaMemcpyDeviceToDevice, stream));
+      }
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      cudaFree(k.keys);
+      *bytes -= k.keys_cap * hd * 2;
+    }
+    k.keys = keys;
+    k.keys_cap = cap;
+  }
+  auto state = [&](float*& p, int64_t& half, int64_t d) -> absl::Status {
+    const int64_t coff = ratio == 4 ? 2 : 1;
+    half = coff * ratio * coff * d;
+    if (p == nullptr) {
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&p, half * 2 * 4));
+      *bytes += half * 2 * 4;
+    }
+    if (start == 0) CUDA_RETURN_IF_ERROR(cuda::CompressorResetState(p, p + half, half, stream));
+    return absl::OkStatus();
+  };
+  if (ratio > 0) RETURN_IF_ERROR(state(k.comp_state, k.comp_n, Dh));
+  if (ratio == 4) RETURN_IF_ERROR(state(k.index_state, k.index_n, c.index_head_dim));
+  return absl::OkStatus();
+}
+
+// Carves aligned pieces out of one allocation.
+// With a null base it only measures.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(reinterpret_cast<uintptr_t>(base)) {}
+  template <typename T>
+  T* Take(int64_t n) {
+    T* p = base_ == 0 ? nullptr : reinterpret_cast<T*>(base_ + off_);
+    off_ += (static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T) + 255) / 256 * 256;
+    return p;
+  }
+  size_t used() const { return off_; }
+
+ private:
+  uintptr_t base_;
+  size_t off_ = 0;
+};
+
+// The step's device scratch (sized by the batch's token count T).
+struct Scratch {
+  uint16_t *h = nullptr, *h2 = nullptr, *mid = nullptr;  // [T, hc, dim]
+  uint16_t *y = nullptr, *xn = nullptr, *attn = nullptr, *moe = nullptr, *shared = nullptr;
+  float *pre = nullptr, *post = nullptr, *comb = nullptr;
+  uint16_t *qa = nullptr, *qr = nullptr, *q = nullptr, *kva = nullptr, *kv = nullptr;
+  uint16_t *o = nullptr, *z = nullptr;
+  float *cv = nullptr, *cg = nullptr;
+  uint16_t* iq = nullptr;
+  float* proj = nullptr;
+  uint16_t* iw = nullptr;
+  float* rlogits = nullptr;
+  int32_t* ridx = nullptr;
+  float* rw = nullptr;
+  uint16_t *sg = nullptr, *su = nullptr, *sa = nullptr;
+  uint8_t* qbuf = nullptr;
+  float* sbuf = nullptr;
+  float *cos0 = nullptr, *sin0 = nullptr, *cos1 = nullptr, *sin1 = nullptr;
+  int64_t *ids = nullptr, *pos = nullptr;
+};
+
+size_t CarveScratch(const ModelConfig& c, int64_t T, char* base, Scratch* s) {
+  Carver cv(base);
+  const int64_t hc = c.hc_mult, dim = c.dim, H = c.n_heads, Dh = c.head_dim;
+  const int64_t rd = c.rope_head_dim, inter = c.moe_inter_dim;
+  const int64_t max_in = std::max({dim, c.q_lora_rank, c.o_groups * c.o_lora_rank, inter});
+  s->h = cv.Take<uint16_t>(T * hc * dim);
+  s->h2 = cv.Take<uint16_t>(T * hc * dim);
+  s->mid = cv.Take<uint16_t>(T * hc * dim);
+  s->y = cv.Take<uint16_t>(T * dim);
+  s->xn = cv.Take<uint16_t>(T * dim);
+  s->attn = cv.Take<uint16_t>(T * dim);
+  s->moe = cv.Take<uint16_t>(T * dim);
+  s->shared = cv.Take<uint16_t>(T * dim);
+  s->pre = cv.Take<float>(T * hc);
+  s->post = cv.Take<float>(T * hc);
+  s->comb = cv.Take<float>(T * hc * hc);
+  s->qa = cv.Take<uint16_t>(T * c.q_lora_rank);
+  s->qr = cv.Take<uint16_t>(T * c.q_lora_rank);
+  s->q = cv.Take<uint16_t>(T * H * Dh);
+  s->kva = cv.Take<uint16_t>(T * Dh);
+  s->kv = cv.Take<uint16_t>(T * Dh);
+  s->o = cv.Take<uint16_t>(T * H * Dh);
+  s->z = cv.Take<uint16_t>(T * c.o_groups * c.o_lora_rank);
+  const int64_t width = 2 * std::max(Dh, c.index_head_dim);
+  s->cv = cv.Take<float>(T * width);
+  s->cg = cv.Take<float>(T * width);
+  s->iq = cv.Take<uint16_t>(T * c.index_n_heads * c.index_head_dim);
+  s->proj = cv.Take<float>(T * c.index_n_heads);
+  s->iw = cv.Take<uint16_t>(T * c.index_n_heads);
+  s->rlogits = cv.Take<float>(T * c.n_routed_experts);
+  s->ridx = cv.Take<int32_t>(T * c.n_activated_experts);
+  s->rw = cv.Take<float>(T * c.n_activated_experts);
+  s->sg = cv.Take<uint16_t>(T * inter);
+  s->su = cv.Take<uint16_t>(T * inter);
+  s->sa = cv.Take<uint16_t>(T * inter);
+  s->qbuf = cv.Take<uint8_t>(T * max_in);
+  s->sbuf = cv.Take<float>(T * ((max_in + 127) / 128));
+  s->cos0 = cv.Take<float>(T * rd / 2);
+  s->sin0 = cv.Take<float>(T * rd / 2);
+  s->cos1 = cv.Take<float>(T * rd / 2);
+  s->sin1 = cv.Take<float>(T * rd / 2);
+  s->ids = cv.Take<int64_t>(T);
+  s->pos = cv.Take<int64_t>(T);
+  return cv.used();
+}
+
+// Linear8 on the device: per-row e4m3 quantisation, then the FP8 linear.
+cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const Scratch& s, uint16_t* y,
+                 cudaStream_t stream) {
+  cudaError_t e = cuda::QuantizeActE4m3(x, rows, w.in, s.qbuf, s.sbuf, stream);
+  if (e != cudaSuccess) return e;
+  return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w.w, w.s, w.out, w.in, y, stream);
+}
+
+// Per (layer, chunk): the CompressorBatch arrays of the main and the indexer compressor.
+struct ChunkParams {
+  int64_t start, row_begin[2], entry_begin;
+  uint64_t kv_state, score_state;
+  int64_t pad[2];
+};
+static_assert(sizeof(ChunkParams) == 64);
+
+}  // namespace
+
+absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* streams_in,
+                              StageOutput* out, StageTimings* timings) {
+  RETURN_IF_ERROR(Check(batch));
+  Impl& im = *impl_;
+  const ModelConfig& c = model_->config();
+  const int64_t hc = c.hc_mult, dim = c.dim, width = hc * dim;
+  const bool first = options_.stage == 0, last = options_.stage == options_.num_stages - 1;
+  if (!first && streams_in == nullptr) {
+    return absl::InvalidArgumentError("stage > 0 needs the previous stage's streams");
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
+  cudaStream_t st = im.stream;
+  const int n_layers = options_.end_layer - options_.first_layer;
+  const size_t nc = batch.size();
+
+  // On any failure below, the batch's sequences are dropped (backend.h).
+  auto fail = [&](absl::Status s) {
+    cudaStreamSynchronize(st);
+    for (const StageChunk& ch : batch) Release(ch.seq_id);
+    return s;
+  };
+
+  std::vector<int64_t> row0(nc + 1, 0), ids, pos;
+  for (size_t i = 0; i < nc; ++i) {
+    const StageChunk& ch = batch[i];
+    row0[i + 1] = row0[i] + static_cast<int64_t>(ch.tokens.size());
+    for (size_t t = 0; t < ch.tokens.size(); ++t) {
+      ids.push_back(ch.tokens[t]);
+      pos.push_back(ch.start + static_cast<int64_t>(t));
+    }
+  }
+  const int64_t T = row0[nc];
+
+  // Sequence state: new sequences, restarts (start 0 resets the compressors) and growth.
+  for (size_t i = 0; i < nc; ++i) {
+    const StageChunk& ch = batch[i];
+    SeqState& s = im.seqs[ch.seq_id];
+    s.layers.resize(n_layers);
+    for (int l = 0; l < n_layers; ++l) {
+      const absl::Status e =
+          EnsureLayer(c, im.blocks[l].ratio, ch.start, static_cast<int64_t>(ch.tokens.size()), st,
+                      s.layers[l], &s.bytes);
+      if (!e.ok()) return fail(e);
+    }
+  }
+
+  // Scratch and the step's inputs.
+  Scratch sc;
+  const size_t need = CarveScratch(c, T, nullptr, &sc);
+  if (absl::Status e = im.arena.Reserve(need); !e.ok()) return fail(e);
+  CarveScratch(c, T, im.arena.as<char>(), &sc);
+  std::vector<uint16_t> hb(T * width);
+  if (first) {
+    std::vector<float> e(width);
+    for (int64_t t = 0; t < T; ++t) {
+      model_->EmbedStreams(&ids[t], 1, e.data());
+      for (int64_t i = 0; i < width; ++i) hb[t * width + i] = FloatToBf16(e[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < T * width; ++i) hb[i] = FloatToBf16(streams_in[i]);
+  }
+  auto check = [&](cudaError_t e, const char* what) -> absl::Status {
+    return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, what);
+  };
+#define STEP(expr)                                \
+  do {                                            \
+    const absl::Status s_ = check((expr), #expr); \
+    if (!s_.ok()) return fail(s_);                \
+  } while (0)
+  STEP(cudaMemcpyAsync(sc.h, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice, st));
+  STEP(cudaMemcpyAsync(sc.ids, ids.data(), T * 8, cudaMemcpyHostToDevice, st));
+  STEP(cudaMemcpyAsync(sc.pos, pos.data(), T * 8, cudaMemcpyHostToDevice, st));
+  const int64_t rd = c.rope_head_dim;
+  STEP(cuda::RopeCosSin(im.freqs_plain, rd / 2, sc.pos, T, false, sc.cos0, sc.sin0, st));
+  STEP(cuda::RopeCosSin(im.freqs_comp, rd / 2, sc.pos, T, false, sc.cos1, sc.sin1, st));
+
+  // Compressor parameters of every (layer, chunk), uploaded once.
+  std::vector<ChunkParams> params(static_cast<size_t>(n_layers) * nc * 2);
+  for (int l = 0; l < n_layers; ++l) {
+    const int64_t ratio = im.blocks[l].ratio;
+    for (size_t i = 0; i < nc; ++i) {
+      const LayerKv& k = im.seqs.at(batch[i].seq_id).layers[l];
+      const int64_t S = row0[i + 1] - row0[i], start = batch[i].start;
+      for (int kind = 0; kind < 2; ++kind) {
+        ChunkParams& p = params[(l * nc + i) * 2 + kind];
+        p = ChunkParams{start, {0, S}, ratio > 0 ? start / ratio : 0, 0, 0, {0, 0}};
+        float* base = kind == 0 ? k.comp_state : k.index_state;
+        const int64_t half = kind == 0 ? k.comp_n : k.index_n;
+        p.kv_state = reinterpret_cast<uint64_t>(base);
+        p.score_state = reinterpret_cast<uint64_t>(base ? base + half : nullptr);
+      }
+    }
+  }
+  if (absl::Status e = im.params.Reserve(params.size() * sizeof(ChunkParams)); !e.ok()) {
+    return fail(e);
+  }
+  STEP(cudaMemcpyAsync(im.params.p, params.data(), params.size() * sizeof(ChunkParams),
+                       cudaMemcpyHostToDevice, st));
+  const ChunkParams* dparams = im.params.as<ChunkParams>();
+
+  if (timings) {
+    for (auto* v :
+         {&timings->attention, &timings->moe_gpu, &timings->moe_cpu, &timings->allreduce}) {
+      v->assign(n_layers, 0.0);
+    }
+  }
+  const float eps = static_cast<float>(c.norm_eps), hc_eps = static_cast<float>(c.hc_eps);
+  const int64_t H = c.n_heads, Dh = c.head_dim, W = c.window_size, qlr = c.q_lora_rank;
+  const int64_t nh = c.index_n_heads, ihd = c.index_head_dim;
+  const float scale = static_cast<float>(std::pow(static_cast<double>(Dh), -0.5));
+  const float wscale = static_cast<float>(std::pow(static_cast<double>(ihd), -0.5) *
+                                          std::pow(static_cast<double>(nh), -0.5));
+  const bool rounds = model_->options().kv_fp8_sim_rounds;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const int64_t K = c.n_activated_experts, inter = c.moe_inter_dim;
+  std::vector<float> xh(T * dim), rw(T * K), acc(T * dim), shf(T * dim);
+  std::vector<int32_t> ridx(T * K);
+  std::vector<uint16_t> xb(T * dim), shb(T * dim), yb(T * dim);
+  std::vector<int32_t> cand_h, sel_h;
+
+  for (int l = 0; l < n_layers; ++l) {
+    const int64_t layer = options_.first_layer + l;
+    const DevBlock& b = im.blocks[l];
+    const auto t0 = Clock::now();
+    const float* cs = b.ratio == 0 ? sc.cos0 : sc.cos1;
+    const float* sn = b.ratio == 0 ? sc.sin0 : sc.sin1;
+    const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
+    // ---- attention sublayer
+    STEP(cuda::HcPre(sc.h, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, T, hc, dim,
+                     c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
+    STEP(cuda::RmsNorm(sc.y, b.attn_norm, T, dim, eps, sc.xn, st));
+    STEP(Lin8(b.wq_a, sc.xn, T, sc, sc.qa, st));
+    STEP(cuda::RmsNorm(sc.qa, b.q_norm, T, qlr, eps, sc.qr, st));
+    STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
+    STEP(cuda::HeadRmsNormBf16(sc.q, T * H, Dh, eps, st));
+    STEP(cuda::ApplyRope(sc.q, T, H, Dh, rd, cs, sn, false, st));
+    STEP(Lin8(b.wkv, sc.xn, T, sc, sc.kva, st));
+    STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, st));
+    STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, st));
+    STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, st));
+
+    auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
+                        auto entries_of) -> absl::Status {
+      const int64_t wd = w.width;
+      RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wkv.p, wd, sc.cv, wd, st),
+                            "LinearBf16F32(wkv)"));
+      RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wgate.p, wd, sc.cg, wd, st),
+                            "LinearBf16F32(wgate)"));
+      for (size_t i = 0; i < nc; ++i) {
+        const int64_t S = row0[i + 1] - row0[i];
+        const ChunkParams* p = dparams + (l * nc + i) * 2 + kind;
+        cuda::CompressorBatch cb;
+        cb.n_seqs = 1;
+        cb.max_new = S / b.ratio + 1;
+        cb.start = &p->start;
+        cb.row_begin = p->row_begin;
+        cb.entry_begin = &p->entry_begin;
+        cb.kv_state = reinterpret_cast<float* const*>(&p->kv_state);
+        cb.score_state = reinterpret_cast<float* const*>(&p->score_state);
+        RETURN_IF_ERROR(
+            check(cuda::CompressorStep(sc.cv + row0[i] * wd, sc.cg + row0[i] * wd, wd, w.ape,
+                                       w.norm, freqs, shape, cb, entries_of(i), st),
+                  "CompressorStep"));
+      }
+      return absl::OkStatus();
+    };
+    auto seq_kv = [&](size_t i) -> LayerKv& { return im.seqs.at(batch[i].seq_id).layers[l]; };
+    if (b.has_compressor) {
+      cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
+                                  options_.compressor_fp64};
+      const absl::Status e = compress(b.compressor, 0, shape, [&](size_t i) {
+        LayerKv& k = seq_kv(i);
+        return k.pool + (W + k.stage_cap) * Dh;
+      });
+      if (!e.ok()) return fail(e);
+    }
+    if (b.has_indexer) {
+      cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
+                                  options_.compressor_fp64};
+      const absl::Status e =
+          compress(b.index_compressor, 1, shape, [&](size_t i) { return seq_kv(i).keys; });
+      if (!e.ok()) return fail(e);
+      STEP(Lin8(b.index_wq_b, sc.qr, T, sc, sc.iq, st));
+      STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
+      STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, st));
+      STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, st));
+    }
+
+    // Candidate lists per chunk (attention.h's layout), then one SparseAttention per chunk.
+    for (size_t i = 0; i < nc; ++i) {
+      LayerKv& k = seq_kv(i);
+      const int64_t S = row0[i + 1] - row0[i], start = batch[i].start, end = start + S;
+      const int64_t comp_row = W + k.stage_cap;
+      int64_t n_sel = 0;
+      if (b.has_indexer) {
+        const int64_t n_blocks = end / 4;
+        n_sel = std::min(c.index_topk, n_blocks);
+        if (n_sel > 0) {
+          if (absl::Status e = im.scores.Reserve(S * n_blocks * 4); !e.ok()) return fail(e);
+          if (absl::Status e = im.sel.Reserve(S * n_sel * 4); !e.ok()) return fail(e);
+          STEP(cuda::IndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh, k.keys,
+                                   nullptr, sc.pos + row0[i], S, nh, ihd, 4, n_blocks,
+                                   im.scores.as<float>(), st));
+          STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_blocks, n_sel, im.sel.as<int32_t>(),
+                                 st));
+          sel_h.resize(S * n_sel);
+          STEP(cudaMemcpyAsync(sel_h.data(), im.sel.p, S * n_sel * 4, cudaMemcpyDeviceToHost, st));
+          STEP(cudaStreamSynchronize(st));
+        }
+      }
+      const int64_t win_width = start == 0 ? std::min(S, W) : W;
+      const int64_t n_comp = b.has_indexer ? n_sel : (b.ratio > 0 ? end / b.ratio : 0);
+      const int64_t n_cand = win_width + n_comp;
+      cand_h.assign(S * n_cand, -1);
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t p = start + s;
+        int32_t* cl = cand_h.data() + s * n_cand;
+        int64_t j = 0;
+        for (int64_t t = std::max<int64_t>(0, p - W + 1); t <= p; ++t) {
+          cl[j++] = static_cast<int32_t>(t >= start ? W + (t - start) : t % W);
+        }
+        if (b.has_indexer) {
+          for (int64_t m = 0; m < n_sel; ++m) {
+            const int32_t v = sel_h[s * n_sel + m];
+            cl[win_width + m] = v >= 0 ? static_cast<int32_t>(comp_row + v) : -1;
+          }
+        } else if (b.ratio > 0) {
+          const int64_t complete = (p + 1) / b.ratio;
+          for (int64_t m = 0; m < n_comp; ++m) {
+            cl[win_width + m] = m < complete ? static_cast<int32_t>(comp_row + m) : -1;
+          }
+        }
+      }
+      if (absl::Status e = im.cand.Reserve(cand_h.size() * 4); !e.ok()) return fail(e);
+      // The chunk's raw KV into the staging rows, then attention.
+      STEP(cudaMemcpyAsync(k.pool + W * Dh, sc.kv + row0[i] * Dh, S * Dh * 2,
+                           cudaMemcpyDeviceToDevice, st));
+      STEP(
+          cudaMemcpyAsync(im.cand.p, cand_h.data(), cand_h.size() * 4, cudaMemcpyHostToDevice, st));
+      STEP(cuda::SparseAttention(sc.q + row0[i] * H * Dh, k.pool, im.cand.as<int32_t>(), b.sink, S,
+                                 H, Dh, n_cand, scale, sc.o + row0[i] * H * Dh, st));
+      // The last W positions of the chunk enter the ring.
+      for (int64_t t = std::max(start, end - W); t < end;) {
+        const int64_t slot = t % W, n = std::min(end - t, W - slot);
+        STEP(cudaMemcpyAsync(k.pool + slot * Dh, sc.kv + (row0[i] + t - start) * Dh, n * Dh * 2,
+                             cudaMemcpyDeviceToDevice, st));
+        t += n;
+      }
+      // cand_h is rebuilt for the next chunk: wait for its upload.
+      STEP(cudaStreamSynchronize(st));
+    }
+    STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
+    STEP(cuda::GroupedOutputProjection(sc.o, T, c.o_groups, c.o_lora_rank, H * Dh / c.o_groups,
+                                       b.wo_a.w, b.wo_a.s, sc.z, st));
+    STEP(Lin8(b.wo_b, sc.z, T, sc, sc.attn, st));
+    STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
+    if (timings) STEP(cudaStreamSynchronize(st));
+    const auto t1 = Clock::now();
+
+    // ---- MoE sublayer
+    STEP(cuda::HcPre(sc.mid, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, T, hc, dim,
+                     c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
+    STEP(cuda::RmsNorm(sc.y, b.ffn_norm, T, dim, eps, sc.xn, st));
+    STEP(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T, c.n_routed_experts, dim, K,
+                     static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, st));
+    STEP(cudaMemcpyAsync(xb.data(), sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, st));
+    STEP(cudaMemcpyAsync(ridx.data(), sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
+    STEP(cudaMemcpyAsync(rw.data(), sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
+    STEP(cudaEventRecord(im.routed_ready, st));
+    // The shared expert runs on the GPU while the host computes the routed experts.
+    STEP(Lin8(b.shared_w1, sc.xn, T, sc, sc.sg, st));
+    STEP(Lin8(b.shared_w3, sc.xn, T, sc, sc.su, st));
+    STEP(cuda::SwiGluBf16(sc.sg, sc.su, inter, nullptr, T, inter,
+                          model_->options().shared_expert_clamp ? limit : 0.0f, sc.sa, st));
+    STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
+    STEP(cudaMemcpyAsync(shb.data(), sc.shared, T * dim * 2, cudaMemcpyDeviceToHost, st));
+    STEP(cudaEventSynchronize(im.routed_ready));
+    const auto t2 = Clock::now();
+    for (int64_t i = 0; i < T * dim; ++i) xh[i] = Bf16ToFloat(xb[i]);
+    const model::RoutedExperts* experts = options_.experts ? options_.experts(layer) : nullptr;
+    if (experts != nullptr) {
+      const absl::Status e = experts->Compute(layer, T, xh.data(), ridx.data(), rw.data(),
+                                              static_cast<int>(K), acc.data());
+      if (!e.ok()) return fail(e);
+    } else {
+      model::RouterResult r;
+      r.indices = ridx;
+      r.weights = rw;
+      model::RoutedSum(model_->weights().blocks[layer].moe, c, xh.data(), r, T, acc.data());
+    }
+    const auto t3 = Clock::now();
+    STEP(cudaStreamSynchronize(st));
+    for (int64_t i = 0; i < T * dim; ++i) yb[i] = FloatToBf16(acc[i] + Bf16ToFloat(shb[i]));
+    STEP(cudaMemcpyAsync(sc.moe, yb.data(), T * dim * 2, cudaMemcpyHostToDevice, st));
+    STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
+    std::swap(sc.h, sc.h2);
+    if (timings) {
+      STEP(cudaStreamSynchronize(st));
+      const auto t4 = Clock::now();
+      timings->attention[l] = Seconds(t0, t1);
+      timings->moe_cpu[l] = Seconds(t2, t3);
+      timings->moe_gpu[l] = Seconds(t1, t4) - Seconds(t2, t3);
+    }
+  }
+
+  out->rows = T;
+  out->width = width;
+  out->streams.clear();
+  out->logits.clear();
+  if (last) {
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < nc; ++i) {
+      if (batch[i].samples) rows.push_back(row0[i + 1] - 1);
+    }
+    const int64_t n = static_cast<int64_t>(rows.size());
+    if (n > 0) {
+      for (int64_t r = 0; r < n; ++r) {
+        STEP(cudaMemcpyAsync(sc.h2 + r * width, sc.h + rows[r] * width, width * 2,
+                             cudaMemcpyDeviceToDevice, st));
+      }
+      const int64_t V = c.vocab_size;
+      if (absl::Status e = im.logits.Reserve(n * V * 4); !e.ok()) return fail(e);
+      STEP(cuda::HcHead(sc.h2, im.hc_head.fn, im.hc_head.base, im.hc_head.scale, n, hc, dim, hc_eps,
+                        eps, sc.y, st));
+      STEP(cuda::RmsNorm(sc.y, im.final_norm, n, dim, eps, sc.xn, st));
+      STEP(cuda::LmHead(sc.xn, n, dim, im.head.p, V, im.logits.as<float>(), V, st));
+      std::vector<float> lg(n * V);
+      STEP(cudaMemcpyAsync(lg.data(), im.logits.p, n * V * 4, cudaMemcpyDeviceToHost, st));
+      STEP(cudaStreamSynchronize(st));
+      for (int64_t r = 0; r < n; ++r)
+        out->logits.emplace_back(lg.begin() + r * V, lg.begin() + (r + 1) * V);
+    }
+  } else {
+    STEP(cudaMemcpyAsync(hb.data(), sc.h, T * width * 2, cudaMemcpyDeviceToHost, st));
+    STEP(cudaStreamSynchronize(st));
+    out->streams.resize(T * width);
+    for (int64_t i = 0; i < T * width; ++i) out->streams[i] = Bf16ToFloat(hb[i]);
+  }
+  STEP(cudaStreamSynchronize(st));
+#undef STEP
+  for (size_t i = 0; i < nc; ++i) {
+    im.seqs.at(batch[i].seq_id).next_pos = batch[i].start + (row0[i + 1] - row0[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ss::gpu

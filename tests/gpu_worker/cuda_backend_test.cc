@@ -1,0 +1,267 @@
+// The cuda backend (gpu_worker/cuda_backend.h) against the reference model on tiny-a (label gpu;
+// every test skips with a message without a CUDA device).
+//
+// Schedule: two sequences, A (150 prompt tokens: past the 16-token window, 37 ratio-4 blocks and
+// one ratio-128 block) and B (23 tokens). Step 0 prefills A[0:100) and B; step 1 the rest of A
+// (a chunk starting mid-sequence) with B's first decode token; steps 2..9 decode both, so each
+// sequence decodes ≥ 8 greedy tokens. The tokens fed are the reference's greedy choices (teacher
+// forcing), so both sides see the same inputs at every step.
+//
+// The reference is model::Model::RunBlock with the routed experts computed locally, i.e. exactly
+// what the cpu backend runs (cpu_backend.cc) without an expert worker; the cpu backend itself
+// needs the gRPC build, this test does not.
+//
+// Checks and tolerances (tests/data/tiny-a/README.md "Suggested tolerances"):
+//  * per block: a one-layer cuda stage fed the reference's input streams of that block at every
+//    step (its KV state therefore follows the reference's history); prefill steps rms_rel ≤ 0.02
+//    and ≥ 70% bit-identical bf16 elements, decode steps rms_rel ≤ 0.08 and ≥ 10%;
+//  * the whole model on one stage: logits smoke rms_rel ≤ 0.5, greedy tokens equal wherever the
+//    reference's top-2 margin exceeds 0.5 (the model is chaotic end to end; all counts printed);
+//  * PP: stages [0, 4) + [4, 7) give logits bit-identical to one stage [0, 7).
+// No new kernel is added by the backend (it launches the kernels of gpu_worker/kernels/, whose
+// tests assert ptxVersion == 86); the test checks that a step really launched on the device.
+#include "gpu_worker/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/model/model.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_test_util.h"
+
+namespace ss::gpu {
+namespace {
+
+using cuda::testing_util::GpuTest;
+using cuda::testing_util::kTinyA;
+using cuda::testing_util::Report;
+
+struct Feed {
+  uint64_t seq = 0;
+  int64_t start = 0;
+  std::vector<int32_t> tokens;
+  bool samples = false;
+};
+
+struct RefRun {
+  std::vector<std::vector<Feed>> steps;
+  std::vector<std::vector<std::vector<float>>> streams;  // [step][l]: input of block l; [n] final
+  std::vector<std::vector<std::vector<float>>> logits;   // [step][sampling chunk]
+};
+
+constexpr int kSteps = 10;
+
+std::shared_ptr<const model::Model> TinyModel() {
+  static const std::shared_ptr<const model::Model> m = [] {
+    auto r = model::Model::Load(kTinyA);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::shared_ptr<const model::Model>(std::move(*r)) : nullptr;
+  }();
+  return m;
+}
+
+int32_t Argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+float Top2Margin(const std::vector<float>& v) {
+  std::vector<float> s = v;
+  std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+  return s[0] - s[1];
+}
+
+// The reference run of the schedule (computed once).
+const RefRun& Reference() {
+  static const RefRun run = [] {
+    RefRun r;
+    const model::Model& m = *TinyModel();
+    const ModelConfig& c = m.config();
+    const int64_t width = c.hc_mult * c.dim;
+    std::vector<int32_t> prompt_a(150), prompt_b(23);
+    for (size_t i = 0; i < prompt_a.size(); ++i) prompt_a[i] = 2 + (i * 37 + 11) % 1000;
+    for (size_t i = 0; i < prompt_b.size(); ++i) prompt_b[i] = 2 + (i * 91 + 5) % 1000;
+    std::vector<model::SequenceState> states = {m.NewSequence(), m.NewSequence()};
+    std::vector<int32_t> next(2, -1);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<Feed> feeds;
+      if (step == 0) {
+        feeds.push_back({0, 0, {prompt_a.begin(), prompt_a.begin() + 100}, false});
+        feeds.push_back({1, 0, prompt_b, true});
+      } else if (step == 1) {
+        feeds.push_back({0, 100, {prompt_a.begin() + 100, prompt_a.end()}, true});
+        feeds.push_back({1, 23, {next[1]}, true});
+      } else {
+        for (uint64_t s = 0; s < 2; ++s) {
+          feeds.push_back({s, states[s].next_pos, {next[s]}, true});
+        }
+      }
+      std::vector<std::vector<int64_t>> ids(feeds.size());
+      std::vector<model::ChunkRef> refs;
+      int64_t T = 0;
+      for (size_t i = 0; i < feeds.size(); ++i) {
+        ids[i].assign(feeds[i].tokens.begin(), feeds[i].tokens.end());
+        refs.push_back({&states[feeds[i].seq], ids[i].data(), static_cast<int64_t>(ids[i].size()),
+                        feeds[i].start});
+        T += refs.back().n;
+      }
+      std::vector<std::vector<float>> hs(1, std::vector<float>(T * width));
+      int64_t row = 0;
+      for (const model::ChunkRef& ch : refs) {
+        m.EmbedStreams(ch.tokens, ch.n, hs[0].data() + row * width);
+        row += ch.n;
+      }
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        hs.emplace_back(T * width);
+        m.RunBlock(l, refs, hs[l].data(), hs[l + 1].data(), nullptr);
+      }
+      std::vector<std::vector<float>> lg;
+      row = 0;
+      for (size_t i = 0; i < feeds.size(); ++i) {
+        row += refs[i].n;
+        states[feeds[i].seq].next_pos += refs[i].n;
+        if (!feeds[i].samples) continue;
+        lg.emplace_back(c.vocab_size);
+        m.Logits(hs.back().data() + (row - 1) * width, lg.back().data());
+        next[feeds[i].seq] = Argmax(lg.back());
+      }
+      r.steps.push_back(std::move(feeds));
+      r.streams.push_back(std::move(hs));
+      r.logits.push_back(std::move(lg));
+    }
+    return r;
+  }();
+  return run;
+}
+
+std::vector<StageChunk> Chunks(const std::vector<Feed>& feeds) {
+  std::vector<StageChunk> b;
+  for (const Feed& f : feeds) b.push_back({f.seq, f.start, f.tokens, f.samples, {}});
+  return b;
+}
+
+std::unique_ptr<CudaBackend> Make(int stage, int num_stages, int first, int end) {
+  CudaBackendOptions o;
+  o.stage = stage;
+  o.num_stages = num_stages;
+  o.first_layer = first;
+  o.end_layer = end;
+  o.kv_tokens = 4096;
+  auto b = CudaBackend::Create(TinyModel(), o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+class CudaBackendTest : public GpuTest {};
+
+TEST_F(CudaBackendTest, EveryBlockMatchesTheReferenceOnItsInputs) {
+  ASSERT_NE(TinyModel(), nullptr);
+  const RefRun& ref = Reference();
+  const ModelConfig& c = TinyModel()->config();
+  const int L = static_cast<int>(c.n_layers);
+  for (int l = 0; l < L; ++l) {
+    // Stage l of L + 1: every one-layer stage is a non-last stage and returns its streams.
+    std::unique_ptr<CudaBackend> b = Make(l, L + 1, l, l + 1);
+    ASSERT_NE(b, nullptr);
+    std::vector<float> got_p, ref_p, got_d, ref_d;
+    for (int step = 0; step < kSteps; ++step) {
+      const std::vector<StageChunk> batch = Chunks(ref.steps[step]);
+      StageOutput out;
+      const absl::Status s =
+          b->Run(batch, l == 0 ? nullptr : ref.streams[step][l].data(), &out, nullptr);
+      ASSERT_TRUE(s.ok()) << "layer " << l << " step " << step << ": " << s;
+      const std::vector<float>& want = ref.streams[step][l + 1];
+      ASSERT_EQ(out.streams.size(), want.size());
+      auto& g = step < 2 ? got_p : got_d;
+      auto& r = step < 2 ? ref_p : ref_d;
+      g.insert(g.end(), out.streams.begin(), out.streams.end());
+      r.insert(r.end(), want.begin(), want.end());
+    }
+    const auto cp = Report("block " + std::to_string(l) + " prefill steps (0-1)", got_p, ref_p);
+    const auto cd = Report("block " + std::to_string(l) + " decode steps (2-9)", got_d, ref_d);
+    EXPECT_LE(cp.rms_rel, 0.02) << "block " << l;
+    EXPECT_GE(cp.bit_identical, 0.70) << "block " << l;
+    EXPECT_LE(cd.rms_rel, 0.08) << "block " << l;
+    EXPECT_GE(cd.bit_identical, 0.10) << "block " << l;
+    const KvUsage u = b->kv_usage();
+    EXPECT_EQ(u.sequences, 2);
+    EXPECT_EQ(u.used_tokens, 150 + 8 + 23 + 9);
+  }
+}
+
+TEST_F(CudaBackendTest, WholeModelGreedyAndPipelineSplitIsBitIdentical) {
+  ASSERT_NE(TinyModel(), nullptr);
+  const RefRun& ref = Reference();
+  std::unique_ptr<CudaBackend> one = Make(0, 1, 0, 7);
+  std::unique_ptr<CudaBackend> s0 = Make(0, 2, 0, 4);
+  std::unique_ptr<CudaBackend> s1 = Make(1, 2, 4, 7);
+  ASSERT_TRUE(one && s0 && s1);
+  std::printf("device %s, stage [0,7) weights %.2f MB\n", one->info().device.c_str(),
+              one->info().weight_bytes / 1e6);
+  int tokens = 0, equal = 0, confident = 0, confident_equal = 0;
+  int64_t pp_values = 0, pp_identical = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<StageChunk> batch = Chunks(ref.steps[step]);
+    StageOutput o1, o0, o2;
+    ASSERT_TRUE(one->Run(batch, nullptr, &o1, nullptr).ok());
+    ASSERT_TRUE(s0->Run(batch, nullptr, &o0, nullptr).ok());
+    ASSERT_TRUE(o0.logits.empty());
+    ASSERT_TRUE(s1->Run(batch, o0.streams.data(), &o2, nullptr).ok());
+    ASSERT_EQ(o1.logits.size(), ref.logits[step].size());
+    ASSERT_EQ(o2.logits.size(), o1.logits.size());
+    for (size_t i = 0; i < o1.logits.size(); ++i) {
+      const auto& want = ref.logits[step][i];
+      const auto cl = Report("step " + std::to_string(step) + " logits " + std::to_string(i),
+                             o1.logits[i], want);
+      EXPECT_LE(cl.rms_rel, 0.5);
+      const bool same = Argmax(o1.logits[i]) == Argmax(want);
+      ++tokens;
+      equal += same;
+      if (Top2Margin(want) > 0.5f) {
+        ++confident;
+        confident_equal += same;
+        EXPECT_TRUE(same) << "step " << step << " chunk " << i;
+      }
+      for (size_t j = 0; j < o1.logits[i].size(); ++j) {
+        ++pp_values;
+        pp_identical += std::memcmp(&o1.logits[i][j], &o2.logits[i][j], 4) == 0;
+      }
+    }
+  }
+  std::printf("greedy tokens equal to the reference: %d of %d (%d of %d with top-2 margin > 0.5)\n",
+              equal, tokens, confident_equal, confident);
+  std::printf("PP [0,4)+[4,7) vs [0,7): %lld of %lld logits bit-identical\n",
+              static_cast<long long>(pp_identical), static_cast<long long>(pp_values));
+  EXPECT_EQ(pp_identical, pp_values);
+}
+
+TEST_F(CudaBackendTest, ChecksReleaseAndCapacity) {
+  ASSERT_NE(TinyModel(), nullptr);
+  CudaBackendOptions o;
+  o.first_layer = 0;
+  o.end_layer = 7;
+  o.kv_tokens = 40;
+  auto b = CudaBackend::Create(TinyModel(), o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::vector<int32_t> t30(30, 5), t1(1, 7), t20(20, 9);
+  StageOutput out;
+  ASSERT_TRUE(
+      (*b)->Run(std::vector<StageChunk>{{1, 0, t30, true, {}}}, nullptr, &out, nullptr).ok());
+  EXPECT_EQ(out.logits.size(), 1u);
+  EXPECT_EQ((*b)->Check(std::vector<StageChunk>{{1, 29, t1, true, {}}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*b)->Check(std::vector<StageChunk>{{2, 0, t20, true, {}}}).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*b)->Check(std::vector<StageChunk>{{1, 30, t1, true, {}}}).ok());
+  (*b)->Release(1);
+  EXPECT_EQ((*b)->kv_usage().sequences, 0);
+  EXPECT_TRUE((*b)->Check(std::vector<StageChunk>{{2, 0, t20, true, {}}}).ok());
+  EXPECT_GT((*b)->info().weight_bytes, 0);
+}
+
+}  // namespace
+}  // namespace ss::gpu
