@@ -135,6 +135,7 @@ int Run(int argc, char** argv) {
   gc.max_context_tokens = static_cast<int32_t>(model->max_position_embeddings);
   gc.metrics = &registry;
   gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };
+  gc.num_waiting = [&engine] { return engine.NumWaiting(); };
   OpenAiServer gateway(gc, **tokenizer, engine);
   absl::StatusOr<int> http_port = gateway.Start(absl::GetFlag(FLAGS_host), port);
   if (!http_port.ok()) {

@@ -51,7 +51,7 @@ class GatewayMetrics {
     running = &m.Gauge("num_requests_running",
                        "Number of requests with an open generation in the gateway.", l);
     waiting = &m.Gauge("num_requests_waiting",
-                       "Number of requests waiting to be scheduled (0: not visible yet).", l);
+                       "Number of requests waiting to be scheduled.", l);
     kv_usage = &m.Gauge("kv_cache_usage_perc", "KV cache usage, 0 to 1 (1 = 100 percent).", l);
     success_stop = &Success("stop");
     success_length = &Success("length");
@@ -455,6 +455,7 @@ struct OpenAiServer::Impl {
 
   void HandleMetrics(const httplib::Request&, httplib::Response& res) {
     gm->kv_usage->Set(config.kv_cache_usage ? config.kv_cache_usage() : 0.0);
+    gm->waiting->Set(config.num_waiting ? static_cast<double>(config.num_waiting()) : 0.0);
     res.status = 200;
     res.set_content(registry->Serialize(), "text/plain; version=0.0.4");
   }

@@ -54,8 +54,8 @@
 //   generation_tokens_total        counter: generated ids delivered by the engine (= usage)
 //   num_requests_running           gauge: accepted requests whose stream is still open in the
 //                                  gateway (non-streaming: until the response is rendered)
-//   num_requests_waiting           gauge: always 0 for now (no queue is visible through
-//                                  GenerationEngine; it becomes real once a scheduler reports it)
+//   num_requests_waiting           gauge: GatewayConfig::num_waiting at scrape time (the
+//                                  scheduler's waiting queue), 0 when the hook is unset
 //   kv_cache_usage_perc            gauge in [0, 1]: GatewayConfig::kv_cache_usage at scrape time,
 //                                  0 when the hook is unset
 //   request_success_total{finished_reason}  counter: finished generations, "stop" (EOS, stop
@@ -106,6 +106,9 @@ struct GatewayConfig {
   metrics::Metrics* metrics = nullptr;
   // Optional: the engine's KV cache usage in [0, 1], read at every scrape (thread-safe).
   std::function<double()> kv_cache_usage;
+  // Optional: requests the scheduler holds waiting for admission, read at every scrape
+  // (thread-safe). Unset: num_requests_waiting stays 0.
+  std::function<int64_t()> num_waiting;
 };
 
 class OpenAiServer {

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# ctest driver of client_test.mjs against a FakeEngine gateway:
+# ctest driver of client_test.mjs against a FakeEngine gateway, or against the real system:
 #
 #   run_test.sh FAKE_GATEWAY_BIN WORK_DIR
+#   run_test.sh --up SPLITSERVE_BIN WORK_DIR     # `splitserve up` on the bundled tiny model
+#
+# With --up the model is real (random weights), so only shapes are checked, and the tool round
+# trip's second half runs only if the model happens to call the tool (the fake gateway covers it).
 #
 # Installs the pinned `openai` package into WORK_DIR/node_modules (kept between runs; installed
 # again when package-lock.json changes), starts FAKE_GATEWAY_BIN on a free port, runs the client
@@ -12,6 +16,11 @@
 #   (cd WORK_DIR && SPLITSERVE_BASE_URL=http://HOST:PORT/v1 node client_test.mjs)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+mode=fake
+if [ "$1" = "--up" ]; then
+  mode=up
+  shift
+fi
 gateway="$1"
 work="$2"
 
@@ -34,6 +43,31 @@ if ! cmp -s "$here/package-lock.json" "$stamp"; then
     exit 1
   fi
   cp "$here/package-lock.json" "$stamp"
+fi
+
+if [ "$mode" = up ]; then
+  port="$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+  "$gateway" up --port "$port" >"$work/up.out" 2>&1 &
+  up_pid=$!
+  trap 'kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true' EXIT
+  if ! node -e '
+    const url = process.argv[1];
+    const until = Date.now() + 300000;
+    (async () => {
+      while (Date.now() < until) {
+        try { if ((await fetch(url)).status === 200) process.exit(0); } catch (e) {}
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      process.exit(1);
+    })();' "http://127.0.0.1:$port/ready"; then
+    echo "openai_client_test: splitserve up did not become ready" >&2
+    cat "$work/up.out" >&2
+    exit 1
+  fi
+  echo "openai_client_test: splitserve up on port $port, openai $(node -p "require('$work/node_modules/openai/package.json').version"), node $(node --version)"
+  cd "$work"
+  SPLITSERVE_BASE_URL="http://127.0.0.1:$port/v1" SPLITSERVE_MODEL=tiny node client_test.mjs
+  exit $?
 fi
 
 "$gateway" --port 0 >"$work/gateway.out" 2>"$work/gateway.err" &
