@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "common/model_config.h"
 
@@ -88,5 +89,12 @@ class StageBackend {
   // Frees every sequence (a new step stream starts with none: cluster.proto).
   virtual void ReleaseAll() = 0;
 };
+
+// The checks every backend's Check() makes, in the same words: `next_pos(seq_id)` is the
+// sequence's next position, or -1 for a sequence the backend holds no state for; `used_tokens`
+// the KV tokens the live sequences hold, `capacity_tokens` the backend's KV capacity.
+absl::Status CheckBatch(const ModelConfig& config, std::span<const StageChunk> batch,
+                        int64_t used_tokens, int64_t capacity_tokens,
+                        absl::FunctionRef<int64_t(uint64_t)> next_pos);
 
 }  // namespace ss::gpu

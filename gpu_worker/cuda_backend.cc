@@ -335,50 +335,12 @@ void CudaBackend::ReleaseAll() {
   impl_->seqs.clear();
 }
 
-// The same checks, in the same words, as CpuBackend::Check.
 absl::Status CudaBackend::Check(std::span<const StageChunk> batch) const {
-  const ModelConfig& c = model_->config();
-  std::set<uint64_t> seen;
-  int64_t used = kv_usage().used_tokens;
-  for (const StageChunk& ch : batch) {
-    const std::string seq = absl::StrCat("sequence ", ch.seq_id);
-    if (!seen.insert(ch.seq_id).second) {
-      return absl::InvalidArgumentError(absl::StrCat(seq, " appears twice in the micro-batch"));
-    }
-    if (ch.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(seq, ": no tokens"));
-    for (const int32_t t : ch.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(seq, ": token id ", t, " outside [0, ", c.vocab_size, ")"));
-      }
-    }
-    auto it = impl_->seqs.find(ch.seq_id);
-    const int64_t held = it == impl_->seqs.end() ? 0 : it->second.next_pos;
-    if (ch.start != 0) {
-      if (it == impl_->seqs.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(seq, ": chunk starts at ", ch.start,
-                         " but this worker holds no state for it (unknown, released or failed)"));
-      }
-      if (ch.start != held) {
-        return absl::InvalidArgumentError(absl::StrCat(seq, ": chunk starts at ", ch.start,
-                                                       ", the sequence's next position is ", held));
-      }
-    }
-    const int64_t end = ch.start + static_cast<int64_t>(ch.tokens.size());
-    if (c.max_position_embeddings > 0 && end > c.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(seq, ": positions up to ", end,
-                                                     " exceed the model's context of ",
-                                                     c.max_position_embeddings));
-    }
-    used += end - held;
-  }
-  if (used > options_.kv_tokens) {
-    return absl::ResourceExhaustedError(absl::StrCat("KV capacity exceeded: the micro-batch needs ",
-                                                     used, " tokens, this worker holds ",
-                                                     options_.kv_tokens));
-  }
-  return absl::OkStatus();
+  return CheckBatch(model_->config(), batch, kv_usage().used_tokens, options_.kv_tokens,
+                    [&](uint64_t id) -> int64_t {
+                      auto it = impl_->seqs.find(id);
+                      return it == impl_->seqs.end() ? -1 : it->second.next_pos;
+                    });
 }
 
 namespace {

@@ -195,15 +195,4 @@ std::vector<std::string> WorkerConfig::Describe() const {
   return lines;
 }
 
-void NormalizeFlagDashes(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    char* a = argv[i];
-    if (std::strcmp(a, "--") == 0) return;
-    if (std::strncmp(a, "--", 2) != 0) continue;
-    for (char* p = a + 2; *p != '\0' && *p != '='; ++p) {
-      if (*p == '-') *p = '_';
-    }
-  }
-}
-
 }  // namespace ss::gpu

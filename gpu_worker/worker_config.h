@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/layer_list.h"
 #include "absl/strings/string_view.h"
 #include "gpu_worker/routed_experts_client.h"
 
@@ -108,7 +109,6 @@ struct StageRole {
   bool last_stage() const { return stage == num_stages - 1; }
 };
 
-// Rewrites "--some-flag[=v]" to "--some_flag[=v]" in place, up to a "--" terminator.
-void NormalizeFlagDashes(int argc, char** argv);
+using ss::NormalizeFlagDashes;  // common/layer_list.h
 
 }  // namespace ss::gpu

@@ -45,7 +45,8 @@ class TempDir {
 // A child process running `argv` (argv[0] = the binary's path). It dies with the test
 // (PR_SET_PDEATHSIG), so a crashing test leaves nothing behind. With `log_path` its stdout and
 // stderr go to that file. Stop() sends SIGTERM and returns the exit status (0 = clean shutdown;
-// 128 + signal when killed); Wait() only waits; Kill() sends SIGKILL.
+// 128 + signal when killed); Kill() the same with SIGKILL; Wait() only waits; WaitExit(timeout)
+// waits at most `timeout` (-1: still running).
 class ChildProcess {
  public:
   explicit ChildProcess(std::vector<std::string> argv, const std::string& log_path = "") {
@@ -74,8 +75,17 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   int Stop() { return Wait(/*terminate=*/true); }
-  void Kill() {
+  int Kill() {
     if (pid_ > 0) kill(pid_, SIGKILL);
+    return Wait();
+  }
+  int WaitExit(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (Running()) {
+      if (std::chrono::steady_clock::now() >= until) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return status_;
   }
   int Wait(bool terminate = false) {
     if (pid_ <= 0) return status_;

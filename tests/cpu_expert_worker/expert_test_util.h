@@ -14,6 +14,7 @@
 
 #include "common/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 #include "tests/tools/checkpoint_generator.h"
 #include "tests/tools/test_configs.h"
 
@@ -47,43 +48,17 @@ inline const std::string& I256Checkpoint() {
 }
 
 #ifdef SS_BIN_DIR
-// A splitserve-expert-worker child process started with `args` (the flags after the binary).
-// It dies with the test (PR_SET_PDEATHSIG), so a crashing test leaves no worker behind; Stop()
-// sends SIGTERM and returns the exit status (0 = clean shutdown), Wait() only waits.
-class WorkerProcess {
+// A splitserve-expert-worker child process started with `args` (the flags after the binary),
+// dying with the test (testing_util::ChildProcess).
+class WorkerProcess : public testing_util::ChildProcess {
  public:
-  explicit WorkerProcess(std::vector<std::string> args) {
-    args.insert(args.begin(), SS_BIN_DIR "/splitserve-expert-worker");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(127);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    EXPECT_GT(pid_, 0);
-  }
-  ~WorkerProcess() { Stop(); }
-  WorkerProcess(const WorkerProcess&) = delete;
-  WorkerProcess& operator=(const WorkerProcess&) = delete;
-  int Stop() { return Wait(/*terminate=*/true); }
-  int Wait(bool terminate = false) {
-    if (pid_ <= 0) return status_;
-    if (terminate) kill(pid_, SIGTERM);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    pid_ = -1;
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return status_;
-  }
+  explicit WorkerProcess(std::vector<std::string> args) : ChildProcess(WithBinary(std::move(args))) {}
 
  private:
-  pid_t pid_ = -1;
-  int status_ = -1;
+  static std::vector<std::string> WithBinary(std::vector<std::string> args) {
+    args.insert(args.begin(), SS_BIN_DIR "/splitserve-expert-worker");
+    return args;
+  }
 };
 #endif  // SS_BIN_DIR
 

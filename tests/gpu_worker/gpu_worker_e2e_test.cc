@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 #include "tests/gpu_worker/gpu_worker_test_util.h"
 
 namespace ss::gpu {
@@ -35,55 +36,20 @@ using testing_util::pb::StepPlan;
 using testing_util::pb::StepResult;
 namespace pb = testing_util::pb;
 
-// A child process that dies with the test (PR_SET_PDEATHSIG). Stop() sends SIGTERM and returns
-// the exit status (0 = clean), Kill() SIGKILLs it.
-class Child {
+// A child process that dies with the test (tests/test_util.h): `binary` with `args`.
+class Child : public testing_util::ChildProcess {
  public:
-  Child(const std::string& binary, std::vector<std::string> args) {
-    args.insert(args.begin(), binary);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(127);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    EXPECT_GT(pid_, 0);
-  }
-  ~Child() { Stop(); }
-  int Stop() { return Wait(SIGTERM); }
-  int Kill() { return Wait(SIGKILL); }
-  // The exit status once the child exits by itself within `timeout`, else -1 (still running).
+  Child(const std::string& binary, std::vector<std::string> args)
+      : ChildProcess(Prepend(binary, std::move(args))) {}
   int WaitExit(absl::Duration timeout) {
-    const absl::Time until = absl::Now() + timeout;
-    while (pid_ > 0 && absl::Now() < until) {
-      int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        return status_;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return pid_ > 0 ? -1 : status_;
+    return ChildProcess::WaitExit(absl::ToChronoMilliseconds(timeout));
   }
 
  private:
-  int Wait(int sig) {
-    if (pid_ <= 0) return status_;
-    kill(pid_, sig);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    pid_ = -1;
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return status_;
+  static std::vector<std::string> Prepend(const std::string& binary, std::vector<std::string> a) {
+    a.insert(a.begin(), binary);
+    return a;
   }
-  pid_t pid_ = -1;
-  int status_ = -1;
 };
 
 std::string TempPath(const std::string& tag) {

@@ -1,0 +1,56 @@
+#include "gpu_worker/backend.h"
+
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace ss::gpu {
+
+absl::Status CheckBatch(const ModelConfig& c, std::span<const StageChunk> batch,
+                        int64_t used_tokens, int64_t capacity_tokens,
+                        absl::FunctionRef<int64_t(uint64_t)> next_pos) {
+  std::set<uint64_t> seen;
+  int64_t used = used_tokens;
+  for (const StageChunk& ch : batch) {
+    const std::string seq = absl::StrCat("sequence ", ch.seq_id);
+    if (!seen.insert(ch.seq_id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(seq, " appears twice in the micro-batch"));
+    }
+    if (ch.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(seq, ": no tokens"));
+    for (const int32_t t : ch.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(seq, ": token id ", t, " outside [0, ", c.vocab_size, ")"));
+      }
+    }
+    const int64_t pos = next_pos(ch.seq_id);
+    const int64_t held = pos < 0 ? 0 : pos;
+    if (ch.start != 0) {
+      if (pos < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(seq, ": chunk starts at ", ch.start,
+                         " but this worker holds no state for it (unknown, released or failed)"));
+      }
+      if (ch.start != held) {
+        return absl::InvalidArgumentError(absl::StrCat(seq, ": chunk starts at ", ch.start,
+                                                       ", the sequence's next position is ", held));
+      }
+    }
+    const int64_t end = ch.start + static_cast<int64_t>(ch.tokens.size());
+    if (c.max_position_embeddings > 0 && end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(seq, ": positions up to ", end,
+                                                     " exceed the model's context of ",
+                                                     c.max_position_embeddings));
+    }
+    used += end - held;
+  }
+  if (used > capacity_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV capacity exceeded: the micro-batch needs ",
+                                                     used, " tokens, this worker holds ",
+                                                     capacity_tokens));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ss::gpu

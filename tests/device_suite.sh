@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU suite, run on the accelerator machine (the `device` tool) from the repository root with
+# the Debian packages carried in .deps (../shared/device/fetch-debs.sh):
+#
+#   bash tests/device_suite.sh OUT_DIR [quick]
+#
+# Builds everything (services included when the carried packages configure; else only the model,
+# the golden runner and the GPU parts), runs every gpu-labelled test binary directly (ctest's
+# gtest discovery files do not load with the device's CMake), the golden conformance run through
+# the cuda backend, the GPU benchmarks and, with the services built, `splitserve up --backend cuda`
+# (one and two pipeline stages on GPU 0) answering a chat completion. Logs go to OUT_DIR; a
+# summary goes to stdout.
+set -uo pipefail
+out="$1"
+quick="${2:-}"
+mkdir -p "$out"
+source .deps/use-deps.sh
+export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+services=ON
+if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cfg.log" 2>&1; then
+  echo "configure with services failed (tail of cfg.log):"; tail -15 "$out/cfg.log"
+  services=OFF
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=OFF \
+    >"$out/cfg_noservices.log" 2>&1 || { tail -20 "$out/cfg_noservices.log"; exit 1; }
+fi
+start=$(date +%s)
+cmake --build build -j"$(nproc)" -k 0 >"$out/build.log" 2>&1
+echo "build (services=$services): rc=$? in $(( $(date +%s) - start )) s"
+grep -m8 -E "error|FAILED" "$out/build.log"
+
+for t in cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test \
+         kv_record_gpu_test cuda_backend_test; do
+  [ -x "build/bin/$t" ] || { echo "$t: not built"; continue; }
+  "build/bin/$t" >"$out/$t.log" 2>&1
+  echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')"
+done
+echo "ptxVersion values: $(grep -ho 'ptxVersion=[0-9]*' "$out"/*.log | sort | uniq -c | tr '\n' ' ')"
+
+if build/bin/splitserve-golden --help 2>&1 | grep -q -- "--backend"; then
+  build/bin/splitserve-golden --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
+    >"$out/golden_cuda.log" 2>&1
+  echo "splitserve-golden --backend cuda: rc=$? $(tail -1 "$out/golden_cuda.log")"
+fi
+[ -n "$quick" ] && exit 0
+
+[ -x build/bin/cuda_backend_layer_bench ] && timeout 240 build/bin/cuda_backend_layer_bench \
+  >"$out/cuda_backend_layer_bench.log" 2>&1
+echo "cuda_backend_layer_bench rc=$?"; tail -12 "$out/cuda_backend_layer_bench.log" 2>/dev/null
+
+if [ "$services" = ON ] && [ -x build/bin/splitserve ]; then
+  for stages in 1 2; do
+    port=$((18000 + stages))
+    build/bin/splitserve up --backend cuda --stages "$stages" --port "$port" \
+      --log-dir "$out/up$stages" >"$out/up$stages.log" 2>&1 &
+    pid=$!
+    ok=""
+    for _ in $(seq 1 600); do
+      curl -sf "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && { ok=1; break; }
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    if [ -n "$ok" ]; then
+      curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"tiny","messages":[{"role":"user","content":"Hello!"}],"max_tokens":24,"temperature":0}' \
+        >"$out/up$stages.chat.json"
+      echo "splitserve up --backend cuda --stages $stages: $(head -c 400 "$out/up$stages.chat.json")"
+      curl -s "http://127.0.0.1:$port/metrics" >"$out/up$stages.metrics.txt"
+    else
+      echo "splitserve up --backend cuda --stages $stages: not ready"; tail -20 "$out/up$stages.log"
+    fi
+    kill -TERM "$pid" 2>/dev/null; wait "$pid"; echo "up exit: $?"
+  done
+fi
