@@ -50,7 +50,7 @@ inline const std::string& I256Checkpoint() {
 #ifdef SS_BIN_DIR
 // A splitserve-expert-worker child process started with `args` (the flags after the binary),
 // dying with the test (testing_util::ChildProcess).
-class WorkerProcess : public testing_util::ChildProcess {
+class WorkerProcess : public ::ss::testing_util::ChildProcess {
  public:
   explicit WorkerProcess(std::vector<std::string> args) : ChildProcess(WithBinary(std::move(args))) {}
 

@@ -37,12 +37,12 @@ using testing_util::pb::StepResult;
 namespace pb = testing_util::pb;
 
 // A child process that dies with the test (tests/test_util.h): `binary` with `args`.
-class Child : public testing_util::ChildProcess {
+class Child : public ::ss::testing_util::ChildProcess {
  public:
   Child(const std::string& binary, std::vector<std::string> args)
       : ChildProcess(Prepend(binary, std::move(args))) {}
   int WaitExit(absl::Duration timeout) {
-    return ChildProcess::WaitExit(absl::ToChronoMilliseconds(timeout));
+    return ::ss::testing_util::ChildProcess::WaitExit(absl::ToChronoMilliseconds(timeout));
   }
 
  private:
