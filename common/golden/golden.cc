@@ -192,21 +192,71 @@ SetAgreement CompareRouter(const std::vector<int32_t>& ours, const std::vector<f
 
 class Runner {
  public:
-  Runner(const GoldenOptions& o, const GoldenSet& g, const Model& m) : o_(o), g_(g), m_(m) {}
+  Runner(const GoldenOptions& o, const GoldenSet& g, std::shared_ptr<const Model> m)
+      : o_(o), g_(g), mp_(std::move(m)), m_(*mp_), b_(o.backend.get()) {}
 
   std::vector<CheckResult> Run() {
-    CheckLoader();
-    CheckRope();
-    CheckHcSplit();
+    OnReference(&Runner::CheckLoader, "the loader is shared by every backend");
+    OnReference(&Runner::CheckRope, "no backend exposes its RoPE tables");
+    OnReference(&Runner::CheckHcSplit, "no backend exposes its HC splits");
     for (const std::string set : {"blocks160", "inter"}) BlockPrefill(set);
     BlockDecode();
-    Mtp();
+    OnReference(&Runner::Mtp, "no backend runs the MTP block");
     FullModel();
     Variants();
     return results_;
   }
 
  private:
+  // Runs a check of internals on the reference model; with a backend, its figures say so.
+  void OnReference(void (Runner::*check)(), const char* why) {
+    const size_t first = results_.size();
+    (this->*check)();
+    if (b_ == nullptr) return;
+    for (size_t i = first; i < results_.size(); ++i) {
+      absl::StrAppend(&results_[i].figures, " [reference model: ", why, "]");
+    }
+  }
+  std::string OnBackend() const { return absl::StrCat(" (", b_->name(), " backend)"); }
+
+  // Block `layer` alone on the backend over one new sequence, fed the block's golden input
+  // streams (BlockInput) for the positions of `calls` ({start, n}, one stage call each, in
+  // order); the output rows of every call, in order, into `out`.
+  absl::Status BackendBlock(int64_t layer, const std::string& streams,
+                            const std::vector<int64_t>& ids,
+                            const std::vector<std::pair<int64_t, int64_t>>& calls,
+                            std::vector<float>& out) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GoldenStage> stage, b_->BlockStage(mp_, layer));
+    out.clear();
+    const uint64_t seq = next_seq_++;
+    std::vector<float> h, o;
+    for (const auto& [start, n] : calls) {
+      BlockInput(streams, layer, ids, start, n, h);
+      const GoldenChunk ch{seq, start, ids.data() + start, n};
+      RETURN_IF_ERROR(stage->Run({&ch, 1}, h.data(), &o, nullptr));
+      if (static_cast<int64_t>(o.size()) != n * HcDim()) {
+        return absl::InternalError(absl::StrCat("block ", layer, " stage returned ", o.size(),
+                                                " stream values for ", n, " rows"));
+      }
+      out.insert(out.end(), o.begin(), o.end());
+    }
+    return absl::OkStatus();
+  }
+  // The whole-model stage over `model` (the main model's is made once).
+  absl::StatusOr<GoldenStage*> ModelStage(const std::shared_ptr<const Model>& model) {
+    if (model == mp_) {
+      if (model_stage_ == nullptr) {
+        ASSIGN_OR_RETURN(model_stage_, b_->ModelStage(mp_));
+      }
+      return model_stage_.get();
+    }
+    if (model != variant_model_) {
+      variant_stage_.reset();  // before the next one takes the device's memory
+      ASSIGN_OR_RETURN(variant_stage_, b_->ModelStage(model));
+      variant_model_ = model;
+    }
+    return variant_stage_.get();
+  }
   bool Wanted(const std::string& name) const {
     if (o_.filters.empty()) return true;
     for (const auto& f : o_.filters) {
@@ -398,10 +448,18 @@ class Runner {
       ChunkRef ch{&st, ids.data(), S, 0};
       BlockTrace tr;
       m_.RunBlock(L, {&ch, 1}, h.data(), out.data(), &tr);
+      if (b_ != nullptr) {  // the output from the backend; the trace stays the reference's
+        const absl::Status s = BackendBlock(L, streams, ids, {{0, S}}, out);
+        if (!s.ok()) {
+          Add(name, false, absl::StrCat(b_->name(), " backend: ", s.message()));
+          continue;
+        }
+      }
       const std::vector<float>& ref = Cached(streams);
       const Closeness cb = Compare(out.data(), ref.data() + L * S * HcDim(), S * HcDim());
       bool pass = cb.rms_rel <= 0.02 && cb.max_rel <= 0.15 && cb.bit_identical >= 0.70;
       std::string fig = Fig("out", cb);
+      if (b_ != nullptr) absl::StrAppend(&fig, OnBackend(), "; internals on the reference model");
       for (const char* part : {"attn_out", "moe_out"}) {
         const std::string rn = absl::StrCat(set, ".", part);
         if (!g_.Has(rn)) continue;
@@ -485,29 +543,41 @@ class Runner {
     for (int64_t L = 0; L < C().n_layers; ++L) {
       const std::string name = absl::StrCat("block_decode.long.L", L);
       if (!Wanted(name)) continue;
-      SequenceState st = m_.NewSequence();
-      std::vector<float> h, out(prompt * HcDim());
-      BlockInput(streams, L, ids, 0, prompt, h);
-      ChunkRef ch{&st, ids.data(), prompt, 0};
-      BlockTrace tr;
-      m_.RunBlock(L, {&ch, 1}, h.data(), out.data(), &tr);
       std::vector<int32_t> sel_rows;  // our selection per long row (position prompt-1+r)
       const int64_t sel_k = C().index_topk;
-      auto keep_sel = [&](const model::IndexerResult& r, int64_t row) {
-        std::vector<int32_t> v(sel_k, -1);
-        for (int64_t i = 0; i < r.k; ++i) v[i] = r.sel[row * r.k + i];
-        sel_rows.insert(sel_rows.end(), v.begin(), v.end());
-      };
-      if (!tr.indexer.empty()) keep_sel(tr.indexer[0], prompt - 1);
       const int64_t n_dec = P - prompt;
       std::vector<float> dec(n_dec * HcDim());
-      for (int64_t p = prompt; p < P; ++p) {
-        std::vector<float> hp;
-        BlockInput(streams, L, ids, p, 1, hp);
-        ChunkRef c1{&st, ids.data() + p, 1, p};
-        BlockTrace t1;
-        m_.RunBlock(L, {&c1, 1}, hp.data(), dec.data() + (p - prompt) * HcDim(), &t1);
-        if (!t1.indexer.empty()) keep_sel(t1.indexer[0], 0);
+      if (b_ == nullptr) {
+        SequenceState st = m_.NewSequence();
+        std::vector<float> h, out(prompt * HcDim());
+        BlockInput(streams, L, ids, 0, prompt, h);
+        ChunkRef ch{&st, ids.data(), prompt, 0};
+        BlockTrace tr;
+        m_.RunBlock(L, {&ch, 1}, h.data(), out.data(), &tr);
+        auto keep_sel = [&](const model::IndexerResult& r, int64_t row) {
+          std::vector<int32_t> v(sel_k, -1);
+          for (int64_t i = 0; i < r.k; ++i) v[i] = r.sel[row * r.k + i];
+          sel_rows.insert(sel_rows.end(), v.begin(), v.end());
+        };
+        if (!tr.indexer.empty()) keep_sel(tr.indexer[0], prompt - 1);
+        for (int64_t p = prompt; p < P; ++p) {
+          std::vector<float> hp;
+          BlockInput(streams, L, ids, p, 1, hp);
+          ChunkRef c1{&st, ids.data() + p, 1, p};
+          BlockTrace t1;
+          m_.RunBlock(L, {&c1, 1}, hp.data(), dec.data() + (p - prompt) * HcDim(), &t1);
+          if (!t1.indexer.empty()) keep_sel(t1.indexer[0], 0);
+        }
+      } else {
+        std::vector<std::pair<int64_t, int64_t>> calls = {{0, prompt}};
+        for (int64_t p = prompt; p < P; ++p) calls.push_back({p, 1});
+        std::vector<float> all;
+        const absl::Status s = BackendBlock(L, streams, ids, calls, all);
+        if (!s.ok()) {
+          Add(name, false, absl::StrCat(b_->name(), " backend: ", s.message()));
+          continue;
+        }
+        std::copy(all.begin() + prompt * HcDim(), all.end(), dec.begin());
       }
       const std::vector<float>& ref = Cached(streams);
       const float* rl = ref.data() + (L * P + prompt) * HcDim();
@@ -526,8 +596,11 @@ class Runner {
           "positions=%d rms_rel=%.5f median_pos_rms_rel=%.5f worst_pos_rms_rel=%.4f "
           "bit_identical=%.3f",
           n_dec, all.rms_rel, median, worst, all.bit_identical);
+      if (b_ != nullptr) absl::StrAppend(&fig, OnBackend());
       const auto it = std::find(csa_layers.begin(), csa_layers.end(), L);
-      if (have_sel && it != csa_layers.end()) {
+      if (have_sel && it != csa_layers.end() && b_ != nullptr) {
+        absl::StrAppend(&fig, " | indexer_sets not reported: the backend exposes no selections");
+      } else if (have_sel && it != csa_layers.end()) {
         const int64_t ci = it - csa_layers.begin();
         const std::vector<int64_t> shape = g_.Shape("long.indexer.sel");
         const std::vector<float>& gsel_all = Cached("long.indexer.sel");
@@ -611,11 +684,44 @@ class Runner {
     }
   };
 
-  void Prefill(const Model& m, const std::vector<int64_t>& ids, std::vector<float>& logits) {
-    SequenceState st = m.NewSequence();
-    ChunkRef ch{&st, ids.data(), static_cast<int64_t>(ids.size()), 0};
-    auto r = m.Forward({&ch, 1});
-    logits = r.ok() ? (*r)[0] : std::vector<float>(C().vocab_size, NAN);
+  // Last-position logits of a prefill of `ids` on `m`: on the reference (a failure gives NaN
+  // logits, which fail the smoke check) or on the backend's model stage (an error is returned).
+  absl::Status Prefill(const std::shared_ptr<const Model>& m, const std::vector<int64_t>& ids,
+                       std::vector<float>& logits) {
+    if (b_ == nullptr) {
+      SequenceState st = m->NewSequence();
+      ChunkRef ch{&st, ids.data(), static_cast<int64_t>(ids.size()), 0};
+      auto r = m->Forward({&ch, 1});
+      logits = r.ok() ? (*r)[0] : std::vector<float>(C().vocab_size, NAN);
+      return absl::OkStatus();
+    }
+    std::vector<std::vector<float>> lg;
+    const std::vector<std::vector<GoldenChunk>> steps = {
+        {GoldenChunk{next_seq_++, 0, ids.data(), static_cast<int64_t>(ids.size())}}};
+    RETURN_IF_ERROR(BackendSteps(
+        m, steps, [&](int64_t, std::vector<std::vector<float>>& l) { lg = std::move(l); }));
+    logits = std::move(lg[0]);
+    return absl::OkStatus();
+  }
+
+  // Runs `steps` (each one call of chunks) on the model stage over `m`, giving each call's
+  // logits (one per chunk) to `take`, and releases the sequences afterwards.
+  template <typename Take>
+  absl::Status BackendSteps(const std::shared_ptr<const Model>& m,
+                            const std::vector<std::vector<GoldenChunk>>& steps, Take take) {
+    ASSIGN_OR_RETURN(GoldenStage * stage, ModelStage(m));
+    absl::Status s;
+    std::vector<std::vector<float>> lg;
+    for (size_t i = 0; i < steps.size() && s.ok(); ++i) {
+      s = stage->Run(steps[i], nullptr, nullptr, &lg);
+      if (s.ok() && lg.size() != steps[i].size()) {
+        s = absl::InternalError(absl::StrCat("model stage returned ", lg.size(), " logits for ",
+                                             steps[i].size(), " chunks"));
+      }
+      if (s.ok()) take(static_cast<int64_t>(i), lg);
+    }
+    for (const GoldenChunk& ch : steps.front()) stage->Release(ch.seq_id);
+    return s;
   }
 
   void FullModel() {
@@ -636,10 +742,13 @@ class Runner {
         continue;
       }
       std::vector<float> ours;
-      Prefill(m_, g_.Ints(ids_name), ours);
+      if (const absl::Status st = Prefill(mp_, g_.Ints(ids_name), ours); !st.ok()) {
+        Add(name, false, absl::StrCat(b_->name(), " backend: ", st.message()));
+        continue;
+      }
       Smoke s;
       s.Add(ours.data(), g_.Floats(logits_name).data(), V);
-      Add(name, s.pass(), s.fig());
+      Add(name, s.pass(), b_ == nullptr ? s.fig() : s.fig() + OnBackend());
     }
     LongGreedy();
     Batch2();
@@ -661,8 +770,24 @@ class Runner {
     }
     const std::vector<float> ref = g_.Floats("long.logits");
     const int64_t rows = g_.Shape("long.logits")[0];
-    SequenceState st = m_.NewSequence();
     Smoke s;
+    if (b_ != nullptr) {  // the prompt, then row r's input token at position prompt + r - 1
+      const uint64_t seq = next_seq_++;
+      std::vector<std::vector<GoldenChunk>> steps = {{{seq, 0, ids.data(), prompt}}};
+      for (int64_t row = 1; row < rows && prompt + row - 1 < static_cast<int64_t>(ids.size());
+           ++row) {
+        steps.push_back({{seq, prompt + row - 1, ids.data() + prompt + row - 1, 1}});
+      }
+      const absl::Status st =
+          BackendSteps(mp_, steps, [&](int64_t row, std::vector<std::vector<float>>& l) {
+            s.Add(l[0].data(), ref.data() + row * V, V);
+          });
+      if (!st.ok()) {
+        return Add("model.long", false, absl::StrCat(b_->name(), " backend: ", st.message()));
+      }
+      return Add("model.long", s.pass(), s.fig() + OnBackend());
+    }
+    SequenceState st = m_.NewSequence();
     ChunkRef ch{&st, ids.data(), prompt, 0};
     auto r = m_.Forward({&ch, 1});
     if (!r.ok()) return Add("model.long", false, std::string(r.status().message()));
@@ -698,9 +823,29 @@ class Runner {
     const std::vector<float> ref = g_.Floats("batch2.logits");
     const int64_t B = shape[0], rows = shape[1], V = shape[2];
     const int64_t S = static_cast<int64_t>(prompts.size()) / B;
+    Smoke s;
+    if (b_ != nullptr) {  // every row one call of B chunks, as below
+      const uint64_t seq0 = next_seq_;
+      next_seq_ += B;
+      std::vector<std::vector<GoldenChunk>> steps(rows);
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t b = 0; b < B; ++b) {
+          steps[row].push_back(row == 0 ? GoldenChunk{seq0 + b, 0, prompts.data() + b * S, S}
+                                        : GoldenChunk{seq0 + b, S + row - 1,
+                                                      gen.data() + b * gen_cols + row - 1, 1});
+        }
+      }
+      const absl::Status st =
+          BackendSteps(mp_, steps, [&](int64_t row, std::vector<std::vector<float>>& l) {
+            for (int64_t b = 0; b < B; ++b) {
+              s.Add(l[b].data(), ref.data() + (b * rows + row) * V, V);
+            }
+          });
+      if (!st.ok()) return Add(check, false, absl::StrCat(b_->name(), " backend: ", st.message()));
+      return Add(check, s.pass(), s.fig() + OnBackend());
+    }
     std::vector<SequenceState> st;
     for (int64_t b = 0; b < B; ++b) st.push_back(m_.NewSequence());
-    Smoke s;
     for (int64_t row = 0; row < rows; ++row) {
       std::vector<ChunkRef> chunks;
       for (int64_t b = 0; b < B; ++b) {
@@ -726,8 +871,11 @@ class Runner {
           Variant{"initial_revision", false, false}}) {
       const std::vector<int64_t> lens = g_.Lengths("variant." + v.name + ".L", ".logits");
       if (lens.empty() || !Wanted("variant." + v.name)) continue;
-      auto m = Model::Load(o_.model_dir, model::ModelOptions{v.clamp, v.rounds});
-      if (!m.ok()) return Add("variant." + v.name, false, std::string(m.status().message()));
+      auto loaded = Model::Load(o_.model_dir, model::ModelOptions{v.clamp, v.rounds});
+      if (!loaded.ok()) {
+        return Add("variant." + v.name, false, std::string(loaded.status().message()));
+      }
+      const std::shared_ptr<const Model> m = std::move(*loaded);
       for (int64_t L : lens) {
         const std::string name = absl::StrCat("variant.", v.name, ".L", L);
         const std::string ids_name = absl::StrCat("prefill.L", L, ".prompt_ids");
@@ -737,11 +885,14 @@ class Runner {
           continue;
         }
         std::vector<float> ours;
-        Prefill(**m, g_.Ints(ids_name), ours);
+        if (const absl::Status st = Prefill(m, g_.Ints(ids_name), ours); !st.ok()) {
+          Add(name, false, absl::StrCat(b_->name(), " backend: ", st.message()));
+          continue;
+        }
         const std::vector<float> ref = g_.Floats(ref_name);
         Smoke s;
         s.Add(ours.data(), ref.data(), C().vocab_size);
-        std::string fig = s.fig();
+        std::string fig = b_ == nullptr ? s.fig() : s.fig() + OnBackend();
         bool pass = s.pass();
         // The switch must move the result towards the variant (at least as close to it as to
         // the current revision's logits), not only stay within the smoke band.
@@ -759,7 +910,13 @@ class Runner {
 
   const GoldenOptions& o_;
   const GoldenSet& g_;
+  const std::shared_ptr<const Model> mp_;
   const Model& m_;
+  GoldenBackend* const b_;                      // null: the reference model
+  std::unique_ptr<GoldenStage> model_stage_;    // over mp_
+  std::shared_ptr<const Model> variant_model_;  // the last variant's model and its stage
+  std::unique_ptr<GoldenStage> variant_stage_;
+  uint64_t next_seq_ = 1;
   std::vector<CheckResult> results_;
   std::map<std::string, std::vector<float>> cache_;
 };
@@ -789,7 +946,7 @@ Closeness Compare(const float* a, const float* b, size_t n) {
 absl::StatusOr<std::vector<CheckResult>> RunGolden(const GoldenOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::Load(options.model_dir));
   ASSIGN_OR_RETURN(GoldenSet g, GoldenSet::Open(options.golden_dir));
-  Runner r(options, g, *m);
+  Runner r(options, g, std::move(m));
   return r.Run();
 }
 

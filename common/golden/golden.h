@@ -7,8 +7,24 @@
 // after block L-1, fresh state), in prefill and in decode; whole-model logits are a smoke test,
 // because the reference is numerically chaotic end to end (tiny-a README, "Numerical
 // conditioning"). Tolerances are that README's table.
+//
+// The model outputs come from the reference model itself, or from a GoldenBackend: pipeline
+// stages of a serving backend (gpu_worker/golden_backend.h adapts the cpu and cuda StageBackends;
+// this library depends on none of them). With a backend,
+//   * block_prefill.* / block_decode.*: block L alone as a stage of one layer, fed the golden
+//     input streams of that block, its positions in order (the prefill chunk, then one decode
+//     position per call; the stage keeps the sequence's KV state), its output streams compared
+//     as on the reference;
+//   * model.* and variant.*: the whole model as one stage, token ids in, logits out;
+//   * the internals a stage does not expose stay on the reference model and their figures say
+//     so: loader, rope, hc_split, mtp, and block_prefill's attn_out / moe_out / router /
+//     indexer / compressed-KV parts (still gating); block_decode's reported-only indexer sets
+//     are left out, with a note.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,11 +33,48 @@
 
 namespace ss::golden {
 
+// One sequence's share of a stage call: tokens [start, start + n), ids as in the golden set.
+struct GoldenChunk {
+  uint64_t seq_id = 0;
+  int64_t start = 0;
+  const int64_t* tokens = nullptr;
+  int64_t n = 0;
+};
+
+// A pipeline stage with its sequences' state. Called from one thread.
+class GoldenStage {
+ public:
+  virtual ~GoldenStage() = default;
+  // A block stage takes streams_in [T, hc*dim] (rows in chunk order) and fills `streams` with
+  // [T, hc*dim]; a model stage ignores streams_in and fills `logits` with the last row's logits
+  // of every chunk. A chunk with start 0 begins its sequence; any other continues it.
+  virtual absl::Status Run(std::span<const GoldenChunk> chunks, const float* streams_in,
+                           std::vector<float>* streams,
+                           std::vector<std::vector<float>>* logits) = 0;
+  virtual void Release(uint64_t seq_id) = 0;
+};
+
+// Makes stages of a serving backend over a loaded model (the runner passes the variants'
+// models too, so a backend must use the model it is given).
+class GoldenBackend {
+ public:
+  virtual ~GoldenBackend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda": printed beside the figures
+  // Block `layer` alone, as a middle pipeline stage: streams in, streams out.
+  virtual absl::StatusOr<std::unique_ptr<GoldenStage>> BlockStage(
+      std::shared_ptr<const model::Model> model, int64_t layer) = 0;
+  // Every block as one stage that is first and last: token ids in, logits out.
+  virtual absl::StatusOr<std::unique_ptr<GoldenStage>> ModelStage(
+      std::shared_ptr<const model::Model> model) = 0;
+};
+
 struct GoldenOptions {
   std::string model_dir;
   std::string golden_dir;
   // Only checks whose name contains one of these substrings run (all when empty).
   std::vector<std::string> filters;
+  // Null: every check on the reference model. Otherwise see the header comment.
+  std::shared_ptr<GoldenBackend> backend;
 };
 
 struct CheckResult {

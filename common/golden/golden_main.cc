@@ -1,6 +1,7 @@
-// splitserve-golden: runs every check of a golden set against the reference model and prints one
-// line per check with its figures, then "golden: <N> checks, <F> failed". Exit status 0 only
-// when every check passes.
+// splitserve-golden: runs every check of a golden set against the reference model, or with
+// --backend cpu|cuda through the GPU worker's stage backends (gpu_worker/golden_backend.h), and
+// prints one line per check with its figures, then "golden: <N> checks, <F> failed". Exit status
+// 0 only when every check passes; 2 for bad flags or a backend this build or machine lacks.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,13 +11,22 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "common/golden/golden.h"
+#include "gpu_worker/golden_backend.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
 ABSL_FLAG(std::string, golden, "", "golden set directory (cases.json, golden*.safetensors)");
 ABSL_FLAG(std::string, filter, "", "comma-separated substrings: run only matching checks");
+ABSL_FLAG(std::string, backend, "reference",
+          "reference | cpu | cuda: where block outputs and logits come from (checks of internals "
+          "a backend does not expose stay on the reference and say so)");
+ABSL_FLAG(int, cuda_device, 0, "--backend cuda: the CUDA device ordinal");
+ABSL_FLAG(std::string, experts, "",
+          "--backend cpu|cuda: routed experts on expert workers, in splitserve-gpu-worker's "
+          "--experts syntax; empty: computed on the host by the reference");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("splitserve-golden --model DIR --golden DIR [--filter a,b]");
+  absl::SetProgramUsageMessage(
+      "splitserve-golden --model DIR --golden DIR [--filter a,b] [--backend reference|cpu|cuda]");
   absl::ParseCommandLine(argc, argv);
   ss::golden::GoldenOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
@@ -27,6 +37,25 @@ int main(int argc, char** argv) {
   }
   if (!absl::GetFlag(FLAGS_filter).empty()) {
     o.filters = absl::StrSplit(absl::GetFlag(FLAGS_filter), ',', absl::SkipEmpty());
+  }
+  auto backend =
+      ss::gpu::MakeGoldenBackend({absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device),
+                                  absl::GetFlag(FLAGS_experts)});
+  if (!backend.ok()) {
+    std::fprintf(stderr, "splitserve-golden: %s\n",
+                 std::string(backend.status().message()).c_str());
+    return 2;
+  }
+  o.backend = *backend;
+  if (o.backend != nullptr) {
+    std::printf(
+        "backend %s: block outputs (one-layer stages) and logits (one whole-model stage) through "
+        "the StageBackend, routed experts %s; checks marked [reference model: ...] and "
+        "block_prefill's internals run on the reference model\n",
+        o.backend->name().c_str(),
+        absl::GetFlag(FLAGS_experts).empty() ? "on the host (reference RoutedSum)"
+                                             : "on the expert workers of --experts");
+    std::fflush(stdout);
   }
   auto results = ss::golden::RunGolden(o);
   if (!results.ok()) {

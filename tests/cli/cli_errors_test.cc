@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/safetensors.h"
@@ -166,6 +167,21 @@ TEST(CliErrorsTest, ConfigViolatesConstraint) {
   c["q_lora_rank"] = 100;  // not a multiple of 128
   std::ofstream(dir / "config.json", std::ios::trunc) << c.dump(2);
   ExpectCleanFailure(dir, {"q_lora_rank"});
+}
+
+// splitserve-golden --backend: an unknown name, or --experts without a backend, exits 2 with a
+// message and runs no check. (--backend cuda where no device exists exits 2 the same way; that
+// depends on the machine, so it is not asserted here.)
+TEST(CliErrorsTest, GoldenBackendFlags) {
+  for (const auto& [flags, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--backend tpu", "expected reference, cpu or cuda"},
+           {"--experts 0-6=shm:x", "--experts needs --backend cpu or cuda"}}) {
+    const ss::Run r = RunCommand(std::string(SS_BIN_DIR "/splitserve-golden --golden ") + kTiny +
+                                 " --model " + kTiny + " " + flags);
+    EXPECT_EQ(r.status, 2) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(" checks, "), std::string::npos) << r.output;
+  }
 }
 
 TEST(CliErrorsTest, MissingDirectory) {

@@ -15,7 +15,7 @@ namespace {
 constexpr char kTinyA[] = "tests/data/tiny-a";
 
 void RunFamily(std::vector<std::string> filters) {
-  auto results = RunGolden({kTinyA, kTinyA, filters});
+  auto results = RunGolden({kTinyA, kTinyA, filters, /*backend=*/nullptr});
   ASSERT_TRUE(results.ok()) << results.status();
   for (const std::string& f : filters) {
     int matched = 0;

@@ -1,0 +1,43 @@
+// splitserve-golden's --backend: the GPU worker's StageBackends (cpu_backend.h, cuda_backend.h)
+// behind golden::GoldenBackend (common/golden/golden.h), so the golden checks run through the
+// code that serves, not through the reference model's internals.
+//
+// Stages. A block stage is block L alone as stage L + 1 of n_layers + 2: neither first nor last,
+// so it takes the golden's input streams of that block and returns its output streams, and it
+// keeps the sequence's KV state between calls (prefill chunk, then one decode position per call).
+// A model stage is every block as stage 0 of 1: token ids in, the last row's logits out. Each
+// stage has KV room for kKvTokens positions (far more than any golden case).
+//
+// Routed experts: with `experts` empty, computed on the host by the reference (model::RoutedSum),
+// i.e. on the CPU of the machine the backend runs on; otherwise sent to the expert workers named
+// in the GPU worker's --experts syntax (worker_config.h), which needs the services build.
+//
+// Which backends a build has: cpu needs SS_BUILD_SERVICES (it lives in ss_gpu_backend, with the
+// expert-worker client), cuda needs CUDA at configure time. MakeGoldenBackend names what is
+// missing; splitserve-golden exits 2 on any of its errors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/golden/golden.h"
+
+namespace ss::gpu {
+
+struct GoldenBackendOptions {
+  std::string backend = "reference";  // reference | cpu | cuda
+  int cuda_device = 0;                // --backend cuda: the CUDA device ordinal
+  std::string experts;                // "a-b=EP[+EP...],...": see the header comment
+};
+
+inline constexpr int64_t kGoldenKvTokens = 1 << 16;
+
+// Null for "reference" (the runner then uses the model directly). InvalidArgument for an unknown
+// backend or a malformed --experts; Unimplemented for a backend (or --experts) this build lacks;
+// FailedPrecondition for --backend cuda with no such CUDA device.
+absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
+    const GoldenBackendOptions& options);
+
+}  // namespace ss::gpu
