@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "bench/expert_bench_lib.h"
 #include "cpu_expert_worker/transport/shm_client.h"
 #include "cpu_expert_worker/transport/shm_protocol.h"
 #include "cpu_expert_worker/transport/shm_server.h"
@@ -43,6 +44,26 @@ using Clock = std::chrono::steady_clock;
 using namespace ss::expert::shm;
 
 constexpr int kDim = 4096, kTopK = 6;
+
+// A connected client (the server may still be starting in another process); exits on failure.
+ss::bench::ShmCaller Caller(const std::string& name, absl::Duration spin, int tokens) {
+  ShmClientOptions o;
+  o.spin = spin;
+  auto c = ss::bench::ConnectShm(name, o, absl::Seconds(5));
+  if (!c.ok()) {
+    std::fprintf(stderr, "cannot connect to %s: %s\n", name.c_str(), c.status().ToString().c_str());
+    std::exit(1);
+  }
+  return ss::bench::ShmCaller(std::move(*c), tokens, kDim, kTopK);
+}
+
+void RoundTrip(ss::bench::ShmCaller& caller) {
+  const absl::Status s = caller.RoundTrip();
+  if (!s.ok()) {
+    std::fprintf(stderr, "call failed: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
 
 // A thread that answers pings on a futex word: 1 → 2.
 class FutexEcho {
@@ -109,60 +130,6 @@ class PipeEcho {
   std::thread echo_;
 };
 
-ShmServerOptions ServerOptions(const std::string& name, absl::Duration spin, int tokens) {
-  ShmServerOptions o;
-  o.name = name;
-  o.slots = 4;
-  o.max_tokens = static_cast<uint32_t>(tokens);
-  o.dim = kDim;
-  o.top_k = kTopK;
-  o.spin = spin;
-  return o;
-}
-
-absl::Status EmptyHandler(const ExpertRequestView&, float*) { return absl::OkStatus(); }
-
-// A connected client with its call buffers.
-class EmptyCaller {
- public:
-  EmptyCaller(const std::string& name, absl::Duration spin, int tokens)
-      : x_(static_cast<size_t>(tokens) * kDim, 0x3f80),
-        ids_(static_cast<size_t>(tokens) * kTopK, 1),
-        weights_(static_cast<size_t>(tokens) * kTopK, 0.25f),
-        out_(static_cast<size_t>(tokens) * kDim),
-        in_{0, tokens, kTopK, kDim, x_.data(), ids_.data(), weights_.data()} {
-    ShmClientOptions o;
-    o.spin = spin;
-    for (int i = 0; i < 500 && client_ == nullptr; ++i) {  // a forked server may be starting
-      auto c = ShmClient::Connect(name, o);
-      if (c.ok()) {
-        client_ = std::move(*c);
-      } else {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-    }
-    if (client_ == nullptr) {
-      std::fprintf(stderr, "cannot connect to %s\n", name.c_str());
-      std::exit(1);
-    }
-  }
-  void RoundTrip() {
-    absl::Status s = client_->Call(in_, out_.data(), absl::Now() + absl::Seconds(1));
-    if (!s.ok()) {
-      std::fprintf(stderr, "call failed: %s\n", s.ToString().c_str());
-      std::exit(1);
-    }
-  }
-
- private:
-  std::vector<uint16_t> x_;
-  std::vector<int32_t> ids_;
-  std::vector<float> weights_;
-  std::vector<float> out_;
-  ExpertCallInput in_;
-  std::unique_ptr<ShmClient> client_;
-};
-
 struct Case {
   const char* name;
   std::function<void()> round_trip;
@@ -196,8 +163,10 @@ int main(int argc, char** argv) {
   // The cross-process servers first, while this process has one thread.
   const pid_t child = ::fork();
   if (child == 0) {
-    auto a = ShmServer::Create(ServerOptions(base + "-p-spin", spin, tokens), EmptyHandler);
-    auto b = ShmServer::Create(ServerOptions(base + "-p-nospin", no_spin, tokens), EmptyHandler);
+    auto a = ShmServer::Create(ss::bench::EmptyServerOptions(base + "-p-spin", spin, tokens),
+                               ss::bench::EmptyHandler);
+    auto b = ShmServer::Create(ss::bench::EmptyServerOptions(base + "-p-nospin", no_spin, tokens),
+                               ss::bench::EmptyHandler);
     if (!a.ok() || !b.ok()) ::_exit(1);
     g_child_servers[0] = a->get();
     g_child_servers[1] = b->get();
@@ -217,19 +186,21 @@ int main(int argc, char** argv) {
   {
     FutexEcho futex;
     PipeEcho pipe;
-    auto ts = ShmServer::Create(ServerOptions(base + "-t-spin", spin, tokens), EmptyHandler);
-    auto tn = ShmServer::Create(ServerOptions(base + "-t-nospin", no_spin, tokens), EmptyHandler);
+    auto ts = ShmServer::Create(ss::bench::EmptyServerOptions(base + "-t-spin", spin, tokens),
+                                ss::bench::EmptyHandler);
+    auto tn = ShmServer::Create(ss::bench::EmptyServerOptions(base + "-t-nospin", no_spin, tokens),
+                                ss::bench::EmptyHandler);
     if (!ts.ok() || !tn.ok()) return 1;
-    EmptyCaller thread_spin(base + "-t-spin", spin, tokens);
-    EmptyCaller thread_nospin(base + "-t-nospin", no_spin, tokens);
-    EmptyCaller proc_spin(base + "-p-spin", spin, tokens);
-    EmptyCaller proc_nospin(base + "-p-nospin", no_spin, tokens);
+    ss::bench::ShmCaller thread_spin = Caller(base + "-t-spin", spin, tokens);
+    ss::bench::ShmCaller thread_nospin = Caller(base + "-t-nospin", no_spin, tokens);
+    ss::bench::ShmCaller proc_spin = Caller(base + "-p-spin", spin, tokens);
+    ss::bench::ShmCaller proc_nospin = Caller(base + "-p-nospin", no_spin, tokens);
     cases.push_back({"baseline futex ping-pong", [&] { futex.RoundTrip(); }, {}});
     cases.push_back({"pipe ping-pong", [&] { pipe.RoundTrip(); }, {}});
-    cases.push_back({"shm, server thread, spin 20us", [&] { thread_spin.RoundTrip(); }, {}});
-    cases.push_back({"shm, server thread, spin 0", [&] { thread_nospin.RoundTrip(); }, {}});
-    cases.push_back({"shm, server process, spin 20us", [&] { proc_spin.RoundTrip(); }, {}});
-    cases.push_back({"shm, server process, spin 0", [&] { proc_nospin.RoundTrip(); }, {}});
+    cases.push_back({"shm, server thread, spin 20us", [&] { RoundTrip(thread_spin); }, {}});
+    cases.push_back({"shm, server thread, spin 0", [&] { RoundTrip(thread_nospin); }, {}});
+    cases.push_back({"shm, server process, spin 20us", [&] { RoundTrip(proc_spin); }, {}});
+    cases.push_back({"shm, server process, spin 0", [&] { RoundTrip(proc_nospin); }, {}});
 
     const int rounds = (calls + block - 1) / block;
     for (int r = -1; r < rounds; ++r) {  // round -1 warms up and is not recorded

@@ -3,34 +3,33 @@
 // this worker's fp32 partial of the routed sum out (ARCHITECTURE.md "The MoE call"; the kernel
 // semantics are in kernels/expert_kernels.h).
 //
-// How a call is split over the pool (the choice, and why). The kernels take one expert's slice
-// and any 128-multiple sub-range of its intermediate dimension, so the work of a call is cut
-// into UNITS, each one kernel call:
-//   (expert e, a batch of <= 64 of the (token, choice) rows routed to e, an I-sub-range j of s)
-// in canonical order: experts ascending, row batches in token-major order, sub-ranges
-// ascending. Each unit writes its own partial rows [rows, dim] (no sharing, no atomics); a
-// second parallel pass sums, for every token and block of output columns, that token's partial
-// rows in the canonical order into `out`. Splitting by I is what keeps decode busy (T = 1, top-6
-// is only 6 experts: 6·s units); batching rows by expert is what keeps prefill busy with skewed
-// routing; the number of sub-ranges falls as T grows, so large batches do not multiply partial
-// memory:
-//   P = Σ_e ceil(rows_e / 64),  C = inter_slice / min_split_cols,
-//   s = max(1, min(C, ceil(split_target / P), partial_rows_capacity / (T·top_k), max_splits)).
-// Each token row is quantised to e4m3 ONCE per call (ExpertKernel::quantize_row, in parallel
-// over tokens) and every unit's kernel call reads those shared rows (ExpertCall::xq_rows), so
-// narrow units no longer pay a per-unit re-quantisation of x (before: ~35 us per 4096-wide
-// row and unit with the scalar quantiser; bench/RESULTS.md). The result is bit-identical to
-// each unit quantising its own rows.
-// The units, their order and s depend only on the request and the options — never on the
-// thread count or on timing — so a call's output is bit-identical on 1 or N threads and from
-// run to run. With s = 1 (e.g. max_splits = 1) it is bit-identical to one kernel call over the
-// whole slice; with s > 1 it differs from that only in fp32 summation order of w2's partials.
-// Limitation: the 128-column granularity bounds decode parallelism at 6·C units (96 for Flash
-// at n = 1, 48 at n = 2); a larger pool leaves cores idle at T = 1.
+// How a call is split over the pool (the choice, and why). A call runs the two halves of the
+// kernel (kernels/expert_kernels.h, ExpertKernel::gate_up / ::down) as two parallel passes:
+//  1. gate_up UNITS (expert e, a batch of <= 64 of the (token, choice) rows routed to e, an
+//     I-sub-range j of s): w1/w3 rows of the sub-range, the clamped SwiGLU and the e4m3
+//     quantisation of w2's input, written to this call's H rows (one per routed row, in
+//     expert-sorted order). Splitting by I is what keeps decode busy (T = 1, top-6 is only 6
+//     experts: 6·s units); batching rows by expert is what keeps prefill busy with skewed
+//     routing:
+//       P = Σ_e ceil(rows_e / 64),  C = inter_slice / min_split_cols,
+//       s = max(1, min(C, ceil(split_target / P), max_splits)).
+//  2. down UNITS, one per range of kDownRows output columns: w2's rows of the range for every
+//     routed expert in ascending id order, each row added straight into `out` in the kernel's
+//     own order. Each unit owns its columns of every token: no partial sums, no atomics, no
+//     reduction pass, and w2 is read as contiguous row blocks.
+// Every output element is therefore computed and summed exactly as one kernel call over the
+// whole slice computes it (ExpertKernel::run): a call's output is bit-identical to that, for any
+// split, on 1 or N threads and from run to run. A worker holding whole experts (slice 0/1) rounds
+// each expert's output to bf16 before adding it (round_expert_outputs), which makes its result
+// the reference's routed sum bit for bit (model::RoutedSum); with n > 1 slices the partials stay
+// unrounded (the caller sums them, then rounds once). Each token row is quantised to e4m3 ONCE per call
+// (ExpertKernel::quantize_row, in parallel over tokens) and every unit reads those shared rows.
+// Limitation: the 128-column granularity bounds the gate_up pass at 6·C units at T = 1 (96 for
+// Flash at n = 1, 48 at n = 2); the down pass has dim / kDownRows units (64 for Flash).
 //
-// Memory. Everything a call touches is allocated in Create (per-worker kernel workspaces and
-// gather buffers first-touched by their own worker, the partial rows, the plan arrays), on the
-// store's NUMA node when a topology is given; Compute never allocates.
+// Memory. Everything a call touches is allocated in Create (per-worker kernel workspaces first
+// touched by their own worker, the H rows, the plan arrays), on the store's NUMA node when a
+// topology is given; Compute never allocates.
 //
 // Threads: Compute may be called from any thread; calls are serialised (one at a time, they
 // use the whole pool). Not from inside a task of the same pool. The engine borrows the store
@@ -57,9 +56,7 @@ struct ExpertEngineOptions {
   int64_t max_top_k = 0;         // largest top_k; 0 = the model's num_experts_per_tok
   int64_t split_target = 128;    // units a call aims for (see above); >= 1
   int64_t min_split_cols = 128;  // narrowest I-sub-range; a multiple of 128
-  int64_t max_splits = 0;        // cap on s; 0 = none (1 = one kernel call per expert batch)
-  // Partial rows preallocated: max(this, max_tokens · max_top_k). 0 = 1024.
-  int64_t partial_rows = 0;
+  int64_t max_splits = 0;        // cap on s; 0 = none (1 = one gate_up unit per expert batch)
   // Where the per-call memory lives; null / -1: unbound.
   const NumaTopology* topology = nullptr;
   int numa_node = -1;
@@ -86,9 +83,14 @@ class ExpertEngine {
   const char* isa_name() const { return kernel_->name; }
   int64_t max_tokens() const { return options_.max_tokens; }
   int64_t max_top_k() const { return options_.max_top_k; }
-  // Units and sub-ranges of the last successful call (for tests and benchmarks).
+  // gate_up units, their I-sub-ranges per batch and the down units of the last successful call
+  // (for tests and benchmarks).
   int64_t last_units() const { return last_units_; }
   int64_t last_splits() const { return last_splits_; }
+  int64_t last_down_units() const { return last_down_units_; }
+
+  // Output columns per down unit.
+  static constexpr int64_t kDownRows = 64;
 
  private:
   struct Unit {
@@ -96,25 +98,24 @@ class ExpertEngine {
     int32_t entry_begin;  // into the expert-sorted entries
     int32_t rows;
     int32_t col_begin, col_end;  // I-sub-range within the slice, multiples of 128
-    int64_t partial_row;         // first row of its partial output
   };
   struct WorkerScratch {
-    NodeMemory memory;  // kernel workspace + gathered x rows + ids + weights
+    NodeMemory memory;  // kernel workspace + the unit's x row pointers
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
-    const float** xq_rows = nullptr;  // [kRowBatch] into xq_
-    const float** xs_rows = nullptr;  // [kRowBatch] into xs_
-    int32_t* ids = nullptr;    // [kRowBatch], all 0
-    float* weights = nullptr;  // [kRowBatch]
-    absl::Status status;       // first kernel error of the current call
+    const float** xq_rows = nullptr;  // [kMaxUnitRows] into xq_
+    const float** xs_rows = nullptr;  // [kMaxUnitRows] into xs_
+    absl::Status status;              // first kernel error of the current call
   };
 
   ExpertEngine(const ExpertStore& store, ThreadPool& pool, const ExpertEngineOptions& options,
                const ExpertKernel* kernel);
   absl::Status Validate(int layer, int64_t T, const uint16_t* x, const int32_t* ids,
                         const float* weights, int top_k, const float* out) const;
-  void Plan(int64_t T, const int32_t* ids, const float* weights, int top_k);
-  void RunUnit(const Unit& u, const ExpertSliceView* views, int worker);
+  void Plan(int64_t T, const int32_t* ids, const float* weights, int top_k,
+            const ExpertSliceView* views, float* out);
+  void RunGateUp(const Unit& u, const ExpertSliceView* views, int worker);
+  void RunDown(int64_t d0, int64_t T, float* out, int worker);
 
   const ExpertStore& store_;
   ThreadPool& pool_;
@@ -123,20 +124,22 @@ class ExpertEngine {
   std::mutex mu_;  // one call at a time; guards everything below
 
   std::vector<WorkerScratch> scratch_;  // [pool size]
-  NodeMemory partial_;                  // [partial_capacity_, dim] fp32
-  NodeMemory act_;                      // the call's quantised rows: xq_ then xs_
+  NodeMemory act_;                      // the call's quantised rows: xq_, xs_, hq_, hs_
   float* xq_ = nullptr;                 // [max_tokens, dim], the kernel's layout
   float* xs_ = nullptr;                 // [max_tokens, dim / 128]
-  int64_t partial_capacity_ = 0;
+  float* hq_ = nullptr;                 // [max_entries, inter_slice]: w2 inputs, expert-sorted
+  float* hs_ = nullptr;                 // [max_entries, inter_slice / 128]
   // Plan of the current call (capacities fixed in Create).
   std::vector<int32_t> expert_count_, expert_offset_, expert_cursor_;  // [E (+1)]
-  std::vector<int32_t> entry_token_;  // [max_tokens · max_top_k], expert-sorted
-  std::vector<float> entry_weight_;   // same
-  std::vector<Unit> units_;           // size = capacity; num_units_ used
+  std::vector<int32_t> entry_token_;                  // [max_tokens · max_top_k], expert-sorted
+  std::vector<float> entry_weight_;                   // same
+  std::vector<float*> hq_rows_, hs_rows_, out_rows_;  // same: H rows and each entry's out row
+  std::vector<const ExpertSliceView*> groups_;        // experts with rows, ascending
+  std::vector<int32_t> group_offsets_;                // [groups + 1] into the entries
+  int64_t num_groups_ = 0;
+  std::vector<Unit> units_;  // size = capacity; num_units_ used
   int64_t num_units_ = 0;
-  std::vector<int32_t> token_offset_, token_cursor_;  // [max_tokens + 1]
-  std::vector<int64_t> contrib_;                      // partial rows per token, canonical order
-  int64_t last_units_ = 0, last_splits_ = 0;
+  int64_t last_units_ = 0, last_splits_ = 0, last_down_units_ = 0;
 };
 
 }  // namespace ss::expert

@@ -30,17 +30,27 @@ echo "build (services=$services): rc=$? in $(( $(date +%s) - start )) s"
 grep -m8 -E "error|FAILED" "$out/build.log"
 
 for t in cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test \
-         kv_record_gpu_test cuda_backend_test; do
+         kv_record_gpu_test cuda_backend_test golden_cuda_test; do
   [ -x "build/bin/$t" ] || { echo "$t: not built"; continue; }
   "build/bin/$t" >"$out/$t.log" 2>&1
   echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')"
 done
 echo "ptxVersion values: $(grep -ho 'ptxVersion=[0-9]*' "$out"/*.log | sort | uniq -c | tr '\n' ' ')"
 
-if build/bin/splitserve-golden --help 2>&1 | grep -q -- "--backend"; then
-  build/bin/splitserve-golden --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
-    >"$out/golden_cuda.log" 2>&1
-  echo "splitserve-golden --backend cuda: rc=$? $(tail -1 "$out/golden_cuda.log")"
+build/bin/splitserve-golden --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
+  >"$out/golden_cuda.log" 2>&1
+echo "splitserve-golden --backend cuda (experts on the host): rc=$? $(tail -1 "$out/golden_cuda.log")"
+if [ -x build/bin/splitserve-expert-worker ]; then
+  # The same with the routed experts in an expert-worker process on the device's CPU.
+  seg="ss-golden-$$"
+  build/bin/splitserve-expert-worker --model tests/data/tiny-a --layers 0-6 --slice 0/1 \
+    --shm-name "$seg" >"$out/golden_expert_worker.log" 2>&1 &
+  ew=$!
+  sleep 3
+  build/bin/splitserve-golden --backend cuda --experts "0-6=shm:$seg" --model tests/data/tiny-a \
+    --golden tests/data/tiny-a >"$out/golden_cuda_experts.log" 2>&1
+  echo "splitserve-golden --backend cuda --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_experts.log")"
+  kill -TERM "$ew"; wait "$ew"
 fi
 [ -n "$quick" ] && exit 0
 

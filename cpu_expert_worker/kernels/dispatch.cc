@@ -9,13 +9,21 @@
 namespace ss::expert {
 namespace {
 
-constexpr internal::IsaOps kScalarOps{&internal::Linear4Scalar, 0, &internal::QuantizeActScalar};
-constexpr internal::IsaOps kAvx2Ops{&internal::Linear4Avx2, 2, &internal::QuantizeActAvx2};
-constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, 4, &internal::QuantizeActAvx512};
+constexpr internal::IsaOps kScalarOps{&internal::Linear4Scalar, &internal::QuantizeActScalar};
+constexpr internal::IsaOps kAvx2Ops{&internal::Linear4Avx2, &internal::QuantizeActAvx2};
+constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, &internal::QuantizeActAvx512};
 
 template <const internal::IsaOps& kOps>
 absl::Status Run(const ExpertCall& c, void* ws, size_t bytes) {
   return internal::RunExperts(kOps, c, ws, bytes);
+}
+template <const internal::IsaOps& kOps>
+absl::Status GateUp(const GateUpCall& c, void* ws, size_t bytes) {
+  return internal::GateUp(kOps, c, ws, bytes);
+}
+template <const internal::IsaOps& kOps>
+absl::Status Down(const DownCall& c, void* ws, size_t bytes) {
+  return internal::Down(kOps, c, ws, bytes);
 }
 template <const internal::IsaOps& kOps>
 void QuantizeAct(const float* x, int64_t n, uint8_t* codes, float* scales) {
@@ -28,9 +36,12 @@ void QuantizeRow(const uint16_t* x, int64_t n, float* q, float* scales) {
 
 // Indexed by Isa.
 constexpr ExpertKernel kKernels[] = {
-    {"scalar", &Run<kScalarOps>, &QuantizeAct<kScalarOps>, &QuantizeRow<kScalarOps>},
-    {"avx2", &Run<kAvx2Ops>, &QuantizeAct<kAvx2Ops>, &QuantizeRow<kAvx2Ops>},
-    {"avx512", &Run<kAvx512Ops>, &QuantizeAct<kAvx512Ops>, &QuantizeRow<kAvx512Ops>},
+    {"scalar", &Run<kScalarOps>, &QuantizeAct<kScalarOps>, &QuantizeRow<kScalarOps>,
+     &GateUp<kScalarOps>, &Down<kScalarOps>},
+    {"avx2", &Run<kAvx2Ops>, &QuantizeAct<kAvx2Ops>, &QuantizeRow<kAvx2Ops>, &GateUp<kAvx2Ops>,
+     &Down<kAvx2Ops>},
+    {"avx512", &Run<kAvx512Ops>, &QuantizeAct<kAvx512Ops>, &QuantizeRow<kAvx512Ops>,
+     &GateUp<kAvx512Ops>, &Down<kAvx512Ops>},
 };
 
 }  // namespace
@@ -55,7 +66,8 @@ bool IsaSupported(Isa isa) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }

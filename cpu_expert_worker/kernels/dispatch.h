@@ -16,7 +16,8 @@ namespace ss::expert {
 enum class Isa {
   kScalar = 0,  // portable C++; the definition
   kAvx2 = 1,    // AVX2 + FMA (Zen 2, Haswell and later)
-  kAvx512 = 2,  // AVX-512 F + BW + VL + DQ (Skylake-SP, Zen 4 and later)
+  kAvx512 = 2,  // AVX-512 F + BW + VL + DQ + VNNI (Cascade Lake, Ice Lake, Zen 4 and later;
+                //   Skylake-SP, without VNNI, runs the AVX2 kernels)
 };
 
 // "scalar", "avx2", "avx512"; "unknown" for a value outside the enum.
@@ -26,8 +27,8 @@ const char* IsaName(Isa isa);
 // via __builtin_cpu_supports).
 bool IsaSupported(Isa isa);
 
-// The best supported ISA: avx512 if F, BW, VL and DQ are present, else avx2 if AVX2 and FMA
-// are, else scalar.
+// The best supported ISA: avx512 if F, BW, VL, DQ and VNNI are present, else avx2 if AVX2 and
+// FMA are, else scalar.
 Isa DetectIsa();
 
 // "auto" (= DetectIsa()), "scalar", "avx2" or "avx512". Does not check support; KernelFor does.

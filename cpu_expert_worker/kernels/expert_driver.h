@@ -1,7 +1,8 @@
 // Internal: the ISA-independent part of every expert kernel (expert_kernels.cc). It validates
 // the call, quantises the activations into the layout of the chosen Linear4Rows, groups the
 // (token, choice) pairs by expert, and runs w1, w3, the clamped SwiGLU and w2 per expert in
-// ascending id order. dispatch.cc binds it to each ISA's Linear4Rows.
+// ascending id order, through the same two halves (gate_up, down) a multi-threaded caller uses.
+// dispatch.cc binds it to each ISA's Linear4Rows.
 #pragma once
 
 #include <cstddef>
@@ -12,16 +13,17 @@
 
 namespace ss::expert::internal {
 
-// One ISA's pieces. `groups_per_vector`: the activation layout `linear4` expects and `quantize`
-// writes (see PermutedIndex).
+// One ISA's pieces: its Linear4Rows and the quantiser writing the activation layout it reads.
 struct IsaOps {
   Linear4Fn linear4;
-  int groups_per_vector;
   QuantizeActFn quantize;
 };
 
 absl::Status RunExperts(const IsaOps& ops, const ExpertCall& call, void* workspace,
                         size_t workspace_bytes);
+absl::Status GateUp(const IsaOps& ops, const GateUpCall& call, void* workspace,
+                    size_t workspace_bytes);
+absl::Status Down(const IsaOps& ops, const DownCall& call, void* workspace, size_t workspace_bytes);
 
 // The scalar QuantizeActFn (ss::QuantizeActE4m3 and a table lookup; natural order).
 void QuantizeActScalar(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,

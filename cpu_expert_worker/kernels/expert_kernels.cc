@@ -14,49 +14,80 @@
 namespace ss::expert {
 namespace {
 
-// Token rows per Linear4 pass: bounds the workspace; an expert with more rows streams its
-// weights once per batch of this many.
-constexpr int64_t kTokenBatch = 64;
 constexpr size_t kAlign = 64;
 
 size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// Offsets (from the aligned workspace start) of everything a call uses.
-struct Layout {
-  size_t xq, xs, xf, codes, offsets, cursor, entry_tok, entry_w, g, u, aq, as, qp, sap, yp, scratch,
-      total;
+// Carves 64-byte aligned pieces off a buffer (or only sizes them, with a null base).
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(static_cast<char*>(base)) {
+    if (base_ != nullptr) base_ += (kAlign - reinterpret_cast<uintptr_t>(base_) % kAlign) % kAlign;
+  }
+  template <class T>
+  T* Take(size_t count) {
+    T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + at_) : nullptr;
+    at_ += AlignUp(count * sizeof(T));
+    return p;
+  }
+  size_t bytes() const { return at_ + kAlign; }  // room to align the caller's pointer
+
+ private:
+  char* base_;
+  size_t at_ = 0;
 };
 
-Layout MakeLayout(const ExpertCall& c) {
-  const size_t T = c.num_tokens, dim = c.dim, I = c.inter_slice, E = c.num_experts;
-  const size_t entries = T * c.top_k;
-  const size_t B = std::min<size_t>(kTokenBatch, entries);
-  const size_t kmax = std::max(dim, I);
-  Layout l{};
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const size_t off = at;
-    at += AlignUp(bytes);
-    return off;
-  };
-  l.xq = take(T * dim * sizeof(float));
-  l.xs = take(T * (dim / kActBlock) * sizeof(float));
-  l.xf = take(kmax * sizeof(float));
-  l.codes = take(kmax);
-  l.offsets = take((E + 1) * sizeof(int32_t));
-  l.cursor = take(E * sizeof(int32_t));
-  l.entry_tok = take(entries * sizeof(int32_t));
-  l.entry_w = take(entries * sizeof(float));
-  l.g = take(B * I * sizeof(float));
-  l.u = take(B * I * sizeof(float));
-  l.aq = take(B * I * sizeof(float));
-  l.as = take(B * (I / kActBlock) * sizeof(float));
-  l.qp = take(B * sizeof(const float*));
-  l.sap = take(B * sizeof(const float*));
-  l.yp = take(B * sizeof(float*));
-  l.scratch = take(internal::Linear4ScratchFloats(kmax, B) * sizeof(float));
-  l.total = at + kAlign;  // room to align the caller's pointer
-  return l;
+// The workspace of one gate_up or down call (also the tail of `run`'s).
+struct UnitSpace {
+  float* g;           // [B, I] w1 outputs
+  float* u;           // [B, I] w3 outputs
+  float* xf;          // [I] one SwiGLU row
+  const float** qp;   // [B] Linear4 activation rows
+  const float** sap;  // [B] their scales
+  float** yp;         // [B] outputs
+  float* scratch;     // Linear4ScratchFloats(max(dim, I), B)
+  UnitSpace(Carver& c, int64_t dim, int64_t I) {
+    const size_t B = kMaxUnitRows;
+    g = c.Take<float>(B * I);
+    u = c.Take<float>(B * I);
+    xf = c.Take<float>(I);
+    qp = c.Take<const float*>(B);
+    sap = c.Take<const float*>(B);
+    yp = c.Take<float*>(B);
+    scratch = c.Take<float>(internal::Linear4ScratchFloats(std::max(dim, I), B));
+  }
+};
+
+// `run`'s own pieces, ahead of its UnitSpace.
+struct RunSpace {
+  float *xq, *xs;             // [T, dim], [T, dim/128]: the quantised x rows
+  int32_t *offsets, *cursor;  // [E + 1], [E]
+  int32_t* entry_tok;         // [T·k] expert-sorted
+  float* entry_w;             // [T·k]
+  float *aq, *as;             // [B, I], [B, I/128]: the w2 inputs of one batch
+  const float **hq, **hs;     // [B] into aq / as
+  float** out_rows;           // [B]
+  RunSpace(Carver& c, const ExpertCall& call) {
+    const size_t T = call.num_tokens, dim = call.dim, I = call.inter_slice, E = call.num_experts;
+    const size_t entries = T * call.top_k, B = kMaxUnitRows;
+    xq = c.Take<float>(T * dim);
+    xs = c.Take<float>(T * (dim / kActBlock));
+    offsets = c.Take<int32_t>(E + 1);
+    cursor = c.Take<int32_t>(E);
+    entry_tok = c.Take<int32_t>(entries);
+    entry_w = c.Take<float>(entries);
+    aq = c.Take<float>(B * I);
+    as = c.Take<float>(B * (I / kActBlock));
+    hq = c.Take<const float*>(B);
+    hs = c.Take<const float*>(B);
+    out_rows = c.Take<float*>(B);
+  }
+};
+
+size_t UnitBytes(int64_t dim, int64_t I) {
+  Carver c(nullptr);
+  UnitSpace unit(c, dim, I);
+  return c.bytes();
 }
 
 const std::array<float, 256>& E4m3Values() {
@@ -158,7 +189,15 @@ size_t ExpertWorkspaceBytes(const ExpertCall& call) {
       call.num_experts < 1) {
     return 0;
   }
-  return MakeLayout(call).total;
+  Carver c(nullptr);
+  RunSpace run(c, call);
+  UnitSpace unit(c, call.dim, call.inter_slice);
+  return c.bytes();
+}
+
+size_t ExpertUnitWorkspaceBytes(int64_t dim, int64_t inter_slice) {
+  if (dim <= 0 || inter_slice <= 0) return 0;
+  return UnitBytes(dim, inter_slice);
 }
 
 namespace internal {
@@ -187,9 +226,130 @@ void QuantizeBf16Row(const IsaOps& ops, const uint16_t* x, int64_t n, float* q, 
   }
 }
 
+namespace {
+
+// gate_up without checks: w1 and w3 rows [col_begin, col_end) for the batch, SwiGLU, quantised.
+void GateUpRows(const IsaOps& ops, const GateUpCall& c, const UnitSpace& ws) {
+  const ExpertSliceView& v = *c.expert;
+  const int64_t n = c.rows, dim = c.dim, c0 = c.col_begin, cols = c.col_end - c.col_begin;
+  Linear4Args a;
+  a.rows = cols;
+  a.k = dim;
+  a.n = n;
+  a.q = c.xq_rows;
+  a.sa = c.xs_rows;
+  a.y = ws.yp;
+  a.epilogue = Epilogue::kStoreBf16;
+  a.scratch = ws.scratch;
+  a.w_stride = dim / 2;
+  a.s_stride = dim / kMxGroup;
+  for (int64_t i = 0; i < n; ++i) ws.yp[i] = ws.g + i * cols;
+  a.w = v.w1 + c0 * a.w_stride;
+  a.s = v.w1_scale + c0 * a.s_stride;
+  a.next_w = v.w3 + c0 * a.w_stride;  // the w3 rows come next
+  a.next_s = v.w3_scale + c0 * a.s_stride;
+  a.next_rows = cols;
+  ops.linear4(a);
+  for (int64_t i = 0; i < n; ++i) ws.yp[i] = ws.u + i * cols;
+  a.w = a.next_w;
+  a.s = a.next_s;
+  a.next_w = a.next_s = nullptr;
+  a.next_rows = 0;
+  ops.linear4(a);
+  const float* e4m3 = E4m3Table();
+  for (int64_t i = 0; i < n; ++i) {
+    SwiGlu(ws.g + i * cols, ws.u + i * cols, cols, c.swiglu_limit, c.weights[i], ws.xf);
+    ops.quantize(ws.xf, cols, nullptr, c.hs_rows[i] + c0 / kActBlock, c.hq_rows[i] + c0, e4m3);
+  }
+}
+
+// down without checks: every group's w2 rows [col_begin, col_end) into the output rows.
+void DownRows(const IsaOps& ops, const DownCall& c, const UnitSpace& ws) {
+  const int64_t d0 = c.col_begin, rows = c.col_end - c.col_begin, I = c.inter_slice;
+  for (int64_t g = 0; g < c.num_groups; ++g) {
+    const ExpertSliceView& v = *c.experts[g];
+    for (int64_t b0 = c.group_offsets[g]; b0 < c.group_offsets[g + 1]; b0 += kMaxUnitRows) {
+      const int64_t b1 = std::min<int64_t>(b0 + kMaxUnitRows, c.group_offsets[g + 1]);
+      Linear4Args a;
+      a.w = v.w2 + d0 * v.w2_stride;
+      a.w_stride = v.w2_stride;
+      a.s = v.w2_scale + d0 * v.w2_scale_stride;
+      a.s_stride = v.w2_scale_stride;
+      a.rows = rows;
+      a.k = I;
+      a.n = b1 - b0;
+      a.q = c.hq_rows + b0;
+      a.sa = c.hs_rows + b0;
+      for (int64_t i = b0; i < b1; ++i) ws.yp[i - b0] = c.out_rows[i] + d0;
+      a.y = ws.yp;
+      a.epilogue = c.round_expert_outputs ? Epilogue::kAddBf16 : Epilogue::kAddF32;
+      a.scratch = ws.scratch;
+      // The prefetch runs on into the next group's rows (a later batch of this group reads the
+      // same rows again, from cache).
+      if (b1 == c.group_offsets[g + 1] && g + 1 < c.num_groups) {
+        const ExpertSliceView& nv = *c.experts[g + 1];
+        if (nv.w2_stride == v.w2_stride && nv.w2_scale_stride == v.w2_scale_stride) {
+          a.next_w = nv.w2 + d0 * nv.w2_stride;
+          a.next_s = nv.w2_scale + d0 * nv.w2_scale_stride;
+          a.next_rows = rows;
+        }
+      }
+      ops.linear4(a);
+    }
+  }
+}
+
+absl::Status CheckUnitWorkspace(const void* workspace, size_t bytes, int64_t dim, int64_t I) {
+  if (workspace == nullptr) return absl::InvalidArgumentError("null workspace");
+  const size_t need = UnitBytes(dim, I);
+  if (bytes < need) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace of ", bytes, " bytes; this call needs ", need));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GateUp(const IsaOps& ops, const GateUpCall& c, void* workspace,
+                    size_t workspace_bytes) {
+  if (c.rows < 1 || c.rows > kMaxUnitRows || c.dim <= 0 || c.dim % kActBlock != 0 ||
+      c.inter_slice <= 0 || c.inter_slice % kActBlock != 0 || c.col_begin < 0 ||
+      c.col_begin % kActBlock != 0 || c.col_end % kActBlock != 0 || c.col_end <= c.col_begin ||
+      c.col_end > c.inter_slice || !(c.swiglu_limit >= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gate_up: rows ", c.rows, ", dim ", c.dim, ", inter_slice ", c.inter_slice,
+                     ", columns [", c.col_begin, ", ", c.col_end, "), limit ", c.swiglu_limit));
+  }
+  if (!c.expert || !c.xq_rows || !c.xs_rows || !c.weights || !c.hq_rows || !c.hs_rows) {
+    return absl::InvalidArgumentError("gate_up: null pointer");
+  }
+  RETURN_IF_ERROR(CheckUnitWorkspace(workspace, workspace_bytes, c.dim, c.inter_slice));
+  Carver carve(workspace);
+  GateUpRows(ops, c, UnitSpace(carve, c.dim, c.inter_slice));
+  return absl::OkStatus();
+}
+
+absl::Status Down(const IsaOps& ops, const DownCall& c, void* workspace, size_t workspace_bytes) {
+  if (c.dim <= 0 || c.dim % kActBlock != 0 || c.inter_slice <= 0 ||
+      c.inter_slice % kActBlock != 0 || c.col_begin < 0 || c.col_begin % 16 != 0 ||
+      c.col_end % 16 != 0 || c.col_end <= c.col_begin || c.col_end > c.dim || c.num_groups < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("down: dim ", c.dim, ", inter_slice ",
+                                                   c.inter_slice, ", columns [", c.col_begin, ", ",
+                                                   c.col_end, "), groups ", c.num_groups));
+  }
+  if (c.num_groups == 0) return absl::OkStatus();
+  if (!c.experts || !c.group_offsets || !c.hq_rows || !c.hs_rows || !c.out_rows) {
+    return absl::InvalidArgumentError("down: null pointer");
+  }
+  RETURN_IF_ERROR(CheckUnitWorkspace(workspace, workspace_bytes, c.dim, c.inter_slice));
+  Carver carve(workspace);
+  DownRows(ops, c, UnitSpace(carve, c.dim, c.inter_slice));
+  return absl::OkStatus();
+}
+
 absl::Status RunExperts(const IsaOps& ops, const ExpertCall& c, void* workspace,
                         size_t workspace_bytes) {
-  const Linear4Fn linear4 = ops.linear4;
   if (c.num_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_tokens ", c.num_tokens, " < 0"));
   }
@@ -210,32 +370,17 @@ absl::Status RunExperts(const IsaOps& ops, const ExpertCall& c, void* workspace,
       }
     }
   }
-  const Layout l = MakeLayout(c);
-  if (workspace_bytes < l.total) {
+  const size_t need = ExpertWorkspaceBytes(c);
+  if (workspace_bytes < need) {
     return absl::InvalidArgumentError(
-        absl::StrCat("workspace of ", workspace_bytes, " bytes; this call needs ", l.total));
+        absl::StrCat("workspace of ", workspace_bytes, " bytes; this call needs ", need));
   }
   const int64_t T = c.num_tokens, dim = c.dim, K = c.top_k, I = c.inter_slice, E = c.num_experts;
   const int64_t nbx = dim / kActBlock, nbi = I / kActBlock;
-
-  char* base = static_cast<char*>(workspace);
-  base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
-  auto at = [base](size_t off) { return base + off; };
-  float* xq = reinterpret_cast<float*>(at(l.xq));
-  float* xs = reinterpret_cast<float*>(at(l.xs));
-  float* xf = reinterpret_cast<float*>(at(l.xf));
-  int32_t* offsets = reinterpret_cast<int32_t*>(at(l.offsets));
-  int32_t* cursor = reinterpret_cast<int32_t*>(at(l.cursor));
-  int32_t* entry_tok = reinterpret_cast<int32_t*>(at(l.entry_tok));
-  float* entry_w = reinterpret_cast<float*>(at(l.entry_w));
-  float* g = reinterpret_cast<float*>(at(l.g));
-  float* u = reinterpret_cast<float*>(at(l.u));
-  float* aq = reinterpret_cast<float*>(at(l.aq));
-  float* as = reinterpret_cast<float*>(at(l.as));
-  const float** qp = reinterpret_cast<const float**>(at(l.qp));
-  const float** sap = reinterpret_cast<const float**>(at(l.sap));
-  float** yp = reinterpret_cast<float**>(at(l.yp));
-  float* scratch = reinterpret_cast<float*>(at(l.scratch));
+  Carver carve(workspace);
+  const RunSpace rs(carve, c);
+  const UnitSpace unit(carve, dim, I);
+  int32_t* offsets = rs.offsets;
 
   // Group (token, choice) pairs by expert, keeping t-major order inside an expert (the order
   // in which the reference adds a token's repeated choices). Ids are checked before any output
@@ -252,66 +397,70 @@ absl::Status RunExperts(const IsaOps& ops, const ExpertCall& c, void* workspace,
     }
   }
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-  std::copy(offsets, offsets + E, cursor);
+  std::copy(offsets, offsets + E, rs.cursor);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < K; ++j) {
-      const int32_t pos = cursor[c.expert_ids[t * K + j]]++;
-      entry_tok[pos] = static_cast<int32_t>(t);
-      entry_w[pos] = c.expert_weights[t * K + j];
+      const int32_t pos = rs.cursor[c.expert_ids[t * K + j]]++;
+      rs.entry_tok[pos] = static_cast<int32_t>(t);
+      rs.entry_w[pos] = c.expert_weights[t * K + j];
     }
   }
 
   if (!prequantised) {
-    for (int64_t t = 0; t < T; ++t) QuantizeBf16Row(ops, c.x + t * dim, dim, xq + t * dim, xs + t * nbx);
+    for (int64_t t = 0; t < T; ++t) {
+      QuantizeBf16Row(ops, c.x + t * dim, dim, rs.xq + t * dim, rs.xs + t * nbx);
+    }
   }
-  auto x_row = [&](int64_t t) { return prequantised ? c.xq_rows[t] : xq + t * dim; };
-  auto x_scales = [&](int64_t t) { return prequantised ? c.xs_rows[t] : xs + t * nbx; };
   std::fill(c.out, c.out + T * dim, 0.0f);
 
+  // Per expert and batch of rows: the gate_up half over every column, then the down half over
+  // every output column (what a multi-threaded caller splits, in the same order).
+  const float* qrow[kMaxUnitRows];
+  const float* srow[kMaxUnitRows];
+  float* hq[kMaxUnitRows];
+  float* hs[kMaxUnitRows];
   for (int64_t e = 0; e < E; ++e) {
-    const ExpertSliceView& v = c.experts[e];
-    for (int64_t b0 = offsets[e]; b0 < offsets[e + 1]; b0 += kTokenBatch) {
-      const int64_t n = std::min<int64_t>(kTokenBatch, offsets[e + 1] - b0);
-      Linear4Args a;
-      a.rows = I;
-      a.k = dim;
-      a.n = n;
-      a.q = qp;
-      a.sa = sap;
-      a.y = yp;
-      a.epilogue = Epilogue::kStoreBf16;
-      a.scratch = scratch;
-      a.w_stride = dim / 2;
-      a.s_stride = dim / kMxGroup;
+    for (int64_t b0 = offsets[e]; b0 < offsets[e + 1]; b0 += kMaxUnitRows) {
+      const int64_t n = std::min<int64_t>(kMaxUnitRows, offsets[e + 1] - b0);
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t t = entry_tok[b0 + i];
-        qp[i] = x_row(t);
-        sap[i] = x_scales(t);
-        yp[i] = g + i * I;
+        const int64_t t = rs.entry_tok[b0 + i];
+        qrow[i] = prequantised ? c.xq_rows[t] : rs.xq + t * dim;
+        srow[i] = prequantised ? c.xs_rows[t] : rs.xs + t * nbx;
+        hq[i] = rs.aq + i * I;
+        hs[i] = rs.as + i * nbi;
+        rs.hq[i] = hq[i];
+        rs.hs[i] = hs[i];
+        rs.out_rows[i] = c.out + t * dim;
       }
-      a.w = v.w1;
-      a.s = v.w1_scale;
-      linear4(a);
-      for (int64_t i = 0; i < n; ++i) yp[i] = u + i * I;
-      a.w = v.w3;
-      a.s = v.w3_scale;
-      linear4(a);
-
-      for (int64_t i = 0; i < n; ++i) {
-        SwiGlu(g + i * I, u + i * I, I, c.swiglu_limit, entry_w[b0 + i], xf);
-        ops.quantize(xf, I, nullptr, as + i * nbi, aq + i * I, E4m3Table());
-        qp[i] = aq + i * I;
-        sap[i] = as + i * nbi;
-        yp[i] = c.out + static_cast<int64_t>(entry_tok[b0 + i]) * dim;
-      }
-      a.w = v.w2;
-      a.w_stride = v.w2_stride;
-      a.s = v.w2_scale;
-      a.s_stride = v.w2_scale_stride;
-      a.rows = dim;
-      a.k = I;
-      a.epilogue = c.round_expert_outputs ? Epilogue::kAddBf16 : Epilogue::kAddF32;
-      linear4(a);
+      GateUpCall gu;
+      gu.rows = n;
+      gu.dim = dim;
+      gu.inter_slice = I;
+      gu.col_begin = 0;
+      gu.col_end = I;
+      gu.expert = &c.experts[e];
+      gu.xq_rows = qrow;
+      gu.xs_rows = srow;
+      gu.weights = rs.entry_w + b0;
+      gu.swiglu_limit = c.swiglu_limit;
+      gu.hq_rows = hq;
+      gu.hs_rows = hs;
+      GateUpRows(ops, gu, unit);
+      const ExpertSliceView* expert = &c.experts[e];
+      const int32_t group[2] = {0, static_cast<int32_t>(n)};
+      DownCall dc;
+      dc.dim = dim;
+      dc.inter_slice = I;
+      dc.col_begin = 0;
+      dc.col_end = dim;
+      dc.num_groups = 1;
+      dc.experts = &expert;
+      dc.group_offsets = group;
+      dc.hq_rows = rs.hq;
+      dc.hs_rows = rs.hs;
+      dc.out_rows = rs.out_rows;
+      dc.round_expert_outputs = c.round_expert_outputs;
+      DownRows(ops, dc, unit);
     }
   }
   return absl::OkStatus();

@@ -23,15 +23,17 @@
 // once. With one slice (n = 1) and round_expert_outputs = true the result is bit-identical to
 // the reference's routed sum (before the shared expert is added).
 //
-// Every ISA variant (see dispatch.h) forms the per-group partials from exact fp32 products and
-// accumulates groups in the same order as the scalar definition, so variants agree bit for bit
-// unless an intermediate of a 32-term partial needs more than fp32's 24 bits (an activation
-// ~2^-11 of its block maximum next to products summing past 2^14 times the block scale); there
-// they differ by fp32 summation order. Not seen in the tests (over 10^6 outputs) or on tiny-a.
+// Every ISA variant (see dispatch.h) forms each 32-group's partial as an exact integer sum
+// (kernels/linear4.h) and rounds it to fp32 once, where the scalar definition rounds its exact
+// double sum, then scales and accumulates groups in the same order: the variants are
+// bit-identical to the scalar kernel for all inputs (the payload of a NaN output aside).
 //
 // Threading: a kernel call is pure apart from writing `out` and the workspace; concurrent calls
-// with distinct workspaces and outputs are safe. A worker spreads one layer over its cores by
-// giving each thread a sub-slice of its I-range (any multiple of 128) and summing the partials.
+// with distinct workspaces and outputs are safe. A worker spreads one call over its cores with
+// the two halves of `run` (ExpertKernel::gate_up and ::down below): gate_up for (expert, row
+// batch, 128-multiple column range) units writes the w2 input of those columns, down for
+// ranges of output columns sums every expert's w2 product in `run`'s order, so any split gives
+// exactly `run`'s bits.
 #pragma once
 
 #include <cstddef>
@@ -101,6 +103,47 @@ struct ExpertCall {
   const float* const* xs_rows = nullptr;  // [T]
 };
 
+// Rows of one gate_up / down kernel call (a larger expert batch is cut into several calls).
+inline constexpr int64_t kMaxUnitRows = 64;
+
+// The first half of `run` for one expert, a batch of its rows and a range of its slice's
+// intermediate columns: per row i, the w2 input a (see above) for columns [col_begin, col_end),
+// quantised like `run` does it, into hq_rows[i] (this kernel's layout, like xq_rows) and
+// hs_rows[i] (scales of the range's 128-blocks). Other columns are not touched.
+struct GateUpCall {
+  int64_t rows = 0;                    // 1..kMaxUnitRows
+  int64_t dim = 0;                     // a multiple of 128
+  int64_t inter_slice = 0;             // a multiple of 128
+  int64_t col_begin = 0, col_end = 0;  // multiples of 128, 0 <= begin < end <= inter_slice
+  const ExpertSliceView* expert = nullptr;
+  const float* const* xq_rows = nullptr;  // [rows] activations as quantize_row writes them
+  const float* const* xs_rows = nullptr;  // [rows]
+  const float* weights = nullptr;         // [rows] routing weights
+  float swiglu_limit = 0.0f;
+  float* const* hq_rows = nullptr;  // [rows] -> inter_slice floats, 64-byte aligned
+  float* const* hs_rows = nullptr;  // [rows] -> inter_slice / 128 floats
+};
+
+// The second half of `run` for output columns [col_begin, col_end): for each expert group g in
+// the given (ascending id) order and each of its rows i in order,
+//   out_rows[i][col_begin, col_end) += (round_expert_outputs ? bf16 : id)(w2 · a_i)
+// with a_i = hq_rows[i] / hs_rows[i] as gate_up wrote them (every column of the slice). The
+// caller zeroes the columns first.
+struct DownCall {
+  int64_t dim = 0, inter_slice = 0;
+  int64_t col_begin = 0, col_end = 0;  // multiples of 16, 0 <= begin < end <= dim
+  int64_t num_groups = 0;
+  const ExpertSliceView* const* experts = nullptr;  // [num_groups]
+  const int32_t* group_offsets = nullptr;  // [num_groups + 1]: group g has rows [o[g], o[g+1])
+  const float* const* hq_rows = nullptr;   // [rows]
+  const float* const* hs_rows = nullptr;   // [rows]
+  float* const* out_rows = nullptr;        // [rows] -> dim floats (rows may share a token)
+  bool round_expert_outputs = false;
+};
+
+// Bytes of workspace one gate_up or down call needs (a worker sizes it once).
+size_t ExpertUnitWorkspaceBytes(int64_t dim, int64_t inter_slice);
+
 // Bytes of caller-owned workspace a call with these sizes needs (any ISA; kernels align it
 // internally). Depends on num_tokens, dim, top_k, inter_slice and num_experts only, so a worker
 // sizes it once for its largest batch.
@@ -117,9 +160,15 @@ struct ExpertKernel {
   // scales bit-identical, for n a multiple of 128 (scales: n/128 floats). Thread-safe.
   void (*quantize_act)(const float* x, int64_t n, uint8_t* codes, float* scales);
   // One bf16 activation row x[0..n) (n a multiple of 128) in the pre-quantised form `run`
-  // accepts (ExpertCall::xq_rows): q gets n floats in this kernel's layout (q 64-byte aligned),
-  // scales n/128. Exactly what `run` computes from x internally. Thread-safe.
+  // accepts (ExpertCall::xq_rows): q gets n floats' worth of this kernel's layout (64-byte
+  // aligned; kernels/linear4.h), scales n/128. Exactly what `run` computes from x internally.
+  // Thread-safe.
   void (*quantize_row)(const uint16_t* x, int64_t n, float* q, float* scales);
+  // The two halves of `run` (see GateUpCall, DownCall). They check shapes and pointers only
+  // (InvalidArgument), not expert ids or views: the caller validated the request. Thread-safe
+  // with distinct workspaces and outputs.
+  absl::Status (*gate_up)(const GateUpCall& call, void* workspace, size_t workspace_bytes);
+  absl::Status (*down)(const DownCall& call, void* workspace, size_t workspace_bytes);
 };
 
 }  // namespace ss::expert

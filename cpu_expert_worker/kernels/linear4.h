@@ -4,14 +4,35 @@
 // Linear4Rows computes, for n activation rows and `rows` MXFP4 weight rows of length k,
 //   y[i][r] (epilogue) Σ_{g in K order} fp32(exact Σ_{j<32} q[i][32g+j]·e2m1(w[r][32g+j]))
 //                                       · sa[i][g/4] · ue8m0(s[r][g])
-// with the fp32 accumulator starting at +0, exactly as ss::model::Linear4 does. The activation
-// rows hold e4m3 values as floats, permuted within each run of `groups_per_vector` 32-groups to
-// the order in which the ISA decodes nibbles (PermutedIndex below); the scalar definition uses
-// the natural order (groups_per_vector = 0).
+// with the fp32 accumulator starting at +0, exactly as ss::model::Linear4 does.
+//
+// Activation rows. The scalar definition reads the e4m3 values as floats in natural order. The
+// SIMD variants read an ACTIVATION RECORD per 128-block instead (same size: 512 bytes = 128
+// floats, so every buffer sized in floats fits either), written by the same ISA's quantiser:
+//   bytes [0, 384)   three u8 PLANES of 128 bytes (offset kPlaneOffset[p]), together holding
+//                    A = |q|·2^9, an integer < 2^18 with at most 4 significant bits M·2^b:
+//                      plane 2 = A >> 10 if b >= 10, plane 1 = A >> 5 if 5 <= b <= 9,
+//                      plane 0 = A if b <= 4 (each <= 240), the others 0;
+//                    so A = plane2·2^10 + plane1·2^5 + plane0.
+//                    Within each span of `span` elements (AVX2 64, AVX-512 128: one vector of
+//                    packed weight bytes) the even elements come first, then the odd ones
+//                    (PlanePosition): the order of the low and high nibbles of the packed bytes.
+//   bytes [384, 448) the SIGN MASK: byte j has bit 3 set if element 2j is negative and bit 7 if
+//                    element 2j+1 is: XORed into weight byte j it moves the activation's sign
+//                    into the e2m1 codes.
+//   bytes [448, 452) fp32 sa·2^-10 (the block's scale times the unit of A·2e2m1), or NaN when
+//                    the block holds a NaN code (then every output it touches is NaN, as in the
+//                    reference; NaN payloads may differ).
+// With 2·e2m1 in [-12, 12] as int8 (one table lookup per nibble), a 32-group's exact partial is
+// the int32 Σ_p 2^(5p) Σ_j plane_p[j]·w[j] (u8 × s8 dot products: vpdpbusd, or vpmaddubsw +
+// vpmaddwd), |Σ| < 2^27, and its conversion to fp32 rounds once, exactly where the scalar
+// definition rounds its exact double sum: the SIMD variants are BIT-IDENTICAL to the scalar
+// definition, whatever the inputs (NaN payloads aside).
 //
 // ISA translation units (avx2/, avx512/) are compiled with extra -m flags, so they include no
 // header that could emit an inline function (absl, <vector>, <algorithm>): a linker could keep
-// that AVX copy for everyone. This header is plain data and declarations only.
+// that AVX copy for everyone. This header is plain data and declarations only (its constexpr
+// function is used in constant expressions only).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +45,18 @@ enum class Epilogue : int {
   kAddBf16 = 2,    // y[i][r] += bf16(acc)         (w2 with round_expert_outputs)
 };
 
+// The activation record of a 128-block (see above).
+inline constexpr int64_t kRecordBytes = 512;
+inline constexpr int64_t kPlaneOffset[3] = {256, 128, 0};  // plane p at kPlaneOffset[p]
+inline constexpr int64_t kSignOffset = 384;
+inline constexpr int64_t kScaleOffset = 448;
+
+// Where element e (0..127) of a block lands in a plane, for vectors of `span` elements.
+inline constexpr int64_t PlanePosition(int64_t e, int64_t span) {
+  const int64_t j = e % span;
+  return e / span * span + (j % 2) * (span / 2) + j / 2;
+}
+
 struct Linear4Args {
   const uint8_t* w = nullptr;  // row r at w + r·w_stride, k/2 bytes
   int64_t w_stride = 0;
@@ -32,11 +65,16 @@ struct Linear4Args {
   int64_t rows = 0;                  // a multiple of 16
   int64_t k = 0;                     // a multiple of 128
   int64_t n = 0;                     // activation rows, >= 1
-  const float* const* q = nullptr;   // [n] -> k permuted e4m3 values
+  const float* const* q = nullptr;   // [n] -> k/128 records (SIMD) or k floats (scalar)
   const float* const* sa = nullptr;  // [n] -> k/128 activation scales
   float* const* y = nullptr;  // [n] -> rows outputs; entries may repeat (then added in i order)
   Epilogue epilogue = Epilogue::kStoreBf16;
   float* scratch = nullptr;  // Linear4ScratchFloats(k, n) floats, 64-byte aligned
+  // Optional: the rows the caller reads next (same k and strides, `next_rows` of them). The
+  // software prefetch runs on into them instead of stopping at the end of these rows.
+  const uint8_t* next_w = nullptr;
+  const uint8_t* next_s = nullptr;
+  int64_t next_rows = 0;
 };
 
 // Scratch every variant may use: transposed weight scales [k/32][16], accumulators [n][16],
@@ -49,40 +87,19 @@ using Linear4Fn = void (*)(const Linear4Args&);
 
 void Linear4Scalar(const Linear4Args& a);  // ref/expert_ref.cc: the definition
 void Linear4Avx2(const Linear4Args& a);    // avx2/expert_avx2.cc (AVX2 + FMA)
-void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL, DQ)
+void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL, DQ, VNNI)
 
 // The activation quantiser of every variant: exactly ss::QuantizeActE4m3(x, n, 128, codes,
 // scales) (codes and scales bit-identical) for n a multiple of 128; `scales` gets n/128 floats,
-// `codes` (n bytes) may be null. If `q` is not null it also gets e4m3[code] (e4m3: the 256-entry
-// ss::E4m3ToFloat table) for every element, in the ISA's PermutedIndex(·, gpv) layout (64-byte
-// aligned). Scalar: internal::QuantizeActScalar (expert_kernels.cc, gpv 0).
+// `codes` (n bytes) may be null. If `q` is not null it also gets the ISA's activation layout
+// (64-byte aligned): scalar e4m3[code] floats in natural order (e4m3: the 256-entry
+// ss::E4m3ToFloat table); SIMD one record per 128-block (e4m3 unused).
+// Scalar: internal::QuantizeActScalar (expert_kernels.cc).
 using QuantizeActFn = void (*)(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
                                const float* e4m3);
 void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
-                     const float* e4m3);  // gpv 2
+                     const float* e4m3);  // span 64
 void QuantizeActAvx512(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
-                       const float* e4m3);  // gpv 4
-
-// Where natural element `e` of a K-row lands in the permuted layout of an ISA that decodes
-// `gpv` 32-groups per vector (AVX2: 2, AVX-512: 4; 0 = natural order). Within each run of gpv
-// groups, vector v (0..7) holds in lane L (group L of the run) the elements
-// 4d + 2·(v&1) + 16·((v>>1)&1) + (v>>2), d = 0..3: the order in which splitting a byte vector
-// into low/high nibbles, widening bytes to words and words to dwords produces them.
-inline constexpr int64_t PermutedIndex(int64_t e, int gpv) {
-  if (gpv == 0) return e;
-  const int64_t run = 32 * gpv, lane = e % run / 32, j = e % 32;
-  // j = 4d + 2·(v&1) + 16·((v>>1)&1) + (v>>2): bit 0 is v>>2, bit 1 is v&1, bits 2-3 are d,
-  // bit 4 is (v>>1)&1.
-  const int64_t v = (j & 1) * 4 + ((j >> 4) & 1) * 2 + ((j >> 1) & 1), d = (j >> 2) & 3;
-  return e / run * run + v * 4 * gpv + lane * 4 + d;
-}
-
-// inv[p] = the natural element of a 128-block that lands at p in the layout of `gpv`.
-struct InversePermutation {
-  int32_t inv[128];
-  constexpr explicit InversePermutation(int gpv) : inv{} {
-    for (int e = 0; e < 128; ++e) inv[PermutedIndex(e, gpv)] = e;
-  }
-};
+                       const float* e4m3);  // span 128
 
 }  // namespace ss::expert::internal

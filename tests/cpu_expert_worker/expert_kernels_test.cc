@@ -1,6 +1,6 @@
 // The expert kernels against their definitions (STYLE.md "Backend comparison"):
-//  * every available ISA against the scalar kernel over many shapes (T, routing, slices),
-//    by normalised error;
+//  * every available ISA against the scalar kernel over many shapes (T, routing, slices), by
+//    normalised error and bit for bit, and with non-finite activations;
 //  * the scalar kernel with one slice and per-expert bf16 rounding against the reference
 //    model's routed sum (ss::model::RoutedExpert, ascending expert order), bit for bit, on
 //    synthetic experts and on tiny-a;
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -323,6 +324,8 @@ TEST_P(SimdVsScalar, AllShapes) {
       ASSERT_TRUE(RunKernel(*kernel_, call).ok()) << c.Name();
       const Diff diff = Compare(out, d.scalar_out[s]);
       EXPECT_LE(diff.rms_rel, 1e-6) << c.Name() << " slice " << s << " max_abs " << diff.max_abs;
+      // Exact integer group sums: bit for bit (kernels/linear4.h).
+      EXPECT_EQ(diff.bits_differ, 0) << c.Name() << " slice " << s;
       worst = std::max(worst, diff.rms_rel);
       bits += diff.bits_differ;
       total += static_cast<int64_t>(out.size());
@@ -365,6 +368,36 @@ TEST_P(SimdVsScalar, ExtremeWeightScales) {
   call.out = got.data();
   ASSERT_TRUE(RunKernel(*kernel_, call).ok());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+}
+
+// A non-finite activation (x = inf or NaN: its block's e4m3 codes hold a NaN) makes every output
+// of its token NaN in the scalar definition; the SIMD variants flag such blocks in the record and
+// give NaN at the same places, the other tokens bit for bit.
+TEST_P(SimdVsScalar, NonFiniteActivationsGiveNaNWhereTheScalarDoes) {
+  const int64_t dim = 256, inter = 256, E = 4, T = 3, k = 2;
+  const SynthLayer& layer = Layer(dim, inter, E);
+  std::vector<ExpertSliceView> views;
+  for (const SynthExpert& e : layer.experts) {
+    views.push_back(*SliceExpert(e.Matrices(), dim, inter, 0, 1));
+  }
+  std::mt19937 rng(5);
+  std::vector<uint16_t> x = RandomBf16(T * dim, 1.0f, rng);
+  x[7] = FloatToBf16(std::numeric_limits<float>::infinity());               // token 0
+  x[2 * dim + 200] = FloatToBf16(std::numeric_limits<float>::quiet_NaN());  // token 2
+  const Routing r = MakeRouting(Route::kUniform, T, k, E, rng);
+  std::vector<float> want(T * dim), got(T * dim);
+  ExpertCall call{T, dim, k, inter, x.data(), r.ids.data(), r.weights.data(), views.data(), E,
+                  10.0f, false, want.data()};
+  ASSERT_TRUE(RunKernel(Scalar(), call).ok());
+  call.out = got.data();
+  ASSERT_TRUE(RunKernel(*kernel_, call).ok());
+  for (int64_t i = 0; i < T * dim; ++i) {
+    ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << "output " << i;
+    if (!std::isnan(want[i])) {
+      ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "output " << i;
+    }
+  }
+  EXPECT_TRUE(std::isnan(want[0]) && std::isnan(want[2 * dim]) && !std::isnan(want[dim]));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -860,12 +893,13 @@ TEST(Dispatch, KernelForRefusesWhatTheCpuLacks) {
   EXPECT_STREQ(IsaName(static_cast<Isa>(7)), "unknown");
 }
 
-TEST(Layout, PermutedIndexIsAPermutation) {
-  for (int gpv : {0, 2, 4}) {
-    std::vector<int> seen(256, 0);
-    for (int64_t e = 0; e < 256; ++e) ++seen.at(internal::PermutedIndex(e, gpv));
-    for (int v : seen) EXPECT_EQ(v, 1) << gpv;
+TEST(Layout, PlanePositionIsAPermutation) {
+  for (int64_t span : {64, 128}) {
+    std::vector<int> seen(128, 0);
+    for (int64_t e = 0; e < 128; ++e) ++seen.at(internal::PlanePosition(e, span));
+    for (int v : seen) EXPECT_EQ(v, 1) << span;
   }
+  static_assert(internal::kRecordBytes == kActBlock * sizeof(float));
 }
 
 TEST(Layout, SliceExpertValidates) {

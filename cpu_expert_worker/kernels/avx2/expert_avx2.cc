@@ -1,30 +1,31 @@
 // Linear4Rows for AVX2 + FMA (Zen 2 and later). Compiled with -mavx2 -mfma -mf16c; see
-// linear4.h for the contract and for why this file includes no library header.
+// linear4.h for the contract, the activation record and why this file includes no library
+// header.
 //
-// A tile is 8 weight rows (the lanes of the accumulator). Per 128-wide K block and row, two
-// 32-byte loads hold four 32-groups; each is split into low/high nibbles, looked up with
-// vpshufb into the two upper bytes of the e2m1 value's fp32 bits, and widened to fp32 by
-// unpacking and shifting (no int->float conversion). Products with the e4m3 activations are
-// exact in fp32 and each lane sums 8 of them; two hadd levels and a lane swap turn the 8 rows'
-// accumulators into one vector per group, which is scaled and added in K order exactly as the
-// scalar definition does. Weight bytes are read once per tile; 1-3 activation rows share each
-// decoded vector in registers, more rows read a decoded tile from L1.
+// Integer dot products (linear4.h) without VNNI: a tile is 8 weight rows; a 128-wide K block of
+// a row is two 32-byte chunks of packed nibbles, each holding two 32-groups (one per 128-bit
+// lane). For one activation row the record's sign mask is XORed into the packed bytes, the low
+// and high nibbles are looked up (vpshufb) as 2·e2m1 in int8, and per plane two vpmaddubsw
+// (u8 × s8, pairs summed in int16 without saturation: <= 2·240·12 each) are added and widened
+// by one vpmaddwd with the plane's weight (1, 32, 1024), leaving each group's exact sum in four
+// int32 lanes. Integer adds reduce the 8 rows to one vector per group, converted to fp32 (the one
+// rounding), scaled and added in K order exactly as the scalar definition does. Several
+// activation rows share one nibble split per K block, kept in L1, and fold their signs there.
+//
+// Memory: the software prefetch runs kPrefetchLines 64-byte lines ahead in consumption order
+// (tile, K block, row; on into Linear4Args::next_w), the next tile's scale rows one tile ahead.
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_expert_worker/kernels/isa_shared.h"
 #include "cpu_expert_worker/kernels/linear4.h"
 
 namespace ss::expert::internal {
 namespace {
 
 constexpr int kRows = 8;
-// Activation rows per register block when reading a decoded tile. Up to 3 rows are served
-// straight from the packed weights; from 4 on, decoding a tile once into L1 is as fast
-// (measured on Zen 4: 16 vector registers run out first).
-constexpr int kBlockRows = 4;
-constexpr int64_t kPrefetchBlocks = 2;
 
 // ue8m0 bytes in dword lanes -> 2^(b-127) as fp32 bits (b = 0: the subnormal 2^-127,
 // b = 255: NaN).
@@ -36,91 +37,112 @@ inline __m256i Ue8m0Bits(__m256i b) {
                             _mm256_cmpeq_epi32(b, _mm256_set1_epi32(255)));
 }
 
-// swT[g][r] = ue8m0 scale of group g of row r0 + r, for the tile's 8 rows: 4 groups at a time,
-// one dword of 4 scale bytes per row and lane.
-void TransposeScales(const Linear4Args& a, int64_t r0, float* swT) {
-  const uint8_t* s[kRows];
-  for (int r = 0; r < kRows; ++r) s[r] = a.s + (r0 + r) * a.s_stride;
-  const __m256i lo = _mm256_set1_epi32(0xff);
-  for (int64_t g = 0; g < a.k / 32; g += 4) {
-    int32_t d[kRows];
-    for (int r = 0; r < kRows; ++r) std::memcpy(&d[r], s[r] + g, 4);
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d));
-    for (int i = 0; i < 4; ++i) {
-      const __m256i b = _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), lo);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(swT + (g + i) * kRows), Ue8m0Bits(b));
+// st[kb] = the 4 ue8m0 scale bytes of K block kb of each of the tile's 8 rows (dword r = row
+// r0 + r), for every K block: 8 K blocks at a time, one masked load per row and an 8x8 dword
+// transpose (24 shuffles).
+void TransposeScales(const Linear4Args& a, int64_t r0, __m256i* st) {
+  const int64_t nkb = a.k / 128;
+  const uint8_t* s = a.s + r0 * a.s_stride;
+  for (int64_t kb0 = 0; kb0 < nkb; kb0 += 8) {
+    const int64_t n = nkb - kb0 < 8 ? nkb - kb0 : 8;
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i x[8], t[8];
+    for (int r = 0; r < 8; ++r) {
+      x[r] = _mm256_maskload_epi32(reinterpret_cast<const int*>(s + r * a.s_stride + kb0 * 4), m);
+    }
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_epi32(x[i], x[i + 1]);
+      t[i + 1] = _mm256_unpackhi_epi32(x[i], x[i + 1]);
+    }
+    // x[4i + c], 128-bit lane L: rows 4i..4i+3 of K block kb0 + 4L + c.
+    for (int i = 0; i < 8; i += 4) {
+      x[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+      x[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+      x[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+      x[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      if (c < n) _mm256_store_si256(st + kb0 + c, _mm256_permute2x128_si256(x[c], x[4 + c], 0x20));
+      if (4 + c < n) {
+        _mm256_store_si256(st + kb0 + 4 + c, _mm256_permute2x128_si256(x[c], x[4 + c], 0x31));
+      }
     }
   }
 }
 
-// Bytes 3 and 2 of the fp32 bits of e2m1 code c (spec §2.4), repeated in both 128-bit lanes.
-inline __m256i TableHi() {
-  return _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,  //
-                          char(0x80), char(0xbf), char(0xbf), char(0xbf),  //
-                          char(0xc0), char(0xc0), char(0xc0), char(0xc0),  //
-                          0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,  //
-                          char(0x80), char(0xbf), char(0xbf), char(0xbf),  //
-                          char(0xc0), char(0xc0), char(0xc0), char(0xc0));
-}
-inline __m256i TableLo() {
-  return _mm256_setr_epi8(0x00, 0x00, char(0x80), char(0xc0), 0x00, 0x40, char(0x80), char(0xc0),
-                          0x00, 0x00, char(0x80), char(0xc0), 0x00, 0x40, char(0x80), char(0xc0),
-                          0x00, 0x00, char(0x80), char(0xc0), 0x00, 0x40, char(0x80), char(0xc0),
-                          0x00, 0x00, char(0x80), char(0xc0), 0x00, 0x40, char(0x80), char(0xc0));
+// The four groups' scales of one K block (st[kb]) as fp32, one vector per group (lane = row).
+// Bytes 1..254 are 2^(b-127) by a shift alone; a 0 (the subnormal 2^-127) or 255 (NaN) takes
+// the full decode.
+inline void GroupScales(__m256i v, __m256 (&sw)[4]) {
+  const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_setzero_si256()),
+                                          _mm256_cmpeq_epi8(v, _mm256_set1_epi8(-1)));
+  if (_mm256_testz_si256(special, special)) {
+    const __m256i exp = _mm256_set1_epi32(0x7f800000);
+    sw[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 23), exp));
+    sw[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 15), exp));
+    sw[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 7), exp));
+    sw[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srli_epi32(v, 1), exp));
+    return;
+  }
+  for (int i = 0; i < 4; ++i) {
+    sw[i] = _mm256_castsi256_ps(
+        Ue8m0Bits(_mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xff))));
+  }
 }
 
-struct Consts {
-  __m256i nib = _mm256_set1_epi8(0x0f);
-  __m256i thi = TableHi();
-  __m256i tlo = TableLo();
-  __m256i top = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+// 2·e2m1(code) as int8, in both 128-bit lanes.
+inline __m256i E2m1Table() {
+  return _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+}
+
+// One activation record's planes for a 32-byte chunk c of a K block: [plane][even, odd].
+struct Planes {
+  __m256i p[3][2];
+  Planes(const uint8_t* rec, int c) {
+    for (int i = 0; i < 3; ++i) {
+      p[i][0] = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + kPlaneOffset[i] + c * 64));
+      p[i][1] =
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + kPlaneOffset[i] + c * 64 + 32));
+    }
+  }
 };
 
-// Decodes 32 packed bytes (two 32-groups, one per 128-bit lane) into 8 fp32 vectors in the
-// order of PermutedIndex(·, 2), calling use(j, vector) for j = 0..7.
-template <class Use>
-inline void DecodeChunk(const Consts& k, const uint8_t* p, Use&& use) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i nib[2] = {_mm256_and_si256(v, k.nib),
-                          _mm256_and_si256(_mm256_srli_epi16(v, 4), k.nib)};
-  for (int h = 0; h < 2; ++h) {
-    const __m256i b3 = _mm256_shuffle_epi8(k.thi, nib[h]);
-    const __m256i b2 = _mm256_shuffle_epi8(k.tlo, nib[h]);
-    const __m256i w0 = _mm256_unpacklo_epi8(b2, b3), w1 = _mm256_unpackhi_epi8(b2, b3);
-    use(4 * h + 0, _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)));
-    use(4 * h + 1, _mm256_castsi256_ps(_mm256_and_si256(w0, k.top)));
-    use(4 * h + 2, _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)));
-    use(4 * h + 3, _mm256_castsi256_ps(_mm256_and_si256(w1, k.top)));
-  }
+// The exact group sums (4 int32 lanes per group, two groups) of one row's chunk.
+inline __m256i DotPlanes(const Planes& pl, __m256i we, __m256i wo) {
+  const __m256i m2 =
+      _mm256_add_epi16(_mm256_maddubs_epi16(pl.p[2][0], we), _mm256_maddubs_epi16(pl.p[2][1], wo));
+  const __m256i m1 =
+      _mm256_add_epi16(_mm256_maddubs_epi16(pl.p[1][0], we), _mm256_maddubs_epi16(pl.p[1][1], wo));
+  const __m256i m0 =
+      _mm256_add_epi16(_mm256_maddubs_epi16(pl.p[0][0], we), _mm256_maddubs_epi16(pl.p[0][1], wo));
+  return _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(m2, _mm256_set1_epi16(1024)),
+                                           _mm256_madd_epi16(m1, _mm256_set1_epi16(32))),
+                          _mm256_madd_epi16(m0, _mm256_set1_epi16(1)));
 }
 
-// Calls chunk(r, sums) for the 8 rows of a tile (sums: NT per-activation-row accumulators of
-// [4 lanes of group A | 4 lanes of group B]) and reduces pairwise as rows complete, so few
-// accumulators are live: pa/pb get the group A/B sums with one row per lane.
-template <int NT, class Chunk>
-inline void RowsReduced(Chunk&& chunk, __m256 (&pa)[NT], __m256 (&pb)[NT]) {
-  __m256 q[2][NT];
-  for (int quad = 0; quad < 2; ++quad) {
-    __m256 hh[2][NT];
-    for (int pair = 0; pair < 2; ++pair) {
-      __m256 c0[NT], c1[NT];
-      chunk(4 * quad + 2 * pair, c0);
-      chunk(4 * quad + 2 * pair + 1, c1);
-      for (int t = 0; t < NT; ++t) hh[pair][t] = _mm256_hadd_ps(c0[t], c1[t]);
-    }
-    for (int t = 0; t < NT; ++t) q[quad][t] = _mm256_hadd_ps(hh[0][t], hh[1][t]);
+// 8 rows' sums of a chunk -> ga / gb = its two groups' sums with row r in lane r.
+inline void Reduce(const __m256i (&res)[kRows], __m256i& ga, __m256i& gb) {
+  __m256i t1[4], t2[2];
+  for (int i = 0; i < 4; ++i) {
+    t1[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(res[2 * i], res[2 * i + 1]),
+                             _mm256_unpackhi_epi32(res[2 * i], res[2 * i + 1]));
   }
-  for (int t = 0; t < NT; ++t) {
-    pa[t] = _mm256_permute2f128_ps(q[0][t], q[1][t], 0x20);
-    pb[t] = _mm256_permute2f128_ps(q[0][t], q[1][t], 0x31);
+  for (int i = 0; i < 2; ++i) {
+    t2[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t1[2 * i], t1[2 * i + 1]),
+                             _mm256_unpackhi_epi64(t1[2 * i], t1[2 * i + 1]));
   }
+  ga = _mm256_permute2x128_si256(t2[0], t2[1], 0x20);
+  gb = _mm256_permute2x128_si256(t2[0], t2[1], 0x31);
 }
 
-// acc + pa·sa·sw[0] + pb·sa·sw[1]: two consecutive groups in K order, the scalar's rounding.
-inline __m256 Accumulate(__m256 acc, __m256 pa, __m256 pb, float sa, const float* sw) {
+// acc + fp32(ga)·sa'·sw[0] + fp32(gb)·sa'·sw[1]: two consecutive groups in K order, the
+// scalar's roundings.
+inline __m256 Accumulate(__m256 acc, __m256i ga, __m256i gb, float sa, __m256 swa, __m256 swb) {
   const __m256 s = _mm256_set1_ps(sa);
-  acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(pa, s), _mm256_load_ps(sw)));
-  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(pb, s), _mm256_load_ps(sw + kRows)));
+  acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ga), s), swa));
+  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(gb), s), swb));
 }
 
 // ss::RoundBf16 on 8 lanes (round to nearest even; NaN -> quiet NaN).
@@ -148,203 +170,222 @@ inline void Store(Epilogue e, float* y, __m256 acc) {
   }
 }
 
-// Prefetches K block kb + kPrefetchBlocks of the tile's rows. The row streams are 2 KB apart
-// in w1/w3 and so share a few L1 sets: a short distance keeps prefetched lines from evicting
-// each other (measured on Zen 4 from DRAM: 2 blocks ahead doubles AVX-512 decode throughput;
-// 8 blocks, a whole tile ahead, or running on into the next tile is as slow as none).
-inline void Prefetch(const Linear4Args& a, int64_t r0, int64_t kb) {
-  const int64_t at = kb + kPrefetchBlocks;
-  if (at >= a.k / 128) return;
-  for (int r = 0; r < kRows; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(a.w + (r0 + r) * a.w_stride + at * 64), _MM_HINT_T0);
-  }
+inline __m256i Load(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// NT activation rows straight from the packed weights: each decoded vector feeds NT FMAs.
-template <int NT>
-void TileDirect(const Linear4Args& a, int64_t r0, const float* swT) {
-  const Consts k;
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+// One activation row (decode): the sign is folded into the packed bytes, one XOR per chunk.
+void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, Prefetch<kRows>& pf) {
+  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
+  __m256 acc = _mm256_setzero_ps();
+  const uint8_t* w = a.w + r0 * a.w_stride;
   for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    Prefetch(a, r0, kb);
-    for (int h = 0; h < 2; ++h) {
-      const int64_t off = kb * 128 + h * 64;
-      __m256 pa[NT], pb[NT];
-      RowsReduced<NT>(
-          [&](int r, __m256* s) {
-            for (int t = 0; t < NT; ++t) s[t] = _mm256_setzero_ps();
-            DecodeChunk(k, a.w + (r0 + r) * a.w_stride + off / 2, [&](int j, __m256 f) {
-              for (int t = 0; t < NT; ++t)
-                s[t] = _mm256_fmadd_ps(f, _mm256_load_ps(a.q[t] + off + j * 8), s[t]);
-            });
-          },
-          pa, pb);
-      for (int t = 0; t < NT; ++t)
-        acc[t] = Accumulate(acc[t], pa[t], pb[t], a.sa[t][kb], swT + (off / 32) * kRows);
-    }
-  }
-  for (int t = 0; t < NT; ++t) Store(a.epilogue, a.y[t] + r0, acc[t]);
-}
-
-// Activation rows i0..i0+NT against a K block decoded into `wdec` ([2 chunks][8 rows][64]).
-template <int NT>
-void BlockFromBuffer(const Linear4Args& a, int64_t i0, int64_t kb, const float* wdec,
-                     const float* swT, float* acc) {
-  for (int h = 0; h < 2; ++h) {
-    const int64_t off = kb * 128 + h * 64;
-    __m256 pa[NT], pb[NT];
-    RowsReduced<NT>(
-        [&](int r, __m256* s) {
-          const float* wr = wdec + (h * kRows + r) * 64;
-          for (int t = 0; t < NT; ++t) s[t] = _mm256_setzero_ps();
-          for (int j = 0; j < 8; ++j) {
-            const __m256 f = _mm256_load_ps(wr + 8 * j);
-            for (int t = 0; t < NT; ++t)
-              s[t] = _mm256_fmadd_ps(f, _mm256_load_ps(a.q[i0 + t] + off + j * 8), s[t]);
-          }
-        },
-        pa, pb);
-    for (int t = 0; t < NT; ++t) {
-      float* at = acc + (i0 + t) * kRows;
-      _mm256_store_ps(at, Accumulate(_mm256_load_ps(at), pa[t], pb[t], a.sa[i0 + t][kb],
-                                     swT + (off / 32) * kRows));
-    }
-  }
-}
-
-// Any number of activation rows: each K block of the tile is decoded once and read back from
-// L1 for every row.
-void TileBuffered(const Linear4Args& a, int64_t r0, const float* swT, float* acc, float* wdec) {
-  const Consts k;
-  for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
-  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    Prefetch(a, r0, kb);
-    for (int h = 0; h < 2; ++h) {
+    const uint8_t* rec = Record(a, 0, kb);
+    const float sa = RecordScale(rec);
+    __m256 sw[4];
+    GroupScales(_mm256_load_si256(st + kb), sw);
+    pf.Aim(r0, kb);
+    for (int c = 0; c < 2; ++c) {
+      const Planes pl(rec, c);
+      const __m256i sx = Load(rec + kSignOffset + c * 32);
+      __m256i res[kRows];
+#pragma GCC unroll 8
       for (int r = 0; r < kRows; ++r) {
-        float* out = wdec + (h * kRows + r) * 64;
-        DecodeChunk(k, a.w + (r0 + r) * a.w_stride + kb * 64 + h * 32,
-                    [&](int j, __m256 f) { _mm256_store_ps(out + 8 * j, f); });
+        if (c == 0) pf.Row(r);
+        const __m256i v = _mm256_xor_si256(Load(w + r * a.w_stride + kb * 64 + c * 32), sx);
+        const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
+        const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+        res[r] = DotPlanes(pl, we, wo);
+      }
+      __m256i ga, gb;
+      Reduce(res, ga, gb);
+      acc = Accumulate(acc, ga, gb, sa, sw[2 * c], sw[2 * c + 1]);
+    }
+  }
+  Store(a.epilogue, a.y[0] + r0, acc);
+}
+
+// Any number of activation rows: each K block's nibbles are split once into `nibbles`
+// ([8 rows][chunk 0: even 32 | odd 32, chunk 1: even 32 | odd 32] bytes, L1) and every
+// activation row folds its signs there.
+void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, uint8_t* nibbles,
+              Prefetch<kRows>& pf) {
+  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm256_set1_epi8(0x08);
+  for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
+  const uint8_t* w = a.w + r0 * a.w_stride;
+  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
+    pf.Aim(r0, kb);
+    for (int r = 0; r < kRows; ++r) {
+      pf.Row(r);
+      for (int c = 0; c < 2; ++c) {
+        const __m256i v = Load(w + r * a.w_stride + kb * 64 + c * 32);
+        uint8_t* out = nibbles + r * 128 + c * 64;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_and_si256(v, nib));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32),
+                           _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
       }
     }
-    int64_t i0 = 0;
-    for (; i0 + kBlockRows <= a.n; i0 += kBlockRows) BlockFromBuffer<4>(a, i0, kb, wdec, swT, acc);
-    switch (a.n - i0) {
-      case 3:
-        BlockFromBuffer<3>(a, i0, kb, wdec, swT, acc);
-        break;
-      case 2:
-        BlockFromBuffer<2>(a, i0, kb, wdec, swT, acc);
-        break;
-      case 1:
-        BlockFromBuffer<1>(a, i0, kb, wdec, swT, acc);
-        break;
-      default:
-        break;
+    __m256 sw[4];
+    GroupScales(_mm256_load_si256(st + kb), sw);
+    for (int64_t i = 0; i < a.n; ++i) {
+      const uint8_t* rec = Record(a, i, kb);
+      float* at = acc + i * kRows;
+      __m256 ai = _mm256_load_ps(at);
+      for (int c = 0; c < 2; ++c) {
+        const Planes pl(rec, c);
+        const __m256i sx = Load(rec + kSignOffset + c * 32);
+        const __m256i se = _mm256_and_si256(sx, bit3);
+        const __m256i so = _mm256_and_si256(_mm256_srli_epi16(sx, 4), bit3);
+        __m256i res[kRows];
+#pragma GCC unroll 8
+        for (int r = 0; r < kRows; ++r) {
+          const uint8_t* nb = nibbles + r * 128 + c * 64;
+          const __m256i ne = _mm256_xor_si256(Load(nb), se);
+          const __m256i no = _mm256_xor_si256(Load(nb + 32), so);
+          res[r] = DotPlanes(pl, _mm256_shuffle_epi8(lut, ne), _mm256_shuffle_epi8(lut, no));
+        }
+        __m256i ga, gb;
+        Reduce(res, ga, gb);
+        ai = Accumulate(ai, ga, gb, RecordScale(rec), sw[2 * c], sw[2 * c + 1]);
+      }
+      _mm256_store_ps(at, ai);
     }
   }
   for (int64_t i = 0; i < a.n; ++i) Store(a.epilogue, a.y[i] + r0, _mm256_load_ps(acc + i * kRows));
 }
 
+// The activation quantiser's code for 8 values y = x / s (see QuantizeActAvx2).
+struct QuantConsts {
+  __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 qmax = _mm256_set1_ps(448.0f), sub_max = _mm256_set1_ps(0.015625f);
+  __m256 magic = _mm256_set1_ps(16384.0f);
+  __m256i magic_bits = _mm256_set1_epi32(0x46800000);
+  __m256i round_bias = _mm256_set1_epi32(0x7ffff), one = _mm256_set1_epi32(1);
+  __m256i code_bias = _mm256_set1_epi32(120 << 3), code_max = _mm256_set1_epi32(0x7e);
+  __m256i pack_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+};
+
+inline __m256i Codes(const QuantConsts& k, __m256 v, __m256 sv) {
+  const __m256 y = _mm256_div_ps(v, sv);
+  const __m256i sign = _mm256_srli_epi32(
+      _mm256_andnot_si256(_mm256_castps_si256(k.abs_mask), _mm256_castps_si256(y)), 24);
+  const __m256 a = _mm256_min_ps(_mm256_and_ps(y, k.abs_mask), k.qmax);
+  const __m256i ai = _mm256_castps_si256(a);
+  const __m256i r = _mm256_add_epi32(
+      ai, _mm256_add_epi32(k.round_bias, _mm256_and_si256(_mm256_srli_epi32(ai, 20), k.one)));
+  __m256i c = _mm256_min_epi32(_mm256_sub_epi32(_mm256_srli_epi32(r, 20), k.code_bias), k.code_max);
+  const __m256i cs = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, k.magic)), k.magic_bits);
+  c = _mm256_blendv_epi8(c, cs, _mm256_castps_si256(_mm256_cmp_ps(a, k.sub_max, _CMP_LT_OQ)));
+  c = _mm256_or_si256(c, sign);
+  return _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7f),
+                            _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q)));
+}
+
+// Four vectors of 8 int32 values in 0..255 -> 32 bytes in order.
+inline __m256i PackBytes(const QuantConsts& k, const __m256i (&c)[4]) {
+  const __m256i p01 = _mm256_packus_epi32(c[0], c[1]);
+  const __m256i p23 = _mm256_packus_epi32(c[2], c[3]);
+  return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p01, p23), k.pack_order);
+}
+
+// The three planes of 8 codes: out[p] = plane p's value (int32 lanes).
+inline void PlaneValues(__m256i c, __m256i (&out)[3]) {
+  const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
+  const __m256i e = _mm256_srli_epi32(mag, 3);
+  const __m256i m =
+      _mm256_or_si256(_mm256_and_si256(mag, _mm256_set1_epi32(7)),
+                      _mm256_slli_epi32(_mm256_min_epi32(e, _mm256_set1_epi32(1)), 3));
+  const __m256i b =
+      _mm256_max_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), _mm256_setzero_si256());
+  const __m256i ge10 = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(9));
+  const __m256i le4 = _mm256_cmpgt_epi32(_mm256_set1_epi32(5), b);
+  // Shift counts outside 0..31 give 0 in vpsllvd; the masks pick each plane's binades.
+  out[2] = _mm256_and_si256(ge10, _mm256_sllv_epi32(m, _mm256_sub_epi32(b, _mm256_set1_epi32(10))));
+  out[1] = _mm256_andnot_si256(_mm256_or_si256(ge10, le4),
+                               _mm256_sllv_epi32(m, _mm256_sub_epi32(b, _mm256_set1_epi32(5))));
+  out[0] = _mm256_and_si256(le4, _mm256_sllv_epi32(m, b));
+}
+
 }  // namespace
 
 void Linear4Avx2(const Linear4Args& a) {
-  const int64_t ng = a.k / 32;
-  float* swT = a.scratch;        // [ng][8]
-  float* acc = swT + ng * 16;    // [n][8]
-  float* wdec = acc + a.n * 16;  // [16][64] floats, 64-byte aligned
+  __m256i* st = reinterpret_cast<__m256i*>(a.scratch);            // [k/128] transposed scales
+  float* acc = a.scratch + a.k / 128 * 16;                        // [n][8]
+  uint8_t* nibbles = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [8][128] bytes
+  Prefetch<kRows> pf(a);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
-    TransposeScales(a, r0, swT);
-    switch (a.n) {
-      case 1:
-        TileDirect<1>(a, r0, swT);
-        break;
-      case 2:
-        TileDirect<2>(a, r0, swT);
-        break;
-      case 3:
-        TileDirect<3>(a, r0, swT);
-        break;
-      default:
-        TileBuffered(a, r0, swT, acc, wdec);
-        break;
+    TransposeScales(a, r0, st);
+    if (a.n == 1) {
+      TileOne(a, r0, st, pf);
+    } else {
+      TileMany(a, r0, st, acc, nibbles, pf);
     }
   }
 }
 
-
 // ss::QuantizeActE4m3 for one 128-block, 8 lanes at a time: the power-of-two scale from the
 // fp32 bits of max(amax, 1e-4) · fp32(1/448); e4m3 RNE by integer rounding of the fp32 bits
 // (mantissa to 3 bits, a carry bumps the exponent) and, below 2^-6, by adding 2^14 (whose ulp
-// is the subnormal step 2^-9), both in the default round-to-nearest-even mode.
+// is the subnormal step 2^-9), both in the default round-to-nearest-even mode. The record is
+// built from each 64-element span permuted into plane order first (even elements, then odd).
 void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
-                     const float* e4m3) {
-  static constexpr InversePermutation kInv(2);
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 qmax = _mm256_set1_ps(448.0f), sub_max = _mm256_set1_ps(0.015625f);
-  const __m256 magic = _mm256_set1_ps(16384.0f);
-  const __m256i magic_bits = _mm256_set1_epi32(0x46800000);
-  const __m256i round_bias = _mm256_set1_epi32(0x7ffff), one = _mm256_set1_epi32(1);
-  const __m256i code_bias = _mm256_set1_epi32(120 << 3), code_max = _mm256_set1_epi32(0x7e);
-  const __m256i pack_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+                     const float*) {
+  const QuantConsts k;
   for (int64_t b = 0; b < n; b += 128) {
     __m256 v[16];
     __m256 amax = _mm256_setzero_ps();
     for (int j = 0; j < 16; ++j) {
       v[j] = _mm256_loadu_ps(x + b + 8 * j);
       // NaN in the first operand returns the second: NaN is skipped, as std::max skips it.
-      amax = _mm256_max_ps(_mm256_and_ps(v[j], abs_mask), amax);
+      amax = _mm256_max_ps(_mm256_and_ps(v[j], k.abs_mask), amax);
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
     float am = _mm_cvtss_f32(m4);
-    if (am < 1e-4f) am = 1e-4f;
-    const float prod = am * (1.0f / 448.0f);
-    uint32_t bits;
-    std::memcpy(&bits, &prod, 4);
-    uint32_t biased = ((bits >> 23) & 0xff) + ((bits & 0x7fffffu) != 0);
-    if (biased > 255) biased = 255;  // 2^128 and beyond: inf, as ldexp gives
-    const uint32_t sbits = biased << 23;
-    float s;
-    std::memcpy(&s, &sbits, 4);
+    const float s = BlockScale(am);
     scales[b / 128] = s;
     const __m256 sv = _mm256_set1_ps(s);
-    alignas(64) float dec[128];
-    __m256i c[16];
-    for (int j = 0; j < 16; ++j) {
-      const __m256 y = _mm256_div_ps(v[j], sv);
-      const __m256i sign = _mm256_srli_epi32(
-          _mm256_andnot_si256(_mm256_castps_si256(abs_mask), _mm256_castps_si256(y)), 24);
-      const __m256 a = _mm256_min_ps(_mm256_and_ps(y, abs_mask), qmax);
-      const __m256i ai = _mm256_castps_si256(a);
-      const __m256i r = _mm256_add_epi32(
-          ai, _mm256_add_epi32(round_bias, _mm256_and_si256(_mm256_srli_epi32(ai, 20), one)));
-      __m256i cj =
-          _mm256_min_epi32(_mm256_sub_epi32(_mm256_srli_epi32(r, 20), code_bias), code_max);
-      const __m256i cs =
-          _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, magic)), magic_bits);
-      cj = _mm256_blendv_epi8(cj, cs, _mm256_castps_si256(_mm256_cmp_ps(a, sub_max, _CMP_LT_OQ)));
-      cj = _mm256_or_si256(cj, sign);
-      cj = _mm256_blendv_epi8(cj, _mm256_set1_epi32(0x7f),
-                              _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q)));
-      c[j] = cj;
-      if (q != nullptr) _mm256_store_ps(dec + 8 * j, _mm256_i32gather_ps(e4m3, cj, 4));
-    }
     if (codes != nullptr) {
       for (int j = 0; j < 16; j += 4) {
-        const __m256i p01 = _mm256_packus_epi32(c[j], c[j + 1]);
-        const __m256i p23 = _mm256_packus_epi32(c[j + 2], c[j + 3]);
-        const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p01, p23), pack_order);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b + 8 * j), p);
+        const __m256i c[4] = {Codes(k, v[j], sv), Codes(k, v[j + 1], sv), Codes(k, v[j + 2], sv),
+                              Codes(k, v[j + 3], sv)};
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b + 8 * j), PackBytes(k, c));
       }
     }
-    if (q != nullptr) {
-      for (int j = 0; j < 16; ++j) {
-        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kInv.inv + 8 * j));
-        _mm256_store_ps(q + b + 8 * j, _mm256_i32gather_ps(dec, idx, 4));
+    if (q == nullptr) continue;
+    uint8_t* rec = reinterpret_cast<uint8_t*>(q) + b / 128 * kRecordBytes;
+    __m256i nan = _mm256_setzero_si256();
+    for (int span = 0; span < 2; ++span) {
+      __m256i half_codes[2];  // even, odd elements of the span, as bytes
+      for (int h = 0; h < 2; ++h) {
+        __m256i c[4], planes[3][4];
+        for (int i = 0; i < 4; ++i) {
+          const __m256 lo = v[span * 8 + 2 * i], hi = v[span * 8 + 2 * i + 1];
+          const __m256 sh =
+              h == 0 ? _mm256_shuffle_ps(lo, hi, 0x88) : _mm256_shuffle_ps(lo, hi, 0xdd);
+          const __m256 pv = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(sh), 0xd8));
+          c[i] = Codes(k, pv, sv);
+          __m256i pl[3];
+          PlaneValues(c[i], pl);
+          for (int p = 0; p < 3; ++p) planes[p][i] = pl[p];
+          nan = _mm256_or_si256(nan,
+                                _mm256_cmpeq_epi32(_mm256_and_si256(c[i], _mm256_set1_epi32(0x7f)),
+                                                   _mm256_set1_epi32(0x7f)));
+        }
+        const int64_t pos = span * 64 + h * 32;
+        for (int p = 0; p < 3; ++p) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(rec + kPlaneOffset[p] + pos),
+                             PackBytes(k, planes[p]));
+        }
+        half_codes[h] = PackBytes(k, c);
       }
+      const __m256i sign = _mm256_or_si256(
+          _mm256_and_si256(_mm256_srli_epi16(half_codes[0], 4), _mm256_set1_epi8(0x08)),
+          _mm256_and_si256(half_codes[1], _mm256_set1_epi8(static_cast<char>(0x80))));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + kSignOffset + span * 32), sign);
     }
+    StoreRecordScale(rec, s, !_mm256_testz_si256(nan, nan));
   }
 }
 

@@ -1,12 +1,19 @@
-// Linear4Rows for AVX-512 F + BW (+ VL, DQ in the flags). Compiled with those flags alone; see
-// linear4.h for the contract and for why this file includes no library header.
+// Linear4Rows for AVX-512 F + BW + VNNI (+ VL, DQ in the flags). Compiled with those flags
+// alone; see linear4.h for the contract, the activation record and why this file includes no
+// library header.
 //
-// The AVX2 scheme at twice the width: a tile is 16 weight rows; one 64-byte load per row and
-// 128-wide K block holds its four 32-groups, one per 128-bit lane; vpshufb lookups into the
-// upper bytes of the e2m1 fp32 bits and unpack/shift widening give 8 fp32 vectors whose
-// products with the e4m3 activations are exact. Two unpack/shuffle levels and a 4x4 transpose
-// of 128-bit lanes turn the 16 rows' accumulators into one vector per group, scaled and added in
-// K order exactly as the scalar definition does.
+// Integer dot products (linear4.h): a tile is 16 weight rows; per 128-wide K block a row is one
+// 64-byte load of packed nibbles (its four 32-groups, one per 128-bit lane). For one activation
+// row the record's sign mask is XORed into the packed bytes, the low and high nibbles are looked
+// up (vpshufb) as 2·e2m1 in int8, and six vpdpbusd against the three u8 planes, shifted by 5
+// between planes, leave each group's exact sum in four int32 lanes. Integer adds reduce the 16
+// rows to one vector per group (one row per lane), which is converted to fp32 (the one
+// rounding), scaled and added in K order exactly as the scalar definition does. Several
+// activation rows share one nibble split per K block, kept in L1, and fold their signs there.
+//
+// Memory: weights are read once per call in tile, K block, row order; a software prefetch runs
+// kPrefetchLines lines ahead in that order (and on into Linear4Args::next_w), the next tile's
+// scale rows one tile ahead.
 
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* placeholders) once those
 // intrinsics are inlined here; the warning is about the header, not this code.
@@ -19,16 +26,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_expert_worker/kernels/isa_shared.h"
 #include "cpu_expert_worker/kernels/linear4.h"
 
 namespace ss::expert::internal {
 namespace {
 
 constexpr int kRows = 16;
-// Activation rows served straight from the packed weights (each decoded vector feeds that
-// many FMAs); more rows read a tile decoded once into L1, in register blocks of this size.
-constexpr int kDirectMax = 4;
-constexpr int64_t kPrefetchBlocks = 2;
 
 // ue8m0 bytes in dword lanes -> 2^(b-127) as fp32 bits (b = 0: the subnormal 2^-127,
 // b = 255: NaN).
@@ -40,98 +44,121 @@ inline __m512i Ue8m0Bits(__m512i b) {
                                _mm512_set1_epi32(0x7fc00000));
 }
 
-// swT[g][r] = ue8m0 scale of group g of row r0 + r, for the tile's 16 rows: 4 groups at a time,
-// one dword of 4 scale bytes per row and lane.
-void TransposeScales(const Linear4Args& a, int64_t r0, float* swT) {
-  const uint8_t* s[kRows];
-  for (int r = 0; r < kRows; ++r) s[r] = a.s + (r0 + r) * a.s_stride;
-  const __m512i lo = _mm512_set1_epi32(0xff);
-  for (int64_t g = 0; g < a.k / 32; g += 4) {
-    int32_t d[kRows];
-    for (int r = 0; r < kRows; ++r) std::memcpy(&d[r], s[r] + g, 4);
-    const __m512i v = _mm512_loadu_si512(d);
-    for (int i = 0; i < 4; ++i) {
-      const __m512i b = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), lo);
-      _mm512_store_si512(swT + (g + i) * kRows, Ue8m0Bits(b));
+// st[kb] = the 4 ue8m0 scale bytes of K block kb of each of the tile's 16 rows (dword r = row
+// r0 + r), for every K block: 16 K blocks at a time, one masked load per row and a 16x16 dword
+// transpose (64 shuffles).
+void TransposeScales(const Linear4Args& a, int64_t r0, __m512i* st) {
+  const int64_t nkb = a.k / 128;
+  const uint8_t* s = a.s + r0 * a.s_stride;
+  for (int64_t kb0 = 0; kb0 < nkb; kb0 += 16) {
+    const int64_t n = nkb - kb0 < 16 ? nkb - kb0 : 16;
+    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+    __m512i x[16], t[16];
+    for (int r = 0; r < 16; ++r) x[r] = _mm512_maskz_loadu_epi32(m, s + r * a.s_stride + kb0 * 4);
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
     }
-  }
-}
-
-// Bytes 3 and 2 of the fp32 bits of e2m1 code c (spec §2.4), repeated in every 128-bit lane.
-inline __m512i TableHi() {
-  return _mm512_broadcast_i32x4(_mm_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
-                                              char(0x80), char(0xbf), char(0xbf), char(0xbf),
-                                              char(0xc0), char(0xc0), char(0xc0), char(0xc0)));
-}
-inline __m512i TableLo() {
-  return _mm512_broadcast_i32x4(_mm_setr_epi8(0x00, 0x00, char(0x80), char(0xc0), 0x00, 0x40,
-                                              char(0x80), char(0xc0), 0x00, 0x00, char(0x80),
-                                              char(0xc0), 0x00, 0x40, char(0x80), char(0xc0)));
-}
-
-struct Consts {
-  __m512i nib = _mm512_set1_epi8(0x0f);
-  __m512i thi = TableHi();
-  __m512i tlo = TableLo();
-  __m512i top = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-};
-
-// Decodes 64 packed bytes (four 32-groups, one per 128-bit lane) into 8 fp32 vectors in the
-// order of PermutedIndex(·, 4), calling use(j, vector) for j = 0..7.
-template <class Use>
-inline void DecodeChunk(const Consts& k, const uint8_t* p, Use&& use) {
-  const __m512i v = _mm512_loadu_si512(p);
-  const __m512i nib[2] = {_mm512_and_si512(v, k.nib),
-                          _mm512_and_si512(_mm512_srli_epi16(v, 4), k.nib)};
-  for (int h = 0; h < 2; ++h) {
-    const __m512i b3 = _mm512_shuffle_epi8(k.thi, nib[h]);
-    const __m512i b2 = _mm512_shuffle_epi8(k.tlo, nib[h]);
-    const __m512i w0 = _mm512_unpacklo_epi8(b2, b3), w1 = _mm512_unpackhi_epi8(b2, b3);
-    use(4 * h + 0, _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)));
-    use(4 * h + 1, _mm512_castsi512_ps(_mm512_and_si512(w0, k.top)));
-    use(4 * h + 2, _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)));
-    use(4 * h + 3, _mm512_castsi512_ps(_mm512_and_si512(w1, k.top)));
-  }
-}
-
-// Calls chunk(r, sums) for the 16 rows of a tile (sums: NT accumulators of 4 lanes per group)
-// and reduces as rows complete: p[t][g] gets group g's sums with one row per lane.
-template <int NT, class Chunk>
-inline void RowsReduced(Chunk&& chunk, __m512 (&p)[NT][4]) {
-  __m512 u[4][NT];
-  for (int quad = 0; quad < 4; ++quad) {
-    __m512 t2[2][NT];
-    for (int pair = 0; pair < 2; ++pair) {
-      __m512 c0[NT], c1[NT];
-      chunk(4 * quad + 2 * pair, c0);
-      chunk(4 * quad + 2 * pair + 1, c1);
-      for (int t = 0; t < NT; ++t) {
-        t2[pair][t] =
-            _mm512_add_ps(_mm512_unpacklo_ps(c0[t], c1[t]), _mm512_unpackhi_ps(c0[t], c1[t]));
+    // x[4i + c], 128-bit lane L: rows 4i..4i+3 of K block kb0 + 4L + c.
+    for (int i = 0; i < 16; i += 4) {
+      x[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+      x[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+      x[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+      x[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // A 4x4 transpose of 128-bit lanes per c: lane L of the four row quads -> K block 4L + c.
+    for (int c = 0; c < 4; ++c) {
+      const __m512i p0 = _mm512_shuffle_i32x4(x[c], x[4 + c], 0x44);
+      const __m512i p1 = _mm512_shuffle_i32x4(x[c], x[4 + c], 0xee);
+      const __m512i p2 = _mm512_shuffle_i32x4(x[8 + c], x[12 + c], 0x44);
+      const __m512i p3 = _mm512_shuffle_i32x4(x[8 + c], x[12 + c], 0xee);
+      const __m512i o[4] = {_mm512_shuffle_i32x4(p0, p2, 0x88), _mm512_shuffle_i32x4(p0, p2, 0xdd),
+                            _mm512_shuffle_i32x4(p1, p3, 0x88), _mm512_shuffle_i32x4(p1, p3, 0xdd)};
+      for (int L = 0; L < 4; ++L) {
+        if (4 * L + c < n) _mm512_store_si512(st + kb0 + 4 * L + c, o[L]);
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      u[quad][t] = _mm512_add_ps(_mm512_shuffle_ps(t2[0][t], t2[1][t], 0x44),
-                                 _mm512_shuffle_ps(t2[0][t], t2[1][t], 0xee));
-    }
-  }
-  for (int t = 0; t < NT; ++t) {
-    const __m512 x0 = _mm512_shuffle_f32x4(u[0][t], u[1][t], 0x44);
-    const __m512 x1 = _mm512_shuffle_f32x4(u[0][t], u[1][t], 0xee);
-    const __m512 x2 = _mm512_shuffle_f32x4(u[2][t], u[3][t], 0x44);
-    const __m512 x3 = _mm512_shuffle_f32x4(u[2][t], u[3][t], 0xee);
-    p[t][0] = _mm512_shuffle_f32x4(x0, x2, 0x88);
-    p[t][1] = _mm512_shuffle_f32x4(x0, x2, 0xdd);
-    p[t][2] = _mm512_shuffle_f32x4(x1, x3, 0x88);
-    p[t][3] = _mm512_shuffle_f32x4(x1, x3, 0xdd);
   }
 }
 
-// acc + Σ_g p[g]·sa·sw[g] over the four groups of a K block in K order, the scalar's rounding.
-inline __m512 Accumulate(__m512 acc, const __m512 (&p)[4], float sa, const float* sw) {
+// The four groups' scales of one K block (st[kb]) as fp32, one vector per group (lane = row).
+// Bytes 1..254 are 2^(b-127) by a shift alone; a 0 (the subnormal 2^-127) or 255 (NaN) takes
+// the full decode.
+inline void GroupScales(__m512i v, __m512 (&sw)[4]) {
+  const __mmask64 special = _mm512_cmpeq_epi8_mask(v, _mm512_setzero_si512()) |
+                            _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-1));
+  if (special == 0) {
+    const __m512i exp = _mm512_set1_epi32(0x7f800000);
+    sw[0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 23), exp));
+    sw[1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 15), exp));
+    sw[2] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 7), exp));
+    sw[3] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_srli_epi32(v, 1), exp));
+    return;
+  }
+  for (int i = 0; i < 4; ++i) {
+    sw[i] = _mm512_castsi512_ps(
+        Ue8m0Bits(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xff))));
+  }
+}
+
+// 2·e2m1(code) as int8, in every 128-bit lane.
+inline __m512i E2m1Table() {
+  return _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+}
+
+// One activation record's planes for a K block: [plane][even, odd].
+struct Planes {
+  __m512i p[3][2];
+  explicit Planes(const uint8_t* rec) {
+    for (int i = 0; i < 3; ++i) {
+      p[i][0] = _mm512_load_si512(rec + kPlaneOffset[i]);
+      p[i][1] = _mm512_load_si512(rec + kPlaneOffset[i] + 64);
+    }
+  }
+};
+
+// The exact group sums (4 int32 lanes per group) of one row's K block: we/wo are the even/odd
+// elements' 2·e2m1 values with the activation signs folded in.
+inline __m512i DotPlanes(const Planes& pl, __m512i we, __m512i wo) {
+  __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pl.p[2][0], we);
+  c = _mm512_dpbusd_epi32(c, pl.p[2][1], wo);
+  c = _mm512_slli_epi32(c, 5);
+  c = _mm512_dpbusd_epi32(c, pl.p[1][0], we);
+  c = _mm512_dpbusd_epi32(c, pl.p[1][1], wo);
+  c = _mm512_slli_epi32(c, 5);
+  c = _mm512_dpbusd_epi32(c, pl.p[0][0], we);
+  return _mm512_dpbusd_epi32(c, pl.p[0][1], wo);
+}
+
+// 16 rows' group sums -> g[q] = group q's sums with row r in lane r (integer adds: exact).
+inline void Reduce(const __m512i (&res)[kRows], __m512i (&g)[4]) {
+  __m512i t1[8], t2[4];
+  for (int i = 0; i < 8; ++i) {
+    t1[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(res[2 * i], res[2 * i + 1]),
+                             _mm512_unpackhi_epi32(res[2 * i], res[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t2[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t1[2 * i], t1[2 * i + 1]),
+                             _mm512_unpackhi_epi64(t1[2 * i], t1[2 * i + 1]));
+  }
+  const __m512i x0 = _mm512_shuffle_i32x4(t2[0], t2[1], 0x44);
+  const __m512i x1 = _mm512_shuffle_i32x4(t2[0], t2[1], 0xee);
+  const __m512i x2 = _mm512_shuffle_i32x4(t2[2], t2[3], 0x44);
+  const __m512i x3 = _mm512_shuffle_i32x4(t2[2], t2[3], 0xee);
+  g[0] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+  g[1] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+  g[2] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+  g[3] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+}
+
+// acc + Σ_q fp32(g[q])·sa'·sw[q] over the four groups of a K block in K order: the scalar's
+// roundings (fp32(S)·sa' = fp32(S·2^-10)·sa exactly, both being powers of two apart).
+inline __m512 Accumulate(__m512 acc, const __m512i (&g)[4], float sa, const __m512 (&sw)[4]) {
   const __m512 s = _mm512_set1_ps(sa);
-  for (int g = 0; g < 4; ++g)
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(p[g], s), _mm512_load_ps(sw + g * kRows)));
+  for (int q = 0; q < 4; ++q) {
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(g[q]), s), sw[q]));
+  }
   return acc;
 }
 
@@ -160,191 +187,186 @@ inline void Store(Epilogue e, float* y, __m512 acc) {
   }
 }
 
-// Prefetches K block kb + kPrefetchBlocks of the tile's rows. The row streams are 2 KB apart
-// in w1/w3 and so share a few L1 sets: a short distance keeps prefetched lines from evicting
-// each other (measured on Zen 4 from DRAM: 2 blocks ahead doubles AVX-512 decode throughput;
-// 8 blocks, a whole tile ahead, or running on into the next tile is as slow as none).
-inline void Prefetch(const Linear4Args& a, int64_t r0, int64_t kb) {
-  const int64_t at = kb + kPrefetchBlocks;
-  if (at >= a.k / 128) return;
-  for (int r = 0; r < kRows; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(a.w + (r0 + r) * a.w_stride + at * 64), _MM_HINT_T0);
-  }
-}
-
-// NT activation rows straight from the packed weights: each decoded vector feeds NT FMAs.
-template <int NT>
-void TileDirect(const Linear4Args& a, int64_t r0, const float* swT) {
-  const Consts k;
-  __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+// One activation row (decode): the sign is folded into the packed bytes, one XOR per row.
+void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, Prefetch<kRows>& pf) {
+  const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table();
+  __m512 acc = _mm512_setzero_ps();
+  const uint8_t* w = a.w + r0 * a.w_stride;
   for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    Prefetch(a, r0, kb);
-    const int64_t off = kb * 128;
-    __m512 p[NT][4];
-    RowsReduced<NT>(
-        [&](int r, __m512* s) {
-          // Two chains per activation row so FMA latency overlaps; the per-lane sums are
-          // exact, so their order does not change the bits.
-          __m512 s2[2][NT];
-          for (int t = 0; t < NT; ++t) s2[0][t] = s2[1][t] = _mm512_setzero_ps();
-          DecodeChunk(k, a.w + (r0 + r) * a.w_stride + off / 2, [&](int j, __m512 f) {
-            for (int t = 0; t < NT; ++t)
-              s2[j & 1][t] =
-                  _mm512_fmadd_ps(f, _mm512_load_ps(a.q[t] + off + j * 16), s2[j & 1][t]);
-          });
-          for (int t = 0; t < NT; ++t) s[t] = _mm512_add_ps(s2[0][t], s2[1][t]);
-        },
-        p);
-    for (int t = 0; t < NT; ++t)
-      acc[t] = Accumulate(acc[t], p[t], a.sa[t][kb], swT + kb * 4 * kRows);
-  }
-  for (int t = 0; t < NT; ++t) Store(a.epilogue, a.y[t] + r0, acc[t]);
-}
-
-// Activation rows i0..i0+NT against a K block decoded into `wdec` ([16 rows][128]).
-template <int NT>
-void BlockFromBuffer(const Linear4Args& a, int64_t i0, int64_t kb, const float* wdec,
-                     const float* swT, float* acc) {
-  const int64_t off = kb * 128;
-  __m512 p[NT][4];
-  RowsReduced<NT>(
-      [&](int r, __m512* s) {
-        const float* wr = wdec + r * 128;
-        for (int t = 0; t < NT; ++t) s[t] = _mm512_setzero_ps();
-        for (int j = 0; j < 8; ++j) {
-          const __m512 f = _mm512_load_ps(wr + 16 * j);
-          for (int t = 0; t < NT; ++t)
-            s[t] = _mm512_fmadd_ps(f, _mm512_load_ps(a.q[i0 + t] + off + j * 16), s[t]);
-        }
-      },
-      p);
-  for (int t = 0; t < NT; ++t) {
-    float* at = acc + (i0 + t) * kRows;
-    _mm512_store_ps(at,
-                    Accumulate(_mm512_load_ps(at), p[t], a.sa[i0 + t][kb], swT + kb * 4 * kRows));
-  }
-}
-
-// Any number of activation rows: each K block of the tile is decoded once and read back from
-// L1 for every row.
-void TileBuffered(const Linear4Args& a, int64_t r0, const float* swT, float* acc, float* wdec) {
-  const Consts k;
-  for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
-  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    Prefetch(a, r0, kb);
+    const uint8_t* rec = Record(a, 0, kb);
+    const Planes pl(rec);
+    const __m512i sx = _mm512_load_si512(rec + kSignOffset);
+    pf.Aim(r0, kb);
+    __m512i res[kRows];
+#pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
-      float* out = wdec + r * 128;
-      DecodeChunk(k, a.w + (r0 + r) * a.w_stride + kb * 64,
-                  [&](int j, __m512 f) { _mm512_store_ps(out + 16 * j, f); });
+      pf.Row(r);
+      const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + r * a.w_stride + kb * 64), sx);
+      const __m512i we = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, nib));
+      const __m512i wo = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
+      res[r] = DotPlanes(pl, we, wo);
     }
-    int64_t i0 = 0;
-    for (; i0 + kDirectMax <= a.n; i0 += kDirectMax) BlockFromBuffer<4>(a, i0, kb, wdec, swT, acc);
-    switch (a.n - i0) {
-      case 3:
-        BlockFromBuffer<3>(a, i0, kb, wdec, swT, acc);
-        break;
-      case 2:
-        BlockFromBuffer<2>(a, i0, kb, wdec, swT, acc);
-        break;
-      case 1:
-        BlockFromBuffer<1>(a, i0, kb, wdec, swT, acc);
-        break;
-      default:
-        break;
+    __m512i g[4];
+    Reduce(res, g);
+    __m512 sw[4];
+    GroupScales(_mm512_load_si512(st + kb), sw);
+    acc = Accumulate(acc, g, RecordScale(rec), sw);
+  }
+  Store(a.epilogue, a.y[0] + r0, acc);
+}
+
+// Any number of activation rows: each K block's nibbles are split once into `nibbles`
+// ([16 rows][even 64 | odd 64] bytes, L1) and every activation row folds its signs there.
+void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, uint8_t* nibbles,
+              Prefetch<kRows>& pf) {
+  const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm512_set1_epi8(0x08);
+  for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
+  const uint8_t* w = a.w + r0 * a.w_stride;
+  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
+    pf.Aim(r0, kb);
+    for (int r = 0; r < kRows; ++r) {
+      pf.Row(r);
+      const __m512i v = _mm512_loadu_si512(w + r * a.w_stride + kb * 64);
+      _mm512_store_si512(nibbles + r * 128, _mm512_and_si512(v, nib));
+      _mm512_store_si512(nibbles + r * 128 + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
+    }
+    __m512 sw[4];
+    GroupScales(_mm512_load_si512(st + kb), sw);
+    for (int64_t i = 0; i < a.n; ++i) {
+      const uint8_t* rec = Record(a, i, kb);
+      const Planes pl(rec);
+      const __m512i sx = _mm512_load_si512(rec + kSignOffset);
+      const __m512i se = _mm512_and_si512(sx, bit3);
+      const __m512i so = _mm512_and_si512(_mm512_srli_epi16(sx, 4), bit3);
+      __m512i res[kRows];
+#pragma GCC unroll 16
+      for (int r = 0; r < kRows; ++r) {
+        const __m512i ne = _mm512_xor_si512(_mm512_load_si512(nibbles + r * 128), se);
+        const __m512i no = _mm512_xor_si512(_mm512_load_si512(nibbles + r * 128 + 64), so);
+        res[r] = DotPlanes(pl, _mm512_shuffle_epi8(lut, ne), _mm512_shuffle_epi8(lut, no));
+      }
+      __m512i g[4];
+      Reduce(res, g);
+      float* at = acc + i * kRows;
+      _mm512_store_ps(at, Accumulate(_mm512_load_ps(at), g, RecordScale(rec), sw));
     }
   }
   for (int64_t i = 0; i < a.n; ++i) Store(a.epilogue, a.y[i] + r0, _mm512_load_ps(acc + i * kRows));
 }
 
+// The activation quantiser's code for 16 values y = x / s (see QuantizeActAvx512).
+struct QuantConsts {
+  __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 qmax = _mm512_set1_ps(448.0f), sub_max = _mm512_set1_ps(0.015625f);
+  __m512 magic = _mm512_set1_ps(16384.0f);
+  __m512i magic_bits = _mm512_set1_epi32(0x46800000);
+  __m512i round_bias = _mm512_set1_epi32(0x7ffff), one = _mm512_set1_epi32(1);
+  __m512i code_bias = _mm512_set1_epi32(120 << 3), code_max = _mm512_set1_epi32(0x7e);
+};
+
+inline __m512i Codes(const QuantConsts& k, __m512 v, __m512 sv) {
+  const __m512 y = _mm512_div_ps(v, sv);
+  const __m512i sign = _mm512_srli_epi32(
+      _mm512_andnot_si512(_mm512_castps_si512(k.abs_mask), _mm512_castps_si512(y)), 24);
+  const __m512 a = _mm512_min_ps(_mm512_and_ps(y, k.abs_mask), k.qmax);
+  const __m512i ai = _mm512_castps_si512(a);
+  const __m512i r = _mm512_add_epi32(
+      ai, _mm512_add_epi32(k.round_bias, _mm512_and_si512(_mm512_srli_epi32(ai, 20), k.one)));
+  __m512i c = _mm512_min_epi32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), k.code_bias), k.code_max);
+  const __m512i cs = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, k.magic)), k.magic_bits);
+  c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(a, k.sub_max, _CMP_LT_OQ), cs);
+  c = _mm512_or_si512(c, sign);
+  return _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_set1_epi32(0x7f));
+}
+
+// Writes the three plane bytes of 16 codes at `pos` of a record; returns the NaN lanes.
+inline __mmask16 PlaneBytes(__m512i c, uint8_t* rec, int64_t pos) {
+  const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7f));
+  const __m512i e = _mm512_srli_epi32(mag, 3);
+  const __m512i m =
+      _mm512_or_si512(_mm512_and_si512(mag, _mm512_set1_epi32(7)),
+                      _mm512_slli_epi32(_mm512_min_epi32(e, _mm512_set1_epi32(1)), 3));
+  const __m512i b =
+      _mm512_max_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), _mm512_setzero_si512());
+  const __mmask16 ge10 = _mm512_cmpge_epi32_mask(b, _mm512_set1_epi32(10));
+  const __mmask16 le4 = _mm512_cmple_epi32_mask(b, _mm512_set1_epi32(4));
+  const __m512i p2 = _mm512_maskz_sllv_epi32(ge10, m, _mm512_sub_epi32(b, _mm512_set1_epi32(10)));
+  const __m512i p1 = _mm512_maskz_sllv_epi32(static_cast<__mmask16>(~(ge10 | le4)), m,
+                                             _mm512_sub_epi32(b, _mm512_set1_epi32(5)));
+  const __m512i p0 = _mm512_maskz_sllv_epi32(le4, m, b);
+  _mm_store_si128(reinterpret_cast<__m128i*>(rec + kPlaneOffset[2] + pos),
+                  _mm512_cvtepi32_epi8(p2));
+  _mm_store_si128(reinterpret_cast<__m128i*>(rec + kPlaneOffset[1] + pos),
+                  _mm512_cvtepi32_epi8(p1));
+  _mm_store_si128(reinterpret_cast<__m128i*>(rec + kPlaneOffset[0] + pos),
+                  _mm512_cvtepi32_epi8(p0));
+  return _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f));
+}
+
 }  // namespace
 
 void Linear4Avx512(const Linear4Args& a) {
-  const int64_t ng = a.k / 32;
-  float* swT = a.scratch;        // [ng][16]
-  float* acc = swT + ng * 16;    // [n][16]
-  float* wdec = acc + a.n * 16;  // [16][128]
+  __m512i* st = reinterpret_cast<__m512i*>(a.scratch);            // [k/128] transposed scales
+  float* acc = a.scratch + a.k / 128 * 16;                        // [n][16]
+  uint8_t* nibbles = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [16][128] bytes
+  Prefetch<kRows> pf(a);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
-    TransposeScales(a, r0, swT);
-    switch (a.n) {
-      case 1:
-        TileDirect<1>(a, r0, swT);
-        break;
-      case 2:
-        TileDirect<2>(a, r0, swT);
-        break;
-      case 3:
-        TileDirect<3>(a, r0, swT);
-        break;
-      case 4:
-        TileDirect<4>(a, r0, swT);
-        break;
-      default:
-        TileBuffered(a, r0, swT, acc, wdec);
-        break;
+    TransposeScales(a, r0, st);
+    if (a.n == 1) {
+      TileOne(a, r0, st, pf);
+    } else {
+      TileMany(a, r0, st, acc, nibbles, pf);
     }
   }
 }
 
-
 // ss::QuantizeActE4m3 for one 128-block, 16 lanes at a time: the power-of-two scale from the
 // fp32 bits of max(amax, 1e-4) · fp32(1/448); e4m3 RNE by integer rounding of the fp32 bits
 // (mantissa to 3 bits, a carry bumps the exponent) and, below 2^-6, by adding 2^14 (whose ulp
-// is the subnormal step 2^-9), both in the default round-to-nearest-even mode.
+// is the subnormal step 2^-9), both in the default round-to-nearest-even mode. The record is
+// built from the block permuted into plane order first (even elements, then odd).
 void QuantizeActAvx512(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
-                       const float* e4m3) {
-  static constexpr InversePermutation kInv(4);
-  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  const __m512 qmax = _mm512_set1_ps(448.0f), sub_max = _mm512_set1_ps(0.015625f);
-  const __m512 magic = _mm512_set1_ps(16384.0f);
-  const __m512i magic_bits = _mm512_set1_epi32(0x46800000);
-  const __m512i round_bias = _mm512_set1_epi32(0x7ffff), one = _mm512_set1_epi32(1);
-  const __m512i code_bias = _mm512_set1_epi32(120 << 3), code_max = _mm512_set1_epi32(0x7e);
+                       const float*) {
+  const QuantConsts k;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   for (int64_t b = 0; b < n; b += 128) {
     __m512 v[8];
     __m512 amax = _mm512_setzero_ps();
     for (int j = 0; j < 8; ++j) {
       v[j] = _mm512_loadu_ps(x + b + 16 * j);
       // NaN in the first operand returns the second: NaN is skipped, as std::max skips it.
-      amax = _mm512_max_ps(_mm512_and_ps(v[j], abs_mask), amax);
+      amax = _mm512_max_ps(_mm512_and_ps(v[j], k.abs_mask), amax);
     }
     float am = _mm512_reduce_max_ps(amax);
-    if (am < 1e-4f) am = 1e-4f;
-    const float prod = am * (1.0f / 448.0f);
-    uint32_t bits;
-    std::memcpy(&bits, &prod, 4);
-    uint32_t biased = ((bits >> 23) & 0xff) + ((bits & 0x7fffffu) != 0);
-    if (biased > 255) biased = 255;  // 2^128 and beyond: inf, as ldexp gives
-    const uint32_t sbits = biased << 23;
-    float s;
-    std::memcpy(&s, &sbits, 4);
+    const float s = BlockScale(am);
     scales[b / 128] = s;
     const __m512 sv = _mm512_set1_ps(s);
-    alignas(64) float dec[128];
-    for (int j = 0; j < 8; ++j) {
-      const __m512 y = _mm512_div_ps(v[j], sv);
-      const __m512i sign = _mm512_srli_epi32(
-          _mm512_andnot_si512(_mm512_castps_si512(abs_mask), _mm512_castps_si512(y)), 24);
-      const __m512 a = _mm512_min_ps(_mm512_and_ps(y, abs_mask), qmax);
-      const __m512i ai = _mm512_castps_si512(a);
-      const __m512i r = _mm512_add_epi32(
-          ai, _mm512_add_epi32(round_bias, _mm512_and_si512(_mm512_srli_epi32(ai, 20), one)));
-      __m512i c = _mm512_min_epi32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), code_bias), code_max);
-      const __m512i cs =
-          _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, magic)), magic_bits);
-      c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(a, sub_max, _CMP_LT_OQ), cs);
-      c = _mm512_or_si512(c, sign);
-      c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_set1_epi32(0x7f));
-      if (codes != nullptr) _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b + 16 * j),
-                                             _mm512_cvtepi32_epi8(c));
-      if (q != nullptr) _mm512_store_ps(dec + 16 * j, _mm512_i32gather_ps(c, e4m3, 4));
-    }
-    if (q != nullptr) {
+    if (codes != nullptr) {
       for (int j = 0; j < 8; ++j) {
-        const __m512i idx = _mm512_loadu_si512(kInv.inv + 16 * j);
-        _mm512_store_ps(q + b + 16 * j, _mm512_i32gather_ps(idx, dec, 4));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b + 16 * j),
+                         _mm512_cvtepi32_epi8(Codes(k, v[j], sv)));
       }
     }
+    if (q == nullptr) continue;
+    uint8_t* rec = reinterpret_cast<uint8_t*>(q) + b / 128 * kRecordBytes;
+    alignas(64) uint8_t ordered[128];  // the codes in plane order
+    __mmask16 nan = 0;
+    for (int i = 0; i < 4; ++i) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512 pv = _mm512_permutex2var_ps(v[2 * i], h == 0 ? even : odd, v[2 * i + 1]);
+        const __m512i c = Codes(k, pv, sv);
+        const int64_t pos = h * 64 + i * 16;
+        nan |= PlaneBytes(c, rec, pos);
+        _mm_store_si128(reinterpret_cast<__m128i*>(ordered + pos), _mm512_cvtepi32_epi8(c));
+      }
+    }
+    const __m512i ce = _mm512_load_si512(ordered), co = _mm512_load_si512(ordered + 64);
+    const __m512i sign =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ce, 4), _mm512_set1_epi8(0x08)),
+                        _mm512_and_si512(co, _mm512_set1_epi8(static_cast<char>(0x80))));
+    _mm512_store_si512(rec + kSignOffset, sign);
+    StoreRecordScale(rec, s, nan != 0);
   }
 }
 

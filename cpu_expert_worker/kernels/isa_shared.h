@@ -1,0 +1,112 @@
+// Internal, for the ISA translation units only (avx2/, avx512/): code both SIMD variants share
+// that needs no vector type. Everything is in an unnamed namespace ON PURPOSE: each ISA file
+// compiles its own copy with its own -m flags and internal linkage, so no linker can hand the
+// AVX-512 copy to the AVX2 kernel (see linear4.h).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_expert_worker/kernels/linear4.h"
+
+namespace ss::expert::internal {
+namespace {
+
+// How far ahead the weight prefetch runs, in 64-byte lines in consumption order: 16 KB. Tuned
+// on Zen 5 from DRAM (AVX-512, one thread): a whole tile ahead (32 KB at k = 4096) thrashes L1
+// and reaches 0.6 of a streaming read, half a tile 0.93 of it; per-row distances of 4-16 lines
+// 0.3-0.5; none 0.25. In the engine 8 KB and 16 KB are alike and 32 KB is worse. The lines are
+// read once, so they are fetched non-temporal (engine on 2 threads: 0.88 of a streaming read
+// against 0.86 with _MM_HINT_T0; alike on 1 thread).
+constexpr int64_t kPrefetchLines = 256;
+
+// The software prefetch of one Linear4 call whose tiles are kRows rows: lines are consumed tile
+// by tile, K block by K block, row by row; at each step the line kPrefetchLines steps later is
+// requested (running on into Linear4Args::next_w after the last tile), and one line of each
+// scale row of the next tile per K block while they last.
+template <int kRows>
+class Prefetch {
+ public:
+  static constexpr int64_t kBlocks = kPrefetchLines / kRows;  // the distance in K-block steps
+
+  // Requests the lines the running prefetch never covers: the first kBlocks steps.
+  explicit Prefetch(const Linear4Args& a) : a_(a), nkb_(a.k / 128) {
+    for (int64_t step = 0; step < kBlocks; ++step) {
+      const uint8_t* base = RowPtr(a.w, nullptr, step / nkb_ * kRows, a.w_stride);
+      if (base == nullptr) break;
+      for (int r = 0; r < kRows; ++r) Line(base + r * a.w_stride + step % nkb_ * 64);
+    }
+  }
+  // Aims at the targets of step (tile r0, K block kb); Row(r) then requests row r's.
+  void Aim(int64_t r0, int64_t kb) {
+    const int64_t step = r0 / kRows * nkb_ + kb + kBlocks;
+    base_ = RowPtr(a_.w, a_.next_w, step / nkb_ * kRows, a_.w_stride);
+    if (base_ != nullptr) base_ += step % nkb_ * 64;
+    sbase_ = nullptr;
+    if (kb * 64 < a_.k / 32) {
+      sbase_ = RowPtr(a_.s, a_.next_s, r0 + kRows, a_.s_stride);
+      if (sbase_ != nullptr) sbase_ += kb * 64;
+    }
+  }
+  void Row(int r) const {
+    if (base_ != nullptr) Line(base_ + r * a_.w_stride);
+    if (sbase_ != nullptr) Line(sbase_ + r * a_.s_stride);
+  }
+
+ private:
+  static void Line(const uint8_t* p) {
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_NTA);
+  }
+  // Row `row` of these rows followed by the next ones, or null past them.
+  const uint8_t* RowPtr(const uint8_t* cur, const uint8_t* next, int64_t row,
+                        int64_t stride) const {
+    if (row < a_.rows) return cur + row * stride;
+    if (next != nullptr && row - a_.rows < a_.next_rows) return next + (row - a_.rows) * stride;
+    return nullptr;
+  }
+  const Linear4Args& a_;
+  const int64_t nkb_;
+  const uint8_t* base_ = nullptr;
+  const uint8_t* sbase_ = nullptr;
+};
+
+// ss::QuantizeActE4m3's power-of-two scale of a block whose largest |x| (NaN skipped) is
+// `amax`: from the fp32 bits of max(amax, 1e-4) · fp32(1/448), rounded up to a power of two
+// (2^128 and beyond: inf, as ldexp gives).
+inline float BlockScale(float amax) {
+  if (amax < 1e-4f) amax = 1e-4f;
+  const float prod = amax * (1.0f / 448.0f);
+  uint32_t bits;
+  std::memcpy(&bits, &prod, 4);
+  uint32_t biased = ((bits >> 23) & 0xff) + ((bits & 0x7fffffu) != 0);
+  if (biased > 255) biased = 255;
+  const uint32_t sbits = biased << 23;
+  float s;
+  std::memcpy(&s, &sbits, 4);
+  return s;
+}
+
+// The record's fp32 sa·2^-10, or NaN when the block holds a NaN code (linear4.h).
+inline void StoreRecordScale(uint8_t* rec, float s, bool nan) {
+  uint32_t bits = 0x7fc00000u;
+  if (!nan) {
+    const float sa = s * (1.0f / 1024.0f);
+    std::memcpy(&bits, &sa, 4);
+  }
+  std::memcpy(rec + kScaleOffset, &bits, 4);
+}
+
+inline float RecordScale(const uint8_t* rec) {
+  float s;
+  std::memcpy(&s, rec + kScaleOffset, 4);
+  return s;
+}
+
+inline const uint8_t* Record(const Linear4Args& a, int64_t i, int64_t kb) {
+  return reinterpret_cast<const uint8_t*>(a.q[i]) + kb * kRecordBytes;
+}
+
+}  // namespace
+}  // namespace ss::expert::internal
