@@ -2,7 +2,8 @@
 # The GPU suite, run on the accelerator machine (the `device` tool) from the repository root with
 # the Debian packages carried in .deps (../shared/device/fetch-debs.sh):
 #
-#   bash tests/device_suite.sh OUT_DIR [quick]
+#   bash tests/device_suite.sh OUT_DIR [quick|services|up]   (quick: no benchmarks, no `up`;
+#                                    services: no layer benchmark; up: only `splitserve up`)
 #
 # Builds everything (services included when the carried packages configure; else only the model,
 # the golden runner and the GPU parts), runs every gpu-labelled test binary directly (ctest's
@@ -11,6 +12,32 @@
 # (one and two pipeline stages on GPU 0) answering a chat completion. Logs go to OUT_DIR; a
 # summary goes to stdout.
 set -uo pipefail
+# Loopback requests must not go through a proxy the machine's environment may name.
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+export no_proxy='*' NO_PROXY='*'
+# curl when present, else python3 (the accelerator image may lack curl): http GET|POST URL [BODY].
+# Without the carried libraries on the loader path: the system's curl must not load Debian's
+# libcurl.
+http() {
+  if command -v curl >/dev/null 2>&1; then
+    if [ "$1" = GET ]; then
+      env -u LD_LIBRARY_PATH curl -sf "$2"
+    else
+      env -u LD_LIBRARY_PATH curl -sf "$2" -H 'Content-Type: application/json' -d "$3"
+    fi
+  else
+    env -u LD_LIBRARY_PATH python3 - "$@" <<'PY'
+import sys, urllib.request
+method, url = sys.argv[1], sys.argv[2]
+data = sys.argv[3].encode() if len(sys.argv) > 3 else None
+req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+try:
+    sys.stdout.write(urllib.request.urlopen(req, timeout=120).read().decode())
+except Exception as e:
+    sys.stdout.write(str(e)); sys.exit(1)
+PY
+  fi
+}
 out="$1"
 quick="${2:-}"
 mkdir -p "$out"
@@ -18,17 +45,20 @@ source .deps/use-deps.sh
 export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 services=ON
-if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cfg.log" 2>&1; then
+if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=ON \
+    -DSS_WERROR=OFF >"$out/cfg.log" 2>&1; then
   echo "configure with services failed (tail of cfg.log):"; tail -15 "$out/cfg.log"
   services=OFF
+  rm -rf build
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=OFF \
     >"$out/cfg_noservices.log" 2>&1 || { tail -20 "$out/cfg_noservices.log"; exit 1; }
 fi
 start=$(date +%s)
-cmake --build build -j"$(nproc)" -k 0 >"$out/build.log" 2>&1
+cmake --build build -j"$(nproc)" -- -k 0 >"$out/build.log" 2>&1
 echo "build (services=$services): rc=$? in $(( $(date +%s) - start )) s"
 grep -m8 -E "error|FAILED" "$out/build.log"
 
+if [ "$quick" != up ]; then
 for t in cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test \
          kv_record_gpu_test cuda_backend_test golden_cuda_test; do
   [ -x "build/bin/$t" ] || { echo "$t: not built"; continue; }
@@ -52,9 +82,10 @@ if [ -x build/bin/splitserve-expert-worker ]; then
   echo "splitserve-golden --backend cuda --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_experts.log")"
   kill -TERM "$ew"; wait "$ew"
 fi
-[ -n "$quick" ] && exit 0
+fi  # not "up"
+[ "$quick" = quick ] && exit 0
 
-[ -x build/bin/cuda_backend_layer_bench ] && timeout 240 build/bin/cuda_backend_layer_bench \
+[ "$quick" = "" ] && [ -x build/bin/cuda_backend_layer_bench ] && timeout 240 build/bin/cuda_backend_layer_bench \
   >"$out/cuda_backend_layer_bench.log" 2>&1
 echo "cuda_backend_layer_bench rc=$?"; tail -12 "$out/cuda_backend_layer_bench.log" 2>/dev/null
 
@@ -65,17 +96,18 @@ if [ "$services" = ON ] && [ -x build/bin/splitserve ]; then
       --log-dir "$out/up$stages" >"$out/up$stages.log" 2>&1 &
     pid=$!
     ok=""
-    for _ in $(seq 1 600); do
-      curl -sf "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && { ok=1; break; }
+    for _ in $(seq 1 150); do
+      http GET "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && { ok=1; break; }
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.2
     done
     if [ -n "$ok" ]; then
-      curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
-        -d '{"model":"tiny","messages":[{"role":"user","content":"Hello!"}],"max_tokens":24,"temperature":0}' \
+      http POST "http://127.0.0.1:$port/v1/chat/completions" \
+        '{"model":"tiny","messages":[{"role":"user","content":"Hello!"}],"max_tokens":24,"temperature":0}' \
         >"$out/up$stages.chat.json"
       echo "splitserve up --backend cuda --stages $stages: $(head -c 400 "$out/up$stages.chat.json")"
-      curl -s "http://127.0.0.1:$port/metrics" >"$out/up$stages.metrics.txt"
+      http GET "http://127.0.0.1:$port/metrics" >"$out/up$stages.metrics.txt"
+      echo "  metrics: $(grep -c '^splitserve:' "$out/up$stages.metrics.txt") series lines; $(grep -m1 '^splitserve:generation_tokens_total' "$out/up$stages.metrics.txt")"
     else
       echo "splitserve up --backend cuda --stages $stages: not ready"; tail -20 "$out/up$stages.log"
     fi
