@@ -44,6 +44,7 @@
 #include "gpu_worker/cuda_backend.h"
 #endif
 #include "gpu_worker/gpu_worker_service.h"
+#include "gpu_worker/memory_plan.h"
 #include "gpu_worker/worker_config.h"
 #include "spdlog/spdlog.h"
 
@@ -67,6 +68,13 @@ ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
           "KV capacity in tokens (reported as kv_tokens / kv_block_tokens blocks)");
 ABSL_FLAG(int, cuda_device, WorkerFlags{}.cuda_device,
           "--backend cuda: the CUDA device ordinal this worker uses");
+ABSL_FLAG(bool, plan, false,
+          "print the device-memory plan (weights per GPU, KV capacity) of --plan_tp x --plan_pp "
+          "GPUs of --plan_gib GiB for --model, then exit: 0 when every GPU fits, 1 when one "
+          "does not (it says why)");
+ABSL_FLAG(int, plan_tp, 1, "--plan: tensor-parallel size");
+ABSL_FLAG(int, plan_pp, 1, "--plan: pipeline stages (layers split evenly)");
+ABSL_FLAG(double, plan_gib, 24.0, "--plan: memory of each GPU in GiB");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -217,6 +225,53 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
   return stage;
 }
 
+// --plan: the memory plan of every GPU of a TP x PP layout (gpu_worker/memory_plan.h).
+int PrintPlan() {
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const int tp = absl::GetFlag(FLAGS_plan_tp), pp = absl::GetFlag(FLAGS_plan_pp);
+  const double gib = absl::GetFlag(FLAGS_plan_gib);
+  if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0) {
+    std::fprintf(stderr, "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1 and "
+                 "--plan_gib > 0\n", kName);
+    return 2;
+  }
+  absl::StatusOr<ModelConfig> model = LoadModelConfig(model_dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kName, std::string(model.status().message()).c_str());
+    return 1;
+  }
+  const int n = static_cast<int>(model->n_layers);
+  if (pp > n) {
+    std::fprintf(stderr, "%s: --plan_pp %d exceeds the model's %d layers\n", kName, pp, n);
+    return 2;
+  }
+  const int64_t device_bytes = static_cast<int64_t>(gib * 1073741824.0);
+  std::printf("%s x TP %d x PP %d on %.1f GiB GPUs (routed experts on CPU expert workers):\n",
+              model_dir.c_str(), tp, pp, gib);
+  int failures = 0;
+  int64_t min_tokens = -1;
+  for (int s = 0; s < pp; ++s) {
+    StageLayout l{n * s / pp, n * (s + 1) / pp, tp, s == 0, s == pp - 1, false};
+    absl::StatusOr<MemoryPlan> plan = PlanStageMemory(*model, l, device_bytes);
+    if (!plan.ok()) {
+      ++failures;
+      std::printf("  stage %d (layers %d-%d), each of %d GPU(s): DOES NOT FIT: %s\n", s,
+                  l.first_layer, l.end_layer - 1, tp, std::string(plan.status().message()).c_str());
+      continue;
+    }
+    min_tokens = min_tokens < 0 ? plan->kv_tokens : std::min(min_tokens, plan->kv_tokens);
+    std::printf("  stage %d (layers %d-%d), each of %d GPU(s): %s\n", s, l.first_layer,
+                l.end_layer - 1, tp, plan->Describe().c_str());
+  }
+  if (failures > 0) {
+    std::printf("refused: %d stage(s) do not fit\n", failures);
+    return 1;
+  }
+  std::printf("fits: the pipeline holds %lld tokens of KV (its smallest stage pool)\n",
+              static_cast<long long>(min_tokens));
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-gpu-worker --model DIR [--coordinator HOST:PORT --worker-id ID] "
@@ -235,6 +290,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s: unexpected argument '%s'\n", kName, rest[1]);
     return 2;
   }
+  if (absl::GetFlag(FLAGS_plan)) return PrintPlan();
   WorkerFlags f;
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
   f.worker_id = absl::GetFlag(FLAGS_worker_id);

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 #include "tests/gpu_worker/gpu_worker_test_util.h"
+#include "tests/tools/test_configs.h"
 
 namespace ss::gpu {
 namespace {
@@ -320,6 +321,31 @@ TEST(GpuWorkerControlPlane, RefusedOrLostCoordinatorEndsTheWorker) {
   coord.Stop();
   EXPECT_EQ(worker->WaitExit(absl::Seconds(15)), 1)
       << "a worker whose coordinator is unreachable past --coordinator-timeout-ms exits";
+}
+
+// --plan at DeepSeek-V4-Flash sizes: weights per GPU and KV capacity for a layout, and a
+// refusal (exit 1, saying why) for one that does not fit.
+TEST(GpuWorkerPlan, ReportsFlashLayoutsAndRefusesWhatDoesNotFit) {
+  ::ss::testing_util::TempDir dir("gw_plan");
+  std::ofstream(dir / "config.json") << ::ss::testing_util::kFlashConfig;
+  auto run = [&](const std::string& flags, std::string* output) {
+    const std::string cmd = std::string(SS_BIN_DIR "/splitserve-gpu-worker --plan --model ") +
+                            dir.path() + " " + flags + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) output->append(buf, n);
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  std::string fits, refused, bad;
+  EXPECT_EQ(run("--plan_tp 2 --plan_pp 2 --plan_gib 24", &fits), 0) << fits;
+  EXPECT_NE(fits.find("stage 1 (layers 21-42), each of 2 GPU(s): weights"), std::string::npos)
+      << fits;
+  EXPECT_NE(fits.find("fits: the pipeline holds"), std::string::npos) << fits;
+  EXPECT_EQ(run("--plan_tp 1 --plan_pp 1 --plan_gib 8", &refused), 1) << refused;
+  EXPECT_NE(refused.find("DOES NOT FIT"), std::string::npos) << refused;
+  EXPECT_EQ(run("--plan_tp 3", &bad), 1) << bad;  // 3 does not divide the 64 heads
+  EXPECT_NE(bad.find("must divide"), std::string::npos) << bad;
 }
 
 }  // namespace
