@@ -7,6 +7,28 @@
 
 namespace ss::gpu {
 
+absl::Status CheckStageLayout(const ModelConfig& c, int stage, int num_stages,
+                              int64_t first_layer, int64_t end_layer, int64_t kv_tokens) {
+  if (num_stages < 1 || stage < 0 || stage >= num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("stage ", stage, " of ", num_stages, " stages"));
+  }
+  if (first_layer < 0 || end_layer > c.n_layers || first_layer >= end_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", first_layer, ", ", end_layer,
+                                                   ") are not a range of the model's ", c.n_layers,
+                                                   " layers"));
+  }
+  if (stage == 0 && first_layer != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage 0 must start at layer 0, not ", first_layer));
+  }
+  if (stage == num_stages - 1 && end_layer != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the last stage must end at layer ", c.n_layers, ", not ", end_layer));
+  }
+  if (kv_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("kv_tokens ", kv_tokens, " < 1"));
+  return absl::OkStatus();
+}
+
 absl::Status CheckBatch(const ModelConfig& c, std::span<const StageChunk> batch,
                         int64_t used_tokens, int64_t capacity_tokens,
                         absl::FunctionRef<int64_t(uint64_t)> next_pos) {

@@ -90,6 +90,12 @@ class StageBackend {
   virtual void ReleaseAll() = 0;
 };
 
+// The stage a backend is created for: stage < num_stages, layers [first_layer, end_layer) inside
+// the model, stage 0 starting at layer 0, the last stage ending at the last layer, a positive KV
+// capacity. InvalidArgument naming the value.
+absl::Status CheckStageLayout(const ModelConfig& config, int stage, int num_stages,
+                              int64_t first_layer, int64_t end_layer, int64_t kv_tokens);
+
 // The checks every backend's Check() makes, in the same words: `next_pos(seq_id)` is the
 // sequence's next position, or -1 for a sequence the backend holds no state for; `used_tokens`
 // the KV tokens the live sequences hold, `capacity_tokens` the backend's KV capacity.

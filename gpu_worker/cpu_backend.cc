@@ -43,26 +43,8 @@ CpuBackend::CpuBackend(std::shared_ptr<const model::Model> model, const CpuBacke
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
     std::shared_ptr<const model::Model> model, const CpuBackendOptions& o) {
   const ModelConfig& c = model->config();
-  if (o.num_stages < 1 || o.stage < 0 || o.stage >= o.num_stages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stage ", o.stage, " of ", o.num_stages, " stages"));
-  }
-  if (o.first_layer < 0 || o.end_layer > c.n_layers || o.first_layer >= o.end_layer) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", o.first_layer, ", ", o.end_layer,
-                                                   ") are not a range of the model's ", c.n_layers,
-                                                   " layers"));
-  }
-  if (o.stage == 0 && o.first_layer != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stage 0 must start at layer 0, not ", o.first_layer));
-  }
-  if (o.stage == o.num_stages - 1 && o.end_layer != c.n_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the last stage must end at layer ", c.n_layers, ", not ", o.end_layer));
-  }
-  if (o.kv_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_tokens ", o.kv_tokens, " < 1"));
-  }
+  RETURN_IF_ERROR(
+      CheckStageLayout(c, o.stage, o.num_stages, o.first_layer, o.end_layer, o.kv_tokens));
   std::unique_ptr<CpuBackend> b(new CpuBackend(std::move(model), o));
   ASSIGN_OR_RETURN(b->experts_,
                    RoutedExpertsClient::Connect(*b->model_, o.experts, o.expert_client));
