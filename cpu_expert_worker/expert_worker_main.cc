@@ -289,11 +289,15 @@ class WorkerMetrics {
 // segment is unlinked on the way out. The engine is not thread-safe across transports, so with
 // both, one mutex serialises every engine call. With `metrics`, each call is timed and counted.
 int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine,
-          WorkerMetrics* metrics) {
+          WorkerMetrics* metrics, const ThreadPool& pool) {
   absl::Mutex engine_mu;
-  const auto handler_for = [&engine, &engine_mu, metrics](std::string transport) {
-    return shm::ExpertHandler([&engine, &engine_mu, metrics, transport](
+  const auto handler_for = [&engine, &engine_mu, metrics, &pool](std::string transport) {
+    return shm::ExpertHandler([&engine, &engine_mu, metrics, &pool, transport](
                                   const shm::ExpertRequestView& r, float* out) {
+      // The thread that calls Compute is the pool's worker 0: pin it to the pool's first core
+      // (once per serving thread), or it may share a core with a pinned worker.
+      thread_local const bool pinned = pool.PinCallingThread();
+      (void)pinned;
       absl::MutexLock lock(&engine_mu);
       const auto t0 = std::chrono::steady_clock::now();
       absl::Status st =
@@ -487,7 +491,7 @@ int Main(int argc, char** argv) {
     spdlog::info(absl::StrCat("serving metrics on http://", metrics_listen, "/metrics (port ",
                               registry->port(), ")"));
   }
-  return Serve(c, **store, **engine, worker_metrics.get());
+  return Serve(c, **store, **engine, worker_metrics.get(), **pool);
 }
 
 }  // namespace
