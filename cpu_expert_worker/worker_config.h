@@ -9,7 +9,7 @@
 //   --numa_node k|auto    the node whose cores and memory the worker uses (default auto)
 //   --threads N           pool size; 0 = the node's physical cores in the allowed CPU set
 //   --isa auto|scalar|avx2|avx512   expert kernels (auto: from CPUID)
-//   --shm_name NAME, --grpc_listen ADDR   transports (not built yet: refused, see main)
+//   --shm_name NAME, --grpc_listen ADDR   serve expert calls over shared memory and/or gRPC
 //   --max_tokens T        largest T per call (sizes the engine's preallocated memory)
 //   --spin_us US          how long idle pool threads spin before sleeping
 //   --split_target U, --min_split_cols W   how the engine cuts a call (expert_engine.h)
