@@ -93,6 +93,22 @@ void AttentionProject(const AttentionWeights& w, const AttentionParams& p, const
     ApplyRope(e + Dh - rd, static_cast<int>(rd / 2), cs.data(), sn.data(), false);
     Fp8SimInplace(e, Dh - rd, 64, p.kv_fp8_sim_rounds);
   }
+  // The compressors' and the indexer's projections are per row too.
+  if (w.has_compressor) {
+    const int64_t width = w.compressor.wkv.rows;
+    rows->comp_kv.resize(T * width);
+    rows->comp_score.resize(T * width);
+    CompressorProject(w.compressor, x, T, rows->comp_kv.data(), rows->comp_score.data());
+  }
+  if (w.has_indexer) {
+    const int64_t width = w.indexer.compressor.wkv.rows;
+    rows->icomp_kv.resize(T * width);
+    rows->icomp_score.resize(T * width);
+    CompressorProject(w.indexer.compressor, x, T, rows->icomp_kv.data(), rows->icomp_score.data());
+    rows->idx_q.resize(T * c.index_n_heads * c.index_head_dim);
+    rows->idx_w.resize(T * c.index_n_heads);
+    IndexerProject(w.indexer, x, rows->qr.data(), T, rows->idx_q.data(), rows->idx_w.data());
+  }
 }
 
 void AttentionCore(const AttentionWeights& w, const AttentionParams& p, LayerState& st,
@@ -110,14 +126,20 @@ void AttentionCore(const AttentionWeights& w, const AttentionParams& p, LayerSta
   // query of the chunk attends.
   if (w.has_compressor) {
     CompressorParams cp{CompressorKind::kMain, rd, eps, p.kv_fp8_sim_rounds, p.rope_freqs};
-    CompressorFeed(w.compressor, cp, st.compressor, x, S, dim, start, st.compressed);
+    const int64_t width = w.compressor.wkv.rows;
+    CompressorFeed(w.compressor, cp, st.compressor, x, S, dim, start, st.compressed,
+                   rows.comp_kv.data() + row0 * width, rows.comp_score.data() + row0 * width);
   }
   IndexerResult idx;
   if (w.has_indexer) {
     CompressorParams cp{CompressorKind::kIndexer, rd, eps, p.kv_fp8_sim_rounds, p.rope_freqs};
-    CompressorFeed(w.indexer.compressor, cp, st.index_compressor, x, S, dim, start, st.index_keys);
+    const int64_t width = w.indexer.compressor.wkv.rows;
+    CompressorFeed(w.indexer.compressor, cp, st.index_compressor, x, S, dim, start, st.index_keys,
+                   rows.icomp_kv.data() + row0 * width, rows.icomp_score.data() + row0 * width);
+    const int64_t nh = c.index_n_heads;
     idx = IndexerSelect(w.indexer, c, *p.rope_freqs, x, rows.qr.data() + row0 * qlr, S, start,
-                        st.index_keys);
+                        st.index_keys, rows.idx_q.data() + row0 * nh * c.index_head_dim,
+                        rows.idx_w.data() + row0 * nh);
   }
 
   auto raw_entry = [&](int64_t t) -> const float* {

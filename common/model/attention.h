@@ -43,6 +43,10 @@ struct AttentionRows {
   std::vector<float> qr;  // [T, q_lora_rank] normed low-rank query (the indexer's input)
   std::vector<float> q;   // [T, n_heads, head_dim] normed, rotated queries
   std::vector<float> kv;  // [T, head_dim] normed, rotated, FP8-simulated raw KV
+  // The stateful parts' per-row projections (empty when the layer has no such part):
+  std::vector<float> comp_kv, comp_score;    // [T, coff·head_dim] main compressor
+  std::vector<float> icomp_kv, icomp_score;  // [T, coff·index_head_dim] indexer's compressor
+  std::vector<float> idx_q, idx_w;           // [T, index heads·index_head_dim], [T, index heads]
 };
 // Query and KV paths of T rows; positions[t] is row t's position.
 void AttentionProject(const AttentionWeights& w, const AttentionParams& p, const float* x,

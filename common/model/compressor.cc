@@ -38,14 +38,27 @@ void Pool(const CompressorState& st, const std::vector<std::pair<int64_t, int64_
 
 }  // namespace
 
+void CompressorProject(const CompressorWeights& w, const float* x, int64_t n, float* kv,
+                       float* score) {
+  LinearF32(w.wkv, x, n, kv);
+  LinearF32(w.wgate, x, n, score);
+}
+
 void CompressorFeed(const CompressorWeights& w, const CompressorParams& p, CompressorState& st,
                     const float* x, int64_t n, int64_t dim, int64_t start,
-                    std::vector<float>& entries) {
+                    std::vector<float>& entries, const float* kv_proj, const float* score_proj) {
   const int64_t m = w.ratio, d = w.head_dim, width = st.width;
   const bool overlap = m == 4;
-  std::vector<float> kv(n * width), score(n * width);
-  LinearF32(w.wkv, x, n, kv.data());
-  LinearF32(w.wgate, x, n, score.data());
+  std::vector<float> kv_own, score_own;
+  if (kv_proj == nullptr || score_proj == nullptr) {
+    kv_own.resize(n * width);
+    score_own.resize(n * width);
+    CompressorProject(w, x, n, kv_own.data(), score_own.data());
+    kv_proj = kv_own.data();
+    score_proj = score_own.data();
+  }
+  const float* kv = kv_proj;
+  const float* score = score_proj;
   std::vector<float> c(d), k(d), cs(p.rope_head_dim / 2), sn(p.rope_head_dim / 2);
   std::vector<std::pair<int64_t, int64_t>> taps;
   for (int64_t t = 0; t < n; ++t) {

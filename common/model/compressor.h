@@ -24,9 +24,15 @@ struct CompressorParams {
 };
 
 // Feeds the tokens at positions start..start+n-1 (x: [n, dim] bf16 attention inputs) and appends
-// each completed block's entry (head_dim values) to `entries`.
+// each completed block's entry (head_dim values) to `entries`. `kv_proj` / `score_proj`
+// (optional, both or neither): the rows' projections x·wkvᵀ and x·wgateᵀ [n, coff·d] computed
+// beforehand (CompressorProject, e.g. for many sequences at once); x is then not read.
 void CompressorFeed(const CompressorWeights& w, const CompressorParams& p, CompressorState& st,
                     const float* x, int64_t n, int64_t dim, int64_t start,
-                    std::vector<float>& entries);
+                    std::vector<float>& entries, const float* kv_proj = nullptr,
+                    const float* score_proj = nullptr);
+// The per-row projections CompressorFeed starts with: kv, score [n, coff·d].
+void CompressorProject(const CompressorWeights& w, const float* x, int64_t n, float* kv,
+                       float* score);
 
 }  // namespace ss::model

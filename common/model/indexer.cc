@@ -11,9 +11,16 @@
 
 namespace ss::model {
 
+void IndexerProject(const IndexerWeights& w, const float* x, const float* qr, int64_t S, float* q,
+                    float* wts) {
+  Linear8(w.wq_b, qr, S, q);
+  LinearBf16(w.weights_proj, x, S, wts);
+}
+
 IndexerResult IndexerSelect(const IndexerWeights& w, const ModelConfig& c,
                             const std::vector<float>& rope_freqs, const float* x, const float* qr,
-                            int64_t S, int64_t start, const std::vector<float>& keys) {
+                            int64_t S, int64_t start, const std::vector<float>& keys,
+                            const float* q_proj, const float* w_proj) {
   const int64_t nh = c.index_n_heads, hd = c.index_head_dim, rd = c.rope_head_dim;
   const int64_t ratio = 4;
   IndexerResult res;
@@ -23,8 +30,12 @@ IndexerResult IndexerSelect(const IndexerWeights& w, const ModelConfig& c,
   res.scores.assign(S * res.n_blocks, -INFINITY);
 
   std::vector<float> q(S * nh * hd), wts(S * nh);
-  Linear8(w.wq_b, qr, S, q.data());
-  LinearBf16(w.weights_proj, x, S, wts.data());
+  if (q_proj != nullptr && w_proj != nullptr) {
+    std::copy_n(q_proj, S * nh * hd, q.data());
+    std::copy_n(w_proj, S * nh, wts.data());
+  } else {
+    IndexerProject(w, x, qr, S, q.data(), wts.data());
+  }
   const float wscale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
   std::vector<float> cs(rd / 2), sn(rd / 2);

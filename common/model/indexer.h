@@ -19,8 +19,15 @@ struct IndexerResult {
 
 // x: [S, dim] attention inputs, qr: [S, q_lora_rank] low-rank queries of the tokens at
 // positions start..start+S-1; keys: the layer's indexer keys (at least end_pos/ratio blocks).
+// `q_proj` / `w_proj` (optional, both or neither): IndexerProject's rows computed beforehand
+// (e.g. for many sequences at once); x and qr are then not read.
 IndexerResult IndexerSelect(const IndexerWeights& w, const ModelConfig& c,
                             const std::vector<float>& rope_freqs, const float* x, const float* qr,
-                            int64_t S, int64_t start, const std::vector<float>& keys);
+                            int64_t S, int64_t start, const std::vector<float>& keys,
+                            const float* q_proj = nullptr, const float* w_proj = nullptr);
+// The per-row projections IndexerSelect starts with: q = qr·wq_bᵀ [S, n_heads·head_dim] (FP8
+// linear), w = bf16(x·weights_projᵀ) [S, n_heads].
+void IndexerProject(const IndexerWeights& w, const float* x, const float* qr, int64_t S, float* q,
+                    float* wts);
 
 }  // namespace ss::model
