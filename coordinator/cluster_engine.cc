@@ -34,10 +34,6 @@ int SamplerIndex(const ClusterConfig& c) {
   return index;
 }
 
-sched::FinishReason ToSched(FinishReason r) {
-  return r == FinishReason::kEos ? sched::FinishReason::kEos : sched::FinishReason::kStop;
-}
-
 }  // namespace
 
 ClusterEngine::ClusterEngine(ControlService& control, const ModelConfig& model,
@@ -412,10 +408,10 @@ void ClusterEngine::CompleteLocked(uint64_t micro_batch, InFlight& flight) {
       if (it != requests_.end()) {
         const SamplingParams& sp = it->second.req.sampling;
         if (token == model_.eos_token_id) {
-          finish = ToSched(FinishReason::kEos);
+          finish = sched::FinishReason::kEos;
         } else if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) !=
                    sp.stop_token_ids.end()) {
-          finish = ToSched(FinishReason::kStop);
+          finish = sched::FinishReason::kStop;
         }
       }
       sampled.push_back({id, token, finish});

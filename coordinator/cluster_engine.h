@@ -140,7 +140,6 @@ class ClusterEngine : public GenerationEngine {
   sched::RequestId next_id_ = 1;                            // guarded by mu_
   uint64_t epoch_ = 0;  // guarded by mu_: bumped by every successful Connect
   std::vector<std::unique_ptr<WorkerConn>> workers_;        // supervisor thread only
-  std::vector<uint64_t> generations_;                       // supervisor thread only
 };
 
 }  // namespace ss::coord

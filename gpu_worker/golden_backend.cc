@@ -58,25 +58,37 @@ Layout BlockLayout(const model::Model& m, int64_t layer) {
 Layout ModelLayout(const model::Model& m) {
   return {0, 1, 0, static_cast<int>(m.config().n_layers)};
 }
-#endif
 
-#if SS_HAVE_CPU_BACKEND
-class CpuGolden final : public golden::GoldenBackend {
+// A golden backend whose stages are one backend's stages: a block check is a one-layer stage in
+// the middle of a pipeline (streams in, streams out), a whole-model check one stage of all layers.
+class StagedGolden : public golden::GoldenBackend {
  public:
-  explicit CpuGolden(std::vector<LayerExpertsConfig> experts) : experts_(std::move(experts)) {}
-  std::string name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> BlockStage(
       std::shared_ptr<const model::Model> m, int64_t layer) override {
-    return Make(m, BlockLayout(*m, layer));
+    const Layout l = BlockLayout(*m, layer);
+    return Make(std::move(m), l);
   }
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> ModelStage(
       std::shared_ptr<const model::Model> m) override {
-    return Make(m, ModelLayout(*m));
+    const Layout l = ModelLayout(*m);
+    return Make(std::move(m), l);
   }
 
  private:
+  virtual absl::StatusOr<std::unique_ptr<golden::GoldenStage>> Make(
+      std::shared_ptr<const model::Model> m, const Layout& l) = 0;
+};
+#endif
+
+#if SS_HAVE_CPU_BACKEND
+class CpuGolden final : public StagedGolden {
+ public:
+  explicit CpuGolden(std::vector<LayerExpertsConfig> experts) : experts_(std::move(experts)) {}
+  std::string name() const override { return "cpu"; }
+
+ private:
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> Make(std::shared_ptr<const model::Model> m,
-                                                            const Layout& l) {
+                                                            const Layout& l) override {
     CpuBackendOptions o;
     o.stage = l.stage;
     o.num_stages = l.num_stages;
@@ -94,23 +106,15 @@ class CpuGolden final : public golden::GoldenBackend {
 #endif
 
 #if SS_HAVE_CUDA
-class CudaGolden final : public golden::GoldenBackend {
+class CudaGolden final : public StagedGolden {
  public:
   CudaGolden(int device, std::string experts)
       : device_(device), experts_spec_(std::move(experts)) {}
   std::string name() const override { return "cuda"; }
-  absl::StatusOr<std::unique_ptr<golden::GoldenStage>> BlockStage(
-      std::shared_ptr<const model::Model> m, int64_t layer) override {
-    return Make(m, BlockLayout(*m, layer));
-  }
-  absl::StatusOr<std::unique_ptr<golden::GoldenStage>> ModelStage(
-      std::shared_ptr<const model::Model> m) override {
-    return Make(m, ModelLayout(*m));
-  }
 
  private:
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> Make(std::shared_ptr<const model::Model> m,
-                                                            const Layout& l) {
+                                                            const Layout& l) override {
     CudaBackendOptions o;
     o.stage = l.stage;
     o.num_stages = l.num_stages;
