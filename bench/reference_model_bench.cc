@@ -3,7 +3,7 @@
 // of 64-bit reads over every byte of the checkpoint's tensors (the machine is shared and noisy,
 // so only ratios within one run compare).
 //
-//   build/bin/reference_model_bench [--model DIR] [--repeats N]
+//   build/bin/reference_model_bench [--model DIR] [--repeats N] [--decode-only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,6 +37,10 @@ double Best(int repeats, F&& f) {
 int main(int argc, char** argv) {
   std::string dir = "tests/data/tiny-a";
   int repeats = 3;
+  bool decode_only = false;  // --decode-only: just the batched decode cases (for profiling)
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--decode-only")) decode_only = true;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--model")) dir = argv[i + 1];
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::max(1, std::atoi(argv[i + 1]));
@@ -73,6 +77,7 @@ int main(int argc, char** argv) {
     return v;
   };
   const std::vector<int64_t> p300 = ids(300, 1);
+  if (!decode_only) {
   const double prefill300 = Best(repeats, [&] {
     ss::model::SequenceState st = m.NewSequence();
     ss::model::ChunkRef ch{&st, p300.data(), 300, 0};
@@ -98,5 +103,34 @@ int main(int argc, char** argv) {
       "long_greedy (prefill 21 + 280 one-token decode steps): %.3f s = %.1f x baseline; "
       "decode %.2f ms/token = %.2f x baseline\n",
       longcase, longcase / base, decode * 1e3, decode / base);
+  }
+  // Batched decode: B independent sequences (prefill 8 tokens each), then 48 steps of one
+  // token per sequence in one Forward call. What continuous batching gets from the model.
+  double one_seq_step = 0;
+  for (const int64_t batch : {int64_t{1}, int64_t{8}}) {
+    double step = 0;
+    (void)Best(repeats, [&] {
+      std::vector<ss::model::SequenceState> st;
+      std::vector<std::vector<int64_t>> toks;
+      for (int64_t b = 0; b < batch; ++b) {
+        st.push_back(m.NewSequence());
+        toks.push_back(ids(56, 10 + b));
+      }
+      std::vector<ss::model::ChunkRef> ch;
+      for (int64_t b = 0; b < batch; ++b) ch.push_back({&st[b], toks[b].data(), 8, 0});
+      (void)m.Forward(ch);
+      const auto t0 = Clock::now();
+      for (int64_t p = 8; p < 56; ++p) {
+        ch.clear();
+        for (int64_t b = 0; b < batch; ++b) ch.push_back({&st[b], toks[b].data() + p, 1, 0});
+        (void)m.Forward(ch);
+      }
+      step = Seconds(t0) / 48;
+    });
+    if (batch == 1) one_seq_step = step;
+    std::printf("decode_batch%lld: %.3f ms/step, %.0f tokens/s = %.2f x one sequence\n",
+                static_cast<long long>(batch), step * 1e3, batch / step,
+                batch / step * one_seq_step);
+  }
   return sink == 42 ? 1 : 0;
 }
