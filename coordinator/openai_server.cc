@@ -14,6 +14,8 @@
 #include "common/metrics/metrics.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
+#include "coordinator/openai_render.h"
+#include "coordinator/openai_request.h"
 #include "coordinator/output_text.h"
 #include "coordinator/utf8.h"
 #include "httplib.h"
@@ -22,7 +24,24 @@
 namespace ss {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using openai::ApiError;
+using openai::ChatLogprobs;
+using openai::CompletionLogprobs;
+using openai::Dump;
+using openai::ErrorBody;
+using openai::Field;
+using openai::GenerationParams;
+using openai::GetBool;
+using openai::GetInt;
+using openai::GetString;
+using openai::Invalid;
+using openai::Json;
+using openai::ParseBody;
+using openai::ParseGenerationParams;
+using openai::ParseThinking;
+using openai::ToolCallJson;
+using openai::TypeName;
+using openai::UsageJson;
 using chat::ThinkingMode;
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
@@ -130,36 +149,6 @@ struct RequestTimer {
   }
 };
 
-// An OpenAI error response. Thrown inside a handler, caught by Guard() and rendered; it never
-// leaves this file.
-struct ApiError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::string param;  // empty: null
-  std::string code;   // empty: null
-  int retry_after_s = 0;
-};
-
-ApiError Invalid(std::string param, std::string message) {
-  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), "", 0};
-}
-
-std::string Dump(const Json& j) {
-  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
-
-Json ErrorBody(const ApiError& e) {
-  Json err = Json::object();
-  err["message"] = e.message;
-  err["type"] = e.type;
-  err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
-  err["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
-  Json body = Json::object();
-  body["error"] = std::move(err);
-  return body;
-}
-
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
@@ -171,262 +160,7 @@ void SendJson(httplib::Response& res, const Json& j) {
   res.set_content(Dump(j), "application/json");
 }
 
-const char* TypeName(const Json& j) { return j.type_name(); }
-
-Json ParseBody(const httplib::Request& req) {
-  Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) throw Invalid("", "request body is not valid JSON");
-  if (!body.is_object()) {
-    throw Invalid("", absl::StrCat("request body must be a JSON object, got ", TypeName(body)));
-  }
-  return body;
-}
-
-const Json* Field(const Json& obj, const std::string& key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<double> GetNumber(const Json& obj, const std::string& key, double lo, double hi) {
-  const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) {
-    throw Invalid(key, absl::StrCat(key, ": expected a number, got ", TypeName(*v)));
-  }
-  double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi) {
-    throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
-  }
-  return d;
-}
-
-std::optional<int64_t> GetInt(const Json& obj, const std::string& key, int64_t lo, int64_t hi) {
-  const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number_integer()) {
-    throw Invalid(key, absl::StrCat(key, ": expected an integer, got ", TypeName(*v)));
-  }
-  if (v->is_number_unsigned()) {
-    uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi)) {
-      throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
-    }
-    return static_cast<int64_t>(u);
-  }
-  int64_t i = v->get<int64_t>();
-  if (i < lo || i > hi) throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
-  return i;
-}
-
-std::optional<bool> GetBool(const Json& obj, const std::string& key) {
-  const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) {
-    throw Invalid(key, absl::StrCat(key, ": expected a boolean, got ", TypeName(*v)));
-  }
-  return v->get<bool>();
-}
-
-std::optional<std::string> GetString(const Json& obj, const std::string& key) {
-  const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) {
-    throw Invalid(key, absl::StrCat(key, ": expected a string, got ", TypeName(*v)));
-  }
-  return v->get<std::string>();
-}
-
-// Everything a generation route reads besides its prompt.
-struct GenerationParams {
-  SamplingParams sampling;            // sampling.top_logprobs >= 0: logprobs requested
-  std::optional<int64_t> max_tokens;  // as requested
-  std::vector<std::string> stop;      // stop strings (output_text.h)
-  bool stream = false;
-  bool include_usage = false;
-};
-
-constexpr int64_t kMaxTopLogprobs = 20;
-
-GenerationParams ParseGenerationParams(const Json& body, bool chat) {
-  GenerationParams p;
-  if (auto v = GetNumber(body, "temperature", 0.0, 2.0)) p.sampling.temperature = float(*v);
-  if (auto v = GetNumber(body, "top_p", 0.0, 1.0)) {
-    if (*v <= 0.0) throw Invalid("top_p", "top_p: must be in (0, 1]");
-    p.sampling.top_p = float(*v);
-  }
-  if (auto v = GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max())) {
-    p.sampling.top_k = int32_t(*v);
-  }
-  constexpr int64_t kMaxTok = std::numeric_limits<int32_t>::max();
-  p.max_tokens = GetInt(body, "max_tokens", 1, kMaxTok);
-  if (chat) {
-    if (auto v = GetInt(body, "max_completion_tokens", 1, kMaxTok)) p.max_tokens = v;
-  }
-  if (auto v = GetInt(body, "seed", std::numeric_limits<int64_t>::min(),
-                      std::numeric_limits<int64_t>::max())) {
-    p.sampling.seed = static_cast<uint64_t>(*v);
-  }
-  if (auto v = GetInt(body, "n", 1, 1)) (void)v;
-  if (const Json* stop = Field(body, "stop")) {
-    bool ok = stop->is_string();
-    if (stop->is_array()) {
-      ok = stop->size() <= 4;
-      for (const auto& s : *stop) ok = ok && s.is_string();
-    }
-    if (!ok) throw Invalid("stop", "stop: expected a string or an array of up to 4 strings");
-    if (stop->is_string()) {
-      p.stop.push_back(stop->get<std::string>());
-    } else {
-      for (const auto& s : *stop) p.stop.push_back(s.get<std::string>());
-    }
-  }
-  if (chat) {
-    const bool logprobs = GetBool(body, "logprobs").value_or(false);
-    const auto top = GetInt(body, "top_logprobs", 0, kMaxTopLogprobs);
-    if (top && !logprobs) {
-      throw Invalid("top_logprobs", "top_logprobs: requires logprobs to be true");
-    }
-    if (logprobs) p.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
-  } else if (auto v = GetInt(body, "logprobs", 0, kMaxTopLogprobs)) {
-    p.sampling.top_logprobs = static_cast<int32_t>(*v);
-  }
-  p.stream = GetBool(body, "stream").value_or(false);
-  if (const Json* so = Field(body, "stream_options")) {
-    if (!so->is_object()) {
-      throw Invalid("stream_options",
-                    absl::StrCat("stream_options: expected an object, got ", TypeName(*so)));
-    }
-    if (const Json* iu = Field(*so, "include_usage")) {
-      if (!iu->is_boolean()) {
-        throw Invalid("stream_options.include_usage",
-                      "stream_options.include_usage: expected a boolean");
-      }
-      p.include_usage = iu->get<bool>();
-    }
-  }
-  return p;
-}
-
-// Thinking mode and reasoning effort from chat_template_kwargs (and a top-level
-// reasoning_effort, as OpenAI spells it).
-void ParseThinking(const Json& body, chat::EncodeOptions* opts) {
-  if (auto v = GetString(body, "reasoning_effort")) opts->reasoning_effort = *v;
-  const Json* kw = Field(body, "chat_template_kwargs");
-  if (!kw) return;
-  if (!kw->is_object()) {
-    throw Invalid("chat_template_kwargs",
-                  absl::StrCat("chat_template_kwargs: expected an object, got ", TypeName(*kw)));
-  }
-  for (const char* key : {"thinking", "enable_thinking"}) {
-    if (const Json* v = Field(*kw, key)) {
-      if (!v->is_boolean()) {
-        throw Invalid(absl::StrCat("chat_template_kwargs.", key),
-                      absl::StrCat("chat_template_kwargs.", key, ": expected a boolean"));
-      }
-      opts->mode = v->get<bool>() ? ThinkingMode::kThinking : ThinkingMode::kChat;
-    }
-  }
-  if (const Json* v = Field(*kw, "thinking_mode")) {
-    if (!v->is_string() || (*v != "thinking" && *v != "chat")) {
-      throw Invalid("chat_template_kwargs.thinking_mode",
-                    "chat_template_kwargs.thinking_mode: expected \"thinking\" or \"chat\"");
-    }
-    opts->mode = *v == "thinking" ? ThinkingMode::kThinking : ThinkingMode::kChat;
-  }
-  if (const Json* v = Field(*kw, "reasoning_effort")) {
-    if (!v->is_string()) {
-      throw Invalid("chat_template_kwargs.reasoning_effort",
-                    "chat_template_kwargs.reasoning_effort: expected a string");
-    }
-    opts->reasoning_effort = v->get<std::string>();
-  }
-}
-
 int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
-
-Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_t index,
-                  bool with_index) {
-  Json j = Json::object();
-  if (with_index) j["index"] = index;
-  j["id"] = id;
-  j["type"] = "function";
-  Json fn = Json::object();
-  fn["name"] = call.name;
-  fn["arguments"] = call.arguments;
-  j["function"] = std::move(fn);
-  return j;
-}
-
-Json UsageJson(size_t prompt, size_t completion) {
-  Json u = Json::object();
-  u["prompt_tokens"] = prompt;
-  u["completion_tokens"] = completion;
-  u["total_tokens"] = prompt + completion;
-  return u;
-}
-
-// Logprobs as OpenAI renders them. A token's text is its bytes as UTF-8 (lossy: an id can hold
-// half a character; `bytes` has the exact bytes). A logprob JSON cannot hold (-inf) is -9999, as
-// vLLM writes it.
-double LogprobValue(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
-
-std::string_view IdBytes(const Tokenizer& tok, int32_t id) {
-  auto b = tok.TokenBytes(id);
-  return b ? *b : std::string_view();
-}
-
-Json ChatLogprobEntry(const Tokenizer& tok, int32_t id, float lp) {
-  const std::string_view b = IdBytes(tok, id);
-  Json bytes = Json::array();
-  for (unsigned char c : b) bytes.push_back(static_cast<int>(c));
-  Json j = Json::object();
-  j["token"] = utf8::Lossy(b);
-  j["logprob"] = LogprobValue(lp);
-  j["bytes"] = std::move(bytes);
-  return j;
-}
-
-// Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
-Json ChatLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries) {
-  Json content = Json::array();
-  for (const auto& e : entries) {
-    Json j = ChatLogprobEntry(tok, e.id, e.logprobs.logprob);
-    Json top = Json::array();
-    for (const auto& [id, lp] : e.logprobs.top) top.push_back(ChatLogprobEntry(tok, id, lp));
-    j["top_logprobs"] = std::move(top);
-    content.push_back(std::move(j));
-  }
-  Json out = Json::object();
-  out["content"] = std::move(content);
-  return out;
-}
-
-// Completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; each
-// top_logprobs map holds the k most likely tokens and the sampled one.
-Json CompletionLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries) {
-  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
-       offsets = Json::array();
-  for (const auto& e : entries) {
-    const std::string token = utf8::Lossy(IdBytes(tok, e.id));
-    tokens.push_back(token);
-    token_logprobs.push_back(LogprobValue(e.logprobs.logprob));
-    Json top = Json::object();
-    for (const auto& [id, lp] : e.logprobs.top) {
-      const std::string t = utf8::Lossy(IdBytes(tok, id));
-      if (!top.contains(t)) top[t] = LogprobValue(lp);
-    }
-    if (!top.contains(token)) top[token] = LogprobValue(e.logprobs.logprob);
-    top_logprobs.push_back(std::move(top));
-    offsets.push_back(e.text_offset);
-  }
-  Json out = Json::object();
-  out["tokens"] = std::move(tokens);
-  out["token_logprobs"] = std::move(token_logprobs);
-  out["top_logprobs"] = std::move(top_logprobs);
-  out["text_offset"] = std::move(offsets);
-  return out;
-}
 
 }  // namespace
 
@@ -549,7 +283,7 @@ struct OpenAiServer::Impl {
   }
 
   void HandleChat(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req);
+    Json body = ParseBody(req.body);
     CheckModel(body);
     Job job;
     job.arrival = Clock::now();
@@ -562,7 +296,7 @@ struct OpenAiServer::Impl {
   }
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req);
+    Json body = ParseBody(req.body);
     CheckModel(body);
     Job job;
     job.arrival = Clock::now();
@@ -838,7 +572,7 @@ struct OpenAiServer::Impl {
   }
 
   void HandleTokenize(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req);
+    Json body = ParseBody(req.body);
     if (const Json* m = Field(body, "model"); m) CheckModel(body);
     std::vector<int32_t> ids;
     if (Field(body, "messages")) {
@@ -858,7 +592,7 @@ struct OpenAiServer::Impl {
   }
 
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req);
+    Json body = ParseBody(req.body);
     const char* key = Field(body, "ids") ? "ids" : "tokens";
     const Json* ids = Field(body, key);
     if (!ids) throw Invalid("ids", "ids: required (an array of token ids)");

@@ -1,0 +1,91 @@
+#include "coordinator/openai_render.h"
+
+#include <cmath>
+#include <string_view>
+#include <utility>
+
+#include "coordinator/utf8.h"
+
+namespace ss::openai {
+namespace {
+
+double LogprobValue(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+std::string_view IdBytes(const Tokenizer& tok, int32_t id) {
+  auto b = tok.TokenBytes(id);
+  return b ? *b : std::string_view();
+}
+
+Json ChatLogprobEntry(const Tokenizer& tok, int32_t id, float lp) {
+  const std::string_view b = IdBytes(tok, id);
+  Json bytes = Json::array();
+  for (unsigned char c : b) bytes.push_back(static_cast<int>(c));
+  Json j = Json::object();
+  j["token"] = utf8::Lossy(b);
+  j["logprob"] = LogprobValue(lp);
+  j["bytes"] = std::move(bytes);
+  return j;
+}
+
+}  // namespace
+
+Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_t index,
+                  bool with_index) {
+  Json j = Json::object();
+  if (with_index) j["index"] = index;
+  j["id"] = id;
+  j["type"] = "function";
+  Json fn = Json::object();
+  fn["name"] = call.name;
+  fn["arguments"] = call.arguments;
+  j["function"] = std::move(fn);
+  return j;
+}
+
+Json UsageJson(size_t prompt, size_t completion) {
+  Json u = Json::object();
+  u["prompt_tokens"] = prompt;
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = prompt + completion;
+  return u;
+}
+
+Json ChatLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries) {
+  Json content = Json::array();
+  for (const auto& e : entries) {
+    Json j = ChatLogprobEntry(tok, e.id, e.logprobs.logprob);
+    Json top = Json::array();
+    for (const auto& [id, lp] : e.logprobs.top) top.push_back(ChatLogprobEntry(tok, id, lp));
+    j["top_logprobs"] = std::move(top);
+    content.push_back(std::move(j));
+  }
+  Json out = Json::object();
+  out["content"] = std::move(content);
+  return out;
+}
+
+Json CompletionLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries) {
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
+       offsets = Json::array();
+  for (const auto& e : entries) {
+    const std::string token = utf8::Lossy(IdBytes(tok, e.id));
+    tokens.push_back(token);
+    token_logprobs.push_back(LogprobValue(e.logprobs.logprob));
+    Json top = Json::object();
+    for (const auto& [id, lp] : e.logprobs.top) {
+      const std::string t = utf8::Lossy(IdBytes(tok, id));
+      if (!top.contains(t)) top[t] = LogprobValue(lp);
+    }
+    if (!top.contains(token)) top[token] = LogprobValue(e.logprobs.logprob);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(e.text_offset);
+  }
+  Json out = Json::object();
+  out["tokens"] = std::move(tokens);
+  out["token_logprobs"] = std::move(token_logprobs);
+  out["top_logprobs"] = std::move(top_logprobs);
+  out["text_offset"] = std::move(offsets);
+  return out;
+}
+
+}  // namespace ss::openai

@@ -1,0 +1,32 @@
+// JSON pieces of the OpenAI gateway's responses (openai_server.h): tool calls, usage and
+// logprobs in the chat and completions formats. Pure functions of their inputs.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "coordinator/completion_parser.h"
+#include "coordinator/openai_request.h"
+#include "coordinator/output_text.h"
+#include "coordinator/tokenizer.h"
+
+namespace ss::openai {
+
+// {"index"?, "id", "type": "function", "function": {"name", "arguments"}}; `with_index` for
+// streamed deltas.
+Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_t index,
+                  bool with_index);
+// {"prompt_tokens", "completion_tokens", "total_tokens"}.
+Json UsageJson(size_t prompt, size_t completion);
+
+// Logprobs as OpenAI renders them. A token's text is its bytes as UTF-8 (lossy: an id can hold
+// half a character; `bytes` has the exact bytes). A logprob JSON cannot hold (-inf) is -9999, as
+// vLLM writes it.
+// Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+Json ChatLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries);
+// Completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; each
+// top_logprobs map holds the k most likely tokens and the sampled one.
+Json CompletionLogprobs(const Tokenizer& tok, const std::vector<OutputLogprob>& entries);
+
+}  // namespace ss::openai

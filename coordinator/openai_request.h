@@ -1,0 +1,70 @@
+// Request parsing for the OpenAI gateway (openai_server.h): the JSON body, typed field access
+// with OpenAI-style errors, and the generation parameters every generation route shares.
+//
+// Errors. Every function here reports a client mistake by THROWING ApiError (status, message,
+// OpenAI error type, the offending parameter); the gateway's handlers catch it in one place and
+// render ErrorBody() with that status. Exceptions never cross a thread or leave the gateway.
+// A missing key and a JSON null are the same: absent (std::nullopt).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/chat_encoding.h"
+#include "coordinator/engine.h"
+#include "nlohmann/json.hpp"
+
+namespace ss::openai {
+
+using Json = nlohmann::ordered_json;
+
+// An OpenAI error response: {"error": {message, type, param, code}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  int retry_after_s = 0;  // > 0: sent as Retry-After
+};
+
+// A 400 invalid_request_error naming `param` (empty: none).
+ApiError Invalid(std::string param, std::string message);
+// The error's JSON body.
+Json ErrorBody(const ApiError& e);
+// Compact JSON; invalid UTF-8 in strings is replaced (U+FFFD), never thrown.
+std::string Dump(const Json& j);
+const char* TypeName(const Json& j);
+
+// The request body as a JSON object (throws for invalid JSON or a non-object).
+Json ParseBody(const std::string& text);
+// obj[key] when present and not null, else nullptr.
+const Json* Field(const Json& obj, const std::string& key);
+// Typed optional fields: absent -> nullopt; the wrong type or a value outside [lo, hi] throws.
+std::optional<double> GetNumber(const Json& obj, const std::string& key, double lo, double hi);
+std::optional<int64_t> GetInt(const Json& obj, const std::string& key, int64_t lo, int64_t hi);
+std::optional<bool> GetBool(const Json& obj, const std::string& key);
+std::optional<std::string> GetString(const Json& obj, const std::string& key);
+
+inline constexpr int64_t kMaxTopLogprobs = 20;
+
+// Everything a generation route reads besides its prompt.
+struct GenerationParams {
+  SamplingParams sampling;            // sampling.top_logprobs >= 0: logprobs requested
+  std::optional<int64_t> max_tokens;  // as requested
+  std::vector<std::string> stop;      // stop strings (output_text.h)
+  bool stream = false;
+  bool include_usage = false;
+};
+
+// temperature, top_p, top_k, max_tokens (and max_completion_tokens for chat), seed, n (1 only),
+// stop, logprobs (chat: a boolean with top_logprobs; completions: an integer), stream,
+// stream_options.include_usage.
+GenerationParams ParseGenerationParams(const Json& body, bool chat);
+// Thinking mode and reasoning effort from chat_template_kwargs (thinking / enable_thinking /
+// thinking_mode / reasoning_effort) and a top-level reasoning_effort, as OpenAI spells it.
+void ParseThinking(const Json& body, chat::EncodeOptions* opts);
+
+}  // namespace ss::openai
