@@ -25,8 +25,8 @@ struct ApiError {
   int status = 400;
   std::string message;
   std::string type = "invalid_request_error";
-  std::string param;  // empty: null
-  std::string code;   // empty: null
+  std::string param;      // empty: null
+  std::string code;       // empty: null
   int retry_after_s = 0;  // > 0: sent as Retry-After
 };
 

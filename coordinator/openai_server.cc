@@ -24,6 +24,7 @@
 namespace ss {
 namespace {
 
+using chat::ThinkingMode;
 using openai::ApiError;
 using openai::ChatLogprobs;
 using openai::CompletionLogprobs;
@@ -42,7 +43,6 @@ using openai::ParseThinking;
 using openai::ToolCallJson;
 using openai::TypeName;
 using openai::UsageJson;
-using chat::ThinkingMode;
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
@@ -62,15 +62,13 @@ class GatewayMetrics {
     e2e = &m.Histogram("e2e_request_latency_seconds",
                        "Time from arrival to the end of generation, in seconds.", l);
     queue = &m.Histogram("request_queue_time_seconds",
-                         "Time from arrival until the engine accepted the request, in seconds.",
-                         l);
+                         "Time from arrival until the engine accepted the request, in seconds.", l);
     prompt_tokens = &m.Counter("prompt_tokens_total", "Number of prefill tokens processed.", l);
     generation_tokens =
         &m.Counter("generation_tokens_total", "Number of generation tokens processed.", l);
     running = &m.Gauge("num_requests_running",
                        "Number of requests with an open generation in the gateway.", l);
-    waiting = &m.Gauge("num_requests_waiting",
-                       "Number of requests waiting to be scheduled.", l);
+    waiting = &m.Gauge("num_requests_waiting", "Number of requests waiting to be scheduled.", l);
     kv_usage = &m.Gauge("kv_cache_usage_perc", "KV cache usage, 0 to 1 (1 = 100 percent).", l);
     success_stop = &Success("stop");
     success_length = &Success("length");
@@ -89,11 +87,18 @@ class GatewayMetrics {
   void Finished(FinishReason reason) {
     switch (reason) {
       case FinishReason::kEos:
-      case FinishReason::kStop: success_stop->Increment(); break;
-      case FinishReason::kLength: success_length->Increment(); break;
-      case FinishReason::kCancelled: success_abort->Increment(); break;
+      case FinishReason::kStop:
+        success_stop->Increment();
+        break;
+      case FinishReason::kLength:
+        success_length->Increment();
+        break;
+      case FinishReason::kCancelled:
+        success_abort->Increment();
+        break;
       case FinishReason::kNone:
-      case FinishReason::kError: break;
+      case FinishReason::kError:
+        break;
     }
   }
 
@@ -201,8 +206,8 @@ struct OpenAiServer::Impl {
     } catch (const ApiError& e) {
       SendError(res, e);
     } catch (const std::exception& e) {
-      SendError(res, ApiError{500, absl::StrCat("internal error: ", e.what()), "server_error",
-                              "", "", 0});
+      SendError(res, ApiError{500, absl::StrCat("internal error: ", e.what()), "server_error", "",
+                              "", 0});
     }
   }
 
@@ -215,7 +220,10 @@ struct OpenAiServer::Impl {
     if (m->get<std::string>() != config.model_name) {
       throw ApiError{404,
                      absl::StrCat("The model `", m->get<std::string>(), "` does not exist"),
-                     "invalid_request_error", "model", "model_not_found", 0};
+                     "invalid_request_error",
+                     "model",
+                     "model_not_found",
+                     0};
     }
   }
 
@@ -231,12 +239,16 @@ struct OpenAiServer::Impl {
     const int64_t ctx = config.max_context_tokens;
     const int64_t want = job.params.max_tokens.value_or(ctx - prompt);
     if (prompt + want > ctx || want < 1) {
-      throw ApiError{400,
-                     absl::StrCat("This model's maximum context length is ", ctx,
-                                  " tokens. However, you requested ", prompt + std::max<int64_t>(want, 0),
-                                  " tokens (", prompt, " in the prompt, ", std::max<int64_t>(want, 0),
-                                  " for the completion)."),
-                     "invalid_request_error", param, "context_length_exceeded", 0};
+      throw ApiError{
+          400,
+          absl::StrCat("This model's maximum context length is ", ctx,
+                       " tokens. However, you requested ", prompt + std::max<int64_t>(want, 0),
+                       " tokens (", prompt, " in the prompt, ", std::max<int64_t>(want, 0),
+                       " for the completion)."),
+          "invalid_request_error",
+          param,
+          "context_length_exceeded",
+          0};
     }
     job.params.sampling.max_tokens = static_cast<int32_t>(want);
   }
@@ -336,11 +348,15 @@ struct OpenAiServer::Impl {
         if (out.stream) return out.stream;
         break;
       case SubmitStatus::kOverloaded:
-        throw ApiError{503, "The server is overloaded; retry later", "server_error", "",
+        throw ApiError{503,          "The server is overloaded; retry later", "server_error", "",
                        "overloaded", std::max(1, out.retry_after_s)};
       case SubmitStatus::kNotReady:
-        throw ApiError{503, "The model is not ready yet; retry later", "server_error", "",
-                       "not_ready", std::max(1, out.retry_after_s)};
+        throw ApiError{503,
+                       "The model is not ready yet; retry later",
+                       "server_error",
+                       "",
+                       "not_ready",
+                       std::max(1, out.retry_after_s)};
     }
     throw ApiError{500, "engine returned no stream", "server_error", "", "", 0};
   }
@@ -386,8 +402,12 @@ struct OpenAiServer::Impl {
       error = ev->error;
     }
     if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
-      throw ApiError{500, absl::StrCat("generation failed: ", error.empty() ? "cancelled" : error),
-                     "server_error", "", "", 0};
+      throw ApiError{500,
+                     absl::StrCat("generation failed: ", error.empty() ? "cancelled" : error),
+                     "server_error",
+                     "",
+                     "",
+                     0};
     }
     const std::string* text = &all.text;
     const bool logprobs = job.params.sampling.top_logprobs >= 0;
@@ -403,9 +423,8 @@ struct OpenAiServer::Impl {
       chat::ParsedCompletion parsed = chat::ParseCompletion(*text, job.mode);
       Json msg = Json::object();
       msg["role"] = "assistant";
-      msg["content"] = parsed.content.empty() && !parsed.tool_calls.empty()
-                           ? Json(nullptr)
-                           : Json(parsed.content);
+      msg["content"] = parsed.content.empty() && !parsed.tool_calls.empty() ? Json(nullptr)
+                                                                            : Json(parsed.content);
       if (job.mode == ThinkingMode::kThinking) msg["reasoning_content"] = parsed.reasoning_content;
       if (!parsed.tool_calls.empty()) {
         Json calls = Json::array();
@@ -524,9 +543,12 @@ struct OpenAiServer::Impl {
     if (!EmitText(st, sink, piece, /*final=*/true)) return false;
     st.finished = true;
     if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
-      ApiError e{500, absl::StrCat("generation failed: ",
-                                   ev->error.empty() ? "cancelled" : ev->error),
-                 "server_error", "", "", 0};
+      ApiError e{500,
+                 absl::StrCat("generation failed: ", ev->error.empty() ? "cancelled" : ev->error),
+                 "server_error",
+                 "",
+                 "",
+                 0};
       if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
     } else {
       std::string reason = FinishReasonName(finish);
@@ -669,21 +691,21 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     return httplib::Server::HandlerResponse::Handled;
   });
   // Statuses httplib sets itself (404 route, 413 body, 400 unparsable request) get a body too.
-  s.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e{res.status, "", "invalid_request_error", "", "", 0};
-    if (res.status == 404) {
-      e.message = absl::StrCat("no route ", req.method, " ", req.path);
-    } else if (res.status == 413) {
-      e.message = "request body too large";
-    } else {
-      e.message = absl::StrCat("HTTP ", res.status);
-      if (res.status >= 500) e.type = "server_error";
-    }
-    res.set_content(Dump(ErrorBody(e)), "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  s.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e{res.status, "", "invalid_request_error", "", "", 0};
+        if (res.status == 404) {
+          e.message = absl::StrCat("no route ", req.method, " ", req.path);
+        } else if (res.status == 413) {
+          e.message = "request body too large";
+        } else {
+          e.message = absl::StrCat("HTTP ", res.status);
+          if (res.status >= 500) e.type = "server_error";
+        }
+        res.set_content(Dump(ErrorBody(e)), "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   // Every response passes here once written: count the errors (probes and scrapes excepted).
   s.set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
     if (res.status < 400) return;
@@ -695,9 +717,8 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   });
   auto route = [impl](void (Impl::*fn)(const httplib::Request&, httplib::Response&)) {
     return [impl, fn](const httplib::Request& req, httplib::Response& res) {
-      impl->Guard(req, res, [&](const httplib::Request& q, httplib::Response& r) {
-        (impl->*fn)(q, r);
-      });
+      impl->Guard(req, res,
+                  [&](const httplib::Request& q, httplib::Response& r) { (impl->*fn)(q, r); });
     };
   };
   s.Post("/v1/chat/completions", route(&Impl::HandleChat));
