@@ -65,7 +65,7 @@ std::optional<int64_t> GetInt(const Json& obj, const std::string& key, int64_t l
   }
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi)) {
+    if (u > static_cast<uint64_t>(hi) || (lo > 0 && u < static_cast<uint64_t>(lo))) {
       throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
     }
     return static_cast<int64_t>(u);

@@ -325,6 +325,11 @@ TEST_F(OpenAiServerTest, Errors) {
   ExpectError(with("temperature", 9), 400, "temperature");
   ExpectError(with("max_tokens", -5), 400, "max_tokens");
   ExpectError(with("max_tokens", 1.5), 400, "max_tokens");
+  // 0 parses as an unsigned JSON integer: the lower bound must hold for it too (found by
+  // tests/fuzz/openai_request_fuzz.cc).
+  ExpectError(with("max_tokens", 0), 400, "max_tokens");
+  ExpectError(with("max_completion_tokens", 0), 400, "max_completion_tokens");
+  ExpectError(with("n", 0), 400, "n");
   ExpectError(with("top_k", "x"), 400, "top_k");
   ExpectError(with("stream", "yes"), 400, "stream");
   ExpectError(with("messages", "hi"), 400, "messages");
