@@ -209,8 +209,12 @@ void BenchDecode(double copy_gbs, std::mt19937& rng) {
       CHECK_CUDA(cudaMemcpy(dx, RandomBf16(rows * s.in, rng).data(), rows * s.in * 2,
                             cudaMemcpyHostToDevice));
       CHECK_CUDA(ss::cuda::QuantizeActE4m3(dx, rows, s.in, dq, dsa, nullptr));
-      for (const auto& [path, fn] : {std::pair{"Fp8Gemv", &ss::cuda::Fp8Gemv},
-                                     std::pair{"plain", &ss::cuda::Fp8LinearGeneric}}) {
+      // The bf16-output overloads.
+      using Linear = cudaError_t (*)(const uint8_t*, const float*, int64_t, const uint8_t*,
+                                     const uint8_t*, int64_t, int64_t, uint16_t*, cudaStream_t);
+      for (const auto& [path, fn] :
+           {std::pair{"Fp8Gemv", static_cast<Linear>(&ss::cuda::Fp8Gemv)},
+            std::pair{"plain", static_cast<Linear>(&ss::cuda::Fp8LinearGeneric)}}) {
         const auto call = [&, fn = fn](int i, cudaStream_t st) {
           fn(dq, dsa, rows, dw[i % copies], dws[i % copies], s.out, s.in, dy, st);
         };

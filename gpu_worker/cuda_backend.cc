@@ -17,6 +17,7 @@
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/sparse_attention.h"
+#include "gpu_worker/nccl_comm.h"
 
 namespace ss::gpu {
 namespace {
@@ -69,7 +70,18 @@ struct DevBlock {
   const float* bias = nullptr;
   const int32_t* tid2eid = nullptr;
   DevFp8 shared_w1, shared_w2, shared_w3;
+  int64_t shared_inter = 0;  // this rank's slice of the shared expert's intermediate dim (may be 0)
 };
+
+// A rank's share [begin, end) of `n` items split in `parts` contiguous runs of whole `unit`s.
+struct Share {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+Share ShareOf(int64_t n, int64_t unit, int parts, int rank) {
+  const int64_t units = (n + unit - 1) / unit;
+  return {std::min(n, rank * units / parts * unit), std::min(n, (rank + 1) * units / parts * unit)};
+}
 
 // One (sequence, layer)'s KV on the device (see the header for the pool's layout).
 struct LayerKv {
@@ -112,6 +124,10 @@ struct DevBuf {
 
 struct CudaBackend::Impl {
   int device = 0;
+  int tp = 1, rank = 0;
+  NcclComm* comm = nullptr;
+  Share vocab;            // this rank's LM-head rows
+  int64_t vocab_max = 0;  // the largest rank's row count (the all-gather's block)
   cudaStream_t stream = nullptr;
   cudaEvent_t routed_ready = nullptr;
   std::vector<void*> allocations;  // weights, freed at destruction
@@ -144,18 +160,41 @@ struct CudaBackend::Impl {
     ASSIGN_OR_RETURN(void* p, Upload(v.data(), v.size() * 4));
     return static_cast<const float*>(p);
   }
-  absl::StatusOr<DevFp8> Fp8(const model::Fp8Weight& w) {
-    DevFp8 d{nullptr, nullptr, w.out, w.in};
-    ASSIGN_OR_RETURN(void* pw, Upload(w.w, static_cast<size_t>(w.out * w.in)));
-    ASSIGN_OR_RETURN(
-        void* ps, Upload(w.s, static_cast<size_t>(((w.out + 127) / 128) * ((w.in + 127) / 128))));
+  absl::StatusOr<DevFp8> Fp8(const model::Fp8Weight& w) { return Fp8Rows(w, {0, w.out}); }
+  // Output rows r of an FP8 weight (r.begin a multiple of 128: whole scale rows).
+  absl::StatusOr<DevFp8> Fp8Rows(const model::Fp8Weight& w, Share r) {
+    DevFp8 d{nullptr, nullptr, r.size(), w.in};
+    if (r.size() == 0) return d;
+    const int64_t nbi = (w.in + 127) / 128;
+    ASSIGN_OR_RETURN(void* pw, Upload(w.w + r.begin * w.in, static_cast<size_t>(r.size() * w.in)));
+    ASSIGN_OR_RETURN(void* ps, Upload(w.s + r.begin / 128 * nbi,
+                                      static_cast<size_t>((r.size() + 127) / 128 * nbi)));
     d.w = static_cast<const uint8_t*>(pw);
     d.s = static_cast<const uint8_t*>(ps);
     return d;
   }
-  absl::StatusOr<DevBf16> Bf16(const model::Bf16Matrix& m) {
-    ASSIGN_OR_RETURN(void* p, Upload(m.data, static_cast<size_t>(m.rows * m.cols * 2)));
-    return DevBf16{static_cast<const uint16_t*>(p), m.rows, m.cols};
+  // Input columns k of an FP8 weight (k.begin a multiple of 128), copied row by row.
+  absl::StatusOr<DevFp8> Fp8Cols(const model::Fp8Weight& w, Share k) {
+    DevFp8 d{nullptr, nullptr, w.out, k.size()};
+    if (k.size() == 0) return d;
+    const int64_t nbo = (w.out + 127) / 128, nbi = (w.in + 127) / 128;
+    const int64_t kb0 = k.begin / 128, nbk = (k.size() + 127) / 128;
+    std::vector<uint8_t> hw(w.out * k.size()), hs(nbo * nbk);
+    for (int64_t o = 0; o < w.out; ++o) {
+      std::memcpy(hw.data() + o * k.size(), w.w + o * w.in + k.begin, k.size());
+    }
+    for (int64_t b = 0; b < nbo; ++b) std::memcpy(hs.data() + b * nbk, w.s + b * nbi + kb0, nbk);
+    ASSIGN_OR_RETURN(void* pw, Upload(hw.data(), hw.size()));
+    ASSIGN_OR_RETURN(void* ps, Upload(hs.data(), hs.size()));
+    d.w = static_cast<const uint8_t*>(pw);
+    d.s = static_cast<const uint8_t*>(ps);
+    return d;
+  }
+  absl::StatusOr<DevBf16> Bf16(const model::Bf16Matrix& m) { return Bf16Rows(m, {0, m.rows}); }
+  absl::StatusOr<DevBf16> Bf16Rows(const model::Bf16Matrix& m, Share r) {
+    ASSIGN_OR_RETURN(
+        void* p, Upload(m.data + r.begin * m.cols * 2, static_cast<size_t>(r.size() * m.cols * 2)));
+    return DevBf16{static_cast<const uint16_t*>(p), r.size(), m.cols};
   }
   absl::StatusOr<DevHc> Hc(const model::HcWeights& h) {
     DevHc d;
@@ -173,20 +212,26 @@ struct CudaBackend::Impl {
     d.width = c.wkv.rows;
     return d;
   }
-  absl::StatusOr<DevBlock> Block(const model::BlockWeights& b) {
+  // Block weights of this rank (cuda_backend.h "Tensor parallelism"; at TP = 1 every share is the
+  // whole tensor).
+  absl::StatusOr<DevBlock> Block(const ModelConfig& c, const model::BlockWeights& b) {
     DevBlock d;
     const model::AttentionWeights& a = b.attn;
+    const int64_t Hr = c.n_heads / tp, Gr = c.o_groups / tp;
+    const Share heads{rank * Hr, (rank + 1) * Hr};
+    const Share group_rows{rank * Gr * c.o_lora_rank, (rank + 1) * Gr * c.o_lora_rank};
     d.ratio = a.ratio;
     ASSIGN_OR_RETURN(d.attn_norm, F32(b.attn_norm));
     ASSIGN_OR_RETURN(d.ffn_norm, F32(b.ffn_norm));
     ASSIGN_OR_RETURN(d.hc_attn, Hc(b.hc_attn));
     ASSIGN_OR_RETURN(d.hc_ffn, Hc(b.hc_ffn));
-    ASSIGN_OR_RETURN(d.sink, F32(a.attn_sink));
+    ASSIGN_OR_RETURN(d.sink, F32(std::vector<float>(a.attn_sink.begin() + heads.begin,
+                                                    a.attn_sink.begin() + heads.end)));
     ASSIGN_OR_RETURN(d.wq_a, Fp8(a.wq_a));
-    ASSIGN_OR_RETURN(d.wq_b, Fp8(a.wq_b));
+    ASSIGN_OR_RETURN(d.wq_b, Fp8Rows(a.wq_b, {heads.begin * c.head_dim, heads.end * c.head_dim}));
     ASSIGN_OR_RETURN(d.wkv, Fp8(a.wkv));
-    ASSIGN_OR_RETURN(d.wo_a, Fp8(a.wo_a));
-    ASSIGN_OR_RETURN(d.wo_b, Fp8(a.wo_b));
+    ASSIGN_OR_RETURN(d.wo_a, Fp8Rows(a.wo_a, group_rows));
+    ASSIGN_OR_RETURN(d.wo_b, tp == 1 ? Fp8(a.wo_b) : Fp8Cols(a.wo_b, group_rows));
     ASSIGN_OR_RETURN(d.q_norm, F32(a.q_norm));
     ASSIGN_OR_RETURN(d.kv_norm, F32(a.kv_norm));
     d.has_compressor = a.has_compressor;
@@ -207,9 +252,11 @@ struct CudaBackend::Impl {
     } else {
       ASSIGN_OR_RETURN(d.bias, F32(m.bias));
     }
-    ASSIGN_OR_RETURN(d.shared_w1, Fp8(m.shared_w1));
-    ASSIGN_OR_RETURN(d.shared_w2, Fp8(m.shared_w2));
-    ASSIGN_OR_RETURN(d.shared_w3, Fp8(m.shared_w3));
+    const Share inter = ShareOf(m.shared_w1.out, 128, tp, rank);
+    d.shared_inter = inter.size();
+    ASSIGN_OR_RETURN(d.shared_w1, Fp8Rows(m.shared_w1, inter));
+    ASSIGN_OR_RETURN(d.shared_w2, tp == 1 ? Fp8(m.shared_w2) : Fp8Cols(m.shared_w2, inter));
+    ASSIGN_OR_RETURN(d.shared_w3, Fp8Rows(m.shared_w3, inter));
     return d;
   }
 
@@ -248,6 +295,29 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(
         "the model's shapes exceed the CUDA kernels' static limits (kernels/*.h)");
   }
+  const int tp = o.tp_size;
+  if (tp < 1 || o.tp_rank < 0 || o.tp_rank >= tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TP rank ", o.tp_rank, " of ", tp, ": expected 0 <= rank < size"));
+  }
+  if (tp > 1) {
+    if (!NcclComm::Available()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "TP = ", tp, " needs NCCL, and this build has none (cmake/nccl.cmake; set NCCL_ROOT)"));
+    }
+    if (o.comm == nullptr || o.comm->size() != tp || o.comm->rank() != o.tp_rank ||
+        o.comm->device() != o.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TP rank ", o.tp_rank, " of ", tp, " on device ", o.device,
+          " needs its group's NcclComm (rank, size and device equal to the backend's)"));
+    }
+    if (c.n_heads % tp != 0 || c.o_groups % tp != 0 || (c.o_groups / tp) * c.o_lora_rank % 128) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TP = ", tp, " does not split this model: n_heads (", c.n_heads, ") and o_groups (",
+          c.o_groups, ") must divide by it and (o_groups / TP)·o_lora_rank (", c.o_lora_rank,
+          ") be a multiple of 128"));
+    }
+  }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || o.device < 0 || o.device >= n) {
     return absl::FailedPreconditionError(
@@ -256,18 +326,24 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(model), o));
   Impl& im = *b->impl_;
   im.device = o.device;
+  im.tp = tp;
+  im.rank = o.tp_rank;
+  im.comm = tp > 1 ? o.comm : nullptr;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_ready, cudaEventDisableTiming));
   const model::ModelWeights& w = b->model_->weights();
   for (int l = o.first_layer; l < o.end_layer; ++l) {
-    ASSIGN_OR_RETURN(DevBlock d, im.Block(w.blocks[l]));
+    ASSIGN_OR_RETURN(DevBlock d, im.Block(c, w.blocks[l]));
     im.blocks.push_back(d);
   }
   if (o.stage == o.num_stages - 1) {
     ASSIGN_OR_RETURN(im.hc_head, im.Hc(w.hc_head));
     ASSIGN_OR_RETURN(im.final_norm, im.F32(w.norm));
-    ASSIGN_OR_RETURN(im.head, im.Bf16(w.head));
+    im.vocab_max = (c.vocab_size + tp - 1) / tp;
+    im.vocab.begin = std::min<int64_t>(c.vocab_size, o.tp_rank * im.vocab_max);
+    im.vocab.end = std::min<int64_t>(c.vocab_size, im.vocab.begin + im.vocab_max);
+    ASSIGN_OR_RETURN(im.head, im.Bf16Rows(w.head, im.vocab));
   }
   ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
   ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
@@ -428,11 +504,15 @@ struct Scratch {
   float* sbuf = nullptr;
   float *cos0 = nullptr, *sin0 = nullptr, *cos1 = nullptr, *sin1 = nullptr;
   int64_t *ids = nullptr, *pos = nullptr;
+  // TP > 1: the rank's fp32 partial sums, [T, dim] after attention, [2, T, dim] (shared expert,
+  // routed experts) after the MoE.
+  float* part = nullptr;
 };
 
-size_t CarveScratch(const ModelConfig& c, int64_t T, char* base, Scratch* s) {
+// `tp` sizes the per-rank head and group buffers.
+size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch* s) {
   Carver cv(base);
-  const int64_t hc = c.hc_mult, dim = c.dim, H = c.n_heads, Dh = c.head_dim;
+  const int64_t hc = c.hc_mult, dim = c.dim, H = c.n_heads / tp, Dh = c.head_dim;
   const int64_t rd = c.rope_head_dim, inter = c.moe_inter_dim;
   const int64_t max_in = std::max({dim, c.q_lora_rank, c.o_groups * c.o_lora_rank, inter});
   s->h = cv.Take<uint16_t>(T * hc * dim);
@@ -452,7 +532,7 @@ size_t CarveScratch(const ModelConfig& c, int64_t T, char* base, Scratch* s) {
   s->kva = cv.Take<uint16_t>(T * Dh);
   s->kv = cv.Take<uint16_t>(T * Dh);
   s->o = cv.Take<uint16_t>(T * H * Dh);
-  s->z = cv.Take<uint16_t>(T * c.o_groups * c.o_lora_rank);
+  s->z = cv.Take<uint16_t>(T * c.o_groups / tp * c.o_lora_rank);
   const int64_t width = 2 * std::max(Dh, c.index_head_dim);
   s->cv = cv.Take<float>(T * width);
   s->cg = cv.Take<float>(T * width);
@@ -473,11 +553,14 @@ size_t CarveScratch(const ModelConfig& c, int64_t T, char* base, Scratch* s) {
   s->sin1 = cv.Take<float>(T * rd / 2);
   s->ids = cv.Take<int64_t>(T);
   s->pos = cv.Take<int64_t>(T);
+  if (tp > 1) s->part = cv.Take<float>(2 * T * dim);
   return cv.used();
 }
 
-// Linear8 on the device: per-row e4m3 quantisation, then the FP8 linear.
-cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const Scratch& s, uint16_t* y,
+// Linear8 on the device: per-row e4m3 quantisation, then the FP8 linear (bf16 output, or the
+// fp32 partial of a TP rank's column slice).
+template <typename OutT>
+cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const Scratch& s, OutT* y,
                  cudaStream_t stream) {
   cudaError_t e = cuda::QuantizeActE4m3(x, rows, w.in, s.qbuf, s.sbuf, stream);
   if (e != cudaSuccess) return e;
@@ -542,9 +625,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
 
   // Scratch and the step's inputs.
   Scratch sc;
-  const size_t need = CarveScratch(c, T, nullptr, &sc);
+  const size_t need = CarveScratch(c, im.tp, T, nullptr, &sc);
   if (absl::Status e = im.arena.Reserve(need); !e.ok()) return fail(e);
-  CarveScratch(c, T, im.arena.as<char>(), &sc);
+  CarveScratch(c, im.tp, T, im.arena.as<char>(), &sc);
   std::vector<uint16_t> hb(T * width);
   if (first) {
     std::vector<float> e(width);
@@ -601,23 +684,40 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   }
   const float eps = static_cast<float>(c.norm_eps), hc_eps = static_cast<float>(c.hc_eps);
-  const int64_t H = c.n_heads, Dh = c.head_dim, W = c.window_size, qlr = c.q_lora_rank;
+  // H, G: this rank's heads and wo_a groups (all of them at TP = 1).
+  const int64_t H = c.n_heads / im.tp, G = c.o_groups / im.tp;
+  const int64_t Dh = c.head_dim, W = c.window_size, qlr = c.q_lora_rank;
   const int64_t nh = c.index_n_heads, ihd = c.index_head_dim;
   const float scale = static_cast<float>(std::pow(static_cast<double>(Dh), -0.5));
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ihd), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
   const bool rounds = model_->options().kv_fp8_sim_rounds;
   const float limit = static_cast<float>(c.swiglu_limit);
-  const int64_t K = c.n_activated_experts, inter = c.moe_inter_dim;
-  std::vector<float> xh(T * dim), rw(T * K), acc(T * dim), shf(T * dim);
+  const int64_t K = c.n_activated_experts, E = c.n_routed_experts;
+  const float shared_limit = model_->options().shared_expert_clamp ? limit : 0.0f;
+  std::vector<float> xh(T * dim), rw(T * K), acc(T * dim);
   std::vector<int32_t> ridx(T * K);
   std::vector<uint16_t> xb(T * dim), shb(T * dim), yb(T * dim);
   std::vector<int32_t> cand_h, sel_h;
+
+  // TP > 1: sums sc.part[0, n) over the group and waits for it under the deadline
+  // (cuda_backend.h). Seconds in the collective (after the stream's earlier work, when timed)
+  // accumulate in ar_seconds.
+  double ar_seconds = 0.0;
+  auto all_reduce = [&](int64_t n) -> absl::Status {
+    if (timings) RETURN_IF_ERROR(im.comm->Synchronize(st, options_.collective_timeout));
+    const auto a = Clock::now();
+    RETURN_IF_ERROR(im.comm->AllReduceSum(sc.part, n, st));
+    RETURN_IF_ERROR(im.comm->Synchronize(st, options_.collective_timeout));
+    ar_seconds += Seconds(a, Clock::now());
+    return absl::OkStatus();
+  };
 
   for (int l = 0; l < n_layers; ++l) {
     const int64_t layer = options_.first_layer + l;
     const DevBlock& b = im.blocks[l];
     const auto t0 = Clock::now();
+    const double ar_begin = ar_seconds;
     const float* cs = b.ratio == 0 ? sc.cos0 : sc.cos1;
     const float* sn = b.ratio == 0 ? sc.sin0 : sc.sin1;
     const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
@@ -746,12 +846,19 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(cudaStreamSynchronize(st));
     }
     STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
-    STEP(cuda::GroupedOutputProjection(sc.o, T, c.o_groups, c.o_lora_rank, H * Dh / c.o_groups,
-                                       b.wo_a.w, b.wo_a.s, sc.z, st));
-    STEP(Lin8(b.wo_b, sc.z, T, sc, sc.attn, st));
+    STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
+                                       sc.z, st));
+    if (im.tp == 1) {
+      STEP(Lin8(b.wo_b, sc.z, T, sc, sc.attn, st));
+    } else {
+      STEP(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
+      if (absl::Status e = all_reduce(T * dim); !e.ok()) return fail(e);
+      STEP(cuda::RoundF32ToBf16(sc.part, T * dim, sc.attn, st));
+    }
     STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
     if (timings) STEP(cudaStreamSynchronize(st));
     const auto t1 = Clock::now();
+    const double ar_attention = ar_seconds - ar_begin;
 
     // ---- MoE sublayer
     STEP(cuda::HcPre(sc.mid, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, T, hc, dim,
@@ -763,13 +870,20 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     STEP(cudaMemcpyAsync(ridx.data(), sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
     STEP(cudaMemcpyAsync(rw.data(), sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
     STEP(cudaEventRecord(im.routed_ready, st));
-    // The shared expert runs on the GPU while the host computes the routed experts.
-    STEP(Lin8(b.shared_w1, sc.xn, T, sc, sc.sg, st));
-    STEP(Lin8(b.shared_w3, sc.xn, T, sc, sc.su, st));
-    STEP(cuda::SwiGluBf16(sc.sg, sc.su, inter, nullptr, T, inter,
-                          model_->options().shared_expert_clamp ? limit : 0.0f, sc.sa, st));
-    STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
-    STEP(cudaMemcpyAsync(shb.data(), sc.shared, T * dim * 2, cudaMemcpyDeviceToHost, st));
+    // The shared expert (this rank's slice of it) runs on the GPU while the host computes the
+    // routed experts.
+    const int64_t si = b.shared_inter;
+    if (si > 0) {
+      STEP(Lin8(b.shared_w1, sc.xn, T, sc, sc.sg, st));
+      STEP(Lin8(b.shared_w3, sc.xn, T, sc, sc.su, st));
+      STEP(cuda::SwiGluBf16(sc.sg, sc.su, si, nullptr, T, si, shared_limit, sc.sa, st));
+      if (im.tp == 1) {
+        STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
+        STEP(cudaMemcpyAsync(shb.data(), sc.shared, T * dim * 2, cudaMemcpyDeviceToHost, st));
+      } else {
+        STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.part, st));
+      }
+    }
     STEP(cudaEventSynchronize(im.routed_ready));
     const auto t2 = Clock::now();
     for (int64_t i = 0; i < T * dim; ++i) xh[i] = Bf16ToFloat(xb[i]);
@@ -782,20 +896,37 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       model::RouterResult r;
       r.indices = ridx;
       r.weights = rw;
+      if (im.tp > 1) {
+        // This rank's experts only (RoutedSum skips ids matching no expert).
+        const int64_t e0 = im.rank * E / im.tp, e1 = (im.rank + 1) * E / im.tp;
+        for (int32_t& e : r.indices) {
+          if (e < e0 || e >= e1) e = -1;
+        }
+      }
       model::RoutedSum(model_->weights().blocks[layer].moe, c, xh.data(), r, T, acc.data());
     }
     const auto t3 = Clock::now();
-    STEP(cudaStreamSynchronize(st));
-    for (int64_t i = 0; i < T * dim; ++i) yb[i] = FloatToBf16(acc[i] + Bf16ToFloat(shb[i]));
-    STEP(cudaMemcpyAsync(sc.moe, yb.data(), T * dim * 2, cudaMemcpyHostToDevice, st));
+    if (im.tp == 1) {
+      STEP(cudaStreamSynchronize(st));
+      for (int64_t i = 0; i < T * dim; ++i) yb[i] = FloatToBf16(acc[i] + Bf16ToFloat(shb[i]));
+      STEP(cudaMemcpyAsync(sc.moe, yb.data(), T * dim * 2, cudaMemcpyHostToDevice, st));
+    } else {
+      // [shared partial | routed share], summed in one collective, then the reference's combine.
+      if (si == 0) STEP(cudaMemsetAsync(sc.part, 0, T * dim * 4, st));
+      STEP(cudaMemcpyAsync(sc.part + T * dim, acc.data(), T * dim * 4, cudaMemcpyHostToDevice, st));
+      if (absl::Status e = all_reduce(2 * T * dim); !e.ok()) return fail(e);
+      STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
+    }
     STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
     std::swap(sc.h, sc.h2);
     if (timings) {
       STEP(cudaStreamSynchronize(st));
       const auto t4 = Clock::now();
-      timings->attention[l] = Seconds(t0, t1);
+      const double ar_layer = ar_seconds - ar_begin;
+      timings->attention[l] = Seconds(t0, t1) - ar_attention;
       timings->moe_cpu[l] = Seconds(t2, t3);
-      timings->moe_gpu[l] = Seconds(t1, t4) - Seconds(t2, t3);
+      timings->moe_gpu[l] = Seconds(t1, t4) - Seconds(t2, t3) - (ar_layer - ar_attention);
+      timings->allreduce[l] = ar_layer;
     }
   }
 
@@ -815,16 +946,42 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                              cudaMemcpyDeviceToDevice, st));
       }
       const int64_t V = c.vocab_size;
-      if (absl::Status e = im.logits.Reserve(n * V * 4); !e.ok()) return fail(e);
       STEP(cuda::HcHead(sc.h2, im.hc_head.fn, im.hc_head.base, im.hc_head.scale, n, hc, dim, hc_eps,
                         eps, sc.y, st));
       STEP(cuda::RmsNorm(sc.y, im.final_norm, n, dim, eps, sc.xn, st));
-      STEP(cuda::LmHead(sc.xn, n, dim, im.head.p, V, im.logits.as<float>(), V, st));
-      std::vector<float> lg(n * V);
-      STEP(cudaMemcpyAsync(lg.data(), im.logits.p, n * V * 4, cudaMemcpyDeviceToHost, st));
-      STEP(cudaStreamSynchronize(st));
-      for (int64_t r = 0; r < n; ++r)
-        out->logits.emplace_back(lg.begin() + r * V, lg.begin() + (r + 1) * V);
+      if (im.tp == 1) {
+        if (absl::Status e = im.logits.Reserve(n * V * 4); !e.ok()) return fail(e);
+        STEP(cuda::LmHead(sc.xn, n, dim, im.head.p, V, im.logits.as<float>(), V, st));
+        std::vector<float> lg(n * V);
+        STEP(cudaMemcpyAsync(lg.data(), im.logits.p, n * V * 4, cudaMemcpyDeviceToHost, st));
+        STEP(cudaStreamSynchronize(st));
+        for (int64_t r = 0; r < n; ++r)
+          out->logits.emplace_back(lg.begin() + r * V, lg.begin() + (r + 1) * V);
+      } else {
+        // Vocab-parallel: this rank's rows [n, vm] (a shorter last shard leaves its tail unused),
+        // gathered rank-major [tp, n, vm], then laid out per row.
+        const int64_t vm = im.vocab_max, tp = im.tp;
+        if (absl::Status e = im.logits.Reserve((1 + tp) * n * vm * 4); !e.ok()) return fail(e);
+        float* shard = im.logits.as<float>();
+        float* gathered = shard + n * vm;
+        STEP(cuda::LmHead(sc.xn, n, dim, im.head.p, im.vocab.size(), shard, vm, st));
+        if (absl::Status e = im.comm->AllGather(shard, n * vm, gathered, st); !e.ok()) {
+          return fail(e);
+        }
+        if (absl::Status e = im.comm->Synchronize(st, options_.collective_timeout); !e.ok()) {
+          return fail(e);
+        }
+        std::vector<float> lg(tp * n * vm);
+        STEP(cudaMemcpyAsync(lg.data(), gathered, lg.size() * 4, cudaMemcpyDeviceToHost, st));
+        STEP(cudaStreamSynchronize(st));
+        for (int64_t r = 0; r < n; ++r) {
+          std::vector<float>& row = out->logits.emplace_back(V);
+          for (int64_t q = 0; q < tp; ++q) {
+            const int64_t v0 = std::min(V, q * vm), v1 = std::min(V, v0 + vm);
+            std::copy_n(lg.begin() + (q * n + r) * vm, v1 - v0, row.begin() + v0);
+          }
+        }
+      }
     }
   } else {
     STEP(cudaMemcpyAsync(hb.data(), sc.h, T * width * 2, cudaMemcpyDeviceToHost, st));

@@ -1,5 +1,5 @@
-// The `cuda` backend, TP = 1: one pipeline stage's blocks on one GPU, on the device-tested kernels
-// of gpu_worker/kernels/, behind the StageBackend interface (backend.h).
+// The `cuda` backend: one pipeline stage's blocks on one GPU (one tensor-parallel rank of them), on
+// the device-tested kernels of gpu_worker/kernels/, behind the StageBackend interface (backend.h).
 //
 // Weights. The stage's tensors are copied from the checkpoint's mmap (the Model's views) to the
 // device in the checkpoint's own formats: FP8 e4m3 bytes with their ue8m0 block scales, bf16
@@ -21,7 +21,8 @@
 //  * routed experts: the MoE input rows, the router's ids and weights are copied to the host and
 //    given to the RoutedExperts provider of the layer (the expert-worker client), or, where the
 //    provider is absent, summed by model::RoutedSum on the host's reference weights; the shared
-//    expert runs on the GPU meanwhile, and the bf16(routed + shared) combine runs on the host;
+//    expert runs on the GPU meanwhile, and the bf16(routed + shared) combine runs on the host
+//    (TP > 1: on the GPU, after the all-reduce);
 //  * CSA layers: the indexer's selections come back to the host to build the candidate lists;
 //    every layer's candidate lists (the reference's layout, attention.h) are built on the host;
 //  * the embedding gather (stage 0) and the fp32 ↔ bf16 conversion of the interface's streams.
@@ -38,8 +39,51 @@
 // chunk needs more. Capacity is accounted like the cpu backend: `kv_tokens` positions summed over
 // the live sequences; info().kv_bytes estimates the bf16 compressed KV and keys at that capacity.
 //
-// Threads: the StageBackend methods from one thread at a time (the stage runner's). Everything
-// runs on one CUDA stream owned by the backend, on `device`.
+// Tensor parallelism (tp_size > 1; one CudaBackend per rank, each on its own GPU, joined by an
+// NcclComm, nccl_comm.h). Attention is split over heads and the MoE's shared expert over its
+// intermediate dimension; everything else is replicated and computed identically on every rank:
+// hyper-connection pre/post, norms, the q low-rank path (wq_a, q_norm), the single MQA latent KV
+// (wkv, kv_norm) and its cache, both compressors, the indexer, the router, the embedding. Rank r
+// holds
+//   * heads [r·H/TP, (r+1)·H/TP): those rows of wq_b, of the sink, and the o_groups/TP groups of
+//     wo_a that read them (a group's heads never straddle ranks);
+//   * wo_b's input columns of those groups: each rank's wo_b is the fp32 partial over its own
+//     128-column blocks (Fp8Linear's fp32 output), and ONE all-reduce (fp32 sum) after it, rounded
+//     to bf16 once, gives what TP = 1's wo_b gives up to fp32 summation order: the activation
+//     quantisation blocks and the weight scales are the same ones, only the order in which the
+//     per-block partials are added differs;
+//   * the shared expert's intermediate 128-blocks [r·nb/TP, (r+1)·nb/TP) (nb = ⌈inter/128⌉, so a
+//     rank may hold none: tiny-a's 128 at TP = 2 sits whole on rank 0): w1/w3 rows and w2 columns;
+//     w2 gives an fp32 partial;
+//   * its share of the routed experts: with the `experts` provider, whatever the provider returns
+//     (the worker hands each rank a provider for the expert-worker slices assigned to it:
+//     ARCHITECTURE.md "The MoE call"); without one, experts [r·E/TP, (r+1)·E/TP) of every token on
+//     the host's reference weights (model::RoutedSum with the router's other choices masked), so
+//     the ranks split the CPU work. ONE all-reduce after the MoE sums both partials, laid out
+//     [shared | routed] ([2, T, dim] fp32: twice the bytes of one sum, so that the combine rounds
+//     as the reference does, bf16(routed + bf16(shared)); adding them before the collective drops
+//     the shared expert's own bf16 rounding, which on tiny-a cut the blocks' bit-identical
+//     fraction from 0.98-1.00 to 0.76-0.89 and failed golden model.long). The result equals
+//     TP = 1's up to fp32 summation order;
+//   * the LM head's vocabulary rows [r·⌈V/TP⌉, ...) (vocab-parallel; each row's logit is the same
+//     computation as TP = 1's, so logits are bit-identical for identical inputs), gathered with
+//     one all-gather: every rank returns every logit.
+// All-reduced values are the same bits on every rank, so the replicated state (streams, KV,
+// compressor states) stays identical across ranks. Each collective is waited for right after it is
+// enqueued, under `collective_timeout`: a rank whose peer stopped (failed, died) gets
+// DeadlineExceeded and its communicator is aborted (the whole group must then be rebuilt),
+// never a hang. Every rank must run the same batches in the same order.
+// Measured on two H200s (tests/gpu_worker/cuda_tp_test.cc, tiny-a): every block's figures against
+// the reference equal TP = 1's, the whole model's logits are bit-identical to TP = 1's, and
+// splitserve-golden --tp 2 prints the same figures as TP = 1 for all 47 checks; the whole-model
+// test gives the same figures with NCCL_P2P_DISABLE=1 (PCIe boards without peer-to-peer).
+// Shapes TP needs: n_heads and o_groups divisible by TP, (o_groups/TP)·o_lora_rank a multiple of
+// 128 (Flash: TP 1, 2, 4, 8; tiny-a: 1, 2). TP = 1 runs exactly the single-GPU code path and
+// arithmetic (no communicator, bf16 wo_b, the host's bf16(routed + shared) combine).
+//
+// Threads: the StageBackend methods from one thread at a time (the stage runner's); with TP, each
+// rank's backend on its own thread (the ranks' Run calls meet in the collectives). Everything runs
+// on one CUDA stream owned by the backend, on `device`.
 #pragma once
 
 #include <cstdint>
@@ -49,10 +93,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
 
 namespace ss::gpu {
+
+class NcclComm;  // nccl_comm.h
 
 struct CudaBackendOptions {
   int stage = 0;
@@ -63,9 +110,19 @@ struct CudaBackendOptions {
   int device = 0;         // CUDA device ordinal
   // The routed experts of a layer: experts(layer) when the function is set and returns non-null
   // (it must outlive the backend), otherwise model::RoutedSum on the host (the local reference).
+  // With TP > 1 the provider gives this rank's share, and without one the rank computes its
+  // range of experts (see the header comment).
   std::function<const model::RoutedExperts*(int64_t layer)> experts;
   // The compressors' double arithmetic (CompressorShape::fp64); false for GPUs with slow FP64.
   bool compressor_fp64 = true;
+  // Tensor parallelism: this backend is rank tp_rank of tp_size. tp_size > 1 needs the group's
+  // communicator (rank, size and device equal to these; it must outlive the backend) and a build
+  // with NCCL; TP = 1 ignores `comm`.
+  int tp_rank = 0;
+  int tp_size = 1;
+  NcclComm* comm = nullptr;
+  // Deadline of each wait for a collective (TP > 1).
+  absl::Duration collective_timeout = absl::Seconds(300);
 };
 
 class CudaBackend final : public StageBackend {

@@ -1,6 +1,7 @@
 #include "gpu_worker/golden_backend.h"
 
 #include <map>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/nccl_comm.h"
 #endif
 
 namespace ss::gpu {
@@ -106,22 +108,98 @@ class CpuGolden final : public StagedGolden {
 #endif
 
 #if SS_HAVE_CUDA
+using TpGroup = std::vector<std::unique_ptr<NcclComm>>;
+
+// The TP ranks of one stage: each Run runs every rank on its own thread (their collectives meet)
+// and returns rank 0's output.
+class TpStage final : public golden::GoldenStage {
+ public:
+  TpStage(std::shared_ptr<TpGroup> group, std::vector<std::unique_ptr<StageBackend>> ranks)
+      : group_(std::move(group)), ranks_(std::move(ranks)) {}
+
+  absl::Status Run(std::span<const golden::GoldenChunk> chunks, const float* streams_in,
+                   std::vector<float>* streams, std::vector<std::vector<float>>* logits) override {
+    std::vector<std::vector<int32_t>> ids(chunks.size());
+    std::vector<StageChunk> batch;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      ids[i].assign(chunks[i].tokens, chunks[i].tokens + chunks[i].n);
+      batch.push_back({chunks[i].seq_id, chunks[i].start, ids[i], /*samples=*/true, {}});
+    }
+    const size_t n = ranks_.size();
+    std::vector<StageOutput> out(n);
+    std::vector<absl::Status> status(n);
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < n; ++r) {
+      threads.emplace_back(
+          [&, r] { status[r] = ranks_[r]->Run(batch, streams_in, &out[r], nullptr); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+    if (streams != nullptr) *streams = std::move(out[0].streams);
+    if (logits != nullptr) *logits = std::move(out[0].logits);
+    return absl::OkStatus();
+  }
+  void Release(uint64_t seq_id) override {
+    for (auto& r : ranks_) r->Release(seq_id);
+  }
+
+ private:
+  std::shared_ptr<TpGroup> group_;  // outlives the ranks (declared first, destroyed last)
+  std::vector<std::unique_ptr<StageBackend>> ranks_;
+};
+
+#if SS_HAVE_CPU_BACKEND
+// The expert workers' share of a rank that is assigned none of their slices: zero.
+class NoRoutedExperts final : public model::RoutedExperts {
+ public:
+  explicit NoRoutedExperts(int64_t dim) : dim_(dim) {}
+  absl::Status Compute(int64_t, int64_t T, const float*, const int32_t*, const float*, int,
+                       float* out) const override {
+    std::fill_n(out, T * dim_, 0.0f);
+    return absl::OkStatus();
+  }
+
+ private:
+  const int64_t dim_;
+};
+#endif
+
 class CudaGolden final : public StagedGolden {
  public:
-  CudaGolden(int device, std::string experts)
-      : device_(device), experts_spec_(std::move(experts)) {}
-  std::string name() const override { return "cuda"; }
+  CudaGolden(int device, std::string experts, int tp)
+      : device_(device), experts_spec_(std::move(experts)), tp_(tp) {}
+  std::string name() const override { return tp_ == 1 ? "cuda" : absl::StrCat("cuda, TP ", tp_); }
 
  private:
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> Make(std::shared_ptr<const model::Model> m,
                                                             const Layout& l) override {
+    if (tp_ > 1 && group_ == nullptr) {
+      std::vector<int> devices;
+      for (int r = 0; r < tp_; ++r) devices.push_back(device_ + r);
+      ASSIGN_OR_RETURN(TpGroup g, NcclComm::CreateGroup(devices));
+      group_ = std::make_shared<TpGroup>(std::move(g));
+    }
+    std::vector<std::unique_ptr<StageBackend>> ranks;
+    for (int r = 0; r < tp_; ++r) {
+      ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, MakeRank(m, l, r));
+      ranks.push_back(std::move(b));
+    }
+    if (tp_ == 1) return std::make_unique<Stage>(std::move(ranks[0]));
+    return std::make_unique<TpStage>(group_, std::move(ranks));
+  }
+
+  absl::StatusOr<std::unique_ptr<CudaBackend>> MakeRank(std::shared_ptr<const model::Model> m,
+                                                        const Layout& l, int rank) {
     CudaBackendOptions o;
     o.stage = l.stage;
     o.num_stages = l.num_stages;
     o.first_layer = l.first_layer;
     o.end_layer = l.end_layer;
     o.kv_tokens = kGoldenKvTokens;
-    o.device = device_;
+    o.device = device_ + rank;
+    o.tp_rank = rank;
+    o.tp_size = tp_;
+    o.comm = tp_ > 1 ? (*group_)[rank].get() : nullptr;
 #if SS_HAVE_CPU_BACKEND
     if (!experts_spec_.empty()) {
       // One expert-worker client per model (the variants' models get their own), kept for the
@@ -134,16 +212,25 @@ class CudaGolden final : public StagedGolden {
         it = clients_.emplace(m.get(), std::make_pair(m, std::move(c))).first;
       }
       const RoutedExpertsClient* c = it->second.second.get();
-      o.experts = [c](int64_t layer) -> const model::RoutedExperts* {
-        return c->remote(layer) ? c : nullptr;
-      };
+      if (rank == 0) {
+        o.experts = [c](int64_t layer) -> const model::RoutedExperts* {
+          return c->remote(layer) ? c : nullptr;
+        };
+      } else {
+        // Rank 0 takes the workers' whole sum; a local layer is split over the ranks as usual.
+        auto none = std::make_shared<NoRoutedExperts>(m->config().dim);
+        o.experts = [c, none](int64_t layer) -> const model::RoutedExperts* {
+          return c->remote(layer) ? none.get() : nullptr;
+        };
+      }
     }
 #endif
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create(std::move(m), o));
-    return std::make_unique<Stage>(std::move(b));
+    return CudaBackend::Create(std::move(m), o);
   }
   const int device_;
   const std::string experts_spec_;
+  const int tp_;
+  std::shared_ptr<TpGroup> group_;  // TP > 1: made with the first stage, shared by all
 #if SS_HAVE_CPU_BACKEND
   std::map<const model::Model*,
            std::pair<std::shared_ptr<const model::Model>, std::unique_ptr<RoutedExpertsClient>>>
@@ -168,6 +255,10 @@ absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
     return absl::InvalidArgumentError(
         absl::StrCat("--backend ", o.backend, ": expected reference, cpu or cuda"));
   }
+  if (o.tp < 1 || o.tp > 8 || (o.tp > 1 && o.backend != "cuda")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp ", o.tp, ": expected 1, or 2..8 with --backend cuda"));
+  }
 #if SS_HAVE_CPU_BACKEND
   std::vector<LayerExpertsConfig> experts;
   if (!o.experts.empty()) {
@@ -190,14 +281,18 @@ absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
 #endif
   }
 #if SS_HAVE_CUDA
+  if (o.tp > 1 && !NcclComm::Available()) {
+    return absl::UnimplementedError(
+        absl::StrCat("--tp ", o.tp, ": this build has no NCCL (cmake/nccl.cmake)"));
+  }
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || o.cuda_device < 0 || o.cuda_device >= n) {
+  if (e != cudaSuccess || o.cuda_device < 0 || o.cuda_device + o.tp > n) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--backend cuda: no CUDA device ", o.cuda_device, " (",
+        "--backend cuda: no CUDA devices ", o.cuda_device, "..", o.cuda_device + o.tp - 1, " (",
         e == cudaSuccess ? absl::StrCat(n, " devices") : std::string(cudaGetErrorString(e)), ")"));
   }
-  return std::make_shared<CudaGolden>(o.cuda_device, o.experts);
+  return std::make_shared<CudaGolden>(o.cuda_device, o.experts, o.tp);
 #else
   return absl::UnimplementedError(
       "--backend cuda: this build has no CUDA (no CUDA compiler at configure time)");

@@ -12,6 +12,14 @@
 // i.e. on the CPU of the machine the backend runs on; otherwise sent to the expert workers named
 // in the GPU worker's --experts syntax (worker_config.h), which needs the services build.
 //
+// Tensor parallelism (--backend cuda --tp N): every stage is N CudaBackends, rank r on CUDA
+// device cuda_device + r, joined by one in-process NCCL group (NcclComm::CreateGroup) that all the
+// backend's stages share; a stage's Run runs the ranks on one thread each and returns rank 0's
+// output (the ranks' outputs are the same bits). Routed experts: without `experts`, each rank
+// computes its range of experts on the host (cuda_backend.h); with `experts`, rank 0 takes the
+// expert workers' whole sum and the other ranks add zero (the workers' slices are not assigned to
+// ranks here).
+//
 // Which backends a build has: cpu needs SS_BUILD_SERVICES (it lives in ss_gpu_backend, with the
 // expert-worker client), cuda needs CUDA at configure time. MakeGoldenBackend names what is
 // missing; splitserve-golden exits 2 on any of its errors.
@@ -30,13 +38,15 @@ struct GoldenBackendOptions {
   std::string backend = "reference";  // reference | cpu | cuda
   int cuda_device = 0;                // --backend cuda: the CUDA device ordinal
   std::string experts;                // "a-b=EP[+EP...],...": see the header comment
+  int tp = 1;                         // --backend cuda: tensor-parallel ranks (GPUs)
 };
 
 inline constexpr int64_t kGoldenKvTokens = 1 << 16;
 
 // Null for "reference" (the runner then uses the model directly). InvalidArgument for an unknown
-// backend or a malformed --experts; Unimplemented for a backend (or --experts) this build lacks;
-// FailedPrecondition for --backend cuda with no such CUDA device.
+// backend, a malformed --experts or --tp outside [1, 8] (above 1 only with cuda); Unimplemented
+// for a backend (or --experts, or --tp > 1 without NCCL) this build lacks; FailedPrecondition for
+// --backend cuda with too few CUDA devices.
 absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
     const GoldenBackendOptions& options);
 

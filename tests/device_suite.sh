@@ -2,8 +2,10 @@
 # The GPU suite, run on the accelerator machine (the `device` tool) from the repository root with
 # the Debian packages carried in .deps (../shared/device/fetch-debs.sh):
 #
-#   bash tests/device_suite.sh OUT_DIR [quick|services|up]   (quick: no benchmarks, no `up`;
-#                                    services: no layer benchmark; up: only `splitserve up`)
+#   bash tests/device_suite.sh OUT_DIR [quick|services|up|tp]   (quick: no benchmarks, no `up`;
+#                                    services: no layer benchmark; up: only `splitserve up`;
+#                                    tp: quick's run limited to what tensor parallelism touches,
+#                                    with a build of only those targets)
 #
 # Builds everything (services included when the carried packages configure; else only the model,
 # the golden runner and the GPU parts), runs every gpu-labelled test binary directly (ctest's
@@ -12,6 +14,8 @@
 # (one and two pipeline stages on GPU 0) answering a chat completion. Logs go to OUT_DIR; a
 # summary goes to stdout.
 set -uo pipefail
+# NVLink multicast stays off (the device machines' rule; NCCL reads it when TP tests run).
+export NCCL_NVLS_ENABLE=0
 # Loopback requests must not go through a proxy the machine's environment may name.
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 export no_proxy='*' NO_PROXY='*'
@@ -44,6 +48,13 @@ mkdir -p "$out"
 source .deps/use-deps.sh
 export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# NCCL for the TP tests (cmake/nccl.cmake): the toolkit's, else the first nccl.h under /usr or
+# /opt (PyTorch's wheels carry one), named by NCCL_ROOT.
+if [ -z "${NCCL_ROOT:-}" ] && ! ls /usr/local/cuda/include/nccl.h >/dev/null 2>&1; then
+  h=$(find /usr /opt -name nccl.h -path '*include*' 2>/dev/null | head -1)
+  [ -n "$h" ] && export NCCL_ROOT="$(dirname "$(dirname "$h")")"
+fi
+echo "NCCL_ROOT=${NCCL_ROOT:-} NCCL_P2P_DISABLE=${NCCL_P2P_DISABLE:-} NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
 services=ON
 if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=ON \
     -DSS_WERROR=OFF >"$out/cfg.log" 2>&1; then
@@ -53,23 +64,42 @@ if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=OFF \
     >"$out/cfg_noservices.log" 2>&1 || { tail -20 "$out/cfg_noservices.log"; exit 1; }
 fi
+grep -h "splitserve: .*NCCL" "$out"/cfg*.log
+tests=(cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test
+       kv_record_gpu_test cuda_backend_test cuda_tp_test golden_cuda_test)
+targets=()
+if [ "$quick" = tp ]; then
+  tests=(cuda_kernels_test block_kernels_test cuda_backend_test cuda_tp_test golden_cuda_test)
+  targets=(--target "${tests[@]}" splitserve-golden)
+  [ "$services" = ON ] && targets+=(splitserve-expert-worker)
+fi
 start=$(date +%s)
-cmake --build build -j"$(nproc)" -- -k 0 >"$out/build.log" 2>&1
+cmake --build build -j"$(nproc)" "${targets[@]}" -- -k 0 >"$out/build.log" 2>&1
 echo "build (services=$services): rc=$? in $(( $(date +%s) - start )) s"
 grep -m8 -E "error|FAILED" "$out/build.log"
 
 if [ "$quick" != up ]; then
-for t in cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test \
-         kv_record_gpu_test cuda_backend_test golden_cuda_test; do
+for t in "${tests[@]}"; do
   [ -x "build/bin/$t" ] || { echo "$t: not built"; continue; }
   "build/bin/$t" >"$out/$t.log" 2>&1
-  echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')"
+  echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ')"
 done
+# TP = 2 again as PCIe GPUs without peer-to-peer run it (NCCL through host memory).
+if [ -x build/bin/cuda_tp_test ]; then
+  NCCL_P2P_DISABLE=1 build/bin/cuda_tp_test --gtest_filter='TpTest.Coll*:TpTest.Whole*' \
+    >"$out/cuda_tp_test_p2p_disabled.log" 2>&1
+  echo "cuda_tp_test (NCCL_P2P_DISABLE=1) rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/cuda_tp_test_p2p_disabled.log" | tr '\n' ' ')"
+fi
 echo "ptxVersion values: $(grep -ho 'ptxVersion=[0-9]*' "$out"/*.log | sort | uniq -c | tr '\n' ' ')"
 
 build/bin/splitserve-golden --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
   >"$out/golden_cuda.log" 2>&1
 echo "splitserve-golden --backend cuda (experts on the host): rc=$? $(tail -1 "$out/golden_cuda.log")"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  build/bin/splitserve-golden --backend cuda --tp 2 --model tests/data/tiny-a \
+    --golden tests/data/tiny-a >"$out/golden_cuda_tp2.log" 2>&1
+  echo "splitserve-golden --backend cuda --tp 2 (experts on the host): rc=$? $(tail -1 "$out/golden_cuda_tp2.log")"
+fi
 if [ -x build/bin/splitserve-expert-worker ]; then
   # The same with the routed experts in an expert-worker process on the device's CPU.
   seg="ss-golden-$$"
@@ -80,10 +110,15 @@ if [ -x build/bin/splitserve-expert-worker ]; then
   build/bin/splitserve-golden --backend cuda --experts "0-6=shm:$seg" --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_experts.log" 2>&1
   echo "splitserve-golden --backend cuda --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_experts.log")"
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    build/bin/splitserve-golden --backend cuda --tp 2 --experts "0-6=shm:$seg" \
+      --model tests/data/tiny-a --golden tests/data/tiny-a >"$out/golden_cuda_tp2_experts.log" 2>&1
+    echo "splitserve-golden --backend cuda --tp 2 --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_tp2_experts.log")"
+  fi
   kill -TERM "$ew"; wait "$ew"
 fi
 fi  # not "up"
-[ "$quick" = quick ] && exit 0
+[ "$quick" = quick ] || [ "$quick" = tp ] && exit 0
 
 [ "$quick" = "" ] && [ -x build/bin/cuda_backend_layer_bench ] && timeout 240 build/bin/cuda_backend_layer_bench \
   >"$out/cuda_backend_layer_bench.log" 2>&1

@@ -20,13 +20,17 @@ ABSL_FLAG(std::string, backend, "reference",
           "reference | cpu | cuda: where block outputs and logits come from (checks of internals "
           "a backend does not expose stay on the reference and say so)");
 ABSL_FLAG(int, cuda_device, 0, "--backend cuda: the CUDA device ordinal");
+ABSL_FLAG(int, tp, 1,
+          "--backend cuda: tensor-parallel ranks, on CUDA devices cuda_device .. cuda_device + tp "
+          "- 1 (needs NCCL)");
 ABSL_FLAG(std::string, experts, "",
           "--backend cpu|cuda: routed experts on expert workers, in splitserve-gpu-worker's "
           "--experts syntax; empty: computed on the host by the reference");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "splitserve-golden --model DIR --golden DIR [--filter a,b] [--backend reference|cpu|cuda]");
+      "splitserve-golden --model DIR --golden DIR [--filter a,b] [--backend reference|cpu|cuda] "
+      "[--tp N]");
   absl::ParseCommandLine(argc, argv);
   ss::golden::GoldenOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
@@ -40,7 +44,7 @@ int main(int argc, char** argv) {
   }
   auto backend =
       ss::gpu::MakeGoldenBackend({absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device),
-                                  absl::GetFlag(FLAGS_experts)});
+                                  absl::GetFlag(FLAGS_experts), absl::GetFlag(FLAGS_tp)});
   if (!backend.ok()) {
     std::fprintf(stderr, "splitserve-golden: %s\n",
                  std::string(backend.status().message()).c_str());

@@ -20,6 +20,11 @@ __device__ __forceinline__ uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// An fp32 result stored as the kernel's output type: bf16 (rounded once) or fp32 (as summed,
+// the TP partials of a row-parallel projection).
+__device__ __forceinline__ void StoreOut(uint16_t* p, float v) { *p = F32ToBf16(v); }
+__device__ __forceinline__ void StoreOut(float* p, float v) { *p = v; }
+
 __device__ __forceinline__ float E4m3ToF32(uint32_t c) {
   const uint32_t sign = (c & 0x80u) << 24, exp = (c >> 3) & 0xfu, man = c & 0x7u;
   if (exp == 0) {

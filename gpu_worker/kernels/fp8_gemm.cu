@@ -43,6 +43,7 @@ __device__ __forceinline__ void LoadStage(uint8_t* st, const uint8_t* q, const f
   if (threadIdx.x < kBM) CpAsync4(s + threadIdx.x, sa + min(m0 + threadIdx.x, rows - 1) * nb + kb);
 }
 
+// `pairs`: y is aligned for one store of both values (and out is even).
 __device__ __forceinline__ void StorePair(uint16_t* y, int64_t rows, int64_t out, int64_t r,
                                           int64_t col, float v0, float v1, bool pairs) {
   if (r >= rows) return;
@@ -55,6 +56,17 @@ __device__ __forceinline__ void StorePair(uint16_t* y, int64_t rows, int64_t out
   if (col < out) p[0] = F32ToBf16(v0);
   if (col + 1 < out) p[1] = F32ToBf16(v1);
 }
+__device__ __forceinline__ void StorePair(float* y, int64_t rows, int64_t out, int64_t r,
+                                          int64_t col, float v0, float v1, bool pairs) {
+  if (r >= rows) return;
+  float* p = y + r * out + col;
+  if (pairs && col + 1 < out) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+    return;
+  }
+  if (col < out) p[0] = v0;
+  if (col + 1 < out) p[1] = v1;
+}
 
 // Prefill GEMM: a kBM x 128 output tile per block, K streamed one 128-block per stage through a
 // 3-stage cp.async pipeline of raw e4m3 codes (activations [rows, in], weights [out, in], both
@@ -63,11 +75,11 @@ __device__ __forceinline__ void StorePair(uint16_t* y, int64_t rows, int64_t out
 // decodes them to f16 pairs in registers (E4m3x2ToF16x2) right before the mma. Each 128-block's
 // mma partial is scaled by s_act[row]·s_w·2^16 (powers of two: exact) and added into the fp32
 // accumulator with one rounding, as Linear8 adds its block sums.
-template <int kBM>
+template <int kBM, typename OutT>
 __global__ void __launch_bounds__(kThreads)
     Fp8GemmKernelImpl(const uint8_t* __restrict__ q, const float* __restrict__ sa, int64_t rows,
                       const uint8_t* __restrict__ w, const uint8_t* __restrict__ ws, int64_t out,
-                      int64_t in, bool pairs, uint16_t* __restrict__ y) {
+                      int64_t in, bool pairs, OutT* __restrict__ y) {
   constexpr int kWM = kBM / 2, kMT = kWM / 16, kNT = 4;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -177,9 +189,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kBM>
+template <int kBM, typename OutT>
 cudaError_t LaunchGemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                       const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                       const uint8_t* w_scale, int64_t out, int64_t in, OutT* y,
                        cudaStream_t stream) {
   constexpr int kSmem = kStages * StageBytes<kBM>();
   // The opt-in above 48 KiB is set once per device (bit per device ordinal), not per launch.
@@ -189,24 +201,22 @@ cudaError_t LaunchGemm(const uint8_t* q, const float* s_act, int64_t rows, const
   if (e != cudaSuccess) return e;
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-    e = cudaFuncSetAttribute(Fp8GemmKernelImpl<kBM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmem);
+    e = cudaFuncSetAttribute(Fp8GemmKernelImpl<kBM, OutT>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) return e;
     opted_in.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(static_cast<unsigned>((out + kBN - 1) / kBN),
                   static_cast<unsigned>((rows + kBM - 1) / kBM));
-  const bool pairs = out % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 4 == 0;
-  Fp8GemmKernelImpl<kBM>
+  const bool pairs = out % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(OutT)) == 0;
+  Fp8GemmKernelImpl<kBM, OutT>
       <<<grid, kThreads, kSmem, stream>>>(q, s_act, rows, w, w_scale, out, in, pairs, y);
   return cudaGetLastError();
 }
 
-}  // namespace
-
-cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
-                    cudaStream_t stream) {
+template <typename OutT>
+cudaError_t GemmT(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                  const uint8_t* w_scale, int64_t out, int64_t in, OutT* y, cudaStream_t stream) {
   if (rows == 0 || out == 0) return cudaSuccess;
   if (in % kBlock != 0 || reinterpret_cast<uintptr_t>(q) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(w) % 16 != 0) {
@@ -217,14 +227,29 @@ cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const ui
   // needs short ones to fill the device. Measured on an H200 (bench/RESULTS.md).
   const int64_t sms = DeviceSmCount(), n_tiles = (out + kBN - 1) / kBN;
   if (rows > 64 && 4 * ((rows + 127) / 128) * n_tiles >= 3 * sms) {
-    return LaunchGemm<128>(q, s_act, rows, w, w_scale, out, in, y, stream);
+    return LaunchGemm<128, OutT>(q, s_act, rows, w, w_scale, out, in, y, stream);
   }
   if (rows > 32 && 4 * ((rows + 63) / 64) * n_tiles >= 3 * sms) {
-    return LaunchGemm<64>(q, s_act, rows, w, w_scale, out, in, y, stream);
+    return LaunchGemm<64, OutT>(q, s_act, rows, w, w_scale, out, in, y, stream);
   }
-  return LaunchGemm<32>(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return LaunchGemm<32, OutT>(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
 
-const void* Fp8GemmKernel() { return reinterpret_cast<const void*>(&Fp8GemmKernelImpl<128>); }
+}  // namespace
+
+cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                    cudaStream_t stream) {
+  return GemmT(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
+cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+                    cudaStream_t stream) {
+  return GemmT(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
+
+const void* Fp8GemmKernel() {
+  return reinterpret_cast<const void*>(&Fp8GemmKernelImpl<128, uint16_t>);
+}
 
 }  // namespace ss::cuda

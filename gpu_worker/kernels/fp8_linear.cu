@@ -53,12 +53,12 @@ __device__ __forceinline__ void Load16(const uint8_t* p, bool full, int64_t avai
 // once. Lane l reads 16 consecutive bytes (inside one 128-block), keeps its own partial sum per
 // row scaled by s_act·s_w (powers of two, so scaling each partial is exact), and the warp
 // reduces once at the end.
-template <int kMaxRows>
+template <int kMaxRows, typename OutT>
 __global__ void Fp8LinearGenericKernelImpl(const uint8_t* __restrict__ q,
                                            const float* __restrict__ sa, int64_t rows,
                                            const uint8_t* __restrict__ w,
                                            const uint8_t* __restrict__ ws, int64_t out, int64_t in,
-                                           bool aligned, uint16_t* __restrict__ y) {
+                                           bool aligned, OutT* __restrict__ y) {
   const int64_t o = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (o >= out) return;
   const int lane = threadIdx.x & 31;
@@ -91,7 +91,7 @@ __global__ void Fp8LinearGenericKernelImpl(const uint8_t* __restrict__ q,
       }
     }
     if (lane == 0) {
-      for (int r = 0; r < nr; ++r) y[(r0 + r) * out + o] = F32ToBf16(acc[r]);
+      for (int r = 0; r < nr; ++r) StoreOut(y + (r0 + r) * out + o, acc[r]);
     }
   }
 }
@@ -138,8 +138,9 @@ __device__ __forceinline__ void GemvScaleAdd(const float (&p)[4], float s0, floa
 
 // Sums the warps' accumulators in warp order and stores the block's 16 x rows outputs. `red`:
 // nwarps·128 floats of shared memory no longer in use.
+template <typename OutT>
 __device__ __forceinline__ void GemvReduceStore(const float (&acc)[4], float* red, int rows,
-                                                int64_t o0, int64_t out, uint16_t* y) {
+                                                int64_t o0, int64_t out, OutT* y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   for (int j = 0; j < 4; ++j) red[warp * 128 + lane * 4 + j] = acc[j];
   __syncthreads();
@@ -149,7 +150,7 @@ __device__ __forceinline__ void GemvReduceStore(const float (&acc)[4], float* re
     for (int v = 0; v < nwarps; ++v) sum = __fadd_rn(sum, red[v * 128 + i]);
     const int64_t o = o0 + (l >> 2) + (j >= 2 ? 8 : 0);
     const int r = 2 * (l & 3) + (j & 1);
-    if (r < rows && o < out) y[r * out + o] = F32ToBf16(sum);
+    if (r < rows && o < out) StoreOut(y + r * out + o, sum);
   }
 }
 
@@ -160,10 +161,11 @@ struct GemvBlock {
   uint32_t sw;   // the ue8m0 byte of the features' 128-block
 };
 
+template <typename OutT>
 __global__ void __launch_bounds__(32 * kGemvMaxWarps)
     Fp8GemvKernelImpl(const uint8_t* __restrict__ q, const float* __restrict__ sa, int rows,
                       const uint8_t* __restrict__ w, const uint8_t* __restrict__ ws, int64_t out,
-                      int64_t in, uint16_t* __restrict__ y) {
+                      int64_t in, OutT* __restrict__ y) {
   __shared__ float red[kGemvMaxWarps * 128];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int nwarps = blockDim.x >> 5;
@@ -208,6 +210,56 @@ bool FastPathFits(const uint8_t* q, const uint8_t* w, int64_t in) {
          reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
+template <typename OutT>
+cudaError_t LinearGenericT(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                           const uint8_t* w_scale, int64_t out, int64_t in, OutT* y,
+                           cudaStream_t stream) {
+  if (rows == 0 || out == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((out + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const bool aligned = in % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  Fp8LinearGenericKernelImpl<kRowsPerPass, OutT>
+      <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(q, s_act, rows, w, w_scale, out, in, aligned, y);
+  return cudaGetLastError();
+}
+
+template <typename OutT>
+cudaError_t GemvT(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                  const uint8_t* w_scale, int64_t out, int64_t in, OutT* y, cudaStream_t stream) {
+  if (rows == 0 || out == 0) return cudaSuccess;
+  if (!FastPathFits(q, w, in)) {
+    return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  }
+  const int64_t nb = in / kBlock;
+  const int64_t blocks = (out + kGemvFeatures - 1) / kGemvFeatures;
+  // Warps per block: many when there are fewer blocks than SMs (small `out`, latency-bound);
+  // otherwise about two 128-blocks per warp, at most 8, so several blocks share each SM (wq_b,
+  // in = 1024: 4 warps; wo_b, in = 8192: 8). Measured on an H200 (bench/RESULTS.md).
+  const int64_t warps = blocks < DeviceSmCount()
+                            ? std::min<int64_t>(nb, kGemvMaxWarps)
+                            : std::min<int64_t>(8, std::max<int64_t>(1, nb / 2));
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r0));
+    Fp8GemvKernelImpl<OutT>
+        <<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0, stream>>>(
+            q + r0 * in, s_act + r0 * nb, nr, w, w_scale, out, in, y + r0 * out);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+template <typename OutT>
+cudaError_t LinearT(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, OutT* y, cudaStream_t stream) {
+  if (rows == 0 || out == 0) return cudaSuccess;
+  if (!FastPathFits(q, w, in)) {
+    return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  }
+  return rows <= kFp8GemvMaxRows ? GemvT(q, s_act, rows, w, w_scale, out, in, y, stream)
+                                 : Fp8Gemm(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
+
 }  // namespace
 
 cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
@@ -222,58 +274,42 @@ cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t*
 cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                              const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                              cudaStream_t stream) {
-  if (rows == 0 || out == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((out + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const bool aligned = in % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  Fp8LinearGenericKernelImpl<kRowsPerPass>
-      <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(q, s_act, rows, w, w_scale, out, in, aligned, y);
-  return cudaGetLastError();
+  return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
-
+cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                             const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+                             cudaStream_t stream) {
+  return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
 cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                     const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                     cudaStream_t stream) {
-  if (rows == 0 || out == 0) return cudaSuccess;
-  if (!FastPathFits(q, w, in)) {
-    return Fp8LinearGeneric(q, s_act, rows, w, w_scale, out, in, y, stream);
-  }
-  const int64_t nb = in / kBlock;
-  const int64_t blocks = (out + kGemvFeatures - 1) / kGemvFeatures;
-  // Warps per block: many when there are fewer blocks than SMs (small `out`, latency-bound);
-  // otherwise about two 128-blocks per warp, at most 8, so several blocks share each SM (wq_b,
-  // in = 1024: 4 warps; wo_b, in = 8192: 8). Measured on an H200 (bench/RESULTS.md).
-  const int64_t warps = blocks < DeviceSmCount()
-                            ? std::min<int64_t>(nb, kGemvMaxWarps)
-                            : std::min<int64_t>(8, std::max<int64_t>(1, nb / 2));
-  for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
-    const int nr = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r0));
-    Fp8GemvKernelImpl<<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0,
-                        stream>>>(q + r0 * in, s_act + r0 * nb, nr, w, w_scale, out, in,
-                                  y + r0 * out);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  return GemvT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
-
+cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+                    cudaStream_t stream) {
+  return GemvT(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
 cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                       const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                       cudaStream_t stream) {
-  if (rows == 0 || out == 0) return cudaSuccess;
-  if (!FastPathFits(q, w, in)) {
-    return Fp8LinearGeneric(q, s_act, rows, w, w_scale, out, in, y, stream);
-  }
-  return rows <= kFp8GemvMaxRows ? Fp8Gemv(q, s_act, rows, w, w_scale, out, in, y, stream)
-                                 : Fp8Gemm(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
+cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                      const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+                      cudaStream_t stream) {
+  return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
 
 const void* QuantizeActE4m3Kernel() {
   return reinterpret_cast<const void*>(&QuantizeActKernelImpl);
 }
-const void* Fp8LinearKernel() { return reinterpret_cast<const void*>(&Fp8GemvKernelImpl); }
+const void* Fp8LinearKernel() {
+  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t>);
+}
 const void* Fp8LinearGenericKernel() {
-  return reinterpret_cast<const void*>(&Fp8LinearGenericKernelImpl<kRowsPerPass>);
+  return reinterpret_cast<const void*>(&Fp8LinearGenericKernelImpl<kRowsPerPass, uint16_t>);
 }
 
 }  // namespace ss::cuda

@@ -72,11 +72,42 @@ cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows,
                              const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                              cudaStream_t stream);
 
+// The same four with an fp32 output: y[r, o] = Σ_b (Σ_{i∈b} q·w) · s_a · s_w as summed, without
+// the final bf16 rounding. A TP rank's share of a row-parallel projection (wo_b, the shared
+// expert's w2) is this over its slice of `in` (whole 128-blocks, so the activation quantisation
+// is the one of the full row); the ranks' partials summed in fp32 by the all-reduce and rounded
+// to bf16 once equal Linear8 up to fp32 summation order. The same kernels, templated on the
+// output type: the bf16 variants' arithmetic is unchanged.
+cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                      const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+                      cudaStream_t stream);
+cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
+cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                    const uint8_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
+cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                             const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+                             cudaStream_t stream);
+
+// ---- Tensor-parallel partial sums (partial_sum.cu) ----------------------------------------------
+
+// y[i] = bf16(routed[i] + bf16(shared[i])), fp32 add, round to nearest even, i < n: the MoE
+// combine of the reference (model::MoeForward: the shared expert's output is bf16, the routed sum
+// fp32) on the all-reduced sums of the TP ranks' shared-expert and routed-expert partials.
+cudaError_t MoeCombineF32(const float* shared, const float* routed, int64_t n, uint16_t* y,
+                          cudaStream_t stream);
+
+// y[i] = bf16(x[i]) (round to nearest even), i < n: the all-reduced sum rounded once, as the
+// single-GPU projection rounds its fp32 accumulator.
+cudaError_t RoundF32ToBf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
+
 // Addresses of the kernels' entry points, for attribute queries (ptxVersion) in tests.
 const void* RmsNormKernel();
 const void* QuantizeActE4m3Kernel();
 const void* Fp8LinearKernel();         // the decode GEMV
 const void* Fp8GemmKernel();           // the prefill GEMM (128-row tiles)
 const void* Fp8LinearGenericKernel();  // the plain fallback
+const void* MoeCombineF32Kernel();
+const void* RoundF32ToBf16Kernel();
 
 }  // namespace ss::cuda
