@@ -1,25 +1,35 @@
 // One Flash-shaped layer of the cuda backend (gpu_worker/cuda_backend.h): decode at batch 1 and 8
-// with 8K tokens of context per sequence, and the 8K-token prefill chunk. Needs a CUDA device.
+// with 8K and 64K tokens of context per sequence, and the 8K-token prefill chunk. Needs a CUDA
+// device.
 //
-//   build/bin/cuda_backend_layer_bench [checkpoint dir, default /tmp/ss_flash_layers]
+//   build/bin/cuda_backend_layer_bench [checkpoint dir, default /tmp/ss_flash_layers] [--profile]
 //
 // The checkpoint is generated (tests/tools/checkpoint_generator.h, random weights) with the
 // Flash config but 2 layers (compress ratio 4: CSA with the indexer; 128: HCA), a 1024-token
-// vocabulary and 8 routed experts (routed experts are excluded from the timing: a provider that
-// returns zeros stands in for the expert workers, so only the host copies of the MoE rows stay).
-// Each layer runs as a middle pipeline stage fed random bf16 streams.
+// vocabulary and 8 routed experts. Routed experts are excluded (issue 5's figures: attention,
+// router, shared expert): CudaBackendOptions::exclude_routed_experts, so nothing goes to the host
+// inside a step. Each layer runs as a middle pipeline stage fed random bf16 streams.
 //
-// Decode figures per layer: wall ms per step (Run, including its host synchronisations), the
-// bytes it must read (the layer's device weights + per sequence the window ring, and the
-// compressed entries / indexer keys the step reads), those bytes per second, and that as a
-// fraction of a device-to-device copy measured in the same run (bytes read + written per
-// second, as gpu_kernels_bench).
+// Decode sequences are positioned at the context with CudaBackend::FillSequenceForBenchmark
+// (zeroed KV: the bytes a step reads are the same as after a real prefill). Figures per layer:
+// wall ms per step (Run, from the host's call to its output on the host: the upload of the
+// streams, every kernel, the download), the bytes it must read (the layer's device weights + per
+// sequence the window ring, and the compressed entries / indexer keys the step reads), those
+// bytes per second, and that as a fraction of a device-to-device copy measured in the same run
+// (bytes read + written per second, as gpu_kernels_bench). A second, shorter pass with
+// StageTimings (which synchronises inside the layer) splits the step into attention and MoE.
+// Prefill: one 8K-token chunk from position 0 (the second of two runs), tokens per second.
+//
+// --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
+// cudaProfilerStop (for `ncu --profile-from-start off`).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -53,17 +63,7 @@ constexpr char kConfig[] = R"({
   "torch_dtype": "bfloat16"
 })";
 
-constexpr int64_t kContext = 8192;
-
-class ZeroExperts final : public ss::model::RoutedExperts {
- public:
-  absl::Status Compute(int64_t, int64_t T, const float*, const int32_t*, const float*, int,
-                       float* out) const override {
-    std::fill_n(out, T * dim_, 0.0f);
-    return absl::OkStatus();
-  }
-  int64_t dim_ = 4096;
-};
+constexpr int64_t kChunk = 8192;
 
 void Die(const absl::Status& s, const char* what) {
   if (!s.ok()) {
@@ -101,7 +101,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
   }
-  const std::string dir = argc > 1 ? argv[1] : "/tmp/ss_flash_layers";
+  std::string dir = "/tmp/ss_flash_layers";
+  bool profile = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--profile") == 0) {
+      profile = true;
+    } else {
+      dir = argv[i];
+    }
+  }
   auto cfg = ss::ParseModelConfig(kConfig);
   Die(cfg.status(), "config");
   const double tg = Now();
@@ -112,15 +120,14 @@ int main(int argc, char** argv) {
   std::shared_ptr<const ss::model::Model> model(std::move(*loaded));
   const ss::ModelConfig& c = model->config();
   const int64_t width = c.hc_mult * c.dim;
-  const double copy_bw = CopyBandwidth();
+  const double copy_bw = profile ? 1.0 : CopyBandwidth();
   std::printf("D2D copy: %.1f GB/s (read + write)\n", copy_bw / 1e9);
-  static ZeroExperts zero;
 
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> streams(kContext * width);
+  std::vector<float> streams(kChunk * width);
   for (float& v : streams) v = ss::RoundBf16(nd(rng));
-  std::vector<int32_t> tokens(kContext);
+  std::vector<int32_t> tokens(kChunk);
   for (auto& t : tokens) t = static_cast<int32_t>(2 + rng() % 1000);
 
   for (int layer = 0; layer < 2; ++layer) {
@@ -129,59 +136,84 @@ int main(int argc, char** argv) {
     o.num_stages = 3;
     o.first_layer = layer;
     o.end_layer = layer + 1;
-    o.kv_tokens = 9 * kContext;
-    o.experts = [](int64_t) -> const ss::model::RoutedExperts* { return &zero; };
+    o.kv_tokens = 9 * 65536 + 2 * kChunk;
+    o.exclude_routed_experts = true;
     auto b = ss::gpu::CudaBackend::Create(model, o);
     Die(b.status(), "create");
     const int64_t ratio = c.compress_ratio(layer);
     const int64_t wbytes = (*b)->info().weight_bytes;
-    for (const int batch : {1, 8}) {
-      (*b)->ReleaseAll();
-      double prefill = 0;
-      for (int s = 0; s < batch; ++s) {
-        ss::gpu::StageChunk ch{static_cast<uint64_t>(s), 0, tokens, false, {}};
+    double prefill = 0;
+    if (!profile) {
+      for (int rep = 0; rep < 2; ++rep) {
+        (*b)->ReleaseAll();
+        ss::gpu::StageChunk ch{1000, 0, tokens, false, {}};
         ss::gpu::StageOutput out;
         const double t0 = Now();
         Die((*b)->Run(std::vector<ss::gpu::StageChunk>{ch}, streams.data(), &out, nullptr),
             "prefill");
-        prefill = Now() - t0;  // the last one: warm
+        prefill = Now() - t0;  // the second one: warm
       }
-      std::vector<int32_t> one(batch);
-      std::vector<ss::gpu::StageChunk> step(batch);
-      const int warm = 3, iters = 20;
-      double t_sum = 0, attn = 0, moe = 0;
-      for (int i = 0; i < warm + iters; ++i) {
+    }
+    for (const int64_t context : {int64_t{8192}, int64_t{65536}}) {
+      for (const int batch : {1, 8}) {
+        if (profile && (context != 8192 || batch != 1)) continue;
+        (*b)->ReleaseAll();
         for (int s = 0; s < batch; ++s) {
-          one[s] = tokens[i % kContext];
-          step[s] = {static_cast<uint64_t>(s), kContext + i, std::span(&one[s], 1), true, {}};
+          Die((*b)->FillSequenceForBenchmark(static_cast<uint64_t>(s), context), "fill");
         }
-        ss::gpu::StageOutput out;
-        ss::gpu::StageTimings tm;
-        const double t0 = Now();
-        Die((*b)->Run(step, streams.data(), &out, &tm), "decode");
-        if (i >= warm) {
-          t_sum += Now() - t0;
+        std::vector<int32_t> one(batch);
+        std::vector<ss::gpu::StageChunk> step(batch);
+        int64_t next = context;
+        auto run_step = [&](ss::gpu::StageTimings* tm) {
+          for (int s = 0; s < batch; ++s) {
+            one[s] = tokens[next % kChunk];
+            step[s] = {static_cast<uint64_t>(s), next, std::span(&one[s], 1), true, {}};
+          }
+          ss::gpu::StageOutput out;
+          const double t0 = Now();
+          Die((*b)->Run(step, streams.data(), &out, tm), "decode");
+          ++next;
+          return Now() - t0;
+        };
+        const int warm = 6, iters = profile ? 3 : 30, timed = 5;
+        for (int i = 0; i < warm; ++i) run_step(nullptr);
+        if (profile) cudaProfilerStart();
+        double t_sum = 0;
+        for (int i = 0; i < iters; ++i) t_sum += run_step(nullptr);
+        if (profile) {
+          cudaProfilerStop();
+          std::printf("layer ratio %lld: profiled %d batch-1 decode steps, %.3f ms/step\n",
+                      static_cast<long long>(ratio), iters, t_sum / iters * 1e3);
+          continue;
+        }
+        double attn = 0, moe = 0;
+        for (int i = 0; i < timed; ++i) {
+          ss::gpu::StageTimings tm;
+          run_step(&tm);
           attn += tm.attention[0];
           moe += tm.moe_gpu[0];
         }
+        const double t = t_sum / iters;
+        const int64_t ctx = context + warm + iters / 2;
+        int64_t kv = c.window_size * c.head_dim * 2;
+        if (ratio == 4) {
+          kv += (ctx / 4) * c.index_head_dim * 2 +
+                std::min<int64_t>(c.index_topk, ctx / 4) * c.head_dim * 2;
+        } else if (ratio == 128) {
+          kv += (ctx / 128) * c.head_dim * 2;
+        }
+        const double bytes = static_cast<double>(wbytes) + static_cast<double>(batch) * kv;
+        std::printf(
+            "layer ratio %3lld batch %d ctx %6lld: decode %.3f ms/step, %.1f MB read, %.1f GB/s "
+            "= %.3f of D2D copy (with per-layer syncs: attention %.3f, moe %.3f ms)\n",
+            static_cast<long long>(ratio), batch, static_cast<long long>(context), t * 1e3,
+            bytes / 1e6, bytes / t / 1e9, bytes / t / copy_bw, attn / timed * 1e3,
+            moe / timed * 1e3);
       }
-      const double t = t_sum / iters;
-      const int64_t ctx = kContext + warm + iters / 2;
-      int64_t kv = c.window_size * c.head_dim * 2;
-      if (ratio == 4) {
-        kv += (ctx / 4) * c.index_head_dim * 2 +
-              std::min<int64_t>(c.index_topk, ctx / 4) * c.head_dim * 2;
-      } else if (ratio == 128) {
-        kv += (ctx / 128) * c.head_dim * 2;
-      }
-      const double bytes = static_cast<double>(wbytes) + static_cast<double>(batch) * kv;
-      std::printf(
-          "layer ratio %3lld batch %d ctx %lld: decode %.3f ms/step (attention %.3f, moe gpu "
-          "%.3f), %.1f MB read, %.1f GB/s = %.3f of D2D copy; prefill 8K chunk %.1f ms = %.0f "
-          "tokens/s\n",
-          static_cast<long long>(ratio), batch, static_cast<long long>(kContext), t * 1e3,
-          attn / iters * 1e3, moe / iters * 1e3, bytes / 1e6, bytes / t / 1e9, bytes / t / copy_bw,
-          prefill * 1e3, kContext / prefill);
+    }
+    if (!profile) {
+      std::printf("layer ratio %3lld: prefill 8K chunk %.1f ms = %.0f tokens/s\n",
+                  static_cast<long long>(ratio), prefill * 1e3, kChunk / prefill);
     }
   }
   return 0;

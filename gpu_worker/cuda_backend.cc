@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/sparse_attention.h"
 #include "gpu_worker/nccl_comm.h"
@@ -120,6 +121,26 @@ struct DevBuf {
   ~DevBuf() { cudaFree(p); }
 };
 
+// A grow-only pinned host buffer (async copies that a graph or a pipelined step can rely on).
+struct PinnedBuf {
+  void* p = nullptr;
+  size_t cap = 0;
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= cap) return absl::OkStatus();
+    cudaFreeHost(p);
+    p = nullptr;
+    cap = 0;
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<size_t>(bytes, 256)));
+    cap = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  ~PinnedBuf() { cudaFreeHost(p); }
+};
+
 }  // namespace
 
 struct CudaBackend::Impl {
@@ -140,6 +161,9 @@ struct CudaBackend::Impl {
   std::map<uint64_t, SeqState> seqs;
   // Scratch, grow-only.
   DevBuf arena, params, cand, scores, sel, logits;
+  // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
+  // dim] fp32 sum.
+  PinnedBuf moe_x, moe_ids, moe_w, moe_sum;
 
   ~Impl() {
     for (auto& [id, s] : seqs) FreeSeq(s);
@@ -507,6 +531,8 @@ struct Scratch {
   // TP > 1: the rank's fp32 partial sums, [T, dim] after attention, [2, T, dim] (shared expert,
   // routed experts) after the MoE.
   float* part = nullptr;
+  float* routed = nullptr;  // TP = 1: the routed experts' fp32 sum [T, dim] from the host
+  float* sf32 = nullptr;    // the interface's fp32 streams [T, hc, dim], in and out
 };
 
 // `tp` sizes the per-rank head and group buffers.
@@ -554,6 +580,8 @@ size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch
   s->ids = cv.Take<int64_t>(T);
   s->pos = cv.Take<int64_t>(T);
   if (tp > 1) s->part = cv.Take<float>(2 * T * dim);
+  s->routed = cv.Take<float>(T * dim);
+  s->sf32 = cv.Take<float>(T * hc * dim);
   return cv.used();
 }
 
@@ -623,21 +651,60 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   }
 
+  const float eps = static_cast<float>(c.norm_eps), hc_eps = static_cast<float>(c.hc_eps);
+  // H, G: this rank's heads and wo_a groups (all of them at TP = 1).
+  const int64_t H = c.n_heads / im.tp, G = c.o_groups / im.tp;
+  const int64_t Dh = c.head_dim, W = c.window_size, qlr = c.q_lora_rank, rd = c.rope_head_dim;
+  const int64_t nh = c.index_n_heads, ihd = c.index_head_dim;
+
+  // The step's plan, from sizes alone: per chunk the indexer's selection count (the same in every
+  // CSA layer) and where its selections go; per (layer, token) a DecodeToken; per layer the
+  // longest candidate list.
+  std::vector<int64_t> n_sel(nc, 0), sel_base(nc + 1, 0);
+  int64_t scores_cap = 0;
+  for (size_t i = 0; i < nc; ++i) {
+    const int64_t S = row0[i + 1] - row0[i], end = batch[i].start + S;
+    n_sel[i] = std::min(c.index_topk, end / 4);
+    sel_base[i + 1] = sel_base[i] + S * n_sel[i];
+    scores_cap = std::max(scores_cap, S * (end / 4));
+  }
+  std::vector<cuda::DecodeToken> tokens(static_cast<size_t>(n_layers) * T);
+  std::vector<int64_t> n_cand(n_layers, 1);
+  for (int l = 0; l < n_layers; ++l) {
+    const DevBlock& b = im.blocks[l];
+    for (size_t i = 0; i < nc; ++i) {
+      const LayerKv& k = im.seqs.at(batch[i].seq_id).layers[l];
+      const int64_t S = row0[i + 1] - row0[i], start = batch[i].start, end = start + S;
+      const int64_t win_width = start == 0 ? std::min(S, W) : W;
+      const int64_t n_comp = b.has_indexer ? n_sel[i] : (b.ratio > 0 ? end / b.ratio : 0);
+      n_cand[l] = std::max(n_cand[l], win_width + n_comp);
+      for (int64_t s = 0; s < S; ++s) {
+        cuda::DecodeToken& d = tokens[l * T + row0[i] + s];
+        d.pool = reinterpret_cast<uint64_t>(k.pool);
+        d.pos = static_cast<int32_t>(start + s);
+        d.chunk_start = static_cast<int32_t>(start);
+        d.chunk_end = static_cast<int32_t>(end);
+        d.win_width = static_cast<int32_t>(win_width);
+        d.n_comp = static_cast<int32_t>(n_comp);
+        d.comp_row = static_cast<int32_t>(W + k.stage_cap);
+        d.ratio = static_cast<int32_t>(b.ratio);
+        d.sel_off =
+            b.has_indexer && n_sel[i] > 0 ? static_cast<int32_t>(sel_base[i] + s * n_sel[i]) : -1;
+      }
+    }
+  }
+  const int64_t max_cand = *std::max_element(n_cand.begin(), n_cand.end());
+  for (auto [buf, bytes] : {std::pair{&im.cand, T * max_cand * 4},
+                            {&im.scores, scores_cap * 4},
+                            {&im.sel, sel_base[nc] * 4}}) {
+    if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
+  }
+
   // Scratch and the step's inputs.
   Scratch sc;
   const size_t need = CarveScratch(c, im.tp, T, nullptr, &sc);
   if (absl::Status e = im.arena.Reserve(need); !e.ok()) return fail(e);
   CarveScratch(c, im.tp, T, im.arena.as<char>(), &sc);
-  std::vector<uint16_t> hb(T * width);
-  if (first) {
-    std::vector<float> e(width);
-    for (int64_t t = 0; t < T; ++t) {
-      model_->EmbedStreams(&ids[t], 1, e.data());
-      for (int64_t i = 0; i < width; ++i) hb[t * width + i] = FloatToBf16(e[i]);
-    }
-  } else {
-    for (int64_t i = 0; i < T * width; ++i) hb[i] = FloatToBf16(streams_in[i]);
-  }
   auto check = [&](cudaError_t e, const char* what) -> absl::Status {
     return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, what);
   };
@@ -646,14 +713,20 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     const absl::Status s_ = check((expr), #expr); \
     if (!s_.ok()) return fail(s_);                \
   } while (0)
-  STEP(cudaMemcpyAsync(sc.h, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice, st));
+  if (first) {
+    std::vector<float> e(T * width);
+    for (int64_t t = 0; t < T; ++t) model_->EmbedStreams(&ids[t], 1, e.data() + t * width);
+    STEP(cudaMemcpyAsync(sc.sf32, e.data(), e.size() * 4, cudaMemcpyHostToDevice, st));
+  } else {
+    STEP(cudaMemcpyAsync(sc.sf32, streams_in, T * width * 4, cudaMemcpyHostToDevice, st));
+  }
+  STEP(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
   STEP(cudaMemcpyAsync(sc.ids, ids.data(), T * 8, cudaMemcpyHostToDevice, st));
   STEP(cudaMemcpyAsync(sc.pos, pos.data(), T * 8, cudaMemcpyHostToDevice, st));
-  const int64_t rd = c.rope_head_dim;
   STEP(cuda::RopeCosSin(im.freqs_plain, rd / 2, sc.pos, T, false, sc.cos0, sc.sin0, st));
   STEP(cuda::RopeCosSin(im.freqs_comp, rd / 2, sc.pos, T, false, sc.cos1, sc.sin1, st));
 
-  // Compressor parameters of every (layer, chunk), uploaded once.
+  // Compressor parameters of every (layer, chunk) and the DecodeTokens, uploaded in one copy.
   std::vector<ChunkParams> params(static_cast<size_t>(n_layers) * nc * 2);
   for (int l = 0; l < n_layers; ++l) {
     const int64_t ratio = im.blocks[l].ratio;
@@ -670,12 +743,18 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       }
     }
   }
-  if (absl::Status e = im.params.Reserve(params.size() * sizeof(ChunkParams)); !e.ok()) {
-    return fail(e);
+  const size_t params_bytes = params.size() * sizeof(ChunkParams);
+  const size_t tokens_bytes = tokens.size() * sizeof(cuda::DecodeToken);
+  if (absl::Status e = im.params.Reserve(params_bytes + tokens_bytes); !e.ok()) return fail(e);
+  {
+    std::vector<char> up(params_bytes + tokens_bytes);
+    std::memcpy(up.data(), params.data(), params_bytes);
+    std::memcpy(up.data() + params_bytes, tokens.data(), tokens_bytes);
+    STEP(cudaMemcpyAsync(im.params.p, up.data(), up.size(), cudaMemcpyHostToDevice, st));
   }
-  STEP(cudaMemcpyAsync(im.params.p, params.data(), params.size() * sizeof(ChunkParams),
-                       cudaMemcpyHostToDevice, st));
   const ChunkParams* dparams = im.params.as<ChunkParams>();
+  const auto* dtokens =
+      reinterpret_cast<const cuda::DecodeToken*>(im.params.as<char>() + params_bytes);
 
   if (timings) {
     for (auto* v :
@@ -683,11 +762,6 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       v->assign(n_layers, 0.0);
     }
   }
-  const float eps = static_cast<float>(c.norm_eps), hc_eps = static_cast<float>(c.hc_eps);
-  // H, G: this rank's heads and wo_a groups (all of them at TP = 1).
-  const int64_t H = c.n_heads / im.tp, G = c.o_groups / im.tp;
-  const int64_t Dh = c.head_dim, W = c.window_size, qlr = c.q_lora_rank;
-  const int64_t nh = c.index_n_heads, ihd = c.index_head_dim;
   const float scale = static_cast<float>(std::pow(static_cast<double>(Dh), -0.5));
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ihd), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
@@ -695,10 +769,17 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   const float limit = static_cast<float>(c.swiglu_limit);
   const int64_t K = c.n_activated_experts, E = c.n_routed_experts;
   const float shared_limit = model_->options().shared_expert_clamp ? limit : 0.0f;
-  std::vector<float> xh(T * dim), rw(T * K), acc(T * dim);
-  std::vector<int32_t> ridx(T * K);
-  std::vector<uint16_t> xb(T * dim), shb(T * dim), yb(T * dim);
-  std::vector<int32_t> cand_h, sel_h;
+  const bool host_experts = !options_.exclude_routed_experts;
+  std::vector<float> xh;
+  if (host_experts) {
+    xh.resize(T * dim);
+    for (auto [buf, bytes] : {std::pair{&im.moe_x, T * dim * 2},
+                              {&im.moe_ids, T * K * 4},
+                              {&im.moe_w, T * K * 4},
+                              {&im.moe_sum, T * dim * 4}}) {
+      if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
+    }
+  }
 
   // TP > 1: sums sc.part[0, n) over the group and waits for it under the deadline
   // (cuda_backend.h). Seconds in the collective (after the stream's earlier work, when timed)
@@ -716,6 +797,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   for (int l = 0; l < n_layers; ++l) {
     const int64_t layer = options_.first_layer + l;
     const DevBlock& b = im.blocks[l];
+    const cuda::DecodeToken* tok = dtokens + l * T;
     const auto t0 = Clock::now();
     const double ar_begin = ar_seconds;
     const float* cs = b.ratio == 0 ? sc.cos0 : sc.cos1;
@@ -780,71 +862,25 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
       STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, st));
       STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, st));
+      // Each chunk's top-k selections stay on the device (sel_base: where BuildCandidates reads).
+      for (size_t i = 0; i < nc; ++i) {
+        if (n_sel[i] == 0) continue;
+        const int64_t S = row0[i + 1] - row0[i], n_blocks = (batch[i].start + S) / 4;
+        STEP(cuda::IndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh, seq_kv(i).keys,
+                                 nullptr, sc.pos + row0[i], S, nh, ihd, 4, n_blocks,
+                                 im.scores.as<float>(), st));
+        STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_blocks, n_sel[i],
+                               im.sel.as<int32_t>() + sel_base[i], st));
+      }
     }
 
-    // Candidate lists per chunk (attention.h's layout), then one SparseAttention per chunk.
-    for (size_t i = 0; i < nc; ++i) {
-      LayerKv& k = seq_kv(i);
-      const int64_t S = row0[i + 1] - row0[i], start = batch[i].start, end = start + S;
-      const int64_t comp_row = W + k.stage_cap;
-      int64_t n_sel = 0;
-      if (b.has_indexer) {
-        const int64_t n_blocks = end / 4;
-        n_sel = std::min(c.index_topk, n_blocks);
-        if (n_sel > 0) {
-          if (absl::Status e = im.scores.Reserve(S * n_blocks * 4); !e.ok()) return fail(e);
-          if (absl::Status e = im.sel.Reserve(S * n_sel * 4); !e.ok()) return fail(e);
-          STEP(cuda::IndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh, k.keys,
-                                   nullptr, sc.pos + row0[i], S, nh, ihd, 4, n_blocks,
-                                   im.scores.as<float>(), st));
-          STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_blocks, n_sel, im.sel.as<int32_t>(),
-                                 st));
-          sel_h.resize(S * n_sel);
-          STEP(cudaMemcpyAsync(sel_h.data(), im.sel.p, S * n_sel * 4, cudaMemcpyDeviceToHost, st));
-          STEP(cudaStreamSynchronize(st));
-        }
-      }
-      const int64_t win_width = start == 0 ? std::min(S, W) : W;
-      const int64_t n_comp = b.has_indexer ? n_sel : (b.ratio > 0 ? end / b.ratio : 0);
-      const int64_t n_cand = win_width + n_comp;
-      cand_h.assign(S * n_cand, -1);
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t p = start + s;
-        int32_t* cl = cand_h.data() + s * n_cand;
-        int64_t j = 0;
-        for (int64_t t = std::max<int64_t>(0, p - W + 1); t <= p; ++t) {
-          cl[j++] = static_cast<int32_t>(t >= start ? W + (t - start) : t % W);
-        }
-        if (b.has_indexer) {
-          for (int64_t m = 0; m < n_sel; ++m) {
-            const int32_t v = sel_h[s * n_sel + m];
-            cl[win_width + m] = v >= 0 ? static_cast<int32_t>(comp_row + v) : -1;
-          }
-        } else if (b.ratio > 0) {
-          const int64_t complete = (p + 1) / b.ratio;
-          for (int64_t m = 0; m < n_comp; ++m) {
-            cl[win_width + m] = m < complete ? static_cast<int32_t>(comp_row + m) : -1;
-          }
-        }
-      }
-      if (absl::Status e = im.cand.Reserve(cand_h.size() * 4); !e.ok()) return fail(e);
-      // The chunk's raw KV into the staging rows, then attention.
-      STEP(cudaMemcpyAsync(k.pool + W * Dh, sc.kv + row0[i] * Dh, S * Dh * 2,
-                           cudaMemcpyDeviceToDevice, st));
-      STEP(
-          cudaMemcpyAsync(im.cand.p, cand_h.data(), cand_h.size() * 4, cudaMemcpyHostToDevice, st));
-      STEP(cuda::SparseAttention(sc.q + row0[i] * H * Dh, k.pool, im.cand.as<int32_t>(), b.sink, S,
-                                 H, Dh, n_cand, scale, sc.o + row0[i] * H * Dh, st));
-      // The last W positions of the chunk enter the ring.
-      for (int64_t t = std::max(start, end - W); t < end;) {
-        const int64_t slot = t % W, n = std::min(end - t, W - slot);
-        STEP(cudaMemcpyAsync(k.pool + slot * Dh, sc.kv + (row0[i] + t - start) * Dh, n * Dh * 2,
-                             cudaMemcpyDeviceToDevice, st));
-        t += n;
-      }
-      // cand_h is rebuilt for the next chunk: wait for its upload.
-      STEP(cudaStreamSynchronize(st));
-    }
+    // The chunks' raw KV into their staging rows, every token's candidate list, one attention
+    // launch for all sequences, then the last W positions of each chunk into its ring.
+    int32_t* cand = im.cand.as<int32_t>();
+    STEP(cuda::KvStage(tok, T, sc.kv, W, Dh, st));
+    STEP(cuda::BuildCandidates(tok, T, W, im.sel.as<int32_t>(), n_cand[l], cand, st));
+    STEP(cuda::SparseAttentionRows(sc.q, tok, cand, b.sink, T, H, Dh, n_cand[l], scale, sc.o, st));
+    STEP(cuda::KvRing(tok, T, sc.kv, W, Dh, st));
     STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
     STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
                                        sc.z, st));
@@ -866,10 +902,12 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     STEP(cuda::RmsNorm(sc.y, b.ffn_norm, T, dim, eps, sc.xn, st));
     STEP(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T, c.n_routed_experts, dim, K,
                      static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, st));
-    STEP(cudaMemcpyAsync(xb.data(), sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, st));
-    STEP(cudaMemcpyAsync(ridx.data(), sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
-    STEP(cudaMemcpyAsync(rw.data(), sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
-    STEP(cudaEventRecord(im.routed_ready, st));
+    if (host_experts) {
+      STEP(cudaMemcpyAsync(im.moe_x.p, sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, st));
+      STEP(cudaMemcpyAsync(im.moe_ids.p, sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
+      STEP(cudaMemcpyAsync(im.moe_w.p, sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
+      STEP(cudaEventRecord(im.routed_ready, st));
+    }
     // The shared expert (this rank's slice of it) runs on the GPU while the host computes the
     // routed experts.
     const int64_t si = b.shared_inter;
@@ -879,41 +917,54 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(cuda::SwiGluBf16(sc.sg, sc.su, si, nullptr, T, si, shared_limit, sc.sa, st));
       if (im.tp == 1) {
         STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
-        STEP(cudaMemcpyAsync(shb.data(), sc.shared, T * dim * 2, cudaMemcpyDeviceToHost, st));
       } else {
         STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.part, st));
       }
     }
-    STEP(cudaEventSynchronize(im.routed_ready));
-    const auto t2 = Clock::now();
-    for (int64_t i = 0; i < T * dim; ++i) xh[i] = Bf16ToFloat(xb[i]);
-    const model::RoutedExperts* experts = options_.experts ? options_.experts(layer) : nullptr;
-    if (experts != nullptr) {
-      const absl::Status e = experts->Compute(layer, T, xh.data(), ridx.data(), rw.data(),
-                                              static_cast<int>(K), acc.data());
-      if (!e.ok()) return fail(e);
-    } else {
-      model::RouterResult r;
-      r.indices = ridx;
-      r.weights = rw;
-      if (im.tp > 1) {
-        // This rank's experts only (RoutedSum skips ids matching no expert).
-        const int64_t e0 = im.rank * E / im.tp, e1 = (im.rank + 1) * E / im.tp;
-        for (int32_t& e : r.indices) {
-          if (e < e0 || e >= e1) e = -1;
+    auto t2 = Clock::now();
+    if (host_experts) {
+      STEP(cudaEventSynchronize(im.routed_ready));
+      t2 = Clock::now();
+      const uint16_t* xb = im.moe_x.as<uint16_t>();
+      for (int64_t i = 0; i < T * dim; ++i) xh[i] = Bf16ToFloat(xb[i]);
+      const int32_t* ridx = im.moe_ids.as<int32_t>();
+      const float* rw = im.moe_w.as<float>();
+      float* acc = im.moe_sum.as<float>();
+      const model::RoutedExperts* experts = options_.experts ? options_.experts(layer) : nullptr;
+      if (experts != nullptr) {
+        const absl::Status e =
+            experts->Compute(layer, T, xh.data(), ridx, rw, static_cast<int>(K), acc);
+        if (!e.ok()) return fail(e);
+      } else {
+        model::RouterResult r;
+        r.indices.assign(ridx, ridx + T * K);
+        r.weights.assign(rw, rw + T * K);
+        if (im.tp > 1) {
+          // This rank's experts only (RoutedSum skips ids matching no expert).
+          const int64_t e0 = im.rank * E / im.tp, e1 = (im.rank + 1) * E / im.tp;
+          for (int32_t& e : r.indices) {
+            if (e < e0 || e >= e1) e = -1;
+          }
         }
+        model::RoutedSum(model_->weights().blocks[layer].moe, c, xh.data(), r, T, acc);
       }
-      model::RoutedSum(model_->weights().blocks[layer].moe, c, xh.data(), r, T, acc.data());
     }
     const auto t3 = Clock::now();
     if (im.tp == 1) {
-      STEP(cudaStreamSynchronize(st));
-      for (int64_t i = 0; i < T * dim; ++i) yb[i] = FloatToBf16(acc[i] + Bf16ToFloat(shb[i]));
-      STEP(cudaMemcpyAsync(sc.moe, yb.data(), T * dim * 2, cudaMemcpyHostToDevice, st));
+      if (host_experts) {
+        STEP(cudaMemcpyAsync(sc.routed, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice, st));
+      }
+      STEP(cuda::MoeCombineBf16(si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr,
+                                T * dim, sc.moe, st));
     } else {
       // [shared partial | routed share], summed in one collective, then the reference's combine.
       if (si == 0) STEP(cudaMemsetAsync(sc.part, 0, T * dim * 4, st));
-      STEP(cudaMemcpyAsync(sc.part + T * dim, acc.data(), T * dim * 4, cudaMemcpyHostToDevice, st));
+      if (host_experts) {
+        STEP(cudaMemcpyAsync(sc.part + T * dim, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice,
+                             st));
+      } else {
+        STEP(cudaMemsetAsync(sc.part + T * dim, 0, T * dim * 4, st));
+      }
       if (absl::Status e = all_reduce(2 * T * dim); !e.ok()) return fail(e);
       STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
     }
@@ -931,6 +982,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   }
 
   out->rows = T;
+  out->width = width;
+  out->streams.clear();
+  out->logits.clear();
   out->width = width;
   out->streams.clear();
   out->logits.clear();
@@ -984,16 +1038,47 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       }
     }
   } else {
-    STEP(cudaMemcpyAsync(hb.data(), sc.h, T * width * 2, cudaMemcpyDeviceToHost, st));
-    STEP(cudaStreamSynchronize(st));
     out->streams.resize(T * width);
-    for (int64_t i = 0; i < T * width; ++i) out->streams[i] = Bf16ToFloat(hb[i]);
+    STEP(cuda::Bf16ToF32(sc.h, T * width, sc.sf32, st));
+    STEP(cudaMemcpyAsync(out->streams.data(), sc.sf32, T * width * 4, cudaMemcpyDeviceToHost, st));
   }
   STEP(cudaStreamSynchronize(st));
 #undef STEP
   for (size_t i = 0; i < nc; ++i) {
     im.seqs.at(batch[i].seq_id).next_pos = batch[i].start + (row0[i + 1] - row0[i]);
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::FillSequenceForBenchmark(uint64_t seq_id, int64_t next_pos) {
+  if (next_pos < 1) return absl::InvalidArgumentError("next_pos must be positive");
+  Release(seq_id);
+  Impl& im = *impl_;
+  const ModelConfig& c = model_->config();
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
+  SeqState& s = im.seqs[seq_id];
+  const int n_layers = options_.end_layer - options_.first_layer;
+  s.layers.resize(n_layers);
+  for (int l = 0; l < n_layers; ++l) {
+    LayerKv& k = s.layers[l];
+    const int64_t ratio = im.blocks[l].ratio;
+    // Sized as after a chunk [next_pos − 1, next_pos); then every byte zeroed.
+    RETURN_IF_ERROR(EnsureLayer(c, ratio, next_pos - 1, 1, im.stream, k, &s.bytes));
+    const int64_t Dh = c.head_dim, W = c.window_size;
+    CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(k.pool, 0, (W + k.stage_cap + k.comp_cap) * Dh * 2, im.stream));
+    if (k.keys) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(k.keys, 0, k.keys_cap * c.index_head_dim * 2, im.stream));
+    }
+    if (k.comp_state)
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(k.comp_state, 0, k.comp_n * 8, im.stream));
+    if (k.index_state) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(k.index_state, 0, k.index_n * 8, im.stream));
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(im.stream));
+  s.next_pos = next_pos;
   return absl::OkStatus();
 }
 

@@ -17,15 +17,22 @@
 // Residual streams are bf16 on the device ([T, hc, dim]); the interface's fp32 streams hold the
 // same (bf16-representable) values, so a PP split changes no bit.
 //
-// Host parts (correctness first; each costs a synchronisation per layer):
-//  * routed experts: the MoE input rows, the router's ids and weights are copied to the host and
-//    given to the RoutedExperts provider of the layer (the expert-worker client), or, where the
-//    provider is absent, summed by model::RoutedSum on the host's reference weights; the shared
-//    expert runs on the GPU meanwhile, and the bf16(routed + shared) combine runs on the host
-//    (TP > 1: on the GPU, after the all-reduce);
-//  * CSA layers: the indexer's selections come back to the host to build the candidate lists;
-//    every layer's candidate lists (the reference's layout, attention.h) are built on the host;
-//  * the embedding gather (stage 0) and the fp32 ↔ bf16 conversion of the interface's streams.
+// Host parts. A step uploads its inputs once (the streams as fp32, token ids, positions, and a
+// per-(layer, token) table of sizes and pool pointers, kernels/decode_step.h) and reads its output
+// once at the end (fp32 streams, or logits); in between the host waits only for
+//  * the routed experts: per MoE layer one D2H of the normed MoE input rows, the router's ids and
+//    weights (pinned buffers), given to the RoutedExperts provider of the layer (the expert-worker
+//    client) or, where the provider is absent, summed by model::RoutedSum on the host's reference
+//    weights, and one H2D of the fp32 sum; the shared expert runs on the GPU meanwhile, and the
+//    bf16(routed + shared) combine runs on the GPU. With `exclude_routed_experts` nothing goes to
+//    the host and the step runs without a single host synchronisation until its output;
+//  * TP > 1: each collective (see below);
+//  * buffer growth (a new sequence, a longer chunk, a doubled compressed-entry region).
+// Everything else is on the device: the fp32 ↔ bf16 stream conversions; the candidate lists of
+// every layer (BuildCandidates: window positions from sizes, the indexer's top-k selections read
+// where IndexerTopK left them); the raw-KV staging and ring writes; one SparseAttentionRows launch
+// for all sequences of a step. Stage 0's embedding gather stays on the host (its table is not
+// uploaded).
 //
 // KV state (per sequence, per stage layer, plain cudaMalloc allocations, not pages: block tables
 // are ignored for now). One bf16 pool per (sequence, layer):
@@ -113,6 +120,9 @@ struct CudaBackendOptions {
   // With TP > 1 the provider gives this rank's share, and without one the rank computes its
   // range of experts (see the header comment).
   std::function<const model::RoutedExperts*(int64_t layer)> experts;
+  // Benchmarks only (issue 5's layer figures exclude the routed experts): take every layer's
+  // routed-expert sum as zero, so a step sends nothing to the host and `experts` is not called.
+  bool exclude_routed_experts = false;
   // The compressors' double arithmetic (CompressorShape::fp64); false for GPUs with slow FP64.
   bool compressor_fp64 = true;
   // Tensor parallelism: this backend is rank tp_rank of tp_size. tp_size > 1 needs the group's
@@ -141,6 +151,11 @@ class CudaBackend final : public StageBackend {
                    StageTimings* timings) override;
   void Release(uint64_t seq_id) override;
   void ReleaseAll() override;
+
+  // Benchmarks only: creates (or replaces) sequence `seq_id` as if `next_pos` tokens had been
+  // run, with zeroed KV, indexer keys and compressor states, so decode at long contexts can be
+  // timed without the prefill. The values are meaningless; only the sizes are real.
+  absl::Status FillSequenceForBenchmark(uint64_t seq_id, int64_t next_pos);
 
   struct Impl;  // device weights, sequences and scratch (cuda_backend.cc)
 

@@ -53,7 +53,9 @@ inline constexpr int64_t kRouterMaxTopK = 32;       // k (6 in Flash)
 //   row/column rounds; one thread, the reference's loop order), y = bf16(Σ_s pre[s]·X_s).
 // Outputs: y bf16 [T, dim]; pre, post fp32 [T, hc]; comb fp32 [T, hc, hc] with comb[t][j][k] the
 // weight of old stream j in new stream k (the reference's HcSplit layout), for the HcPost below.
-// hc ≤ kHcMaxMult.
+// hc ≤ kHcMaxMult. Up to 64 tokens (decode) it runs as two kernels, the mixes spread over
+// ⌈mix/8⌉ blocks per token and parked in y's row, then Sinkhorn and y: the same arithmetic, so
+// the same bits as the one-block-per-token kernel used for longer chunks.
 cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
                   int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
                   float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
@@ -151,6 +153,8 @@ cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stri
 const void* HcPreKernel();
 const void* HcPostKernel();
 const void* HcHeadKernel();
+const void* HcPreMixKernel();     // HcPre's decode split
+const void* HcPreFinishKernel();  // HcPre's decode split
 const void* HeadRmsNormBf16Kernel();
 const void* RopeCosSinKernel();
 const void* ApplyRopeKernel();

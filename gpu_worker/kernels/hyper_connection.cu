@@ -134,6 +134,147 @@ __global__ void HcCollapseKernelImpl(const uint16_t* __restrict__ streams,
   }
 }
 
+// SplitSinkhorn by one warp, lane e < hc·hc owning comb element e (row e / hc, column e % hc) and
+// lane i < hc pre[i] and post[i]: each lane forms the sums its element needs in the serial
+// version's order (a row's sum over k, a column's over j) and applies the same operations, so the
+// results are the same bits; only independent work runs side by side. hc·hc ≤ 32.
+__device__ void SplitSinkhornWarp(const float* mixes, const float* base, const float* scale, int hc,
+                                  int iters, float eps, float* pre, float* post, float* c) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int n = hc * hc, j = lane / hc, k = lane % hc;
+  const bool own = lane < n;
+  if (lane < hc) {
+    pre[lane] = __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(mixes[lane], scale[0]), base[lane])), eps);
+    post[lane] =
+        __fmul_rn(2.0f, Sigmoid(__fadd_rn(__fmul_rn(mixes[hc + lane], scale[1]), base[hc + lane])));
+  }
+  if (own) c[lane] = __fadd_rn(__fmul_rn(mixes[2 * hc + lane], scale[2]), base[2 * hc + lane]);
+  __syncwarp();
+  float* row = c + j * hc;
+  float v = 0.0f;
+  if (own) {
+    float mx = row[0];
+    for (int q = 1; q < hc; ++q) mx = row[q] > mx ? row[q] : mx;
+    v = ExpRn(__fsub_rn(row[k], mx));
+  }
+  __syncwarp();
+  if (own) row[k] = v;
+  __syncwarp();
+  if (own) {
+    float sum = 0.0f;
+    for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, row[q]);
+    v = __fadd_rn(__fdiv_rn(row[k], sum), eps);
+  }
+  __syncwarp();
+  if (own) row[k] = v;
+  __syncwarp();
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {
+      if (own) {
+        float sum = 0.0f;
+        for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, row[q]);
+        v = __fdiv_rn(row[k], __fadd_rn(sum, eps));
+      }
+      __syncwarp();
+      if (own) row[k] = v;
+      __syncwarp();
+    }
+    if (own) {
+      float sum = 0.0f;
+      for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, c[q * hc + k]);
+      v = __fdiv_rn(c[j * hc + k], __fadd_rn(sum, eps));
+    }
+    __syncwarp();
+    if (own) c[j * hc + k] = v;
+    __syncwarp();
+  }
+}
+
+// Decode split of the block collapse (few tokens: one block per token would leave one SM to read
+// all of fn). grid (T, mix): each block computes the token's r exactly as HcCollapseKernelImpl
+// does (every thread's sum in the same order, its loads issued ahead) and its warp 0 one mix row
+// with the same lane sums, so the values are the same bits; they go to the token's row of y (as
+// fp32, mix·4 ≤ dim·2 bytes), which HcFinishKernelImpl reads back before it overwrites the row with
+// the collapse.
+__global__ void HcMixKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ fn,
+                                int hc, int64_t dim, float norm_eps, uint16_t* __restrict__ y) {
+  __shared__ float scratch[kWarps];
+  const int64_t t = blockIdx.x;
+  const int64_t n = hc * dim;
+  const uint16_t* X = streams + t * n;
+  const int mix = (2 + hc) * hc;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  constexpr int kAhead = 16;  // loads issued before the serial sums that use them
+  float sq = 0.0f;
+  int64_t i0 = tid;
+  for (; i0 + (kAhead - 1) * kThreads < n; i0 += kAhead * kThreads) {
+    float v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) v[u] = Bf16ToF32(X[i0 + u * kThreads]);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) sq = __fadd_rn(sq, __fmul_rn(v[u], v[u]));
+  }
+  for (; i0 < n; i0 += kThreads) {
+    const float v = Bf16ToF32(X[i0]);
+    sq = __fadd_rn(sq, __fmul_rn(v, v));
+  }
+  sq = BlockSum(sq, scratch);
+  const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(n)));
+  const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
+  const int m = static_cast<int>(blockIdx.y);
+  if (warp != 0 || m >= mix) return;
+  const float* f = fn + m * n;
+  float acc = 0.0f;
+  int64_t i = lane;
+  for (; i + (kAhead - 1) * 32 < n; i += kAhead * 32) {
+    float xv[kAhead], fv[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      xv[u] = Bf16ToF32(X[i + u * 32]);
+      fv[u] = f[i + u * 32];
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) acc = __fadd_rn(acc, __fmul_rn(xv[u], fv[u]));
+  }
+  for (; i < n; i += 32) acc = __fadd_rn(acc, __fmul_rn(Bf16ToF32(X[i]), f[i]));
+  acc = WarpSum(acc);
+  if (lane == 0) reinterpret_cast<float*>(y + t * dim)[m] = __fmul_rn(acc, r);
+}
+
+__global__ void HcFinishKernelImpl(const uint16_t* __restrict__ streams,
+                                   const float* __restrict__ base, const float* __restrict__ scale,
+                                   int hc, int64_t dim, int iters, float hc_eps, uint16_t* y,
+                                   float* __restrict__ pre_out, float* __restrict__ post_out,
+                                   float* __restrict__ comb_out) {
+  __shared__ float mixes[kMaxMix];
+  __shared__ float pre[kMaxMult], post[kMaxMult], comb[kMaxMult * kMaxMult];
+  const int64_t t = blockIdx.x;
+  const uint16_t* X = streams + t * hc * dim;
+  const int mix = (2 + hc) * hc;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < mix) mixes[tid] = reinterpret_cast<const float*>(y + t * dim)[tid];
+  __syncthreads();
+  if (hc * hc <= 32) {
+    if (tid < 32) SplitSinkhornWarp(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
+  } else if (tid == 0) {
+    SplitSinkhorn(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
+  }
+  __syncthreads();
+  if (tid < hc) {
+    pre_out[t * hc + tid] = pre[tid];
+    post_out[t * hc + tid] = post[tid];
+  }
+  if (tid < hc * hc) comb_out[t * hc * hc + tid] = comb[tid];
+  for (int64_t i = tid; i < dim; i += kThreads) {
+    float acc = __fmul_rn(pre[0], Bf16ToF32(X[i]));
+    for (int s = 1; s < hc; ++s) acc = __fadd_rn(acc, __fmul_rn(pre[s], Bf16ToF32(X[s * dim + i])));
+    y[t * dim + i] = F32ToBf16(acc);
+  }
+}
+
+// Tokens up to which HcPre runs the split kernels.
+constexpr int64_t kHcSplitMaxTokens = 64;
+
 // grid (ceil(dim / kThreads), T); one thread per (token, i) computes all hc new streams, reading
 // the old ones first, so out may alias residual (no __restrict__ on those two).
 __global__ void HcPostKernelImpl(const uint16_t* __restrict__ x, const uint16_t* residual,
@@ -174,6 +315,17 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
                   cudaStream_t stream) {
   if (BadMult(hc) || dim < 1 || sinkhorn_iters < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
+  const int64_t mix = (2 + hc) * hc;
+  if (T <= kHcSplitMaxTokens && mix * 4 <= dim * 2 && dim % 2 == 0 &&
+      reinterpret_cast<uintptr_t>(y) % 4 == 0) {
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix));
+    HcMixKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, norm_eps,
+                                                   y);
+    HcFinishKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+        streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
+        y, pre, post, comb);
+    return cudaGetLastError();
+  }
   HcCollapseKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
       streams, fn, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
       norm_eps, y, pre, post, comb);
@@ -205,5 +357,7 @@ cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, 
 const void* HcPreKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<false>); }
 const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelImpl); }
 const void* HcHeadKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<true>); }
+const void* HcPreMixKernel() { return reinterpret_cast<const void*>(&HcMixKernelImpl); }
+const void* HcPreFinishKernel() { return reinterpret_cast<const void*>(&HcFinishKernelImpl); }
 
 }  // namespace ss::cuda

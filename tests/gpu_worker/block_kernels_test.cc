@@ -506,6 +506,8 @@ void CheckSwiGlu(const std::string& label, bool bf16_in, bool fused, float limit
 TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
   for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
            {"HcPre", HcPreKernel()},
+           {"HcPreMix", HcPreMixKernel()},
+           {"HcPreFinish", HcPreFinishKernel()},
            {"HcPost", HcPostKernel()},
            {"HcHead", HcHeadKernel()},
            {"HeadRmsNormBf16", HeadRmsNormBf16Kernel()},

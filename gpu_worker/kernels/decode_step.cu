@@ -1,0 +1,309 @@
+#include "gpu_worker/kernels/decode_step.h"
+#include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/sparse_attention_impl.cuh"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void BuildCandidatesKernelImpl(const DecodeToken* __restrict__ tokens, int window,
+                                          const int32_t* __restrict__ sel, int64_t n_cand,
+                                          int32_t* __restrict__ cand) {
+  const DecodeToken tk = tokens[blockIdx.x];
+  const int first = tk.pos - window + 1 > 0 ? tk.pos - window + 1 : 0;
+  const int n_win = tk.pos - first + 1;
+  int32_t* out = cand + static_cast<int64_t>(blockIdx.x) * n_cand;
+  for (int64_t j = threadIdx.x; j < n_cand; j += blockDim.x) {
+    int32_t v = -1;
+    if (j < tk.win_width) {
+      if (j < n_win) {
+        const int p = first + static_cast<int>(j);
+        v = p >= tk.chunk_start ? window + (p - tk.chunk_start) : p % window;
+      }
+    } else if (j < tk.win_width + tk.n_comp) {
+      const int m = static_cast<int>(j) - tk.win_width;
+      if (tk.sel_off >= 0) {
+        const int32_t s = sel[tk.sel_off + m];
+        v = s >= 0 ? tk.comp_row + s : -1;
+      } else if (tk.ratio > 0 && m < (tk.pos + 1) / tk.ratio) {
+        v = tk.comp_row + m;
+      }
+    }
+    out[j] = v;
+  }
+}
+
+// One block per token row; 16-byte copies.
+template <bool kRing>
+__global__ void KvWriteKernelImpl(const DecodeToken* __restrict__ tokens,
+                                  const uint16_t* __restrict__ kv, int window, int64_t head_dim) {
+  const DecodeToken tk = tokens[blockIdx.x];
+  int64_t row;
+  if (kRing) {
+    if (tk.pos < tk.chunk_end - window) return;
+    row = tk.pos % window;
+  } else {
+    row = window + (tk.pos - tk.chunk_start);
+  }
+  const uint4* src =
+      reinterpret_cast<const uint4*>(kv + static_cast<int64_t>(blockIdx.x) * head_dim);
+  uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<uint16_t*>(tk.pool) + row * head_dim);
+  for (int64_t i = threadIdx.x; i < head_dim / 8; i += blockDim.x) dst[i] = src[i];
+}
+
+struct TokenPool {
+  const uint16_t* __restrict__ p;
+  int64_t d;
+  __device__ __forceinline__ float At(int32_t idx, int64_t k) const {
+    return Bf16ToF32(p[static_cast<int64_t>(idx) * d + k]);
+  }
+};
+
+__global__ void SparseAttentionRowsKernelImpl(const uint16_t* __restrict__ q,
+                                              const DecodeToken* __restrict__ tokens,
+                                              const int32_t* __restrict__ cand,
+                                              const float* __restrict__ sink, int64_t n_heads,
+                                              int64_t d, int64_t n_cand, float scale,
+                                              uint16_t* __restrict__ out) {
+  const int64_t t = blockIdx.x / n_heads;
+  const TokenPool pool{reinterpret_cast<const uint16_t*>(tokens[t].pool), d};
+  SparseAttendBlock(q, pool, cand, sink, n_heads, d, n_cand, scale, out);
+}
+
+// The fast path for head_dim kD (a multiple of 256, ≤ 512): the same arithmetic as
+// SparseAttendBlock (each score a warp's lane-strided fp32 sum and xor tree, the running max and
+// the probability sum in candidate order, each output dim's P·V sum in candidate order), so the
+// same bits, but each 64-entry chunk of the list is first staged in shared memory with 16-byte
+// loads (all of it in flight at once, instead of one dependent 2-byte load per product), the
+// probabilities are taken in parallel (only their sum stays serial) and 256 threads share the
+// work. Dynamic shared memory: kSparseChunk·kD bf16 (64 KiB at kD = 512).
+constexpr int kFastThreads = 256;
+constexpr int kFastWarps = kFastThreads / 32;
+
+template <int kD>
+__global__ void __launch_bounds__(kFastThreads)
+    SparseAttentionRowsFastKernelImpl(const uint16_t* __restrict__ q,
+                                      const DecodeToken* __restrict__ tokens,
+                                      const int32_t* __restrict__ cand,
+                                      const float* __restrict__ sink, int64_t n_heads,
+                                      int64_t n_cand, float scale, uint16_t* __restrict__ out) {
+  extern __shared__ uint4 kv_smem[];
+  const uint16_t* kvs = reinterpret_cast<const uint16_t*>(kv_smem);
+  __shared__ float s[kSparseChunk], pe[kSparseChunk], p_bf16[kSparseChunk];
+  __shared__ int32_t idxs[kSparseChunk];
+  __shared__ float stats[2];
+  constexpr int kLaneDims = kD / 32, kPer = kD / kFastThreads, kVec = kD / 8;
+  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+  const uint4* pool = reinterpret_cast<const uint4*>(tokens[t].pool);
+  const uint16_t* qh = q + (t * n_heads + h) * kD;
+  const int32_t* ct = cand + t * n_cand;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  float qv[kLaneDims];
+#pragma unroll
+  for (int j = 0; j < kLaneDims; ++j) qv[j] = Bf16ToF32(qh[lane + 32 * j]);
+  float acc[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // thread 0's are the block's
+
+  for (int64_t c0 = 0; c0 < n_cand; c0 += kSparseChunk) {
+    const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
+    if (tid < kSparseChunk) idxs[tid] = tid < nc ? ct[c0 + tid] : -1;
+    __syncthreads();
+    for (int e = tid; e < nc * kVec; e += kFastThreads) {
+      const int i = e / kVec, c = e % kVec;
+      const int32_t idx = idxs[i];
+      if (idx >= 0) kv_smem[e] = pool[static_cast<int64_t>(idx) * kVec + c];
+    }
+    __syncthreads();
+    for (int i = warp; i < nc; i += kFastWarps) {
+      const int32_t idx = idxs[i];
+      float dot = 0.0f;
+      if (idx >= 0) {
+        const uint16_t* kr = kvs + i * kD;
+#pragma unroll
+        for (int j = 0; j < kLaneDims; ++j) {
+          dot = __fadd_rn(dot, __fmul_rn(qv[j], Bf16ToF32(kr[lane + 32 * j])));
+        }
+        for (int o = 16; o > 0; o >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
+      }
+      if (lane == 0) s[i] = idx >= 0 ? __fmul_rn(dot, scale) : -INFINITY;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      float cm = -INFINITY;
+      for (int i = lane; i < nc; i += 32) cm = fmaxf(cm, s[i]);
+      for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+      if (lane == 0) stats[0] = cm;
+    }
+    __syncthreads();
+    const float cmax = fmaxf(m, stats[0]);
+    if (tid < nc) {
+      const float p = expf(__fsub_rn(s[tid], cmax));
+      pe[tid] = p;
+      p_bf16[tid] = idxs[tid] >= 0 ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      const float alpha = expf(__fsub_rn(m, cmax));
+      float psum = 0.0f;
+      for (int i = 0; i < nc; ++i) psum = __fadd_rn(psum, pe[i]);
+      l = __fadd_rn(__fmul_rn(l, alpha), psum);
+      stats[1] = alpha;
+    }
+    m = cmax;
+    __syncthreads();
+    const float alpha = stats[1];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int k = tid + j * kFastThreads;
+      float pv = 0.0f;
+      for (int i = 0; i < nc; ++i) {
+        if (idxs[i] >= 0) pv = __fadd_rn(pv, __fmul_rn(p_bf16[i], Bf16ToF32(kvs[i * kD + k])));
+      }
+      acc[j] = __fadd_rn(__fmul_rn(acc[j], alpha), pv);
+    }
+    __syncthreads();
+  }
+  __shared__ float denom;
+  if (tid == 0) denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
+  __syncthreads();
+  uint16_t* oh = out + (t * n_heads + h) * kD;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int k = tid + j * kFastThreads;
+    oh[k] = F32ToBf16(__fdiv_rn(acc[j], denom));
+  }
+}
+
+// Sets the fast kernel's dynamic shared-memory opt-in once per device (before any graph capture
+// that contains it: call SparseAttentionRows once first).
+template <int kD>
+cudaError_t FastAttentionOptIn() {
+  constexpr int kMaxDevices = 64;
+  static bool done[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < kMaxDevices && done[dev]) return cudaSuccess;
+  e = cudaFuncSetAttribute(SparseAttentionRowsFastKernelImpl<kD>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+  if (e == cudaSuccess && dev < kMaxDevices) done[dev] = true;
+  return e;
+}
+
+__global__ void MoeCombineBf16KernelImpl(const uint16_t* __restrict__ shared,
+                                         const float* __restrict__ routed, int64_t n,
+                                         uint16_t* __restrict__ y) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float s = shared != nullptr ? Bf16ToF32(shared[i]) : 0.0f;
+    const float r = routed != nullptr ? routed[i] : 0.0f;
+    y[i] = F32ToBf16(__fadd_rn(r, s));
+  }
+}
+
+__global__ void Bf16ToF32KernelImpl(const uint16_t* __restrict__ x, int64_t n,
+                                    float* __restrict__ y) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    y[i] = Bf16ToF32(x[i]);
+  }
+}
+
+unsigned Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 4096 ? b : 4096);
+}
+
+bool BadRows(int64_t T) { return T < 0 || T > 0x7fffffff; }
+
+}  // namespace
+
+cudaError_t BuildCandidates(const DecodeToken* tokens, int64_t T, int64_t window,
+                            const int32_t* sel, int64_t n_cand, int32_t* cand,
+                            cudaStream_t stream) {
+  if (BadRows(T) || window < 1 || window > 0x7fffffff || n_cand < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  BuildCandidatesKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+      tokens, static_cast<int>(window), sel, n_cand, cand);
+  return cudaGetLastError();
+}
+
+cudaError_t KvStage(const DecodeToken* tokens, int64_t T, const uint16_t* kv, int64_t window,
+                    int64_t head_dim, cudaStream_t stream) {
+  if (BadRows(T) || window < 1 || head_dim % 8 != 0) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  KvWriteKernelImpl<false>
+      <<<static_cast<unsigned>(T), 64, 0, stream>>>(tokens, kv, static_cast<int>(window), head_dim);
+  return cudaGetLastError();
+}
+
+cudaError_t KvRing(const DecodeToken* tokens, int64_t T, const uint16_t* kv, int64_t window,
+                   int64_t head_dim, cudaStream_t stream) {
+  if (BadRows(T) || window < 1 || head_dim % 8 != 0) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  KvWriteKernelImpl<true>
+      <<<static_cast<unsigned>(T), 64, 0, stream>>>(tokens, kv, static_cast<int>(window), head_dim);
+  return cudaGetLastError();
+}
+
+cudaError_t SparseAttentionRows(const uint16_t* q, const DecodeToken* tokens, const int32_t* cand,
+                                const float* sink, int64_t T, int64_t n_heads, int64_t head_dim,
+                                int64_t n_cand, float scale, uint16_t* out, cudaStream_t stream) {
+  if (T == 0 || n_heads == 0) return cudaSuccess;
+  if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 || T * n_heads > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  const unsigned blocks = static_cast<unsigned>(T * n_heads);
+  if (head_dim == 512 || head_dim == 256) {
+    const int smem = static_cast<int>(kSparseChunk * head_dim * 2);
+    if (head_dim == 512) {
+      if (cudaError_t e = FastAttentionOptIn<512>(); e != cudaSuccess) return e;
+      SparseAttentionRowsFastKernelImpl<512><<<blocks, kFastThreads, smem, stream>>>(
+          q, tokens, cand, sink, n_heads, n_cand, scale, out);
+    } else {
+      if (cudaError_t e = FastAttentionOptIn<256>(); e != cudaSuccess) return e;
+      SparseAttentionRowsFastKernelImpl<256><<<blocks, kFastThreads, smem, stream>>>(
+          q, tokens, cand, sink, n_heads, n_cand, scale, out);
+    }
+    return cudaGetLastError();
+  }
+  SparseAttentionRowsKernelImpl<<<blocks, kSparseThreads, 0, stream>>>(
+      q, tokens, cand, sink, n_heads, head_dim, n_cand, scale, out);
+  return cudaGetLastError();
+}
+
+cudaError_t MoeCombineBf16(const uint16_t* shared, const float* routed, int64_t n, uint16_t* y,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  MoeCombineBf16KernelImpl<<<Blocks(n), kThreads, 0, stream>>>(shared, routed, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t Bf16ToF32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  Bf16ToF32KernelImpl<<<Blocks(n), kThreads, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
+const void* BuildCandidatesKernel() {
+  return reinterpret_cast<const void*>(&BuildCandidatesKernelImpl);
+}
+const void* KvStageKernel() { return reinterpret_cast<const void*>(&KvWriteKernelImpl<false>); }
+const void* KvRingKernel() { return reinterpret_cast<const void*>(&KvWriteKernelImpl<true>); }
+const void* SparseAttentionRowsKernel() {
+  return reinterpret_cast<const void*>(&SparseAttentionRowsKernelImpl);
+}
+const void* SparseAttentionRowsFastKernel() {
+  return reinterpret_cast<const void*>(&SparseAttentionRowsFastKernelImpl<512>);
+}
+const void* MoeCombineBf16Kernel() {
+  return reinterpret_cast<const void*>(&MoeCombineBf16KernelImpl);
+}
+const void* Bf16ToF32Kernel() { return reinterpret_cast<const void*>(&Bf16ToF32KernelImpl); }
+
+}  // namespace ss::cuda
