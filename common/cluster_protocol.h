@@ -5,9 +5,19 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace ss {
 
-inline constexpr uint32_t kClusterProtocolVersion = 1;
+// 2: TP in the processes (LayerExperts.slice_count, the TP group's NCCL id relayed by Rendezvous,
+// plans fanned out to every TP rank, stage transfer rank r -> rank r).
+inline constexpr uint32_t kClusterProtocolVersion = 2;
+
+// Bytes of an NCCL unique id (ncclUniqueId; gpu_worker/nccl_comm.h NcclComm::kUniqueIdBytes), as
+// the coordinator checks it without NCCL.
+inline constexpr size_t kNcclUniqueIdBytes = 128;
+
+// The Rendezvous group name of stage `stage`'s TP group.
+inline std::string TpGroupName(int stage) { return "tp/stage" + std::to_string(stage); }
 
 }  // namespace ss

@@ -282,6 +282,44 @@ std::string ClusterConfigToJson(const ClusterConfig& c) {
   return j.dump(2);
 }
 
+absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus) {
+  if (stages < 1 || tp < 1 || gpus < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU layout: ", stages, " stage(s) of TP ", tp,
+                                                   " on ", gpus, " GPU(s): all must be >= 1"));
+  }
+  if (tp > gpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU layout: TP ", tp, " needs ", tp,
+                     " distinct GPUs per stage (NCCL forbids two ranks "
+                     "of one communicator on one GPU), and this machine has ",
+                     gpus, "; use --tp <= ", gpus, " (stages may share GPUs)"));
+  }
+  std::vector<int> devices;
+  for (int s = 0; s < stages; ++s) {
+    for (int r = 0; r < tp; ++r) devices.push_back((s * tp + r) % gpus);
+  }
+  return devices;
+}
+
+int StageOf(const ClusterConfig& c, const std::string& worker_id) {
+  for (size_t s = 0; s < c.stages.size(); ++s) {
+    for (const std::string& w : c.stages[s].workers) {
+      if (w == worker_id) return static_cast<int>(s);
+    }
+  }
+  return -1;
+}
+
+std::vector<std::string> TpPeers(const ClusterConfig& c, const std::string& worker_id) {
+  std::vector<std::string> peers;
+  const int s = StageOf(c, worker_id);
+  if (s < 0) return peers;
+  for (const std::string& w : c.stages[s].workers) {
+    if (w != worker_id) peers.push_back(w);
+  }
+  return peers;
+}
+
 absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& c, const std::string& worker_id) {
   for (size_t s = 0; s < c.stages.size(); ++s) {
     const StageSpec& stage = c.stages[s];
@@ -304,14 +342,15 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& c, const std::
       for (int layer = stage.first_layer; layer < stage.end_layer; ++layer) {
         splitserve::v1::LayerExperts* le = nullptr;
         for (const ExpertWorkerSpec& w : c.expert_workers) {
-          if (w.slice_index % tp != static_cast<int>(r)) continue;
           bool holds = false;
           for (int l : w.layers) holds |= l == layer;
           if (!holds) continue;
           if (le == nullptr) {
             le = role.add_experts();
             le->set_layer(layer);
+            le->set_slice_count(w.slice_count);
           }
+          if (w.slice_index % tp != static_cast<int>(r)) continue;
           splitserve::v1::ExpertEndpoint* ep = le->add_endpoints();
           ep->set_slice_index(w.slice_index);
           ep->set_slice_count(w.slice_count);

@@ -25,7 +25,9 @@
 // Layer lists use the expert worker's syntax ("0-3,7"). For every layer, the expert workers that
 // hold it must be the complete set of slices 0..n-1 of one n (or there are none: that layer's
 // experts run where its attention runs). Slice i of a layer is served to the stage's TP rank
-// i mod tp (its partial sum joins that rank's MoE all-reduce). Every error names the field.
+// i mod tp (its partial sum joins that rank's MoE all-reduce); a rank with no slice of a layer
+// (fewer slices than ranks) adds zero for it (proto LayerExperts.slice_count). Every error names
+// the field.
 #pragma once
 
 #include <cstdint>
@@ -79,8 +81,21 @@ absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, const M
 // The JSON text of a config (what `splitserve up` writes; parses back to the same config).
 std::string ClusterConfigToJson(const ClusterConfig& config);
 
-// The role of GPU worker `worker_id` (NotFound for an id the config does not name).
+// The role of GPU worker `worker_id` (NotFound for an id the config does not name): its stage,
+// TP rank (its index in the stage's `workers`) and size, and, for every layer of the stage that
+// expert workers serve, the endpoints of this rank's slices (proto LayerExperts).
 absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
                                              const std::string& worker_id);
+
+// The CUDA device of every GPU worker of `stages` pipeline stages of `tp` ranks on one machine of
+// `gpus` GPUs, in GpuWorkerIds() order: stage s, rank r on (s·tp + r) mod gpus. Stages may share
+// GPUs (several processes on one GPU), but NCCL forbids two ranks of one communicator on one
+// GPU, so a stage's ranks must land on distinct GPUs: tp > gpus is InvalidArgument, saying so.
+absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus);
+
+// The stage of GPU worker `worker_id`; -1 for an id the config does not name.
+int StageOf(const ClusterConfig& config, const std::string& worker_id);
+// The other workers of `worker_id`'s stage (its TP group); empty for TP 1 or an unknown id.
+std::vector<std::string> TpPeers(const ClusterConfig& config, const std::string& worker_id);
 
 }  // namespace ss::coord

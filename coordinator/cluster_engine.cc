@@ -19,6 +19,7 @@ struct ClusterEngine::WorkerConn {
   std::unique_ptr<grpc::ClientReaderWriter<pb::StepPlan, pb::StepResult>> stream;
   std::thread reader;
   int64_t kv_blocks = 0;
+  std::string last_error;  // the latest step error it answered (a TP rank exits after one)
 };
 
 namespace {
@@ -475,8 +476,11 @@ std::string ClusterEngine::ServeLoop() {
         Result res = std::move(results_.front());
         results_.pop_front();
         if (res.broken) {
-          control_.DeclareDead(workers_[res.worker]->id, workers_[res.worker]->generation);
-          return res.broken_why;
+          const WorkerConn& w = *workers_[res.worker];
+          control_.DeclareDead(w.id, w.generation);
+          return w.last_error.empty()
+                     ? res.broken_why
+                     : absl::StrCat(res.broken_why, " (after its step error: ", w.last_error, ")");
         }
         const uint64_t wire = res.result.micro_batch_id();
         auto it = (wire >> kEpochShift) == epoch_
@@ -488,6 +492,7 @@ std::string ClusterEngine::ServeLoop() {
         }
         InFlight& f = it->second;
         ++f.answers;
+        if (!res.result.error().empty()) workers_[res.worker]->last_error = res.result.error();
         if (!res.result.error().empty() && f.error.empty()) {
           f.error = absl::StrCat("worker ", workers_[res.worker]->id, ": ", res.result.error());
         }

@@ -6,12 +6,18 @@
 //             service), poll each one's Status until it is ready, size the scheduler's KV pool
 //             as the smallest pool any worker reports, and open one Steps stream per worker.
 //   serve     the step loop: plan micro-batches (up to one per pipeline stage in flight), write
-//             each plan to every worker in planning order, read results (a reader thread per
-//             stream), hand the sampled tokens back to the scheduler and the requests' streams.
+//             each plan to every worker (every stage, every TP rank) in planning order, read
+//             results (a reader thread per stream); a micro-batch completes once every worker
+//             has answered it, with the samples of the last stage's TP rank 0, and fails when
+//             any worker answered it with an error; hand the sampled tokens back to the
+//             scheduler and the requests' streams.
 //   fail      a stream that breaks, a worker declared dead (missed heartbeats) or a micro-batch
 //             unanswered for `step_timeout` ends every request in flight with kError (naming
-//             the cause) and closes every stream; the engine goes back to `connect` and serves
-//             again once the cluster is whole (a restarted worker registers again). Workers
+//             the cause; for a stream that broke after its worker answered a step with an
+//             error -- a TP rank leaves after such a step -- that error too) and closes every
+//             stream; the engine goes back to `connect` and serves again once the cluster is
+//             whole (a restarted worker registers again; the control service declares a dead TP
+//             rank's peers dead too, so a stage's group is formed anew: control_service.h). Workers
 //             start every Steps stream with no sequences, so nothing stale survives.
 // Ready() is true only while serving. Submit() refuses with kNotReady while not serving and
 // with kOverloaded when the waiting queue is full.

@@ -32,6 +32,13 @@ grpc::Status ControlService::Register(grpc::ServerContext*,
   if (request->address().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: 'address' is empty");
   }
+  if (request->backend() == "cpu" && role->tp_size() > 1) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("worker '", request->worker_id(), "': the cpu backend runs TP 1 only, and ",
+                     "the cluster config gives stage ", role->stage(), " ", role->tp_size(),
+                     " workers (TP size); use the cuda backend or one worker per stage"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Member& m = members_.at(request->worker_id());
   if (m.info.registered && !m.info.dead &&
@@ -49,6 +56,23 @@ grpc::Status ControlService::Register(grpc::ServerContext*,
   m.info.last_heartbeat = absl::Now();
   ++m.info.generation;
   m.met = false;
+  m.joined = false;
+  if (role->tp_size() > 1) {
+    // Peers that formed a group with this id's previous process must form a new one.
+    for (const std::string& peer : TpPeers(config_, request->worker_id())) {
+      Member& p = members_.at(peer);
+      if (p.joined && p.info.registered && !p.info.dead) {
+        p.info.dead = true;
+        p.met = false;
+        p.joined = false;
+        spdlog::warn(
+            "worker {} declared dead: its TP peer {} registered again, so stage {}'s TP "
+            "group must be formed anew",
+            peer, request->worker_id(), role->stage());
+      }
+    }
+    if (role->tp_rank() == 0) nccl_ids_.erase(TpGroupName(role->stage()));
+  }
   spdlog::info("worker {} registered: {} backend {} pid {} (stage {}, tp rank {})",
                request->worker_id(), request->address(), request->backend(), request->pid(),
                role->stage(), role->tp_rank());
@@ -69,7 +93,25 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
                         absl::StrCat("rendezvous: worker '", request->worker_id(),
                                      "' is not registered (register first)"));
   }
+  const int stage = StageOf(config_, request->worker_id());
+  const StageSpec& spec = config_.stages[stage];
+  const bool rank0 = spec.workers.front() == request->worker_id();
+  for (const auto& id : request->nccl_ids()) {
+    if (!rank0 || spec.workers.size() < 2 || id.group() != TpGroupName(stage)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("rendezvous: worker '", request->worker_id(),
+                                       "' may publish only its own TP group's id as its rank 0 ",
+                                       "(got group '", id.group(), "')"));
+    }
+    if (id.unique_id().size() != kNcclUniqueIdBytes) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("rendezvous: NCCL id of group '", id.group(), "' has ",
+                       id.unique_id().size(), " bytes, expected ", kNcclUniqueIdBytes));
+    }
+  }
   it->second.met = true;
+  const uint64_t generation = it->second.info.generation;
   for (const auto& id : request->nccl_ids()) nccl_ids_[id.group()] = id.unique_id();
   cv_.notify_all();
   absl::Time deadline = absl::Now() + rendezvous_timeout_;
@@ -96,6 +138,14 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
     cv_.wait_for(lock, std::chrono::milliseconds(
                            std::min<int64_t>(200, absl::ToInt64Milliseconds(deadline - now) + 1)));
   }
+  if (spec.workers.size() > 1 && !nccl_ids_.contains(TpGroupName(stage))) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("rendezvous: stage ", stage, "'s TP rank 0 (worker '", spec.workers.front(),
+                     "') published no NCCL id for group '", TpGroupName(stage),
+                     "' (TP > 1 needs the cuda backend built with NCCL)"));
+  }
+  if (it->second.info.generation == generation) it->second.joined = true;
   const std::vector<std::string> ids = config_.GpuWorkerIds();
   for (size_t s = 0, i = 0; s < config_.stages.size(); ++s) {
     for (size_t r = 0; r < config_.stages[s].workers.size(); ++r, ++i) {
@@ -145,15 +195,36 @@ bool ControlService::WaitAllAlive(absl::Duration timeout) const {
          !shutdown_;
 }
 
+void ControlService::DeclareDeadLocked(const std::string& id, const std::string& why,
+                                       std::vector<std::string>* newly_dead) {
+  Member& m = members_.at(id);
+  if (!m.info.dead) {
+    m.info.dead = true;
+    m.met = false;
+    m.joined = false;
+    spdlog::warn("worker {} (generation {}) declared dead: {}", id, m.info.generation, why);
+    newly_dead->push_back(id);
+  }
+  for (const std::string& peer : TpPeers(config_, id)) {
+    Member& p = members_.at(peer);
+    if (!p.info.registered || p.info.dead) continue;
+    p.info.dead = true;
+    p.met = false;
+    p.joined = false;
+    spdlog::warn("worker {} declared dead with its TP peer {} (a TP group lives and dies as one)",
+                 peer, id);
+    newly_dead->push_back(peer);
+  }
+}
+
 void ControlService::DeclareDead(const std::string& id, uint64_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(id);
   if (it == members_.end() || it->second.info.dead || it->second.info.generation != generation) {
     return;
   }
-  it->second.info.dead = true;
-  it->second.met = false;
-  spdlog::warn("worker {} (generation {}) declared dead", id, generation);
+  std::vector<std::string> dead;
+  DeclareDeadLocked(id, "by the engine", &dead);
   cv_.notify_all();
 }
 
@@ -163,11 +234,8 @@ std::vector<std::string> ControlService::CheckHeartbeats() {
   const absl::Time cutoff = absl::Now() - absl::Milliseconds(config_.heartbeat_timeout_ms);
   for (auto& [id, m] : members_) {
     if (m.info.registered && !m.info.dead && m.info.last_heartbeat < cutoff) {
-      m.info.dead = true;
-      m.met = false;
-      spdlog::warn("worker {}: no heartbeat for {} ms, declared dead", id,
-                   config_.heartbeat_timeout_ms);
-      dead.push_back(id);
+      DeclareDeadLocked(id, absl::StrCat("no heartbeat for ", config_.heartbeat_timeout_ms, " ms"),
+                        &dead);
     }
   }
   if (!dead.empty()) cv_.notify_all();

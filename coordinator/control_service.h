@@ -11,9 +11,21 @@
 // an id the config does not name (NOT_FOUND) and an id whose current registration is alive
 // (ALREADY_EXISTS).
 //
+// Backends: a worker registering with backend "cpu" for a role of TP size > 1 is refused
+// (FAILED_PRECONDITION): the cpu backend runs TP 1 only.
+//
 // Rendezvous blocks until every GPU worker of the config has called Rendezvous since its latest
 // registration (or the call's deadline, at most `rendezvous_timeout`), then returns every peer's
-// address and every NCCL id published so far.
+// address and every NCCL id published so far. A stage of TP size > 1 needs its group's id: its
+// TP rank 0 publishes it (group TpGroupName(stage), kNcclUniqueIdBytes bytes; anything else is
+// INVALID_ARGUMENT), and a rendezvous that completes without it fails for that stage's ranks
+// (FAILED_PRECONDITION naming rank 0). The id of a group is forgotten when its rank 0 registers
+// again, so no reply carries the id of an earlier process.
+//
+// TP groups share their fate (cluster.proto, 3a): declaring a member of a TP > 1 stage dead
+// (DeclareDead, CheckHeartbeats) declares its stage's other live members dead too, and a
+// Register of a member whose peers have completed a rendezvous since their own registration
+// (they may hold a communicator with its previous process) declares those peers dead.
 //
 // Threads: gRPC's synchronous server runs each RPC on its own thread; Rendezvous blocks only its
 // own. All methods are thread-safe.
@@ -74,8 +86,13 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
  private:
   struct Member {
     MemberInfo info;
-    bool met = false;  // called Rendezvous since its latest registration
+    bool met = false;     // called Rendezvous since its latest registration
+    bool joined = false;  // a Rendezvous of it returned the peers since its latest registration
   };
+
+  // Marks `id` dead and, for a TP > 1 stage, its live TP peers; appends the ids newly dead.
+  void DeclareDeadLocked(const std::string& id, const std::string& why,
+                         std::vector<std::string>* newly_dead);
 
   const ClusterConfig config_;
   const absl::Duration rendezvous_timeout_;

@@ -36,17 +36,20 @@ namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
     "usage: splitserve up [--model DIR] [--tokenizer FILE] [--host H] [--port P]\n"
-    "                     [--backend auto|cpu|cuda] [--stages N] [--expert-workers N|auto]\n"
+    "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
+    "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N] [--api-keys K1,K2]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
-    "  Without --model: the bundled tiny model (random weights: its text is noise).\n";
+    "  Without --model: the bundled tiny model (random weights: its text is noise).\n"
+    "  --tp N (cuda): N tensor-parallel GPU workers per stage; stage s, rank r runs on GPU\n"
+    "  (s*N + r) mod G of the machine's G GPUs (stages may share GPUs, a stage's ranks not).\n";
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
   std::string isa = "auto", api_keys, log_dir;
-  int port = 8000, stages = 1, ready_timeout_s = 600;
+  int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 65536;
 };
@@ -91,6 +94,9 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
       if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--stages ", value, ": expected 1..64");
       o->stages = static_cast<int>(v);
       o->stages_given = true;
+    } else if (name == "--tp") {
+      if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--tp ", value, ": expected 1..64");
+      o->tp = static_cast<int>(v);
     } else if (name == "--expert-workers") {
       if (value != "auto" && !ParseInt(value, 0, 64, &v)) {
         return absl::StrCat("--expert-workers ", value, ": expected auto or 0..64");
@@ -309,13 +315,35 @@ int RunUpCommand(int argc, char** argv) {
                   gpus);
     }
   }
+  if (o.tp > 1 && backend != "cuda") {
+    std::fprintf(stderr,
+                 "splitserve up: --tp %d needs the cuda backend (the cpu backend runs TP 1 only)\n",
+                 o.tp);
+    return 2;
+  }
   if (backend == "cuda" && (!kCudaBuilt || gpus == 0)) {
     std::fprintf(stderr, "splitserve up: --backend cuda needs a CUDA build and a GPU (%d found)\n",
                  gpus);
     return 2;
   }
-  // The cuda backend runs TP 1: without --stages, one pipeline stage per GPU.
-  if (backend == "cuda" && !o.stages_given) o.stages = std::min<int>(gpus, model->n_layers);
+  if (model->n_heads % o.tp != 0) {
+    std::fprintf(stderr, "splitserve up: --tp %d does not divide the model's %lld heads\n", o.tp,
+                 static_cast<long long>(model->n_heads));
+    return 2;
+  }
+  // Without --stages: one pipeline stage per TP group of GPUs.
+  if (backend == "cuda" && !o.stages_given) {
+    o.stages = std::max(1, std::min<int>(gpus / o.tp, model->n_layers));
+  }
+  std::vector<int> devices;  // per GPU worker, stage by stage in TP rank order
+  if (backend == "cuda") {
+    absl::StatusOr<std::vector<int>> d = coord::AssignCudaDevices(o.stages, o.tp, gpus);
+    if (!d.ok()) {
+      std::fprintf(stderr, "splitserve up: %s\n", std::string(d.status().message()).c_str());
+      return 2;
+    }
+    devices = *d;
+  }
   if (o.stages > model->n_layers) {
     std::fprintf(stderr, "splitserve up: --stages %d exceeds the model's %lld layers\n", o.stages,
                  static_cast<long long>(model->n_layers));
@@ -351,7 +379,9 @@ int RunUpCommand(int argc, char** argv) {
     coord::StageSpec st;
     st.first_layer = n_layers * s / o.stages;
     st.end_layer = n_layers * (s + 1) / o.stages;
-    st.workers = {absl::StrCat("gpu", s)};
+    for (int r = 0; r < o.tp; ++r) {
+      st.workers.push_back(o.tp == 1 ? absl::StrCat("gpu", s) : absl::StrCat("gpu", s, "-", r));
+    }
     cluster.stages.push_back(st);
   }
   std::vector<std::string> shm_names;
@@ -404,10 +434,18 @@ int RunUpCommand(int argc, char** argv) {
 
   for (int e = 0; e < experts; ++e) {
     std::vector<std::string> args = {(bin / "splitserve-expert-worker").string(),
-                                     "--model", o.model, "--layers", absl::StrCat("0-", n_layers - 1),
-                                     "--slice", absl::StrCat(e, "/", experts),
-                                     "--isa", o.isa, "--shm-name", shm_names[e],
-                                     "--metrics-listen", metrics_addr(o.stages + e)};
+                                     "--model",
+                                     o.model,
+                                     "--layers",
+                                     absl::StrCat("0-", n_layers - 1),
+                                     "--slice",
+                                     absl::StrCat(e, "/", experts),
+                                     "--isa",
+                                     o.isa,
+                                     "--shm-name",
+                                     shm_names[e],
+                                     "--metrics-listen",
+                                     metrics_addr(o.stages * o.tp + e)};
     if (experts == nodes && nodes > 1) {
       args.push_back("--numa-node");
       args.push_back(absl::StrCat(e));
@@ -459,19 +497,28 @@ int RunUpCommand(int argc, char** argv) {
       }
     }
   }
-  for (int s = 0; s < o.stages; ++s) {
+  const std::vector<std::string> gpu_ids = cluster.GpuWorkerIds();
+  for (size_t i = 0; i < gpu_ids.size(); ++i) {
     std::vector<std::string> args = {(bin / "splitserve-gpu-worker").string(),
-                                     "--coordinator", absl::StrCat("127.0.0.1:", control_port),
-                                     "--worker-id", absl::StrCat("gpu", s),
-                                     "--listen", "127.0.0.1:0",
-                                     "--backend", backend, "--model", o.model,
-                                     "--kv-tokens", absl::StrCat(o.kv_tokens),
-                                     "--metrics-listen", metrics_addr(s)};
+                                     "--coordinator",
+                                     absl::StrCat("127.0.0.1:", control_port),
+                                     "--worker-id",
+                                     gpu_ids[i],
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--backend",
+                                     backend,
+                                     "--model",
+                                     o.model,
+                                     "--kv-tokens",
+                                     absl::StrCat(o.kv_tokens),
+                                     "--metrics-listen",
+                                     metrics_addr(static_cast<int>(i))};
     if (backend == "cuda") {
       args.push_back("--cuda-device");
-      args.push_back(absl::StrCat(s % std::max(gpus, 1)));
+      args.push_back(absl::StrCat(devices[i]));
     }
-    if (!sup.Start(absl::StrCat("gpu", s), args, o.log_dir)) {
+    if (!sup.Start(gpu_ids[i], args, o.log_dir)) {
       cleanup();
       return 1;
     }
@@ -503,18 +550,19 @@ int RunUpCommand(int argc, char** argv) {
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "splitserve up: ready in %.1f s: %s (%d stage(s), %s backend, %d expert worker(s))\n"
+      "splitserve up: ready in %.1f s: %s (%d stage(s) of TP %d, %s backend, %d expert "
+      "worker(s))\n"
       "  try:\n"
       "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
       "\"max_tokens\": 32}'\n"
       "  metrics: %s/metrics%s\n"
       "  Ctrl-C stops everything.\n",
-      secs, url.c_str(), o.stages, backend.c_str(), experts, url.c_str(),
+      secs, url.c_str(), o.stages, o.tp, backend.c_str(), experts, url.c_str(),
       cluster.model_name.c_str(), url.c_str(),
       metrics_base == 0 ? ""
                         : absl::StrCat(" (workers: 127.0.0.1:", metrics_base, "-",
-                                       metrics_base + o.stages + experts - 1, "/metrics)")
+                                       metrics_base + o.stages * o.tp + experts - 1, "/metrics)")
                               .c_str());
   std::fflush(stdout);
 

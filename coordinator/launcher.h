@@ -1,13 +1,17 @@
 // `splitserve up`: the whole system on one machine from one command (ARCHITECTURE.md
 // "Processes", issue 6 item 7).
 //
-//   splitserve up [--model DIR] [--host H] [--port P] [--stages N] [--expert-workers N|auto]
+//   splitserve up [--model DIR] [--host H] [--port P] [--stages N] [--tp N]
+//                 [--expert-workers N|auto]
 //
 // It picks the layout (the cuda backend when GPUs are present and the cuda backend is built,
 // else the cpu backend; one expert worker per NUMA node holding slice i/n of every layer's
 // experts, n limited to what the model's expert width allows), writes the cluster config into a
 // private run directory, and starts every process as its child: expert workers (shared memory),
-// the coordinator, then the GPU workers, which register with it. Children run in their own
+// the coordinator, then the GPU workers, which register with it. --tp N (cuda backend) gives each
+// stage N GPU workers ("gpu<s>-<r>"; "gpu<s>" for TP 1), stage s rank r on GPU (s·N + r) mod G
+// (coord::AssignCudaDevices: stages may share GPUs, a stage's ranks may not; N > G is refused).
+// Expert slice i goes to TP rank i mod N (cluster_config.h). Children run in their own
 // process group (so a terminal's Ctrl-C reaches only the launcher, which stops them in order) and
 // with PR_SET_PDEATHSIG, so they die with the launcher even when it is killed. It waits for
 // GET /ready, prints the URL and a curl example, and then waits.

@@ -58,6 +58,7 @@ StageRole RoleFromProto(const pb::Role& r, const std::string& worker_id) {
   for (const pb::LayerExperts& le : r.experts()) {
     LayerExpertsConfig l;
     l.layer = le.layer();
+    l.slice_count = le.slice_count();
     for (const pb::ExpertEndpoint& e : le.endpoints()) {
       ExpertEndpointConfig ep;
       ep.slice_index = e.slice_index();
@@ -119,11 +120,17 @@ absl::StatusOr<StageRole> CoordinatorClient::Register(
   return RoleFromProto(reply.role(), worker_id);
 }
 
-absl::StatusOr<std::vector<PeerWorker>> CoordinatorClient::Rendezvous(
-    const std::string& worker_id, absl::Time until, const std::atomic<bool>* stop) {
+absl::StatusOr<RendezvousResult> CoordinatorClient::Rendezvous(
+    const std::string& worker_id, const std::map<std::string, std::string>& publish,
+    absl::Time until, const std::atomic<bool>* stop) {
   pb::RendezvousRequest req;
   req.set_protocol_version(kClusterProtocolVersion);
   req.set_worker_id(worker_id);
+  for (const auto& [group, id] : publish) {
+    pb::NcclGroupId* g = req.add_nccl_ids();
+    g->set_group(group);
+    g->set_unique_id(id);
+  }
   pb::RendezvousReply reply;
   const ::grpc::Status st =
       Retry([&](::grpc::ClientContext* ctx) { return impl_->stub_->Rendezvous(ctx, req, &reply); },
@@ -131,11 +138,12 @@ absl::StatusOr<std::vector<PeerWorker>> CoordinatorClient::Rendezvous(
   if (!st.ok()) {
     return FromGrpc(st, absl::StrCat("rendezvous with the coordinator at ", address_));
   }
-  std::vector<PeerWorker> peers;
+  RendezvousResult out;
   for (const pb::PeerInfo& p : reply.peers()) {
-    peers.push_back({p.worker_id(), p.address(), p.stage(), p.tp_rank()});
+    out.peers.push_back({p.worker_id(), p.address(), p.stage(), p.tp_rank()});
   }
-  return peers;
+  for (const pb::NcclGroupId& g : reply.nccl_ids()) out.nccl_ids[g.group()] = g.unique_id();
+  return out;
 }
 
 absl::StatusOr<bool> CoordinatorClient::Heartbeat(const std::string& worker_id,

@@ -1,5 +1,5 @@
 // The GPU worker's side of the coordinator's control plane (proto/cluster.proto, service
-// Coordinator): Register -> Role, Rendezvous -> peers, Heartbeat -> still a member.
+// Coordinator): Register -> Role, Rendezvous -> peers and NCCL ids, Heartbeat -> still a member.
 //
 // Retries: Register and Rendezvous retry while the coordinator is unreachable (UNAVAILABLE, or
 // DEADLINE_EXCEEDED of one attempt) until `until` or until `*stop` becomes true (Cancelled);
@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,13 @@ struct PeerWorker {
   int tp_rank = 0;
 };
 
+// What the rendezvous hands out: every GPU worker, and every NCCL group's unique id by group
+// name (common/cluster_protocol.h TpGroupName).
+struct RendezvousResult {
+  std::vector<PeerWorker> peers;
+  std::map<std::string, std::string> nccl_ids;
+};
+
 // The role as this worker runs it (next_stage_address is filled from the peers later).
 StageRole RoleFromProto(const ::splitserve::v1::Role& role, const std::string& worker_id);
 
@@ -50,8 +58,10 @@ class CoordinatorClient {
   absl::StatusOr<StageRole> Register(const std::string& worker_id, const std::string& address,
                                      const std::string& backend, const DeviceDescription& device,
                                      absl::Time until, const std::atomic<bool>* stop);
-  absl::StatusOr<std::vector<PeerWorker>> Rendezvous(const std::string& worker_id, absl::Time until,
-                                                     const std::atomic<bool>* stop);
+  // `publish`: the NCCL groups this worker is rank 0 of, group name -> unique id bytes.
+  absl::StatusOr<RendezvousResult> Rendezvous(const std::string& worker_id,
+                                              const std::map<std::string, std::string>& publish,
+                                              absl::Time until, const std::atomic<bool>* stop);
   // True while the coordinator counts this worker as a member.
   absl::StatusOr<bool> Heartbeat(const std::string& worker_id, absl::Duration timeout);
 

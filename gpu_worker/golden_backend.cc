@@ -61,10 +61,38 @@ Layout ModelLayout(const model::Model& m) {
   return {0, 1, 0, static_cast<int>(m.config().n_layers)};
 }
 
+// Pipeline stages run one after the other: each one's streams are the next one's input.
+class PipelineStage final : public golden::GoldenStage {
+ public:
+  explicit PipelineStage(std::vector<std::unique_ptr<golden::GoldenStage>> stages)
+      : stages_(std::move(stages)) {}
+
+  absl::Status Run(std::span<const golden::GoldenChunk> chunks, const float* streams_in,
+                   std::vector<float>* streams, std::vector<std::vector<float>>* logits) override {
+    std::vector<float> in, out;
+    const float* cur = streams_in;
+    for (size_t s = 0; s + 1 < stages_.size(); ++s) {
+      RETURN_IF_ERROR(stages_[s]->Run(chunks, cur, &out, nullptr));
+      in = std::move(out);
+      cur = in.data();
+    }
+    return stages_.back()->Run(chunks, cur, streams, logits);
+  }
+  void Release(uint64_t seq_id) override {
+    for (auto& s : stages_) s->Release(seq_id);
+  }
+
+ private:
+  std::vector<std::unique_ptr<golden::GoldenStage>> stages_;
+};
+
 // A golden backend whose stages are one backend's stages: a block check is a one-layer stage in
-// the middle of a pipeline (streams in, streams out), a whole-model check one stage of all layers.
+// the middle of a pipeline (streams in, streams out), a whole-model check one stage of all layers
+// (or `stages` pipeline stages of them).
 class StagedGolden : public golden::GoldenBackend {
  public:
+  explicit StagedGolden(int stages) : stages_(stages) {}
+
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> BlockStage(
       std::shared_ptr<const model::Model> m, int64_t layer) override {
     const Layout l = BlockLayout(*m, layer);
@@ -72,9 +100,26 @@ class StagedGolden : public golden::GoldenBackend {
   }
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> ModelStage(
       std::shared_ptr<const model::Model> m) override {
-    const Layout l = ModelLayout(*m);
-    return Make(std::move(m), l);
+    if (stages_ == 1) {
+      const Layout l = ModelLayout(*m);
+      return Make(std::move(m), l);
+    }
+    const int n = static_cast<int>(m->config().n_layers);
+    if (stages_ > n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stages ", stages_, " exceeds the model's ", n, " layers"));
+    }
+    std::vector<std::unique_ptr<golden::GoldenStage>> stages;
+    for (int s = 0; s < stages_; ++s) {
+      const Layout l{s, stages_, n * s / stages_, n * (s + 1) / stages_};
+      ASSIGN_OR_RETURN(std::unique_ptr<golden::GoldenStage> st, Make(m, l));
+      stages.push_back(std::move(st));
+    }
+    return std::make_unique<PipelineStage>(std::move(stages));
   }
+
+ protected:
+  const int stages_;
 
  private:
   virtual absl::StatusOr<std::unique_ptr<golden::GoldenStage>> Make(
@@ -85,8 +130,11 @@ class StagedGolden : public golden::GoldenBackend {
 #if SS_HAVE_CPU_BACKEND
 class CpuGolden final : public StagedGolden {
  public:
-  explicit CpuGolden(std::vector<LayerExpertsConfig> experts) : experts_(std::move(experts)) {}
-  std::string name() const override { return "cpu"; }
+  CpuGolden(std::vector<LayerExpertsConfig> experts, int stages)
+      : StagedGolden(stages), experts_(std::move(experts)) {}
+  std::string name() const override {
+    return stages_ == 1 ? "cpu" : absl::StrCat("cpu, PP ", stages_);
+  }
 
  private:
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> Make(std::shared_ptr<const model::Model> m,
@@ -148,91 +196,91 @@ class TpStage final : public golden::GoldenStage {
   std::vector<std::unique_ptr<StageBackend>> ranks_;
 };
 
-#if SS_HAVE_CPU_BACKEND
-// The expert workers' share of a rank that is assigned none of their slices: zero.
-class NoRoutedExperts final : public model::RoutedExperts {
- public:
-  explicit NoRoutedExperts(int64_t dim) : dim_(dim) {}
-  absl::Status Compute(int64_t, int64_t T, const float*, const int32_t*, const float*, int,
-                       float* out) const override {
-    std::fill_n(out, T * dim_, 0.0f);
-    return absl::OkStatus();
-  }
-
- private:
-  const int64_t dim_;
-};
-#endif
-
 class CudaGolden final : public StagedGolden {
  public:
-  CudaGolden(int device, std::string experts, int tp)
-      : device_(device), experts_spec_(std::move(experts)), tp_(tp) {}
-  std::string name() const override { return tp_ == 1 ? "cuda" : absl::StrCat("cuda, TP ", tp_); }
+  CudaGolden(int device, int device_count, std::string experts, int tp, int stages)
+      : StagedGolden(stages),
+        device_(device),
+        device_count_(device_count),
+        experts_spec_(std::move(experts)),
+        tp_(tp) {}
+  std::string name() const override {
+    std::string n = "cuda";
+    if (tp_ > 1) absl::StrAppend(&n, ", TP ", tp_);
+    if (stages_ > 1) absl::StrAppend(&n, ", PP ", stages_);
+    return n;
+  }
 
  private:
   absl::StatusOr<std::unique_ptr<golden::GoldenStage>> Make(std::shared_ptr<const model::Model> m,
                                                             const Layout& l) override {
-    if (tp_ > 1 && group_ == nullptr) {
-      std::vector<int> devices;
-      for (int r = 0; r < tp_; ++r) devices.push_back(device_ + r);
-      ASSIGN_OR_RETURN(TpGroup g, NcclComm::CreateGroup(devices));
-      group_ = std::make_shared<TpGroup>(std::move(g));
+    // Pipeline stage s (block stages: 0), rank r on (device + s·tp + r) mod device_count.
+    const int s = stages_ > 1 && l.num_stages == stages_ ? l.stage : 0;
+    std::vector<int> devices;
+    for (int r = 0; r < tp_; ++r) devices.push_back((device_ + s * tp_ + r) % device_count_);
+    std::shared_ptr<TpGroup> group;
+    if (tp_ > 1) {
+      auto it = groups_.find(devices);
+      if (it == groups_.end()) {
+        ASSIGN_OR_RETURN(TpGroup g, NcclComm::CreateGroup(devices));
+        it = groups_.emplace(devices, std::make_shared<TpGroup>(std::move(g))).first;
+      }
+      group = it->second;
     }
     std::vector<std::unique_ptr<StageBackend>> ranks;
     for (int r = 0; r < tp_; ++r) {
-      ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, MakeRank(m, l, r));
+      ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b,
+                       MakeRank(m, l, r, devices[r], group ? (*group)[r].get() : nullptr));
       ranks.push_back(std::move(b));
     }
     if (tp_ == 1) return std::make_unique<Stage>(std::move(ranks[0]));
-    return std::make_unique<TpStage>(group_, std::move(ranks));
+    return std::make_unique<TpStage>(group, std::move(ranks));
   }
 
   absl::StatusOr<std::unique_ptr<CudaBackend>> MakeRank(std::shared_ptr<const model::Model> m,
-                                                        const Layout& l, int rank) {
+                                                        const Layout& l, int rank, int device,
+                                                        NcclComm* comm) {
     CudaBackendOptions o;
     o.stage = l.stage;
     o.num_stages = l.num_stages;
     o.first_layer = l.first_layer;
     o.end_layer = l.end_layer;
     o.kv_tokens = kGoldenKvTokens;
-    o.device = device_ + rank;
+    o.device = device;
     o.tp_rank = rank;
     o.tp_size = tp_;
-    o.comm = tp_ > 1 ? (*group_)[rank].get() : nullptr;
+    o.comm = comm;
 #if SS_HAVE_CPU_BACKEND
     if (!experts_spec_.empty()) {
-      // One expert-worker client per model (the variants' models get their own), kept for the
-      // life of this backend: the stages hold pointers to it.
-      auto it = clients_.find(m.get());
+      // One expert-worker client per (model, rank) -- the variants' models get their own --, kept
+      // for the life of this backend: the stages hold pointers to it. Each rank holds its slices.
+      const auto key = std::make_pair(m.get(), rank);
+      auto it = clients_.find(key);
       if (it == clients_.end()) {
         ASSIGN_OR_RETURN(std::vector<LayerExpertsConfig> layers, ParseExpertsSpec(experts_spec_));
-        ASSIGN_OR_RETURN(std::unique_ptr<RoutedExpertsClient> c,
-                         RoutedExpertsClient::Connect(*m, layers));
-        it = clients_.emplace(m.get(), std::make_pair(m, std::move(c))).first;
+        ExpertClientOptions co;
+        co.tp_rank = rank;
+        co.tp_size = tp_;
+        ASSIGN_OR_RETURN(
+            std::unique_ptr<RoutedExpertsClient> c,
+            RoutedExpertsClient::Connect(*m, ExpertSlicesForRank(layers, rank, tp_), co));
+        it = clients_.emplace(key, std::make_pair(m, std::move(c))).first;
       }
       const RoutedExpertsClient* c = it->second.second.get();
-      if (rank == 0) {
-        o.experts = [c](int64_t layer) -> const model::RoutedExperts* {
-          return c->remote(layer) ? c : nullptr;
-        };
-      } else {
-        // Rank 0 takes the workers' whole sum; a local layer is split over the ranks as usual.
-        auto none = std::make_shared<NoRoutedExperts>(m->config().dim);
-        o.experts = [c, none](int64_t layer) -> const model::RoutedExperts* {
-          return c->remote(layer) ? none.get() : nullptr;
-        };
-      }
+      o.experts = [c](int64_t layer) -> const model::RoutedExperts* {
+        return c->remote(layer) ? c : nullptr;
+      };
     }
 #endif
     return CudaBackend::Create(std::move(m), o);
   }
   const int device_;
+  const int device_count_;
   const std::string experts_spec_;
   const int tp_;
-  std::shared_ptr<TpGroup> group_;  // TP > 1: made with the first stage, shared by all
+  std::map<std::vector<int>, std::shared_ptr<TpGroup>> groups_;  // TP > 1, by device list
 #if SS_HAVE_CPU_BACKEND
-  std::map<const model::Model*,
+  std::map<std::pair<const model::Model*, int>,
            std::pair<std::shared_ptr<const model::Model>, std::unique_ptr<RoutedExpertsClient>>>
       clients_;
 #endif
@@ -259,6 +307,9 @@ absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
     return absl::InvalidArgumentError(
         absl::StrCat("--tp ", o.tp, ": expected 1, or 2..8 with --backend cuda"));
   }
+  if (o.stages < 1 || o.stages > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, ": expected 1..64"));
+  }
 #if SS_HAVE_CPU_BACKEND
   std::vector<LayerExpertsConfig> experts;
   if (!o.experts.empty()) {
@@ -273,7 +324,7 @@ absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
 #endif
   if (o.backend == "cpu") {
 #if SS_HAVE_CPU_BACKEND
-    return std::make_shared<CpuGolden>(std::move(experts));
+    return std::make_shared<CpuGolden>(std::move(experts), o.stages);
 #else
     return absl::UnimplementedError(
         "--backend cpu: this build has no cpu backend (it is part of the services build; "
@@ -292,7 +343,7 @@ absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
         "--backend cuda: no CUDA devices ", o.cuda_device, "..", o.cuda_device + o.tp - 1, " (",
         e == cudaSuccess ? absl::StrCat(n, " devices") : std::string(cudaGetErrorString(e)), ")"));
   }
-  return std::make_shared<CudaGolden>(o.cuda_device, o.experts, o.tp);
+  return std::make_shared<CudaGolden>(o.cuda_device, n, o.experts, o.tp, o.stages);
 #else
   return absl::UnimplementedError(
       "--backend cuda: this build has no CUDA (no CUDA compiler at configure time)");

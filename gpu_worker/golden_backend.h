@@ -12,13 +12,19 @@
 // i.e. on the CPU of the machine the backend runs on; otherwise sent to the expert workers named
 // in the GPU worker's --experts syntax (worker_config.h), which needs the services build.
 //
-// Tensor parallelism (--backend cuda --tp N): every stage is N CudaBackends, rank r on CUDA
-// device cuda_device + r, joined by one in-process NCCL group (NcclComm::CreateGroup) that all the
-// backend's stages share; a stage's Run runs the ranks on one thread each and returns rank 0's
-// output (the ranks' outputs are the same bits). Routed experts: without `experts`, each rank
-// computes its range of experts on the host (cuda_backend.h); with `experts`, rank 0 takes the
-// expert workers' whole sum and the other ranks add zero (the workers' slices are not assigned to
-// ranks here).
+// Pipeline (--stages S): the model stage is S stages of the layers split evenly (stage s: layers
+// [n·s/S, n·(s+1)/S)), run one after the other, each stage's fp32 output streams the next one's
+// input -- what the GPU workers of a pipeline do, without the transport. Block stages stay one
+// layer each.
+//
+// Tensor parallelism (--backend cuda --tp N): every stage is N CudaBackends, rank r of pipeline
+// stage s on CUDA device (cuda_device + s·N + r) mod device_count (block stages: s = 0), joined by
+// an in-process NCCL group (NcclComm::CreateGroup) per distinct device list, shared by the stages
+// that use it (they run one at a time); a stage's Run runs the ranks on one thread each and
+// returns rank 0's output (the ranks' outputs are the same bits). Routed experts: without
+// `experts`, each rank computes its range of experts on the host (cuda_backend.h); with
+// `experts`, each rank calls its own slices (slice i to rank i mod N, ExpertSlicesForRank) and
+// adds zero for a layer none of whose slices is its own, as the GPU workers do.
 //
 // Which backends a build has: cpu needs SS_BUILD_SERVICES (it lives in ss_gpu_backend, with the
 // expert-worker client), cuda needs CUDA at configure time. MakeGoldenBackend names what is
@@ -39,12 +45,14 @@ struct GoldenBackendOptions {
   int cuda_device = 0;                // --backend cuda: the CUDA device ordinal
   std::string experts;                // "a-b=EP[+EP...],...": see the header comment
   int tp = 1;                         // --backend cuda: tensor-parallel ranks (GPUs)
+  int stages = 1;                     // pipeline stages of the whole-model checks
 };
 
 inline constexpr int64_t kGoldenKvTokens = 1 << 16;
 
 // Null for "reference" (the runner then uses the model directly). InvalidArgument for an unknown
-// backend, a malformed --experts or --tp outside [1, 8] (above 1 only with cuda); Unimplemented
+// backend, a malformed --experts, --tp outside [1, 8] (above 1 only with cuda) or --stages outside
+// [1, 64]; Unimplemented
 // for a backend (or --experts, or --tp > 1 without NCCL) this build lacks; FailedPrecondition for
 // --backend cuda with too few CUDA devices.
 absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(

@@ -3,15 +3,22 @@
 // Flags: worker_config.h.
 //
 // Start-up: parse and validate every flag and log them; start the GpuWorker service (not ready);
-// with --coordinator: Register (the role), Rendezvous (the peers: the next stage's address),
-// heartbeat every heartbeat_interval_ms; standalone: the role from the flags. Then load the
-// model, connect the expert workers and size the KV pool: Status reports ready (or the start-up
-// error, the worker staying up to report it). Runs until SIGTERM / SIGINT (exit 0), until the
-// coordinator says this worker is no longer a member (exit 0) or has been unreachable for
-// --coordinator_timeout_ms (exit 1); then it closes its streams and exits.
+// with --coordinator: Register (the role: stage, TP rank and size, layers, expert slices),
+// Rendezvous (the peers: the next stage's worker of this TP rank; TP > 1: the group's NCCL
+// unique id, which this worker creates and publishes when it is the stage's rank 0), heartbeat
+// every heartbeat_interval_ms; standalone: the role from the flags (TP > 1: the id through
+// --nccl_id_file). Then load the model, join the TP group (NcclComm, blocking until every rank
+// has joined), connect this rank's expert-worker slices and build the backend: Status reports
+// ready (or the start-up error, the worker staying up to report it). Runs until SIGTERM / SIGINT
+// (exit 0), until the coordinator says this worker is no longer a member (exit 0; 1 for a TP > 1
+// rank, whose group is formed again only by restarting every rank: cluster.proto 3a), until a
+// step leaves its TP group out of step (stage_runner.h; it aborts the communicator, exit 1) or
+// the coordinator has been unreachable for --coordinator_timeout_ms (exit 1); then it closes its
+// streams and exits. A stop that cannot finish in kStopGrace (a thread blocked in an NCCL
+// collective or in joining a group whose peer died) ends the process with _exit.
 //
 // Exit status: 0 clean stop, 1 a runtime failure (registration refused, coordinator lost, cannot
-// listen), 2 a usage error.
+// listen, TP group broken), 2 a usage error.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,6 +27,9 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -42,6 +52,7 @@
 #include "gpu_worker/cpu_backend.h"
 #ifdef SS_HAVE_CUDA
 #include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/nccl_comm.h"
 #endif
 #include "gpu_worker/gpu_worker_service.h"
 #include "gpu_worker/memory_plan.h"
@@ -84,7 +95,15 @@ ABSL_FLAG(int64_t, stream_wait_ms, WorkerFlags{}.stream_wait_ms,
 ABSL_FLAG(int64_t, coordinator_timeout_ms, WorkerFlags{}.coordinator_timeout_ms,
           "how long registration retries, and how long the coordinator may stay unreachable "
           "before the worker exits");
+ABSL_FLAG(int64_t, collective_timeout_ms, WorkerFlags{}.collective_timeout_ms,
+          "TP > 1: deadline of each wait for an NCCL collective (a peer that stopped is an error "
+          "after this long, never a hang)");
 ABSL_FLAG(int, stage, 0, "standalone: this worker's pipeline stage");
+ABSL_FLAG(int, tp_rank, 0, "standalone: this worker's tensor-parallel rank");
+ABSL_FLAG(int, tp_size, 1, "standalone: tensor-parallel ranks of the stage (cuda backend)");
+ABSL_FLAG(std::string, nccl_id_file, "",
+          "standalone TP > 1: rank 0 writes the TP group's NCCL unique id to this file, the other "
+          "ranks wait for it there");
 ABSL_FLAG(int, num_stages, 1, "standalone: pipeline stages");
 ABSL_FLAG(std::string, layers, "",
           "standalone: the stage's layers a-b (inclusive); empty = every layer");
@@ -100,6 +119,8 @@ namespace ss::gpu {
 namespace {
 
 constexpr char kName[] = "splitserve-gpu-worker";
+// How long a stop may take before the process ends with _exit (worker_main's header).
+constexpr absl::Duration kStopGrace = absl::Seconds(15);
 
 // Why and how the process stops; the first Trigger wins.
 class StopEvent {
@@ -146,14 +167,65 @@ std::string AdvertiseAddress(const WorkerConfig& c, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// Loads the model and builds the stage (backend, sender, runner, metrics).
+// Standalone TP > 1: rank 0 creates the group's id and writes it to `path` (whole, by rename);
+// the other ranks wait for the file until `until`.
+absl::StatusOr<std::string> StandaloneNcclId(const WorkerConfig& c, absl::Time until,
+                                             const std::atomic<bool>* stop) {
+#ifdef SS_HAVE_CUDA
+  if (c.tp_rank == 0) {
+    ASSIGN_OR_RETURN(std::string id, NcclComm::NewUniqueId());
+    const std::string tmp = absl::StrCat(c.nccl_id_file, ".tmp.", getpid());
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(id.data(), static_cast<std::streamsize>(id.size()));
+      if (!out) return absl::UnavailableError(absl::StrCat("--nccl_id_file: cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), c.nccl_id_file.c_str()) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("--nccl_id_file: cannot rename ", tmp, " to ", c.nccl_id_file));
+    }
+    return id;
+  }
+  while (true) {
+    std::ifstream in(c.nccl_id_file, std::ios::binary);
+    if (in) {
+      std::string id((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (id.size() != NcclComm::kUniqueIdBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("--nccl_id_file ", c.nccl_id_file, ": ",
+                                                       id.size(), " bytes, expected ",
+                                                       NcclComm::kUniqueIdBytes));
+      }
+      return id;
+    }
+    if (stop->load()) return absl::CancelledError("stopped");
+    if (absl::Now() >= until) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("--nccl_id_file ", c.nccl_id_file, ": TP rank 0 wrote no id in time"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+#else
+  (void)until;
+  (void)stop;
+  return absl::UnimplementedError(
+      absl::StrCat("--tp_size ", c.tp_size, ": this build has no CUDA"));
+#endif
+}
+
+// Loads the model and builds the stage (TP group, backend, sender, runner, metrics).
+// `nccl_id`: the TP group's unique id (TP > 1). `on_group_broken`: see RunnerOptions.
 absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
-                                      metrics::Metrics* metrics, StreamInbox* inbox,
-                                      const std::atomic<bool>* stop) {
-  if (role.tp_size != 1 || role.tp_rank != 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("the ", c.backend, " backend runs tp_size 1; the role is TP rank ",
-                     role.tp_rank, " of ", role.tp_size));
+                                      const std::string& nccl_id, metrics::Metrics* metrics,
+                                      StreamInbox* inbox, const std::atomic<bool>* stop,
+                                      std::function<void(const std::string&)> on_group_broken) {
+  if (role.tp_size < 1 || role.tp_rank < 0 || role.tp_rank >= role.tp_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the role's TP rank ", role.tp_rank, " of ", role.tp_size));
+  }
+  if (role.tp_size > 1 && c.backend != "cuda") {
+    return absl::UnimplementedError(absl::StrCat("the ", c.backend,
+                                                 " backend runs TP 1 only; the role is TP rank ",
+                                                 role.tp_rank, " of ", role.tp_size));
   }
   if (role.kv_block_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -174,10 +246,22 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
   o.expert_client.call_deadline = absl::Milliseconds(c.expert_deadline_ms);
   o.expert_client.connect_timeout = absl::Milliseconds(c.expert_connect_timeout_ms);
   o.expert_client.cancel = stop;
+  o.expert_client.tp_rank = role.tp_rank;
+  o.expert_client.tp_size = role.tp_size;
   LoadedStage stage;
+  NcclComm* comm_ptr = nullptr;
   if (c.backend == "cuda") {
 #ifdef SS_HAVE_CUDA
-    // The expert-worker client, kept alive by the backend's provider function.
+    if (role.tp_size > 1) {
+      // Blocks until every rank of the group has joined (a peer that never comes: kStopGrace).
+      spdlog::info("joining stage {}'s TP group as rank {} of {} on CUDA device {}", role.stage,
+                   role.tp_rank, role.tp_size, c.cuda_device);
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm,
+                       NcclComm::Create(nccl_id, role.tp_rank, role.tp_size, c.cuda_device));
+      comm_ptr = comm.get();
+      stage.borrowed = std::shared_ptr<NcclComm>(std::move(comm));
+    }
+    // The expert-worker client (this rank's slices), kept alive by the backend's provider.
     ASSIGN_OR_RETURN(std::shared_ptr<RoutedExpertsClient> client,
                      RoutedExpertsClient::Connect(*model, o.experts, o.expert_client));
     CudaBackendOptions co;
@@ -190,6 +274,10 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
     co.experts = [client](int64_t layer) -> const model::RoutedExperts* {
       return client->remote(layer) ? client.get() : nullptr;
     };
+    co.tp_rank = role.tp_rank;
+    co.tp_size = role.tp_size;
+    co.comm = comm_ptr;
+    co.collective_timeout = absl::Milliseconds(c.collective_timeout_ms);
     ASSIGN_OR_RETURN(stage.backend, CudaBackend::Create(model, co));
 #else
     return absl::UnimplementedError("--backend cuda: this build has no CUDA");
@@ -213,15 +301,27 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
   RunnerOptions ro;
   ro.stream_wait = absl::Milliseconds(c.stream_wait_ms);
   ro.process_seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+#ifdef SS_HAVE_CUDA
+  if (comm_ptr != nullptr) {
+    // On the runner's thread, the only one using the communicator.
+    ro.on_group_broken = [comm_ptr, on_group_broken](const std::string& why) {
+      comm_ptr->Abort();
+      if (on_group_broken) on_group_broken(why);
+    };
+  }
+#else
+  (void)comm_ptr;
+  (void)on_group_broken;
+#endif
   stage.runner = std::make_unique<StageRunner>(stage.backend.get(), role, inbox, stage.sender.get(),
                                                stage.metrics.get(), ro);
   const BackendInfo info = stage.backend->info();
   spdlog::info(
-      "stage {} of {}: layers [{}, {}), {} expert layer(s) remote, weights {:.1f} MB, KV {} "
-      "tokens = {} blocks of {} ({:.1f} MB)",
-      role.stage, role.num_stages, role.first_layer, role.end_layer, o.experts.size(),
-      info.weight_bytes / 1e6, info.kv_tokens, info.kv_tokens / role.kv_block_tokens,
-      role.kv_block_tokens, info.kv_bytes / 1e6);
+      "stage {} of {}, TP rank {} of {}: layers [{}, {}), {} expert layer(s) remote, weights "
+      "{:.1f} MB, KV {} tokens = {} blocks of {} ({:.1f} MB)",
+      role.stage, role.num_stages, role.tp_rank, role.tp_size, role.first_layer, role.end_layer,
+      o.experts.size(), info.weight_bytes / 1e6, info.kv_tokens,
+      info.kv_tokens / role.kv_block_tokens, role.kv_block_tokens, info.kv_bytes / 1e6);
   return stage;
 }
 
@@ -306,6 +406,10 @@ int Main(int argc, char** argv) {
   f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
   f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);
   f.coordinator_timeout_ms = absl::GetFlag(FLAGS_coordinator_timeout_ms);
+  f.collective_timeout_ms = absl::GetFlag(FLAGS_collective_timeout_ms);
+  f.tp_rank = absl::GetFlag(FLAGS_tp_rank);
+  f.tp_size = absl::GetFlag(FLAGS_tp_size);
+  f.nccl_id_file = absl::GetFlag(FLAGS_nccl_id_file);
   f.stage = absl::GetFlag(FLAGS_stage);
   f.num_stages = absl::GetFlag(FLAGS_num_stages);
   f.layers = absl::GetFlag(FLAGS_layers);
@@ -334,6 +438,21 @@ int Main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     stop.Trigger(0, sig == SIGINT ? "SIGINT" : "SIGTERM");
+  });
+  // A stop that cannot finish (a thread blocked in a collective or in joining a TP group whose
+  // peer died) must not keep the process: after kStopGrace it ends with _exit.
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    stop.Wait();
+    std::unique_lock<std::mutex> lock(done_mu);
+    if (!done_cv.wait_for(lock, absl::ToChronoMilliseconds(kStopGrace), [&] { return done; })) {
+      spdlog::error("stopping ({}) did not finish in {}: exiting now", stop.reason(),
+                    absl::FormatDuration(kStopGrace));
+      spdlog::default_logger()->flush();
+      _exit(stop.exit_code());
+    }
   });
   int exit_code = 0;
   {
@@ -366,6 +485,7 @@ int Main(int argc, char** argv) {
     std::unique_ptr<CoordinatorClient> coordinator;
     std::thread heartbeat;
     StageRole role;
+    std::string nccl_id;  // TP > 1: the group's unique id
     bool have_role = false;
     if (server != nullptr && !c.coordinator.empty()) {
       coordinator = std::make_unique<CoordinatorClient>(c.coordinator);
@@ -389,7 +509,13 @@ int Main(int argc, char** argv) {
             auto hb = coordinator->Heartbeat(c.worker_id,
                                              absl::Milliseconds(std::max(1000, interval_ms)));
             if (hb.ok() && !*hb) {
-              stop.Trigger(0, "the coordinator no longer counts this worker as a member");
+              // A TP rank exits 1 so that its supervisor restarts it: its group is formed again
+              // only by every rank's new process.
+              stop.Trigger(role.tp_size > 1 ? 1 : 0,
+                           role.tp_size > 1
+                               ? "the coordinator no longer counts this worker (or a peer of its "
+                                 "TP group) as a member: the group must be formed anew"
+                               : "the coordinator no longer counts this worker as a member");
             } else if (hb.ok()) {
               last_ok = absl::Now();
             } else if (absl::Now() - last_ok > absl::Milliseconds(c.coordinator_timeout_ms)) {
@@ -399,14 +525,44 @@ int Main(int argc, char** argv) {
             }
           }
         });
-        auto peers = coordinator->Rendezvous(
-            c.worker_id, until + absl::Milliseconds(c.coordinator_timeout_ms), stop.flag());
-        if (!peers.ok()) {
-          server->SetError(std::string(peers.status().message()));
-          spdlog::error("{}", std::string(peers.status().message()));
+        // TP rank 0 of a TP > 1 stage creates the group's id (cluster.proto, step 3).
+        std::map<std::string, std::string> publish;
+        absl::Status setup = absl::OkStatus();
+        if (role.tp_size > 1 && role.tp_rank == 0) {
+#ifdef SS_HAVE_CUDA
+          if (c.backend == "cuda") {
+            absl::StatusOr<std::string> id = NcclComm::NewUniqueId();
+            if (id.ok()) {
+              publish[TpGroupName(role.stage)] = *id;
+            } else {
+              setup = id.status();
+            }
+          }
+#endif
+        }
+        absl::StatusOr<RendezvousResult> met =
+            setup.ok() ? coordinator->Rendezvous(
+                             c.worker_id, publish,
+                             until + absl::Milliseconds(c.coordinator_timeout_ms), stop.flag())
+                       : absl::StatusOr<RendezvousResult>(setup);
+        if (met.ok() && role.tp_size > 1) {
+          auto it = met->nccl_ids.find(TpGroupName(role.stage));
+          if (it == met->nccl_ids.end()) {
+            met = absl::FailedPreconditionError(absl::StrCat("rendezvous: no NCCL id for stage ",
+                                                             role.stage, "'s TP group '",
+                                                             TpGroupName(role.stage), "'"));
+          } else {
+            nccl_id = it->second;
+          }
+        }
+        if (!met.ok()) {
+          server->SetError(std::string(met.status().message()));
+          spdlog::error("{}", std::string(met.status().message()));
         } else {
-          for (const PeerWorker& p : *peers) {
-            if (p.stage == role.stage + 1 && p.tp_rank == 0) role.next_stage_address = p.address;
+          for (const PeerWorker& p : met->peers) {
+            if (p.stage == role.stage + 1 && p.tp_rank == role.tp_rank) {
+              role.next_stage_address = p.address;
+            }
           }
           have_role = true;
         }
@@ -417,13 +573,31 @@ int Main(int argc, char** argv) {
       role.num_stages = c.num_stages;
       role.first_layer = c.first_layer;
       role.end_layer = c.end_layer;
-      role.experts = c.experts;
+      role.tp_rank = c.tp_rank;
+      role.tp_size = c.tp_size;
+      role.experts = ExpertSlicesForRank(c.experts, c.tp_rank, c.tp_size);
       role.kv_block_tokens = c.kv_block_tokens;
       role.next_stage_address = c.next_stage;
       have_role = true;
+      if (c.tp_size > 1) {
+        absl::StatusOr<std::string> id = StandaloneNcclId(
+            c, absl::Now() + absl::Milliseconds(c.coordinator_timeout_ms), stop.flag());
+        if (id.ok()) {
+          nccl_id = *id;
+        } else {
+          server->SetError(std::string(id.status().message()));
+          spdlog::error("{}", std::string(id.status().message()));
+          have_role = false;
+        }
+      }
     }
     if (have_role && !stop.flag()->load()) {
-      auto stage = LoadStage(c, role, metrics.get(), &server->inbox(), stop.flag());
+      auto on_group_broken = [&stop](const std::string& why) {
+        stop.Trigger(1, absl::StrCat("a step may have left the TP group out of step (", why,
+                                     "): communicator aborted, the group must be formed anew"));
+      };
+      auto stage = LoadStage(c, role, nccl_id, metrics.get(), &server->inbox(), stop.flag(),
+                             on_group_broken);
       if (!stage.ok()) {
         spdlog::error("start-up failed: {}", std::string(stage.status().message()));
         server->SetError(std::string(stage.status().message()));
@@ -440,6 +614,12 @@ int Main(int argc, char** argv) {
     if (server != nullptr) server->Shutdown(absl::Milliseconds(500));
     if (heartbeat.joinable()) heartbeat.join();
   }
+  {
+    std::lock_guard<std::mutex> lock(done_mu);
+    done = true;
+  }
+  done_cv.notify_all();
+  watchdog.join();
   // Wake the signal thread if it is still waiting (the stop came from elsewhere).
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

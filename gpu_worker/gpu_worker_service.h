@@ -3,7 +3,8 @@
 //                weight / KV bytes
 //   Steps        the coordinator's persistent stream of step plans; every plan is answered by
 //                exactly one StepResult, in the order received
-//   PushStreams  the previous stage's output streams (cpu backend), held in the StreamInbox
+//   PushStreams  the previous stage's output streams (from its worker of this TP rank), held in
+//                the StreamInbox
 // Every request's protocol_version is checked: Status and PushStreams refuse another version
 // with FAILED_PRECONDITION naming both; a step plan of another version is answered with an
 // error result (the stream stays open).
@@ -39,6 +40,9 @@ namespace ss::gpu {
 
 // Everything a loaded stage owns; the runner borrows the rest.
 struct LoadedStage {
+  // Whatever the backend borrows and must outlive it (the TP group's NcclComm): declared first,
+  // destroyed last.
+  std::shared_ptr<void> borrowed;
   std::unique_ptr<StageBackend> backend;
   std::unique_ptr<StreamSender> sender;    // non-last stage
   std::unique_ptr<WorkerMetrics> metrics;  // optional

@@ -25,9 +25,24 @@ std::string ExpertEndpointConfig::Describe() const {
   return s;
 }
 
-absl::Status ValidateLayerExperts(const LayerExpertsConfig& l) {
-  if (l.endpoints.empty()) return absl::OkStatus();
-  const int n = l.endpoints.front().slice_count;
+absl::Status ValidateLayerExperts(const LayerExpertsConfig& l, int tp_rank, int tp_size) {
+  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", l.layer, ": TP rank ", tp_rank, " of ", tp_size));
+  }
+  if (l.slice_count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", l.layer, ": slice count ", l.slice_count, " < 0"));
+  }
+  if (l.endpoints.empty()) {
+    if (l.slice_count > tp_rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l.layer, ": no endpoint for TP rank ", tp_rank, " of ", tp_size,
+                       ", whose slices of the layer's ", l.slice_count, " start at ", tp_rank));
+    }
+    return absl::OkStatus();
+  }
+  const int n = l.slice_count > 0 ? l.slice_count : l.endpoints.front().slice_count;
   std::set<int> seen;
   for (const ExpertEndpointConfig& e : l.endpoints) {
     const std::string where = absl::StrCat("layer ", l.layer, ", expert endpoint ", e.Describe());
@@ -39,16 +54,44 @@ absl::Status ValidateLayerExperts(const LayerExpertsConfig& l) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": slice ", e.slice_index, "/", e.slice_count, " in a layer of ", n, " slices"));
     }
+    if (e.slice_index % tp_size != tp_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": slice ", e.slice_index,
+                                                     " belongs to TP rank ",
+                                                     e.slice_index % tp_size, ", not ", tp_rank));
+    }
     if (!seen.insert(e.slice_index).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": slice ", e.slice_index, " is served twice"));
     }
   }
-  if (static_cast<int>(seen.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer ", l.layer, ": ", seen.size(), " endpoints for ", n, " slices"));
+  const int want = n > tp_rank ? (n - tp_rank + tp_size - 1) / tp_size : 0;
+  if (static_cast<int>(seen.size()) != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", l.layer, ": ", seen.size(), " endpoints for ", want, " slices of ", n,
+        tp_size > 1 ? absl::StrCat(" (TP rank ", tp_rank, " of ", tp_size, ")") : std::string()));
   }
   return absl::OkStatus();
+}
+
+std::vector<LayerExpertsConfig> ExpertSlicesForRank(const std::vector<LayerExpertsConfig>& layers,
+                                                    int tp_rank, int tp_size) {
+  std::vector<LayerExpertsConfig> out;
+  for (const LayerExpertsConfig& l : layers) {
+    if (l.endpoints.empty()) {
+      out.push_back(l);
+      continue;
+    }
+    LayerExpertsConfig mine;
+    mine.layer = l.layer;
+    mine.slice_count = l.slice_count > 0 ? l.slice_count : l.endpoints.front().slice_count;
+    for (const ExpertEndpointConfig& e : l.endpoints) {
+      if (tp_size > 0 && e.slice_index % tp_size == tp_rank) mine.endpoints.push_back(e);
+    }
+    std::sort(mine.endpoints.begin(), mine.endpoints.end(),
+              [](const auto& a, const auto& b) { return a.slice_index < b.slice_index; });
+    out.push_back(std::move(mine));
+  }
+  return out;
 }
 
 // One connected expert worker.
@@ -142,13 +185,14 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient>> RoutedExpertsClient::Connec
       return absl::InvalidArgumentError(absl::StrCat("expert layer ", l.layer, " outside [0, ",
                                                      c.n_layers + c.n_mtp_layers, ")"));
     }
-    RETURN_IF_ERROR(ValidateLayerExperts(l));
-    if (l.endpoints.empty()) continue;
+    RETURN_IF_ERROR(ValidateLayerExperts(l, options.tp_rank, options.tp_size));
+    if (l.endpoints.empty() && l.slice_count == 0) continue;
     if (client->layers_.count(l.layer)) {
       return absl::InvalidArgumentError(absl::StrCat("expert layer ", l.layer, " listed twice"));
     }
     Layer& dst = client->layers_[l.layer];
-    dst.slices.resize(l.endpoints.size());
+    if (l.endpoints.empty()) continue;  // none of its slices is this rank's: it adds zero
+    std::vector<std::pair<int, const Endpoint*>> held;  // (slice, endpoint), then slice order
     for (const ExpertEndpointConfig& e : l.endpoints) {
       ExpertEndpointConfig key = e;
       key.worker_id.clear();
@@ -168,8 +212,10 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient>> RoutedExpertsClient::Connec
               "layer ", l.layer, ": expert endpoint ", e.Describe(), " does not hold this layer"));
         }
       }
-      dst.slices[e.slice_index] = it->second.get();
+      held.emplace_back(e.slice_index, it->second.get());
     }
+    std::sort(held.begin(), held.end());
+    for (const auto& [slice, ep] : held) dst.slices.push_back(ep);
     dst.max_tokens = dst.slices.front()->max_tokens;
     for (const Endpoint* ep : dst.slices) dst.max_tokens = std::min(dst.max_tokens, ep->max_tokens);
     if (dst.max_tokens < 1) {
@@ -215,6 +261,10 @@ absl::Status RoutedExpertsClient::Compute(int64_t layer, int64_t T, const float*
   if (it == layers_.end()) return ComputeLocal(layer, T, x, ids, weights, top_k, out);
   const Layer& l = it->second;
   const int64_t dim = c.dim;
+  if (l.slices.empty()) {
+    std::fill_n(out, T * dim, 0.0f);
+    return absl::OkStatus();
+  }
   std::vector<uint16_t> xb(T * dim);
   for (int64_t i = 0; i < T * dim; ++i) xb[i] = FloatToBf16(x[i]);
   const size_t n = l.slices.size();

@@ -17,6 +17,14 @@
 // experts. A layer with no endpoints is computed here by the reference (model::RoutedSum).
 // Every error names the layer and the endpoint.
 //
+// Tensor parallelism (ARCHITECTURE.md "The MoE call"): slice i of a layer's n belongs to TP rank
+// i mod tp_size, and each rank's client holds and calls only its own slices (ExpertSlicesForRank
+// cuts a whole list down; a coordinator's Role already carries only them). Compute then returns
+// the sum of this rank's partials (in slice order), and the cuda backend's MoE all-reduce adds
+// the ranks' sums. A rank given no slice of a remote layer (n <= tp_rank: LayerExpertsConfig with
+// no endpoints and slice_count > 0) returns zeros for it -- remote() is true, so its backend does
+// not compute a share of those experts locally.
+//
 // Connect waits (up to `connect_timeout`) for expert workers that are still loading: a segment
 // that does not exist yet or a gRPC address that refuses connections is retried; any other
 // refusal (another protocol version, a dim or top_k that does not match the model, a gRPC
@@ -53,17 +61,32 @@ struct ExpertEndpointConfig {
 
 struct LayerExpertsConfig {
   int layer = 0;
-  std::vector<ExpertEndpointConfig> endpoints;  // empty: computed locally
+  // This TP rank's slices (with TP 1: all of them); empty and slice_count 0: computed locally.
+  std::vector<ExpertEndpointConfig> endpoints;
+  // The layer's slices over the whole TP group; 0 = the endpoints' own slice_count. Set, with no
+  // endpoints: expert workers serve the layer but none of its slices is this rank's (it adds 0).
+  int slice_count = 0;
 };
 
-// Checks one layer's endpoints: each sets exactly one transport, all share one slice_count n
-// and their slice indices are 0..n-1 once each. InvalidArgument naming the layer otherwise.
-absl::Status ValidateLayerExperts(const LayerExpertsConfig& layer);
+// Checks one layer's endpoints for TP rank `tp_rank` of `tp_size`: each sets exactly one
+// transport, all share one slice_count n (equal to the layer's slice_count when set), and their
+// slice indices are exactly the slices i of 0..n-1 with i mod tp_size == tp_rank, once each (TP 1:
+// all of 0..n-1). InvalidArgument naming the layer otherwise.
+absl::Status ValidateLayerExperts(const LayerExpertsConfig& layer, int tp_rank = 0,
+                                  int tp_size = 1);
+
+// The layers as TP rank `tp_rank` of `tp_size` serves them: each remote layer keeps the endpoints
+// of its slices i with i mod tp_size == tp_rank and records the layer's slice count; local layers
+// stay as they are. `layers` lists whole layers (all slices, as the --experts flag gives them).
+std::vector<LayerExpertsConfig> ExpertSlicesForRank(const std::vector<LayerExpertsConfig>& layers,
+                                                    int tp_rank, int tp_size);
 
 struct ExpertClientOptions {
   absl::Duration call_deadline = absl::Seconds(30);    // per chunk call
   absl::Duration connect_timeout = absl::Seconds(60);  // waiting for workers that are loading
   const std::atomic<bool>* cancel = nullptr;           // optional: set -> Connect stops waiting
+  int tp_rank = 0;  // the layers' endpoints are this rank's slices (ValidateLayerExperts)
+  int tp_size = 1;
 };
 
 class RoutedExpertsClient final : public model::RoutedExperts {
@@ -78,14 +101,15 @@ class RoutedExpertsClient final : public model::RoutedExperts {
   absl::Status Compute(int64_t layer, int64_t T, const float* x, const int32_t* ids,
                        const float* weights, int top_k, float* out) const override;
 
-  // Whether `layer` is served by expert workers (false: computed locally).
+  // Whether `layer` is served by expert workers (false: computed locally), this rank's slices
+  // of it possibly none.
   bool remote(int64_t layer) const { return layers_.count(layer) != 0; }
 
   class Endpoint;
 
  private:
   struct Layer {
-    std::vector<const Endpoint*> slices;  // slice order
+    std::vector<const Endpoint*> slices;  // this rank's, in slice order; empty: it adds zero
     int64_t max_tokens = 0;
   };
   RoutedExpertsClient(const model::Model& model, const ExpertClientOptions& options);

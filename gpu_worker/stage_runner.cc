@@ -74,11 +74,15 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   result.set_micro_batch_id(plan.micro_batch_id());
   StageTimings timings;
   double receive_s = 0.0, send_s = 0.0;
+  group_broken_ = false;
   const absl::Status st = Run(plan, &result, &timings, &receive_s, &send_s);
   if (!st.ok()) {
     result.clear_samples();
     result.set_error(
         absl::StrCat("stage ", role_.stage, " (worker ", role_.worker_id, "): ", st.message()));
+    if (group_broken_ && role_.tp_size > 1 && options_.on_group_broken) {
+      options_.on_group_broken(result.error());
+    }
   }
   result.set_compute_us(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
@@ -154,13 +158,17 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     const auto r0 = std::chrono::steady_clock::now();
     auto got = inbox_->Take(mb, absl::Now() + options_.stream_wait);
     *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
-    if (!got.ok()) return fail(got.status());
+    if (!got.ok()) {
+      group_broken_ = true;  // the peers may have received theirs and run
+      return fail(got.status());
+    }
     in = std::move(*got);
     if (!in.error.empty()) {
       return fail(absl::AbortedError(
           absl::StrCat("the previous stage failed micro-batch ", mb, ": ", in.error)));
     }
     if (in.rows != T || in.width != width || static_cast<int64_t>(in.streams.size()) != T * width) {
+      group_broken_ = true;
       return fail(absl::InvalidArgumentError(absl::StrCat(
           "the previous stage's streams of micro-batch ", mb, " are [", in.rows, ", ", in.width,
           "] with ", in.streams.size(), " values; the plan needs [", T, ", ", width, "]")));
@@ -168,9 +176,11 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   }
   StageOutput out;
   if (absl::Status st = backend_->Run(batch, in.streams.data(), &out, timings); !st.ok()) {
+    group_broken_ = true;
     return fail(st);
   }
   auto drop = [&](const absl::Status& st) {
+    if (role_.tp_size > 1) return st;  // the ranks' states stay identical (see the header)
     for (const StageChunk& ch : batch) backend_->Release(ch.seq_id);
     return st;
   };

@@ -13,10 +13,25 @@
 // by SamplingParams.seed when has_seed, else by a per-process random value mixed with the
 // sequence id (sampler.h).
 //
+// Tensor parallelism (role.tp_size > 1). Every rank of the stage runs every plan; only the last
+// stage's rank 0 samples. What fails before the backend runs (the plan's checks, the backend's
+// Check) fails identically on every rank, since the ranks hold the same state; an error the
+// previous stage pushed normally does too (each rank gets its counterpart rank's, and a stage
+// that fails a micro-batch fails it on every rank), so the group stays in step. (Where it does
+// not -- a previous-stage rank failed alone after its stage's last collective -- the ranks that
+// ran wait in a collective until its deadline and then break the group as below.) A failure that
+// may hit one rank alone -- the backend's Run (its collectives may now be out of step with the
+// peers') or streams that did not arrive -- breaks the group: the runner answers the step with the
+// error and calls `on_group_broken` (the worker then aborts its communicator and exits). Failures
+// after a successful Run (the push to the next stage, sampling) drop no sequence on a TP rank, so
+// the ranks' states stay identical; the coordinator fails and releases those sequences.
+
+//
 // Threads: RunPlan from one thread at a time (the worker's executor).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,6 +76,9 @@ struct RunnerOptions {
   absl::Duration stream_wait = absl::Seconds(120);  // stage > 0: for the previous stage's streams
   absl::Duration push_deadline = absl::Seconds(60);
   uint64_t process_seed = 0;  // unseeded sampling
+  // TP > 1: called (on the runner's thread, before RunPlan returns) with the error of a step that
+  // may have left the TP group's collectives out of step. Optional.
+  std::function<void(const std::string& why)> on_group_broken;
 };
 
 class StageRunner {
@@ -85,6 +103,7 @@ class StageRunner {
   StreamSender* sender_;
   WorkerMetrics* metrics_;
   const RunnerOptions options_;
+  bool group_broken_ = false;  // the current step's failure may have split the TP group
 };
 
 }  // namespace ss::gpu

@@ -1,7 +1,9 @@
-// Pipeline-parallel stream transfer of the cpu backend (proto StageStreams, GpuWorker.PushStreams):
-// stage s pushes each micro-batch's output streams to stage s + 1's TP rank 0, which holds them
-// in its StreamInbox until its runner takes them for that micro-batch. (The cuda backend moves
-// the streams with NCCL send/recv instead.)
+// Pipeline-parallel stream transfer (proto StageStreams, GpuWorker.PushStreams), for both
+// backends: stage s's TP rank r pushes each micro-batch's output streams to stage s + 1's TP rank
+// r (the streams after a stage are the same bits on every rank, so each rank of the next stage
+// gets its own copy and no rank waits on another), which holds them in its StreamInbox until its
+// runner takes them for that micro-batch. (NCCL send/recv between stages is not used: the
+// fp32 streams of a micro-batch are small next to a stage's work.)
 //
 // A sending stage pushes exactly one StageStreams for every micro-batch that has chunks: the
 // streams, or `error` when it failed the micro-batch, so the receiving stage fails it at once

@@ -117,6 +117,8 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   RETURN_IF_ERROR(CheckPositive("expert_connect_timeout_ms", f.expert_connect_timeout_ms));
   RETURN_IF_ERROR(CheckPositive("stream_wait_ms", f.stream_wait_ms));
   RETURN_IF_ERROR(CheckPositive("coordinator_timeout_ms", f.coordinator_timeout_ms));
+  RETURN_IF_ERROR(CheckPositive("collective_timeout_ms", f.collective_timeout_ms));
+  c.collective_timeout_ms = f.collective_timeout_ms;
   c.kv_tokens = f.kv_tokens;
   c.expert_deadline_ms = f.expert_deadline_ms;
   c.expert_connect_timeout_ms = f.expert_connect_timeout_ms;
@@ -130,10 +132,11 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
       return absl::InvalidArgumentError("--worker_id is required with --coordinator");
     }
     if (f.stage != 0 || f.num_stages != 1 || !f.layers.empty() || !f.next_stage.empty() ||
-        !f.experts.empty()) {
+        !f.experts.empty() || f.tp_rank != 0 || f.tp_size != 1 || !f.nccl_id_file.empty()) {
       return absl::InvalidArgumentError(
-          "--stage, --num_stages, --layers, --next_stage and --experts are for standalone runs; "
-          "with --coordinator the role comes from the cluster config");
+          "--stage, --num_stages, --layers, --next_stage, --experts, --tp_rank, --tp_size and "
+          "--nccl_id_file are for standalone runs; with --coordinator the role comes from the "
+          "cluster config");
     }
     return c;
   }
@@ -143,6 +146,22 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   }
   c.stage = f.stage;
   c.num_stages = f.num_stages;
+  if (f.tp_size < 1 || f.tp_size > 64 || f.tp_rank < 0 || f.tp_rank >= f.tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp_rank ", f.tp_rank, " --tp_size ",
+                                                   f.tp_size, ": need 0 <= rank < size <= 64"));
+  }
+  if (f.tp_size > 1 && f.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp_size ", f.tp_size, ": the ", f.backend, " backend runs TP 1 only"));
+  }
+  if (f.tp_size > 1 && f.nccl_id_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--nccl_id_file PATH is required with --tp_size > 1 (standalone: rank 0 writes the TP "
+        "group's NCCL id there, the other ranks read it)");
+  }
+  c.tp_rank = f.tp_rank;
+  c.tp_size = f.tp_size;
+  c.nccl_id_file = f.nccl_id_file;
   if (!f.layers.empty()) {
     ASSIGN_OR_RETURN(std::tie(c.first_layer, c.end_layer), ParseLayerRange(f.layers));
   } else if (f.num_stages > 1) {
@@ -177,9 +196,12 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("expert_connect_timeout_ms = ", expert_connect_timeout_ms),
       absl::StrCat("stream_wait_ms = ", stream_wait_ms),
       absl::StrCat("coordinator_timeout_ms = ", coordinator_timeout_ms),
+      absl::StrCat("collective_timeout_ms = ", collective_timeout_ms),
   };
   if (coordinator.empty()) {
     lines.push_back(absl::StrCat("stage = ", stage, " of ", num_stages));
+    lines.push_back(absl::StrCat("tp = rank ", tp_rank, " of ", tp_size));
+    if (tp_size > 1) lines.push_back(absl::StrCat("nccl_id_file = ", nccl_id_file));
     lines.push_back(end_layer < 0 ? std::string("layers = all")
                                   : absl::StrCat("layers = [", first_layer, ", ", end_layer, ")"));
     lines.push_back(

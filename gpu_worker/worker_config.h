@@ -9,7 +9,7 @@
 //   --advertise HOST:PORT     the address peers and the coordinator use (default: --listen with
 //                             the bound port; a wildcard host becomes this machine's hostname)
 //   --port_file PATH          write the bound port there once listening (for launchers, tests)
-//   --backend cpu|cuda        cuda (TP = 1) needs a build with CUDA; refused without it
+//   --backend cpu|cuda        cuda needs a build with CUDA (TP > 1: with NCCL); cpu runs TP 1
 //   --model DIR               checkpoint directory (required)
 //   --metrics_listen HOST:PORT  Prometheus /metrics (empty = off)
 //   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions)
@@ -18,9 +18,14 @@
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
 //   --coordinator_timeout_ms MS  registration retries / heartbeat silence before giving up
-//   standalone only: --stage S, --num_stages N, --layers a-b (inclusive), --next_stage ADDR,
-//   --kv_block_tokens N, --experts "a-b=EP[+EP...],..." with EP = shm:NAME | grpc:HOST:PORT,
-//   the i-th EP of a range being slice i of n.
+//   --collective_timeout_ms MS   TP > 1: deadline of each wait for an NCCL collective
+//   standalone only: --stage S, --num_stages N, --layers a-b (inclusive), --next_stage ADDR (the
+//   next stage's worker of this TP rank), --kv_block_tokens N, --experts "a-b=EP[+EP...],..."
+//   with EP = shm:NAME | grpc:HOST:PORT, the i-th EP of a range being slice i of n (a TP rank
+//   keeps the slices i with i mod tp_size == tp_rank), --tp_rank R --tp_size N (cuda) with
+//   --nccl_id_file PATH: rank 0 writes its TP group's NCCL unique id there (whole, by rename),
+//   the other ranks wait for it (up to --coordinator_timeout_ms) -- one file per group and run,
+//   removed by whoever starts the ranks.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +56,10 @@ struct WorkerFlags {
   int64_t expert_connect_timeout_ms = 60000;
   int64_t stream_wait_ms = 120000;
   int64_t coordinator_timeout_ms = 60000;
+  int64_t collective_timeout_ms = 300000;
+  int tp_rank = 0;
+  int tp_size = 1;
+  std::string nccl_id_file;
   int stage = 0;
   int num_stages = 1;
   std::string layers;  // standalone: "a-b"; empty = every layer (one stage)
@@ -70,8 +79,11 @@ struct WorkerConfig {
   int cuda_device = 0;
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
   int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
+  int64_t collective_timeout_ms = 0;
   // Standalone role (validated against the model when it is loaded).
   int stage = 0, num_stages = 1;
+  int tp_rank = 0, tp_size = 1;
+  std::string nccl_id_file;             // standalone TP > 1
   int first_layer = 0, end_layer = -1;  // end -1: the model's n_layers
   std::string next_stage;
   int kv_block_tokens = 128;
@@ -98,13 +110,13 @@ struct StageRole {
   int tp_rank = 0, tp_size = 1;
   int first_layer = 0, end_layer = 0;  // [first_layer, end_layer)
   bool runs_mtp = false;
-  std::vector<LayerExpertsConfig> experts;
+  std::vector<LayerExpertsConfig> experts;  // this TP rank's slices (routed_experts_client.h)
   int kv_block_tokens = 128;
   int max_batch_tokens = 0;
   int max_running = 0;
   int heartbeat_interval_ms = 1000;
   std::string model_name;
-  std::string next_stage_address;  // non-last stage: stage + 1's TP rank 0
+  std::string next_stage_address;  // non-last stage: stage + 1's worker of the same TP rank
 
   bool last_stage() const { return stage == num_stages - 1; }
 };

@@ -2,17 +2,23 @@
 # The GPU suite, run on the accelerator machine (the `device` tool) from the repository root with
 # the Debian packages carried in .deps (../shared/device/fetch-debs.sh):
 #
-#   bash tests/device_suite.sh OUT_DIR [quick|services|up|tp]   (quick: no benchmarks, no `up`;
-#                                    services: no layer benchmark; up: only `splitserve up`;
-#                                    tp: quick's run limited to what tensor parallelism touches,
-#                                    with a build of only those targets)
+#   bash tests/device_suite.sh OUT_DIR [quick|services|up|tp|tpup]
+#                                    (quick: no benchmarks, no `up`; services: no layer benchmark;
+#                                    up: only `splitserve up`; tp: quick's run limited to what
+#                                    tensor parallelism touches, with a build of only those
+#                                    targets; tpup: TP across processes only -- `splitserve up
+#                                    --backend cuda` at TP 1, TP 2 and TP 2 x PP 2 answering one
+#                                    greedy chat completion each, compared, and splitserve-golden
+#                                    --tp 2 --stages 2 against TP 1, building only the binaries,
+#                                    or none with SS_DEVICE_BIN=DIR naming prebuilt ones)
 #
 # Builds everything (services included when the carried packages configure; else only the model,
 # the golden runner and the GPU parts), runs every gpu-labelled test binary directly (ctest's
 # gtest discovery files do not load with the device's CMake), the golden conformance run through
 # the cuda backend, the GPU benchmarks and, with the services built, `splitserve up --backend cuda`
-# (one and two pipeline stages on GPU 0) answering a chat completion. Logs go to OUT_DIR; a
-# summary goes to stdout.
+# (one and two pipeline stages on GPU 0; with two GPUs also TP 2 and TP 2 x PP 2, four worker
+# processes on two GPUs) answering a chat completion. Logs go to OUT_DIR; a summary goes to
+# stdout.
 set -uo pipefail
 # NVLink multicast stays off (the device machines' rule; NCCL reads it when TP tests run).
 export NCCL_NVLS_ENABLE=0
@@ -45,6 +51,59 @@ PY
 out="$1"
 quick="${2:-}"
 mkdir -p "$out"
+ngpu=$(nvidia-smi -L | wc -l)
+
+# `splitserve up --backend cuda ARGS` on PORT, one greedy chat completion (with logprobs), then
+# stopped: up_run LABEL PORT MODEL_NAME ARGS... -> $out/up_LABEL.{log,chat.json}, a summary line.
+up_run() {
+  local label="$1" port="$2" name="$3"
+  shift 3
+  "$bin/splitserve" up --backend cuda --port "$port" --log-dir "$out/up_$label" "$@" \
+    >"$out/up_$label.log" 2>&1 &
+  local pid=$! ok=""
+  for _ in $(seq 1 300); do
+    http GET "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && { ok=1; break; }
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [ -n "$ok" ]; then
+    http POST "http://127.0.0.1:$port/v1/chat/completions" \
+      "{\"model\":\"$name\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":24,\"temperature\":0,\"logprobs\":true}" \
+      >"$out/up_$label.chat.json"
+    echo "splitserve up --backend cuda $*: $(grep -m1 'ready in' "$out/up_$label.log")"
+    echo "  $(head -c 300 "$out/up_$label.chat.json")"
+  else
+    echo "splitserve up --backend cuda $*: not ready"; tail -20 "$out/up_$label.log"
+    tail -5 "$out/up_$label"/gpu*.log 2>/dev/null
+  fi
+  kill -TERM "$pid" 2>/dev/null; wait "$pid"; echo "  up exit: $?"
+}
+# The greedy completions of the given labels side by side: content, token count, and whether the
+# tokens and their logprobs are identical to the first label's.
+compare_chats() {
+  python3 - "$out" "$@" <<'PY'
+import json, sys
+out, labels = sys.argv[1], sys.argv[2:]
+ref = None
+for label in labels:
+    try:
+        j = json.load(open(f"{out}/up_{label}.chat.json"))
+        ch = j["choices"][0]
+        lp = [(t["token"], t["logprob"]) for t in (ch.get("logprobs") or {}).get("content") or []]
+        text = ch["message"]["content"]
+    except Exception as e:
+        print(f"compare {label}: no completion ({e})"); continue
+    if ref is None:
+        ref = (text, lp)
+    same_tokens = [t for t, _ in lp] == [t for t, _ in ref[1]]
+    same_lp = lp == ref[1]
+    first_diff = next((i for i, (a, b) in enumerate(zip(lp, ref[1])) if a != b), None)
+    print(f"compare {label} vs {labels[0]}: {len(lp)} tokens, text equal={text == ref[0]}, "
+          f"tokens equal={same_tokens}, logprobs bit-equal={same_lp}, first difference at "
+          f"{first_diff}; text={text[:80]!r}")
+PY
+}
+
 source .deps/use-deps.sh
 export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -55,6 +114,50 @@ if [ -z "${NCCL_ROOT:-}" ] && ! ls /usr/local/cuda/include/nccl.h >/dev/null 2>&
   [ -n "$h" ] && export NCCL_ROOT="$(dirname "$(dirname "$h")")"
 fi
 echo "NCCL_ROOT=${NCCL_ROOT:-} NCCL_P2P_DISABLE=${NCCL_P2P_DISABLE:-} NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
+
+bin=build/bin
+if [ "$quick" = tpup ]; then
+  # TP across processes: the binaries (prebuilt with SS_DEVICE_BIN, else built here), then the
+  # runs of the header; everything else is skipped.
+  if [ -n "${SS_DEVICE_BIN:-}" ]; then
+    bin="$SS_DEVICE_BIN"
+    [ -n "${NCCL_ROOT:-}" ] && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:$LD_LIBRARY_PATH"
+    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+    echo "prebuilt binaries in $bin: $("$bin/splitserve-gpu-worker" --help >/dev/null 2>&1; echo rc=$?)"
+  else
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=ON \
+      -DSS_WERROR=OFF >"$out/cfg.log" 2>&1 || { tail -15 "$out/cfg.log"; exit 1; }
+    start=$(date +%s)
+    cmake --build build -j"$(nproc)" --target splitserve splitserve-coordinator \
+      splitserve-gpu-worker splitserve-expert-worker splitserve-golden >"$out/build.log" 2>&1
+    echo "build: rc=$? in $(( $(date +%s) - start )) s"; grep -m8 -E "error|FAILED" "$out/build.log"
+  fi
+  m=tests/data/tiny-a
+  "$bin/splitserve-golden" --backend cuda --filter model --model $m --golden $m >"$out/golden_cuda.log" 2>&1
+  echo "splitserve-golden --backend cuda --filter model: rc=$? $(tail -1 "$out/golden_cuda.log")"
+  if [ "$ngpu" -ge 2 ]; then
+    "$bin/splitserve-golden" --backend cuda --tp 2 --stages 2 --filter model --model $m --golden $m \
+      >"$out/golden_cuda_tp2_pp2.log" 2>&1
+    echo "splitserve-golden --backend cuda --tp 2 --stages 2 --filter model: rc=$? $(tail -1 "$out/golden_cuda_tp2_pp2.log")"
+    # The whole-model (logits) checks' figures, TP 1 x PP 1 against TP 2 x PP 2.
+    diff <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda.log" | sed 's/ ([^)]*backend)//') \
+         <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda_tp2_pp2.log" | sed 's/ ([^)]*backend)//') \
+         >"$out/golden_model_diff.txt"
+    drc=$?
+    echo "golden model checks, TP 2 x PP 2 vs TP 1: $(grep -cE '^(PASS|FAIL) +model' "$out/golden_cuda.log") lines, figures identical=$([ $drc = 0 ] && echo yes || echo no)"
+    cat "$out/golden_model_diff.txt"
+    grep -E '^(PASS|FAIL) +model' "$out/golden_cuda_tp2_pp2.log" | head -8
+  fi
+  tok=models/tiny/tokenizer.json
+  up_run tp1 18301 tiny-a --model $m --tokenizer $tok --stages 1
+  if [ "$ngpu" -ge 2 ]; then
+    up_run tp2 18311 tiny-a --model $m --tokenizer $tok --stages 1 --tp 2
+    up_run tp2pp2 18321 tiny-a --model $m --tokenizer $tok --stages 2 --tp 2
+    compare_chats tp1 tp2 tp2pp2
+  fi
+  exit 0
+fi
+
 services=ON
 if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=ON \
     -DSS_WERROR=OFF >"$out/cfg.log" 2>&1; then
@@ -66,7 +169,7 @@ if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES
 fi
 grep -h "splitserve: .*NCCL" "$out"/cfg*.log
 tests=(cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test
-       kv_record_gpu_test cuda_backend_test cuda_tp_test golden_cuda_test)
+       kv_record_gpu_test decode_step_test cuda_backend_test cuda_tp_test golden_cuda_test)
 targets=()
 if [ "$quick" = tp ]; then
   tests=(cuda_kernels_test block_kernels_test cuda_backend_test cuda_tp_test golden_cuda_test)
@@ -95,7 +198,7 @@ echo "ptxVersion values: $(grep -ho 'ptxVersion=[0-9]*' "$out"/*.log | sort | un
 build/bin/splitserve-golden --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
   >"$out/golden_cuda.log" 2>&1
 echo "splitserve-golden --backend cuda (experts on the host): rc=$? $(tail -1 "$out/golden_cuda.log")"
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+if [ "$ngpu" -ge 2 ]; then
   build/bin/splitserve-golden --backend cuda --tp 2 --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_tp2.log" 2>&1
   echo "splitserve-golden --backend cuda --tp 2 (experts on the host): rc=$? $(tail -1 "$out/golden_cuda_tp2.log")"
@@ -110,7 +213,7 @@ if [ -x build/bin/splitserve-expert-worker ]; then
   build/bin/splitserve-golden --backend cuda --experts "0-6=shm:$seg" --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_experts.log" 2>&1
   echo "splitserve-golden --backend cuda --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_experts.log")"
-  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  if [ "$ngpu" -ge 2 ]; then
     build/bin/splitserve-golden --backend cuda --tp 2 --experts "0-6=shm:$seg" \
       --model tests/data/tiny-a --golden tests/data/tiny-a >"$out/golden_cuda_tp2_experts.log" 2>&1
     echo "splitserve-golden --backend cuda --tp 2 --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_tp2_experts.log")"
@@ -148,4 +251,12 @@ if [ "$services" = ON ] && [ -x build/bin/splitserve ]; then
     fi
     kill -TERM "$pid" 2>/dev/null; wait "$pid"; echo "up exit: $?"
   done
+  if [ "$ngpu" -ge 2 ]; then
+    # TP across processes: TP 2 (two workers, GPUs 0 and 1) and TP 2 x PP 2 (four workers on the
+    # two GPUs), greedy, against TP 1.
+    up_run tp1 18301 tiny --stages 1
+    up_run tp2 18311 tiny --stages 1 --tp 2
+    up_run tp2pp2 18321 tiny --stages 2 --tp 2
+    compare_chats tp1 tp2 tp2pp2
+  fi
 fi

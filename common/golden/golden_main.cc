@@ -23,6 +23,9 @@ ABSL_FLAG(int, cuda_device, 0, "--backend cuda: the CUDA device ordinal");
 ABSL_FLAG(int, tp, 1,
           "--backend cuda: tensor-parallel ranks, on CUDA devices cuda_device .. cuda_device + tp "
           "- 1 (needs NCCL)");
+ABSL_FLAG(int, stages, 1,
+          "--backend cpu|cuda: pipeline stages of the whole-model checks (layers split evenly; "
+          "with --tp, stage s rank r on device (cuda_device + s*tp + r) mod device count)");
 ABSL_FLAG(std::string, experts, "",
           "--backend cpu|cuda: routed experts on expert workers, in splitserve-gpu-worker's "
           "--experts syntax; empty: computed on the host by the reference");
@@ -30,7 +33,7 @@ ABSL_FLAG(std::string, experts, "",
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-golden --model DIR --golden DIR [--filter a,b] [--backend reference|cpu|cuda] "
-      "[--tp N]");
+      "[--tp N] [--stages N]");
   absl::ParseCommandLine(argc, argv);
   ss::golden::GoldenOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
@@ -42,9 +45,9 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_filter).empty()) {
     o.filters = absl::StrSplit(absl::GetFlag(FLAGS_filter), ',', absl::SkipEmpty());
   }
-  auto backend =
-      ss::gpu::MakeGoldenBackend({absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device),
-                                  absl::GetFlag(FLAGS_experts), absl::GetFlag(FLAGS_tp)});
+  auto backend = ss::gpu::MakeGoldenBackend(
+      {absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device), absl::GetFlag(FLAGS_experts),
+       absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages)});
   if (!backend.ok()) {
     std::fprintf(stderr, "splitserve-golden: %s\n",
                  std::string(backend.status().message()).c_str());

@@ -74,10 +74,55 @@ TEST(ClusterConfigTest, SlicesGoToTpRanks) {
     "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/1", "shm": "s"}]})",
                                                        model);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(RoleFor(*c, "a")->experts_size(), 7);
-  EXPECT_EQ(RoleFor(*c, "b")->experts_size(), 0);
-  EXPECT_EQ(RoleFor(*c, "b")->tp_rank(), 1);
-  EXPECT_EQ(RoleFor(*c, "b")->tp_size(), 2);
+  // Rank 1 still learns that the layers are served remotely (slice_count 1, no endpoints of its
+  // own): it adds zero for them instead of computing a share of the experts itself.
+  const pb::Role a = *RoleFor(*c, "a"), b = *RoleFor(*c, "b");
+  ASSERT_EQ(a.experts_size(), 7);
+  ASSERT_EQ(b.experts_size(), 7);
+  EXPECT_EQ(a.experts(2).endpoints_size(), 1);
+  EXPECT_EQ(a.experts(2).slice_count(), 1);
+  EXPECT_EQ(b.experts(2).endpoints_size(), 0);
+  EXPECT_EQ(b.experts(2).slice_count(), 1);
+  EXPECT_EQ(b.tp_rank(), 1);
+  EXPECT_EQ(b.tp_size(), 2);
+  EXPECT_EQ(TpPeers(*c, "a"), std::vector<std::string>{"b"});
+  EXPECT_EQ(StageOf(*c, "b"), 0);
+  EXPECT_EQ(StageOf(*c, "e"), -1);
+}
+
+TEST(ClusterConfigTest, FourSlicesOverTwoRanksGoIByIModTwo) {
+  ModelConfig model = TinyModel();
+  model.moe_inter_dim = 512;  // four slices of 128
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"({
+    "stages": [{"layers": "0-6", "workers": ["a", "b"]}],
+    "expert_workers": [{"id": "e0", "layers": "0-6", "slice": "0/4", "shm": "s0"},
+                       {"id": "e1", "layers": "0-6", "slice": "1/4", "shm": "s1"},
+                       {"id": "e2", "layers": "0-6", "slice": "2/4", "shm": "s2"},
+                       {"id": "e3", "layers": "0-6", "slice": "3/4", "grpc": "h:1"}]})",
+                                                       model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const auto& [id, want] :
+       std::vector<std::pair<std::string, std::vector<int>>>{{"a", {0, 2}}, {"b", {1, 3}}}) {
+    const pb::Role r = *RoleFor(*c, id);
+    ASSERT_EQ(r.experts_size(), 7);
+    for (const pb::LayerExperts& le : r.experts()) {
+      EXPECT_EQ(le.slice_count(), 4);
+      std::vector<int> got;
+      for (const pb::ExpertEndpoint& e : le.endpoints()) got.push_back(e.slice_index());
+      EXPECT_EQ(got, want) << id << " layer " << le.layer();
+    }
+  }
+}
+
+TEST(ClusterConfigTest, CudaDevicesOfStagesAndRanks) {
+  EXPECT_EQ(*AssignCudaDevices(2, 2, 2), (std::vector<int>{0, 1, 0, 1}));  // TP 2 x PP 2 on 2
+  EXPECT_EQ(*AssignCudaDevices(2, 2, 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(*AssignCudaDevices(3, 1, 2), (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(*AssignCudaDevices(3, 2, 3), (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  const absl::Status st = AssignCudaDevices(1, 2, 1).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("distinct GPUs"), std::string::npos) << st;
+  EXPECT_FALSE(AssignCudaDevices(0, 1, 1).ok());
 }
 
 TEST(ClusterConfigTest, RejectsBadConfigsNamingTheField) {
@@ -206,13 +251,18 @@ class FakeWorker final : public pb::GpuWorker::Service {
   std::unique_ptr<grpc::Server> server_;
 };
 
-// The control service on a loopback port, two fake workers registered with heartbeats.
+// The control service on a loopback port, the config's fake workers registered with heartbeats
+// (the last stage's TP rank 0 samples).
 class ClusterFixture : public ::testing::Test {
  protected:
+  virtual const char* ConfigText() const { return kTwoStages; }
+
   void SetUp() override {
     model_ = TinyModel();
-    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kTwoStages, model_);
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(ConfigText(), model_);
     ASSERT_TRUE(c.ok()) << c.status();
+    ids_ = c->GpuWorkerIds();
+    const std::string sampler = c->stages.back().workers.front();
     control_ = std::make_unique<ControlService>(*c, absl::Seconds(5));
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &control_port_);
@@ -220,12 +270,14 @@ class ClusterFixture : public ::testing::Test {
     control_server_ = b.BuildAndStart();
     stub_ = pb::Coordinator::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(control_port_), grpc::InsecureChannelCredentials()));
-    workers_.push_back(std::make_unique<FakeWorker>("gpu0", false, 64));
-    workers_.push_back(std::make_unique<FakeWorker>("gpu1", true, 48));
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      workers_.push_back(std::make_unique<FakeWorker>(ids_[i], ids_[i] == sampler,
+                                                      i + 1 == ids_.size() ? 48 : 64));
+    }
     for (auto& w : workers_) ASSERT_TRUE(RegisterWorker(w.get()).ok());
     heartbeats_ = std::thread([this] {
       while (!stop_.load()) {
-        for (const char* id : {"gpu0", "gpu1"}) {
+        for (const std::string& id : ids_) {
           if (silent_.load() == id) continue;
           grpc::ClientContext ctx;
           pb::HeartbeatRequest req;
@@ -247,13 +299,17 @@ class ClusterFixture : public ::testing::Test {
   }
 
   grpc::Status RegisterWorker(FakeWorker* w, uint32_t version = kClusterProtocolVersion,
-                              const char* id = nullptr) {
+                              const char* id = nullptr, const char* backend = nullptr) {
     grpc::ClientContext ctx;
     pb::RegisterRequest req;
     req.set_protocol_version(version);
-    req.set_worker_id(id ? id : (w == workers_[0].get() ? "gpu0" : "gpu1"));
+    std::string name = id ? id : "";
+    for (size_t i = 0; i < workers_.size() && name.empty(); ++i) {
+      if (workers_[i].get() == w) name = ids_[i];
+    }
+    req.set_worker_id(name);
     req.set_address(w->address());
-    req.set_backend("cpu");
+    req.set_backend(backend ? backend : (ids_.size() > 2 ? "cuda" : "cpu"));
     pb::RegisterReply rep;
     return stub_->Register(&ctx, req, &rep);
   }
@@ -314,6 +370,7 @@ class ClusterFixture : public ::testing::Test {
   std::thread heartbeats_;
   std::atomic<bool> stop_{false};
   std::atomic<const char*> silent_{""};
+  std::vector<std::string> ids_;
 };
 
 TEST_F(ClusterFixture, RegistrationChecksVersionIdAndLiveness) {
@@ -329,16 +386,13 @@ TEST_F(ClusterFixture, RegistrationChecksVersionIdAndLiveness) {
   EXPECT_TRUE(control_->WaitAllAlive(absl::Seconds(1)));
 }
 
-TEST_F(ClusterFixture, RendezvousWaitsForEveryWorkerAndHandsOutIds) {
+TEST_F(ClusterFixture, RendezvousWaitsForEveryWorker) {
   pb::RendezvousReply reply0;
   std::thread first([&] {
     grpc::ClientContext ctx;
     pb::RendezvousRequest req;
     req.set_protocol_version(kClusterProtocolVersion);
     req.set_worker_id("gpu0");
-    pb::NcclGroupId* g = req.add_nccl_ids();
-    g->set_group("pp");
-    g->set_unique_id(std::string(128, 'x'));
     EXPECT_TRUE(stub_->Rendezvous(&ctx, req, &reply0).ok());
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -353,9 +407,16 @@ TEST_F(ClusterFixture, RendezvousWaitsForEveryWorkerAndHandsOutIds) {
   ASSERT_EQ(reply1.peers_size(), 2);
   EXPECT_EQ(reply1.peers(1).address(), workers_[1]->address());
   EXPECT_EQ(reply1.peers(1).stage(), 1);
-  ASSERT_EQ(reply1.nccl_ids_size(), 1);
-  EXPECT_EQ(reply1.nccl_ids(0).unique_id(), std::string(128, 'x'));
+  EXPECT_EQ(reply1.nccl_ids_size(), 0);  // TP 1: no groups
   EXPECT_EQ(reply0.peers_size(), 2);
+
+  // A TP 1 worker has no group to publish an id for.
+  grpc::ClientContext ctx2;
+  pb::NcclGroupId* g = req.add_nccl_ids();
+  g->set_group(TpGroupName(1));
+  g->set_unique_id(std::string(kNcclUniqueIdBytes, 'x'));
+  EXPECT_EQ(stub_->Rendezvous(&ctx2, req, &reply1).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(ClusterFixture, SilentWorkerIsDeclaredDeadAndMayRegisterAgain) {
@@ -502,6 +563,199 @@ TEST_F(ClusterFixture, DrainLetsRunningRequestsFinish) {
   Outcome o = Drain(*s);
   EXPECT_EQ(o.finish, FinishReason::kLength);
   EXPECT_EQ(o.tokens.size(), 20u);
+}
+
+// ---- TP 2 x PP 2: four workers, gpu0/gpu1 stage 0, gpu2/gpu3 stage 1 ----
+
+constexpr char kTp2Pp2[] = R"({
+  "model_name": "tiny", "kv_block_tokens": 128, "max_batch_tokens": 256, "max_running": 32,
+  "heartbeat_interval_ms": 50, "heartbeat_timeout_ms": 3000,
+  "stages": [{"layers": "0-3", "workers": ["gpu0", "gpu1"]},
+             {"layers": "4-6", "workers": ["gpu2", "gpu3"]}]})";
+
+class TpClusterFixture : public ClusterFixture {
+ protected:
+  const char* ConfigText() const override { return kTp2Pp2; }
+
+  // Rendezvous of `id` publishing `ids` (group -> bytes); `deadline_ms` bounds the wait.
+  grpc::Status Meet(const std::string& id, const std::map<std::string, std::string>& ids,
+                    pb::RendezvousReply* reply, int deadline_ms = 5000) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+    pb::RendezvousRequest req;
+    req.set_protocol_version(kClusterProtocolVersion);
+    req.set_worker_id(id);
+    for (const auto& [group, bytes] : ids) {
+      pb::NcclGroupId* g = req.add_nccl_ids();
+      g->set_group(group);
+      g->set_unique_id(bytes);
+    }
+    return stub_->Rendezvous(&ctx, req, reply);
+  }
+  // Every worker meets at once; rank 0 of stage s publishes `tag_s` x 128.
+  std::vector<pb::RendezvousReply> MeetAll(char tag0, char tag1) {
+    std::vector<pb::RendezvousReply> replies(4);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&, i] {
+        std::map<std::string, std::string> publish;
+        if (i == 0) publish[TpGroupName(0)] = std::string(kNcclUniqueIdBytes, tag0);
+        if (i == 2) publish[TpGroupName(1)] = std::string(kNcclUniqueIdBytes, tag1);
+        const grpc::Status st = Meet(ids_[i], publish, &replies[i]);
+        EXPECT_TRUE(st.ok()) << ids_[i] << ": " << st.error_message();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return replies;
+  }
+  static std::string IdOf(const pb::RendezvousReply& r, const std::string& group) {
+    for (const pb::NcclGroupId& g : r.nccl_ids()) {
+      if (g.group() == group) return g.unique_id();
+    }
+    return "";
+  }
+  bool Dead(int i) const { return control_->Members()[i].dead; }
+};
+
+TEST_F(TpClusterFixture, RolesGiveRanksAndTheCpuBackendIsRefusedAtTpTwo) {
+  absl::StatusOr<pb::Role> r3 = RoleFor(control_->config(), "gpu3");
+  ASSERT_TRUE(r3.ok());
+  EXPECT_EQ(r3->stage(), 1);
+  EXPECT_EQ(r3->tp_rank(), 1);
+  EXPECT_EQ(r3->tp_size(), 2);
+  control_->DeclareDead("gpu1", control_->Members()[1].generation);
+  const grpc::Status cpu =
+      RegisterWorker(workers_[1].get(), kClusterProtocolVersion, "gpu1", "cpu");
+  EXPECT_EQ(cpu.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(cpu.error_message().find("TP 1 only"), std::string::npos) << cpu.error_message();
+}
+
+TEST_F(TpClusterFixture, RendezvousRelaysEachStagesIdFromItsRankZero) {
+  pb::RendezvousReply r;
+  // Only a stage's rank 0 may publish, only its own group, only 128 bytes.
+  EXPECT_EQ(Meet("gpu1", {{TpGroupName(0), std::string(kNcclUniqueIdBytes, 'a')}}, &r).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Meet("gpu0", {{TpGroupName(1), std::string(kNcclUniqueIdBytes, 'a')}}, &r).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Meet("gpu0", {{TpGroupName(0), std::string(5, 'a')}}, &r).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const std::vector<pb::RendezvousReply> replies = MeetAll('x', 'y');
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(replies[i].peers_size(), 4) << i;
+    EXPECT_EQ(IdOf(replies[i], TpGroupName(0)), std::string(kNcclUniqueIdBytes, 'x')) << i;
+    EXPECT_EQ(IdOf(replies[i], TpGroupName(1)), std::string(kNcclUniqueIdBytes, 'y')) << i;
+    for (int p = 0; p < 4; ++p) {
+      EXPECT_EQ(replies[i].peers(p).worker_id(), ids_[p]);
+      EXPECT_EQ(replies[i].peers(p).address(), workers_[p]->address());
+      EXPECT_EQ(replies[i].peers(p).stage(), p / 2);
+      EXPECT_EQ(replies[i].peers(p).tp_rank(), p % 2);
+    }
+  }
+}
+
+TEST_F(TpClusterFixture, ARankZeroThatPublishesNothingFailsItsStage) {
+  std::vector<grpc::Status> st(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      pb::RendezvousReply r;
+      std::map<std::string, std::string> publish;
+      if (i == 2) publish[TpGroupName(1)] = std::string(kNcclUniqueIdBytes, 'y');
+      st[i] = Meet(ids_[i], publish, &r);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i : {0, 1}) {
+    EXPECT_EQ(st[i].error_code(), grpc::StatusCode::FAILED_PRECONDITION) << i;
+    EXPECT_NE(st[i].error_message().find("'gpu0'"), std::string::npos) << st[i].error_message();
+  }
+  EXPECT_TRUE(st[2].ok() && st[3].ok());
+}
+
+TEST_F(TpClusterFixture, ATpGroupLivesAndDiesAsOne) {
+  MeetAll('x', 'y');
+  // The engine declares gpu1 dead: gpu0 goes with it, stage 1 stays.
+  control_->DeclareDead("gpu1", control_->Members()[1].generation);
+  EXPECT_TRUE(Dead(0) && Dead(1));
+  EXPECT_FALSE(Dead(2) || Dead(3));
+  grpc::ClientContext hb_ctx;
+  pb::HeartbeatRequest hb;
+  hb.set_protocol_version(kClusterProtocolVersion);
+  hb.set_worker_id("gpu0");
+  pb::HeartbeatReply rep;
+  ASSERT_TRUE(stub_->Heartbeat(&hb_ctx, hb, &rep).ok());
+  EXPECT_FALSE(rep.member());
+  // Both restart: neither registration kills the other (neither has met yet), and the group's
+  // old id is gone until the new rank 0 publishes a new one.
+  ASSERT_TRUE(RegisterWorker(workers_[1].get()).ok());
+  ASSERT_TRUE(RegisterWorker(workers_[0].get()).ok());
+  EXPECT_FALSE(Dead(0) || Dead(1));
+  std::vector<pb::RendezvousReply> r(2);
+  std::thread t0([&] {
+    EXPECT_TRUE(Meet("gpu0", {{TpGroupName(0), std::string(kNcclUniqueIdBytes, 'z')}}, &r[0]).ok());
+  });
+  ASSERT_TRUE(Meet("gpu1", {}, &r[1]).ok());  // stage 1 met before and is still a member
+  t0.join();
+  EXPECT_EQ(IdOf(r[1], TpGroupName(0)), std::string(kNcclUniqueIdBytes, 'z'));
+  EXPECT_EQ(control_->Members()[0].generation, 2u);
+
+  // gpu3 goes silent and a new gpu3 registers before anyone noticed: its peer gpu2, which
+  // formed a group with the old process, is declared dead.
+  silent_.store("gpu3");
+  std::this_thread::sleep_for(std::chrono::milliseconds(3200));
+  ASSERT_TRUE(RegisterWorker(workers_[3].get()).ok());
+  EXPECT_TRUE(Dead(2));
+  EXPECT_FALSE(Dead(3) || Dead(0) || Dead(1));
+  silent_.store("");
+  // Missed heartbeats take the whole group too.
+  silent_.store("gpu0");
+  std::vector<std::string> dead;
+  for (int i = 0; i < 100 && dead.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    dead = control_->CheckHeartbeats();
+  }
+  EXPECT_EQ(dead, (std::vector<std::string>{"gpu0", "gpu1"}));
+}
+
+TEST_F(TpClusterFixture, EveryRankGetsEveryPlanAndOneFailedRankFailsTheMicroBatch) {
+  StartEngine();
+  Outcome a = Drain(*Submit({10, 11, 12}, 5));
+  EXPECT_EQ(a.tokens, (std::vector<int32_t>{13, 14, 15, 16, 17}));
+  // Same plans, same order, on all four (the fakes check each sequence's positions).
+  const int plans = workers_[0]->plans_.load();
+  EXPECT_GT(plans, 0);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(workers_[i]->plans_.load(), plans) << ids_[i];
+
+  // Rank 1 of the last stage (not the sampler) fails a micro-batch: its requests fail, naming it.
+  const int64_t next = workers_[3]->plans_.load();
+  workers_[3]->fail_micro_batch_.store(next);
+  Outcome bad = Drain(*Submit({20}, 4));
+  EXPECT_EQ(bad.finish, FinishReason::kError);
+  EXPECT_NE(bad.error.find("gpu3"), std::string::npos) << bad.error;
+  EXPECT_NE(bad.error.find("injected failure"), std::string::npos) << bad.error;
+  Outcome good = Drain(*Submit({30}, 3));
+  EXPECT_EQ(good.tokens, (std::vector<int32_t>{31, 32, 33}));
+
+  // A rank dies: requests fail with its name, its TP peer is declared dead with it, and the
+  // cluster serves again once both have registered again.
+  workers_[1]->delay_ms_.store(10);
+  auto s = Submit({40}, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  workers_[1]->die_.store(true);
+  Outcome o = Drain(*s);
+  EXPECT_EQ(o.finish, FinishReason::kError);
+  EXPECT_NE(o.error.find("gpu1"), std::string::npos) << o.error;
+  EXPECT_TRUE(Dead(0) && Dead(1));
+  EXPECT_FALSE(Dead(2) || Dead(3));
+  workers_[1]->die_.store(false);
+  workers_[1]->delay_ms_.store(0);
+  ASSERT_TRUE(RegisterWorker(workers_[1].get()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(engine_->Ready());  // gpu0 is still dead
+  ASSERT_TRUE(RegisterWorker(workers_[0].get()).ok());
+  ASSERT_TRUE(WaitReady());
+  Outcome again = Drain(*Submit({50}, 3));
+  EXPECT_EQ(again.tokens, (std::vector<int32_t>{51, 52, 53}));
 }
 
 }  // namespace

@@ -146,7 +146,9 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
                                              {"--backend", "tpu"},
                                              {"--bogus", "1"},
                                              {"--model", "/nonexistent"},
-                                             {"--stages", "99"}}) {
+                                             {"--stages", "99"},
+                                             {"--tp", "0"},
+                                             {"--backend", "cpu", "--tp", "2"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
     argv.insert(argv.end(), args.begin(), args.end());
     ChildProcess p(argv, "/dev/null");

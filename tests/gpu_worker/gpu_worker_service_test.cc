@@ -316,6 +316,32 @@ TEST(GpuWorkerConfig, FlagsAreValidated) {
   EXPECT_TRUE(ParseWorkerConfig(g).ok());
   g.kv_tokens = 0;
   EXPECT_FALSE(ParseWorkerConfig(g).ok());
+  g.kv_tokens = 16;
+  g.tp_size = 2;
+  EXPECT_FALSE(ParseWorkerConfig(g).ok());  // the TP rank comes from the coordinator's role
+}
+
+TEST(GpuWorkerConfig, StandaloneTpFlags) {
+  WorkerFlags f;
+  f.model = kTinyA;
+  f.tp_size = 2;
+  f.tp_rank = 1;
+  // The cpu backend runs TP 1 only.
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("TP 1 only"), std::string::npos);
+  f.backend = "cuda";
+#ifdef SS_HAVE_CUDA
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--nccl_id_file"), std::string::npos);
+  f.nccl_id_file = "/tmp/id";
+  auto c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tp_rank, 1);
+  EXPECT_EQ(c->tp_size, 2);
+  f.tp_rank = 2;
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());
+  f.tp_rank = 0;
+  f.collective_timeout_ms = 0;
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());
+#endif
 }
 
 }  // namespace

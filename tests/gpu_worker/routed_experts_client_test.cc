@@ -129,6 +129,24 @@ TEST(RoutedExpertsClient, SlicesSumInOrderAndLocalLayersAreTheReference) {
     std::vector<float> sum(p0.size());
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = p0[i] + p1[i];
     EXPECT_EQ(std::memcmp(sum.data(), got.data(), sum.size() * 4), 0) << "layer " << layer;
+    // TP 2: rank r's client holds slice r alone and returns exactly that worker's partial (the
+    // backend's MoE all-reduce adds the ranks').
+    for (int rank = 0; rank < 2; ++rank) {
+      ExpertClientOptions o;
+      o.tp_rank = rank;
+      o.tp_size = 2;
+      auto mine = RoutedExpertsClient::Connect(**m, ExpertSlicesForRank(layers, rank, 2), o);
+      ASSERT_TRUE(mine.ok()) << mine.status();
+      EXPECT_TRUE((*mine)->remote(layer));
+      std::vector<float> part(in.T * c.dim, NAN);
+      ASSERT_TRUE((*mine)
+                      ->Compute(layer, in.T, in.x.data(), in.r.indices.data(), in.r.weights.data(),
+                                k, part.data())
+                      .ok());
+      const std::vector<float>& want = rank == 0 ? p0 : p1;
+      EXPECT_EQ(std::memcmp(want.data(), part.data(), want.size() * 4), 0)
+          << "layer " << layer << " rank " << rank;
+    }
     std::vector<float> ref(in.T * c.dim);
     model::RoutedSum((*m)->weights().blocks[layer].moe, c, in.x.data(), in.r, in.T, ref.data());
     EXPECT_LE(golden::Compare(got.data(), ref.data(), ref.size()).rms_rel, 1.0 / 256);
@@ -178,6 +196,54 @@ TEST(RoutedExpertsClient, ConfigurationErrorsNameLayerAndEndpoint) {
   EXPECT_NE(missing.status().message().find("ss-gw-nobody"), std::string::npos);
   auto outside = RoutedExpertsClient::Connect(**m, {{99, {}}}, o);
   EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RoutedExpertsClient, TpRanksHoldSlicesIModTpAndARankWithoutSlicesAddsZero) {
+  // Four slices over two ranks: rank 0 holds 0 and 2, rank 1 holds 1 and 3.
+  const LayerExpertsConfig whole{
+      5, {Shm("s0", 0, 4), Shm("s1", 1, 4), Shm("s2", 2, 4), Shm("s3", 3, 4)}};
+  EXPECT_TRUE(ValidateLayerExperts(whole).ok());
+  const std::vector<LayerExpertsConfig> r1 = ExpertSlicesForRank({whole, {6, {}}}, 1, 2);
+  ASSERT_EQ(r1.size(), 2u);
+  ASSERT_EQ(r1[0].endpoints.size(), 2u);
+  EXPECT_EQ(r1[0].endpoints[0].shm_name, "s1");
+  EXPECT_EQ(r1[0].endpoints[1].shm_name, "s3");
+  EXPECT_EQ(r1[0].slice_count, 4);
+  EXPECT_TRUE(r1[1].endpoints.empty());  // a local layer stays local
+  EXPECT_EQ(r1[1].slice_count, 0);
+  EXPECT_TRUE(ValidateLayerExperts(r1[0], 1, 2).ok());
+  EXPECT_FALSE(ValidateLayerExperts(r1[0], 0, 2).ok());  // rank 1's slices given to rank 0
+  EXPECT_FALSE(ValidateLayerExperts(r1[0]).ok());        // half the slices at TP 1
+  LayerExpertsConfig missing = r1[0];
+  missing.endpoints.pop_back();
+  const absl::Status st = ValidateLayerExperts(missing, 1, 2);
+  EXPECT_NE(st.message().find("layer 5"), std::string::npos) << st;
+
+  // One slice over two ranks: rank 1 holds none and adds zero (remote, so its backend does not
+  // compute a share of the experts itself); no endpoint for rank 0 would be an error.
+  const std::vector<LayerExpertsConfig> one = ExpertSlicesForRank({{2, {Shm("x", 0, 1)}}}, 1, 2);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_TRUE(one[0].endpoints.empty());
+  EXPECT_EQ(one[0].slice_count, 1);
+  EXPECT_TRUE(ValidateLayerExperts(one[0], 1, 2).ok());
+  EXPECT_FALSE(ValidateLayerExperts(one[0], 0, 2).ok());
+  auto m = model::Model::Load("tests/data/tiny-a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ExpertClientOptions o;
+  o.tp_rank = 1;
+  o.tp_size = 2;
+  auto client = RoutedExpertsClient::Connect(**m, one, o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->remote(2));
+  EXPECT_FALSE((*client)->remote(3));
+  const ModelConfig& c = (*m)->config();
+  const MoeInput in = MakeInput(**m, 2, 3, 9);
+  std::vector<float> out(in.T * c.dim, NAN);
+  ASSERT_TRUE((*client)
+                  ->Compute(2, in.T, in.x.data(), in.r.indices.data(), in.r.weights.data(),
+                            static_cast<int>(c.n_activated_experts), out.data())
+                  .ok());
+  for (float v : out) ASSERT_EQ(v, 0.0f);
 }
 
 TEST(RoutedExpertsClient, AGrpcWorkerServingAnotherSliceIsRefused) {
