@@ -20,6 +20,11 @@
 // StageTimings (which synchronises inside the layer) splits the step into attention and MoE.
 // Prefill: one 8K-token chunk from position 0 (the second of two runs), tokens per second.
 //
+// --tp N (N GPUs) runs each layer tensor-parallel over N ranks, one thread and one GPU each, joined
+// by an in-process NCCL group (NcclComm::CreateGroup): step times are the slowest rank's, and the
+// timed pass adds the seconds each step spends in the NCCL collectives (StageTimings::allreduce,
+// rank 0: the all-reduce after attention and the one after the MoE).
+//
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
 // cudaProfilerStop (for `ncu --profile-from-start off`).
 #include <cuda_profiler_api.h>
@@ -33,12 +38,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/bf16.h"
 #include "common/model/model.h"
 #include "common/model_config.h"
 #include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/nccl_comm.h"
 #include "tests/tools/checkpoint_generator.h"
 
 namespace {
@@ -103,9 +110,12 @@ int main(int argc, char** argv) {
   }
   std::string dir = "/tmp/ss_flash_layers";
   bool profile = false;
+  int tp = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
+    } else if (std::strcmp(argv[i], "--tp") == 0 && i + 1 < argc) {
+      tp = std::atoi(argv[++i]);
     } else {
       dir = argv[i];
     }
@@ -122,6 +132,26 @@ int main(int argc, char** argv) {
   const int64_t width = c.hc_mult * c.dim;
   const double copy_bw = profile ? 1.0 : CopyBandwidth();
   std::printf("D2D copy: %.1f GB/s (read + write)\n", copy_bw / 1e9);
+  if (tp < 1 || tp > n_dev) {
+    std::fprintf(stderr, "--tp %d needs %d CUDA devices, %d found\n", tp, tp, n_dev);
+    return 1;
+  }
+  std::vector<std::unique_ptr<ss::gpu::NcclComm>> comms;
+  if (tp > 1) {
+    std::vector<int> devices;
+    for (int r = 0; r < tp; ++r) devices.push_back(r);
+    auto g = ss::gpu::NcclComm::CreateGroup(devices);
+    Die(g.status(), "NCCL group");
+    comms = std::move(*g);
+    std::printf("TP %d: one rank per GPU, in-process NCCL group\n", tp);
+  }
+  // fn(rank) on every rank, each on its own thread when TP > 1 (the ranks meet in collectives).
+  auto all_ranks = [&](auto fn) {
+    if (tp == 1) return fn(0);
+    std::vector<std::thread> th;
+    for (int r = 0; r < tp; ++r) th.emplace_back([&, r] { fn(r); });
+    for (std::thread& t : th) t.join();
+  };
 
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -131,35 +161,52 @@ int main(int argc, char** argv) {
   for (auto& t : tokens) t = static_cast<int32_t>(2 + rng() % 1000);
 
   for (int layer = 0; layer < 2; ++layer) {
-    ss::gpu::CudaBackendOptions o;
-    o.stage = 1;
-    o.num_stages = 3;
-    o.first_layer = layer;
-    o.end_layer = layer + 1;
-    o.kv_tokens = 9 * 65536 + 2 * kChunk;
-    o.exclude_routed_experts = true;
-    auto b = ss::gpu::CudaBackend::Create(model, o);
-    Die(b.status(), "create");
+    std::vector<std::unique_ptr<ss::gpu::CudaBackend>> ranks(tp);
+    all_ranks([&](int r) {
+      ss::gpu::CudaBackendOptions o;
+      o.stage = 1;
+      o.num_stages = 3;
+      o.first_layer = layer;
+      o.end_layer = layer + 1;
+      o.kv_tokens = 9 * 65536 + 2 * kChunk;
+      o.exclude_routed_experts = true;
+      o.device = r;
+      o.tp_rank = r;
+      o.tp_size = tp;
+      o.comm = tp > 1 ? comms[r].get() : nullptr;
+      auto b = ss::gpu::CudaBackend::Create(model, o);
+      Die(b.status(), "create");
+      ranks[r] = std::move(*b);
+    });
     const int64_t ratio = c.compress_ratio(layer);
-    const int64_t wbytes = (*b)->info().weight_bytes;
+    const int64_t wbytes = ranks[0]->info().weight_bytes;
+    if (layer == 0) {
+      std::printf("KV pool per GPU: %.1f MB for %lld tokens (paged fp8_ds_mla records)\n",
+                  ranks[0]->info().kv_bytes / 1e6,
+                  static_cast<long long>(ranks[0]->info().kv_tokens));
+    }
     double prefill = 0;
     if (!profile) {
       for (int rep = 0; rep < 2; ++rep) {
-        (*b)->ReleaseAll();
-        ss::gpu::StageChunk ch{1000, 0, tokens, false, {}};
-        ss::gpu::StageOutput out;
         const double t0 = Now();
-        Die((*b)->Run(std::vector<ss::gpu::StageChunk>{ch}, streams.data(), &out, nullptr),
-            "prefill");
+        all_ranks([&](int r) {
+          ranks[r]->ReleaseAll();
+          ss::gpu::StageChunk ch{1000, 0, tokens, false, {}};
+          ss::gpu::StageOutput out;
+          Die(ranks[r]->Run(std::vector<ss::gpu::StageChunk>{ch}, streams.data(), &out, nullptr),
+              "prefill");
+        });
         prefill = Now() - t0;  // the second one: warm
       }
     }
     for (const int64_t context : {int64_t{8192}, int64_t{65536}}) {
       for (const int batch : {1, 8}) {
         if (profile && (context != 8192 || batch != 1)) continue;
-        (*b)->ReleaseAll();
-        for (int s = 0; s < batch; ++s) {
-          Die((*b)->FillSequenceForBenchmark(static_cast<uint64_t>(s), context), "fill");
+        for (auto& b : ranks) {
+          b->ReleaseAll();
+          for (int s = 0; s < batch; ++s) {
+            Die(b->FillSequenceForBenchmark(static_cast<uint64_t>(s), context), "fill");
+          }
         }
         std::vector<int32_t> one(batch);
         std::vector<ss::gpu::StageChunk> step(batch);
@@ -169,9 +216,11 @@ int main(int argc, char** argv) {
             one[s] = tokens[next % kChunk];
             step[s] = {static_cast<uint64_t>(s), next, std::span(&one[s], 1), true, {}};
           }
-          ss::gpu::StageOutput out;
           const double t0 = Now();
-          Die((*b)->Run(step, streams.data(), &out, tm), "decode");
+          all_ranks([&](int r) {
+            ss::gpu::StageOutput out;
+            Die(ranks[r]->Run(step, streams.data(), &out, r == 0 ? tm : nullptr), "decode");
+          });
           ++next;
           return Now() - t0;
         };
@@ -186,33 +235,38 @@ int main(int argc, char** argv) {
                       static_cast<long long>(ratio), iters, t_sum / iters * 1e3);
           continue;
         }
-        double attn = 0, moe = 0;
+        double attn = 0, moe = 0, ar = 0, t_timed = 0;
         for (int i = 0; i < timed; ++i) {
           ss::gpu::StageTimings tm;
-          run_step(&tm);
+          t_timed += run_step(&tm);
           attn += tm.attention[0];
           moe += tm.moe_gpu[0];
+          ar += tm.allreduce[0];
         }
         const double t = t_sum / iters;
         const int64_t ctx = context + warm + iters / 2;
-        int64_t kv = c.window_size * c.head_dim * 2;
+        // The paged cache's bytes: fp8_ds_mla records (584 B) and MXFP4 indexer keys (68 B).
+        const int64_t rec = 584, key = c.index_head_dim / 2 + c.index_head_dim / 32;
+        int64_t kv = c.window_size * rec;
         if (ratio == 4) {
-          kv += (ctx / 4) * c.index_head_dim * 2 +
-                std::min<int64_t>(c.index_topk, ctx / 4) * c.head_dim * 2;
+          kv += (ctx / 4) * key + std::min<int64_t>(c.index_topk, ctx / 4) * rec;
         } else if (ratio == 128) {
-          kv += (ctx / 128) * c.head_dim * 2;
+          kv += (ctx / 128) * rec;
         }
         const double bytes = static_cast<double>(wbytes) + static_cast<double>(batch) * kv;
         std::printf(
-            "layer ratio %3lld batch %d ctx %6lld: decode %.3f ms/step, %.1f MB read, %.1f GB/s "
-            "= %.3f of D2D copy (with per-layer syncs: attention %.3f, moe %.3f ms)\n",
+            "%slayer ratio %3lld batch %d ctx %6lld: decode %.3f ms/step, %.1f MB read, %.1f GB/s "
+            "= %.3f of D2D copy (with per-layer syncs: step %.3f, attention %.3f, moe %.3f, "
+            "allreduce %.3f ms)\n",
+            tp > 1 ? ("TP " + std::to_string(tp) + " ").c_str() : "",
             static_cast<long long>(ratio), batch, static_cast<long long>(context), t * 1e3,
-            bytes / 1e6, bytes / t / 1e9, bytes / t / copy_bw, attn / timed * 1e3,
-            moe / timed * 1e3);
+            bytes / 1e6, bytes / t / 1e9, bytes / t / copy_bw, t_timed / timed * 1e3,
+            attn / timed * 1e3, moe / timed * 1e3, ar / timed * 1e3);
       }
     }
     if (!profile) {
-      std::printf("layer ratio %3lld: prefill 8K chunk %.1f ms = %.0f tokens/s\n",
+      std::printf("%slayer ratio %3lld: prefill 8K chunk %.1f ms = %.0f tokens/s\n",
+                  tp > 1 ? ("TP " + std::to_string(tp) + " ").c_str() : "",
                   static_cast<long long>(ratio), prefill * 1e3, kChunk / prefill);
     }
   }

@@ -3,300 +3,23 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/rope.h"
 #include "common/status.h"
+#include "gpu_worker/cuda_backend_internal.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
-#include "gpu_worker/kernels/sparse_attention.h"
+#include "gpu_worker/kernels/paged_kv.h"
 #include "gpu_worker/nccl_comm.h"
 
 namespace ss::gpu {
-namespace {
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
-}
-
-#define CUDA_RETURN_IF_ERROR(expr)                                       \
-  do {                                                                   \
-    const cudaError_t ss_cuda_e_ = (expr);                               \
-    if (ss_cuda_e_ != cudaSuccess) return CudaStatus(ss_cuda_e_, #expr); \
-  } while (0)
-
-using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-struct DevFp8 {
-  const uint8_t* w = nullptr;
-  const uint8_t* s = nullptr;
-  int64_t out = 0, in = 0;
-};
-struct DevBf16 {
-  const uint16_t* p = nullptr;
-  int64_t rows = 0, cols = 0;
-};
-struct DevHc {
-  const float *fn = nullptr, *base = nullptr, *scale = nullptr;
-};
-struct DevCompressor {
-  const float* ape = nullptr;
-  DevBf16 wkv, wgate;
-  const float* norm = nullptr;
-  int64_t width = 0;
-};
-struct DevBlock {
-  int64_t ratio = 0;
-  const float *attn_norm = nullptr, *ffn_norm = nullptr;
-  DevHc hc_attn, hc_ffn;
-  const float* sink = nullptr;
-  DevFp8 wq_a, wq_b, wkv, wo_a, wo_b;
-  const float *q_norm = nullptr, *kv_norm = nullptr;
-  bool has_compressor = false, has_indexer = false;
-  DevCompressor compressor, index_compressor;
-  DevFp8 index_wq_b;
-  DevBf16 index_weights_proj;
-  DevBf16 gate;
-  const float* bias = nullptr;
-  const int32_t* tid2eid = nullptr;
-  DevFp8 shared_w1, shared_w2, shared_w3;
-  int64_t shared_inter = 0;  // this rank's slice of the shared expert's intermediate dim (may be 0)
-};
-
-// A rank's share [begin, end) of `n` items split in `parts` contiguous runs of whole `unit`s.
-struct Share {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-};
-Share ShareOf(int64_t n, int64_t unit, int parts, int rank) {
-  const int64_t units = (n + unit - 1) / unit;
-  return {std::min(n, rank * units / parts * unit), std::min(n, (rank + 1) * units / parts * unit)};
-}
-
-// One (sequence, layer)'s KV on the device (see the header for the pool's layout).
-struct LayerKv {
-  uint16_t* pool = nullptr;
-  int64_t stage_cap = 0, comp_cap = 0;
-  uint16_t* keys = nullptr;
-  int64_t keys_cap = 0;
-  float* comp_state = nullptr;      // kv | score, each [slots, width]
-  float* index_state = nullptr;     // kv | score
-  int64_t comp_n = 0, index_n = 0;  // slots·width of each half
-};
-
-struct SeqState {
-  int64_t next_pos = 0;
-  int64_t bytes = 0;            // device bytes of its layers' buffers
-  std::vector<LayerKv> layers;  // index = layer − first_layer
-};
-
-// A grow-only device buffer.
-struct DevBuf {
-  void* p = nullptr;
-  size_t cap = 0;
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= cap) return absl::OkStatus();
-    cudaFree(p);
-    p = nullptr;
-    cap = 0;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
-    cap = bytes;
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  ~DevBuf() { cudaFree(p); }
-};
-
-// A grow-only pinned host buffer (async copies that a graph or a pipelined step can rely on).
-struct PinnedBuf {
-  void* p = nullptr;
-  size_t cap = 0;
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= cap) return absl::OkStatus();
-    cudaFreeHost(p);
-    p = nullptr;
-    cap = 0;
-    CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<size_t>(bytes, 256)));
-    cap = bytes;
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  ~PinnedBuf() { cudaFreeHost(p); }
-};
-
-}  // namespace
-
-struct CudaBackend::Impl {
-  int device = 0;
-  int tp = 1, rank = 0;
-  NcclComm* comm = nullptr;
-  Share vocab;            // this rank's LM-head rows
-  int64_t vocab_max = 0;  // the largest rank's row count (the all-gather's block)
-  cudaStream_t stream = nullptr;
-  cudaEvent_t routed_ready = nullptr;
-  std::vector<void*> allocations;  // weights, freed at destruction
-  int64_t weight_bytes = 0;
-  std::vector<DevBlock> blocks;  // index = layer − first_layer
-  DevHc hc_head;
-  const float* final_norm = nullptr;
-  DevBf16 head;
-  const float *freqs_plain = nullptr, *freqs_comp = nullptr;
-  std::map<uint64_t, SeqState> seqs;
-  // Scratch, grow-only.
-  DevBuf arena, params, cand, scores, sel, logits;
-  // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
-  // dim] fp32 sum.
-  PinnedBuf moe_x, moe_ids, moe_w, moe_sum;
-
-  ~Impl() {
-    for (auto& [id, s] : seqs) FreeSeq(s);
-    for (void* p : allocations) cudaFree(p);
-    if (routed_ready) cudaEventDestroy(routed_ready);
-    if (stream) cudaStreamDestroy(stream);
-  }
-
-  absl::StatusOr<void*> Upload(const void* src, size_t bytes) {
-    void* p = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
-    allocations.push_back(p);
-    CUDA_RETURN_IF_ERROR(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice));
-    weight_bytes += static_cast<int64_t>(bytes);
-    return p;
-  }
-  absl::StatusOr<const float*> F32(const std::vector<float>& v) {
-    ASSIGN_OR_RETURN(void* p, Upload(v.data(), v.size() * 4));
-    return static_cast<const float*>(p);
-  }
-  absl::StatusOr<DevFp8> Fp8(const model::Fp8Weight& w) { return Fp8Rows(w, {0, w.out}); }
-  // Output rows r of an FP8 weight (r.begin a multiple of 128: whole scale rows).
-  absl::StatusOr<DevFp8> Fp8Rows(const model::Fp8Weight& w, Share r) {
-    DevFp8 d{nullptr, nullptr, r.size(), w.in};
-    if (r.size() == 0) return d;
-    const int64_t nbi = (w.in + 127) / 128;
-    ASSIGN_OR_RETURN(void* pw, Upload(w.w + r.begin * w.in, static_cast<size_t>(r.size() * w.in)));
-    ASSIGN_OR_RETURN(void* ps, Upload(w.s + r.begin / 128 * nbi,
-                                      static_cast<size_t>((r.size() + 127) / 128 * nbi)));
-    d.w = static_cast<const uint8_t*>(pw);
-    d.s = static_cast<const uint8_t*>(ps);
-    return d;
-  }
-  // Input columns k of an FP8 weight (k.begin a multiple of 128), copied row by row.
-  absl::StatusOr<DevFp8> Fp8Cols(const model::Fp8Weight& w, Share k) {
-    DevFp8 d{nullptr, nullptr, w.out, k.size()};
-    if (k.size() == 0) return d;
-    const int64_t nbo = (w.out + 127) / 128, nbi = (w.in + 127) / 128;
-    const int64_t kb0 = k.begin / 128, nbk = (k.size() + 127) / 128;
-    std::vector<uint8_t> hw(w.out * k.size()), hs(nbo * nbk);
-    for (int64_t o = 0; o < w.out; ++o) {
-      std::memcpy(hw.data() + o * k.size(), w.w + o * w.in + k.begin, k.size());
-    }
-    for (int64_t b = 0; b < nbo; ++b) std::memcpy(hs.data() + b * nbk, w.s + b * nbi + kb0, nbk);
-    ASSIGN_OR_RETURN(void* pw, Upload(hw.data(), hw.size()));
-    ASSIGN_OR_RETURN(void* ps, Upload(hs.data(), hs.size()));
-    d.w = static_cast<const uint8_t*>(pw);
-    d.s = static_cast<const uint8_t*>(ps);
-    return d;
-  }
-  absl::StatusOr<DevBf16> Bf16(const model::Bf16Matrix& m) { return Bf16Rows(m, {0, m.rows}); }
-  absl::StatusOr<DevBf16> Bf16Rows(const model::Bf16Matrix& m, Share r) {
-    ASSIGN_OR_RETURN(
-        void* p, Upload(m.data + r.begin * m.cols * 2, static_cast<size_t>(r.size() * m.cols * 2)));
-    return DevBf16{static_cast<const uint16_t*>(p), r.size(), m.cols};
-  }
-  absl::StatusOr<DevHc> Hc(const model::HcWeights& h) {
-    DevHc d;
-    ASSIGN_OR_RETURN(d.fn, F32(h.fn));
-    ASSIGN_OR_RETURN(d.base, F32(h.base));
-    ASSIGN_OR_RETURN(d.scale, F32(h.scale));
-    return d;
-  }
-  absl::StatusOr<DevCompressor> Compressor(const model::CompressorWeights& c) {
-    DevCompressor d;
-    ASSIGN_OR_RETURN(d.ape, F32(c.ape));
-    ASSIGN_OR_RETURN(d.wkv, Bf16(c.wkv));
-    ASSIGN_OR_RETURN(d.wgate, Bf16(c.wgate));
-    ASSIGN_OR_RETURN(d.norm, F32(c.norm));
-    d.width = c.wkv.rows;
-    return d;
-  }
-  // Block weights of this rank (cuda_backend.h "Tensor parallelism"; at TP = 1 every share is the
-  // whole tensor).
-  absl::StatusOr<DevBlock> Block(const ModelConfig& c, const model::BlockWeights& b) {
-    DevBlock d;
-    const model::AttentionWeights& a = b.attn;
-    const int64_t Hr = c.n_heads / tp, Gr = c.o_groups / tp;
-    const Share heads{rank * Hr, (rank + 1) * Hr};
-    const Share group_rows{rank * Gr * c.o_lora_rank, (rank + 1) * Gr * c.o_lora_rank};
-    d.ratio = a.ratio;
-    ASSIGN_OR_RETURN(d.attn_norm, F32(b.attn_norm));
-    ASSIGN_OR_RETURN(d.ffn_norm, F32(b.ffn_norm));
-    ASSIGN_OR_RETURN(d.hc_attn, Hc(b.hc_attn));
-    ASSIGN_OR_RETURN(d.hc_ffn, Hc(b.hc_ffn));
-    ASSIGN_OR_RETURN(d.sink, F32(std::vector<float>(a.attn_sink.begin() + heads.begin,
-                                                    a.attn_sink.begin() + heads.end)));
-    ASSIGN_OR_RETURN(d.wq_a, Fp8(a.wq_a));
-    ASSIGN_OR_RETURN(d.wq_b, Fp8Rows(a.wq_b, {heads.begin * c.head_dim, heads.end * c.head_dim}));
-    ASSIGN_OR_RETURN(d.wkv, Fp8(a.wkv));
-    ASSIGN_OR_RETURN(d.wo_a, Fp8Rows(a.wo_a, group_rows));
-    ASSIGN_OR_RETURN(d.wo_b, tp == 1 ? Fp8(a.wo_b) : Fp8Cols(a.wo_b, group_rows));
-    ASSIGN_OR_RETURN(d.q_norm, F32(a.q_norm));
-    ASSIGN_OR_RETURN(d.kv_norm, F32(a.kv_norm));
-    d.has_compressor = a.has_compressor;
-    d.has_indexer = a.has_indexer;
-    if (a.has_compressor) {
-      ASSIGN_OR_RETURN(d.compressor, Compressor(a.compressor));
-    }
-    if (a.has_indexer) {
-      ASSIGN_OR_RETURN(d.index_compressor, Compressor(a.indexer.compressor));
-      ASSIGN_OR_RETURN(d.index_wq_b, Fp8(a.indexer.wq_b));
-      ASSIGN_OR_RETURN(d.index_weights_proj, Bf16(a.indexer.weights_proj));
-    }
-    const model::MoeWeights& m = b.moe;
-    ASSIGN_OR_RETURN(d.gate, Bf16(m.gate));
-    if (m.hash) {
-      ASSIGN_OR_RETURN(void* p, Upload(m.tid2eid.data(), m.tid2eid.size() * 4));
-      d.tid2eid = static_cast<const int32_t*>(p);
-    } else {
-      ASSIGN_OR_RETURN(d.bias, F32(m.bias));
-    }
-    const Share inter = ShareOf(m.shared_w1.out, 128, tp, rank);
-    d.shared_inter = inter.size();
-    ASSIGN_OR_RETURN(d.shared_w1, Fp8Rows(m.shared_w1, inter));
-    ASSIGN_OR_RETURN(d.shared_w2, tp == 1 ? Fp8(m.shared_w2) : Fp8Cols(m.shared_w2, inter));
-    ASSIGN_OR_RETURN(d.shared_w3, Fp8Rows(m.shared_w3, inter));
-    return d;
-  }
-
-  void FreeLayer(LayerKv& k) {
-    cudaFree(k.pool);
-    cudaFree(k.keys);
-    cudaFree(k.comp_state);
-    cudaFree(k.index_state);
-    k = LayerKv{};
-  }
-  void FreeSeq(SeqState& s) {
-    for (LayerKv& k : s.layers) FreeLayer(k);
-    s.layers.clear();
-    s.bytes = 0;
-  }
-};
 
 CudaBackend::CudaBackend(std::shared_ptr<const model::Model> model,
                          const CudaBackendOptions& options)
@@ -371,6 +94,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
   ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
+  ASSIGN_OR_RETURN(KvLayout layout,
+                   KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
+                                    b->model_->options().kv_fp8_sim_rounds));
+  RETURN_IF_ERROR(im.kv.Init(layout, o.kv_tokens, o.kv_extra_sequences));
   return b;
 }
 
@@ -379,117 +106,52 @@ BackendInfo CudaBackend::info() const {
   cudaDeviceProp p{};
   i.device = cudaGetDeviceProperties(&p, impl_->device) == cudaSuccess ? p.name : "cuda";
   i.weight_bytes = impl_->weight_bytes;
+  // The pool's capacity as the coordinator counts it (kv_tokens / kv_block_tokens blocks; the
+  // pool holds at least those, cuda_backend_kv.h) and the pool's real bytes.
   i.kv_tokens = options_.kv_tokens;
-  // bf16 compressed KV and indexer keys at capacity, amortised per token (the window rings and
-  // the compressor states are per sequence, not per token, and not counted).
-  const ModelConfig& c = model_->config();
-  int64_t per_token = 0;
-  for (int l = options_.first_layer; l < options_.end_layer; ++l) {
-    const int64_t ratio = c.compress_ratio(l);
-    if (ratio > 0) per_token += c.head_dim * 2 / ratio;
-    if (ratio == 4) per_token += c.index_head_dim * 2 / ratio;
-  }
-  i.kv_bytes = per_token * options_.kv_tokens;
+  i.kv_bytes = impl_->kv.bytes();
   return i;
 }
 
 KvUsage CudaBackend::kv_usage() const {
   KvUsage u;
   u.capacity_tokens = options_.kv_tokens;
-  u.sequences = static_cast<int64_t>(impl_->seqs.size());
-  for (const auto& [id, s] : impl_->seqs) u.used_tokens += s.next_pos;
+  u.sequences = static_cast<int64_t>(impl_->kv.seqs().size());
+  for (const auto& [id, s] : impl_->kv.seqs()) u.used_tokens += s.next_pos;
   return u;
 }
 
 void CudaBackend::Release(uint64_t seq_id) {
-  auto it = impl_->seqs.find(seq_id);
-  if (it == impl_->seqs.end()) return;
+  if (impl_->kv.Find(seq_id) == nullptr) return;
   cudaSetDevice(impl_->device);
   cudaStreamSynchronize(impl_->stream);
-  impl_->FreeSeq(it->second);
-  impl_->seqs.erase(it);
+  impl_->kv.Release(seq_id);
 }
 
 void CudaBackend::ReleaseAll() {
   cudaSetDevice(impl_->device);
   cudaStreamSynchronize(impl_->stream);
-  for (auto& [id, s] : impl_->seqs) impl_->FreeSeq(s);
-  impl_->seqs.clear();
+  impl_->kv.ReleaseAll();
 }
 
 absl::Status CudaBackend::Check(std::span<const StageChunk> batch) const {
-  return CheckBatch(model_->config(), batch, kv_usage().used_tokens, options_.kv_tokens,
-                    [&](uint64_t id) -> int64_t {
-                      auto it = impl_->seqs.find(id);
-                      return it == impl_->seqs.end() ? -1 : it->second.next_pos;
-                    });
+  RETURN_IF_ERROR(CheckBatch(model_->config(), batch, kv_usage().used_tokens, options_.kv_tokens,
+                             [&](uint64_t id) -> int64_t {
+                               const KvSeq* s = impl_->kv.Find(id);
+                               return s == nullptr ? -1 : s->next_pos;
+                             }));
+  std::vector<uint64_t> ids;
+  std::vector<int64_t> ends;
+  std::vector<std::span<const int32_t>> tables;
+  for (const StageChunk& ch : batch) {
+    ids.push_back(ch.seq_id);
+    ends.push_back(ch.start + static_cast<int64_t>(ch.tokens.size()));
+    tables.push_back(ch.block_table);
+  }
+  return impl_->kv.Check(ids, ends, tables);
 }
 
 namespace {
-
-// Grows (or creates) a layer's buffers so a chunk [start, start + S) fits; keeps the ring, the
-// entries and the keys written so far (positions < start).
-absl::Status EnsureLayer(const ModelConfig& c, int64_t ratio, int64_t start, int64_t S,
-                         cudaStream_t stream, LayerKv& k, int64_t* bytes) {
-  const int64_t W = c.window_size, Dh = c.head_dim, end = start + S;
-  const int64_t blocks_before = ratio > 0 ? start / ratio : 0;
-  const int64_t blocks_after = ratio > 0 ? end / ratio : 0;
-  if (k.pool == nullptr || S > k.stage_cap || blocks_after > k.comp_cap) {
-    const int64_t stage_cap = std::max(S, k.stage_cap);
-    const int64_t comp_cap =
-        blocks_after > k.comp_cap ? std::max(blocks_after, 2 * k.comp_cap) : k.comp_cap;
-    uint16_t* pool = nullptr;
-    const size_t n = static_cast<size_t>((W + stage_cap + comp_cap) * Dh * 2);
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&pool, n));
-    *bytes += static_cast<int64_t>(n);
-    if (k.pool != nullptr) {
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(pool, k.pool, W * Dh * 2, cudaMemcpyDeviceToDevice, stream));
-      if (blocks_before > 0) {
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(pool + (W + stage_cap) * Dh, k.pool + (W + k.stage_cap) * Dh,
-                            blocks_before * Dh * 2, cudaMemcpyDeviceToDevice, stream));
-      }
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      cudaFree(k.pool);
-      *bytes -= (W + k.stage_cap + k.comp_cap) * Dh * 2;
-    }
-    k.pool = pool;
-    k.stage_cap = stage_cap;
-    k.comp_cap = comp_cap;
-  }
-  if (ratio == 4 && blocks_after > k.keys_cap) {
-    const int64_t cap = std::max(blocks_after, 2 * k.keys_cap);
-    const int64_t hd = c.index_head_dim;
-    uint16_t* keys = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&keys, std::max<size_t>(cap * hd * 2, 16)));
-    *bytes += cap * hd * 2;
-    if (k.keys != nullptr) {
-      if (blocks_before > 0) {
-        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys, k.keys, blocks_before * hd * 2,
-                                             cudaMemcpyDeviceToDevice, stream));
-      }
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      cudaFree(k.keys);
-      *bytes -= k.keys_cap * hd * 2;
-    }
-    k.keys = keys;
-    k.keys_cap = cap;
-  }
-  auto state = [&](float*& p, int64_t& half, int64_t d) -> absl::Status {
-    const int64_t coff = ratio == 4 ? 2 : 1;
-    half = coff * ratio * coff * d;
-    if (p == nullptr) {
-      CUDA_RETURN_IF_ERROR(cudaMalloc(&p, half * 2 * 4));
-      *bytes += half * 2 * 4;
-    }
-    if (start == 0) CUDA_RETURN_IF_ERROR(cuda::CompressorResetState(p, p + half, half, stream));
-    return absl::OkStatus();
-  };
-  if (ratio > 0) RETURN_IF_ERROR(state(k.comp_state, k.comp_n, Dh));
-  if (ratio == 4) RETURN_IF_ERROR(state(k.index_state, k.index_n, c.index_head_dim));
-  return absl::OkStatus();
-}
 
 // Carves aligned pieces out of one allocation.
 // With a null base it only measures.
@@ -533,6 +195,10 @@ struct Scratch {
   float* part = nullptr;
   float* routed = nullptr;  // TP = 1: the routed experts' fp32 sum [T, dim] from the host
   float* sf32 = nullptr;    // the interface's fp32 streams [T, hc, dim], in and out
+  // Paged KV: the chunks' raw KV as records [T], the compressors' new entries bf16 [T, head_dim]
+  // and new indexer keys bf16 [T, index_head_dim] before they are encoded into their blocks.
+  uint8_t* staging = nullptr;
+  uint16_t *centries = nullptr, *ckeys = nullptr;
 };
 
 // `tp` sizes the per-rank head and group buffers.
@@ -582,6 +248,9 @@ size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch
   if (tp > 1) s->part = cv.Take<float>(2 * T * dim);
   s->routed = cv.Take<float>(T * dim);
   s->sf32 = cv.Take<float>(T * hc * dim);
+  s->staging = cv.Take<uint8_t>(T * 2 * Dh);  // ≥ a record of either layout
+  s->centries = cv.Take<uint16_t>(T * Dh);
+  s->ckeys = cv.Take<uint16_t>(T * c.index_head_dim);
   return cv.used();
 }
 
@@ -638,18 +307,19 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   }
   const int64_t T = row0[nc];
 
-  // Sequence state: new sequences, restarts (start 0 resets the compressors) and growth.
+  // Sequence state: tables (the plan's, or the pool's own blocks), compressor states (start 0
+  // resets them).
   for (size_t i = 0; i < nc; ++i) {
     const StageChunk& ch = batch[i];
-    SeqState& s = im.seqs[ch.seq_id];
-    s.layers.resize(n_layers);
-    for (int l = 0; l < n_layers; ++l) {
-      const absl::Status e =
-          EnsureLayer(c, im.blocks[l].ratio, ch.start, static_cast<int64_t>(ch.tokens.size()), st,
-                      s.layers[l], &s.bytes);
-      if (!e.ok()) return fail(e);
-    }
+    const absl::Status e = im.kv.Prepare(ch.seq_id, ch.start, ch.start + static_cast<int64_t>(
+                                                                    ch.tokens.size()),
+                                         ch.block_table, st);
+    if (!e.ok()) return fail(e);
   }
+  const KvLayout& kvl = im.kv.layout();
+  const int64_t rec_bytes = kvl.record_bytes, B = kvl.block_tokens;
+  std::vector<const KvSeq*> seq(nc);
+  for (size_t i = 0; i < nc; ++i) seq[i] = im.kv.Find(batch[i].seq_id);
 
   const float eps = static_cast<float>(c.norm_eps), hc_eps = static_cast<float>(c.hc_eps);
   // H, G: this rank's heads and wo_a groups (all of them at TP = 1).
@@ -661,42 +331,74 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   // CSA layer) and where its selections go; per (layer, token) a DecodeToken; per layer the
   // longest candidate list.
   std::vector<int64_t> n_sel(nc, 0), sel_base(nc + 1, 0);
-  int64_t scores_cap = 0;
+  int64_t scores_cap = 0, scores_cap_keys = 0;
   for (size_t i = 0; i < nc; ++i) {
     const int64_t S = row0[i + 1] - row0[i], end = batch[i].start + S;
     n_sel[i] = std::min(c.index_topk, end / 4);
     sel_base[i + 1] = sel_base[i] + S * n_sel[i];
     scores_cap = std::max(scores_cap, S * (end / 4));
+    scores_cap_keys = std::max(scores_cap_keys, end / 4);
   }
-  std::vector<cuda::DecodeToken> tokens(static_cast<size_t>(n_layers) * T);
+  // Device copies of the batch's tables, uploaded with the step's parameters (offsets in int32s
+  // from their start; filled in once the upload's address is known).
+  std::vector<int64_t> table_off(nc + 1, 0);
+  for (size_t i = 0; i < nc; ++i) {
+    table_off[i + 1] = table_off[i] + static_cast<int64_t>(seq[i]->table.size());
+  }
+  std::vector<cuda::KvToken> tokens(static_cast<size_t>(n_layers) * T);
   std::vector<int64_t> n_cand(n_layers, 1);
   for (int l = 0; l < n_layers; ++l) {
     const DevBlock& b = im.blocks[l];
     for (size_t i = 0; i < nc; ++i) {
-      const LayerKv& k = im.seqs.at(batch[i].seq_id).layers[l];
       const int64_t S = row0[i + 1] - row0[i], start = batch[i].start, end = start + S;
       const int64_t win_width = start == 0 ? std::min(S, W) : W;
       const int64_t n_comp = b.has_indexer ? n_sel[i] : (b.ratio > 0 ? end / b.ratio : 0);
       n_cand[l] = std::max(n_cand[l], win_width + n_comp);
       for (int64_t s = 0; s < S; ++s) {
-        cuda::DecodeToken& d = tokens[l * T + row0[i] + s];
-        d.pool = reinterpret_cast<uint64_t>(k.pool);
+        cuda::KvToken& d = tokens[l * T + row0[i] + s];
+        d.n_table = static_cast<int32_t>(seq[i]->table.size());
         d.pos = static_cast<int32_t>(start + s);
         d.chunk_start = static_cast<int32_t>(start);
         d.chunk_end = static_cast<int32_t>(end);
         d.win_width = static_cast<int32_t>(win_width);
         d.n_comp = static_cast<int32_t>(n_comp);
-        d.comp_row = static_cast<int32_t>(W + k.stage_cap);
-        d.ratio = static_cast<int32_t>(b.ratio);
         d.sel_off =
             b.has_indexer && n_sel[i] > 0 ? static_cast<int32_t>(sel_base[i] + s * n_sel[i]) : -1;
       }
     }
   }
+  // Per (layer, chunk): the scratch row of the chunk's first new compressed entry (ebase), and per
+  // layer the record / key address of every scratch row (0: unused), for the encoders.
+  const uint8_t* pool = im.kv.base();
+  std::vector<int64_t> ebase(static_cast<size_t>(n_layers) * nc, 0);
+  std::vector<uint64_t> dst_main(static_cast<size_t>(n_layers) * T, 0),
+      dst_key(static_cast<size_t>(n_layers) * T, 0);
+  for (int l = 0; l < n_layers; ++l) {
+    const int64_t m = im.blocks[l].ratio;
+    if (m == 0) continue;
+    const KvLayout::Layer& y = kvl.layers[l];
+    int64_t row = 0;
+    for (size_t i = 0; i < nc; ++i) {
+      ebase[l * nc + i] = row;
+      const int64_t start = batch[i].start, end = start + (row0[i + 1] - row0[i]);
+      const std::vector<int32_t>& tb = seq[i]->table;
+      for (int64_t e = start / m; e < end / m; ++e, ++row) {
+        const int64_t blk = tb[kvl.window_blocks + e / (B / m)];
+        dst_main[l * T + row] = reinterpret_cast<uint64_t>(pool) + blk * kvl.block_bytes +
+                                y.main_off + (e % (B / m)) * rec_bytes;
+        if (y.has_indexer) {
+          dst_key[l * T + row] = reinterpret_cast<uint64_t>(pool) + blk * kvl.block_bytes +
+                                 y.key_off + (e % (B / 4)) * kvl.key_bytes;
+        }
+      }
+      row = std::max(row, ebase[l * nc + i] + (end - start) / m + 1);  // the compressor's max_new
+    }
+  }
   const int64_t max_cand = *std::max_element(n_cand.begin(), n_cand.end());
-  for (auto [buf, bytes] : {std::pair{&im.cand, T * max_cand * 4},
+  for (auto [buf, bytes] : {std::pair{&im.cand, T * max_cand * 8},
                             {&im.scores, scores_cap * 4},
-                            {&im.sel, sel_base[nc] * 4}}) {
+                            {&im.sel, sel_base[nc] * 4},
+                            {&im.gkeys, scores_cap_keys * ihd * 2}}) {
     if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
   }
 
@@ -731,11 +433,11 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   for (int l = 0; l < n_layers; ++l) {
     const int64_t ratio = im.blocks[l].ratio;
     for (size_t i = 0; i < nc; ++i) {
-      const LayerKv& k = im.seqs.at(batch[i].seq_id).layers[l];
+      const KvSeq::Layer& k = seq[i]->layers[l];
       const int64_t S = row0[i + 1] - row0[i], start = batch[i].start;
       for (int kind = 0; kind < 2; ++kind) {
         ChunkParams& p = params[(l * nc + i) * 2 + kind];
-        p = ChunkParams{start, {0, S}, ratio > 0 ? start / ratio : 0, 0, 0, {0, 0}};
+        p = ChunkParams{start, {0, S}, ratio > 0 ? ebase[l * nc + i] : 0, 0, 0, {0, 0}};
         float* base = kind == 0 ? k.comp_state : k.index_state;
         const int64_t half = kind == 0 ? k.comp_n : k.index_n;
         p.kv_state = reinterpret_cast<uint64_t>(base);
@@ -743,18 +445,43 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       }
     }
   }
+  // One upload: ChunkParams | KvTokens | tables | main-entry addresses | key addresses.
   const size_t params_bytes = params.size() * sizeof(ChunkParams);
-  const size_t tokens_bytes = tokens.size() * sizeof(cuda::DecodeToken);
-  if (absl::Status e = im.params.Reserve(params_bytes + tokens_bytes); !e.ok()) return fail(e);
+  const size_t tokens_bytes = tokens.size() * sizeof(cuda::KvToken);
+  const size_t tables_bytes = (table_off[nc] * 4 + 7) / 8 * 8;
+  const size_t dst_bytes = dst_main.size() * 8;
+  const size_t up_bytes = params_bytes + tokens_bytes + tables_bytes + 2 * dst_bytes;
+  if (absl::Status e = im.params.Reserve(up_bytes); !e.ok()) return fail(e);
+  char* dev_up = im.params.as<char>();
+  const int32_t* dtables = reinterpret_cast<const int32_t*>(dev_up + params_bytes + tokens_bytes);
+  for (int l = 0; l < n_layers; ++l) {
+    for (size_t i = 0; i < nc; ++i) {
+      for (int64_t t = row0[i]; t < row0[i + 1]; ++t) {
+        tokens[l * T + t].table = reinterpret_cast<uint64_t>(dtables + table_off[i]);
+        tokens[l * T + t].staging =
+            reinterpret_cast<uint64_t>(sc.staging) + static_cast<uint64_t>(row0[i] * rec_bytes);
+      }
+    }
+  }
   {
-    std::vector<char> up(params_bytes + tokens_bytes);
-    std::memcpy(up.data(), params.data(), params_bytes);
-    std::memcpy(up.data() + params_bytes, tokens.data(), tokens_bytes);
-    STEP(cudaMemcpyAsync(im.params.p, up.data(), up.size(), cudaMemcpyHostToDevice, st));
+    std::vector<char> up(up_bytes);
+    char* u = up.data();
+    std::memcpy(u, params.data(), params_bytes);
+    std::memcpy(u + params_bytes, tokens.data(), tokens_bytes);
+    for (size_t i = 0; i < nc; ++i) {
+      std::memcpy(u + params_bytes + tokens_bytes + table_off[i] * 4, seq[i]->table.data(),
+                  seq[i]->table.size() * 4);
+    }
+    std::memcpy(u + params_bytes + tokens_bytes + tables_bytes, dst_main.data(), dst_bytes);
+    std::memcpy(u + params_bytes + tokens_bytes + tables_bytes + dst_bytes, dst_key.data(),
+                dst_bytes);
+    STEP(cudaMemcpyAsync(dev_up, up.data(), up.size(), cudaMemcpyHostToDevice, st));
   }
   const ChunkParams* dparams = im.params.as<ChunkParams>();
-  const auto* dtokens =
-      reinterpret_cast<const cuda::DecodeToken*>(im.params.as<char>() + params_bytes);
+  const auto* dtokens = reinterpret_cast<const cuda::KvToken*>(dev_up + params_bytes);
+  const auto* ddst_main =
+      reinterpret_cast<const uint64_t*>(dev_up + params_bytes + tokens_bytes + tables_bytes);
+  const uint64_t* ddst_key = ddst_main + dst_main.size();
 
   if (timings) {
     for (auto* v :
@@ -797,7 +524,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   for (int l = 0; l < n_layers; ++l) {
     const int64_t layer = options_.first_layer + l;
     const DevBlock& b = im.blocks[l];
-    const cuda::DecodeToken* tok = dtokens + l * T;
+    const cuda::KvToken* tok = dtokens + l * T;
+    const cuda::KvGeom geom = kvl.Geom(l, pool);
     const auto t0 = Clock::now();
     const double ar_begin = ar_seconds;
     const float* cs = b.ratio == 0 ? sc.cos0 : sc.cos1;
@@ -818,7 +546,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, st));
 
     auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
-                        auto entries_of) -> absl::Status {
+                        uint16_t* entries) -> absl::Status {
       const int64_t wd = w.width;
       RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wkv.p, wd, sc.cv, wd, st),
                             "LinearBf16F32(wkv)"));
@@ -837,27 +565,26 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         cb.score_state = reinterpret_cast<float* const*>(&p->score_state);
         RETURN_IF_ERROR(
             check(cuda::CompressorStep(sc.cv + row0[i] * wd, sc.cg + row0[i] * wd, wd, w.ape,
-                                       w.norm, freqs, shape, cb, entries_of(i), st),
+                                       w.norm, freqs, shape, cb, entries, st),
                   "CompressorStep"));
       }
       return absl::OkStatus();
     };
-    auto seq_kv = [&](size_t i) -> LayerKv& { return im.seqs.at(batch[i].seq_id).layers[l]; };
+    // The compressors write their new entries to scratch rows (ebase), then the encoders put
+    // them into their records / MXFP4 keys in the sequences' blocks.
     if (b.has_compressor) {
       cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
                                   options_.compressor_fp64};
-      const absl::Status e = compress(b.compressor, 0, shape, [&](size_t i) {
-        LayerKv& k = seq_kv(i);
-        return k.pool + (W + k.stage_cap) * Dh;
-      });
+      const absl::Status e = compress(b.compressor, 0, shape, sc.centries);
       if (!e.ok()) return fail(e);
+      STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, st));
     }
     if (b.has_indexer) {
       cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
                                   options_.compressor_fp64};
-      const absl::Status e =
-          compress(b.index_compressor, 1, shape, [&](size_t i) { return seq_kv(i).keys; });
+      const absl::Status e = compress(b.index_compressor, 1, shape, sc.ckeys);
       if (!e.ok()) return fail(e);
+      STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, st));
       STEP(Lin8(b.index_wq_b, sc.qr, T, sc, sc.iq, st));
       STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
       STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, st));
@@ -866,21 +593,26 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       for (size_t i = 0; i < nc; ++i) {
         if (n_sel[i] == 0) continue;
         const int64_t S = row0[i + 1] - row0[i], n_blocks = (batch[i].start + S) / 4;
-        STEP(cuda::IndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh, seq_kv(i).keys,
-                                 nullptr, sc.pos + row0[i], S, nh, ihd, 4, n_blocks,
+        // The chunk's keys decoded from MXFP4 to bf16 (exact) for the scores.
+        STEP(cuda::KvGatherKeys(geom, dtables + table_off[i], table_off[i + 1] - table_off[i],
+                                n_blocks, im.gkeys.as<uint16_t>(), st));
+        STEP(cuda::IndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh,
+                                 im.gkeys.as<uint16_t>(), nullptr, sc.pos + row0[i], S, nh, ihd, 4, n_blocks,
                                  im.scores.as<float>(), st));
         STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_blocks, n_sel[i],
                                im.sel.as<int32_t>() + sel_base[i], st));
       }
     }
 
-    // The chunks' raw KV into their staging rows, every token's candidate list, one attention
-    // launch for all sequences, then the last W positions of each chunk into its ring.
-    int32_t* cand = im.cand.as<int32_t>();
-    STEP(cuda::KvStage(tok, T, sc.kv, W, Dh, st));
-    STEP(cuda::BuildCandidates(tok, T, W, im.sel.as<int32_t>(), n_cand[l], cand, st));
-    STEP(cuda::SparseAttentionRows(sc.q, tok, cand, b.sink, T, H, Dh, n_cand[l], scale, sc.o, st));
-    STEP(cuda::KvRing(tok, T, sc.kv, W, Dh, st));
+    // The chunks' raw KV as records in the step's staging, every token's candidate list (record
+    // addresses), one attention launch for all sequences, then the last W positions of each
+    // chunk into its ring records.
+    uint64_t* cand = im.cand.as<uint64_t>();
+    STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, st));
+    STEP(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st));
+    STEP(cuda::KvSparseAttention(sc.q, cand, b.sink, T, H, Dh, kvl.nope, n_cand[l], scale, sc.o,
+                                 st));
+    STEP(cuda::KvRingRecords(geom, tok, T, sc.kv, st));
     STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
     STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
                                        sc.z, st));
@@ -1045,7 +777,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   STEP(cudaStreamSynchronize(st));
 #undef STEP
   for (size_t i = 0; i < nc; ++i) {
-    im.seqs.at(batch[i].seq_id).next_pos = batch[i].start + (row0[i + 1] - row0[i]);
+    im.kv.Find(batch[i].seq_id)->next_pos = batch[i].start + (row0[i + 1] - row0[i]);
   }
   return absl::OkStatus();
 }
@@ -1054,31 +786,25 @@ absl::Status CudaBackend::FillSequenceForBenchmark(uint64_t seq_id, int64_t next
   if (next_pos < 1) return absl::InvalidArgumentError("next_pos must be positive");
   Release(seq_id);
   Impl& im = *impl_;
-  const ModelConfig& c = model_->config();
   CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
-  SeqState& s = im.seqs[seq_id];
-  const int n_layers = options_.end_layer - options_.first_layer;
-  s.layers.resize(n_layers);
-  for (int l = 0; l < n_layers; ++l) {
-    LayerKv& k = s.layers[l];
-    const int64_t ratio = im.blocks[l].ratio;
-    // Sized as after a chunk [next_pos − 1, next_pos); then every byte zeroed.
-    RETURN_IF_ERROR(EnsureLayer(c, ratio, next_pos - 1, 1, im.stream, k, &s.bytes));
-    const int64_t Dh = c.head_dim, W = c.window_size;
-    CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(k.pool, 0, (W + k.stage_cap + k.comp_cap) * Dh * 2, im.stream));
-    if (k.keys) {
-      CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(k.keys, 0, k.keys_cap * c.index_head_dim * 2, im.stream));
-    }
-    if (k.comp_state)
+  // The pool's own blocks for [0, next_pos) (their records as they are: zero from the start, or
+  // whatever an earlier sequence left), compressor states zeroed.
+  const uint64_t ids[] = {seq_id};
+  const int64_t ends[] = {next_pos};
+  const std::span<const int32_t> tables[] = {{}};
+  RETURN_IF_ERROR(im.kv.Check(ids, ends, tables));
+  RETURN_IF_ERROR(im.kv.Prepare(seq_id, 0, next_pos, {}, im.stream));
+  KvSeq* s = im.kv.Find(seq_id);
+  for (KvSeq::Layer& k : s->layers) {
+    if (k.comp_state) {
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(k.comp_state, 0, k.comp_n * 8, im.stream));
+    }
     if (k.index_state) {
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(k.index_state, 0, k.index_n * 8, im.stream));
     }
   }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(im.stream));
-  s.next_pos = next_pos;
+  s->next_pos = next_pos;
   return absl::OkStatus();
 }
 

@@ -34,17 +34,16 @@
 // for all sequences of a step. Stage 0's embedding gather stays on the host (its table is not
 // uploaded).
 //
-// KV state (per sequence, per stage layer, plain cudaMalloc allocations, not pages: block tables
-// are ignored for now). One bf16 pool per (sequence, layer):
-//   rows [0, W)            the raw-KV window ring (slot = position mod W),
-//   rows [W, W + S_cap)    staging: the current chunk's raw KV (a chunk longer than W needs all
-//                          of it while the ring keeps only the last W),
-//   rows [W + S_cap, ...)  the compressed main-KV entries (ratio > 0),
-// so one SparseAttention call per chunk reads every candidate from one pool; indexer keys bf16
-// [blocks, index_head_dim] (CSA); compressor streaming states fp32 (both kinds). The staging and
-// compressed regions grow by doubling (a reallocation and a copy of the ring and entries) when a
-// chunk needs more. Capacity is accounted like the cpu backend: `kv_tokens` positions summed over
-// the live sequences; info().kv_bytes estimates the bf16 compressed KV and keys at that capacity.
+// KV state: the paged KV cache of cuda_backend_kv.h, one device pool of blocks allocated at
+// start (kv_tokens / kv_block_tokens blocks plus the built-in allocator's window blocks), every
+// window and compressed entry an fp8_ds_mla record (kernels/paged_kv.h), indexer keys MXFP4,
+// addressed through the step plan's block tables (StageChunk::block_table), or, where a chunk
+// brings none, through tables the pool allocates itself; compressor states fp32 per sequence. A
+// step encodes its chunks' raw KV as records in scratch (a chunk longer than W needs all of it
+// while the ring keeps only the last W), builds every token's candidate list as record addresses
+// and reads the records in the attention (decoded in registers / shared memory; exact, as the
+// reference FP8-rounds the nope dims: kv_fp8_sim_rounds). Capacity is accounted like the cpu
+// backend: `kv_tokens` positions summed over the live sequences; info().kv_bytes is the pool's.
 //
 // Tensor parallelism (tp_size > 1; one CudaBackend per rank, each on its own GPU, joined by an
 // NcclComm, nccl_comm.h). Attention is split over heads and the MoE's shared expert over its
@@ -114,6 +113,11 @@ struct CudaBackendOptions {
   int first_layer = 0;  // [first_layer, end_layer)
   int end_layer = 0;
   int64_t kv_tokens = 0;  // > 0
+  // Paged KV (cuda_backend_kv.h): tokens per block (the coordinator's kv_block_tokens; a
+  // multiple of every compress ratio of the stage), and the sequences whose window blocks the
+  // pool holds beyond kv_tokens for the built-in allocator (standalone use).
+  int64_t kv_block_tokens = 128;
+  int64_t kv_extra_sequences = 8;
   int device = 0;         // CUDA device ordinal
   // The routed experts of a layer: experts(layer) when the function is set and returns non-null
   // (it must outlive the backend), otherwise model::RoutedSum on the host (the local reference).

@@ -270,6 +270,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
     co.first_layer = o.first_layer;
     co.end_layer = o.end_layer;
     co.kv_tokens = o.kv_tokens;
+    co.kv_block_tokens = role.kv_block_tokens;
     co.device = c.cuda_device;
     co.experts = [client](int64_t layer) -> const model::RoutedExperts* {
       return client->remote(layer) ? client.get() : nullptr;

@@ -45,6 +45,7 @@ void WorkerMetrics::ObserveStep(const StageTimings& t, double receive_s, double 
     attention_[i]->Observe(t.attention[i]);
     moe_gpu_[i]->Observe(t.moe_gpu[i]);
     moe_cpu_[i]->Observe(t.moe_cpu[i]);
+    if (i < t.allreduce.size() && i < allreduce_.size()) allreduce_[i]->Observe(t.allreduce[i]);
   }
   if (receive_s > 0) pp_receive_->Observe(receive_s);
   if (send_s > 0) pp_send_->Observe(send_s);

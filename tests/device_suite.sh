@@ -104,7 +104,7 @@ for label in labels:
 PY
 }
 
-source .deps/use-deps.sh
+[ -f .deps/use-deps.sh ] && source .deps/use-deps.sh
 export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # NCCL for the TP tests (cmake/nccl.cmake): the toolkit's, else the first nccl.h under /usr or
@@ -159,6 +159,21 @@ if [ "$quick" = tpup ]; then
 fi
 
 services=ON
+tests=(cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test
+       kv_record_gpu_test decode_step_test paged_kv_test cuda_backend_test cuda_tp_test
+       golden_cuda_test)
+if [ -n "${SS_DEVICE_BIN:-}" ]; then
+  # Prebuilt binaries (every test, the benchmark and the services) in SS_DEVICE_BIN with their
+  # shared libraries in SS_DEVICE_BIN/lib: nothing is built here.
+  bin="$SS_DEVICE_BIN"
+  [ -n "${NCCL_ROOT:-}" ] && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$PWD/$bin:$PWD/$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+  [ -n "$nccl" ] || nccl=$(dirname "$(find / -name 'libnccl.so.2' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl"
+  [ -x "$bin/splitserve" ] || services=OFF
+  echo "prebuilt binaries in $bin (services=$services)"
+else
 if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=ON \
     -DSS_WERROR=OFF >"$out/cfg.log" 2>&1; then
   echo "configure with services failed (tail of cfg.log):"; tail -15 "$out/cfg.log"
@@ -168,8 +183,6 @@ if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES
     >"$out/cfg_noservices.log" 2>&1 || { tail -20 "$out/cfg_noservices.log"; exit 1; }
 fi
 grep -h "splitserve: .*NCCL" "$out"/cfg*.log
-tests=(cuda_kernels_test block_kernels_test compressor_indexer_test sparse_attention_test
-       kv_record_gpu_test decode_step_test cuda_backend_test cuda_tp_test golden_cuda_test)
 targets=()
 if [ "$quick" = tp ]; then
   tests=(cuda_kernels_test block_kernels_test cuda_backend_test cuda_tp_test golden_cuda_test)
@@ -180,41 +193,42 @@ start=$(date +%s)
 cmake --build build -j"$(nproc)" "${targets[@]}" -- -k 0 >"$out/build.log" 2>&1
 echo "build (services=$services): rc=$? in $(( $(date +%s) - start )) s"
 grep -m8 -E "error|FAILED" "$out/build.log"
+fi  # not prebuilt
 
 if [ "$quick" != up ]; then
 for t in "${tests[@]}"; do
-  [ -x "build/bin/$t" ] || { echo "$t: not built"; continue; }
-  "build/bin/$t" >"$out/$t.log" 2>&1
+  [ -x "$bin/$t" ] || { echo "$t: not built"; continue; }
+  "$bin/$t" >"$out/$t.log" 2>&1
   echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ')"
 done
 # TP = 2 again as PCIe GPUs without peer-to-peer run it (NCCL through host memory).
-if [ -x build/bin/cuda_tp_test ]; then
-  NCCL_P2P_DISABLE=1 build/bin/cuda_tp_test --gtest_filter='TpTest.Coll*:TpTest.Whole*' \
+if [ -x "$bin/cuda_tp_test" ]; then
+  NCCL_P2P_DISABLE=1 "$bin/cuda_tp_test" --gtest_filter='TpTest.Coll*:TpTest.Whole*' \
     >"$out/cuda_tp_test_p2p_disabled.log" 2>&1
   echo "cuda_tp_test (NCCL_P2P_DISABLE=1) rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/cuda_tp_test_p2p_disabled.log" | tr '\n' ' ')"
 fi
 echo "ptxVersion values: $(grep -ho 'ptxVersion=[0-9]*' "$out"/*.log | sort | uniq -c | tr '\n' ' ')"
 
-build/bin/splitserve-golden --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
+"$bin/splitserve-golden" --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
   >"$out/golden_cuda.log" 2>&1
 echo "splitserve-golden --backend cuda (experts on the host): rc=$? $(tail -1 "$out/golden_cuda.log")"
 if [ "$ngpu" -ge 2 ]; then
-  build/bin/splitserve-golden --backend cuda --tp 2 --model tests/data/tiny-a \
+  "$bin/splitserve-golden" --backend cuda --tp 2 --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_tp2.log" 2>&1
   echo "splitserve-golden --backend cuda --tp 2 (experts on the host): rc=$? $(tail -1 "$out/golden_cuda_tp2.log")"
 fi
-if [ -x build/bin/splitserve-expert-worker ]; then
+if [ -x "$bin/splitserve-expert-worker" ]; then
   # The same with the routed experts in an expert-worker process on the device's CPU.
   seg="ss-golden-$$"
-  build/bin/splitserve-expert-worker --model tests/data/tiny-a --layers 0-6 --slice 0/1 \
+  "$bin/splitserve-expert-worker" --model tests/data/tiny-a --layers 0-6 --slice 0/1 \
     --shm-name "$seg" >"$out/golden_expert_worker.log" 2>&1 &
   ew=$!
   sleep 3
-  build/bin/splitserve-golden --backend cuda --experts "0-6=shm:$seg" --model tests/data/tiny-a \
+  "$bin/splitserve-golden" --backend cuda --experts "0-6=shm:$seg" --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_experts.log" 2>&1
   echo "splitserve-golden --backend cuda --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_experts.log")"
   if [ "$ngpu" -ge 2 ]; then
-    build/bin/splitserve-golden --backend cuda --tp 2 --experts "0-6=shm:$seg" \
+    "$bin/splitserve-golden" --backend cuda --tp 2 --experts "0-6=shm:$seg" \
       --model tests/data/tiny-a --golden tests/data/tiny-a >"$out/golden_cuda_tp2_experts.log" 2>&1
     echo "splitserve-golden --backend cuda --tp 2 --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_tp2_experts.log")"
   fi
@@ -223,14 +237,20 @@ fi
 fi  # not "up"
 [ "$quick" = quick ] || [ "$quick" = tp ] && exit 0
 
-[ "$quick" = "" ] && [ -x build/bin/cuda_backend_layer_bench ] && timeout 240 build/bin/cuda_backend_layer_bench \
+[ "$quick" = "" ] && [ -x "$bin/cuda_backend_layer_bench" ] && timeout 240 "$bin/cuda_backend_layer_bench" \
   >"$out/cuda_backend_layer_bench.log" 2>&1
 echo "cuda_backend_layer_bench rc=$?"; tail -12 "$out/cuda_backend_layer_bench.log" 2>/dev/null
+if [ "$quick" = "" ] && [ "$ngpu" -ge 2 ] && [ -x "$bin/cuda_backend_layer_bench" ]; then
+  # TP 2 on two GPUs: step time and the seconds in NCCL collectives per layer.
+  timeout 240 "$bin/cuda_backend_layer_bench" --tp 2 >"$out/cuda_backend_layer_bench_tp2.log" 2>&1
+  echo "cuda_backend_layer_bench --tp 2 rc=$?"
+  grep -E "TP|KV pool" "$out/cuda_backend_layer_bench_tp2.log"
+fi
 
-if [ "$services" = ON ] && [ -x build/bin/splitserve ]; then
+if [ "$services" = ON ] && [ -x "$bin/splitserve" ]; then
   for stages in 1 2; do
     port=$((18000 + stages))
-    build/bin/splitserve up --backend cuda --stages "$stages" --port "$port" \
+    "$bin/splitserve" up --backend cuda --stages "$stages" --port "$port" \
       --log-dir "$out/up$stages" >"$out/up$stages.log" 2>&1 &
     pid=$!
     ok=""

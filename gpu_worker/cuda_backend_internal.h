@@ -1,0 +1,174 @@
+// Internals of the cuda backend (cuda_backend.h), shared by its source files:
+// cuda_backend.cc (creation, checks, the step), cuda_backend_weights.cc (weight upload and the
+// per-rank slicing), cuda_backend_kv.{h,cc} (the paged KV cache).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/model/model.h"
+#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda_backend_kv.h"
+
+namespace ss::gpu {
+
+class NcclComm;
+
+namespace cuda_backend_internal {
+
+inline absl::Status CudaStatus(cudaError_t e, const char* what) {
+  return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
+}
+
+#define CUDA_RETURN_IF_ERROR(expr)                                       \
+  do {                                                                   \
+    const cudaError_t ss_cuda_e_ = (expr);                               \
+    if (ss_cuda_e_ != cudaSuccess) return CudaStatus(ss_cuda_e_, #expr); \
+  } while (0)
+
+using Clock = std::chrono::steady_clock;
+inline double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct DevFp8 {
+  const uint8_t* w = nullptr;
+  const uint8_t* s = nullptr;
+  int64_t out = 0, in = 0;
+};
+struct DevBf16 {
+  const uint16_t* p = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+struct DevHc {
+  const float *fn = nullptr, *base = nullptr, *scale = nullptr;
+};
+struct DevCompressor {
+  const float* ape = nullptr;
+  DevBf16 wkv, wgate;
+  const float* norm = nullptr;
+  int64_t width = 0;
+};
+struct DevBlock {
+  int64_t ratio = 0;
+  const float *attn_norm = nullptr, *ffn_norm = nullptr;
+  DevHc hc_attn, hc_ffn;
+  const float* sink = nullptr;
+  DevFp8 wq_a, wq_b, wkv, wo_a, wo_b;
+  const float *q_norm = nullptr, *kv_norm = nullptr;
+  bool has_compressor = false, has_indexer = false;
+  DevCompressor compressor, index_compressor;
+  DevFp8 index_wq_b;
+  DevBf16 index_weights_proj;
+  DevBf16 gate;
+  const float* bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  DevFp8 shared_w1, shared_w2, shared_w3;
+  int64_t shared_inter = 0;  // this rank's slice of the shared expert's intermediate dim (may be 0)
+};
+
+// A rank's share [begin, end) of `n` items split in `parts` contiguous runs of whole `unit`s.
+struct Share {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+inline Share ShareOf(int64_t n, int64_t unit, int parts, int rank) {
+  const int64_t units = (n + unit - 1) / unit;
+  return {std::min(n, rank * units / parts * unit), std::min(n, (rank + 1) * units / parts * unit)};
+}
+
+// A grow-only device buffer.
+struct DevBuf {
+  void* p = nullptr;
+  size_t cap = 0;
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= cap) return absl::OkStatus();
+    cudaFree(p);
+    p = nullptr;
+    cap = 0;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+    cap = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  ~DevBuf() { cudaFree(p); }
+};
+
+// A grow-only pinned host buffer (async copies that a graph or a pipelined step can rely on).
+struct PinnedBuf {
+  void* p = nullptr;
+  size_t cap = 0;
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= cap) return absl::OkStatus();
+    cudaFreeHost(p);
+    p = nullptr;
+    cap = 0;
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<size_t>(bytes, 256)));
+    cap = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  ~PinnedBuf() { cudaFreeHost(p); }
+};
+
+}  // namespace cuda_backend_internal
+
+using namespace cuda_backend_internal;  // NOLINT: the backend's own source files only
+
+struct CudaBackend::Impl {
+  int device = 0;
+  int tp = 1, rank = 0;
+  NcclComm* comm = nullptr;
+  Share vocab;            // this rank's LM-head rows
+  int64_t vocab_max = 0;  // the largest rank's row count (the all-gather's block)
+  cudaStream_t stream = nullptr;
+  cudaEvent_t routed_ready = nullptr;
+  std::vector<void*> allocations;  // weights, freed at destruction
+  int64_t weight_bytes = 0;
+  std::vector<DevBlock> blocks;  // index = layer − first_layer
+  DevHc hc_head;
+  const float* final_norm = nullptr;
+  DevBf16 head;
+  const float *freqs_plain = nullptr, *freqs_comp = nullptr;
+  KvPool kv;  // the paged KV cache (cuda_backend_kv.h)
+  // Scratch, grow-only.
+  DevBuf arena, params, cand, scores, sel, logits, gkeys;
+  // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
+  // dim] fp32 sum.
+  PinnedBuf moe_x, moe_ids, moe_w, moe_sum;
+
+  ~Impl() {
+    kv.ReleaseAll();
+    for (void* p : allocations) cudaFree(p);
+    if (routed_ready) cudaEventDestroy(routed_ready);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // Weight upload (cuda_backend_weights.cc): tensors copied to the device in the checkpoint's
+  // formats, a TP rank's share sliced on the host.
+  absl::StatusOr<void*> Upload(const void* src, size_t bytes);
+  absl::StatusOr<const float*> F32(const std::vector<float>& v);
+  absl::StatusOr<DevFp8> Fp8(const model::Fp8Weight& w);
+  absl::StatusOr<DevFp8> Fp8Rows(const model::Fp8Weight& w, Share r);
+  absl::StatusOr<DevFp8> Fp8Cols(const model::Fp8Weight& w, Share k);
+  absl::StatusOr<DevBf16> Bf16(const model::Bf16Matrix& m);
+  absl::StatusOr<DevBf16> Bf16Rows(const model::Bf16Matrix& m, Share r);
+  absl::StatusOr<DevHc> Hc(const model::HcWeights& h);
+  absl::StatusOr<DevCompressor> Compressor(const model::CompressorWeights& c);
+  absl::StatusOr<DevBlock> Block(const ModelConfig& c, const model::BlockWeights& b);
+};
+
+}  // namespace ss::gpu

@@ -1,0 +1,238 @@
+#include "gpu_worker/cuda_backend_kv.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "gpu_worker/kernels/compressor_kernels.h"
+
+namespace ss::gpu {
+namespace {
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+absl::StatusOr<KvLayout> KvLayout::Create(const ModelConfig& c, int first_layer, int end_layer,
+                                          int64_t block_tokens, bool fp8_records) {
+  KvLayout k;
+  k.block_tokens = block_tokens;
+  k.rope = c.rope_head_dim;
+  k.nope = c.head_dim - c.rope_head_dim;
+  k.key_dim = c.index_head_dim;
+  if (k.nope < 64 || k.nope % 64 != 0 || k.rope % 4 != 0 || k.rope > 256 || k.nope > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "paged KV: head_dim ", c.head_dim, " with rope_head_dim ", c.rope_head_dim,
+        " is no fp8_ds_mla record (nope a positive multiple of 64)"));
+  }
+  if (!fp8_records) {
+    k.nope = 0;
+    k.rope = c.head_dim;
+  }
+  k.record_bytes = cuda::KvRecordBytes(k.nope, k.rope);
+  k.key_bytes = cuda::KvKeyBytes(k.key_dim);
+  k.window = c.window_size;
+  int64_t off = 0;
+  for (int l = first_layer; l < end_layer; ++l) {
+    Layer y;
+    y.ratio = c.compress_ratio(l);
+    if (y.ratio > 0) {
+      if (block_tokens % y.ratio != 0 || block_tokens % 4 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("paged KV: kv_block_tokens ", block_tokens,
+                         " is not a multiple of layer ", l, "'s compress ratio ", y.ratio));
+      }
+      y.main_off = off;
+      off += block_tokens / y.ratio * k.record_bytes;
+      if (y.ratio == 4) {
+        if (k.key_dim % 32 != 0) {
+          return absl::InvalidArgumentError("paged KV: index_head_dim not a multiple of 32");
+        }
+        y.has_indexer = true;
+        y.key_off = off;
+        off += block_tokens / 4 * k.key_bytes;
+      }
+    }
+    k.layers.push_back(y);
+  }
+  const int64_t rings = static_cast<int64_t>(k.layers.size()) * k.window;
+  // A stage of SWA layers only: one block holds all its rings.
+  k.block_bytes = off > 0 ? off : rings * k.record_bytes;
+  k.block_bytes = (k.block_bytes + 7) / 8 * 8;
+  k.win_per_block = k.block_bytes / k.record_bytes;
+  if (k.win_per_block < 1) {
+    k.block_bytes = k.record_bytes;
+    k.win_per_block = 1;
+  }
+  k.window_blocks = (rings + k.win_per_block - 1) / k.win_per_block;
+  return k;
+}
+
+cuda::KvGeom KvLayout::Geom(int l, const uint8_t* pool) const {
+  cuda::KvGeom g;
+  const Layer& y = layers[l];
+  g.pool = reinterpret_cast<uint64_t>(pool);
+  g.block_bytes = block_bytes;
+  g.nope = static_cast<int32_t>(nope);
+  g.rope = static_cast<int32_t>(rope);
+  g.record_bytes = static_cast<int32_t>(record_bytes);
+  g.window = static_cast<int32_t>(window);
+  g.win_per_block = static_cast<int32_t>(win_per_block);
+  g.win_base = static_cast<int32_t>(l * window);
+  g.first_entry_block = static_cast<int32_t>(window_blocks);
+  g.ratio = static_cast<int32_t>(y.ratio);
+  g.entries_per_block = y.ratio > 0 ? static_cast<int32_t>(block_tokens / y.ratio) : 1;
+  g.main_off = static_cast<int32_t>(y.main_off);
+  g.key_dim = static_cast<int32_t>(key_dim);
+  g.keys_per_block = static_cast<int32_t>(block_tokens / 4);
+  g.key_off = static_cast<int32_t>(y.key_off);
+  return g;
+}
+
+KvPool::~KvPool() {
+  ReleaseAll();
+  cudaFree(pool_);
+}
+
+absl::Status KvPool::Init(const KvLayout& layout, int64_t kv_tokens, int64_t extra_sequences) {
+  layout_ = layout;
+  n_blocks_ = (kv_tokens + layout.block_tokens - 1) / layout.block_tokens +
+              extra_sequences * (layout.window_blocks + 1);
+  if (n_blocks_ > 0x7fffffff) return absl::InvalidArgumentError("paged KV: too many blocks");
+  const size_t bytes = static_cast<size_t>(n_blocks_ * layout.block_bytes);
+  RETURN_IF_ERROR(Cuda(cudaMalloc(&pool_, std::max<size_t>(bytes, 256)), "cudaMalloc(KV pool)"));
+  // Zeroed records decode to 0 (benchmark sequences read them unwritten).
+  RETURN_IF_ERROR(Cuda(cudaMemset(pool_, 0, bytes), "cudaMemset(KV pool)"));
+  free_.clear();
+  for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::Check(std::span<const uint64_t> seq_ids, std::span<const int64_t> ends,
+                           std::span<const std::span<const int32_t>> tables) const {
+  int external = -1;  // the pool's current kind, from its live sequences
+  for (const auto& [id, s] : seqs_) {
+    external = s.external ? 1 : 0;
+    break;
+  }
+  int64_t need_own = 0;
+  for (size_t i = 0; i < seq_ids.size(); ++i) {
+    const bool ext = !tables[i].empty();
+    const KvSeq* s = Find(seq_ids[i]);
+    const int kind = ext ? 1 : 0;
+    if (external >= 0 && external != kind && !(s != nullptr && seqs_.size() == 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", seq_ids[i], ": a KV pool serves either the step plan's block tables or "
+          "its own allocator, not both at once"));
+    }
+    external = kind;
+    const int64_t need = layout_.BlocksFor(ends[i]);
+    if (ext) {
+      if (static_cast<int64_t>(tables[i].size()) < need) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", seq_ids[i], ": its block table has ", tables[i].size(),
+            " blocks, and positions [0, ", ends[i], ") need ", need, " (", layout_.window_blocks,
+            " window blocks + ", need - layout_.window_blocks, " blocks of ",
+            layout_.block_tokens, " tokens)"));
+      }
+      for (int64_t k = 0; k < need; ++k) {
+        const int32_t b = tables[i][k];
+        if (b < 0 || b >= n_blocks_) {
+          return absl::InvalidArgumentError(absl::StrCat("sequence ", seq_ids[i], ": block ", b,
+                                                         " is outside the KV pool's ", n_blocks_,
+                                                         " blocks"));
+        }
+      }
+    } else {
+      const int64_t have = s != nullptr && !s->external ? static_cast<int64_t>(s->table.size()) : 0;
+      need_own += std::max<int64_t>(0, need - have);
+    }
+  }
+  if (need_own > free_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV pool: the batch needs ", need_own,
+                                                     " more blocks, ", free_blocks(), " free"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::Prepare(uint64_t seq_id, int64_t start, int64_t end,
+                             std::span<const int32_t> table, cudaStream_t stream) {
+  KvSeq& s = seqs_[seq_id];
+  const int64_t need = layout_.BlocksFor(end);
+  if (!table.empty()) {
+    if (!s.external) {
+      for (int32_t b : s.table) free_.push_back(b);
+    }
+    s.external = true;
+    s.table.assign(table.begin(), table.begin() + need);
+  } else {
+    if (s.external) s.table.clear();
+    s.external = false;
+    while (static_cast<int64_t>(s.table.size()) < need) {
+      if (free_.empty()) return absl::ResourceExhaustedError("KV pool: out of blocks");
+      s.table.push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+  s.layers.resize(layout_.layers.size());
+  for (size_t l = 0; l < layout_.layers.size(); ++l) {
+    const int64_t ratio = layout_.layers[l].ratio;
+    KvSeq::Layer& k = s.layers[l];
+    auto state = [&](float*& p, int64_t& half, int64_t d) -> absl::Status {
+      const int64_t coff = ratio == 4 ? 2 : 1;
+      half = coff * ratio * coff * d;
+      if (p == nullptr) {
+        RETURN_IF_ERROR(Cuda(cudaMalloc(&p, half * 2 * 4), "cudaMalloc(compressor state)"));
+      }
+      if (start == 0) {
+        RETURN_IF_ERROR(Cuda(cuda::CompressorResetState(p, p + half, half, stream),
+                             "CompressorResetState"));
+      }
+      return absl::OkStatus();
+    };
+    if (ratio > 0) RETURN_IF_ERROR(state(k.comp_state, k.comp_n, layout_.nope + layout_.rope));
+    if (layout_.layers[l].has_indexer) {
+      RETURN_IF_ERROR(state(k.index_state, k.index_n, layout_.key_dim));
+    }
+  }
+  return absl::OkStatus();
+}
+
+KvSeq* KvPool::Find(uint64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+const KvSeq* KvPool::Find(uint64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+void KvPool::Free(KvSeq& s) {
+  for (KvSeq::Layer& k : s.layers) {
+    cudaFree(k.comp_state);
+    cudaFree(k.index_state);
+  }
+  s.layers.clear();
+  if (!s.external) {
+    for (int32_t b : s.table) free_.push_back(b);
+  }
+  s.table.clear();
+}
+
+void KvPool::Release(uint64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  Free(it->second);
+  seqs_.erase(it);
+}
+
+void KvPool::ReleaseAll() {
+  for (auto& [id, s] : seqs_) Free(s);
+  seqs_.clear();
+}
+
+}  // namespace ss::gpu

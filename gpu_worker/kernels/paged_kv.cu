@@ -1,0 +1,490 @@
+#include "gpu_worker/kernels/compressor_common.cuh"
+#include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/sparse_attention_impl.cuh"
+
+namespace ss::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ uint8_t* BlockBase(const KvGeom& g, const int32_t* table, int n_table,
+                                              int b) {
+  if (b < 0 || b >= n_table) return nullptr;
+  return reinterpret_cast<uint8_t*>(g.pool) + static_cast<int64_t>(table[b]) * g.block_bytes;
+}
+
+// Ring slot (pos mod W) of the layer's window.
+__device__ __forceinline__ uint8_t* WindowRecord(const KvGeom& g, const int32_t* table,
+                                                 int n_table, int pos) {
+  const int w = g.win_base + pos % g.window;
+  uint8_t* b = BlockBase(g, table, n_table, w / g.win_per_block);
+  return b == nullptr ? nullptr
+                      : b + static_cast<int64_t>(w % g.win_per_block) * g.record_bytes;
+}
+
+// Compressed entry j of the layer.
+__device__ __forceinline__ uint8_t* EntryRecord(const KvGeom& g, const int32_t* table,
+                                                int n_table, int j) {
+  uint8_t* b = BlockBase(g, table, n_table, g.first_entry_block + j / g.entries_per_block);
+  return b == nullptr
+             ? nullptr
+             : b + g.main_off + static_cast<int64_t>(j % g.entries_per_block) * g.record_bytes;
+}
+
+__device__ __forceinline__ uint8_t* KeyEntry(const KvGeom& g, const int32_t* table, int n_table,
+                                             int j) {
+  uint8_t* b = BlockBase(g, table, n_table, g.first_entry_block + j / g.keys_per_block);
+  const int64_t kb = KvKeyBytes(g.key_dim);
+  return b == nullptr ? nullptr : b + g.key_off + static_cast<int64_t>(j % g.keys_per_block) * kb;
+}
+
+__global__ void KvBuildCandidatesKernelImpl(KvGeom g, const KvToken* __restrict__ tokens,
+                                            const int32_t* __restrict__ sel, int64_t n_cand,
+                                            uint64_t* __restrict__ cand) {
+  const KvToken tk = tokens[blockIdx.x];
+  const int32_t* table = reinterpret_cast<const int32_t*>(tk.table);
+  const int window = g.window;
+  const int first = tk.pos - window + 1 > 0 ? tk.pos - window + 1 : 0;
+  const int n_win = tk.pos - first + 1;
+  uint64_t* out = cand + static_cast<int64_t>(blockIdx.x) * n_cand;
+  for (int64_t j = threadIdx.x; j < n_cand; j += blockDim.x) {
+    const uint8_t* v = nullptr;
+    if (j < tk.win_width) {
+      if (j < n_win) {
+        const int p = first + static_cast<int>(j);
+        v = p >= tk.chunk_start
+                ? reinterpret_cast<const uint8_t*>(tk.staging) +
+                      static_cast<int64_t>(p - tk.chunk_start) * g.record_bytes
+                : WindowRecord(g, table, tk.n_table, p);
+      }
+    } else if (j < tk.win_width + tk.n_comp) {
+      const int m = static_cast<int>(j) - tk.win_width;
+      if (tk.sel_off >= 0) {
+        const int32_t s = sel[tk.sel_off + m];
+        if (s >= 0) v = EntryRecord(g, table, tk.n_table, s);
+      } else if (g.ratio > 0 && m < (tk.pos + 1) / g.ratio) {
+        v = EntryRecord(g, table, tk.n_table, m);
+      }
+    }
+    out[j] = reinterpret_cast<uint64_t>(v);
+  }
+}
+
+// One record from bf16 x: warp w < nope/64 quantises tile w, the next warp copies the rope dims
+// and writes the scale padding.
+__device__ __forceinline__ void EncodeRecord(const uint16_t* __restrict__ x, uint8_t* rec,
+                                             int nope, int rope) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tiles = nope / 64;
+  uint8_t* scales = rec + nope + 2 * rope;
+  if (warp < tiles) {
+    const int i0 = warp * 64 + lane, i1 = i0 + 32;
+    const float v0 = Bf16ToF32(x[i0]), v1 = Bf16ToF32(x[i1]);
+    float amax = fmaxf(fabsf(v0), fabsf(v1));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = Pow2Scale(amax, 1e-4f, 448.0f);
+    rec[i0] = F32ToE4m3(fminf(fmaxf(__fdiv_rn(v0, s), -448.0f), 448.0f));
+    rec[i1] = F32ToE4m3(fminf(fmaxf(__fdiv_rn(v1, s), -448.0f), 448.0f));
+    if (lane == 0) scales[warp] = static_cast<uint8_t>((__float_as_uint(s) >> 23) & 0xff);
+  } else if (warp == tiles) {
+    uint16_t* r = reinterpret_cast<uint16_t*>(rec + nope);
+    for (int k = lane; k < rope; k += 32) r[k] = x[nope + k];
+    const int padded = (tiles + 7) / 8 * 8;
+    if (lane < padded - tiles) scales[tiles + lane] = 0;
+  }
+}
+
+template <bool kRing>
+__global__ void KvWriteRecordsKernelImpl(KvGeom g, const KvToken* __restrict__ tokens,
+                                         const uint16_t* __restrict__ kv) {
+  const KvToken tk = tokens[blockIdx.x];
+  uint8_t* dst;
+  if (kRing) {
+    if (tk.pos < tk.chunk_end - g.window) return;
+    dst = WindowRecord(g, reinterpret_cast<const int32_t*>(tk.table), tk.n_table, tk.pos);
+  } else {
+    dst = reinterpret_cast<uint8_t*>(tk.staging) +
+          static_cast<int64_t>(tk.pos - tk.chunk_start) * g.record_bytes;
+  }
+  if (dst == nullptr) return;
+  EncodeRecord(kv + static_cast<int64_t>(blockIdx.x) * (g.nope + g.rope), dst, g.nope, g.rope);
+}
+
+__global__ void KvEncodeRecordsKernelImpl(const uint16_t* __restrict__ entries,
+                                          const uint64_t* __restrict__ dst, int nope, int rope) {
+  uint8_t* rec = reinterpret_cast<uint8_t*>(dst[blockIdx.x]);
+  if (rec == nullptr) return;
+  EncodeRecord(entries + static_cast<int64_t>(blockIdx.x) * (nope + rope), rec, nope, rope);
+}
+
+// e2m1 code (sign << 3 | magnitude index) of a value already on the grid.
+__device__ __forceinline__ uint32_t E2m1Code(float e) {
+  const float a = fabsf(e);
+  const uint32_t m = a == 0.0f   ? 0
+                     : a == 0.5f ? 1
+                     : a == 1.0f ? 2
+                     : a == 1.5f ? 3
+                     : a == 2.0f ? 4
+                     : a == 3.0f ? 5
+                     : a == 4.0f ? 6
+                                 : 7;
+  return (m != 0 && e < 0.0f) ? (8u | m) : m;
+}
+__device__ __forceinline__ float E2m1Value(uint32_t c) {
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = mag[c & 7];
+  return (c & 8) ? -v : v;
+}
+
+// One key per block, one warp per 32-value group.
+__global__ void KvEncodeKeysKernelImpl(const uint16_t* __restrict__ keys,
+                                       const uint64_t* __restrict__ dst, int hd) {
+  uint8_t* out = reinterpret_cast<uint8_t*>(dst[blockIdx.x]);
+  if (out == nullptr) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int i = warp * 32 + lane;
+  const float x = Bf16ToF32(keys[static_cast<int64_t>(blockIdx.x) * hd + i]);
+  float amax = fabsf(x);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = Pow2Scale(amax, Fp4AmaxFloor(), 6.0f);
+  float q = __fdiv_rn(x, s);
+  q = q < -6.0f ? -6.0f : (6.0f < q ? 6.0f : q);
+  const uint32_t code = E2m1Code(RoundE2m1(q));
+  const uint32_t hi = __shfl_down_sync(0xffffffffu, code, 1);
+  if ((lane & 1) == 0) out[i / 2] = static_cast<uint8_t>(code | (hi << 4));
+  if (lane == 0) out[hd / 2 + warp] = static_cast<uint8_t>((__float_as_uint(s) >> 23) & 0xff);
+}
+
+__global__ void KvGatherKeysKernelImpl(KvGeom g, const int32_t* __restrict__ table, int n_table,
+                                       uint16_t* __restrict__ out) {
+  const int j = blockIdx.x, hd = g.key_dim;
+  const uint8_t* k = KeyEntry(g, table, n_table, j);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    float v = 0.0f;
+    if (k != nullptr) {
+      const uint32_t byte = k[i / 2];
+      v = __fmul_rn(E2m1Value((i & 1) ? byte >> 4 : byte & 15), Ue8m0ToF32(k[hd / 2 + i / 32]));
+    }
+    out[static_cast<int64_t>(j) * hd + i] = F32ToBf16(v);
+  }
+}
+
+// Dim k of a record as fp32.
+__device__ __forceinline__ float RecordDim(const uint8_t* __restrict__ rec, int nope, int rope,
+                                           int k) {
+  if (k < nope) {
+    return __fmul_rn(E4m3ToF32(rec[k]), Ue8m0ToF32(rec[nope + 2 * rope + k / 64]));
+  }
+  return Bf16ToF32(reinterpret_cast<const uint16_t*>(rec + nope)[k - nope]);
+}
+
+// SparseAttendBlock (sparse_attention_impl.cuh) over record addresses.
+__global__ void KvSparseAttentionKernelImpl(const uint16_t* __restrict__ q,
+                                            const uint64_t* __restrict__ cand,
+                                            const float* __restrict__ sink, int64_t n_heads,
+                                            int64_t d, int nope, int64_t n_cand, float scale,
+                                            uint16_t* __restrict__ out) {
+  const int rope = static_cast<int>(d) - nope;
+  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+  const uint16_t* qh = q + (t * n_heads + h) * d;
+  const uint64_t* ct = cand + t * n_cand;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float s[kSparseChunk];
+  __shared__ float p_bf16[kSparseChunk];
+  __shared__ float stats[2];
+  const int per = static_cast<int>(d / blockDim.x);
+  float acc[kSparseMaxDimsPerThread];
+  for (int j = 0; j < kSparseMaxDimsPerThread; ++j) acc[j] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t c0 = 0; c0 < n_cand; c0 += kSparseChunk) {
+    const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
+    for (int i = warp; i < nc; i += kSparseWarps) {
+      const uint8_t* rec = reinterpret_cast<const uint8_t*>(ct[c0 + i]);
+      float dot = 0.0f;
+      if (rec != nullptr) {
+        for (int64_t k = lane; k < d; k += 32) {
+          dot = __fadd_rn(dot, __fmul_rn(Bf16ToF32(qh[k]),
+                                         RecordDim(rec, nope, rope, static_cast<int>(k))));
+        }
+        for (int o = 16; o > 0; o >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
+      }
+      if (lane == 0) s[i] = rec != nullptr ? __fmul_rn(dot, scale) : -INFINITY;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float cmax = m;
+      for (int i = 0; i < nc; ++i) cmax = fmaxf(cmax, s[i]);
+      const float alpha = expf(__fsub_rn(m, cmax));
+      float psum = 0.0f;
+      for (int i = 0; i < nc; ++i) {
+        const float p = expf(__fsub_rn(s[i], cmax));
+        psum = __fadd_rn(psum, p);
+        p_bf16[i] = ct[c0 + i] != 0 ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
+      }
+      l = __fadd_rn(__fmul_rn(l, alpha), psum);
+      m = cmax;
+      stats[0] = m;
+      stats[1] = alpha;
+    }
+    __syncthreads();
+    const float alpha = stats[1];
+    for (int j = 0; j < per; ++j) {
+      const int k = static_cast<int>(threadIdx.x + static_cast<int64_t>(j) * blockDim.x);
+      float pv = 0.0f;
+      for (int i = 0; i < nc; ++i) {
+        const uint8_t* rec = reinterpret_cast<const uint8_t*>(ct[c0 + i]);
+        if (rec != nullptr) pv = __fadd_rn(pv, __fmul_rn(p_bf16[i], RecordDim(rec, nope, rope, k)));
+      }
+      acc[j] = __fadd_rn(__fmul_rn(acc[j], alpha), pv);
+    }
+    __syncthreads();
+  }
+  __shared__ float denom;
+  if (threadIdx.x == 0) denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
+  __syncthreads();
+  uint16_t* oh = out + (t * n_heads + h) * d;
+  for (int j = 0; j < per; ++j) {
+    const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    oh[k] = F32ToBf16(__fdiv_rn(acc[j], denom));
+  }
+}
+
+// decode_step.cu's fast path (the same arithmetic, so the same bits) with each 64-entry chunk
+// decoded from its records into shared memory as bf16 (exact), 4 dims per step.
+constexpr int kFastThreads = 256;
+constexpr int kFastWarps = kFastThreads / 32;
+
+template <int kD>
+__global__ void __launch_bounds__(kFastThreads)
+    KvSparseAttentionFastKernelImpl(const uint16_t* __restrict__ q,
+                                    const uint64_t* __restrict__ cand,
+                                    const float* __restrict__ sink, int64_t n_heads, int nope,
+                                    int64_t n_cand, float scale, uint16_t* __restrict__ out) {
+  extern __shared__ uint4 kv_smem[];
+  uint16_t* kvs = reinterpret_cast<uint16_t*>(kv_smem);
+  __shared__ float s[kSparseChunk], pe[kSparseChunk], p_bf16[kSparseChunk];
+  __shared__ uint64_t idxs[kSparseChunk];
+  __shared__ float stats[2];
+  constexpr int kLaneDims = kD / 32, kPer = kD / kFastThreads, kQuads = kD / 4;
+  const int rope = kD - nope;
+  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+  const uint16_t* qh = q + (t * n_heads + h) * kD;
+  const uint64_t* ct = cand + t * n_cand;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  float qv[kLaneDims];
+#pragma unroll
+  for (int j = 0; j < kLaneDims; ++j) qv[j] = Bf16ToF32(qh[lane + 32 * j]);
+  float acc[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+
+  for (int64_t c0 = 0; c0 < n_cand; c0 += kSparseChunk) {
+    const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
+    if (tid < kSparseChunk) idxs[tid] = tid < nc ? ct[c0 + tid] : 0;
+    __syncthreads();
+    for (int e = tid; e < nc * kQuads; e += kFastThreads) {
+      const int i = e / kQuads, k0 = (e % kQuads) * 4;
+      const uint8_t* rec = reinterpret_cast<const uint8_t*>(idxs[i]);
+      if (rec == nullptr) continue;
+      uint2 v;
+      if (k0 < nope) {
+        const uint32_t codes = *reinterpret_cast<const uint32_t*>(rec + k0);
+        const float sc = Ue8m0ToF32(rec[nope + 2 * rope + k0 / 64]);
+        const uint32_t b0 = F32ToBf16(__fmul_rn(E4m3ToF32(codes & 0xff), sc));
+        const uint32_t b1 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 8) & 0xff), sc));
+        const uint32_t b2 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 16) & 0xff), sc));
+        const uint32_t b3 = F32ToBf16(__fmul_rn(E4m3ToF32(codes >> 24), sc));
+        v.x = b0 | (b1 << 16);
+        v.y = b2 | (b3 << 16);
+      } else {
+        v = *reinterpret_cast<const uint2*>(rec + nope + 2 * (k0 - nope));
+      }
+      *reinterpret_cast<uint2*>(kvs + i * kD + k0) = v;
+    }
+    __syncthreads();
+    for (int i = warp; i < nc; i += kFastWarps) {
+      const bool valid = idxs[i] != 0;
+      float dot = 0.0f;
+      if (valid) {
+        const uint16_t* kr = kvs + i * kD;
+#pragma unroll
+        for (int j = 0; j < kLaneDims; ++j) {
+          dot = __fadd_rn(dot, __fmul_rn(qv[j], Bf16ToF32(kr[lane + 32 * j])));
+        }
+        for (int o = 16; o > 0; o >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
+      }
+      if (lane == 0) s[i] = valid ? __fmul_rn(dot, scale) : -INFINITY;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      float cm = -INFINITY;
+      for (int i = lane; i < nc; i += 32) cm = fmaxf(cm, s[i]);
+      for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+      if (lane == 0) stats[0] = cm;
+    }
+    __syncthreads();
+    const float cmax = fmaxf(m, stats[0]);
+    if (tid < nc) {
+      const float p = expf(__fsub_rn(s[tid], cmax));
+      pe[tid] = p;
+      p_bf16[tid] = idxs[tid] != 0 ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      const float alpha = expf(__fsub_rn(m, cmax));
+      float psum = 0.0f;
+      for (int i = 0; i < nc; ++i) psum = __fadd_rn(psum, pe[i]);
+      l = __fadd_rn(__fmul_rn(l, alpha), psum);
+      stats[1] = alpha;
+    }
+    m = cmax;
+    __syncthreads();
+    const float alpha = stats[1];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int k = tid + j * kFastThreads;
+      float pv = 0.0f;
+      for (int i = 0; i < nc; ++i) {
+        if (idxs[i] != 0) pv = __fadd_rn(pv, __fmul_rn(p_bf16[i], Bf16ToF32(kvs[i * kD + k])));
+      }
+      acc[j] = __fadd_rn(__fmul_rn(acc[j], alpha), pv);
+    }
+    __syncthreads();
+  }
+  __shared__ float denom;
+  if (tid == 0) denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
+  __syncthreads();
+  uint16_t* oh = out + (t * n_heads + h) * kD;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int k = tid + j * kFastThreads;
+    oh[k] = F32ToBf16(__fdiv_rn(acc[j], denom));
+  }
+}
+
+template <int kD>
+cudaError_t FastOptIn() {
+  constexpr int kMaxDevices = 64;
+  static bool done[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < kMaxDevices && done[dev]) return cudaSuccess;
+  e = cudaFuncSetAttribute(KvSparseAttentionFastKernelImpl<kD>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+  if (e == cudaSuccess && dev < kMaxDevices) done[dev] = true;
+  return e;
+}
+
+bool BadRows(int64_t T) { return T < 0 || T > 0x7fffffff; }
+bool BadRecord(int64_t nope, int64_t rope) {
+  return nope < 0 || nope % 64 != 0 || nope > 1024 || rope < 0 || rope > 1024 || rope % 4 != 0;
+}
+
+}  // namespace
+
+cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T,
+                              const int32_t* sel, int64_t n_cand, uint64_t* cand,
+                              cudaStream_t stream) {
+  if (BadRows(T) || g.window < 1 || n_cand < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  KvBuildCandidatesKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(g, tokens, sel,
+                                                                                  n_cand, cand);
+  return cudaGetLastError();
+}
+
+cudaError_t KvStageRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+                           cudaStream_t stream) {
+  if (BadRows(T) || BadRecord(g.nope, g.rope) || g.window < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  KvWriteRecordsKernelImpl<false>
+      <<<static_cast<unsigned>(T), 32 * (g.nope / 64 + 1), 0, stream>>>(g, tokens, kv);
+  return cudaGetLastError();
+}
+
+cudaError_t KvRingRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+                          cudaStream_t stream) {
+  if (BadRows(T) || BadRecord(g.nope, g.rope) || g.window < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  KvWriteRecordsKernelImpl<true>
+      <<<static_cast<unsigned>(T), 32 * (g.nope / 64 + 1), 0, stream>>>(g, tokens, kv);
+  return cudaGetLastError();
+}
+
+cudaError_t KvEncodeRecords(const uint16_t* entries, const uint64_t* dst, int64_t n, int64_t nope,
+                            int64_t rope, cudaStream_t stream) {
+  if (BadRows(n) || BadRecord(nope, rope)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  KvEncodeRecordsKernelImpl<<<static_cast<unsigned>(n), static_cast<unsigned>(32 * (nope / 64 + 1)),
+                              0, stream>>>(entries, dst, static_cast<int>(nope),
+                                           static_cast<int>(rope));
+  return cudaGetLastError();
+}
+
+cudaError_t KvEncodeKeys(const uint16_t* keys, const uint64_t* dst, int64_t n, int64_t hd,
+                         cudaStream_t stream) {
+  if (BadRows(n) || hd < 32 || hd % 32 != 0 || hd > 1024) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  KvEncodeKeysKernelImpl<<<static_cast<unsigned>(n), static_cast<unsigned>(hd), 0, stream>>>(
+      keys, dst, static_cast<int>(hd));
+  return cudaGetLastError();
+}
+
+cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table, int64_t n,
+                         uint16_t* out, cudaStream_t stream) {
+  if (BadRows(n) || BadRows(n_table) || g.key_dim < 32 || g.key_dim % 32 != 0 ||
+      g.keys_per_block < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0) return cudaSuccess;
+  KvGatherKeysKernelImpl<<<static_cast<unsigned>(n), 128, 0, stream>>>(
+      g, table, static_cast<int>(n_table), out);
+  return cudaGetLastError();
+}
+
+cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
+                              int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
+                              float scale, uint16_t* out, cudaStream_t stream) {
+  if (T == 0 || n_heads == 0) return cudaSuccess;
+  if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 ||
+      T * n_heads > 0x7fffffff || BadRecord(nope, head_dim - nope)) {
+    return cudaErrorInvalidValue;
+  }
+  const unsigned blocks = static_cast<unsigned>(T * n_heads);
+  const int nop = static_cast<int>(nope);
+  if (head_dim == 512 || head_dim == 256) {
+    const int smem = static_cast<int>(kSparseChunk * head_dim * 2);
+    if (head_dim == 512) {
+      if (cudaError_t e = FastOptIn<512>(); e != cudaSuccess) return e;
+      KvSparseAttentionFastKernelImpl<512><<<blocks, kFastThreads, smem, stream>>>(
+          q, cand, sink, n_heads, nop, n_cand, scale, out);
+    } else {
+      if (cudaError_t e = FastOptIn<256>(); e != cudaSuccess) return e;
+      KvSparseAttentionFastKernelImpl<256><<<blocks, kFastThreads, smem, stream>>>(
+          q, cand, sink, n_heads, nop, n_cand, scale, out);
+    }
+    return cudaGetLastError();
+  }
+  KvSparseAttentionKernelImpl<<<blocks, kSparseThreads, 0, stream>>>(q, cand, sink, n_heads,
+                                                                     head_dim, nop, n_cand, scale,
+                                                                     out);
+  return cudaGetLastError();
+}
+
+const void* KvBuildCandidatesKernel() {
+  return reinterpret_cast<const void*>(&KvBuildCandidatesKernelImpl);
+}
+const void* KvEncodeRecordsKernel() {
+  return reinterpret_cast<const void*>(&KvEncodeRecordsKernelImpl);
+}
+const void* KvEncodeKeysKernel() { return reinterpret_cast<const void*>(&KvEncodeKeysKernelImpl); }
+const void* KvGatherKeysKernel() { return reinterpret_cast<const void*>(&KvGatherKeysKernelImpl); }
+const void* KvSparseAttentionKernel() {
+  return reinterpret_cast<const void*>(&KvSparseAttentionKernelImpl);
+}
+const void* KvSparseAttentionFastKernel() {
+  return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512>);
+}
+
+}  // namespace ss::cuda

@@ -1,0 +1,118 @@
+// The cuda backend's paged KV cache on the device (gpu_worker/cuda_backend_kv.h has the pool and
+// block layout): every KV entry (a raw window entry or a compressed main-KV entry) is one
+// fp8_ds_mla record, and every indexer key one MXFP4 entry, inside blocks of a device pool that a
+// sequence's block table names. Built for sm_86 + compute_86 PTX only (no FP8 tensor-core
+// instructions, wgmma, TMA or clusters).
+//
+// Record of a head_dim-D entry with `nope` FP8 dims and `rope` = D − nope bf16 dims (common/
+// kv_record.h generalised beyond D = 512; for Flash, 448 + 128 + 7 + 1 = 584 bytes, byte for byte
+// common/kv_record.h's layout):
+//   [nope e4m3 codes | rope bf16 | nope/64 ue8m0 scales | 0 padding up to a multiple of 8]
+// with the tile scale Pow2Scale(amax, 1e-4, 448) of the model's FP8 simulation, so an entry whose
+// nope dims went through that simulation (kv_fp8_sim_rounds) round-trips bit for bit.
+// MXFP4 key of a `hd`-dim indexer key: [hd/2 bytes, element 2i in the low nibble of byte i |
+// hd/32 ue8m0 scales], scale Pow2Scale(amax, 6·2^−126, 6) per 32 values: keys that went through
+// the indexer's FP4 simulation round-trip bit for bit (their values are e2m1 · 2^k already).
+//
+// A layout with nope = 0 and rope = head_dim is a plain bf16 entry (2·head_dim bytes): the
+// backend's layout for numerics whose nope dims are not on the e4m3 grid (kv_fp8_sim_rounds off:
+// the demo's initial revision), where fp8 records would not be lossless.
+//
+// Contract as kernels.h: device pointers, nothing allocates, each call enqueues on `stream` and
+// returns the launch's cudaError_t (cudaErrorInvalidValue for sizes outside the stated limits),
+// zero rows is a no-op; capture-safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ss::cuda {
+
+// Bytes of a record / an MXFP4 key.
+__host__ __device__ inline constexpr int64_t KvRecordBytes(int64_t nope, int64_t rope) {
+  return nope + 2 * rope + (nope / 64 + 7) / 8 * 8;
+}
+__host__ __device__ inline constexpr int64_t KvKeyBytes(int64_t hd) { return hd / 2 + hd / 32; }
+
+// One layer's placement in the pool (host-computed, passed by value).
+struct KvGeom {
+  uint64_t pool = 0;        // device address of block 0
+  int64_t block_bytes = 0;  // bytes of one block
+  int32_t nope = 0, rope = 0, record_bytes = 0;
+  int32_t window = 0;             // W
+  int32_t win_per_block = 0;      // window records per window block
+  int32_t win_base = 0;           // ordinal of this layer's ring slot 0 among the window records
+  int32_t first_entry_block = 0;  // table index of the block of tokens [0, block_tokens)
+  int32_t ratio = 0;              // compress ratio (0: no compressed entries)
+  int32_t entries_per_block = 0;  // block_tokens / ratio
+  int32_t main_off = 0;           // byte offset of the layer's records in a token block
+  int32_t key_dim = 0;            // indexer key dims (ratio 4 layers with an indexer)
+  int32_t keys_per_block = 0;     // block_tokens / 4
+  int32_t key_off = 0;            // byte offset of the layer's keys in a token block
+  int32_t pad = 0;
+};
+
+// One token row of a step for one layer (cf. decode_step.h's DecodeToken).
+struct KvToken {
+  uint64_t table = 0;    // const int32_t*: its sequence's block table on the device
+  uint64_t staging = 0;  // records of its chunk's raw KV: position chunk_start + k at record k
+  int32_t n_table = 0;   // entries of the table
+  int32_t pos = 0;       // absolute position
+  int32_t chunk_start = 0;
+  int32_t chunk_end = 0;
+  int32_t win_width = 0;  // window slots of the chunk's lists (start == 0 ? min(S, W) : W)
+  int32_t n_comp = 0;     // compressed slots after them
+  int32_t sel_off = -1;   // ≥ 0: the indexer's selections for this row start at sel + sel_off
+  int32_t pad = 0;
+};
+static_assert(sizeof(KvToken) == 48);
+
+// cand[t·n_cand + j]: the address of the record of candidate j (0 = masked), in the reference's
+// list order (decode_step.h BuildCandidates): window positions (the staged record for positions of
+// the chunk, else the ring record), then the selected / every complete compressed entry. A
+// record outside the token's table is masked (the host checks the tables first).
+cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T,
+                              const int32_t* sel, int64_t n_cand, uint64_t* cand,
+                              cudaStream_t stream);
+
+// Raw KV kv bf16 [T, nope + rope] as records: KvStageRecords into each token's staging record
+// (before the attention), KvRingRecords into ring slot pos mod W for the chunk's last W positions
+// (after it). nope a multiple of 64 (0 included), at most 1024; rope ≤ 1024.
+cudaError_t KvStageRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+                           cudaStream_t stream);
+cudaError_t KvRingRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+                          cudaStream_t stream);
+
+// entries bf16 [n, nope + rope] into records at dst[i] (0 skips the entry).
+cudaError_t KvEncodeRecords(const uint16_t* entries, const uint64_t* dst, int64_t n, int64_t nope,
+                            int64_t rope, cudaStream_t stream);
+
+// keys bf16 [n, hd] into MXFP4 keys at dst[i] (0 skips). hd a multiple of 32, at most 1024.
+cudaError_t KvEncodeKeys(const uint16_t* keys, const uint64_t* dst, int64_t n, int64_t hd,
+                         cudaStream_t stream);
+
+// Keys [0, n) of one sequence (table: device, n_table entries) decoded to bf16 [n, key_dim]
+// (exact). Keys outside the table read as 0.
+cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table, int64_t n,
+                         uint16_t* out, cudaStream_t stream);
+
+// SparseAttention (sparse_attention.h) with candidate j of token t the record at cand[t, j]:
+// nope dims decoded as e4m3 · scale (exact, bf16-valued), rope dims the stored bf16, so the
+// result is bit-identical to SparseAttention over a bf16 pool of the decoded entries. head_dim
+// 256 and 512 stage each 64-entry chunk of decoded entries in shared memory (as
+// SparseAttentionRows' fast path; call once before capturing a graph); other head dims (multiples
+// of 128, ≤ 1024) read each dim from the record.
+cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
+                              int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
+                              float scale, uint16_t* out, cudaStream_t stream);
+
+// Entry points, for attribute queries (ptxVersion) in tests.
+const void* KvBuildCandidatesKernel();
+const void* KvEncodeRecordsKernel();
+const void* KvEncodeKeysKernel();
+const void* KvGatherKeysKernel();
+const void* KvSparseAttentionKernel();
+const void* KvSparseAttentionFastKernel();  // head_dim 512
+
+}  // namespace ss::cuda

@@ -1,0 +1,202 @@
+// The paged KV kernels of gpu_worker/kernels/paged_kv.h (label gpu; skips without a CUDA device):
+// records written at scattered addresses are byte for byte common/kv_record.h's (head_dim 512),
+// attention over record addresses equals SparseAttention over the bf16 pool of the same entries
+// bit for bit (head_dim 512: the shared-memory path; 128: the per-dim path), MXFP4 keys of
+// FP4-simulated values round-trip exactly through blocks named by a table, and the kernels run
+// from compute_86 PTX.
+#include "gpu_worker/kernels/paged_kv.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/kv_record.h"
+#include "gpu_worker/kernels/sparse_attention.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_test_util.h"
+
+namespace ss::cuda {
+namespace {
+
+class PagedKvTest : public testing_util::GpuTest {};
+
+template <typename T>
+T* Dev(const std::vector<T>& h) {
+  T* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)), cudaSuccess);
+  if (!h.empty()) cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+template <typename T>
+std::vector<T> Host(const T* p, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// n FP8-simulated 512-dim entries (the CPU codec's round trip of random values).
+std::vector<float> SimEntries(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> e(n * kKvDim);
+  std::vector<uint8_t> rec(kKvRecordBytes);
+  for (int64_t i = 0; i < n; ++i) {
+    float* x = e.data() + i * kKvDim;
+    for (int k = 0; k < kKvDim; ++k) x[k] = RoundBf16(nd(rng) * (k < 64 ? 0.01f : 1.0f));
+    EncodeKvRecord(x, rec.data());
+    DecodeKvRecord(rec.data(), x);
+  }
+  return e;
+}
+
+void AttentionCase(int64_t D, uint64_t seed) {
+  const int64_t n = 300, T = 5, H = 4, n_cand = 150, nope = D - 64;
+  std::vector<float> full = SimEntries(n, seed);
+  // D = 512: the entries; D = 128: nope tile 0 and the rope dims.
+  std::vector<float> ent(n * D);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < nope; ++k) ent[i * D + k] = full[i * kKvDim + k];
+    for (int64_t k = 0; k < 64; ++k) ent[i * D + nope + k] = full[i * kKvDim + kKvNopeDim + k];
+  }
+  const std::vector<uint16_t> bits = testing_util::ToBf16(ent);
+  const int64_t E = KvRecordBytes(nope, 64);
+  // Records at scattered slots of a buffer twice the size.
+  uint8_t* recs = nullptr;
+  ASSERT_EQ(cudaMalloc(&recs, 2 * n * E), cudaSuccess);
+  cudaMemset(recs, 0xff, 2 * n * E);
+  std::vector<uint64_t> dst(n);
+  for (int64_t i = 0; i < n; ++i) dst[i] = reinterpret_cast<uint64_t>(recs) + ((i * 7) % (2 * n)) * E;
+  uint16_t* d_ent = Dev(bits);
+  uint64_t* d_dst = Dev(dst);
+  ASSERT_EQ(KvEncodeRecords(d_ent, d_dst, n, nope, 64, nullptr), cudaSuccess);
+  if (D == kKvDim) {
+    const std::vector<uint8_t> all = Host(recs, 2 * n * E);
+    std::vector<uint8_t> want(kKvRecordBytes);
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      EncodeKvRecord(full.data() + i * kKvDim, want.data());
+      same += std::memcmp(all.data() + ((i * 7) % (2 * n)) * E, want.data(), kKvRecordBytes) == 0;
+    }
+    EXPECT_EQ(same, n);
+    std::printf("records equal to common/kv_record.h's: %lld of %lld\n",
+                static_cast<long long>(same), static_cast<long long>(n));
+  }
+  std::mt19937_64 rng(seed + 1);
+  std::vector<int32_t> cand(T * n_cand);
+  std::vector<uint64_t> cand_p(T * n_cand);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < n_cand; ++j) {
+      int32_t v = static_cast<int32_t>(rng() % n);
+      if (j > 0 && rng() % 9 == 0) v = -1;
+      cand[t * n_cand + j] = v;
+      cand_p[t * n_cand + j] = v < 0 ? 0 : dst[v];
+    }
+  }
+  const std::vector<uint16_t> q = testing_util::ToBf16(testing_util::RandomBf16(T * H * D, 0.3f, seed + 2));
+  const std::vector<float> sink = {0.1f, -0.5f, 1.0f, 0.0f};
+  uint16_t* d_q = Dev(q);
+  int32_t* d_cand = Dev(cand);
+  uint64_t* d_cand_p = Dev(cand_p);
+  float* d_sink = Dev(sink);
+  uint16_t *o1 = nullptr, *o2 = nullptr;
+  cudaMalloc(&o1, T * H * D * 2);
+  cudaMalloc(&o2, T * H * D * 2);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  ASSERT_EQ(SparseAttention(d_q, d_ent, d_cand, d_sink, T, H, D, n_cand, scale, o1, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o2, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> a = Host(o1, T * H * D), b = Host(o2, T * H * D);
+  int64_t same = 0;
+  for (size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
+  std::printf("head_dim %lld: attention over records vs bf16 pool: %lld of %zu outputs bit-identical\n",
+              static_cast<long long>(D), static_cast<long long>(same), a.size());
+  EXPECT_EQ(same, static_cast<int64_t>(a.size()));
+  for (void* p : {static_cast<void*>(recs), static_cast<void*>(d_ent), static_cast<void*>(d_dst),
+                  static_cast<void*>(d_q), static_cast<void*>(d_cand), static_cast<void*>(d_cand_p),
+                  static_cast<void*>(d_sink), static_cast<void*>(o1), static_cast<void*>(o2)}) {
+    cudaFree(p);
+  }
+}
+
+TEST_F(PagedKvTest, RecordsAndAttentionMatchTheBf16Pool) {
+  AttentionCase(512, 11);
+  AttentionCase(128, 12);
+}
+
+TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
+  const int64_t hd = 128, n = 100, per_block = 32, key_bytes = KvKeyBytes(hd);
+  // FP4-simulated keys: e2m1 values times a power of two per 32-group (some groups all zero).
+  std::mt19937_64 rng(5);
+  const float grid[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  std::vector<float> keys(n * hd);
+  for (int64_t g = 0; g < n * hd / 32; ++g) {
+    const float s = std::ldexp(1.0f, static_cast<int>(rng() % 20) - 12);
+    const bool zero = rng() % 17 == 0;
+    for (int i = 0; i < 32; ++i) {
+      const float v = grid[rng() % 8] * s * ((rng() & 1) ? -1.0f : 1.0f);
+      keys[g * 32 + i] = zero ? 0.0f : v;
+    }
+  }
+  // A table of 4 blocks (block 0 the windows' in the backend: skipped), blocks in reverse order.
+  const int64_t blocks = (n + per_block - 1) / per_block, block_bytes = per_block * key_bytes + 40;
+  std::vector<int32_t> table(1 + blocks);
+  for (int64_t b = 0; b <= blocks; ++b) table[b] = static_cast<int32_t>(blocks - b);
+  uint8_t* pool = nullptr;
+  ASSERT_EQ(cudaMalloc(&pool, (blocks + 1) * block_bytes), cudaSuccess);
+  KvGeom g;
+  g.pool = reinterpret_cast<uint64_t>(pool);
+  g.block_bytes = block_bytes;
+  g.first_entry_block = 1;
+  g.key_dim = static_cast<int32_t>(hd);
+  g.keys_per_block = static_cast<int32_t>(per_block);
+  g.key_off = 40;
+  std::vector<uint64_t> dst(n);
+  for (int64_t j = 0; j < n; ++j) {
+    dst[j] = g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
+  }
+  uint16_t* d_keys = Dev(testing_util::ToBf16(keys));
+  uint64_t* d_dst = Dev(dst);
+  int32_t* d_table = Dev(table);
+  uint16_t* out = nullptr;
+  cudaMalloc(&out, n * hd * 2);
+  ASSERT_EQ(KvEncodeKeys(d_keys, d_dst, n, hd, nullptr), cudaSuccess);
+  ASSERT_EQ(KvGatherKeys(g, d_table, 1 + blocks, n, out, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> back = testing_util::FromBf16(Host(out, n * hd));
+  int64_t same = 0;
+  for (size_t i = 0; i < keys.size(); ++i) same += back[i] == keys[i];
+  std::printf("MXFP4 keys (%lld bytes each): %lld of %zu values round-trip exactly\n",
+              static_cast<long long>(key_bytes), static_cast<long long>(same), keys.size());
+  EXPECT_EQ(same, static_cast<int64_t>(keys.size()));
+  cudaFree(pool);
+  cudaFree(d_keys);
+  cudaFree(d_dst);
+  cudaFree(d_table);
+  cudaFree(out);
+}
+
+TEST_F(PagedKvTest, KernelsRunFromComputeSm86Ptx) {
+  for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
+           {"KvBuildCandidates", KvBuildCandidatesKernel()},
+           {"KvEncodeRecords", KvEncodeRecordsKernel()},
+           {"KvEncodeKeys", KvEncodeKeysKernel()},
+           {"KvGatherKeys", KvGatherKeysKernel()},
+           {"KvSparseAttention", KvSparseAttentionKernel()},
+           {"KvSparseAttentionFast", KvSparseAttentionFastKernel()}}) {
+    cudaFuncAttributes a{};
+    ASSERT_EQ(cudaFuncGetAttributes(&a, fn), cudaSuccess) << name;
+    EXPECT_EQ(a.ptxVersion, 86) << name;
+    std::printf("%-22s ptxVersion=%d binaryVersion=%d\n", name.c_str(), a.ptxVersion,
+                a.binaryVersion);
+  }
+}
+
+}  // namespace
+}  // namespace ss::cuda
