@@ -12,11 +12,15 @@
 namespace ss {
 namespace {
 
-absl::StatusOr<int> ParseNonNegative(absl::string_view s, absl::string_view what) {
+absl::StatusOr<int> ParseLayerId(absl::string_view s, absl::string_view what) {
   int v = 0;
   if (!absl::SimpleAtoi(s, &v) || v < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": '", s, "' is not a non-negative integer"));
+  }
+  if (v > kMaxLayerId) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": layer ", v, " is above the largest layer id ", kMaxLayerId));
   }
   return v;
 }
@@ -38,12 +42,12 @@ absl::StatusOr<std::vector<int>> ParseLayerList(absl::string_view spec, absl::st
     int first = 0, last = 0;
     const std::string item_what = absl::StrCat(what, " item '", item, "'");
     if (dash == absl::string_view::npos) {
-      ASSIGN_OR_RETURN(first, ParseNonNegative(item, item_what));
+      ASSIGN_OR_RETURN(first, ParseLayerId(item, item_what));
       last = first;
     } else {
-      ASSIGN_OR_RETURN(first, ParseNonNegative(absl::StripAsciiWhitespace(item.substr(0, dash)),
+      ASSIGN_OR_RETURN(first, ParseLayerId(absl::StripAsciiWhitespace(item.substr(0, dash)),
                                                item_what));
-      ASSIGN_OR_RETURN(last, ParseNonNegative(absl::StripAsciiWhitespace(item.substr(dash + 1)),
+      ASSIGN_OR_RETURN(last, ParseLayerId(absl::StripAsciiWhitespace(item.substr(dash + 1)),
                                               item_what));
       if (last < first) {
         return absl::InvalidArgumentError(

@@ -11,9 +11,15 @@
 
 namespace ss {
 
+// The largest layer id a list may name. Lists name layers of a model (DeepSeek-V4-Flash: 43 and
+// the MTP block); the bound keeps a typo such as "0-11011111" from expanding into millions of
+// entries (found by tests/fuzz/config_fuzz.cc).
+inline constexpr int kMaxLayerId = 4095;
+
 // "0-42,43" -> {0..42, 43} in the order written. Spaces around items are ignored. Errors
 // (InvalidArgument, starting with `what` and naming the item): an empty list or item, a
-// non-number, a negative id, a range whose end is below its start, an id listed twice.
+// non-number, a negative id or one above kMaxLayerId, a range whose end is below its start, an
+// id listed twice.
 absl::StatusOr<std::vector<int>> ParseLayerList(absl::string_view spec,
                                                 absl::string_view what = "--layers");
 

@@ -28,6 +28,15 @@ TEST(WorkerConfig, LayerLists) {
   }
   EXPECT_NE(ParseLayerList("0-2,2").status().message().find("layer 2 is listed twice"),
             std::string::npos);
+  // Ids are bounded, so a huge range is refused at once instead of expanding (found by the
+  // config fuzz target: "0-11011111" took seconds, "0-2000000000" would exhaust memory).
+  EXPECT_EQ(ParseLayerList("0-4095").value().size(), 4096u);
+  for (const char* huge : {"0-4096", "0-2000000000", "4096"}) {
+    const auto r = ParseLayerList(huge);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << huge;
+    EXPECT_NE(r.status().message().find("largest layer id 4095"), std::string::npos)
+        << r.status();
+  }
 }
 
 TEST(WorkerConfig, SliceAndNode) {
