@@ -25,6 +25,9 @@
 // timed pass adds the seconds each step spends in the NCCL collectives (StageTimings::allreduce,
 // rank 0: the all-reduce after attention and the one after the MoE).
 //
+// Decode runs under CUDA graphs at TP 1 (CudaBackend::set_decode_graphs; the ms/step figure);
+// each configuration is also timed launched kernel by kernel (the "launched" line).
+//
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
 // cudaProfilerStop (for `ncu --profile-from-start off`).
 #include <cuda_profiler_api.h>
@@ -122,9 +125,28 @@ int main(int argc, char** argv) {
   }
   auto cfg = ss::ParseModelConfig(kConfig);
   Die(cfg.status(), "config");
-  const double tg = Now();
-  Die(ss::GenerateCheckpoint(*cfg, kConfig, dir, 1, 1), "generate");
-  std::printf("generated %s in %.1f s\n", dir.c_str(), Now() - tg);
+  // A checkpoint this bench generated before (its marker holds the config) is reused: the TP 2
+  // run and the --profile run after a plain run skip the generation.
+  const std::string marker = dir + "/.cuda_backend_layer_bench";
+  bool reuse = false;
+  if (std::FILE* f = std::fopen(marker.c_str(), "rb")) {
+    std::string have(sizeof(kConfig) + 1, '\0');
+    have.resize(std::fread(have.data(), 1, have.size(), f));
+    std::fclose(f);
+    reuse = have == kConfig;
+  }
+  if (reuse) {
+    std::printf("reusing %s\n", dir.c_str());
+  } else {
+    std::remove(marker.c_str());
+    const double tg = Now();
+    Die(ss::GenerateCheckpoint(*cfg, kConfig, dir, 1, 1), "generate");
+    std::printf("generated %s in %.1f s\n", dir.c_str(), Now() - tg);
+    if (std::FILE* f = std::fopen(marker.c_str(), "wb")) {
+      std::fwrite(kConfig, 1, sizeof(kConfig) - 1, f);
+      std::fclose(f);
+    }
+  }
   auto loaded = ss::model::Model::Load(dir);
   Die(loaded.status(), "load");
   std::shared_ptr<const ss::model::Model> model(std::move(*loaded));
@@ -226,14 +248,27 @@ int main(int argc, char** argv) {
         };
         const int warm = 6, iters = profile ? 3 : 30, timed = 5;
         for (int i = 0; i < warm; ++i) run_step(nullptr);
+        const int64_t replays0 = ranks[0]->graph_replays();
         if (profile) cudaProfilerStart();
         double t_sum = 0;
         for (int i = 0; i < iters; ++i) t_sum += run_step(nullptr);
         if (profile) {
           cudaProfilerStop();
-          std::printf("layer ratio %lld: profiled %d batch-1 decode steps, %.3f ms/step\n",
-                      static_cast<long long>(ratio), iters, t_sum / iters * 1e3);
+          std::printf("layer ratio %lld: profiled %d batch-1 decode steps, %.3f ms/step (%lld as "
+                      "CUDA graphs)\n",
+                      static_cast<long long>(ratio), iters, t_sum / iters * 1e3,
+                      static_cast<long long>(ranks[0]->graph_replays() - replays0));
           continue;
+        }
+        // The same steps launched kernel by kernel (TP = 1 runs them as CUDA graphs otherwise).
+        double t_launched = 0;
+        int64_t replays = 0;
+        if (tp == 1) {
+          replays = ranks[0]->graph_replays() - replays0;
+          ranks[0]->set_decode_graphs(false);
+          for (int i = 0; i < iters; ++i) t_launched += run_step(nullptr);
+          ranks[0]->set_decode_graphs(true);
+          t_launched /= iters;
         }
         double attn = 0, moe = 0, ar = 0, t_timed = 0;
         for (int i = 0; i < timed; ++i) {
@@ -262,6 +297,12 @@ int main(int argc, char** argv) {
             static_cast<long long>(ratio), batch, static_cast<long long>(context), t * 1e3,
             bytes / 1e6, bytes / t / 1e9, bytes / t / copy_bw, t_timed / timed * 1e3,
             attn / timed * 1e3, moe / timed * 1e3, ar / timed * 1e3);
+        if (tp == 1) {
+          std::printf("  CUDA graphs: %lld graph launches in the timed steps; launched kernel by "
+                      "kernel instead: %.3f ms/step (%.3f of D2D copy)\n",
+                      static_cast<long long>(replays), t_launched * 1e3,
+                      bytes / t_launched / copy_bw);
+        }
       }
     }
     if (!profile) {

@@ -264,14 +264,6 @@ cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const Scratch
   return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w.w, w.s, w.out, w.in, y, stream);
 }
 
-// Per (layer, chunk): the CompressorBatch arrays of the main and the indexer compressor.
-struct ChunkParams {
-  int64_t start, row_begin[2], entry_begin;
-  uint64_t kv_state, score_state;
-  int64_t pad[2];
-};
-static_assert(sizeof(ChunkParams) == 64);
-
 }  // namespace
 
 absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* streams_in,
@@ -330,14 +322,18 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   // The step's plan, from sizes alone: per chunk the indexer's selection count (the same in every
   // CSA layer) and where its selections go; per (layer, token) a DecodeToken; per layer the
   // longest candidate list.
-  std::vector<int64_t> n_sel(nc, 0), sel_base(nc + 1, 0);
-  int64_t scores_cap = 0, scores_cap_keys = 0;
+  // The indexer's score rows have n_cols columns: the chunk's end / 4 keys rounded up to
+  // kScoreColumns (the columns past a token's eligible keys score −inf and are never selected
+  // while k ≤ its eligible keys, so the selections are the same), which keeps a decode step's
+  // launches the same for kScoreColumns · 4 positions (one CUDA graph).
+  std::vector<int64_t> n_sel(nc, 0), sel_base(nc + 1, 0), n_cols(nc, 0);
+  int64_t scores_cap = 0;
   for (size_t i = 0; i < nc; ++i) {
     const int64_t S = row0[i + 1] - row0[i], end = batch[i].start + S;
     n_sel[i] = std::min(c.index_topk, end / 4);
+    n_cols[i] = (end / 4 + kScoreColumns - 1) / kScoreColumns * kScoreColumns;
     sel_base[i + 1] = sel_base[i] + S * n_sel[i];
-    scores_cap = std::max(scores_cap, S * (end / 4));
-    scores_cap_keys = std::max(scores_cap_keys, end / 4);
+    scores_cap = std::max(scores_cap, S * n_cols[i]);
   }
   // Device copies of the batch's tables, uploaded with the step's parameters (offsets in int32s
   // from their start; filled in once the upload's address is known).
@@ -395,10 +391,14 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   }
   const int64_t max_cand = *std::max_element(n_cand.begin(), n_cand.end());
+  // The attention's decoded candidate rows (paged_kv.h), for at most attn_rows tokens per launch.
+  const int64_t attn_rows =
+      std::clamp<int64_t>(kAttentionRowsBytes / cuda::KvSparseAttentionRowsBytes(1, max_cand, Dh),
+                          1, T);
   for (auto [buf, bytes] : {std::pair{&im.cand, T * max_cand * 8},
+                            {&im.kvrows, cuda::KvSparseAttentionRowsBytes(attn_rows, max_cand, Dh)},
                             {&im.scores, scores_cap * 4},
-                            {&im.sel, sel_base[nc] * 4},
-                            {&im.gkeys, scores_cap_keys * ihd * 2}}) {
+                            {&im.sel, sel_base[nc] * 4}}) {
     if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
   }
 
@@ -428,25 +428,33 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   STEP(cuda::RopeCosSin(im.freqs_plain, rd / 2, sc.pos, T, false, sc.cos0, sc.sin0, st));
   STEP(cuda::RopeCosSin(im.freqs_comp, rd / 2, sc.pos, T, false, sc.cos1, sc.sin1, st));
 
-  // Compressor parameters of every (layer, chunk) and the DecodeTokens, uploaded in one copy.
-  std::vector<ChunkParams> params(static_cast<size_t>(n_layers) * nc * 2);
+  // Compressor parameters of every (layer, kind: main, indexer): CompressorBatch's device arrays
+  // over the batch's chunks, [start | row_begin (nc + 1) | entry_begin | kv_state | score_state],
+  // so each compressor runs once per layer for the whole batch (one sequence per grid row).
+  const size_t cb_stride = 5 * nc + 1;
+  int64_t max_rows = 0;
+  for (size_t i = 0; i < nc; ++i) max_rows = std::max(max_rows, row0[i + 1] - row0[i]);
+  std::vector<int64_t> params(static_cast<size_t>(n_layers) * 2 * cb_stride, 0);
   for (int l = 0; l < n_layers; ++l) {
     const int64_t ratio = im.blocks[l].ratio;
-    for (size_t i = 0; i < nc; ++i) {
-      const KvSeq::Layer& k = seq[i]->layers[l];
-      const int64_t S = row0[i + 1] - row0[i], start = batch[i].start;
-      for (int kind = 0; kind < 2; ++kind) {
-        ChunkParams& p = params[(l * nc + i) * 2 + kind];
-        p = ChunkParams{start, {0, S}, ratio > 0 ? ebase[l * nc + i] : 0, 0, 0, {0, 0}};
+    for (int kind = 0; kind < 2; ++kind) {
+      int64_t* a = params.data() + (l * 2 + kind) * cb_stride;
+      for (size_t i = 0; i < nc; ++i) {
+        const KvSeq::Layer& k = seq[i]->layers[l];
         float* base = kind == 0 ? k.comp_state : k.index_state;
         const int64_t half = kind == 0 ? k.comp_n : k.index_n;
-        p.kv_state = reinterpret_cast<uint64_t>(base);
-        p.score_state = reinterpret_cast<uint64_t>(base ? base + half : nullptr);
+        a[i] = batch[i].start;
+        a[nc + i] = row0[i];
+        a[2 * nc + 1 + i] = ratio > 0 ? ebase[l * nc + i] : 0;
+        a[3 * nc + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base));
+        a[4 * nc + 1 + i] =
+            static_cast<int64_t>(reinterpret_cast<uintptr_t>(base ? base + half : nullptr));
       }
+      a[2 * nc] = row0[nc];
     }
   }
-  // One upload: ChunkParams | KvTokens | tables | main-entry addresses | key addresses.
-  const size_t params_bytes = params.size() * sizeof(ChunkParams);
+  // One upload: compressor arrays | KvTokens | tables | main-entry addresses | key addresses.
+  const size_t params_bytes = params.size() * sizeof(int64_t);
   const size_t tokens_bytes = tokens.size() * sizeof(cuda::KvToken);
   const size_t tables_bytes = (table_off[nc] * 4 + 7) / 8 * 8;
   const size_t dst_bytes = dst_main.size() * 8;
@@ -477,7 +485,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                 dst_bytes);
     STEP(cudaMemcpyAsync(dev_up, up.data(), up.size(), cudaMemcpyHostToDevice, st));
   }
-  const ChunkParams* dparams = im.params.as<ChunkParams>();
+  const int64_t* dparams = im.params.as<int64_t>();
   const auto* dtokens = reinterpret_cast<const cuda::KvToken*>(dev_up + params_bytes);
   const auto* ddst_main =
       reinterpret_cast<const uint64_t*>(dev_up + params_bytes + tokens_bytes + tables_bytes);
@@ -521,195 +529,251 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     return absl::OkStatus();
   };
 
-  for (int l = 0; l < n_layers; ++l) {
-    const int64_t layer = options_.first_layer + l;
-    const DevBlock& b = im.blocks[l];
-    const cuda::KvToken* tok = dtokens + l * T;
-    const cuda::KvGeom geom = kvl.Geom(l, pool);
-    const auto t0 = Clock::now();
-    const double ar_begin = ar_seconds;
-    const float* cs = b.ratio == 0 ? sc.cos0 : sc.cos1;
-    const float* sn = b.ratio == 0 ? sc.sin0 : sc.sin1;
-    const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
-    // ---- attention sublayer
-    STEP(cuda::HcPre(sc.h, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, T, hc, dim,
-                     c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
-    STEP(cuda::RmsNorm(sc.y, b.attn_norm, T, dim, eps, sc.xn, st));
-    STEP(Lin8(b.wq_a, sc.xn, T, sc, sc.qa, st));
-    STEP(cuda::RmsNorm(sc.qa, b.q_norm, T, qlr, eps, sc.qr, st));
-    STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
-    STEP(cuda::HeadRmsNormBf16(sc.q, T * H, Dh, eps, st));
-    STEP(cuda::ApplyRope(sc.q, T, H, Dh, rd, cs, sn, false, st));
-    STEP(Lin8(b.wkv, sc.xn, T, sc, sc.kva, st));
-    STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, st));
-    STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, st));
-    STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, st));
+  // The layers' GPU work; with graphs (below) captured once per step shape and replayed.
+  auto run_layers = [&]() -> absl::Status {
+    for (int l = 0; l < n_layers; ++l) {
+      const int64_t layer = options_.first_layer + l;
+      const DevBlock& b = im.blocks[l];
+      const cuda::KvToken* tok = dtokens + l * T;
+      const cuda::KvGeom geom = kvl.Geom(l, pool);
+      const auto t0 = Clock::now();
+      const double ar_begin = ar_seconds;
+      const float* cs = b.ratio == 0 ? sc.cos0 : sc.cos1;
+      const float* sn = b.ratio == 0 ? sc.sin0 : sc.sin1;
+      const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
+      // ---- attention sublayer
+      STEP(cuda::HcPre(sc.h, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, T, hc, dim,
+                       c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
+      STEP(cuda::RmsNorm(sc.y, b.attn_norm, T, dim, eps, sc.xn, st));
+      STEP(Lin8(b.wq_a, sc.xn, T, sc, sc.qa, st));
+      STEP(cuda::RmsNorm(sc.qa, b.q_norm, T, qlr, eps, sc.qr, st));
+      STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
+      STEP(cuda::HeadRmsNormBf16(sc.q, T * H, Dh, eps, st));
+      STEP(cuda::ApplyRope(sc.q, T, H, Dh, rd, cs, sn, false, st));
+      STEP(Lin8(b.wkv, sc.xn, T, sc, sc.kva, st));
+      STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, st));
+      STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, st));
+      STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, st));
 
-    auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
-                        uint16_t* entries) -> absl::Status {
-      const int64_t wd = w.width;
-      RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wkv.p, wd, sc.cv, wd, st),
-                            "LinearBf16F32(wkv)"));
-      RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wgate.p, wd, sc.cg, wd, st),
-                            "LinearBf16F32(wgate)"));
-      for (size_t i = 0; i < nc; ++i) {
-        const int64_t S = row0[i + 1] - row0[i];
-        const ChunkParams* p = dparams + (l * nc + i) * 2 + kind;
+      auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
+                          uint16_t* entries) -> absl::Status {
+        const int64_t wd = w.width;
+        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wkv.p, wd, sc.cv, wd, st),
+                              "LinearBf16F32(wkv)"));
+        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wgate.p, wd, sc.cg, wd, st),
+                              "LinearBf16F32(wgate)"));
+        const int64_t* a = dparams + (l * 2 + kind) * cb_stride;
         cuda::CompressorBatch cb;
-        cb.n_seqs = 1;
-        cb.max_new = S / b.ratio + 1;
-        cb.start = &p->start;
-        cb.row_begin = p->row_begin;
-        cb.entry_begin = &p->entry_begin;
-        cb.kv_state = reinterpret_cast<float* const*>(&p->kv_state);
-        cb.score_state = reinterpret_cast<float* const*>(&p->score_state);
-        RETURN_IF_ERROR(
-            check(cuda::CompressorStep(sc.cv + row0[i] * wd, sc.cg + row0[i] * wd, wd, w.ape,
-                                       w.norm, freqs, shape, cb, entries, st),
-                  "CompressorStep"));
-      }
-      return absl::OkStatus();
-    };
-    // The compressors write their new entries to scratch rows (ebase), then the encoders put
-    // them into their records / MXFP4 keys in the sequences' blocks.
-    if (b.has_compressor) {
-      cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
-                                  options_.compressor_fp64};
-      const absl::Status e = compress(b.compressor, 0, shape, sc.centries);
-      if (!e.ok()) return fail(e);
-      STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, st));
-    }
-    if (b.has_indexer) {
-      cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
-                                  options_.compressor_fp64};
-      const absl::Status e = compress(b.index_compressor, 1, shape, sc.ckeys);
-      if (!e.ok()) return fail(e);
-      STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, st));
-      STEP(Lin8(b.index_wq_b, sc.qr, T, sc, sc.iq, st));
-      STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
-      STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, st));
-      STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, st));
-      // Each chunk's top-k selections stay on the device (sel_base: where BuildCandidates reads).
-      for (size_t i = 0; i < nc; ++i) {
-        if (n_sel[i] == 0) continue;
-        const int64_t S = row0[i + 1] - row0[i], n_blocks = (batch[i].start + S) / 4;
-        // The chunk's keys decoded from MXFP4 to bf16 (exact) for the scores.
-        STEP(cuda::KvGatherKeys(geom, dtables + table_off[i], table_off[i + 1] - table_off[i],
-                                n_blocks, im.gkeys.as<uint16_t>(), st));
-        STEP(cuda::IndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh,
-                                 im.gkeys.as<uint16_t>(), nullptr, sc.pos + row0[i], S, nh, ihd, 4, n_blocks,
-                                 im.scores.as<float>(), st));
-        STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_blocks, n_sel[i],
-                               im.sel.as<int32_t>() + sel_base[i], st));
-      }
-    }
-
-    // The chunks' raw KV as records in the step's staging, every token's candidate list (record
-    // addresses), one attention launch for all sequences, then the last W positions of each
-    // chunk into its ring records.
-    uint64_t* cand = im.cand.as<uint64_t>();
-    STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, st));
-    STEP(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st));
-    STEP(cuda::KvSparseAttention(sc.q, cand, b.sink, T, H, Dh, kvl.nope, n_cand[l], scale, sc.o,
-                                 st));
-    STEP(cuda::KvRingRecords(geom, tok, T, sc.kv, st));
-    STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
-    STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
-                                       sc.z, st));
-    if (im.tp == 1) {
-      STEP(Lin8(b.wo_b, sc.z, T, sc, sc.attn, st));
-    } else {
-      STEP(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
-      if (absl::Status e = all_reduce(T * dim); !e.ok()) return fail(e);
-      STEP(cuda::RoundF32ToBf16(sc.part, T * dim, sc.attn, st));
-    }
-    STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
-    if (timings) STEP(cudaStreamSynchronize(st));
-    const auto t1 = Clock::now();
-    const double ar_attention = ar_seconds - ar_begin;
-
-    // ---- MoE sublayer
-    STEP(cuda::HcPre(sc.mid, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, T, hc, dim,
-                     c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
-    STEP(cuda::RmsNorm(sc.y, b.ffn_norm, T, dim, eps, sc.xn, st));
-    STEP(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T, c.n_routed_experts, dim, K,
-                     static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, st));
-    if (host_experts) {
-      STEP(cudaMemcpyAsync(im.moe_x.p, sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, st));
-      STEP(cudaMemcpyAsync(im.moe_ids.p, sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
-      STEP(cudaMemcpyAsync(im.moe_w.p, sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
-      STEP(cudaEventRecord(im.routed_ready, st));
-    }
-    // The shared expert (this rank's slice of it) runs on the GPU while the host computes the
-    // routed experts.
-    const int64_t si = b.shared_inter;
-    if (si > 0) {
-      STEP(Lin8(b.shared_w1, sc.xn, T, sc, sc.sg, st));
-      STEP(Lin8(b.shared_w3, sc.xn, T, sc, sc.su, st));
-      STEP(cuda::SwiGluBf16(sc.sg, sc.su, si, nullptr, T, si, shared_limit, sc.sa, st));
-      if (im.tp == 1) {
-        STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
-      } else {
-        STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.part, st));
-      }
-    }
-    auto t2 = Clock::now();
-    if (host_experts) {
-      STEP(cudaEventSynchronize(im.routed_ready));
-      t2 = Clock::now();
-      const uint16_t* xb = im.moe_x.as<uint16_t>();
-      for (int64_t i = 0; i < T * dim; ++i) xh[i] = Bf16ToFloat(xb[i]);
-      const int32_t* ridx = im.moe_ids.as<int32_t>();
-      const float* rw = im.moe_w.as<float>();
-      float* acc = im.moe_sum.as<float>();
-      const model::RoutedExperts* experts = options_.experts ? options_.experts(layer) : nullptr;
-      if (experts != nullptr) {
-        const absl::Status e =
-            experts->Compute(layer, T, xh.data(), ridx, rw, static_cast<int>(K), acc);
+        cb.n_seqs = static_cast<int64_t>(nc);
+        cb.max_new = max_rows / b.ratio + 1;
+        cb.start = a;
+        cb.row_begin = a + nc;
+        cb.entry_begin = a + 2 * nc + 1;
+        cb.kv_state = reinterpret_cast<float* const*>(a + 3 * nc + 1);
+        cb.score_state = reinterpret_cast<float* const*>(a + 4 * nc + 1);
+        return check(cuda::CompressorStep(sc.cv, sc.cg, wd, w.ape, w.norm, freqs, shape, cb,
+                                          entries, st),
+                     "CompressorStep");
+      };
+      // The compressors write their new entries to scratch rows (ebase), then the encoders put
+      // them into their records / MXFP4 keys in the sequences' blocks.
+      if (b.has_compressor) {
+        cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
+                                    options_.compressor_fp64};
+        const absl::Status e = compress(b.compressor, 0, shape, sc.centries);
         if (!e.ok()) return fail(e);
-      } else {
-        model::RouterResult r;
-        r.indices.assign(ridx, ridx + T * K);
-        r.weights.assign(rw, rw + T * K);
-        if (im.tp > 1) {
-          // This rank's experts only (RoutedSum skips ids matching no expert).
-          const int64_t e0 = im.rank * E / im.tp, e1 = (im.rank + 1) * E / im.tp;
-          for (int32_t& e : r.indices) {
-            if (e < e0 || e >= e1) e = -1;
-          }
+        STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, st));
+      }
+      if (b.has_indexer) {
+        cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
+                                    options_.compressor_fp64};
+        const absl::Status e = compress(b.index_compressor, 1, shape, sc.ckeys);
+        if (!e.ok()) return fail(e);
+        STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, st));
+        STEP(Lin8(b.index_wq_b, sc.qr, T, sc, sc.iq, st));
+        STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
+        STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, st));
+        STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, st));
+        // Each chunk's top-k selections stay on the device (sel_base: where BuildCandidates reads).
+        for (size_t i = 0; i < nc; ++i) {
+          if (n_sel[i] == 0) continue;
+          const int64_t S = row0[i + 1] - row0[i];
+          // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile).
+          STEP(cuda::KvIndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh, geom,
+                                     dtables + table_off[i], table_off[i + 1] - table_off[i],
+                                     sc.pos + row0[i], S, nh, 4, n_cols[i], im.scores.as<float>(),
+                                     st));
+          STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
+                                 im.sel.as<int32_t>() + sel_base[i], st));
         }
-        model::RoutedSum(model_->weights().blocks[layer].moe, c, xh.data(), r, T, acc);
       }
-    }
-    const auto t3 = Clock::now();
-    if (im.tp == 1) {
-      if (host_experts) {
-        STEP(cudaMemcpyAsync(sc.routed, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice, st));
+
+      // The chunks' raw KV as records in the step's staging, every token's candidate list (record
+      // addresses), one attention launch for all sequences, then the last W positions of each
+      // chunk into its ring records.
+      uint64_t* cand = im.cand.as<uint64_t>();
+      STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, st));
+      STEP(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st));
+      for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
+        const int64_t n = std::min(attn_rows, T - t0);
+        STEP(cuda::KvSparseAttention(sc.q + t0 * H * Dh, cand + t0 * n_cand[l], b.sink, n, H, Dh,
+                                     kvl.nope, n_cand[l], scale, sc.o + t0 * H * Dh, st,
+                                     im.kvrows.as<uint16_t>()));
       }
-      STEP(cuda::MoeCombineBf16(si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr,
-                                T * dim, sc.moe, st));
-    } else {
-      // [shared partial | routed share], summed in one collective, then the reference's combine.
-      if (si == 0) STEP(cudaMemsetAsync(sc.part, 0, T * dim * 4, st));
-      if (host_experts) {
-        STEP(cudaMemcpyAsync(sc.part + T * dim, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice,
-                             st));
+      STEP(cuda::KvRingRecords(geom, tok, T, sc.kv, st));
+      STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
+      STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
+                                         sc.z, st));
+      if (im.tp == 1) {
+        STEP(Lin8(b.wo_b, sc.z, T, sc, sc.attn, st));
       } else {
-        STEP(cudaMemsetAsync(sc.part + T * dim, 0, T * dim * 4, st));
+        STEP(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
+        if (absl::Status e = all_reduce(T * dim); !e.ok()) return fail(e);
+        STEP(cuda::RoundF32ToBf16(sc.part, T * dim, sc.attn, st));
       }
-      if (absl::Status e = all_reduce(2 * T * dim); !e.ok()) return fail(e);
-      STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
+      STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
+      if (timings) STEP(cudaStreamSynchronize(st));
+      const auto t1 = Clock::now();
+      const double ar_attention = ar_seconds - ar_begin;
+
+      // ---- MoE sublayer
+      STEP(cuda::HcPre(sc.mid, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, T, hc, dim,
+                       c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
+      STEP(cuda::RmsNorm(sc.y, b.ffn_norm, T, dim, eps, sc.xn, st));
+      STEP(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T, c.n_routed_experts, dim, K,
+                       static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, st));
+      if (host_experts) {
+        STEP(cudaMemcpyAsync(im.moe_x.p, sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, st));
+        STEP(cudaMemcpyAsync(im.moe_ids.p, sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
+        STEP(cudaMemcpyAsync(im.moe_w.p, sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
+        STEP(cudaEventRecord(im.routed_ready, st));
+      }
+      // The shared expert (this rank's slice of it) runs on the GPU while the host computes the
+      // routed experts.
+      const int64_t si = b.shared_inter;
+      if (si > 0) {
+        STEP(Lin8(b.shared_w1, sc.xn, T, sc, sc.sg, st));
+        STEP(Lin8(b.shared_w3, sc.xn, T, sc, sc.su, st));
+        STEP(cuda::SwiGluBf16(sc.sg, sc.su, si, nullptr, T, si, shared_limit, sc.sa, st));
+        if (im.tp == 1) {
+          STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
+        } else {
+          STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.part, st));
+        }
+      }
+      auto t2 = Clock::now();
+      if (host_experts) {
+        STEP(cudaEventSynchronize(im.routed_ready));
+        t2 = Clock::now();
+        const uint16_t* xb = im.moe_x.as<uint16_t>();
+        for (int64_t i = 0; i < T * dim; ++i) xh[i] = Bf16ToFloat(xb[i]);
+        const int32_t* ridx = im.moe_ids.as<int32_t>();
+        const float* rw = im.moe_w.as<float>();
+        float* acc = im.moe_sum.as<float>();
+        const model::RoutedExperts* experts = options_.experts ? options_.experts(layer) : nullptr;
+        if (experts != nullptr) {
+          const absl::Status e =
+              experts->Compute(layer, T, xh.data(), ridx, rw, static_cast<int>(K), acc);
+          if (!e.ok()) return fail(e);
+        } else {
+          model::RouterResult r;
+          r.indices.assign(ridx, ridx + T * K);
+          r.weights.assign(rw, rw + T * K);
+          if (im.tp > 1) {
+            // This rank's experts only (RoutedSum skips ids matching no expert).
+            const int64_t e0 = im.rank * E / im.tp, e1 = (im.rank + 1) * E / im.tp;
+            for (int32_t& e : r.indices) {
+              if (e < e0 || e >= e1) e = -1;
+            }
+          }
+          model::RoutedSum(model_->weights().blocks[layer].moe, c, xh.data(), r, T, acc);
+        }
+      }
+      const auto t3 = Clock::now();
+      if (im.tp == 1) {
+        if (host_experts) {
+          STEP(cudaMemcpyAsync(sc.routed, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice, st));
+        }
+        STEP(cuda::MoeCombineBf16(si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr,
+                                  T * dim, sc.moe, st));
+      } else {
+        // [shared partial | routed share], summed in one collective, then the reference's combine.
+        if (si == 0) STEP(cudaMemsetAsync(sc.part, 0, T * dim * 4, st));
+        if (host_experts) {
+          STEP(cudaMemcpyAsync(sc.part + T * dim, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice,
+                               st));
+        } else {
+          STEP(cudaMemsetAsync(sc.part + T * dim, 0, T * dim * 4, st));
+        }
+        if (absl::Status e = all_reduce(2 * T * dim); !e.ok()) return fail(e);
+        STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
+      }
+      STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
+      std::swap(sc.h, sc.h2);
+      if (timings) {
+        STEP(cudaStreamSynchronize(st));
+        const auto t4 = Clock::now();
+        const double ar_layer = ar_seconds - ar_begin;
+        timings->attention[l] = Seconds(t0, t1) - ar_attention;
+        timings->moe_cpu[l] = Seconds(t2, t3);
+        timings->moe_gpu[l] = Seconds(t1, t4) - Seconds(t2, t3) - (ar_layer - ar_attention);
+        timings->allreduce[l] = ar_layer;
+      }
     }
-    STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
-    std::swap(sc.h, sc.h2);
-    if (timings) {
-      STEP(cudaStreamSynchronize(st));
-      const auto t4 = Clock::now();
-      const double ar_layer = ar_seconds - ar_begin;
-      timings->attention[l] = Seconds(t0, t1) - ar_attention;
-      timings->moe_cpu[l] = Seconds(t2, t3);
-      timings->moe_gpu[l] = Seconds(t1, t4) - Seconds(t2, t3) - (ar_layer - ar_attention);
-      timings->allreduce[l] = ar_layer;
+    return absl::OkStatus();
+  };
+
+  // Decode under CUDA graphs: a step whose work is all on this GPU (no routed experts on the host,
+  // TP = 1, untimed) runs its layers as one graph, keyed by everything the launches take from the
+  // host (sizes, scratch addresses). A key seen on the previous step is captured and instantiated,
+  // then replayed while it repeats; a new key runs launched (the first call of some kernels sets
+  // attributes, which is not done under capture) and becomes the pending key. The step's inputs
+  // (streams, ids, positions, compressor arrays, KvTokens, tables, entry addresses) are uploaded
+  // above into the same buffers every step, before the replay.
+  const bool graphable = im.graphs && !host_experts && im.tp == 1 && timings == nullptr;
+  if (!graphable) {
+    RETURN_IF_ERROR(run_layers());
+  } else {
+    std::vector<int64_t> key = {T, static_cast<int64_t>(nc), max_rows, attn_rows};
+    for (size_t i = 0; i < nc; ++i) {
+      key.insert(key.end(), {row0[i + 1] - row0[i], n_sel[i], n_cols[i], table_off[i + 1]});
+    }
+    key.insert(key.end(), n_cand.begin(), n_cand.end());
+    for (const void* p : {im.arena.p, im.params.p, im.cand.p, im.kvrows.p, im.scores.p, im.sel.p,
+                          static_cast<void*>(const_cast<uint8_t*>(pool))}) {
+      key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)));
+    }
+    if (im.graph_exec != nullptr && key == im.graph_key) {
+      STEP(cudaGraphLaunch(im.graph_exec, st));
+      ++im.graph_replays;
+      // The host's view of the ping-pong stream buffers, as the loop leaves it.
+      if (n_layers % 2 != 0) std::swap(sc.h, sc.h2);
+    } else if (key == im.pending_key) {
+      if (im.graph_exec != nullptr) cudaGraphExecDestroy(im.graph_exec);
+      im.graph_exec = nullptr;
+      im.graph_key.clear();
+      STEP(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      const absl::Status e = run_layers();
+      cudaGraph_t graph = nullptr;
+      const cudaError_t ce = cudaStreamEndCapture(st, &graph);
+      if (!e.ok()) {
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        return e;
+      }
+      if (ce != cudaSuccess) return fail(CudaStatus(ce, "cudaStreamEndCapture"));
+      const cudaError_t ie = cudaGraphInstantiate(&im.graph_exec, graph, 0);
+      cudaGraphDestroy(graph);
+      if (ie != cudaSuccess) {
+        im.graph_exec = nullptr;
+        return fail(CudaStatus(ie, "cudaGraphInstantiate"));
+      }
+      im.graph_key = key;
+      ++im.graph_captures;
+      STEP(cudaGraphLaunch(im.graph_exec, st));
+      ++im.graph_replays;
+    } else {
+      im.pending_key = std::move(key);
+      RETURN_IF_ERROR(run_layers());
     }
   }
 
@@ -781,6 +845,13 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   }
   return absl::OkStatus();
 }
+
+void CudaBackend::set_decode_graphs(bool on) {
+  impl_->graphs = on;
+  impl_->pending_key.clear();
+}
+int64_t CudaBackend::graph_captures() const { return impl_->graph_captures; }
+int64_t CudaBackend::graph_replays() const { return impl_->graph_replays; }
 
 absl::Status CudaBackend::FillSequenceForBenchmark(uint64_t seq_id, int64_t next_pos) {
   if (next_pos < 1) return absl::InvalidArgumentError("next_pos must be positive");

@@ -10,8 +10,9 @@
 // One block, as model::Model::RunBlock computes it (the operation order and roundings of the
 // reference; each kernel's measured agreement is in its header):
 //   HcPre + RmsNorm → query path (wq_a, q_norm, wq_b, per-head norm, RoPE), raw KV (wkv, kv_norm,
-//   RoPE, FP8 sim) → compressors (CompressorStep, per chunk) → indexer (wq_b, IndexerPrepQ,
-//   weights, scores, top-k; CSA layers) → SparseAttention over window + compressed entries →
+//   RoPE, FP8 sim) → compressors (CompressorStep, one launch for the batch's chunks) → indexer
+//   (wq_b, IndexerPrepQ, weights, scores from the MXFP4 keys in place, top-k; CSA layers) →
+//   SparseAttention over window + compressed entries (records decoded once per token) →
 //   inverse RoPE, grouped wo_a, wo_b → HcPost → HcPre + RmsNorm → Route (GPU) → shared expert
 //   (GPU) while the routed experts run on the host → combine → HcPost.
 // Residual streams are bf16 on the device ([T, hc, dim]); the interface's fp32 streams hold the
@@ -30,9 +31,10 @@
 //  * buffer growth (a new sequence, a longer chunk, a doubled compressed-entry region).
 // Everything else is on the device: the fp32 ↔ bf16 stream conversions; the candidate lists of
 // every layer (BuildCandidates: window positions from sizes, the indexer's top-k selections read
-// where IndexerTopK left them); the raw-KV staging and ring writes; one SparseAttentionRows launch
-// for all sequences of a step. Stage 0's embedding gather stays on the host (its table is not
-// uploaded).
+// where IndexerTopK left them); the raw-KV staging and ring writes; one KvSparseAttention launch
+// for all sequences of a step (per 64 MiB of decoded rows in prefill). Stage 0's embedding gather
+// stays on the host (its table is not uploaded). A step with nothing for the host until its
+// output (exclude_routed_experts, TP = 1) runs its layers as a CUDA graph (set_decode_graphs).
 //
 // KV state: the paged KV cache of cuda_backend_kv.h, one device pool of blocks allocated at
 // start (kv_tokens / kv_block_tokens blocks plus the built-in allocator's window blocks), every
@@ -160,6 +162,16 @@ class CudaBackend final : public StageBackend {
   // run, with zeroed KV, indexer keys and compressor states, so decode at long contexts can be
   // timed without the prefill. The values are meaningless; only the sizes are real.
   absl::Status FillSequenceForBenchmark(uint64_t seq_id, int64_t next_pos);
+
+  // Decode under CUDA graphs (on from creation): a step whose GPU work needs nothing from the host
+  // until its output (exclude_routed_experts, TP = 1, no StageTimings) runs its layers as one
+  // captured graph, re-captured when the step's shape changes (sizes, scratch addresses; see
+  // Run). Off: every step launches its kernels one by one (the same kernels, the same bits).
+  // Call between steps, from the thread that calls Run.
+  void set_decode_graphs(bool on);
+  // Graphs instantiated, and steps run as a graph launch, since creation.
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
 
   struct Impl;  // device weights, sequences and scratch (cuda_backend.cc)
 

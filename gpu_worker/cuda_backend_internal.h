@@ -84,6 +84,12 @@ inline Share ShareOf(int64_t n, int64_t unit, int parts, int rank) {
   return {std::min(n, rank * units / parts * unit), std::min(n, (rank + 1) * units / parts * unit)};
 }
 
+// Cap of the attention's decoded-rows scratch (KvSparseAttention's rows): a step of more tokens
+// (prefill) runs the attention in slices of this many bytes of rows.
+inline constexpr int64_t kAttentionRowsBytes = int64_t{64} << 20;
+// The indexer's score columns are a multiple of this (cuda_backend.cc Run).
+inline constexpr int64_t kScoreColumns = 256;
+
 // A grow-only device buffer.
 struct DevBuf {
   void* p = nullptr;
@@ -145,12 +151,19 @@ struct CudaBackend::Impl {
   const float *freqs_plain = nullptr, *freqs_comp = nullptr;
   KvPool kv;  // the paged KV cache (cuda_backend_kv.h)
   // Scratch, grow-only.
-  DevBuf arena, params, cand, scores, sel, logits, gkeys;
+  DevBuf arena, params, cand, scores, sel, logits, kvrows;
   // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
   // dim] fp32 sum.
   PinnedBuf moe_x, moe_ids, moe_w, moe_sum;
+  // Decode under CUDA graphs (cuda_backend.cc Run): the instantiated layers of the step shape
+  // `graph_key`, the key of the last launched step (captured when it repeats), and counts.
+  bool graphs = true;
+  cudaGraphExec_t graph_exec = nullptr;
+  std::vector<int64_t> graph_key, pending_key;
+  int64_t graph_captures = 0, graph_replays = 0;
 
   ~Impl() {
+    if (graph_exec) cudaGraphExecDestroy(graph_exec);
     kv.ReleaseAll();
     for (void* p : allocations) cudaFree(p);
     if (routed_ready) cudaEventDestroy(routed_ready);

@@ -10,7 +10,8 @@
 #                                    --backend cuda` at TP 1, TP 2 and TP 2 x PP 2 answering one
 #                                    greedy chat completion each, compared, and splitserve-golden
 #                                    --tp 2 --stages 2 against TP 1, building only the binaries,
-#                                    or none with SS_DEVICE_BIN=DIR naming prebuilt ones)
+#                                    or none with SS_DEVICE_BIN=DIR naming prebuilt ones; the
+#                                    default mode runs golden --tp 2 --stages 2 too)
 #
 # Builds everything (services included when the carried packages configure; else only the model,
 # the golden runner and the GPU parts), runs every gpu-labelled test binary directly (ctest's
@@ -216,6 +217,16 @@ if [ "$ngpu" -ge 2 ]; then
   "$bin/splitserve-golden" --backend cuda --tp 2 --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_tp2.log" 2>&1
   echo "splitserve-golden --backend cuda --tp 2 (experts on the host): rc=$? $(tail -1 "$out/golden_cuda_tp2.log")"
+  # TP 2 x PP 2 (four backends on two GPUs), and its whole-model figures against TP 1's.
+  "$bin/splitserve-golden" --backend cuda --tp 2 --stages 2 --model tests/data/tiny-a \
+    --golden tests/data/tiny-a >"$out/golden_cuda_tp2_pp2.log" 2>&1
+  echo "splitserve-golden --backend cuda --tp 2 --stages 2 (experts on the host): rc=$? $(tail -1 "$out/golden_cuda_tp2_pp2.log")"
+  diff <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda.log" | sed 's/ ([^)]*backend)//') \
+       <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda_tp2_pp2.log" | sed 's/ ([^)]*backend)//') \
+       >"$out/golden_model_diff.txt"
+  drc=$?
+  echo "golden model checks, TP 2 x PP 2 vs TP 1: $(grep -cE '^(PASS|FAIL) +model' "$out/golden_cuda.log") lines, figures identical=$([ $drc = 0 ] && echo yes || echo no)"
+  head -5 "$out/golden_model_diff.txt"
 fi
 if [ -x "$bin/splitserve-expert-worker" ]; then
   # The same with the routed experts in an expert-worker process on the device's CPU.
@@ -239,7 +250,7 @@ fi  # not "up"
 
 [ "$quick" = "" ] && [ -x "$bin/cuda_backend_layer_bench" ] && timeout 240 "$bin/cuda_backend_layer_bench" \
   >"$out/cuda_backend_layer_bench.log" 2>&1
-echo "cuda_backend_layer_bench rc=$?"; tail -12 "$out/cuda_backend_layer_bench.log" 2>/dev/null
+echo "cuda_backend_layer_bench rc=$?"; tail -20 "$out/cuda_backend_layer_bench.log" 2>/dev/null
 if [ "$quick" = "" ] && [ "$ngpu" -ge 2 ] && [ -x "$bin/cuda_backend_layer_bench" ]; then
   # TP 2 on two GPUs: step time and the seconds in NCCL collectives per layer.
   timeout 240 "$bin/cuda_backend_layer_bench" --tp 2 >"$out/cuda_backend_layer_bench_tp2.log" 2>&1

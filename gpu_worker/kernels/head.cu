@@ -38,7 +38,36 @@ __global__ void __launch_bounds__(kThreads)
     float acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-    for (int64_t i = 8 * lane; i < in; i += 256) {
+    // kAhead weight (and input) loads per lane issued before the in-order sums that use them: at
+    // decode each warp's pass over its row is otherwise a chain of in / 256 dependent loads.
+    constexpr int kAhead = 8;
+    int64_t i = 8 * lane;
+    for (; i + (kAhead - 1) * 256 < in; i += kAhead * 256) {
+      uint4 wv[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        wv[u] = __ldg(reinterpret_cast<const uint4*>(wr + i + u * 256));
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r < nr) {
+          uint4 xv[kAhead];
+#pragma unroll
+          for (int u = 0; u < kAhead; ++u) {
+            xv[u] = *reinterpret_cast<const uint4*>(x + (r0 + r) * in + i + u * 256);
+          }
+#pragma unroll
+          for (int u = 0; u < kAhead; ++u) {
+            float wf[8], xf[8];
+            Unpack8(wv[u], wf);
+            Unpack8(xv[u], xf);
+#pragma unroll
+            for (int c = 0; c < 8; ++c) acc[r] = __fadd_rn(acc[r], __fmul_rn(xf[c], wf[c]));
+          }
+        }
+      }
+    }
+    for (; i < in; i += 256) {
       float wf[8];
       Unpack8(__ldg(reinterpret_cast<const uint4*>(wr + i)), wf);
 #pragma unroll

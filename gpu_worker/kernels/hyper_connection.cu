@@ -190,12 +190,16 @@ __device__ void SplitSinkhornWarp(const float* mixes, const float* base, const f
   }
 }
 
+// HcMixKernelImpl's products per shared-memory segment (a multiple of 32 and of kThreads).
+constexpr int kMixSeg = 4096;
+
 // Decode split of the block collapse (few tokens: one block per token would leave one SM to read
 // all of fn). grid (T, mix): each block computes the token's r exactly as HcCollapseKernelImpl
-// does (every thread's sum in the same order, its loads issued ahead) and its warp 0 one mix row
-// with the same lane sums, so the values are the same bits; they go to the token's row of y (as
-// fp32, mix·4 ≤ dim·2 bytes), which HcFinishKernelImpl reads back before it overwrites the row with
-// the collapse.
+// does (every thread's sum in the same order, its loads issued ahead) and one mix row with the
+// same lane sums (the block forms the products, warp 0's lanes add them in order), so the values
+// are the same bits; they go to the token's row of y (as fp32, mix·4 ≤ dim·2 bytes), which
+// HcFinishKernelImpl reads back before it overwrites the row with the collapse.
+
 __global__ void HcMixKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ fn,
                                 int hc, int64_t dim, float norm_eps, uint16_t* __restrict__ y) {
   __shared__ float scratch[kWarps];
@@ -222,21 +226,32 @@ __global__ void HcMixKernelImpl(const uint16_t* __restrict__ streams, const floa
   const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(n)));
   const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
   const int m = static_cast<int>(blockIdx.y);
-  if (warp != 0 || m >= mix) return;
+  if (m >= mix) return;
   const float* f = fn + m * n;
+  // The products x[i]·f[i] (independent) are formed by the whole block into shared memory,
+  // kMixSeg at a time with every load of a segment in flight at once; warp 0's lanes then add
+  // their i ≡ lane (mod 32) in order, as one warp summing from memory would.
+  constexpr int kPerThread = kMixSeg / kThreads;
+  __shared__ float prod[kMixSeg];
   float acc = 0.0f;
-  int64_t i = lane;
-  for (; i + (kAhead - 1) * 32 < n; i += kAhead * 32) {
-    float xv[kAhead], fv[kAhead];
+  for (int64_t s0 = 0; s0 < n; s0 += kMixSeg) {
+    const int len = static_cast<int>(n - s0 < kMixSeg ? n - s0 : kMixSeg);
+    float xv[kPerThread], fv[kPerThread];
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-      xv[u] = Bf16ToF32(X[i + u * 32]);
-      fv[u] = f[i + u * 32];
+    for (int u = 0; u < kPerThread; ++u) {
+      const int k = tid + u * kThreads;
+      xv[u] = k < len ? Bf16ToF32(X[s0 + k]) : 0.0f;
+      fv[u] = k < len ? f[s0 + k] : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) acc = __fadd_rn(acc, __fmul_rn(xv[u], fv[u]));
+    for (int u = 0; u < kPerThread; ++u) prod[tid + u * kThreads] = __fmul_rn(xv[u], fv[u]);
+    __syncthreads();
+    if (warp == 0) {
+      for (int k = lane; k < len; k += 32) acc = __fadd_rn(acc, prod[k]);
+    }
+    __syncthreads();
   }
-  for (; i < n; i += 32) acc = __fadd_rn(acc, __fmul_rn(Bf16ToF32(X[i]), f[i]));
+  if (warp != 0) return;
   acc = WarpSum(acc);
   if (lane == 0) reinterpret_cast<float*>(y + t * dim)[m] = __fmul_rn(acc, r);
 }
@@ -252,6 +267,19 @@ __global__ void HcFinishKernelImpl(const uint16_t* __restrict__ streams,
   const uint16_t* X = streams + t * hc * dim;
   const int mix = (2 + hc) * hc;
   const int tid = static_cast<int>(threadIdx.x);
+  // The collapse's inputs (hc ≤ 4, dim ≤ kThreads·kPre: Flash's 4 × 4096), loaded before the
+  // Sinkhorn iterations so their latency overlaps them.
+  constexpr int kPre = 16, kPreMult = 4;
+  const bool prefetch = hc <= kPreMult && dim <= static_cast<int64_t>(kPre) * kThreads;
+  uint16_t xv[kPre][kPreMult];
+  if (prefetch) {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) {
+      const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
+#pragma unroll
+      for (int s = 0; s < kPreMult; ++s) xv[u][s] = i < dim && s < hc ? X[s * dim + i] : 0;
+    }
+  }
   if (tid < mix) mixes[tid] = reinterpret_cast<const float*>(y + t * dim)[tid];
   __syncthreads();
   if (hc * hc <= 32) {
@@ -265,6 +293,20 @@ __global__ void HcFinishKernelImpl(const uint16_t* __restrict__ streams,
     post_out[t * hc + tid] = post[tid];
   }
   if (tid < hc * hc) comb_out[t * hc * hc + tid] = comb[tid];
+  if (prefetch) {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) {
+      const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
+      if (i >= dim) break;
+      float acc = __fmul_rn(pre[0], Bf16ToF32(xv[u][0]));
+#pragma unroll
+      for (int s = 1; s < kPreMult; ++s) {
+        if (s < hc) acc = __fadd_rn(acc, __fmul_rn(pre[s], Bf16ToF32(xv[u][s])));
+      }
+      y[t * dim + i] = F32ToBf16(acc);
+    }
+    return;
+  }
   for (int64_t i = tid; i < dim; i += kThreads) {
     float acc = __fmul_rn(pre[0], Bf16ToF32(X[i]));
     for (int s = 1; s < hc; ++s) acc = __fadd_rn(acc, __fmul_rn(pre[s], Bf16ToF32(X[s * dim + i])));

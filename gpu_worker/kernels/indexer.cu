@@ -5,6 +5,7 @@
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_common.cuh"
 #include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/paged_kv.h"
 
 namespace ss::cuda {
 namespace {
@@ -58,12 +59,73 @@ constexpr int kMaxHeadDim = static_cast<int>(kIndexerMaxHeadDim);
 constexpr int kKeysPerWarp = 4;
 constexpr int kTileKeys = 64;
 
+// e2m1 code (bit 3: sign; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) as a float, built from its bits
+// (no table in local memory): the same values, −0 included, as paged_kv.cu's E2m1Value.
+__device__ __forceinline__ float E2m1Value(uint32_t c) {
+  const uint32_t m = c & 7;
+  const uint32_t mag = m < 2 ? m * (126u << 23) : ((126u + (m >> 1)) << 23) | ((m & 1) << 22);
+  return __uint_as_float(mag | ((c & 8) << 28));
+}
+
+// Paged keys (paged_kv.h): key j of the sequence whose table is `table`, or null outside it.
+__device__ __forceinline__ const uint8_t* PagedKey(const KvGeom& g, const int32_t* table,
+                                                   int n_table, int64_t j) {
+  const int64_t b = g.first_entry_block + j / g.keys_per_block;
+  if (b < 0 || b >= n_table) return nullptr;
+  return reinterpret_cast<const uint8_t*>(g.pool) + static_cast<int64_t>(table[b]) * g.block_bytes +
+         g.key_off + (j % g.keys_per_block) * KvKeyBytes(g.key_dim);
+}
+
+// A warp's kKeysPerWarp keys [jg, jg + kKeysPerWarp) staged as bf16 straight from their MXFP4
+// entries (KvGatherKeys' values: e2m1 · ue8m0 scale, exact in bf16; 0 at or past jv and outside
+// the table). 32 / kKeysPerWarp lanes per key; with whole aligned words (hd a multiple of 64,
+// 4-byte aligned keys) each lane reads its 8-dim groups as one word of codes.
+__device__ __forceinline__ void StagePagedKeys(const KvGeom& g, const int32_t* __restrict__ table,
+                                               int n_table, int64_t jg, int64_t jv, int hd,
+                                               int lane, uint16_t (*ks)[kMaxHeadDim]) {
+  constexpr int kLanesPerKey = 32 / kKeysPerWarp;
+  const int kk = lane / kLanesPerKey, sub = lane % kLanesPerKey;
+  const int64_t j = jg + kk;
+  const uint8_t* k = j < jv ? PagedKey(g, table, n_table, j) : nullptr;
+  const bool words = hd % (8 * kLanesPerKey) == 0 && KvKeyBytes(hd) % 4 == 0 &&
+                     g.key_off % 4 == 0 && g.block_bytes % 4 == 0 && g.pool % 4 == 0;
+  if (words) {
+    const int per = hd / kLanesPerKey;
+    for (int d0 = sub * per; d0 < (sub + 1) * per; d0 += 8) {
+      uint32_t codes = 0;
+      float sc = 0.0f;
+      if (k != nullptr) {
+        codes = *reinterpret_cast<const uint32_t*>(k + d0 / 2);
+        sc = Ue8m0ToF32(k[hd / 2 + d0 / 32]);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float v = E2m1Value((codes >> (4 * e)) & 15);
+        ks[kk][d0 + e] = k != nullptr ? F32ToBf16(__fmul_rn(v, sc)) : uint16_t{0};
+      }
+    }
+    return;
+  }
+  for (int d = sub; d < hd; d += kLanesPerKey) {
+    uint16_t v = 0;
+    if (k != nullptr) {
+      const uint32_t byte = k[d / 2];
+      v = F32ToBf16(
+          __fmul_rn(E2m1Value((d & 1) ? byte >> 4 : byte & 15), Ue8m0ToF32(k[hd / 2 + d / 32])));
+    }
+    ks[kk][d] = v;
+  }
+}
+
+// kPaged: keys from the paged pool (g, table) instead of bf16 rows.
+template <bool kPaged>
 __global__ void __launch_bounds__(kThreads)
     IndexerScoresKernelImpl(const uint16_t* __restrict__ q, const uint16_t* __restrict__ w,
                             const uint16_t* __restrict__ keys,
                             const int64_t* __restrict__ key_row_offset,
                             const int64_t* __restrict__ positions, int heads, int hd, int ratio,
-                            int64_t n_cols, float* __restrict__ scores) {
+                            int64_t n_cols, float* __restrict__ scores, KvGeom g,
+                            const int32_t* __restrict__ table, int n_table) {
   __shared__ float qs[kMaxHeadDim][kMaxHeads + 1];  // +1: conflict-free transposed fill
   __shared__ float ws[kMaxHeads];
   __shared__ uint16_t ks[kWarps][kKeysPerWarp][kMaxHeadDim];
@@ -86,11 +148,16 @@ __global__ void __launch_bounds__(kThreads)
     ws[h] = h < heads ? Bf16ToF32(w[t * heads + h]) : 0.0f;
   }
   __syncthreads();
-  const uint16_t* kt = keys + (key_row_offset != nullptr ? key_row_offset[t] : 0) * hd;
+  const uint16_t* kt =
+      kPaged ? nullptr : keys + (key_row_offset != nullptr ? key_row_offset[t] : 0) * hd;
   for (int64_t jg = j0 + warp * kKeysPerWarp; jg < j1; jg += kWarps * kKeysPerWarp) {
-    for (int i = lane; i < kKeysPerWarp * hd; i += 32) {
-      const int kk = i / hd, d = i % hd;
-      ks[warp][kk][d] = jg + kk < jv ? kt[(jg + kk) * hd + d] : uint16_t{0};
+    if constexpr (kPaged) {
+      StagePagedKeys(g, table, n_table, jg, jv, hd, lane, ks[warp]);
+    } else {
+      for (int i = lane; i < kKeysPerWarp * hd; i += 32) {
+        const int kk = i / hd, d = i % hd;
+        ks[warp][kk][d] = jg + kk < jv ? kt[(jg + kk) * hd + d] : uint16_t{0};
+      }
     }
     __syncwarp();
     float acc[kKeysPerWarp][2];
@@ -300,10 +367,31 @@ cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* 
   if (T == 0 || n_cols == 0) return cudaSuccess;
   const int64_t tiles = (n_cols + kTileKeys - 1) / kTileKeys;
   if (tiles > 65535) return cudaErrorInvalidValue;
-  IndexerScoresKernelImpl<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(tiles)), kThreads,
-                            0, stream>>>(q, w, keys, key_row_offset, positions,
-                                         static_cast<int>(heads), static_cast<int>(head_dim),
-                                         static_cast<int>(ratio), n_cols, scores);
+  IndexerScoresKernelImpl<false>
+      <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(
+          q, w, keys, key_row_offset, positions, static_cast<int>(heads),
+          static_cast<int>(head_dim), static_cast<int>(ratio), n_cols, scores, KvGeom{}, nullptr,
+          0);
+  return cudaGetLastError();
+}
+
+cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
+                            const int32_t* table, int64_t n_table, const int64_t* positions,
+                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+                            cudaStream_t stream) {
+  const int64_t head_dim = g.key_dim;
+  if (heads < 1 || heads > kIndexerMaxHeads || head_dim < 32 || head_dim % 32 != 0 ||
+      head_dim > kIndexerMaxHeadDim || g.keys_per_block < 1 || ratio < 1 || ratio > INT_MAX ||
+      n_cols < 0 || T < 0 || T > INT_MAX || n_table < 0 || n_table > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0 || n_cols == 0) return cudaSuccess;
+  const int64_t tiles = (n_cols + kTileKeys - 1) / kTileKeys;
+  if (tiles > 65535) return cudaErrorInvalidValue;
+  IndexerScoresKernelImpl<true>
+      <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(
+          q, w, nullptr, nullptr, positions, static_cast<int>(heads), static_cast<int>(head_dim),
+          static_cast<int>(ratio), n_cols, scores, g, table, static_cast<int>(n_table));
   return cudaGetLastError();
 }
 
@@ -323,8 +411,11 @@ const void* HadamardFp4Kernel() { return reinterpret_cast<const void*>(&Hadamard
 const void* IndexerWeightScaleKernel() {
   return reinterpret_cast<const void*>(&IndexerWeightScaleKernelImpl);
 }
+const void* KvIndexerScoresKernel() {
+  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl<true>);
+}
 const void* IndexerScoresKernel() {
-  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl);
+  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl<false>);
 }
 const void* IndexerTopKKernel() { return reinterpret_cast<const void*>(&IndexerTopKKernelImpl); }
 

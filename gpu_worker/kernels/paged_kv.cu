@@ -254,12 +254,44 @@ __global__ void KvSparseAttentionKernelImpl(const uint16_t* __restrict__ q,
 constexpr int kFastThreads = 256;
 constexpr int kFastWarps = kFastThreads / 32;
 
-template <int kD>
+// One block per candidate row r = t·n_cand + j: record cand[r] decoded to bf16 (exact) into
+// rows[r·d, (r + 1)·d); masked candidates (0) are skipped (their rows are never read). d / 4
+// threads, 4 dims each (the fast kernel's decode, so the same bits).
+__global__ void KvDecodeRowsKernelImpl(const uint64_t* __restrict__ cand, int d, int nope,
+                                       uint16_t* __restrict__ rows) {
+  const int64_t r = blockIdx.x;
+  const uint8_t* rec = reinterpret_cast<const uint8_t*>(cand[r]);
+  if (rec == nullptr) return;
+  const int rope = d - nope;
+  uint16_t* out = rows + r * d;
+  for (int k0 = static_cast<int>(threadIdx.x) * 4; k0 < d; k0 += static_cast<int>(blockDim.x) * 4) {
+    uint2 v;
+    if (k0 < nope) {
+      const uint32_t codes = *reinterpret_cast<const uint32_t*>(rec + k0);
+      const float sc = Ue8m0ToF32(rec[nope + 2 * rope + k0 / 64]);
+      const uint32_t b0 = F32ToBf16(__fmul_rn(E4m3ToF32(codes & 0xff), sc));
+      const uint32_t b1 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 8) & 0xff), sc));
+      const uint32_t b2 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 16) & 0xff), sc));
+      const uint32_t b3 = F32ToBf16(__fmul_rn(E4m3ToF32(codes >> 24), sc));
+      v.x = b0 | (b1 << 16);
+      v.y = b2 | (b3 << 16);
+    } else {
+      v = *reinterpret_cast<const uint2*>(rec + nope + 2 * (k0 - nope));
+    }
+    *reinterpret_cast<uint2*>(out + k0) = v;
+  }
+}
+
+// kRows: the entries come decoded (KvDecodeRowsKernelImpl's rows, token t's list contiguous), so
+// staging a chunk is a plain copy, and the next chunk's copy is in registers while this one is
+// scored (the decode is done once per token, not once per head).
+template <int kD, bool kRows>
 __global__ void __launch_bounds__(kFastThreads)
     KvSparseAttentionFastKernelImpl(const uint16_t* __restrict__ q,
                                     const uint64_t* __restrict__ cand,
                                     const float* __restrict__ sink, int64_t n_heads, int nope,
-                                    int64_t n_cand, float scale, uint16_t* __restrict__ out) {
+                                    int64_t n_cand, float scale, const uint16_t* __restrict__ rows,
+                                    uint16_t* __restrict__ out) {
   extern __shared__ uint4 kv_smem[];
   uint16_t* kvs = reinterpret_cast<uint16_t*>(kv_smem);
   __shared__ float s[kSparseChunk], pe[kSparseChunk], p_bf16[kSparseChunk];
@@ -279,11 +311,32 @@ __global__ void __launch_bounds__(kFastThreads)
   for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
   float m = -INFINITY, l = 0.0f;
 
+  // kRows: the uint4s of a chunk's rows a thread copies, loaded one chunk ahead.
+  constexpr int kVecs = kD / 8, kPerThread = kSparseChunk * kVecs / kFastThreads;
+  const uint4* trows = reinterpret_cast<const uint4*>(rows + (kRows ? t * n_cand * kD : 0));
+  uint4 ahead[kPerThread];
+  auto load_chunk = [&](int64_t c) {
+    const int64_t n = (n_cand - c < kSparseChunk ? n_cand - c : kSparseChunk) * kVecs;
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int e = tid + u * kFastThreads;
+      if (e < n) ahead[u] = trows[c * kVecs + e];
+    }
+  };
+  if constexpr (kRows) load_chunk(0);
   for (int64_t c0 = 0; c0 < n_cand; c0 += kSparseChunk) {
     const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
     if (tid < kSparseChunk) idxs[tid] = tid < nc ? ct[c0 + tid] : 0;
+    if constexpr (kRows) {
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) {
+        const int e = tid + u * kFastThreads;
+        if (e < nc * kVecs) reinterpret_cast<uint4*>(kvs)[e] = ahead[u];
+      }
+      if (c0 + kSparseChunk < n_cand) load_chunk(c0 + kSparseChunk);
+    }
     __syncthreads();
-    for (int e = tid; e < nc * kQuads; e += kFastThreads) {
+    for (int e = tid; !kRows && e < nc * kQuads; e += kFastThreads) {
       const int i = e / kQuads, k0 = (e % kQuads) * 4;
       const uint8_t* rec = reinterpret_cast<const uint8_t*>(idxs[i]);
       if (rec == nullptr) continue;
@@ -363,7 +416,7 @@ __global__ void __launch_bounds__(kFastThreads)
   }
 }
 
-template <int kD>
+template <int kD, bool kRows>
 cudaError_t FastOptIn() {
   constexpr int kMaxDevices = 64;
   static bool done[kMaxDevices] = {};
@@ -371,7 +424,7 @@ cudaError_t FastOptIn() {
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if (dev < kMaxDevices && done[dev]) return cudaSuccess;
-  e = cudaFuncSetAttribute(KvSparseAttentionFastKernelImpl<kD>,
+  e = cudaFuncSetAttribute(KvSparseAttentionFastKernelImpl<kD, kRows>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
   if (e == cudaSuccess && dev < kMaxDevices) done[dev] = true;
   return e;
@@ -443,28 +496,42 @@ cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table,
   return cudaGetLastError();
 }
 
+template <int kD>
+cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
+                       int64_t n_heads, int nope, int64_t n_cand, float scale, uint16_t* rows,
+                       uint16_t* out, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(T * n_heads);
+  const int smem = static_cast<int>(kSparseChunk * kD * 2);
+  if (rows == nullptr) {
+    if (cudaError_t e = FastOptIn<kD, false>(); e != cudaSuccess) return e;
+    KvSparseAttentionFastKernelImpl<kD, false><<<blocks, kFastThreads, smem, stream>>>(
+        q, cand, sink, n_heads, nope, n_cand, scale, nullptr, out);
+    return cudaGetLastError();
+  }
+  if (cudaError_t e = FastOptIn<kD, true>(); e != cudaSuccess) return e;
+  KvDecodeRowsKernelImpl<<<static_cast<unsigned>(T * n_cand), kD / 4, 0, stream>>>(cand, kD, nope,
+                                                                                 rows);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  KvSparseAttentionFastKernelImpl<kD, true><<<blocks, kFastThreads, smem, stream>>>(
+      q, cand, sink, n_heads, nope, n_cand, scale, rows, out);
+  return cudaGetLastError();
+}
+
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
-                              float scale, uint16_t* out, cudaStream_t stream) {
+                              float scale, uint16_t* out, cudaStream_t stream, uint16_t* rows) {
   if (T == 0 || n_heads == 0) return cudaSuccess;
   if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 ||
-      T * n_heads > 0x7fffffff || BadRecord(nope, head_dim - nope)) {
+      T * n_heads > 0x7fffffff || T * n_cand > 0x7fffffff || BadRecord(nope, head_dim - nope)) {
     return cudaErrorInvalidValue;
   }
   const unsigned blocks = static_cast<unsigned>(T * n_heads);
   const int nop = static_cast<int>(nope);
-  if (head_dim == 512 || head_dim == 256) {
-    const int smem = static_cast<int>(kSparseChunk * head_dim * 2);
-    if (head_dim == 512) {
-      if (cudaError_t e = FastOptIn<512>(); e != cudaSuccess) return e;
-      KvSparseAttentionFastKernelImpl<512><<<blocks, kFastThreads, smem, stream>>>(
-          q, cand, sink, n_heads, nop, n_cand, scale, out);
-    } else {
-      if (cudaError_t e = FastOptIn<256>(); e != cudaSuccess) return e;
-      KvSparseAttentionFastKernelImpl<256><<<blocks, kFastThreads, smem, stream>>>(
-          q, cand, sink, n_heads, nop, n_cand, scale, out);
-    }
-    return cudaGetLastError();
+  if (head_dim == 512) {
+    return LaunchFast<512>(q, cand, sink, T, n_heads, nop, n_cand, scale, rows, out, stream);
+  }
+  if (head_dim == 256) {
+    return LaunchFast<256>(q, cand, sink, T, n_heads, nop, n_cand, scale, rows, out, stream);
   }
   KvSparseAttentionKernelImpl<<<blocks, kSparseThreads, 0, stream>>>(q, cand, sink, n_heads,
                                                                      head_dim, nop, n_cand, scale,
@@ -484,7 +551,11 @@ const void* KvSparseAttentionKernel() {
   return reinterpret_cast<const void*>(&KvSparseAttentionKernelImpl);
 }
 const void* KvSparseAttentionFastKernel() {
-  return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512>);
+  return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512, false>);
 }
+const void* KvSparseAttentionRowsKernel() {
+  return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512, true>);
+}
+const void* KvDecodeRowsKernel() { return reinterpret_cast<const void*>(&KvDecodeRowsKernelImpl); }
 
 }  // namespace ss::cuda

@@ -97,15 +97,35 @@ cudaError_t KvEncodeKeys(const uint16_t* keys, const uint64_t* dst, int64_t n, i
 cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table, int64_t n,
                          uint16_t* out, cudaStream_t stream);
 
+// IndexerScores (compressor_kernels.h) over one sequence's MXFP4 keys [0, n_cols) read in place
+// from the pool (g, table: device, n_table entries), each staged tile decoded as KvGatherKeys
+// decodes it (keys outside the table read as 0): the same scores, bit for bit, as KvGatherKeys
+// followed by IndexerScores, without the bf16 copy. head_dim = g.key_dim (a multiple of 32, at
+// most kIndexerMaxHeadDim). Defined in indexer.cu beside IndexerScores.
+cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
+                            const int32_t* table, int64_t n_table, const int64_t* positions,
+                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+                            cudaStream_t stream);
+
 // SparseAttention (sparse_attention.h) with candidate j of token t the record at cand[t, j]:
 // nope dims decoded as e4m3 · scale (exact, bf16-valued), rope dims the stored bf16, so the
 // result is bit-identical to SparseAttention over a bf16 pool of the decoded entries. head_dim
 // 256 and 512 stage each 64-entry chunk of decoded entries in shared memory (as
 // SparseAttentionRows' fast path; call once before capturing a graph); other head dims (multiples
 // of 128, ≤ 1024) read each dim from the record.
+//
+// rows (head_dim 256 and 512; else ignored): caller-owned scratch of KvSparseAttentionRowsBytes
+// bytes (16-byte aligned). With it, one launch first decodes every candidate record of every token
+// once into rows (bf16, exact), and the attention copies each chunk from there, the next chunk's
+// loads in flight while the current one is scored: same arithmetic, same bits, and the decode is
+// done once per token instead of once per (token, head) (64 times at Flash's 64 heads).
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
-                              float scale, uint16_t* out, cudaStream_t stream);
+                              float scale, uint16_t* out, cudaStream_t stream,
+                              uint16_t* rows = nullptr);
+inline constexpr int64_t KvSparseAttentionRowsBytes(int64_t T, int64_t n_cand, int64_t head_dim) {
+  return T * n_cand * head_dim * 2;
+}
 
 // Entry points, for attribute queries (ptxVersion) in tests.
 const void* KvBuildCandidatesKernel();
@@ -114,5 +134,8 @@ const void* KvEncodeKeysKernel();
 const void* KvGatherKeysKernel();
 const void* KvSparseAttentionKernel();
 const void* KvSparseAttentionFastKernel();  // head_dim 512
+const void* KvSparseAttentionRowsKernel();  // head_dim 512, decoded rows
+const void* KvDecodeRowsKernel();
+const void* KvIndexerScoresKernel();
 
 }  // namespace ss::cuda

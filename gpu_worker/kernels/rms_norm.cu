@@ -10,9 +10,20 @@ __global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* _
                                   int64_t n, float eps, uint16_t* __restrict__ y) {
   const uint16_t* xr = x + blockIdx.x * n;
   uint16_t* yr = y + blockIdx.x * n;
+  // Each thread's sum runs over i = tid, tid + kThreads, ... in order; kAhead loads are issued
+  // before the sums that use them (a row is one block's work at decode: latency, not bandwidth).
+  constexpr int kAhead = 16;
   float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = Bf16ToF32(xr[i]);
+  int64_t i0 = threadIdx.x;
+  for (; i0 + (kAhead - 1) * kThreads < n; i0 += kAhead * kThreads) {
+    float v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) v[u] = Bf16ToF32(xr[i0 + u * kThreads]);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) sum = __fadd_rn(sum, __fmul_rn(v[u], v[u]));
+  }
+  for (; i0 < n; i0 += kThreads) {
+    const float v = Bf16ToF32(xr[i0]);
     sum = __fadd_rn(sum, __fmul_rn(v, v));
   }
   __shared__ float partial[kThreads / 32];
@@ -27,7 +38,20 @@ __global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* _
   __syncthreads();
   const float mean = __fmul_rn(partial[0], __frcp_rn(static_cast<float>(n)));
   const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  int64_t i = threadIdx.x;
+  for (; i + (kAhead - 1) * kThreads < n; i += kAhead * kThreads) {
+    float xv[kAhead], gv[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      xv[u] = Bf16ToF32(xr[i + u * kThreads]);
+      gv[u] = g[i + u * kThreads];
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      yr[i + u * kThreads] = F32ToBf16(__fmul_rn(gv[u], __fmul_rn(xv[u], r)));
+    }
+  }
+  for (; i < n; i += kThreads) {
     yr[i] = F32ToBf16(__fmul_rn(g[i], __fmul_rn(Bf16ToF32(xr[i]), r)));
   }
 }

@@ -45,7 +45,26 @@ __global__ void RouterLogitsKernelImpl(const uint16_t* __restrict__ x,
     float acc[kLogitRows];
 #pragma unroll
     for (int r = 0; r < kLogitRows; ++r) acc[r] = 0.0f;
-    for (int64_t i = lane; i < dim; i += 32) {
+    // kAhead dims per lane loaded before the in-order sums that use them (at decode a warp's
+    // pass over its gate row is a chain of dependent loads otherwise).
+    constexpr int kAhead = 8;
+    int64_t i = lane;
+    for (; i + (kAhead - 1) * 32 < dim; i += kAhead * 32) {
+      float gv[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) gv[u] = Bf16ToF32(g[i + u * 32]);
+#pragma unroll
+      for (int r = 0; r < kLogitRows; ++r) {
+        if (r < nr) {
+          float xv[kAhead];
+#pragma unroll
+          for (int u = 0; u < kAhead; ++u) xv[u] = Bf16ToF32(x[(t0 + r) * dim + i + u * 32]);
+#pragma unroll
+          for (int u = 0; u < kAhead; ++u) acc[r] = __fadd_rn(acc[r], __fmul_rn(xv[u], gv[u]));
+        }
+      }
+    }
+    for (; i < dim; i += 32) {
       const float gv = Bf16ToF32(g[i]);
 #pragma unroll
       for (int r = 0; r < kLogitRows; ++r) {

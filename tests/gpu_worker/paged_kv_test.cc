@@ -16,6 +16,7 @@
 
 #include "common/bf16.h"
 #include "common/kv_record.h"
+#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/sparse_attention.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
@@ -111,13 +112,29 @@ void AttentionCase(int64_t D, uint64_t seed) {
             cudaSuccess);
   ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o2, nullptr),
             cudaSuccess);
+  // The same with the candidates decoded once into rows (the decode path's scratch).
+  uint16_t *o3 = nullptr, *rows = nullptr;
+  cudaMalloc(&o3, T * H * D * 2);
+  cudaMalloc(&rows, KvSparseAttentionRowsBytes(T, n_cand, D));
+  ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o3, nullptr,
+                              rows),
+            cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<uint16_t> a = Host(o1, T * H * D), b = Host(o2, T * H * D);
-  int64_t same = 0;
-  for (size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
-  std::printf("head_dim %lld: attention over records vs bf16 pool: %lld of %zu outputs bit-identical\n",
-              static_cast<long long>(D), static_cast<long long>(same), a.size());
+  const std::vector<uint16_t> a = Host(o1, T * H * D), b = Host(o2, T * H * D),
+                              c = Host(o3, T * H * D);
+  int64_t same = 0, same_rows = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    same += a[i] == b[i];
+    same_rows += a[i] == c[i];
+  }
+  std::printf("head_dim %lld: attention over records vs bf16 pool: %lld of %zu outputs "
+              "bit-identical (decoded rows: %lld)\n",
+              static_cast<long long>(D), static_cast<long long>(same), a.size(),
+              static_cast<long long>(same_rows));
   EXPECT_EQ(same, static_cast<int64_t>(a.size()));
+  EXPECT_EQ(same_rows, static_cast<int64_t>(a.size()));
+  cudaFree(o3);
+  cudaFree(rows);
   for (void* p : {static_cast<void*>(recs), static_cast<void*>(d_ent), static_cast<void*>(d_dst),
                   static_cast<void*>(d_q), static_cast<void*>(d_cand), static_cast<void*>(d_cand_p),
                   static_cast<void*>(d_sink), static_cast<void*>(o1), static_cast<void*>(o2)}) {
@@ -175,6 +192,43 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   std::printf("MXFP4 keys (%lld bytes each): %lld of %zu values round-trip exactly\n",
               static_cast<long long>(key_bytes), static_cast<long long>(same), keys.size());
   EXPECT_EQ(same, static_cast<int64_t>(keys.size()));
+
+  // Indexer scores read from the pool in place (KvIndexerScores) against IndexerScores over the
+  // gathered bf16 keys, for tokens at several positions (columns past a token's eligible keys,
+  // a partial last tile) and a table one block short (its keys read as 0).
+  const int64_t T = 3, H = 64, ratio = 4, n_cols = n;
+  const std::vector<uint16_t> q =
+      testing_util::ToBf16(testing_util::RandomBf16(T * H * hd, 0.5f, 6));
+  const std::vector<uint16_t> w = testing_util::ToBf16(testing_util::RandomBf16(T * H, 0.2f, 7));
+  const std::vector<int64_t> pos = {4 * n - 1, 150, 37};
+  uint16_t* d_q = Dev(q);
+  uint16_t* d_w = Dev(w);
+  int64_t* d_pos = Dev(pos);
+  float *s1 = nullptr, *s2 = nullptr;
+  cudaMalloc(&s1, T * n_cols * 4);
+  cudaMalloc(&s2, T * n_cols * 4);
+  for (const int64_t n_table : {1 + blocks, blocks}) {
+    ASSERT_EQ(KvGatherKeys(g, d_table, n_table, n, out, nullptr), cudaSuccess);
+    ASSERT_EQ(IndexerScores(d_q, d_w, out, nullptr, d_pos, T, H, hd, ratio, n_cols, s1, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(KvIndexerScores(d_q, d_w, g, d_table, n_table, d_pos, T, H, ratio, n_cols, s2,
+                              nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> a = Host(s1, T * n_cols), b = Host(s2, T * n_cols);
+    int64_t same_scores = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      same_scores += std::memcmp(&a[i], &b[i], 4) == 0;
+    }
+    std::printf("indexer scores from MXFP4 keys in place (table of %lld): %lld of %zu "
+                "bit-identical\n",
+                static_cast<long long>(n_table), static_cast<long long>(same_scores), a.size());
+    EXPECT_EQ(same_scores, static_cast<int64_t>(a.size()));
+  }
+  for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_w), static_cast<void*>(d_pos),
+                  static_cast<void*>(s1), static_cast<void*>(s2)}) {
+    cudaFree(p);
+  }
   cudaFree(pool);
   cudaFree(d_keys);
   cudaFree(d_dst);
@@ -189,7 +243,10 @@ TEST_F(PagedKvTest, KernelsRunFromComputeSm86Ptx) {
            {"KvEncodeKeys", KvEncodeKeysKernel()},
            {"KvGatherKeys", KvGatherKeysKernel()},
            {"KvSparseAttention", KvSparseAttentionKernel()},
-           {"KvSparseAttentionFast", KvSparseAttentionFastKernel()}}) {
+           {"KvSparseAttentionFast", KvSparseAttentionFastKernel()},
+           {"KvSparseAttentionRows", KvSparseAttentionRowsKernel()},
+           {"KvDecodeRows", KvDecodeRowsKernel()},
+           {"KvIndexerScores", KvIndexerScoresKernel()}}) {
     cudaFuncAttributes a{};
     ASSERT_EQ(cudaFuncGetAttributes(&a, fn), cudaSuccess) << name;
     EXPECT_EQ(a.ptxVersion, 86) << name;
