@@ -25,6 +25,19 @@ namespace ss::gpu {
 namespace {
 
 #if SS_HAVE_CPU_BACKEND || SS_HAVE_CUDA
+// The golden chunks as a backend batch: every chunk samples; `ids` holds the int32 tokens the
+// batch's spans point into.
+std::vector<StageChunk> ToBatch(std::span<const golden::GoldenChunk> chunks,
+                                std::vector<std::vector<int32_t>>* ids) {
+  ids->assign(chunks.size(), {});
+  std::vector<StageChunk> batch;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    (*ids)[i].assign(chunks[i].tokens, chunks[i].tokens + chunks[i].n);
+    batch.push_back({chunks[i].seq_id, chunks[i].start, (*ids)[i], /*samples=*/true, {}});
+  }
+  return batch;
+}
+
 // A StageBackend as a golden stage; chunks' ids become the interface's int32 tokens.
 class Stage final : public golden::GoldenStage {
  public:
@@ -32,12 +45,8 @@ class Stage final : public golden::GoldenStage {
 
   absl::Status Run(std::span<const golden::GoldenChunk> chunks, const float* streams_in,
                    std::vector<float>* streams, std::vector<std::vector<float>>* logits) override {
-    std::vector<std::vector<int32_t>> ids(chunks.size());
-    std::vector<StageChunk> batch;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      ids[i].assign(chunks[i].tokens, chunks[i].tokens + chunks[i].n);
-      batch.push_back({chunks[i].seq_id, chunks[i].start, ids[i], /*samples=*/true, {}});
-    }
+    std::vector<std::vector<int32_t>> ids;
+    const std::vector<StageChunk> batch = ToBatch(chunks, &ids);
     StageOutput out;
     RETURN_IF_ERROR(b_->Run(batch, streams_in, &out, nullptr));
     if (streams != nullptr) *streams = std::move(out.streams);
@@ -167,12 +176,8 @@ class TpStage final : public golden::GoldenStage {
 
   absl::Status Run(std::span<const golden::GoldenChunk> chunks, const float* streams_in,
                    std::vector<float>* streams, std::vector<std::vector<float>>* logits) override {
-    std::vector<std::vector<int32_t>> ids(chunks.size());
-    std::vector<StageChunk> batch;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      ids[i].assign(chunks[i].tokens, chunks[i].tokens + chunks[i].n);
-      batch.push_back({chunks[i].seq_id, chunks[i].start, ids[i], /*samples=*/true, {}});
-    }
+    std::vector<std::vector<int32_t>> ids;
+    const std::vector<StageChunk> batch = ToBatch(chunks, &ids);
     const size_t n = ranks_.size();
     std::vector<StageOutput> out(n);
     std::vector<absl::Status> status(n);
