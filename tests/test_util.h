@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +19,15 @@
 #include "gtest/gtest.h"
 
 namespace ss::testing_util {
+
+// The whole file as bytes; a file that cannot be opened fails the test and gives "".
+inline std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << path;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 // A fresh directory under the test temp dir, removed when the object goes away.
 class TempDir {

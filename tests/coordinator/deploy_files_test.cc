@@ -14,17 +14,12 @@
 #include "coordinator/cluster_config.h"
 #include "nlohmann/json.hpp"
 #include "tests/tools/test_configs.h"
+#include "tests/test_util.h"
 
 namespace ss {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_util::ReadAll;
 
 TEST(DeployFilesTest, ClusterExampleParses) {
   auto model = ParseModelConfig(testing_util::kFlashConfig, "Flash config.json");

@@ -15,6 +15,7 @@
 #include "coordinator/dsv4_format.h"
 #include "coordinator/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_util.h"
 
 namespace ss {
 namespace {
@@ -23,13 +24,7 @@ using Json = nlohmann::ordered_json;
 
 constexpr int32_t kTinyVocab = 1024;  // tests/data/tiny-a/config.json vocab_size
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_util::ReadAll;
 
 class TinyTokenizerTest : public ::testing::Test {
  protected:
