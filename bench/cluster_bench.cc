@@ -3,15 +3,18 @@
 // concurrent sequences, through the OpenAI API. The baseline is the single sequence measured in
 // the same run; the ratio is what batching buys.
 //
-//   build/bin/cluster_bench [--concurrency 8] [--tokens 48] [--stages 1] [--repeat 2]
+//   build/bin/cluster_bench [--concurrency 8] [--tokens 48] [--stages 1] [--repeat 2] [--port P]
+//   (--port: measure a server already running there instead of starting `splitserve up`)
 //
 // Each request is a /v1/completions call with a short prompt of ids and temperature 0;
 // throughput = completion tokens / wall time of the batch of requests (prefill included, the
 // prompts are 8 tokens). Last line: name=value pairs.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,11 +32,13 @@ using Clock = std::chrono::steady_clock;
 struct Batch {
   int64_t tokens = 0;
   double seconds = 0;
+  double slowest = 0, fastest = 0;  // the longest and shortest single request of the batch
   double rate() const { return seconds > 0 ? tokens / seconds : 0; }
 };
 
 Batch RunBatch(int port, int n, int max_tokens, int salt) {
   std::vector<int64_t> got(n, 0);
+  std::vector<double> took(n, 0.0);
   std::vector<std::thread> threads;
   const auto t0 = Clock::now();
   for (int i = 0; i < n; ++i) {
@@ -43,7 +48,9 @@ Batch RunBatch(int port, int n, int max_tokens, int salt) {
       std::vector<int> prompt = {0, 100 + i, 200 + salt, 300 + i, 400, 500 + salt, 600 + i, 700};
       json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens},
                    {"temperature", 0}};
+      const auto start = Clock::now();
       auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      took[i] = std::chrono::duration<double>(Clock::now() - start).count();
       if (r && r->status == 200) {
         got[i] = json::parse(r->body)["usage"]["completion_tokens"].get<int64_t>();
       } else {
@@ -55,13 +62,15 @@ Batch RunBatch(int port, int n, int max_tokens, int salt) {
   Batch b;
   b.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   for (int64_t g : got) b.tokens += g;
+  b.fastest = *std::min_element(took.begin(), took.end());
+  b.slowest = *std::max_element(took.begin(), took.end());
   return b;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int concurrency = 8, tokens = 48, stages = 1, repeat = 2;
+  int concurrency = 8, tokens = 48, stages = 1, repeat = 2, existing_port = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int v = std::atoi(argv[i + 1]);
@@ -69,19 +78,23 @@ int main(int argc, char** argv) {
     else if (a == "--tokens") tokens = v;
     else if (a == "--stages") stages = v;
     else if (a == "--repeat") repeat = v;
+    else if (a == "--port") existing_port = v;  // a running server instead of `splitserve up`
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
   }
-  const int port = ss::testing_util::FreeLoopbackPort();
+  const int port = existing_port ? existing_port : ss::testing_util::FreeLoopbackPort();
   ss::testing_util::TempDir dir("cluster_bench");
-  ss::testing_util::ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port",
-                                     std::to_string(port), "--stages", std::to_string(stages),
-                                     "--log-dir", dir.path()},
-                                    dir / "up.log");
+  std::optional<ss::testing_util::ChildProcess> up;
+  if (!existing_port) {
+    up.emplace(std::vector<std::string>{std::string(SS_BIN_DIR) + "/splitserve", "up", "--port",
+                                        std::to_string(port), "--stages", std::to_string(stages),
+                                        "--log-dir", dir.path()},
+               dir / "up.log");
+  }
   bool ready = false;
-  for (int i = 0; i < 1200 && !ready && up.Running(); ++i) {
+  for (int i = 0; i < 1200 && !ready && (!up || up->Running()); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ready = ss::testing_util::HttpGet(port, "/ready").find(" 200 ") != std::string::npos;
   }
@@ -95,14 +108,14 @@ int main(int argc, char** argv) {
     const Batch one = RunBatch(port, 1, tokens, r);
     const Batch many = RunBatch(port, concurrency, tokens, r);
     std::printf("round %d: 1 sequence %lld tokens in %.2f s = %.1f tok/s; %d sequences %lld "
-                "tokens in %.2f s = %.1f tok/s; ratio %.2f\n",
+                "tokens in %.2f s (requests %.2f-%.2f s) = %.1f tok/s; ratio %.2f\n",
                 r, static_cast<long long>(one.tokens), one.seconds, one.rate(), concurrency,
-                static_cast<long long>(many.tokens), many.seconds, many.rate(),
+                static_cast<long long>(many.tokens), many.seconds, many.fastest, many.slowest, many.rate(),
                 one.rate() > 0 ? many.rate() / one.rate() : 0.0);
     best1 = std::max(best1, one.rate());
     bestn = std::max(bestn, many.rate());
   }
-  up.Stop();
+  if (up) up->Stop();
   std::printf("single_tok_s=%.1f concurrent_tok_s=%.1f concurrency=%d stages=%d ratio=%.2f\n",
               best1, bestn, concurrency, stages, best1 > 0 ? bestn / best1 : 0.0);
   return 0;

@@ -1,8 +1,12 @@
 #include "coordinator/openai_server.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <limits>
@@ -20,6 +24,7 @@
 #include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 
 namespace ss {
 namespace {
@@ -743,12 +748,24 @@ OpenAiServer::~OpenAiServer() { Stop(); }
 
 absl::StatusOr<int> OpenAiServer::Start(const std::string& host, int port) {
   if (thread_.joinable()) return absl::FailedPreconditionError("server already started");
+  // cpp-httplib listens with a backlog of 5, compiled into Debian's library: a burst of more
+  // simultaneous connections than that has its SYNs dropped, and those clients wait a whole TCP
+  // retransmission timeout (1 s) before the server sees them. The listening socket is captured
+  // when it is created and listened on again with the system's maximum backlog.
+  auto listen_fd = std::make_shared<std::atomic<int>>(-1);
+  server_->set_socket_options([listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd->store(sock);
+  });
   int bound = port;
   if (port == 0) {
     bound = server_->bind_to_any_port(host);
     if (bound <= 0) return absl::UnavailableError(absl::StrCat("cannot bind ", host, ":0"));
   } else if (!server_->bind_to_port(host, port)) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", host, ":", port));
+  }
+  if (const int fd = listen_fd->load(); fd >= 0 && ::listen(fd, SOMAXCONN) != 0) {
+    spdlog::warn("HTTP listen backlog stays at cpp-httplib's 5: listen: {}", std::strerror(errno));
   }
   const size_t threads = static_cast<size_t>(std::max(1, impl_->config.http_threads));
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
