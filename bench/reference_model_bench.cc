@@ -3,7 +3,7 @@
 // of 64-bit reads over every byte of the checkpoint's tensors (the machine is shared and noisy,
 // so only ratios within one run compare).
 //
-//   build/bin/reference_model_bench [--model DIR] [--repeats N] [--decode-only]
+//   build/bin/reference_model_bench [--model DIR] [--repeats N] [--decode-only] [--batch 1|8]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,12 +38,22 @@ int main(int argc, char** argv) {
   std::string dir = "tests/data/tiny-a";
   int repeats = 3;
   bool decode_only = false;  // --decode-only: just the batched decode cases (for profiling)
+  int64_t only_batch = 0;    // --batch N: only that batch size's decode case (implies the above)
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--decode-only")) decode_only = true;
-  }
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--model")) dir = argv[i + 1];
-    if (!std::strcmp(argv[i], "--repeats")) repeats = std::max(1, std::atoi(argv[i + 1]));
+    const bool has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--decode-only")) {
+      decode_only = true;
+    } else if (!std::strcmp(argv[i], "--model") && has_value) {
+      dir = argv[++i];
+    } else if (!std::strcmp(argv[i], "--repeats") && has_value) {
+      repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--batch") && has_value) {
+      only_batch = std::max(1, std::atoi(argv[++i]));
+      decode_only = true;
+    } else {
+      std::fprintf(stderr, "unknown or incomplete flag %s\n", argv[i]);
+      return 2;
+    }
   }
   auto loaded = ss::model::Model::Load(dir);
   if (!loaded.ok()) {
@@ -108,6 +118,7 @@ int main(int argc, char** argv) {
   // token per sequence in one Forward call. What continuous batching gets from the model.
   double one_seq_step = 0;
   for (const int64_t batch : {int64_t{1}, int64_t{8}}) {
+    if (only_batch && batch != only_batch) continue;
     double step = 0;
     (void)Best(repeats, [&] {
       std::vector<ss::model::SequenceState> st;

@@ -138,12 +138,17 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
   out->streams.clear();
   out->logits.clear();
   if (last) {
+    std::vector<const float*> last;  // the sampled chunks' last rows, logits in one pass
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
       row += refs[i].n;
-      if (!batch[i].samples) continue;
-      out->logits.emplace_back(c.vocab_size);
-      model_->Logits(h.data() + (row - 1) * width, out->logits.back().data());
+      if (batch[i].samples) last.push_back(h.data() + (row - 1) * width);
+    }
+    std::vector<float> flat(last.size() * c.vocab_size);
+    model_->LogitsRows(last.data(), static_cast<int64_t>(last.size()), flat.data());
+    for (size_t i = 0; i < last.size(); ++i) {
+      out->logits.emplace_back(flat.begin() + i * c.vocab_size,
+                               flat.begin() + (i + 1) * c.vocab_size);
     }
   } else {
     out->streams = std::move(h);

@@ -33,10 +33,16 @@ void SparseAttendHead(const float* q, const std::vector<const float*>& cand, int
   for (int64_t c0 = 0; c0 < n; c0 += kSoftmaxChunk) {
     const int64_t c1 = std::min(n, c0 + kSoftmaxChunk);
     float cmax = m;
-    for (int64_t i = c0; i < c1; ++i) {
-      s[i - c0] = cand[i] ? DotF32(q, cand[i], d) * scale : -INFINITY;
-      cmax = std::max(cmax, s[i - c0]);
+    int64_t i = c0;
+    for (; i + 4 <= c1; i += 4) {  // four candidates at a time (each DotF32's own sum)
+      const float* b[4];
+      float dots[4];
+      for (int k = 0; k < 4; ++k) b[k] = cand[i + k] ? cand[i + k] : q;
+      DotF32x4(q, b, d, dots);
+      for (int k = 0; k < 4; ++k) s[i + k - c0] = cand[i + k] ? dots[k] * scale : -INFINITY;
     }
+    for (; i < c1; ++i) s[i - c0] = cand[i] ? DotF32(q, cand[i], d) * scale : -INFINITY;
+    for (i = c0; i < c1; ++i) cmax = std::max(cmax, s[i - c0]);
     const float alpha = std::exp(m - cmax);
     m = cmax;
     double psum = 0.0;
@@ -190,25 +196,11 @@ void AttentionOutput(const AttentionWeights& w, const AttentionParams& p, float*
                 true);
     }
   }
-  // Four outputs of one group per task (R is a multiple of 4 in every config we know; the
-  // tail is handled), each sum in DotF32's order.
-  const int64_t per_group = (R + 3) / 4;
-#pragma omp parallel for schedule(static) if (T * G * R * gin >= kParallelMinWork)
-  for (int64_t task = 0; task < G * per_group; ++task) {
-    const int64_t g = task / per_group, r0 = (task % per_group) * 4;
-    const int64_t n = std::min<int64_t>(4, R - r0);
-    std::vector<float> wrows(4 * gin);
-    const float* b[4];
-    for (int64_t k = 0; k < 4; ++k) {
-      b[k] = wrows.data() + std::min(k, n - 1) * gin;
-      if (k < n) w.wo_a.Row(g * R + r0 + k, wrows.data() + k * gin);
-    }
-    float out4[4];
-    for (int64_t t = 0; t < T; ++t) {
-      DotF32x4(o + t * H * Dh + g * gin, b, gin, out4);
-      for (int64_t k = 0; k < n; ++k) z[t * G * R + g * R + r0 + k] = RoundBf16(out4[k]);
-    }
+  // Per group g: z[t, g, :] = o[t, g's heads] · wo_a[g·R .. (g+1)·R)ᵀ, each sum in DotF32's order.
+  for (int64_t g = 0; g < G; ++g) {
+    LinearFp8RowsF32(w.wo_a, g * R, R, o + g * gin, H * Dh, T, z.data() + g * R, G * R);
   }
+  for (float& v : z) v = RoundBf16(v);
   Linear8(w.wo_b, z.data(), T, out);
 }
 

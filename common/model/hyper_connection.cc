@@ -13,13 +13,21 @@ float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-std::vector<float> HcMixes(const float* streams, int64_t hc, int64_t dim, const HcWeights& w,
-                           float norm_eps) {
+void HcMixesRows(const float* streams, int64_t T, int64_t hc, int64_t dim, const HcWeights& w,
+                 float norm_eps, float* mixes) {
   const int64_t n = hc * dim;
   const int64_t mix = static_cast<int64_t>(w.base.size());
-  const float r = 1.0f / std::sqrt(MeanSquare(streams, n) + norm_eps);
-  std::vector<float> mixes(mix);
-  for (int64_t m = 0; m < mix; ++m) mixes[m] = DotF32(streams, w.fn.data() + m * n, n) * r;
+  LinearRowsF32(w.fn.data(), mix, n, streams, T, mixes);
+  for (int64_t t = 0; t < T; ++t) {
+    const float r = 1.0f / std::sqrt(MeanSquare(streams + t * n, n) + norm_eps);
+    for (int64_t m = 0; m < mix; ++m) mixes[t * mix + m] *= r;
+  }
+}
+
+std::vector<float> HcMixes(const float* streams, int64_t hc, int64_t dim, const HcWeights& w,
+                           float norm_eps) {
+  std::vector<float> mixes(w.base.size());
+  HcMixesRows(streams, 1, hc, dim, w, norm_eps, mixes.data());
   return mixes;
 }
 
@@ -66,15 +74,21 @@ HcSplit HcSplitSinkhorn(const std::vector<float>& mixes, const HcWeights& w, int
   return s;
 }
 
-HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w, int64_t iters,
-              float hc_eps, float norm_eps, float* y) {
-  HcSplit s = HcSplitSinkhorn(HcMixes(streams, hc, dim, w, norm_eps), w, hc, iters, hc_eps);
+HcSplit HcPreFromMixes(const float* streams, const std::vector<float>& mixes, int64_t hc,
+                       int64_t dim, const HcWeights& w, int64_t iters, float hc_eps, float* y) {
+  HcSplit s = HcSplitSinkhorn(mixes, w, hc, iters, hc_eps);
   for (int64_t i = 0; i < dim; ++i) {
     float acc = s.pre[0] * streams[i];
     for (int64_t k = 1; k < hc; ++k) acc += s.pre[k] * streams[k * dim + i];
     y[i] = RoundBf16(acc);
   }
   return s;
+}
+
+HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w, int64_t iters,
+              float hc_eps, float norm_eps, float* y) {
+  return HcPreFromMixes(streams, HcMixes(streams, hc, dim, w, norm_eps), hc, dim, w, iters,
+                        hc_eps, y);
 }
 
 void HcPost(const float* x, const float* residual, const HcSplit& s, int64_t hc, int64_t dim,

@@ -22,6 +22,11 @@ struct HcSplit {
 std::vector<float> HcMixes(const float* streams, int64_t hc, int64_t dim, const HcWeights& w,
                            float norm_eps);
 
+// HcMixes of T tokens at once (streams [T, hc, dim], mixes [T, mix]): the same values, the
+// weight decode shared by the batch.
+void HcMixesRows(const float* streams, int64_t T, int64_t hc, int64_t dim, const HcWeights& w,
+                 float norm_eps, float* mixes);
+
 // Split and Sinkhorn projection of the mixing logits (spec §3.3.2).
 HcSplit HcSplitSinkhorn(const std::vector<float>& mixes, const HcWeights& w, int64_t hc,
                         int64_t iters, float eps);
@@ -29,6 +34,9 @@ HcSplit HcSplitSinkhorn(const std::vector<float>& mixes, const HcWeights& w, int
 // y = bf16(Σ_s pre[s]·X_s), returning the split for the matching HcPost.
 HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w, int64_t iters,
               float hc_eps, float norm_eps, float* y);
+// HcPre given the token's mixing logits (HcMixes / HcMixesRows).
+HcSplit HcPreFromMixes(const float* streams, const std::vector<float>& mixes, int64_t hc,
+                       int64_t dim, const HcWeights& w, int64_t iters, float hc_eps, float* y);
 
 // out[k] = bf16(post[k]·x + Σ_j comb[j][k]·R[j]).
 void HcPost(const float* x, const float* residual, const HcSplit& s, int64_t hc, int64_t dim,

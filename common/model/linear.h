@@ -55,6 +55,13 @@ void Linear4(const Fp4Weight& w, const float* x, int64_t rows, float* y);
 // y = x · Wᵀ with fp32 output (no rounding to bf16): the demo's fp32 linears (compressor,
 // router, LM head) on bf16-valued weights.
 void LinearF32(const Bf16Matrix& w, const float* x, int64_t rows, float* y);
+// LinearF32 on an fp32 matrix w [outs, n]: y [rows, outs], each sum DotF32(x_r, w_o, n).
+void LinearRowsF32(const float* w, int64_t outs, int64_t n, const float* x, int64_t rows,
+                   float* y);
+// Rows [o0, o0 + outs) of an FP8 weight dequantised exactly (Fp8Weight::Row) times strided x:
+// y[r·ldy + o] = DotF32(x + r·ldx, Row(o0 + o), w.in) for r < rows, o < outs.
+void LinearFp8RowsF32(const Fp8Weight& w, int64_t o0, int64_t outs, const float* x, int64_t ldx,
+                      int64_t rows, float* y, int64_t ldy);
 // y = bf16(x · Wᵀ): a bf16 F.linear (indexer weights_proj).
 void LinearBf16(const Bf16Matrix& w, const float* x, int64_t rows, float* y);
 
@@ -64,7 +71,7 @@ void RmsNorm(const float* x, const float* g, int64_t n, float eps, float* y);
 float MeanSquare(const float* x, int64_t n);
 
 // Work (multiply-adds) from which the model's loops run in parallel.
-inline constexpr int64_t kParallelMinWork = int64_t{1} << 21;
+inline constexpr int64_t kParallelMinWork = int64_t{1} << 23;
 
 // Dot product of two float arrays formed exactly in double and rounded to fp32 once.
 float DotF32(const float* a, const float* b, int64_t n);

@@ -72,11 +72,15 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
 
   std::vector<HcSplit> split(T);
   std::vector<float> y(T * dim), xn(T * dim), a(T * dim), mid(T * hc * dim), f(T * dim);
+  const int64_t mix = c.mix_hc();
+  std::vector<float> mixes(T * mix);
   auto pre = [&](const float* h, const HcWeights& hw, const std::vector<float>& g) {
-#pragma omp parallel for schedule(static) if (T * hc * dim * c.mix_hc() >= kParallelMinWork)
+    HcMixesRows(h, T, hc, dim, hw, eps, mixes.data());
+#pragma omp parallel for schedule(static) if (T * hc * dim * mix >= kParallelMinWork)
     for (int64_t t = 0; t < T; ++t) {
-      split[t] = HcPre(h + t * hc * dim, hc, dim, hw, c.hc_sinkhorn_iters, hc_eps, eps,
-                       y.data() + t * dim);
+      const std::vector<float> m(mixes.begin() + t * mix, mixes.begin() + (t + 1) * mix);
+      split[t] = HcPreFromMixes(h + t * hc * dim, m, hc, dim, hw, c.hc_sinkhorn_iters, hc_eps,
+                                y.data() + t * dim);
       RmsNorm(y.data() + t * dim, g.data(), dim, eps, xn.data() + t * dim);
     }
   };
@@ -144,12 +148,19 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
 }
 
 void Model::Logits(const float* streams, float* logits) const {
+  LogitsRows(&streams, 1, logits);
+}
+
+void Model::LogitsRows(const float* const* streams, int64_t n, float* logits) const {
   const ModelConfig& c = config();
-  std::vector<float> z(c.dim), u(c.dim);
-  HcHead(streams, c.hc_mult, c.dim, w_->hc_head, static_cast<float>(c.hc_eps),
-         static_cast<float>(c.norm_eps), z.data());
-  RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps), u.data());
-  LinearF32(w_->head, u.data(), 1, logits);
+  std::vector<float> z(c.dim), u(n * c.dim);
+  for (int64_t i = 0; i < n; ++i) {
+    HcHead(streams[i], c.hc_mult, c.dim, w_->hc_head, static_cast<float>(c.hc_eps),
+           static_cast<float>(c.norm_eps), z.data());
+    RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps),
+            u.data() + i * c.dim);
+  }
+  LinearF32(w_->head, u.data(), n, logits);
 }
 
 absl::Status Model::ValidateChunks(std::span<const ChunkRef> chunks) const {
@@ -195,13 +206,18 @@ absl::StatusOr<std::vector<std::vector<float>>> Model::Forward(
     RunBlock(l, cs, h.data(), h2.data(), nullptr);
     h.swap(h2);
   }
-  std::vector<std::vector<float>> logits;
+  std::vector<const float*> last;
   row = 0;
   for (ChunkRef& ch : cs) {
     row += ch.n;
-    logits.emplace_back(c.vocab_size);
-    Logits(h.data() + (row - 1) * hc * dim, logits.back().data());
+    last.push_back(h.data() + (row - 1) * hc * dim);
     ch.state->next_pos += ch.n;
+  }
+  std::vector<float> flat(last.size() * c.vocab_size);
+  LogitsRows(last.data(), static_cast<int64_t>(last.size()), flat.data());
+  std::vector<std::vector<float>> logits;
+  for (size_t i = 0; i < last.size(); ++i) {
+    logits.emplace_back(flat.begin() + i * c.vocab_size, flat.begin() + (i + 1) * c.vocab_size);
   }
   if (final_streams) *final_streams = std::move(h);
   return logits;
