@@ -70,6 +70,7 @@ Batch RunBatch(int port, int n, int max_tokens, int salt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --port: a running server instead of `splitserve up`.
   int concurrency = 8, tokens = 48, stages = 1, repeat = 2, existing_port = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
     else if (a == "--tokens") tokens = v;
     else if (a == "--stages") stages = v;
     else if (a == "--repeat") repeat = v;
-    else if (a == "--port") existing_port = v;  // a running server instead of `splitserve up`
+    else if (a == "--port") existing_port = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -107,11 +108,12 @@ int main(int argc, char** argv) {
   for (int r = 0; r < repeat; ++r) {
     const Batch one = RunBatch(port, 1, tokens, r);
     const Batch many = RunBatch(port, concurrency, tokens, r);
-    std::printf("round %d: 1 sequence %lld tokens in %.2f s = %.1f tok/s; %d sequences %lld "
-                "tokens in %.2f s (requests %.2f-%.2f s) = %.1f tok/s; ratio %.2f\n",
-                r, static_cast<long long>(one.tokens), one.seconds, one.rate(), concurrency,
-                static_cast<long long>(many.tokens), many.seconds, many.fastest, many.slowest, many.rate(),
-                one.rate() > 0 ? many.rate() / one.rate() : 0.0);
+    std::printf(
+        "round %d: 1 sequence %lld tokens in %.2f s = %.1f tok/s; %d sequences %lld "
+        "tokens in %.2f s (requests %.2f-%.2f s) = %.1f tok/s; ratio %.2f\n",
+        r, static_cast<long long>(one.tokens), one.seconds, one.rate(), concurrency,
+        static_cast<long long>(many.tokens), many.seconds, many.fastest, many.slowest, many.rate(),
+        one.rate() > 0 ? many.rate() / one.rate() : 0.0);
     best1 = std::max(best1, one.rate());
     bestn = std::max(bestn, many.rate());
   }

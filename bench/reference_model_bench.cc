@@ -139,9 +139,10 @@ int main(int argc, char** argv) {
       step = Seconds(t0) / 48;
     });
     if (batch == 1) one_seq_step = step;
-    std::printf("decode_batch%lld: %.3f ms/step, %.0f tokens/s = %.2f x one sequence\n",
-                static_cast<long long>(batch), step * 1e3, batch / step,
-                batch / step * one_seq_step);
+    std::printf("decode_batch%lld: %.3f ms/step, %.0f tokens/s", static_cast<long long>(batch),
+                step * 1e3, batch / step);
+    if (one_seq_step > 0) std::printf(" = %.2f x one sequence", batch / step * one_seq_step);
+    std::printf("\n");
   }
   return sink == 42 ? 1 : 0;
 }

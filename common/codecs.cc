@@ -44,26 +44,23 @@ float E4m3ToFloat(uint8_t code) {
 }
 
 uint8_t FloatToE4m3(float x) {
-  if (std::isnan(x)) return 0x7f;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const float a = std::fabs(x);
-  if (a >= kE4m3Max) return sign | 0x7e;
-  if (a < 0.015625f) {  // below 2^-6: subnormal grid with spacing 2^-9
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint8_t sign = (bits >> 24) & 0x80;
+  const uint32_t abits = bits & 0x7fffffffu;
+  if (abits > 0x7f800000u) return 0x7f;          // NaN
+  if (abits >= 0x43e00000u) return sign | 0x7e;  // >= 448 (kE4m3Max), inf included
+  if (abits < 0x3c800000u) {                     // below 2^-6: subnormal grid, spacing 2^-9
     // nearbyint rounds half to even in the default rounding mode; 8 lands on code 0x08 = 2^-6.
+    const float a = std::fabs(x);
     const int q = static_cast<int>(std::nearbyint(a * 512.0f));
     return sign | static_cast<uint8_t>(q);
   }
-  int e2;
-  std::frexp(a, &e2);                                              // a = f * 2^e2, f in [0.5, 1)
-  int e = e2 - 1;                                                  // a in [2^e, 2^(e+1))
-  int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));  // in [8, 16]
-  if (q == 16) {
-    q = 8;
-    ++e;
-  }
-  const int code = ((e + 7) << 3) | (q - 8);
-  if (code > 0x7e) return sign | 0x7e;
-  return sign | static_cast<uint8_t>(code);
+  // Normal: round the 23-bit mantissa to 3 bits, half to even, on the bits themselves; a carry
+  // moves into the exponent (1.111|1 -> 10.000). Then rebias the exponent from 127 to 7.
+  const uint32_t r = (abits + 0x7ffffu + ((abits >> 20) & 1u)) >> 20;  // (exponent << 3) | mantissa
+  const uint32_t code = r - ((127u - 7u) << 3);
+  return sign | static_cast<uint8_t>(std::min<uint32_t>(code, 0x7e));
 }
 
 float Ue8m0ToFloat(uint8_t b) {
@@ -119,7 +116,10 @@ uint8_t Ue8m0FromPow2(float s) {
 void QuantizeActE4m3(const float* x, size_t n, size_t block, uint8_t* q, float* scales) {
   ForEachScaledBlock(x, n, block, kFp8AmaxFloor, kE4m3Max, [&](size_t b0, size_t b1, float s) {
     scales[b0 / block] = s;
-    for (size_t i = b0; i < b1; ++i) q[i] = FloatToE4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max));
+    // s is a power of two, so 1/s is exact and x·(1/s) rounds exactly like x/s.
+    const float inv = 1.0f / s;
+    for (size_t i = b0; i < b1; ++i)
+      q[i] = FloatToE4m3(std::clamp(x[i] * inv, -kE4m3Max, kE4m3Max));
   });
 }
 

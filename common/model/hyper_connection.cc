@@ -87,8 +87,8 @@ HcSplit HcPreFromMixes(const float* streams, const std::vector<float>& mixes, in
 
 HcSplit HcPre(const float* streams, int64_t hc, int64_t dim, const HcWeights& w, int64_t iters,
               float hc_eps, float norm_eps, float* y) {
-  return HcPreFromMixes(streams, HcMixes(streams, hc, dim, w, norm_eps), hc, dim, w, iters,
-                        hc_eps, y);
+  return HcPreFromMixes(streams, HcMixes(streams, hc, dim, w, norm_eps), hc, dim, w, iters, hc_eps,
+                        y);
 }
 
 void HcPost(const float* x, const float* residual, const HcSplit& s, int64_t hc, int64_t dim,

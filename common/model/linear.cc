@@ -1,12 +1,12 @@
 #include "common/model/linear.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
-
-#include <immintrin.h>
 
 #include "common/codecs.h"
 
@@ -49,9 +49,10 @@ void QuantizeRows(const float* x, int64_t rows, int64_t in, std::vector<float>& 
   qv.resize(rows * in);
   sa.resize(rows * nb);
   std::vector<uint8_t> q(in);
+  const auto& t = T();
   for (int64_t r = 0; r < rows; ++r) {
     QuantizeActE4m3(x + r * in, in, kBlock, q.data(), sa.data() + r * nb);
-    for (int64_t i = 0; i < in; ++i) qv[r * in + i] = T().e4m3[q[i]];
+    for (int64_t i = 0; i < in; ++i) qv[r * in + i] = t.e4m3[q[i]];
   }
 }
 
@@ -116,17 +117,15 @@ template <typename V>
 // c + a·b (exact products: one rounding either way).
 [[gnu::always_inline]] inline V2 MulAdd(V2 a, V2 b, V2 c) { return c + a * b; }
 [[gnu::target("avx2,fma")]] inline V4 MulAdd(V4 a, V4 b, V4 c) {
-  return reinterpret_cast<V4>(_mm256_fmadd_pd(reinterpret_cast<__m256d>(a),
-                                               reinterpret_cast<__m256d>(b),
-                                               reinterpret_cast<__m256d>(c)));
+  return reinterpret_cast<V4>(_mm256_fmadd_pd(
+      reinterpret_cast<__m256d>(a), reinterpret_cast<__m256d>(b), reinterpret_cast<__m256d>(c)));
 }
 
 // K-ordered sums, vectorised across rows: out[k·rp + c0 + j] = Σ_{i0 ≤ i < i1}
 // xt[i·rp + c0 + j]·wd[k·n + i] for K weight rows and RV vectors of (transposed) rows from c0.
 template <typename V, int RV, int K>
-inline void OrderedTile(const double* xt, int64_t rp, int64_t c0,
-                                               const double* wd, int64_t n, int64_t i0,
-                                               int64_t i1, double* out) {
+inline void OrderedTile(const double* xt, int64_t rp, int64_t c0, const double* wd, int64_t n,
+                        int64_t i0, int64_t i1, double* out) {
   constexpr int kLanes = sizeof(V) / sizeof(double);
   V acc[K][RV] = {};
   for (int64_t i = i0; i < i1; ++i) {
@@ -145,8 +144,8 @@ inline void OrderedTile(const double* xt, int64_t rp, int64_t c0,
 // Every row of xt ([n][rp]) against the kTile rows of wd ([kTile][n]): out [kTile][rp].
 // Eight accumulators at a time: 8 weight rows x 1 vector of rows, or 4 x 2.
 template <typename V>
-inline void OrderedRowsIn(const double* xt, int64_t rp, int64_t rows,
-                                                 const double* wd, int64_t n, double* out) {
+inline void OrderedRowsIn(const double* xt, int64_t rp, int64_t rows, const double* wd, int64_t n,
+                          double* out) {
   constexpr int kLanes = sizeof(V) / sizeof(double);
   for (int64_t c = 0; c < rows; c += 2 * kLanes) {
     if (rows - c > kLanes) {
@@ -161,9 +160,8 @@ inline void OrderedRowsIn(const double* xt, int64_t rp, int64_t rows,
 // Order-free sums, vectorised along K: out[r·kTile + k] = Σ_{i0 ≤ i < i1} q[r·ldq + i]·
 // wd[k·n + i] for RR rows from r0 and K weight rows from k0.
 template <typename V, int RR, int K>
-inline void BlockTile(const double* q, int64_t ldq, int64_t r0,
-                                             const double* wd, int64_t n, int64_t k0, int64_t i0,
-                                             int64_t i1, double* out) {
+inline void BlockTile(const double* q, int64_t ldq, int64_t r0, const double* wd, int64_t n,
+                      int64_t k0, int64_t i0, int64_t i1, double* out) {
   constexpr int kLanes = sizeof(V) / sizeof(double);
   V acc[RR][K] = {};
   int64_t i = i0;
@@ -187,9 +185,8 @@ inline void BlockTile(const double* q, int64_t ldq, int64_t r0,
 
 // Every row of q ([rows, ldq]) against the kTile rows of wd over [i0, i1): out [rows, kTile].
 template <typename V>
-inline void BlockRowsIn(const double* q, int64_t ldq, int64_t rows,
-                                               const double* wd, int64_t n, int64_t i0,
-                                               int64_t i1, double* out) {
+inline void BlockRowsIn(const double* q, int64_t ldq, int64_t rows, const double* wd, int64_t n,
+                        int64_t i0, int64_t i1, double* out) {
   int64_t r = 0;
   for (; r + 2 <= rows; r += 2) {
     BlockTile<V, 2, 4>(q, ldq, r, wd, n, 0, i0, i1, out);
@@ -204,21 +201,23 @@ bool HasAvx2() {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return avx2;
 }
-[[gnu::target("avx2,fma"), gnu::flatten]] void OrderedRowsAvx2(const double* xt, int64_t rp, int64_t rows,
-                                                  const double* wd, int64_t n, double* out) {
+[[gnu::target("avx2,fma"), gnu::flatten]] void OrderedRowsAvx2(const double* xt, int64_t rp,
+                                                               int64_t rows, const double* wd,
+                                                               int64_t n, double* out) {
   OrderedRowsIn<V4>(xt, rp, rows, wd, n, out);
 }
-[[gnu::flatten]] void OrderedRowsSse2(const double* xt, int64_t rp, int64_t rows, const double* wd, int64_t n,
-                     double* out) {
+[[gnu::flatten]] void OrderedRowsSse2(const double* xt, int64_t rp, int64_t rows, const double* wd,
+                                      int64_t n, double* out) {
   OrderedRowsIn<V2>(xt, rp, rows, wd, n, out);
 }
-[[gnu::target("avx2,fma"), gnu::flatten]] void BlockRowsAvx2(const double* q, int64_t ldq, int64_t rows,
-                                                const double* wd, int64_t n, int64_t i0,
-                                                int64_t i1, double* out) {
+[[gnu::target("avx2,fma"), gnu::flatten]] void BlockRowsAvx2(const double* q, int64_t ldq,
+                                                             int64_t rows, const double* wd,
+                                                             int64_t n, int64_t i0, int64_t i1,
+                                                             double* out) {
   BlockRowsIn<V4>(q, ldq, rows, wd, n, i0, i1, out);
 }
-[[gnu::flatten]] void BlockRowsSse2(const double* q, int64_t ldq, int64_t rows, const double* wd, int64_t n,
-                   int64_t i0, int64_t i1, double* out) {
+[[gnu::flatten]] void BlockRowsSse2(const double* q, int64_t ldq, int64_t rows, const double* wd,
+                                    int64_t n, int64_t i0, int64_t i1, double* out) {
   BlockRowsIn<V2>(q, ldq, rows, wd, n, i0, i1, out);
 }
 
@@ -252,8 +251,8 @@ void DecodeTile(RowFn&& row, int64_t o0, int64_t outs, int64_t n, std::vector<do
 // y[r·ldy + o] = float(Σ_i x[r·ldx + i]·W[o, i]) in i order for W [outs, n] given row by row
 // through row(o, double* dst).
 template <typename RowFn>
-void LinearRowsBy(RowFn&& row, int64_t outs, int64_t n, const float* x, int64_t ldx,
-                  int64_t rows, float* y, int64_t ldy) {
+void LinearRowsBy(RowFn&& row, int64_t outs, int64_t n, const float* x, int64_t ldx, int64_t rows,
+                  float* y, int64_t ldy) {
   const int64_t rp = PaddedRows(rows);
   std::vector<double> xt(n * rp, 0.0);  // x transposed: [n][rp], zero padded
   for (int64_t r = 0; r < rows; ++r) {
@@ -267,8 +266,7 @@ void LinearRowsBy(RowFn&& row, int64_t outs, int64_t n, const float* x, int64_t 
     Scratch& sc = ThreadScratch();
     DecodeTile(row, o0, outs, n, sc.wd);
     sc.out.resize(kTile * rp);
-    (avx2 ? OrderedRowsAvx2 : OrderedRowsSse2)(xt.data(), rp, rows, sc.wd.data(), n,
-                                               sc.out.data());
+    (avx2 ? OrderedRowsAvx2 : OrderedRowsSse2)(xt.data(), rp, rows, sc.wd.data(), n, sc.out.data());
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t k = 0; k < m; ++k) y[r * ldy + o0 + k] = static_cast<float>(sc.out[k * rp + r]);
     }
@@ -302,8 +300,8 @@ void LinearBlocked(RowFn&& row, ScaleFn&& wscale, int64_t outs, int64_t in, int6
       for (int64_t k = 0; k < m; ++k) {
         const float sw = wscale(o0 + k, g);
         for (int64_t r = 0; r < rows; ++r) {
-          sc.acc[r * kTile + k] += static_cast<float>(sc.out[r * kTile + k]) *
-                                   sa[r * nb + i0 / kBlock] * sw;
+          sc.acc[r * kTile + k] +=
+              static_cast<float>(sc.out[r * kTile + k]) * sa[r * nb + i0 / kBlock] * sw;
         }
       }
     }
@@ -327,8 +325,8 @@ void Linear8(const Fp8Weight& w, const float* x, int64_t rows, float* y) {
         const uint8_t* codes = w.w + o * w.in;
         for (int64_t i = 0; i < w.in; ++i) dst[i] = t.e4m3d[codes[i]];
       },
-                [&](int64_t o, int64_t b) { return t.ue8m0[w.s[(o / kBlock) * nbi + b]]; },
-                w.out, w.in, kBlock, qv, sa, rows, y);
+      [&](int64_t o, int64_t b) { return t.ue8m0[w.s[(o / kBlock) * nbi + b]]; }, w.out, w.in,
+      kBlock, qv, sa, rows, y);
 }
 
 void Linear4(const Fp4Weight& w, const float* x, int64_t rows, float* y) {
@@ -345,8 +343,8 @@ void Linear4(const Fp4Weight& w, const float* x, int64_t rows, float* y) {
           dst[2 * j + 1] = t.e2m1d[packed[j] >> 4];
         }
       },
-      [&](int64_t o, int64_t g) { return t.ue8m0[w.s[o * ng + g]]; }, w.out, w.in, kFp4Group,
-      qv, sa, rows, y);
+      [&](int64_t o, int64_t g) { return t.ue8m0[w.s[o * ng + g]]; }, w.out, w.in, kFp4Group, qv,
+      sa, rows, y);
 }
 
 float DotF32(const float* a, const float* b, int64_t n) {
@@ -385,8 +383,8 @@ void LinearF32(const Bf16Matrix& w, const float* x, int64_t rows, float* y) {
 
 void LinearRowsF32(const float* w, int64_t outs, int64_t n, const float* x, int64_t rows,
                    float* y) {
-  LinearRowsBy([&](int64_t o, double* dst) { std::copy(w + o * n, w + (o + 1) * n, dst); }, outs,
-               n, x, n, rows, y, outs);
+  LinearRowsBy([&](int64_t o, double* dst) { std::copy(w + o * n, w + (o + 1) * n, dst); }, outs, n,
+               x, n, rows, y, outs);
 }
 
 void LinearFp8RowsF32(const Fp8Weight& w, int64_t o0, int64_t outs, const float* x, int64_t ldx,

@@ -147,9 +147,7 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
   return absl::OkStatus();
 }
 
-void Model::Logits(const float* streams, float* logits) const {
-  LogitsRows(&streams, 1, logits);
-}
+void Model::Logits(const float* streams, float* logits) const { LogitsRows(&streams, 1, logits); }
 
 void Model::LogitsRows(const float* const* streams, int64_t n, float* logits) const {
   const ModelConfig& c = config();
@@ -157,8 +155,7 @@ void Model::LogitsRows(const float* const* streams, int64_t n, float* logits) co
   for (int64_t i = 0; i < n; ++i) {
     HcHead(streams[i], c.hc_mult, c.dim, w_->hc_head, static_cast<float>(c.hc_eps),
            static_cast<float>(c.norm_eps), z.data());
-    RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps),
-            u.data() + i * c.dim);
+    RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps), u.data() + i * c.dim);
   }
   LinearF32(w_->head, u.data(), n, logits);
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -78,6 +79,47 @@ TEST(E4m3, RoundToNearestEvenAtEveryMidpoint) {
   EXPECT_EQ(FloatToE4m3(3 * 0x1p-10f), 0x02);
   EXPECT_EQ(FloatToE4m3(232.0f), 0x76);  // between 224 and 240 -> 224
   EXPECT_EQ(FloatToE4m3(432.0f), 0x7e);  // between 416 and 448 -> 448
+}
+
+// FloatToE4m3 (rounding on the float's bits) against the definition through frexp/ldexp and
+// nearbyint, on every 61st bit pattern of all 2^32 and every 7th in [2^-7, 512) (every
+// midpoint is checked above).
+uint8_t E4m3ByDefinition(float x) {
+  if (std::isnan(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const float a = std::fabs(x);
+  if (a >= kE4m3Max) return sign | 0x7e;
+  if (a < 0.015625f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  int e2;
+  std::frexp(a, &e2);
+  int e = e2 - 1;
+  int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));
+  if (q == 16) {
+    q = 8;
+    ++e;
+  }
+  const int code = ((e + 7) << 3) | (q - 8);
+  return sign | static_cast<uint8_t>(std::min(code, 0x7e));
+}
+
+TEST(E4m3, BitRoundingEqualsTheDefinition) {
+  auto check = [](uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    const uint8_t got = FloatToE4m3(x), want = E4m3ByDefinition(x);
+    if (got != want) {
+      ADD_FAILURE() << "bits 0x" << std::hex << bits << ": " << int(got) << " vs " << int(want);
+    }
+    return got == want;
+  };
+  int64_t bad = 0;
+  for (uint64_t b = 0; b <= 0xffffffffu && bad < 5; b += 61)
+    bad += !check(static_cast<uint32_t>(b));
+  for (uint32_t b = 0x3c000000u; b < 0x44000000u && bad < 5; b += 7) {
+    bad += !check(b);
+    bad += !check(b | 0x80000000u);
+  }
+  EXPECT_EQ(bad, 0);
 }
 
 TEST(E4m3, SaturatesAndMapsNanTo0x7f) {
