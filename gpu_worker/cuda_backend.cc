@@ -391,14 +391,15 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   }
   const int64_t max_cand = *std::max_element(n_cand.begin(), n_cand.end());
-  // The attention's decoded candidate rows (paged_kv.h), for at most attn_rows tokens per launch.
-  const int64_t attn_rows =
-      std::clamp<int64_t>(kAttentionRowsBytes / cuda::KvSparseAttentionRowsBytes(1, max_cand, Dh),
-                          1, T);
-  for (auto [buf, bytes] : {std::pair{&im.cand, T * max_cand * 8},
-                            {&im.kvrows, cuda::KvSparseAttentionRowsBytes(attn_rows, max_cand, Dh)},
-                            {&im.scores, scores_cap * 4},
-                            {&im.sel, sel_base[nc] * 4}}) {
+  // The attention's decoded candidate rows (paged_kv.h), for at most attn_rows tokens per launch
+  // (sized by the rows alone: n_heads 0; the decode's split workspace comes on top).
+  const int64_t attn_rows = std::clamp<int64_t>(
+      kAttentionRowsBytes / cuda::KvSparseAttentionRowsBytes(1, max_cand, Dh, 0), 1, T);
+  for (auto [buf, bytes] :
+       {std::pair{&im.cand, T * max_cand * 8},
+        {&im.kvrows, cuda::KvSparseAttentionRowsBytes(attn_rows, max_cand, Dh, H)},
+        {&im.scores, scores_cap * 4},
+        {&im.sel, sel_base[nc] * 4}}) {
     if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
   }
 

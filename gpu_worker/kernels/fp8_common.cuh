@@ -78,6 +78,25 @@ __device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t w, uint32_t sel) {
 }
 constexpr float kF16Unscale = 65536.0f;
 
+// The two halves of an f16x2 as fp32 (exact).
+__device__ __forceinline__ float2 F16x2ToF32x2(uint32_t h) {
+  float2 f;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}"
+      : "=f"(f.x), "=f"(f.y)
+      : "r"(h));
+  return f;
+}
+
+// Whether 16 e4m3 codes under ue8m0 scale byte `sb` may be decoded through E4m3x2ToF16x2 and one
+// multiply by 2^(sb−127)·2^8: no NaN code (|code| = 0x7f) and the scaled factor finite.
+__device__ __forceinline__ bool Fp8FastDecodeOk(const uint4& w, uint32_t sb) {
+  // A byte's low 7 bits plus 1 carries into its bit 7 only from 0x7f (never into the next byte).
+  const uint32_t m = 0x7f7f7f7fu, one = 0x01010101u;
+  const uint32_t carry =
+      ((w.x & m) + one) | ((w.y & m) + one) | ((w.z & m) + one) | ((w.w & m) + one);
+  return sb <= 246 && (carry & 0x80808080u) == 0;
+}
+
 // d += a·b on the tensor cores (sm_80+): m16n8k16, f16 inputs, fp32 accumulation. Fragment
 // layouts (PTX ISA "mma.m16n8k16"), lane = 4·g + t: a0 = A[g][2t..2t+1], a1 = A[g+8][2t..],
 // a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..][g];

@@ -215,6 +215,9 @@ __device__ __forceinline__ uint32_t OrderKey(float f) {
 // high bits) or out. Stops early when every tied entry is needed. Then collects the above
 // entries and the `need` lowest-index tied ones (a block-wide scan in index order), and sorts
 // the k 64-bit keys (score key, ~index) descending.
+// kPer > 0: the row's keys are read once into registers (n_cols ≤ kPer·kTopKThreads, column
+// j·kTopKThreads + tid in keys[j]); 0: every pass reads the row.
+template <int kPer>
 __global__ void __launch_bounds__(kTopKThreads)
     IndexerTopKKernelImpl(const float* __restrict__ scores, int64_t n_cols, int k,
                           int32_t* __restrict__ sel) {
@@ -225,27 +228,66 @@ __global__ void __launch_bounds__(kTopKThreads)
   __shared__ unsigned sh_count;
   const float* row = scores + static_cast<int64_t>(blockIdx.x) * n_cols;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  constexpr int kRegs = kPer > 0 ? kPer : 1;
+  constexpr int kChunks = kPer > 0 ? kPer : 0x7fffffff;
+  uint32_t keys[kRegs];
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t i = static_cast<int64_t>(j) * kTopKThreads + tid;
+      keys[j] = i < n_cols ? OrderKey(row[i]) : 0u;
+    }
+  }
+  // The key of column i = j·kTopKThreads + tid (< n_cols).
+  const auto key_at = [&](int j, int64_t i) -> uint32_t {
+    if constexpr (kPer > 0) {
+      return keys[j];
+    } else {
+      return OrderKey(row[i]);
+    }
+  };
 
   uint32_t prefix = 0, mask = 0, need = static_cast<uint32_t>(k);
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kTopKThreads) hist[i] = 0;
     __syncthreads();
-    for (int64_t i = tid; i < n_cols; i += kTopKThreads) {
-      const uint32_t u = OrderKey(row[i]);
-      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1u);
+    // Lanes with the same digit add once (scores share their top bits, so the bins are few).
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t b = static_cast<int64_t>(j) * kTopKThreads;
+      if (b >= n_cols) break;
+      const int64_t i = b + tid;
+      const uint32_t u = i < n_cols ? key_at(j, i) : 0u;
+      const bool in = i < n_cols && (u & mask) == prefix;
+      const uint32_t bin = in ? (u >> shift) & 0xffu : 256u;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<unsigned>(__popc(peers)));
     }
     __syncthreads();
-    if (tid == 0) {
-      uint32_t above = 0;
-      int digit = 255;
-      for (; digit > 0; --digit) {
-        if (above + hist[digit] >= need) break;
-        above += hist[digit];
+    // The digit: the largest d ≥ 1 with Σ_{j ≥ d} hist[j] ≥ need, else 0 (a suffix scan over
+    // the 256 bins by the first 8 warps, bin 255 − tid per thread).
+    const int d = 255 - tid;
+    unsigned h = 0, incl = 0;  // incl: Σ hist[j], d ≤ j < the warp's first bin + 1
+    if (tid < 256) {
+      h = hist[d];
+      incl = h;
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
       }
-      sh_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
-      sh_mask = mask | (0xffu << shift);
-      sh_need = need - above;
-      sh_count = hist[digit];
+      if (lane == 31) warp_ties[warp] = incl;
+    }
+    __syncthreads();
+    if (tid < 256) {
+      unsigned before = 0;
+      for (int wi = 0; wi < warp; ++wi) before += warp_ties[wi];
+      const unsigned above = before + incl - h;  // Σ_{j > d} hist[j]
+      if ((above + h >= need || d == 0) && above < need) {
+        sh_prefix = prefix | (static_cast<uint32_t>(d) << shift);
+        sh_mask = mask | (0xffu << shift);
+        sh_need = need - above;
+        sh_count = h;
+      }
     }
     __syncthreads();
     prefix = sh_prefix;
@@ -260,12 +302,15 @@ __global__ void __launch_bounds__(kTopKThreads)
   if (tid == 0) sh_count = 0;
   __syncthreads();
   uint32_t tie_base = 0;
-  for (int64_t base = 0; base < n_cols; base += kTopKThreads) {
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t base = static_cast<int64_t>(j) * kTopKThreads;
+    if (base >= n_cols) break;
     const int64_t i = base + tid;
     uint32_t u = 0;
     bool above = false, tied = false;
     if (i < n_cols) {
-      u = OrderKey(row[i]);
+      u = key_at(j, i);
       above = (u & mask) > prefix;
       tied = (u & mask) == prefix;
     }
@@ -294,6 +339,24 @@ __global__ void __launch_bounds__(kTopKThreads)
   __syncthreads();
   for (int size = 2; size <= P; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride < 32) {
+        // The remaining strides of this size within each warp, in registers.
+        for (int base = 0; base < P; base += kTopKThreads) {
+          const int i = base + tid;
+          if (base + (tid & ~31) >= P) break;
+          unsigned long long a = i < P ? cand[i] : 0ull;
+          const bool descending = (i & size) == 0;
+          for (int st = stride; st > 0; st >>= 1) {
+            const unsigned long long b = __shfl_xor_sync(0xffffffffu, a, st);
+            const bool lower = (lane & st) == 0;
+            const unsigned long long hi = a > b ? a : b, lo = a > b ? b : a;
+            a = lower == descending ? hi : lo;
+          }
+          if (i < P) cand[i] = a;
+        }
+        __syncthreads();
+        break;
+      }
       for (int i = tid; i < P; i += kTopKThreads) {
         const int jx = i ^ stride;
         if (jx > i) {
@@ -402,7 +465,10 @@ cudaError_t IndexerTopK(const float* scores, int64_t T, int64_t n_cols, int64_t 
     return cudaErrorInvalidValue;
   }
   if (T == 0) return cudaSuccess;
-  IndexerTopKKernelImpl<<<static_cast<unsigned>(T), kTopKThreads, 0, stream>>>(
+  const auto kernel = n_cols <= 4 * kTopKThreads    ? IndexerTopKKernelImpl<4>
+                      : n_cols <= 32 * kTopKThreads ? IndexerTopKKernelImpl<32>
+                                                    : IndexerTopKKernelImpl<0>;
+  kernel<<<static_cast<unsigned>(T), kTopKThreads, 0, stream>>>(
       scores, n_cols, static_cast<int>(k), sel);
   return cudaGetLastError();
 }
@@ -417,6 +483,6 @@ const void* KvIndexerScoresKernel() {
 const void* IndexerScoresKernel() {
   return reinterpret_cast<const void*>(&IndexerScoresKernelImpl<false>);
 }
-const void* IndexerTopKKernel() { return reinterpret_cast<const void*>(&IndexerTopKKernelImpl); }
+const void* IndexerTopKKernel() { return reinterpret_cast<const void*>(&IndexerTopKKernelImpl<4>); }
 
 }  // namespace ss::cuda

@@ -33,14 +33,36 @@ __global__ void __launch_bounds__(kThreads)
     float acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+    // The next two weight loads are in flight while one is decoded and used.
+    const auto wload = [&](int64_t i) {
+      return i < gin ? __ldcs(reinterpret_cast<const uint4*>(wrow + i)) : make_uint4(0, 0, 0, 0);
+    };
+    uint4 w1 = wload(16 * lane), w2 = wload(16 * lane + 512);
     for (int64_t i = 16 * lane; i < gin; i += 512) {
-      const uint4 wb = __ldg(reinterpret_cast<const uint4*>(wrow + i));
+      const uint4 wb = w1;
+      w1 = w2;
+      w2 = wload(i + 1024);
       const uint32_t wv[4] = {wb.x, wb.y, wb.z, wb.w};
-      const float sc = Ue8m0ToF32(srow[i / 128]);
+      const uint32_t sb = srow[i / 128];
       float wf[16];
+      if (Fp8FastDecodeOk(wb, sb)) {
+        // code·2^-8 as f16 (exact), times sc·2^8 (exact): the same product as code·sc.
+        const float sc = __fmul_rn(Ue8m0ToF32(sb), 256.0f);
 #pragma unroll
-      for (int c = 0; c < 16; ++c) {
-        wf[c] = __fmul_rn(E4m3ToF32((wv[c >> 2] >> (8 * (c & 3))) & 0xffu), sc);
+        for (int c = 0; c < 4; ++c) {
+          float2 f = F16x2ToF32x2(E4m3x2ToF16x2(wv[c], 0x1404));
+          wf[4 * c] = __fmul_rn(f.x, sc);
+          wf[4 * c + 1] = __fmul_rn(f.y, sc);
+          f = F16x2ToF32x2(E4m3x2ToF16x2(wv[c], 0x3424));
+          wf[4 * c + 2] = __fmul_rn(f.x, sc);
+          wf[4 * c + 3] = __fmul_rn(f.y, sc);
+        }
+      } else {
+        const float sc = Ue8m0ToF32(sb);
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+          wf[c] = __fmul_rn(E4m3ToF32((wv[c >> 2] >> (8 * (c & 3))) & 0xffu), sc);
+        }
       }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {

@@ -416,6 +416,218 @@ __global__ void __launch_bounds__(kFastThreads)
   }
 }
 
+// Flash-decoding over the decoded rows (KvSparseAttention, T ≤ kKvSplitMaxTokens): the fast
+// kernel's arithmetic split over (token, head, chunk) blocks, so the same bits. The workspace
+// (KvSplitBytes) is carved as below from the rows scratch past the T·n_cand rows.
+struct SplitWork {
+  float* pv;     // [T·H·nch, kD] chunk partials Σ p_bf16·v
+  float* s;      // [T·H·nch, 64] scaled scores (−inf masked)
+  float* cmax;   // [T·H·nch] chunk maxima
+  float* alpha;  // [T·H·nch]
+  float* psum;   // [T·H·nch]
+};
+__host__ __device__ inline SplitWork CarveSplit(uint16_t* rows, int64_t T, int64_t H,
+                                                int64_t n_cand, int64_t d) {
+  const int64_t nch = (n_cand + kSparseChunk - 1) / kSparseChunk, n = T * H * nch;
+  float* base = reinterpret_cast<float*>(rows + T * n_cand * d);
+  return {base, base + n * d, base + n * (d + kSparseChunk), base + n * (d + kSparseChunk + 1),
+          base + n * (d + kSparseChunk + 2)};
+}
+
+constexpr int kScoreHeads = 4;  // heads per score block, four warps (16 candidates each) per head
+constexpr int kScoreThreads = 128 * kScoreHeads;
+constexpr int kPvHeads = 4;     // heads per p·V block
+
+// grid (chunk, token, head group): the chunk's rows staged in shared memory (dynamic,
+// kSparseChunk·kD bf16), warp w scores candidates 16·(w & 3) + [0, 16) of head 4·group + w / 4.
+template <int kD>
+__global__ void __launch_bounds__(kScoreThreads)
+    KvSplitScoresKernelImpl(const uint16_t* __restrict__ q, const uint64_t* __restrict__ cand,
+                            int64_t n_heads, int64_t n_cand, float scale,
+                            const uint16_t* __restrict__ rows, SplitWork w) {
+  extern __shared__ uint4 kv_smem[];
+  const uint16_t* kvs = reinterpret_cast<const uint16_t*>(kv_smem);
+  __shared__ float wmax[kScoreThreads / 32];
+  __shared__ bool valid[kSparseChunk];
+  constexpr int kLaneDims = kD / 32, kVecs = kD / 8;
+  const int c = blockIdx.x, nch = gridDim.x;
+  const int64_t t = blockIdx.y;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t c0 = static_cast<int64_t>(c) * kSparseChunk;
+  const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
+  const uint4* src = reinterpret_cast<const uint4*>(rows + (t * n_cand + c0) * kD);
+  for (int e = tid; e < nc * kVecs; e += kScoreThreads) CpAsync16(kv_smem + e, src + e);
+  CpAsyncCommit();
+  const uint64_t* ct = cand + t * n_cand + c0;
+  if (tid < kSparseChunk) valid[tid] = tid < nc && ct[tid] != 0;
+  const int64_t h = static_cast<int64_t>(blockIdx.z) * kScoreHeads + (warp >> 2);
+  const bool head_ok = h < n_heads;
+  float qv[kLaneDims];
+  const uint16_t* qh = q + (t * n_heads + (head_ok ? h : 0)) * kD;
+#pragma unroll
+  for (int j = 0; j < kLaneDims; ++j) qv[j] = Bf16ToF32(qh[lane + 32 * j]);
+  CpAsyncWait<0>();
+  __syncthreads();
+  const int i0 = (warp & 3) * 16;
+  float mine = -INFINITY;
+  // Four candidates at a time (rows past nc or masked are scored from stale shared memory and
+  // dropped), so four dependency chains are in flight per warp.
+  for (int ii = 0; ii < 16 && i0 + ii < nc; ii += 4) {
+    float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kLaneDims; ++j) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        dot[u] = __fadd_rn(dot[u],
+                           __fmul_rn(qv[j], Bf16ToF32(kvs[(i0 + ii + u) * kD + lane + 32 * j])));
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) dot[u] = __fadd_rn(dot[u], __shfl_xor_sync(0xffffffffu, dot[u], o));
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (lane == ii + u) mine = valid[i0 + ii + u] ? __fmul_rn(dot[u], scale) : -INFINITY;
+    }
+  }
+  const int64_t hc = (t * n_heads + h) * nch + c;
+  if (head_ok && lane < 16 && i0 + lane < nc) w.s[hc * kSparseChunk + i0 + lane] = mine;
+  float cm = mine;
+  for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+  if (lane == 0) wmax[warp] = cm;
+  __syncthreads();
+  if (head_ok && (warp & 3) == 0 && lane == 0) {
+    w.cmax[hc] = fmaxf(fmaxf(wmax[warp], wmax[warp + 1]), fmaxf(wmax[warp + 2], wmax[warp + 3]));
+  }
+}
+
+// grid (chunk, token, head group), kD / 2 threads of 2 dims: the chunk's p (against the running
+// max through this chunk), alpha and p sum, and Σ p_bf16·v over its candidates in order. The
+// valid rows are staged in shared memory (dynamic, kSparseChunk·kD bf16) while p is computed;
+// masked rows are zeros there, so they add p_bf16·v = +0, which leaves every partial unchanged
+// (a partial that starts at +0 is never −0): the serial kernel's skip, without a branch.
+template <int kD>
+__global__ void __launch_bounds__(kD / 2)
+    KvSplitPvKernelImpl(const uint64_t* __restrict__ cand, int64_t n_heads, int64_t n_cand,
+                        const uint16_t* __restrict__ rows, SplitWork w) {
+  extern __shared__ uint4 kv_smem[];
+  __shared__ float pb[kPvHeads][kSparseChunk], pe[kPvHeads][kSparseChunk];
+  __shared__ float mc[kPvHeads];
+  __shared__ bool valid[kSparseChunk];
+  constexpr int kThreads = kD / 2, kVecs = kD / 8;
+  const int c = blockIdx.x, nch = gridDim.x;
+  const int64_t t = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.z) * kPvHeads;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t c0 = static_cast<int64_t>(c) * kSparseChunk;
+  const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
+  const uint64_t* ct = cand + t * n_cand + c0;
+  if (tid < kSparseChunk) valid[tid] = tid < nc && ct[tid] != 0;
+  if (tid < kPvHeads && h0 + tid < n_heads) {
+    const float* cm = w.cmax + (t * n_heads + h0 + tid) * nch;
+    float m = -INFINITY;
+#pragma unroll 8
+    for (int k = 0; k < c; ++k) m = fmaxf(m, cm[k]);
+    const float cmax = fmaxf(m, cm[c]);
+    mc[tid] = cmax;
+    w.alpha[(t * n_heads + h0 + tid) * nch + c] = expf(__fsub_rn(m, cmax));
+  }
+  __syncthreads();
+  const uint4* src = reinterpret_cast<const uint4*>(rows + (t * n_cand + c0) * kD);
+  for (int e = tid; e < nc * kVecs; e += kThreads) {
+    if (valid[e / kVecs]) {
+      CpAsync16(kv_smem + e, src + e);
+    } else {
+      kv_smem[e] = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  CpAsyncCommit();
+  for (int e = tid; e < kPvHeads * kSparseChunk; e += kThreads) {
+    const int hh = e / kSparseChunk, i = e % kSparseChunk;
+    float p = 0.0f, b = 0.0f;
+    if (i < nc && h0 + hh < n_heads) {
+      p = expf(__fsub_rn(w.s[((t * n_heads + h0 + hh) * nch + c) * kSparseChunk + i], mc[hh]));
+      b = valid[i] ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
+    }
+    pe[hh][i] = p;
+    pb[hh][i] = b;
+  }
+  __syncthreads();
+  if (tid < kPvHeads && h0 + tid < n_heads) {
+    float psum = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < nc; ++i) psum = __fadd_rn(psum, pe[tid][i]);
+    w.psum[(t * n_heads + h0 + tid) * nch + c] = psum;
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+  float acc[kPvHeads][2];
+#pragma unroll
+  for (int hh = 0; hh < kPvHeads; ++hh) acc[hh][0] = acc[hh][1] = 0.0f;
+  const uint32_t* vs = reinterpret_cast<const uint32_t*>(kv_smem) + tid;
+#pragma unroll 4
+  for (int i = 0; i < nc; ++i) {
+    const uint32_t v = vs[i * (kD / 2)];
+    const float v0 = Bf16ToF32(static_cast<uint16_t>(v & 0xffffu));
+    const float v1 = Bf16ToF32(static_cast<uint16_t>(v >> 16));
+#pragma unroll
+    for (int hh = 0; hh < kPvHeads; ++hh) {
+      acc[hh][0] = __fadd_rn(acc[hh][0], __fmul_rn(pb[hh][i], v0));
+      acc[hh][1] = __fadd_rn(acc[hh][1], __fmul_rn(pb[hh][i], v1));
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < kPvHeads; ++hh) {
+    if (h0 + hh >= n_heads) break;
+    *reinterpret_cast<float2*>(w.pv + ((t * n_heads + h0 + hh) * nch + c) * kD + 2 * tid) =
+        make_float2(acc[hh][0], acc[hh][1]);
+  }
+}
+
+// One block per (token, head), kD / 4 threads of 4 dims: the serial kernel's recurrence over the
+// chunks (acc·alpha + pv, l·alpha + psum), then the sink and the division.
+template <int kD>
+__global__ void __launch_bounds__(kD / 4)
+    KvSplitCombineKernelImpl(const float* __restrict__ sink, int64_t n_heads, int nch,
+                             SplitWork w, uint16_t* __restrict__ out) {
+  const int64_t th = blockIdx.x, h = th % n_heads;
+  const int k0 = 4 * static_cast<int>(threadIdx.x);
+  const float* cm = w.cmax + th * nch;
+  const float* al = w.alpha + th * nch;
+  const float* ps = w.psum + th * nch;
+  float m = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  constexpr int kBatch = 8;  // chunks whose loads are in flight together
+  for (int cb = 0; cb < nch; cb += kBatch) {
+    float4 pv[kBatch];
+    float alpha[kBatch], psum[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (cb + u < nch) {
+        pv[u] = *reinterpret_cast<const float4*>(w.pv + (th * nch + cb + u) * kD + k0);
+        alpha[u] = al[cb + u];
+        psum[u] = ps[cb + u];
+        m = fmaxf(m, cm[cb + u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (cb + u < nch) {
+        acc[0] = __fadd_rn(__fmul_rn(acc[0], alpha[u]), pv[u].x);
+        acc[1] = __fadd_rn(__fmul_rn(acc[1], alpha[u]), pv[u].y);
+        acc[2] = __fadd_rn(__fmul_rn(acc[2], alpha[u]), pv[u].z);
+        acc[3] = __fadd_rn(__fmul_rn(acc[3], alpha[u]), pv[u].w);
+        l = __fadd_rn(__fmul_rn(l, alpha[u]), psum[u]);
+      }
+    }
+  }
+  const float denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
+  uint2 o;
+  o.x = F32ToBf16(__fdiv_rn(acc[0], denom)) | (static_cast<uint32_t>(F32ToBf16(__fdiv_rn(acc[1], denom))) << 16);
+  o.y = F32ToBf16(__fdiv_rn(acc[2], denom)) | (static_cast<uint32_t>(F32ToBf16(__fdiv_rn(acc[3], denom))) << 16);
+  *reinterpret_cast<uint2*>(out + th * kD + k0) = o;
+}
+
 template <int kD, bool kRows>
 cudaError_t FastOptIn() {
   constexpr int kMaxDevices = 64;
@@ -426,6 +638,14 @@ cudaError_t FastOptIn() {
   if (dev < kMaxDevices && done[dev]) return cudaSuccess;
   e = cudaFuncSetAttribute(KvSparseAttentionFastKernelImpl<kD, kRows>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+  if (e == cudaSuccess && kRows) {
+    e = cudaFuncSetAttribute(KvSplitScoresKernelImpl<kD>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+  }
+  if (e == cudaSuccess && kRows) {
+    e = cudaFuncSetAttribute(KvSplitPvKernelImpl<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSparseChunk * kD * 2);
+  }
   if (e == cudaSuccess && dev < kMaxDevices) done[dev] = true;
   return e;
 }
@@ -512,6 +732,22 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
   KvDecodeRowsKernelImpl<<<static_cast<unsigned>(T * n_cand), kD / 4, 0, stream>>>(cand, kD, nope,
                                                                                  rows);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (T <= kKvSplitMaxTokens) {
+    const SplitWork w = CarveSplit(rows, T, n_heads, n_cand, kD);
+    const unsigned nch = static_cast<unsigned>((n_cand + kSparseChunk - 1) / kSparseChunk);
+    KvSplitScoresKernelImpl<kD>
+        <<<dim3(nch, static_cast<unsigned>(T),
+                static_cast<unsigned>((n_heads + kScoreHeads - 1) / kScoreHeads)),
+           kScoreThreads, smem, stream>>>(q, cand, n_heads, n_cand, scale, rows, w);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    KvSplitPvKernelImpl<kD><<<dim3(nch, static_cast<unsigned>(T),
+                                   static_cast<unsigned>((n_heads + kPvHeads - 1) / kPvHeads)),
+                              kD / 2, smem, stream>>>(cand, n_heads, n_cand, rows, w);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    KvSplitCombineKernelImpl<kD><<<blocks, kD / 4, 0, stream>>>(sink, n_heads,
+                                                                static_cast<int>(nch), w, out);
+    return cudaGetLastError();
+  }
   KvSparseAttentionFastKernelImpl<kD, true><<<blocks, kFastThreads, smem, stream>>>(
       q, cand, sink, n_heads, nope, n_cand, scale, rows, out);
   return cudaGetLastError();

@@ -119,12 +119,28 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
 // once into rows (bf16, exact), and the attention copies each chunk from there, the next chunk's
 // loads in flight while the current one is scored: same arithmetic, same bits, and the decode is
 // done once per token instead of once per (token, head) (64 times at Flash's 64 heads).
+// At most kKvSplitMaxTokens tokens (decode), the rows scratch also holds a split-chunk workspace
+// and the attention runs as flash-decoding in three launches: every (token, head, chunk) score in
+// its own block, then each chunk's p·V partial (several heads per block, so a decoded row is read
+// once per head group), then one combine per (token, head) that replays the serial kernel's
+// per-chunk recurrence (running max, alpha, l) in the same order: still the same bits.
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
                               float scale, uint16_t* out, cudaStream_t stream,
                               uint16_t* rows = nullptr);
-inline constexpr int64_t KvSparseAttentionRowsBytes(int64_t T, int64_t n_cand, int64_t head_dim) {
-  return T * n_cand * head_dim * 2;
+inline constexpr int64_t kKvSplitMaxTokens = 8;
+inline constexpr int64_t kKvSplitChunk = 64;  // kSparseChunk, the softmax recurrence's chunk
+// Per (token, head, chunk): the p·V partial (head_dim fp32), the chunk's 64 scores, its max,
+// alpha and p sum.
+inline constexpr int64_t KvSplitBytes(int64_t T, int64_t n_heads, int64_t n_cand,
+                                      int64_t head_dim) {
+  return T * n_heads * ((n_cand + kKvSplitChunk - 1) / kKvSplitChunk) *
+         (head_dim + kKvSplitChunk + 4) * 4;
+}
+inline constexpr int64_t KvSparseAttentionRowsBytes(int64_t T, int64_t n_cand, int64_t head_dim,
+                                                    int64_t n_heads) {
+  return T * n_cand * head_dim * 2 +
+         KvSplitBytes(T < kKvSplitMaxTokens ? T : kKvSplitMaxTokens, n_heads, n_cand, head_dim);
 }
 
 // Entry points, for attribute queries (ptxVersion) in tests.

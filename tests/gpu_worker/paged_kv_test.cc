@@ -115,7 +115,7 @@ void AttentionCase(int64_t D, uint64_t seed) {
   // The same with the candidates decoded once into rows (the decode path's scratch).
   uint16_t *o3 = nullptr, *rows = nullptr;
   cudaMalloc(&o3, T * H * D * 2);
-  cudaMalloc(&rows, KvSparseAttentionRowsBytes(T, n_cand, D));
+  cudaMalloc(&rows, KvSparseAttentionRowsBytes(T, n_cand, D, H));
   ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o3, nullptr,
                               rows),
             cudaSuccess);
