@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -195,12 +196,21 @@ inline void BlockRowsIn(const double* q, int64_t ldq, int64_t rows, const double
   if (r < rows) BlockTile<V, 1, 8>(q, ldq, r, wd, n, 0, i0, i1, out);
 }
 
-// 256-bit vectors with FMA where the CPU has AVX2, else SSE2's 128-bit ones: the same sums.
-// The entry points flatten the templates into themselves, so each is compiled for its ISA.
-bool HasAvx2() {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return avx2;
+// 256-bit vectors with FMA where the CPU has AVX2, else SSE2's 128-bit ones: the same sums in
+// either. The entry points flatten the templates into themselves, so each is compiled for its
+// ISA. (A 512-bit variant was slower on the dev VM's AVX-512 CPU: 14.1 against 12.5 ms per
+// batch-8 decode step of reference_model_bench.)
+std::atomic<LinearIsa> g_forced_isa{LinearIsa::kAuto};
+LinearIsa ActiveIsa() {
+  static const LinearIsa best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                                    ? LinearIsa::kAvx2
+                                    : LinearIsa::kSse2;
+  const LinearIsa forced = g_forced_isa.load(std::memory_order_relaxed);
+  return forced == LinearIsa::kAuto ? best : forced;
 }
+using OrderedRowsFn = void (*)(const double*, int64_t, int64_t, const double*, int64_t, double*);
+using BlockRowsFn = void (*)(const double*, int64_t, int64_t, const double*, int64_t, int64_t,
+                             int64_t, double*);
 [[gnu::target("avx2,fma"), gnu::flatten]] void OrderedRowsAvx2(const double* xt, int64_t rp,
                                                                int64_t rows, const double* wd,
                                                                int64_t n, double* out) {
@@ -219,6 +229,12 @@ bool HasAvx2() {
 [[gnu::flatten]] void BlockRowsSse2(const double* q, int64_t ldq, int64_t rows, const double* wd,
                                     int64_t n, int64_t i0, int64_t i1, double* out) {
   BlockRowsIn<V2>(q, ldq, rows, wd, n, i0, i1, out);
+}
+OrderedRowsFn PickOrderedRows() {
+  return ActiveIsa() == LinearIsa::kAvx2 ? OrderedRowsAvx2 : OrderedRowsSse2;
+}
+BlockRowsFn PickBlockRows() {
+  return ActiveIsa() == LinearIsa::kAvx2 ? BlockRowsAvx2 : BlockRowsSse2;
 }
 
 int64_t PaddedRows(int64_t rows) { return (rows + kPad - 1) / kPad * kPad; }
@@ -259,14 +275,14 @@ void LinearRowsBy(RowFn&& row, int64_t outs, int64_t n, const float* x, int64_t 
     for (int64_t i = 0; i < n; ++i) xt[i * rp + r] = x[r * ldx + i];
   }
   const int64_t tiles = (outs + kTile - 1) / kTile;
-  const bool avx2 = HasAvx2();
+  const OrderedRowsFn dot = PickOrderedRows();
 #pragma omp parallel for schedule(static) if (outs * n * rows >= kParallelWork)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t o0 = t * kTile, m = std::min<int64_t>(kTile, outs - o0);
     Scratch& sc = ThreadScratch();
     DecodeTile(row, o0, outs, n, sc.wd);
     sc.out.resize(kTile * rp);
-    (avx2 ? OrderedRowsAvx2 : OrderedRowsSse2)(xt.data(), rp, rows, sc.wd.data(), n, sc.out.data());
+    dot(xt.data(), rp, rows, sc.wd.data(), n, sc.out.data());
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t k = 0; k < m; ++k) y[r * ldy + o0 + k] = static_cast<float>(sc.out[k * rp + r]);
     }
@@ -285,7 +301,7 @@ void LinearBlocked(RowFn&& row, ScaleFn&& wscale, int64_t outs, int64_t in, int6
   const int64_t nb = (in + kBlock - 1) / kBlock;
   const int64_t ng = (in + group - 1) / group;
   const int64_t tiles = (outs + kTile - 1) / kTile;
-  const bool avx2 = HasAvx2();
+  const BlockRowsFn dot = PickBlockRows();
 #pragma omp parallel for schedule(static) if (outs * in * rows >= kParallelWork)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t o0 = t * kTile, m = std::min<int64_t>(kTile, outs - o0);
@@ -295,8 +311,7 @@ void LinearBlocked(RowFn&& row, ScaleFn&& wscale, int64_t outs, int64_t in, int6
     sc.acc.assign(rows * kTile, 0.0f);
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t i0 = g * group, i1 = std::min(in, i0 + group);
-      (avx2 ? BlockRowsAvx2 : BlockRowsSse2)(qd.data(), in, rows, sc.wd.data(), in, i0, i1,
-                                             sc.out.data());
+      dot(qd.data(), in, rows, sc.wd.data(), in, i0, i1, sc.out.data());
       for (int64_t k = 0; k < m; ++k) {
         const float sw = wscale(o0 + k, g);
         for (int64_t r = 0; r < rows; ++r) {
@@ -312,6 +327,10 @@ void LinearBlocked(RowFn&& row, ScaleFn&& wscale, int64_t outs, int64_t in, int6
 }
 
 }  // namespace
+
+void ForceLinearIsaForTesting(LinearIsa isa) { g_forced_isa.store(isa); }
+
+LinearIsa ActiveLinearIsa() { return ActiveIsa(); }
 
 void Linear8(const Fp8Weight& w, const float* x, int64_t rows, float* y) {
   // e4m3 x e4m3 products are multiples of 2^-18 below 2^18, so up to 128 of them sum exactly

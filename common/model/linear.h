@@ -70,6 +70,13 @@ void RmsNorm(const float* x, const float* g, int64_t n, float eps, float* y);
 // The mean of squares as torch computes it: sum · fp32(1/n).
 float MeanSquare(const float* x, int64_t n);
 
+// The vector ISA of the linears' kernels: chosen from the CPU (AVX2 + FMA, else SSE2), both
+// giving the same bits. Tests force each in turn (not thread-safe against running linears;
+// kAuto restores the CPU's choice).
+enum class LinearIsa { kAuto, kSse2, kAvx2 };
+void ForceLinearIsaForTesting(LinearIsa isa);
+LinearIsa ActiveLinearIsa();
+
 // Work (multiply-adds) from which the model's loops run in parallel.
 inline constexpr int64_t kParallelMinWork = int64_t{1} << 23;
 

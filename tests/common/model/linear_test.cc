@@ -1,7 +1,8 @@
 // The reference model's linears (common/model/linear.cc) against straightforward scalar loops
 // written from their documented arithmetic: the tiled, batched kernels must give bit-identical
 // results for every batch size and for output/input sizes that do not fill a tile or a block,
-// and a row's result must not depend on the other rows of its batch.
+// in every vector-ISA variant the CPU can run, and a row's result must not depend on the other
+// rows of its batch.
 #include "common/model/linear.h"
 
 #include <gtest/gtest.h>
@@ -110,12 +111,34 @@ int64_t Mismatches(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
+// Every kernel variant this CPU can run (each must give the same bits); restores the CPU's own
+// choice when it goes out of scope.
+struct EachIsa {
+  std::vector<LinearIsa> isas{LinearIsa::kSse2};
+  EachIsa() {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      isas.push_back(LinearIsa::kAvx2);
+    }
+  }
+  ~EachIsa() { ForceLinearIsaForTesting(LinearIsa::kAuto); }
+};
+const char* Name(LinearIsa isa) {
+  switch (isa) {
+    case LinearIsa::kSse2:
+      return "sse2";
+    case LinearIsa::kAvx2:
+      return "avx2";
+    default:
+      return "auto";
+  }
+}
+
 struct Shape {
   int64_t out, in;
 };
 // Tile (8 outputs) and block (128 inputs) remainders included.
 const Shape kShapes[] = {{128, 256}, {13, 384}, {7, 200}, {256, 128}, {33, 1000}};
-const int64_t kRows[] = {1, 2, 3, 4, 5, 8, 9};
+const int64_t kRows[] = {1, 2, 3, 4, 5, 8, 9, 17};
 
 TEST(Linear8, BitIdenticalToScalarLoopsForEveryBatchSize) {
   std::mt19937 rng(1);
@@ -129,10 +152,15 @@ TEST(Linear8, BitIdenticalToScalarLoopsForEveryBatchSize) {
     const Fp8Weight w{codes.data(), scales.data(), sh.out, sh.in};
     for (int64_t rows : kRows) {
       const std::vector<float> x = Activations(rng, rows * sh.in);
-      std::vector<float> y(rows * sh.out);
-      Linear8(w, x.data(), rows, y.data());
-      EXPECT_EQ(Mismatches(y, Linear8Scalar(w, x, rows)), 0)
-          << "out " << sh.out << " in " << sh.in << " rows " << rows;
+      const std::vector<float> want = Linear8Scalar(w, x, rows);
+      EachIsa each;
+      for (LinearIsa isa : each.isas) {
+        ForceLinearIsaForTesting(isa);
+        std::vector<float> y(rows * sh.out);
+        Linear8(w, x.data(), rows, y.data());
+        EXPECT_EQ(Mismatches(y, want), 0)
+            << Name(isa) << " out " << sh.out << " in " << sh.in << " rows " << rows;
+      }
     }
   }
 }
@@ -145,10 +173,15 @@ TEST(Linear4, BitIdenticalToScalarLoopsForEveryBatchSize) {
     const Fp4Weight w{packed.data(), scales.data(), sh.out, sh.in};
     for (int64_t rows : kRows) {
       const std::vector<float> x = Activations(rng, rows * sh.in);
-      std::vector<float> y(rows * sh.out);
-      Linear4(w, x.data(), rows, y.data());
-      EXPECT_EQ(Mismatches(y, Linear4Scalar(w, x, rows)), 0)
-          << "out " << sh.out << " in " << sh.in << " rows " << rows;
+      const std::vector<float> want = Linear4Scalar(w, x, rows);
+      EachIsa each;
+      for (LinearIsa isa : each.isas) {
+        ForceLinearIsaForTesting(isa);
+        std::vector<float> y(rows * sh.out);
+        Linear4(w, x.data(), rows, y.data());
+        EXPECT_EQ(Mismatches(y, want), 0)
+            << Name(isa) << " out " << sh.out << " in " << sh.in << " rows " << rows;
+      }
     }
   }
 }
@@ -165,13 +198,18 @@ TEST(LinearF32, BitIdenticalToSequentialDotsForEveryBatchSize) {
     const Bf16Matrix w{raw.data(), sh.out, sh.in};
     for (int64_t rows : kRows) {
       const std::vector<float> x = Activations(rng, rows * sh.in);
-      std::vector<float> y(rows * sh.out), y2(rows * sh.out);
-      LinearF32(w, x.data(), rows, y.data());
-      EXPECT_EQ(Mismatches(y, LinearF32Scalar(w, x, rows)), 0)
-          << "out " << sh.out << " in " << sh.in << " rows " << rows;
-      // The same matrix as fp32 values.
-      LinearRowsF32(wv.data(), sh.out, sh.in, x.data(), rows, y2.data());
-      EXPECT_EQ(Mismatches(y, y2), 0);
+      const std::vector<float> want = LinearF32Scalar(w, x, rows);
+      EachIsa each;
+      for (LinearIsa isa : each.isas) {
+        ForceLinearIsaForTesting(isa);
+        std::vector<float> y(rows * sh.out), y2(rows * sh.out);
+        LinearF32(w, x.data(), rows, y.data());
+        EXPECT_EQ(Mismatches(y, want), 0)
+            << Name(isa) << " out " << sh.out << " in " << sh.in << " rows " << rows;
+        // The same matrix as fp32 values.
+        LinearRowsF32(wv.data(), sh.out, sh.in, x.data(), rows, y2.data());
+        EXPECT_EQ(Mismatches(y, y2), 0) << Name(isa);
+      }
     }
   }
 }
