@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/bf16.h"
@@ -133,6 +134,22 @@ const char* Name(LinearIsa isa) {
   }
 }
 
+// Runs linear(y) with every ISA variant and expects `want` in y, bit for bit.
+template <typename F>
+void ExpectEveryIsa(F&& linear, const std::vector<float>& want, const std::string& what) {
+  EachIsa each;
+  for (LinearIsa isa : each.isas) {
+    ForceLinearIsaForTesting(isa);
+    std::vector<float> y(want.size());
+    linear(y.data());
+    EXPECT_EQ(Mismatches(y, want), 0) << Name(isa) << " " << what;
+  }
+}
+std::string What(int64_t out, int64_t in, int64_t rows) {
+  return "out " + std::to_string(out) + " in " + std::to_string(in) + " rows " +
+         std::to_string(rows);
+}
+
 struct Shape {
   int64_t out, in;
 };
@@ -152,15 +169,8 @@ TEST(Linear8, BitIdenticalToScalarLoopsForEveryBatchSize) {
     const Fp8Weight w{codes.data(), scales.data(), sh.out, sh.in};
     for (int64_t rows : kRows) {
       const std::vector<float> x = Activations(rng, rows * sh.in);
-      const std::vector<float> want = Linear8Scalar(w, x, rows);
-      EachIsa each;
-      for (LinearIsa isa : each.isas) {
-        ForceLinearIsaForTesting(isa);
-        std::vector<float> y(rows * sh.out);
-        Linear8(w, x.data(), rows, y.data());
-        EXPECT_EQ(Mismatches(y, want), 0)
-            << Name(isa) << " out " << sh.out << " in " << sh.in << " rows " << rows;
-      }
+      ExpectEveryIsa([&](float* y) { Linear8(w, x.data(), rows, y); }, Linear8Scalar(w, x, rows),
+                     What(sh.out, sh.in, rows));
     }
   }
 }
@@ -173,15 +183,8 @@ TEST(Linear4, BitIdenticalToScalarLoopsForEveryBatchSize) {
     const Fp4Weight w{packed.data(), scales.data(), sh.out, sh.in};
     for (int64_t rows : kRows) {
       const std::vector<float> x = Activations(rng, rows * sh.in);
-      const std::vector<float> want = Linear4Scalar(w, x, rows);
-      EachIsa each;
-      for (LinearIsa isa : each.isas) {
-        ForceLinearIsaForTesting(isa);
-        std::vector<float> y(rows * sh.out);
-        Linear4(w, x.data(), rows, y.data());
-        EXPECT_EQ(Mismatches(y, want), 0)
-            << Name(isa) << " out " << sh.out << " in " << sh.in << " rows " << rows;
-      }
+      ExpectEveryIsa([&](float* y) { Linear4(w, x.data(), rows, y); }, Linear4Scalar(w, x, rows),
+                     What(sh.out, sh.in, rows));
     }
   }
 }
@@ -199,17 +202,11 @@ TEST(LinearF32, BitIdenticalToSequentialDotsForEveryBatchSize) {
     for (int64_t rows : kRows) {
       const std::vector<float> x = Activations(rng, rows * sh.in);
       const std::vector<float> want = LinearF32Scalar(w, x, rows);
-      EachIsa each;
-      for (LinearIsa isa : each.isas) {
-        ForceLinearIsaForTesting(isa);
-        std::vector<float> y(rows * sh.out), y2(rows * sh.out);
-        LinearF32(w, x.data(), rows, y.data());
-        EXPECT_EQ(Mismatches(y, want), 0)
-            << Name(isa) << " out " << sh.out << " in " << sh.in << " rows " << rows;
-        // The same matrix as fp32 values.
-        LinearRowsF32(wv.data(), sh.out, sh.in, x.data(), rows, y2.data());
-        EXPECT_EQ(Mismatches(y, y2), 0) << Name(isa);
-      }
+      ExpectEveryIsa([&](float* y) { LinearF32(w, x.data(), rows, y); }, want,
+                     What(sh.out, sh.in, rows));
+      // The same matrix as fp32 values.
+      ExpectEveryIsa([&](float* y) { LinearRowsF32(wv.data(), sh.out, sh.in, x.data(), rows, y); },
+                     want, "fp32 " + What(sh.out, sh.in, rows));
     }
   }
 }
