@@ -53,9 +53,12 @@ inline constexpr int64_t kRouterMaxTopK = 32;       // k (6 in Flash)
 //   row/column rounds; one thread, the reference's loop order), y = bf16(Σ_s pre[s]·X_s).
 // Outputs: y bf16 [T, dim]; pre, post fp32 [T, hc]; comb fp32 [T, hc, hc] with comb[t][j][k] the
 // weight of old stream j in new stream k (the reference's HcSplit layout), for the HcPost below.
-// hc ≤ kHcMaxMult. Up to 64 tokens (decode) it runs as two kernels, the mixes spread over
-// ⌈mix/8⌉ blocks per token and parked in y's row, then Sinkhorn and y: the same arithmetic, so
-// the same bits as the one-block-per-token kernel used for longer chunks.
+// hc ≤ kHcMaxMult. Up to 64 tokens (decode) it runs as two kernels, the mixes' sums spread over
+// blocks per token and parked in y's row, then Sinkhorn and y: the same arithmetic, so the same
+// bits as the one-block-per-token kernel used for longer chunks. Where y's row holds them
+// ((mix·32 + 256)·4 ≤ dim·2 bytes, hc·dim % 32 == 0: Flash's 4 × 4096) each of a mix row's 32
+// lane sums and the 256 partial sums of squares is its own chain and the butterflies run in the
+// second kernel; otherwise one block per mix row.
 cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
                   int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
                   float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
@@ -120,9 +123,10 @@ cudaError_t Fp8SimInplace(uint16_t* x, int64_t rows, int64_t row_stride, int64_t
 
 // ---- MoE (spec §3.11) ---------------------------------------------------------------------------
 
-// The router (model::Route): logits = fp32(x)·fp32(gate)ᵀ (one warp per (token, expert), fp32
-// sums), s = sqrt(softplus(logits)) with softplus(z) = z for z > 20 else log1p(exp(z)), then per
-// token (one warp):
+// The router (model::Route): logits = fp32(x)·fp32(gate)ᵀ (fp32 sums, lane l of a warp adding
+// i ≡ l (mod 32) in order, then a butterfly; up to 8 tokens one block per (token, expert) forms
+// the products at once and one warp adds them, the same bits), s = sqrt(softplus(logits)) with
+// softplus(z) = z for z > 20 else log1p(exp(z)), then per token (one warp):
 //  * hash layers (tid2eid != nullptr): indices = tid2eid[token_ids[t]] (int32 [vocab, k]); the
 //    ids must lie in [0, E) (checked at load time);
 //  * learned layers (tid2eid == nullptr): the top-k of s + bias (fp32 [E]) in descending order,
@@ -153,13 +157,16 @@ cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stri
 const void* HcPreKernel();
 const void* HcPostKernel();
 const void* HcHeadKernel();
-const void* HcPreMixKernel();     // HcPre's decode split
-const void* HcPreFinishKernel();  // HcPre's decode split
+const void* HcPreMixKernel();          // HcPre's decode split
+const void* HcPreFinishKernel();       // HcPre's decode split
+const void* HcPreMixLanesKernel();     // HcPre's decode split, lane sums over blocks (Flash)
+const void* HcPreFinishLanesKernel();  // HcPre's decode split, lane sums over blocks (Flash)
 const void* HeadRmsNormBf16Kernel();
 const void* RopeCosSinKernel();
 const void* ApplyRopeKernel();
 const void* Fp8SimInplaceKernel();
 const void* RouterLogitsKernel();
+const void* RouterLogitsRowKernel();  // Route's logits up to 8 tokens
 const void* RouterSelectKernel();
 const void* SwiGluF32Kernel();
 const void* SwiGluBf16Kernel();

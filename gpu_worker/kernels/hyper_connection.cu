@@ -134,60 +134,43 @@ __global__ void HcCollapseKernelImpl(const uint16_t* __restrict__ streams,
   }
 }
 
-// SplitSinkhorn by one warp, lane e < hc·hc owning comb element e (row e / hc, column e % hc) and
-// lane i < hc pre[i] and post[i]: each lane forms the sums its element needs in the serial
-// version's order (a row's sum over k, a column's over j) and applies the same operations, so the
-// results are the same bits; only independent work runs side by side. hc·hc ≤ 32.
+// SplitSinkhorn by one warp, lane e < hc·hc owning comb element e (row e / hc, column e % hc) in
+// a register and lane i < hc pre[i] and post[i]: each lane forms the sums its element needs in
+// the serial version's order (a row's sum over k, a column's over j, read by shuffles) and applies
+// the same operations, so the results are the same bits; only independent work runs side by side.
+// hc·hc ≤ 32. All 32 lanes take part in every shuffle (the others' values are never used).
 __device__ void SplitSinkhornWarp(const float* mixes, const float* base, const float* scale, int hc,
                                   int iters, float eps, float* pre, float* post, float* c) {
+  constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int n = hc * hc, j = lane / hc, k = lane % hc;
+  const int n = hc * hc, j = lane / hc, k = lane % hc, r0 = j * hc;
   const bool own = lane < n;
   if (lane < hc) {
     pre[lane] = __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(mixes[lane], scale[0]), base[lane])), eps);
     post[lane] =
         __fmul_rn(2.0f, Sigmoid(__fadd_rn(__fmul_rn(mixes[hc + lane], scale[1]), base[hc + lane])));
   }
-  if (own) c[lane] = __fadd_rn(__fmul_rn(mixes[2 * hc + lane], scale[2]), base[2 * hc + lane]);
-  __syncwarp();
-  float* row = c + j * hc;
-  float v = 0.0f;
-  if (own) {
-    float mx = row[0];
-    for (int q = 1; q < hc; ++q) mx = row[q] > mx ? row[q] : mx;
-    v = ExpRn(__fsub_rn(row[k], mx));
+  float v = own ? __fadd_rn(__fmul_rn(mixes[2 * hc + lane], scale[2]), base[2 * hc + lane]) : 0.0f;
+  float mx = __shfl_sync(kAll, v, r0);
+  for (int q = 1; q < hc; ++q) {
+    const float o = __shfl_sync(kAll, v, r0 + q);
+    mx = o > mx ? o : mx;  // std::max_element: first max
   }
-  __syncwarp();
-  if (own) row[k] = v;
-  __syncwarp();
-  if (own) {
-    float sum = 0.0f;
-    for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, row[q]);
-    v = __fadd_rn(__fdiv_rn(row[k], sum), eps);
-  }
-  __syncwarp();
-  if (own) row[k] = v;
-  __syncwarp();
+  v = ExpRn(__fsub_rn(v, mx));
+  float sum = 0.0f;
+  for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, __shfl_sync(kAll, v, r0 + q));
+  v = __fadd_rn(__fdiv_rn(v, sum), eps);
   for (int it = 0; it < iters; ++it) {
     if (it > 0) {
-      if (own) {
-        float sum = 0.0f;
-        for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, row[q]);
-        v = __fdiv_rn(row[k], __fadd_rn(sum, eps));
-      }
-      __syncwarp();
-      if (own) row[k] = v;
-      __syncwarp();
+      sum = 0.0f;
+      for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, __shfl_sync(kAll, v, r0 + q));
+      v = __fdiv_rn(v, __fadd_rn(sum, eps));
     }
-    if (own) {
-      float sum = 0.0f;
-      for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, c[q * hc + k]);
-      v = __fdiv_rn(c[j * hc + k], __fadd_rn(sum, eps));
-    }
-    __syncwarp();
-    if (own) c[j * hc + k] = v;
-    __syncwarp();
+    sum = 0.0f;
+    for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, __shfl_sync(kAll, v, q * hc + k));
+    v = __fdiv_rn(v, __fadd_rn(sum, eps));
   }
+  if (own) c[lane] = v;
 }
 
 // HcMixKernelImpl's products per shared-memory segment (a multiple of 32 and of kThreads).
@@ -256,11 +239,100 @@ __global__ void HcMixKernelImpl(const uint16_t* __restrict__ streams, const floa
   if (lane == 0) reinterpret_cast<float*>(y + t * dim)[m] = __fmul_rn(acc, r);
 }
 
-__global__ void HcFinishKernelImpl(const uint16_t* __restrict__ streams,
-                                   const float* __restrict__ base, const float* __restrict__ scale,
-                                   int hc, int64_t dim, int iters, float hc_eps, uint16_t* y,
-                                   float* __restrict__ pre_out, float* __restrict__ post_out,
-                                   float* __restrict__ comb_out) {
+// The decode split with the mix rows' lane sums spread over blocks. HcMixKernelImpl's sums are
+// independent chains: for mix row m, lane l adds x[i]·f[i] over i ≡ l (mod 32) in order, and for
+// r, thread u adds x[i]² over i ≡ u (mod kThreads) in order; only the final butterflies combine
+// them. grid (T, mix·kLaneParts + 1): block (t, m·kLaneParts + p) forms the products of lanes
+// [p·kPartLanes, (p + 1)·kPartLanes) of row m, kLaneSpan per lane at a time, with the whole
+// block's loads in flight at once, and kPartLanes threads run the chains; the last block runs the
+// kThreads chains of squares. The chains' ends go to the token's row of y as fp32 (lane sums at
+// [m·32 + l], squares at [mix·32 + u]); HcFinishKernelImpl<true> runs the butterflies exactly as
+// HcMixKernelImpl does (WarpSum per row, BlockSum of the squares), so every mix has the same bits.
+// Needs hc·dim % 32 == 0 and (mix·32 + kThreads)·4 ≤ dim·2.
+constexpr int kLaneParts = 4;
+constexpr int kPartLanes = 32 / kLaneParts;
+constexpr int kLaneSpan = 512;
+constexpr int kLanePer = kLaneSpan * kPartLanes / kThreads;  // products per thread per span
+
+// acc + p[0] + p[stride] + ... + p[(count − 1)·stride], in that order, 32 loads in flight.
+__device__ __forceinline__ float ChainSum(float acc, const float* p, int stride, int count) {
+  int k = 0;
+  for (; k + 32 <= count; k += 32) {
+    float v[32];
+#pragma unroll
+    for (int q = 0; q < 32; ++q) v[q] = p[(k + q) * stride];
+#pragma unroll
+    for (int q = 0; q < 32; ++q) acc = __fadd_rn(acc, v[q]);
+  }
+  for (; k < count; ++k) acc = __fadd_rn(acc, p[k * stride]);
+  return acc;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    HcMixLanesKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ fn, int hc,
+                         int64_t dim, uint16_t* __restrict__ y) {
+  const int64_t t = blockIdx.x;
+  const int64_t n = hc * dim;
+  const uint16_t* X = streams + t * n;
+  const int mix = (2 + hc) * hc;
+  const int tid = static_cast<int>(threadIdx.x);
+  float* out = reinterpret_cast<float*>(y + t * dim);
+  const int b = static_cast<int>(blockIdx.y);
+  if (b == mix * kLaneParts) {
+    constexpr int kAhead = 32;
+    float sq = 0.0f;
+    int64_t i0 = tid;
+    for (; i0 + (kAhead - 1) * kThreads < n; i0 += kAhead * kThreads) {
+      float v[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) v[u] = Bf16ToF32(X[i0 + u * kThreads]);
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) sq = __fadd_rn(sq, __fmul_rn(v[u], v[u]));
+    }
+    for (; i0 < n; i0 += kThreads) {
+      const float v = Bf16ToF32(X[i0]);
+      sq = __fadd_rn(sq, __fmul_rn(v, v));
+    }
+    out[mix * 32 + tid] = sq;
+    return;
+  }
+  const int m = b / kLaneParts, p = b % kLaneParts;
+  const float* f = fn + m * n;
+  // prod[k·kPartLanes + l']: the product of lane p·kPartLanes + l' at its k-th element of the span.
+  __shared__ float prod[kLaneSpan * kPartLanes];
+  const int lq = tid % kPartLanes, kq = tid / kPartLanes;
+  const int64_t per = n / 32;  // elements per lane
+  const int64_t off = static_cast<int64_t>(p) * kPartLanes + lq;
+  float acc = 0.0f;
+  for (int64_t k0 = 0; k0 < per; k0 += kLaneSpan) {
+    const int len = static_cast<int>(per - k0 < kLaneSpan ? per - k0 : kLaneSpan);
+    float xv[kLanePer], fv[kLanePer];
+#pragma unroll
+    for (int u = 0; u < kLanePer; ++u) {
+      const int k = kq + u * (kThreads / kPartLanes);
+      const int64_t i = (k0 + k) * 32 + off;
+      xv[u] = k < len ? Bf16ToF32(X[i]) : 0.0f;
+      fv[u] = k < len ? f[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLanePer; ++u) {
+      const int k = kq + u * (kThreads / kPartLanes);
+      prod[k * kPartLanes + lq] = __fmul_rn(xv[u], fv[u]);
+    }
+    __syncthreads();
+    if (tid < kPartLanes) acc = ChainSum(acc, prod + tid, kPartLanes, len);
+    __syncthreads();
+  }
+  if (tid < kPartLanes) out[m * 32 + p * kPartLanes + tid] = acc;
+}
+
+// kLanes: the row holds HcMixLanesKernelImpl's chain ends (else HcMixKernelImpl's mixes).
+template <bool kLanes>
+__global__ void __launch_bounds__(kThreads)
+    HcFinishKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ base,
+                       const float* __restrict__ scale, int hc, int64_t dim, int iters,
+                       float hc_eps, float norm_eps, uint16_t* y, float* __restrict__ pre_out,
+                       float* __restrict__ post_out, float* __restrict__ comb_out) {
   __shared__ float mixes[kMaxMix];
   __shared__ float pre[kMaxMult], post[kMaxMult], comb[kMaxMult * kMaxMult];
   const int64_t t = blockIdx.x;
@@ -280,7 +352,32 @@ __global__ void HcFinishKernelImpl(const uint16_t* __restrict__ streams,
       for (int s = 0; s < kPreMult; ++s) xv[u][s] = i < dim && s < hc ? X[s * dim + i] : 0;
     }
   }
-  if (tid < mix) mixes[tid] = reinterpret_cast<const float*>(y + t * dim)[tid];
+  const float* row = reinterpret_cast<const float*>(y + t * dim);
+  if constexpr (kLanes) {
+    // Every chain end is read before BlockSum's first barrier, so before y is overwritten.
+    __shared__ float scratch[kWarps];
+    constexpr int kRowsPerWarp = (kMaxMix + kWarps - 1) / kWarps;
+    const int lane = tid & 31, warp = tid >> 5;
+    float lv[kRowsPerWarp];
+#pragma unroll
+    for (int q = 0; q < kRowsPerWarp; ++q) {
+      const int m = warp + q * kWarps;
+      lv[q] = m < mix ? row[m * 32 + lane] : 0.0f;
+    }
+    const float sq = BlockSum(row[mix * 32 + tid], scratch);
+    const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(hc * dim)));
+    const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
+#pragma unroll
+    for (int q = 0; q < kRowsPerWarp; ++q) {
+      const int m = warp + q * kWarps;
+      if (m < mix) {  // warp-uniform
+        const float acc = WarpSum(lv[q]);
+        if (lane == 0) mixes[m] = __fmul_rn(acc, r);
+      }
+    }
+  } else {
+    if (tid < mix) mixes[tid] = row[tid];
+  }
   __syncthreads();
   if (hc * hc <= 32) {
     if (tid < 32) SplitSinkhornWarp(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
@@ -358,14 +455,23 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
   if (BadMult(hc) || dim < 1 || sinkhorn_iters < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
   const int64_t mix = (2 + hc) * hc;
-  if (T <= kHcSplitMaxTokens && mix * 4 <= dim * 2 && dim % 2 == 0 &&
-      reinterpret_cast<uintptr_t>(y) % 4 == 0) {
+  const bool split = T <= kHcSplitMaxTokens && dim % 2 == 0 &&
+                     reinterpret_cast<uintptr_t>(y) % 4 == 0;
+  if (split && (hc * dim) % 32 == 0 && (mix * 32 + kThreads) * 4 <= dim * 2) {
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
+    HcMixLanesKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, y);
+    HcFinishKernelImpl<true><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+        streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
+        norm_eps, y, pre, post, comb);
+    return cudaGetLastError();
+  }
+  if (split && mix * 4 <= dim * 2) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix));
     HcMixKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, norm_eps,
                                                    y);
-    HcFinishKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+    HcFinishKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
         streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
-        y, pre, post, comb);
+        norm_eps, y, pre, post, comb);
     return cudaGetLastError();
   }
   HcCollapseKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
@@ -400,6 +506,12 @@ const void* HcPreKernel() { return reinterpret_cast<const void*>(&HcCollapseKern
 const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelImpl); }
 const void* HcHeadKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<true>); }
 const void* HcPreMixKernel() { return reinterpret_cast<const void*>(&HcMixKernelImpl); }
-const void* HcPreFinishKernel() { return reinterpret_cast<const void*>(&HcFinishKernelImpl); }
+const void* HcPreFinishKernel() {
+  return reinterpret_cast<const void*>(&HcFinishKernelImpl<false>);
+}
+const void* HcPreMixLanesKernel() { return reinterpret_cast<const void*>(&HcMixLanesKernelImpl); }
+const void* HcPreFinishLanesKernel() {
+  return reinterpret_cast<const void*>(&HcFinishKernelImpl<true>);
+}
 
 }  // namespace ss::cuda

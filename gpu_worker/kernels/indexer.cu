@@ -48,16 +48,21 @@ __global__ void IndexerWeightScaleKernelImpl(const float* __restrict__ proj, int
 
 // ---- Scores ----
 //
-// grid (T, ceil(n_cols / kTileKeys)), kThreads threads. The token's q is staged transposed in
+// grid (T, ceil(n_cols / kTile)), kThreads threads. The token's q is staged transposed in
 // shared memory as fp32 qs[d][h] (heads padded to 64 with zeros), so lane l reads heads l and
 // l + 32 of one dim without bank conflicts (and the padded row fills without them). Each warp
-// scores kKeysPerWarp keys at a time (staged as bf16 in shared memory, read by broadcast): per key
-// and head a sequential fp32 dot over d, bf16, relu, × w, bf16, then the TwoSum warp reduction over
-// heads.
+// scores kKeys keys at a time (staged as bf16 in shared memory, read by broadcast): per key and
+// head a sequential fp32 dot over d, bf16, relu, × w, bf16, then the TwoSum warp reduction over
+// heads. A key's score does not depend on kKeys or kTile: few tokens (decode) take small tiles of
+// 2 keys per warp, so that the keys spread over 4× as many blocks.
 constexpr int kMaxHeads = static_cast<int>(kIndexerMaxHeads);
 constexpr int kMaxHeadDim = static_cast<int>(kIndexerMaxHeadDim);
 constexpr int kKeysPerWarp = 4;
 constexpr int kTileKeys = 64;
+constexpr int kSmallKeysPerWarp = 2;
+constexpr int kSmallTileKeys = kWarps * kSmallKeysPerWarp;
+// Blocks (T · tiles of kTileKeys) below which the small tiles are used.
+constexpr int64_t kSmallTileMaxBlocks = 256;
 
 // e2m1 code (bit 3: sign; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) as a float, built from its bits
 // (no table in local memory): the same values, −0 included, as paged_kv.cu's E2m1Value.
@@ -76,14 +81,15 @@ __device__ __forceinline__ const uint8_t* PagedKey(const KvGeom& g, const int32_
          g.key_off + (j % g.keys_per_block) * KvKeyBytes(g.key_dim);
 }
 
-// A warp's kKeysPerWarp keys [jg, jg + kKeysPerWarp) staged as bf16 straight from their MXFP4
-// entries (KvGatherKeys' values: e2m1 · ue8m0 scale, exact in bf16; 0 at or past jv and outside
-// the table). 32 / kKeysPerWarp lanes per key; with whole aligned words (hd a multiple of 64,
+// A warp's kKeys keys [jg, jg + kKeys) staged as bf16 straight from their MXFP4 entries
+// (KvGatherKeys' values: e2m1 · ue8m0 scale, exact in bf16; 0 at or past jv and outside the
+// table). 32 / kKeys lanes per key; with whole aligned words (hd a multiple of 8 · 32 / kKeys,
 // 4-byte aligned keys) each lane reads its 8-dim groups as one word of codes.
+template <int kKeys>
 __device__ __forceinline__ void StagePagedKeys(const KvGeom& g, const int32_t* __restrict__ table,
                                                int n_table, int64_t jg, int64_t jv, int hd,
                                                int lane, uint16_t (*ks)[kMaxHeadDim]) {
-  constexpr int kLanesPerKey = 32 / kKeysPerWarp;
+  constexpr int kLanesPerKey = 32 / kKeys;
   const int kk = lane / kLanesPerKey, sub = lane % kLanesPerKey;
   const int64_t j = jg + kk;
   const uint8_t* k = j < jv ? PagedKey(g, table, n_table, j) : nullptr;
@@ -117,8 +123,9 @@ __device__ __forceinline__ void StagePagedKeys(const KvGeom& g, const int32_t* _
   }
 }
 
-// kPaged: keys from the paged pool (g, table) instead of bf16 rows.
-template <bool kPaged>
+// kPaged: keys from the paged pool (g, table) instead of bf16 rows. kKeys keys per warp at a
+// time, kTile keys per block.
+template <bool kPaged, int kKeys, int kTile>
 __global__ void __launch_bounds__(kThreads)
     IndexerScoresKernelImpl(const uint16_t* __restrict__ q, const uint16_t* __restrict__ w,
                             const uint16_t* __restrict__ keys,
@@ -128,11 +135,11 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ table, int n_table) {
   __shared__ float qs[kMaxHeadDim][kMaxHeads + 1];  // +1: conflict-free transposed fill
   __shared__ float ws[kMaxHeads];
-  __shared__ uint16_t ks[kWarps][kKeysPerWarp][kMaxHeadDim];
+  __shared__ uint16_t ks[kWarps][kKeys][kMaxHeadDim];
   const int64_t t = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kTileKeys;
-  const int64_t j1 = j0 + kTileKeys < n_cols ? j0 + kTileKeys : n_cols;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t j1 = j0 + kTile < n_cols ? j0 + kTile : n_cols;
   const int64_t eligible = (positions[t] + 1) / ratio;
   float* out = scores + t * n_cols;
   if (j0 >= eligible) {
@@ -150,30 +157,30 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const uint16_t* kt =
       kPaged ? nullptr : keys + (key_row_offset != nullptr ? key_row_offset[t] : 0) * hd;
-  for (int64_t jg = j0 + warp * kKeysPerWarp; jg < j1; jg += kWarps * kKeysPerWarp) {
+  for (int64_t jg = j0 + warp * kKeys; jg < j1; jg += kWarps * kKeys) {
     if constexpr (kPaged) {
-      StagePagedKeys(g, table, n_table, jg, jv, hd, lane, ks[warp]);
+      StagePagedKeys<kKeys>(g, table, n_table, jg, jv, hd, lane, ks[warp]);
     } else {
-      for (int i = lane; i < kKeysPerWarp * hd; i += 32) {
+      for (int i = lane; i < kKeys * hd; i += 32) {
         const int kk = i / hd, d = i % hd;
         ks[warp][kk][d] = jg + kk < jv ? kt[(jg + kk) * hd + d] : uint16_t{0};
       }
     }
     __syncwarp();
-    float acc[kKeysPerWarp][2];
+    float acc[kKeys][2];
 #pragma unroll
-    for (int kk = 0; kk < kKeysPerWarp; ++kk) acc[kk][0] = acc[kk][1] = 0.0f;
+    for (int kk = 0; kk < kKeys; ++kk) acc[kk][0] = acc[kk][1] = 0.0f;
     for (int d = 0; d < hd; ++d) {
       const float q0 = qs[d][lane], q1 = qs[d][lane + 32];
 #pragma unroll
-      for (int kk = 0; kk < kKeysPerWarp; ++kk) {
+      for (int kk = 0; kk < kKeys; ++kk) {
         const float kv = Bf16ToF32(ks[warp][kk][d]);
         acc[kk][0] = __fadd_rn(acc[kk][0], __fmul_rn(q0, kv));
         acc[kk][1] = __fadd_rn(acc[kk][1], __fmul_rn(q1, kv));
       }
     }
 #pragma unroll
-    for (int kk = 0; kk < kKeysPerWarp; ++kk) {
+    for (int kk = 0; kk < kKeys; ++kk) {
       float r[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -384,6 +391,28 @@ __global__ void __launch_bounds__(kTopKThreads)
 
 bool IsPow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
+using ScoresKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const int64_t*,
+                             const int64_t*, int, int, int, int64_t, float*, KvGeom,
+                             const int32_t*, int);
+struct ScoresGrid {
+  ScoresKernel kernel;  // null: too many tiles for the grid
+  dim3 grid;
+};
+
+// The small tiles while the large ones would leave most SMs idle.
+template <bool kPaged>
+ScoresGrid ScoresGridFor(int64_t T, int64_t n_cols) {
+  const int64_t tiles = (n_cols + kTileKeys - 1) / kTileKeys;
+  if (T * tiles <= kSmallTileMaxBlocks) {
+    const int64_t small = (n_cols + kSmallTileKeys - 1) / kSmallTileKeys;
+    return {&IndexerScoresKernelImpl<kPaged, kSmallKeysPerWarp, kSmallTileKeys>,
+            dim3(static_cast<unsigned>(T), static_cast<unsigned>(small))};
+  }
+  if (tiles > 65535) return {nullptr, dim3()};
+  return {&IndexerScoresKernelImpl<kPaged, kKeysPerWarp, kTileKeys>,
+          dim3(static_cast<unsigned>(T), static_cast<unsigned>(tiles))};
+}
+
 }  // namespace
 
 cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp64,
@@ -428,13 +457,11 @@ cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* 
     return cudaErrorInvalidValue;
   }
   if (T == 0 || n_cols == 0) return cudaSuccess;
-  const int64_t tiles = (n_cols + kTileKeys - 1) / kTileKeys;
-  if (tiles > 65535) return cudaErrorInvalidValue;
-  IndexerScoresKernelImpl<false>
-      <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(
-          q, w, keys, key_row_offset, positions, static_cast<int>(heads),
-          static_cast<int>(head_dim), static_cast<int>(ratio), n_cols, scores, KvGeom{}, nullptr,
-          0);
+  const ScoresGrid sg = ScoresGridFor<false>(T, n_cols);
+  if (sg.kernel == nullptr) return cudaErrorInvalidValue;
+  sg.kernel<<<sg.grid, kThreads, 0, stream>>>(
+      q, w, keys, key_row_offset, positions, static_cast<int>(heads), static_cast<int>(head_dim),
+      static_cast<int>(ratio), n_cols, scores, KvGeom{}, nullptr, 0);
   return cudaGetLastError();
 }
 
@@ -449,12 +476,11 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
     return cudaErrorInvalidValue;
   }
   if (T == 0 || n_cols == 0) return cudaSuccess;
-  const int64_t tiles = (n_cols + kTileKeys - 1) / kTileKeys;
-  if (tiles > 65535) return cudaErrorInvalidValue;
-  IndexerScoresKernelImpl<true>
-      <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(
-          q, w, nullptr, nullptr, positions, static_cast<int>(heads), static_cast<int>(head_dim),
-          static_cast<int>(ratio), n_cols, scores, g, table, static_cast<int>(n_table));
+  const ScoresGrid sg = ScoresGridFor<true>(T, n_cols);
+  if (sg.kernel == nullptr) return cudaErrorInvalidValue;
+  sg.kernel<<<sg.grid, kThreads, 0, stream>>>(
+      q, w, nullptr, nullptr, positions, static_cast<int>(heads), static_cast<int>(head_dim),
+      static_cast<int>(ratio), n_cols, scores, g, table, static_cast<int>(n_table));
   return cudaGetLastError();
 }
 
@@ -478,10 +504,10 @@ const void* IndexerWeightScaleKernel() {
   return reinterpret_cast<const void*>(&IndexerWeightScaleKernelImpl);
 }
 const void* KvIndexerScoresKernel() {
-  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl<true>);
+  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl<true, kKeysPerWarp, kTileKeys>);
 }
 const void* IndexerScoresKernel() {
-  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl<false>);
+  return reinterpret_cast<const void*>(&IndexerScoresKernelImpl<false, kKeysPerWarp, kTileKeys>);
 }
 const void* IndexerTopKKernel() { return reinterpret_cast<const void*>(&IndexerTopKKernelImpl<4>); }
 

@@ -79,6 +79,52 @@ __global__ void RouterLogitsKernelImpl(const uint16_t* __restrict__ x,
   }
 }
 
+// Decode (T ≤ kRowMaxTokens, dim ≤ kRowMaxDim): grid (E, T), one block per (expert, token). The
+// block forms the products x[t][i]·gate[e][i] with all its loads in flight at once into shared
+// memory; warp 0's lane l then adds its i ≡ l (mod 32) in order and the warp runs the same
+// butterfly, so the logit has the same bits as RouterLogitsKernelImpl's (whose warp per expert
+// otherwise walks its gate row as a chain of dependent loads).
+constexpr int kRowMaxTokens = 8;
+constexpr int kRowMaxDim = 8192;
+
+__global__ void __launch_bounds__(kThreads)
+    RouterLogitsRowKernelImpl(const uint16_t* __restrict__ x, const uint16_t* __restrict__ gate,
+                              int64_t E, int64_t dim, float* __restrict__ logits) {
+  __shared__ float prod[kRowMaxDim];
+  const int64_t e = blockIdx.x, t = blockIdx.y;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
+  const uint16_t* g = gate + e * dim;
+  const uint16_t* xr = x + t * dim;
+  constexpr int kPer = kRowMaxDim / kThreads;
+  float pv[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int i = tid + u * kThreads;
+    pv[u] = i < dim ? __fmul_rn(Bf16ToF32(xr[i]), Bf16ToF32(g[i])) : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int i = tid + u * kThreads;
+    if (i < dim) prod[i] = pv[u];
+  }
+  __syncthreads();
+  if (tid >= 32) return;
+  const int count = lane < dim ? static_cast<int>((dim - lane + 31) / 32) : 0;
+  const float* p = prod + lane;
+  float acc = 0.0f;
+  int k = 0;
+  for (; k + 32 <= count; k += 32) {
+    float v[32];
+#pragma unroll
+    for (int q = 0; q < 32; ++q) v[q] = p[(k + q) * 32];
+#pragma unroll
+    for (int q = 0; q < 32; ++q) acc = __fadd_rn(acc, v[q]);
+  }
+  for (; k < count; ++k) acc = __fadd_rn(acc, p[k * 32]);
+  const float s = WarpSum(acc);
+  if (lane == 0) logits[t * E + e] = s;
+}
+
 // (v, i) beats (bv, bi): larger value, equal values to the lower index; bi == INT_MAX is "none".
 __device__ __forceinline__ bool Beats(float v, int i, float bv, int bi) {
   return bi == INT_MAX || v > bv || (v == bv && i < bi);
@@ -192,9 +238,14 @@ cudaError_t Route(const uint16_t* x, const uint16_t* gate, const float* bias,
     return cudaErrorInvalidValue;
   }
   if (T == 0) return cudaSuccess;
-  const dim3 lgrid(static_cast<unsigned>((E + kWarps - 1) / kWarps),
-                   static_cast<unsigned>((T + kLogitChunk - 1) / kLogitChunk));
-  RouterLogitsKernelImpl<<<lgrid, kThreads, 0, stream>>>(x, gate, T, E, dim, logits);
+  if (T <= kRowMaxTokens && dim <= kRowMaxDim) {
+    RouterLogitsRowKernelImpl<<<dim3(static_cast<unsigned>(E), static_cast<unsigned>(T)), kThreads,
+                                0, stream>>>(x, gate, E, dim, logits);
+  } else {
+    const dim3 lgrid(static_cast<unsigned>((E + kWarps - 1) / kWarps),
+                     static_cast<unsigned>((T + kLogitChunk - 1) / kLogitChunk));
+    RouterLogitsKernelImpl<<<lgrid, kThreads, 0, stream>>>(x, gate, T, E, dim, logits);
+  }
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   RouterSelectKernelImpl<<<static_cast<unsigned>(T), 32, 0, stream>>>(
@@ -216,6 +267,9 @@ cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stri
 }
 
 const void* RouterLogitsKernel() { return reinterpret_cast<const void*>(&RouterLogitsKernelImpl); }
+const void* RouterLogitsRowKernel() {
+  return reinterpret_cast<const void*>(&RouterLogitsRowKernelImpl);
+}
 const void* RouterSelectKernel() { return reinterpret_cast<const void*>(&RouterSelectKernelImpl); }
 const void* SwiGluF32Kernel() { return reinterpret_cast<const void*>(&SwiGluKernelImpl<float>); }
 const void* SwiGluBf16Kernel() {

@@ -508,6 +508,8 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
            {"HcPre", HcPreKernel()},
            {"HcPreMix", HcPreMixKernel()},
            {"HcPreFinish", HcPreFinishKernel()},
+           {"HcPreMixLanes", HcPreMixLanesKernel()},
+           {"HcPreFinishLanes", HcPreFinishLanesKernel()},
            {"HcPost", HcPostKernel()},
            {"HcHead", HcHeadKernel()},
            {"HeadRmsNormBf16", HeadRmsNormBf16Kernel()},
@@ -515,6 +517,7 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
            {"ApplyRope", ApplyRopeKernel()},
            {"Fp8SimInplace", Fp8SimInplaceKernel()},
            {"RouterLogits", RouterLogitsKernel()},
+           {"RouterLogitsRow", RouterLogitsRowKernel()},
            {"RouterSelect", RouterSelectKernel()},
            {"SwiGluF32", SwiGluF32Kernel()},
            {"SwiGluBf16", SwiGluBf16Kernel()}}) {
@@ -616,6 +619,23 @@ TEST_F(BlockKernelsTest, HyperConnectionsMatchReferenceAtFlashShapes) {
       RandomF32(mix * n, 1.0f / 128.0f, 12), RandomF32(mix, 0.5f, 13), {0.7f, 0.4f, 2.0f}};
   const std::vector<float> x = RandomBf16(T * s.dim, 2.0f, 14);
   CheckHc("flash hc 4x4096", w, streams, x, T, s);
+  // The decode split (T ≤ 64: lane sums over blocks) against the one-block-per-token kernel (65
+  // tokens, the first T the same): the same bits.
+  {
+    std::vector<float> more = streams;
+    const std::vector<float> extra = RandomBf16((65 - T) * n, 1.0f, 17);
+    more.insert(more.end(), extra.begin(), extra.end());
+    const HcOut split = DeviceHcPre(w, streams, T, s);
+    const HcOut whole = DeviceHcPre(w, more, 65, s);
+    for (const auto& [part, a, b, per] :
+         {std::tuple{"y", &split.y, &whole.y, s.dim},
+          std::tuple{"pre", &split.pre, &whole.pre, s.hc},
+          std::tuple{"post", &split.post, &whole.post, s.hc},
+          std::tuple{"comb", &split.comb, &whole.comb, s.hc * s.hc}}) {
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), T * per * sizeof(float)), 0)
+          << "HcPre split vs one block per token: " << part;
+    }
+  }
   model::HcWeights head{RandomF32(s.hc * n, 1.0f / 128.0f, 15), RandomF32(s.hc, 0.5f, 16), {0.8f}};
   CheckHcHead("flash hc 4x4096", head, streams, T, s);
 }
@@ -773,6 +793,22 @@ TEST_F(BlockKernelsTest, RouterMatchesReferenceAtFlashShapes) {
   const std::vector<float> x = RandomBf16(T * dim, 1.0f, 44);
   CheckRouter("flash 256 experts top-6 learned", RouterCase{&learned, c, x, ids, T, dim});
   CheckRouter("flash 256 experts top-6 hash", RouterCase{&hashed, c, x, ids, T, dim});
+  // Few tokens (one block per (expert, token)) against the 64-token launch: the same logits, bit
+  // for bit.
+  DeviceBuffer<uint16_t> dx(ToBf16(x)), dgate(gate_bits);
+  DeviceBuffer<float> dbias(learned.bias), dlog64(T * E), dlog3(3 * E), dwts(T * k);
+  DeviceBuffer<int32_t> didx(T * k);
+  DeviceBuffer<int64_t> dids(ids);
+  ASSERT_EQ(Route(dx.get(), dgate.get(), dbias.get(), nullptr, dids.get(), T, E, dim, k, 1.5f,
+                  dlog64.get(), didx.get(), dwts.get(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(Route(dx.get(), dgate.get(), dbias.get(), nullptr, dids.get(), 3, E, dim, k, 1.5f,
+                  dlog3.get(), didx.get(), dwts.get(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> l64 = dlog64.Get(), l3 = dlog3.Get();
+  EXPECT_EQ(std::memcmp(l3.data(), l64.data(), 3 * E * sizeof(float)), 0)
+      << "router logits, 3 tokens vs 64";
 }
 
 TEST_F(BlockKernelsTest, SwiGluMatchesReference) {

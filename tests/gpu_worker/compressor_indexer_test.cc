@@ -992,6 +992,24 @@ TEST_F(CompressorIndexerTest, IndexerMatchesReferenceAtFlashShapes) {
   const SelAgreement sa = CompareSel("flash indexer two sequences, one call: top-k", dsel.Get(),
                                      ref_sel, ref_scores, T, k, nA);
   EXPECT_EQ(sa.bad, 0);
+
+  // One token per call (few blocks: the decode tiles of 2 keys per warp) gives the batched call's
+  // scores (64-key tiles) bit for bit.
+  const std::vector<float> batched = dscores.Get();
+  DeviceBuffer<float> done(nA);
+  int64_t differing = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    CUDA_ASSERT_OK(IndexerScores(dq.get() + t * H * hd, dw.get() + t * H, dpool.get(),
+                                 doffs.get() + t, dpos.get() + t, 1, H, hd, 4, nA, done.get(),
+                                 nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    const std::vector<float> one = done.Get();
+    for (int64_t j = 0; j < nA; ++j)
+      differing += std::memcmp(&one[j], &batched[t * nA + j], 4) != 0;
+  }
+  std::printf("flash indexer one token per call vs batched: %lld of %lld scores differ\n",
+              static_cast<long long>(differing), static_cast<long long>(T * nA));
+  EXPECT_EQ(differing, 0);
 }
 
 // Top-k against the reference's stable sort on rows with heavy ties, masks, k = n_cols, fully
