@@ -662,18 +662,21 @@ TEST_F(BlockKernelsTest, QueryPathMatchesReferenceOnTinyA) {
   }
 }
 
+// Flash's 64 heads and a TP rank's share of them at TP 2, 4 and 8.
 TEST_F(BlockKernelsTest, QueryPathMatchesReferenceAtFlashShapes) {
-  const int64_t T = 6, H = 64, hd = 512, rd = 64;
+  const int64_t T = 6, hd = 512, rd = 64;
   const YarnConfig yarn;
-  std::vector<float> q = RandomBf16(T * H * hd, 3.0f, 21);
-  for (int64_t r = 0; r < T * H; ++r) {  // heads of different magnitudes
-    for (int64_t i = 0; i < hd; ++i)
-      q[r * hd + i] = RoundBf16(q[r * hd + i] * std::ldexp(1.0f, static_cast<int>(r % 9) - 4));
+  for (const int64_t H : {64, 32, 16, 8}) {
+    std::vector<float> q = RandomBf16(T * H * hd, 3.0f, 21 + H);
+    for (int64_t r = 0; r < T * H; ++r) {  // heads of different magnitudes
+      for (int64_t i = 0; i < hd; ++i)
+        q[r * hd + i] = RoundBf16(q[r * hd + i] * std::ldexp(1.0f, static_cast<int>(r % 9) - 4));
+    }
+    const std::string shape = "flash q " + std::to_string(H) + "x512";
+    CheckQPath(shape + " theta 1e4", q, T, H, hd, rd, RopeFrequencies(rd, 10000, nullptr), 1e-6f);
+    CheckQPath(shape + " theta 1.6e5 yarn", q, T, H, hd, rd, RopeFrequencies(rd, 160000, &yarn),
+               1e-6f);
   }
-  CheckQPath("flash q 64x512 theta 1e4", q, T, H, hd, rd, RopeFrequencies(rd, 10000, nullptr),
-             1e-6f);
-  CheckQPath("flash q 64x512 theta 1.6e5 yarn", q, T, H, hd, rd, RopeFrequencies(rd, 160000, &yarn),
-             1e-6f);
 }
 
 TEST_F(BlockKernelsTest, KvPathMatchesReferenceOnTinyA) {

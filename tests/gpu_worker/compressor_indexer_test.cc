@@ -1067,13 +1067,16 @@ TEST_F(CompressorIndexerTest, GroupedOutputProjectionMatchesReference) {
     CheckGroupedProjection("tiny-a L" + std::to_string(L) + " wo_a T70", w.blocks[L].attn.wo_a, 70,
                            G, R, gin, 111 + L);
   }
-  // Flash: 8 groups × 1024 rank × 4096 inputs.
-  const int64_t FG = 8, FR = 1024, Fin = 4096;
-  const std::vector<uint8_t> wa = RandomE4m3(FG * FR * Fin, 112);
-  const std::vector<uint8_t> ws = RandomScales((FG * FR / 128) * (Fin / 128), 117, 121, 113);
-  const model::Fp8Weight fw{wa.data(), ws.data(), FG * FR, Fin};
-  CheckGroupedProjection("flash wo_a 8x1024x4096 T1", fw, 1, FG, FR, Fin, 114);
-  CheckGroupedProjection("flash wo_a 8x1024x4096 T9", fw, 9, FG, FR, Fin, 115);
+  // Flash: 8 groups × 1024 rank × 4096 inputs, and a TP rank's 4, 2 and 1 groups (TP 2, 4, 8).
+  const int64_t FR = 1024, Fin = 4096;
+  for (const int64_t FG : {8, 4, 2, 1}) {
+    const std::vector<uint8_t> wa = RandomE4m3(FG * FR * Fin, 112 + FG);
+    const std::vector<uint8_t> ws = RandomScales((FG * FR / 128) * (Fin / 128), 117, 121, 113);
+    const model::Fp8Weight fw{wa.data(), ws.data(), FG * FR, Fin};
+    const std::string shape = "flash wo_a " + std::to_string(FG) + "x1024x4096";
+    CheckGroupedProjection(shape + " T1", fw, 1, FG, FR, Fin, 114);
+    CheckGroupedProjection(shape + " T9", fw, 9, FG, FR, Fin, 115);
+  }
 }
 
 TEST_F(CompressorIndexerTest, LmHeadAndArgmaxMatchReferenceOnTinyA) {

@@ -157,13 +157,21 @@ TEST_F(CudaKernelsTest, Fp8LinearMatchesReferenceOnTinyA) {
   }
 }
 
+// Flash's projections, and the slices a TP rank holds at TP 2, 4 and 8 (wq_b's head rows,
+// wo_b's input columns, the shared expert's intermediate rows/columns).
 TEST_F(CudaKernelsTest, Fp8GemvMatchesReferenceAtFlashShapes) {
-  for (const auto& [name, out, in] :
-       std::vector<std::tuple<std::string, int64_t, int64_t>>{{"wq_a", 1024, 4096},
-                                                              {"wkv", 512, 4096},
-                                                              {"wo_b", 4096, 8192},
-                                                              {"wq_b/8", 4096, 1024},
-                                                              {"ragged", 200, 1024}}) {
+  std::vector<std::tuple<std::string, int64_t, int64_t>> shapes = {
+      {"wq_a", 1024, 4096}, {"wkv", 512, 4096}, {"wo_b", 4096, 8192}, {"ragged", 200, 1024}};
+  for (const int64_t tp : {1, 2, 4, 8}) {
+    // (snprintf: GCC 12's -Wrestrict misfires on "/" + std::to_string here)
+    char s[8];
+    std::snprintf(s, sizeof s, "/%d", static_cast<int>(tp));
+    shapes.insert(shapes.end(), {{std::string("wq_b") + s, 32768 / tp, 1024},
+                                 {std::string("shared w1") + s, 2048 / tp, 4096},
+                                 {std::string("shared w2") + s, 4096, 2048 / tp}});
+    if (tp > 1) shapes.push_back({std::string("wo_b") + s, 4096, 8192 / tp});
+  }
+  for (const auto& [name, out, in] : shapes) {
     const RandomFp8 w(out, in, 5 + out + in);
     for (const int64_t rows : {1, 3, 8}) {
       const golden::Closeness c = RunLinear("flash " + name + " Fp8Linear", &Fp8Linear, w.weight,
