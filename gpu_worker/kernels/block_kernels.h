@@ -58,7 +58,8 @@ inline constexpr int64_t kRouterMaxTopK = 32;       // k (6 in Flash)
 // bits as the one-block-per-token kernel used for longer chunks. Where y's row holds them
 // ((mix·32 + 256)·4 ≤ dim·2 bytes, hc·dim % 32 == 0: Flash's 4 × 4096) each of a mix row's 32
 // lane sums and the 256 partial sums of squares is its own chain and the butterflies run in the
-// second kernel; otherwise one block per mix row.
+// second kernel; otherwise one block per mix row. At hc = 4 the second kernel is specialised
+// (unrolled one-warp Sinkhorn, pre/post in the same warp's spare lanes; the same operations).
 cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
                   int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
                   float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
@@ -158,9 +159,9 @@ const void* HcPreKernel();
 const void* HcPostKernel();
 const void* HcHeadKernel();
 const void* HcPreMixKernel();          // HcPre's decode split
-const void* HcPreFinishKernel();       // HcPre's decode split
+const void* HcPreFinishKernel();       // HcPre's decode split (the hc = 4 kernel)
 const void* HcPreMixLanesKernel();     // HcPre's decode split, lane sums over blocks (Flash)
-const void* HcPreFinishLanesKernel();  // HcPre's decode split, lane sums over blocks (Flash)
+const void* HcPreFinishLanesKernel();  // HcPre's decode split, lane sums over blocks (Flash, hc 4)
 const void* HeadRmsNormBf16Kernel();
 const void* RopeCosSinKernel();
 const void* ApplyRopeKernel();

@@ -173,6 +173,55 @@ __device__ void SplitSinkhornWarp(const float* mixes, const float* base, const f
   if (own) c[lane] = v;
 }
 
+// SplitSinkhornWarp for hc = 4 with everything unrolled, and pre/post in the same warp's spare
+// lanes: lanes 0..15 own comb element (lane / 4, lane % 4), lanes 16..19 pre[lane − 16], lanes
+// 20..23 post[lane − 20] (their logit is mixes[lane − 16], as in SplitSinkhorn), so the three
+// sigmoids' and the softmax's exps and divisions are one instruction each across the warp. `z` is
+// the lane's logit mix·scale + base, formed by the caller with SplitSinkhorn's operations. Every
+// value is the same operations on the same inputs as SplitSinkhorn, so the same bits; lanes
+// 24..31 and the Sinkhorn values of lanes 16..31 are kept finite (exp(0), 1.0) so that no
+// division takes its slow path on unused values. Returns comb (lanes 0..15) or pre/post
+// (16..23).
+__device__ __forceinline__ float SplitSinkhornWarp4(float z, int iters, float eps) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const bool comb = lane < 16;
+  const int r0 = lane & ~3, k = lane & 3;
+  float mx = __shfl_sync(kAll, z, r0);
+#pragma unroll
+  for (int q = 1; q < 4; ++q) {
+    const float o = __shfl_sync(kAll, z, r0 + q);
+    mx = o > mx ? o : mx;  // std::max_element: first max
+  }
+  const float e = ExpRn(comb ? __fsub_rn(z, mx) : lane < 24 ? -z : 0.0f);
+  float sum = 0.0f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) sum = __fadd_rn(sum, __shfl_sync(kAll, e, r0 + q));
+  // Softmax: e / sum + eps; sigmoid: 1 / (1 + e), + eps for pre, · 2 for post.
+  const float d = __fdiv_rn(comb ? e : 1.0f, comb ? sum : __fadd_rn(1.0f, e));
+  const float w = lane < 20 ? __fadd_rn(d, eps) : __fmul_rn(2.0f, d);
+  float v = comb ? w : 1.0f;
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {
+      float a[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) a[q] = __shfl_sync(kAll, v, r0 + q);
+      float s = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) s = __fadd_rn(s, a[q]);
+      v = __fdiv_rn(v, __fadd_rn(s, eps));
+    }
+    float a[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) a[q] = __shfl_sync(kAll, v, q * 4 + k);
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) s = __fadd_rn(s, a[q]);
+    v = __fdiv_rn(v, __fadd_rn(s, eps));
+  }
+  return comb ? v : w;
+}
+
 // HcMixKernelImpl's products per shared-memory segment (a multiple of 32 and of kThreads).
 constexpr int kMixSeg = 4096;
 
@@ -327,18 +376,30 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // kLanes: the row holds HcMixLanesKernelImpl's chain ends (else HcMixKernelImpl's mixes).
-template <bool kLanes>
+// kHc: 4 for the kernel specialised to hc = 4 (every released model; the argument hc must be 4),
+// 0 for any hc.
+template <bool kLanes, int kHc>
 __global__ void __launch_bounds__(kThreads)
     HcFinishKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ base,
-                       const float* __restrict__ scale, int hc, int64_t dim, int iters,
+                       const float* __restrict__ scale, int hc_arg, int64_t dim, int iters,
                        float hc_eps, float norm_eps, uint16_t* y, float* __restrict__ pre_out,
                        float* __restrict__ post_out, float* __restrict__ comb_out) {
+  static_assert(kHc == 0 || kHc == 4, "the specialised kernel is for hc = 4");
+  const int hc = kHc != 0 ? kHc : hc_arg;
   __shared__ float mixes[kMaxMix];
   __shared__ float pre[kMaxMult], post[kMaxMult], comb[kMaxMult * kMaxMult];
   const int64_t t = blockIdx.x;
   const uint16_t* X = streams + t * hc * dim;
   const int mix = (2 + hc) * hc;
   const int tid = static_cast<int>(threadIdx.x);
+  // hc = 4: warp 0's lane l holds the logit of mix row ml (SplitSinkhornWarp4's lane roles); its
+  // base and scale are loaded first, so their latency overlaps everything before the Sinkhorn.
+  const int ml = tid < 16 ? 8 + tid : tid < 24 ? tid - 16 : 0;
+  float base_l = 0.0f, scale_l = 0.0f;
+  if (kHc == 4 && tid < 32) {
+    base_l = base[ml];
+    scale_l = scale[tid < 16 ? 2 : tid < 20 ? 0 : 1];
+  }
   // The collapse's inputs (hc ≤ 4, dim ≤ kThreads·kPre: Flash's 4 × 4096), loaded before the
   // Sinkhorn iterations so their latency overlaps them.
   constexpr int kPre = 16, kPreMult = 4;
@@ -353,43 +414,96 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   const float* row = reinterpret_cast<const float*>(y + t * dim);
-  if constexpr (kLanes) {
-    // Every chain end is read before BlockSum's first barrier, so before y is overwritten.
+  if constexpr (kHc == 4) {
+    // The same sums as the kHc = 0 path below (BlockSum and WarpSum's butterflies, the same
+    // order per value), with the rows' butterflies interleaved with the squares' and one
+    // barrier: each warp parks its unscaled row sums and its squares' sum, warp 0 finishes r.
     __shared__ float scratch[kWarps];
-    constexpr int kRowsPerWarp = (kMaxMix + kWarps - 1) / kWarps;
-    const int lane = tid & 31, warp = tid >> 5;
-    float lv[kRowsPerWarp];
+    float z = 0.0f;
+    if constexpr (kLanes) {
+      constexpr int kMix4 = 24, kRows4 = kMix4 / kWarps;
+      const int lane = tid & 31, warp = tid >> 5;
+      float lv[kRows4];
 #pragma unroll
-    for (int q = 0; q < kRowsPerWarp; ++q) {
-      const int m = warp + q * kWarps;
-      lv[q] = m < mix ? row[m * 32 + lane] : 0.0f;
+      for (int q = 0; q < kRows4; ++q) lv[q] = row[(warp + q * kWarps) * 32 + lane];
+      float sq = row[kMix4 * 32 + tid];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, o));
+#pragma unroll
+        for (int q = 0; q < kRows4; ++q) {
+          lv[q] = __fadd_rn(lv[q], __shfl_xor_sync(0xffffffffu, lv[q], o));
+        }
+      }
+      // Every chain end is read before this barrier, so before y is overwritten.
+      if (lane == 0) {
+        scratch[warp] = sq;
+#pragma unroll
+        for (int q = 0; q < kRows4; ++q) mixes[warp + q * kWarps] = lv[q];
+      }
+      __syncthreads();
+      if (tid < 32) {
+        float s = 0.0f;
+        for (int w = 0; w < kWarps; ++w) s = __fadd_rn(s, scratch[w]);
+        const float mean = __fmul_rn(s, __frcp_rn(static_cast<float>(hc * dim)));
+        const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
+        z = __fadd_rn(__fmul_rn(__fmul_rn(mixes[ml], r), scale_l), base_l);
+      }
+    } else {
+      if (tid < 32) z = __fadd_rn(__fmul_rn(row[ml], scale_l), base_l);
+      // Warp 0 reads y's row before the barrier below, so before y is overwritten.
     }
-    const float sq = BlockSum(row[mix * 32 + tid], scratch);
-    const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(hc * dim)));
-    const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
-#pragma unroll
-    for (int q = 0; q < kRowsPerWarp; ++q) {
-      const int m = warp + q * kWarps;
-      if (m < mix) {  // warp-uniform
-        const float acc = WarpSum(lv[q]);
-        if (lane == 0) mixes[m] = __fmul_rn(acc, r);
+    if (tid < 32) {
+      const float w = SplitSinkhornWarp4(z, iters, hc_eps);
+      if (tid < 16) {
+        comb_out[t * 16 + tid] = w;
+      } else if (tid < 20) {
+        pre[tid - 16] = w;
+        pre_out[t * 4 + tid - 16] = w;
+      } else if (tid < 24) {
+        post_out[t * 4 + tid - 20] = w;
       }
     }
+    __syncthreads();
   } else {
-    if (tid < mix) mixes[tid] = row[tid];
+    if constexpr (kLanes) {
+      // Every chain end is read before BlockSum's first barrier, so before y is overwritten.
+      __shared__ float scratch[kWarps];
+      constexpr int kRowsPerWarp = (kMaxMix + kWarps - 1) / kWarps;
+      const int lane = tid & 31, warp = tid >> 5;
+      float lv[kRowsPerWarp];
+#pragma unroll
+      for (int q = 0; q < kRowsPerWarp; ++q) {
+        const int m = warp + q * kWarps;
+        lv[q] = m < mix ? row[m * 32 + lane] : 0.0f;
+      }
+      const float sq = BlockSum(row[mix * 32 + tid], scratch);
+      const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(hc * dim)));
+      const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
+#pragma unroll
+      for (int q = 0; q < kRowsPerWarp; ++q) {
+        const int m = warp + q * kWarps;
+        if (m < mix) {  // warp-uniform
+          const float acc = WarpSum(lv[q]);
+          if (lane == 0) mixes[m] = __fmul_rn(acc, r);
+        }
+      }
+    } else {
+      if (tid < mix) mixes[tid] = row[tid];
+    }
+    __syncthreads();
+    if (hc * hc <= 32) {
+      if (tid < 32) SplitSinkhornWarp(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
+    } else if (tid == 0) {
+      SplitSinkhorn(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
+    }
+    __syncthreads();
+    if (tid < hc) {
+      pre_out[t * hc + tid] = pre[tid];
+      post_out[t * hc + tid] = post[tid];
+    }
+    if (tid < hc * hc) comb_out[t * hc * hc + tid] = comb[tid];
   }
-  __syncthreads();
-  if (hc * hc <= 32) {
-    if (tid < 32) SplitSinkhornWarp(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
-  } else if (tid == 0) {
-    SplitSinkhorn(mixes, base, scale, hc, iters, hc_eps, pre, post, comb);
-  }
-  __syncthreads();
-  if (tid < hc) {
-    pre_out[t * hc + tid] = pre[tid];
-    post_out[t * hc + tid] = post[tid];
-  }
-  if (tid < hc * hc) comb_out[t * hc * hc + tid] = comb[tid];
   if (prefetch) {
 #pragma unroll
     for (int u = 0; u < kPre; ++u) {
@@ -460,7 +574,8 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
   if (split && (hc * dim) % 32 == 0 && (mix * 32 + kThreads) * 4 <= dim * 2) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
     HcMixLanesKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, y);
-    HcFinishKernelImpl<true><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+    const auto finish = hc == 4 ? HcFinishKernelImpl<true, 4> : HcFinishKernelImpl<true, 0>;
+    finish<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
         streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
         norm_eps, y, pre, post, comb);
     return cudaGetLastError();
@@ -469,7 +584,8 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix));
     HcMixKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, norm_eps,
                                                    y);
-    HcFinishKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+    const auto finish = hc == 4 ? HcFinishKernelImpl<false, 4> : HcFinishKernelImpl<false, 0>;
+    finish<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
         streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
         norm_eps, y, pre, post, comb);
     return cudaGetLastError();
@@ -507,11 +623,11 @@ const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelI
 const void* HcHeadKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<true>); }
 const void* HcPreMixKernel() { return reinterpret_cast<const void*>(&HcMixKernelImpl); }
 const void* HcPreFinishKernel() {
-  return reinterpret_cast<const void*>(&HcFinishKernelImpl<false>);
+  return reinterpret_cast<const void*>(&HcFinishKernelImpl<false, 4>);
 }
 const void* HcPreMixLanesKernel() { return reinterpret_cast<const void*>(&HcMixLanesKernelImpl); }
 const void* HcPreFinishLanesKernel() {
-  return reinterpret_cast<const void*>(&HcFinishKernelImpl<true>);
+  return reinterpret_cast<const void*>(&HcFinishKernelImpl<true, 4>);
 }
 
 }  // namespace ss::cuda
