@@ -39,6 +39,12 @@ absl::StatusOr<std::unique_ptr<ExpertEngine>> ExpertEngine::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("expert engine: max_tokens x max_top_k = ", max_entries, " is too large"));
   }
+  if (store.tile_rows() != 0 && kernel->tile_rows != 0 &&
+      store.tile_rows() % kernel->tile_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert engine: the store holds weights in tiles of ", store.tile_rows(), " rows; the ",
+        kernel->name, " kernel reads tiles of ", kernel->tile_rows, " (load the store for it)"));
+  }
   if (store.dim() % kDownRows != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("expert engine: dim ", store.dim(), " is not a multiple of ", kDownRows));

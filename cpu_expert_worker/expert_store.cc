@@ -121,10 +121,20 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   RETURN_IF_ERROR(ValidateLayers(c, o.layers));
   s->slice_index_ = o.slice_index;
   s->slice_count_ = o.slice_count;
+  s->tile_rows_ = o.tile_rows;
   s->layers_ = o.layers;
   const int64_t dim = c.dim, inter = c.moe_inter_dim, E = c.n_routed_experts;
   const int64_t is = inter / o.slice_count, r0 = is * o.slice_index;
   s->inter_slice_ = is;
+  if (o.tile_rows != 0 && o.tile_rows != 8 && o.tile_rows != 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert store: tile_rows ", o.tile_rows, " (0, 8 or 16)"));
+  }
+  if (o.tile_rows != 0 && (is % o.tile_rows != 0 || dim % o.tile_rows != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("expert store: weights in tiles of ",
+                                                   o.tile_rows, " rows need the slice's I/n (", is,
+                                                   ") and dim (", dim, ") to be multiples of it"));
+  }
 
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(o.model_dir));
   const int64_t L = static_cast<int64_t>(o.layers.size());
@@ -163,6 +173,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
       v.w2_scale = base + off_w2s;
       v.w2_stride = is / 2;
       v.w2_scale_stride = is / kMxGroup;
+      v.tile_rows = o.tile_rows;
     }
   }
 
@@ -180,11 +191,20 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   const auto copy = [&](int64_t unit, int) {
     const Source& src = sources[unit];
     uint8_t* dst = s->memory_.data() + unit * stride;
-    std::memcpy(dst, src.w1->data + r0 * dim / 2, w13);
+    // The weights row-major as in the checkpoint, or tiled; the scales row-major.
+    const auto weights = [&](uint8_t* to, const uint8_t* from, int64_t rows, int64_t len,
+                             int64_t from_stride) {
+      if (o.tile_rows != 0) {
+        TileWeightRows(to, from, rows, len, from_stride, o.tile_rows);
+      } else {
+        CopyRows(to, from, rows, len, from_stride);
+      }
+    };
+    weights(dst, src.w1->data + r0 * dim / 2, is, dim / 2, dim / 2);
     std::memcpy(dst + off_w1s, src.w1_scale->data + r0 * dim / kMxGroup, w13s);
-    std::memcpy(dst + off_w3, src.w3->data + r0 * dim / 2, w13);
+    weights(dst + off_w3, src.w3->data + r0 * dim / 2, is, dim / 2, dim / 2);
     std::memcpy(dst + off_w3s, src.w3_scale->data + r0 * dim / kMxGroup, w13s);
-    CopyRows(dst + off_w2, src.w2->data + r0 / 2, dim, is / 2, inter / 2);
+    weights(dst + off_w2, src.w2->data + r0 / 2, dim, is / 2, inter / 2);
     CopyRows(dst + off_w2s, src.w2_scale->data + r0 / kMxGroup, dim, is / kMxGroup,
              inter / kMxGroup);
     for (const TensorView* t : {src.w1, src.w1_scale, src.w3, src.w3_scale, src.w2, src.w2_scale})

@@ -50,6 +50,10 @@ struct ExpertStoreOptions {
   // topology: no binding, placement by first touch alone.
   const NumaTopology* topology = nullptr;
   int numa_node = -1;
+  // 0: w1, w3 and w2 row-major as in the checkpoint. 8 or 16: tiled (ExpertSliceView::
+  // tile_rows), the order the kernel with tiles of that height reads them (ExpertKernel::
+  // tile_rows), one sequential stream a call. Needs I/n and dim to be multiples of it.
+  int64_t tile_rows = 0;
 };
 
 class ExpertStore {
@@ -67,6 +71,7 @@ class ExpertStore {
   int64_t inter_slice() const { return inter_slice_; }     // I/n, what this worker holds
   int64_t num_experts() const { return config_.n_routed_experts; }
   int slice_index() const { return slice_index_; }
+  int64_t tile_rows() const { return tile_rows_; }  // ExpertStoreOptions::tile_rows
   int slice_count() const { return slice_count_; }
   const std::vector<int>& layers() const { return layers_; }  // in the order given
   int64_t max_layer_id() const { return config_.n_layers + config_.n_mtp_layers - 1; }
@@ -89,6 +94,7 @@ class ExpertStore {
 
   ModelConfig config_;
   int slice_index_ = 0, slice_count_ = 1;
+  int64_t tile_rows_ = 0;
   int64_t inter_slice_ = 0, expert_slice_bytes_ = 0;
   std::vector<int> layers_;
   std::vector<int> layer_pos_;  // [n_layers + n_mtp_layers] -> index into views_, or -1

@@ -461,6 +461,8 @@ int Main(int argc, char** argv) {
   so.slice_count = c.slice_count;
   so.topology = topo->get();
   so.numa_node = *node;
+  // The weights in the order this ISA's kernel reads them (one sequential stream a call).
+  if (auto k = KernelFor(isa); k.ok()) so.tile_rows = (*k)->tile_rows;
   auto store = ExpertStore::Load(so, pool->get());
   if (!store.ok()) return Fail(store.status());
 

@@ -9,9 +9,9 @@
 namespace ss::expert {
 namespace {
 
-constexpr internal::IsaOps kScalarOps{&internal::Linear4Scalar, &internal::QuantizeActScalar};
-constexpr internal::IsaOps kAvx2Ops{&internal::Linear4Avx2, &internal::QuantizeActAvx2};
-constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, &internal::QuantizeActAvx512};
+constexpr internal::IsaOps kScalarOps{&internal::Linear4Scalar, &internal::QuantizeActScalar, 0};
+constexpr internal::IsaOps kAvx2Ops{&internal::Linear4Avx2, &internal::QuantizeActAvx2, 8};
+constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, &internal::QuantizeActAvx512, 16};
 
 template <const internal::IsaOps& kOps>
 absl::Status Run(const ExpertCall& c, void* ws, size_t bytes) {
@@ -36,12 +36,12 @@ void QuantizeRow(const uint16_t* x, int64_t n, float* q, float* scales) {
 
 // Indexed by Isa.
 constexpr ExpertKernel kKernels[] = {
-    {"scalar", &Run<kScalarOps>, &QuantizeAct<kScalarOps>, &QuantizeRow<kScalarOps>,
-     &GateUp<kScalarOps>, &Down<kScalarOps>},
-    {"avx2", &Run<kAvx2Ops>, &QuantizeAct<kAvx2Ops>, &QuantizeRow<kAvx2Ops>, &GateUp<kAvx2Ops>,
-     &Down<kAvx2Ops>},
-    {"avx512", &Run<kAvx512Ops>, &QuantizeAct<kAvx512Ops>, &QuantizeRow<kAvx512Ops>,
-     &GateUp<kAvx512Ops>, &Down<kAvx512Ops>},
+    {"scalar", kScalarOps.tile_rows, &Run<kScalarOps>, &QuantizeAct<kScalarOps>,
+     &QuantizeRow<kScalarOps>, &GateUp<kScalarOps>, &Down<kScalarOps>},
+    {"avx2", kAvx2Ops.tile_rows, &Run<kAvx2Ops>, &QuantizeAct<kAvx2Ops>, &QuantizeRow<kAvx2Ops>,
+     &GateUp<kAvx2Ops>, &Down<kAvx2Ops>},
+    {"avx512", kAvx512Ops.tile_rows, &Run<kAvx512Ops>, &QuantizeAct<kAvx512Ops>,
+     &QuantizeRow<kAvx512Ops>, &GateUp<kAvx512Ops>, &Down<kAvx512Ops>},
 };
 
 }  // namespace

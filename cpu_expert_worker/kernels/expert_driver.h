@@ -17,6 +17,7 @@ namespace ss::expert::internal {
 struct IsaOps {
   Linear4Fn linear4;
   QuantizeActFn quantize;
+  int64_t tile_rows;  // the kernel's weight tile (ExpertKernel::tile_rows)
 };
 
 absl::Status RunExperts(const IsaOps& ops, const ExpertCall& call, void* workspace,

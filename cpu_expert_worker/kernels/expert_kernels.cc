@@ -113,7 +113,14 @@ void SwiGlu(const float* g, const float* u, int64_t n, float limit, float weight
   }
 }
 
-absl::Status CheckView(const ExpertSliceView& v, int64_t id, int64_t token, int64_t I) {
+// Whether weights in tiles of `tile_rows` rows suit this ISA's kernel (tile_rows != 0).
+bool TilesFit(const internal::IsaOps& ops, int64_t tile_rows) {
+  return (tile_rows == 8 || tile_rows == 16) &&
+         (ops.tile_rows == 0 || tile_rows % ops.tile_rows == 0);
+}
+
+absl::Status CheckView(const internal::IsaOps& ops, const ExpertSliceView& v, int64_t id,
+                       int64_t token, int64_t I) {
   const uint8_t* const ptrs[] = {v.w1, v.w1_scale, v.w3, v.w3_scale, v.w2, v.w2_scale};
   static constexpr const char* kNames[] = {"w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"};
   int nulls = 0;
@@ -131,6 +138,16 @@ absl::Status CheckView(const ExpertSliceView& v, int64_t id, int64_t token, int6
     return absl::InvalidArgumentError(
         absl::StrCat("expert ", id, ": w2 strides (", v.w2_stride, ", ", v.w2_scale_stride,
                      ") are shorter than a slice row (", I / 2, ", ", I / kMxGroup, ")"));
+  }
+  if (v.tile_rows != 0 && !TilesFit(ops, v.tile_rows)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert ", id, ": weights in tiles of tile_rows ", v.tile_rows, " rows; this kernel reads ",
+        "tiles of ", ops.tile_rows, " (tile_rows must be 8 or 16 and a multiple of it)"));
+  }
+  if (v.tile_rows != 0 && v.w2_stride != I / 2) {
+    return absl::InvalidArgumentError(absl::StrCat("expert ", id,
+                                                   ": tiled weights need a dense w2 (w2_stride ",
+                                                   I / 2, "), not w2_stride ", v.w2_stride));
   }
   return absl::OkStatus();
 }
@@ -200,6 +217,20 @@ size_t ExpertUnitWorkspaceBytes(int64_t dim, int64_t inter_slice) {
   return UnitBytes(dim, inter_slice);
 }
 
+void TileWeightRows(uint8_t* dst, const uint8_t* src, int64_t rows, int64_t row_bytes,
+                    int64_t src_stride, int64_t tile_rows) {
+  constexpr int64_t kLine = 64;
+  const int64_t T = tile_rows;
+  for (int64_t t = 0; t < rows / T; ++t) {
+    for (int64_t kb = 0; kb < row_bytes / kLine; ++kb) {
+      for (int64_t j = 0; j < T; ++j) {
+        std::memcpy(dst + (t * row_bytes + kb * kLine) * T + j * kLine,
+                    src + (t * T + j) * src_stride + kb * kLine, kLine);
+      }
+    }
+  }
+}
+
 namespace internal {
 
 const float* E4m3Table() { return E4m3Values().data(); }
@@ -242,6 +273,7 @@ void GateUpRows(const IsaOps& ops, const GateUpCall& c, const UnitSpace& ws) {
   a.epilogue = Epilogue::kStoreBf16;
   a.scratch = ws.scratch;
   a.w_stride = dim / 2;
+  a.w_tile_rows = v.tile_rows;
   a.s_stride = dim / kMxGroup;
   for (int64_t i = 0; i < n; ++i) ws.yp[i] = ws.g + i * cols;
   a.w = v.w1 + c0 * a.w_stride;
@@ -273,6 +305,7 @@ void DownRows(const IsaOps& ops, const DownCall& c, const UnitSpace& ws) {
       Linear4Args a;
       a.w = v.w2 + d0 * v.w2_stride;
       a.w_stride = v.w2_stride;
+      a.w_tile_rows = v.tile_rows;
       a.s = v.w2_scale + d0 * v.w2_scale_stride;
       a.s_stride = v.w2_scale_stride;
       a.rows = rows;
@@ -288,7 +321,8 @@ void DownRows(const IsaOps& ops, const DownCall& c, const UnitSpace& ws) {
       // same rows again, from cache).
       if (b1 == c.group_offsets[g + 1] && g + 1 < c.num_groups) {
         const ExpertSliceView& nv = *c.experts[g + 1];
-        if (nv.w2_stride == v.w2_stride && nv.w2_scale_stride == v.w2_scale_stride) {
+        if (nv.w2_stride == v.w2_stride && nv.w2_scale_stride == v.w2_scale_stride &&
+            nv.tile_rows == v.tile_rows) {
           a.next_w = nv.w2 + d0 * nv.w2_stride;
           a.next_s = nv.w2_scale + d0 * nv.w2_scale_stride;
           a.next_rows = rows;
@@ -324,6 +358,11 @@ absl::Status GateUp(const IsaOps& ops, const GateUpCall& c, void* workspace,
   if (!c.expert || !c.xq_rows || !c.xs_rows || !c.weights || !c.hq_rows || !c.hs_rows) {
     return absl::InvalidArgumentError("gate_up: null pointer");
   }
+  if (c.expert->tile_rows != 0 && !TilesFit(ops, c.expert->tile_rows)) {
+    return absl::InvalidArgumentError(absl::StrCat("gate_up: weights in tiles of ",
+                                                   c.expert->tile_rows, " rows; this kernel reads ",
+                                                   ops.tile_rows));
+  }
   RETURN_IF_ERROR(CheckUnitWorkspace(workspace, workspace_bytes, c.dim, c.inter_slice));
   Carver carve(workspace);
   GateUpRows(ops, c, UnitSpace(carve, c.dim, c.inter_slice));
@@ -341,6 +380,13 @@ absl::Status Down(const IsaOps& ops, const DownCall& c, void* workspace, size_t 
   if (c.num_groups == 0) return absl::OkStatus();
   if (!c.experts || !c.group_offsets || !c.hq_rows || !c.hs_rows || !c.out_rows) {
     return absl::InvalidArgumentError("down: null pointer");
+  }
+  for (int64_t g = 0; g < c.num_groups; ++g) {
+    const int64_t tr = c.experts[g] != nullptr ? c.experts[g]->tile_rows : 0;
+    if (tr != 0 && !TilesFit(ops, tr)) {
+      return absl::InvalidArgumentError(absl::StrCat("down: weights in tiles of ", tr,
+                                                     " rows; this kernel reads ", ops.tile_rows));
+    }
   }
   RETURN_IF_ERROR(CheckUnitWorkspace(workspace, workspace_bytes, c.dim, c.inter_slice));
   Carver carve(workspace);
@@ -393,7 +439,7 @@ absl::Status RunExperts(const IsaOps& ops, const ExpertCall& c, void* workspace,
         return absl::InvalidArgumentError(
             absl::StrCat("expert id ", id, " (token ", t, ") is outside [0, ", E, ")"));
       }
-      if (offsets[id + 1]++ == 0) RETURN_IF_ERROR(CheckView(c.experts[id], id, t, I));
+      if (offsets[id + 1]++ == 0) RETURN_IF_ERROR(CheckView(ops, c.experts[id], id, t, I));
     }
   }
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];

@@ -59,7 +59,19 @@ struct ExpertSliceView {
   const uint8_t* w2_scale = nullptr;  // [dim, i_slice/32], row r at w2_scale + r·w2_scale_stride
   int64_t w2_stride = 0;              // bytes, >= i_slice/2 (I/2 inside the checkpoint)
   int64_t w2_scale_stride = 0;        // bytes, >= i_slice/32 (I/32 inside the checkpoint)
+  // 0: w1, w3 and w2 rows as above. T = 8 or 16: TILED -- each matrix in tiles of T rows,
+  // tile t at t·T·(row bytes), holding K block kb (64 bytes a row) of its T rows at
+  // kb·T·64 + j·64: the order a kernel with T-row tiles reads them (ExpertKernel::tile_rows), so
+  // a call streams its weights sequentially (16 rows 2 KB apart read at ~0.75 of a sequential
+  // read on the dev VM). Needs w2_stride = i_slice/2, row counts that are multiples of T, and a
+  // kernel whose tile height divides T. Scales stay row-major.
+  int64_t tile_rows = 0;
 };
+
+// Copies `rows` (a multiple of tile_rows) MXFP4 rows of `row_bytes` (a multiple of 64) bytes,
+// src_stride apart, into dst in the tiled order of ExpertSliceView::tile_rows.
+void TileWeightRows(uint8_t* dst, const uint8_t* src, int64_t rows, int64_t row_bytes,
+                    int64_t src_stride, int64_t tile_rows);
 
 // A whole expert as the checkpoint stores it: w1/w3 [I, dim/2] + [I, dim/32],
 // w2 [dim, I/2] + [dim, I/32], all row-major and dense.
@@ -155,6 +167,10 @@ size_t ExpertWorkspaceBytes(const ExpertCall& call);
 // whose slice this worker does not hold.
 struct ExpertKernel {
   const char* name;  // "scalar", "avx2", "avx512"
+  // The rows of this kernel's weight tiles (AVX-512 16, AVX2 8; scalar 0: it reads any layout):
+  // the ExpertSliceView::tile_rows to store weights in, and what a view's tile_rows must be a
+  // multiple of (InvalidArgument otherwise).
+  int64_t tile_rows;
   absl::Status (*run)(const ExpertCall& call, void* workspace, size_t workspace_bytes);
   // This ISA's activation quantiser: ss::QuantizeActE4m3(x, n, 128, codes, scales), codes and
   // scales bit-identical, for n a multiple of 128 (scales: n/128 floats). Thread-safe.

@@ -22,6 +22,21 @@ namespace {
 // against 0.86 with _MM_HINT_T0; alike on 1 thread).
 constexpr int64_t kPrefetchLines = 256;
 
+// Where the weights of rows [r0, r0 + kRows) start (r0 a multiple of kRows), and the byte steps
+// between their rows and between their K blocks (64 bytes a row): row-major rows, or tiled
+// (Linear4Args::w_tile_rows, a multiple of kRows).
+struct WeightSteps {
+  int64_t row, kb;
+};
+inline WeightSteps Steps(const Linear4Args& a) {
+  return a.w_tile_rows != 0 ? WeightSteps{64, a.w_tile_rows * 64} : WeightSteps{a.w_stride, 64};
+}
+inline const uint8_t* TileBase(const Linear4Args& a, const uint8_t* w, int64_t r0) {
+  if (a.w_tile_rows == 0) return w + r0 * a.w_stride;
+  const int64_t t = a.w_tile_rows;
+  return w + r0 / t * t * a.w_stride + r0 % t * 64;
+}
+
 // The software prefetch of one Linear4 call whose tiles are kRows rows: lines are consumed tile
 // by tile, K block by K block, row by row; at each step the line kPrefetchLines steps later is
 // requested (running on into Linear4Args::next_w after the last tile), and one line of each
@@ -32,18 +47,18 @@ class Prefetch {
   static constexpr int64_t kBlocks = kPrefetchLines / kRows;  // the distance in K-block steps
 
   // Requests the lines the running prefetch never covers: the first kBlocks steps.
-  explicit Prefetch(const Linear4Args& a) : a_(a), nkb_(a.k / 128) {
+  explicit Prefetch(const Linear4Args& a) : a_(a), nkb_(a.k / 128), steps_(Steps(a)) {
     for (int64_t step = 0; step < kBlocks; ++step) {
-      const uint8_t* base = RowPtr(a.w, nullptr, step / nkb_ * kRows, a.w_stride);
+      const uint8_t* base = WeightRow(a.w, nullptr, step / nkb_ * kRows);
       if (base == nullptr) break;
-      for (int r = 0; r < kRows; ++r) Line(base + r * a.w_stride + step % nkb_ * 64);
+      for (int r = 0; r < kRows; ++r) Line(base + r * steps_.row + step % nkb_ * steps_.kb);
     }
   }
   // Aims at the targets of step (tile r0, K block kb); Row(r) then requests row r's.
   void Aim(int64_t r0, int64_t kb) {
     const int64_t step = r0 / kRows * nkb_ + kb + kBlocks;
-    base_ = RowPtr(a_.w, a_.next_w, step / nkb_ * kRows, a_.w_stride);
-    if (base_ != nullptr) base_ += step % nkb_ * 64;
+    base_ = WeightRow(a_.w, a_.next_w, step / nkb_ * kRows);
+    if (base_ != nullptr) base_ += step % nkb_ * steps_.kb;
     sbase_ = nullptr;
     if (kb * 64 < a_.k / 32) {
       sbase_ = RowPtr(a_.s, a_.next_s, r0 + kRows, a_.s_stride);
@@ -51,7 +66,7 @@ class Prefetch {
     }
   }
   void Row(int r) const {
-    if (base_ != nullptr) Line(base_ + r * a_.w_stride);
+    if (base_ != nullptr) Line(base_ + r * steps_.row);
     if (sbase_ != nullptr) Line(sbase_ + r * a_.s_stride);
   }
 
@@ -59,15 +74,22 @@ class Prefetch {
   static void Line(const uint8_t* p) {
     _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_NTA);
   }
-  // Row `row` of these rows followed by the next ones, or null past them.
+  // Row `row` (a multiple of kRows) of these rows followed by the next ones, or null past them.
   const uint8_t* RowPtr(const uint8_t* cur, const uint8_t* next, int64_t row,
                         int64_t stride) const {
     if (row < a_.rows) return cur + row * stride;
     if (next != nullptr && row - a_.rows < a_.next_rows) return next + (row - a_.rows) * stride;
     return nullptr;
   }
+  // The same for the weights, in their layout.
+  const uint8_t* WeightRow(const uint8_t* cur, const uint8_t* next, int64_t row) const {
+    if (row < a_.rows) return TileBase(a_, cur, row);
+    if (next != nullptr && row - a_.rows < a_.next_rows) return TileBase(a_, next, row - a_.rows);
+    return nullptr;
+  }
   const Linear4Args& a_;
   const int64_t nkb_;
+  const WeightSteps steps_;
   const uint8_t* base_ = nullptr;
   const uint8_t* sbase_ = nullptr;
 };

@@ -58,8 +58,14 @@ inline constexpr int64_t PlanePosition(int64_t e, int64_t span) {
 }
 
 struct Linear4Args {
-  const uint8_t* w = nullptr;  // row r at w + r·w_stride, k/2 bytes
+  const uint8_t* w = nullptr;  // row r at w + r·w_stride, k/2 bytes (w_tile_rows = 0)
   int64_t w_stride = 0;
+  // 0: rows as above. T > 0: TILED (ExpertSliceView::tile_rows): the rows in tiles of T, tile t
+  // at w + t·T·w_stride (w_stride = k/2), inside it K block kb's 64 bytes of its row j at
+  // kb·T·64 + j·64 -- the order a kernel with T-row tiles reads them, one sequential stream. T is
+  // a multiple of the kernel's tile (AVX-512 16, AVX2 8), and a call's first row (and next_w's)
+  // the first row of one of its tiles.
+  int64_t w_tile_rows = 0;
   const uint8_t* s = nullptr;  // row r at s + r·s_stride, k/32 bytes
   int64_t s_stride = 0;
   int64_t rows = 0;                  // a multiple of 16

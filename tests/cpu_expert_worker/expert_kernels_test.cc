@@ -536,7 +536,8 @@ TEST_P(AgainstModel, TinyABitExact) {
   }
 }
 
-// A slice read through the checkpoint's strides equals the same slice copied compactly.
+// A slice read through the checkpoint's strides equals the same slice copied compactly, and
+// the same slice with its weights tiled (ExpertSliceView::tile_rows, the expert store's layout).
 TEST_P(AgainstModel, CompactCopyEqualsCheckpointView) {
   const int64_t dim = 256, inter = 384, E = 4, T = 5, k = 2, n = 3;
   const SynthLayer& layer = Layer(dim, inter, E);
@@ -546,7 +547,7 @@ TEST_P(AgainstModel, CompactCopyEqualsCheckpointView) {
   const int64_t is = inter / n;
   std::vector<std::vector<uint8_t>> store;
   for (int64_t s = 0; s < n; ++s) {
-    std::vector<ExpertSliceView> views, compact;
+    std::vector<ExpertSliceView> views, compact, tiled8, tiled16;
     for (const SynthExpert& e : layer.experts) {
       const ExpertSliceView v = *SliceExpert(e.Matrices(), dim, inter, s, n);
       views.push_back(v);
@@ -566,6 +567,20 @@ TEST_P(AgainstModel, CompactCopyEqualsCheckpointView) {
       c.w2_stride = is / 2;
       c.w2_scale_stride = is / 32;
       compact.push_back(c);
+      for (const int64_t tr : {8, 16}) {
+        ExpertSliceView t = c;
+        auto tile = [&store, tr](const uint8_t* p, int64_t rows, int64_t len) {
+          std::vector<uint8_t> b(rows * len);
+          TileWeightRows(b.data(), p, rows, len, len, tr);
+          store.push_back(std::move(b));
+          return store.back().data();
+        };
+        t.w1 = tile(c.w1, is, dim / 2);
+        t.w3 = tile(c.w3, is, dim / 2);
+        t.w2 = tile(c.w2, dim, is / 2);
+        t.tile_rows = tr;
+        (tr == 8 ? tiled8 : tiled16).push_back(t);
+      }
     }
     std::vector<float> a(T * dim), b(T * dim);
     ExpertCall call{
@@ -576,6 +591,20 @@ TEST_P(AgainstModel, CompactCopyEqualsCheckpointView) {
     call.out = b.data();
     ASSERT_TRUE(RunKernel(*kernel_, call).ok());
     EXPECT_EQ(Compare(a, b).bits_differ, 0) << "slice " << s;
+    // Tiles of 8 rows suit the scalar and AVX2 kernels (8-row tiles), not AVX-512's 16.
+    for (const auto* tiled : {&tiled8, &tiled16}) {
+      const int64_t tr = tiled->front().tile_rows;
+      std::vector<float> c(T * dim);
+      call.experts = tiled->data();
+      call.out = c.data();
+      const absl::Status st = RunKernel(*kernel_, call);
+      if (kernel_->tile_rows != 0 && tr % kernel_->tile_rows != 0) {
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_EQ(Compare(a, c).bits_differ, 0) << "slice " << s << " in tiles of " << tr;
+    }
   }
 }
 
@@ -644,6 +673,18 @@ TEST_P(Errors, PartiallyNullViewOrShortStride) {
   views_[r_.ids[0]] =
       *SliceExpert(Layer(kDim, kInter, kE).experts[r_.ids[0]].Matrices(), kDim, kInter, 0, 1);
   views_[r_.ids[0]].w2_stride = kInter / 2 - 1;
+  st = Run(call_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(OutUntouched());
+  // Tiles of another height, or tiles with a strided w2 (the checkpoint view of a slice).
+  views_[r_.ids[0]] =
+      *SliceExpert(Layer(kDim, kInter, kE).experts[r_.ids[0]].Matrices(), kDim, kInter, 0, 1);
+  views_[r_.ids[0]].tile_rows = 12;
+  st = Run(call_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("tile_rows"), std::string::npos) << st;
+  views_[r_.ids[0]].tile_rows = 16;
+  views_[r_.ids[0]].w2_stride = kInter / 2 + 64;
   st = Run(call_);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_TRUE(OutUntouched());

@@ -1,7 +1,8 @@
 // The expert store: its slice bytes equal the checkpoint's bytes for the same rows/columns
 // (tiny-a with n = 1; a generated I = 256 checkpoint with n = 1 and n = 2, sharded, MTP block
-// included), compact strides, validation of layers and slices with clear messages, resident
-// memory close to the slice's bytes, pages on the requested node.
+// included), with the weights in tiles of 16 and 8 rows and row-major, compact strides, validation
+// of layers and slices with clear messages, resident memory close to the slice's bytes, pages
+// on the requested node.
 #include "cpu_expert_worker/expert_store.h"
 
 #include <gtest/gtest.h>
@@ -32,13 +33,26 @@ std::unique_ptr<ThreadPool> Pool(int n) {
 }
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> Load(const std::string& dir, std::vector<int> layers,
-                                                  int i, int n, ThreadPool* pool) {
+                                                  int i, int n, ThreadPool* pool,
+                                                  int64_t tile_rows = 16) {
   ExpertStoreOptions o;
   o.model_dir = dir;
   o.layers = std::move(layers);
   o.slice_index = i;
   o.slice_count = n;
+  o.tile_rows = tile_rows;
   return ExpertStore::Load(o, pool);
+}
+
+// Row r (len bytes) of a weight matrix in the view's layout (ExpertSliceView::tile_rows).
+std::vector<uint8_t> WeightRow(const uint8_t* w, int64_t tile_rows, int64_t r, int64_t len) {
+  std::vector<uint8_t> row(len);
+  for (int64_t j = 0; j < len; ++j) {
+    row[j] = tile_rows == 0 ? w[r * len + j]
+                            : w[r / tile_rows * tile_rows * len + j / 64 * tile_rows * 64 +
+                                r % tile_rows * 64 + j % 64];
+  }
+  return row;
 }
 
 std::string Prefix(const ModelConfig& c, int layer, int e) {
@@ -55,9 +69,13 @@ int64_t ExpectSliceEqualsCheckpoint(const ExpertStore& s, const std::string& dir
   const int64_t r0 = is * s.slice_index();
   int64_t compared = 0;
   auto rows_equal = [&](const uint8_t* got, int64_t got_stride, const uint8_t* want,
-                        int64_t want_stride, int64_t rows, int64_t len, const std::string& what) {
+                        int64_t want_stride, int64_t rows, int64_t len, const std::string& what,
+                        int64_t tile_rows = 0) {
     for (int64_t r = 0; r < rows; ++r) {
-      if (std::memcmp(got + r * got_stride, want + r * want_stride, len) != 0) {
+      const std::vector<uint8_t> row =
+          tile_rows == 0 ? std::vector<uint8_t>(got + r * got_stride, got + r * got_stride + len)
+                         : WeightRow(got, tile_rows, r, len);
+      if (std::memcmp(row.data(), want + r * want_stride, len) != 0) {
         ADD_FAILURE() << what << " row " << r << " differs";
         return;
       }
@@ -77,13 +95,17 @@ int64_t ExpectSliceEqualsCheckpoint(const ExpertStore& s, const std::string& dir
            {v[e].w1, v[e].w1_scale, v[e].w3, v[e].w3_scale, v[e].w2, v[e].w2_scale}) {
         EXPECT_EQ(reinterpret_cast<uintptr_t>(ptr) % 64, 0u);
       }
-      rows_equal(v[e].w1, dim / 2, t("w1.weight") + r0 * dim / 2, dim / 2, is, dim / 2, p + "w1");
+      const int64_t tr = v[e].tile_rows;
+      EXPECT_EQ(tr, s.tile_rows());
+      rows_equal(v[e].w1, dim / 2, t("w1.weight") + r0 * dim / 2, dim / 2, is, dim / 2, p + "w1",
+                 tr);
       rows_equal(v[e].w1_scale, dim / 32, t("w1.scale") + r0 * dim / 32, dim / 32, is, dim / 32,
                  p + "w1.scale");
-      rows_equal(v[e].w3, dim / 2, t("w3.weight") + r0 * dim / 2, dim / 2, is, dim / 2, p + "w3");
+      rows_equal(v[e].w3, dim / 2, t("w3.weight") + r0 * dim / 2, dim / 2, is, dim / 2, p + "w3",
+                 tr);
       rows_equal(v[e].w3_scale, dim / 32, t("w3.scale") + r0 * dim / 32, dim / 32, is, dim / 32,
                  p + "w3.scale");
-      rows_equal(v[e].w2, is / 2, t("w2.weight") + r0 / 2, I / 2, dim, is / 2, p + "w2");
+      rows_equal(v[e].w2, is / 2, t("w2.weight") + r0 / 2, I / 2, dim, is / 2, p + "w2", tr);
       rows_equal(v[e].w2_scale, is / 32, t("w2.scale") + r0 / 32, I / 32, dim, is / 32,
                  p + "w2.scale");
     }
@@ -120,18 +142,19 @@ TEST(ExpertStore, I256SlicesEqualTheCheckpoint) {
   auto cfg = LoadModelConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   auto pool = Pool(3);
-  for (int n : {1, 2}) {
-    for (int i = 0; i < n; ++i) {
-      // Layers out of order, the MTP block (5) included.
-      auto s = Load(dir, {5, 0, 3, 1}, i, n, pool.get());
-      ASSERT_TRUE(s.ok()) << s.status();
-      EXPECT_EQ((*s)->inter_slice(), 256 / n);
-      EXPECT_EQ((*s)->layer_views(2), nullptr);
-      const int64_t bytes = ExpectSliceEqualsCheckpoint(**s, dir);
-      EXPECT_EQ(bytes, 4 * 8 * (3 * (256 / n) * 384 / 2 + 3 * (256 / n) * 384 / 32));
-      EXPECT_LE((*s)->allocated_bytes(), (*s)->slice_bytes() + (2 << 20));
+  for (const int64_t tile_rows : {16, 8, 0})
+    for (int n : {1, 2}) {
+      for (int i = 0; i < n; ++i) {
+        // Layers out of order, the MTP block (5) included.
+        auto s = Load(dir, {5, 0, 3, 1}, i, n, pool.get(), tile_rows);
+        ASSERT_TRUE(s.ok()) << s.status();
+        EXPECT_EQ((*s)->inter_slice(), 256 / n);
+        EXPECT_EQ((*s)->layer_views(2), nullptr);
+        const int64_t bytes = ExpectSliceEqualsCheckpoint(**s, dir);
+        EXPECT_EQ(bytes, 4 * 8 * (3 * (256 / n) * 384 / 2 + 3 * (256 / n) * 384 / 32));
+        EXPECT_LE((*s)->allocated_bytes(), (*s)->slice_bytes() + (2 << 20));
+      }
     }
-  }
   // i >= n; I not divisible by n; I/n = 64 not a multiple of 128.
   EXPECT_EQ(Load(dir, {0}, 2, 2, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Load(dir, {0}, 0, 3, nullptr).status().code(), absl::StatusCode::kInvalidArgument);

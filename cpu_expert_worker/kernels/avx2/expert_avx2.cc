@@ -178,7 +178,8 @@ inline __m256i Load(const uint8_t* p) {
 void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, Prefetch<kRows>& pf) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
   __m256 acc = _mm256_setzero_ps();
-  const uint8_t* w = a.w + r0 * a.w_stride;
+  const uint8_t* w = TileBase(a, a.w, r0);
+  const WeightSteps ws = Steps(a);
   for (int64_t kb = 0; kb < a.k / 128; ++kb) {
     const uint8_t* rec = Record(a, 0, kb);
     const float sa = RecordScale(rec);
@@ -192,7 +193,7 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, Prefetch<kRows
 #pragma GCC unroll 8
       for (int r = 0; r < kRows; ++r) {
         if (c == 0) pf.Row(r);
-        const __m256i v = _mm256_xor_si256(Load(w + r * a.w_stride + kb * 64 + c * 32), sx);
+        const __m256i v = _mm256_xor_si256(Load(w + r * ws.row + kb * ws.kb + c * 32), sx);
         const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
         const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
         res[r] = DotPlanes(pl, we, wo);
@@ -212,13 +213,14 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, u
               Prefetch<kRows>& pf) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm256_set1_epi8(0x08);
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
-  const uint8_t* w = a.w + r0 * a.w_stride;
+  const uint8_t* w = TileBase(a, a.w, r0);
+  const WeightSteps ws = Steps(a);
   for (int64_t kb = 0; kb < a.k / 128; ++kb) {
     pf.Aim(r0, kb);
     for (int r = 0; r < kRows; ++r) {
       pf.Row(r);
       for (int c = 0; c < 2; ++c) {
-        const __m256i v = Load(w + r * a.w_stride + kb * 64 + c * 32);
+        const __m256i v = Load(w + r * ws.row + kb * ws.kb + c * 32);
         uint8_t* out = nibbles + r * 128 + c * 64;
         _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_and_si256(v, nib));
         _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32),

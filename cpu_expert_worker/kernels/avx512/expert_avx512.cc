@@ -191,7 +191,8 @@ inline void Store(Epilogue e, float* y, __m512 acc) {
 void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, Prefetch<kRows>& pf) {
   const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table();
   __m512 acc = _mm512_setzero_ps();
-  const uint8_t* w = a.w + r0 * a.w_stride;
+  const uint8_t* w = TileBase(a, a.w, r0);
+  const WeightSteps ws = Steps(a);
   for (int64_t kb = 0; kb < a.k / 128; ++kb) {
     const uint8_t* rec = Record(a, 0, kb);
     const Planes pl(rec);
@@ -201,7 +202,7 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, Prefetch<kRows
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       pf.Row(r);
-      const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + r * a.w_stride + kb * 64), sx);
+      const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + r * ws.row + kb * ws.kb), sx);
       const __m512i we = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, nib));
       const __m512i wo = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
       res[r] = DotPlanes(pl, we, wo);
@@ -221,12 +222,13 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, u
               Prefetch<kRows>& pf) {
   const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm512_set1_epi8(0x08);
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
-  const uint8_t* w = a.w + r0 * a.w_stride;
+  const uint8_t* w = TileBase(a, a.w, r0);
+  const WeightSteps ws = Steps(a);
   for (int64_t kb = 0; kb < a.k / 128; ++kb) {
     pf.Aim(r0, kb);
     for (int r = 0; r < kRows; ++r) {
       pf.Row(r);
-      const __m512i v = _mm512_loadu_si512(w + r * a.w_stride + kb * 64);
+      const __m512i v = _mm512_loadu_si512(w + r * ws.row + kb * ws.kb);
       _mm512_store_si512(nibbles + r * 128, _mm512_and_si512(v, nib));
       _mm512_store_si512(nibbles + r * 128 + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
     }

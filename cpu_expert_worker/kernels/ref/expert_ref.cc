@@ -29,11 +29,17 @@ void Linear4Scalar(const Linear4Args& a) {
   const int64_t ng = a.k / 32;
   float* wrow = a.scratch;
   for (int64_t r = 0; r < a.rows; ++r) {
-    const uint8_t* packed = a.w + r * a.w_stride;
+    // Byte j of row r: row-major, or tiled (linear4.h: tile of T rows, K block j/64 of the
+    // tile's row r % T at (j/64)·T·64 + (r % T)·64).
+    const int64_t T = a.w_tile_rows;
+    const uint8_t* packed =
+        T == 0 ? a.w + r * a.w_stride : a.w + r / T * T * a.w_stride + r % T * 64;
+    const int64_t kb_step = T == 0 ? 64 : T * 64;
     const uint8_t* sw = a.s + r * a.s_stride;
     for (int64_t j = 0; j < a.k / 2; ++j) {
-      wrow[2 * j] = t.e2m1[packed[j] & 0xf];
-      wrow[2 * j + 1] = t.e2m1[packed[j] >> 4];
+      const uint8_t b = packed[j / 64 * kb_step + j % 64];
+      wrow[2 * j] = t.e2m1[b & 0xf];
+      wrow[2 * j + 1] = t.e2m1[b >> 4];
     }
     for (int64_t i = 0; i < a.n; ++i) {
       const float* q = a.q[i];
