@@ -104,7 +104,14 @@ float Pow2Scale(float amax, float amax_floor, float qmax) {
   const uint32_t bits = FloatBits(a * inv);
   int e = static_cast<int>((bits >> 23) & 0xff) - 127;
   if (bits & 0x7fffffu) ++e;
-  return std::ldexp(1.0f, e);
+  // 2^e as ldexp gives it: inf from 2^128 up; normal exponents built directly (the hot path:
+  // one call per quantisation block).
+  if (e > 127) return std::numeric_limits<float>::infinity();
+  if (e < -126) return std::ldexp(1.0f, e);
+  const uint32_t out = static_cast<uint32_t>(e + 127) << 23;
+  float f;
+  std::memcpy(&f, &out, sizeof f);
+  return f;
 }
 
 uint8_t Ue8m0FromPow2(float s) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/bf16.h"
@@ -209,6 +210,34 @@ TEST(Pow2Scale, NonPowersRoundUp) {
     EXPECT_EQ(Pow2Scale(3.5f * p, kFp4AmaxFloor, kE2m1Max), p);
   }
   EXPECT_EQ(Pow2Scale(1.0f, kFp8AmaxFloor, kE4m3Max), 0x1p-8f);  // 1/448 in (2^-9, 2^-8]
+}
+
+// Against the ldexp definition for amax across the whole float range (inf and NaN included).
+TEST(Pow2Scale, EqualsTheLdexpDefinition) {
+  auto definition = [](float amax, float floor, float qmax) {
+    const float a = std::max(amax, floor);
+    uint32_t bits;
+    const float prod = a * (1.0f / qmax);
+    std::memcpy(&bits, &prod, sizeof bits);
+    int e = static_cast<int>((bits >> 23) & 0xff) - 127;
+    if (bits & 0x7fffffu) ++e;
+    return std::ldexp(1.0f, e);
+  };
+  int64_t bad = 0;
+  for (uint64_t b = 0; b <= 0x7fffffffu && bad < 5; b += 997) {
+    float amax;
+    const uint32_t u = static_cast<uint32_t>(b);
+    std::memcpy(&amax, &u, sizeof amax);
+    for (const auto& [floor, qmax] :
+         {std::pair{kFp8AmaxFloor, kE4m3Max}, std::pair{kFp4AmaxFloor, kE2m1Max}}) {
+      const float got = Pow2Scale(amax, floor, qmax), want = definition(amax, floor, qmax);
+      if (std::memcmp(&got, &want, sizeof got) != 0) {
+        ADD_FAILURE() << "amax bits 0x" << std::hex << u << ": " << got << " vs " << want;
+        ++bad;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
 }
 
 TEST(Pow2Scale, Floors) {
