@@ -180,11 +180,14 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   const double open_s = SecondsSince(t0);
   const int64_t total = s->slice_bytes();
   const bool progress = total >= kProgressMinBytes;
-  spdlog::info(absl::StrFormat(
-      "expert store: copying %d layer(s) x %d experts, slice %d/%d (rows %d-%d of I %d), %.3f GB%s",
-      L, E, o.slice_index, o.slice_count, r0, r0 + is - 1, inter, total / 1e9,
-      s->memory_.bound() ? absl::StrCat(" bound to NUMA node ", o.numa_node)
-                         : std::string(" (not node-bound)")));
+  spdlog::info(
+      absl::StrFormat("expert store: copying %d layer(s) x %d experts, slice %d/%d (rows %d-%d of "
+                      "I %d), %.3f GB%s",
+                      L, E, o.slice_index, o.slice_count, r0, r0 + is - 1, inter, total / 1e9,
+                      s->memory_.bound() ? absl::StrCat(" bound to NUMA node ", o.numa_node)
+                                         : std::string(" (not node-bound)")) +
+      (o.tile_rows != 0 ? absl::StrCat(", weights in tiles of ", o.tile_rows, " rows")
+                        : std::string(", weights row-major")));
   std::atomic<int64_t> done{0};
   std::atomic<int> logged_decile{0};
   const Clock::time_point t1 = Clock::now();

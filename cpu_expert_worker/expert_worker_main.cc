@@ -69,6 +69,9 @@ ABSL_FLAG(int64_t, split_target, 128,
 ABSL_FLAG(int64_t, min_split_cols, 128,
           "engine: narrowest sub-range of the slice's intermediate dimension per unit "
           "(a multiple of 128)");
+ABSL_FLAG(std::string, weight_layout, "tiled",
+          "expert weights in RAM: tiled (the order the ISA's kernel reads them; one sequential "
+          "stream a call) or rows (the checkpoint's row-major rows)");
 ABSL_FLAG(int64_t, selftest, -1,
           "load, run N random requests through the engine and print tokens/s and GB/s "
           "(0 = load only)");
@@ -405,6 +408,7 @@ int Main(int argc, char** argv) {
   f.spin_us = absl::GetFlag(FLAGS_spin_us);
   f.split_target = absl::GetFlag(FLAGS_split_target);
   f.min_split_cols = absl::GetFlag(FLAGS_min_split_cols);
+  f.weight_layout = absl::GetFlag(FLAGS_weight_layout);
   f.selftest = absl::GetFlag(FLAGS_selftest);
   f.selftest_tokens = absl::GetFlag(FLAGS_selftest_tokens);
   auto parsed = ParseWorkerConfig(f);
@@ -462,7 +466,7 @@ int Main(int argc, char** argv) {
   so.topology = topo->get();
   so.numa_node = *node;
   // The weights in the order this ISA's kernel reads them (one sequential stream a call).
-  if (auto k = KernelFor(isa); k.ok()) so.tile_rows = (*k)->tile_rows;
+  if (auto k = KernelFor(isa); k.ok() && c.tiled_weights) so.tile_rows = (*k)->tile_rows;
   auto store = ExpertStore::Load(so, pool->get());
   if (!store.ok()) return Fail(store.status());
 

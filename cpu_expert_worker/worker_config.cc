@@ -67,6 +67,11 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
         absl::StrCat("--min_split_cols ", f.min_split_cols, " is not a positive multiple of 128"));
   }
   c.min_split_cols = f.min_split_cols;
+  if (f.weight_layout != "tiled" && f.weight_layout != "rows") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_layout ", f.weight_layout, " (tiled or rows)"));
+  }
+  c.tiled_weights = f.weight_layout == "tiled";
   if (f.selftest < -1) {
     return absl::InvalidArgumentError(absl::StrCat("--selftest ", f.selftest, " < 0"));
   }

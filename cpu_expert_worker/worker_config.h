@@ -13,6 +13,8 @@
 //   --max_tokens T        largest T per call (sizes the engine's preallocated memory)
 //   --spin_us US          how long idle pool threads spin before sleeping
 //   --split_target U, --min_split_cols W   how the engine cuts a call (expert_engine.h)
+//   --weight_layout tiled|rows   expert weights in RAM: in the kernel's reading order (default;
+//                         ExpertSliceView::tile_rows) or the checkpoint's row-major rows
 //   --selftest N          load, run N random requests through the engine, print the rates
 //   --selftest_tokens T   tokens per self-test request
 // Flag names may be written with dashes (--numa-node) or underscores (--numa_node).
@@ -50,6 +52,7 @@ struct WorkerFlags {
   int spin_us = 200;
   int64_t split_target = 128;
   int64_t min_split_cols = 128;
+  std::string weight_layout = "tiled";
   int64_t selftest = -1;  // -1: not requested
   int64_t selftest_tokens = 1;
 };
@@ -67,6 +70,7 @@ struct WorkerConfig {
   int spin_us = 200;
   int64_t split_target = 128;
   int64_t min_split_cols = 128;
+  bool tiled_weights = true;  // --weight_layout tiled
   int64_t selftest = -1;
   int64_t selftest_tokens = 1;
 };

@@ -73,6 +73,11 @@ TEST(WorkerConfig, EveryFlagIsValidated) {
   bad([](WorkerFlags& g) { g.spin_us = -5; }, "--spin_us");
   bad([](WorkerFlags& g) { g.selftest = -3; }, "--selftest");
   bad([](WorkerFlags& g) { g.selftest_tokens = 300; }, "--selftest_tokens");
+  bad([](WorkerFlags& g) { g.weight_layout = "columns"; }, "--weight_layout");
+  EXPECT_TRUE(c->tiled_weights);
+  WorkerFlags rows = f;
+  rows.weight_layout = "rows";
+  EXPECT_FALSE(ParseWorkerConfig(rows)->tiled_weights);
 }
 
 TEST(WorkerConfig, DashesBecomeUnderscoresInFlagNamesOnly) {
