@@ -126,7 +126,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   const int64_t dim = c.dim, inter = c.moe_inter_dim, E = c.n_routed_experts;
   const int64_t is = inter / o.slice_count, r0 = is * o.slice_index;
   s->inter_slice_ = is;
-  if (o.tile_rows != 0 && o.tile_rows != 8 && o.tile_rows != 16) {
+  if (o.tile_rows != 0 && !IsWeightTileRows(o.tile_rows)) {
     return absl::InvalidArgumentError(
         absl::StrCat("expert store: tile_rows ", o.tile_rows, " (0, 8 or 16)"));
   }

@@ -144,12 +144,7 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
       row += refs[i].n;
       if (batch[i].samples) last.push_back(h.data() + (row - 1) * width);
     }
-    std::vector<float> flat(last.size() * c.vocab_size);
-    model_->LogitsRows(last.data(), static_cast<int64_t>(last.size()), flat.data());
-    for (size_t i = 0; i < last.size(); ++i) {
-      out->logits.emplace_back(flat.begin() + i * c.vocab_size,
-                               flat.begin() + (i + 1) * c.vocab_size);
-    }
+    out->logits = model_->LogitsRows(last);
   } else {
     out->streams = std::move(h);
   }

@@ -64,20 +64,35 @@ float Fp8Weight::At(int64_t o, int64_t i) const {
   return T().e4m3[w[o * in + i]] * T().ue8m0[s[(o / kBlock) * nbi + i / kBlock]];
 }
 
-void Fp8Weight::Row(int64_t o, float* dst) const {
-  const int64_t nbi = (in + kBlock - 1) / kBlock;
+namespace {
+
+// Row o of an FP8 weight dequantised (the float products e4m3 · ue8m0, exact), as floats or
+// widened to doubles.
+template <typename Out>
+void Fp8Row(const Fp8Weight& w, int64_t o, Out* dst) {
+  const int64_t nbi = (w.in + kBlock - 1) / kBlock;
   const auto& t = T();
-  const uint8_t* wo = w + o * in;
-  const uint8_t* so = s + (o / kBlock) * nbi;
+  const uint8_t* wo = w.w + o * w.in;
+  const uint8_t* so = w.s + (o / kBlock) * nbi;
   for (int64_t b = 0; b < nbi; ++b) {
     const float sw = t.ue8m0[so[b]];
-    for (int64_t i = b * kBlock; i < std::min(in, (b + 1) * kBlock); ++i) dst[i] = t.e4m3[wo[i]] * sw;
+    for (int64_t i = b * kBlock; i < std::min(w.in, (b + 1) * kBlock); ++i) {
+      dst[i] = t.e4m3[wo[i]] * sw;
+    }
   }
 }
 
-void Bf16Matrix::Row(int64_t r, float* out) const {
-  for (int64_t c = 0; c < cols; ++c) out[c] = At(r, c);
+// Row r of a bf16 matrix as floats or doubles.
+template <typename Out>
+void Bf16Row(const Bf16Matrix& m, int64_t r, Out* dst) {
+  for (int64_t c = 0; c < m.cols; ++c) dst[c] = m.At(r, c);
 }
+
+}  // namespace
+
+void Fp8Weight::Row(int64_t o, float* dst) const { Fp8Row(*this, o, dst); }
+
+void Bf16Matrix::Row(int64_t r, float* out) const { Bf16Row(*this, r, out); }
 
 namespace {
 
@@ -330,8 +345,6 @@ void LinearBlocked(RowFn&& row, ScaleFn&& wscale, int64_t outs, int64_t in, int6
 
 void ForceLinearIsaForTesting(LinearIsa isa) { g_forced_isa.store(isa); }
 
-LinearIsa ActiveLinearIsa() { return ActiveIsa(); }
-
 void Linear8(const Fp8Weight& w, const float* x, int64_t rows, float* y) {
   // e4m3 x e4m3 products are multiples of 2^-18 below 2^18, so up to 128 of them sum exactly
   // in double in ANY order.
@@ -388,16 +401,8 @@ void DotF32x4(const float* a, const float* const* b, int64_t n, float* out) {
 }
 
 void LinearF32(const Bf16Matrix& w, const float* x, int64_t rows, float* y) {
-  LinearRowsBy(
-      [&](int64_t o, double* dst) {
-        const uint8_t* p = w.data + 2 * o * w.cols;
-        for (int64_t i = 0; i < w.cols; ++i) {
-          uint16_t b;
-          std::memcpy(&b, p + 2 * i, 2);
-          dst[i] = Bf16ToFloat(b);
-        }
-      },
-      w.rows, w.cols, x, w.cols, rows, y, w.rows);
+  LinearRowsBy([&](int64_t o, double* dst) { Bf16Row(w, o, dst); }, w.rows, w.cols, x, w.cols, rows,
+               y, w.rows);
 }
 
 void LinearRowsF32(const float* w, int64_t outs, int64_t n, const float* x, int64_t rows,
@@ -408,15 +413,8 @@ void LinearRowsF32(const float* w, int64_t outs, int64_t n, const float* x, int6
 
 void LinearFp8RowsF32(const Fp8Weight& w, int64_t o0, int64_t outs, const float* x, int64_t ldx,
                       int64_t rows, float* y, int64_t ldy) {
-  const int64_t nbi = (w.in + kBlock - 1) / kBlock;
-  const auto& t = T();
-  LinearRowsBy(
-      [&](int64_t o, double* dst) {  // Fp8Weight::Row's float products, widened
-        const uint8_t* wo = w.w + (o0 + o) * w.in;
-        const uint8_t* so = w.s + ((o0 + o) / kBlock) * nbi;
-        for (int64_t i = 0; i < w.in; ++i) dst[i] = t.e4m3[wo[i]] * t.ue8m0[so[i / kBlock]];
-      },
-      outs, w.in, x, ldx, rows, y, ldy);
+  LinearRowsBy([&](int64_t o, double* dst) { Fp8Row(w, o0 + o, dst); }, outs, w.in, x, ldx, rows, y,
+               ldy);
 }
 
 void LinearBf16(const Bf16Matrix& w, const float* x, int64_t rows, float* y) {

@@ -75,7 +75,6 @@ float MeanSquare(const float* x, int64_t n);
 // kAuto restores the CPU's choice).
 enum class LinearIsa { kAuto, kSse2, kAvx2 };
 void ForceLinearIsaForTesting(LinearIsa isa);
-LinearIsa ActiveLinearIsa();
 
 // Work (multiply-adds) from which the model's loops run in parallel.
 inline constexpr int64_t kParallelMinWork = int64_t{1} << 23;

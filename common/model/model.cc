@@ -147,17 +147,25 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
   return absl::OkStatus();
 }
 
-void Model::Logits(const float* streams, float* logits) const { LogitsRows(&streams, 1, logits); }
+void Model::Logits(const float* streams, float* logits) const {
+  const std::vector<float> row = LogitsRows({&streams, 1}).front();
+  std::copy(row.begin(), row.end(), logits);
+}
 
-void Model::LogitsRows(const float* const* streams, int64_t n, float* logits) const {
+std::vector<std::vector<float>> Model::LogitsRows(std::span<const float* const> streams) const {
   const ModelConfig& c = config();
-  std::vector<float> z(c.dim), u(n * c.dim);
+  const int64_t n = static_cast<int64_t>(streams.size()), V = c.vocab_size;
+  std::vector<float> z(c.dim), u(n * c.dim), flat(n * V);
   for (int64_t i = 0; i < n; ++i) {
     HcHead(streams[i], c.hc_mult, c.dim, w_->hc_head, static_cast<float>(c.hc_eps),
            static_cast<float>(c.norm_eps), z.data());
     RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps), u.data() + i * c.dim);
   }
-  LinearF32(w_->head, u.data(), n, logits);
+  LinearF32(w_->head, u.data(), n, flat.data());
+  std::vector<std::vector<float>> logits;
+  for (int64_t i = 0; i < n; ++i)
+    logits.emplace_back(flat.begin() + i * V, flat.begin() + (i + 1) * V);
+  return logits;
 }
 
 absl::Status Model::ValidateChunks(std::span<const ChunkRef> chunks) const {
@@ -210,12 +218,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Model::Forward(
     last.push_back(h.data() + (row - 1) * hc * dim);
     ch.state->next_pos += ch.n;
   }
-  std::vector<float> flat(last.size() * c.vocab_size);
-  LogitsRows(last.data(), static_cast<int64_t>(last.size()), flat.data());
-  std::vector<std::vector<float>> logits;
-  for (size_t i = 0; i < last.size(); ++i) {
-    logits.emplace_back(flat.begin() + i * c.vocab_size, flat.begin() + (i + 1) * c.vocab_size);
-  }
+  std::vector<std::vector<float>> logits = LogitsRows(last);
   if (final_streams) *final_streams = std::move(h);
   return logits;
 }

@@ -85,9 +85,9 @@ class Model {
 
   // logits [vocab] fp32 from one token's final streams [hc, dim] (head collapse, norm, head).
   void Logits(const float* streams, float* logits) const;
-  // Logits of n tokens at once (streams[i] → logits [n, vocab]): the same values as Logits,
-  // one pass over the head's weights for the batch.
-  void LogitsRows(const float* const* streams, int64_t n, float* logits) const;
+  // Logits of several tokens at once (one [vocab] per entry of `streams`): the same values as
+  // Logits, one pass over the head's weights for the batch.
+  std::vector<std::vector<float>> LogitsRows(std::span<const float* const> streams) const;
 
   // Full forward over the chunks: each chunk starts at its state's next_pos, which then
   // advances by n. Returns the last position's logits of every chunk. `final_streams`

@@ -115,8 +115,7 @@ void SwiGlu(const float* g, const float* u, int64_t n, float limit, float weight
 
 // Whether weights in tiles of `tile_rows` rows suit this ISA's kernel (tile_rows != 0).
 bool TilesFit(const internal::IsaOps& ops, int64_t tile_rows) {
-  return (tile_rows == 8 || tile_rows == 16) &&
-         (ops.tile_rows == 0 || tile_rows % ops.tile_rows == 0);
+  return IsWeightTileRows(tile_rows) && (ops.tile_rows == 0 || tile_rows % ops.tile_rows == 0);
 }
 
 absl::Status CheckView(const internal::IsaOps& ops, const ExpertSliceView& v, int64_t id,

@@ -68,6 +68,9 @@ struct ExpertSliceView {
   int64_t tile_rows = 0;
 };
 
+// The tile heights ExpertSliceView::tile_rows may take besides 0: 8 and 16.
+inline bool IsWeightTileRows(int64_t tile_rows) { return tile_rows == 8 || tile_rows == 16; }
+
 // Copies `rows` (a multiple of tile_rows) MXFP4 rows of `row_bytes` (a multiple of 64) bytes,
 // src_stride apart, into dst in the tiled order of ExpertSliceView::tile_rows.
 void TileWeightRows(uint8_t* dst, const uint8_t* src, int64_t rows, int64_t row_bytes,
@@ -180,9 +183,9 @@ struct ExpertKernel {
   // aligned; kernels/linear4.h), scales n/128. Exactly what `run` computes from x internally.
   // Thread-safe.
   void (*quantize_row)(const uint16_t* x, int64_t n, float* q, float* scales);
-  // The two halves of `run` (see GateUpCall, DownCall). They check shapes and pointers only
-  // (InvalidArgument), not expert ids or views: the caller validated the request. Thread-safe
-  // with distinct workspaces and outputs.
+  // The two halves of `run` (see GateUpCall, DownCall). They check shapes, pointers and that the
+  // views' weight tiling suits this kernel (InvalidArgument), not expert ids or the rest of the
+  // views: the caller validated the request. Thread-safe with distinct workspaces and outputs.
   absl::Status (*gate_up)(const GateUpCall& call, void* workspace, size_t workspace_bytes);
   absl::Status (*down)(const DownCall& call, void* workspace, size_t workspace_bytes);
 };
