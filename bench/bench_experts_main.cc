@@ -45,11 +45,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "bench/expert_bench_lib.h"
+#include "common/thread_pool.h"
 #include "cpu_expert_worker/expert_engine.h"
 #include "cpu_expert_worker/expert_store.h"
 #include "cpu_expert_worker/kernels/dispatch.h"
 #include "cpu_expert_worker/numa.h"
-#include "cpu_expert_worker/thread_pool.h"
 #include "cpu_expert_worker/transport/grpc_client.h"
 #include "cpu_expert_worker/transport/grpc_server.h"
 #include "cpu_expert_worker/transport/shm_client.h"
@@ -249,10 +249,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--threads %d exceeds the node's %zu cores\n", threads, cores.size());
     return 2;
   }
-  ss::expert::ThreadPoolOptions po;
+  ss::ThreadPoolOptions po;
   po.num_threads = threads;
   po.cpus.assign(cores.begin(), cores.begin() + threads);
-  auto pool = Must(ss::expert::ThreadPool::Create(po), "thread pool");
+  auto pool = Must(ss::ThreadPool::Create(po), "thread pool");
 
   // Streaming-read baseline on the same thread count: a pass before the worker starts, then one
   // pass before each decode token (the machine is shared: the baseline is measured while the

@@ -117,7 +117,7 @@ std::vector<SyntheticExpert> MakeExperts(int64_t count, int64_t dim, int64_t int
   return out;
 }
 
-double StreamReadGbps(ss::expert::ThreadPool* pool, const uint8_t* data, size_t bytes, int passes) {
+double StreamReadGbps(ss::ThreadPool* pool, const uint8_t* data, size_t bytes, int passes) {
   const int parts = pool != nullptr ? pool->size() : 1;
   const size_t per = bytes / parts / 64 * 64;
   std::vector<uint64_t> sums(parts * 8, 0);  // a cache line per part

@@ -18,8 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/thread_pool.h"
 #include "cpu_expert_worker/kernels/expert_kernels.h"
-#include "cpu_expert_worker/thread_pool.h"
 #include "cpu_expert_worker/transport/shm_client.h"
 #include "cpu_expert_worker/transport/shm_server.h"
 
@@ -50,7 +50,7 @@ std::vector<SyntheticExpert> MakeExperts(int64_t count, int64_t dim, int64_t int
 // A sequential read (a sum of 64-bit words, software-prefetched 16 KB ahead) of `bytes` from
 // `data`, split into equal parts over the pool's threads (or the calling thread alone): the best
 // GB/s of `passes` passes.
-double StreamReadGbps(ss::expert::ThreadPool* pool, const uint8_t* data, size_t bytes, int passes);
+double StreamReadGbps(ss::ThreadPool* pool, const uint8_t* data, size_t bytes, int passes);
 
 // Random bf16 rows N(0, 1).
 std::vector<uint16_t> RandomBf16(int64_t n, uint64_t seed);

@@ -1,4 +1,4 @@
-// Per-call cost of the expert worker's thread pool (cpu_expert_worker/thread_pool.h): one
+// Per-call cost of the expert worker's thread pool (common/thread_pool.h): one
 // ParallelFor over `size` empty tasks, (hot) back to back while the workers still spin, and
 // (cold) after an idle gap longer than the spin window, when every worker sleeps on its futex.
 // Baselines measured in the same run: an empty call through a function pointer, and one
@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "cpu_expert_worker/numa.h"
-#include "cpu_expert_worker/thread_pool.h"
 
 namespace {
 
@@ -66,12 +66,12 @@ int main(int argc, char** argv) {
   }
   const std::vector<int>& cores = (*topo)->FindNode(*(*topo)->ResolveNode(-1))->core_cpus;
   if (threads <= 0) threads = static_cast<int>(cores.size());
-  ss::expert::ThreadPoolOptions o;
+  ss::ThreadPoolOptions o;
   o.num_threads = threads;
   o.spin_us = spin_us;
   if (pin && threads <= static_cast<int>(cores.size()))
     o.cpus.assign(cores.begin(), cores.begin() + threads);
-  auto pool = ss::expert::ThreadPool::Create(o);
+  auto pool = ss::ThreadPool::Create(o);
   if (!pool.ok()) {
     std::fprintf(stderr, "%s\n", std::string(pool.status().message()).c_str());
     return 1;

@@ -43,10 +43,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/thread_pool.h"
 #include "cpu_expert_worker/expert_store.h"
 #include "cpu_expert_worker/kernels/dispatch.h"
 #include "cpu_expert_worker/numa.h"
-#include "cpu_expert_worker/thread_pool.h"
 
 namespace ss::expert {
 

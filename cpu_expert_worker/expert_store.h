@@ -35,9 +35,9 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "common/thread_pool.h"
 #include "cpu_expert_worker/kernels/expert_kernels.h"
 #include "cpu_expert_worker/numa.h"
-#include "cpu_expert_worker/thread_pool.h"
 
 namespace ss::expert {
 

@@ -47,7 +47,7 @@ absl::StatusOr<std::vector<int>> AllowedCpus() {
   return absl::InternalError("sched_getaffinity: CPU mask larger than 2^20 CPUs");
 }
 
-std::array<std::atomic<int64_t>, 2> g_refusals{};
+std::array<std::atomic<int64_t>, 1> g_refusals{};
 
 }  // namespace
 

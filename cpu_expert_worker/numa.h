@@ -9,8 +9,9 @@
 // that list never puts two threads on the two hyperthreads of one core.
 //
 // Refusals are not errors. Containers commonly refuse mbind (no CAP_SYS_NICE) and sometimes
-// thread pinning; the worker then logs ONE warning per kind per process (WarnOnce) and carries
-// on unbound or unpinned: slower and noisier, never stuck.
+// thread pinning; the worker then logs ONE warning per kind per process (WarnOnce here, the
+// pool's own for pinning: common/thread_pool.h) and carries on unbound or unpinned: slower and
+// noisier, never stuck.
 //
 // Thread safety: a NumaTopology is immutable after Discover and may be read from any thread.
 // NodeMemory is a move-only owner; AllocateNodeMemory may be called from any thread.
@@ -105,7 +106,7 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology* topology, size
 
 // Logs `message` as a spdlog warning the first time a given `kind` is reported in this process;
 // later reports of that kind are counted only. Returns true when it logged.
-enum class Refusal : int { kPinning = 0, kMemoryBinding = 1 };
+enum class Refusal : int { kMemoryBinding = 0 };
 bool WarnOnce(Refusal kind, const std::string& message);
 // How many refusals of `kind` were reported in this process (for tests and the start-up log).
 int64_t RefusalCount(Refusal kind);

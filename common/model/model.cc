@@ -1,5 +1,7 @@
 #include "common/model/model.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -11,11 +13,32 @@
 #include "common/status.h"
 
 namespace ss::model {
+namespace {
+
+// How long the row-group threads poll for the next group after one ends: long enough to bridge
+// the attention and MoE halves of a block, short of the routed experts' call, so an idle pool
+// leaves the cores to the expert worker.
+constexpr int kRowGroupSpinUs = 50;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, ModelOptions options) {
   std::unique_ptr<Model> m(new Model());
   ASSIGN_OR_RETURN(m->w_, LoadModelWeights(dir));
   m->options_ = options;
+  int threads = options.row_group_threads;
+  if (threads <= 0) {
+    cpu_set_t set;
+    threads = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  }
+  threads = std::min(threads, kMaxRowGroupThreads);
+  if (threads > 1) {
+    ThreadPoolOptions po;
+    po.num_threads = threads;
+    po.spin_us = kRowGroupSpinUs;
+    po.name = "ss-rows";
+    ASSIGN_OR_RETURN(m->pool_, ThreadPool::Create(po));
+  }
   m->rope_plain_ = LayerRopeFrequencies(m->config(), 0);
   m->rope_compressed_ = LayerRopeFrequencies(m->config(), 4);
   return m;
@@ -56,6 +79,48 @@ absl::Status Model::RunBlock(int64_t layer, std::span<const ChunkRef> chunks, co
   return RunBlockImpl(layer, chunks, h_in, h_out, nullptr, experts, timings);
 }
 
+namespace {
+
+// Calls of at most this many rows (decode steps, small chunks) run their chunks in concurrent row
+// groups; larger ones parallelise inside the ops (kParallelMinWork).
+constexpr int64_t kMaxGroupedRows = 64;
+
+// A contiguous run of a call's chunks: chunks [c0, c1), rows [r0, r0 + n).
+struct RowGroup {
+  size_t c0 = 0, c1 = 0;
+  int64_t r0 = 0, n = 0;
+};
+
+// Splits the chunks into at most `max_groups` contiguous runs of about equal rows (one group when
+// max_groups <= 1 or a state appears twice: its chunks must then run in order).
+std::vector<RowGroup> SplitRows(std::span<const ChunkRef> chunks, int64_t T, int max_groups) {
+  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+  int64_t g = std::min<int64_t>(max_groups, n_chunks);
+  for (size_t i = 0; i < chunks.size() && g > 1; ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (chunks[i].state == chunks[j].state) g = 1;
+    }
+  }
+  std::vector<RowGroup> groups;
+  RowGroup cur;
+  int64_t row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    cur.n += chunks[i].n;
+    row += chunks[i].n;
+    cur.c1 = i + 1;
+    const int64_t left = n_chunks - static_cast<int64_t>(i) - 1;
+    const int64_t want = static_cast<int64_t>(groups.size()) + 1;  // groups closed after this one
+    const bool full = row * g >= T * want;
+    if (left == 0 || (full && want < g && left >= g - want)) {
+      groups.push_back(cur);
+      cur = RowGroup{i + 1, i + 1, row, 0};
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
 absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
                                  float* h_out, BlockTrace* trace, const RoutedExperts* experts,
                                  BlockTimings* timings) const {
@@ -63,30 +128,42 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
   const auto t0 = Clock::now();
   const ModelConfig& c = config();
   const BlockWeights& bw = Block(layer);
-  const int64_t hc = c.hc_mult, dim = c.dim;
+  const int64_t hc = c.hc_mult, dim = c.dim, HD = c.n_heads * c.head_dim;
   const float hc_eps = static_cast<float>(c.hc_eps), eps = static_cast<float>(c.norm_eps);
   int64_t T = 0;
   for (const ChunkRef& ch : chunks) T += ch.n;
-  std::vector<int64_t> ids;
-  for (const ChunkRef& ch : chunks) ids.insert(ids.end(), ch.tokens, ch.tokens + ch.n);
+  std::vector<int64_t> ids, positions;
+  for (const ChunkRef& ch : chunks) {
+    ids.insert(ids.end(), ch.tokens, ch.tokens + ch.n);
+    for (int64_t s = 0; s < ch.n; ++s) positions.push_back(ch.start + s);
+  }
+  // Sequences never interact and every step is per row or per chunk, so contiguous groups of
+  // chunks can run their per-row work concurrently (small steps only: larger ones parallelise
+  // inside the ops); the routed experts then run once for all rows.
+  const int max_groups = pool_ && trace == nullptr && T <= kMaxGroupedRows ? pool_->size() : 1;
+  const std::vector<RowGroup> groups = SplitRows(chunks, T, max_groups);
+  const int64_t G = static_cast<int64_t>(groups.size());
 
   std::vector<HcSplit> split(T);
   std::vector<float> y(T * dim), xn(T * dim), a(T * dim), mid(T * hc * dim), f(T * dim);
+  std::vector<float> o(T * HD), shared(T * dim), acc(T * dim);
   const int64_t mix = c.mix_hc();
   std::vector<float> mixes(T * mix);
-  auto pre = [&](const float* h, const HcWeights& hw, const std::vector<float>& g) {
-    HcMixesRows(h, T, hc, dim, hw, eps, mixes.data());
-#pragma omp parallel for schedule(static) if (T * hc * dim * mix >= kParallelMinWork)
-    for (int64_t t = 0; t < T; ++t) {
+  // Rows [r0, r0 + n): hyper-connection pre-mix of h, then the sublayer norm into xn.
+  auto pre = [&](int64_t r0, int64_t n, const float* h, const HcWeights& hw,
+                 const std::vector<float>& g) {
+    HcMixesRows(h + r0 * hc * dim, n, hc, dim, hw, eps, mixes.data() + r0 * mix);
+#pragma omp parallel for schedule(static) if (n * hc * dim * mix >= kParallelMinWork)
+    for (int64_t t = r0; t < r0 + n; ++t) {
       const std::vector<float> m(mixes.begin() + t * mix, mixes.begin() + (t + 1) * mix);
       split[t] = HcPreFromMixes(h + t * hc * dim, m, hc, dim, hw, c.hc_sinkhorn_iters, hc_eps,
                                 y.data() + t * dim);
       RmsNorm(y.data() + t * dim, g.data(), dim, eps, xn.data() + t * dim);
     }
   };
-  auto post = [&](const float* sub, const float* h, float* out) {
-#pragma omp parallel for schedule(static) if (T * hc * hc * dim >= kParallelMinWork)
-    for (int64_t t = 0; t < T; ++t) {
+  auto post = [&](int64_t r0, int64_t n, const float* sub, const float* h, float* out) {
+#pragma omp parallel for schedule(static) if (n * hc * hc * dim >= kParallelMinWork)
+    for (int64_t t = r0; t < r0 + n; ++t) {
       HcPost(sub + t * dim, h + t * hc * dim, split[t], hc, dim, out + t * hc * dim);
     }
   };
@@ -99,50 +176,71 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
     }
   };
 
-  pre(h_in, bw.hc_attn, bw.attn_norm);
-  if (trace) keep_split(trace->hc_attn_split);
   const int64_t ratio = Ratio(layer);
   AttentionParams ap{&c, ratio == 0 ? &rope_plain_ : &rope_compressed_, options_.kv_fp8_sim_rounds};
-  // Every row's projections at once (the weights are decoded once per block call, not once per
-  // sequence), the stateful core per sequence, the output projections at once again.
-  std::vector<int64_t> positions(T);
-  {
+  // A group's attention sublayer: its rows' projections at once (the weights are decoded once per
+  // group, not once per sequence), the stateful core per sequence, the output projections at once.
+  auto attention = [&](const RowGroup& g) {
+    pre(g.r0, g.n, h_in, bw.hc_attn, bw.attn_norm);
+    AttentionRows rows;
+    AttentionProject(bw.attn, ap, xn.data() + g.r0 * dim, positions.data() + g.r0, g.n, &rows);
     int64_t row = 0;
-    for (const ChunkRef& ch : chunks) {
-      for (int64_t s = 0; s < ch.n; ++s) positions[row++] = ch.start + s;
+    for (size_t i = g.c0; i < g.c1; ++i) {
+      const ChunkRef& ch = chunks[i];
+      IndexerResult idx;
+      AttentionTrace at{&idx};
+      AttentionCore(bw.attn, ap, ch.state->layers[layer], xn.data() + (g.r0 + row) * dim, rows, row,
+                    ch.n, ch.start, o.data() + (g.r0 + row) * HD, &at);
+      if (trace) trace->indexer.push_back(std::move(idx));
+      row += ch.n;
     }
-  }
-  AttentionRows rows;
-  AttentionProject(bw.attn, ap, xn.data(), positions.data(), T, &rows);
-  std::vector<float> o(T * c.n_heads * c.head_dim);
-  int64_t row = 0;
-  for (const ChunkRef& ch : chunks) {
-    IndexerResult idx;
-    AttentionTrace at{&idx};
-    AttentionCore(bw.attn, ap, ch.state->layers[layer], xn.data() + row * dim, rows, row, ch.n,
-                  ch.start, o.data() + row * c.n_heads * c.head_dim, &at);
-    if (trace) trace->indexer.push_back(std::move(idx));
-    row += ch.n;
-  }
-  AttentionOutput(bw.attn, ap, o.data(), positions.data(), T, a.data());
-  post(a.data(), h_in, mid.data());
+    AttentionOutput(bw.attn, ap, o.data() + g.r0 * HD, positions.data() + g.r0, g.n,
+                    a.data() + g.r0 * dim);
+    post(g.r0, g.n, a.data(), h_in, mid.data());
+  };
+  // A group's share of the MoE sublayer on this side: pre-mix, router, shared expert.
+  std::vector<RouterResult> routes(G);
+  const float limit = options_.shared_expert_clamp ? static_cast<float>(c.swiglu_limit) : 0.0f;
+  auto moe_rows = [&](int64_t gi) {
+    const RowGroup& g = groups[gi];
+    pre(g.r0, g.n, mid.data(), bw.hc_ffn, bw.ffn_norm);
+    routes[gi] = Route(bw.moe, c, xn.data() + g.r0 * dim, ids.data() + g.r0, g.n);
+    SharedExpert(bw.moe, xn.data() + g.r0 * dim, g.n, limit, shared.data() + g.r0 * dim);
+  };
+
+  // Each group on the pool (or in order where there is one group, or when this thread is
+  // already one of the pool's: a call from inside a group).
+  auto each_group = [&](auto&& fn) {
+    if (G > 1 && pool_->ParallelFor(G, [&](int64_t gi, int) { fn(gi); }).ok()) return;
+    for (int64_t gi = 0; gi < G; ++gi) fn(gi);
+  };
+  each_group([&](int64_t gi) { attention(groups[gi]); });
+  if (trace) keep_split(trace->hc_attn_split);
   const auto t1 = Clock::now();
 
-  pre(mid.data(), bw.hc_ffn, bw.ffn_norm);
+  each_group(moe_rows);
   if (trace) keep_split(trace->hc_ffn_split);
-  MoeTimings mt;
-  RETURN_IF_ERROR(MoeForward(bw.moe, c, options_.shared_expert_clamp, layer, xn.data(), ids.data(),
-                             T, experts, f.data(), trace ? &trace->router : nullptr, &mt));
-  post(f.data(), mid.data(), h_out);
+  RouterResult r = std::move(routes[0]);
+  for (int64_t gi = 1; gi < G; ++gi) {
+    r.indices.insert(r.indices.end(), routes[gi].indices.begin(), routes[gi].indices.end());
+    r.weights.insert(r.weights.end(), routes[gi].weights.begin(), routes[gi].weights.end());
+  }
+  const auto t2 = Clock::now();
+  RETURN_IF_ERROR(MoeRouted(bw.moe, c, layer, xn.data(), r, T, experts, acc.data()));
+  const auto t3 = Clock::now();
+  MoeCombine(acc.data(), shared.data(), T * dim, f.data());
+  post(0, T, f.data(), mid.data(), h_out);
   if (trace) {
     trace->attn_out = std::move(a);
     trace->moe_out = std::move(f);
+    trace->router = std::move(r);
   }
   if (timings) {
     const double moe = std::chrono::duration<double>(Clock::now() - t1).count();
+    const double routed = std::chrono::duration<double>(t3 - t2).count();
     timings->attention += std::chrono::duration<double>(t1 - t0).count();
-    timings->moe += moe - mt.routed;
-    timings->moe_cpu += mt.routed;
+    timings->moe += moe - routed;
+    timings->moe_cpu += routed;
   }
   return absl::OkStatus();
 }

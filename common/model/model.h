@@ -8,7 +8,9 @@
 // sequence gives bit-identical results alone or in a batch.
 //
 // Thread-safety: a Model is immutable after Load and may run several forward calls at once as
-// long as they use different SequenceStates. Each call parallelises internally with OpenMP.
+// long as they use different SequenceStates. Large calls parallelise inside the ops with OpenMP;
+// small calls of several chunks (decode steps) run contiguous groups of chunks on the model's
+// thread pool instead (RunBlock), each group's rows with the same arithmetic as alone.
 #pragma once
 
 #include <cstdint>
@@ -22,13 +24,18 @@
 #include "common/model/moe.h"
 #include "common/model/state.h"
 #include "common/model/weights.h"
+#include "common/thread_pool.h"
 
 namespace ss::model {
 
 struct ModelOptions {
   bool shared_expert_clamp = true;  // current revision clamps the shared expert's SwiGLU
   bool kv_fp8_sim_rounds = true;    // current revision rounds the KV FP8 simulation to e4m3
+  // Threads (the caller included) for a small call's row groups; 0: the CPUs this process may
+  // run on (sched_getaffinity), capped at kMaxRowGroupThreads; 1: no pool.
+  int row_group_threads = 0;
 };
+inline constexpr int kMaxRowGroupThreads = 16;
 
 // One sequence's share of a forward call: `n` tokens at positions start..start+n-1.
 struct ChunkRef {
@@ -115,6 +122,7 @@ class Model {
 
   std::unique_ptr<ModelWeights> w_;
   ModelOptions options_;
+  std::unique_ptr<ThreadPool> pool_;  // row groups (null: one group)
   std::vector<float> rope_plain_, rope_compressed_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "common/bf16.h"
 #include "common/model/linear.h"
+#include "common/status.h"
 
 namespace ss::model {
 
@@ -121,6 +122,20 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_cl
                    nullptr);
 }
 
+absl::Status MoeRouted(const MoeWeights& w, const ModelConfig& c, int64_t layer, const float* x,
+                       const RouterResult& r, int64_t T, const RoutedExperts* experts, float* acc) {
+  if (experts == nullptr) {
+    RoutedSum(w, c, x, r, T, acc);
+    return absl::OkStatus();
+  }
+  return experts->Compute(layer, T, x, r.indices.data(), r.weights.data(),
+                          static_cast<int>(c.n_activated_experts), acc);
+}
+
+void MoeCombine(const float* acc, const float* shared, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = RoundBf16(acc[i] + shared[i]);
+}
+
 absl::Status MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_expert_clamp,
                         int64_t layer, const float* x, const int64_t* token_ids, int64_t T,
                         const RoutedExperts* experts, float* y, RouterResult* router,
@@ -132,17 +147,11 @@ absl::Status MoeForward(const MoeWeights& w, const ModelConfig& c, bool shared_e
   RouterResult r = Route(w, c, x, token_ids, T);
   const auto t1 = Clock::now();
   std::vector<float> acc(T * dim);
-  if (experts == nullptr) {
-    RoutedSum(w, c, x, r, T, acc.data());
-  } else {
-    absl::Status st = experts->Compute(layer, T, x, r.indices.data(), r.weights.data(),
-                                       static_cast<int>(c.n_activated_experts), acc.data());
-    if (!st.ok()) return st;
-  }
+  RETURN_IF_ERROR(MoeRouted(w, c, layer, x, r, T, experts, acc.data()));
   const auto t2 = Clock::now();
   std::vector<float> sh(T * dim);
   SharedExpert(w, x, T, shared_expert_clamp ? limit : 0.0f, sh.data());
-  for (int64_t i = 0; i < T * dim; ++i) y[i] = RoundBf16(acc[i] + sh[i]);
+  MoeCombine(acc.data(), sh.data(), T * dim, y);
   if (router) *router = std::move(r);
   if (timings) {
     const auto t3 = Clock::now();

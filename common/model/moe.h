@@ -53,6 +53,13 @@ class RoutedExperts {
                                const float* weights, int top_k, float* out) const = 0;
 };
 
+// The routed half of block `layer` by `experts` (null: RoutedSum, which cannot fail) into acc
+// [T, dim]; an error from `experts` is returned as is.
+absl::Status MoeRouted(const MoeWeights& w, const ModelConfig& c, int64_t layer, const float* x,
+                       const RouterResult& r, int64_t T, const RoutedExperts* experts, float* acc);
+// The sublayer's output from its halves: y[i] = bf16(acc[i] + shared[i]) for n values.
+void MoeCombine(const float* acc, const float* shared, int64_t n, float* y);
+
 // Wall seconds of one MoE sublayer's parts (accumulated: += ).
 struct MoeTimings {
   double router_shared = 0.0;  // router, shared expert and the combination (the GPU side)

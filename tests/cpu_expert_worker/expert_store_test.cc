@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "common/thread_pool.h"
 #include "cpu_expert_worker/numa.h"
-#include "cpu_expert_worker/thread_pool.h"
 #include "tests/cpu_expert_worker/expert_test_util.h"
 
 namespace ss::expert {

@@ -1,5 +1,6 @@
-// The expert worker's thread pool: one thread per physical core of its NUMA node, pinned
-// (ARCHITECTURE.md "Processes"; issue 3 item 4), fork-join only.
+// A fork-join thread pool. The expert worker runs one per NUMA node, a thread per physical core,
+// pinned (ARCHITECTURE.md "Processes"); the reference model runs a step's row groups on one
+// (common/model/model.h), unpinned.
 //
 // Shape. A pool of size N is the CALLING thread (worker 0) plus N-1 threads it owns (workers
 // 1..N-1). `ParallelFor(n, fn)` runs fn(i, worker) for every i in [0, n) exactly once, spread
@@ -41,7 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace ss::expert {
+namespace ss {
 
 struct ThreadPoolOptions {
   int num_threads = 1;  // N >= 1, the caller included
@@ -74,6 +75,9 @@ class ThreadPool {
   // Pins the calling thread to cpus[0] (no-op returning true without cpus or with cpus[0] < 0).
   // Returns false (after the process's one warning) when the kernel refuses.
   bool PinCallingThread() const;
+
+  // How many pins the kernel refused in this process (the first one is logged as a warning).
+  static int64_t pin_refusals();
 
   // Whether every owned worker that was given a CPU is pinned to it.
   bool workers_pinned() const { return unpinned_workers_.load() == 0; }
@@ -111,4 +115,4 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
 };
 
-}  // namespace ss::expert
+}  // namespace ss

@@ -1,4 +1,4 @@
-#include "cpu_expert_worker/thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <linux/futex.h>
 #include <pthread.h>
@@ -14,9 +14,9 @@
 #include <latch>
 
 #include "absl/strings/str_cat.h"
-#include "cpu_expert_worker/numa.h"
+#include "spdlog/spdlog.h"
 
-namespace ss::expert {
+namespace ss {
 namespace {
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
@@ -73,6 +73,8 @@ bool SpinUntil(int spin_us, Pred pred) {
   }
 }
 
+std::atomic<int64_t> g_pin_refusals{0};
+
 bool PinTo(int cpu) {
   if (cpu < 0) return true;
   const int ncpu = std::max(cpu + 1, CPU_SETSIZE);
@@ -83,8 +85,9 @@ bool PinTo(int cpu) {
   const int rc = pthread_setaffinity_np(pthread_self(), size, set);
   CPU_FREE(set);
   if (rc == 0) return true;
-  WarnOnce(Refusal::kPinning, absl::StrCat("pinning a thread to CPU ", cpu, " was refused (",
-                                           std::strerror(rc), "); threads run unpinned"));
+  if (g_pin_refusals.fetch_add(1) != 0) return false;
+  spdlog::warn(absl::StrCat("pinning a thread to CPU ", cpu, " was refused (", std::strerror(rc),
+                            "); threads run unpinned (reported once per process)"));
   return false;
 }
 
@@ -140,6 +143,8 @@ ThreadPool::~ThreadPool() {
   FutexWake(&generation_, INT_MAX);
   for (std::thread& t : threads_) t.join();
 }
+
+int64_t ThreadPool::pin_refusals() { return g_pin_refusals.load(); }
 
 bool ThreadPool::PinCallingThread() const { return cpus_.empty() || PinTo(cpus_[0]); }
 
@@ -237,4 +242,4 @@ void ThreadPool::WorkerLoop(int worker) {
   }
 }
 
-}  // namespace ss::expert
+}  // namespace ss
