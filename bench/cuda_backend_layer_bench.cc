@@ -17,7 +17,7 @@
 // sequence the window ring, and the compressed entries / indexer keys the step reads), those
 // bytes per second, and that as a fraction of a device-to-device copy measured in the same run
 // (bytes read + written per second, as gpu_kernels_bench). A second, shorter pass with
-// StageTimings (which synchronises inside the layer) splits the step into attention and MoE.
+// StageTimings (CUDA events recorded in the step) splits the step into attention and MoE.
 // Prefill: one 8K-token chunk from position 0 (the second of two runs), tokens per second.
 //
 // --tp N (N GPUs) runs each layer tensor-parallel over N ranks, one thread and one GPU each, joined
@@ -25,7 +25,7 @@
 // timed pass adds the seconds each step spends in the NCCL collectives (StageTimings::allreduce,
 // rank 0: the all-reduce after attention and the one after the MoE).
 //
-// Decode runs under CUDA graphs at TP 1 (CudaBackend::set_decode_graphs; the ms/step figure);
+// Decode runs under CUDA graphs, TP included (CudaBackend::set_decode_graphs; the ms/step figure);
 // each configuration is also timed launched kernel by kernel (the "launched" line).
 //
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
@@ -260,16 +260,13 @@ int main(int argc, char** argv) {
                       static_cast<long long>(ranks[0]->graph_replays() - replays0));
           continue;
         }
-        // The same steps launched kernel by kernel (TP = 1 runs them as CUDA graphs otherwise).
+        // The same steps launched kernel by kernel (every rank).
+        const int64_t replays = ranks[0]->graph_replays() - replays0;
         double t_launched = 0;
-        int64_t replays = 0;
-        if (tp == 1) {
-          replays = ranks[0]->graph_replays() - replays0;
-          ranks[0]->set_decode_graphs(false);
-          for (int i = 0; i < iters; ++i) t_launched += run_step(nullptr);
-          ranks[0]->set_decode_graphs(true);
-          t_launched /= iters;
-        }
+        for (auto& b : ranks) b->set_decode_graphs(false);
+        for (int i = 0; i < iters; ++i) t_launched += run_step(nullptr);
+        for (auto& b : ranks) b->set_decode_graphs(true);
+        t_launched /= iters;
         double attn = 0, moe = 0, ar = 0, t_timed = 0;
         for (int i = 0; i < timed; ++i) {
           ss::gpu::StageTimings tm;
@@ -291,18 +288,16 @@ int main(int argc, char** argv) {
         const double bytes = static_cast<double>(wbytes) + static_cast<double>(batch) * kv;
         std::printf(
             "%slayer ratio %3lld batch %d ctx %6lld: decode %.3f ms/step, %.1f MB read, %.1f GB/s "
-            "= %.3f of D2D copy (with per-layer syncs: step %.3f, attention %.3f, moe %.3f, "
+            "= %.3f of D2D copy (timed pass: step %.3f, attention %.3f, moe %.3f, "
             "allreduce %.3f ms)\n",
-            tp > 1 ? ("TP " + std::to_string(tp) + " ").c_str() : "",
-            static_cast<long long>(ratio), batch, static_cast<long long>(context), t * 1e3,
-            bytes / 1e6, bytes / t / 1e9, bytes / t / copy_bw, t_timed / timed * 1e3,
-            attn / timed * 1e3, moe / timed * 1e3, ar / timed * 1e3);
-        if (tp == 1) {
-          std::printf("  CUDA graphs: %lld graph launches in the timed steps; launched kernel by "
-                      "kernel instead: %.3f ms/step (%.3f of D2D copy)\n",
-                      static_cast<long long>(replays), t_launched * 1e3,
-                      bytes / t_launched / copy_bw);
-        }
+            tp > 1 ? ("TP " + std::to_string(tp) + " ").c_str() : "", static_cast<long long>(ratio),
+            batch, static_cast<long long>(context), t * 1e3, bytes / 1e6, bytes / t / 1e9,
+            bytes / t / copy_bw, t_timed / timed * 1e3, attn / timed * 1e3, moe / timed * 1e3,
+            ar / timed * 1e3);
+        std::printf(
+            "  CUDA graphs: %lld graph launches in the timed steps; launched kernel by "
+            "kernel instead: %.3f ms/step (%.3f of D2D copy)\n",
+            static_cast<long long>(replays), t_launched * 1e3, bytes / t_launched / copy_bw);
       }
     }
     if (!profile) {

@@ -78,7 +78,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   im.comm = tp > 1 ? o.comm : nullptr;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_ready, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_back, cudaEventDisableTiming));
   const model::ModelWeights& w = b->model_->weights();
   for (int l = o.first_layer; l < o.end_layer; ++l) {
     ASSIGN_OR_RETURN(DevBlock d, im.Block(c, w.blocks[l]));
@@ -264,7 +266,49 @@ cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const Scratch
   return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w.w, w.s, w.out, w.in, y, stream);
 }
 
+// The host function of a layer's routed experts (HostExpertsCall): skipped once an earlier layer
+// of the step failed (the step fails with that error; the rest of it only has to finish).
+void CUDART_CB RunHostExpertsCall(void* p) {
+  auto* call = static_cast<HostExpertsCall*>(p);
+  if (call->step_failed->load()) {
+    call->status = absl::CancelledError("an earlier layer's routed experts failed");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  call->status = (*call->run)(call->layer, call->rows);
+  call->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!call->status.ok()) call->step_failed->store(true);
+}
+
 }  // namespace
+
+absl::Status CudaBackend::HostExperts(int64_t layer, int64_t rows) {
+  Impl& im = *impl_;
+  const ModelConfig& c = model_->config();
+  const int64_t dim = c.dim, K = c.n_activated_experts, E = c.n_routed_experts;
+  im.host_x.resize(rows * dim);
+  const uint16_t* xb = im.moe_x.as<uint16_t>();
+  for (int64_t i = 0; i < rows * dim; ++i) im.host_x[i] = Bf16ToFloat(xb[i]);
+  const int32_t* ridx = im.moe_ids.as<int32_t>();
+  const float* rw = im.moe_w.as<float>();
+  float* acc = im.moe_sum.as<float>();
+  const model::RoutedExperts* experts = options_.experts ? options_.experts(layer) : nullptr;
+  if (experts != nullptr) {
+    return experts->Compute(layer, rows, im.host_x.data(), ridx, rw, static_cast<int>(K), acc);
+  }
+  model::RouterResult r;
+  r.indices.assign(ridx, ridx + rows * K);
+  r.weights.assign(rw, rw + rows * K);
+  if (im.tp > 1) {
+    // This rank's experts only (RoutedSum skips ids matching no expert).
+    const int64_t e0 = im.rank * E / im.tp, e1 = (im.rank + 1) * E / im.tp;
+    for (int32_t& e : r.indices) {
+      if (e < e0 || e >= e1) e = -1;
+    }
+  }
+  model::RoutedSum(model_->weights().blocks[layer].moe, c, im.host_x.data(), r, rows, acc);
+  return absl::OkStatus();
+}
 
 absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* streams_in,
                               StageOutput* out, StageTimings* timings) {
@@ -284,6 +328,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   // On any failure below, the batch's sequences are dropped (backend.h).
   auto fail = [&](absl::Status s) {
     cudaStreamSynchronize(st);
+    cudaStreamSynchronize(im.side);
+    (void)cudaGetLastError();  // a non-sticky error must not fail the next step's first launch
     for (const StageChunk& ch : batch) Release(ch.seq_id);
     return s;
   };
@@ -503,12 +549,10 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                                           std::pow(static_cast<double>(nh), -0.5));
   const bool rounds = model_->options().kv_fp8_sim_rounds;
   const float limit = static_cast<float>(c.swiglu_limit);
-  const int64_t K = c.n_activated_experts, E = c.n_routed_experts;
+  const int64_t K = c.n_activated_experts;
   const float shared_limit = model_->options().shared_expert_clamp ? limit : 0.0f;
   const bool host_experts = !options_.exclude_routed_experts;
-  std::vector<float> xh;
   if (host_experts) {
-    xh.resize(T * dim);
     for (auto [buf, bytes] : {std::pair{&im.moe_x, T * dim * 2},
                               {&im.moe_ids, T * K * 4},
                               {&im.moe_w, T * K * 4},
@@ -517,28 +561,69 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   }
 
-  // TP > 1: sums sc.part[0, n) over the group and waits for it under the deadline
-  // (cuda_backend.h). Seconds in the collective (after the stream's earlier work, when timed)
-  // accumulate in ar_seconds.
-  double ar_seconds = 0.0;
-  auto all_reduce = [&](int64_t n) -> absl::Status {
-    if (timings) RETURN_IF_ERROR(im.comm->Synchronize(st, options_.collective_timeout));
-    const auto a = Clock::now();
+  // Timing marks (StageTimings): events recorded in the stream, read after the step's final wait,
+  // so timing adds no host synchronisation (and runs inside a graph as well).
+  enum Mark {
+    kLayerStart,
+    kAttnArBegin,
+    kAttnArEnd,
+    kAttnEnd,
+    kMoeArBegin,
+    kMoeArEnd,
+    kLayerEnd,
+    kMarks
+  };
+  if (timings) {
+    while (im.marks.size() < static_cast<size_t>(n_layers) * kMarks) {
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreate(&e) != cudaSuccess) {
+        return fail(absl::InternalError("cudaEventCreate (timing marks) failed"));
+      }
+      im.marks.push_back(e);
+    }
+  }
+  if (host_experts) {
+    if (!im.host_experts) {
+      im.host_experts = [this](int64_t layer, int64_t rows) { return HostExperts(layer, rows); };
+    }
+    while (im.host_calls.size() < static_cast<size_t>(n_layers)) {
+      im.host_calls.push_back(std::make_unique<HostExpertsCall>());
+    }
+    im.host_failed.store(false);
+    for (int l = 0; l < n_layers; ++l) {
+      HostExpertsCall& hcall = *im.host_calls[l];
+      hcall.run = &im.host_experts;
+      hcall.step_failed = &im.host_failed;
+      hcall.layer = options_.first_layer + l;
+      hcall.rows = T;
+      hcall.status = absl::OkStatus();
+      hcall.seconds = 0.0;
+    }
+  }
+
+  // TP > 1: sums sc.part[0, n) over the group (enqueued only: the step waits for its collectives
+  // once, under the deadline, after its layers).
+  // A timing mark: under capture an event-record node (cudaEventRecordExternal; a plain record
+  // would only order the capture, and the flag is refused outside one), otherwise a record.
+  bool capturing = false;
+  auto mark = [&](int l, int m) {
+    return cudaEventRecordWithFlags(im.marks[l * kMarks + m], st,
+                                    capturing ? cudaEventRecordExternal : cudaEventRecordDefault);
+  };
+  auto all_reduce = [&](int l, int64_t n, Mark begin) -> absl::Status {
+    if (timings) RETURN_IF_ERROR(check(mark(l, begin), "timing mark"));
     RETURN_IF_ERROR(im.comm->AllReduceSum(sc.part, n, st));
-    RETURN_IF_ERROR(im.comm->Synchronize(st, options_.collective_timeout));
-    ar_seconds += Seconds(a, Clock::now());
+    if (timings) RETURN_IF_ERROR(check(mark(l, begin + 1), "timing mark"));
     return absl::OkStatus();
   };
 
   // The layers' GPU work; with graphs (below) captured once per step shape and replayed.
   auto run_layers = [&]() -> absl::Status {
     for (int l = 0; l < n_layers; ++l) {
-      const int64_t layer = options_.first_layer + l;
       const DevBlock& b = im.blocks[l];
       const cuda::KvToken* tok = dtokens + l * T;
       const cuda::KvGeom geom = kvl.Geom(l, pool);
-      const auto t0 = Clock::now();
-      const double ar_begin = ar_seconds;
+      if (timings) STEP(mark(l, kLayerStart));
       const float* cs = b.ratio == 0 ? sc.cos0 : sc.cos1;
       const float* sn = b.ratio == 0 ? sc.sin0 : sc.sin1;
       const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
@@ -629,13 +714,11 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         STEP(Lin8(b.wo_b, sc.z, T, sc, sc.attn, st));
       } else {
         STEP(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
-        if (absl::Status e = all_reduce(T * dim); !e.ok()) return fail(e);
+        if (absl::Status e = all_reduce(l, T * dim, kAttnArBegin); !e.ok()) return fail(e);
         STEP(cuda::RoundF32ToBf16(sc.part, T * dim, sc.attn, st));
       }
       STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
-      if (timings) STEP(cudaStreamSynchronize(st));
-      const auto t1 = Clock::now();
-      const double ar_attention = ar_seconds - ar_begin;
+      if (timings) STEP(mark(l, kAttnEnd));
 
       // ---- MoE sublayer
       STEP(cuda::HcPre(sc.mid, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, T, hc, dim,
@@ -644,10 +727,17 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T, c.n_routed_experts, dim, K,
                        static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, st));
       if (host_experts) {
+        // The routed experts: the rows to the host, the host call and the sum's upload on the side
+        // stream, while this stream runs the shared expert.
         STEP(cudaMemcpyAsync(im.moe_x.p, sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, st));
         STEP(cudaMemcpyAsync(im.moe_ids.p, sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
         STEP(cudaMemcpyAsync(im.moe_w.p, sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
         STEP(cudaEventRecord(im.routed_ready, st));
+        STEP(cudaStreamWaitEvent(im.side, im.routed_ready, 0));
+        STEP(cudaLaunchHostFunc(im.side, RunHostExpertsCall, im.host_calls[l].get()));
+        float* dst = im.tp == 1 ? sc.routed : sc.part + T * dim;
+        STEP(cudaMemcpyAsync(dst, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice, im.side));
+        STEP(cudaEventRecord(im.routed_back, im.side));
       }
       // The shared expert (this rank's slice of it) runs on the GPU while the host computes the
       // routed experts.
@@ -662,86 +752,45 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
           STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.part, st));
         }
       }
-      auto t2 = Clock::now();
-      if (host_experts) {
-        STEP(cudaEventSynchronize(im.routed_ready));
-        t2 = Clock::now();
-        const uint16_t* xb = im.moe_x.as<uint16_t>();
-        for (int64_t i = 0; i < T * dim; ++i) xh[i] = Bf16ToFloat(xb[i]);
-        const int32_t* ridx = im.moe_ids.as<int32_t>();
-        const float* rw = im.moe_w.as<float>();
-        float* acc = im.moe_sum.as<float>();
-        const model::RoutedExperts* experts = options_.experts ? options_.experts(layer) : nullptr;
-        if (experts != nullptr) {
-          const absl::Status e =
-              experts->Compute(layer, T, xh.data(), ridx, rw, static_cast<int>(K), acc);
-          if (!e.ok()) return fail(e);
-        } else {
-          model::RouterResult r;
-          r.indices.assign(ridx, ridx + T * K);
-          r.weights.assign(rw, rw + T * K);
-          if (im.tp > 1) {
-            // This rank's experts only (RoutedSum skips ids matching no expert).
-            const int64_t e0 = im.rank * E / im.tp, e1 = (im.rank + 1) * E / im.tp;
-            for (int32_t& e : r.indices) {
-              if (e < e0 || e >= e1) e = -1;
-            }
-          }
-          model::RoutedSum(model_->weights().blocks[layer].moe, c, xh.data(), r, T, acc);
-        }
-      }
-      const auto t3 = Clock::now();
+      if (host_experts) STEP(cudaStreamWaitEvent(st, im.routed_back, 0));
       if (im.tp == 1) {
-        if (host_experts) {
-          STEP(cudaMemcpyAsync(sc.routed, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice, st));
-        }
         STEP(cuda::MoeCombineBf16(si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr,
                                   T * dim, sc.moe, st));
       } else {
         // [shared partial | routed share], summed in one collective, then the reference's combine.
         if (si == 0) STEP(cudaMemsetAsync(sc.part, 0, T * dim * 4, st));
-        if (host_experts) {
-          STEP(cudaMemcpyAsync(sc.part + T * dim, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice,
-                               st));
-        } else {
-          STEP(cudaMemsetAsync(sc.part + T * dim, 0, T * dim * 4, st));
-        }
-        if (absl::Status e = all_reduce(2 * T * dim); !e.ok()) return fail(e);
+        if (!host_experts) STEP(cudaMemsetAsync(sc.part + T * dim, 0, T * dim * 4, st));
+        if (absl::Status e = all_reduce(l, 2 * T * dim, kMoeArBegin); !e.ok()) return fail(e);
         STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
       }
       STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
       std::swap(sc.h, sc.h2);
-      if (timings) {
-        STEP(cudaStreamSynchronize(st));
-        const auto t4 = Clock::now();
-        const double ar_layer = ar_seconds - ar_begin;
-        timings->attention[l] = Seconds(t0, t1) - ar_attention;
-        timings->moe_cpu[l] = Seconds(t2, t3);
-        timings->moe_gpu[l] = Seconds(t1, t4) - Seconds(t2, t3) - (ar_layer - ar_attention);
-        timings->allreduce[l] = ar_layer;
-      }
+      if (timings) STEP(mark(l, kLayerEnd));
     }
     return absl::OkStatus();
   };
 
-  // Decode under CUDA graphs: a step whose work is all on this GPU (no routed experts on the host,
-  // TP = 1, untimed) runs its layers as one graph, keyed by everything the launches take from the
-  // host (sizes, scratch addresses). A key seen on the previous step is captured and instantiated,
-  // then replayed while it repeats; a new key runs launched (the first call of some kernels sets
+  // Decode under CUDA graphs: a step runs its layers as one graph (the host's routed-experts calls
+  // as host nodes on the side stream, the TP collectives as NCCL's captured kernels, the timing
+  // marks as event nodes), keyed by everything the launches take from the host (sizes, scratch
+  // and pinned addresses, what the step includes). A key seen on the previous step is captured,
+  // then replayed while it repeats (a new capture updates the instantiated graph in place when
+  // only parameters changed); a new key runs launched (the first call of some kernels sets
   // attributes, which is not done under capture) and becomes the pending key. The step's inputs
   // (streams, ids, positions, compressor arrays, KvTokens, tables, entry addresses) are uploaded
   // above into the same buffers every step, before the replay.
-  const bool graphable = im.graphs && !host_experts && im.tp == 1 && timings == nullptr;
-  if (!graphable) {
+  if (!im.graphs) {
     RETURN_IF_ERROR(run_layers());
   } else {
-    std::vector<int64_t> key = {T, static_cast<int64_t>(nc), max_rows, attn_rows};
+    std::vector<int64_t> key = {
+        T, static_cast<int64_t>(nc), max_rows, attn_rows, host_experts, timings != nullptr};
     for (size_t i = 0; i < nc; ++i) {
       key.insert(key.end(), {row0[i + 1] - row0[i], n_sel[i], n_cols[i], table_off[i + 1]});
     }
     key.insert(key.end(), n_cand.begin(), n_cand.end());
     for (const void* p : {im.arena.p, im.params.p, im.cand.p, im.kvrows.p, im.scores.p, im.sel.p,
-                          static_cast<void*>(const_cast<uint8_t*>(pool))}) {
+                          static_cast<void*>(const_cast<uint8_t*>(pool)), im.moe_x.p, im.moe_ids.p,
+                          im.moe_w.p, im.moe_sum.p}) {
       key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)));
     }
     if (im.graph_exec != nullptr && key == im.graph_key) {
@@ -750,11 +799,11 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // The host's view of the ping-pong stream buffers, as the loop leaves it.
       if (n_layers % 2 != 0) std::swap(sc.h, sc.h2);
     } else if (key == im.pending_key) {
-      if (im.graph_exec != nullptr) cudaGraphExecDestroy(im.graph_exec);
-      im.graph_exec = nullptr;
       im.graph_key.clear();
       STEP(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      capturing = true;
       const absl::Status e = run_layers();
+      capturing = false;
       cudaGraph_t graph = nullptr;
       const cudaError_t ce = cudaStreamEndCapture(st, &graph);
       if (!e.ok()) {
@@ -762,7 +811,15 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         return e;
       }
       if (ce != cudaSuccess) return fail(CudaStatus(ce, "cudaStreamEndCapture"));
-      const cudaError_t ie = cudaGraphInstantiate(&im.graph_exec, graph, 0);
+      cudaGraphExecUpdateResultInfo info;
+      if (im.graph_exec != nullptr &&
+          cudaGraphExecUpdate(im.graph_exec, graph, &info) != cudaSuccess) {
+        (void)cudaGetLastError();  // a different topology: instantiate anew
+        cudaGraphExecDestroy(im.graph_exec);
+        im.graph_exec = nullptr;
+      }
+      cudaError_t ie = cudaSuccess;
+      if (im.graph_exec == nullptr) ie = cudaGraphInstantiate(&im.graph_exec, graph, 0);
       cudaGraphDestroy(graph);
       if (ie != cudaSuccess) {
         im.graph_exec = nullptr;
@@ -775,6 +832,12 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     } else {
       im.pending_key = std::move(key);
       RETURN_IF_ERROR(run_layers());
+    }
+  }
+  // TP > 1: the step's collectives, waited for once under the deadline (nccl_comm.h "Failure").
+  if (im.tp > 1) {
+    if (absl::Status e = im.comm->Synchronize(st, options_.collective_timeout); !e.ok()) {
+      return fail(e);
     }
   }
 
@@ -841,6 +904,32 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   }
   STEP(cudaStreamSynchronize(st));
 #undef STEP
+  if (host_experts) {
+    for (int l = 0; l < n_layers; ++l) {
+      const HostExpertsCall& hcall = *im.host_calls[l];
+      if (!hcall.status.ok() && !absl::IsCancelled(hcall.status)) return fail(hcall.status);
+    }
+  }
+  if (timings) {
+    auto ms = [&](int l, Mark a, Mark b) {
+      float v = 0.0f;
+      if (cudaEventElapsedTime(&v, im.marks[l * kMarks + a], im.marks[l * kMarks + b]) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();  // no figure; the error must not reach a later launch's check
+        v = 0.0f;
+      }
+      return static_cast<double>(v) * 1e-3;
+    };
+    for (int l = 0; l < n_layers; ++l) {
+      const double ar_attn = im.tp > 1 ? ms(l, kAttnArBegin, kAttnArEnd) : 0.0;
+      const double ar_moe = im.tp > 1 ? ms(l, kMoeArBegin, kMoeArEnd) : 0.0;
+      const double host = host_experts ? im.host_calls[l]->seconds : 0.0;
+      timings->attention[l] = ms(l, kLayerStart, kAttnEnd) - ar_attn;
+      timings->moe_cpu[l] = host;
+      timings->moe_gpu[l] = std::max(0.0, ms(l, kAttnEnd, kLayerEnd) - host - ar_moe);
+      timings->allreduce[l] = ar_attn + ar_moe;
+    }
+  }
   for (size_t i = 0; i < nc; ++i) {
     im.kv.Find(batch[i].seq_id)->next_pos = batch[i].start + (row0[i + 1] - row0[i]);
   }

@@ -20,21 +20,25 @@
 //
 // Host parts. A step uploads its inputs once (the streams as fp32, token ids, positions, and a
 // per-(layer, token) table of sizes and pool pointers, kernels/decode_step.h) and reads its output
-// once at the end (fp32 streams, or logits); in between the host waits only for
-//  * the routed experts: per MoE layer one D2H of the normed MoE input rows, the router's ids and
-//    weights (pinned buffers), given to the RoutedExperts provider of the layer (the expert-worker
-//    client) or, where the provider is absent, summed by model::RoutedSum on the host's reference
-//    weights, and one H2D of the fp32 sum; the shared expert runs on the GPU meanwhile, and the
-//    bf16(routed + shared) combine runs on the GPU. With `exclude_routed_experts` nothing goes to
-//    the host and the step runs without a single host synchronisation until its output;
-//  * TP > 1: each collective (see below);
-//  * buffer growth (a new sequence, a longer chunk, a doubled compressed-entry region).
+// once at the end (fp32 streams, or logits); in between the calling thread does not wait at all:
+//  * the routed experts run inside the step's stream order: per MoE layer one D2H of the normed
+//    MoE input rows, the router's ids and weights (pinned buffers), then, on a side stream, a host
+//    function (cudaLaunchHostFunc) that gives them to the RoutedExperts provider of the layer (the
+//    expert-worker client) or, where the provider is absent, sums them with model::RoutedSum on
+//    the host's reference weights, and one H2D of the fp32 sum; the shared expert runs on the GPU
+//    meanwhile, and the bf16(routed + shared) combine waits for the sum. A failed call fails the
+//    step with its error (the step's later calls are skipped, its kernels run to the end); with
+//    `exclude_routed_experts` nothing goes to the host;
+//  * TP > 1: the collectives are enqueued, and waited for once after the layers (see below);
+//  * StageTimings come from CUDA events recorded in the stream and the host calls' own clocks,
+//    read after the step's final wait (no synchronisation per part);
+//  * buffer growth (a new sequence, a longer chunk, a doubled compressed-entry region) may wait.
 // Everything else is on the device: the fp32 ↔ bf16 stream conversions; the candidate lists of
 // every layer (BuildCandidates: window positions from sizes, the indexer's top-k selections read
 // where IndexerTopK left them); the raw-KV staging and ring writes; one KvSparseAttention launch
 // for all sequences of a step (per 64 MiB of decoded rows in prefill). Stage 0's embedding gather
-// stays on the host (its table is not uploaded). A step with nothing for the host until its
-// output (exclude_routed_experts, TP = 1) runs its layers as a CUDA graph (set_decode_graphs).
+// stays on the host (its table is not uploaded). A step's layers, host calls and collectives
+// included, run as a CUDA graph once its shape repeats (set_decode_graphs).
 //
 // KV state: the paged KV cache of cuda_backend_kv.h, one device pool of blocks allocated at
 // start (kv_tokens / kv_block_tokens blocks plus the built-in allocator's window blocks), every
@@ -77,10 +81,12 @@
 //     computation as TP = 1's, so logits are bit-identical for identical inputs), gathered with
 //     one all-gather: every rank returns every logit.
 // All-reduced values are the same bits on every rank, so the replicated state (streams, KV,
-// compressor states) stays identical across ranks. Each collective is waited for right after it is
-// enqueued, under `collective_timeout`: a rank whose peer stopped (failed, died) gets
-// DeadlineExceeded and its communicator is aborted (the whole group must then be rebuilt),
-// never a hang. Every rank must run the same batches in the same order.
+// compressor states) stays identical across ranks. A step waits for its collectives under
+// `collective_timeout` (once after its layers, and after the LM head's all-gather): a rank whose
+// peer stopped (failed, died) gets DeadlineExceeded and its communicator is aborted (the whole
+// group must then be rebuilt), never a hang. A rank whose routed experts failed still runs the
+// step's collectives to the end, so its peers finish the step; it returns the error and the
+// coordinator fails the micro-batch. Every rank must run the same batches in the same order.
 // Measured on two H200s (tests/gpu_worker/cuda_tp_test.cc, tiny-a): every block's figures against
 // the reference equal TP = 1's, the whole model's logits are bit-identical to TP = 1's, and
 // splitserve-golden --tp 2 prints the same figures as TP = 1 for all 47 checks; the whole-model
@@ -163,13 +169,14 @@ class CudaBackend final : public StageBackend {
   // timed without the prefill. The values are meaningless; only the sizes are real.
   absl::Status FillSequenceForBenchmark(uint64_t seq_id, int64_t next_pos);
 
-  // Decode under CUDA graphs (on from creation): a step whose GPU work needs nothing from the host
-  // until its output (exclude_routed_experts, TP = 1, no StageTimings) runs its layers as one
-  // captured graph, re-captured when the step's shape changes (sizes, scratch addresses; see
-  // Run). Off: every step launches its kernels one by one (the same kernels, the same bits).
-  // Call between steps, from the thread that calls Run.
+  // Decode under CUDA graphs (on from creation): a step runs its layers as one captured graph
+  // (routed-experts host calls, TP collectives and timing marks included) once its shape repeats,
+  // re-captured when the shape changes (sizes, scratch and pinned addresses; see Run). Off: every
+  // step launches its kernels one by one (the same kernels, the same bits). Call between steps,
+  // from the thread that calls Run.
   void set_decode_graphs(bool on);
-  // Graphs instantiated, and steps run as a graph launch, since creation.
+  // Graphs captured (instantiated, or updated in place), and steps run as a graph launch, since
+  // creation.
   int64_t graph_captures() const;
   int64_t graph_replays() const;
 
@@ -177,6 +184,10 @@ class CudaBackend final : public StageBackend {
 
  private:
   CudaBackend(std::shared_ptr<const model::Model> model, const CudaBackendOptions& options);
+  // The host half of one MoE layer's routed experts for `rows` rows: the pinned MoE input, ids
+  // and weights to the pinned fp32 sum (the provider, or model::RoutedSum on this rank's share).
+  // Runs from the step's side stream (a host function: no CUDA calls).
+  absl::Status HostExperts(int64_t layer, int64_t rows);
 
   std::shared_ptr<const model::Model> model_;
   const CudaBackendOptions options_;

@@ -6,8 +6,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -130,6 +133,18 @@ struct PinnedBuf {
   ~PinnedBuf() { cudaFreeHost(p); }
 };
 
+// One MoE layer's routed experts on the host, enqueued on the step's side stream with
+// cudaLaunchHostFunc (so a captured graph replays it too): `run` (Impl::host_experts) is called
+// with the layer and the step's rows; the step reads `status` and `seconds` after its final wait.
+// Fields are rewritten before every step's launch; the object's address is fixed (graphs hold it).
+struct HostExpertsCall {
+  const std::function<absl::Status(int64_t layer, int64_t rows)>* run = nullptr;
+  std::atomic<bool>* step_failed = nullptr;  // an earlier layer of this step failed
+  int64_t layer = 0, rows = 0;
+  absl::Status status;
+  double seconds = 0.0;
+};
+
 }  // namespace cuda_backend_internal
 
 using namespace cuda_backend_internal;  // NOLINT: the backend's own source files only
@@ -141,7 +156,17 @@ struct CudaBackend::Impl {
   Share vocab;            // this rank's LM-head rows
   int64_t vocab_max = 0;  // the largest rank's row count (the all-gather's block)
   cudaStream_t stream = nullptr;
-  cudaEvent_t routed_ready = nullptr;
+  // The routed experts' side stream (host call, then the sum's upload), joined to `stream` by
+  // routed_ready (the MoE input is on the host) and routed_back (the sum is on the device).
+  cudaStream_t side = nullptr;
+  cudaEvent_t routed_ready = nullptr, routed_back = nullptr;
+  // The host half of the routed experts (set once, on first use) and one call record per layer.
+  std::function<absl::Status(int64_t layer, int64_t rows)> host_experts;
+  std::vector<std::unique_ptr<HostExpertsCall>> host_calls;
+  std::atomic<bool> host_failed{false};
+  std::vector<float> host_x;  // the MoE input rows as fp32, for the provider
+  // StageTimings from events (kMarks per layer, grow-only), read after the step's final wait.
+  std::vector<cudaEvent_t> marks;
   std::vector<void*> allocations;  // weights, freed at destruction
   int64_t weight_bytes = 0;
   std::vector<DevBlock> blocks;  // index = layer − first_layer
@@ -167,6 +192,9 @@ struct CudaBackend::Impl {
     kv.ReleaseAll();
     for (void* p : allocations) cudaFree(p);
     if (routed_ready) cudaEventDestroy(routed_ready);
+    if (routed_back) cudaEventDestroy(routed_back);
+    for (cudaEvent_t e : marks) cudaEventDestroy(e);
+    if (side) cudaStreamDestroy(side);
     if (stream) cudaStreamDestroy(stream);
   }
 

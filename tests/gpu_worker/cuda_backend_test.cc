@@ -18,9 +18,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/model/model.h"
@@ -136,65 +138,166 @@ TEST_F(CudaBackendTest, WholeModelGreedyAndPipelineSplitIsBitIdentical) {
   EXPECT_EQ(pp_identical, pp_values);
 }
 
-// Decode under CUDA graphs (exclude_routed_experts: a step's work is all on the GPU) against the
-// same steps launched kernel by kernel: logits bit-identical at every step, and the graph backend
-// really replayed (a capture on a step shape's second step, replays after).
-TEST_F(CudaBackendTest, DecodeGraphsAreBitIdenticalToLaunches) {
-  ASSERT_NE(TinyModel(), nullptr);
-  std::unique_ptr<CudaBackend> b[2];
-  for (int k = 0; k < 2; ++k) {
-    CudaBackendOptions o;
-    o.first_layer = 0;
-    o.end_layer = 7;
-    o.kv_tokens = 4096;
-    o.exclude_routed_experts = true;
-    auto r = CudaBackend::Create(TinyModel(), o);
-    ASSERT_TRUE(r.ok()) << r.status();
-    b[k] = std::move(*r);
+// Routed experts through a provider (as the expert-worker client): RoutedSum on the host's
+// reference weights, failing with Unavailable while `fail_layer` names the layer.
+class HostExpertsProvider : public model::RoutedExperts {
+ public:
+  explicit HostExpertsProvider(const model::Model* m) : m_(m) {}
+  absl::Status Compute(int64_t layer, int64_t T, const float* x, const int32_t* ids,
+                       const float* weights, int top_k, float* out) const override {
+    if (layer == fail_layer.load()) return absl::UnavailableError("expert worker gone (test)");
+    model::RouterResult r;
+    r.indices.assign(ids, ids + T * top_k);
+    r.weights.assign(weights, weights + T * top_k);
+    model::RoutedSum(m_->weights().blocks[layer].moe, m_->config(), x, r, T, out);
+    calls.fetch_add(1);
+    return absl::OkStatus();
   }
-  b[0]->set_decode_graphs(false);
+  std::atomic<int64_t> fail_layer{-1};
+  mutable std::atomic<int64_t> calls{0};
+
+ private:
+  const model::Model* m_;
+};
+
+// Two sequences: a prompt (37 and 36 tokens), then greedy decode steps of one token each.
+std::vector<StageChunk> DecodeBatch(int step, const std::vector<int32_t>& prompt,
+                                    const std::vector<int32_t>& next, uint64_t first_id = 1) {
+  std::vector<StageChunk> batch;
+  for (int s = 0; s < 2; ++s) {
+    const uint64_t id = first_id + static_cast<uint64_t>(s);
+    if (step == 0) {
+      batch.push_back(
+          {id, 0, std::span<const int32_t>(prompt.data(), prompt.size() - s), true, {}});
+    } else {
+      batch.push_back({id,
+                       static_cast<int64_t>(prompt.size()) - s + step - 1,
+                       std::span<const int32_t>(&next[s], 1),
+                       true,
+                       {}});
+    }
+  }
+  return batch;
+}
+
+std::vector<int32_t> Prompt() {
   std::vector<int32_t> prompt(37);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7) % 90);
-  int64_t values = 0, identical = 0;
-  std::vector<int32_t> next = {5, 9};
-  for (int step = 0; step < 14; ++step) {
-    std::vector<StageChunk> batch;
-    for (int s = 0; s < 2; ++s) {
-      if (step == 0) {
-        batch.push_back({static_cast<uint64_t>(s + 1), 0,
-                         std::span<const int32_t>(prompt.data(), prompt.size() - s), true, {}});
-      } else {
-        batch.push_back({static_cast<uint64_t>(s + 1),
-                         static_cast<int64_t>(prompt.size()) - s + step - 1,
-                         std::span<const int32_t>(&next[s], 1), true, {}});
-      }
-    }
-    StageOutput o[2];
+  return prompt;
+}
+
+// Decode under CUDA graphs against the same steps launched kernel by kernel: logits bit-identical
+// at every step, and the graph backend really replayed (a capture on a step shape's second step,
+// replays after). Both ways a step can run: all on the GPU (exclude_routed_experts), and as
+// production runs it, with the routed experts on the host through a provider (host nodes on a side
+// stream) and StageTimings (event nodes), whose figures must then be filled in.
+TEST_F(CudaBackendTest, DecodeGraphsAreBitIdenticalToLaunches) {
+  ASSERT_NE(TinyModel(), nullptr);
+  for (const bool production : {false, true}) {
+    SCOPED_TRACE(production ? "host experts + timings" : "GPU only");
+    HostExpertsProvider provider(TinyModel().get());
+    std::unique_ptr<CudaBackend> b[2];
     for (int k = 0; k < 2; ++k) {
-      const absl::Status st = b[k]->Run(batch, nullptr, &o[k], nullptr);
-      ASSERT_TRUE(st.ok()) << st;
+      CudaBackendOptions o;
+      o.first_layer = 0;
+      o.end_layer = 7;
+      o.kv_tokens = 4096;
+      o.exclude_routed_experts = !production;
+      if (production) o.experts = [&](int64_t) { return &provider; };
+      auto r = CudaBackend::Create(TinyModel(), o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      b[k] = std::move(*r);
     }
-    ASSERT_EQ(o[0].logits.size(), 2u);
-    ASSERT_EQ(o[1].logits.size(), 2u);
-    for (int s = 0; s < 2; ++s) {
-      ASSERT_EQ(o[0].logits[s].size(), o[1].logits[s].size());
-      for (size_t j = 0; j < o[0].logits[s].size(); ++j) {
-        ++values;
-        identical += std::memcmp(&o[0].logits[s][j], &o[1].logits[s][j], 4) == 0;
+    b[0]->set_decode_graphs(false);
+    const std::vector<int32_t> prompt = Prompt();
+    int64_t values = 0, identical = 0, timed_layers = 0;
+    std::vector<int32_t> next = {5, 9};
+    for (int step = 0; step < 14; ++step) {
+      const std::vector<StageChunk> batch = DecodeBatch(step, prompt, next);
+      StageOutput o[2];
+      StageTimings t;
+      for (int k = 0; k < 2; ++k) {
+        const absl::Status st =
+            b[k]->Run(batch, nullptr, &o[k], production && k == 1 ? &t : nullptr);
+        ASSERT_TRUE(st.ok()) << st;
       }
-      next[s] = static_cast<int32_t>(Argmax(o[0].logits[s]));
+      ASSERT_EQ(o[0].logits.size(), 2u);
+      ASSERT_EQ(o[1].logits.size(), 2u);
+      for (int s = 0; s < 2; ++s) {
+        ASSERT_EQ(o[0].logits[s].size(), o[1].logits[s].size());
+        for (size_t j = 0; j < o[0].logits[s].size(); ++j) {
+          ++values;
+          identical += std::memcmp(&o[0].logits[s][j], &o[1].logits[s][j], 4) == 0;
+        }
+        next[s] = static_cast<int32_t>(Argmax(o[0].logits[s]));
+      }
+      if (production) {
+        ASSERT_EQ(t.attention.size(), 7u);
+        for (int l = 0; l < 7; ++l) {
+          EXPECT_GT(t.attention[l], 0.0) << "step " << step << " layer " << l;
+          EXPECT_GT(t.moe_cpu[l], 0.0) << "step " << step << " layer " << l;
+          EXPECT_GE(t.moe_gpu[l], 0.0);
+          EXPECT_EQ(t.allreduce[l], 0.0);
+          ++timed_layers;
+        }
+      }
+    }
+    std::printf(
+        "%s: decode under CUDA graphs vs launched: %lld of %lld logits bit-identical; "
+        "graphs captured %lld, replayed %lld (launched backend: %lld); %lld timed "
+        "layers, %lld provider calls\n",
+        production ? "host experts + timings" : "GPU only", static_cast<long long>(identical),
+        static_cast<long long>(values), static_cast<long long>(b[1]->graph_captures()),
+        static_cast<long long>(b[1]->graph_replays()),
+        static_cast<long long>(b[0]->graph_replays()), static_cast<long long>(timed_layers),
+        static_cast<long long>(provider.calls.load()));
+    EXPECT_EQ(identical, values);
+    EXPECT_GE(b[1]->graph_captures(), 1);
+    EXPECT_GE(b[1]->graph_replays(), 6);
+    EXPECT_EQ(b[0]->graph_replays(), 0);
+    if (production) {
+      EXPECT_EQ(provider.calls.load(), 2 * 14 * 7);
     }
   }
-  std::printf("decode under CUDA graphs vs launched: %lld of %lld logits bit-identical; graphs "
-              "captured %lld, replayed %lld (launched backend: %lld)\n",
-              static_cast<long long>(identical), static_cast<long long>(values),
-              static_cast<long long>(b[1]->graph_captures()),
-              static_cast<long long>(b[1]->graph_replays()),
-              static_cast<long long>(b[0]->graph_replays()));
-  EXPECT_EQ(identical, values);
-  EXPECT_GE(b[1]->graph_captures(), 1);
-  EXPECT_GE(b[1]->graph_replays(), 6);
-  EXPECT_EQ(b[0]->graph_replays(), 0);
+}
+
+// A provider that fails inside a replayed graph: the step returns the provider's error (no hang,
+// the later layers' calls skipped), its sequences are released, and the backend serves a new
+// batch afterwards, again under graphs.
+TEST_F(CudaBackendTest, FailingRoutedExpertsFailTheStepUnderGraphs) {
+  ASSERT_NE(TinyModel(), nullptr);
+  HostExpertsProvider provider(TinyModel().get());
+  CudaBackendOptions o;
+  o.first_layer = 0;
+  o.end_layer = 7;
+  o.kv_tokens = 4096;
+  o.experts = [&](int64_t) { return &provider; };
+  auto r = CudaBackend::Create(TinyModel(), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  CudaBackend& b = **r;
+  const std::vector<int32_t> prompt = Prompt();
+  std::vector<int32_t> next = {5, 9};
+  for (int step = 0; step < 6; ++step) {
+    StageOutput out;
+    ASSERT_TRUE(b.Run(DecodeBatch(step, prompt, next), nullptr, &out, nullptr).ok());
+  }
+  ASSERT_GE(b.graph_replays(), 2) << "graphs must be replaying by the failing step";
+  provider.fail_layer = 3;
+  const int64_t calls = provider.calls.load();
+  StageOutput out;
+  const absl::Status st = b.Run(DecodeBatch(6, prompt, next), nullptr, &out, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find("expert worker gone"), std::string::npos) << st;
+  EXPECT_EQ(provider.calls.load(), calls + 3) << "layers 0-2 called, 4-6 skipped";
+  EXPECT_EQ(b.kv_usage().sequences, 0) << "the failed step's sequences are released";
+  provider.fail_layer = -1;
+  const int64_t replays = b.graph_replays();
+  for (int step = 0; step < 4; ++step) {
+    const absl::Status again = b.Run(DecodeBatch(step, prompt, next, 11), nullptr, &out, nullptr);
+    ASSERT_TRUE(again.ok()) << again;
+    ASSERT_EQ(out.logits.size(), 2u);
+  }
+  EXPECT_GT(b.graph_replays(), replays);
 }
 
 TEST_F(CudaBackendTest, ChecksReleaseAndCapacity) {
