@@ -32,6 +32,10 @@
 namespace ss {
 namespace {
 
+// Expert workers' idle spin (--spin_us) when the GPU workers run the cpu backend on the same cores
+// (the worker's own default, 200 us, suits a machine whose GPU workers wait on GPUs).
+constexpr int kSharedCoresSpinUs = 20;
+
 namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
@@ -449,6 +453,12 @@ int RunUpCommand(int argc, char** argv) {
     if (experts == nodes && nodes > 1) {
       args.push_back("--numa-node");
       args.push_back(absl::StrCat(e));
+    }
+    if (backend == "cpu") {
+      // The GPU workers then compute on these same cores: an idle expert thread polls only
+      // briefly, so it does not take a core from a decode step while the step runs.
+      args.push_back("--spin_us");
+      args.push_back(absl::StrCat(kSharedCoresSpinUs));
     }
     if (!sup.Start(absl::StrCat("expert", e), args, o.log_dir)) {
       cleanup();

@@ -46,6 +46,22 @@ std::vector<int> ChildrenOf(int pid) {
 
 bool ProcessAlive(int pid) { return kill(pid, 0) == 0; }
 
+// A process's arguments (/proc/PID/cmdline).
+std::vector<std::string> Cmdline(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> args;
+  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+  return args;
+}
+
+// The value after `flag` in args ("" when absent).
+std::string FlagValue(const std::vector<std::string>& args, const std::string& flag) {
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == flag) return args[i + 1];
+  }
+  return "";
+}
+
 std::vector<std::string> ShmSegmentsOf(int launcher_pid) {
   std::vector<std::string> out;
   const std::string prefix = "splitserve-" + std::to_string(launcher_pid) + "-";
@@ -92,6 +108,23 @@ TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
   const std::vector<int> children = ChildrenOf(pid);
   EXPECT_GE(children.size(), 3u);  // coordinator, GPU worker, expert worker(s)
   EXPECT_FALSE(ShmSegmentsOf(pid).empty());
+  // With the cpu backend the GPU worker computes on the expert workers' cores, so they are started
+  // with a short idle spin; with the cuda backend they keep their own default.
+  std::string backend;
+  int expert_workers = 0;
+  for (int child : children) {
+    const std::vector<std::string> args = Cmdline(child);
+    if (args.empty()) continue;
+    if (args[0].ends_with("splitserve-gpu-worker")) backend = FlagValue(args, "--backend");
+  }
+  for (int child : children) {
+    const std::vector<std::string> args = Cmdline(child);
+    if (args.empty() || !args[0].ends_with("splitserve-expert-worker")) continue;
+    ++expert_workers;
+    EXPECT_EQ(FlagValue(args, "--spin_us"), backend == "cpu" ? "20" : "") << "backend " << backend;
+  }
+  EXPECT_GE(expert_workers, 1);
+  EXPECT_FALSE(backend.empty());
 
   // The README's request.
   httplib::Client c("127.0.0.1", port);
