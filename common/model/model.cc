@@ -228,8 +228,12 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
   const auto t2 = Clock::now();
   RETURN_IF_ERROR(MoeRouted(bw.moe, c, layer, xn.data(), r, T, experts, acc.data()));
   const auto t3 = Clock::now();
-  MoeCombine(acc.data(), shared.data(), T * dim, f.data());
-  post(0, T, f.data(), mid.data(), h_out);
+  each_group([&](int64_t gi) {
+    const RowGroup& g = groups[gi];
+    MoeCombine(acc.data() + g.r0 * dim, shared.data() + g.r0 * dim, g.n * dim,
+               f.data() + g.r0 * dim);
+    post(g.r0, g.n, f.data(), mid.data(), h_out);
+  });
   if (trace) {
     trace->attn_out = std::move(a);
     trace->moe_out = std::move(f);
@@ -253,13 +257,24 @@ void Model::Logits(const float* streams, float* logits) const {
 std::vector<std::vector<float>> Model::LogitsRows(std::span<const float* const> streams) const {
   const ModelConfig& c = config();
   const int64_t n = static_cast<int64_t>(streams.size()), V = c.vocab_size;
-  std::vector<float> z(c.dim), u(n * c.dim), flat(n * V);
-  for (int64_t i = 0; i < n; ++i) {
-    HcHead(streams[i], c.hc_mult, c.dim, w_->hc_head, static_cast<float>(c.hc_eps),
-           static_cast<float>(c.norm_eps), z.data());
-    RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps), u.data() + i * c.dim);
+  std::vector<float> u(n * c.dim), flat(n * V);
+  // Rows [r0, r1): head collapse, norm, head (row groups on the pool as in RunBlock).
+  auto rows = [&](int64_t r0, int64_t r1) {
+    std::vector<float> z(c.dim);
+    for (int64_t i = r0; i < r1; ++i) {
+      HcHead(streams[i], c.hc_mult, c.dim, w_->hc_head, static_cast<float>(c.hc_eps),
+             static_cast<float>(c.norm_eps), z.data());
+      RmsNorm(z.data(), w_->norm.data(), c.dim, static_cast<float>(c.norm_eps),
+              u.data() + i * c.dim);
+    }
+    LinearF32(w_->head, u.data() + r0 * c.dim, r1 - r0, flat.data() + r0 * V);
+  };
+  const int64_t G =
+      pool_ && n >= 2 && n <= kMaxGroupedRows ? std::min<int64_t>(pool_->size(), n) : 1;
+  if (G == 1 ||
+      !pool_->ParallelFor(G, [&](int64_t g, int) { rows(g * n / G, (g + 1) * n / G); }).ok()) {
+    rows(0, n);
   }
-  LinearF32(w_->head, u.data(), n, flat.data());
   std::vector<std::vector<float>> logits;
   for (int64_t i = 0; i < n; ++i)
     logits.emplace_back(flat.begin() + i * V, flat.begin() + (i + 1) * V);
