@@ -29,7 +29,8 @@
 //    product, 32-element blocks with nearby power-of-two scales);
 //  * the fp32 linears (LinearBf16F32, LmHead) and the grouped projection sum in fp32 (per-lane
 //    partials, then a warp tree): equal to the reference up to fp32 summation order.
-// Measured on an H200 running the compute_86 PTX (tests/gpu_worker/compressor_indexer_test.cc):
+// Measured on an H200 running the compute_86 PTX (tests/gpu_worker/compressor_test.cc,
+// indexer_test.cc, output_projection_test.cc, lm_head_test.cc):
 // compressor entries and states, the indexer's q, weights, scores and selections, and the
 // Hadamard + FP4sim bit-identical to the reference on tiny-a and Flash shapes (the compressor's
 // fp32 mode and fp32 butterfly too); with the device's own fp32 V/G and Fp8Linear upstream still

@@ -52,14 +52,6 @@ __global__ void KvWriteKernelImpl(const DecodeToken* __restrict__ tokens,
   for (int64_t i = threadIdx.x; i < head_dim / 8; i += blockDim.x) dst[i] = src[i];
 }
 
-struct TokenPool {
-  const uint16_t* __restrict__ p;
-  int64_t d;
-  __device__ __forceinline__ float At(int32_t idx, int64_t k) const {
-    return Bf16ToF32(p[static_cast<int64_t>(idx) * d + k]);
-  }
-};
-
 __global__ void SparseAttentionRowsKernelImpl(const uint16_t* __restrict__ q,
                                               const DecodeToken* __restrict__ tokens,
                                               const int32_t* __restrict__ cand,
@@ -67,130 +59,43 @@ __global__ void SparseAttentionRowsKernelImpl(const uint16_t* __restrict__ q,
                                               int64_t d, int64_t n_cand, float scale,
                                               uint16_t* __restrict__ out) {
   const int64_t t = blockIdx.x / n_heads;
-  const TokenPool pool{reinterpret_cast<const uint16_t*>(tokens[t].pool), d};
+  const Bf16Pool pool{reinterpret_cast<const uint16_t*>(tokens[t].pool), d};
   SparseAttendBlock(q, pool, cand, sink, n_heads, d, n_cand, scale, out);
 }
 
-// The fast path for head_dim kD (a multiple of 256, ≤ 512): the same arithmetic as
-// SparseAttendBlock (each score a warp's lane-strided fp32 sum and xor tree, the running max and
-// the probability sum in candidate order, each output dim's P·V sum in candidate order), so the
-// same bits, but each 64-entry chunk of the list is first staged in shared memory with 16-byte
-// loads (all of it in flight at once, instead of one dependent 2-byte load per product), the
-// probabilities are taken in parallel (only their sum stays serial) and 256 threads share the
-// work. Dynamic shared memory: kSparseChunk·kD bf16 (64 KiB at kD = 512).
-constexpr int kFastThreads = 256;
-constexpr int kFastWarps = kFastThreads / 32;
+// SparseAttendFastBlock's stage: a chunk's pool rows with 16-byte loads.
+template <int kD>
+struct PoolRowsStage {
+  const uint4* pool;
+  __device__ __forceinline__ void StageRows(int64_t, int, uint4*) {}
+  __device__ __forceinline__ void StageEntries(const int32_t* idxs, int nc, uint4* smem) {
+    constexpr int kVec = kD / 8;
+    for (int e = static_cast<int>(threadIdx.x); e < nc * kVec; e += kSparseFastThreads) {
+      const int i = e / kVec, c = e % kVec;
+      const int32_t idx = idxs[i];
+      if (idx >= 0) smem[e] = pool[static_cast<int64_t>(idx) * kVec + c];
+    }
+  }
+};
 
 template <int kD>
-__global__ void __launch_bounds__(kFastThreads)
+__global__ void __launch_bounds__(kSparseFastThreads)
     SparseAttentionRowsFastKernelImpl(const uint16_t* __restrict__ q,
                                       const DecodeToken* __restrict__ tokens,
                                       const int32_t* __restrict__ cand,
                                       const float* __restrict__ sink, int64_t n_heads,
                                       int64_t n_cand, float scale, uint16_t* __restrict__ out) {
-  extern __shared__ uint4 kv_smem[];
-  const uint16_t* kvs = reinterpret_cast<const uint16_t*>(kv_smem);
-  __shared__ float s[kSparseChunk], pe[kSparseChunk], p_bf16[kSparseChunk];
-  __shared__ int32_t idxs[kSparseChunk];
-  __shared__ float stats[2];
-  constexpr int kLaneDims = kD / 32, kPer = kD / kFastThreads, kVec = kD / 8;
-  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-  const uint4* pool = reinterpret_cast<const uint4*>(tokens[t].pool);
-  const uint16_t* qh = q + (t * n_heads + h) * kD;
-  const int32_t* ct = cand + t * n_cand;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  float qv[kLaneDims];
-#pragma unroll
-  for (int j = 0; j < kLaneDims; ++j) qv[j] = Bf16ToF32(qh[lane + 32 * j]);
-  float acc[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
-  float m = -INFINITY, l = 0.0f;  // thread 0's are the block's
-
-  for (int64_t c0 = 0; c0 < n_cand; c0 += kSparseChunk) {
-    const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
-    if (tid < kSparseChunk) idxs[tid] = tid < nc ? ct[c0 + tid] : -1;
-    __syncthreads();
-    for (int e = tid; e < nc * kVec; e += kFastThreads) {
-      const int i = e / kVec, c = e % kVec;
-      const int32_t idx = idxs[i];
-      if (idx >= 0) kv_smem[e] = pool[static_cast<int64_t>(idx) * kVec + c];
-    }
-    __syncthreads();
-    for (int i = warp; i < nc; i += kFastWarps) {
-      const int32_t idx = idxs[i];
-      float dot = 0.0f;
-      if (idx >= 0) {
-        const uint16_t* kr = kvs + i * kD;
-#pragma unroll
-        for (int j = 0; j < kLaneDims; ++j) {
-          dot = __fadd_rn(dot, __fmul_rn(qv[j], Bf16ToF32(kr[lane + 32 * j])));
-        }
-        for (int o = 16; o > 0; o >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
-      }
-      if (lane == 0) s[i] = idx >= 0 ? __fmul_rn(dot, scale) : -INFINITY;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      float cm = -INFINITY;
-      for (int i = lane; i < nc; i += 32) cm = fmaxf(cm, s[i]);
-      for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-      if (lane == 0) stats[0] = cm;
-    }
-    __syncthreads();
-    const float cmax = fmaxf(m, stats[0]);
-    if (tid < nc) {
-      const float p = expf(__fsub_rn(s[tid], cmax));
-      pe[tid] = p;
-      p_bf16[tid] = idxs[tid] >= 0 ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
-    }
-    __syncthreads();
-    if (tid == 0) {
-      const float alpha = expf(__fsub_rn(m, cmax));
-      float psum = 0.0f;
-      for (int i = 0; i < nc; ++i) psum = __fadd_rn(psum, pe[i]);
-      l = __fadd_rn(__fmul_rn(l, alpha), psum);
-      stats[1] = alpha;
-    }
-    m = cmax;
-    __syncthreads();
-    const float alpha = stats[1];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int k = tid + j * kFastThreads;
-      float pv = 0.0f;
-      for (int i = 0; i < nc; ++i) {
-        if (idxs[i] >= 0) pv = __fadd_rn(pv, __fmul_rn(p_bf16[i], Bf16ToF32(kvs[i * kD + k])));
-      }
-      acc[j] = __fadd_rn(__fmul_rn(acc[j], alpha), pv);
-    }
-    __syncthreads();
-  }
-  __shared__ float denom;
-  if (tid == 0) denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
-  __syncthreads();
-  uint16_t* oh = out + (t * n_heads + h) * kD;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int k = tid + j * kFastThreads;
-    oh[k] = F32ToBf16(__fdiv_rn(acc[j], denom));
-  }
+  PoolRowsStage<kD> stage{reinterpret_cast<const uint4*>(tokens[blockIdx.x / n_heads].pool)};
+  SparseAttendFastBlock<kD>(q, cand, sink, n_heads, n_cand, scale, stage, out);
 }
 
-// Sets the fast kernel's dynamic shared-memory opt-in once per device (before any graph capture
-// that contains it: call SparseAttentionRows once first).
+// Before any graph capture that contains the fast kernel: call SparseAttentionRows once first.
 template <int kD>
 cudaError_t FastAttentionOptIn() {
-  constexpr int kMaxDevices = 64;
-  static bool done[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < kMaxDevices && done[dev]) return cudaSuccess;
-  e = cudaFuncSetAttribute(SparseAttentionRowsFastKernelImpl<kD>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
-  if (e == cudaSuccess && dev < kMaxDevices) done[dev] = true;
-  return e;
+  return OncePerDevice([] {
+    return cudaFuncSetAttribute(SparseAttentionRowsFastKernelImpl<kD>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+  });
 }
 
 __global__ void MoeCombineBf16KernelImpl(const uint16_t* __restrict__ shared,
@@ -263,11 +168,11 @@ cudaError_t SparseAttentionRows(const uint16_t* q, const DecodeToken* tokens, co
     const int smem = static_cast<int>(kSparseChunk * head_dim * 2);
     if (head_dim == 512) {
       if (cudaError_t e = FastAttentionOptIn<512>(); e != cudaSuccess) return e;
-      SparseAttentionRowsFastKernelImpl<512><<<blocks, kFastThreads, smem, stream>>>(
+      SparseAttentionRowsFastKernelImpl<512><<<blocks, kSparseFastThreads, smem, stream>>>(
           q, tokens, cand, sink, n_heads, n_cand, scale, out);
     } else {
       if (cudaError_t e = FastAttentionOptIn<256>(); e != cudaSuccess) return e;
-      SparseAttentionRowsFastKernelImpl<256><<<blocks, kFastThreads, smem, stream>>>(
+      SparseAttentionRowsFastKernelImpl<256><<<blocks, kSparseFastThreads, smem, stream>>>(
           q, tokens, cand, sink, n_heads, n_cand, scale, out);
     }
     return cudaGetLastError();

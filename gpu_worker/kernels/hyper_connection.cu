@@ -222,6 +222,26 @@ __device__ __forceinline__ float SplitSinkhornWarp4(float z, int iters, float ep
   return comb ? v : w;
 }
 
+// Thread tid's chain of squares: x[i]² summed over i ≡ tid (mod kThreads) in order, with kAhead
+// loads issued before the serial sums that use them.
+template <int kAhead>
+__device__ __forceinline__ float SquaresChain(const uint16_t* __restrict__ X, int64_t n, int tid) {
+  float sq = 0.0f;
+  int64_t i0 = tid;
+  for (; i0 + (kAhead - 1) * kThreads < n; i0 += kAhead * kThreads) {
+    float v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) v[u] = Bf16ToF32(X[i0 + u * kThreads]);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) sq = __fadd_rn(sq, __fmul_rn(v[u], v[u]));
+  }
+  for (; i0 < n; i0 += kThreads) {
+    const float v = Bf16ToF32(X[i0]);
+    sq = __fadd_rn(sq, __fmul_rn(v, v));
+  }
+  return sq;
+}
+
 // HcMixKernelImpl's products per shared-memory segment (a multiple of 32 and of kThreads).
 constexpr int kMixSeg = 4096;
 
@@ -240,21 +260,7 @@ __global__ void HcMixKernelImpl(const uint16_t* __restrict__ streams, const floa
   const uint16_t* X = streams + t * n;
   const int mix = (2 + hc) * hc;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  constexpr int kAhead = 16;  // loads issued before the serial sums that use them
-  float sq = 0.0f;
-  int64_t i0 = tid;
-  for (; i0 + (kAhead - 1) * kThreads < n; i0 += kAhead * kThreads) {
-    float v[kAhead];
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) v[u] = Bf16ToF32(X[i0 + u * kThreads]);
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) sq = __fadd_rn(sq, __fmul_rn(v[u], v[u]));
-  }
-  for (; i0 < n; i0 += kThreads) {
-    const float v = Bf16ToF32(X[i0]);
-    sq = __fadd_rn(sq, __fmul_rn(v, v));
-  }
-  sq = BlockSum(sq, scratch);
+  const float sq = BlockSum(SquaresChain<16>(X, n, tid), scratch);
   const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(n)));
   const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
   const int m = static_cast<int>(blockIdx.y);
@@ -328,21 +334,7 @@ __global__ void __launch_bounds__(kThreads)
   float* out = reinterpret_cast<float*>(y + t * dim);
   const int b = static_cast<int>(blockIdx.y);
   if (b == mix * kLaneParts) {
-    constexpr int kAhead = 32;
-    float sq = 0.0f;
-    int64_t i0 = tid;
-    for (; i0 + (kAhead - 1) * kThreads < n; i0 += kAhead * kThreads) {
-      float v[kAhead];
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) v[u] = Bf16ToF32(X[i0 + u * kThreads]);
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) sq = __fadd_rn(sq, __fmul_rn(v[u], v[u]));
-    }
-    for (; i0 < n; i0 += kThreads) {
-      const float v = Bf16ToF32(X[i0]);
-      sq = __fadd_rn(sq, __fmul_rn(v, v));
-    }
-    out[mix * 32 + tid] = sq;
+    out[mix * 32 + tid] = SquaresChain<32>(X, n, tid);
     return;
   }
   const int m = b / kLaneParts, p = b % kLaneParts;

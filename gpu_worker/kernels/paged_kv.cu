@@ -178,81 +178,41 @@ __device__ __forceinline__ float RecordDim(const uint8_t* __restrict__ rec, int 
   return Bf16ToF32(reinterpret_cast<const uint16_t*>(rec + nope)[k - nope]);
 }
 
-// SparseAttendBlock (sparse_attention_impl.cuh) over record addresses.
+// Candidates given as record addresses.
+struct RecordEntries {
+  int nope, rope;
+  __device__ __forceinline__ float At(uint64_t c, int64_t k) const {
+    return RecordDim(reinterpret_cast<const uint8_t*>(c), nope, rope, static_cast<int>(k));
+  }
+};
+
 __global__ void KvSparseAttentionKernelImpl(const uint16_t* __restrict__ q,
                                             const uint64_t* __restrict__ cand,
                                             const float* __restrict__ sink, int64_t n_heads,
                                             int64_t d, int nope, int64_t n_cand, float scale,
                                             uint16_t* __restrict__ out) {
-  const int rope = static_cast<int>(d) - nope;
-  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-  const uint16_t* qh = q + (t * n_heads + h) * d;
-  const uint64_t* ct = cand + t * n_cand;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float s[kSparseChunk];
-  __shared__ float p_bf16[kSparseChunk];
-  __shared__ float stats[2];
-  const int per = static_cast<int>(d / blockDim.x);
-  float acc[kSparseMaxDimsPerThread];
-  for (int j = 0; j < kSparseMaxDimsPerThread; ++j) acc[j] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t c0 = 0; c0 < n_cand; c0 += kSparseChunk) {
-    const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
-    for (int i = warp; i < nc; i += kSparseWarps) {
-      const uint8_t* rec = reinterpret_cast<const uint8_t*>(ct[c0 + i]);
-      float dot = 0.0f;
-      if (rec != nullptr) {
-        for (int64_t k = lane; k < d; k += 32) {
-          dot = __fadd_rn(dot, __fmul_rn(Bf16ToF32(qh[k]),
-                                         RecordDim(rec, nope, rope, static_cast<int>(k))));
-        }
-        for (int o = 16; o > 0; o >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
-      }
-      if (lane == 0) s[i] = rec != nullptr ? __fmul_rn(dot, scale) : -INFINITY;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float cmax = m;
-      for (int i = 0; i < nc; ++i) cmax = fmaxf(cmax, s[i]);
-      const float alpha = expf(__fsub_rn(m, cmax));
-      float psum = 0.0f;
-      for (int i = 0; i < nc; ++i) {
-        const float p = expf(__fsub_rn(s[i], cmax));
-        psum = __fadd_rn(psum, p);
-        p_bf16[i] = ct[c0 + i] != 0 ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
-      }
-      l = __fadd_rn(__fmul_rn(l, alpha), psum);
-      m = cmax;
-      stats[0] = m;
-      stats[1] = alpha;
-    }
-    __syncthreads();
-    const float alpha = stats[1];
-    for (int j = 0; j < per; ++j) {
-      const int k = static_cast<int>(threadIdx.x + static_cast<int64_t>(j) * blockDim.x);
-      float pv = 0.0f;
-      for (int i = 0; i < nc; ++i) {
-        const uint8_t* rec = reinterpret_cast<const uint8_t*>(ct[c0 + i]);
-        if (rec != nullptr) pv = __fadd_rn(pv, __fmul_rn(p_bf16[i], RecordDim(rec, nope, rope, k)));
-      }
-      acc[j] = __fadd_rn(__fmul_rn(acc[j], alpha), pv);
-    }
-    __syncthreads();
-  }
-  __shared__ float denom;
-  if (threadIdx.x == 0) denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
-  __syncthreads();
-  uint16_t* oh = out + (t * n_heads + h) * d;
-  for (int j = 0; j < per; ++j) {
-    const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    oh[k] = F32ToBf16(__fdiv_rn(acc[j], denom));
-  }
+  const RecordEntries entries{nope, static_cast<int>(d) - nope};
+  SparseAttendBlock(q, entries, cand, sink, n_heads, d, n_cand, scale, out);
 }
 
-// decode_step.cu's fast path (the same arithmetic, so the same bits) with each 64-entry chunk
-// decoded from its records into shared memory as bf16 (exact), 4 dims per step.
-constexpr int kFastThreads = 256;
-constexpr int kFastWarps = kFastThreads / 32;
+// Dims [k0, k0 + 4) of a record (k0 a multiple of 4) as bf16 (exact), in the order of a row.
+__device__ __forceinline__ uint2 RecordQuad(const uint8_t* __restrict__ rec, int nope, int rope,
+                                            int k0) {
+  uint2 v;
+  if (k0 < nope) {
+    const uint32_t codes = *reinterpret_cast<const uint32_t*>(rec + k0);
+    const float sc = Ue8m0ToF32(rec[nope + 2 * rope + k0 / 64]);
+    const uint32_t b0 = F32ToBf16(__fmul_rn(E4m3ToF32(codes & 0xff), sc));
+    const uint32_t b1 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 8) & 0xff), sc));
+    const uint32_t b2 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 16) & 0xff), sc));
+    const uint32_t b3 = F32ToBf16(__fmul_rn(E4m3ToF32(codes >> 24), sc));
+    v.x = b0 | (b1 << 16);
+    v.y = b2 | (b3 << 16);
+  } else {
+    v = *reinterpret_cast<const uint2*>(rec + nope + 2 * (k0 - nope));
+  }
+  return v;
+}
 
 // One block per candidate row r = t·n_cand + j: record cand[r] decoded to bf16 (exact) into
 // rows[r·d, (r + 1)·d); masked candidates (0) are skipped (their rows are never read). d / 4
@@ -265,155 +225,69 @@ __global__ void KvDecodeRowsKernelImpl(const uint64_t* __restrict__ cand, int d,
   const int rope = d - nope;
   uint16_t* out = rows + r * d;
   for (int k0 = static_cast<int>(threadIdx.x) * 4; k0 < d; k0 += static_cast<int>(blockDim.x) * 4) {
-    uint2 v;
-    if (k0 < nope) {
-      const uint32_t codes = *reinterpret_cast<const uint32_t*>(rec + k0);
-      const float sc = Ue8m0ToF32(rec[nope + 2 * rope + k0 / 64]);
-      const uint32_t b0 = F32ToBf16(__fmul_rn(E4m3ToF32(codes & 0xff), sc));
-      const uint32_t b1 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 8) & 0xff), sc));
-      const uint32_t b2 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 16) & 0xff), sc));
-      const uint32_t b3 = F32ToBf16(__fmul_rn(E4m3ToF32(codes >> 24), sc));
-      v.x = b0 | (b1 << 16);
-      v.y = b2 | (b3 << 16);
-    } else {
-      v = *reinterpret_cast<const uint2*>(rec + nope + 2 * (k0 - nope));
-    }
-    *reinterpret_cast<uint2*>(out + k0) = v;
+    *reinterpret_cast<uint2*>(out + k0) = RecordQuad(rec, nope, rope, k0);
   }
 }
 
-// kRows: the entries come decoded (KvDecodeRowsKernelImpl's rows, token t's list contiguous), so
-// staging a chunk is a plain copy, and the next chunk's copy is in registers while this one is
-// scored (the decode is done once per token, not once per head).
+// SparseAttendFastBlock's stage (decode_step.cu's fast path over records, so the same bits): each
+// chunk's records decoded into shared memory as bf16 (exact), 4 dims per step. kRows: the entries
+// come decoded (KvDecodeRowsKernelImpl's rows, token t's list contiguous), so staging a chunk is
+// a plain copy, and the next chunk's copy is in registers while this one is scored (the decode
+// is done once per token, not once per head).
 template <int kD, bool kRows>
-__global__ void __launch_bounds__(kFastThreads)
+struct RecordStage {
+  static constexpr int kVecs = kD / 8, kPerThread = kSparseChunk * kVecs / kSparseFastThreads;
+  const uint4* trows;  // kRows: token t's rows
+  int64_t n_cand;
+  int nope;
+  uint4 ahead[kPerThread];  // kRows: the uint4s of a chunk's rows this thread copies
+
+  __device__ __forceinline__ void Load(int64_t c) {
+    const int64_t n = (n_cand - c < kSparseChunk ? n_cand - c : kSparseChunk) * kVecs;
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int e = static_cast<int>(threadIdx.x) + u * kSparseFastThreads;
+      if (e < n) ahead[u] = trows[c * kVecs + e];
+    }
+  }
+  __device__ __forceinline__ void StageRows(int64_t c0, int nc, uint4* smem) {
+    if constexpr (kRows) {
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) {
+        const int e = static_cast<int>(threadIdx.x) + u * kSparseFastThreads;
+        if (e < nc * kVecs) smem[e] = ahead[u];
+      }
+      if (c0 + kSparseChunk < n_cand) Load(c0 + kSparseChunk);
+    }
+  }
+  __device__ __forceinline__ void StageEntries(const uint64_t* idxs, int nc, uint4* smem) {
+    if constexpr (!kRows) {
+      constexpr int kQuads = kD / 4;
+      uint16_t* kvs = reinterpret_cast<uint16_t*>(smem);
+      for (int e = static_cast<int>(threadIdx.x); e < nc * kQuads; e += kSparseFastThreads) {
+        const int i = e / kQuads, k0 = (e % kQuads) * 4;
+        const uint8_t* rec = reinterpret_cast<const uint8_t*>(idxs[i]);
+        if (rec == nullptr) continue;
+        *reinterpret_cast<uint2*>(kvs + i * kD + k0) = RecordQuad(rec, nope, kD - nope, k0);
+      }
+    }
+  }
+};
+
+template <int kD, bool kRows>
+__global__ void __launch_bounds__(kSparseFastThreads)
     KvSparseAttentionFastKernelImpl(const uint16_t* __restrict__ q,
                                     const uint64_t* __restrict__ cand,
                                     const float* __restrict__ sink, int64_t n_heads, int nope,
                                     int64_t n_cand, float scale, const uint16_t* __restrict__ rows,
                                     uint16_t* __restrict__ out) {
-  extern __shared__ uint4 kv_smem[];
-  uint16_t* kvs = reinterpret_cast<uint16_t*>(kv_smem);
-  __shared__ float s[kSparseChunk], pe[kSparseChunk], p_bf16[kSparseChunk];
-  __shared__ uint64_t idxs[kSparseChunk];
-  __shared__ float stats[2];
-  constexpr int kLaneDims = kD / 32, kPer = kD / kFastThreads, kQuads = kD / 4;
-  const int rope = kD - nope;
-  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-  const uint16_t* qh = q + (t * n_heads + h) * kD;
-  const uint64_t* ct = cand + t * n_cand;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  float qv[kLaneDims];
-#pragma unroll
-  for (int j = 0; j < kLaneDims; ++j) qv[j] = Bf16ToF32(qh[lane + 32 * j]);
-  float acc[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-
-  // kRows: the uint4s of a chunk's rows a thread copies, loaded one chunk ahead.
-  constexpr int kVecs = kD / 8, kPerThread = kSparseChunk * kVecs / kFastThreads;
-  const uint4* trows = reinterpret_cast<const uint4*>(rows + (kRows ? t * n_cand * kD : 0));
-  uint4 ahead[kPerThread];
-  auto load_chunk = [&](int64_t c) {
-    const int64_t n = (n_cand - c < kSparseChunk ? n_cand - c : kSparseChunk) * kVecs;
-#pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {
-      const int e = tid + u * kFastThreads;
-      if (e < n) ahead[u] = trows[c * kVecs + e];
-    }
-  };
-  if constexpr (kRows) load_chunk(0);
-  for (int64_t c0 = 0; c0 < n_cand; c0 += kSparseChunk) {
-    const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
-    if (tid < kSparseChunk) idxs[tid] = tid < nc ? ct[c0 + tid] : 0;
-    if constexpr (kRows) {
-#pragma unroll
-      for (int u = 0; u < kPerThread; ++u) {
-        const int e = tid + u * kFastThreads;
-        if (e < nc * kVecs) reinterpret_cast<uint4*>(kvs)[e] = ahead[u];
-      }
-      if (c0 + kSparseChunk < n_cand) load_chunk(c0 + kSparseChunk);
-    }
-    __syncthreads();
-    for (int e = tid; !kRows && e < nc * kQuads; e += kFastThreads) {
-      const int i = e / kQuads, k0 = (e % kQuads) * 4;
-      const uint8_t* rec = reinterpret_cast<const uint8_t*>(idxs[i]);
-      if (rec == nullptr) continue;
-      uint2 v;
-      if (k0 < nope) {
-        const uint32_t codes = *reinterpret_cast<const uint32_t*>(rec + k0);
-        const float sc = Ue8m0ToF32(rec[nope + 2 * rope + k0 / 64]);
-        const uint32_t b0 = F32ToBf16(__fmul_rn(E4m3ToF32(codes & 0xff), sc));
-        const uint32_t b1 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 8) & 0xff), sc));
-        const uint32_t b2 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 16) & 0xff), sc));
-        const uint32_t b3 = F32ToBf16(__fmul_rn(E4m3ToF32(codes >> 24), sc));
-        v.x = b0 | (b1 << 16);
-        v.y = b2 | (b3 << 16);
-      } else {
-        v = *reinterpret_cast<const uint2*>(rec + nope + 2 * (k0 - nope));
-      }
-      *reinterpret_cast<uint2*>(kvs + i * kD + k0) = v;
-    }
-    __syncthreads();
-    for (int i = warp; i < nc; i += kFastWarps) {
-      const bool valid = idxs[i] != 0;
-      float dot = 0.0f;
-      if (valid) {
-        const uint16_t* kr = kvs + i * kD;
-#pragma unroll
-        for (int j = 0; j < kLaneDims; ++j) {
-          dot = __fadd_rn(dot, __fmul_rn(qv[j], Bf16ToF32(kr[lane + 32 * j])));
-        }
-        for (int o = 16; o > 0; o >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
-      }
-      if (lane == 0) s[i] = valid ? __fmul_rn(dot, scale) : -INFINITY;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      float cm = -INFINITY;
-      for (int i = lane; i < nc; i += 32) cm = fmaxf(cm, s[i]);
-      for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-      if (lane == 0) stats[0] = cm;
-    }
-    __syncthreads();
-    const float cmax = fmaxf(m, stats[0]);
-    if (tid < nc) {
-      const float p = expf(__fsub_rn(s[tid], cmax));
-      pe[tid] = p;
-      p_bf16[tid] = idxs[tid] != 0 ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
-    }
-    __syncthreads();
-    if (tid == 0) {
-      const float alpha = expf(__fsub_rn(m, cmax));
-      float psum = 0.0f;
-      for (int i = 0; i < nc; ++i) psum = __fadd_rn(psum, pe[i]);
-      l = __fadd_rn(__fmul_rn(l, alpha), psum);
-      stats[1] = alpha;
-    }
-    m = cmax;
-    __syncthreads();
-    const float alpha = stats[1];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int k = tid + j * kFastThreads;
-      float pv = 0.0f;
-      for (int i = 0; i < nc; ++i) {
-        if (idxs[i] != 0) pv = __fadd_rn(pv, __fmul_rn(p_bf16[i], Bf16ToF32(kvs[i * kD + k])));
-      }
-      acc[j] = __fadd_rn(__fmul_rn(acc[j], alpha), pv);
-    }
-    __syncthreads();
-  }
-  __shared__ float denom;
-  if (tid == 0) denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
-  __syncthreads();
-  uint16_t* oh = out + (t * n_heads + h) * kD;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int k = tid + j * kFastThreads;
-    oh[k] = F32ToBf16(__fdiv_rn(acc[j], denom));
-  }
+  const int64_t t = blockIdx.x / n_heads;
+  RecordStage<kD, kRows> stage;
+  stage.trows = reinterpret_cast<const uint4*>(rows + (kRows ? t * n_cand * kD : 0));
+  stage.n_cand = n_cand;
+  stage.nope = nope;
+  if constexpr (kRows) stage.Load(0);
+  SparseAttendFastBlock<kD>(q, cand, sink, n_heads, n_cand, scale, stage, out);
 }
 
 // Flash-decoding over the decoded rows (KvSparseAttention, T ≤ kKvSplitMaxTokens): the fast
@@ -630,24 +504,19 @@ __global__ void __launch_bounds__(kD / 4)
 
 template <int kD, bool kRows>
 cudaError_t FastOptIn() {
-  constexpr int kMaxDevices = 64;
-  static bool done[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < kMaxDevices && done[dev]) return cudaSuccess;
-  e = cudaFuncSetAttribute(KvSparseAttentionFastKernelImpl<kD, kRows>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
-  if (e == cudaSuccess && kRows) {
-    e = cudaFuncSetAttribute(KvSplitScoresKernelImpl<kD>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
-  }
-  if (e == cudaSuccess && kRows) {
-    e = cudaFuncSetAttribute(KvSplitPvKernelImpl<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSparseChunk * kD * 2);
-  }
-  if (e == cudaSuccess && dev < kMaxDevices) done[dev] = true;
-  return e;
+  return OncePerDevice([] {
+    // kRows: the split kernels (few tokens) stage the same chunk of rows.
+    const void* kernels[] = {
+        reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD, kRows>),
+        reinterpret_cast<const void*>(KvSplitScoresKernelImpl<kD>),
+        reinterpret_cast<const void*>(KvSplitPvKernelImpl<kD>)};
+    cudaError_t e = cudaSuccess;
+    for (int k = 0; k < (kRows ? 3 : 1) && e == cudaSuccess; ++k) {
+      e = cudaFuncSetAttribute(kernels[k], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSparseChunk * kD * 2);
+    }
+    return e;
+  });
 }
 
 bool BadRows(int64_t T) { return T < 0 || T > 0x7fffffff; }
@@ -724,7 +593,7 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
   const int smem = static_cast<int>(kSparseChunk * kD * 2);
   if (rows == nullptr) {
     if (cudaError_t e = FastOptIn<kD, false>(); e != cudaSuccess) return e;
-    KvSparseAttentionFastKernelImpl<kD, false><<<blocks, kFastThreads, smem, stream>>>(
+    KvSparseAttentionFastKernelImpl<kD, false><<<blocks, kSparseFastThreads, smem, stream>>>(
         q, cand, sink, n_heads, nope, n_cand, scale, nullptr, out);
     return cudaGetLastError();
   }
@@ -748,7 +617,7 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
                                                                 static_cast<int>(nch), w, out);
     return cudaGetLastError();
   }
-  KvSparseAttentionFastKernelImpl<kD, true><<<blocks, kFastThreads, smem, stream>>>(
+  KvSparseAttentionFastKernelImpl<kD, true><<<blocks, kSparseFastThreads, smem, stream>>>(
       q, cand, sink, n_heads, nope, n_cand, scale, rows, out);
   return cudaGetLastError();
 }

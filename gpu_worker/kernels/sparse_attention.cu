@@ -5,14 +5,6 @@
 namespace ss::cuda {
 namespace {
 
-struct Bf16Pool {
-  const uint16_t* __restrict__ p;
-  int64_t d;
-  __device__ __forceinline__ float At(int32_t idx, int64_t k) const {
-    return Bf16ToF32(p[static_cast<int64_t>(idx) * d + k]);
-  }
-};
-
 __global__ void SparseAttentionKernelImpl(const uint16_t* __restrict__ q,
                                           const uint16_t* __restrict__ pool,
                                           const int32_t* __restrict__ cand,

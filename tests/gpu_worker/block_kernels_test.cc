@@ -47,88 +47,12 @@ class BlockKernelsTest : public testing_util::GpuTest {};
 
 // ---- tiny-a data ---------------------------------------------------------------------------
 
-const model::ModelWeights& TinyA() {
-  static const std::unique_ptr<model::ModelWeights> w = [] {
-    auto r = model::LoadModelWeights(kTinyA);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? std::move(*r) : nullptr;
-  }();
-  return *w;
-}
+constexpr char kGolden[] = "golden.safetensors";
 
-const Checkpoint& TinyAGolden() {
-  static const std::unique_ptr<Checkpoint> g = [] {
-    auto r = Checkpoint::OpenFiles({std::string(kTinyA) + "/golden.safetensors"});
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? std::move(*r) : nullptr;
-  }();
-  return *g;
-}
-
-std::vector<float> GoldenFloats(const std::string& name, DType dtype,
-                                const std::vector<int64_t>& shape) {
-  auto t = TinyAGolden().Get(name, dtype, shape);
-  EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return {};
-  std::vector<float> v((*t)->numel());
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dtype == DType::kBF16) {
-      uint16_t b;
-      std::memcpy(&b, (*t)->data + 2 * i, 2);
-      v[i] = Bf16ToFloat(b);
-    } else {
-      std::memcpy(&v[i], (*t)->data + 4 * i, 4);
-    }
-  }
-  return v;
-}
-
-std::vector<int64_t> GoldenIds(const std::string& name) {
-  auto t = TinyAGolden().GetAnyShape(name, DType::kI64);
-  EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return {};
-  std::vector<int64_t> v((*t)->numel());
-  std::memcpy(v.data(), (*t)->data, v.size() * 8);
-  return v;
-}
-
-// The 40-token intermediates case: HC streams entering block L ([T, hc, dim]; block 0: the
-// embedding copied to every stream) and the prompt ids.
-struct TinyAStreams {
-  std::vector<int64_t> ids;
-  std::vector<float> after_block;  // [n_layers, T, hc, dim]
-  int64_t T = 0;
-};
-
-const TinyAStreams& Inter() {
-  static const TinyAStreams s = [] {
-    const ModelConfig& c = TinyA().config;
-    TinyAStreams r;
-    r.ids = GoldenIds("inter.prompt_ids");
-    r.T = static_cast<int64_t>(r.ids.size());
-    r.after_block =
-        GoldenFloats("inter.hc_after_block", DType::kBF16, {c.n_layers, r.T, c.hc_mult, c.dim});
-    return r;
-  }();
+// The 40-token intermediates case.
+const GoldenStreams& Inter() {
+  static const GoldenStreams s = LoadGoldenStreams(kGolden, "inter");
   return s;
-}
-
-std::vector<float> StreamsIntoBlock(int64_t layer) {
-  const ModelConfig& c = TinyA().config;
-  const TinyAStreams& s = Inter();
-  const int64_t n = s.T * c.hc_mult * c.dim;
-  if (layer > 0) {
-    return std::vector<float>(s.after_block.begin() + (layer - 1) * n,
-                              s.after_block.begin() + layer * n);
-  }
-  std::vector<float> h(n), row(c.dim);
-  for (int64_t t = 0; t < s.T; ++t) {
-    TinyA().embed.Row(s.ids[t], row.data());
-    for (int64_t k = 0; k < c.hc_mult; ++k) {
-      std::copy(row.begin(), row.end(), h.begin() + (t * c.hc_mult + k) * c.dim);
-    }
-  }
-  return h;
 }
 
 // ---- hyper-connections
@@ -504,30 +428,23 @@ void CheckSwiGlu(const std::string& label, bool bf16_in, bool fused, float limit
 // ---------------------------------------------------------------------------------------
 
 TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
-  for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
-           {"HcPre", HcPreKernel()},
-           {"HcPreMix", HcPreMixKernel()},
-           {"HcPreFinish", HcPreFinishKernel()},
-           {"HcPreMixLanes", HcPreMixLanesKernel()},
-           {"HcPreFinishLanes", HcPreFinishLanesKernel()},
-           {"HcPost", HcPostKernel()},
-           {"HcHead", HcHeadKernel()},
-           {"HeadRmsNormBf16", HeadRmsNormBf16Kernel()},
-           {"RopeCosSin", RopeCosSinKernel()},
-           {"ApplyRope", ApplyRopeKernel()},
-           {"Fp8SimInplace", Fp8SimInplaceKernel()},
-           {"RouterLogits", RouterLogitsKernel()},
-           {"RouterLogitsRow", RouterLogitsRowKernel()},
-           {"RouterSelect", RouterSelectKernel()},
-           {"SwiGluF32", SwiGluF32Kernel()},
-           {"SwiGluBf16", SwiGluBf16Kernel()}}) {
-    cudaFuncAttributes a{};
-    CUDA_ASSERT_OK(cudaFuncGetAttributes(&a, fn));
-    EXPECT_EQ(a.ptxVersion, 86) << name;
-    EXPECT_LT(a.sharedSizeBytes, size_t{48} << 10) << name;
-    std::printf("%-16s ptxVersion=%d binaryVersion=%d regs=%d smem=%zu local=%zu\n", name.c_str(),
-                a.ptxVersion, a.binaryVersion, a.numRegs, a.sharedSizeBytes, a.localSizeBytes);
-  }
+  ExpectCompute86Ptx({{"HcPre", HcPreKernel()},
+                      {"HcPreMix", HcPreMixKernel()},
+                      {"HcPreFinish", HcPreFinishKernel()},
+                      {"HcPreMixLanes", HcPreMixLanesKernel()},
+                      {"HcPreFinishLanes", HcPreFinishLanesKernel()},
+                      {"HcPost", HcPostKernel()},
+                      {"HcHead", HcHeadKernel()},
+                      {"HeadRmsNormBf16", HeadRmsNormBf16Kernel()},
+                      {"RopeCosSin", RopeCosSinKernel()},
+                      {"ApplyRope", ApplyRopeKernel()},
+                      {"Fp8SimInplace", Fp8SimInplaceKernel()},
+                      {"RouterLogits", RouterLogitsKernel()},
+                      {"RouterLogitsRow", RouterLogitsRowKernel()},
+                      {"RouterSelect", RouterSelectKernel()},
+                      {"SwiGluF32", SwiGluF32Kernel()},
+                      {"SwiGluBf16", SwiGluBf16Kernel()}},
+                     size_t{48} << 10);
 }
 
 // Size checks happen before any CUDA call, so this runs without a device.
@@ -564,13 +481,13 @@ TEST(BlockKernelsLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
 TEST_F(BlockKernelsTest, HyperConnectionsMatchReferenceOnTinyA) {
   const model::ModelWeights& w = TinyA();
   const ModelConfig& c = w.config;
-  const TinyAStreams& s = Inter();
+  const GoldenStreams& s = Inter();
   ASSERT_GT(s.T, 0);
   const HcShape shape = TinyAHcShape();
   const std::vector<float> attn_out =
-      GoldenFloats("inter.attn_out", DType::kBF16, {c.n_layers, s.T, c.dim});
+      GoldenFloats(kGolden, "inter.attn_out", DType::kBF16, {c.n_layers, s.T, c.dim});
   for (int64_t L = 0; L < c.n_layers; ++L) {
-    const std::vector<float> streams = StreamsIntoBlock(L);
+    const std::vector<float> streams = StreamsIntoBlock(Inter(), L);
     // A realistic sublayer output for HcPost: the golden attention output of block L.
     const std::vector<float> x(attn_out.begin() + L * s.T * c.dim,
                                attn_out.begin() + (L + 1) * s.T * c.dim);
@@ -579,7 +496,7 @@ TEST_F(BlockKernelsTest, HyperConnectionsMatchReferenceOnTinyA) {
     CheckHc("tiny-a L" + std::to_string(L) + " hc_ffn", w.blocks[L].hc_ffn, streams, x, s.T, shape);
   }
   const std::vector<float> final_streams =
-      GoldenFloats("inter.hc_final", DType::kBF16, {s.T, c.hc_mult, c.dim});
+      GoldenFloats(kGolden, "inter.hc_final", DType::kBF16, {s.T, c.hc_mult, c.dim});
   CheckHcHead("tiny-a hc_head", w.hc_head, final_streams, s.T, shape);
   if (!w.mtp.empty())
     CheckHcHead("tiny-a mtp.0 hc_head", w.mtp[0].hc_head, final_streams, s.T, shape);
@@ -590,14 +507,15 @@ TEST_F(BlockKernelsTest, HcSplitMatchesOfficialGoldenLayer0) {
   const model::ModelWeights& w = TinyA();
   const ModelConfig& c = w.config;
   const int64_t T = Inter().T, hc = c.hc_mult;
-  const HcOut got = DeviceHcPre(w.blocks[0].hc_attn, StreamsIntoBlock(0), T, TinyAHcShape());
+  const HcOut got =
+      DeviceHcPre(w.blocks[0].hc_attn, StreamsIntoBlock(Inter(), 0), T, TinyAHcShape());
   for (const auto& [part, v, shape] :
        {std::tuple{"pre", &got.pre, std::vector<int64_t>{T, hc}},
         std::tuple{"post", &got.post, std::vector<int64_t>{T, hc}},
         std::tuple{"comb", &got.comb, std::vector<int64_t>{T, hc, hc}}}) {
     const golden::Closeness cg =
         Report(std::string("official L0 hc_attn ") + part, *v,
-               GoldenFloats(std::string("inter.L0.hc_attn.") + part, DType::kF32, shape));
+               GoldenFloats(kGolden, std::string("inter.L0.hc_attn.") + part, DType::kF32, shape));
     EXPECT_LE(cg.rms_rel, 1e-5) << part;
   }
 }
@@ -647,7 +565,7 @@ TEST_F(BlockKernelsTest, QueryPathMatchesReferenceOnTinyA) {
   const float eps = static_cast<float>(c.norm_eps);
   for (const int64_t L : {int64_t{0}, int64_t{3}}) {  // no YaRN (ratio 0), YaRN (ratio 128)
     const model::BlockWeights& b = w.blocks[L];
-    const HcOut hc = HostHcPre(b.hc_attn, StreamsIntoBlock(L), T, TinyAHcShape());
+    const HcOut hc = HostHcPre(b.hc_attn, StreamsIntoBlock(Inter(), L), T, TinyAHcShape());
     std::vector<float> x(T * dim), qa(T * qlr), qr(T * qlr), q(T * H * hd);
     for (int64_t t = 0; t < T; ++t) {
       model::RmsNorm(hc.y.data() + t * dim, b.attn_norm.data(), dim, eps, x.data() + t * dim);
@@ -686,7 +604,7 @@ TEST_F(BlockKernelsTest, KvPathMatchesReferenceOnTinyA) {
   const float eps = static_cast<float>(c.norm_eps);
   for (const int64_t L : {int64_t{0}, int64_t{3}}) {
     const model::BlockWeights& b = w.blocks[L];
-    const HcOut hc = HostHcPre(b.hc_attn, StreamsIntoBlock(L), T, TinyAHcShape());
+    const HcOut hc = HostHcPre(b.hc_attn, StreamsIntoBlock(Inter(), L), T, TinyAHcShape());
     std::vector<float> x(T * dim), kva(T * hd), kv(T * hd);
     for (int64_t t = 0; t < T; ++t) {
       model::RmsNorm(hc.y.data() + t * dim, b.attn_norm.data(), dim, eps, x.data() + t * dim);
@@ -756,7 +674,7 @@ TEST_F(BlockKernelsTest, RouterMatchesReferenceOnTinyA) {
   for (int64_t L = 0; L < c.n_layers; ++L) {  // layers < n_hash_layers hash, the rest learned
     const model::BlockWeights& b = w.blocks[L];
     // A realistic router input: the ffn-normed HC collapse of the streams entering block L.
-    const HcOut hc = HostHcPre(b.hc_ffn, StreamsIntoBlock(L), T, TinyAHcShape());
+    const HcOut hc = HostHcPre(b.hc_ffn, StreamsIntoBlock(Inter(), L), T, TinyAHcShape());
     std::vector<float> x(T * dim);
     for (int64_t t = 0; t < T; ++t) {
       model::RmsNorm(hc.y.data() + t * dim, b.ffn_norm.data(), dim, eps, x.data() + t * dim);

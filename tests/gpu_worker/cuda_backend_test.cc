@@ -35,22 +35,10 @@ namespace {
 
 using cuda::testing_util::GpuTest;
 using cuda::testing_util::Report;
-using testing_util::Argmax;
-using testing_util::Chunks;
-using testing_util::kSteps;
-using testing_util::Reference;
-using testing_util::RefRun;
-using testing_util::TinyModel;
-using testing_util::Top2Margin;
+using namespace testing_util;  // NOLINT: the shared tiny-a schedule
 
 std::unique_ptr<CudaBackend> Make(int stage, int num_stages, int first, int end) {
-  CudaBackendOptions o;
-  o.stage = stage;
-  o.num_stages = num_stages;
-  o.first_layer = first;
-  o.end_layer = end;
-  o.kv_tokens = 4096;
-  auto b = CudaBackend::Create(TinyModel(), o);
+  auto b = CudaBackend::Create(TinyModel(), StageOptions(stage, num_stages, first, end));
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
 }
@@ -198,10 +186,7 @@ TEST_F(CudaBackendTest, DecodeGraphsAreBitIdenticalToLaunches) {
     HostExpertsProvider provider(TinyModel().get());
     std::unique_ptr<CudaBackend> b[2];
     for (int k = 0; k < 2; ++k) {
-      CudaBackendOptions o;
-      o.first_layer = 0;
-      o.end_layer = 7;
-      o.kv_tokens = 4096;
+      CudaBackendOptions o = WholeModelOptions();
       o.exclude_routed_experts = !production;
       if (production) o.experts = [&](int64_t) { return &provider; };
       auto r = CudaBackend::Create(TinyModel(), o);
@@ -267,10 +252,7 @@ TEST_F(CudaBackendTest, DecodeGraphsAreBitIdenticalToLaunches) {
 TEST_F(CudaBackendTest, FailingRoutedExpertsFailTheStepUnderGraphs) {
   ASSERT_NE(TinyModel(), nullptr);
   HostExpertsProvider provider(TinyModel().get());
-  CudaBackendOptions o;
-  o.first_layer = 0;
-  o.end_layer = 7;
-  o.kv_tokens = 4096;
+  CudaBackendOptions o = WholeModelOptions();
   o.experts = [&](int64_t) { return &provider; };
   auto r = CudaBackend::Create(TinyModel(), o);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -302,11 +284,7 @@ TEST_F(CudaBackendTest, FailingRoutedExpertsFailTheStepUnderGraphs) {
 
 TEST_F(CudaBackendTest, ChecksReleaseAndCapacity) {
   ASSERT_NE(TinyModel(), nullptr);
-  CudaBackendOptions o;
-  o.first_layer = 0;
-  o.end_layer = 7;
-  o.kv_tokens = 40;
-  auto b = CudaBackend::Create(TinyModel(), o);
+  auto b = CudaBackend::Create(TinyModel(), WholeModelOptions(40));
   ASSERT_TRUE(b.ok()) << b.status();
   const std::vector<int32_t> t30(30, 5), t1(1, 7), t20(20, 9);
   StageOutput out;

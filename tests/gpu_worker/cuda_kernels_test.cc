@@ -25,18 +25,11 @@ using namespace testing_util;  // NOLINT: the shared GPU test helpers
 class CudaKernelsTest : public testing_util::GpuTest {};
 
 TEST_F(CudaKernelsTest, KernelsRunFromCompute86Ptx) {
-  for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
-           {"RmsNorm", RmsNormKernel()},
-           {"QuantizeActE4m3", QuantizeActE4m3Kernel()},
-           {"Fp8Gemv", Fp8LinearKernel()},
-           {"Fp8Gemm", Fp8GemmKernel()},
-           {"Fp8LinearGeneric", Fp8LinearGenericKernel()}}) {
-    cudaFuncAttributes a{};
-    CUDA_ASSERT_OK(cudaFuncGetAttributes(&a, fn));
-    EXPECT_EQ(a.ptxVersion, 86) << name;
-    std::printf("%-16s ptxVersion=%d binaryVersion=%d regs=%d\n", name.c_str(), a.ptxVersion,
-                a.binaryVersion, a.numRegs);
-  }
+  ExpectCompute86Ptx({{"RmsNorm", RmsNormKernel()},
+                      {"QuantizeActE4m3", QuantizeActE4m3Kernel()},
+                      {"Fp8Gemv", Fp8LinearKernel()},
+                      {"Fp8Gemm", Fp8GemmKernel()},
+                      {"Fp8LinearGeneric", Fp8LinearGenericKernel()}});
 }
 
 TEST_F(CudaKernelsTest, RmsNormMatchesReference) {

@@ -48,13 +48,7 @@ namespace {
 
 using cuda::testing_util::DeviceBuffer;
 using cuda::testing_util::Report;
-using testing_util::Argmax;
-using testing_util::Chunks;
-using testing_util::kSteps;
-using testing_util::Reference;
-using testing_util::RefRun;
-using testing_util::TinyModel;
-using testing_util::Top2Margin;
+using namespace testing_util;  // NOLINT: the shared tiny-a schedule
 
 constexpr int kTp = 2;
 
@@ -96,12 +90,7 @@ std::vector<std::unique_ptr<CudaBackend>> MakeStage(std::vector<std::unique_ptr<
   const int tp = comms.empty() ? 1 : static_cast<int>(comms.size());
   std::vector<std::unique_ptr<CudaBackend>> ranks;
   for (int r = 0; r < tp; ++r) {
-    CudaBackendOptions o;
-    o.stage = stage;
-    o.num_stages = num_stages;
-    o.first_layer = first;
-    o.end_layer = end;
-    o.kv_tokens = 4096;
+    CudaBackendOptions o = StageOptions(stage, num_stages, first, end);
     o.device = r;
     o.tp_rank = r;
     o.tp_size = tp;
@@ -139,10 +128,7 @@ int64_t BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(TpOptionsTest, AreValidatedBeforeAnyDeviceIsTouched) {
   ASSERT_NE(TinyModel(), nullptr);
-  CudaBackendOptions o;
-  o.first_layer = 0;
-  o.end_layer = 7;
-  o.kv_tokens = 64;
+  CudaBackendOptions o = WholeModelOptions(64);
   o.tp_size = 2;
   o.tp_rank = 2;
   EXPECT_EQ(CudaBackend::Create(TinyModel(), o).status().code(),

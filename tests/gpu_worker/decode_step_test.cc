@@ -21,21 +21,9 @@
 namespace ss::cuda {
 namespace {
 
-class DecodeStepTest : public testing_util::GpuTest {};
+using namespace testing_util;  // NOLINT: the shared GPU test helpers
 
-template <typename T>
-T* Dev(const std::vector<T>& h) {
-  T* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)), cudaSuccess);
-  if (!h.empty()) cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return p;
-}
-template <typename T>
-std::vector<T> Host(const T* p, size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+class DecodeStepTest : public testing_util::GpuTest {};
 
 // The host construction the backend used (one chunk; attention.h's layout).
 std::vector<int32_t> HostCandidates(int64_t start, int64_t S, int64_t W, int64_t comp_row,
@@ -110,12 +98,12 @@ void RunCandidates(const std::vector<Chunk>& chunks, int64_t W, int64_t ratio, b
     sel.insert(sel.end(), csel.begin(), csel.end());
   }
   const int64_t T = static_cast<int64_t>(toks.size());
-  DecodeToken* dt = Dev(toks);
-  int32_t* ds = Dev(sel);
+  DecodeToken* dt = ToDevice(toks);
+  int32_t* ds = ToDevice(sel);
   int32_t* dc = nullptr;
   ASSERT_EQ(cudaMalloc(&dc, T * n_cand_max * 4), cudaSuccess);
   ASSERT_EQ(BuildCandidates(dt, T, W, ds, n_cand_max, dc, nullptr), cudaSuccess);
-  const std::vector<int32_t> got = Host(dc, T * n_cand_max);
+  const std::vector<int32_t> got = ToHost(dc, T * n_cand_max);
   int64_t row = 0, mismatches = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     for (int64_t s = 0; s < chunks[i].S; ++s, ++row) {
@@ -132,20 +120,13 @@ void RunCandidates(const std::vector<Chunk>& chunks, int64_t W, int64_t ratio, b
 }
 
 TEST_F(DecodeStepTest, KernelsRunFromCompute86Ptx) {
-  for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
-           {"BuildCandidates", BuildCandidatesKernel()},
-           {"KvStage", KvStageKernel()},
-           {"KvRing", KvRingKernel()},
-           {"SparseAttentionRows", SparseAttentionRowsKernel()},
-           {"SparseAttentionRowsFast", SparseAttentionRowsFastKernel()},
-           {"MoeCombineBf16", MoeCombineBf16Kernel()},
-           {"Bf16ToF32", Bf16ToF32Kernel()}}) {
-    cudaFuncAttributes a{};
-    ASSERT_EQ(cudaFuncGetAttributes(&a, fn), cudaSuccess) << name;
-    EXPECT_EQ(a.ptxVersion, 86) << name;
-    std::printf("%-20s ptxVersion=%d binaryVersion=%d\n", name.c_str(), a.ptxVersion,
-                a.binaryVersion);
-  }
+  ExpectCompute86Ptx({{"BuildCandidates", BuildCandidatesKernel()},
+                      {"KvStage", KvStageKernel()},
+                      {"KvRing", KvRingKernel()},
+                      {"SparseAttentionRows", SparseAttentionRowsKernel()},
+                      {"SparseAttentionRowsFast", SparseAttentionRowsFastKernel()},
+                      {"MoeCombineBf16", MoeCombineBf16Kernel()},
+                      {"Bf16ToF32", Bf16ToF32Kernel()}});
 }
 
 TEST_F(DecodeStepTest, CandidatesMatchHostLists) {
@@ -175,8 +156,8 @@ TEST_F(DecodeStepTest, RowsAttentionAndKvWritesMatchPerSequence) {
   for (float& s : sink) s = nd(rng);
   // Token 0: sequence 0 at position 40 (decode); tokens 1, 2: sequence 1's chunk [5, 7).
   std::vector<DecodeToken> toks(3);
-  uint16_t* dp0 = Dev(pool0);
-  uint16_t* dp1 = Dev(pool1);
+  uint16_t* dp0 = ToDevice(pool0);
+  uint16_t* dp1 = ToDevice(pool1);
   toks[0] = {reinterpret_cast<uint64_t>(dp0), 40, 40, 41, static_cast<int32_t>(W), 5, 20, 4, -1};
   for (int s = 0; s < 2; ++s) {
     toks[1 + s] = {
@@ -190,10 +171,10 @@ TEST_F(DecodeStepTest, RowsAttentionAndKvWritesMatchPerSequence) {
     cand[t * (W + 5) + W + 1] = -1;
     for (int64_t j = W + 2; j < W + 5; ++j) cand[t * (W + 5) + j] = -1;
   }
-  DecodeToken* dt = Dev(toks);
-  int32_t* dc = Dev(cand);
-  uint16_t* dq = Dev(q);
-  float* dsink = Dev(sink);
+  DecodeToken* dt = ToDevice(toks);
+  int32_t* dc = ToDevice(cand);
+  uint16_t* dq = ToDevice(q);
+  float* dsink = ToDevice(sink);
   uint16_t *dout = nullptr, *dref = nullptr;
   ASSERT_EQ(cudaMalloc(&dout, q.size() * 2), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dref, q.size() * 2), cudaSuccess);
@@ -207,13 +188,13 @@ TEST_F(DecodeStepTest, RowsAttentionAndKvWritesMatchPerSequence) {
     short_cand.insert(short_cand.end(), cand.begin() + t * (W + 5),
                       cand.begin() + t * (W + 5) + W + 2);
   }
-  int32_t* dsc = Dev(short_cand);
+  int32_t* dsc = ToDevice(short_cand);
   ASSERT_EQ(
       SparseAttention(dq + H * D, dp1, dsc, dsink, 2, H, D, W + 2, scale, dref + H * D, nullptr),
       cudaSuccess);
-  EXPECT_EQ(Host(dout, q.size()), Host(dref, q.size()));
+  EXPECT_EQ(ToHost(dout, q.size()), ToHost(dref, q.size()));
 
-  uint16_t* dkv = Dev(kv);
+  uint16_t* dkv = ToDevice(kv);
   ASSERT_EQ(KvStage(dt, 3, dkv, W, D, nullptr), cudaSuccess);
   ASSERT_EQ(KvRing(dt, 3, dkv, W, D, nullptr), cudaSuccess);
   std::vector<uint16_t> want0 = pool0, want1 = pool1;
@@ -226,8 +207,8 @@ TEST_F(DecodeStepTest, RowsAttentionAndKvWritesMatchPerSequence) {
   put(want1, W + 1, 2);
   put(want1, 5 % W, 1);  // ring: both positions are among the chunk's last W
   put(want1, 6 % W, 2);
-  EXPECT_EQ(Host(dp0, want0.size()), want0);
-  EXPECT_EQ(Host(dp1, want1.size()), want1);
+  EXPECT_EQ(ToHost(dp0, want0.size()), want0);
+  EXPECT_EQ(ToHost(dp1, want1.size()), want1);
   for (void* p : std::vector<void*>{dp0, dp1, dt, dc, dq, dsink, dout, dref, dsc, dkv}) cudaFree(p);
 }
 
@@ -239,21 +220,21 @@ TEST_F(DecodeStepTest, MoeCombineAndStreamConversion) {
   std::vector<float> routed(n);
   for (auto& v : shared) v = FloatToBf16(nd(rng));
   for (auto& v : routed) v = nd(rng);
-  uint16_t* ds = Dev(shared);
-  float* dr = Dev(routed);
+  uint16_t* ds = ToDevice(shared);
+  float* dr = ToDevice(routed);
   uint16_t* dy = nullptr;
   float* df = nullptr;
   ASSERT_EQ(cudaMalloc(&dy, n * 2), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&df, n * 4), cudaSuccess);
   ASSERT_EQ(MoeCombineBf16(ds, dr, n, dy, nullptr), cudaSuccess);
-  const std::vector<uint16_t> y = Host(dy, n);
+  const std::vector<uint16_t> y = ToHost(dy, n);
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(y[i], FloatToBf16(routed[i] + Bf16ToFloat(shared[i]))) << i;
   }
   ASSERT_EQ(MoeCombineBf16(ds, nullptr, n, dy, nullptr), cudaSuccess);
-  EXPECT_EQ(Host(dy, n), shared);
+  EXPECT_EQ(ToHost(dy, n), shared);
   ASSERT_EQ(Bf16ToF32(ds, n, df, nullptr), cudaSuccess);
-  const std::vector<float> f = Host(df, n);
+  const std::vector<float> f = ToHost(df, n);
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(f[i], Bf16ToFloat(shared[i])) << i;
   cudaFree(ds);
   cudaFree(dr);

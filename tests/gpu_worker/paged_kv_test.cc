@@ -24,21 +24,9 @@
 namespace ss::cuda {
 namespace {
 
-class PagedKvTest : public testing_util::GpuTest {};
+using namespace testing_util;  // NOLINT: the shared GPU test helpers
 
-template <typename T>
-T* Dev(const std::vector<T>& h) {
-  T* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)), cudaSuccess);
-  if (!h.empty()) cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return p;
-}
-template <typename T>
-std::vector<T> Host(const T* p, size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+class PagedKvTest : public testing_util::GpuTest {};
 
 // n FP8-simulated 512-dim entries (the CPU codec's round trip of random values).
 std::vector<float> SimEntries(int64_t n, uint64_t seed) {
@@ -64,7 +52,7 @@ void AttentionCase(int64_t D, uint64_t seed) {
     for (int64_t k = 0; k < nope; ++k) ent[i * D + k] = full[i * kKvDim + k];
     for (int64_t k = 0; k < 64; ++k) ent[i * D + nope + k] = full[i * kKvDim + kKvNopeDim + k];
   }
-  const std::vector<uint16_t> bits = testing_util::ToBf16(ent);
+  const std::vector<uint16_t> bits = ToBf16(ent);
   const int64_t E = KvRecordBytes(nope, 64);
   // Records at scattered slots of a buffer twice the size.
   uint8_t* recs = nullptr;
@@ -72,11 +60,11 @@ void AttentionCase(int64_t D, uint64_t seed) {
   cudaMemset(recs, 0xff, 2 * n * E);
   std::vector<uint64_t> dst(n);
   for (int64_t i = 0; i < n; ++i) dst[i] = reinterpret_cast<uint64_t>(recs) + ((i * 7) % (2 * n)) * E;
-  uint16_t* d_ent = Dev(bits);
-  uint64_t* d_dst = Dev(dst);
+  uint16_t* d_ent = ToDevice(bits);
+  uint64_t* d_dst = ToDevice(dst);
   ASSERT_EQ(KvEncodeRecords(d_ent, d_dst, n, nope, 64, nullptr), cudaSuccess);
   if (D == kKvDim) {
-    const std::vector<uint8_t> all = Host(recs, 2 * n * E);
+    const std::vector<uint8_t> all = ToHost(recs, 2 * n * E);
     std::vector<uint8_t> want(kKvRecordBytes);
     int64_t same = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -98,12 +86,12 @@ void AttentionCase(int64_t D, uint64_t seed) {
       cand_p[t * n_cand + j] = v < 0 ? 0 : dst[v];
     }
   }
-  const std::vector<uint16_t> q = testing_util::ToBf16(testing_util::RandomBf16(T * H * D, 0.3f, seed + 2));
+  const std::vector<uint16_t> q = ToBf16(RandomBf16(T * H * D, 0.3f, seed + 2));
   const std::vector<float> sink = {0.1f, -0.5f, 1.0f, 0.0f};
-  uint16_t* d_q = Dev(q);
-  int32_t* d_cand = Dev(cand);
-  uint64_t* d_cand_p = Dev(cand_p);
-  float* d_sink = Dev(sink);
+  uint16_t* d_q = ToDevice(q);
+  int32_t* d_cand = ToDevice(cand);
+  uint64_t* d_cand_p = ToDevice(cand_p);
+  float* d_sink = ToDevice(sink);
   uint16_t *o1 = nullptr, *o2 = nullptr;
   cudaMalloc(&o1, T * H * D * 2);
   cudaMalloc(&o2, T * H * D * 2);
@@ -120,8 +108,8 @@ void AttentionCase(int64_t D, uint64_t seed) {
                               rows),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<uint16_t> a = Host(o1, T * H * D), b = Host(o2, T * H * D),
-                              c = Host(o3, T * H * D);
+  const std::vector<uint16_t> a = ToHost(o1, T * H * D), b = ToHost(o2, T * H * D),
+                              c = ToHost(o3, T * H * D);
   int64_t same = 0, same_rows = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     same += a[i] == b[i];
@@ -178,15 +166,15 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   for (int64_t j = 0; j < n; ++j) {
     dst[j] = g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
   }
-  uint16_t* d_keys = Dev(testing_util::ToBf16(keys));
-  uint64_t* d_dst = Dev(dst);
-  int32_t* d_table = Dev(table);
+  uint16_t* d_keys = ToDevice(ToBf16(keys));
+  uint64_t* d_dst = ToDevice(dst);
+  int32_t* d_table = ToDevice(table);
   uint16_t* out = nullptr;
   cudaMalloc(&out, n * hd * 2);
   ASSERT_EQ(KvEncodeKeys(d_keys, d_dst, n, hd, nullptr), cudaSuccess);
   ASSERT_EQ(KvGatherKeys(g, d_table, 1 + blocks, n, out, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> back = testing_util::FromBf16(Host(out, n * hd));
+  const std::vector<float> back = FromBf16(ToHost(out, n * hd));
   int64_t same = 0;
   for (size_t i = 0; i < keys.size(); ++i) same += back[i] == keys[i];
   std::printf("MXFP4 keys (%lld bytes each): %lld of %zu values round-trip exactly\n",
@@ -197,13 +185,12 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   // gathered bf16 keys, for tokens at several positions (columns past a token's eligible keys,
   // a partial last tile) and a table one block short (its keys read as 0).
   const int64_t T = 3, H = 64, ratio = 4, n_cols = n;
-  const std::vector<uint16_t> q =
-      testing_util::ToBf16(testing_util::RandomBf16(T * H * hd, 0.5f, 6));
-  const std::vector<uint16_t> w = testing_util::ToBf16(testing_util::RandomBf16(T * H, 0.2f, 7));
+  const std::vector<uint16_t> q = ToBf16(RandomBf16(T * H * hd, 0.5f, 6));
+  const std::vector<uint16_t> w = ToBf16(RandomBf16(T * H, 0.2f, 7));
   const std::vector<int64_t> pos = {4 * n - 1, 150, 37};
-  uint16_t* d_q = Dev(q);
-  uint16_t* d_w = Dev(w);
-  int64_t* d_pos = Dev(pos);
+  uint16_t* d_q = ToDevice(q);
+  uint16_t* d_w = ToDevice(w);
+  int64_t* d_pos = ToDevice(pos);
   float *s1 = nullptr, *s2 = nullptr;
   cudaMalloc(&s1, T * n_cols * 4);
   cudaMalloc(&s2, T * n_cols * 4);
@@ -215,7 +202,7 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
                               nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> a = Host(s1, T * n_cols), b = Host(s2, T * n_cols);
+    const std::vector<float> a = ToHost(s1, T * n_cols), b = ToHost(s2, T * n_cols);
     int64_t same_scores = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       same_scores += std::memcmp(&a[i], &b[i], 4) == 0;
@@ -237,22 +224,15 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
 }
 
 TEST_F(PagedKvTest, KernelsRunFromComputeSm86Ptx) {
-  for (const auto& [name, fn] : std::vector<std::pair<std::string, const void*>>{
-           {"KvBuildCandidates", KvBuildCandidatesKernel()},
-           {"KvEncodeRecords", KvEncodeRecordsKernel()},
-           {"KvEncodeKeys", KvEncodeKeysKernel()},
-           {"KvGatherKeys", KvGatherKeysKernel()},
-           {"KvSparseAttention", KvSparseAttentionKernel()},
-           {"KvSparseAttentionFast", KvSparseAttentionFastKernel()},
-           {"KvSparseAttentionRows", KvSparseAttentionRowsKernel()},
-           {"KvDecodeRows", KvDecodeRowsKernel()},
-           {"KvIndexerScores", KvIndexerScoresKernel()}}) {
-    cudaFuncAttributes a{};
-    ASSERT_EQ(cudaFuncGetAttributes(&a, fn), cudaSuccess) << name;
-    EXPECT_EQ(a.ptxVersion, 86) << name;
-    std::printf("%-22s ptxVersion=%d binaryVersion=%d\n", name.c_str(), a.ptxVersion,
-                a.binaryVersion);
-  }
+  ExpectCompute86Ptx({{"KvBuildCandidates", KvBuildCandidatesKernel()},
+                      {"KvEncodeRecords", KvEncodeRecordsKernel()},
+                      {"KvEncodeKeys", KvEncodeKeysKernel()},
+                      {"KvGatherKeys", KvGatherKeysKernel()},
+                      {"KvSparseAttention", KvSparseAttentionKernel()},
+                      {"KvSparseAttentionFast", KvSparseAttentionFastKernel()},
+                      {"KvSparseAttentionRows", KvSparseAttentionRowsKernel()},
+                      {"KvDecodeRows", KvDecodeRowsKernel()},
+                      {"KvIndexerScores", KvIndexerScoresKernel()}});
 }
 
 }  // namespace

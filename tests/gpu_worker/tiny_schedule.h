@@ -1,5 +1,5 @@
 // The tiny-a schedule the cuda backend tests share (cuda_backend_test.cc at TP = 1,
-// cuda_tp_test.cc at TP = 2) and its reference run.
+// cuda_tp_test.cc at TP = 2), its reference run, and the backend options of a stage.
 //
 // Two sequences, A (150 prompt tokens: past the 16-token window, 37 ratio-4 blocks and one
 // ratio-128 block) and B (23 tokens). Step 0 prefills A[0:100) and B; step 1 the rest of A (a chunk
@@ -19,6 +19,7 @@
 
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
@@ -121,6 +122,23 @@ inline const RefRun& Reference() {
     return r;
   }();
   return run;
+}
+
+// Stage `stage` of `num_stages` on tiny-a, layers [first, end), with room for kv_tokens.
+inline CudaBackendOptions StageOptions(int stage, int num_stages, int first, int end,
+                                       int64_t kv_tokens = 4096) {
+  CudaBackendOptions o;
+  o.stage = stage;
+  o.num_stages = num_stages;
+  o.first_layer = first;
+  o.end_layer = end;
+  o.kv_tokens = kv_tokens;
+  return o;
+}
+
+// The whole model (7 layers) on one stage.
+inline CudaBackendOptions WholeModelOptions(int64_t kv_tokens = 4096) {
+  return StageOptions(0, 1, 0, 7, kv_tokens);
 }
 
 inline std::vector<StageChunk> Chunks(const std::vector<Feed>& feeds) {
