@@ -265,12 +265,16 @@ cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const Scratch
   if (e != cudaSuccess) return e;
   return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w.w, w.s, w.out, w.in, y, stream);
 }
-// The same on the activations the previous Lin8 quantised (the same input x and w.in: wkv after
-// wq_a, the indexer's wq_b after wq_b, w3 after w1), one quantisation launch fewer.
-template <typename OutT>
-cudaError_t Lin8Again(const DevFp8& w, int64_t rows, const Scratch& s, OutT* y,
-                      cudaStream_t stream) {
-  return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w.w, w.s, w.out, w.in, y, stream);
+// Two Lin8 of the same input (wq_a and wkv, wq_b and the indexer's wq_b, the shared expert's w1
+// and w3): the activations quantised once for both.
+cudaError_t Lin8Pair(const DevFp8& w1, const DevFp8& w2, const uint16_t* x, int64_t rows,
+                     const Scratch& s, uint16_t* y1, uint16_t* y2, cudaStream_t stream) {
+  if (w1.in != w2.in) return cudaErrorInvalidValue;
+  cudaError_t e = cuda::QuantizeActE4m3(x, rows, w1.in, s.qbuf, s.sbuf, stream);
+  if (e != cudaSuccess) return e;
+  e = cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w1.w, w1.s, w1.out, w1.in, y1, stream);
+  if (e != cudaSuccess) return e;
+  return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w2.w, w2.s, w2.out, w2.in, y2, stream);
 }
 
 // The host function of a layer's routed experts (HostExpertsCall): skipped once an earlier layer
@@ -638,12 +642,13 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(cuda::HcPre(sc.h, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, T, hc, dim,
                        c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
       STEP(cuda::RmsNorm(sc.y, b.attn_norm, T, dim, eps, sc.xn, st));
-      // wq_a and wkv share the quantised xn, wq_b and the indexer's wq_b the quantised qr (no
-      // other Lin8 runs in between: the compressors' projections are bf16).
-      STEP(Lin8(b.wq_a, sc.xn, T, sc, sc.qa, st));
-      STEP(Lin8Again(b.wkv, T, sc, sc.kva, st));
+      STEP(Lin8Pair(b.wq_a, b.wkv, sc.xn, T, sc, sc.qa, sc.kva, st));
       STEP(cuda::RmsNorm(sc.qa, b.q_norm, T, qlr, eps, sc.qr, st));
-      STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
+      if (b.has_indexer) {
+        STEP(Lin8Pair(b.wq_b, b.index_wq_b, sc.qr, T, sc, sc.q, sc.iq, st));
+      } else {
+        STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
+      }
       STEP(cuda::HeadRmsNormBf16(sc.q, T * H, Dh, eps, st));
       STEP(cuda::ApplyRope(sc.q, T, H, Dh, rd, cs, sn, false, st));
       STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, st));
@@ -685,7 +690,6 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         const absl::Status e = compress(b.index_compressor, 1, shape, sc.ckeys);
         if (!e.ok()) return fail(e);
         STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, st));
-        STEP(Lin8Again(b.index_wq_b, T, sc, sc.iq, st));
         STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
         STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, st));
         STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, st));
@@ -752,8 +756,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // routed experts.
       const int64_t si = b.shared_inter;
       if (si > 0) {
-        STEP(Lin8(b.shared_w1, sc.xn, T, sc, sc.sg, st));
-        STEP(Lin8Again(b.shared_w3, T, sc, sc.su, st));
+        STEP(Lin8Pair(b.shared_w1, b.shared_w3, sc.xn, T, sc, sc.sg, sc.su, st));
         STEP(cuda::SwiGluBf16(sc.sg, sc.su, si, nullptr, T, si, shared_limit, sc.sa, st));
         if (im.tp == 1) {
           STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
