@@ -180,9 +180,11 @@ cudaError_t IndexerTopK(const float* scores, int64_t T, int64_t n_cols, int64_t 
 // Wa = the dequantised wo_a, decoded in registers from the checkpoint's e4m3 bytes
 // [groups·rank, group_in] and ue8m0 128×128 block scales [ceil(groups·rank/128), group_in/128]:
 // e4m3·2^(s−127), exactly the bf16 value the demo dequantises to. o: bf16 [T, groups·group_in]
-// (the attention output after the inverse RoPE); z: bf16 [T, groups·rank]. One warp per output
-// row reads the weight row once for up to 8 tokens (16-byte loads). group_in must be a multiple
-// of 128, o and wo_a 16-byte aligned.
+// (the attention output after the inverse RoPE); z: bf16 [T, groups·rank]. Decode (T ≤ 8, rank
+// a multiple of 16): the tensor cores (bf16 m16n8k16 mma.sync, the weights decoded to bf16 in
+// registers) with K split over a block's warps, as Fp8Gemv; otherwise one warp per output row
+// reads the weight row once for up to 8 tokens at a time. Either sums in fp32 in its own order.
+// group_in must be a multiple of 128, o and wo_a 16-byte aligned.
 cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
                                     int64_t group_in, const uint8_t* wo_a,
                                     const uint8_t* wo_a_scale, uint16_t* z, cudaStream_t stream);
@@ -214,7 +216,8 @@ const void* HadamardFp4Kernel();
 const void* IndexerWeightScaleKernel();
 const void* IndexerScoresKernel();
 const void* IndexerTopKKernel();
-const void* GroupedOutputProjectionKernel();
+const void* GroupedOutputProjectionKernel();     // T > 8
+const void* GroupedOutputProjectionMmaKernel();  // T ≤ 8
 const void* ArgmaxKernel();
 
 }  // namespace ss::cuda

@@ -1,5 +1,7 @@
 // Grouped low-rank output projection (spec §3.10) with wo_a decoded from FP8 in registers;
 // mirrors the wo_a loop of common/model/attention.cc (AttentionForward).
+#include <algorithm>
+
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 
@@ -91,6 +93,100 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- Decode (T ≤ 8): the tensor cores take the multiply-adds ----------------------------------
+//
+// One block per 16 output rows (inside one group, rank % 16 == 0), its warps splitting K by
+// 128-blocks, as Fp8Gemv does: the 16 × 16 weight tile is the A operand of m16n8k16 mma.sync
+// (bf16), the ≤ 8 tokens' bf16 rows of o the B operand (n = token). Lane (g, q) takes 16 weight
+// bytes of rows g and g+8 and 16 bf16 of token g's row per 64 k; each 4-byte word is one k16
+// step (the same permutation of k for both operands, as U4Word). An e4m3 code becomes bf16 through
+// f16 (code·2^-8, exact, subnormals included) and fp32, so each 128-block's mma partial is
+// Σ o·code·2^-8 in fp32; times 2^8 (exact) it is added with the block's scale in one fma.
+constexpr int kMmaRows = 16;
+constexpr int kMmaMaxWarps = 16;
+
+__device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t w, uint32_t sel) {
+  const float2 f = F16x2ToF32x2(E4m3x2ToF16x2(w, sel));
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(f.y), "f"(f.x));
+  return r;
+}
+
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A lane's operands of one 128-block.
+struct OutProjBlock {
+  uint4 wa[2], wb[2], x[4];  // x: 2 × 16 bytes per 64 k
+  uint32_t sw;
+};
+
+__global__ void __launch_bounds__(32 * kMmaMaxWarps)
+    GroupedOutProjMmaKernelImpl(const uint16_t* __restrict__ o, int T, int64_t groups, int64_t rank,
+                                int64_t gin, const uint8_t* __restrict__ wa,
+                                const uint8_t* __restrict__ ws, uint16_t* __restrict__ z) {
+  __shared__ float red[kMmaMaxWarps * 128];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int nwarps = blockDim.x >> 5;
+  const int64_t nb = gin / 128, rows = groups * rank;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kMmaRows, grp = o0 / rank;
+  const uint8_t* pa = wa + (o0 + g) * gin + 16 * q;
+  const uint8_t* pb = wa + (o0 + g + 8) * gin + 16 * q;
+  const bool live = g < T;
+  const uint16_t* px = o + (live ? g : 0) * groups * gin + grp * gin + 16 * q;
+  const uint8_t* psw = ws + (o0 / 128) * nb;
+  const int64_t kb0 = warp * nb / nwarps, kb1 = (warp + 1) * nb / nwarps;
+  const auto load = [&](OutProjBlock& f, int64_t kb) {
+    const int64_t off = kb * 128;
+    for (int c = 0; c < 2; ++c) {  // weights are read once: streamed, evict-first
+      f.wa[c] = __ldcs(reinterpret_cast<const uint4*>(pa + off + 64 * c));
+      f.wb[c] = __ldcs(reinterpret_cast<const uint4*>(pb + off + 64 * c));
+      for (int h = 0; h < 2; ++h) {
+        f.x[2 * c + h] = live ? __ldg(reinterpret_cast<const uint4*>(px + off + 64 * c + 8 * h))
+                              : make_uint4(0, 0, 0, 0);
+      }
+    }
+    f.sw = __ldg(psw + kb);
+  };
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  OutProjBlock cur, nxt;
+  if (kb0 < kb1) load(cur, kb0);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    if (kb + 1 < kb1) load(nxt, kb + 1);
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint32_t a = U4Word(cur.wa[c], s), b = U4Word(cur.wb[c], s);
+        const uint4& xv = cur.x[2 * c + (s >> 1)];
+        MmaBf16(p, E4m3x2ToBf16x2(a, 0x1404), E4m3x2ToBf16x2(b, 0x1404), E4m3x2ToBf16x2(a, 0x3424),
+                E4m3x2ToBf16x2(b, 0x3424), U4Word(xv, 2 * (s & 1)), U4Word(xv, 2 * (s & 1) + 1));
+      }
+    }
+    const float sw = Ue8m0ToF32(cur.sw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] = __fmaf_rn(__fmul_rn(p[j], 256.0f), sw, acc[j]);
+    cur = nxt;
+  }
+  // The warps' partials summed in warp order; d0,d1 = rows g (tokens 2q, 2q+1), d2,d3 = g+8.
+  for (int j = 0; j < 4; ++j) red[warp * 128 + lane * 4 + j] = acc[j];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+    const int l = i >> 2, j = i & 3;
+    float sum = 0.0f;
+    for (int v = 0; v < nwarps; ++v) sum = __fadd_rn(sum, red[v * 128 + i]);
+    const int64_t row = o0 + (l >> 2) + (j >= 2 ? 8 : 0);
+    const int t = 2 * (l & 3) + (j & 1);
+    if (t < T) z[t * rows + row] = F32ToBf16(sum);
+  }
+}
+
 }  // namespace
 
 cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
@@ -101,6 +197,17 @@ cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups
     return cudaErrorInvalidValue;
   }
   if (T == 0) return cudaSuccess;
+  if (T <= 8 && rank % kMmaRows == 0) {
+    const int64_t blocks = groups * rank / kMmaRows, nb = group_in / 128;
+    // Warps per block as Fp8Gemv picks them: many when there are fewer blocks than SMs.
+    const int64_t warps = blocks < DeviceSmCount()
+                              ? std::min<int64_t>(nb, kMmaMaxWarps)
+                              : std::min<int64_t>(8, std::max<int64_t>(1, nb / 2));
+    GroupedOutProjMmaKernelImpl<<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps),
+                                  0, stream>>>(o, static_cast<int>(T), groups, rank, group_in, wo_a,
+                                               wo_a_scale, z);
+    return cudaGetLastError();
+  }
   const int64_t row_blocks = (T + kRowChunk - 1) / kRowChunk;
   if (row_blocks > 65535) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>((groups * rank + kWarps - 1) / kWarps);
@@ -111,6 +218,9 @@ cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups
 
 const void* GroupedOutputProjectionKernel() {
   return reinterpret_cast<const void*>(&GroupedOutProjKernelImpl);
+}
+const void* GroupedOutputProjectionMmaKernel() {
+  return reinterpret_cast<const void*>(&GroupedOutProjMmaKernelImpl);
 }
 
 }  // namespace ss::cuda

@@ -1,8 +1,9 @@
 // The CUDA grouped output projection (gpu_worker/kernels/compressor_kernels.h, wo_a kept in FP8)
 // against the CPU reference (label gpu): on tiny-a's wo_a and at Flash shapes (8 groups and a TP
-// rank's 4, 2 and 1) with synthetic weights. Each comparison prints rms_rel, max_rel and
-// bit_identical (the kernel sums in fp32 in another order than the reference: rms_rel ≤ 1e-3,
-// ≥ 95% bit-identical). Without a CUDA device every test that needs one skips with a message.
+// rank's 4, 2 and 1) with synthetic weights, through both kernels (T ≤ 8: the mma decode path).
+// Each comparison prints rms_rel, max_rel and bit_identical (the kernel sums in fp32 in another
+// order than the reference: rms_rel ≤ 1e-3, ≥ 95% bit-identical). Without a CUDA device every test
+// that needs one skips with a message.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -60,7 +61,8 @@ void CheckGroupedProjection(const std::string& label, const model::Fp8Weight& wa
 }
 
 TEST_F(OutputProjectionTest, KernelsRunFromCompute86Ptx) {
-  ExpectCompute86Ptx({{"GroupedOutputProjection", GroupedOutputProjectionKernel()}},
+  ExpectCompute86Ptx({{"GroupedOutputProjection", GroupedOutputProjectionKernel()},
+                      {"GroupedOutputProjectionMma", GroupedOutputProjectionMmaKernel()}},
                      size_t{48} << 10);
 }
 
@@ -77,6 +79,8 @@ TEST_F(OutputProjectionTest, GroupedOutputProjectionMatchesReference) {
   for (const int64_t L : {int64_t{2}, int64_t{3}}) {
     CheckGroupedProjection("tiny-a L" + std::to_string(L) + " wo_a T70", w.blocks[L].attn.wo_a, 70,
                            G, R, gin, 111 + L);
+    CheckGroupedProjection("tiny-a L" + std::to_string(L) + " wo_a T5", w.blocks[L].attn.wo_a, 5, G,
+                           R, gin, 121 + L);
   }
   // Flash: 8 groups × 1024 rank × 4096 inputs, and a TP rank's 4, 2 and 1 groups (TP 2, 4, 8).
   const int64_t FR = 1024, Fin = 4096;
@@ -86,6 +90,7 @@ TEST_F(OutputProjectionTest, GroupedOutputProjectionMatchesReference) {
     const model::Fp8Weight fw{wa.data(), ws.data(), FG * FR, Fin};
     const std::string shape = "flash wo_a " + std::to_string(FG) + "x1024x4096";
     CheckGroupedProjection(shape + " T1", fw, 1, FG, FR, Fin, 114);
+    CheckGroupedProjection(shape + " T8", fw, 8, FG, FR, Fin, 116);
     CheckGroupedProjection(shape + " T9", fw, 9, FG, FR, Fin, 115);
   }
 }
@@ -98,9 +103,11 @@ TEST_F(OutputProjectionTest, DISABLED_TimingsAtFlashShapes) {
   const std::vector<uint8_t> wa = RandomE4m3(8 * 1024 * 4096, 144);
   const std::vector<uint8_t> ws = RandomScales(64 * 32, 117, 121, 145);
   DeviceBuffer<uint8_t> dwa(wa), dws(ws);
-  DeviceBuffer<uint16_t> o(ToBf16(RandomBf16(8 * 32768, 1.0f, 146))), z(8 * 8192);
-  for (const int64_t T : {int64_t{1}, int64_t{8}}) {
-    line(T == 1 ? "GroupedOutputProjection T=1" : "GroupedOutputProjection T=8",
+  DeviceBuffer<uint16_t> o(ToBf16(RandomBf16(9 * 32768, 1.0f, 146))), z(9 * 8192);
+  for (const int64_t T : {int64_t{1}, int64_t{8}, int64_t{9}}) {
+    line(T == 1   ? "GroupedOutputProjection T=1 (mma)"
+         : T == 8 ? "GroupedOutputProjection T=8 (mma)"
+                  : "GroupedOutputProjection T=9 (one warp per row)",
          MicrosPerCall(
              [&] {
                GroupedOutputProjection(o.get(), T, 8, 1024, 4096, dwa.get(), dws.get(), z.get(),
