@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Packs the prebuilt device binaries (build/bin, built on the dev machine) and the Debian shared
+# libraries they need into .devpack/devbin.tar.xz (git-ignored), so the GPU machine builds nothing:
+#   bash tests/device/pack.sh            # here, after cmake --build build
+# then the `device` tool with carry [".devpack"] runs, from the repository root, e.g.
+#   tar xJf .devpack/devbin.tar.xz && SS_DEVICE_BIN=.devbin bash tests/device_suite.sh $OUT/logs [quick]
+#   bash tests/device/focus.sh $OUT      # backend, TP and golden tests, the layer bench, `up`
+#   bash tests/device/ncu_kernels.sh $OUT   # ncu sections of the slowest decode kernels
+#   bash tests/device/profile.sh $OUT    # ncu per-kernel times (GPU 0) beside the bench (GPU 1)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .devpack
+rm -rf .devbin && mkdir -p .devbin/lib
+bins=(cuda_kernels_test block_kernels_test compressor_test indexer_test
+      output_projection_test lm_head_test sparse_attention_test
+      kv_record_gpu_test decode_step_test paged_kv_test cuda_backend_test cuda_tp_test
+      golden_cuda_test cuda_backend_layer_bench gpu_kernels_bench splitserve splitserve-golden
+      splitserve-expert-worker splitserve-gpu-worker splitserve-coordinator make_checkpoint)
+for b in "${bins[@]}"; do [ -x build/bin/$b ] && cp build/bin/$b .devbin/; done
+cp -L /usr/local/cuda/lib64/libcudart.so.13 .devbin/ 2>/dev/null || true
+for b in .devbin/*; do
+  [ -f "$b" ] || continue
+  ldd "$b" 2>/dev/null | awk '/=> \//{print $3}' | while read -r l; do
+    case "$(basename "$l")" in
+      libc.so*|libm.so*|libpthread*|libdl*|librt*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libnccl*|libcudart*|libcublas*) ;;
+      *) cp -Ln "$l" .devbin/lib/ ;;
+    esac
+  done
+done
+
+tar cJf .devpack/devbin.tar.xz .devbin -C build share
+ls -la .devpack/devbin.tar.xz
