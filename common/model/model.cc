@@ -140,7 +140,7 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
   // Sequences never interact and every step is per row or per chunk, so contiguous groups of
   // chunks can run their per-row work concurrently (small steps only: larger ones parallelise
   // inside the ops); the routed experts then run once for all rows.
-  const int max_groups = pool_ && trace == nullptr && T <= kMaxGroupedRows ? pool_->size() : 1;
+  const int max_groups = trace == nullptr ? RowGroupLimit(T) : 1;
   const std::vector<RowGroup> groups = SplitRows(chunks, T, max_groups);
   const int64_t G = static_cast<int64_t>(groups.size());
 
@@ -208,17 +208,11 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
     SharedExpert(bw.moe, xn.data() + g.r0 * dim, g.n, limit, shared.data() + g.r0 * dim);
   };
 
-  // Each group on the pool (or in order where there is one group, or when this thread is
-  // already one of the pool's: a call from inside a group).
-  auto each_group = [&](auto&& fn) {
-    if (G > 1 && pool_->ParallelFor(G, [&](int64_t gi, int) { fn(gi); }).ok()) return;
-    for (int64_t gi = 0; gi < G; ++gi) fn(gi);
-  };
-  each_group([&](int64_t gi) { attention(groups[gi]); });
+  EachRowGroup(G, [&](int64_t gi) { attention(groups[gi]); });
   if (trace) keep_split(trace->hc_attn_split);
   const auto t1 = Clock::now();
 
-  each_group(moe_rows);
+  EachRowGroup(G, moe_rows);
   if (trace) keep_split(trace->hc_ffn_split);
   RouterResult r = std::move(routes[0]);
   for (int64_t gi = 1; gi < G; ++gi) {
@@ -228,7 +222,7 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
   const auto t2 = Clock::now();
   RETURN_IF_ERROR(MoeRouted(bw.moe, c, layer, xn.data(), r, T, experts, acc.data()));
   const auto t3 = Clock::now();
-  each_group([&](int64_t gi) {
+  EachRowGroup(G, [&](int64_t gi) {
     const RowGroup& g = groups[gi];
     MoeCombine(acc.data() + g.r0 * dim, shared.data() + g.r0 * dim, g.n * dim,
                f.data() + g.r0 * dim);
@@ -247,6 +241,15 @@ absl::Status Model::RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks
     timings->moe_cpu += routed;
   }
   return absl::OkStatus();
+}
+
+int Model::RowGroupLimit(int64_t rows) const {
+  return pool_ && rows <= kMaxGroupedRows ? pool_->size() : 1;
+}
+
+void Model::EachRowGroup(int64_t groups, absl::FunctionRef<void(int64_t)> fn) const {
+  if (groups > 1 && pool_->ParallelFor(groups, [&](int64_t g, int) { fn(g); }).ok()) return;
+  for (int64_t g = 0; g < groups; ++g) fn(g);
 }
 
 void Model::Logits(const float* streams, float* logits) const {
@@ -269,12 +272,8 @@ std::vector<std::vector<float>> Model::LogitsRows(std::span<const float* const> 
     }
     LinearF32(w_->head, u.data() + r0 * c.dim, r1 - r0, flat.data() + r0 * V);
   };
-  const int64_t G =
-      pool_ && n >= 2 && n <= kMaxGroupedRows ? std::min<int64_t>(pool_->size(), n) : 1;
-  if (G == 1 ||
-      !pool_->ParallelFor(G, [&](int64_t g, int) { rows(g * n / G, (g + 1) * n / G); }).ok()) {
-    rows(0, n);
-  }
+  const int64_t G = std::min<int64_t>(RowGroupLimit(n), n);
+  EachRowGroup(G, [&](int64_t g) { rows(g * n / G, (g + 1) * n / G); });
   std::vector<std::vector<float>> logits;
   for (int64_t i = 0; i < n; ++i)
     logits.emplace_back(flat.begin() + i * V, flat.begin() + (i + 1) * V);

@@ -119,6 +119,10 @@ class Model {
   absl::Status RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,
                             float* h_out, BlockTrace* trace, const RoutedExperts* experts,
                             BlockTimings* timings) const;
+  // Row groups: how many a call of `rows` rows may use (1: none), and fn(g) for g in [0, groups)
+  // on the pool (in order where groups is 1, or from inside one of the pool's own tasks).
+  int RowGroupLimit(int64_t rows) const;
+  void EachRowGroup(int64_t groups, absl::FunctionRef<void(int64_t)> fn) const;
 
   std::unique_ptr<ModelWeights> w_;
   ModelOptions options_;
