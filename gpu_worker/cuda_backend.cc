@@ -81,6 +81,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_ready, cudaEventDisableTiming));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_back, cudaEventDisableTiming));
+  for (int k = 0; k < Impl::kBranches; ++k) {
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.branch[k], cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork[k], cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.joined[k], cudaEventDisableTiming));
+  }
   const model::ModelWeights& w = b->model_->weights();
   for (int l = o.first_layer; l < o.end_layer; ++l) {
     ASSIGN_OR_RETURN(DevBlock d, im.Block(c, w.blocks[l]));
@@ -180,7 +185,8 @@ struct Scratch {
   float *pre = nullptr, *post = nullptr, *comb = nullptr;
   uint16_t *qa = nullptr, *qr = nullptr, *q = nullptr, *kva = nullptr, *kv = nullptr;
   uint16_t *o = nullptr, *z = nullptr;
-  float *cv = nullptr, *cg = nullptr;
+  float *cv = nullptr, *cg = nullptr;    // the main compressor's projections
+  float *icv = nullptr, *icg = nullptr;  // the indexer compressor's (the two run concurrently)
   uint16_t* iq = nullptr;
   float* proj = nullptr;
   uint16_t* iw = nullptr;
@@ -230,6 +236,8 @@ size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch
   const int64_t width = 2 * std::max(Dh, c.index_head_dim);
   s->cv = cv.Take<float>(T * width);
   s->cg = cv.Take<float>(T * width);
+  s->icv = cv.Take<float>(T * width);
+  s->icg = cv.Take<float>(T * width);
   s->iq = cv.Take<uint16_t>(T * c.index_n_heads * c.index_head_dim);
   s->proj = cv.Take<float>(T * c.index_n_heads);
   s->iw = cv.Take<uint16_t>(T * c.index_n_heads);
@@ -340,6 +348,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   auto fail = [&](absl::Status s) {
     cudaStreamSynchronize(st);
     cudaStreamSynchronize(im.side);
+    for (cudaStream_t b : im.branch) cudaStreamSynchronize(b);
     (void)cudaGetLastError();  // a non-sticky error must not fail the next step's first launch
     for (const StageChunk& ch : batch) Release(ch.seq_id);
     return s;
@@ -628,6 +637,25 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     return absl::OkStatus();
   };
 
+  // HcPre of a sublayer. In decode its Sinkhorn (comb, read only by the sublayer's HcPost) runs
+  // on a branch, beside the sublayer.
+  const bool defer_comb = cuda::HcPreDefersComb(T, hc, dim, sc.y);
+  auto hc_pre = [&](const uint16_t* streams, const DevHc& w) -> cudaError_t {
+    if (!defer_comb) {
+      return cuda::HcPre(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps,
+                         eps, sc.y, sc.pre, sc.post, sc.comb, st);
+    }
+    cudaError_t e =
+        cuda::HcPreDeferComb(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters,
+                             hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st);
+    cudaStream_t bs = im.branch[Impl::kBranchHc];
+    if (e == cudaSuccess) e = cudaEventRecord(im.fork[Impl::kBranchHc], st);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(bs, im.fork[Impl::kBranchHc], 0);
+    if (e == cudaSuccess) e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps, bs);
+    if (e == cudaSuccess) e = cudaEventRecord(im.joined[Impl::kBranchHc], bs);
+    return e;
+  };
+
   // The layers' GPU work; with graphs (below) captured once per step shape and replayed.
   auto run_layers = [&]() -> absl::Status {
     for (int l = 0; l < n_layers; ++l) {
@@ -639,28 +667,22 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       const float* sn = b.ratio == 0 ? sc.sin0 : sc.sin1;
       const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
       // ---- attention sublayer
-      STEP(cuda::HcPre(sc.h, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, T, hc, dim,
-                       c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
+      STEP(hc_pre(sc.h, b.hc_attn));
       STEP(cuda::RmsNorm(sc.y, b.attn_norm, T, dim, eps, sc.xn, st));
-      STEP(Lin8Pair(b.wq_a, b.wkv, sc.xn, T, sc, sc.qa, sc.kva, st));
-      STEP(cuda::RmsNorm(sc.qa, b.q_norm, T, qlr, eps, sc.qr, st));
-      if (b.has_indexer) {
-        STEP(Lin8Pair(b.wq_b, b.index_wq_b, sc.qr, T, sc, sc.q, sc.iq, st));
-      } else {
-        STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
-      }
-      STEP(cuda::HeadRmsNormBf16(sc.q, T * H, Dh, eps, st));
-      STEP(cuda::ApplyRope(sc.q, T, H, Dh, rd, cs, sn, false, st));
-      STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, st));
-      STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, st));
-      STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, st));
 
+      // Off the critical path, on branch streams from here (Impl::branch): the compressors (and
+      // the indexer's head weights) from xn, the KV latent's norm, RoPE and staging from kva.
+      // Each branch has its own scratch; the main stream joins them before the attention.
+      cudaStream_t bs_kv = im.branch[Impl::kBranchKv], bs_comp = im.branch[Impl::kBranchComp],
+                   bs_index = im.branch[Impl::kBranchIndex];
+      if (b.has_compressor || b.has_indexer) STEP(cudaEventRecord(im.fork[Impl::kBranchComp], st));
       auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
-                          uint16_t* entries) -> absl::Status {
+                          uint16_t* entries, float* cv, float* cg,
+                          cudaStream_t bs) -> absl::Status {
         const int64_t wd = w.width;
-        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wkv.p, wd, sc.cv, wd, st),
+        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wkv.p, wd, cv, wd, bs),
                               "LinearBf16F32(wkv)"));
-        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wgate.p, wd, sc.cg, wd, st),
+        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wgate.p, wd, cg, wd, bs),
                               "LinearBf16F32(wgate)"));
         const int64_t* a = dparams + (l * 2 + kind) * cb_stride;
         cuda::CompressorBatch cb;
@@ -671,28 +693,55 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         cb.entry_begin = a + 2 * nc + 1;
         cb.kv_state = reinterpret_cast<float* const*>(a + 3 * nc + 1);
         cb.score_state = reinterpret_cast<float* const*>(a + 4 * nc + 1);
-        return check(cuda::CompressorStep(sc.cv, sc.cg, wd, w.ape, w.norm, freqs, shape, cb,
-                                          entries, st),
+        return check(cuda::CompressorStep(cv, cg, wd, w.ape, w.norm, freqs, shape, cb, entries, bs),
                      "CompressorStep");
       };
       // The compressors write their new entries to scratch rows (ebase), then the encoders put
       // them into their records / MXFP4 keys in the sequences' blocks.
       if (b.has_compressor) {
+        STEP(cudaStreamWaitEvent(bs_comp, im.fork[Impl::kBranchComp], 0));
         cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
                                     options_.compressor_fp64};
-        const absl::Status e = compress(b.compressor, 0, shape, sc.centries);
+        const absl::Status e = compress(b.compressor, 0, shape, sc.centries, sc.cv, sc.cg, bs_comp);
         if (!e.ok()) return fail(e);
-        STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, st));
+        STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, bs_comp));
+        STEP(cudaEventRecord(im.joined[Impl::kBranchComp], bs_comp));
       }
       if (b.has_indexer) {
+        STEP(cudaStreamWaitEvent(bs_index, im.fork[Impl::kBranchComp], 0));
         cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
                                     options_.compressor_fp64};
-        const absl::Status e = compress(b.index_compressor, 1, shape, sc.ckeys);
+        const absl::Status e =
+            compress(b.index_compressor, 1, shape, sc.ckeys, sc.icv, sc.icg, bs_index);
         if (!e.ok()) return fail(e);
-        STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, st));
+        STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, bs_index));
+        STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, bs_index));
+        STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_index));
+        STEP(cudaEventRecord(im.joined[Impl::kBranchIndex], bs_index));
+      }
+
+      STEP(Lin8Pair(b.wq_a, b.wkv, sc.xn, T, sc, sc.qa, sc.kva, st));
+      // The KV latent: its norm, RoPE and FP8 simulation, then the chunks' raw KV as records in
+      // the step's staging (read by the attention through the candidate lists).
+      STEP(cudaEventRecord(im.fork[Impl::kBranchKv], st));
+      STEP(cudaStreamWaitEvent(bs_kv, im.fork[Impl::kBranchKv], 0));
+      STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, bs_kv));
+      STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, bs_kv));
+      STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, bs_kv));
+      STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, bs_kv));
+      STEP(cudaEventRecord(im.joined[Impl::kBranchKv], bs_kv));
+
+      STEP(cuda::RmsNorm(sc.qa, b.q_norm, T, qlr, eps, sc.qr, st));
+      if (b.has_indexer) {
+        STEP(Lin8Pair(b.wq_b, b.index_wq_b, sc.qr, T, sc, sc.q, sc.iq, st));
+      } else {
+        STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
+      }
+      STEP(cuda::HeadRmsNormBf16(sc.q, T * H, Dh, eps, st));
+      STEP(cuda::ApplyRope(sc.q, T, H, Dh, rd, cs, sn, false, st));
+      if (b.has_indexer) {
         STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
-        STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, st));
-        STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, st));
+        STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchIndex], 0));
         // Each chunk's top-k selections stay on the device (sel_base: where BuildCandidates reads).
         for (size_t i = 0; i < nc; ++i) {
           if (n_sel[i] == 0) continue;
@@ -707,11 +756,12 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         }
       }
 
-      // The chunks' raw KV as records in the step's staging, every token's candidate list (record
-      // addresses), one attention launch for all sequences, then the last W positions of each
-      // chunk into its ring records.
+      // Every token's candidate list (record addresses: the staged raw KV, the rings, the
+      // compressed entries), one attention launch for all sequences, then the last W positions of
+      // each chunk into its ring records.
+      STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchKv], 0));
+      if (b.has_compressor) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchComp], 0));
       uint64_t* cand = im.cand.as<uint64_t>();
-      STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, st));
       STEP(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st));
       for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
         const int64_t n = std::min(attn_rows, T - t0);
@@ -730,28 +780,28 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         if (absl::Status e = all_reduce(l, T * dim, kAttnArBegin); !e.ok()) return fail(e);
         STEP(cuda::RoundF32ToBf16(sc.part, T * dim, sc.attn, st));
       }
+      if (defer_comb) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchHc], 0));
       STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
       if (timings) STEP(mark(l, kAttnEnd));
 
       // ---- MoE sublayer
-      STEP(cuda::HcPre(sc.mid, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, T, hc, dim,
-                       c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st));
+      STEP(hc_pre(sc.mid, b.hc_ffn));
       STEP(cuda::RmsNorm(sc.y, b.ffn_norm, T, dim, eps, sc.xn, st));
+      // The routed experts on the side stream: the router, then (host experts) the rows to the
+      // host, the host call and the sum's upload, while this stream runs the shared expert.
+      STEP(cudaEventRecord(im.routed_ready, st));
+      STEP(cudaStreamWaitEvent(im.side, im.routed_ready, 0));
       STEP(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T, c.n_routed_experts, dim, K,
-                       static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, st));
+                       static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, im.side));
       if (host_experts) {
-        // The routed experts: the rows to the host, the host call and the sum's upload on the side
-        // stream, while this stream runs the shared expert.
-        STEP(cudaMemcpyAsync(im.moe_x.p, sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, st));
-        STEP(cudaMemcpyAsync(im.moe_ids.p, sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, st));
-        STEP(cudaMemcpyAsync(im.moe_w.p, sc.rw, T * K * 4, cudaMemcpyDeviceToHost, st));
-        STEP(cudaEventRecord(im.routed_ready, st));
-        STEP(cudaStreamWaitEvent(im.side, im.routed_ready, 0));
+        STEP(cudaMemcpyAsync(im.moe_x.p, sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, im.side));
+        STEP(cudaMemcpyAsync(im.moe_ids.p, sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, im.side));
+        STEP(cudaMemcpyAsync(im.moe_w.p, sc.rw, T * K * 4, cudaMemcpyDeviceToHost, im.side));
         STEP(cudaLaunchHostFunc(im.side, RunHostExpertsCall, im.host_calls[l].get()));
         float* dst = im.tp == 1 ? sc.routed : sc.part + T * dim;
         STEP(cudaMemcpyAsync(dst, im.moe_sum.p, T * dim * 4, cudaMemcpyHostToDevice, im.side));
-        STEP(cudaEventRecord(im.routed_back, im.side));
       }
+      STEP(cudaEventRecord(im.routed_back, im.side));
       // The shared expert (this rank's slice of it) runs on the GPU while the host computes the
       // routed experts.
       const int64_t si = b.shared_inter;
@@ -764,7 +814,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
           STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.part, st));
         }
       }
-      if (host_experts) STEP(cudaStreamWaitEvent(st, im.routed_back, 0));
+      STEP(cudaStreamWaitEvent(st, im.routed_back, 0));
       if (im.tp == 1) {
         STEP(cuda::MoeCombineBf16(si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr,
                                   T * dim, sc.moe, st));
@@ -775,6 +825,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         if (absl::Status e = all_reduce(l, 2 * T * dim, kMoeArBegin); !e.ok()) return fail(e);
         STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
       }
+      if (defer_comb) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchHc], 0));
       STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
       std::swap(sc.h, sc.h2);
       if (timings) STEP(mark(l, kLayerEnd));

@@ -157,9 +157,19 @@ struct CudaBackend::Impl {
   int64_t vocab_max = 0;  // the largest rank's row count (the all-gather's block)
   cudaStream_t stream = nullptr;
   // The routed experts' side stream (host call, then the sum's upload), joined to `stream` by
-  // routed_ready (the MoE input is on the host) and routed_back (the sum is on the device).
+  // routed_ready (the MoE input is normed) and routed_back (the routed sum is on the device).
   cudaStream_t side = nullptr;
   cudaEvent_t routed_ready = nullptr, routed_back = nullptr;
+  // A layer's work off its critical path (cuda_backend.cc run_layers), on branch streams forked
+  // from `stream` when their input is ready (fork[k]) and joined back (joined[k]) before their
+  // output is read: the KV latent's norm, RoPE and staging (from the raw latent); the main
+  // compressor, the indexer's compressor and head weights (from the normed attention input); the
+  // hyper-connections' Sinkhorn (from HcPre's logits, joined before HcPost). In a captured graph
+  // they are parallel branches.
+  static constexpr int kBranchKv = 0, kBranchComp = 1, kBranchIndex = 2, kBranchHc = 3;
+  static constexpr int kBranches = 4;
+  cudaStream_t branch[kBranches] = {};
+  cudaEvent_t fork[kBranches] = {}, joined[kBranches] = {};
   // The host half of the routed experts (set once, on first use) and one call record per layer.
   std::function<absl::Status(int64_t layer, int64_t rows)> host_experts;
   std::vector<std::unique_ptr<HostExpertsCall>> host_calls;
@@ -193,6 +203,11 @@ struct CudaBackend::Impl {
     for (void* p : allocations) cudaFree(p);
     if (routed_ready) cudaEventDestroy(routed_ready);
     if (routed_back) cudaEventDestroy(routed_back);
+    for (int k = 0; k < kBranches; ++k) {
+      if (fork[k]) cudaEventDestroy(fork[k]);
+      if (joined[k]) cudaEventDestroy(joined[k]);
+      if (branch[k]) cudaStreamDestroy(branch[k]);
+    }
     for (cudaEvent_t e : marks) cudaEventDestroy(e);
     if (side) cudaStreamDestroy(side);
     if (stream) cudaStreamDestroy(stream);

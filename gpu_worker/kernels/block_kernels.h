@@ -65,6 +65,21 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
                   float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
                   cudaStream_t stream);
 
+// HcPre with its Sinkhorn taken off the critical path (decode): where HcPreDefersComb holds
+// (hc = 4 and the decode split, so at most 64 tokens), HcPreDeferComb writes y, pre and post as
+// HcPre does (they do not depend on the Sinkhorn's rounds) and, in comb_logits [T, 16], the
+// Sinkhorn's inputs mix·scale[2] + base; HcCombSinkhorn (one warp per token, on any stream) then
+// turns them into HcPre's comb in place, with the same operations: the same bits.
+// HcPreDeferComb returns cudaErrorInvalidValue where HcPreDefersComb does not hold, HcCombSinkhorn
+// for hc ≠ 4.
+bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const uint16_t* y);
+cudaError_t HcPreDeferComb(const uint16_t* streams, const float* fn, const float* base,
+                           const float* scale, int64_t T, int64_t hc, int64_t dim,
+                           int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y,
+                           float* pre, float* post, float* comb_logits, cudaStream_t stream);
+cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
+                           cudaStream_t stream);
+
 // Expand after a sublayer (model::HcPost): for each new stream k,
 //   out[t][k] = bf16(post[t][k]·x[t] + acc), acc = comb[t][0][k]·R[t][0] + Σ_{j=1..hc−1}
 //   comb[t][j][k]·R[t][j] summed in j order.
@@ -162,6 +177,8 @@ const void* HcPreMixKernel();          // HcPre's decode split
 const void* HcPreFinishKernel();       // HcPre's decode split (the hc = 4 kernel)
 const void* HcPreMixLanesKernel();     // HcPre's decode split, lane sums over blocks (Flash)
 const void* HcPreFinishLanesKernel();  // HcPre's decode split, lane sums over blocks (Flash, hc 4)
+const void* HcPreFinishDeferKernel();  // HcPreDeferComb's second kernel (Flash)
+const void* HcCombSinkhornKernel();    // HcCombSinkhorn
 const void* HeadRmsNormBf16Kernel();
 const void* RopeCosSinKernel();
 const void* ApplyRopeKernel();

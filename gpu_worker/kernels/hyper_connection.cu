@@ -369,14 +369,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // kLanes: the row holds HcMixLanesKernelImpl's chain ends (else HcMixKernelImpl's mixes).
 // kHc: 4 for the kernel specialised to hc = 4 (every released model; the argument hc must be 4),
-// 0 for any hc.
-template <bool kLanes, int kHc>
+// 0 for any hc. kDefer (hc = 4 only): comb_out gets the Sinkhorn's input logits, for
+// HcCombSinkhornKernelImpl (pre and post do not depend on the Sinkhorn's rounds).
+template <bool kLanes, int kHc, bool kDefer = false>
 __global__ void __launch_bounds__(kThreads)
     HcFinishKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ base,
                        const float* __restrict__ scale, int hc_arg, int64_t dim, int iters,
                        float hc_eps, float norm_eps, uint16_t* y, float* __restrict__ pre_out,
                        float* __restrict__ post_out, float* __restrict__ comb_out) {
   static_assert(kHc == 0 || kHc == 4, "the specialised kernel is for hc = 4");
+  static_assert(!kDefer || kHc == 4, "the deferred Sinkhorn is for hc = 4");
   const int hc = kHc != 0 ? kHc : hc_arg;
   __shared__ float mixes[kMaxMix];
   __shared__ float pre[kMaxMult], post[kMaxMult], comb[kMaxMult * kMaxMult];
@@ -446,9 +448,9 @@ __global__ void __launch_bounds__(kThreads)
       // Warp 0 reads y's row before the barrier below, so before y is overwritten.
     }
     if (tid < 32) {
-      const float w = SplitSinkhornWarp4(z, iters, hc_eps);
+      const float w = SplitSinkhornWarp4(z, kDefer ? 0 : iters, hc_eps);
       if (tid < 16) {
-        comb_out[t * 16 + tid] = w;
+        comb_out[t * 16 + tid] = kDefer ? z : w;
       } else if (tid < 20) {
         pre[tid - 16] = w;
         pre_out[t * 4 + tid - 16] = w;
@@ -520,6 +522,18 @@ __global__ void __launch_bounds__(kThreads)
 // Tokens up to which HcPre runs the split kernels.
 constexpr int64_t kHcSplitMaxTokens = 64;
 
+// The deferred Sinkhorn (hc = 4): one warp per token; lanes 0-15 hold the comb logits that
+// HcFinishKernelImpl<., 4, true> left in comb and run SplitSinkhornWarp4 as that kernel's lanes
+// would have (the other lanes' values are not read by the comb lanes' shuffles).
+__global__ void __launch_bounds__(32)
+    HcCombSinkhornKernelImpl(float* __restrict__ comb, int iters, float hc_eps) {
+  const int64_t t = blockIdx.x;
+  const int lane = static_cast<int>(threadIdx.x);
+  const float z = lane < 16 ? comb[t * 16 + lane] : 0.0f;
+  const float v = SplitSinkhornWarp4(z, iters, hc_eps);
+  if (lane < 16) comb[t * 16 + lane] = v;
+}
+
 // grid (ceil(dim / kThreads), T); one thread per (token, i) computes all hc new streams, reading
 // the old ones first, so out may alias residual (no __restrict__ on those two).
 __global__ void HcPostKernelImpl(const uint16_t* __restrict__ x, const uint16_t* residual,
@@ -552,31 +566,44 @@ __global__ void HcPostKernelImpl(const uint16_t* __restrict__ x, const uint16_t*
 
 bool BadMult(int64_t hc) { return hc < 1 || hc > kHcMaxMult; }
 
-}  // namespace
+// Which of HcPre's paths a call takes.
+enum class HcPath { kLanes, kMix, kBlock };
+HcPath PathFor(int64_t T, int64_t hc, int64_t dim, const uint16_t* y) {
+  const int64_t mix = (2 + hc) * hc;
+  const bool split =
+      T <= kHcSplitMaxTokens && dim % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 4 == 0;
+  if (split && (hc * dim) % 32 == 0 && (mix * 32 + kThreads) * 4 <= dim * 2) return HcPath::kLanes;
+  if (split && mix * 4 <= dim * 2) return HcPath::kMix;
+  return HcPath::kBlock;
+}
 
-cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
-                  int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
-                  float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
-                  cudaStream_t stream) {
+cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* base,
+                      const float* scale, int64_t T, int64_t hc, int64_t dim,
+                      int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y, float* pre,
+                      float* post, float* comb, bool defer, cudaStream_t stream) {
   if (BadMult(hc) || dim < 1 || sinkhorn_iters < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
   const int64_t mix = (2 + hc) * hc;
-  const bool split = T <= kHcSplitMaxTokens && dim % 2 == 0 &&
-                     reinterpret_cast<uintptr_t>(y) % 4 == 0;
-  if (split && (hc * dim) % 32 == 0 && (mix * 32 + kThreads) * 4 <= dim * 2) {
+  const HcPath path = PathFor(T, hc, dim, y);
+  if (defer && (hc != 4 || path == HcPath::kBlock)) return cudaErrorInvalidValue;
+  if (path == HcPath::kLanes) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
     HcMixLanesKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, y);
-    const auto finish = hc == 4 ? HcFinishKernelImpl<true, 4> : HcFinishKernelImpl<true, 0>;
+    const auto finish = defer     ? HcFinishKernelImpl<true, 4, true>
+                        : hc == 4 ? HcFinishKernelImpl<true, 4>
+                                  : HcFinishKernelImpl<true, 0>;
     finish<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
         streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
         norm_eps, y, pre, post, comb);
     return cudaGetLastError();
   }
-  if (split && mix * 4 <= dim * 2) {
+  if (path == HcPath::kMix) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix));
     HcMixKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, norm_eps,
                                                    y);
-    const auto finish = hc == 4 ? HcFinishKernelImpl<false, 4> : HcFinishKernelImpl<false, 0>;
+    const auto finish = defer     ? HcFinishKernelImpl<false, 4, true>
+                        : hc == 4 ? HcFinishKernelImpl<false, 4>
+                                  : HcFinishKernelImpl<false, 0>;
     finish<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
         streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
         norm_eps, y, pre, post, comb);
@@ -585,6 +612,37 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
   HcCollapseKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
       streams, fn, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
       norm_eps, y, pre, post, comb);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
+                  int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
+                  float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
+                  cudaStream_t stream) {
+  return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
+                   post, comb, false, stream);
+}
+
+bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const uint16_t* y) {
+  return T >= 1 && hc == 4 && PathFor(T, hc, dim, y) != HcPath::kBlock;
+}
+
+cudaError_t HcPreDeferComb(const uint16_t* streams, const float* fn, const float* base,
+                           const float* scale, int64_t T, int64_t hc, int64_t dim,
+                           int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y,
+                           float* pre, float* post, float* comb_logits, cudaStream_t stream) {
+  return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
+                   post, comb_logits, true, stream);
+}
+
+cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
+                           cudaStream_t stream) {
+  if (hc != 4 || sinkhorn_iters < 1 || T < 0) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  HcCombSinkhornKernelImpl<<<static_cast<unsigned>(T), 32, 0, stream>>>(
+      comb, static_cast<int>(sinkhorn_iters), hc_eps);
   return cudaGetLastError();
 }
 
@@ -620,6 +678,12 @@ const void* HcPreFinishKernel() {
 const void* HcPreMixLanesKernel() { return reinterpret_cast<const void*>(&HcMixLanesKernelImpl); }
 const void* HcPreFinishLanesKernel() {
   return reinterpret_cast<const void*>(&HcFinishKernelImpl<true, 4>);
+}
+const void* HcPreFinishDeferKernel() {
+  return reinterpret_cast<const void*>(&HcFinishKernelImpl<true, 4, true>);
+}
+const void* HcCombSinkhornKernel() {
+  return reinterpret_cast<const void*>(&HcCombSinkhornKernelImpl);
 }
 
 }  // namespace ss::cuda

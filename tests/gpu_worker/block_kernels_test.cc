@@ -93,8 +93,31 @@ HcOut DeviceHcPre(const model::HcWeights& w, const std::vector<float>& streams, 
   return HcOut{FromBf16(dy.Get()), dpre.Get(), dpost.Get(), dcomb.Get()};
 }
 
-// HcPre on both sides, then HcPost of `x` on both sides from the HOST split (so HcPost is
-// compared on identical inputs), also in place (out aliasing residual).
+// HcPreDeferComb, then HcCombSinkhorn on another stream (as the backend's decode runs them);
+// `ran` is false where the deferral does not apply to this shape.
+HcOut DeviceHcPreDeferred(const model::HcWeights& w, const std::vector<float>& streams, int64_t T,
+                          const HcShape& s, bool* ran) {
+  DeviceBuffer<uint16_t> dx(ToBf16(streams)), dy(T * s.dim);
+  *ran = HcPreDefersComb(T, s.hc, s.dim, dy.get());
+  if (!*ran) return {};
+  DeviceBuffer<float> dfn(w.fn), dbase(w.base), dscale(w.scale);
+  DeviceBuffer<float> dpre(T * s.hc), dpost(T * s.hc), dcomb(T * s.hc * s.hc);
+  cudaStream_t side = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(
+      HcPreDeferComb(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, s.hc, s.dim, s.iters,
+                     s.hc_eps, s.norm_eps, dy.get(), dpre.get(), dpost.get(), dcomb.get(), nullptr),
+      cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(HcCombSinkhorn(dcomb.get(), T, s.hc, s.iters, s.hc_eps, side), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStreamDestroy(side);
+  return HcOut{FromBf16(dy.Get()), dpre.Get(), dpost.Get(), dcomb.Get()};
+}
+
+// HcPre on both sides (and, where it applies, the deferred Sinkhorn: bit-identical to HcPre),
+// then HcPost of `x` on both sides from the HOST split (so HcPost is compared on identical
+// inputs), also in place (out aliasing residual).
 void CheckHc(const std::string& label, const model::HcWeights& w, const std::vector<float>& streams,
              const std::vector<float>& x, int64_t T, const HcShape& s) {
   const HcOut ref = HostHcPre(w, streams, T, s);
@@ -108,6 +131,17 @@ void CheckHc(const std::string& label, const model::HcWeights& w, const std::vec
     const golden::Closeness c = Report(label + " HcPre " + part, *a, *b);
     EXPECT_LE(c.rms_rel, 1e-3) << label << " " << part;
     EXPECT_LE(c.max_rel, 1e-4) << label << " " << part;
+  }
+  bool deferred = false;
+  const HcOut dg = DeviceHcPreDeferred(w, streams, T, s, &deferred);
+  if (deferred) {
+    for (const auto& [part, a, b] :
+         {std::tuple{"y", &dg.y, &got.y}, std::tuple{"pre", &dg.pre, &got.pre},
+          std::tuple{"post", &dg.post, &got.post}, std::tuple{"comb", &dg.comb, &got.comb}}) {
+      const golden::Closeness c =
+          Report(label + " HcPre deferred Sinkhorn vs HcPre " + part, *a, *b);
+      EXPECT_EQ(c.bit_identical, 1.0) << label << " " << part;
+    }
   }
 
   std::vector<float> post_ref(T * s.hc * s.dim);
@@ -433,6 +467,8 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
                       {"HcPreFinish", HcPreFinishKernel()},
                       {"HcPreMixLanes", HcPreMixLanesKernel()},
                       {"HcPreFinishLanes", HcPreFinishLanesKernel()},
+                      {"HcPreFinishDefer", HcPreFinishDeferKernel()},
+                      {"HcCombSinkhorn", HcCombSinkhornKernel()},
                       {"HcPost", HcPostKernel()},
                       {"HcHead", HcHeadKernel()},
                       {"HeadRmsNormBf16", HeadRmsNormBf16Kernel()},
