@@ -194,8 +194,11 @@ struct Scratch {
   int32_t* ridx = nullptr;
   float* rw = nullptr;
   uint16_t *sg = nullptr, *su = nullptr, *sa = nullptr;
-  uint8_t* qbuf = nullptr;
-  float* sbuf = nullptr;
+  // Quantised activations (QuantizeActE4m3 layout) of a linear's input: the normed attention
+  // and MoE inputs, z and the shared expert's activations in qbuf/sbuf; the normed q latent in
+  // qbuf2/sbuf2 (while a branch's GEMV may still read qbuf).
+  uint8_t *qbuf = nullptr, *qbuf2 = nullptr;
+  float *sbuf = nullptr, *sbuf2 = nullptr;
   float *cos0 = nullptr, *sin0 = nullptr, *cos1 = nullptr, *sin1 = nullptr;
   int64_t *ids = nullptr, *pos = nullptr;
   // TP > 1: the rank's fp32 partial sums, [T, dim] after attention, [2, T, dim] (shared expert,
@@ -249,6 +252,8 @@ size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch
   s->sa = cv.Take<uint16_t>(T * inter);
   s->qbuf = cv.Take<uint8_t>(T * max_in);
   s->sbuf = cv.Take<float>(T * ((max_in + 127) / 128));
+  s->qbuf2 = cv.Take<uint8_t>(T * c.q_lora_rank);
+  s->sbuf2 = cv.Take<float>(T * ((c.q_lora_rank + 127) / 128));
   s->cos0 = cv.Take<float>(T * rd / 2);
   s->sin0 = cv.Take<float>(T * rd / 2);
   s->cos1 = cv.Take<float>(T * rd / 2);
@@ -273,16 +278,11 @@ cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const Scratch
   if (e != cudaSuccess) return e;
   return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w.w, w.s, w.out, w.in, y, stream);
 }
-// Two Lin8 of the same input (wq_a and wkv, wq_b and the indexer's wq_b, the shared expert's w1
-// and w3): the activations quantised once for both.
-cudaError_t Lin8Pair(const DevFp8& w1, const DevFp8& w2, const uint16_t* x, int64_t rows,
-                     const Scratch& s, uint16_t* y1, uint16_t* y2, cudaStream_t stream) {
-  if (w1.in != w2.in) return cudaErrorInvalidValue;
-  cudaError_t e = cuda::QuantizeActE4m3(x, rows, w1.in, s.qbuf, s.sbuf, stream);
-  if (e != cudaSuccess) return e;
-  e = cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w1.w, w1.s, w1.out, w1.in, y1, stream);
-  if (e != cudaSuccess) return e;
-  return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w2.w, w2.s, w2.out, w2.in, y2, stream);
+// The FP8 linear on activations already quantised (by RmsNormQuant, SwiGluBf16Quant or Lin8).
+template <typename OutT>
+cudaError_t Gemv8(const DevFp8& w, const uint8_t* q, const float* s, int64_t rows, OutT* y,
+                  cudaStream_t stream) {
+  return cuda::Fp8Linear(q, s, rows, w.w, w.s, w.out, w.in, y, stream);
 }
 
 // The host function of a layer's routed experts (HostExpertsCall): skipped once an earlier layer
@@ -668,14 +668,16 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
       // ---- attention sublayer
       STEP(hc_pre(sc.h, b.hc_attn));
-      STEP(cuda::RmsNorm(sc.y, b.attn_norm, T, dim, eps, sc.xn, st));
+      // The normed attention input xn and its quantisation (qbuf) for wq_a and wkv.
+      STEP(cuda::RmsNormQuant(sc.y, b.attn_norm, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st));
 
       // Off the critical path, on branch streams from here (Impl::branch): the compressors (and
-      // the indexer's head weights) from xn, the KV latent's norm, RoPE and staging from kva.
-      // Each branch has its own scratch; the main stream joins them before the attention.
+      // the indexer's head weights) from xn; wkv and the KV latent's norm, RoPE and staging from
+      // qbuf; the indexer's wq_b and query prep from qbuf2. Each branch has its own scratch; the
+      // main stream joins them before the attention (qbuf is next written after those joins).
       cudaStream_t bs_kv = im.branch[Impl::kBranchKv], bs_comp = im.branch[Impl::kBranchComp],
                    bs_index = im.branch[Impl::kBranchIndex];
-      if (b.has_compressor || b.has_indexer) STEP(cudaEventRecord(im.fork[Impl::kBranchComp], st));
+      STEP(cudaEventRecord(im.fork[Impl::kBranchComp], st));  // xn and qbuf are ready
       auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
                           uint16_t* entries, float* cv, float* cg,
                           cudaStream_t bs) -> absl::Status {
@@ -717,30 +719,32 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, bs_index));
         STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, bs_index));
         STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_index));
-        STEP(cudaEventRecord(im.joined[Impl::kBranchIndex], bs_index));
       }
 
-      STEP(Lin8Pair(b.wq_a, b.wkv, sc.xn, T, sc, sc.qa, sc.kva, st));
-      // The KV latent: its norm, RoPE and FP8 simulation, then the chunks' raw KV as records in
-      // the step's staging (read by the attention through the candidate lists).
-      STEP(cudaEventRecord(im.fork[Impl::kBranchKv], st));
-      STEP(cudaStreamWaitEvent(bs_kv, im.fork[Impl::kBranchKv], 0));
+      // The KV latent: wkv, its norm, RoPE and FP8 simulation, then the chunks' raw KV as records
+      // in the step's staging (read by the attention through the candidate lists).
+      STEP(cudaStreamWaitEvent(bs_kv, im.fork[Impl::kBranchComp], 0));
+      STEP(Gemv8(b.wkv, sc.qbuf, sc.sbuf, T, sc.kva, bs_kv));
       STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, bs_kv));
       STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, bs_kv));
       STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, bs_kv));
       STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, bs_kv));
       STEP(cudaEventRecord(im.joined[Impl::kBranchKv], bs_kv));
 
-      STEP(cuda::RmsNorm(sc.qa, b.q_norm, T, qlr, eps, sc.qr, st));
+      // The query: wq_a, its norm and quantisation (qbuf2, shared with the indexer's wq_b), wq_b,
+      // the per-head norm and RoPE.
+      STEP(Gemv8(b.wq_a, sc.qbuf, sc.sbuf, T, sc.qa, st));
+      STEP(cuda::RmsNormQuant(sc.qa, b.q_norm, T, qlr, eps, sc.qr, sc.qbuf2, sc.sbuf2, st));
       if (b.has_indexer) {
-        STEP(Lin8Pair(b.wq_b, b.index_wq_b, sc.qr, T, sc, sc.q, sc.iq, st));
-      } else {
-        STEP(Lin8(b.wq_b, sc.qr, T, sc, sc.q, st));
+        STEP(cudaEventRecord(im.fork[Impl::kBranchIndex], st));
+        STEP(cudaStreamWaitEvent(bs_index, im.fork[Impl::kBranchIndex], 0));
+        STEP(Gemv8(b.index_wq_b, sc.qbuf2, sc.sbuf2, T, sc.iq, bs_index));
+        STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, bs_index));
+        STEP(cudaEventRecord(im.joined[Impl::kBranchIndex], bs_index));
       }
-      STEP(cuda::HeadRmsNormBf16(sc.q, T * H, Dh, eps, st));
-      STEP(cuda::ApplyRope(sc.q, T, H, Dh, rd, cs, sn, false, st));
+      STEP(Gemv8(b.wq_b, sc.qbuf2, sc.sbuf2, T, sc.q, st));
+      STEP(cuda::HeadRmsNormRope(sc.q, T, H, Dh, eps, rd, cs, sn, st));
       if (b.has_indexer) {
-        STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, st));
         STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchIndex], 0));
         // Each chunk's top-k selections stay on the device (sel_base: where BuildCandidates reads).
         for (size_t i = 0; i < nc; ++i) {
@@ -769,7 +773,13 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                                      kvl.nope, n_cand[l], scale, sc.o + t0 * H * Dh, st,
                                      im.kvrows.as<uint16_t>()));
       }
-      STEP(cuda::KvRingRecords(geom, tok, T, sc.kv, st));
+      // The chunks' last W positions into the rings (read again by the next step's attention),
+      // off the critical path: the next layer's kv work follows it on the same branch, and the
+      // step joins the branch after its last layer.
+      STEP(cudaEventRecord(im.fork[Impl::kBranchKv], st));
+      STEP(cudaStreamWaitEvent(bs_kv, im.fork[Impl::kBranchKv], 0));
+      STEP(cuda::KvRingRecords(geom, tok, T, sc.kv, bs_kv));
+      STEP(cudaEventRecord(im.joined[Impl::kBranchKv], bs_kv));
       STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
       STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
                                          sc.z, st));
@@ -786,7 +796,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
 
       // ---- MoE sublayer
       STEP(hc_pre(sc.mid, b.hc_ffn));
-      STEP(cuda::RmsNorm(sc.y, b.ffn_norm, T, dim, eps, sc.xn, st));
+      STEP(cuda::RmsNormQuant(sc.y, b.ffn_norm, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st));
       // The routed experts on the side stream: the router, then (host experts) the rows to the
       // host, the host call and the sum's upload, while this stream runs the shared expert.
       STEP(cudaEventRecord(im.routed_ready, st));
@@ -806,12 +816,14 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // routed experts.
       const int64_t si = b.shared_inter;
       if (si > 0) {
-        STEP(Lin8Pair(b.shared_w1, b.shared_w3, sc.xn, T, sc, sc.sg, sc.su, st));
-        STEP(cuda::SwiGluBf16(sc.sg, sc.su, si, nullptr, T, si, shared_limit, sc.sa, st));
+        STEP(Gemv8(b.shared_w1, sc.qbuf, sc.sbuf, T, sc.sg, st));
+        STEP(Gemv8(b.shared_w3, sc.qbuf, sc.sbuf, T, sc.su, st));
+        STEP(cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf,
+                                   st));
         if (im.tp == 1) {
-          STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.shared, st));
+          STEP(Gemv8(b.shared_w2, sc.qbuf, sc.sbuf, T, sc.shared, st));
         } else {
-          STEP(Lin8(b.shared_w2, sc.sa, T, sc, sc.part, st));
+          STEP(Gemv8(b.shared_w2, sc.qbuf, sc.sbuf, T, sc.part, st));
         }
       }
       STEP(cudaStreamWaitEvent(st, im.routed_back, 0));
@@ -830,6 +842,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       std::swap(sc.h, sc.h2);
       if (timings) STEP(mark(l, kLayerEnd));
     }
+    // The last layer's ring writes.
+    if (n_layers > 0) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchKv], 0));
     return absl::OkStatus();
   };
 

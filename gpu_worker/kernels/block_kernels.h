@@ -129,6 +129,12 @@ cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positio
 cudaError_t ApplyRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
                       const float* cos_t, const float* sin_t, bool inverse, cudaStream_t stream);
 
+// HeadRmsNormBf16 of every head of x bf16 [T, heads, head_dim], then ApplyRope (forward) of its
+// last rope_dim dims, by the same warp in one launch: the same bits as the two calls.
+cudaError_t HeadRmsNormRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, float eps,
+                            int64_t rope_dim, const float* cos_t, const float* sin_t,
+                            cudaStream_t stream);
+
 // FP8 simulation (ss::Fp8SimInplace, spec §5.3), in place on x[r·row_stride + 0..n) for each row
 // r, in blocks of `block` along the row (the last one may be partial): s = Pow2Scale(amax, 1e-4,
 // 448), v = clamp(x/s, ±448), v = e4m3(v) if round_e4m3 else bf16(v), x = bf16(v·s).
@@ -169,6 +175,13 @@ cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stri
                        const float* row_weights, int64_t rows, int64_t n, float limit,
                        uint16_t* out, cudaStream_t stream);
 
+// SwiGluBf16 without row weights (the shared expert), then QuantizeActE4m3 of its output, in one
+// launch: out, q and s are the same bits as the two calls give (q [rows, n], s [rows,
+// ceil(n/128)]).
+cudaError_t SwiGluBf16Quant(const uint16_t* gate, const uint16_t* up, int64_t in_stride,
+                            int64_t rows, int64_t n, float limit, uint16_t* out, uint8_t* q,
+                            float* s, cudaStream_t stream);
+
 // Entry points of the kernels above, for attribute queries (ptxVersion) in tests.
 const void* HcPreKernel();
 const void* HcPostKernel();
@@ -188,5 +201,7 @@ const void* RouterLogitsRowKernel();  // Route's logits up to 8 tokens
 const void* RouterSelectKernel();
 const void* SwiGluF32Kernel();
 const void* SwiGluBf16Kernel();
+const void* SwiGluBf16QuantKernel();
+const void* HeadRmsNormRopeKernel();
 
 }  // namespace ss::cuda

@@ -67,6 +67,26 @@ __device__ __forceinline__ float Pow2Scale(float amax, float amax_floor, float q
   return ldexpf(1.0f, e);
 }
 
+// Spec §5.2 for one 1x128 activation block held by a warp, lane l holding elements 4l .. 4l+3
+// (v: fp32 values of bf16 numbers; `valid` of the block's 128 are inside the row): the block's
+// power-of-two scale from the warp's amax, the e4m3 codes of the valid elements to q[4l + j],
+// the scale to *s (lane 0). QuantizeActE4m3 and the kernels that quantise what they produce
+// (RmsNormQuant, SwiGluBf16Quant) share it, so their codes and scales are the same bits.
+__device__ __forceinline__ void QuantizeBlock128(const float (&v)[4], int lane, int64_t valid,
+                                                 uint8_t* __restrict__ q, float* __restrict__ s) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float sc = Pow2Scale(amax, 1e-4f, 448.0f);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int k = lane * 4 + j;
+    if (k < valid) q[k] = F32ToE4m3(fminf(fmaxf(__fdiv_rn(v[j], sc), -448.0f), 448.0f));
+  }
+  if (lane == 0) *s = sc;
+}
+
 // Two e4m3 codes of `w` (bytes 0,1 with sel = 0x1404; bytes 2,3 with sel = 0x3424) as an f16x2,
 // each half holding the code's value times 2^-8, exactly: the 7 magnitude bits shifted into an
 // fp16's exponent and mantissa fields are that value for every code, subnormals included (an

@@ -17,19 +17,11 @@ __global__ void QuantizeActKernelImpl(const uint16_t* __restrict__ x, int64_t n,
   const int lane = threadIdx.x & 31;
   const int64_t i0 = b * kBlock;
   float v[4];
-  float amax = 0.0f;
   for (int j = 0; j < 4; ++j) {
     const int64_t i = i0 + lane * 4 + j;
     v[j] = i < n ? Bf16ToF32(x[row * n + i]) : 0.0f;
-    amax = fmaxf(amax, fabsf(v[j]));
   }
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float sc = Pow2Scale(amax, 1e-4f, 448.0f);
-  for (int j = 0; j < 4; ++j) {
-    const int64_t i = i0 + lane * 4 + j;
-    if (i < n) q[row * n + i] = F32ToE4m3(fminf(fmaxf(__fdiv_rn(v[j], sc), -448.0f), 448.0f));
-  }
-  if (lane == 0) s[row * nb + b] = sc;
+  QuantizeBlock128(v, lane, n - i0, q + row * n + i0, s + row * nb + b);
 }
 
 // e4m3 → fp32 without branches: the 7 magnitude bits placed as an fp32 exponent/mantissa are

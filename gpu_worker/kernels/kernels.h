@@ -24,6 +24,11 @@ cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, 
 cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
                             cudaStream_t stream);
 
+// RmsNorm, then QuantizeActE4m3 of its output, in one launch (one block per row): y, q and s
+// are the same bits as the two calls give.
+cudaError_t RmsNormQuant(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
+                         uint16_t* y, uint8_t* q, float* s, cudaStream_t stream);
+
 // Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w),
 // q: [rows, in] e4m3 codes from QuantizeActE4m3, s_act: [rows, nb = ceil(in/128)], w: [out, in]
 // e4m3, w_scale: [ceil(out/128), nb] ue8m0, y: [rows, out] bf16.
@@ -103,6 +108,7 @@ cudaError_t RoundF32ToBf16(const float* x, int64_t n, uint16_t* y, cudaStream_t 
 
 // Addresses of the kernels' entry points, for attribute queries (ptxVersion) in tests.
 const void* RmsNormKernel();
+const void* RmsNormQuantKernel();
 const void* QuantizeActE4m3Kernel();
 const void* Fp8LinearKernel();         // the decode GEMV
 const void* Fp8GemmKernel();           // the prefill GEMM (128-row tiles)

@@ -6,12 +6,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* __restrict__ g,
-                                  int64_t n, float eps, uint16_t* __restrict__ y) {
-  const uint16_t* xr = x + blockIdx.x * n;
-  uint16_t* yr = y + blockIdx.x * n;
-  // Each thread's sum runs over i = tid, tid + kThreads, ... in order; kAhead loads are issued
-  // before the sums that use them (a row is one block's work at decode: latency, not bandwidth).
+// r = 1/sqrt(mean(x²) + eps) of the row xr [n], for every thread of a kThreads block. Each
+// thread's sum runs over i = tid, tid + kThreads, ... in order; kAhead loads are issued before the
+// sums that use them (a row is one block's work at decode: latency, not bandwidth).
+__device__ __forceinline__ float RowRmsScale(const uint16_t* __restrict__ xr, int64_t n,
+                                             float eps) {
   constexpr int kAhead = 16;
   float sum = 0.0f;
   int64_t i0 = threadIdx.x;
@@ -37,7 +36,15 @@ __global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* _
   }
   __syncthreads();
   const float mean = __fmul_rn(partial[0], __frcp_rn(static_cast<float>(n)));
-  const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
+  return __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+__global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* __restrict__ g,
+                                  int64_t n, float eps, uint16_t* __restrict__ y) {
+  const uint16_t* xr = x + blockIdx.x * n;
+  uint16_t* yr = y + blockIdx.x * n;
+  constexpr int kAhead = 16;
+  const float r = RowRmsScale(xr, n, eps);
   int64_t i = threadIdx.x;
   for (; i + (kAhead - 1) * kThreads < n; i += kAhead * kThreads) {
     float xv[kAhead], gv[kAhead];
@@ -56,7 +63,42 @@ __global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* _
   }
 }
 
+// RmsNormKernelImpl's row, then its spec §5.2 quantisation: warp w takes the row's 128-blocks
+// w, w + 8, ..., each lane 4 consecutive elements, the bf16 result in registers.
+__global__ void RmsNormQuantKernelImpl(const uint16_t* __restrict__ x, const float* __restrict__ g,
+                                       int64_t n, float eps, uint16_t* __restrict__ y,
+                                       uint8_t* __restrict__ q, float* __restrict__ s) {
+  const int64_t row = blockIdx.x, nb = (n + 127) / 128;
+  const uint16_t* xr = x + row * n;
+  const float r = RowRmsScale(xr, n, eps);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  for (int64_t b = warp; b < nb; b += kThreads / 32) {
+    const int64_t i0 = b * 128 + lane * 4;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = i0 + j;
+      if (i < n) {
+        const uint16_t o = F32ToBf16(__fmul_rn(g[i], __fmul_rn(Bf16ToF32(xr[i]), r)));
+        y[row * n + i] = o;
+        v[j] = Bf16ToF32(o);
+      } else {
+        v[j] = 0.0f;
+      }
+    }
+    QuantizeBlock128(v, lane, n - b * 128, q + row * n + b * 128, s + row * nb + b);
+  }
+}
+
 }  // namespace
+
+cudaError_t RmsNormQuant(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
+                         uint16_t* y, uint8_t* q, float* s, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormQuantKernelImpl<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, g, n, eps, y, q,
+                                                                               s);
+  return cudaGetLastError();
+}
 
 cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
                     uint16_t* y, cudaStream_t stream) {
@@ -66,5 +108,6 @@ cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, 
 }
 
 const void* RmsNormKernel() { return reinterpret_cast<const void*>(&RmsNormKernelImpl); }
+const void* RmsNormQuantKernel() { return reinterpret_cast<const void*>(&RmsNormQuantKernelImpl); }
 
 }  // namespace ss::cuda

@@ -18,13 +18,16 @@ unsigned GridFor(int64_t threads) {
   return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
 }
 
-// One warp per row.
-__global__ void HeadRmsNormKernelImpl(uint16_t* __restrict__ x, int64_t rows, int64_t n,
-                                      float eps) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  uint16_t* v = x + row * n;
+// One pair of an interleaved RoPE rotation (ss::ApplyRope), in place: (a, b) at v[0], v[1].
+__device__ __forceinline__ void RotatePair(uint16_t* v, float c, float s) {
+  const float a = Bf16ToF32(v[0]), b = Bf16ToF32(v[1]);
+  v[0] = F32ToBf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+  v[1] = F32ToBf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+}
+
+// The demo's bf16 head norm of one row by one warp, in place.
+__device__ __forceinline__ void HeadNormRow(uint16_t* __restrict__ v, int64_t n, float eps,
+                                            int lane) {
   float sum = 0.0f;
   for (int64_t i = lane; i < n; i += 32) {
     const float f = Bf16ToF32(v[i]);
@@ -34,6 +37,33 @@ __global__ void HeadRmsNormKernelImpl(uint16_t* __restrict__ x, int64_t rows, in
   const float mean = RoundBf16(__fmul_rn(sum, __frcp_rn(static_cast<float>(n))));
   const float r = RoundBf16(__frcp_rn(__fsqrt_rn(RoundBf16(__fadd_rn(mean, eps)))));
   for (int64_t i = lane; i < n; i += 32) v[i] = F32ToBf16(__fmul_rn(Bf16ToF32(v[i]), r));
+}
+
+// One warp per row.
+__global__ void HeadRmsNormKernelImpl(uint16_t* __restrict__ x, int64_t rows, int64_t n,
+                                      float eps) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  HeadNormRow(x + row * n, n, eps, lane);
+}
+
+// HeadRmsNormKernelImpl's row (token t = row / heads), then ApplyRopeKernelImpl's rotation of its
+// last rope_dim dims by the same warp (after __syncwarp: the normed values are read back).
+__global__ void HeadRmsNormRopeKernelImpl(uint16_t* __restrict__ x, int64_t rows, int64_t n,
+                                          float eps, int64_t heads, int64_t rope_dim,
+                                          const float* __restrict__ cos_t,
+                                          const float* __restrict__ sin_t) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  uint16_t* v = x + row * n;
+  HeadNormRow(v, n, eps, lane);
+  __syncwarp();
+  const int64_t pairs = rope_dim / 2, t = row / heads;
+  for (int64_t i = lane; i < pairs; i += 32) {
+    RotatePair(v + (n - rope_dim) + 2 * i, cos_t[t * pairs + i], sin_t[t * pairs + i]);
+  }
 }
 
 __global__ void RopeCosSinKernelImpl(const float* __restrict__ freqs, int64_t pairs,
@@ -63,12 +93,8 @@ __global__ void ApplyRopeKernelImpl(uint16_t* __restrict__ x, int64_t T, int64_t
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = idx % pairs, th = idx / pairs, t = th / heads;
-    uint16_t* v = x + th * head_dim + (head_dim - rope_dim) + 2 * i;
-    const float a = Bf16ToF32(v[0]), b = Bf16ToF32(v[1]);
-    const float c = cos_t[t * pairs + i];
     const float s = inverse ? -sin_t[t * pairs + i] : sin_t[t * pairs + i];
-    v[0] = F32ToBf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-    v[1] = F32ToBf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+    RotatePair(x + th * head_dim + (head_dim - rope_dim) + 2 * i, cos_t[t * pairs + i], s);
   }
 }
 
@@ -105,6 +131,20 @@ cudaError_t HeadRmsNormBf16(uint16_t* x, int64_t rows, int64_t head_dim, float e
   return cudaGetLastError();
 }
 
+cudaError_t HeadRmsNormRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, float eps,
+                            int64_t rope_dim, const float* cos_t, const float* sin_t,
+                            cudaStream_t stream) {
+  if (head_dim < 1 || heads < 1 || rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  if (T == 0) return cudaSuccess;
+  const int64_t rows = T * heads;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  HeadRmsNormRopeKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, head_dim, eps, heads,
+                                                             rope_dim, cos_t, sin_t);
+  return cudaGetLastError();
+}
+
 cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positions, int64_t n,
                        bool fp32_trig, float* cos_out, float* sin_out, cudaStream_t stream) {
   if (pairs < 1) return cudaErrorInvalidValue;
@@ -137,6 +177,9 @@ cudaError_t Fp8SimInplace(uint16_t* x, int64_t rows, int64_t row_stride, int64_t
 
 const void* HeadRmsNormBf16Kernel() {
   return reinterpret_cast<const void*>(&HeadRmsNormKernelImpl);
+}
+const void* HeadRmsNormRopeKernel() {
+  return reinterpret_cast<const void*>(&HeadRmsNormRopeKernelImpl);
 }
 const void* RopeCosSinKernel() { return reinterpret_cast<const void*>(&RopeCosSinKernelImpl); }
 const void* ApplyRopeKernel() { return reinterpret_cast<const void*>(&ApplyRopeKernelImpl); }

@@ -197,6 +197,15 @@ __global__ void RouterSelectKernelImpl(const float* __restrict__ logits,
 __device__ __forceinline__ float Load(float v) { return v; }
 __device__ __forceinline__ float Load(uint16_t v) { return Bf16ToF32(v); }
 
+// The demo's clamped SwiGLU of one element (before the row weight).
+__device__ __forceinline__ float SwiGluValue(float g, float u, float limit) {
+  if (limit > 0.0f) {
+    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
+    g = limit < g ? limit : g;                          // std::min
+  }
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 template <typename In>
 __global__ void SwiGluKernelImpl(const In* __restrict__ gate, const In* __restrict__ up,
                                  int64_t in_stride, const float* __restrict__ row_weights,
@@ -205,15 +214,36 @@ __global__ void SwiGluKernelImpl(const In* __restrict__ gate, const In* __restri
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / n, i = idx % n;
-    float g = Load(gate[r * in_stride + i]), u = Load(up[r * in_stride + i]);
-    if (limit > 0.0f) {
-      u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
-      g = limit < g ? limit : g;                          // std::min
-    }
-    float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    float v = SwiGluValue(Load(gate[r * in_stride + i]), Load(up[r * in_stride + i]), limit);
     if (row_weights != nullptr) v = __fmul_rn(row_weights[r], v);
     out[idx] = F32ToBf16(v);
   }
+}
+
+// SwiGluKernelImpl<uint16_t> without row weights, then QuantizeActE4m3 of its output: one warp
+// per (row, 128-block), each lane 4 consecutive elements, grid (ceil(nb / kWarps), rows).
+__global__ void SwiGluQuantKernelImpl(const uint16_t* __restrict__ gate,
+                                      const uint16_t* __restrict__ up, int64_t in_stride, int64_t n,
+                                      float limit, uint16_t* __restrict__ out,
+                                      uint8_t* __restrict__ q, float* __restrict__ s) {
+  const int64_t row = blockIdx.y, nb = (n + 127) / 128;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (b >= nb) return;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t i = b * 128 + lane * 4 + j;
+    if (i < n) {
+      const uint16_t o = F32ToBf16(SwiGluValue(Bf16ToF32(gate[row * in_stride + i]),
+                                               Bf16ToF32(up[row * in_stride + i]), limit));
+      out[row * n + i] = o;
+      v[j] = Bf16ToF32(o);
+    } else {
+      v[j] = 0.0f;
+    }
+  }
+  QuantizeBlock128(v, lane, n - b * 128, q + row * n + b * 128, s + row * nb + b);
 }
 
 template <typename In>
@@ -266,6 +296,17 @@ cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stri
   return LaunchSwiGlu(gate, up, in_stride, row_weights, rows, n, limit, out, stream);
 }
 
+cudaError_t SwiGluBf16Quant(const uint16_t* gate, const uint16_t* up, int64_t in_stride,
+                            int64_t rows, int64_t n, float limit, uint16_t* out, uint8_t* q,
+                            float* s, cudaStream_t stream) {
+  if (n < 1 || in_stride < n) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t nb = (n + 127) / 128;
+  const dim3 grid(static_cast<unsigned>((nb + kWarps - 1) / kWarps), static_cast<unsigned>(rows));
+  SwiGluQuantKernelImpl<<<grid, kThreads, 0, stream>>>(gate, up, in_stride, n, limit, out, q, s);
+  return cudaGetLastError();
+}
+
 const void* RouterLogitsKernel() { return reinterpret_cast<const void*>(&RouterLogitsKernelImpl); }
 const void* RouterLogitsRowKernel() {
   return reinterpret_cast<const void*>(&RouterLogitsRowKernelImpl);
@@ -274,6 +315,9 @@ const void* RouterSelectKernel() { return reinterpret_cast<const void*>(&RouterS
 const void* SwiGluF32Kernel() { return reinterpret_cast<const void*>(&SwiGluKernelImpl<float>); }
 const void* SwiGluBf16Kernel() {
   return reinterpret_cast<const void*>(&SwiGluKernelImpl<uint16_t>);
+}
+const void* SwiGluBf16QuantKernel() {
+  return reinterpret_cast<const void*>(&SwiGluQuantKernelImpl);
 }
 
 }  // namespace ss::cuda

@@ -20,6 +20,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -479,7 +480,10 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
                       {"RouterLogitsRow", RouterLogitsRowKernel()},
                       {"RouterSelect", RouterSelectKernel()},
                       {"SwiGluF32", SwiGluF32Kernel()},
-                      {"SwiGluBf16", SwiGluBf16Kernel()}},
+                      {"SwiGluBf16", SwiGluBf16Kernel()},
+                      {"SwiGluBf16Quant", SwiGluBf16QuantKernel()},
+                      {"HeadRmsNormRope", HeadRmsNormRopeKernel()},
+                      {"RmsNormQuant", RmsNormQuantKernel()}},
                      size_t{48} << 10);
 }
 
@@ -820,6 +824,76 @@ TEST_F(BlockKernelsTest, SharedExpertChainMatchesReferenceOnTinyA) {
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cc = Report("tiny-a L3 shared expert chain", FromBf16(dy.Get()), ref);
   EXPECT_LE(cc.rms_rel, 1e-2);
+}
+
+// The decode's fused launches against the two launches each replaces: the same bits. Shapes:
+// Flash's (hidden 4096, q_lora 1024, shared inter 2048, 64 heads of 512 with 64 rope dims) and
+// ragged ones (a partial last 128-block, a strided gate/up).
+TEST_F(BlockKernelsTest, FusedLaunchesGiveTheBitsOfTheirParts) {
+  const float eps = 1e-6f;
+  int64_t seed = 300;
+  auto same = [](const std::string& label, const auto& a, const auto& b) {
+    ASSERT_EQ(a.size(), b.size()) << label;
+    size_t diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0;
+    std::printf("%-52s %zu of %zu differ\n", label.c_str(), diff, a.size());
+    EXPECT_EQ(diff, 0u) << label;
+  };
+  for (const auto& [rows, n] :
+       {std::pair<int64_t, int64_t>{1, 4096}, {8, 4096}, {1, 1024}, {3, 1024}, {5, 200}}) {
+    const std::string label = "RmsNormQuant " + std::to_string(rows) + "x" + std::to_string(n);
+    DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(rows * n, 1.5f, ++seed)));
+    DeviceBuffer<float> dg(RandomF32(n, 0.5f, ++seed));
+    const int64_t nb = (n + 127) / 128;
+    DeviceBuffer<uint16_t> y1(rows * n), y2(rows * n);
+    DeviceBuffer<uint8_t> q1(rows * n), q2(rows * n);
+    DeviceBuffer<float> s1(rows * nb), s2(rows * nb);
+    CUDA_ASSERT_OK(RmsNorm(dx.get(), dg.get(), rows, n, eps, y1.get(), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(y1.get(), rows, n, q1.get(), s1.get(), nullptr));
+    CUDA_ASSERT_OK(
+        RmsNormQuant(dx.get(), dg.get(), rows, n, eps, y2.get(), q2.get(), s2.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    same(label + " y", y2.Get(), y1.Get());
+    same(label + " q", q2.Get(), q1.Get());
+    same(label + " s", s2.Get(), s1.Get());
+  }
+  for (const auto& [rows, n, stride, limit] :
+       {std::tuple<int64_t, int64_t, int64_t, float>{1, 2048, 2048, 10.0f},
+        {8, 2048, 4096, 10.0f},
+        {3, 200, 256, 0.0f}}) {
+    const std::string label = "SwiGluBf16Quant " + std::to_string(rows) + "x" + std::to_string(n);
+    DeviceBuffer<uint16_t> dg(ToBf16(RandomBf16(rows * stride, 4.0f, ++seed)));
+    DeviceBuffer<uint16_t> du(ToBf16(RandomBf16(rows * stride, 4.0f, ++seed)));
+    const int64_t nb = (n + 127) / 128;
+    DeviceBuffer<uint16_t> o1(rows * n), o2(rows * n);
+    DeviceBuffer<uint8_t> q1(rows * n), q2(rows * n);
+    DeviceBuffer<float> s1(rows * nb), s2(rows * nb);
+    CUDA_ASSERT_OK(
+        SwiGluBf16(dg.get(), du.get(), stride, nullptr, rows, n, limit, o1.get(), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(o1.get(), rows, n, q1.get(), s1.get(), nullptr));
+    CUDA_ASSERT_OK(SwiGluBf16Quant(dg.get(), du.get(), stride, rows, n, limit, o2.get(), q2.get(),
+                                   s2.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    same(label + " out", o2.Get(), o1.Get());
+    same(label + " q", q2.Get(), q1.Get());
+    same(label + " s", s2.Get(), s1.Get());
+  }
+  for (const auto& [T, heads, hd, rd] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 64, 512, 64},
+        {8, 64, 512, 64},
+        {5, 4, 128, 64}}) {
+    const std::string label = "HeadRmsNormRope T" + std::to_string(T) + " " +
+                              std::to_string(heads) + "x" + std::to_string(hd);
+    const std::vector<float> x = RandomBf16(T * heads * hd, 2.0f, ++seed);
+    DeviceBuffer<float> dc(RandomF32(T * rd / 2, 0.7f, ++seed)),
+        ds(RandomF32(T * rd / 2, 0.7f, ++seed));
+    DeviceBuffer<uint16_t> x1(ToBf16(x)), x2(ToBf16(x));
+    CUDA_ASSERT_OK(HeadRmsNormBf16(x1.get(), T * heads, hd, eps, nullptr));
+    CUDA_ASSERT_OK(ApplyRope(x1.get(), T, heads, hd, rd, dc.get(), ds.get(), false, nullptr));
+    CUDA_ASSERT_OK(HeadRmsNormRope(x2.get(), T, heads, hd, eps, rd, dc.get(), ds.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    same(label, x2.Get(), x1.Get());
+  }
 }
 
 }  // namespace
