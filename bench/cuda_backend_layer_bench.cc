@@ -25,6 +25,11 @@
 // timed pass adds the seconds each step spends in the NCCL collectives (StageTimings::allreduce,
 // rank 0: the all-reduce after attention and the one after the MoE).
 //
+// Then both layers run as one stage (decode only): its step pays the step's fixed costs once for
+// two layers, so F = t(layer 0) + t(layer 1) − t(both) is the fixed cost of a step, and t(layer)
+// − F a layer's marginal time in a stage of many layers (a Flash stage holds 11-43), printed with
+// its fraction of the copy.
+//
 // Decode runs under CUDA graphs, TP included (CudaBackend::set_decode_graphs; the ms/step figure);
 // each configuration is also timed launched kernel by kernel (the "launched" line).
 //
@@ -182,14 +187,34 @@ int main(int argc, char** argv) {
   std::vector<int32_t> tokens(kChunk);
   for (auto& t : tokens) t = static_cast<int32_t>(2 + rng() % 1000);
 
-  for (int layer = 0; layer < 2; ++layer) {
+  // The paged cache's bytes a decode step reads per sequence in a layer of compress ratio m at
+  // context ctx: fp8_ds_mla records (584 B) and MXFP4 indexer keys (68 B).
+  auto kv_bytes = [&](int64_t m, int64_t ctx) {
+    const int64_t rec = 584, key = c.index_head_dim / 2 + c.index_head_dim / 32;
+    int64_t kv = c.window_size * rec;
+    if (m == 4) {
+      kv += (ctx / 4) * key + std::min<int64_t>(c.index_topk, ctx / 4) * rec;
+    } else if (m == 128) {
+      kv += (ctx / 128) * rec;
+    }
+    return kv;
+  };
+  // Decode ms/step per (stage: layer 0, layer 1, both), context, batch.
+  double decode_ms[3][2][2] = {};
+  int64_t w0 = 0, w1 = 0;  // the single layers' weight bytes
+  // Stages: each layer alone, then (not under --profile) both layers as one stage, whose step
+  // pays the step's fixed costs (the host's preparation and upload, the graph launch, the
+  // download and synchronisation) once for two layers: F = t(0) + t(1) − t(both) is that fixed
+  // cost, and t(layer) − F a layer's marginal time in a stage of many layers.
+  for (int layer = 0; layer < (profile ? 2 : 3); ++layer) {
+    const bool both = layer == 2;
     std::vector<std::unique_ptr<ss::gpu::CudaBackend>> ranks(tp);
     all_ranks([&](int r) {
       ss::gpu::CudaBackendOptions o;
       o.stage = 1;
       o.num_stages = 3;
-      o.first_layer = layer;
-      o.end_layer = layer + 1;
+      o.first_layer = both ? 0 : layer;
+      o.end_layer = both ? 2 : layer + 1;
       o.kv_tokens = 9 * 65536 + 2 * kChunk;
       o.exclude_routed_experts = true;
       o.device = r;
@@ -200,15 +225,17 @@ int main(int argc, char** argv) {
       Die(b.status(), "create");
       ranks[r] = std::move(*b);
     });
-    const int64_t ratio = c.compress_ratio(layer);
+    const int64_t ratio = both ? 0 : c.compress_ratio(layer);
     const int64_t wbytes = ranks[0]->info().weight_bytes;
+    if (layer == 0) w0 = wbytes;
+    if (layer == 1) w1 = wbytes;
     if (layer == 0) {
       std::printf("KV pool per GPU: %.1f MB for %lld tokens (paged fp8_ds_mla records)\n",
                   ranks[0]->info().kv_bytes / 1e6,
                   static_cast<long long>(ranks[0]->info().kv_tokens));
     }
     double prefill = 0;
-    if (!profile) {
+    if (!profile && !both) {
       for (int rep = 0; rep < 2; ++rep) {
         const double t0 = Now();
         all_ranks([&](int r) {
@@ -252,6 +279,33 @@ int main(int argc, char** argv) {
         if (profile) cudaProfilerStart();
         double t_sum = 0;
         for (int i = 0; i < iters; ++i) t_sum += run_step(nullptr);
+        const double t = t_sum / iters;
+        const int64_t ctx = context + warm + iters / 2;
+        const double bytes =
+            static_cast<double>(wbytes) +
+            static_cast<double>(batch) *
+                (both ? kv_bytes(c.compress_ratio(0), ctx) + kv_bytes(c.compress_ratio(1), ctx)
+                      : kv_bytes(ratio, ctx));
+        decode_ms[layer][context == 8192 ? 0 : 1][batch == 1 ? 0 : 1] = t * 1e3;
+        if (both) {
+          const double f = decode_ms[0][context == 8192 ? 0 : 1][batch == 1 ? 0 : 1] +
+                           decode_ms[1][context == 8192 ? 0 : 1][batch == 1 ? 0 : 1] - t * 1e3;
+          std::printf(
+              "%sstage of both layers batch %d ctx %6lld: decode %.3f ms/step, %.1f MB read, "
+              "%.3f of D2D copy; fixed per-step cost F = %.3f ms\n",
+              tp > 1 ? ("TP " + std::to_string(tp) + " ").c_str() : "", batch,
+              static_cast<long long>(context), t * 1e3, bytes / 1e6, bytes / t / copy_bw, f);
+          for (int k = 0; k < 2; ++k) {
+            const double tl = (decode_ms[k][context == 8192 ? 0 : 1][batch == 1 ? 0 : 1] - f);
+            const double bl = static_cast<double>(k == 0 ? w0 : w1) +
+                              static_cast<double>(batch) * kv_bytes(c.compress_ratio(k), ctx);
+            std::printf(
+                "  layer ratio %3lld in a stage of many: %.3f ms/step marginal, %.3f of "
+                "D2D copy\n",
+                static_cast<long long>(c.compress_ratio(k)), tl, bl / (tl * 1e-3) / copy_bw);
+          }
+          continue;
+        }
         if (profile) {
           cudaProfilerStop();
           std::printf("layer ratio %lld: profiled %d batch-1 decode steps, %.3f ms/step (%lld as "
@@ -275,17 +329,6 @@ int main(int argc, char** argv) {
           moe += tm.moe_gpu[0];
           ar += tm.allreduce[0];
         }
-        const double t = t_sum / iters;
-        const int64_t ctx = context + warm + iters / 2;
-        // The paged cache's bytes: fp8_ds_mla records (584 B) and MXFP4 indexer keys (68 B).
-        const int64_t rec = 584, key = c.index_head_dim / 2 + c.index_head_dim / 32;
-        int64_t kv = c.window_size * rec;
-        if (ratio == 4) {
-          kv += (ctx / 4) * key + std::min<int64_t>(c.index_topk, ctx / 4) * rec;
-        } else if (ratio == 128) {
-          kv += (ctx / 128) * rec;
-        }
-        const double bytes = static_cast<double>(wbytes) + static_cast<double>(batch) * kv;
         std::printf(
             "%slayer ratio %3lld batch %d ctx %6lld: decode %.3f ms/step, %.1f MB read, %.1f GB/s "
             "= %.3f of D2D copy (timed pass: step %.3f, attention %.3f, moe %.3f, "
@@ -300,7 +343,7 @@ int main(int argc, char** argv) {
             static_cast<long long>(replays), t_launched * 1e3, bytes / t_launched / copy_bw);
       }
     }
-    if (!profile) {
+    if (!profile && !both) {
       std::printf("%slayer ratio %3lld: prefill 8K chunk %.1f ms = %.0f tokens/s\n",
                   tp > 1 ? ("TP " + std::to_string(tp) + " ").c_str() : "",
                   static_cast<long long>(ratio), prefill * 1e3, kChunk / prefill);

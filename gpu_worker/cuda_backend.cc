@@ -489,11 +489,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   } else {
     STEP(cudaMemcpyAsync(sc.sf32, streams_in, T * width * 4, cudaMemcpyHostToDevice, st));
   }
-  STEP(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
   STEP(cudaMemcpyAsync(sc.ids, ids.data(), T * 8, cudaMemcpyHostToDevice, st));
   STEP(cudaMemcpyAsync(sc.pos, pos.data(), T * 8, cudaMemcpyHostToDevice, st));
-  STEP(cuda::RopeCosSin(im.freqs_plain, rd / 2, sc.pos, T, false, sc.cos0, sc.sin0, st));
-  STEP(cuda::RopeCosSin(im.freqs_comp, rd / 2, sc.pos, T, false, sc.cos1, sc.sin1, st));
 
   // Compressor parameters of every (layer, kind: main, indexer): CompressorBatch's device arrays
   // over the batch's chunks, [start | row_begin (nc + 1) | entry_begin | kv_state | score_state],
@@ -658,6 +655,10 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
 
   // The layers' GPU work; with graphs (below) captured once per step shape and replayed.
   auto run_layers = [&]() -> absl::Status {
+    // The step's streams as bf16 and its RoPE tables (from the uploaded streams and positions).
+    STEP(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
+    STEP(cuda::RopeCosSin(im.freqs_plain, rd / 2, sc.pos, T, false, sc.cos0, sc.sin0, st));
+    STEP(cuda::RopeCosSin(im.freqs_comp, rd / 2, sc.pos, T, false, sc.cos1, sc.sin1, st));
     for (int l = 0; l < n_layers; ++l) {
       const DevBlock& b = im.blocks[l];
       const cuda::KvToken* tok = dtokens + l * T;
@@ -676,7 +677,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // qbuf; the indexer's wq_b and query prep from qbuf2. Each branch has its own scratch; the
       // main stream joins them before the attention (qbuf is next written after those joins).
       cudaStream_t bs_kv = im.branch[Impl::kBranchKv], bs_comp = im.branch[Impl::kBranchComp],
-                   bs_index = im.branch[Impl::kBranchIndex];
+                   bs_index = im.branch[Impl::kBranchIndex], bs_iq = im.branch[Impl::kBranchIndexQ];
       STEP(cudaEventRecord(im.fork[Impl::kBranchComp], st));  // xn and qbuf are ready
       auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
                           uint16_t* entries, float* cv, float* cg,
@@ -717,8 +718,11 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
             compress(b.index_compressor, 1, shape, sc.ckeys, sc.icv, sc.icg, bs_index);
         if (!e.ok()) return fail(e);
         STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, bs_index));
-        STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, bs_index));
-        STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_index));
+        STEP(cudaEventRecord(im.joined[Impl::kBranchIndex], bs_index));
+        // The indexer's head weights, then (below) its query, scores and top-k on one branch.
+        STEP(cudaStreamWaitEvent(bs_iq, im.fork[Impl::kBranchComp], 0));
+        STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, bs_iq));
+        STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_iq));
       }
 
       // The KV latent: wkv, its norm, RoPE and FP8 simulation, then the chunks' raw KV as records
@@ -736,17 +740,13 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(Gemv8(b.wq_a, sc.qbuf, sc.sbuf, T, sc.qa, st));
       STEP(cuda::RmsNormQuant(sc.qa, b.q_norm, T, qlr, eps, sc.qr, sc.qbuf2, sc.sbuf2, st));
       if (b.has_indexer) {
-        STEP(cudaEventRecord(im.fork[Impl::kBranchIndex], st));
-        STEP(cudaStreamWaitEvent(bs_index, im.fork[Impl::kBranchIndex], 0));
-        STEP(Gemv8(b.index_wq_b, sc.qbuf2, sc.sbuf2, T, sc.iq, bs_index));
-        STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, bs_index));
-        STEP(cudaEventRecord(im.joined[Impl::kBranchIndex], bs_index));
-      }
-      STEP(Gemv8(b.wq_b, sc.qbuf2, sc.sbuf2, T, sc.q, st));
-      STEP(cuda::HeadRmsNormRope(sc.q, T, H, Dh, eps, rd, cs, sn, st));
-      if (b.has_indexer) {
-        STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchIndex], 0));
-        // Each chunk's top-k selections stay on the device (sel_base: where BuildCandidates reads).
+        // The indexer's query from qbuf2, then (with the new keys) each chunk's scores and top-k
+        // selections, which stay on the device (sel_base: where BuildCandidates reads).
+        STEP(cudaEventRecord(im.fork[Impl::kBranchIndexQ], st));
+        STEP(cudaStreamWaitEvent(bs_iq, im.fork[Impl::kBranchIndexQ], 0));
+        STEP(Gemv8(b.index_wq_b, sc.qbuf2, sc.sbuf2, T, sc.iq, bs_iq));
+        STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, bs_iq));
+        STEP(cudaStreamWaitEvent(bs_iq, im.joined[Impl::kBranchIndex], 0));
         for (size_t i = 0; i < nc; ++i) {
           if (n_sel[i] == 0) continue;
           const int64_t S = row0[i + 1] - row0[i];
@@ -754,11 +754,15 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
           STEP(cuda::KvIndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh, geom,
                                      dtables + table_off[i], table_off[i + 1] - table_off[i],
                                      sc.pos + row0[i], S, nh, 4, n_cols[i], im.scores.as<float>(),
-                                     st));
+                                     bs_iq));
           STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
-                                 im.sel.as<int32_t>() + sel_base[i], st));
+                                 im.sel.as<int32_t>() + sel_base[i], bs_iq));
         }
+        STEP(cudaEventRecord(im.joined[Impl::kBranchIndexQ], bs_iq));
       }
+      STEP(Gemv8(b.wq_b, sc.qbuf2, sc.sbuf2, T, sc.q, st));
+      STEP(cuda::HeadRmsNormRope(sc.q, T, H, Dh, eps, rd, cs, sn, st));
+      if (b.has_indexer) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchIndexQ], 0));
 
       // Every token's candidate list (record addresses: the staged raw KV, the rings, the
       // compressed entries), one attention launch for all sequences, then the last W positions of
@@ -816,8 +820,14 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // routed experts.
       const int64_t si = b.shared_inter;
       if (si > 0) {
+        // w1 here, w3 beside it on a branch (both from qbuf, rewritten only after the join).
+        cudaStream_t bs_sh = im.branch[Impl::kBranchShared];
+        STEP(cudaEventRecord(im.fork[Impl::kBranchShared], st));
+        STEP(cudaStreamWaitEvent(bs_sh, im.fork[Impl::kBranchShared], 0));
+        STEP(Gemv8(b.shared_w3, sc.qbuf, sc.sbuf, T, sc.su, bs_sh));
+        STEP(cudaEventRecord(im.joined[Impl::kBranchShared], bs_sh));
         STEP(Gemv8(b.shared_w1, sc.qbuf, sc.sbuf, T, sc.sg, st));
-        STEP(Gemv8(b.shared_w3, sc.qbuf, sc.sbuf, T, sc.su, st));
+        STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchShared], 0));
         STEP(cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf,
                                    st));
         if (im.tp == 1) {
@@ -842,8 +852,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       std::swap(sc.h, sc.h2);
       if (timings) STEP(mark(l, kLayerEnd));
     }
-    // The last layer's ring writes.
+    // The last layer's ring writes; the output streams as fp32 (a middle stage's output).
     if (n_layers > 0) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchKv], 0));
+    if (!last) STEP(cuda::Bf16ToF32(sc.h, T * width, sc.sf32, st));
     return absl::OkStatus();
   };
 
@@ -976,7 +987,6 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   } else {
     out->streams.resize(T * width);
-    STEP(cuda::Bf16ToF32(sc.h, T * width, sc.sf32, st));
     STEP(cudaMemcpyAsync(out->streams.data(), sc.sf32, T * width * 4, cudaMemcpyDeviceToHost, st));
   }
   STEP(cudaStreamSynchronize(st));

@@ -1,0 +1,72 @@
+// A CUDA injection library (CUDA_INJECTION64_PATH) that records every kernel's start, end and
+// stream through CUPTI's activity API (concurrent kernels, CUDA-graph nodes included) and writes
+// them at exit to $SS_TRACE_OUT as "start_ns,end_ns,stream,name" lines, for tests/device/
+// timeline.sh on a GPU machine without Nsight Systems. Built here by timeline.sh's instructions
+// (not part of the product build):
+//   g++ -O2 -shared -fPIC -I/usr/local/cuda/include tests/device/kernel_trace.cc \
+//     -L/usr/local/cuda/lib -lcupti -o .devpack/libss_kernel_trace.so
+#include <cupti.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct KernelRecord {
+  uint64_t start, end;
+  uint32_t stream;
+  std::string name;
+};
+
+std::mutex mu;
+std::vector<KernelRecord>* records = nullptr;
+
+void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  constexpr size_t kBytes = 8 << 20;
+  *buffer = static_cast<uint8_t*>(aligned_alloc(8, kBytes));
+  *size = kBytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* r = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
+    if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
+      continue;
+    }
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
+    records->push_back({k->start, k->end, k->streamId, k->name ? k->name : "?"});
+  }
+  free(buffer);
+}
+
+void Flush() {
+  cuptiActivityFlushAll(1);
+  const char* path = std::getenv("SS_TRACE_OUT");
+  FILE* f = std::fopen(path ? path : "kernel_trace.csv", "w");
+  if (f == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const KernelRecord& k : *records) {
+    std::fprintf(f, "%llu,%llu,%u,%s\n", static_cast<unsigned long long>(k.start),
+                 static_cast<unsigned long long>(k.end), k.stream, k.name.c_str());
+  }
+  std::fclose(f);
+}
+
+}  // namespace
+
+extern "C" int InitializeInjection(void) {
+  records = new std::vector<KernelRecord>();
+  if (cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted) != CUPTI_SUCCESS ||
+      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+    std::fprintf(stderr, "kernel_trace: CUPTI activity setup failed\n");
+    return 0;
+  }
+  std::atexit(Flush);
+  return 1;
+}
