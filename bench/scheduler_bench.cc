@@ -1,6 +1,6 @@
 // Step-planning overhead of the coordinator's scheduler: microseconds per Step() + Complete()
 // with 64 running sequences and 1000 waiting requests, on DeepSeek-V4-Flash's KV cost model
-// (128-token blocks, 32 fixed blocks per sequence, a 24 GB pool), as ratios to two baselines
+// (128-token blocks, 8 window blocks per sequence since 2026-11-30 (32 before), a 24 GB pool), as ratios to two baselines
 // measured in the same run: std::sort of 64 shuffled ints, and one Step() of an empty scheduler.
 //
 //   decode64        64 sequences decoding (prompt 1000), 1000 waiting behind max_running = 64

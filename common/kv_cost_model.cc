@@ -49,27 +49,33 @@ absl::StatusOr<KvCostModel> KvCostModel::FromModelConfig(const ModelConfig& conf
                      " do not describe fp8_ds_mla entries (nope a positive multiple of 64, "
                      "index_head_dim a multiple of 32)"));
   }
-  const int64_t main_entry = nope + 2 * rope + RoundUp(nope / 64, 8);
+  const int64_t main_entry = options.main_entries == MainEntryFormat::kFp8DsMla
+                                 ? nope + 2 * rope + RoundUp(nope / 64, 8)
+                                 : 2 * config.head_dim;
   const int64_t index_entry = options.indexer_keys == IndexerKeyFormat::kFp8
                                   ? config.index_head_dim + 4
                                   : config.index_head_dim / 2 + config.index_head_dim / 32;
 
   KvCostModel model;
   model.block_tokens = options.block_tokens;
+  model.entry_bytes = main_entry;
+  model.index_entry_bytes = index_entry;
+  int64_t growing = 0;  // bytes of B tokens' compressed entries, all covered layers
+  int64_t layers = 0;
   auto add_layer = [&](int64_t layer) -> absl::Status {
     const int64_t m = config.compress_ratios[layer];
-    model.fixed_bytes += config.window_size * main_entry;
+    ++layers;
     if (m == 0) return absl::OkStatus();
     if (options.block_tokens % m != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "KV cost model: block_tokens = ", options.block_tokens, " must be a multiple of layer ",
           layer, "'s compress ratio ", m, " so that every block holds whole compressed entries"));
     }
-    model.fixed_bytes += CompressorStateBytes(m, config.head_dim);
-    model.block_bytes += options.block_tokens / m * main_entry;
+    model.state_bytes += CompressorStateBytes(m, config.head_dim);
+    growing += options.block_tokens / m * main_entry;
     if (m == 4) {
-      model.fixed_bytes += CompressorStateBytes(m, config.index_head_dim);
-      model.block_bytes += options.block_tokens / m * index_entry;
+      model.state_bytes += CompressorStateBytes(m, config.index_head_dim);
+      growing += options.block_tokens / m * index_entry;
     }
     return absl::OkStatus();
   };
@@ -81,16 +87,17 @@ absl::StatusOr<KvCostModel> KvCostModel::FromModelConfig(const ModelConfig& conf
       if (absl::Status s = add_layer(config.n_layers + k); !s.ok()) return s;
     }
   }
-  if (model.block_bytes == 0) {
-    // Nothing grows: blocks have no size. Such a pool (SWA-only layers) is bounded by sequences,
-    // not tokens; it belongs in the pipeline's running-sequence limit, not in block accounting.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cost model: layers [", options.first_layer, ", ", end_layer,
-        ") have no compressed layer, so their KV does not grow with length; bound such a stage "
-        "by its number of sequences (fixed state ",
-        model.fixed_bytes, " B each)"));
+  // The window blocks, packed as the cuda backend's pool packs them (cuda_backend_kv.h).
+  const int64_t rings = layers * config.window_size;
+  model.fixed_bytes = rings * main_entry;
+  // Layers that do not grow (SWA only): one block holds all their rings.
+  model.block_bytes = RoundUp(growing > 0 ? growing : rings * main_entry, 8);
+  model.windows_per_block = model.block_bytes / main_entry;
+  if (model.windows_per_block < 1) {
+    model.block_bytes = main_entry;
+    model.windows_per_block = 1;
   }
-  model.fixed_blocks = CeilDiv(model.fixed_bytes, model.block_bytes);
+  model.fixed_blocks = CeilDiv(rings, model.windows_per_block);
   return model;
 }
 
@@ -105,12 +112,15 @@ absl::StatusOr<KvCostModel> KvCostModel::Pipeline(std::span<const KvCostModel> s
     }
     if (s.fixed_blocks > out.fixed_blocks) out = s;
   }
+  for (const KvCostModel& s : stages) out.state_bytes = std::max(out.state_bytes, s.state_bytes);
   return out;
 }
 
 std::string KvCostModel::DebugString() const {
   return absl::StrCat("KvCostModel{block_tokens=", block_tokens, " block_bytes=", block_bytes,
-                      " fixed_bytes=", fixed_bytes, " fixed_blocks=", fixed_blocks, "}");
+                      " entry_bytes=", entry_bytes, " index_entry_bytes=", index_entry_bytes,
+                      " fixed_bytes=", fixed_bytes, " windows_per_block=", windows_per_block,
+                      " fixed_blocks=", fixed_blocks, " state_bytes=", state_bytes, "}");
 }
 
 }  // namespace ss::sched

@@ -4,11 +4,15 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv_cost_model.h"
 #include "common/status.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 
 namespace ss::gpu {
 namespace {
+
+// Each compressor's kv | score pair starts on a 256-byte boundary, as its own cudaMalloc did.
+constexpr int64_t kStateAlignFloats = 64;
 
 absl::Status Cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
@@ -59,16 +63,41 @@ absl::StatusOr<KvLayout> KvLayout::Create(const ModelConfig& c, int first_layer,
     }
     k.layers.push_back(y);
   }
-  const int64_t rings = static_cast<int64_t>(k.layers.size()) * k.window;
-  // A stage of SWA layers only: one block holds all its rings.
-  k.block_bytes = off > 0 ? off : rings * k.record_bytes;
-  k.block_bytes = (k.block_bytes + 7) / 8 * 8;
-  k.win_per_block = k.block_bytes / k.record_bytes;
-  if (k.win_per_block < 1) {
-    k.block_bytes = k.record_bytes;
-    k.win_per_block = 1;
+  // The block size and the window packing are the cost model's, the coordinator's and the
+  // memory plan's figures; the entry sizes and the offsets above must agree with them.
+  sched::KvCostOptions ko;
+  ko.block_tokens = block_tokens;
+  ko.first_layer = first_layer;
+  ko.end_layer = end_layer;
+  ko.include_mtp = false;
+  ko.indexer_keys = sched::IndexerKeyFormat::kMxfp4;
+  ko.main_entries = fp8_records ? sched::MainEntryFormat::kFp8DsMla : sched::MainEntryFormat::kBf16;
+  ASSIGN_OR_RETURN(const sched::KvCostModel cost, sched::KvCostModel::FromModelConfig(c, ko));
+  k.block_bytes = cost.block_bytes;
+  k.win_per_block = cost.windows_per_block;
+  k.window_blocks = cost.fixed_blocks;
+  // One sequence's compressor states: kv | score of coff·m × coff·d floats per compressor.
+  int64_t state_bytes = 0;
+  auto carve = [&](int64_t ratio, int64_t d, int64_t& at, int64_t& half) {
+    const int64_t coff = ratio == 4 ? 2 : 1;
+    half = coff * ratio * coff * d;
+    at = k.state_floats;
+    k.state_floats += (2 * half + kStateAlignFloats - 1) / kStateAlignFloats * kStateAlignFloats;
+    state_bytes += 2 * half * 4;
+  };
+  for (Layer& y : k.layers) {
+    if (y.ratio > 0) carve(y.ratio, c.head_dim, y.comp_state_off, y.comp_n);
+    if (y.has_indexer) carve(y.ratio, k.key_dim, y.index_state_off, y.index_n);
   }
-  k.window_blocks = (rings + k.win_per_block - 1) / k.win_per_block;
+  if (cost.entry_bytes != k.record_bytes || cost.index_entry_bytes != k.key_bytes ||
+      cost.state_bytes != state_bytes || (off > 0 && (off + 7) / 8 * 8 != k.block_bytes) ||
+      k.win_per_block * k.record_bytes > k.block_bytes ||
+      k.window_blocks * k.win_per_block < static_cast<int64_t>(k.layers.size()) * k.window) {
+    return absl::InternalError(absl::StrCat(
+        "paged KV: the pool's layout (records of ", k.record_bytes, " B, keys of ", k.key_bytes,
+        " B, ", off, " B of entries per block, ", state_bytes,
+        " B of compressor state) disagrees with the KV cost model ", cost.DebugString()));
+  }
   return k;
 }
 
@@ -178,25 +207,39 @@ absl::Status KvPool::Prepare(uint64_t seq_id, int64_t start, int64_t end,
       free_.pop_back();
     }
   }
-  s.layers.resize(layout_.layers.size());
-  for (size_t l = 0; l < layout_.layers.size(); ++l) {
-    const int64_t ratio = layout_.layers[l].ratio;
-    KvSeq::Layer& k = s.layers[l];
-    auto state = [&](float*& p, int64_t& half, int64_t d) -> absl::Status {
-      const int64_t coff = ratio == 4 ? 2 : 1;
-      half = coff * ratio * coff * d;
-      if (p == nullptr) {
-        RETURN_IF_ERROR(Cuda(cudaMalloc(&p, half * 2 * 4), "cudaMalloc(compressor state)"));
+  if (s.layers.size() != layout_.layers.size()) {
+    if (layout_.state_floats > 0) {
+      if (!free_states_.empty()) {
+        s.states = free_states_.back();
+        free_states_.pop_back();
+      } else {
+        RETURN_IF_ERROR(
+            Cuda(cudaMalloc(&s.states, layout_.state_floats * 4), "cudaMalloc(compressor states)"));
+        ++state_allocations_;
       }
-      if (start == 0) {
-        RETURN_IF_ERROR(Cuda(cuda::CompressorResetState(p, p + half, half, stream),
-                             "CompressorResetState"));
+    }
+    s.layers.assign(layout_.layers.size(), KvSeq::Layer{});
+    for (size_t l = 0; l < layout_.layers.size(); ++l) {
+      const KvLayout::Layer& y = layout_.layers[l];
+      KvSeq::Layer& k = s.layers[l];
+      if (y.comp_state_off >= 0) k.comp_state = s.states + y.comp_state_off;
+      if (y.index_state_off >= 0) k.index_state = s.states + y.index_state_off;
+      k.comp_n = y.comp_n;
+      k.index_n = y.index_n;
+    }
+  }
+  if (start == 0) {
+    for (KvSeq::Layer& k : s.layers) {
+      if (k.comp_state != nullptr) {
+        RETURN_IF_ERROR(Cuda(
+            cuda::CompressorResetState(k.comp_state, k.comp_state + k.comp_n, k.comp_n, stream),
+            "CompressorResetState"));
       }
-      return absl::OkStatus();
-    };
-    if (ratio > 0) RETURN_IF_ERROR(state(k.comp_state, k.comp_n, layout_.nope + layout_.rope));
-    if (layout_.layers[l].has_indexer) {
-      RETURN_IF_ERROR(state(k.index_state, k.index_n, layout_.key_dim));
+      if (k.index_state != nullptr) {
+        RETURN_IF_ERROR(Cuda(
+            cuda::CompressorResetState(k.index_state, k.index_state + k.index_n, k.index_n, stream),
+            "CompressorResetState"));
+      }
     }
   }
   return absl::OkStatus();
@@ -212,10 +255,8 @@ const KvSeq* KvPool::Find(uint64_t seq_id) const {
 }
 
 void KvPool::Free(KvSeq& s) {
-  for (KvSeq::Layer& k : s.layers) {
-    cudaFree(k.comp_state);
-    cudaFree(k.index_state);
-  }
+  if (s.states != nullptr) free_states_.push_back(s.states);
+  s.states = nullptr;
   s.layers.clear();
   if (!s.external) {
     for (int32_t b : s.table) free_.push_back(b);
@@ -233,6 +274,9 @@ void KvPool::Release(uint64_t seq_id) {
 void KvPool::ReleaseAll() {
   for (auto& [id, s] : seqs_) Free(s);
   seqs_.clear();
+  for (float* p : free_states_) cudaFree(p);
+  free_states_.clear();
+  state_allocations_ = 0;
 }
 
 }  // namespace ss::gpu

@@ -9,18 +9,27 @@
 // compressed entries of those B tokens:
 //   ratio m > 0:  B/m records (entry j of the layer in token block j / (B/m), slot j mod (B/m))
 //   ratio 4 with an indexer: then B/4 MXFP4 keys
-// so block_bytes is common/kv_cost_model.h's block_bytes for the stage (kMxfp4 keys). A block
-// may instead be a window block: floor(block_bytes / E) window records (the stage layers'
-// W-entry rings, layer l's ring slot k at window ordinal l·W + k). A stage without a compressed
-// layer (SWA only) gets blocks of all its rings.
+// A block may instead be a window block: floor(block_bytes / E) window records (the stage
+// layers' W-entry rings, layer l's ring slot k at window ordinal l·W + k). A stage without a
+// compressed layer (SWA only) gets blocks of all its rings. block_bytes, the records per window
+// block and window_blocks are common/kv_cost_model.h's block_bytes, windows_per_block and
+// fixed_blocks for the stage (include_mtp false, kMxfp4 keys, kFp8DsMla or kBf16 entries):
+// KvLayout::Create takes them from the cost model, so the coordinator's tables and the memory
+// plan count the same blocks.
 //
 // A sequence's table: [window_blocks window blocks | token block 0, 1, ...]; a chunk ending at
 // position e needs window_blocks + ⌈e/B⌉ entries. The coordinator's tables (StageChunk::
-// block_table) start with its fixed blocks (kv_cost_model.h: windows and compressor state,
-// counted over the whole pipeline), at least window_blocks of them, so the worker's layout fits
-// the tables it is given; a shorter table is an InvalidArgument, never an out-of-bounds write.
-// The compressor partial states (fp32, per sequence and layer) are not in the pool: they are
-// per-sequence device allocations (as the raw-KV staging of a step is scratch).
+// block_table) start with its fixed blocks (the maximum of the stages' window_blocks over the
+// pipeline), at least window_blocks of them, so the worker's layout fits the tables it is given;
+// a shorter table is an InvalidArgument, never an out-of-bounds write.
+//
+// Compressor states (fp32 kv | score per compressor, the cost model's state_bytes per sequence)
+// are not in the pool: each sequence has ONE device allocation of all its layers' states, carved
+// per layer and compressor in layer order (main compressor, then the indexer's), each piece
+// starting on a 256-byte boundary. A released sequence's allocation goes to the pool's free list
+// and is reused by the next new sequence (reset there, as every sequence's first chunk resets its
+// states), so ending a sequence frees no device memory and synchronises nothing; ReleaseAll and
+// the destructor free them all.
 //
 // Standalone use (golden, tests, benchmarks: no coordinator, empty block tables): the pool hands
 // out blocks itself (a free list). A pool serves either kind of table at a time, never both
@@ -50,9 +59,13 @@ struct KvLayout {
     int64_t ratio = 0;
     bool has_indexer = false;
     int64_t main_off = 0, key_off = 0;  // byte offsets in a token block
+    // The compressors' states in a sequence's state allocation: kv | score of comp_n (index_n)
+    // floats each, at float offset comp_state_off (index_state_off); -1 where there is none.
+    int64_t comp_state_off = -1, index_state_off = -1, comp_n = 0, index_n = 0;
   };
   int64_t block_tokens = 0, nope = 0, rope = 0, record_bytes = 0, key_dim = 0, key_bytes = 0;
   int64_t window = 0, block_bytes = 0, win_per_block = 0, window_blocks = 0;
+  int64_t state_floats = 0;   // one sequence's state allocation (each piece 256-byte aligned)
   std::vector<Layer> layers;  // index = layer − first_layer
 
   // fp8_records false: entries stored as bf16 (2·head_dim bytes, nope = 0 in paged_kv.h's
@@ -71,11 +84,12 @@ struct KvSeq {
   bool external = false;
   std::vector<int32_t> table;  // the table in use (the chunk's, or the pool's own blocks)
   struct Layer {
-    float* comp_state = nullptr;   // kv | score, each comp_n floats
-    float* index_state = nullptr;  // kv | score
+    float* comp_state = nullptr;   // kv | score, each comp_n floats; null for ratio 0
+    float* index_state = nullptr;  // kv | score, each index_n floats; null without an indexer
     int64_t comp_n = 0, index_n = 0;
   };
-  std::vector<Layer> layers;
+  std::vector<Layer> layers;  // pointers into `states`
+  float* states = nullptr;    // the allocation of all the layers' states (KvPool's)
 };
 
 class KvPool {
@@ -100,15 +114,22 @@ class KvPool {
                      std::span<const std::span<const int32_t>> tables) const;
 
   // Makes `seq` ready for a chunk ending at `end` (Check passed): its table (the given one, or
-  // grown from the free list), its compressor states (created, and reset for start == 0).
+  // grown from the free list), its compressor states (a new sequence takes an allocation from
+  // the state free list, or allocates one; reset for start == 0).
   absl::Status Prepare(uint64_t seq_id, int64_t start, int64_t end, std::span<const int32_t> table,
                        cudaStream_t stream);
 
   KvSeq* Find(uint64_t seq_id);
   const KvSeq* Find(uint64_t seq_id) const;
   const std::map<uint64_t, KvSeq>& seqs() const { return seqs_; }
-  void Release(uint64_t seq_id);  // the stream must be idle
+  // The sequence's blocks and its state allocation go back to the free lists (no device call).
+  // Work that still reads them must be ordered before their next use: the backend's one stream.
+  void Release(uint64_t seq_id);
+  // Releases every sequence and frees the state allocations (cudaFree: the device must be idle).
   void ReleaseAll();
+
+  // State allocations made so far (live sequences' and the free list's).
+  int64_t state_allocations() const { return state_allocations_; }
 
  private:
   void Free(KvSeq& s);
@@ -118,6 +139,8 @@ class KvPool {
   int64_t n_blocks_ = 0;
   std::vector<int32_t> free_;
   std::map<uint64_t, KvSeq> seqs_;
+  std::vector<float*> free_states_;  // released sequences' state allocations
+  int64_t state_allocations_ = 0;
 };
 
 }  // namespace ss::gpu

@@ -86,6 +86,9 @@ ABSL_FLAG(bool, plan, false,
 ABSL_FLAG(int, plan_tp, 1, "--plan: tensor-parallel size");
 ABSL_FLAG(int, plan_pp, 1, "--plan: pipeline stages (layers split evenly)");
 ABSL_FLAG(double, plan_gib, 24.0, "--plan: memory of each GPU in GiB");
+ABSL_FLAG(int64_t, plan_sequences, ss::gpu::MemoryPlanOptions{}.sequences,
+          "--plan: sequences running at once whose compressor state (fp32, outside the KV pool) "
+          "each GPU must hold besides the pool");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -331,9 +334,13 @@ int PrintPlan() {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const int tp = absl::GetFlag(FLAGS_plan_tp), pp = absl::GetFlag(FLAGS_plan_pp);
   const double gib = absl::GetFlag(FLAGS_plan_gib);
-  if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0) {
-    std::fprintf(stderr, "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1 and "
-                 "--plan_gib > 0\n", kName);
+  MemoryPlanOptions options;
+  options.sequences = absl::GetFlag(FLAGS_plan_sequences);
+  if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0 || options.sequences < 1) {
+    std::fprintf(stderr,
+                 "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1, "
+                 "--plan_gib > 0 and --plan_sequences >= 1\n",
+                 kName);
     return 2;
   }
   absl::StatusOr<ModelConfig> model = LoadModelConfig(model_dir);
@@ -347,20 +354,26 @@ int PrintPlan() {
     return 2;
   }
   const int64_t device_bytes = static_cast<int64_t>(gib * 1073741824.0);
-  std::printf("%s x TP %d x PP %d on %.1f GiB GPUs (routed experts on CPU expert workers):\n",
-              model_dir.c_str(), tp, pp, gib);
+  std::printf(
+      "%s x TP %d x PP %d on %.1f GiB GPUs (routed experts on CPU expert workers), "
+      "compressor state of %lld sequences:\n",
+      model_dir.c_str(), tp, pp, gib, static_cast<long long>(options.sequences));
   int failures = 0;
-  int64_t min_tokens = -1;
+  // The pipeline holds its smallest pool's blocks, and a sequence needs the most window blocks
+  // of any stage (common/kv_cost_model.h, KvCostModel::Pipeline).
+  int64_t min_blocks = -1, max_fixed = 0, block_tokens = 0;
   for (int s = 0; s < pp; ++s) {
     StageLayout l{n * s / pp, n * (s + 1) / pp, tp, s == 0, s == pp - 1, false};
-    absl::StatusOr<MemoryPlan> plan = PlanStageMemory(*model, l, device_bytes);
+    absl::StatusOr<MemoryPlan> plan = PlanStageMemory(*model, l, device_bytes, options);
     if (!plan.ok()) {
       ++failures;
       std::printf("  stage %d (layers %d-%d), each of %d GPU(s): DOES NOT FIT: %s\n", s,
                   l.first_layer, l.end_layer - 1, tp, std::string(plan.status().message()).c_str());
       continue;
     }
-    min_tokens = min_tokens < 0 ? plan->kv_tokens : std::min(min_tokens, plan->kv_tokens);
+    min_blocks = min_blocks < 0 ? plan->kv_blocks : std::min(min_blocks, plan->kv_blocks);
+    max_fixed = std::max(max_fixed, plan->kv_cost.fixed_blocks);
+    block_tokens = plan->kv_cost.block_tokens;
     std::printf("  stage %d (layers %d-%d), each of %d GPU(s): %s\n", s, l.first_layer,
                 l.end_layer - 1, tp, plan->Describe().c_str());
   }
@@ -368,8 +381,10 @@ int PrintPlan() {
     std::printf("refused: %d stage(s) do not fit\n", failures);
     return 1;
   }
-  std::printf("fits: the pipeline holds %lld tokens of KV (its smallest stage pool)\n",
-              static_cast<long long>(min_tokens));
+  std::printf(
+      "fits: the pipeline holds %lld tokens of KV (its smallest stage pool, less the most window "
+      "blocks a stage needs per sequence)\n",
+      static_cast<long long>(std::max<int64_t>(0, min_blocks - max_fixed) * block_tokens));
   return 0;
 }
 

@@ -55,6 +55,7 @@ absl::Status CheckLayout(const ModelConfig& model, const StageLayout& l) {
 }
 
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / 1073741824.0); }
+std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 }  // namespace
 
@@ -74,6 +75,10 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
                                            int64_t device_bytes,
                                            const MemoryPlanOptions& options) {
   RETURN_IF_ERROR(CheckLayout(model, layout));
+  if (options.sequences < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory plan: sequences = ", options.sequences, " must be at least 1"));
+  }
   MemoryPlan plan;
   plan.weight_bytes = StageWeightBytes(model, layout);
   plan.reserve_bytes = options.reserve_bytes;
@@ -87,12 +92,23 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   const std::string where =
       absl::StrCat("layers ", layout.first_layer, "-", layout.end_layer - 1, " at TP ",
                    layout.tp_size, " on a ", GiB(device_bytes), " device");
-  plan.kv_pool_bytes = device_bytes - plan.weight_bytes - plan.reserve_bytes;
-  if (plan.kv_pool_bytes <= 0) {
+  const int64_t free_bytes = device_bytes - plan.weight_bytes - plan.reserve_bytes;
+  if (free_bytes <= 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(where, " does not fit: weights ", GiB(plan.weight_bytes), " + reserve ",
                      GiB(plan.reserve_bytes), " exceed the device; use more pipeline stages or "
                      "a larger TP size"));
+  }
+  plan.sequences = options.sequences;
+  plan.state_bytes = options.sequences * plan.kv_cost.state_bytes;
+  plan.kv_pool_bytes = free_bytes - plan.state_bytes;
+  if (plan.kv_pool_bytes <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, " does not fit the compressor state of ", options.sequences,
+                     " sequences: ", options.sequences, " x ", MiB(plan.kv_cost.state_bytes), " = ",
+                     GiB(plan.state_bytes), ", and weights ", GiB(plan.weight_bytes), " + reserve ",
+                     GiB(plan.reserve_bytes), " leave ", GiB(free_bytes),
+                     "; plan fewer running sequences, more pipeline stages or a larger TP size"));
   }
   plan.kv_blocks = plan.kv_cost.BlocksInPool(plan.kv_pool_bytes);
   plan.kv_tokens = plan.kv_cost.TokensInBlocks(plan.kv_blocks);
@@ -106,9 +122,11 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
 }
 
 std::string MemoryPlan::Describe() const {
-  return absl::StrFormat("weights %s + reserve %s, KV pool %s = %d blocks of %d tokens (%d tokens)",
-                         GiB(weight_bytes), GiB(reserve_bytes), GiB(kv_pool_bytes), kv_blocks,
-                         kv_cost.block_tokens, kv_tokens);
+  return absl::StrFormat(
+      "weights %s + reserve %s + compressor state %s (%d sequences x %s), KV pool %s = %d blocks "
+      "of %d tokens (%d tokens; %d window blocks per sequence)",
+      GiB(weight_bytes), GiB(reserve_bytes), GiB(state_bytes), sequences, MiB(kv_cost.state_bytes),
+      GiB(kv_pool_bytes), kv_blocks, kv_cost.block_tokens, kv_tokens, kv_cost.fixed_blocks);
 }
 
 }  // namespace ss::gpu

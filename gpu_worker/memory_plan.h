@@ -16,7 +16,11 @@
 // (ARCHITECTURE.md "One step").
 //
 // KV: the stage's layers under the cost model of common/kv_cost_model.h (block_tokens per block;
-// every TP rank holds the whole KV of its stage: the latent is replicated).
+// every TP rank holds the whole KV of its stage: the latent is replicated). Each running sequence
+// also keeps its compressor state (kv_cost.state_bytes, 11.6 MiB at Flash for a whole-model
+// stage) on the device outside the pool (gpu_worker/cuda_backend_kv.h), so the plan sets aside
+// the states of `sequences` sequences before sizing the pool:
+//   kv_pool_bytes = device - weights - reserve - sequences x state_bytes
 #pragma once
 
 #include <cstdint>
@@ -45,16 +49,24 @@ struct MemoryPlanOptions {
   // else the layout is refused.
   int64_t min_kv_tokens = 8192;
   sched::IndexerKeyFormat indexer_keys = sched::IndexerKeyFormat::kMxfp4;
+  // Sequences running at once whose compressor state must fit beside the pool: the
+  // coordinator's default max_running (coordinator/cluster_config.h). A cluster that runs more
+  // sequences must plan for them.
+  int64_t sequences = 64;
 };
 
 struct MemoryPlan {
   int64_t weight_bytes = 0;  // resident on this GPU
   int64_t reserve_bytes = 0;
+  int64_t sequences = 0;      // options.sequences
+  int64_t state_bytes = 0;    // their compressor states: sequences x kv_cost.state_bytes
   int64_t kv_pool_bytes = 0;  // what is left for the KV pool
   sched::KvCostModel kv_cost;
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)
-  // "weights 6.21 GiB + reserve 1.50 GiB, KV pool 14.3 GiB = 29,812 blocks (3,815,680 tokens)"
+  // "weights 8.24 GiB + reserve 1.50 GiB + compressor state 0.73 GiB (64 sequences x 11.6 MiB),
+  // KV pool 13.53 GiB = 32306 blocks of 128 tokens (4134144 tokens; 8 window blocks per
+  // sequence)" (Flash, TP 1 x PP 1, 24 GiB)
   std::string Describe() const;
 };
 
@@ -62,9 +74,10 @@ struct MemoryPlan {
 int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
 
 // The plan for a device of `device_bytes`. FailedPrecondition, with every figure, when the
-// weights and reserve do not fit or the pool would hold fewer than min_kv_tokens tokens;
-// InvalidArgument for a layout the model does not allow (layer range, TP not dividing the heads
-// or o-groups).
+// weights and reserve do not fit, the compressor states of options.sequences sequences do not
+// fit in what is left, or the pool would hold fewer than min_kv_tokens tokens; InvalidArgument
+// for a layout the model does not allow (layer range, TP not dividing the heads or o-groups) or
+// options.sequences < 1.
 absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
                                            int64_t device_bytes,
                                            const MemoryPlanOptions& options = {});

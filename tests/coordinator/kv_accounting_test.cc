@@ -25,56 +25,145 @@ TEST(KvCostModelTest, FlashMatchesSpecPerTokenAndPerSequence) {
   auto m = KvCostModel::FromModelConfig(FlashConfig());
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->block_tokens, 128);
-  // 21 CSA x 32 entries x (584 + 132) + 20 HCA x 1 x 584 = 128 x 3,850.25 B (spec §4.3).
-  EXPECT_EQ(m->block_bytes, 21 * 32 * 716 + 20 * 584);
-  EXPECT_EQ(m->block_bytes * 4, 128 * 15401);
-  // Windows of 44 layers (3.29 MB) + compressor state (12.2 MB, spec §4.3).
-  const int64_t windows = 44 * 128 * 584;
+  EXPECT_EQ(m->entry_bytes, 584);       // 448 e4m3 + 64 bf16 rope + 7 ue8m0 + 1 pad
+  EXPECT_EQ(m->index_entry_bytes, 68);  // MXFP4 key: 64 nibble bytes + 4 ue8m0 (the default)
+  // 21 CSA x 32 entries x (584 + 68) + 20 HCA x 1 x 584 = 128 x 3,514.25 B; a multiple of 8.
+  EXPECT_EQ(m->block_bytes, 21 * 32 * 652 + 20 * 584);
+  EXPECT_EQ(m->block_bytes, 449'824);
+  EXPECT_EQ(m->block_bytes * 4, 128 * 14057);
+  // The fixed part in the pool is the window rings only: 44 layers (incl. MTP) x 128 entries,
+  // 770 whole entries per block -> 8 window blocks.
+  EXPECT_EQ(m->fixed_bytes, 44 * 128 * 584);
+  EXPECT_EQ(m->fixed_bytes, 3'289'088);
+  EXPECT_EQ(m->windows_per_block, 449'824 / 584);
+  EXPECT_EQ(m->windows_per_block, 770);
+  EXPECT_EQ(m->fixed_blocks, 8);  // ceil(5,632 / 770)
+  // Compressor state, fp32, outside the pool (12.2 MB, spec §4.3): not counted in blocks.
   const int64_t compressors = 21 * (2 * 8 * 1024 * 4 + 2 * 8 * 256 * 4) + 20 * (2 * 128 * 512 * 4);
-  EXPECT_EQ(windows, 3'289'088);
   EXPECT_EQ(compressors, 12'206'080);
-  EXPECT_EQ(m->fixed_bytes, windows + compressors);
-  EXPECT_EQ(m->fixed_blocks, 32);  // ceil(15,495,168 / 492,832)
+  EXPECT_EQ(m->state_bytes, compressors);
 
   EXPECT_EQ(m->BlocksForTokens(0), 0);
-  EXPECT_EQ(m->BlocksForTokens(1), 33);
-  EXPECT_EQ(m->BlocksForTokens(128), 33);
-  EXPECT_EQ(m->BlocksForTokens(129), 34);
-  EXPECT_EQ(m->BlocksForTokens(1 << 20), 32 + 8192);
-  EXPECT_EQ(m->TokensInBlocks(32), 0);
-  EXPECT_EQ(m->TokensInBlocks(34), 256);
-  // A 24 GB pool holds 48,698 blocks: 6.2 M tokens of one sequence, or 169 sequences of 32 K
-  // tokens (190 if the fixed state were not counted).
-  EXPECT_EQ(m->BlocksInPool(24'000'000'000), 48'698);
-  EXPECT_EQ(48'698 / m->BlocksForTokens(32 * 1024), 169);
-  EXPECT_EQ(48'698 / (32 * 1024 / 128), 190);
+  EXPECT_EQ(m->BlocksForTokens(1), 9);
+  EXPECT_EQ(m->BlocksForTokens(128), 9);
+  EXPECT_EQ(m->BlocksForTokens(129), 10);
+  EXPECT_EQ(m->BlocksForTokens(1 << 20), 8 + 8192);
+  EXPECT_EQ(m->TokensInBlocks(8), 0);
+  EXPECT_EQ(m->TokensInBlocks(10), 256);
+  // A 24 GB pool holds 53,354 blocks: 6.8 M tokens of one sequence, or 202 sequences of 32 K
+  // tokens (208 if the windows were not counted).
+  EXPECT_EQ(m->BlocksInPool(24'000'000'000), 53'354);
+  EXPECT_EQ(53'354 / m->BlocksForTokens(32 * 1024), 202);
+  EXPECT_EQ(53'354 / (32 * 1024 / 128), 208);
+  EXPECT_NE(m->DebugString().find("state_bytes=12206080"), std::string::npos) << m->DebugString();
 }
 
 TEST(KvCostModelTest, OptionsChangeTheFormulaAsDocumented) {
   const ModelConfig c = FlashConfig();
+  // Without MTP: 43 rings, still 8 blocks of 770 entries; the MTP layer has no compressor.
   auto no_mtp = KvCostModel::FromModelConfig(c, {.include_mtp = false});
   ASSERT_TRUE(no_mtp.ok());
-  EXPECT_EQ(no_mtp->fixed_bytes, 43 * 128 * 584 + 12'206'080);
+  EXPECT_EQ(no_mtp->block_bytes, 449'824);
+  EXPECT_EQ(no_mtp->fixed_bytes, 43 * 128 * 584);
+  EXPECT_EQ(no_mtp->fixed_blocks, 8);  // ceil(5,504 / 770)
+  EXPECT_EQ(no_mtp->state_bytes, 12'206'080);
 
-  auto mxfp4 = KvCostModel::FromModelConfig(c, {.indexer_keys = IndexerKeyFormat::kMxfp4});
-  ASSERT_TRUE(mxfp4.ok());
-  EXPECT_EQ(mxfp4->block_bytes, 21 * 32 * (584 + 68) + 20 * 584);
+  // FP8 indexer keys (132 B): bigger blocks hold more ring entries, so 7 window blocks.
+  auto fp8 = KvCostModel::FromModelConfig(c, {.indexer_keys = IndexerKeyFormat::kFp8});
+  ASSERT_TRUE(fp8.ok());
+  EXPECT_EQ(fp8->index_entry_bytes, 132);
+  EXPECT_EQ(fp8->block_bytes, 21 * 32 * 716 + 20 * 584);
+  EXPECT_EQ(fp8->windows_per_block, 843);  // floor(492,832 / 584)
+  EXPECT_EQ(fp8->fixed_blocks, 7);         // ceil(5,632 / 843)
 
+  // bf16 entries (the cuda pool's records without FP8 rounding): 2 x 512 B each.
+  auto bf16 = KvCostModel::FromModelConfig(
+      c, {.include_mtp = false, .main_entries = MainEntryFormat::kBf16});
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->entry_bytes, 1024);
+  EXPECT_EQ(bf16->block_bytes, 21 * 32 * (1024 + 68) + 20 * 1024);
+  EXPECT_EQ(bf16->block_bytes, 754'304);
+  EXPECT_EQ(bf16->windows_per_block, 736);  // floor(754,304 / 1,024)
+  EXPECT_EQ(bf16->fixed_blocks, 8);         // ceil(5,504 / 736)
+  EXPECT_EQ(bf16->fixed_bytes, 43 * 128 * 1024);
+  EXPECT_EQ(bf16->state_bytes, 12'206'080);  // the state is fp32 whatever the records
+
+  // Twice the tokens per block: twice the bytes, twice the ring entries per block.
   auto b256 = KvCostModel::FromModelConfig(c, {.block_tokens = 256});
   ASSERT_TRUE(b256.ok());
-  EXPECT_EQ(b256->block_bytes, 2 * (21 * 32 * 716 + 20 * 584));
-  EXPECT_EQ(b256->fixed_blocks, 16);
+  EXPECT_EQ(b256->block_bytes, 2 * 449'824);
+  EXPECT_EQ(b256->windows_per_block, 1540);
+  EXPECT_EQ(b256->fixed_blocks, 4);  // ceil(5,632 / 1,540)
 
-  // A two-stage pipeline: layers [0, 22) and [22, 43) + MTP.
+  // A two-stage pipeline: layers [0, 22) and [22, 43) + MTP. Blocks, rings and states split
+  // exactly between the stages.
   auto s0 = KvCostModel::FromModelConfig(c, {.end_layer = 22, .include_mtp = false});
   auto s1 = KvCostModel::FromModelConfig(c, {.first_layer = 22});
   ASSERT_TRUE(s0.ok() && s1.ok());
   EXPECT_EQ(s0->block_bytes + s1->block_bytes, no_mtp->block_bytes);
   EXPECT_EQ(s0->fixed_bytes + s1->fixed_bytes, KvCostModel::FromModelConfig(c)->fixed_bytes);
+  EXPECT_EQ(s0->state_bytes + s1->state_bytes, 12'206'080);
   const KvCostModel stages[] = {*s0, *s1};
   auto pipe = KvCostModel::Pipeline(stages);
   ASSERT_TRUE(pipe.ok());
   EXPECT_EQ(pipe->fixed_blocks, std::max(s0->fixed_blocks, s1->fixed_blocks));
+  EXPECT_EQ(pipe->state_bytes, std::max(s0->state_bytes, s1->state_bytes));
+}
+
+// The split splitserve-gpu-worker --plan_pp 2 and the launcher use: layers [0, 21) and [21, 43),
+// no MTP. Smaller blocks hold fewer ring entries, so a stage needs about as many window blocks
+// as the whole model.
+TEST(KvCostModelTest, FlashTwoStagePipeline) {
+  const ModelConfig c = FlashConfig();
+  auto s0 = KvCostModel::FromModelConfig(c, {.end_layer = 21, .include_mtp = false});
+  auto s1 = KvCostModel::FromModelConfig(c, {.first_layer = 21, .include_mtp = false});
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  // Stage 0: 2 SWA + 10 CSA (2, 4, ..., 20) + 9 HCA (3, ..., 19).
+  EXPECT_EQ(s0->block_bytes, 10 * 32 * 652 + 9 * 584);
+  EXPECT_EQ(s0->block_bytes, 213'896);
+  EXPECT_EQ(s0->windows_per_block, 366);
+  EXPECT_EQ(s0->fixed_blocks, 8);  // ceil(21 x 128 / 366)
+  EXPECT_EQ(s0->state_bytes, 10 * (65'536 + 16'384) + 9 * 524'288);
+  EXPECT_EQ(s0->state_bytes, 5'537'792);
+  // Stage 1: 11 CSA (22, ..., 42) + 11 HCA (21, ..., 41).
+  EXPECT_EQ(s1->block_bytes, 11 * 32 * 652 + 11 * 584);
+  EXPECT_EQ(s1->block_bytes, 235'928);
+  EXPECT_EQ(s1->windows_per_block, 403);
+  EXPECT_EQ(s1->fixed_blocks, 7);  // ceil(22 x 128 / 403)
+  EXPECT_EQ(s1->state_bytes, 6'668'288);
+  const KvCostModel stages[] = {*s0, *s1};
+  auto pipe = KvCostModel::Pipeline(stages);
+  ASSERT_TRUE(pipe.ok());
+  EXPECT_EQ(pipe->fixed_blocks, 8);
+  EXPECT_EQ(pipe->block_bytes, 213'896);  // stage 0's: it needs the most fixed blocks
+  EXPECT_EQ(pipe->state_bytes, 6'668'288);
+  EXPECT_EQ(pipe->BlocksForTokens(1000), 8 + 8);
+}
+
+// Layers with no compressor do not grow, but the cuda pool still holds their rings: one block of
+// all of them, as KvLayout::Create lays it out.
+TEST(KvCostModelTest, SlidingWindowOnlyStageHoldsItsRingsInOneBlock) {
+  const ModelConfig c = FlashConfig();
+  auto swa = KvCostModel::FromModelConfig(c, {.end_layer = 2, .include_mtp = false});
+  ASSERT_TRUE(swa.ok()) << swa.status();
+  EXPECT_EQ(swa->block_bytes, 2 * 128 * 584);
+  EXPECT_EQ(swa->windows_per_block, 256);
+  EXPECT_EQ(swa->fixed_blocks, 1);
+  EXPECT_EQ(swa->fixed_bytes, swa->block_bytes);
+  EXPECT_EQ(swa->state_bytes, 0);
+  // Rings whose bytes are no multiple of 8: the block is rounded up to 8 bytes (as every block
+  // is), and holds them all. 2 layers x 3 entries of 2 x 509 = 1,018 B (bf16) = 6,108 B.
+  ModelConfig odd = c;
+  odd.head_dim = 509;
+  odd.rope_head_dim = 61;
+  odd.window_size = 3;
+  auto o = KvCostModel::FromModelConfig(
+      odd, {.end_layer = 2, .include_mtp = false, .main_entries = MainEntryFormat::kBf16});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->entry_bytes, 1018);
+  EXPECT_EQ(o->block_bytes, 6112);
+  EXPECT_EQ(o->windows_per_block, 6);
+  EXPECT_EQ(o->fixed_blocks, 1);
 }
 
 TEST(KvCostModelTest, RejectsLayoutsItCannotCountExactly) {
@@ -86,10 +175,6 @@ TEST(KvCostModelTest, RejectsLayoutsItCannotCountExactly) {
   EXPECT_FALSE(KvCostModel::FromModelConfig(c, {.block_tokens = 0}).ok());
   EXPECT_FALSE(KvCostModel::FromModelConfig(c, {.first_layer = 5, .end_layer = 5}).ok());
   EXPECT_FALSE(KvCostModel::FromModelConfig(c, {.end_layer = 44}).ok());
-  // SWA-only layers do not grow: not countable in blocks.
-  auto swa = KvCostModel::FromModelConfig(c, {.end_layer = 2, .include_mtp = false});
-  EXPECT_FALSE(swa.ok());
-  EXPECT_NE(swa.status().message().find("does not grow"), std::string::npos) << swa.status();
   ModelConfig bad = c;
   bad.compress_ratios.pop_back();
   EXPECT_FALSE(KvCostModel::FromModelConfig(bad).ok());
@@ -105,12 +190,14 @@ TEST(KvCostModelTest, TinyA) {
   ASSERT_TRUE(config.ok()) << config.status();
   auto m = KvCostModel::FromModelConfig(*config);
   ASSERT_TRUE(m.ok()) << m.status();
-  // head_dim 128: entries of 64 e4m3 + 64 bf16 rope + 1 scale padded to 8 = 200 B.
-  // 3 CSA (2, 4, 6), 2 HCA (3, 5), 8 windows of 16 (incl. MTP).
-  EXPECT_EQ(m->block_bytes, 3 * 32 * (200 + 132) + 2 * 200);
-  EXPECT_EQ(m->fixed_bytes,
-            8 * 16 * 200 + 3 * (2 * 8 * 256 * 4 + 2 * 8 * 256 * 4) + 2 * (2 * 128 * 128 * 4));
-  EXPECT_EQ(m->fixed_blocks, 12);
+  // head_dim 128: entries of 64 e4m3 + 64 bf16 rope + 1 scale padded to 8 = 200 B; MXFP4 keys of
+  // index_head_dim 128: 64 + 4 = 68 B. 3 CSA (2, 4, 6), 2 HCA (3, 5), 8 windows of 16 (incl.
+  // MTP): 128 ring entries, and a block holds 130.
+  EXPECT_EQ(m->block_bytes, 3 * 32 * (200 + 68) + 2 * 200);
+  EXPECT_EQ(m->windows_per_block, 130);
+  EXPECT_EQ(m->fixed_bytes, 8 * 16 * 200);
+  EXPECT_EQ(m->fixed_blocks, 1);
+  EXPECT_EQ(m->state_bytes, 3 * (2 * 8 * 256 * 4 + 2 * 8 * 256 * 4) + 2 * (2 * 128 * 128 * 4));
 }
 
 KvCostModel Small() {  // 4 tokens per block, 1 fixed block per sequence

@@ -57,14 +57,56 @@ TEST(MemoryPlanTest, FlashFitsOn3090sAndReportsKvCapacity) {
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_GT(one->weight_bytes, 5 * kGiB);
   EXPECT_LT(one->weight_bytes, 12 * kGiB);
-  EXPECT_GT(one->kv_tokens, 1'000'000);  // ~3.85 KB per token of compressed KV
-  EXPECT_EQ(one->kv_pool_bytes, k3090 - one->weight_bytes - one->reserve_bytes);
+  EXPECT_GT(one->kv_tokens, 1'000'000);  // ~3.5 KB per token of compressed KV
+  // The compressor states of 64 sequences (the MTP block is SWA: no compressor) come off the
+  // pool; the pool's blocks and window blocks are the cuda backend's (MXFP4 keys).
+  EXPECT_EQ(one->sequences, 64);
+  EXPECT_EQ(one->kv_cost.state_bytes, 12'206'080);
+  EXPECT_EQ(one->state_bytes, 64 * 12'206'080);
+  EXPECT_EQ(one->kv_pool_bytes, k3090 - one->weight_bytes - one->reserve_bytes - one->state_bytes);
+  EXPECT_EQ(one->kv_cost.block_bytes, 449'824);
+  EXPECT_EQ(one->kv_cost.fixed_blocks, 8);
+  EXPECT_EQ(one->kv_blocks, one->kv_pool_bytes / 449'824);
+  EXPECT_EQ(one->kv_tokens, (one->kv_blocks - 8) * 128);
   EXPECT_NE(one->Describe().find("blocks of 128 tokens"), std::string::npos) << one->Describe();
+  EXPECT_NE(one->Describe().find("compressor state 0.73 GiB (64 sequences x 11.6 MiB)"),
+            std::string::npos)
+      << one->Describe();
   // TP 2 x PP 2: every rank holds less, so more KV.
   absl::StatusOr<MemoryPlan> tp2pp2 = PlanStageMemory(m, {0, 21, 2, true, false, false}, k3090);
   ASSERT_TRUE(tp2pp2.ok()) << tp2pp2.status();
   EXPECT_LT(tp2pp2->weight_bytes, one->weight_bytes / 2);
   EXPECT_GT(tp2pp2->kv_pool_bytes, one->kv_pool_bytes);
+}
+
+// Two stages of layers [0, 21) and [21, 43) (--plan_pp 2): each holds its own layers' states and
+// counts its own blocks (common/kv_cost_model.h's Flash figures).
+TEST(MemoryPlanTest, FlashTwoStagesSetAsideTheirOwnStates) {
+  const ModelConfig m = Flash();
+  absl::StatusOr<MemoryPlan> s0 = PlanStageMemory(m, {0, 21, 1, true, false, false}, k3090);
+  absl::StatusOr<MemoryPlan> s1 = PlanStageMemory(m, {21, 43, 1, false, true, false}, k3090);
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  EXPECT_EQ(s0->state_bytes, 64 * 5'537'792);
+  EXPECT_EQ(s1->state_bytes, 64 * 6'668'288);
+  EXPECT_EQ(s0->kv_cost.block_bytes, 213'896);
+  EXPECT_EQ(s1->kv_cost.block_bytes, 235'928);
+  EXPECT_EQ(s0->kv_cost.fixed_blocks, 8);
+  EXPECT_EQ(s1->kv_cost.fixed_blocks, 7);
+  for (const MemoryPlan* p : {&*s0, &*s1}) {
+    EXPECT_EQ(p->kv_pool_bytes, k3090 - p->weight_bytes - p->reserve_bytes - p->state_bytes);
+  }
+}
+
+TEST(MemoryPlanTest, FewerSequencesLeaveMoreForThePool) {
+  const ModelConfig m = Flash();
+  const StageLayout whole{0, 43, 1, true, true, false};
+  MemoryPlanOptions o;
+  o.sequences = 1;
+  absl::StatusOr<MemoryPlan> one_seq = PlanStageMemory(m, whole, k3090, o);
+  absl::StatusOr<MemoryPlan> dflt = PlanStageMemory(m, whole, k3090);
+  ASSERT_TRUE(one_seq.ok() && dflt.ok());
+  EXPECT_EQ(one_seq->kv_pool_bytes - dflt->kv_pool_bytes, 63 * 12'206'080);
+  EXPECT_GT(one_seq->kv_blocks, dflt->kv_blocks);
 }
 
 TEST(MemoryPlanTest, RefusesLayoutsThatDoNotFit) {
@@ -80,6 +122,21 @@ TEST(MemoryPlanTest, RefusesLayoutsThatDoNotFit) {
   absl::StatusOr<MemoryPlan> tight = PlanStageMemory(m, {0, 43, 1, true, true, true}, k3090, o);
   ASSERT_FALSE(tight.ok());
   EXPECT_NE(tight.status().message().find("fewer than the minimum"), std::string::npos);
+  // The weights fit, but not the compressor states of 1,300 sequences (14.8 GiB) beside them.
+  MemoryPlanOptions many;
+  many.sequences = 1300;
+  absl::StatusOr<MemoryPlan> states = PlanStageMemory(m, {0, 43, 1, true, true, true}, k3090, many);
+  ASSERT_FALSE(states.ok());
+  EXPECT_EQ(states.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(states.status().message().find("does not fit the compressor state of 1300 sequences"),
+            std::string::npos)
+      << states.status().message();
+  // Stage 0 of TP 2 x PP 2 holds less of both: its states (6.7 GiB for 1,300 sequences) fit.
+  EXPECT_TRUE(PlanStageMemory(m, {0, 21, 2, true, false, false}, k3090, many).ok());
+  MemoryPlanOptions none;
+  none.sequences = 0;
+  EXPECT_EQ(PlanStageMemory(m, {0, 43, 1, true, true, true}, k3090, none).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanStageMemory(m, {0, 43, 3, true, true, true}, k3090).status().code(),
             absl::StatusCode::kInvalidArgument);  // 3 does not divide 64 heads
   EXPECT_EQ(PlanStageMemory(m, {40, 50, 1, false, true, false}, k3090).status().code(),

@@ -1,0 +1,168 @@
+// The cuda backend's paged-KV layout (gpu_worker/cuda_backend_kv.h) against the KV cost model
+// (common/kv_cost_model.h): the pool's blocks, window packing and compressor states are the
+// figures the coordinator and the memory plan count. Host code only: runs without a GPU, except
+// KvPoolTest (the state allocations' reuse), which skips without one.
+#include "gpu_worker/cuda_backend_kv.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/kv_cost_model.h"
+#include "common/model_config.h"
+#include "gtest/gtest.h"
+#include "tests/tools/test_configs.h"
+
+namespace ss::gpu {
+namespace {
+
+ModelConfig Parse(const char* json) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(json);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// Checks the layout of layers [first, end) against the cost model the coordinator builds for
+// the same stage.
+void ExpectAgree(const ModelConfig& c, int first, int end, int64_t block_tokens, bool fp8_records) {
+  SCOPED_TRACE(testing::Message() << "layers [" << first << ", " << end << "), B " << block_tokens
+                                  << (fp8_records ? ", fp8" : ", bf16"));
+  absl::StatusOr<KvLayout> k = KvLayout::Create(c, first, end, block_tokens, fp8_records);
+  ASSERT_TRUE(k.ok()) << k.status();
+  absl::StatusOr<sched::KvCostModel> m = sched::KvCostModel::FromModelConfig(
+      c, {.block_tokens = block_tokens,
+          .first_layer = first,
+          .end_layer = end,
+          .include_mtp = false,
+          .indexer_keys = sched::IndexerKeyFormat::kMxfp4,
+          .main_entries =
+              fp8_records ? sched::MainEntryFormat::kFp8DsMla : sched::MainEntryFormat::kBf16});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(k->block_bytes, m->block_bytes);
+  EXPECT_EQ(k->record_bytes, m->entry_bytes);
+  EXPECT_EQ(k->key_bytes, m->index_entry_bytes);
+  EXPECT_EQ(k->win_per_block, m->windows_per_block);
+  EXPECT_EQ(k->window_blocks, m->fixed_blocks);
+  for (int64_t n : {int64_t{1}, block_tokens, block_tokens + 1, int64_t{100'000}}) {
+    EXPECT_EQ(k->BlocksFor(n), m->BlocksForTokens(n)) << n;
+  }
+  // Every layer's entries fit in a token block; the rings fit in the window blocks.
+  for (const KvLayout::Layer& y : k->layers) {
+    if (y.ratio > 0) {
+      EXPECT_LE(y.main_off + block_tokens / y.ratio * k->record_bytes, k->block_bytes);
+    }
+    if (y.has_indexer) {
+      EXPECT_LE(y.key_off + block_tokens / 4 * k->key_bytes, k->block_bytes);
+    }
+  }
+  EXPECT_GE(k->window_blocks * k->win_per_block, (end - first) * c.window_size);
+  // The state allocation: the cost model's bytes plus alignment, every piece 256-byte aligned
+  // and disjoint, in layer order.
+  int64_t bytes = 0, next = 0;
+  for (const KvLayout::Layer& y : k->layers) {
+    for (auto [off, n] : {std::pair{y.comp_state_off, y.comp_n}, {y.index_state_off, y.index_n}}) {
+      if (off < 0) {
+        EXPECT_EQ(n, 0);
+        continue;
+      }
+      EXPECT_EQ(off * 4 % 256, 0);
+      EXPECT_GE(off, next);
+      next = off + 2 * n;
+      bytes += 2 * n * 4;
+    }
+    EXPECT_EQ(y.comp_state_off >= 0, y.ratio > 0);
+    EXPECT_EQ(y.index_state_off >= 0, y.has_indexer);
+  }
+  EXPECT_LE(next, k->state_floats);
+  EXPECT_EQ(bytes, m->state_bytes);
+}
+
+TEST(KvLayoutTest, FlashMatchesTheCostModel) {
+  const ModelConfig c = Parse(testing_util::kFlashConfig);
+  const int n = static_cast<int>(c.n_layers);
+  for (bool fp8 : {true, false}) {
+    for (int pp : {1, 2, 5, 22}) {  // 22 stages: stage 0 is layer 0 alone, SWA only
+      for (int s = 0; s < pp; ++s) ExpectAgree(c, n * s / pp, n * (s + 1) / pp, 128, fp8);
+    }
+    ExpectAgree(c, 0, n, 256, fp8);
+    ExpectAgree(c, 0, 2, 128, fp8);
+  }
+  absl::StatusOr<KvLayout> k = KvLayout::Create(c, 0, n, 128);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->block_bytes, 449'824);
+  EXPECT_EQ(k->win_per_block, 770);
+  EXPECT_EQ(k->window_blocks, 8);
+  EXPECT_EQ(k->state_floats * 4, 12'206'080);  // no padding at Flash sizes
+}
+
+TEST(KvLayoutTest, OtherShapesMatchTheCostModel) {
+  const ModelConfig wide = Parse(testing_util::kWideI256Config);
+  for (bool fp8 : {true, false}) {
+    ExpectAgree(wide, 0, 5, 128, fp8);
+    ExpectAgree(wide, 0, 2, 128, fp8);
+    ExpectAgree(wide, 2, 5, 256, fp8);
+    ExpectAgree(wide, 4, 5, 128, fp8);  // one SWA layer
+  }
+}
+
+TEST(KvLayoutTest, RejectsWhatTheCostModelRejects) {
+  const ModelConfig c = Parse(testing_util::kFlashConfig);
+  EXPECT_FALSE(KvLayout::Create(c, 0, 43, 64).ok());  // half an HCA entry per block
+  EXPECT_FALSE(KvLayout::Create(c, 0, 44, 128).ok());
+}
+
+// A released sequence's compressor states are reused, reset, by the next new sequence: no
+// cudaMalloc / cudaFree per sequence.
+TEST(KvPoolTest, ReusesReleasedStateAllocations) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  const ModelConfig c = Parse(testing_util::kWideI256Config);  // ratios 0, 4, 128, 4, 0
+  absl::StatusOr<KvLayout> k = KvLayout::Create(c, 0, 5, 128);
+  ASSERT_TRUE(k.ok()) << k.status();
+  KvPool pool;
+  ASSERT_TRUE(pool.Init(*k, 1024, 4).ok());
+  ASSERT_TRUE(pool.Prepare(1, 0, 10, {}, nullptr).ok());
+  ASSERT_TRUE(pool.Prepare(2, 0, 10, {}, nullptr).ok());
+  EXPECT_EQ(pool.state_allocations(), 2);
+  const KvSeq* s1 = pool.Find(1);
+  ASSERT_NE(s1, nullptr);
+  float* const states = s1->states;
+  ASSERT_NE(states, nullptr);
+  EXPECT_NE(pool.Find(2)->states, states);
+  for (size_t l = 0; l < k->layers.size(); ++l) {
+    const KvLayout::Layer& y = k->layers[l];
+    const KvSeq::Layer& q = s1->layers[l];
+    EXPECT_EQ(q.comp_state, y.comp_state_off < 0 ? nullptr : states + y.comp_state_off) << l;
+    EXPECT_EQ(q.index_state, y.index_state_off < 0 ? nullptr : states + y.index_state_off) << l;
+    EXPECT_EQ(q.comp_n, y.comp_n);
+    EXPECT_EQ(q.index_n, y.index_n);
+  }
+  // Sequence 1 leaves garbage behind; sequence 3 gets its allocation, reset.
+  ASSERT_EQ(cudaMemset(states, 0x7f, k->state_floats * 4), cudaSuccess);
+  pool.Release(1);
+  ASSERT_TRUE(pool.Prepare(3, 0, 10, {}, nullptr).ok());
+  EXPECT_EQ(pool.state_allocations(), 2);
+  const KvSeq* s3 = pool.Find(3);
+  ASSERT_EQ(s3->states, states);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (const KvSeq::Layer& q : s3->layers) {
+    for (auto [p, n] : {std::pair{q.comp_state, q.comp_n}, {q.index_state, q.index_n}}) {
+      if (p == nullptr) continue;
+      std::vector<float> host(2 * n);
+      ASSERT_EQ(cudaMemcpy(host.data(), p, host.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(host[i], 0.0f) << i;                            // kv
+        ASSERT_TRUE(std::isinf(host[n + i]) && host[n + i] < 0);  // score
+      }
+    }
+  }
+  pool.ReleaseAll();
+  EXPECT_EQ(pool.state_allocations(), 0);
+  EXPECT_EQ(pool.Find(2), nullptr);
+}
+
+}  // namespace
+}  // namespace ss::gpu
