@@ -212,6 +212,9 @@ struct Scratch {
   uint16_t *centries = nullptr, *ckeys = nullptr;
 };
 
+// Streams up to this size go through Impl::up_host (pinned) with the step's upload (Run).
+constexpr size_t kPinnedStreamsBytes = size_t{8} << 20;
+
 // `tp` sizes the per-rank head and group buffers.
 size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch* s) {
   Carver cv(base);
@@ -258,11 +261,8 @@ size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch
   s->sin0 = cv.Take<float>(T * rd / 2);
   s->cos1 = cv.Take<float>(T * rd / 2);
   s->sin1 = cv.Take<float>(T * rd / 2);
-  s->ids = cv.Take<int64_t>(T);
-  s->pos = cv.Take<int64_t>(T);
   if (tp > 1) s->part = cv.Take<float>(2 * T * dim);
   s->routed = cv.Take<float>(T * dim);
-  s->sf32 = cv.Take<float>(T * hc * dim);
   s->staging = cv.Take<uint8_t>(T * 2 * Dh);  // ≥ a record of either layout
   s->centries = cv.Take<uint16_t>(T * Dh);
   s->ckeys = cv.Take<uint16_t>(T * c.index_head_dim);
@@ -482,16 +482,6 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     const absl::Status s_ = check((expr), #expr); \
     if (!s_.ok()) return fail(s_);                \
   } while (0)
-  if (first) {
-    std::vector<float> e(T * width);
-    for (int64_t t = 0; t < T; ++t) model_->EmbedStreams(&ids[t], 1, e.data() + t * width);
-    STEP(cudaMemcpyAsync(sc.sf32, e.data(), e.size() * 4, cudaMemcpyHostToDevice, st));
-  } else {
-    STEP(cudaMemcpyAsync(sc.sf32, streams_in, T * width * 4, cudaMemcpyHostToDevice, st));
-  }
-  STEP(cudaMemcpyAsync(sc.ids, ids.data(), T * 8, cudaMemcpyHostToDevice, st));
-  STEP(cudaMemcpyAsync(sc.pos, pos.data(), T * 8, cudaMemcpyHostToDevice, st));
-
   // Compressor parameters of every (layer, kind: main, indexer): CompressorBatch's device arrays
   // over the batch's chunks, [start | row_begin (nc + 1) | entry_begin | kv_state | score_state],
   // so each compressor runs once per layer for the whole batch (one sequence per grid row).
@@ -517,14 +507,28 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       a[2 * nc] = row0[nc];
     }
   }
-  // One upload: compressor arrays | KvTokens | tables | main-entry addresses | key addresses.
+  // The step's one upload, staged in pinned memory: compressor arrays | KvTokens | tables |
+  // main-entry addresses | key addresses | token ids | positions | the input streams (fp32: the
+  // embeddings at the first stage, else the previous stage's; the output streams of a middle
+  // stage come back through the same rows). Streams of more than kPinnedStreamsBytes (prefill
+  // chunks: 512 MiB for 8K Flash tokens) are copied straight from and to the caller's memory
+  // instead, which the driver pipelines; staging them would add two host copies.
   const size_t params_bytes = params.size() * sizeof(int64_t);
   const size_t tokens_bytes = tokens.size() * sizeof(cuda::KvToken);
   const size_t tables_bytes = (table_off[nc] * 4 + 7) / 8 * 8;
   const size_t dst_bytes = dst_main.size() * 8;
-  const size_t up_bytes = params_bytes + tokens_bytes + tables_bytes + 2 * dst_bytes;
+  const size_t ids_at = params_bytes + tokens_bytes + tables_bytes + 2 * dst_bytes;
+  const size_t sf32_at = (ids_at + 2 * T * 8 + 255) / 256 * 256;
+  const size_t streams_bytes = static_cast<size_t>(T * width) * 4;
+  const bool stage_streams = streams_bytes <= kPinnedStreamsBytes;
+  const size_t up_bytes = sf32_at + streams_bytes;
+  const size_t staged_bytes = stage_streams ? up_bytes : ids_at + 2 * T * 8;
   if (absl::Status e = im.params.Reserve(up_bytes); !e.ok()) return fail(e);
+  if (absl::Status e = im.up_host.Reserve(staged_bytes); !e.ok()) return fail(e);
   char* dev_up = im.params.as<char>();
+  sc.ids = reinterpret_cast<int64_t*>(dev_up + ids_at);
+  sc.pos = sc.ids + T;
+  sc.sf32 = reinterpret_cast<float*>(dev_up + sf32_at);
   const int32_t* dtables = reinterpret_cast<const int32_t*>(dev_up + params_bytes + tokens_bytes);
   for (int l = 0; l < n_layers; ++l) {
     for (size_t i = 0; i < nc; ++i) {
@@ -536,8 +540,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   }
   {
-    std::vector<char> up(up_bytes);
-    char* u = up.data();
+    char* u = im.up_host.as<char>();
     std::memcpy(u, params.data(), params_bytes);
     std::memcpy(u + params_bytes, tokens.data(), tokens_bytes);
     for (size_t i = 0; i < nc; ++i) {
@@ -547,7 +550,25 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     std::memcpy(u + params_bytes + tokens_bytes + tables_bytes, dst_main.data(), dst_bytes);
     std::memcpy(u + params_bytes + tokens_bytes + tables_bytes + dst_bytes, dst_key.data(),
                 dst_bytes);
-    STEP(cudaMemcpyAsync(dev_up, up.data(), up.size(), cudaMemcpyHostToDevice, st));
+    std::memcpy(u + ids_at, ids.data(), T * 8);
+    std::memcpy(u + ids_at + T * 8, pos.data(), T * 8);
+    std::vector<float> embedded;
+    const float* from = streams_in;
+    float* streams = stage_streams ? reinterpret_cast<float*>(u + sf32_at) : nullptr;
+    if (first) {
+      if (streams == nullptr) {
+        embedded.resize(T * width);
+        streams = embedded.data();
+      }
+      for (int64_t t = 0; t < T; ++t) model_->EmbedStreams(&ids[t], 1, streams + t * width);
+      from = streams;
+    } else if (stage_streams) {
+      std::memcpy(streams, streams_in, streams_bytes);
+    }
+    STEP(cudaMemcpyAsync(dev_up, u, staged_bytes, cudaMemcpyHostToDevice, st));
+    if (!stage_streams) {
+      STEP(cudaMemcpyAsync(sc.sf32, from, streams_bytes, cudaMemcpyHostToDevice, st));
+    }
   }
   const int64_t* dparams = im.params.as<int64_t>();
   const auto* dtokens = reinterpret_cast<const cuda::KvToken*>(dev_up + params_bytes);
@@ -604,14 +625,15 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       im.host_experts = [this](int64_t layer, int64_t rows) { return HostExperts(layer, rows); };
     }
     while (im.host_calls.size() < static_cast<size_t>(n_layers)) {
-      im.host_calls.push_back(std::make_unique<HostExpertsCall>());
+      auto call = std::make_unique<HostExpertsCall>();
+      call->run = &im.host_experts;
+      call->step_failed = &im.host_failed;
+      call->layer = options_.first_layer + static_cast<int64_t>(im.host_calls.size());
+      im.host_calls.push_back(std::move(call));
     }
     im.host_failed.store(false);
     for (int l = 0; l < n_layers; ++l) {
       HostExpertsCall& hcall = *im.host_calls[l];
-      hcall.run = &im.host_experts;
-      hcall.step_failed = &im.host_failed;
-      hcall.layer = options_.first_layer + l;
       hcall.rows = T;
       hcall.status = absl::OkStatus();
       hcall.seconds = 0.0;
@@ -986,8 +1008,19 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       }
     }
   } else {
-    out->streams.resize(T * width);
-    STEP(cudaMemcpyAsync(out->streams.data(), sc.sf32, T * width * 4, cudaMemcpyDeviceToHost, st));
+    // Back through the pinned staging (its upload finished before the step's kernels ran), or
+    // straight into the output for a long chunk.
+    const size_t streams_bytes = static_cast<size_t>(T * width) * 4;
+    if (streams_bytes <= kPinnedStreamsBytes) {
+      STEP(cudaMemcpyAsync(im.up_host.p, sc.sf32, streams_bytes, cudaMemcpyDeviceToHost, st));
+      STEP(cudaStreamSynchronize(st));
+      const float* back = im.up_host.as<float>();
+      out->streams.assign(back, back + T * width);
+    } else {
+      out->streams.resize(T * width);
+      STEP(
+          cudaMemcpyAsync(out->streams.data(), sc.sf32, streams_bytes, cudaMemcpyDeviceToHost, st));
+    }
   }
   STEP(cudaStreamSynchronize(st));
 #undef STEP

@@ -136,7 +136,8 @@ struct PinnedBuf {
 // One MoE layer's routed experts on the host, enqueued on the step's side stream with
 // cudaLaunchHostFunc (so a captured graph replays it too): `run` (Impl::host_experts) is called
 // with the layer and the step's rows; the step reads `status` and `seconds` after its final wait.
-// Fields are rewritten before every step's launch; the object's address is fixed (graphs hold it).
+// run, step_failed and layer are set when the record is created; rows, status and seconds before
+// every step's launch. The object's address is fixed (graphs hold it).
 struct HostExpertsCall {
   const std::function<absl::Status(int64_t layer, int64_t rows)>* run = nullptr;
   std::atomic<bool>* step_failed = nullptr;  // an earlier layer of this step failed
@@ -190,6 +191,10 @@ struct CudaBackend::Impl {
   // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
   // dim] fp32 sum.
   PinnedBuf moe_x, moe_ids, moe_w, moe_sum;
+  // The step's upload (cuda_backend.cc Run: parameters, ids, positions, input streams), staged in
+  // pinned memory so the copy is one asynchronous DMA; a middle stage's output streams come back
+  // through it.
+  PinnedBuf up_host;
   // Decode under CUDA graphs (cuda_backend.cc Run): the instantiated layers of the step shape
   // `graph_key`, the key of the last launched step (captured when it repeats), and counts.
   bool graphs = true;

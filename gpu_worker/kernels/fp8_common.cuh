@@ -162,4 +162,50 @@ inline int DeviceSmCount() {
   return n;
 }
 
+// ---- The decode GEMVs' shared skeleton (Fp8Gemv, the wo_a decode kernel) ----------------------
+//
+// A block computes 16 output features (rows o0 .. o0 + 15) for up to 8 activation rows, its warps
+// splitting K by 128-blocks; in each warp lane (g, t) holds the m16n8 accumulator fragment of rows
+// g and g + 8 and activation rows 2t, 2t + 1.
+
+// Warps per block: many when there are fewer blocks than SMs (small outputs, latency-bound);
+// otherwise about two 128-blocks per warp, at most 8, so several blocks share each SM.
+inline int64_t GemvWarpsPerBlock(int64_t blocks, int64_t nb, int64_t max_warps) {
+  if (blocks < DeviceSmCount()) return nb < max_warps ? nb : max_warps;
+  const int64_t w = nb / 2 < 1 ? 1 : nb / 2;
+  return w < 8 ? w : 8;
+}
+
+// The 128-blocks [kb0, kb1) of a warp, double-buffered: the next block's operands are loaded
+// (load(Block&, kb)) while the current one is multiplied (step(const Block&)).
+template <typename Block, typename Load, typename Step>
+__device__ __forceinline__ void DoubleBufferedBlocks(int64_t kb0, int64_t kb1, const Load& load,
+                                                     const Step& step) {
+  Block cur, nxt;
+  if (kb0 < kb1) load(cur, kb0);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    if (kb + 1 < kb1) load(nxt, kb + 1);
+    step(cur);
+    cur = nxt;
+  }
+}
+
+// Sums the warps' accumulators in warp order and stores the block's 16 x rows outputs:
+// y[r · out + o] for o < out, r < rows. `red`: nwarps·128 floats of shared memory not in use.
+template <typename OutT>
+__device__ __forceinline__ void GemvReduceStore(const float (&acc)[4], float* red, int rows,
+                                                int64_t o0, int64_t out, OutT* y) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  for (int j = 0; j < 4; ++j) red[warp * 128 + lane * 4 + j] = acc[j];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+    const int l = i >> 2, j = i & 3;
+    float sum = 0.0f;
+    for (int v = 0; v < nwarps; ++v) sum = __fadd_rn(sum, red[v * 128 + i]);
+    const int64_t o = o0 + (l >> 2) + (j >= 2 ? 8 : 0);
+    const int r = 2 * (l & 3) + (j & 1);
+    if (r < rows && o < out) StoreOut(y + r * out + o, sum);
+  }
+}
+
 }  // namespace ss::cuda

@@ -128,24 +128,6 @@ __device__ __forceinline__ void GemvScaleAdd(const float (&p)[4], float s0, floa
   acc[3] = __fmaf_rn(p[3], f1, acc[3]);
 }
 
-// Sums the warps' accumulators in warp order and stores the block's 16 x rows outputs. `red`:
-// nwarps·128 floats of shared memory no longer in use.
-template <typename OutT>
-__device__ __forceinline__ void GemvReduceStore(const float (&acc)[4], float* red, int rows,
-                                                int64_t o0, int64_t out, OutT* y) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  for (int j = 0; j < 4; ++j) red[warp * 128 + lane * 4 + j] = acc[j];
-  __syncthreads();
-  for (int i = threadIdx.x; i < 128; i += blockDim.x) {
-    const int l = i >> 2, j = i & 3;
-    float sum = 0.0f;
-    for (int v = 0; v < nwarps; ++v) sum = __fadd_rn(sum, red[v * 128 + i]);
-    const int64_t o = o0 + (l >> 2) + (j >= 2 ? 8 : 0);
-    const int r = 2 * (l & 3) + (j & 1);
-    if (r < rows && o < out) StoreOut(y + r * out + o, sum);
-  }
-}
-
 // A lane's operands of one 128-block; the next block's are loaded while one is multiplied.
 struct GemvBlock {
   uint4 wa[2], wb[2], x[2];
@@ -185,15 +167,11 @@ __global__ void __launch_bounds__(32 * kGemvMaxWarps)
     f.sw = __ldg(psw + kb);
   };
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  GemvBlock cur, nxt;
-  if (kb0 < kb1) load(cur, kb0);
-  for (int64_t kb = kb0; kb < kb1; ++kb) {
-    if (kb + 1 < kb1) load(nxt, kb + 1);
+  DoubleBufferedBlocks<GemvBlock>(kb0, kb1, load, [&](const GemvBlock& cur) {
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     GemvBlockMma(cur.wa, cur.wb, cur.x, p);
     GemvScaleAdd(p, cur.s0, cur.s1, cur.sw, acc);
-    cur = nxt;
-  }
+  });
   GemvReduceStore(acc, red, rows, o0, out, y);
 }
 
@@ -224,12 +202,8 @@ cudaError_t GemvT(const uint8_t* q, const float* s_act, int64_t rows, const uint
   }
   const int64_t nb = in / kBlock;
   const int64_t blocks = (out + kGemvFeatures - 1) / kGemvFeatures;
-  // Warps per block: many when there are fewer blocks than SMs (small `out`, latency-bound);
-  // otherwise about two 128-blocks per warp, at most 8, so several blocks share each SM (wq_b,
-  // in = 1024: 4 warps; wo_b, in = 8192: 8). Measured on an H200 (bench/RESULTS.md).
-  const int64_t warps = blocks < DeviceSmCount()
-                            ? std::min<int64_t>(nb, kGemvMaxWarps)
-                            : std::min<int64_t>(8, std::max<int64_t>(1, nb / 2));
+  // wq_b (in = 1024): 4 warps; wo_b (in = 8192): 8. Measured on an H200 (bench/RESULTS.md).
+  const int64_t warps = GemvWarpsPerBlock(blocks, nb, kGemvMaxWarps);
   for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
     const int nr = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r0));
     Fp8GemvKernelImpl<OutT>

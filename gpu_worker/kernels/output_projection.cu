@@ -154,10 +154,7 @@ __global__ void __launch_bounds__(32 * kMmaMaxWarps)
     f.sw = __ldg(psw + kb);
   };
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  OutProjBlock cur, nxt;
-  if (kb0 < kb1) load(cur, kb0);
-  for (int64_t kb = kb0; kb < kb1; ++kb) {
-    if (kb + 1 < kb1) load(nxt, kb + 1);
+  DoubleBufferedBlocks<OutProjBlock>(kb0, kb1, load, [&](const OutProjBlock& cur) {
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -172,19 +169,10 @@ __global__ void __launch_bounds__(32 * kMmaMaxWarps)
     const float sw = Ue8m0ToF32(cur.sw);
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[j] = __fmaf_rn(__fmul_rn(p[j], 256.0f), sw, acc[j]);
-    cur = nxt;
-  }
-  // The warps' partials summed in warp order; d0,d1 = rows g (tokens 2q, 2q+1), d2,d3 = g+8.
-  for (int j = 0; j < 4; ++j) red[warp * 128 + lane * 4 + j] = acc[j];
-  __syncthreads();
-  for (int i = threadIdx.x; i < 128; i += blockDim.x) {
-    const int l = i >> 2, j = i & 3;
-    float sum = 0.0f;
-    for (int v = 0; v < nwarps; ++v) sum = __fadd_rn(sum, red[v * 128 + i]);
-    const int64_t row = o0 + (l >> 2) + (j >= 2 ? 8 : 0);
-    const int t = 2 * (l & 3) + (j & 1);
-    if (t < T) z[t * rows + row] = F32ToBf16(sum);
-  }
+  });
+  // The warps' partials summed in warp order; d0,d1 = rows g (tokens 2q, 2q+1), d2,d3 = g+8:
+  // z [T, rows] as Fp8Gemv's y.
+  GemvReduceStore(acc, red, T, o0, rows, z);
 }
 
 }  // namespace
@@ -199,10 +187,7 @@ cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups
   if (T == 0) return cudaSuccess;
   if (T <= 8 && rank % kMmaRows == 0) {
     const int64_t blocks = groups * rank / kMmaRows, nb = group_in / 128;
-    // Warps per block as Fp8Gemv picks them: many when there are fewer blocks than SMs.
-    const int64_t warps = blocks < DeviceSmCount()
-                              ? std::min<int64_t>(nb, kMmaMaxWarps)
-                              : std::min<int64_t>(8, std::max<int64_t>(1, nb / 2));
+    const int64_t warps = GemvWarpsPerBlock(blocks, nb, kMmaMaxWarps);  // as Fp8Gemv
     GroupedOutProjMmaKernelImpl<<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps),
                                   0, stream>>>(o, static_cast<int>(T), groups, rank, group_in, wo_a,
                                                wo_a_scale, z);
