@@ -25,7 +25,8 @@ cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t*
                             cudaStream_t stream);
 
 // RmsNorm, then QuantizeActE4m3 of its output, in one launch (one block per row): y, q and s
-// are the same bits as the two calls give.
+// are the same bits as the two calls give. For n = 1024, 2048 and 4096 the row stays in
+// registers and shared memory between the two (one read of x and g).
 cudaError_t RmsNormQuant(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
                          uint16_t* y, uint8_t* q, float* s, cudaStream_t stream);
 
@@ -109,6 +110,7 @@ cudaError_t RoundF32ToBf16(const float* x, int64_t n, uint16_t* y, cudaStream_t 
 // Addresses of the kernels' entry points, for attribute queries (ptxVersion) in tests.
 const void* RmsNormKernel();
 const void* RmsNormQuantKernel();
+const void* RmsNormQuantRegsKernel();  // RmsNormQuant for n = 4096 (and 1024, 2048)
 const void* QuantizeActE4m3Kernel();
 const void* Fp8LinearKernel();         // the decode GEMV
 const void* Fp8GemmKernel();           // the prefill GEMM (128-row tiles)

@@ -6,6 +6,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
+__device__ __forceinline__ float BlockRms(float sum, int64_t n, float eps);
+
 // r = 1/sqrt(mean(x²) + eps) of the row xr [n], for every thread of a kThreads block. Each
 // thread's sum runs over i = tid, tid + kThreads, ... in order; kAhead loads are issued before the
 // sums that use them (a row is one block's work at decode: latency, not bandwidth).
@@ -25,6 +27,12 @@ __device__ __forceinline__ float RowRmsScale(const uint16_t* __restrict__ xr, in
     const float v = Bf16ToF32(xr[i0]);
     sum = __fadd_rn(sum, __fmul_rn(v, v));
   }
+  return BlockRms(sum, n, eps);
+}
+
+// The block's r from each thread's sum of squares: the warps' butterflies, then warp 0's over
+// the warps' sums.
+__device__ __forceinline__ float BlockRms(float sum, int64_t n, float eps) {
   __shared__ float partial[kThreads / 32];
   for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
@@ -90,13 +98,60 @@ __global__ void RmsNormQuantKernelImpl(const uint16_t* __restrict__ x, const flo
   }
 }
 
+// RmsNormQuantKernelImpl for n = kPer · kThreads (Flash's 4096 and 1024): every load of x and g
+// is issued at the start and kept in registers (the same sum of squares, in the same order, as
+// RowRmsScale), and the bf16 row goes through shared memory to the warps that quantise it.
+template <int kPer>
+__global__ void __launch_bounds__(kThreads)
+    RmsNormQuantRegsKernelImpl(const uint16_t* __restrict__ x, const float* __restrict__ g,
+                               float eps, uint16_t* __restrict__ y, uint8_t* __restrict__ q,
+                               float* __restrict__ s) {
+  constexpr int64_t n = int64_t{kPer} * kThreads, nb = n / 128;
+  __shared__ uint16_t ys[n];
+  const int64_t row = blockIdx.x;
+  const int tid = static_cast<int>(threadIdx.x);
+  const uint16_t* xr = x + row * n;
+  float xv[kPer], gv[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    xv[u] = Bf16ToF32(xr[tid + u * kThreads]);
+    gv[u] = g[tid + u * kThreads];
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) sum = __fadd_rn(sum, __fmul_rn(xv[u], xv[u]));
+  const float r = BlockRms(sum, n, eps);
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const uint16_t o = F32ToBf16(__fmul_rn(gv[u], __fmul_rn(xv[u], r)));
+    y[row * n + tid + u * kThreads] = o;
+    ys[tid + u * kThreads] = o;
+  }
+  __syncthreads();
+  const int lane = tid & 31, warp = tid >> 5;
+  for (int64_t b = warp; b < nb; b += kThreads / 32) {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = Bf16ToF32(ys[b * 128 + lane * 4 + j]);
+    QuantizeBlock128(v, lane, 128, q + row * n + b * 128, s + row * nb + b);
+  }
+}
+
 }  // namespace
 
 cudaError_t RmsNormQuant(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
                          uint16_t* y, uint8_t* q, float* s, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormQuantKernelImpl<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, g, n, eps, y, q,
-                                                                               s);
+  const unsigned grid = static_cast<unsigned>(rows);
+  if (n == 16 * kThreads) {
+    RmsNormQuantRegsKernelImpl<16><<<grid, kThreads, 0, stream>>>(x, g, eps, y, q, s);
+  } else if (n == 8 * kThreads) {
+    RmsNormQuantRegsKernelImpl<8><<<grid, kThreads, 0, stream>>>(x, g, eps, y, q, s);
+  } else if (n == 4 * kThreads) {
+    RmsNormQuantRegsKernelImpl<4><<<grid, kThreads, 0, stream>>>(x, g, eps, y, q, s);
+  } else {
+    RmsNormQuantKernelImpl<<<grid, kThreads, 0, stream>>>(x, g, n, eps, y, q, s);
+  }
   return cudaGetLastError();
 }
 
@@ -109,5 +164,8 @@ cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, 
 
 const void* RmsNormKernel() { return reinterpret_cast<const void*>(&RmsNormKernelImpl); }
 const void* RmsNormQuantKernel() { return reinterpret_cast<const void*>(&RmsNormQuantKernelImpl); }
+const void* RmsNormQuantRegsKernel() {
+  return reinterpret_cast<const void*>(&RmsNormQuantRegsKernelImpl<16>);
+}
 
 }  // namespace ss::cuda

@@ -483,7 +483,8 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
                       {"SwiGluBf16", SwiGluBf16Kernel()},
                       {"SwiGluBf16Quant", SwiGluBf16QuantKernel()},
                       {"HeadRmsNormRope", HeadRmsNormRopeKernel()},
-                      {"RmsNormQuant", RmsNormQuantKernel()}},
+                      {"RmsNormQuant", RmsNormQuantKernel()},
+                      {"RmsNormQuantRegs", RmsNormQuantRegsKernel()}},
                      size_t{48} << 10);
 }
 
@@ -839,8 +840,13 @@ TEST_F(BlockKernelsTest, FusedLaunchesGiveTheBitsOfTheirParts) {
     std::printf("%-52s %zu of %zu differ\n", label.c_str(), diff, a.size());
     EXPECT_EQ(diff, 0u) << label;
   };
-  for (const auto& [rows, n] :
-       {std::pair<int64_t, int64_t>{1, 4096}, {8, 4096}, {1, 1024}, {3, 1024}, {5, 200}}) {
+  for (const auto& [rows, n] : {std::pair<int64_t, int64_t>{1, 4096},
+                                {8, 4096},
+                                {1, 1024},
+                                {3, 1024},
+                                {2, 2048},
+                                {5, 200},
+                                {2, 4352}}) {
     const std::string label = "RmsNormQuant " + std::to_string(rows) + "x" + std::to_string(n);
     DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(rows * n, 1.5f, ++seed)));
     DeviceBuffer<float> dg(RandomF32(n, 0.5f, ++seed));
