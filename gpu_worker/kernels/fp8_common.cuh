@@ -87,6 +87,30 @@ __device__ __forceinline__ void QuantizeBlock128(const float (&v)[4], int lane, 
   if (lane == 0) *s = sc;
 }
 
+// A kernel that quantises what it produces: lane l of the warp owning 128-block b of a row of n
+// values computes elements 128b + 4l + j (j < 4) with value(i) (an fp32 result, rounded to
+// bf16 here), stores them to out_row and quantises the block (QuantizeBlock128) to q_row / s.
+template <typename Value>
+__device__ __forceinline__ void ProduceAndQuantizeBlock128(const Value& value, int lane, int64_t b,
+                                                           int64_t n,
+                                                           uint16_t* __restrict__ out_row,
+                                                           uint8_t* __restrict__ q_row,
+                                                           float* __restrict__ s) {
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t i = b * 128 + lane * 4 + j;
+    if (i < n) {
+      const uint16_t o = F32ToBf16(value(i));
+      out_row[i] = o;
+      v[j] = Bf16ToF32(o);
+    } else {
+      v[j] = 0.0f;
+    }
+  }
+  QuantizeBlock128(v, lane, n - b * 128, q_row + b * 128, s);
+}
+
 // Two e4m3 codes of `w` (bytes 0,1 with sel = 0x1404; bytes 2,3 with sel = 0x3424) as an f16x2,
 // each half holding the code's value times 2^-8, exactly: the 7 magnitude bits shifted into an
 // fp16's exponent and mantissa fields are that value for every code, subnormals included (an

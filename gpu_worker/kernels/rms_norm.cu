@@ -80,21 +80,9 @@ __global__ void RmsNormQuantKernelImpl(const uint16_t* __restrict__ x, const flo
   const uint16_t* xr = x + row * n;
   const float r = RowRmsScale(xr, n, eps);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const auto value = [&](int64_t i) { return __fmul_rn(g[i], __fmul_rn(Bf16ToF32(xr[i]), r)); };
   for (int64_t b = warp; b < nb; b += kThreads / 32) {
-    const int64_t i0 = b * 128 + lane * 4;
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = i0 + j;
-      if (i < n) {
-        const uint16_t o = F32ToBf16(__fmul_rn(g[i], __fmul_rn(Bf16ToF32(xr[i]), r)));
-        y[row * n + i] = o;
-        v[j] = Bf16ToF32(o);
-      } else {
-        v[j] = 0.0f;
-      }
-    }
-    QuantizeBlock128(v, lane, n - b * 128, q + row * n + b * 128, s + row * nb + b);
+    ProduceAndQuantizeBlock128(value, lane, b, n, y + row * n, q + row * n, s + row * nb + b);
   }
 }
 

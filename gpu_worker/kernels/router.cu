@@ -230,20 +230,11 @@ __global__ void SwiGluQuantKernelImpl(const uint16_t* __restrict__ gate,
   const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (b >= nb) return;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  float v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t i = b * 128 + lane * 4 + j;
-    if (i < n) {
-      const uint16_t o = F32ToBf16(SwiGluValue(Bf16ToF32(gate[row * in_stride + i]),
-                                               Bf16ToF32(up[row * in_stride + i]), limit));
-      out[row * n + i] = o;
-      v[j] = Bf16ToF32(o);
-    } else {
-      v[j] = 0.0f;
-    }
-  }
-  QuantizeBlock128(v, lane, n - b * 128, q + row * n + b * 128, s + row * nb + b);
+  const auto value = [&](int64_t i) {
+    return SwiGluValue(Bf16ToF32(gate[row * in_stride + i]), Bf16ToF32(up[row * in_stride + i]),
+                       limit);
+  };
+  ProduceAndQuantizeBlock128(value, lane, b, n, out + row * n, q + row * n, s + row * nb + b);
 }
 
 template <typename In>
