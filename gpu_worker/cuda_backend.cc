@@ -354,117 +354,38 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     return s;
   };
 
-  std::vector<int64_t> row0(nc + 1, 0), ids, pos;
-  for (size_t i = 0; i < nc; ++i) {
-    const StageChunk& ch = batch[i];
-    row0[i + 1] = row0[i] + static_cast<int64_t>(ch.tokens.size());
-    for (size_t t = 0; t < ch.tokens.size(); ++t) {
-      ids.push_back(ch.tokens[t]);
-      pos.push_back(ch.start + static_cast<int64_t>(t));
-    }
-  }
-  const int64_t T = row0[nc];
-
   // Sequence state: tables (the plan's, or the pool's own blocks), compressor states (start 0
   // resets them).
-  for (size_t i = 0; i < nc; ++i) {
-    const StageChunk& ch = batch[i];
-    const absl::Status e = im.kv.Prepare(ch.seq_id, ch.start, ch.start + static_cast<int64_t>(
-                                                                    ch.tokens.size()),
-                                         ch.block_table, st);
+  for (const StageChunk& ch : batch) {
+    const absl::Status e = im.kv.Prepare(
+        ch.seq_id, ch.start, ch.start + static_cast<int64_t>(ch.tokens.size()), ch.block_table, st);
     if (!e.ok()) return fail(e);
   }
   const KvLayout& kvl = im.kv.layout();
-  const int64_t rec_bytes = kvl.record_bytes, B = kvl.block_tokens;
   std::vector<const KvSeq*> seq(nc);
   for (size_t i = 0; i < nc; ++i) seq[i] = im.kv.Find(batch[i].seq_id);
+
+  // The step's plan, from sizes, positions and tables alone (cuda_backend_plan.cc).
+  StepPlan plan = PlanStep(batch, c, im.blocks, kvl, seq, im.kv.base());
+  const int64_t T = plan.T, max_rows = plan.max_rows;
+  const size_t cb_stride = plan.cb_stride;
+  const std::vector<int64_t>&row0 = plan.row0, &n_sel = plan.n_sel, &sel_base = plan.sel_base,
+        &n_cols = plan.n_cols, &table_off = plan.table_off, &n_cand = plan.n_cand;
 
   const float eps = static_cast<float>(c.norm_eps), hc_eps = static_cast<float>(c.hc_eps);
   // H, G: this rank's heads and wo_a groups (all of them at TP = 1).
   const int64_t H = c.n_heads / im.tp, G = c.o_groups / im.tp;
-  const int64_t Dh = c.head_dim, W = c.window_size, qlr = c.q_lora_rank, rd = c.rope_head_dim;
+  const int64_t Dh = c.head_dim, qlr = c.q_lora_rank, rd = c.rope_head_dim;
   const int64_t nh = c.index_n_heads, ihd = c.index_head_dim;
 
-  // The step's plan, from sizes alone: per chunk the indexer's selection count (the same in every
-  // CSA layer) and where its selections go; per (layer, token) a DecodeToken; per layer the
-  // longest candidate list.
-  // The indexer's score rows have n_cols columns: the chunk's end / 4 keys rounded up to
-  // kScoreColumns (the columns past a token's eligible keys score −inf and are never selected
-  // while k ≤ its eligible keys, so the selections are the same), which keeps a decode step's
-  // launches the same for kScoreColumns · 4 positions (one CUDA graph).
-  std::vector<int64_t> n_sel(nc, 0), sel_base(nc + 1, 0), n_cols(nc, 0);
-  int64_t scores_cap = 0;
-  for (size_t i = 0; i < nc; ++i) {
-    const int64_t S = row0[i + 1] - row0[i], end = batch[i].start + S;
-    n_sel[i] = std::min(c.index_topk, end / 4);
-    n_cols[i] = (end / 4 + kScoreColumns - 1) / kScoreColumns * kScoreColumns;
-    sel_base[i + 1] = sel_base[i] + S * n_sel[i];
-    scores_cap = std::max(scores_cap, S * n_cols[i]);
-  }
-  // Device copies of the batch's tables, uploaded with the step's parameters (offsets in int32s
-  // from their start; filled in once the upload's address is known).
-  std::vector<int64_t> table_off(nc + 1, 0);
-  for (size_t i = 0; i < nc; ++i) {
-    table_off[i + 1] = table_off[i] + static_cast<int64_t>(seq[i]->table.size());
-  }
-  std::vector<cuda::KvToken> tokens(static_cast<size_t>(n_layers) * T);
-  std::vector<int64_t> n_cand(n_layers, 1);
-  for (int l = 0; l < n_layers; ++l) {
-    const DevBlock& b = im.blocks[l];
-    for (size_t i = 0; i < nc; ++i) {
-      const int64_t S = row0[i + 1] - row0[i], start = batch[i].start, end = start + S;
-      const int64_t win_width = start == 0 ? std::min(S, W) : W;
-      const int64_t n_comp = b.has_indexer ? n_sel[i] : (b.ratio > 0 ? end / b.ratio : 0);
-      n_cand[l] = std::max(n_cand[l], win_width + n_comp);
-      for (int64_t s = 0; s < S; ++s) {
-        cuda::KvToken& d = tokens[l * T + row0[i] + s];
-        d.n_table = static_cast<int32_t>(seq[i]->table.size());
-        d.pos = static_cast<int32_t>(start + s);
-        d.chunk_start = static_cast<int32_t>(start);
-        d.chunk_end = static_cast<int32_t>(end);
-        d.win_width = static_cast<int32_t>(win_width);
-        d.n_comp = static_cast<int32_t>(n_comp);
-        d.sel_off =
-            b.has_indexer && n_sel[i] > 0 ? static_cast<int32_t>(sel_base[i] + s * n_sel[i]) : -1;
-      }
-    }
-  }
-  // Per (layer, chunk): the scratch row of the chunk's first new compressed entry (ebase), and per
-  // layer the record / key address of every scratch row (0: unused), for the encoders.
-  const uint8_t* pool = im.kv.base();
-  std::vector<int64_t> ebase(static_cast<size_t>(n_layers) * nc, 0);
-  std::vector<uint64_t> dst_main(static_cast<size_t>(n_layers) * T, 0),
-      dst_key(static_cast<size_t>(n_layers) * T, 0);
-  for (int l = 0; l < n_layers; ++l) {
-    const int64_t m = im.blocks[l].ratio;
-    if (m == 0) continue;
-    const KvLayout::Layer& y = kvl.layers[l];
-    int64_t row = 0;
-    for (size_t i = 0; i < nc; ++i) {
-      ebase[l * nc + i] = row;
-      const int64_t start = batch[i].start, end = start + (row0[i + 1] - row0[i]);
-      const std::vector<int32_t>& tb = seq[i]->table;
-      for (int64_t e = start / m; e < end / m; ++e, ++row) {
-        const int64_t blk = tb[kvl.window_blocks + e / (B / m)];
-        dst_main[l * T + row] = reinterpret_cast<uint64_t>(pool) + blk * kvl.block_bytes +
-                                y.main_off + (e % (B / m)) * rec_bytes;
-        if (y.has_indexer) {
-          dst_key[l * T + row] = reinterpret_cast<uint64_t>(pool) + blk * kvl.block_bytes +
-                                 y.key_off + (e % (B / 4)) * kvl.key_bytes;
-        }
-      }
-      row = std::max(row, ebase[l * nc + i] + (end - start) / m + 1);  // the compressor's max_new
-    }
-  }
-  const int64_t max_cand = *std::max_element(n_cand.begin(), n_cand.end());
   // The attention's decoded candidate rows (paged_kv.h), for at most attn_rows tokens per launch
   // (sized by the rows alone: n_heads 0; the decode's split workspace comes on top).
   const int64_t attn_rows = std::clamp<int64_t>(
-      kAttentionRowsBytes / cuda::KvSparseAttentionRowsBytes(1, max_cand, Dh, 0), 1, T);
+      kAttentionRowsBytes / cuda::KvSparseAttentionRowsBytes(1, plan.max_cand, Dh, 0), 1, T);
   for (auto [buf, bytes] :
-       {std::pair{&im.cand, T * max_cand * 8},
-        {&im.kvrows, cuda::KvSparseAttentionRowsBytes(attn_rows, max_cand, Dh, H)},
-        {&im.scores, scores_cap * 4},
+       {std::pair{&im.cand, T * plan.max_cand * 8},
+        {&im.kvrows, cuda::KvSparseAttentionRowsBytes(attn_rows, plan.max_cand, Dh, H)},
+        {&im.scores, plan.scores_cap * 4},
         {&im.sel, sel_base[nc] * 4}}) {
     if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
   }
@@ -482,85 +403,33 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     const absl::Status s_ = check((expr), #expr); \
     if (!s_.ok()) return fail(s_);                \
   } while (0)
-  // Compressor parameters of every (layer, kind: main, indexer): CompressorBatch's device arrays
-  // over the batch's chunks, [start | row_begin (nc + 1) | entry_begin | kv_state | score_state],
-  // so each compressor runs once per layer for the whole batch (one sequence per grid row).
-  const size_t cb_stride = 5 * nc + 1;
-  int64_t max_rows = 0;
-  for (size_t i = 0; i < nc; ++i) max_rows = std::max(max_rows, row0[i + 1] - row0[i]);
-  std::vector<int64_t> params(static_cast<size_t>(n_layers) * 2 * cb_stride, 0);
-  for (int l = 0; l < n_layers; ++l) {
-    const int64_t ratio = im.blocks[l].ratio;
-    for (int kind = 0; kind < 2; ++kind) {
-      int64_t* a = params.data() + (l * 2 + kind) * cb_stride;
-      for (size_t i = 0; i < nc; ++i) {
-        const KvSeq::Layer& k = seq[i]->layers[l];
-        float* base = kind == 0 ? k.comp_state : k.index_state;
-        const int64_t half = kind == 0 ? k.comp_n : k.index_n;
-        a[i] = batch[i].start;
-        a[nc + i] = row0[i];
-        a[2 * nc + 1 + i] = ratio > 0 ? ebase[l * nc + i] : 0;
-        a[3 * nc + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base));
-        a[4 * nc + 1 + i] =
-            static_cast<int64_t>(reinterpret_cast<uintptr_t>(base ? base + half : nullptr));
-      }
-      a[2 * nc] = row0[nc];
-    }
-  }
-  // The step's one upload, staged in pinned memory: compressor arrays | KvTokens | tables |
-  // main-entry addresses | key addresses | token ids | positions | the input streams (fp32: the
-  // embeddings at the first stage, else the previous stage's; the output streams of a middle
-  // stage come back through the same rows). Streams of more than kPinnedStreamsBytes (prefill
-  // chunks: 512 MiB for 8K Flash tokens) are copied straight from and to the caller's memory
-  // instead, which the driver pipelines; staging them would add two host copies.
-  const size_t params_bytes = params.size() * sizeof(int64_t);
-  const size_t tokens_bytes = tokens.size() * sizeof(cuda::KvToken);
-  const size_t tables_bytes = (table_off[nc] * 4 + 7) / 8 * 8;
-  const size_t dst_bytes = dst_main.size() * 8;
-  const size_t ids_at = params_bytes + tokens_bytes + tables_bytes + 2 * dst_bytes;
-  const size_t sf32_at = (ids_at + 2 * T * 8 + 255) / 256 * 256;
+  // The step's one upload (StepPlan), staged in pinned memory with the input streams (fp32: the
+  // embeddings at the first stage, else the previous stage's). Streams of more than
+  // kPinnedStreamsBytes (prefill chunks: 512 MiB for 8K Flash tokens) are copied straight from and
+  // to the caller's memory instead, which the driver pipelines; staging them would add two host
+  // copies.
   const size_t streams_bytes = static_cast<size_t>(T * width) * 4;
   const bool stage_streams = streams_bytes <= kPinnedStreamsBytes;
-  const size_t up_bytes = sf32_at + streams_bytes;
-  const size_t staged_bytes = stage_streams ? up_bytes : ids_at + 2 * T * 8;
+  const size_t up_bytes = plan.streams_at + streams_bytes;
+  const size_t staged_bytes = stage_streams ? up_bytes : plan.streams_at;
   if (absl::Status e = im.params.Reserve(up_bytes); !e.ok()) return fail(e);
   if (absl::Status e = im.up_host.Reserve(staged_bytes); !e.ok()) return fail(e);
   char* dev_up = im.params.as<char>();
-  sc.ids = reinterpret_cast<int64_t*>(dev_up + ids_at);
+  sc.ids = reinterpret_cast<int64_t*>(dev_up + plan.ids_at);
   sc.pos = sc.ids + T;
-  sc.sf32 = reinterpret_cast<float*>(dev_up + sf32_at);
-  const int32_t* dtables = reinterpret_cast<const int32_t*>(dev_up + params_bytes + tokens_bytes);
-  for (int l = 0; l < n_layers; ++l) {
-    for (size_t i = 0; i < nc; ++i) {
-      for (int64_t t = row0[i]; t < row0[i + 1]; ++t) {
-        tokens[l * T + t].table = reinterpret_cast<uint64_t>(dtables + table_off[i]);
-        tokens[l * T + t].staging =
-            reinterpret_cast<uint64_t>(sc.staging) + static_cast<uint64_t>(row0[i] * rec_bytes);
-      }
-    }
-  }
+  sc.sf32 = reinterpret_cast<float*>(dev_up + plan.streams_at);
   {
     char* u = im.up_host.as<char>();
-    std::memcpy(u, params.data(), params_bytes);
-    std::memcpy(u + params_bytes, tokens.data(), tokens_bytes);
-    for (size_t i = 0; i < nc; ++i) {
-      std::memcpy(u + params_bytes + tokens_bytes + table_off[i] * 4, seq[i]->table.data(),
-                  seq[i]->table.size() * 4);
-    }
-    std::memcpy(u + params_bytes + tokens_bytes + tables_bytes, dst_main.data(), dst_bytes);
-    std::memcpy(u + params_bytes + tokens_bytes + tables_bytes + dst_bytes, dst_key.data(),
-                dst_bytes);
-    std::memcpy(u + ids_at, ids.data(), T * 8);
-    std::memcpy(u + ids_at + T * 8, pos.data(), T * 8);
+    plan.FillUpload(u, dev_up, reinterpret_cast<uint64_t>(sc.staging), kvl.record_bytes, seq);
     std::vector<float> embedded;
     const float* from = streams_in;
-    float* streams = stage_streams ? reinterpret_cast<float*>(u + sf32_at) : nullptr;
+    float* streams = stage_streams ? reinterpret_cast<float*>(u + plan.streams_at) : nullptr;
     if (first) {
       if (streams == nullptr) {
         embedded.resize(T * width);
         streams = embedded.data();
       }
-      for (int64_t t = 0; t < T; ++t) model_->EmbedStreams(&ids[t], 1, streams + t * width);
+      for (int64_t t = 0; t < T; ++t) model_->EmbedStreams(&plan.ids[t], 1, streams + t * width);
       from = streams;
     } else if (stage_streams) {
       std::memcpy(streams, streams_in, streams_bytes);
@@ -571,10 +440,11 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
   }
   const int64_t* dparams = im.params.as<int64_t>();
-  const auto* dtokens = reinterpret_cast<const cuda::KvToken*>(dev_up + params_bytes);
-  const auto* ddst_main =
-      reinterpret_cast<const uint64_t*>(dev_up + params_bytes + tokens_bytes + tables_bytes);
-  const uint64_t* ddst_key = ddst_main + dst_main.size();
+  const auto* dtokens = reinterpret_cast<const cuda::KvToken*>(dev_up + plan.tokens_at);
+  const int32_t* dtables = reinterpret_cast<const int32_t*>(dev_up + plan.tables_at);
+  const auto* ddst_main = reinterpret_cast<const uint64_t*>(dev_up + plan.dst_at);
+  const uint64_t* ddst_key = ddst_main + plan.dst_main.size();
+  const uint8_t* pool = im.kv.base();
 
   if (timings) {
     for (auto* v :
@@ -656,6 +526,16 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     return absl::OkStatus();
   };
 
+  // Branches (Impl::branch): fork_branch(k) makes branch k wait for everything enqueued on the
+  // step's stream so far; branch_done(k) marks the end of its work so far, which wait_branch(s, k)
+  // makes stream s wait for.
+  auto fork_branch = [&](int k) {
+    const cudaError_t e = cudaEventRecord(im.fork[k], st);
+    return e == cudaSuccess ? cudaStreamWaitEvent(im.branch[k], im.fork[k], 0) : e;
+  };
+  auto branch_done = [&](int k) { return cudaEventRecord(im.joined[k], im.branch[k]); };
+  auto wait_branch = [&](cudaStream_t s, int k) { return cudaStreamWaitEvent(s, im.joined[k], 0); };
+
   // HcPre of a sublayer. In decode its Sinkhorn (comb, read only by the sublayer's HcPost) runs
   // on a branch, beside the sublayer.
   const bool defer_comb = cuda::HcPreDefersComb(T, hc, dim, sc.y);
@@ -667,11 +547,12 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     cudaError_t e =
         cuda::HcPreDeferComb(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters,
                              hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st);
-    cudaStream_t bs = im.branch[Impl::kBranchHc];
-    if (e == cudaSuccess) e = cudaEventRecord(im.fork[Impl::kBranchHc], st);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(bs, im.fork[Impl::kBranchHc], 0);
-    if (e == cudaSuccess) e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps, bs);
-    if (e == cudaSuccess) e = cudaEventRecord(im.joined[Impl::kBranchHc], bs);
+    if (e == cudaSuccess) e = fork_branch(Impl::kBranchHc);
+    if (e == cudaSuccess) {
+      e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps,
+                               im.branch[Impl::kBranchHc]);
+    }
+    if (e == cudaSuccess) e = branch_done(Impl::kBranchHc);
     return e;
   };
 
@@ -700,7 +581,6 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // main stream joins them before the attention (qbuf is next written after those joins).
       cudaStream_t bs_kv = im.branch[Impl::kBranchKv], bs_comp = im.branch[Impl::kBranchComp],
                    bs_index = im.branch[Impl::kBranchIndex], bs_iq = im.branch[Impl::kBranchIndexQ];
-      STEP(cudaEventRecord(im.fork[Impl::kBranchComp], st));  // xn and qbuf are ready
       auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
                           uint16_t* entries, float* cv, float* cg,
                           cudaStream_t bs) -> absl::Status {
@@ -724,38 +604,38 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // The compressors write their new entries to scratch rows (ebase), then the encoders put
       // them into their records / MXFP4 keys in the sequences' blocks.
       if (b.has_compressor) {
-        STEP(cudaStreamWaitEvent(bs_comp, im.fork[Impl::kBranchComp], 0));
+        STEP(fork_branch(Impl::kBranchComp));
         cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
                                     options_.compressor_fp64};
         const absl::Status e = compress(b.compressor, 0, shape, sc.centries, sc.cv, sc.cg, bs_comp);
         if (!e.ok()) return fail(e);
         STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, bs_comp));
-        STEP(cudaEventRecord(im.joined[Impl::kBranchComp], bs_comp));
+        STEP(branch_done(Impl::kBranchComp));
       }
       if (b.has_indexer) {
-        STEP(cudaStreamWaitEvent(bs_index, im.fork[Impl::kBranchComp], 0));
+        STEP(fork_branch(Impl::kBranchIndex));
         cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
                                     options_.compressor_fp64};
         const absl::Status e =
             compress(b.index_compressor, 1, shape, sc.ckeys, sc.icv, sc.icg, bs_index);
         if (!e.ok()) return fail(e);
         STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, bs_index));
-        STEP(cudaEventRecord(im.joined[Impl::kBranchIndex], bs_index));
+        STEP(branch_done(Impl::kBranchIndex));
         // The indexer's head weights, then (below) its query, scores and top-k on one branch.
-        STEP(cudaStreamWaitEvent(bs_iq, im.fork[Impl::kBranchComp], 0));
+        STEP(fork_branch(Impl::kBranchIndexQ));
         STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, bs_iq));
         STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_iq));
       }
 
       // The KV latent: wkv, its norm, RoPE and FP8 simulation, then the chunks' raw KV as records
       // in the step's staging (read by the attention through the candidate lists).
-      STEP(cudaStreamWaitEvent(bs_kv, im.fork[Impl::kBranchComp], 0));
+      STEP(fork_branch(Impl::kBranchKv));
       STEP(Gemv8(b.wkv, sc.qbuf, sc.sbuf, T, sc.kva, bs_kv));
       STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, bs_kv));
       STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, bs_kv));
       STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, bs_kv));
       STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, bs_kv));
-      STEP(cudaEventRecord(im.joined[Impl::kBranchKv], bs_kv));
+      STEP(branch_done(Impl::kBranchKv));
 
       // The query: wq_a, its norm and quantisation (qbuf2, shared with the indexer's wq_b), wq_b,
       // the per-head norm and RoPE.
@@ -764,11 +644,10 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       if (b.has_indexer) {
         // The indexer's query from qbuf2, then (with the new keys) each chunk's scores and top-k
         // selections, which stay on the device (sel_base: where BuildCandidates reads).
-        STEP(cudaEventRecord(im.fork[Impl::kBranchIndexQ], st));
-        STEP(cudaStreamWaitEvent(bs_iq, im.fork[Impl::kBranchIndexQ], 0));
+        STEP(fork_branch(Impl::kBranchIndexQ));
         STEP(Gemv8(b.index_wq_b, sc.qbuf2, sc.sbuf2, T, sc.iq, bs_iq));
         STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, bs_iq));
-        STEP(cudaStreamWaitEvent(bs_iq, im.joined[Impl::kBranchIndex], 0));
+        STEP(wait_branch(bs_iq, Impl::kBranchIndex));
         for (size_t i = 0; i < nc; ++i) {
           if (n_sel[i] == 0) continue;
           const int64_t S = row0[i + 1] - row0[i];
@@ -780,17 +659,17 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
           STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
                                  im.sel.as<int32_t>() + sel_base[i], bs_iq));
         }
-        STEP(cudaEventRecord(im.joined[Impl::kBranchIndexQ], bs_iq));
+        STEP(branch_done(Impl::kBranchIndexQ));
       }
       STEP(Gemv8(b.wq_b, sc.qbuf2, sc.sbuf2, T, sc.q, st));
       STEP(cuda::HeadRmsNormRope(sc.q, T, H, Dh, eps, rd, cs, sn, st));
-      if (b.has_indexer) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchIndexQ], 0));
+      if (b.has_indexer) STEP(wait_branch(st, Impl::kBranchIndexQ));
 
       // Every token's candidate list (record addresses: the staged raw KV, the rings, the
       // compressed entries), one attention launch for all sequences, then the last W positions of
       // each chunk into its ring records.
-      STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchKv], 0));
-      if (b.has_compressor) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchComp], 0));
+      STEP(wait_branch(st, Impl::kBranchKv));
+      if (b.has_compressor) STEP(wait_branch(st, Impl::kBranchComp));
       uint64_t* cand = im.cand.as<uint64_t>();
       STEP(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st));
       for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
@@ -802,10 +681,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // The chunks' last W positions into the rings (read again by the next step's attention),
       // off the critical path: the next layer's kv work follows it on the same branch, and the
       // step joins the branch after its last layer.
-      STEP(cudaEventRecord(im.fork[Impl::kBranchKv], st));
-      STEP(cudaStreamWaitEvent(bs_kv, im.fork[Impl::kBranchKv], 0));
+      STEP(fork_branch(Impl::kBranchKv));
       STEP(cuda::KvRingRecords(geom, tok, T, sc.kv, bs_kv));
-      STEP(cudaEventRecord(im.joined[Impl::kBranchKv], bs_kv));
+      STEP(branch_done(Impl::kBranchKv));
       STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
       STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
                                          sc.z, st));
@@ -816,7 +694,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         if (absl::Status e = all_reduce(l, T * dim, kAttnArBegin); !e.ok()) return fail(e);
         STEP(cuda::RoundF32ToBf16(sc.part, T * dim, sc.attn, st));
       }
-      if (defer_comb) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchHc], 0));
+      if (defer_comb) STEP(wait_branch(st, Impl::kBranchHc));
       STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
       if (timings) STEP(mark(l, kAttnEnd));
 
@@ -844,12 +722,11 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       if (si > 0) {
         // w1 here, w3 beside it on a branch (both from qbuf, rewritten only after the join).
         cudaStream_t bs_sh = im.branch[Impl::kBranchShared];
-        STEP(cudaEventRecord(im.fork[Impl::kBranchShared], st));
-        STEP(cudaStreamWaitEvent(bs_sh, im.fork[Impl::kBranchShared], 0));
+        STEP(fork_branch(Impl::kBranchShared));
         STEP(Gemv8(b.shared_w3, sc.qbuf, sc.sbuf, T, sc.su, bs_sh));
-        STEP(cudaEventRecord(im.joined[Impl::kBranchShared], bs_sh));
+        STEP(branch_done(Impl::kBranchShared));
         STEP(Gemv8(b.shared_w1, sc.qbuf, sc.sbuf, T, sc.sg, st));
-        STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchShared], 0));
+        STEP(wait_branch(st, Impl::kBranchShared));
         STEP(cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf,
                                    st));
         if (im.tp == 1) {
@@ -869,13 +746,13 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         if (absl::Status e = all_reduce(l, 2 * T * dim, kMoeArBegin); !e.ok()) return fail(e);
         STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
       }
-      if (defer_comb) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchHc], 0));
+      if (defer_comb) STEP(wait_branch(st, Impl::kBranchHc));
       STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
       std::swap(sc.h, sc.h2);
       if (timings) STEP(mark(l, kLayerEnd));
     }
     // The last layer's ring writes; the output streams as fp32 (a middle stage's output).
-    if (n_layers > 0) STEP(cudaStreamWaitEvent(st, im.joined[Impl::kBranchKv], 0));
+    if (n_layers > 0) STEP(wait_branch(st, Impl::kBranchKv));
     if (!last) STEP(cuda::Bf16ToF32(sc.h, T * width, sc.sf32, st));
     return absl::OkStatus();
   };

@@ -1,6 +1,7 @@
 // Internals of the cuda backend (cuda_backend.h), shared by its source files:
-// cuda_backend.cc (creation, checks, the step), cuda_backend_weights.cc (weight upload and the
-// per-rank slicing), cuda_backend_kv.{h,cc} (the paged KV cache).
+// cuda_backend.cc (creation, checks, the step), cuda_backend_plan.cc (a step's host-side plan and
+// upload), cuda_backend_weights.cc (weight upload and the per-rank slicing),
+// cuda_backend_kv.{h,cc} (the paged KV cache).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -145,6 +147,35 @@ struct HostExpertsCall {
   absl::Status status;
   double seconds = 0.0;
 };
+
+// The host side of one step (cuda_backend_plan.cc), from the batch's sizes, positions and block
+// tables alone: what the step's launches take per chunk, per (layer, token) and per layer, and
+// the layout of its one upload (Run stages it in pinned memory):
+//   compressor arrays | KvTokens | tables | main-entry addresses | key addresses | token ids |
+//   positions | input streams (from streams_at, 256-aligned; a middle stage's output streams
+//   come back through the same rows).
+struct StepPlan {
+  int64_t T = 0, max_rows = 0, max_cand = 1, scores_cap = 0;
+  std::vector<int64_t> row0, ids, pos;  // chunk i's rows are [row0[i], row0[i + 1])
+  // Per chunk: the indexer's selections per token, where they start, its score columns; where
+  // the chunk's table starts in the uploaded tables (int32s).
+  std::vector<int64_t> n_sel, sel_base, n_cols, table_off;
+  std::vector<cuda::KvToken> tokens;  // [layer, T]; table and staging set by FillUpload
+  std::vector<int64_t> n_cand;        // per layer: the longest candidate list
+  std::vector<int64_t> ebase;         // [layer, chunk]: the scratch row of its first new entry
+  std::vector<uint64_t> dst_main, dst_key;  // [layer, T]: record / key address of scratch row
+  size_t cb_stride = 0;                     // int64s per (layer, kind) compressor array
+  std::vector<int64_t> params;              // [layer, kind: main, indexer] compressor arrays
+  size_t tokens_at = 0, tables_at = 0, dst_at = 0, ids_at = 0, streams_at = 0;
+
+  // The upload's bytes before the streams, into `host`, for the upload's device address `dev`
+  // and the step's staging records (KvToken::table and ::staging are device addresses).
+  void FillUpload(char* host, const char* dev, uint64_t staging, int64_t record_bytes,
+                  std::span<const KvSeq* const> seq);
+};
+StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
+                  std::span<const DevBlock> blocks, const KvLayout& kvl,
+                  std::span<const KvSeq* const> seq, const uint8_t* pool);
 
 }  // namespace cuda_backend_internal
 
