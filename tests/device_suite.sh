@@ -116,14 +116,24 @@ if [ -z "${NCCL_ROOT:-}" ] && ! ls /usr/local/cuda/include/nccl.h >/dev/null 2>&
 fi
 echo "NCCL_ROOT=${NCCL_ROOT:-} NCCL_P2P_DISABLE=${NCCL_P2P_DISABLE:-} NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
 
+# The loader path for prebuilt binaries in $1 (SS_DEVICE_BIN): their shared libraries in $1/lib,
+# CUDA's, and NCCL's (NCCL_ROOT's, else the Python wheel's, else any libnccl.so.2 found).
+prebuilt_library_path() {
+  [ -n "${NCCL_ROOT:-}" ] && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$PWD/$1:$PWD/$1/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  local nccl
+  nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+  [ -n "$nccl" ] || nccl=$(dirname "$(find / -name 'libnccl.so.2' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl"
+}
+
 bin=build/bin
 if [ "$quick" = tpup ]; then
   # TP across processes: the binaries (prebuilt with SS_DEVICE_BIN, else built here), then the
   # runs of the header; everything else is skipped.
   if [ -n "${SS_DEVICE_BIN:-}" ]; then
     bin="$SS_DEVICE_BIN"
-    [ -n "${NCCL_ROOT:-}" ] && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:$LD_LIBRARY_PATH"
-    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+    prebuilt_library_path "$bin"
     echo "prebuilt binaries in $bin: $("$bin/splitserve-gpu-worker" --help >/dev/null 2>&1; echo rc=$?)"
   else
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=ON \
@@ -168,11 +178,7 @@ if [ -n "${SS_DEVICE_BIN:-}" ]; then
   # Prebuilt binaries (every test, the benchmark and the services) in SS_DEVICE_BIN with their
   # shared libraries in SS_DEVICE_BIN/lib: nothing is built here.
   bin="$SS_DEVICE_BIN"
-  [ -n "${NCCL_ROOT:-}" ] && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"
-  export LD_LIBRARY_PATH="$PWD/$bin:$PWD/$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-  nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
-  [ -n "$nccl" ] || nccl=$(dirname "$(find / -name 'libnccl.so.2' 2>/dev/null | head -1)")
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl"
+  prebuilt_library_path "$bin"
   [ -x "$bin/splitserve" ] || services=OFF
   echo "prebuilt binaries in $bin (services=$services)"
 else
