@@ -536,17 +536,22 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   auto branch_done = [&](int k) { return cudaEventRecord(im.joined[k], im.branch[k]); };
   auto wait_branch = [&](cudaStream_t s, int k) { return cudaStreamWaitEvent(s, im.joined[k], 0); };
 
-  // HcPre of a sublayer. In decode its Sinkhorn (comb, read only by the sublayer's HcPost) runs
-  // on a branch, beside the sublayer.
+  // HcPre of a sublayer, then its input norm (weight g) and the quantisation: xn and qbuf / sbuf.
+  // In decode the Sinkhorn (comb, read only by the sublayer's HcPost) runs on a branch, beside the
+  // sublayer, and the norm runs in HcPre's last kernel.
   const bool defer_comb = cuda::HcPreDefersComb(T, hc, dim, sc.y);
-  auto hc_pre = [&](const uint16_t* streams, const DevHc& w) -> cudaError_t {
+  auto hc_pre = [&](const uint16_t* streams, const DevHc& w, const float* g) -> cudaError_t {
     if (!defer_comb) {
-      return cuda::HcPre(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps,
-                         eps, sc.y, sc.pre, sc.post, sc.comb, st);
+      const cudaError_t e =
+          cuda::HcPre(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps, eps,
+                      sc.y, sc.pre, sc.post, sc.comb, st);
+      return e == cudaSuccess
+                 ? cuda::RmsNormQuant(sc.y, g, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st)
+                 : e;
     }
-    cudaError_t e =
-        cuda::HcPreDeferComb(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters,
-                             hc_eps, eps, sc.y, sc.pre, sc.post, sc.comb, st);
+    cudaError_t e = cuda::HcPreDeferCombNormQuant(
+        streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre,
+        sc.post, sc.comb, g, eps, sc.xn, sc.qbuf, sc.sbuf, st);
     if (e == cudaSuccess) e = fork_branch(Impl::kBranchHc);
     if (e == cudaSuccess) {
       e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps,
@@ -571,9 +576,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       const float* sn = b.ratio == 0 ? sc.sin0 : sc.sin1;
       const float* freqs = b.ratio == 0 ? im.freqs_plain : im.freqs_comp;
       // ---- attention sublayer
-      STEP(hc_pre(sc.h, b.hc_attn));
       // The normed attention input xn and its quantisation (qbuf) for wq_a and wkv.
-      STEP(cuda::RmsNormQuant(sc.y, b.attn_norm, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st));
+      STEP(hc_pre(sc.h, b.hc_attn, b.attn_norm));
 
       // Off the critical path, on branch streams from here (Impl::branch): the compressors (and
       // the indexer's head weights) from xn; wkv and the KV latent's norm, RoPE and staging from
@@ -585,10 +589,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                           uint16_t* entries, float* cv, float* cg,
                           cudaStream_t bs) -> absl::Status {
         const int64_t wd = w.width;
-        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wkv.p, wd, cv, wd, bs),
-                              "LinearBf16F32(wkv)"));
-        RETURN_IF_ERROR(check(cuda::LinearBf16F32(sc.xn, T, dim, w.wgate.p, wd, cg, wd, bs),
-                              "LinearBf16F32(wgate)"));
+        RETURN_IF_ERROR(check(
+            cuda::LinearBf16F32Pair(sc.xn, T, dim, w.wkv.p, wd, cv, wd, w.wgate.p, wd, cg, wd, bs),
+            "LinearBf16F32Pair(wkv, wgate)"));
         const int64_t* a = dparams + (l * 2 + kind) * cb_stride;
         cuda::CompressorBatch cb;
         cb.n_seqs = static_cast<int64_t>(nc);
@@ -699,8 +702,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       if (timings) STEP(mark(l, kAttnEnd));
 
       // ---- MoE sublayer
-      STEP(hc_pre(sc.mid, b.hc_ffn));
-      STEP(cuda::RmsNormQuant(sc.y, b.ffn_norm, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st));
+      STEP(hc_pre(sc.mid, b.hc_ffn, b.ffn_norm));
       // The routed experts on the side stream: the router, then (host experts) the rows to the
       // host, the host call and the sum's upload, while this stream runs the shared expert.
       STEP(cudaEventRecord(im.routed_ready, st));
@@ -720,13 +722,10 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // routed experts.
       const int64_t si = b.shared_inter;
       if (si > 0) {
-        // w1 here, w3 beside it on a branch (both from qbuf, rewritten only after the join).
-        cudaStream_t bs_sh = im.branch[Impl::kBranchShared];
-        STEP(fork_branch(Impl::kBranchShared));
-        STEP(Gemv8(b.shared_w3, sc.qbuf, sc.sbuf, T, sc.su, bs_sh));
-        STEP(branch_done(Impl::kBranchShared));
-        STEP(Gemv8(b.shared_w1, sc.qbuf, sc.sbuf, T, sc.sg, st));
-        STEP(wait_branch(st, Impl::kBranchShared));
+        // w1 and w3 in one launch (decode; one each for longer chunks).
+        STEP(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.shared_w1.in, b.shared_w1.w, b.shared_w1.s,
+                                 b.shared_w1.out, sc.sg, b.shared_w3.w, b.shared_w3.s,
+                                 b.shared_w3.out, sc.su, st));
         STEP(cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf,
                                    st));
         if (im.tp == 1) {

@@ -196,10 +196,10 @@ struct CudaBackend::Impl {
   // from `stream` when their input is ready (fork[k]) and joined back (joined[k]) before their
   // output is read: wkv and the KV latent's norm, RoPE, staging and ring writes; the main
   // compressor; the indexer's compressor; the indexer's head weights, query, scores and top-k;
-  // the hyper-connections' Sinkhorn (from HcPre's logits, joined before HcPost); the shared
-  // expert's w3. In a captured graph they are parallel branches.
+  // the hyper-connections' Sinkhorn (from HcPre's logits, joined before HcPost). In a captured
+  // graph they are parallel branches.
   static constexpr int kBranchKv = 0, kBranchComp = 1, kBranchIndex = 2, kBranchHc = 3;
-  static constexpr int kBranchIndexQ = 4, kBranchShared = 5, kBranches = 6;
+  static constexpr int kBranchIndexQ = 4, kBranches = 5;
   cudaStream_t branch[kBranches] = {};
   cudaEvent_t fork[kBranches] = {}, joined[kBranches] = {};
   // The host half of the routed experts (set once, on first use) and one call record per layer.

@@ -61,6 +61,11 @@ inline constexpr int64_t kIndexerMaxTopK = 1024;    // index_topk (512 in Flash)
 // in must be a multiple of 8 and x, w 16-byte aligned (16-byte loads).
 cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
                           int64_t out, float* y, int64_t ldy, cudaStream_t stream);
+// LinearBf16F32 of two weight matrices on the same x (a compressor's wkv and wgate) in one launch:
+// the same bits as the two calls (each output's sums do not depend on the launch).
+cudaError_t LinearBf16F32Pair(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w0,
+                              int64_t out0, float* y0, int64_t ldy0, const uint16_t* w1,
+                              int64_t out1, float* y1, int64_t ldy1, cudaStream_t stream);
 
 // ---- KV compressor (spec §3.7) ------------------------------------------------------------------
 //

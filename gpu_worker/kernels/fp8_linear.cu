@@ -135,16 +135,36 @@ struct GemvBlock {
   uint32_t sw;   // the ue8m0 byte of the features' 128-block
 };
 
+// One weight matrix of a launch: w [out, in] e4m3 with its ue8m0 scales ws, output y [rows, out].
+template <typename OutT>
+struct GemvMatrix {
+  const uint8_t* w;
+  const uint8_t* ws;
+  int64_t out;
+  OutT* y;
+};
+
+// A launch's matrices: blocks [0, blocks0) compute a's features, the rest b's (b.out = 0: none).
+template <typename OutT>
+struct GemvMatrices {
+  GemvMatrix<OutT> a, b;
+  int64_t blocks0;
+};
+
 template <typename OutT>
 __global__ void __launch_bounds__(32 * kGemvMaxWarps)
     Fp8GemvKernelImpl(const uint8_t* __restrict__ q, const float* __restrict__ sa, int rows,
-                      const uint8_t* __restrict__ w, const uint8_t* __restrict__ ws, int64_t out,
-                      int64_t in, OutT* __restrict__ y) {
+                      GemvMatrices<OutT> m, int64_t in) {
   __shared__ float red[kGemvMaxWarps * 128];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int nwarps = blockDim.x >> 5;
   const int64_t nb = in / kBlock;
-  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kGemvFeatures;
+  const bool second = blockIdx.x >= m.blocks0;
+  const uint8_t* __restrict__ w = second ? m.b.w : m.a.w;
+  const uint8_t* __restrict__ ws = second ? m.b.ws : m.a.ws;
+  const int64_t out = second ? m.b.out : m.a.out;
+  OutT* __restrict__ y = second ? m.b.y : m.a.y;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) - (second ? m.blocks0 : 0)) * kGemvFeatures;
   // Features past `out` repeat the last one; their results are not stored.
   const uint8_t* pa = w + min(o0 + g, out - 1) * in + 16 * t;
   const uint8_t* pb = w + min(o0 + g + 8, out - 1) * in + 16 * t;
@@ -193,6 +213,30 @@ cudaError_t LinearGenericT(const uint8_t* q, const float* s_act, int64_t rows, c
   return cudaGetLastError();
 }
 
+// The decode GEMV of one or two matrices (b.out = 0: one) on the same activations, one launch
+// per 8 rows; the fast path must fit (FastPathFits) for every matrix.
+template <typename OutT>
+cudaError_t GemvLaunch(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
+                       const GemvMatrix<OutT>& a, const GemvMatrix<OutT>& b, cudaStream_t stream) {
+  const int64_t nb = in / kBlock;
+  const int64_t blocks0 = (a.out + kGemvFeatures - 1) / kGemvFeatures;
+  const int64_t blocks = blocks0 + (b.out + kGemvFeatures - 1) / kGemvFeatures;
+  // wq_b (in = 1024): 4 warps; wo_b (in = 8192): 8. Measured on an H200 (bench/RESULTS.md).
+  const int64_t warps = GemvWarpsPerBlock(blocks, nb, kGemvMaxWarps);
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r0));
+    const GemvMatrices<OutT> m{{a.w, a.ws, a.out, a.y + r0 * a.out},
+                               {b.w, b.ws, b.out, b.out > 0 ? b.y + r0 * b.out : nullptr},
+                               blocks0};
+    Fp8GemvKernelImpl<OutT>
+        <<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0, stream>>>(
+            q + r0 * in, s_act + r0 * nb, nr, m, in);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 template <typename OutT>
 cudaError_t GemvT(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                   const uint8_t* w_scale, int64_t out, int64_t in, OutT* y, cudaStream_t stream) {
@@ -200,19 +244,8 @@ cudaError_t GemvT(const uint8_t* q, const float* s_act, int64_t rows, const uint
   if (!FastPathFits(q, w, in)) {
     return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
   }
-  const int64_t nb = in / kBlock;
-  const int64_t blocks = (out + kGemvFeatures - 1) / kGemvFeatures;
-  // wq_b (in = 1024): 4 warps; wo_b (in = 8192): 8. Measured on an H200 (bench/RESULTS.md).
-  const int64_t warps = GemvWarpsPerBlock(blocks, nb, kGemvMaxWarps);
-  for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
-    const int nr = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r0));
-    Fp8GemvKernelImpl<OutT>
-        <<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0, stream>>>(
-            q + r0 * in, s_act + r0 * nb, nr, w, w_scale, out, in, y + r0 * out);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  return GemvLaunch<OutT>(q, s_act, rows, in, {w, w_scale, out, y}, {nullptr, nullptr, 0, nullptr},
+                          stream);
 }
 
 template <typename OutT>
@@ -261,6 +294,18 @@ cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const 
                       const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                       cudaStream_t stream) {
   return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
+cudaError_t Fp8LinearPair(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
+                          const uint8_t* w0, const uint8_t* w_scale0, int64_t out0, uint16_t* y0,
+                          const uint8_t* w1, const uint8_t* w_scale1, int64_t out1, uint16_t* y1,
+                          cudaStream_t stream) {
+  if (rows == 0 || out0 == 0 || out1 == 0 || rows > kFp8GemvMaxRows || !FastPathFits(q, w0, in) ||
+      !FastPathFits(q, w1, in)) {
+    const cudaError_t e = LinearT(q, s_act, rows, w0, w_scale0, out0, in, y0, stream);
+    return e == cudaSuccess ? LinearT(q, s_act, rows, w1, w_scale1, out1, in, y1, stream) : e;
+  }
+  return GemvLaunch<uint16_t>(q, s_act, rows, in, {w0, w_scale0, out0, y0},
+                              {w1, w_scale1, out1, y1}, stream);
 }
 cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                       const uint8_t* w_scale, int64_t out, int64_t in, float* y,

@@ -20,15 +20,28 @@ __device__ __forceinline__ void Unpack8(uint4 v, float* f) {
   }
 }
 
-// grid (ceil(out / kWarps), ceil(rows / kRowChunk)): one warp per output feature o; lane l sums
-// the 8 consecutive inputs at 8l + 256i (one 16-byte load) in order for each of up to kRows
-// token rows, then one warp reduction per row. The result does not depend on the batching.
+// One weight matrix of a launch: w bf16 [out, in], y fp32 with row stride ldy.
+struct Bf16Matrix {
+  const uint16_t* w;
+  int64_t out;
+  float* y;
+  int64_t ldy;
+};
+
+// grid (ceil(a.out / kWarps) + ceil(b.out / kWarps), ceil(rows / kRowChunk)), the first blocks0
+// columns a's, the rest b's: one warp per output feature o; lane l sums the 8 consecutive inputs
+// at 8l + 256i (one 16-byte load) in order for each of up to kRows token rows, then one warp
+// reduction per row. The result does not depend on the batching or the launch's other matrix.
 __global__ void __launch_bounds__(kThreads)
-    LinearBf16F32KernelImpl(const uint16_t* __restrict__ x, int64_t rows, int64_t in,
-                            const uint16_t* __restrict__ w, int64_t out, float* __restrict__ y,
-                            int64_t ldy) {
+    LinearBf16F32KernelImpl(const uint16_t* __restrict__ x, int64_t rows, int64_t in, Bf16Matrix a,
+                            Bf16Matrix b, int64_t blocks0) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const bool second = blockIdx.x >= blocks0;
+  const uint16_t* __restrict__ w = second ? b.w : a.w;
+  const int64_t out = second ? b.out : a.out, ldy = second ? b.ldy : a.ldy;
+  float* __restrict__ y = second ? b.y : a.y;
+  const int64_t o =
+      (static_cast<int64_t>(blockIdx.x) - (second ? blocks0 : 0)) * kWarps + (threadIdx.x >> 5);
   if (o >= out) return;
   const uint16_t* wr = w + o * in;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * kRowChunk;
@@ -136,22 +149,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
-cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
-                          int64_t out, float* y, int64_t ldy, cudaStream_t stream) {
-  if (in < 8 || in % 8 != 0 || out < 1 || ldy < out || rows < 0 ||
-      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
+// The launch of one matrix (b.out = 0) or two on the same inputs.
+cudaError_t LinearBf16F32Launch(const uint16_t* x, int64_t rows, int64_t in, const Bf16Matrix& a,
+                                const Bf16Matrix& b, cudaStream_t stream) {
+  const auto bad = [](const Bf16Matrix& m) {
+    return m.out < 1 || m.ldy < m.out || reinterpret_cast<uintptr_t>(m.w) % 16 != 0;
+  };
+  if (in < 8 || in % 8 != 0 || rows < 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || bad(a) ||
+      (b.out != 0 && bad(b))) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
   const int64_t row_blocks = (rows + kRowChunk - 1) / kRowChunk;
-  const int64_t out_blocks = (out + kWarps - 1) / kWarps;
+  const int64_t blocks0 = (a.out + kWarps - 1) / kWarps;
+  const int64_t out_blocks = blocks0 + (b.out + kWarps - 1) / kWarps;
   if (row_blocks > 65535 || out_blocks > INT32_MAX) return cudaErrorInvalidValue;
   LinearBf16F32KernelImpl<<<dim3(static_cast<unsigned>(out_blocks),
                                  static_cast<unsigned>(row_blocks)),
-                            kThreads, 0, stream>>>(x, rows, in, w, out, y, ldy);
+                            kThreads, 0, stream>>>(x, rows, in, a, b, blocks0);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
+                          int64_t out, float* y, int64_t ldy, cudaStream_t stream) {
+  return LinearBf16F32Launch(x, rows, in, {w, out, y, ldy}, {nullptr, 0, nullptr, 0}, stream);
+}
+
+cudaError_t LinearBf16F32Pair(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w0,
+                              int64_t out0, float* y0, int64_t ldy0, const uint16_t* w1,
+                              int64_t out1, float* y1, int64_t ldy1, cudaStream_t stream) {
+  if (out1 < 1) return cudaErrorInvalidValue;
+  return LinearBf16F32Launch(x, rows, in, {w0, out0, y0, ldy0}, {w1, out1, y1, ldy1}, stream);
 }
 
 cudaError_t LmHead(const uint16_t* u, int64_t T, int64_t dim, const uint16_t* head, int64_t n_rows,

@@ -2,11 +2,15 @@
 // common/model/hyper_connection.cc operation by operation.
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/rms_norm_common.cuh"
 
 namespace ss::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(kThreads == kNormThreads,
+              "HcFinishKernelImpl<., ., ., true> ends in the norm's block");
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxMult = static_cast<int>(kHcMaxMult);
 constexpr int kMaxMix = (2 + kMaxMult) * kMaxMult;
@@ -367,16 +371,30 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < kPartLanes) out[m * 32 + p * kPartLanes + tid] = acc;
 }
 
+// The sublayer's input norm that HcFinishKernelImpl<., ., ., true> runs on its y: RmsNormQuant's
+// weight, eps and outputs.
+struct NormQuantArgs {
+  const float* g = nullptr;
+  float eps = 0.0f;
+  uint16_t* y = nullptr;
+  uint8_t* q = nullptr;
+  float* s = nullptr;
+};
+constexpr int kPre = 16, kPreMult = 4;  // HcFinishKernelImpl's prefetched collapse inputs
+
 // kLanes: the row holds HcMixLanesKernelImpl's chain ends (else HcMixKernelImpl's mixes).
 // kHc: 4 for the kernel specialised to hc = 4 (every released model; the argument hc must be 4),
 // 0 for any hc. kDefer (hc = 4 only): comb_out gets the Sinkhorn's input logits, for
-// HcCombSinkhornKernelImpl (pre and post do not depend on the Sinkhorn's rounds).
-template <bool kLanes, int kHc, bool kDefer = false>
+// HcCombSinkhornKernelImpl (pre and post do not depend on the Sinkhorn's rounds). kNorm (dim =
+// kPre·kThreads only): then RmsNormQuant of y (nq), from y's values in registers
+// (RmsNormQuantRegsKernelImpl's layout: the same operations, so the same bits).
+template <bool kLanes, int kHc, bool kDefer = false, bool kNorm = false>
 __global__ void __launch_bounds__(kThreads)
     HcFinishKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ base,
                        const float* __restrict__ scale, int hc_arg, int64_t dim, int iters,
                        float hc_eps, float norm_eps, uint16_t* y, float* __restrict__ pre_out,
-                       float* __restrict__ post_out, float* __restrict__ comb_out) {
+                       float* __restrict__ post_out, float* __restrict__ comb_out,
+                       NormQuantArgs nq) {
   static_assert(kHc == 0 || kHc == 4, "the specialised kernel is for hc = 4");
   static_assert(!kDefer || kHc == 4, "the deferred Sinkhorn is for hc = 4");
   const int hc = kHc != 0 ? kHc : hc_arg;
@@ -394,11 +412,15 @@ __global__ void __launch_bounds__(kThreads)
     base_l = base[ml];
     scale_l = scale[tid < 16 ? 2 : tid < 20 ? 0 : 1];
   }
-  // The collapse's inputs (hc ≤ 4, dim ≤ kThreads·kPre: Flash's 4 × 4096), loaded before the
-  // Sinkhorn iterations so their latency overlaps them.
-  constexpr int kPre = 16, kPreMult = 4;
+  // The collapse's inputs (hc ≤ 4, dim ≤ kThreads·kPre: Flash's 4 × 4096), and the norm's weight,
+  // loaded before the Sinkhorn iterations so their latency overlaps them.
   const bool prefetch = hc <= kPreMult && dim <= static_cast<int64_t>(kPre) * kThreads;
   uint16_t xv[kPre][kPreMult];
+  float gv[kNorm ? kPre : 1];
+  if constexpr (kNorm) {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) gv[u] = nq.g[tid + u * kThreads];
+  }
   if (prefetch) {
 #pragma unroll
     for (int u = 0; u < kPre; ++u) {
@@ -499,6 +521,7 @@ __global__ void __launch_bounds__(kThreads)
     if (tid < hc * hc) comb_out[t * hc * hc + tid] = comb[tid];
   }
   if (prefetch) {
+    float yv[kPre];
 #pragma unroll
     for (int u = 0; u < kPre; ++u) {
       const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
@@ -508,7 +531,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int s = 1; s < kPreMult; ++s) {
         if (s < hc) acc = __fadd_rn(acc, __fmul_rn(pre[s], Bf16ToF32(xv[u][s])));
       }
-      y[t * dim + i] = F32ToBf16(acc);
+      const uint16_t o = F32ToBf16(acc);
+      y[t * dim + i] = o;
+      yv[u] = Bf16ToF32(o);
+    }
+    if constexpr (kNorm) {
+      constexpr int64_t n = int64_t{kPre} * kThreads;
+      RmsNormQuantRowRegs<kPre>(yv, gv, nq.eps, nq.y + t * n, nq.q + t * n, nq.s + t * (n / 128));
     }
     return;
   }
@@ -577,25 +606,35 @@ HcPath PathFor(int64_t T, int64_t hc, int64_t dim, const uint16_t* y) {
   return HcPath::kBlock;
 }
 
+// HcPre (defer: HcPreDeferComb's outputs); nq.g set: then RmsNormQuant of y, fused into the
+// finishing kernel where it holds y's row in registers (Flash's dim), else a launch of its own.
 cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* base,
                       const float* scale, int64_t T, int64_t hc, int64_t dim,
                       int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y, float* pre,
-                      float* post, float* comb, bool defer, cudaStream_t stream) {
+                      float* post, float* comb, bool defer, const NormQuantArgs& nq,
+                      cudaStream_t stream) {
   if (BadMult(hc) || dim < 1 || sinkhorn_iters < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
   const int64_t mix = (2 + hc) * hc;
   const HcPath path = PathFor(T, hc, dim, y);
   if (defer && (hc != 4 || path == HcPath::kBlock)) return cudaErrorInvalidValue;
+  // The norm after the collapse, where the finishing kernel does not run it.
+  const auto norm = [&](cudaError_t e) {
+    if (e != cudaSuccess || nq.g == nullptr) return e;
+    return RmsNormQuant(y, nq.g, T, dim, nq.eps, nq.y, nq.q, nq.s, stream);
+  };
   if (path == HcPath::kLanes) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
     HcMixLanesKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, y);
-    const auto finish = defer     ? HcFinishKernelImpl<true, 4, true>
+    const bool fuse_norm = defer && nq.g != nullptr && dim == int64_t{kPre} * kThreads;
+    const auto finish = fuse_norm ? HcFinishKernelImpl<true, 4, true, true>
+                        : defer   ? HcFinishKernelImpl<true, 4, true>
                         : hc == 4 ? HcFinishKernelImpl<true, 4>
                                   : HcFinishKernelImpl<true, 0>;
     finish<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
         streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
-        norm_eps, y, pre, post, comb);
-    return cudaGetLastError();
+        norm_eps, y, pre, post, comb, nq);
+    return fuse_norm ? cudaGetLastError() : norm(cudaGetLastError());
   }
   if (path == HcPath::kMix) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix));
@@ -606,13 +645,13 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
                                   : HcFinishKernelImpl<false, 0>;
     finish<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
         streams, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
-        norm_eps, y, pre, post, comb);
-    return cudaGetLastError();
+        norm_eps, y, pre, post, comb, NormQuantArgs{});
+    return norm(cudaGetLastError());
   }
   HcCollapseKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
       streams, fn, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
       norm_eps, y, pre, post, comb);
-  return cudaGetLastError();
+  return norm(cudaGetLastError());
 }
 
 }  // namespace
@@ -622,7 +661,7 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
                   float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
                   cudaStream_t stream) {
   return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb, false, stream);
+                   post, comb, false, NormQuantArgs{}, stream);
 }
 
 bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const uint16_t* y) {
@@ -634,7 +673,18 @@ cudaError_t HcPreDeferComb(const uint16_t* streams, const float* fn, const float
                            int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y,
                            float* pre, float* post, float* comb_logits, cudaStream_t stream) {
   return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb_logits, true, stream);
+                   post, comb_logits, true, NormQuantArgs{}, stream);
+}
+
+cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, const float* base,
+                                    const float* scale, int64_t T, int64_t hc, int64_t dim,
+                                    int64_t sinkhorn_iters, float hc_eps, float norm_eps,
+                                    uint16_t* y, float* pre, float* post, float* comb_logits,
+                                    const float* g, float rms_eps, uint16_t* xn, uint8_t* q,
+                                    float* s, cudaStream_t stream) {
+  if (g == nullptr) return cudaErrorInvalidValue;
+  return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
+                   post, comb_logits, true, NormQuantArgs{g, rms_eps, xn, q, s}, stream);
 }
 
 cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
@@ -681,6 +731,9 @@ const void* HcPreFinishLanesKernel() {
 }
 const void* HcPreFinishDeferKernel() {
   return reinterpret_cast<const void*>(&HcFinishKernelImpl<true, 4, true>);
+}
+const void* HcPreFinishNormKernel() {
+  return reinterpret_cast<const void*>(&HcFinishKernelImpl<true, 4, true, true>);
 }
 const void* HcCombSinkhornKernel() {
   return reinterpret_cast<const void*>(&HcCombSinkhornKernelImpl);

@@ -54,6 +54,17 @@ cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const 
                       const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                       cudaStream_t stream);
 
+// Fp8Linear of two weight matrices on the same activations (the shared expert's w1 and w3): for
+// rows ≤ kFp8GemvMaxRows on the fast path, one Fp8Gemv launch whose blocks cover both (a 2-8 MiB
+// matrix alone leaves the GPU mostly waiting on launch and tail latency). Each output is what
+// Fp8Gemv computes with the launch's warps per block, which follow the blocks of both together:
+// where that equals each matrix's own count (every matrix at least one block per SM), the bits
+// are the two Fp8Gemv calls'. Otherwise the two Fp8Linear calls.
+cudaError_t Fp8LinearPair(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
+                          const uint8_t* w0, const uint8_t* w_scale0, int64_t out0, uint16_t* y0,
+                          const uint8_t* w1, const uint8_t* w_scale1, int64_t out1, uint16_t* y1,
+                          cudaStream_t stream);
+
 // Decode GEMV, bound by the weight bytes: one block per 16 output features (the mma's A
 // operand), its warps splitting K by 128-blocks, the ≤ 8 activation rows the B operand, so each
 // weight byte is read once for all rows and batch 8 costs about what batch 1 does. More rows

@@ -1,12 +1,10 @@
-#include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/rms_norm_common.cuh"
 
 namespace ss::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-__device__ __forceinline__ float BlockRms(float sum, int64_t n, float eps);
+constexpr int kThreads = kNormThreads;
 
 // r = 1/sqrt(mean(x²) + eps) of the row xr [n], for every thread of a kThreads block. Each
 // thread's sum runs over i = tid, tid + kThreads, ... in order; kAhead loads are issued before the
@@ -28,23 +26,6 @@ __device__ __forceinline__ float RowRmsScale(const uint16_t* __restrict__ xr, in
     sum = __fadd_rn(sum, __fmul_rn(v, v));
   }
   return BlockRms(sum, n, eps);
-}
-
-// The block's r from each thread's sum of squares: the warps' butterflies, then warp 0's over
-// the warps' sums.
-__device__ __forceinline__ float BlockRms(float sum, int64_t n, float eps) {
-  __shared__ float partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float s = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
-    if (threadIdx.x == 0) partial[0] = s;
-  }
-  __syncthreads();
-  const float mean = __fmul_rn(partial[0], __frcp_rn(static_cast<float>(n)));
-  return __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
 __global__ void RmsNormKernelImpl(const uint16_t* __restrict__ x, const float* __restrict__ g,
@@ -88,14 +69,13 @@ __global__ void RmsNormQuantKernelImpl(const uint16_t* __restrict__ x, const flo
 
 // RmsNormQuantKernelImpl for n = kPer · kThreads (Flash's 4096 and 1024): every load of x and g
 // is issued at the start and kept in registers (the same sum of squares, in the same order, as
-// RowRmsScale), and the bf16 row goes through shared memory to the warps that quantise it.
+// RowRmsScale), then RmsNormQuantRowRegs.
 template <int kPer>
 __global__ void __launch_bounds__(kThreads)
     RmsNormQuantRegsKernelImpl(const uint16_t* __restrict__ x, const float* __restrict__ g,
                                float eps, uint16_t* __restrict__ y, uint8_t* __restrict__ q,
                                float* __restrict__ s) {
   constexpr int64_t n = int64_t{kPer} * kThreads, nb = n / 128;
-  __shared__ uint16_t ys[n];
   const int64_t row = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
   const uint16_t* xr = x + row * n;
@@ -105,24 +85,7 @@ __global__ void __launch_bounds__(kThreads)
     xv[u] = Bf16ToF32(xr[tid + u * kThreads]);
     gv[u] = g[tid + u * kThreads];
   }
-  float sum = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) sum = __fadd_rn(sum, __fmul_rn(xv[u], xv[u]));
-  const float r = BlockRms(sum, n, eps);
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const uint16_t o = F32ToBf16(__fmul_rn(gv[u], __fmul_rn(xv[u], r)));
-    y[row * n + tid + u * kThreads] = o;
-    ys[tid + u * kThreads] = o;
-  }
-  __syncthreads();
-  const int lane = tid & 31, warp = tid >> 5;
-  for (int64_t b = warp; b < nb; b += kThreads / 32) {
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = Bf16ToF32(ys[b * 128 + lane * 4 + j]);
-    QuantizeBlock128(v, lane, 128, q + row * n + b * 128, s + row * nb + b);
-  }
+  RmsNormQuantRowRegs<kPer>(xv, gv, eps, y + row * n, q + row * n, s + row * nb);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "common/model_config.h"
 #include "common/rope.h"
 #include "common/safetensors.h"
+#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
@@ -469,6 +470,7 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
                       {"HcPreMixLanes", HcPreMixLanesKernel()},
                       {"HcPreFinishLanes", HcPreFinishLanesKernel()},
                       {"HcPreFinishDefer", HcPreFinishDeferKernel()},
+                      {"HcPreFinishNorm", HcPreFinishNormKernel()},
                       {"HcCombSinkhorn", HcCombSinkhornKernel()},
                       {"HcPost", HcPostKernel()},
                       {"HcHead", HcHeadKernel()},
@@ -881,6 +883,103 @@ TEST_F(BlockKernelsTest, FusedLaunchesGiveTheBitsOfTheirParts) {
                                    s2.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     same(label + " out", o2.Get(), o1.Get());
+    same(label + " q", q2.Get(), q1.Get());
+    same(label + " s", s2.Get(), s1.Get());
+  }
+  // Two FP8 matrices on the same activations in one launch: the two Fp8Linear calls' bits where
+  // each matrix alone has the launch's warps per block (out 4096: 256 blocks, 8 warps, also on
+  // an H200's 132 SMs), and where the fallback runs (in % 128 != 0); at Flash's shared expert
+  // (2048 each: 16 warps alone on an H200, 8 together) the warps' K split differs, so only the
+  // fp32 summation order of the 128-block partials does: within a bf16 rounding step.
+  for (const auto& [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 4096},
+                                      {8, 4096, 4096},
+                                      {3, 200, 96},
+                                      {1, 4096, 2048}}) {
+    const std::string label = "Fp8LinearPair " + std::to_string(rows) + "x" + std::to_string(in) +
+                              " -> 2x" + std::to_string(out);
+    const int64_t nb = (in + 127) / 128;
+    DeviceBuffer<uint8_t> dq(RandomE4m3(rows * in, ++seed));
+    DeviceBuffer<float> ds(std::vector<float>(rows * nb, 0.015625f));
+    DeviceBuffer<uint8_t> w0(RandomE4m3(out * in, ++seed)), w1(RandomE4m3(out * in, ++seed));
+    const int64_t sn = ((out + 127) / 128) * nb;
+    DeviceBuffer<uint8_t> ws0(RandomScales(sn, 118, 122, ++seed)),
+        ws1(RandomScales(sn, 118, 122, ++seed));
+    DeviceBuffer<uint16_t> a0(rows * out), a1(rows * out), b0(rows * out), b1(rows * out);
+    CUDA_ASSERT_OK(
+        Fp8Linear(dq.get(), ds.get(), rows, w0.get(), ws0.get(), out, in, a0.get(), nullptr));
+    CUDA_ASSERT_OK(
+        Fp8Linear(dq.get(), ds.get(), rows, w1.get(), ws1.get(), out, in, a1.get(), nullptr));
+    CUDA_ASSERT_OK(Fp8LinearPair(dq.get(), ds.get(), rows, in, w0.get(), ws0.get(), out, b0.get(),
+                                 w1.get(), ws1.get(), out, b1.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    if (out != 2048) {
+      same(label + " first", b0.Get(), a0.Get());
+      same(label + " second", b1.Get(), a1.Get());
+      continue;
+    }
+    for (const auto& [part, got, want] :
+         {std::tuple{"first", b0.Get(), a0.Get()}, std::tuple{"second", b1.Get(), a1.Get()}}) {
+      const std::vector<float> g = FromBf16(got), wv = FromBf16(want);
+      size_t off = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        off += std::fabs(g[i] - wv[i]) > std::ldexp(std::fabs(wv[i]), -7) + 1e-30f;
+      }
+      std::printf("%-52s %zu of %zu beyond one bf16 step\n", (label + " " + part).c_str(), off,
+                  g.size());
+      EXPECT_EQ(off, 0u) << label << " " << part;
+    }
+  }
+  // A compressor's wkv and wgate (bf16 weights, fp32 out) in one launch: the two calls' bits.
+  for (const auto& [rows, in, out0, out1] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4096, 1024, 1024},
+        {5, 4096, 256, 200},
+        {70, 1024, 64, 72}}) {
+    const std::string label = "LinearBf16F32Pair " + std::to_string(rows) + "x" +
+                              std::to_string(in) + " -> " + std::to_string(out0) + "+" +
+                              std::to_string(out1);
+    DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(rows * in, 1.0f, ++seed)));
+    DeviceBuffer<uint16_t> w0(ToBf16(RandomBf16(out0 * in, 0.05f, ++seed))),
+        w1(ToBf16(RandomBf16(out1 * in, 0.05f, ++seed)));
+    DeviceBuffer<float> a0(rows * out0), a1(rows * out1), b0(rows * out0), b1(rows * out1);
+    CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w0.get(), out0, a0.get(), out0, nullptr));
+    CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w1.get(), out1, a1.get(), out1, nullptr));
+    CUDA_ASSERT_OK(LinearBf16F32Pair(dx.get(), rows, in, w0.get(), out0, b0.get(), out0, w1.get(),
+                                     out1, b1.get(), out1, nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    same(label + " first", b0.Get(), a0.Get());
+    same(label + " second", b1.Get(), a1.Get());
+  }
+  // HcPre's collapse and the sublayer's input norm (one kernel at Flash's dim 4096; the other
+  // dims take the unfused launches).
+  for (const auto& [T, dim] :
+       {std::pair<int64_t, int64_t>{1, 4096}, {3, 4096}, {2, 2048}, {1, 1024}}) {
+    const std::string label =
+        "HcPreDeferCombNormQuant T" + std::to_string(T) + " " + std::to_string(dim);
+    const int64_t hc = 4, mix = (2 + hc) * hc, iters = 20, nb = dim / 128;
+    DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(T * hc * dim, 1.0f, ++seed)));
+    DeviceBuffer<float> dfn(RandomF32(mix * hc * dim, 0.05f, ++seed)),
+        dbase(RandomF32(mix, 0.5f, ++seed)), dscale(RandomF32(3, 1.0f, ++seed)),
+        dg(RandomF32(dim, 0.5f, ++seed));
+    DeviceBuffer<uint16_t> y1(T * dim), y2(T * dim), xn1(T * dim), xn2(T * dim);
+    DeviceBuffer<float> pre1(T * hc), pre2(T * hc), post1(T * hc), post2(T * hc);
+    DeviceBuffer<float> comb1(T * hc * hc), comb2(T * hc * hc), s1(T * nb), s2(T * nb);
+    DeviceBuffer<uint8_t> q1(T * dim), q2(T * dim);
+    ASSERT_TRUE(HcPreDefersComb(T, hc, dim, y1.get())) << label;
+    CUDA_ASSERT_OK(HcPreDeferComb(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters,
+                                  1e-6f, eps, y1.get(), pre1.get(), post1.get(), comb1.get(),
+                                  nullptr));
+    CUDA_ASSERT_OK(
+        RmsNormQuant(y1.get(), dg.get(), T, dim, eps, xn1.get(), q1.get(), s1.get(), nullptr));
+    CUDA_ASSERT_OK(HcPreDeferCombNormQuant(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc,
+                                           dim, iters, 1e-6f, eps, y2.get(), pre2.get(),
+                                           post2.get(), comb2.get(), dg.get(), eps, xn2.get(),
+                                           q2.get(), s2.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    same(label + " y", y2.Get(), y1.Get());
+    same(label + " pre", pre2.Get(), pre1.Get());
+    same(label + " post", post2.Get(), post1.Get());
+    same(label + " comb logits", comb2.Get(), comb1.Get());
+    same(label + " xn", xn2.Get(), xn1.Get());
     same(label + " q", q2.Get(), q1.Get());
     same(label + " s", s2.Get(), s1.Get());
   }
