@@ -42,20 +42,17 @@ __device__ __forceinline__ float Ue8m0ToF32(uint32_t b) {
 
 // Round-to-nearest-even onto the e4m3 grid, saturating to ±448; x already clamped by callers.
 __device__ __forceinline__ uint8_t F32ToE4m3(float x) {
-  if (x != x) return 0x7f;
-  const uint32_t sign = x < 0.0f || (x == 0.0f && (__float_as_uint(x) >> 31)) ? 0x80u : 0u;
-  float a = fabsf(x);
-  if (a >= 448.0f) return static_cast<uint8_t>(sign | 0x7e);
-  if (a < 0.015625f) return static_cast<uint8_t>(sign | __float2int_rn(a * 512.0f));
-  const int e = static_cast<int>((__float_as_uint(a) >> 23) & 0xff) - 127;  // a in [2^e, 2^e+1)
-  int q = __float2int_rn(ldexpf(a, 3 - e));                                 // [8, 16]
-  int ee = e;
-  if (q == 16) {
-    q = 8;
-    ++ee;
+  const uint32_t u = __float_as_uint(x), a = u & 0x7fffffffu;
+  const uint32_t sign = (u >> 24) & 0x80u;
+  if (a > 0x7f800000u) return 0x7f;                                 // NaN
+  if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // |x| ≥ 448
+  if (a < 0x3c800000u) {                                            // |x| < 2^-6: subnormal
+    return static_cast<uint8_t>(sign | __float2int_rn(__fmul_rn(__uint_as_float(a), 512.0f)));
   }
-  const int code = ((ee + 7) << 3) | (q - 8);
-  return static_cast<uint8_t>(sign | (code > 0x7e ? 0x7e : code));
+  // Normal: the exponent and 3 mantissa bits are bits 20-30 of a, rounded to nearest even at bit
+  // 20 (a carry moves into the exponent); the e4m3 exponent bias is 7, fp32's 127.
+  const uint32_t code = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  return static_cast<uint8_t>(sign | (code > 0x7eu ? 0x7eu : code));
 }
 
 // 2^ceil(log2(max(amax, floor) * fp32(1/qmax))) from the fp32 bits (spec §5.2).
@@ -79,10 +76,22 @@ __device__ __forceinline__ void QuantizeBlock128(const float (&v)[4], int lane, 
   for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float sc = Pow2Scale(amax, 1e-4f, 448.0f);
+  // sc is a power of two, so 1/sc is exact and v·(1/sc) is v/sc correctly rounded: the same bits.
+  const float inv = __frcp_rn(sc);
+  uint32_t codes = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const int k = lane * 4 + j;
-    if (k < valid) q[k] = F32ToE4m3(fminf(fmaxf(__fdiv_rn(v[j], sc), -448.0f), 448.0f));
+    codes |= static_cast<uint32_t>(F32ToE4m3(fminf(fmaxf(__fmul_rn(v[j], inv), -448.0f), 448.0f)))
+             << (8 * j);
+  }
+  if (valid >= 128 && reinterpret_cast<uintptr_t>(q) % 4 == 0) {
+    reinterpret_cast<uint32_t*>(q)[lane] = codes;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int k = lane * 4 + j;
+      if (k < valid) q[k] = static_cast<uint8_t>(codes >> (8 * j));
+    }
   }
   if (lane == 0) *s = sc;
 }

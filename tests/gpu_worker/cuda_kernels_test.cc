@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -78,6 +79,55 @@ TEST_F(CudaKernelsTest, ActivationQuantisationIsExact) {
       for (int64_t b = 0; b < nb; ++b)
         ASSERT_EQ(s[r * nb + b], rs[b]) << "row " << r << " block " << b;
     }
+  }
+}
+
+// Every finite bf16 value through the quantiser: rows in bit-pattern order (each 128-block one
+// sign and exponent, so every scale the values produce), and the values of magnitude ≤ 448 with
+// one element per block set to 448 (scale 1: each value's own e4m3 code), twice, the 448 at
+// another place. Codes and scales equal the reference's.
+TEST_F(CudaKernelsTest, ActivationQuantisationIsExactForEveryBf16Value) {
+  std::vector<float> all, small;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    uint32_t bits = b << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (!std::isfinite(f)) continue;
+    all.push_back(f);
+    if (std::fabs(f) <= 448.0f) small.push_back(f);
+  }
+  auto pad = [](std::vector<float> v) {
+    v.resize((v.size() + 127) / 128 * 128, 0.0f);
+    return v;
+  };
+  all = pad(all);
+  small = pad(small);
+  std::vector<std::vector<float>> rows = {all};
+  for (const size_t at : {0, 77}) {
+    std::vector<float> r = small;
+    for (size_t i = at; i < r.size(); i += 128) r[i] = i % 256 < 128 ? 448.0f : -448.0f;
+    rows.push_back(r);
+  }
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const std::vector<float>& x = rows[k];
+    const int64_t n = static_cast<int64_t>(x.size()), nb = n / 128;
+    DeviceBuffer<uint16_t> dx(ToBf16(x));
+    DeviceBuffer<uint8_t> dq(n);
+    DeviceBuffer<float> ds(nb);
+    CUDA_ASSERT_OK(QuantizeActE4m3(dx.get(), 1, n, dq.get(), ds.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    std::vector<uint8_t> rq(n);
+    std::vector<float> rs(nb);
+    ss::QuantizeActE4m3(x.data(), n, 128, rq.data(), rs.data());
+    const std::vector<uint8_t> q = dq.Get();
+    const std::vector<float> s = ds.Get();
+    size_t dq_diff = 0, ds_diff = 0;
+    for (int64_t i = 0; i < n; ++i) dq_diff += q[i] != rq[i];
+    for (int64_t b = 0; b < nb; ++b) ds_diff += std::memcmp(&s[b], &rs[b], 4) != 0;
+    std::printf("every bf16 value, row %zu: %zu of %lld codes and %zu of %lld scales differ\n", k,
+                dq_diff, static_cast<long long>(n), ds_diff, static_cast<long long>(nb));
+    EXPECT_EQ(dq_diff, 0u) << "row " << k;
+    EXPECT_EQ(ds_diff, 0u) << "row " << k;
   }
 }
 
