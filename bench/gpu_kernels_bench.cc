@@ -13,11 +13,16 @@
 // Prefill (Fp8Gemm, T = 512 and 8192 rows): time, tokens/s and TFLOP/s (2·T·out·in), and, where
 // cuBLAS can be loaded (dlopen: the bench links only cudart), the same shape as a cuBLAS bf16
 // GEMM (bf16 in and out, fp32 compute) in the same run.
+//
+// Indexer (batch-1 decode at Flash's shape: 64 heads x 128 dims, rope 64, k 512): IndexerPrepQ,
+// KvIndexerScores over MXFP4 keys in a paged pool, IndexerTopK of those scores, and the three in
+// a row, each as graph-replayed time per call (the keys stay in L2, as the step's do).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,7 +30,10 @@
 #include <string>
 #include <vector>
 
+#include "gpu_worker/kernels/block_kernels.h"
+#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/paged_kv.h"
 
 namespace {
 
@@ -296,6 +304,97 @@ void BenchPrefill(const Cublas* cublas, std::mt19937& rng) {
   }
 }
 
+void BenchIndexer(std::mt19937& rng) {
+  std::printf("\n== indexer, T = 1: graph-replayed time per call ==\n");
+  const int64_t H = 64, hd = 128, rd = 64, k = 512, per_block = 64;
+  const int64_t key_bytes = ss::cuda::KvKeyBytes(hd), block_bytes = per_block * key_bytes + 40;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> cs(rd / 2), sn(rd / 2);
+  for (int64_t i = 0; i < rd / 2; ++i) {
+    const float a = 3.0f * u(rng);
+    cs[i] = std::cos(a);
+    sn[i] = std::sin(a);
+  }
+  uint16_t* q = DeviceAlloc<uint16_t>(H * hd);
+  uint16_t* q0 = DeviceAlloc<uint16_t>(H * hd);
+  uint16_t* w = DeviceAlloc<uint16_t>(H);
+  float* dcs = DeviceAlloc<float>(rd / 2);
+  float* dsn = DeviceAlloc<float>(rd / 2);
+  CHECK_CUDA(cudaMemcpy(q0, RandomBf16(H * hd, rng).data(), H * hd * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(w, RandomBf16(H, rng).data(), H * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dsn, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  const auto prep = [&](int, cudaStream_t st) {
+    cudaMemcpyAsync(q, q0, H * hd * 2, cudaMemcpyDeviceToDevice, st);
+    ss::cuda::IndexerPrepQ(q, 1, H, hd, rd, dcs, dsn, true, st);
+  };
+  const auto copy = [&](int, cudaStream_t st) {
+    cudaMemcpyAsync(q, q0, H * hd * 2, cudaMemcpyDeviceToDevice, st);
+  };
+  const float copy_us = GraphMs(64, copy) * 1e3f;
+  std::printf(
+      "IndexerPrepQ     T=1 (fp64 Hadamard): %7.2f us  (graph of copy + prep, the copy"
+      " alone %.2f us)\n",
+      GraphMs(64, prep) * 1e3f, copy_us);
+  prep(0, nullptr);
+  for (const int64_t n_cols : {2304, 16384}) {
+    const int64_t blocks = (n_cols + per_block - 1) / per_block;
+    uint8_t* pool = DeviceAlloc<uint8_t>((blocks + 1) * block_bytes);
+    std::vector<int32_t> table(1 + blocks);
+    for (int64_t b = 0; b <= blocks; ++b) table[b] = static_cast<int32_t>(blocks - b);
+    std::vector<uint64_t> dst(n_cols);
+    const ss::cuda::KvGeom g{.pool = reinterpret_cast<uint64_t>(pool),
+                             .block_bytes = block_bytes,
+                             .first_entry_block = 1,
+                             .key_dim = static_cast<int32_t>(hd),
+                             .keys_per_block = static_cast<int32_t>(per_block),
+                             .key_off = 40};
+    for (int64_t j = 0; j < n_cols; ++j) {
+      dst[j] =
+          g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
+    }
+    uint16_t* keys = DeviceAlloc<uint16_t>(n_cols * hd);
+    uint64_t* ddst = DeviceAlloc<uint64_t>(n_cols);
+    int32_t* dtable = DeviceAlloc<int32_t>(table.size());
+    int64_t* pos = DeviceAlloc<int64_t>(1);
+    float* scores = DeviceAlloc<float>(n_cols);
+    int32_t* sel = DeviceAlloc<int32_t>(k);
+    const int64_t p = 4 * n_cols - 1;
+    CHECK_CUDA(cudaMemcpy(keys, RandomBf16(n_cols * hd, rng).data(), n_cols * hd * 2,
+                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_cols * 8, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(pos, &p, 8, cudaMemcpyHostToDevice));
+    CHECK_CUDA(ss::cuda::KvEncodeKeys(keys, ddst, n_cols, hd, nullptr));
+    const auto scores_call = [&](int, cudaStream_t st) {
+      ss::cuda::KvIndexerScores(q, w, g, dtable, 1 + blocks, pos, 1, H, 4, n_cols, scores, st);
+    };
+    const auto topk = [&](int, cudaStream_t st) {
+      ss::cuda::IndexerTopK(scores, 1, n_cols, k, sel, st);
+    };
+    const auto chain = [&](int i, cudaStream_t st) {
+      prep(i, st);
+      scores_call(i, st);
+      topk(i, st);
+    };
+    std::printf("KvIndexerScores  T=1 n_cols=%5ld:      %7.2f us\n", static_cast<long>(n_cols),
+                GraphMs(64, scores_call) * 1e3f);
+    std::printf("IndexerTopK      T=1 n_cols=%5ld k=%ld: %7.2f us\n", static_cast<long>(n_cols),
+                static_cast<long>(k), GraphMs(64, topk) * 1e3f);
+    std::printf("copy + prep + scores + top-k n_cols=%5ld: %7.2f us\n", static_cast<long>(n_cols),
+                GraphMs(64, chain) * 1e3f);
+    for (void* ptr : {static_cast<void*>(pool), static_cast<void*>(keys), static_cast<void*>(ddst),
+                      static_cast<void*>(dtable), static_cast<void*>(pos),
+                      static_cast<void*>(scores), static_cast<void*>(sel)}) {
+      cudaFree(ptr);
+    }
+  }
+  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(q0), static_cast<void*>(w),
+                    static_cast<void*>(dcs), static_cast<void*>(dsn)}) {
+    cudaFree(ptr);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -321,6 +420,7 @@ int main(int argc, char** argv) {
   cudaFree(dst);
 
   std::mt19937 rng(1);
+  BenchIndexer(rng);
   BenchDecode(copy_gbs, rng);
   Cublas cublas;
   const bool have_cublas = cublas.Load(argc > 1 ? argv[1] : nullptr);

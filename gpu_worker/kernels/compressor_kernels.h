@@ -148,7 +148,8 @@ cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp6
 // The indexer query after wq_b (a Linear8, Fp8Linear in kernels.h), in place on
 // q bf16 [T, heads, head_dim]: RoPE on the last rope_dim dims of each head (ApplyRope of
 // block_kernels.h with the [T, rope_dim/2] cos/sin table of the tokens' positions from
-// RopeCosSin), then HadamardFp4SimInplace over each head.
+// RopeCosSin), then HadamardFp4SimInplace over each head. One launch: the warp that transforms a
+// head rotates it first, in registers (the same bits as the two calls).
 cudaError_t IndexerPrepQ(uint16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
                          const float* cos_t, const float* sin_t, bool hadamard_fp64,
                          cudaStream_t stream);
@@ -163,8 +164,10 @@ cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16
 // q: bf16 [T, heads, head_dim] (IndexerPrepQ); w: bf16 [T, heads]; keys: bf16 rows of head_dim
 // values, token t reading its key j at keys + (key_row_offset[t] + j)·head_dim (key_row_offset
 // int64 [T], or nullptr for 0: one sequence). Tokens of different sequences may share a call.
-// heads ≤ kIndexerMaxHeads, head_dim ≤ kIndexerMaxHeadDim, n_cols ≤ 64·65535. Grid (T, n_cols/64);
-// ineligible 64-column tiles are filled without reading q or keys.
+// heads ≤ kIndexerMaxHeads, head_dim ≤ kIndexerMaxHeadDim, n_cols ≤ 64·65535. Grid (T, tiles):
+// tiles of 64 columns, or of 16 or 8 while T·tiles would leave SMs idle (decode: 2304 columns
+// take 288 blocks of 8); ineligible tiles are filled without reading q or keys. The tile size
+// does not change any score.
 cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* keys,
                           const int64_t* key_row_offset, const int64_t* positions, int64_t T,
                           int64_t heads, int64_t head_dim, int64_t ratio, int64_t n_cols,
@@ -172,12 +175,23 @@ cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* 
 
 // Per row t of scores [T, n_cols]: the k (≤ min(n_cols, kIndexerMaxTopK)) largest entries in
 // descending order, equal scores ordered by the lower index (the reference's stable sort), an
-// entry whose score is −inf (a masked block) given as −1: sel int32 [T, k]. One block per row:
-// an 8-bit radix select of the k-th largest score over the row (≤ 4 passes), a pass collecting
-// the entries above it and the lowest-index entries equal to it, and a bitonic sort of the k
-// winners in shared memory. NaN scores are not supported.
+// entry whose score is −inf (a masked block) given as −1: sel int32 [T, k]. Equivalently: the
+// first k of the row sorted by (score, −index) descending, which both kernels compute exactly:
+//  * counting (short rows, few of them: n_cols ≤ 8192 and T·n_cols² ≤ 2^26, e.g. a decode token
+//    at up to 32K context): every column's output slot is its rank, the number of columns ahead
+//    of it, counted by 32-column blocks that each hold the row in shared memory (grid
+//    (T, n_cols/32), one barrier, no sort);
+//  * radix (otherwise): one block per row: an 8-bit radix select of the k-th largest score over
+//    the row (≤ 4 passes), a pass collecting the entries above it and the lowest-index entries
+//    equal to it, and a bitonic sort of the k winners in shared memory.
+// NaN scores are not supported.
 cudaError_t IndexerTopK(const float* scores, int64_t T, int64_t n_cols, int64_t k, int32_t* sel,
                         cudaStream_t stream);
+
+// IndexerTopK on the kernel named by `counting` (tests and benchmarks: the two give the same
+// bits); counting needs n_cols ≤ 8192.
+cudaError_t IndexerTopKPath(const float* scores, int64_t T, int64_t n_cols, int64_t k,
+                            bool counting, int32_t* sel, cudaStream_t stream);
 
 // ---- Grouped output projection (spec §3.10) -----------------------------------------------------
 
@@ -221,6 +235,7 @@ const void* HadamardFp4Kernel();
 const void* IndexerWeightScaleKernel();
 const void* IndexerScoresKernel();
 const void* IndexerTopKKernel();
+const void* IndexerTopKCountingKernel();
 const void* GroupedOutputProjectionKernel();     // T > 8
 const void* GroupedOutputProjectionMmaKernel();  // T ≤ 8
 const void* ArgmaxKernel();

@@ -38,6 +38,7 @@
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/paged_kv.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
@@ -248,7 +249,8 @@ TEST_F(IndexerTest, KernelsRunFromCompute86Ptx) {
   ExpectCompute86Ptx({{"HadamardFp4", HadamardFp4Kernel()},
                       {"IndexerWeightScale", IndexerWeightScaleKernel()},
                       {"IndexerScores", IndexerScoresKernel()},
-                      {"IndexerTopK", IndexerTopKKernel()}},
+                      {"IndexerTopK", IndexerTopKKernel()},
+                      {"IndexerTopKCounting", IndexerTopKCountingKernel()}},
                      size_t{48} << 10);
 }
 
@@ -266,6 +268,7 @@ TEST(IndexerLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
             kBad);
   EXPECT_EQ(IndexerTopK(nullptr, 1, 4096, kIndexerMaxTopK + 1, nullptr, nullptr), kBad);
   EXPECT_EQ(IndexerTopK(nullptr, 1, 100, 101, nullptr, nullptr), kBad);
+  EXPECT_EQ(IndexerTopKPath(nullptr, 1, 8193, 512, true, nullptr, nullptr), kBad);
   // Nothing to do.
   EXPECT_EQ(IndexerTopK(nullptr, 0, 100, 10, nullptr, nullptr), cudaSuccess);
 }
@@ -495,6 +498,180 @@ TEST_F(IndexerTest, TopKMatchesStableSort) {
     std::printf("%-60s rows=%ld identical=%ld\n", (std::string("IndexerTopK ") + c.name).c_str(),
                 static_cast<long>(T), static_cast<long>(same));
     EXPECT_EQ(same, T) << c.name;
+  }
+}
+
+// IndexerPrepQ's one launch (RoPE in the Hadamard warp's registers) against its two steps
+// (ApplyRope, then HadamardFp4SimInplace) and the reference: every output byte equal.
+TEST_F(IndexerTest, PrepQEqualsRopeThenHadamard) {
+  struct Case {
+    int64_t T, H, hd, rd;
+  };
+  for (const Case& c : {Case{1, 64, 128, 64}, Case{3, 5, 32, 2}, Case{2, 4, 32, 32},
+                        Case{2, 3, 512, 64}, Case{4, 64, 128, 128}, Case{2, 1, 256, 6}}) {
+    for (const bool wide : {false, true}) {
+      const int64_t n = c.T * c.H * c.hd, pairs = c.rd / 2;
+      std::vector<float> q = RandomBf16(n, 1.0f, 201 + n);
+      if (wide) {
+        std::mt19937_64 rng(202 + n);
+        std::uniform_int_distribution<int> e(-12, 12);
+        for (float& v : q) v = RoundBf16(std::ldexp(v, e(rng)));
+      }
+      std::vector<float> cs(c.T * pairs), sn(c.T * pairs);
+      for (int64_t i = 0; i < c.T * pairs; ++i) {
+        cs[i] = std::cos(0.37f * static_cast<float>(i + 1));
+        sn[i] = std::sin(0.37f * static_cast<float>(i + 1));
+      }
+      std::vector<float> ref = q;
+      for (int64_t r = 0; r < c.T * c.H; ++r) {
+        float* qh = ref.data() + r * c.hd;
+        const int64_t t = r / c.H;
+        ss::ApplyRope(qh + c.hd - c.rd, static_cast<int>(pairs), cs.data() + t * pairs,
+                      sn.data() + t * pairs, false);
+        ss::HadamardInplace(qh, c.hd);
+        ss::Fp4SimInplace(qh, c.hd, 32);
+      }
+      DeviceBuffer<float> dcs(cs), dsn(sn);
+      for (const bool fp64 : {true, false}) {
+        DeviceBuffer<uint16_t> one(ToBf16(q)), two(ToBf16(q));
+        CUDA_ASSERT_OK(
+            IndexerPrepQ(one.get(), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(), fp64, nullptr));
+        CUDA_ASSERT_OK(
+            ApplyRope(two.get(), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(), false, nullptr));
+        CUDA_ASSERT_OK(HadamardFp4SimInplace(two.get(), c.T * c.H, c.hd, fp64, nullptr));
+        CUDA_ASSERT_OK(cudaDeviceSynchronize());
+        const std::string label = "IndexerPrepQ T=" + std::to_string(c.T) +
+                                  " H=" + std::to_string(c.H) + " hd=" + std::to_string(c.hd) +
+                                  " rd=" + std::to_string(c.rd) + (wide ? " wide" : "") +
+                                  (fp64 ? " fp64" : " fp32");
+        EXPECT_EQ(one.Get(), two.Get()) << label;
+        if (fp64) {
+          EXPECT_EQ(one.Get(), ToBf16(ref)) << label;
+        }
+      }
+    }
+  }
+}
+
+// Order-preserving key of a float, as the top-k kernels use it (so −0 ranks below +0).
+uint32_t OrderKeyHost(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Both top-k kernels (counting, radix) and the automatic choice on the same rows: ties (few
+// levels, ±0), −inf tails of every length, a fully masked row, k = 1 and k = n_cols; every
+// selection byte equal, and equal to the first k of a sort by (key, −index).
+TEST_F(IndexerTest, TopKCountingEqualsRadix) {
+  struct Case {
+    int64_t n_cols, k, levels;  // levels: distinct values (0: bf16 normal; −1: ±0 and ±1)
+  };
+  for (const Case& c : {Case{1, 1, 0}, Case{5, 5, 2}, Case{31, 7, 3}, Case{32, 32, 0},
+                        Case{33, 1, 1}, Case{100, 64, -1}, Case{1000, 512, 5}, Case{2304, 512, 0},
+                        Case{2304, 512, 40}, Case{2304, 1024, 3}, Case{1024, 1000, 0},
+                        Case{4097, 512, 7}, Case{8192, 512, 0}, Case{1024, 1024, 2}}) {
+    const int64_t T = 9;
+    std::mt19937_64 rng(301 + c.n_cols * 7 + c.k);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> s(T * c.n_cols);
+    std::vector<int32_t> ref(T * c.k);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t eligible = t == 1 ? 0 : c.n_cols - (t * c.n_cols) / T;
+      float* row = s.data() + t * c.n_cols;
+      for (int64_t j = 0; j < c.n_cols; ++j) {
+        float v = c.levels > 0    ? static_cast<float>(rng() % c.levels) - 1.0f
+                  : c.levels == 0 ? RoundBf16(nd(rng))
+                                  : static_cast<float>(rng() % 2) * ((rng() % 2) ? -1.0f : 1.0f);
+        if (c.levels < 0 && v == 0.0f && (rng() % 2)) v = -0.0f;
+        row[j] = j < eligible ? v : -INFINITY;
+      }
+      std::vector<int32_t> order(c.n_cols);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return OrderKeyHost(row[a]) > OrderKeyHost(row[b]);
+      });
+      for (int64_t i = 0; i < c.k; ++i) ref[t * c.k + i] = order[i] < eligible ? order[i] : -1;
+    }
+    DeviceBuffer<float> ds(s);
+    DeviceBuffer<int32_t> d_count(T * c.k), d_radix(T * c.k), d_auto(T * c.k), d_one(c.k);
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, true, d_count.get(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, false, d_radix.get(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopK(ds.get(), T, c.n_cols, c.k, d_auto.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    const std::string label = "IndexerTopK counting vs radix, " + std::to_string(c.n_cols) +
+                              " cols k" + std::to_string(c.k) + " levels " +
+                              std::to_string(c.levels);
+    EXPECT_EQ(d_count.Get(), d_radix.Get()) << label;
+    EXPECT_EQ(d_auto.Get(), d_radix.Get()) << label;
+    EXPECT_EQ(d_radix.Get(), ref) << label;
+    // One row per call (decode), each row of the batch.
+    for (int64_t t = 0; t < T; ++t) {
+      CUDA_ASSERT_OK(IndexerTopK(ds.get() + t * c.n_cols, 1, c.n_cols, c.k, d_one.get(), nullptr));
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+      EXPECT_EQ(d_one.Get(),
+                std::vector<int32_t>(ref.begin() + t * c.k, ref.begin() + (t + 1) * c.k))
+          << label << " row " << t;
+    }
+  }
+}
+
+// Scores from MXFP4 keys in a paged pool (KvIndexerScores) and from the gathered bf16 keys
+// (IndexerScores) at every tile size (T = 1: 8-key tiles, 4: 16-key tiles, 8: 64-key tiles at
+// 2304 columns), for tokens whose eligible keys end inside the row, and head dims that stage
+// whole code words (128) or bytes (64): every score byte equal.
+TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
+  const int64_t H = 64, n = 2304, per_block = 64, T = 8;
+  for (const int64_t hd : {int64_t{128}, int64_t{64}}) {
+    const int64_t key_bytes = KvKeyBytes(hd), block_bytes = per_block * key_bytes + 40;
+    const int64_t blocks = (n + per_block - 1) / per_block;
+    std::vector<int32_t> table(1 + blocks);
+    for (int64_t b = 0; b <= blocks; ++b) table[b] = static_cast<int32_t>(blocks - b);
+    DeviceBuffer<uint8_t> pool((blocks + 1) * block_bytes);
+    const KvGeom g{.pool = reinterpret_cast<uint64_t>(pool.get()),
+                   .block_bytes = block_bytes,
+                   .first_entry_block = 1,
+                   .key_dim = static_cast<int32_t>(hd),
+                   .keys_per_block = static_cast<int32_t>(per_block),
+                   .key_off = 40};
+    std::vector<uint64_t> dst(n);
+    for (int64_t j = 0; j < n; ++j) {
+      dst[j] =
+          g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
+    }
+    DeviceBuffer<uint16_t> keys(ToBf16(RandomBf16(n * hd, 1.0f, 401 + hd))), gathered(n * hd);
+    DeviceBuffer<uint64_t> ddst(dst);
+    DeviceBuffer<int32_t> dtable(table);
+    const std::vector<int64_t> pos = {4 * n - 1, 4 * n + 9, 150, 37, 4 * n - 5, 3, 4000, 8191};
+    DeviceBuffer<int64_t> dpos(pos);
+    DeviceBuffer<uint16_t> q(ToBf16(RandomBf16(T * H * hd, 0.5f, 402))),
+        w(ToBf16(RandomBf16(T * H, 0.2f, 403)));
+    CUDA_ASSERT_OK(KvEncodeKeys(keys.get(), ddst.get(), n, hd, nullptr));
+    CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, n, gathered.get(), nullptr));
+    std::vector<std::vector<float>> results;
+    for (const bool paged : {true, false}) {
+      for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{8}}) {
+        DeviceBuffer<float> scores(T * n);
+        for (int64_t t0 = 0; t0 < T; t0 += rows) {
+          const uint16_t* qt = q.get() + t0 * H * hd;
+          const uint16_t* wt = w.get() + t0 * H;
+          float* st = scores.get() + t0 * n;
+          if (paged) {
+            CUDA_ASSERT_OK(KvIndexerScores(qt, wt, g, dtable.get(), 1 + blocks, dpos.get() + t0,
+                                           rows, H, 4, n, st, nullptr));
+          } else {
+            CUDA_ASSERT_OK(IndexerScores(qt, wt, gathered.get(), nullptr, dpos.get() + t0, rows, H,
+                                         hd, 4, n, st, nullptr));
+          }
+        }
+        CUDA_ASSERT_OK(cudaDeviceSynchronize());
+        results.push_back(scores.Get());
+      }
+    }
+    for (size_t r = 1; r < results.size(); ++r) {
+      EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), results[0].size() * 4), 0)
+          << "hd " << hd << " run " << r;
+    }
   }
 }
 
