@@ -77,12 +77,22 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   im.rank = o.tp_rank;
   im.comm = tp > 1 ? o.comm : nullptr;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking));
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking));
+  // The critical path first, where the SMs cannot take every ready block at once: the indexer's
+  // branches (a ratio-4 layer's attention waits for its top-k) take the greatest priority, the
+  // step's stream the next, the other branches and the routed experts' stream the least. Graph
+  // kernel nodes keep their stream's priority (cudaGraphInstantiateFlagUseNodePriority below).
+  int least = 0, greatest = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int main_priority = greatest < least ? greatest + 1 : greatest;
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&im.stream, cudaStreamNonBlocking, main_priority));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&im.side, cudaStreamNonBlocking, least));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_ready, cudaEventDisableTiming));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_back, cudaEventDisableTiming));
   for (int k = 0; k < Impl::kBranches; ++k) {
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.branch[k], cudaStreamNonBlocking));
+    const bool critical = k == Impl::kBranchIndex || k == Impl::kBranchIndexQ;
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&im.branch[k], cudaStreamNonBlocking,
+                                                      critical ? greatest : least));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork[k], cudaEventDisableTiming));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.joined[k], cudaEventDisableTiming));
   }
@@ -630,19 +640,20 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_iq));
       }
 
-      // The KV latent: wkv, its norm, RoPE and FP8 simulation, then the chunks' raw KV as records
-      // in the step's staging (read by the attention through the candidate lists).
+      // wq_a and the KV latent's wkv in one launch (decode; one each for longer chunks). Then on
+      // a branch the latent's norm, RoPE and FP8 simulation, and the chunks' raw KV as records in
+      // the step's staging (read by the attention through the candidate lists).
+      STEP(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.wq_a.in, b.wq_a.w, b.wq_a.s, b.wq_a.out,
+                               sc.qa, b.wkv.w, b.wkv.s, b.wkv.out, sc.kva, st));
       STEP(fork_branch(Impl::kBranchKv));
-      STEP(Gemv8(b.wkv, sc.qbuf, sc.sbuf, T, sc.kva, bs_kv));
       STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, bs_kv));
       STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, bs_kv));
       STEP(cuda::Fp8SimInplace(sc.kv, T, Dh, Dh - rd, 64, rounds, bs_kv));
       STEP(cuda::KvStageRecords(geom, tok, T, sc.kv, bs_kv));
       STEP(branch_done(Impl::kBranchKv));
 
-      // The query: wq_a, its norm and quantisation (qbuf2, shared with the indexer's wq_b), wq_b,
-      // the per-head norm and RoPE.
-      STEP(Gemv8(b.wq_a, sc.qbuf, sc.sbuf, T, sc.qa, st));
+      // The query: wq_a's output's norm and quantisation (qbuf2, shared with the indexer's wq_b),
+      // wq_b, the per-head norm and RoPE.
       STEP(cuda::RmsNormQuant(sc.qa, b.q_norm, T, qlr, eps, sc.qr, sc.qbuf2, sc.sbuf2, st));
       if (b.has_indexer) {
         // The indexer's query from qbuf2, then (with the new keys) each chunk's scores and top-k
@@ -669,17 +680,21 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       if (b.has_indexer) STEP(wait_branch(st, Impl::kBranchIndexQ));
 
       // Every token's candidate list (record addresses: the staged raw KV, the rings, the
-      // compressed entries), one attention launch for all sequences, then the last W positions of
-      // each chunk into its ring records.
+      // compressed entries), one attention launch for all sequences (ending in the output's
+      // inverse RoPE), then the last W positions of each chunk into its ring records. Where one
+      // launch covers all T tokens the candidates' rows are decoded with the candidate list.
       STEP(wait_branch(st, Impl::kBranchKv));
       if (b.has_compressor) STEP(wait_branch(st, Impl::kBranchComp));
       uint64_t* cand = im.cand.as<uint64_t>();
-      STEP(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st));
+      const bool one_launch = attn_rows >= T;
+      STEP(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st,
+                                   one_launch ? im.kvrows.as<uint16_t>() : nullptr));
       for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
         const int64_t n = std::min(attn_rows, T - t0);
         STEP(cuda::KvSparseAttention(sc.q + t0 * H * Dh, cand + t0 * n_cand[l], b.sink, n, H, Dh,
                                      kvl.nope, n_cand[l], scale, sc.o + t0 * H * Dh, st,
-                                     im.kvrows.as<uint16_t>()));
+                                     im.kvrows.as<uint16_t>(), one_launch, cs + t0 * (rd / 2),
+                                     sn + t0 * (rd / 2), rd));
       }
       // The chunks' last W positions into the rings (read again by the next step's attention),
       // off the critical path: the next layer's kv work follows it on the same branch, and the
@@ -687,7 +702,6 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(fork_branch(Impl::kBranchKv));
       STEP(cuda::KvRingRecords(geom, tok, T, sc.kv, bs_kv));
       STEP(branch_done(Impl::kBranchKv));
-      STEP(cuda::ApplyRope(sc.o, T, H, Dh, rd, cs, sn, true, st));
       STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
                                          sc.z, st));
       if (im.tp == 1) {
@@ -805,7 +819,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         im.graph_exec = nullptr;
       }
       cudaError_t ie = cudaSuccess;
-      if (im.graph_exec == nullptr) ie = cudaGraphInstantiate(&im.graph_exec, graph, 0);
+      if (im.graph_exec == nullptr)
+        ie = cudaGraphInstantiate(&im.graph_exec, graph, cudaGraphInstantiateFlagUseNodePriority);
       cudaGraphDestroy(graph);
       if (ie != cudaSuccess) {
         im.graph_exec = nullptr;

@@ -1,3 +1,4 @@
+#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_common.cuh"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/paged_kv.h"
@@ -39,35 +40,75 @@ __device__ __forceinline__ uint8_t* KeyEntry(const KvGeom& g, const int32_t* tab
   return b == nullptr ? nullptr : b + g.key_off + static_cast<int64_t>(j % g.keys_per_block) * kb;
 }
 
+// The record of candidate j of token tk (nullptr: masked), in decode_step.h BuildCandidates'
+// order.
+__device__ __forceinline__ const uint8_t* CandidateRecord(const KvGeom& g, const KvToken& tk,
+                                                          const int32_t* __restrict__ sel,
+                                                          int64_t j) {
+  const int32_t* table = reinterpret_cast<const int32_t*>(tk.table);
+  if (j < tk.win_width) {
+    const int first = tk.pos - g.window + 1 > 0 ? tk.pos - g.window + 1 : 0;
+    if (j >= tk.pos - first + 1) return nullptr;
+    const int p = first + static_cast<int>(j);
+    return p >= tk.chunk_start ? reinterpret_cast<const uint8_t*>(tk.staging) +
+                                     static_cast<int64_t>(p - tk.chunk_start) * g.record_bytes
+                               : WindowRecord(g, table, tk.n_table, p);
+  }
+  if (j >= tk.win_width + tk.n_comp) return nullptr;
+  const int m = static_cast<int>(j) - tk.win_width;
+  if (tk.sel_off >= 0) {
+    const int32_t s = sel[tk.sel_off + m];
+    return s >= 0 ? EntryRecord(g, table, tk.n_table, s) : nullptr;
+  }
+  return g.ratio > 0 && m < (tk.pos + 1) / g.ratio ? EntryRecord(g, table, tk.n_table, m) : nullptr;
+}
+
+// Dims [k0, k0 + 4) of a record (k0 a multiple of 4) as bf16 (exact), in the order of a row.
+__device__ __forceinline__ uint2 RecordQuad(const uint8_t* __restrict__ rec, int nope, int rope,
+                                            int k0) {
+  uint2 v;
+  if (k0 < nope) {
+    const uint32_t codes = *reinterpret_cast<const uint32_t*>(rec + k0);
+    const float sc = Ue8m0ToF32(rec[nope + 2 * rope + k0 / 64]);
+    const uint32_t b0 = F32ToBf16(__fmul_rn(E4m3ToF32(codes & 0xff), sc));
+    const uint32_t b1 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 8) & 0xff), sc));
+    const uint32_t b2 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 16) & 0xff), sc));
+    const uint32_t b3 = F32ToBf16(__fmul_rn(E4m3ToF32(codes >> 24), sc));
+    v.x = b0 | (b1 << 16);
+    v.y = b2 | (b3 << 16);
+  } else {
+    v = *reinterpret_cast<const uint2*>(rec + nope + 2 * (k0 - nope));
+  }
+  return v;
+}
+
+// A record decoded to a bf16 row of d dims (exact), quads first·4, (first + step)·4, ...
+__device__ __forceinline__ void DecodeRow(const uint8_t* __restrict__ rec, int d, int nope,
+                                          uint16_t* __restrict__ row, int first, int step) {
+  for (int k0 = 4 * first; k0 < d; k0 += 4 * step) {
+    *reinterpret_cast<uint2*>(row + k0) = RecordQuad(rec, nope, d - nope, k0);
+  }
+}
+
+// grid (token, candidate group). kRows: one warp per candidate, which also decodes its record
+// into rows[(t·n_cand + j)·d, ...) (d = nope + rope; masked rows are left as they are).
+template <bool kRows>
 __global__ void KvBuildCandidatesKernelImpl(KvGeom g, const KvToken* __restrict__ tokens,
                                             const int32_t* __restrict__ sel, int64_t n_cand,
-                                            uint64_t* __restrict__ cand) {
-  const KvToken tk = tokens[blockIdx.x];
-  const int32_t* table = reinterpret_cast<const int32_t*>(tk.table);
-  const int window = g.window;
-  const int first = tk.pos - window + 1 > 0 ? tk.pos - window + 1 : 0;
-  const int n_win = tk.pos - first + 1;
-  uint64_t* out = cand + static_cast<int64_t>(blockIdx.x) * n_cand;
-  for (int64_t j = threadIdx.x; j < n_cand; j += blockDim.x) {
-    const uint8_t* v = nullptr;
-    if (j < tk.win_width) {
-      if (j < n_win) {
-        const int p = first + static_cast<int>(j);
-        v = p >= tk.chunk_start
-                ? reinterpret_cast<const uint8_t*>(tk.staging) +
-                      static_cast<int64_t>(p - tk.chunk_start) * g.record_bytes
-                : WindowRecord(g, table, tk.n_table, p);
-      }
-    } else if (j < tk.win_width + tk.n_comp) {
-      const int m = static_cast<int>(j) - tk.win_width;
-      if (tk.sel_off >= 0) {
-        const int32_t s = sel[tk.sel_off + m];
-        if (s >= 0) v = EntryRecord(g, table, tk.n_table, s);
-      } else if (g.ratio > 0 && m < (tk.pos + 1) / g.ratio) {
-        v = EntryRecord(g, table, tk.n_table, m);
-      }
-    }
-    out[j] = reinterpret_cast<uint64_t>(v);
+                                            uint64_t* __restrict__ cand,
+                                            uint16_t* __restrict__ rows) {
+  const int64_t t = blockIdx.x;
+  const KvToken tk = tokens[t];
+  const int per = kRows ? static_cast<int>(blockDim.x) / 32 : static_cast<int>(blockDim.x);
+  const int k = kRows ? static_cast<int>(threadIdx.x) / 32 : static_cast<int>(threadIdx.x);
+  const int64_t j = static_cast<int64_t>(blockIdx.y) * per + k;
+  if (j >= n_cand) return;
+  const uint8_t* v = CandidateRecord(g, tk, sel, j);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  if (!kRows || lane == 0) cand[t * n_cand + j] = reinterpret_cast<uint64_t>(v);
+  if (kRows && v != nullptr) {
+    const int d = g.nope + g.rope;
+    DecodeRow(v, d, g.nope, rows + (t * n_cand + j) * d, lane, 32);
   }
 }
 
@@ -195,25 +236,6 @@ __global__ void KvSparseAttentionKernelImpl(const uint16_t* __restrict__ q,
   SparseAttendBlock(q, entries, cand, sink, n_heads, d, n_cand, scale, out);
 }
 
-// Dims [k0, k0 + 4) of a record (k0 a multiple of 4) as bf16 (exact), in the order of a row.
-__device__ __forceinline__ uint2 RecordQuad(const uint8_t* __restrict__ rec, int nope, int rope,
-                                            int k0) {
-  uint2 v;
-  if (k0 < nope) {
-    const uint32_t codes = *reinterpret_cast<const uint32_t*>(rec + k0);
-    const float sc = Ue8m0ToF32(rec[nope + 2 * rope + k0 / 64]);
-    const uint32_t b0 = F32ToBf16(__fmul_rn(E4m3ToF32(codes & 0xff), sc));
-    const uint32_t b1 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 8) & 0xff), sc));
-    const uint32_t b2 = F32ToBf16(__fmul_rn(E4m3ToF32((codes >> 16) & 0xff), sc));
-    const uint32_t b3 = F32ToBf16(__fmul_rn(E4m3ToF32(codes >> 24), sc));
-    v.x = b0 | (b1 << 16);
-    v.y = b2 | (b3 << 16);
-  } else {
-    v = *reinterpret_cast<const uint2*>(rec + nope + 2 * (k0 - nope));
-  }
-  return v;
-}
-
 // One block per candidate row r = t·n_cand + j: record cand[r] decoded to bf16 (exact) into
 // rows[r·d, (r + 1)·d); masked candidates (0) are skipped (their rows are never read). d / 4
 // threads, 4 dims each (the fast kernel's decode, so the same bits).
@@ -222,11 +244,8 @@ __global__ void KvDecodeRowsKernelImpl(const uint64_t* __restrict__ cand, int d,
   const int64_t r = blockIdx.x;
   const uint8_t* rec = reinterpret_cast<const uint8_t*>(cand[r]);
   if (rec == nullptr) return;
-  const int rope = d - nope;
-  uint16_t* out = rows + r * d;
-  for (int k0 = static_cast<int>(threadIdx.x) * 4; k0 < d; k0 += static_cast<int>(blockDim.x) * 4) {
-    *reinterpret_cast<uint2*>(out + k0) = RecordQuad(rec, nope, rope, k0);
-  }
+  DecodeRow(rec, d, nope, rows + r * d, static_cast<int>(threadIdx.x),
+            static_cast<int>(blockDim.x));
 }
 
 // SparseAttendFastBlock's stage (decode_step.cu's fast path over records, so the same bits): each
@@ -459,12 +478,27 @@ __global__ void __launch_bounds__(kD / 2)
   }
 }
 
+// The inverse RoPE of the output's last `dim` dims (cos == nullptr: none): ApplyRope(inverse =
+// true)'s arithmetic, reproduced from rope.cu's RotatePair with s = −sin.
+struct OutRope {
+  const float* cos;
+  const float* sin;
+  int dim;
+  __device__ __forceinline__ void Unrotate(uint16_t* v, int64_t i) const {
+    const float c = cos[i], s = -sin[i];
+    const float a = Bf16ToF32(v[0]), b = Bf16ToF32(v[1]);
+    v[0] = F32ToBf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    v[1] = F32ToBf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+  }
+};
+
 // One block per (token, head), kD / 4 threads of 4 dims: the serial kernel's recurrence over the
-// chunks (acc·alpha + pv, l·alpha + psum), then the sink and the division.
+// chunks (acc·alpha + pv, l·alpha + psum), then the sink, the division and the bf16 rounding,
+// then (rope.cos set) the inverse RoPE of the rotated pairs among the thread's four values.
 template <int kD>
 __global__ void __launch_bounds__(kD / 4)
-    KvSplitCombineKernelImpl(const float* __restrict__ sink, int64_t n_heads, int nch,
-                             SplitWork w, uint16_t* __restrict__ out) {
+    KvSplitCombineKernelImpl(const float* __restrict__ sink, int64_t n_heads, int nch, SplitWork w,
+                             OutRope rope, uint16_t* __restrict__ out) {
   const int64_t th = blockIdx.x, h = th % n_heads;
   const int k0 = 4 * static_cast<int>(threadIdx.x);
   const float* cm = w.cmax + th * nch;
@@ -496,10 +530,19 @@ __global__ void __launch_bounds__(kD / 4)
     }
   }
   const float denom = __fadd_rn(l, expf(__fsub_rn(sink[h], m)));
-  uint2 o;
-  o.x = F32ToBf16(__fdiv_rn(acc[0], denom)) | (static_cast<uint32_t>(F32ToBf16(__fdiv_rn(acc[1], denom))) << 16);
-  o.y = F32ToBf16(__fdiv_rn(acc[2], denom)) | (static_cast<uint32_t>(F32ToBf16(__fdiv_rn(acc[3], denom))) << 16);
-  *reinterpret_cast<uint2*>(out + th * kD + k0) = o;
+  uint16_t o[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) o[u] = F32ToBf16(__fdiv_rn(acc[u], denom));
+  if (rope.cos != nullptr) {
+    const int64_t pairs = rope.dim / 2, t = th / n_heads;
+#pragma unroll
+    for (int u = 0; u < 4; u += 2) {
+      const int r = k0 + u - (kD - rope.dim);  // even: the pair (u, u + 1) is rotated or not
+      if (r >= 0) rope.Unrotate(o + u, t * pairs + r / 2);
+    }
+  }
+  *reinterpret_cast<uint2*>(out + th * kD + k0) = make_uint2(
+      o[0] | (static_cast<uint32_t>(o[1]) << 16), o[2] | (static_cast<uint32_t>(o[3]) << 16));
 }
 
 template <int kD, bool kRows>
@@ -526,13 +569,24 @@ bool BadRecord(int64_t nope, int64_t rope) {
 
 }  // namespace
 
-cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T,
-                              const int32_t* sel, int64_t n_cand, uint64_t* cand,
-                              cudaStream_t stream) {
+cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T, const int32_t* sel,
+                              int64_t n_cand, uint64_t* cand, cudaStream_t stream, uint16_t* rows) {
   if (BadRows(T) || g.window < 1 || n_cand < 1) return cudaErrorInvalidValue;
+  if (rows != nullptr && (BadRecord(g.nope, g.rope) || (n_cand + 3) / 4 > 0xffff)) {
+    return cudaErrorInvalidValue;
+  }
   if (T == 0) return cudaSuccess;
-  KvBuildCandidatesKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(g, tokens, sel,
-                                                                                  n_cand, cand);
+  if (rows == nullptr) {
+    const unsigned groups = static_cast<unsigned>((n_cand + kThreads - 1) / kThreads);
+    if (groups > 0xffff) return cudaErrorInvalidValue;
+    KvBuildCandidatesKernelImpl<false>
+        <<<dim3(static_cast<unsigned>(T), groups), kThreads, 0, stream>>>(g, tokens, sel, n_cand,
+                                                                          cand, nullptr);
+  } else {
+    KvBuildCandidatesKernelImpl<true>
+        <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>((n_cand + 3) / 4)), 128, 0,
+           stream>>>(g, tokens, sel, n_cand, cand, rows);
+  }
   return cudaGetLastError();
 }
 
@@ -588,7 +642,7 @@ cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table,
 template <int kD>
 cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                        int64_t n_heads, int nope, int64_t n_cand, float scale, uint16_t* rows,
-                       uint16_t* out, cudaStream_t stream) {
+                       bool rows_decoded, const OutRope& rope, uint16_t* out, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(T * n_heads);
   const int smem = static_cast<int>(kSparseChunk * kD * 2);
   if (rows == nullptr) {
@@ -598,9 +652,11 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
     return cudaGetLastError();
   }
   if (cudaError_t e = FastOptIn<kD, true>(); e != cudaSuccess) return e;
-  KvDecodeRowsKernelImpl<<<static_cast<unsigned>(T * n_cand), kD / 4, 0, stream>>>(cand, kD, nope,
-                                                                                 rows);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (!rows_decoded) {
+    KvDecodeRowsKernelImpl<<<static_cast<unsigned>(T * n_cand), kD / 4, 0, stream>>>(cand, kD, nope,
+                                                                                     rows);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
   if (T <= kKvSplitMaxTokens) {
     const SplitWork w = CarveSplit(rows, T, n_heads, n_cand, kD);
     const unsigned nch = static_cast<unsigned>((n_cand + kSparseChunk - 1) / kSparseChunk);
@@ -613,8 +669,8 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
                                    static_cast<unsigned>((n_heads + kPvHeads - 1) / kPvHeads)),
                               kD / 2, smem, stream>>>(cand, n_heads, n_cand, rows, w);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    KvSplitCombineKernelImpl<kD><<<blocks, kD / 4, 0, stream>>>(sink, n_heads,
-                                                                static_cast<int>(nch), w, out);
+    KvSplitCombineKernelImpl<kD>
+        <<<blocks, kD / 4, 0, stream>>>(sink, n_heads, static_cast<int>(nch), w, rope, out);
     return cudaGetLastError();
   }
   KvSparseAttentionFastKernelImpl<kD, true><<<blocks, kSparseFastThreads, smem, stream>>>(
@@ -624,28 +680,44 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
 
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
-                              float scale, uint16_t* out, cudaStream_t stream, uint16_t* rows) {
+                              float scale, uint16_t* out, cudaStream_t stream, uint16_t* rows,
+                              bool rows_decoded, const float* rope_cos, const float* rope_sin,
+                              int64_t rope_dim) {
   if (T == 0 || n_heads == 0) return cudaSuccess;
   if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 ||
       T * n_heads > 0x7fffffff || T * n_cand > 0x7fffffff || BadRecord(nope, head_dim - nope)) {
     return cudaErrorInvalidValue;
   }
-  const unsigned blocks = static_cast<unsigned>(T * n_heads);
+  if (rope_cos != nullptr &&
+      (rope_sin == nullptr || rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim)) {
+    return cudaErrorInvalidValue;
+  }
   const int nop = static_cast<int>(nope);
+  // The split path applies the inverse RoPE in its combine; the others leave it to ApplyRope.
+  const bool fast = head_dim == 512 || head_dim == 256;
+  const bool fused_rope = fast && rows != nullptr && T <= kKvSplitMaxTokens;
+  const OutRope rope{fused_rope ? rope_cos : nullptr, rope_sin, static_cast<int>(rope_dim)};
+  cudaError_t e;
   if (head_dim == 512) {
-    return LaunchFast<512>(q, cand, sink, T, n_heads, nop, n_cand, scale, rows, out, stream);
+    e = LaunchFast<512>(q, cand, sink, T, n_heads, nop, n_cand, scale, rows, rows_decoded, rope,
+                        out, stream);
+  } else if (head_dim == 256) {
+    e = LaunchFast<256>(q, cand, sink, T, n_heads, nop, n_cand, scale, rows, rows_decoded, rope,
+                        out, stream);
+  } else {
+    KvSparseAttentionKernelImpl<<<static_cast<unsigned>(T * n_heads), kSparseThreads, 0, stream>>>(
+        q, cand, sink, n_heads, head_dim, nop, n_cand, scale, out);
+    e = cudaGetLastError();
   }
-  if (head_dim == 256) {
-    return LaunchFast<256>(q, cand, sink, T, n_heads, nop, n_cand, scale, rows, out, stream);
-  }
-  KvSparseAttentionKernelImpl<<<blocks, kSparseThreads, 0, stream>>>(q, cand, sink, n_heads,
-                                                                     head_dim, nop, n_cand, scale,
-                                                                     out);
-  return cudaGetLastError();
+  if (e != cudaSuccess || rope_cos == nullptr || fused_rope) return e;
+  return ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true, stream);
 }
 
 const void* KvBuildCandidatesKernel() {
-  return reinterpret_cast<const void*>(&KvBuildCandidatesKernelImpl);
+  return reinterpret_cast<const void*>(&KvBuildCandidatesKernelImpl<false>);
+}
+const void* KvBuildCandidatesRowsKernel() {
+  return reinterpret_cast<const void*>(&KvBuildCandidatesKernelImpl<true>);
 }
 const void* KvEncodeRecordsKernel() {
   return reinterpret_cast<const void*>(&KvEncodeRecordsKernelImpl);

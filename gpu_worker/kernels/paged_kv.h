@@ -72,9 +72,14 @@ static_assert(sizeof(KvToken) == 48);
 // list order (decode_step.h BuildCandidates): window positions (the staged record for positions of
 // the chunk, else the ring record), then the selected / every complete compressed entry. A
 // record outside the token's table is masked (the host checks the tables first).
-cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T,
-                              const int32_t* sel, int64_t n_cand, uint64_t* cand,
-                              cudaStream_t stream);
+//
+// rows (optional): KvSparseAttention's rows scratch for these T tokens. The same launch then also
+// decodes every candidate record into it (bf16 [T, n_cand, nope + rope], exact; masked rows left
+// as they are), one warp per candidate, which saves KvSparseAttention its decode launch: call it
+// with rows_decoded = true, the same cand, T and n_cand. n_cand ≤ 4·65535 with rows.
+cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T, const int32_t* sel,
+                              int64_t n_cand, uint64_t* cand, cudaStream_t stream,
+                              uint16_t* rows = nullptr);
 
 // Raw KV kv bf16 [T, nope + rope] as records: KvStageRecords into each token's staging record
 // (before the attention), KvRingRecords into ring slot pos mod W for the chunk's last W positions
@@ -124,10 +129,22 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
 // its own block, then each chunk's p·V partial (several heads per block, so a decoded row is read
 // once per head group), then one combine per (token, head) that replays the serial kernel's
 // per-chunk recurrence (running max, alpha, l) in the same order: still the same bits.
+//
+// rows_decoded: rows already hold the decoded candidates (KvBuildCandidates with rows, the same
+// cand, T and n_cand), so the decode launch is skipped.
+//
+// rope_cos, rope_sin (optional, fp32 [T, rope_dim / 2], row t for token t; rope_dim even, ≤
+// head_dim): the output also gets the inverse RoPE of its last rope_dim dims per head, the same
+// bits as ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true) after the
+// call. The split path does it in its combine (the rotation is elementwise on the bf16 outputs),
+// so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in three launches
+// after KvBuildCandidates with rows; the other paths launch ApplyRope after the attention.
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
                               float scale, uint16_t* out, cudaStream_t stream,
-                              uint16_t* rows = nullptr);
+                              uint16_t* rows = nullptr, bool rows_decoded = false,
+                              const float* rope_cos = nullptr, const float* rope_sin = nullptr,
+                              int64_t rope_dim = 0);
 inline constexpr int64_t kKvSplitMaxTokens = 8;
 inline constexpr int64_t kKvSplitChunk = 64;  // kSparseChunk, the softmax recurrence's chunk
 // Per (token, head, chunk): the p·V partial (head_dim fp32), the chunk's 64 scores, its max,
@@ -145,6 +162,7 @@ inline constexpr int64_t KvSparseAttentionRowsBytes(int64_t T, int64_t n_cand, i
 
 // Entry points, for attribute queries (ptxVersion) in tests.
 const void* KvBuildCandidatesKernel();
+const void* KvBuildCandidatesRowsKernel();  // with the rows decode
 const void* KvEncodeRecordsKernel();
 const void* KvEncodeKeysKernel();
 const void* KvGatherKeysKernel();

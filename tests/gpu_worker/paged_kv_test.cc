@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -16,6 +17,7 @@
 
 #include "common/bf16.h"
 #include "common/kv_record.h"
+#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/sparse_attention.h"
 #include "gtest/gtest.h"
@@ -135,6 +137,127 @@ TEST_F(PagedKvTest, RecordsAndAttentionMatchTheBf16Pool) {
   AttentionCase(128, 12);
 }
 
+// The decode path (KvBuildCandidates decoding the rows, the split attention with the inverse
+// RoPE in its combine) against the previous composition (candidates, then KvSparseAttention's
+// own decode launch and ApplyRope) and the unchanged per-head fast kernel (no rows) with
+// ApplyRope, on a paged layer: ring and staged window records (partial windows masked), indexer
+// selections with −1, a ratio layer's every-complete-entry list, ragged candidate counts.
+struct DecodeCase {
+  int64_t D, T, H, n_comp;
+};
+
+void DecodePathCase(const DecodeCase& c) {
+  const int64_t D = c.D, nope = D - 64, E = KvRecordBytes(nope, 64), W = 128;
+  const int64_t n_entries = 1024, per_block = 64, blocks = 1 + n_entries / per_block;
+  const int64_t T = c.T, H = c.H, n_cand = W + c.n_comp, block_bytes = W * E;
+  KvGeom g;
+  uint8_t* pool = nullptr;
+  ASSERT_EQ(cudaMalloc(&pool, blocks * block_bytes + T * E), cudaSuccess);
+  g.pool = reinterpret_cast<uint64_t>(pool);
+  g.block_bytes = block_bytes;
+  g.nope = static_cast<int32_t>(nope);
+  g.rope = 64;
+  g.record_bytes = static_cast<int32_t>(E);
+  g.window = static_cast<int32_t>(W);
+  g.win_per_block = static_cast<int32_t>(W);
+  g.first_entry_block = 1;
+  g.ratio = 4;
+  g.entries_per_block = static_cast<int32_t>(per_block);
+  std::vector<int32_t> table(blocks);
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(blocks - 1 - b);
+  // Every record slot (the ring, the compressed entries, each token's staged record) encoded.
+  std::vector<uint64_t> dst;
+  for (int64_t i = 0; i < W; ++i) dst.push_back(g.pool + table[0] * block_bytes + i * E);
+  for (int64_t j = 0; j < n_entries; ++j) {
+    dst.push_back(g.pool + table[1 + j / per_block] * block_bytes + (j % per_block) * E);
+  }
+  for (int64_t t = 0; t < T; ++t) dst.push_back(g.pool + blocks * block_bytes + t * E);
+  const int64_t n = static_cast<int64_t>(dst.size());
+  uint16_t* d_ent = ToDevice(ToBf16(RandomBf16(n * D, 1.0f, 20 + D)));
+  uint64_t* d_dst = ToDevice(dst);
+  ASSERT_EQ(KvEncodeRecords(d_ent, d_dst, n, nope, 64, nullptr), cudaSuccess);
+  int32_t* d_table = ToDevice(table);
+  // Tokens: a full window, a partial one, every complete entry (no indexer), in turn.
+  std::mt19937_64 rng(c.T * 100 + c.H + c.n_comp);
+  std::vector<KvToken> tok(T);
+  std::vector<int32_t> sel(T * c.n_comp);
+  for (int64_t t = 0; t < T; ++t) {
+    KvToken& k = tok[t];
+    k.table = reinterpret_cast<uint64_t>(d_table);
+    k.staging = dst[W + n_entries + t];
+    k.n_table = static_cast<int32_t>(blocks);
+    k.pos = t % 3 == 1 ? static_cast<int32_t>(40 + t) : static_cast<int32_t>(4000 + 37 * t);
+    k.chunk_start = k.pos;
+    k.chunk_end = k.pos + 1;
+    k.win_width = static_cast<int32_t>(W);
+    k.n_comp = static_cast<int32_t>(c.n_comp);
+    k.sel_off = t % 3 == 2 ? -1 : static_cast<int32_t>(t * c.n_comp);
+    for (int64_t m = 0; m < c.n_comp; ++m) {
+      sel[t * c.n_comp + m] = rng() % 7 == 0 ? -1 : static_cast<int32_t>(rng() % n_entries);
+    }
+  }
+  KvToken* d_tok = ToDevice(tok);
+  int32_t* d_sel = ToDevice(sel);
+  uint16_t* d_q = ToDevice(ToBf16(RandomBf16(T * H * D, 0.3f, 30 + H)));
+  float* d_sink = ToDevice(RandomF32(H, 1.0f, 31));
+  std::vector<float> cs(T * 32), sn(T * 32);
+  for (int64_t i = 0; i < T * 32; ++i) {
+    const float a = static_cast<float>(rng() % 100000) * 1e-3f;
+    cs[i] = std::cos(a);
+    sn[i] = std::sin(a);
+  }
+  float* d_cos = ToDevice(cs);
+  float* d_sin = ToDevice(sn);
+  const size_t rows_bytes = KvSparseAttentionRowsBytes(T, n_cand, D, H);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  DeviceBuffer<uint64_t> cand_a(T * n_cand), cand_b(T * n_cand);
+  DeviceBuffer<uint16_t> rows_a(rows_bytes / 2), rows_b(rows_bytes / 2);
+  DeviceBuffer<uint16_t> out_a(T * H * D), out_b(T * H * D), out_c(T * H * D);
+  ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_a.get(), nullptr, rows_a.get()),
+            cudaSuccess);
+  ASSERT_EQ(KvSparseAttention(d_q, cand_a.get(), d_sink, T, H, D, nope, n_cand, scale, out_a.get(),
+                              nullptr, rows_a.get(), true, d_cos, d_sin, 64),
+            cudaSuccess);
+  ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_b.get(), nullptr), cudaSuccess);
+  ASSERT_EQ(KvSparseAttention(d_q, cand_b.get(), d_sink, T, H, D, nope, n_cand, scale, out_b.get(),
+                              nullptr, rows_b.get()),
+            cudaSuccess);
+  ASSERT_EQ(ApplyRope(out_b.get(), T, H, D, 64, d_cos, d_sin, true, nullptr), cudaSuccess);
+  ASSERT_EQ(KvSparseAttention(d_q, cand_b.get(), d_sink, T, H, D, nope, n_cand, scale, out_c.get(),
+                              nullptr, nullptr, false, d_cos, d_sin, 64),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cand_a.Get(), cand_b.Get());
+  const std::vector<uint16_t> a = out_a.Get(), b = out_b.Get(), o = out_c.Get();
+  int64_t same_b = 0, same_c = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    same_b += a[i] == b[i];
+    same_c += a[i] == o[i];
+  }
+  std::printf(
+      "decode path D %lld T %lld H %lld n_cand %lld: %lld / %lld of %zu outputs equal to "
+      "the two-call rows path / the fast kernel, each with ApplyRope\n",
+      static_cast<long long>(D), static_cast<long long>(T), static_cast<long long>(H),
+      static_cast<long long>(n_cand), static_cast<long long>(same_b),
+      static_cast<long long>(same_c), a.size());
+  EXPECT_EQ(same_b, static_cast<int64_t>(a.size()));
+  EXPECT_EQ(same_c, static_cast<int64_t>(a.size()));
+  for (void* p : {static_cast<void*>(pool), static_cast<void*>(d_ent), static_cast<void*>(d_dst),
+                  static_cast<void*>(d_table), static_cast<void*>(d_tok), static_cast<void*>(d_sel),
+                  static_cast<void*>(d_q), static_cast<void*>(d_sink), static_cast<void*>(d_cos),
+                  static_cast<void*>(d_sin)}) {
+    cudaFree(p);
+  }
+}
+
+TEST_F(PagedKvTest, DecodePathMatchesTheGeneralPath) {
+  for (const DecodeCase& c :
+       {DecodeCase{512, 1, 64, 512}, DecodeCase{512, 3, 32, 64}, DecodeCase{512, 8, 16, 22},
+        DecodeCase{512, 2, 8, 512}, DecodeCase{512, 4, 6, 100}, DecodeCase{256, 3, 64, 150}}) {
+    DecodePathCase(c);
+  }
+}
+
 TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   const int64_t hd = 128, n = 100, per_block = 32, key_bytes = KvKeyBytes(hd);
   // FP4-simulated keys: e2m1 values times a power of two per 32-group (some groups all zero).
@@ -225,6 +348,7 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
 
 TEST_F(PagedKvTest, KernelsRunFromComputeSm86Ptx) {
   ExpectCompute86Ptx({{"KvBuildCandidates", KvBuildCandidatesKernel()},
+                      {"KvBuildCandidatesRows", KvBuildCandidatesRowsKernel()},
                       {"KvEncodeRecords", KvEncodeRecordsKernel()},
                       {"KvEncodeKeys", KvEncodeKeysKernel()},
                       {"KvGatherKeys", KvGatherKeysKernel()},
