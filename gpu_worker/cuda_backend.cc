@@ -32,8 +32,9 @@ CudaBackend::~CudaBackend() {
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     std::shared_ptr<const model::Model> model, const CudaBackendOptions& o) {
   const ModelConfig& c = model->config();
-  RETURN_IF_ERROR(
-      CheckStageLayout(c, o.stage, o.num_stages, o.first_layer, o.end_layer, o.kv_tokens));
+  // kv_tokens 0 (fit to the device's memory) is resolved below, once the weights are resident.
+  RETURN_IF_ERROR(CheckStageLayout(c, o.stage, o.num_stages, o.first_layer, o.end_layer,
+                                   o.kv_tokens == 0 ? 1 : o.kv_tokens));
   // The kernels' static limits, checked once here rather than at every launch.
   if (c.hc_mult > cuda::kHcMaxMult || c.n_routed_experts > cuda::kRouterMaxExperts ||
       c.n_activated_experts > cuda::kRouterMaxTopK || c.head_dim % 128 != 0 ||
@@ -114,7 +115,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   ASSIGN_OR_RETURN(KvLayout layout,
                    KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
                                     b->model_->options().kv_fp8_sim_rounds));
-  RETURN_IF_ERROR(im.kv.Init(layout, o.kv_tokens, o.kv_extra_sequences));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  ASSIGN_OR_RETURN(const KvFit fit,
+                   FitKvPool(layout, o.kv_tokens, o.kv_extra_sequences,
+                             static_cast<int64_t>(free_bytes), o.kv_reserve_bytes, o.kv_sequences));
+  b->options_.kv_tokens = fit.kv_tokens;
+  b->kv_fit_ = fit.Describe();
+  RETURN_IF_ERROR(im.kv.Init(layout, fit.kv_tokens, o.kv_extra_sequences));
   return b;
 }
 

@@ -104,6 +104,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -120,7 +121,13 @@ struct CudaBackendOptions {
   int num_stages = 1;
   int first_layer = 0;  // [first_layer, end_layer)
   int end_layer = 0;
-  int64_t kv_tokens = 0;  // > 0
+  // KV capacity in tokens; 0: as many as the device's free memory holds once the weights are
+  // resident, beside kv_reserve_bytes and kv_sequences sequences' compressor states (FitKvPool in
+  // cuda_backend_kv.h; info().kv_tokens reports the result). A given capacity that does not fit
+  // is refused at Create with the figures, not by an allocation failure.
+  int64_t kv_tokens = 0;
+  int64_t kv_reserve_bytes = int64_t{3} << 29;  // 1.5 GiB: activations, scratch, CUDA graphs
+  int64_t kv_sequences = 64;                    // the coordinator's default max_running
   // Paged KV (cuda_backend_kv.h): tokens per block (the coordinator's kv_block_tokens; a
   // multiple of every compress ratio of the stage), and the sequences whose window blocks the
   // pool holds beyond kv_tokens for the built-in allocator (standalone use).
@@ -158,6 +165,9 @@ class CudaBackend final : public StageBackend {
   const ModelConfig& config() const override { return model_->config(); }
   BackendInfo info() const override;
   KvUsage kv_usage() const override;
+  // How the KV pool was sized against the device's free memory (KvFit::Describe), for the
+  // start-up log.
+  const std::string& kv_fit() const { return kv_fit_; }
   absl::Status Check(std::span<const StageChunk> batch) const override;
   absl::Status Run(std::span<const StageChunk> batch, const float* streams_in, StageOutput* out,
                    StageTimings* timings) override;
@@ -190,7 +200,8 @@ class CudaBackend final : public StageBackend {
   absl::Status HostExperts(int64_t layer, int64_t rows);
 
   std::shared_ptr<const model::Model> model_;
-  const CudaBackendOptions options_;
+  CudaBackendOptions options_;  // kv_tokens as resolved by Create
+  std::string kv_fit_;          // KvFit::Describe() of the pool Create allocated
   std::unique_ptr<Impl> impl_;
 };
 

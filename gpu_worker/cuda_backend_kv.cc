@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/kv_cost_model.h"
 #include "common/status.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
@@ -122,6 +123,55 @@ cuda::KvGeom KvLayout::Geom(int l, const uint8_t* pool) const {
   return g;
 }
 
+std::string KvFit::Describe() const {
+  const auto gib = [](int64_t b) { return absl::StrFormat("%.2f GiB", b / 1073741824.0); };
+  return absl::StrCat("free ", gib(free_bytes), " holds reserve ", gib(reserve_bytes),
+                      " + compressor state ", gib(sequences * state_bytes), " (", sequences,
+                      " sequences x ", absl::StrFormat("%.1f MiB", state_bytes / 1048576.0),
+                      ") + KV pool ", gib(pool_bytes), " (", pool_blocks, " blocks: ", kv_tokens,
+                      " tokens)");
+}
+
+absl::StatusOr<KvFit> FitKvPool(const KvLayout& layout, int64_t kv_tokens, int64_t extra_sequences,
+                                int64_t free_bytes, int64_t reserve_bytes, int64_t sequences) {
+  if (kv_tokens < 0 || extra_sequences < 0 || free_bytes < 0 || reserve_bytes < 0 ||
+      sequences < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV pool fit: kv_tokens ", kv_tokens, ", extra sequences ", extra_sequences, ", free ",
+        free_bytes, " B, reserve ", reserve_bytes, " B, sequences ", sequences));
+  }
+  KvFit f;
+  f.free_bytes = free_bytes;
+  f.reserve_bytes = reserve_bytes;
+  f.sequences = sequences;
+  f.state_bytes = layout.state_floats * 4;
+  const int64_t room = free_bytes - reserve_bytes - sequences * f.state_bytes;
+  const int64_t extra = layout.PoolBlocks(0, extra_sequences);
+  if (kv_tokens == 0) {
+    const int64_t blocks = layout.block_bytes > 0 && room > 0 ? room / layout.block_bytes : 0;
+    f.kv_tokens = (blocks - extra) * layout.block_tokens;
+    f.pool_blocks = blocks;
+  } else {
+    f.kv_tokens = kv_tokens;
+    f.pool_blocks = layout.PoolBlocks(kv_tokens, extra_sequences);
+  }
+  f.pool_bytes = f.pool_blocks * layout.block_bytes;
+  if (f.kv_tokens < 1 || f.pool_bytes > room) {
+    const auto gib = [](int64_t b) { return absl::StrFormat("%.2f GiB", b / 1073741824.0); };
+    const int64_t need = kv_tokens > 0 ? f.pool_bytes : (extra + 1) * layout.block_bytes;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the KV pool does not fit on the device: of ", gib(free_bytes), " free, the reserve takes ",
+        gib(reserve_bytes), " and ", sequences, " sequences' compressor states ",
+        gib(sequences * f.state_bytes), ", leaving ", gib(std::max<int64_t>(room, 0)),
+        " for a pool that needs ", gib(need), " (",
+        kv_tokens > 0 ? absl::StrCat(kv_tokens, " tokens") : std::string("one block"), " plus ",
+        extra,
+        " window blocks); lower --kv_tokens (0 sizes the pool to the free memory), the "
+        "running sequences or the layers per GPU"));
+  }
+  return f;
+}
+
 KvPool::~KvPool() {
   ReleaseAll();
   cudaFree(pool_);
@@ -129,8 +179,7 @@ KvPool::~KvPool() {
 
 absl::Status KvPool::Init(const KvLayout& layout, int64_t kv_tokens, int64_t extra_sequences) {
   layout_ = layout;
-  n_blocks_ = (kv_tokens + layout.block_tokens - 1) / layout.block_tokens +
-              extra_sequences * (layout.window_blocks + 1);
+  n_blocks_ = layout.PoolBlocks(kv_tokens, extra_sequences);
   if (n_blocks_ > 0x7fffffff) return absl::InvalidArgumentError("paged KV: too many blocks");
   const size_t bytes = static_cast<size_t>(n_blocks_ * layout.block_bytes);
   RETURN_IF_ERROR(Cuda(cudaMalloc(&pool_, std::max<size_t>(bytes, 256)), "cudaMalloc(KV pool)"));

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -76,7 +77,32 @@ struct KvLayout {
     return window_blocks + (tokens + block_tokens - 1) / block_tokens;
   }
   cuda::KvGeom Geom(int l, const uint8_t* pool) const;
+  // The blocks KvPool::Init allocates for kv_tokens: the coordinator's kv_tokens / block_tokens
+  // (rounded up) plus extra_sequences' window blocks (and one more each) for the built-in
+  // allocator.
+  int64_t PoolBlocks(int64_t kv_tokens, int64_t extra_sequences) const {
+    return (kv_tokens + block_tokens - 1) / block_tokens + extra_sequences * (window_blocks + 1);
+  }
 };
+
+// The KV pool against the device's memory, once the weights are resident: free_bytes (what
+// cudaMemGetInfo reports free) must hold reserve_bytes (activations, scratch, staging, the
+// CUDA graphs), `sequences` sequences' compressor states (state_floats each, allocated per
+// sequence outside the pool) and the pool. All figures in bytes.
+struct KvFit {
+  int64_t free_bytes = 0, reserve_bytes = 0, sequences = 0, state_bytes = 0;
+  int64_t pool_bytes = 0, pool_blocks = 0, kv_tokens = 0;
+  // "free 20.31 GiB holds reserve 1.50 GiB + compressor state 0.73 GiB (64 sequences x 11.6 MiB) +
+  // KV pool 18.07 GiB (43112 blocks of 128 tokens: 5516288 tokens)"
+  std::string Describe() const;
+};
+
+// kv_tokens 0: the most tokens (a multiple of block_tokens) whose pool fits; else the pool of
+// kv_tokens, which must fit. FailedPrecondition with every figure where it does not (or, for 0,
+// where not even one block beyond the extra sequences' fits); InvalidArgument for a negative
+// figure or sequences < 1.
+absl::StatusOr<KvFit> FitKvPool(const KvLayout& layout, int64_t kv_tokens, int64_t extra_sequences,
+                                int64_t free_bytes, int64_t reserve_bytes, int64_t sequences);
 
 // One sequence's state outside the records: its table and compressor states.
 struct KvSeq {

@@ -76,7 +76,8 @@ ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.sa
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
-          "KV capacity in tokens (reported as kv_tokens / kv_block_tokens blocks)");
+          "KV capacity in tokens (reported as kv_tokens / kv_block_tokens blocks); --backend "
+          "cuda: 0 sizes the pool to the device's free memory once the weights are loaded");
 ABSL_FLAG(int, cuda_device, WorkerFlags{}.cuda_device,
           "--backend cuda: the CUDA device ordinal this worker uses");
 ABSL_FLAG(bool, plan, false,
@@ -272,7 +273,8 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
     co.num_stages = o.num_stages;
     co.first_layer = o.first_layer;
     co.end_layer = o.end_layer;
-    co.kv_tokens = o.kv_tokens;
+    co.kv_tokens = o.kv_tokens;  // 0: what the device's free memory holds
+    if (role.max_running > 0) co.kv_sequences = role.max_running;
     co.kv_block_tokens = role.kv_block_tokens;
     co.device = c.cuda_device;
     co.experts = [client](int64_t layer) -> const model::RoutedExperts* {
@@ -282,7 +284,9 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
     co.tp_size = role.tp_size;
     co.comm = comm_ptr;
     co.collective_timeout = absl::Milliseconds(c.collective_timeout_ms);
-    ASSIGN_OR_RETURN(stage.backend, CudaBackend::Create(model, co));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Create(model, co));
+    spdlog::info("CUDA device {} KV pool: {}", c.cuda_device, cuda->kv_fit());
+    stage.backend = std::move(cuda);
 #else
     return absl::UnimplementedError("--backend cuda: this build has no CUDA");
 #endif

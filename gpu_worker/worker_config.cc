@@ -112,7 +112,10 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   c.port_file = f.port_file;
   if (!f.metrics_listen.empty()) RETURN_IF_ERROR(CheckHostPort("metrics_listen", f.metrics_listen));
   c.metrics_listen = f.metrics_listen;
-  RETURN_IF_ERROR(CheckPositive("kv_tokens", f.kv_tokens));
+  // --backend cuda: 0 sizes the KV pool to the device's free memory (cuda_backend.h).
+  if (!(f.backend == "cuda" && f.kv_tokens == 0)) {
+    RETURN_IF_ERROR(CheckPositive("kv_tokens", f.kv_tokens));
+  }
   RETURN_IF_ERROR(CheckPositive("expert_deadline_ms", f.expert_deadline_ms));
   RETURN_IF_ERROR(CheckPositive("expert_connect_timeout_ms", f.expert_connect_timeout_ms));
   RETURN_IF_ERROR(CheckPositive("stream_wait_ms", f.stream_wait_ms));

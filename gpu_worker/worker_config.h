@@ -12,7 +12,8 @@
 //   --backend cpu|cuda        cuda needs a build with CUDA (TP > 1: with NCCL); cpu runs TP 1
 //   --model DIR               checkpoint directory (required)
 //   --metrics_listen HOST:PORT  Prometheus /metrics (empty = off)
-//   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions)
+//   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions); with
+//                             --backend cuda 0 sizes the pool to the GPU's free memory
 //   --cuda_device N           --backend cuda: the CUDA device ordinal (default 0)
 //   --expert_deadline_ms MS   deadline of one expert call
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading

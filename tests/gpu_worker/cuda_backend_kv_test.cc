@@ -5,6 +5,7 @@
 #include "gpu_worker/cuda_backend_kv.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,6 +111,52 @@ TEST(KvLayoutTest, RejectsWhatTheCostModelRejects) {
   const ModelConfig c = Parse(testing_util::kFlashConfig);
   EXPECT_FALSE(KvLayout::Create(c, 0, 43, 64).ok());  // half an HCA entry per block
   EXPECT_FALSE(KvLayout::Create(c, 0, 44, 128).ok());
+}
+
+// The pool against a device's free memory (Flash, one stage of every layer: 449,824-byte blocks
+// of 128 tokens, 11.6 MiB of compressor state per sequence).
+TEST(KvFitTest, SizesThePoolToTheFreeMemoryAndRefusesWhatDoesNotFit) {
+  const ModelConfig c = Parse(testing_util::kFlashConfig);
+  absl::StatusOr<KvLayout> k = KvLayout::Create(c, 0, static_cast<int>(c.n_layers), 128);
+  ASSERT_TRUE(k.ok()) << k.status();
+  const int64_t gib = int64_t{1} << 30, reserve = 3 * gib / 2, state = k->state_floats * 4;
+  // Fit to 20 GiB free: every whole block of what is left, 8 extra sequences' window blocks
+  // (9 blocks each) not counted as tokens.
+  absl::StatusOr<KvFit> f = FitKvPool(*k, 0, 8, 20 * gib, reserve, 64);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const int64_t room = 20 * gib - reserve - 64 * state;
+  EXPECT_EQ(f->pool_blocks, room / k->block_bytes);
+  EXPECT_EQ(f->kv_tokens, (f->pool_blocks - 8 * 9) * 128);
+  EXPECT_EQ(k->PoolBlocks(f->kv_tokens, 8), f->pool_blocks);
+  EXPECT_LE(f->pool_bytes, room);
+  EXPECT_GT(f->pool_bytes + k->block_bytes, room);
+  std::printf("%s\n", f->Describe().c_str());
+  EXPECT_NE(f->Describe().find("64 sequences"), std::string::npos);
+  // A given capacity: the pool of exactly that, if it fits.
+  f = FitKvPool(*k, 65536, 8, 20 * gib, reserve, 64);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->kv_tokens, 65536);
+  EXPECT_EQ(f->pool_blocks, 512 + 72);
+  EXPECT_EQ(f->pool_bytes, (512 + 72) * k->block_bytes);
+  // One token more than the fitted capacity's blocks hold: refused, with the figures.
+  const int64_t most = FitKvPool(*k, 0, 8, 20 * gib, reserve, 64)->kv_tokens;
+  EXPECT_TRUE(FitKvPool(*k, most, 8, 20 * gib, reserve, 64).ok());
+  f = FitKvPool(*k, most + 128, 8, 20 * gib, reserve, 64);
+  ASSERT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(f.status().message().find("does not fit"), std::string::npos) << f.status();
+  EXPECT_NE(f.status().message().find("--kv_tokens"), std::string::npos) << f.status();
+  // More sequences' states leave less for the pool.
+  EXPECT_LT(FitKvPool(*k, 0, 8, 20 * gib, reserve, 256)->kv_tokens, most);
+  // Nothing left after the reserve and the states: refused even when fitting.
+  EXPECT_EQ(FitKvPool(*k, 0, 8, 2 * gib, reserve, 64).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FitKvPool(*k, 0, 8, reserve, reserve, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Nonsense figures.
+  EXPECT_EQ(FitKvPool(*k, -1, 8, 20 * gib, reserve, 64).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FitKvPool(*k, 0, 8, 20 * gib, reserve, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // A released sequence's compressor states are reused, reset, by the next new sequence: no

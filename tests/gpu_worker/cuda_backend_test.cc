@@ -302,5 +302,37 @@ TEST_F(CudaBackendTest, ChecksReleaseAndCapacity) {
   EXPECT_GT((*b)->info().weight_bytes, 0);
 }
 
+// kv_tokens 0 sizes the pool to the device's free memory; a capacity that cannot fit is refused
+// at Create with the figures, before any pool allocation.
+TEST_F(CudaBackendTest, SizesTheKvPoolToTheDevice) {
+  ASSERT_NE(TinyModel(), nullptr);
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  CudaBackendOptions o = WholeModelOptions(40);
+  o.kv_tokens = 0;
+  o.kv_reserve_bytes = static_cast<int64_t>(free_bytes) - (int64_t{256} << 20);  // 256 MiB left
+  o.kv_sequences = 2;
+  {
+    auto b = CudaBackend::Create(TinyModel(), o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    std::printf("%s; info().kv_tokens %lld\n", (*b)->kv_fit().c_str(),
+                static_cast<long long>((*b)->info().kv_tokens));
+    EXPECT_GT((*b)->info().kv_tokens, 0);
+    EXPECT_EQ((*b)->kv_usage().capacity_tokens, (*b)->info().kv_tokens);
+    EXPECT_LE((*b)->info().kv_bytes, int64_t{256} << 20);
+    const std::vector<int32_t> t30(30, 5);
+    StageOutput out;
+    EXPECT_TRUE(
+        (*b)->Run(std::vector<StageChunk>{{1, 0, t30, true, {}}}, nullptr, &out, nullptr).ok());
+  }
+  o.kv_tokens = int64_t{1} << 40;
+  o.kv_reserve_bytes = int64_t{3} << 29;
+  auto r = CudaBackend::Create(TinyModel(), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("does not fit"), std::string::npos) << r.status();
+  std::printf("%s\n", std::string(r.status().message()).c_str());
+}
+
 }  // namespace
 }  // namespace ss::gpu

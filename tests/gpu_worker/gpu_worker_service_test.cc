@@ -275,6 +275,18 @@ TEST(GpuWorkerConfig, FlagsAreValidated) {
 #else
   EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kUnimplemented);
 #endif
+  // --kv_tokens 0: the cuda backend sizes its pool to the GPU's free memory; the cpu backend
+  // has no such size.
+  f.kv_tokens = 0;
+#ifdef SS_HAVE_CUDA
+  EXPECT_TRUE(ParseWorkerConfig(f).ok());
+#endif
+  f.backend = "cpu";
+  EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument);
+  f.kv_tokens = -1;
+  f.backend = "cuda";
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());
+  f.kv_tokens = WorkerFlags{}.kv_tokens;
   f.backend = "gpu";
   EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument);
   f.cuda_device = -1;
