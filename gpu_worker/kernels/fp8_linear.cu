@@ -251,12 +251,10 @@ cudaError_t GemvT(const uint8_t* q, const float* s_act, int64_t rows, const uint
 template <typename OutT>
 cudaError_t LinearT(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                     const uint8_t* w_scale, int64_t out, int64_t in, OutT* y, cudaStream_t stream) {
-  if (rows == 0 || out == 0) return cudaSuccess;
-  if (!FastPathFits(q, w, in)) {
-    return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
-  }
-  return rows <= kFp8GemvMaxRows ? GemvT(q, s_act, rows, w, w_scale, out, in, y, stream)
-                                 : Fp8Gemm(q, s_act, rows, w, w_scale, out, in, y, stream);
+  if (rows <= kFp8GemvMaxRows) return GemvT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  if (out == 0) return cudaSuccess;
+  return FastPathFits(q, w, in) ? Fp8Gemm(q, s_act, rows, w, w_scale, out, in, y, stream)
+                                : LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
 
 }  // namespace
