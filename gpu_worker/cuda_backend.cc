@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/bf16.h"
 #include "common/rope.h"
 #include "common/status.h"
@@ -115,13 +116,21 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   ASSIGN_OR_RETURN(KvLayout layout,
                    KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
                                     b->model_->options().kv_fp8_sim_rounds));
+  // Beside the pool: the largest step's workspace (the role's tokens per step, a chunk ending at
+  // the model's context) and the margin.
+  const int64_t workspace = StepWorkspaceBytes(
+      c, tp, layout, o.max_step_tokens,
+      c.max_position_embeddings > 0 ? c.max_position_embeddings : c.yarn.original_seq_len);
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  ASSIGN_OR_RETURN(const KvFit fit,
-                   FitKvPool(layout, o.kv_tokens, o.kv_extra_sequences,
-                             static_cast<int64_t>(free_bytes), o.kv_reserve_bytes, o.kv_sequences));
+  ASSIGN_OR_RETURN(const KvFit fit, FitKvPool(layout, o.kv_tokens, o.kv_extra_sequences,
+                                              static_cast<int64_t>(free_bytes),
+                                              workspace + o.kv_reserve_bytes, o.kv_sequences));
   b->options_.kv_tokens = fit.kv_tokens;
-  b->kv_fit_ = fit.Describe();
+  b->kv_fit_ = absl::StrCat(fit.Describe(), "; the reserve is a ", o.max_step_tokens,
+                            "-token step's workspace (",
+                            absl::StrFormat("%.2f GiB", workspace / 1073741824.0), ") + ",
+                            absl::StrFormat("%.2f GiB", o.kv_reserve_bytes / 1073741824.0));
   RETURN_IF_ERROR(im.kv.Init(layout, fit.kv_tokens, o.kv_extra_sequences));
   return b;
 }
@@ -318,6 +327,33 @@ void CUDART_CB RunHostExpertsCall(void* p) {
 }
 
 }  // namespace
+
+int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, const KvLayout& kvl, int64_t tokens,
+                           int64_t context) {
+  const int64_t T = std::max<int64_t>(tokens, 1), E = std::max(context, T);
+  const int64_t H = c.n_heads / std::max(tp, 1), Dh = c.head_dim;
+  Scratch sc;
+  int64_t bytes = static_cast<int64_t>(CarveScratch(c, std::max(tp, 1), T, nullptr, &sc));
+  // Run's per-step buffers at a chunk ending at E: candidate lists, decoded rows, the indexer's
+  // scores and selections, the upload (its fp32 input streams and the plan's tables).
+  int64_t max_cand = 1, n_sel = 0;
+  for (const KvLayout::Layer& y : kvl.layers) {
+    const int64_t n_comp =
+        y.has_indexer ? std::min(c.index_topk, E / 4) : (y.ratio > 0 ? E / y.ratio : 0);
+    max_cand = std::max(max_cand, std::min(c.window_size, E) + n_comp);
+    if (y.has_indexer) n_sel = std::min(c.index_topk, E / 4);
+  }
+  const int64_t attn_rows = std::clamp<int64_t>(
+      kAttentionRowsBytes / cuda::KvSparseAttentionRowsBytes(1, max_cand, Dh, 0), 1, T);
+  bytes += T * max_cand * 8 + cuda::KvSparseAttentionRowsBytes(attn_rows, max_cand, Dh, H);
+  if (n_sel > 0) {
+    const int64_t n_cols = (E / 4 + kScoreColumns - 1) / kScoreColumns * kScoreColumns;
+    bytes += T * n_cols * 4 + T * n_sel * 4;
+  }
+  const int64_t n_layers = static_cast<int64_t>(kvl.layers.size());
+  bytes += T * c.hc_mult * c.dim * 4 + n_layers * T * 64 + (int64_t{1} << 20);
+  return bytes;
+}
 
 absl::Status CudaBackend::HostExperts(int64_t layer, int64_t rows) {
   Impl& im = *impl_;
