@@ -19,6 +19,7 @@
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/paged_kv.h"
 #include "gpu_worker/nccl_comm.h"
+#include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
 
@@ -119,7 +120,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   // Beside the pool: the largest step's workspace (the role's tokens per step, a chunk ending at
   // the model's context) and the margin.
   const int64_t workspace = StepWorkspaceBytes(
-      c, tp, layout, o.max_step_tokens,
+      c, tp, o.first_layer, o.end_layer, o.max_step_tokens,
       c.max_position_embeddings > 0 ? c.max_position_embeddings : c.yarn.original_seq_len);
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -187,114 +188,10 @@ absl::Status CudaBackend::Check(std::span<const StageChunk> batch) const {
 
 namespace {
 
-// Carves aligned pieces out of one allocation.
-// With a null base it only measures.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(reinterpret_cast<uintptr_t>(base)) {}
-  template <typename T>
-  T* Take(int64_t n) {
-    T* p = base_ == 0 ? nullptr : reinterpret_cast<T*>(base_ + off_);
-    off_ += (static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T) + 255) / 256 * 256;
-    return p;
-  }
-  size_t used() const { return off_; }
-
- private:
-  uintptr_t base_;
-  size_t off_ = 0;
-};
-
-// The step's device scratch (sized by the batch's token count T).
-struct Scratch {
-  uint16_t *h = nullptr, *h2 = nullptr, *mid = nullptr;  // [T, hc, dim]
-  uint16_t *y = nullptr, *xn = nullptr, *attn = nullptr, *moe = nullptr, *shared = nullptr;
-  float *pre = nullptr, *post = nullptr, *comb = nullptr;
-  uint16_t *qa = nullptr, *qr = nullptr, *q = nullptr, *kva = nullptr, *kv = nullptr;
-  uint16_t *o = nullptr, *z = nullptr;
-  float *cv = nullptr, *cg = nullptr;    // the main compressor's projections
-  float *icv = nullptr, *icg = nullptr;  // the indexer compressor's (the two run concurrently)
-  uint16_t* iq = nullptr;
-  float* proj = nullptr;
-  uint16_t* iw = nullptr;
-  float* rlogits = nullptr;
-  int32_t* ridx = nullptr;
-  float* rw = nullptr;
-  uint16_t *sg = nullptr, *su = nullptr, *sa = nullptr;
-  // Quantised activations (QuantizeActE4m3 layout) of a linear's input: the normed attention
-  // and MoE inputs, z and the shared expert's activations in qbuf/sbuf; the normed q latent in
-  // qbuf2/sbuf2 (while a branch's GEMV may still read qbuf).
-  uint8_t *qbuf = nullptr, *qbuf2 = nullptr;
-  float *sbuf = nullptr, *sbuf2 = nullptr;
-  float *cos0 = nullptr, *sin0 = nullptr, *cos1 = nullptr, *sin1 = nullptr;
-  int64_t *ids = nullptr, *pos = nullptr;
-  // TP > 1: the rank's fp32 partial sums, [T, dim] after attention, [2, T, dim] (shared expert,
-  // routed experts) after the MoE.
-  float* part = nullptr;
-  float* routed = nullptr;  // TP = 1: the routed experts' fp32 sum [T, dim] from the host
-  float* sf32 = nullptr;    // the interface's fp32 streams [T, hc, dim], in and out
-  // Paged KV: the chunks' raw KV as records [T], the compressors' new entries bf16 [T, head_dim]
-  // and new indexer keys bf16 [T, index_head_dim] before they are encoded into their blocks.
-  uint8_t* staging = nullptr;
-  uint16_t *centries = nullptr, *ckeys = nullptr;
-};
+using Scratch = StepScratch;
 
 // Streams up to this size go through Impl::up_host (pinned) with the step's upload (Run).
 constexpr size_t kPinnedStreamsBytes = size_t{8} << 20;
-
-// `tp` sizes the per-rank head and group buffers.
-size_t CarveScratch(const ModelConfig& c, int tp, int64_t T, char* base, Scratch* s) {
-  Carver cv(base);
-  const int64_t hc = c.hc_mult, dim = c.dim, H = c.n_heads / tp, Dh = c.head_dim;
-  const int64_t rd = c.rope_head_dim, inter = c.moe_inter_dim;
-  const int64_t max_in = std::max({dim, c.q_lora_rank, c.o_groups * c.o_lora_rank, inter});
-  s->h = cv.Take<uint16_t>(T * hc * dim);
-  s->h2 = cv.Take<uint16_t>(T * hc * dim);
-  s->mid = cv.Take<uint16_t>(T * hc * dim);
-  s->y = cv.Take<uint16_t>(T * dim);
-  s->xn = cv.Take<uint16_t>(T * dim);
-  s->attn = cv.Take<uint16_t>(T * dim);
-  s->moe = cv.Take<uint16_t>(T * dim);
-  s->shared = cv.Take<uint16_t>(T * dim);
-  s->pre = cv.Take<float>(T * hc);
-  s->post = cv.Take<float>(T * hc);
-  s->comb = cv.Take<float>(T * hc * hc);
-  s->qa = cv.Take<uint16_t>(T * c.q_lora_rank);
-  s->qr = cv.Take<uint16_t>(T * c.q_lora_rank);
-  s->q = cv.Take<uint16_t>(T * H * Dh);
-  s->kva = cv.Take<uint16_t>(T * Dh);
-  s->kv = cv.Take<uint16_t>(T * Dh);
-  s->o = cv.Take<uint16_t>(T * H * Dh);
-  s->z = cv.Take<uint16_t>(T * c.o_groups / tp * c.o_lora_rank);
-  const int64_t width = 2 * std::max(Dh, c.index_head_dim);
-  s->cv = cv.Take<float>(T * width);
-  s->cg = cv.Take<float>(T * width);
-  s->icv = cv.Take<float>(T * width);
-  s->icg = cv.Take<float>(T * width);
-  s->iq = cv.Take<uint16_t>(T * c.index_n_heads * c.index_head_dim);
-  s->proj = cv.Take<float>(T * c.index_n_heads);
-  s->iw = cv.Take<uint16_t>(T * c.index_n_heads);
-  s->rlogits = cv.Take<float>(T * c.n_routed_experts);
-  s->ridx = cv.Take<int32_t>(T * c.n_activated_experts);
-  s->rw = cv.Take<float>(T * c.n_activated_experts);
-  s->sg = cv.Take<uint16_t>(T * inter);
-  s->su = cv.Take<uint16_t>(T * inter);
-  s->sa = cv.Take<uint16_t>(T * inter);
-  s->qbuf = cv.Take<uint8_t>(T * max_in);
-  s->sbuf = cv.Take<float>(T * ((max_in + 127) / 128));
-  s->qbuf2 = cv.Take<uint8_t>(T * c.q_lora_rank);
-  s->sbuf2 = cv.Take<float>(T * ((c.q_lora_rank + 127) / 128));
-  s->cos0 = cv.Take<float>(T * rd / 2);
-  s->sin0 = cv.Take<float>(T * rd / 2);
-  s->cos1 = cv.Take<float>(T * rd / 2);
-  s->sin1 = cv.Take<float>(T * rd / 2);
-  if (tp > 1) s->part = cv.Take<float>(2 * T * dim);
-  s->routed = cv.Take<float>(T * dim);
-  s->staging = cv.Take<uint8_t>(T * 2 * Dh);  // ≥ a record of either layout
-  s->centries = cv.Take<uint16_t>(T * Dh);
-  s->ckeys = cv.Take<uint16_t>(T * c.index_head_dim);
-  return cv.used();
-}
 
 // Linear8 on the device: per-row e4m3 quantisation, then the FP8 linear (bf16 output, or the
 // fp32 partial of a TP rank's column slice).
@@ -327,33 +224,6 @@ void CUDART_CB RunHostExpertsCall(void* p) {
 }
 
 }  // namespace
-
-int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, const KvLayout& kvl, int64_t tokens,
-                           int64_t context) {
-  const int64_t T = std::max<int64_t>(tokens, 1), E = std::max(context, T);
-  const int64_t H = c.n_heads / std::max(tp, 1), Dh = c.head_dim;
-  Scratch sc;
-  int64_t bytes = static_cast<int64_t>(CarveScratch(c, std::max(tp, 1), T, nullptr, &sc));
-  // Run's per-step buffers at a chunk ending at E: candidate lists, decoded rows, the indexer's
-  // scores and selections, the upload (its fp32 input streams and the plan's tables).
-  int64_t max_cand = 1, n_sel = 0;
-  for (const KvLayout::Layer& y : kvl.layers) {
-    const int64_t n_comp =
-        y.has_indexer ? std::min(c.index_topk, E / 4) : (y.ratio > 0 ? E / y.ratio : 0);
-    max_cand = std::max(max_cand, std::min(c.window_size, E) + n_comp);
-    if (y.has_indexer) n_sel = std::min(c.index_topk, E / 4);
-  }
-  const int64_t attn_rows = std::clamp<int64_t>(
-      kAttentionRowsBytes / cuda::KvSparseAttentionRowsBytes(1, max_cand, Dh, 0), 1, T);
-  bytes += T * max_cand * 8 + cuda::KvSparseAttentionRowsBytes(attn_rows, max_cand, Dh, H);
-  if (n_sel > 0) {
-    const int64_t n_cols = (E / 4 + kScoreColumns - 1) / kScoreColumns * kScoreColumns;
-    bytes += T * n_cols * 4 + T * n_sel * 4;
-  }
-  const int64_t n_layers = static_cast<int64_t>(kvl.layers.size());
-  bytes += T * c.hc_mult * c.dim * 4 + n_layers * T * 64 + (int64_t{1} << 20);
-  return bytes;
-}
 
 absl::Status CudaBackend::HostExperts(int64_t layer, int64_t rows) {
   Impl& im = *impl_;
@@ -446,9 +316,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
 
   // Scratch and the step's inputs.
   Scratch sc;
-  const size_t need = CarveScratch(c, im.tp, T, nullptr, &sc);
+  const size_t need = CarveStepScratch(c, im.tp, T, nullptr, &sc);
   if (absl::Status e = im.arena.Reserve(need); !e.ok()) return fail(e);
-  CarveScratch(c, im.tp, T, im.arena.as<char>(), &sc);
+  CarveStepScratch(c, im.tp, T, im.arena.as<char>(), &sc);
   auto check = [&](cudaError_t e, const char* what) -> absl::Status {
     return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, what);
   };

@@ -116,16 +116,6 @@ namespace ss::gpu {
 
 class NcclComm;  // nccl_comm.h
 
-struct KvLayout;  // cuda_backend_kv.h
-
-// The device bytes a step of `tokens` tokens (one chunk ending at position `context`) takes
-// beside the weights and the KV pool at its largest: the scratch arena and Run's per-step
-// buffers (candidate lists, decoded rows, the indexer's scores and selections, the upload).
-// The indexer's scores grow with the context: tokens x context / 4 floats (2 GiB for a
-// 2048-token chunk at 1M positions).
-int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, const KvLayout& kvl, int64_t tokens,
-                           int64_t context);
-
 struct CudaBackendOptions {
   int stage = 0;
   int num_stages = 1;
@@ -137,7 +127,7 @@ struct CudaBackendOptions {
   // is refused at Create with the figures, not by an allocation failure.
   int64_t kv_tokens = 0;
   // Kept free beside the pool: the workspace of a step of max_step_tokens tokens (the role's
-  // max_batch_tokens) at the model's full context (StepWorkspaceBytes) plus kv_reserve_bytes
+  // max_batch_tokens) at the model's full context (step_workspace.h) plus kv_reserve_bytes
   // (the CUDA graphs, logits, allocation slack).
   int64_t max_step_tokens = 2048;
   int64_t kv_reserve_bytes = int64_t{1} << 29;  // 0.5 GiB

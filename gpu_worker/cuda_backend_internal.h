@@ -21,6 +21,7 @@
 #include "common/model/model.h"
 #include "gpu_worker/cuda_backend.h"
 #include "gpu_worker/cuda_backend_kv.h"
+#include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
 
@@ -89,11 +90,7 @@ inline Share ShareOf(int64_t n, int64_t unit, int parts, int rank) {
   return {std::min(n, rank * units / parts * unit), std::min(n, (rank + 1) * units / parts * unit)};
 }
 
-// Cap of the attention's decoded-rows scratch (KvSparseAttention's rows): a step of more tokens
-// (prefill) runs the attention in slices of this many bytes of rows.
-inline constexpr int64_t kAttentionRowsBytes = int64_t{64} << 20;
-// The indexer's score columns are a multiple of this (cuda_backend.cc Run).
-inline constexpr int64_t kScoreColumns = 256;
+// kAttentionRowsBytes, kScoreColumns: step_workspace.h.
 
 // A grow-only device buffer.
 struct DevBuf {

@@ -90,6 +90,12 @@ ABSL_FLAG(double, plan_gib, 24.0, "--plan: memory of each GPU in GiB");
 ABSL_FLAG(int64_t, plan_sequences, ss::gpu::MemoryPlanOptions{}.sequences,
           "--plan: sequences running at once whose compressor state (fp32, outside the KV pool) "
           "each GPU must hold besides the pool");
+ABSL_FLAG(int64_t, plan_step_tokens, ss::gpu::MemoryPlanOptions{}.step_tokens,
+          "--plan: tokens of the largest step (the coordinator's max_batch_tokens), whose "
+          "workspace each GPU keeps free beside the pool");
+ABSL_FLAG(int64_t, plan_context, 0,
+          "--plan: the longest context the step workspace must serve (0: the model's "
+          "max_position_embeddings)");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -341,10 +347,14 @@ int PrintPlan() {
   const double gib = absl::GetFlag(FLAGS_plan_gib);
   MemoryPlanOptions options;
   options.sequences = absl::GetFlag(FLAGS_plan_sequences);
-  if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0 || options.sequences < 1) {
+  options.step_tokens = absl::GetFlag(FLAGS_plan_step_tokens);
+  options.context = absl::GetFlag(FLAGS_plan_context);
+  if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0 || options.sequences < 1 ||
+      options.step_tokens < 1 || options.context < 0) {
     std::fprintf(stderr,
                  "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1, "
-                 "--plan_gib > 0 and --plan_sequences >= 1\n",
+                 "--plan_gib > 0, --plan_sequences >= 1, --plan_step_tokens >= 1 and "
+                 "--plan_context >= 0\n",
                  kName);
     return 2;
   }

@@ -1,14 +1,14 @@
 #include "gpu_worker/memory_plan.h"
 
-#include "absl/strings/string_view.h"
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "common/checkpoint_schema.h"
 #include "common/safetensors.h"
 #include "common/status.h"
+#include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
 namespace {
@@ -81,7 +81,12 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   }
   MemoryPlan plan;
   plan.weight_bytes = StageWeightBytes(model, layout);
-  plan.reserve_bytes = options.reserve_bytes;
+  const int64_t context = options.context > 0                 ? options.context
+                          : model.max_position_embeddings > 0 ? model.max_position_embeddings
+                                                              : model.yarn.original_seq_len;
+  plan.workspace_bytes = StepWorkspaceBytes(model, layout.tp_size, layout.first_layer,
+                                            layout.end_layer, options.step_tokens, context);
+  plan.reserve_bytes = options.reserve_bytes + plan.workspace_bytes;
   sched::KvCostOptions ko;
   ko.block_tokens = options.block_tokens;
   ko.first_layer = layout.first_layer;
@@ -123,10 +128,11 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
 
 std::string MemoryPlan::Describe() const {
   return absl::StrFormat(
-      "weights %s + reserve %s + compressor state %s (%d sequences x %s), KV pool %s = %d blocks "
-      "of %d tokens (%d tokens; %d window blocks per sequence)",
-      GiB(weight_bytes), GiB(reserve_bytes), GiB(state_bytes), sequences, MiB(kv_cost.state_bytes),
-      GiB(kv_pool_bytes), kv_blocks, kv_cost.block_tokens, kv_tokens, kv_cost.fixed_blocks);
+      "weights %s + reserve %s (step workspace %s) + compressor state %s (%d sequences x %s), KV "
+      "pool %s = %d blocks of %d tokens (%d tokens; %d window blocks per sequence)",
+      GiB(weight_bytes), GiB(reserve_bytes), GiB(workspace_bytes), GiB(state_bytes), sequences,
+      MiB(kv_cost.state_bytes), GiB(kv_pool_bytes), kv_blocks, kv_cost.block_tokens, kv_tokens,
+      kv_cost.fixed_blocks);
 }
 
 }  // namespace ss::gpu

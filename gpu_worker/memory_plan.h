@@ -1,6 +1,6 @@
 // Device-memory plan of one GPU worker (issue 5: "a 24 GB card's budget is respected"): the
 // bytes of the weights its role keeps on the device, what is left for the KV pool after a
-// reserve for the CUDA context, workspaces and activations, and the pool's capacity in blocks
+// reserve for the CUDA context and the largest step's workspace, and the pool's capacity in blocks
 // and tokens — computed from config.json alone, before any weight is read, so a layout that does
 // not fit is refused at start with the numbers, not by an out-of-memory error mid-load.
 //
@@ -20,7 +20,8 @@
 // also keeps its compressor state (kv_cost.state_bytes, 11.6 MiB at Flash for a whole-model
 // stage) on the device outside the pool (gpu_worker/cuda_backend_kv.h), so the plan sets aside
 // the states of `sequences` sequences before sizing the pool:
-//   kv_pool_bytes = device - weights - reserve - sequences x state_bytes
+//   kv_pool_bytes = device - weights - reserve - sequences x state_bytes,
+//   reserve = options.reserve_bytes + StepWorkspaceBytes(step_tokens, context)
 #pragma once
 
 #include <cstdint>
@@ -42,8 +43,13 @@ struct StageLayout {
 };
 
 struct MemoryPlanOptions {
-  // CUDA context, cuBLAS workspace, activations and staging buffers of a micro-batch.
-  int64_t reserve_bytes = int64_t{3} << 29;  // 1.5 GiB
+  // The CUDA context, the CUDA graphs and allocation slack (the worker's own 0.5 GiB beside the
+  // context), on top of the workspace of a step of step_tokens tokens (the coordinator's
+  // max_batch_tokens) at position `context` (0: the model's max_position_embeddings), which the
+  // worker keeps free beside its pool (step_workspace.h).
+  int64_t reserve_bytes = int64_t{1} << 30;  // 1 GiB
+  int64_t step_tokens = 2048;
+  int64_t context = 0;
   int64_t block_tokens = 128;
   // The pool must hold at least this many tokens of one sequence (plus its fixed state),
   // else the layout is refused.
@@ -56,17 +62,18 @@ struct MemoryPlanOptions {
 };
 
 struct MemoryPlan {
-  int64_t weight_bytes = 0;  // resident on this GPU
-  int64_t reserve_bytes = 0;
+  int64_t weight_bytes = 0;     // resident on this GPU
+  int64_t reserve_bytes = 0;    // options.reserve_bytes + workspace_bytes
+  int64_t workspace_bytes = 0;  // StepWorkspaceBytes of options.step_tokens at options.context
   int64_t sequences = 0;      // options.sequences
   int64_t state_bytes = 0;    // their compressor states: sequences x kv_cost.state_bytes
   int64_t kv_pool_bytes = 0;  // what is left for the KV pool
   sched::KvCostModel kv_cost;
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)
-  // "weights 8.24 GiB + reserve 1.50 GiB + compressor state 0.73 GiB (64 sequences x 11.6 MiB),
-  // KV pool 13.53 GiB = 32306 blocks of 128 tokens (4134144 tokens; 8 window blocks per
-  // sequence)" (Flash, TP 1 x PP 1, 24 GiB)
+  // "weights 8.24 GiB + reserve 4.15 GiB (step workspace 3.15 GiB) + compressor state 0.73 GiB
+  // (64 sequences x 11.6 MiB), KV pool 10.89 GiB = 25990 blocks of 128 tokens (3325696 tokens; 8
+  // window blocks per sequence)" (Flash, TP 1 x PP 1, 24 GiB)
   std::string Describe() const;
 };
 

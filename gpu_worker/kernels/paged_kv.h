@@ -27,6 +27,8 @@
 
 #include <cstdint>
 
+#include "gpu_worker/kernels/paged_kv_sizes.h"
+
 namespace ss::cuda {
 
 // Bytes of a record / an MXFP4 key.
@@ -145,20 +147,7 @@ cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const flo
                               uint16_t* rows = nullptr, bool rows_decoded = false,
                               const float* rope_cos = nullptr, const float* rope_sin = nullptr,
                               int64_t rope_dim = 0);
-inline constexpr int64_t kKvSplitMaxTokens = 8;
-inline constexpr int64_t kKvSplitChunk = 64;  // kSparseChunk, the softmax recurrence's chunk
-// Per (token, head, chunk): the p·V partial (head_dim fp32), the chunk's 64 scores, its max,
-// alpha and p sum.
-inline constexpr int64_t KvSplitBytes(int64_t T, int64_t n_heads, int64_t n_cand,
-                                      int64_t head_dim) {
-  return T * n_heads * ((n_cand + kKvSplitChunk - 1) / kKvSplitChunk) *
-         (head_dim + kKvSplitChunk + 4) * 4;
-}
-inline constexpr int64_t KvSparseAttentionRowsBytes(int64_t T, int64_t n_cand, int64_t head_dim,
-                                                    int64_t n_heads) {
-  return T * n_cand * head_dim * 2 +
-         KvSplitBytes(T < kKvSplitMaxTokens ? T : kKvSplitMaxTokens, n_heads, n_cand, head_dim);
-}
+// kKvSplitMaxTokens, KvSplitBytes and KvSparseAttentionRowsBytes: paged_kv_sizes.h.
 
 // Entry points, for attribute queries (ptxVersion) in tests.
 const void* KvBuildCandidatesKernel();

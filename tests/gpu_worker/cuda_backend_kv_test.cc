@@ -12,7 +12,6 @@
 
 #include "common/kv_cost_model.h"
 #include "common/model_config.h"
-#include "gpu_worker/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/tools/test_configs.h"
 
@@ -158,34 +157,6 @@ TEST(KvFitTest, SizesThePoolToTheFreeMemoryAndRefusesWhatDoesNotFit) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(FitKvPool(*k, 0, 8, 20 * gib, reserve, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-// The workspace a step needs beside the pool (what Create keeps free): at Flash, TP 1, one stage
-// of every layer, a 2048-token chunk at 1M positions is dominated by the indexer's scores
-// (2048 x 262144 floats = 2 GiB); it shrinks with the context and the tokens, and with TP (the
-// per-rank head buffers).
-TEST(KvFitTest, StepWorkspaceGrowsWithTokensAndContext) {
-  const ModelConfig c = Parse(testing_util::kFlashConfig);
-  absl::StatusOr<KvLayout> k = KvLayout::Create(c, 0, static_cast<int>(c.n_layers), 128);
-  ASSERT_TRUE(k.ok()) << k.status();
-  const int64_t mib = int64_t{1} << 20;
-  const int64_t full = StepWorkspaceBytes(c, 1, *k, 2048, 1 << 20);
-  const int64_t scores = int64_t{2048} * (1 << 18) * 4;
-  std::printf(
-      "Flash TP 1, 2048 tokens at 1M: %.0f MiB; at 8K: %.0f MiB; 1 token at 1M: %.0f MiB; "
-      "TP 2: %.0f MiB\n",
-      full / double(mib), StepWorkspaceBytes(c, 1, *k, 2048, 8192) / double(mib),
-      StepWorkspaceBytes(c, 1, *k, 1, 1 << 20) / double(mib),
-      StepWorkspaceBytes(c, 2, *k, 2048, 1 << 20) / double(mib));
-  EXPECT_GT(full, scores);
-  EXPECT_LT(full, scores + 2048 * mib);
-  EXPECT_LT(StepWorkspaceBytes(c, 1, *k, 2048, 8192), full - scores);
-  EXPECT_LT(StepWorkspaceBytes(c, 1, *k, 1, 1 << 20), 256 * mib);
-  EXPECT_LT(StepWorkspaceBytes(c, 2, *k, 2048, 1 << 20), full);
-  // A stage of SWA layers only (layer 0): no indexer scores at all.
-  absl::StatusOr<KvLayout> swa = KvLayout::Create(c, 0, 1, 128);
-  ASSERT_TRUE(swa.ok()) << swa.status();
-  EXPECT_LT(StepWorkspaceBytes(c, 1, *swa, 2048, 1 << 20), full - scores);
 }
 
 // A released sequence's compressor states are reused, reset, by the next new sequence: no

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "common/model/model.h"
-#include "gpu_worker/cuda_backend_kv.h"
+#include "gpu_worker/step_workspace.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 #include "tests/gpu_worker/tiny_schedule.h"
@@ -311,13 +311,10 @@ TEST_F(CudaBackendTest, SizesTheKvPoolToTheDevice) {
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
   CudaBackendOptions o = WholeModelOptions(40);
   const ModelConfig& c = TinyModel()->config();
-  absl::StatusOr<KvLayout> layout =
-      KvLayout::Create(c, 0, static_cast<int>(c.n_layers), o.kv_block_tokens);
-  ASSERT_TRUE(layout.ok()) << layout.status();
   o.kv_tokens = 0;
   o.max_step_tokens = 64;
-  const int64_t workspace =
-      StepWorkspaceBytes(c, 1, *layout, o.max_step_tokens, c.max_position_embeddings);
+  const int64_t workspace = StepWorkspaceBytes(c, 1, 0, static_cast<int>(c.n_layers),
+                                               o.max_step_tokens, c.max_position_embeddings);
   o.kv_reserve_bytes =
       static_cast<int64_t>(free_bytes) - workspace - (int64_t{256} << 20);  // 256 MiB left
   o.kv_sequences = 2;

@@ -1,7 +1,11 @@
 // The GPU worker's memory plan at DeepSeek-V4-Flash sizes on 24 GB cards.
 #include "gpu_worker/memory_plan.h"
 
+#include <cstdio>
+#include <string>
+
 #include "common/checkpoint_schema.h"
+#include "gpu_worker/step_workspace.h"
 #include "gtest/gtest.h"
 #include "tests/tools/test_configs.h"
 
@@ -64,6 +68,19 @@ TEST(MemoryPlanTest, FlashFitsOn3090sAndReportsKvCapacity) {
   EXPECT_EQ(one->kv_cost.state_bytes, 12'206'080);
   EXPECT_EQ(one->state_bytes, 64 * 12'206'080);
   EXPECT_EQ(one->kv_pool_bytes, k3090 - one->weight_bytes - one->reserve_bytes - one->state_bytes);
+  // The reserve: 1 GiB plus what the worker keeps free at start, a 2048-token step's workspace at
+  // the model's 1M positions (step_workspace.h); a shorter planned context leaves more KV.
+  EXPECT_EQ(one->workspace_bytes, StepWorkspaceBytes(m, 1, 0, 43, 2048, 1 << 20));
+  EXPECT_EQ(one->reserve_bytes, kGiB + one->workspace_bytes);
+  EXPECT_NE(one->Describe().find("(step workspace 3.15 GiB)"), std::string::npos)
+      << one->Describe();
+  MemoryPlanOptions short_context;
+  short_context.context = 131072;
+  absl::StatusOr<MemoryPlan> shorter =
+      PlanStageMemory(m, {0, 43, 1, true, true, true}, k3090, short_context);
+  ASSERT_TRUE(shorter.ok()) << shorter.status();
+  EXPECT_EQ(shorter->workspace_bytes, StepWorkspaceBytes(m, 1, 0, 43, 2048, 131072));
+  EXPECT_GT(shorter->kv_tokens, one->kv_tokens);
   EXPECT_EQ(one->kv_cost.block_bytes, 449'824);
   EXPECT_EQ(one->kv_cost.fixed_blocks, 8);
   EXPECT_EQ(one->kv_blocks, one->kv_pool_bytes / 449'824);
@@ -141,6 +158,31 @@ TEST(MemoryPlanTest, RefusesLayoutsThatDoNotFit) {
             absl::StatusCode::kInvalidArgument);  // 3 does not divide 64 heads
   EXPECT_EQ(PlanStageMemory(m, {40, 50, 1, false, true, false}, k3090).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The workspace a step needs beside the pool (what Create keeps free): at Flash, TP 1, one stage
+// of every layer, a 2048-token chunk at 1M positions is dominated by the indexer's scores
+// (2048 x 262144 floats = 2 GiB); it shrinks with the context and the tokens, and with TP (the
+// per-rank head buffers).
+TEST(StepWorkspaceTest, GrowsWithTokensAndContext) {
+  const ModelConfig c = Flash();
+  const int n = static_cast<int>(c.n_layers);
+  const int64_t mib = int64_t{1} << 20;
+  const int64_t full = StepWorkspaceBytes(c, 1, 0, n, 2048, 1 << 20);
+  const int64_t scores = int64_t{2048} * (1 << 18) * 4;
+  std::printf(
+      "Flash TP 1, 2048 tokens at 1M: %.0f MiB; at 8K: %.0f MiB; 1 token at 1M: %.0f MiB; "
+      "TP 2: %.0f MiB\n",
+      full / double(mib), StepWorkspaceBytes(c, 1, 0, n, 2048, 8192) / double(mib),
+      StepWorkspaceBytes(c, 1, 0, n, 1, 1 << 20) / double(mib),
+      StepWorkspaceBytes(c, 2, 0, n, 2048, 1 << 20) / double(mib));
+  EXPECT_GT(full, scores);
+  EXPECT_LT(full, scores + 2048 * mib);
+  EXPECT_LT(StepWorkspaceBytes(c, 1, 0, n, 2048, 8192), full - scores);
+  EXPECT_LT(StepWorkspaceBytes(c, 1, 0, n, 1, 1 << 20), 256 * mib);
+  EXPECT_LT(StepWorkspaceBytes(c, 2, 0, n, 2048, 1 << 20), full);
+  // A stage of SWA layers only (layer 0): no indexer scores at all.
+  EXPECT_LT(StepWorkspaceBytes(c, 1, 0, 1, 2048, 1 << 20), full - scores);
 }
 
 }  // namespace
