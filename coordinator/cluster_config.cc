@@ -1,5 +1,6 @@
 #include "coordinator/cluster_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -299,6 +300,15 @@ absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus)
     for (int r = 0; r < tp; ++r) devices.push_back((s * tp + r) % gpus);
   }
   return devices;
+}
+
+int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& devices,
+                       int64_t fallback) {
+  if (requested > 0) return requested;
+  if (!cuda || devices.empty()) return fallback;
+  std::vector<int> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() ? 0 : fallback;
 }
 
 int StageOf(const ClusterConfig& c, const std::string& worker_id) {

@@ -93,6 +93,13 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
 // GPU, so a stage's ranks must land on distinct GPUs: tp > gpus is InvalidArgument, saying so.
 absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus);
 
+// The KV capacity a launcher passes its GPU workers (--kv_tokens): `requested` when > 0; for 0
+// (auto), 0 again where the cuda backend runs every worker on a GPU of its own (`devices`, one
+// per worker: each worker then fills its GPU's free memory, gpu_worker/cuda_backend.h), else
+// `fallback` (the cpu backend, or workers sharing a GPU, where one would take the others' memory).
+int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& devices,
+                       int64_t fallback);
+
 // The stage of GPU worker `worker_id`; -1 for an id the config does not name.
 int StageOf(const ClusterConfig& config, const std::string& worker_id);
 // The other workers of `worker_id`'s stage (its TP group); empty for TP 1 or an unknown id.

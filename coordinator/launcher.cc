@@ -42,21 +42,27 @@ constexpr char kUsage[] =
     "usage: splitserve up [--model DIR] [--tokenizer FILE] [--host H] [--port P]\n"
     "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
     "                     [--expert-workers N|auto]\n"
-    "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N] [--api-keys K1,K2]\n"
+    "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
+    "                     [--api-keys K1,K2]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
     "  Without --model: the bundled tiny model (random weights: its text is noise).\n"
     "  --tp N (cuda): N tensor-parallel GPU workers per stage; stage s, rank r runs on GPU\n"
-    "  (s*N + r) mod G of the machine's G GPUs (stages may share GPUs, a stage's ranks not).\n";
+    "  (s*N + r) mod G of the machine's G GPUs (stages may share GPUs, a stage's ranks not).\n"
+    "  --kv-tokens auto (default): with the cuda backend and one GPU worker per GPU each worker\n"
+    "  fills its GPU's free memory with KV; otherwise 65536 tokens per worker.\n";
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
   std::string isa = "auto", api_keys, log_dir;
   int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
-  int64_t kv_tokens = 65536;
+  int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
 };
+
+// --kv-tokens auto where the workers cannot each fill a GPU of their own.
+constexpr int64_t kFallbackKvTokens = 65536;
 
 bool ParseInt(const std::string& s, int64_t min, int64_t max, int64_t* out) {
   return absl::SimpleAtoi(s, out) && *out >= min && *out <= max;
@@ -109,10 +115,13 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
     } else if (name == "--isa") {
       o->isa = value;
     } else if (name == "--kv-tokens") {
-      if (!ParseInt(value, 1, int64_t{1} << 40, &v)) {
-        return absl::StrCat("--kv-tokens ", value, ": expected a positive number");
+      if (value == "auto") {
+        o->kv_tokens = 0;
+      } else if (!ParseInt(value, 1, int64_t{1} << 40, &v)) {
+        return absl::StrCat("--kv-tokens ", value, ": expected a positive number or auto");
+      } else {
+        o->kv_tokens = v;
       }
-      o->kv_tokens = v;
     } else if (name == "--api-keys") {
       o->api_keys = value;
     } else if (name == "--ready-timeout-s") {
@@ -353,6 +362,16 @@ int RunUpCommand(int argc, char** argv) {
                  static_cast<long long>(model->n_layers));
     return 2;
   }
+  const int64_t kv_tokens =
+      coord::LaunchKvTokens(o.kv_tokens, backend == "cuda", devices, kFallbackKvTokens);
+  if (o.kv_tokens == 0 && kv_tokens == 0) {
+    std::printf("splitserve up: KV cache: each GPU worker fills its GPU's free memory\n");
+  } else if (o.kv_tokens == 0 && backend == "cuda") {
+    std::printf(
+        "splitserve up: KV cache: %lld tokens per GPU worker (workers share GPUs; "
+        "--kv-tokens N to choose)\n",
+        static_cast<long long>(kv_tokens));
+  }
   int nodes = 1;
   if (absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
       topo.ok()) {
@@ -521,7 +540,7 @@ int RunUpCommand(int argc, char** argv) {
                                      "--model",
                                      o.model,
                                      "--kv-tokens",
-                                     absl::StrCat(o.kv_tokens),
+                                     absl::StrCat(kv_tokens),
                                      "--metrics-listen",
                                      metrics_addr(static_cast<int>(i))};
     if (backend == "cuda") {

@@ -125,6 +125,15 @@ TEST(ClusterConfigTest, CudaDevicesOfStagesAndRanks) {
   EXPECT_FALSE(AssignCudaDevices(0, 1, 1).ok());
 }
 
+TEST(ClusterConfigTest, LaunchKvTokensFillsGpusOnlyWhereEachWorkerHasItsOwn) {
+  EXPECT_EQ(LaunchKvTokens(4096, true, {0, 1}, 65536), 4096);  // asked for: as asked
+  EXPECT_EQ(LaunchKvTokens(0, true, {0, 1, 2, 3}, 65536), 0);  // TP 2 x PP 2 on 4: fill
+  EXPECT_EQ(LaunchKvTokens(0, true, {0}, 65536), 0);
+  EXPECT_EQ(LaunchKvTokens(0, true, {0, 1, 0, 1}, 65536), 65536);  // TP 2 x PP 2 on 2: shared
+  EXPECT_EQ(LaunchKvTokens(0, true, {0, 0}, 65536), 65536);
+  EXPECT_EQ(LaunchKvTokens(0, false, {}, 65536), 65536);  // cpu backend
+}
+
 TEST(ClusterConfigTest, RejectsBadConfigsNamingTheField) {
   const ModelConfig model = TinyModel();
   const std::vector<std::pair<std::string, std::string>> cases = {
