@@ -88,9 +88,9 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
     return absl::InvalidArgumentError("cluster config: not a JSON object");
   }
   static const std::set<std::string> kKeys = {
-      "model_name",  "kv_block_tokens", "max_batch_tokens",      "max_running",
-      "max_waiting", "stages",          "heartbeat_interval_ms", "heartbeat_timeout_ms",
-      "expert_workers"};
+      "model_name",     "kv_block_tokens", "max_batch_tokens",      "max_running",
+      "max_waiting",    "stages",          "heartbeat_interval_ms", "heartbeat_timeout_ms",
+      "expert_workers", "max_model_len"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.contains(key)) {
       return absl::InvalidArgumentError(absl::StrCat("cluster config: unknown key '", key, "'"));
@@ -104,6 +104,13 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
   RETURN_IF_ERROR(ReadInt(j, "max_batch_tokens", 1, &c.max_batch_tokens));
   RETURN_IF_ERROR(ReadInt(j, "max_running", 1, &c.max_running));
   RETURN_IF_ERROR(ReadInt(j, "max_waiting", 0, &c.max_waiting));
+  RETURN_IF_ERROR(ReadInt(j, "max_model_len", 1, &c.max_model_len));
+  if (c.max_model_len > model.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster config: 'max_model_len' ", c.max_model_len,
+        " exceeds the model's max_position_embeddings (", model.max_position_embeddings, ")"));
+  }
+  if (c.max_model_len == 0) c.max_model_len = static_cast<int>(model.max_position_embeddings);
   RETURN_IF_ERROR(ReadInt(j, "heartbeat_interval_ms", 10, &c.heartbeat_interval_ms));
   RETURN_IF_ERROR(ReadInt(j, "heartbeat_timeout_ms", 100, &c.heartbeat_timeout_ms));
   if (c.heartbeat_timeout_ms < 2 * c.heartbeat_interval_ms) {
@@ -263,6 +270,7 @@ std::string ClusterConfigToJson(const ClusterConfig& c) {
   j["max_batch_tokens"] = c.max_batch_tokens;
   j["max_running"] = c.max_running;
   j["max_waiting"] = c.max_waiting;
+  if (c.max_model_len > 0) j["max_model_len"] = c.max_model_len;
   j["heartbeat_interval_ms"] = c.heartbeat_interval_ms;
   j["heartbeat_timeout_ms"] = c.heartbeat_timeout_ms;
   j["stages"] = json::array();
@@ -300,6 +308,10 @@ absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus)
     for (int r = 0; r < tp; ++r) devices.push_back((s * tp + r) % gpus);
   }
   return devices;
+}
+
+int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model) {
+  return c.max_model_len > 0 ? c.max_model_len : model.max_position_embeddings;
 }
 
 int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& devices,
@@ -347,6 +359,7 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& c, const std::
       role.set_kv_block_tokens(c.kv_block_tokens);
       role.set_max_batch_tokens(c.max_batch_tokens);
       role.set_max_running(c.max_running);
+      role.set_max_model_len(c.max_model_len);
       role.set_heartbeat_interval_ms(c.heartbeat_interval_ms);
       role.set_model_name(c.model_name);
       for (int layer = stage.first_layer; layer < stage.end_layer; ++layer) {

@@ -10,6 +10,8 @@
 //     "max_batch_tokens": 2048,                // optional: tokens per micro-batch
 //     "max_running": 64,                       // optional: sequences holding KV at once
 //     "max_waiting": 1024,                     // optional: queued requests before 503
+//     "max_model_len": 131072,                 // optional: longest prompt + output (default
+//                                              // and most: the model's max_position_embeddings)
 //     "heartbeat_interval_ms": 1000,           // optional
 //     "heartbeat_timeout_ms": 10000,           // optional: a silent worker is declared dead
 //     "stages": [                              // in pipeline order, covering every layer once
@@ -64,6 +66,10 @@ struct ClusterConfig {
   int max_batch_tokens = 2048;
   int max_running = 64;
   int max_waiting = 1024;
+  // Longest sequence (prompt + max_tokens) the gateway admits; after parsing, the model's
+  // max_position_embeddings where the file names none. GPU workers size their step workspace for
+  // it (the indexer's scores grow with the context: gpu_worker/step_workspace.h).
+  int max_model_len = 0;
   int heartbeat_interval_ms = 1000;
   int heartbeat_timeout_ms = 10000;
   std::vector<StageSpec> stages;
@@ -92,6 +98,10 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
 // GPUs (several processes on one GPU), but NCCL forbids two ranks of one communicator on one
 // GPU, so a stage's ranks must land on distinct GPUs: tp > gpus is InvalidArgument, saying so.
 absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus);
+
+// The longest sequence the cluster serves: c.max_model_len, or the model's
+// max_position_embeddings where it is 0 (a config built in code rather than parsed).
+int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model);
 
 // The KV capacity a launcher passes its GPU workers (--kv_tokens): `requested` when > 0; for 0
 // (auto), 0 again where the cuda backend runs every worker on a GPU of its own (`devices`, one

@@ -289,7 +289,7 @@ bool ClusterEngine::Connect(std::string* why) {
     return false;
   }
   sched::SchedulerConfig sc;
-  sc.max_model_len = model_.max_position_embeddings;
+  sc.max_model_len = MaxModelLen(config, model_);
   sc.max_tokens_per_step = config.max_batch_tokens;
   sc.max_running = config.max_running;
   sc.max_waiting = config.max_waiting;

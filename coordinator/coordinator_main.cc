@@ -132,7 +132,7 @@ int Run(int argc, char** argv) {
   for (absl::string_view k : absl::StrSplit(keys, ',', absl::SkipWhitespace())) {
     gc.api_keys.emplace_back(k);
   }
-  gc.max_context_tokens = static_cast<int32_t>(model->max_position_embeddings);
+  gc.max_context_tokens = static_cast<int32_t>(MaxModelLen(*cluster, *model));
   gc.metrics = &registry;
   gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };
   gc.num_waiting = [&engine] { return engine.NumWaiting(); };

@@ -43,7 +43,7 @@ constexpr char kUsage[] =
     "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
-    "                     [--api-keys K1,K2]\n"
+    "                     [--max-model-len N] [--api-keys K1,K2]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
@@ -51,7 +51,9 @@ constexpr char kUsage[] =
     "  --tp N (cuda): N tensor-parallel GPU workers per stage; stage s, rank r runs on GPU\n"
     "  (s*N + r) mod G of the machine's G GPUs (stages may share GPUs, a stage's ranks not).\n"
     "  --kv-tokens auto (default): with the cuda backend and one GPU worker per GPU each worker\n"
-    "  fills its GPU's free memory with KV; otherwise 65536 tokens per worker.\n";
+    "  fills its GPU's free memory with KV; otherwise 65536 tokens per worker.\n"
+    "  --max-model-len N: the longest prompt + output served (default: the model's positions);\n"
+    "  a shorter one leaves the GPU workers more memory for KV.\n";
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
@@ -59,6 +61,7 @@ struct Options {
   int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
 };
 
 // --kv-tokens auto where the workers cannot each fill a GPU of their own.
@@ -122,6 +125,11 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
       } else {
         o->kv_tokens = v;
       }
+    } else if (name == "--max-model-len") {
+      if (!ParseInt(value, 1, int64_t{1} << 30, &v)) {
+        return absl::StrCat("--max-model-len ", value, ": expected a positive number");
+      }
+      o->max_model_len = v;
     } else if (name == "--api-keys") {
       o->api_keys = value;
     } else if (name == "--ready-timeout-s") {
@@ -339,6 +347,12 @@ int RunUpCommand(int argc, char** argv) {
                  gpus);
     return 2;
   }
+  if (o.max_model_len > model->max_position_embeddings) {
+    std::fprintf(stderr, "splitserve up: --max-model-len %lld exceeds the model's %lld positions\n",
+                 static_cast<long long>(o.max_model_len),
+                 static_cast<long long>(model->max_position_embeddings));
+    return 2;
+  }
   if (model->n_heads % o.tp != 0) {
     std::fprintf(stderr, "splitserve up: --tp %d does not divide the model's %lld heads\n", o.tp,
                  static_cast<long long>(model->n_heads));
@@ -397,6 +411,7 @@ int RunUpCommand(int argc, char** argv) {
   cluster.kv_block_tokens = static_cast<int>(std::max<int64_t>(128, max_ratio));
   cluster.max_batch_tokens = 2048;
   cluster.max_running = 64;
+  cluster.max_model_len = static_cast<int>(o.max_model_len);
   const int n_layers = static_cast<int>(model->n_layers);
   for (int s = 0; s < o.stages; ++s) {
     coord::StageSpec st;

@@ -73,6 +73,7 @@ StageRole RoleFromProto(const pb::Role& r, const std::string& worker_id) {
   role.kv_block_tokens = r.kv_block_tokens();
   role.max_batch_tokens = r.max_batch_tokens();
   role.max_running = r.max_running();
+  role.max_model_len = r.max_model_len();
   role.heartbeat_interval_ms = r.heartbeat_interval_ms();
   role.model_name = r.model_name();
   return role;

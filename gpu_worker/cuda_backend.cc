@@ -119,9 +119,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
                                     b->model_->options().kv_fp8_sim_rounds));
   // Beside the pool: the largest step's workspace (the role's tokens per step, a chunk ending at
   // the model's context) and the margin.
-  const int64_t workspace = StepWorkspaceBytes(
-      c, tp, o.first_layer, o.end_layer, o.max_step_tokens,
-      c.max_position_embeddings > 0 ? c.max_position_embeddings : c.yarn.original_seq_len);
+  const int64_t workspace =
+      StepWorkspaceBytes(c, tp, o.first_layer, o.end_layer, o.max_step_tokens,
+                         o.max_context > 0               ? o.max_context
+                         : c.max_position_embeddings > 0 ? c.max_position_embeddings
+                                                         : c.yarn.original_seq_len);
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   ASSIGN_OR_RETURN(const KvFit fit, FitKvPool(layout, o.kv_tokens, o.kv_extra_sequences,

@@ -130,6 +130,7 @@ struct CudaBackendOptions {
   // max_batch_tokens) at the model's full context (step_workspace.h) plus kv_reserve_bytes
   // (the CUDA graphs, logits, allocation slack).
   int64_t max_step_tokens = 2048;
+  int64_t max_context = 0;  // the longest sequence served; 0: the model's max_position_embeddings
   int64_t kv_reserve_bytes = int64_t{1} << 29;  // 0.5 GiB
   int64_t kv_sequences = 64;                    // the coordinator's default max_running
   // Paged KV (cuda_backend_kv.h): tokens per block (the coordinator's kv_block_tokens; a

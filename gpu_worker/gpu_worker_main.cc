@@ -282,6 +282,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
     co.kv_tokens = o.kv_tokens;  // 0: what the device's free memory holds
     if (role.max_running > 0) co.kv_sequences = role.max_running;
     if (role.max_batch_tokens > 0) co.max_step_tokens = role.max_batch_tokens;
+    co.max_context = role.max_model_len;
     co.kv_block_tokens = role.kv_block_tokens;
     co.device = c.cuda_device;
     co.experts = [client](int64_t layer) -> const model::RoutedExperts* {

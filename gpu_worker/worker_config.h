@@ -115,6 +115,7 @@ struct StageRole {
   int kv_block_tokens = 128;
   int max_batch_tokens = 0;
   int max_running = 0;
+  int max_model_len = 0;  // the coordinator's; 0: the model's max_position_embeddings
   int heartbeat_interval_ms = 1000;
   std::string model_name;
   std::string next_stage_address;  // non-last stage: stage + 1's worker of the same TP rank

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/cluster_protocol.h"
 #include "common/model_config.h"
 #include "coordinator/cluster_config.h"
@@ -63,6 +64,36 @@ TEST(ClusterConfigTest, ParsesRolesAndRoundTrips) {
   absl::StatusOr<ClusterConfig> again = ParseClusterConfig(ClusterConfigToJson(*c), model);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(ClusterConfigToJson(*again), ClusterConfigToJson(*c));
+}
+
+// max_model_len: the model's positions by default, a shorter limit when given (every worker
+// learns it with its role), never more than the model's.
+TEST(ClusterConfigTest, MaxModelLenDefaultsToTheModelAndReachesTheRoles) {
+  const ModelConfig model = TinyModel();
+  const int64_t positions = model.max_position_embeddings;
+  ASSERT_GT(positions, 100);
+  absl::StatusOr<ClusterConfig> c =
+      ParseClusterConfig(R"({"stages": [{"layers": "0-6", "workers": ["a"]}]})", model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_model_len, positions);
+  EXPECT_EQ(RoleFor(*c, "a")->max_model_len(), positions);
+  c = ParseClusterConfig(
+      R"({"max_model_len": 100, "stages": [{"layers": "0-6", "workers": ["a"]}]})", model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_model_len, 100);
+  EXPECT_EQ(MaxModelLen(*c, model), 100);
+  EXPECT_EQ(RoleFor(*c, "a")->max_model_len(), 100);
+  EXPECT_EQ(ClusterConfigToJson(*ParseClusterConfig(ClusterConfigToJson(*c), model)),
+            ClusterConfigToJson(*c));
+  const absl::Status too_long =
+      ParseClusterConfig(absl::StrCat(R"({"max_model_len": )", positions + 1,
+                                      R"(, "stages": [{"layers": "0-6", "workers": ["a"]}]})"),
+                         model)
+          .status();
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.message().find("'max_model_len'"), std::string::npos) << too_long;
+  ClusterConfig in_code;  // not parsed: 0 stands for the model's
+  EXPECT_EQ(MaxModelLen(in_code, model), positions);
 }
 
 TEST(ClusterConfigTest, SlicesGoToTpRanks) {

@@ -28,6 +28,7 @@ TEST(DeployFilesTest, ClusterExampleParses) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->num_gpu_workers(), 4);
   EXPECT_EQ(c->expert_workers.size(), 4u);
+  EXPECT_EQ(c->max_model_len, 131072);  // 128K: the workers keep ~2 GiB less workspace than at 1M
 }
 
 // `--name=` flags of a unit's ExecStart must be flags of the binary (its --helpfull lists them).

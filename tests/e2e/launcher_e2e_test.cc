@@ -92,7 +92,7 @@ TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
   const int port = testing_util::FreeLoopbackPort();
   const std::string log = dir / "up.log";
   ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
-                   "--log-dir", dir / "logs"},
+                   "--log-dir", dir / "logs", "--max-model-len", "512"},
                   log);
   const int pid = up.pid();
   ASSERT_TRUE(WaitReady(port, up)) << ReadLog(log);
@@ -141,6 +141,15 @@ TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models && models->status == 200);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+  // --max-model-len reached the gateway: reported, and a longer request is refused.
+  EXPECT_EQ(json::parse(models->body)["data"][0]["max_model_len"], 512) << models->body;
+  auto too_long = c.Post("/v1/chat/completions",
+                         R"({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],)"
+                         R"( "max_tokens": 600})",
+                         "application/json");
+  ASSERT_TRUE(too_long);
+  EXPECT_EQ(too_long->status, 400) << too_long->body;
+  EXPECT_NE(too_long->body.find("context_length_exceeded"), std::string::npos) << too_long->body;
 
   EXPECT_EQ(up.Stop(), 0) << ReadLog(log);
   for (int child : children) EXPECT_FALSE(ProcessAlive(child)) << child;
@@ -181,7 +190,9 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
                                              {"--model", "/nonexistent"},
                                              {"--stages", "99"},
                                              {"--tp", "0"},
-                                             {"--backend", "cpu", "--tp", "2"}}) {
+                                             {"--backend", "cpu", "--tp", "2"},
+                                             {"--kv-tokens", "0"},
+                                             {"--max-model-len", "999999"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
     argv.insert(argv.end(), args.begin(), args.end());
     ChildProcess p(argv, "/dev/null");
