@@ -1,0 +1,227 @@
+// The decode's fused launches against the launches each replaces (label gpu): the same bits.
+// Shapes: Flash's (hidden 4096, q_lora 1024, shared inter 2048, 64 heads of 512 with 64 rope
+// dims, hc 4) and ragged ones (a partial last 128-block, a strided gate/up, dims the fused
+// kernels leave to the unfused launches). Without a CUDA device every test skips with a message.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "gpu_worker/kernels/block_kernels.h"
+#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/kernels.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_test_util.h"
+
+namespace ss::cuda {
+namespace {
+
+using namespace testing_util;  // NOLINT: the shared GPU test helpers
+
+class FusedLaunchesTest : public GpuTest {};
+
+constexpr float kEps = 1e-6f;
+
+// a and b element by element, the same bits; prints how many differ.
+template <typename V>
+void ExpectSameBits(const std::string& label, const V& a, const V& b) {
+  ASSERT_EQ(a.size(), b.size()) << label;
+  size_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0;
+  std::printf("%-52s %zu of %zu differ\n", label.c_str(), diff, a.size());
+  EXPECT_EQ(diff, 0u) << label;
+}
+
+// A produced bf16 row block [rows, n] and its quantisation (QuantizeActE4m3's layout).
+struct Quantised {
+  Quantised(int64_t rows, int64_t n) : y(rows * n), q(rows * n), s(rows * ((n + 127) / 128)) {}
+  DeviceBuffer<uint16_t> y;
+  DeviceBuffer<uint8_t> q;
+  DeviceBuffer<float> s;
+};
+
+void ExpectSameQuantised(const std::string& label, const std::string& y_name, const Quantised& got,
+                         const Quantised& want) {
+  ExpectSameBits(label + " " + y_name, got.y.Get(), want.y.Get());
+  ExpectSameBits(label + " q", got.q.Get(), want.q.Get());
+  ExpectSameBits(label + " s", got.s.Get(), want.s.Get());
+}
+
+TEST_F(FusedLaunchesTest, RmsNormQuantIsRmsNormThenQuantize) {
+  int64_t seed = 300;
+  for (const auto& [rows, n] : {std::pair<int64_t, int64_t>{1, 4096},
+                                {8, 4096},
+                                {1, 1024},
+                                {3, 1024},
+                                {2, 2048},
+                                {5, 200},
+                                {2, 4352}}) {
+    const std::string label = "RmsNormQuant " + std::to_string(rows) + "x" + std::to_string(n);
+    DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(rows * n, 1.5f, ++seed)));
+    DeviceBuffer<float> dg(RandomF32(n, 0.5f, ++seed));
+    Quantised parts(rows, n), fused(rows, n);
+    CUDA_ASSERT_OK(RmsNorm(dx.get(), dg.get(), rows, n, kEps, parts.y.get(), nullptr));
+    CUDA_ASSERT_OK(
+        QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(RmsNormQuant(dx.get(), dg.get(), rows, n, kEps, fused.y.get(), fused.q.get(),
+                                fused.s.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    ExpectSameQuantised(label, "y", fused, parts);
+  }
+}
+
+TEST_F(FusedLaunchesTest, SwiGluBf16QuantIsSwiGluThenQuantize) {
+  int64_t seed = 314;
+  for (const auto& [rows, n, stride, limit] :
+       {std::tuple<int64_t, int64_t, int64_t, float>{1, 2048, 2048, 10.0f},
+        {8, 2048, 4096, 10.0f},
+        {3, 200, 256, 0.0f}}) {
+    const std::string label = "SwiGluBf16Quant " + std::to_string(rows) + "x" + std::to_string(n);
+    DeviceBuffer<uint16_t> dg(ToBf16(RandomBf16(rows * stride, 4.0f, ++seed)));
+    DeviceBuffer<uint16_t> du(ToBf16(RandomBf16(rows * stride, 4.0f, ++seed)));
+    Quantised parts(rows, n), fused(rows, n);
+    CUDA_ASSERT_OK(
+        SwiGluBf16(dg.get(), du.get(), stride, nullptr, rows, n, limit, parts.y.get(), nullptr));
+    CUDA_ASSERT_OK(
+        QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(SwiGluBf16Quant(dg.get(), du.get(), stride, rows, n, limit, fused.y.get(),
+                                   fused.q.get(), fused.s.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    ExpectSameQuantised(label, "out", fused, parts);
+  }
+}
+
+// Two FP8 matrices on the same activations in one launch: the two Fp8Linear calls' bits where
+// each matrix alone has the launch's warps per block (out 4096: 256 blocks, 8 warps, also on
+// an H200's 132 SMs), and where the fallback runs (in % 128 != 0); at Flash's shared expert
+// (2048 each: 16 warps alone on an H200, 8 together) the warps' K split differs, so only the
+// fp32 summation order of the 128-block partials does: within a bf16 rounding step.
+TEST_F(FusedLaunchesTest, Fp8LinearPairIsTwoFp8Linears) {
+  int64_t seed = 320;
+  for (const auto& [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 4096},
+                                      {8, 4096, 4096},
+                                      {3, 200, 96},
+                                      {1, 4096, 2048}}) {
+    const std::string label = "Fp8LinearPair " + std::to_string(rows) + "x" + std::to_string(in) +
+                              " -> 2x" + std::to_string(out);
+    const int64_t nb = (in + 127) / 128;
+    DeviceBuffer<uint8_t> dq(RandomE4m3(rows * in, ++seed));
+    DeviceBuffer<float> ds(std::vector<float>(rows * nb, 0.015625f));
+    DeviceBuffer<uint8_t> w0(RandomE4m3(out * in, ++seed)), w1(RandomE4m3(out * in, ++seed));
+    const int64_t sn = ((out + 127) / 128) * nb;
+    DeviceBuffer<uint8_t> ws0(RandomScales(sn, 118, 122, ++seed)),
+        ws1(RandomScales(sn, 118, 122, ++seed));
+    DeviceBuffer<uint16_t> a0(rows * out), a1(rows * out), b0(rows * out), b1(rows * out);
+    CUDA_ASSERT_OK(
+        Fp8Linear(dq.get(), ds.get(), rows, w0.get(), ws0.get(), out, in, a0.get(), nullptr));
+    CUDA_ASSERT_OK(
+        Fp8Linear(dq.get(), ds.get(), rows, w1.get(), ws1.get(), out, in, a1.get(), nullptr));
+    CUDA_ASSERT_OK(Fp8LinearPair(dq.get(), ds.get(), rows, in, w0.get(), ws0.get(), out, b0.get(),
+                                 w1.get(), ws1.get(), out, b1.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    if (out != 2048) {
+      ExpectSameBits(label + " first", b0.Get(), a0.Get());
+      ExpectSameBits(label + " second", b1.Get(), a1.Get());
+      continue;
+    }
+    for (const auto& [part, got, want] :
+         {std::tuple{"first", b0.Get(), a0.Get()}, std::tuple{"second", b1.Get(), a1.Get()}}) {
+      const std::vector<float> g = FromBf16(got), wv = FromBf16(want);
+      size_t off = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        off += std::fabs(g[i] - wv[i]) > std::ldexp(std::fabs(wv[i]), -7) + 1e-30f;
+      }
+      std::printf("%-52s %zu of %zu beyond one bf16 step\n", (label + " " + part).c_str(), off,
+                  g.size());
+      EXPECT_EQ(off, 0u) << label << " " << part;
+    }
+  }
+}
+
+// A compressor's wkv and wgate (bf16 weights, fp32 out) in one launch: the two calls' bits.
+TEST_F(FusedLaunchesTest, LinearBf16F32PairIsTwoLinears) {
+  int64_t seed = 340;
+  for (const auto& [rows, in, out0, out1] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4096, 1024, 1024},
+        {5, 4096, 256, 200},
+        {70, 1024, 64, 72}}) {
+    const std::string label = "LinearBf16F32Pair " + std::to_string(rows) + "x" +
+                              std::to_string(in) + " -> " + std::to_string(out0) + "+" +
+                              std::to_string(out1);
+    DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(rows * in, 1.0f, ++seed)));
+    DeviceBuffer<uint16_t> w0(ToBf16(RandomBf16(out0 * in, 0.05f, ++seed))),
+        w1(ToBf16(RandomBf16(out1 * in, 0.05f, ++seed)));
+    DeviceBuffer<float> a0(rows * out0), a1(rows * out1), b0(rows * out0), b1(rows * out1);
+    CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w0.get(), out0, a0.get(), out0, nullptr));
+    CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w1.get(), out1, a1.get(), out1, nullptr));
+    CUDA_ASSERT_OK(LinearBf16F32Pair(dx.get(), rows, in, w0.get(), out0, b0.get(), out0, w1.get(),
+                                     out1, b1.get(), out1, nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    ExpectSameBits(label + " first", b0.Get(), a0.Get());
+    ExpectSameBits(label + " second", b1.Get(), a1.Get());
+  }
+}
+
+// HcPre's collapse and the sublayer's input norm (one kernel at Flash's dim 4096; the other dims
+// take the unfused launches).
+TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
+  int64_t seed = 349;
+  for (const auto& [T, dim] :
+       {std::pair<int64_t, int64_t>{1, 4096}, {3, 4096}, {2, 2048}, {1, 1024}}) {
+    const std::string label =
+        "HcPreDeferCombNormQuant T" + std::to_string(T) + " " + std::to_string(dim);
+    const int64_t hc = 4, mix = (2 + hc) * hc, iters = 20;
+    DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(T * hc * dim, 1.0f, ++seed)));
+    DeviceBuffer<float> dfn(RandomF32(mix * hc * dim, 0.05f, ++seed)),
+        dbase(RandomF32(mix, 0.5f, ++seed)), dscale(RandomF32(3, 1.0f, ++seed)),
+        dg(RandomF32(dim, 0.5f, ++seed));
+    DeviceBuffer<uint16_t> y1(T * dim), y2(T * dim);
+    DeviceBuffer<float> pre1(T * hc), pre2(T * hc), post1(T * hc), post2(T * hc);
+    DeviceBuffer<float> comb1(T * hc * hc), comb2(T * hc * hc);
+    Quantised parts(T, dim), fused(T, dim);
+    ASSERT_TRUE(HcPreDefersComb(T, hc, dim, y1.get())) << label;
+    CUDA_ASSERT_OK(HcPreDeferComb(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters,
+                                  1e-6f, kEps, y1.get(), pre1.get(), post1.get(), comb1.get(),
+                                  nullptr));
+    CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(), parts.q.get(),
+                                parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(HcPreDeferCombNormQuant(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc,
+                                           dim, iters, 1e-6f, kEps, y2.get(), pre2.get(),
+                                           post2.get(), comb2.get(), dg.get(), kEps, fused.y.get(),
+                                           fused.q.get(), fused.s.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    ExpectSameBits(label + " y", y2.Get(), y1.Get());
+    ExpectSameBits(label + " pre", pre2.Get(), pre1.Get());
+    ExpectSameBits(label + " post", post2.Get(), post1.Get());
+    ExpectSameBits(label + " comb logits", comb2.Get(), comb1.Get());
+    ExpectSameQuantised(label, "xn", fused, parts);
+  }
+}
+
+TEST_F(FusedLaunchesTest, HeadRmsNormRopeIsHeadNormThenRope) {
+  int64_t seed = 369;
+  for (const auto& [T, heads, hd, rd] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 64, 512, 64},
+        {8, 64, 512, 64},
+        {5, 4, 128, 64}}) {
+    const std::string label = "HeadRmsNormRope T" + std::to_string(T) + " " +
+                              std::to_string(heads) + "x" + std::to_string(hd);
+    const std::vector<float> x = RandomBf16(T * heads * hd, 2.0f, ++seed);
+    DeviceBuffer<float> dc(RandomF32(T * rd / 2, 0.7f, ++seed)),
+        ds(RandomF32(T * rd / 2, 0.7f, ++seed));
+    DeviceBuffer<uint16_t> x1(ToBf16(x)), x2(ToBf16(x));
+    CUDA_ASSERT_OK(HeadRmsNormBf16(x1.get(), T * heads, hd, kEps, nullptr));
+    CUDA_ASSERT_OK(ApplyRope(x1.get(), T, heads, hd, rd, dc.get(), ds.get(), false, nullptr));
+    CUDA_ASSERT_OK(HeadRmsNormRope(x2.get(), T, heads, hd, kEps, rd, dc.get(), ds.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    ExpectSameBits(label, x2.Get(), x1.Get());
+  }
+}
+
+}  // namespace
+}  // namespace ss::cuda
