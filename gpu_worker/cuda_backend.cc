@@ -8,7 +8,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/bf16.h"
 #include "common/rope.h"
 #include "common/status.h"
@@ -18,6 +17,7 @@
 #include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/memory_plan.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/step_workspace.h"
 
@@ -118,22 +118,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
                    KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
                                     b->model_->options().kv_fp8_sim_rounds));
   // Beside the pool: the largest step's workspace (the role's tokens per step, a chunk ending at
-  // the model's context) and the margin.
+  // the longest context served) and the margin.
   const int64_t workspace =
-      StepWorkspaceBytes(c, tp, o.first_layer, o.end_layer, o.max_step_tokens,
-                         o.max_context > 0               ? o.max_context
-                         : c.max_position_embeddings > 0 ? c.max_position_embeddings
-                                                         : c.yarn.original_seq_len);
+      StepWorkspaceBytes(c, tp, o.first_layer, o.end_layer, o.max_step_tokens, o.max_context);
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   ASSIGN_OR_RETURN(const KvFit fit, FitKvPool(layout, o.kv_tokens, o.kv_extra_sequences,
                                               static_cast<int64_t>(free_bytes),
                                               workspace + o.kv_reserve_bytes, o.kv_sequences));
   b->options_.kv_tokens = fit.kv_tokens;
-  b->kv_fit_ = absl::StrCat(fit.Describe(), "; the reserve is a ", o.max_step_tokens,
-                            "-token step's workspace (",
-                            absl::StrFormat("%.2f GiB", workspace / 1073741824.0), ") + ",
-                            absl::StrFormat("%.2f GiB", o.kv_reserve_bytes / 1073741824.0));
+  b->kv_fit_ =
+      absl::StrCat(fit.Describe(), "; the reserve is a ", o.max_step_tokens,
+                   "-token step's workspace (", GiB(workspace), ") + ", GiB(o.kv_reserve_bytes));
   RETURN_IF_ERROR(im.kv.Init(layout, fit.kv_tokens, o.kv_extra_sequences));
   return b;
 }

@@ -4,10 +4,10 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/kv_cost_model.h"
 #include "common/status.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/memory_plan.h"
 
 namespace ss::gpu {
 namespace {
@@ -124,12 +124,10 @@ cuda::KvGeom KvLayout::Geom(int l, const uint8_t* pool) const {
 }
 
 std::string KvFit::Describe() const {
-  const auto gib = [](int64_t b) { return absl::StrFormat("%.2f GiB", b / 1073741824.0); };
-  return absl::StrCat("free ", gib(free_bytes), " holds reserve ", gib(reserve_bytes),
-                      " + compressor state ", gib(sequences * state_bytes), " (", sequences,
-                      " sequences x ", absl::StrFormat("%.1f MiB", state_bytes / 1048576.0),
-                      ") + KV pool ", gib(pool_bytes), " (", pool_blocks, " blocks: ", kv_tokens,
-                      " tokens)");
+  return absl::StrCat("free ", GiB(free_bytes), " holds reserve ", GiB(reserve_bytes),
+                      " + compressor state ", GiB(sequences * state_bytes), " (", sequences,
+                      " sequences x ", MiB(state_bytes), ") + KV pool ", GiB(pool_bytes), " (",
+                      pool_blocks, " blocks: ", kv_tokens, " tokens)");
 }
 
 absl::StatusOr<KvFit> FitKvPool(const KvLayout& layout, int64_t kv_tokens, int64_t extra_sequences,
@@ -157,13 +155,12 @@ absl::StatusOr<KvFit> FitKvPool(const KvLayout& layout, int64_t kv_tokens, int64
   }
   f.pool_bytes = f.pool_blocks * layout.block_bytes;
   if (f.kv_tokens < 1 || f.pool_bytes > room) {
-    const auto gib = [](int64_t b) { return absl::StrFormat("%.2f GiB", b / 1073741824.0); };
     const int64_t need = kv_tokens > 0 ? f.pool_bytes : (extra + 1) * layout.block_bytes;
     return absl::FailedPreconditionError(absl::StrCat(
-        "the KV pool does not fit on the device: of ", gib(free_bytes), " free, the reserve takes ",
-        gib(reserve_bytes), " and ", sequences, " sequences' compressor states ",
-        gib(sequences * f.state_bytes), ", leaving ", gib(std::max<int64_t>(room, 0)),
-        " for a pool that needs ", gib(need), " (",
+        "the KV pool does not fit on the device: of ", GiB(free_bytes), " free, the reserve takes ",
+        GiB(reserve_bytes), " and ", sequences, " sequences' compressor states ",
+        GiB(sequences * f.state_bytes), ", leaving ", GiB(std::max<int64_t>(room, 0)),
+        " for a pool that needs ", GiB(need), " (",
         kv_tokens > 0 ? absl::StrCat(kv_tokens, " tokens") : std::string("one block"), " plus ",
         extra,
         " window blocks); lower --kv_tokens (0 sizes the pool to the free memory), the "

@@ -54,10 +54,10 @@ absl::Status CheckLayout(const ModelConfig& model, const StageLayout& l) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / 1073741824.0); }
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
-
-}  // namespace
 
 int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout) {
   int64_t bytes = 0;
@@ -81,11 +81,8 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   }
   MemoryPlan plan;
   plan.weight_bytes = StageWeightBytes(model, layout);
-  const int64_t context = options.context > 0                 ? options.context
-                          : model.max_position_embeddings > 0 ? model.max_position_embeddings
-                                                              : model.yarn.original_seq_len;
   plan.workspace_bytes = StepWorkspaceBytes(model, layout.tp_size, layout.first_layer,
-                                            layout.end_layer, options.step_tokens, context);
+                                            layout.end_layer, options.step_tokens, options.context);
   plan.reserve_bytes = options.reserve_bytes + plan.workspace_bytes;
   sched::KvCostOptions ko;
   ko.block_tokens = options.block_tokens;

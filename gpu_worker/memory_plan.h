@@ -77,6 +77,10 @@ struct MemoryPlan {
   std::string Describe() const;
 };
 
+// Byte counts as the plan and the worker's start-up log print them: "8.24 GiB", "11.6 MiB".
+std::string GiB(int64_t bytes);
+std::string MiB(int64_t bytes);
+
 // The bytes of the weights `layout` keeps on one GPU (a TP rank's share).
 int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
 

@@ -81,7 +81,10 @@ size_t CarveStepScratch(const ModelConfig& c, int tp, int64_t T, char* base, Ste
 
 int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, int first_layer, int end_layer,
                            int64_t tokens, int64_t context) {
-  const int64_t T = std::max<int64_t>(tokens, 1), E = std::max(context, T);
+  const int64_t positions = context > 0 ? context
+                                        : (c.max_position_embeddings > 0 ? c.max_position_embeddings
+                                                                         : c.yarn.original_seq_len);
+  const int64_t T = std::max<int64_t>(tokens, 1), E = std::max(positions, T);
   const int64_t H = c.n_heads / std::max(tp, 1), Dh = c.head_dim;
   StepScratch sc;
   int64_t bytes = static_cast<int64_t>(CarveStepScratch(c, std::max(tp, 1), T, nullptr, &sc));

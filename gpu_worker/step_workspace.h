@@ -56,10 +56,11 @@ struct StepScratch {
 // buffers) from `base` and returns the bytes used; with a null base it only measures.
 size_t CarveStepScratch(const ModelConfig& c, int tp, int64_t T, char* base, StepScratch* s);
 
-// The device bytes a step of `tokens` tokens (one chunk ending at position `context`) of the
-// layers [first_layer, end_layer) takes beside the weights and the KV pool, at its largest: the
-// scratch arena and Run's per-step buffers. The indexer's scores grow with the context: tokens x
-// context / 4 floats (2 GiB for a 2048-token chunk at 1M positions).
+// The device bytes a step of `tokens` tokens (one chunk ending at position `context`; ≤ 0: the
+// model's max_position_embeddings, or its rope's original length where the config has none) of
+// the layers [first_layer, end_layer) takes beside the weights and the KV pool, at its largest:
+// the scratch arena and Run's per-step buffers. The indexer's scores grow with the context: tokens
+// x context / 4 floats (2 GiB for a 2048-token chunk at 1M positions).
 int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, int first_layer, int end_layer,
                            int64_t tokens, int64_t context);
 
