@@ -34,7 +34,7 @@
 // each configuration is also timed launched kernel by kernel (the "launched" line).
 //
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
-// cudaProfilerStop (for `ncu --profile-from-start off`).
+// cudaProfilerStop (for `ncu --profile-from-start off`); --profile_context 65536 profiles 64K.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -118,10 +118,13 @@ int main(int argc, char** argv) {
   }
   std::string dir = "/tmp/ss_flash_layers";
   bool profile = false;
+  int64_t profile_context = 8192;
   int tp = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
+    } else if (std::strcmp(argv[i], "--profile_context") == 0 && i + 1 < argc) {
+      profile_context = std::atoll(argv[++i]);
     } else if (std::strcmp(argv[i], "--tp") == 0 && i + 1 < argc) {
       tp = std::atoi(argv[++i]);
     } else {
@@ -250,7 +253,7 @@ int main(int argc, char** argv) {
     }
     for (const int64_t context : {int64_t{8192}, int64_t{65536}}) {
       for (const int batch : {1, 8}) {
-        if (profile && (context != 8192 || batch != 1)) continue;
+        if (profile && (context != profile_context || batch != 1)) continue;
         for (auto& b : ranks) {
           b->ReleaseAll();
           for (int s = 0; s < batch; ++s) {
