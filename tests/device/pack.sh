@@ -7,8 +7,28 @@
 #   bash tests/device/focus.sh $OUT      # backend, TP and golden tests, the layer bench, `up`
 #   bash tests/device/ncu_kernels.sh $OUT   # ncu sections of the slowest decode kernels
 #   bash tests/device/profile.sh $OUT    # ncu per-kernel times (GPU 0) beside the bench (GPU 1)
+# A few binaries from another build tree into a folder of their own (carry that folder; it holds
+# bin/ with lib/ beside the binaries, unpacked, so no tar step is needed there):
+#   SS_PACK_BUILD=build-x SS_PACK_DIR=build-x/devmini bash tests/device/pack.sh indexer_test ...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ -n "${SS_PACK_DIR:-}" ]; then
+  build=${SS_PACK_BUILD:-build}
+  rm -rf "$SS_PACK_DIR" && mkdir -p "$SS_PACK_DIR/lib"
+  for b in "$@"; do cp "$build/bin/$b" "$SS_PACK_DIR/"; done
+  for b in "$SS_PACK_DIR"/*; do
+    [ -f "$b" ] || continue
+    ldd "$b" 2>/dev/null | awk '/=> \//{print $3}' | while read -r l; do
+      case "$(basename "$l")" in
+        libc.so*|libm.so*|libpthread*|libdl*|librt*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libnccl*|libcudart*|libcublas*) ;;
+        *) cp -Ln "$l" "$SS_PACK_DIR/lib/" ;;
+      esac
+    done
+  done
+  du -sh "$SS_PACK_DIR"
+  echo "on the device: export LD_LIBRARY_PATH=\$PWD/$SS_PACK_DIR/lib:/usr/local/cuda/lib64; $SS_PACK_DIR/<binary>"
+  exit 0
+fi
 mkdir -p .devpack
 rm -rf .devbin && mkdir -p .devbin/lib
 bins=(cuda_kernels_test block_kernels_test fused_launches_test compressor_test indexer_test
