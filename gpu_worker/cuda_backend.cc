@@ -616,15 +616,19 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(branch_done(Impl::kBranchKv));
       STEP(cuda::GroupedOutputProjection(sc.o, T, G, c.o_lora_rank, H * Dh / G, b.wo_a.w, b.wo_a.s,
                                          sc.z, st));
+      // TP 1: wo_b runs the HcPost in its epilogue (decode); TP > 1: the HcPost rounds the
+      // all-reduced sum itself.
+      const cuda::HcPostOperands attn_post{sc.h, sc.post, sc.comb, hc, dim, sc.mid};
+      if (defer_comb) STEP(wait_branch(st, Impl::kBranchHc));
       if (im.tp == 1) {
-        STEP(Lin8(b.wo_b, sc.z, T, sc, sc.attn, st));
+        STEP(cuda::QuantizeActE4m3(sc.z, T, b.wo_b.in, sc.qbuf, sc.sbuf, st));
+        STEP(cuda::Fp8LinearHcPost(sc.qbuf, sc.sbuf, T, b.wo_b.w, b.wo_b.s, b.wo_b.out, b.wo_b.in,
+                                   sc.attn, attn_post, st));
       } else {
         STEP(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
         if (absl::Status e = all_reduce(l, T * dim, kAttnArBegin); !e.ok()) return fail(e);
-        STEP(cuda::RoundF32ToBf16(sc.part, T * dim, sc.attn, st));
+        STEP(cuda::HcPostF32(sc.part, T, attn_post, st));
       }
-      if (defer_comb) STEP(wait_branch(st, Impl::kBranchHc));
-      STEP(cuda::HcPost(sc.attn, sc.h, sc.post, sc.comb, T, hc, dim, sc.mid, st));
       if (timings) STEP(mark(l, kAttnEnd));
 
       // ---- MoE sublayer
@@ -661,18 +665,19 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         }
       }
       STEP(cudaStreamWaitEvent(st, im.routed_back, 0));
+      if (defer_comb) STEP(wait_branch(st, Impl::kBranchHc));
+      // The reference's combine and the HcPost in one launch.
+      const cuda::HcPostOperands moe_post{sc.mid, sc.post, sc.comb, hc, dim, sc.h2};
       if (im.tp == 1) {
-        STEP(cuda::MoeCombineBf16(si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr,
-                                  T * dim, sc.moe, st));
+        STEP(cuda::MoeCombineHcPost(si > 0 ? sc.shared : nullptr,
+                                    host_experts ? sc.routed : nullptr, T, moe_post, st));
       } else {
-        // [shared partial | routed share], summed in one collective, then the reference's combine.
+        // [shared partial | routed share], summed in one collective.
         if (si == 0) STEP(cudaMemsetAsync(sc.part, 0, T * dim * 4, st));
         if (!host_experts) STEP(cudaMemsetAsync(sc.part + T * dim, 0, T * dim * 4, st));
         if (absl::Status e = all_reduce(l, 2 * T * dim, kMoeArBegin); !e.ok()) return fail(e);
-        STEP(cuda::MoeCombineF32(sc.part, sc.part + T * dim, T * dim, sc.moe, st));
+        STEP(cuda::MoeCombineF32HcPost(sc.part, sc.part + T * dim, T, moe_post, st));
       }
-      if (defer_comb) STEP(wait_branch(st, Impl::kBranchHc));
-      STEP(cuda::HcPost(sc.moe, sc.mid, sc.post, sc.comb, T, hc, dim, sc.h2, st));
       std::swap(sc.h, sc.h2);
       if (timings) STEP(mark(l, kLayerEnd));
     }

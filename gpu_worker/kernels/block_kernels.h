@@ -33,6 +33,8 @@
 
 #include <cstdint>
 
+#include "gpu_worker/kernels/kernels.h"
+
 namespace ss::cuda {
 
 // Static limits (shared-memory and register arrays).
@@ -97,6 +99,17 @@ cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, co
 cudaError_t HcPost(const uint16_t* x, const uint16_t* residual, const float* post,
                    const float* comb, int64_t T, int64_t hc, int64_t dim, uint16_t* out,
                    cudaStream_t stream);
+
+// HcPost with the sublayer output formed per element instead of read, in one launch (the same
+// bits as the launches they replace; hp.out must not alias hp.residual):
+//   HcPostF32: x = bf16(x_f32) (RoundF32ToBf16 of a TP rank's all-reduced sum, then HcPost);
+//   MoeCombineHcPost: x = MoeCombineBf16(shared, routed) (either may be null), then HcPost;
+//   MoeCombineF32HcPost: x = MoeCombineF32(shared, routed) (all-reduced partials), then HcPost.
+cudaError_t HcPostF32(const float* x_f32, int64_t T, const HcPostOperands& hp, cudaStream_t stream);
+cudaError_t MoeCombineHcPost(const uint16_t* shared, const float* routed, int64_t T,
+                             const HcPostOperands& hp, cudaStream_t stream);
+cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_t T,
+                                const HcPostOperands& hp, cudaStream_t stream);
 
 // Head collapse (final norm input and MTP head, model::HcHead): the same r and mix with the head's
 // fn [hc, hc·dim], a = sigmoid(mix·scale[0] + base) + hc_eps, z = bf16(Σ_s a[s]·X_s), no Sinkhorn.

@@ -1,5 +1,6 @@
 #include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/hc_post_common.cuh"
 #include "gpu_worker/kernels/sparse_attention_impl.cuh"
 
 namespace ss::cuda {
@@ -104,9 +105,7 @@ __global__ void MoeCombineBf16KernelImpl(const uint16_t* __restrict__ shared,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    const float s = shared != nullptr ? Bf16ToF32(shared[i]) : 0.0f;
-    const float r = routed != nullptr ? routed[i] : 0.0f;
-    y[i] = F32ToBf16(__fadd_rn(r, s));
+    y[i] = HcXMoeBf16{shared, routed}.Bits(i);  // MoeCombineHcPost's x
   }
 }
 

@@ -223,22 +223,32 @@ __device__ __forceinline__ void DoubleBufferedBlocks(int64_t kb0, int64_t kb1, c
   }
 }
 
-// Sums the warps' accumulators in warp order and stores the block's 16 x rows outputs:
-// y[r · out + o] for o < out, r < rows. `red`: nwarps·128 floats of shared memory not in use.
-template <typename OutT>
-__device__ __forceinline__ void GemvReduceStore(const float (&acc)[4], float* red, int rows,
-                                                int64_t o0, int64_t out, OutT* y) {
+// Sums the warps' accumulators in warp order and passes the block's 16 x rows sums to
+// store(r, o, sum) for o < out, r < rows (thread i < 128 of the block owns output i: row
+// GemvOutRow(i), feature o0 + GemvOutFeature(i)). `red`: nwarps·128 floats of shared memory not
+// in use.
+__device__ __forceinline__ int GemvOutRow(int i) { return 2 * ((i >> 2) & 3) + (i & 1); }
+__device__ __forceinline__ int GemvOutFeature(int i) { return (i >> 4) + ((i & 3) >= 2 ? 8 : 0); }
+template <typename Store>
+__device__ __forceinline__ void GemvReduce(const float (&acc)[4], float* red, int rows, int64_t o0,
+                                           int64_t out, const Store& store) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   for (int j = 0; j < 4; ++j) red[warp * 128 + lane * 4 + j] = acc[j];
   __syncthreads();
   for (int i = threadIdx.x; i < 128; i += blockDim.x) {
-    const int l = i >> 2, j = i & 3;
     float sum = 0.0f;
     for (int v = 0; v < nwarps; ++v) sum = __fadd_rn(sum, red[v * 128 + i]);
-    const int64_t o = o0 + (l >> 2) + (j >= 2 ? 8 : 0);
-    const int r = 2 * (l & 3) + (j & 1);
-    if (r < rows && o < out) StoreOut(y + r * out + o, sum);
+    const int64_t o = o0 + GemvOutFeature(i);
+    const int r = GemvOutRow(i);
+    if (r < rows && o < out) store(r, o, sum);
   }
+}
+// y[r · out + o] = the sum (rounded to bf16 for a bf16 y).
+template <typename OutT>
+__device__ __forceinline__ void GemvReduceStore(const float (&acc)[4], float* red, int rows,
+                                                int64_t o0, int64_t out, OutT* y) {
+  GemvReduce(acc, red, rows, o0, out,
+             [&](int r, int64_t o, float sum) { StoreOut(y + r * out + o, sum); });
 }
 
 }  // namespace ss::cuda

@@ -1,6 +1,8 @@
 #include <algorithm>
 
+#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/hc_post_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
 
 namespace ss::cuda {
@@ -151,10 +153,22 @@ struct GemvMatrices {
   int64_t blocks0;
 };
 
-template <typename OutT>
+// What the GEMV does with its sums. GemvStoreOut: y, as Fp8Gemv. GemvHcPostOut (bf16 y, one
+// matrix): y (if not null), and HcPost of the bf16 result as the sublayer output (hp; the block's
+// tokens' post and comb staged in shared memory, each output's old streams loaded before the K
+// loop), the bits of Fp8Gemv then HcPost.
+struct GemvStoreOut {
+  static constexpr bool kHcPost = false;
+};
+struct GemvHcPostOut {
+  static constexpr bool kHcPost = true;
+  HcPostOperands hp;
+};
+
+template <typename OutT, typename Epi>
 __global__ void __launch_bounds__(32 * kGemvMaxWarps)
     Fp8GemvKernelImpl(const uint8_t* __restrict__ q, const float* __restrict__ sa, int rows,
-                      GemvMatrices<OutT> m, int64_t in) {
+                      GemvMatrices<OutT> m, int64_t in, Epi epi) {
   __shared__ float red[kGemvMaxWarps * 128];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int nwarps = blockDim.x >> 5;
@@ -168,12 +182,25 @@ __global__ void __launch_bounds__(32 * kGemvMaxWarps)
   // Features past `out` repeat the last one; their results are not stored.
   const uint8_t* pa = w + min(o0 + g, out - 1) * in + 16 * t;
   const uint8_t* pb = w + min(o0 + g + 8, out - 1) * in + 16 * t;
+  const int64_t kb0 = warp * nb / nwarps, kb1 = (warp + 1) * nb / nwarps;
   const bool live = g < rows;
+  // HcPost's inputs, loaded first so their latency overlaps the K loop.
+  __shared__ float hp_p[Epi::kHcPost ? kFp8GemvMaxRows * kHcPostMaxMult : 1];
+  __shared__ float hp_c[Epi::kHcPost ? kFp8GemvMaxRows * kHcPostMaxMult * kHcPostMaxMult : 1];
+  float rv[kHcPostMaxMult] = {};
+  if constexpr (Epi::kHcPost) {
+    const int hc = static_cast<int>(epi.hp.hc);
+    for (int i = threadIdx.x; i < rows * hc; i += blockDim.x) hp_p[i] = epi.hp.post[i];
+    for (int i = threadIdx.x; i < rows * hc * hc; i += blockDim.x) hp_c[i] = epi.hp.comb[i];
+    // With ≥ 128 threads, thread i < 128 stores exactly output i (GemvReduce).
+    const int i = threadIdx.x, r = GemvOutRow(i & 127);
+    const int64_t o = o0 + GemvOutFeature(i & 127);
+    if (blockDim.x >= 128 && i < 128 && r < rows && o < out) HcPostLoadResidual(epi.hp, r, o, rv);
+  }
   const uint8_t* px = q + (live ? g : 0) * in + 16 * t;
   const float* sa0 = 2 * t < rows ? sa + (2 * t) * nb : nullptr;
   const float* sa1 = 2 * t + 1 < rows ? sa + (2 * t + 1) * nb : nullptr;
   const uint8_t* psw = ws + (o0 / kBlock) * nb;
-  const int64_t kb0 = warp * nb / nwarps, kb1 = (warp + 1) * nb / nwarps;
   const auto load = [&](GemvBlock& f, int64_t kb) {
     const int64_t off = kb * kBlock;
     for (int c = 0; c < 2; ++c) {  // weights are read once: streamed, evict-first
@@ -192,7 +219,21 @@ __global__ void __launch_bounds__(32 * kGemvMaxWarps)
     GemvBlockMma(cur.wa, cur.wb, cur.x, p);
     GemvScaleAdd(p, cur.s0, cur.s1, cur.sw, acc);
   });
-  GemvReduceStore(acc, red, rows, o0, out, y);
+  if constexpr (Epi::kHcPost) {
+    const int hc = static_cast<int>(epi.hp.hc);
+    const int64_t dim = epi.hp.dim;
+    GemvReduce(acc, red, rows, o0, out, [&](int r, int64_t o, float sum) {
+      // Fewer than 128 threads: a thread stores several outputs, so their old streams are
+      // loaded here, not ahead.
+      if (blockDim.x < 128) HcPostLoadResidual(epi.hp, r, o, rv);
+      const uint16_t xb = F32ToBf16(sum);
+      if (y != nullptr) y[r * out + o] = xb;
+      HcPostFeature(Bf16ToF32(xb), rv, hp_p + r * hc, hp_c + r * hc * hc, hc, dim,
+                    epi.hp.out + r * hc * dim + o);
+    });
+  } else {
+    GemvReduceStore(acc, red, rows, o0, out, y);
+  }
 }
 
 bool FastPathFits(const uint8_t* q, const uint8_t* w, int64_t in) {
@@ -213,25 +254,33 @@ cudaError_t LinearGenericT(const uint8_t* q, const float* s_act, int64_t rows, c
   return cudaGetLastError();
 }
 
+// One launch of the decode GEMV over ≤ kRowsPerPass rows.
+template <typename OutT, typename Epi>
+cudaError_t GemvLaunchPass(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
+                           const GemvMatrix<OutT>& a, const GemvMatrix<OutT>& b, const Epi& epi,
+                           cudaStream_t stream) {
+  const int64_t nb = in / kBlock;
+  const int64_t blocks0 = (a.out + kGemvFeatures - 1) / kGemvFeatures;
+  const int64_t blocks = blocks0 + (b.out + kGemvFeatures - 1) / kGemvFeatures;
+  // wq_b (in = 1024): 4 warps; wo_b (in = 8192): 8. Measured on an H200 (bench/RESULTS.md).
+  const int64_t warps = GemvWarpsPerBlock(blocks, nb, kGemvMaxWarps);
+  Fp8GemvKernelImpl<OutT, Epi>
+      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0, stream>>>(
+          q, s_act, static_cast<int>(rows), GemvMatrices<OutT>{a, b, blocks0}, in, epi);
+  return cudaGetLastError();
+}
+
 // The decode GEMV of one or two matrices (b.out = 0: one) on the same activations, one launch
 // per 8 rows; the fast path must fit (FastPathFits) for every matrix.
 template <typename OutT>
 cudaError_t GemvLaunch(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
                        const GemvMatrix<OutT>& a, const GemvMatrix<OutT>& b, cudaStream_t stream) {
   const int64_t nb = in / kBlock;
-  const int64_t blocks0 = (a.out + kGemvFeatures - 1) / kGemvFeatures;
-  const int64_t blocks = blocks0 + (b.out + kGemvFeatures - 1) / kGemvFeatures;
-  // wq_b (in = 1024): 4 warps; wo_b (in = 8192): 8. Measured on an H200 (bench/RESULTS.md).
-  const int64_t warps = GemvWarpsPerBlock(blocks, nb, kGemvMaxWarps);
   for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
-    const int nr = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r0));
-    const GemvMatrices<OutT> m{{a.w, a.ws, a.out, a.y + r0 * a.out},
-                               {b.w, b.ws, b.out, b.out > 0 ? b.y + r0 * b.out : nullptr},
-                               blocks0};
-    Fp8GemvKernelImpl<OutT>
-        <<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0, stream>>>(
-            q + r0 * in, s_act + r0 * nb, nr, m, in);
-    const cudaError_t e = cudaGetLastError();
+    const int64_t nr = std::min<int64_t>(kRowsPerPass, rows - r0);
+    const cudaError_t e = GemvLaunchPass<OutT>(
+        q + r0 * in, s_act + r0 * nb, nr, in, {a.w, a.ws, a.out, a.y + r0 * a.out},
+        {b.w, b.ws, b.out, b.out > 0 ? b.y + r0 * b.out : nullptr}, GemvStoreOut{}, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -311,11 +360,30 @@ cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const 
   return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
 
+cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                            const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                            const HcPostOperands& hp, cudaStream_t stream) {
+  if (hp.hc < 1 || hp.hc > kHcPostMaxMult || hp.dim != out) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (rows <= kFp8GemvMaxRows && FastPathFits(q, w, in)) {
+    return GemvLaunchPass<uint16_t>(q, s_act, rows, in, {w, w_scale, out, y},
+                                    {nullptr, nullptr, 0, nullptr}, GemvHcPostOut{hp}, stream);
+  }
+  if (y == nullptr) return cudaErrorInvalidValue;
+  const cudaError_t e = LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return e == cudaSuccess
+             ? HcPost(y, hp.residual, hp.post, hp.comb, rows, hp.hc, hp.dim, hp.out, stream)
+             : e;
+}
+
+const void* Fp8LinearHcPostKernel() {
+  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t, GemvHcPostOut>);
+}
 const void* QuantizeActE4m3Kernel() {
   return reinterpret_cast<const void*>(&QuantizeActKernelImpl);
 }
 const void* Fp8LinearKernel() {
-  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t>);
+  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t, GemvStoreOut>);
 }
 const void* Fp8LinearGenericKernel() {
   return reinterpret_cast<const void*>(&Fp8LinearGenericKernelImpl<kRowsPerPass, uint16_t>);

@@ -2,6 +2,7 @@
 // common/model/hyper_connection.cc operation by operation.
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/hc_post_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/rms_norm_common.cuh"
 
@@ -563,11 +564,13 @@ __global__ void __launch_bounds__(32)
   if (lane < 16) comb[t * 16 + lane] = v;
 }
 
-// grid (ceil(dim / kThreads), T); one thread per (token, i) computes all hc new streams, reading
-// the old ones first, so out may alias residual (no __restrict__ on those two).
-__global__ void HcPostKernelImpl(const uint16_t* __restrict__ x, const uint16_t* residual,
-                                 const float* __restrict__ post, const float* __restrict__ comb,
-                                 int hc, int64_t dim, uint16_t* out) {
+// grid (ceil(dim / kThreads), T); one thread per (token, i) computes all hc new streams from the
+// sublayer output X (hc_post_common.cuh), reading the old ones first, so out may alias residual
+// (no __restrict__ on those two).
+template <typename X>
+__global__ void HcPostKernelImpl(X x, const uint16_t* residual, const float* __restrict__ post,
+                                 const float* __restrict__ comb, int hc, int64_t dim,
+                                 uint16_t* out) {
   __shared__ float p[kMaxMult], c[kMaxMult * kMaxMult];
   const int64_t t = blockIdx.y;
   const int tid = static_cast<int>(threadIdx.x);
@@ -576,21 +579,22 @@ __global__ void HcPostKernelImpl(const uint16_t* __restrict__ x, const uint16_t*
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + tid;
   if (i >= dim) return;
-  const uint16_t* R = residual + t * hc * dim;
-  float rv[kMaxMult];
-#pragma unroll
-  for (int j = 0; j < kMaxMult; ++j) rv[j] = j < hc ? Bf16ToF32(R[j * dim + i]) : 0.0f;
-  const float xv = Bf16ToF32(x[t * dim + i]);
-#pragma unroll
-  for (int k = 0; k < kMaxMult; ++k) {
-    if (k >= hc) break;
-    float acc = __fmul_rn(c[k], rv[0]);
-#pragma unroll
-    for (int j = 1; j < kMaxMult; ++j) {
-      if (j < hc) acc = __fadd_rn(acc, __fmul_rn(c[j * hc + k], rv[j]));
-    }
-    out[(t * hc + k) * dim + i] = F32ToBf16(__fadd_rn(__fmul_rn(p[k], xv), acc));
-  }
+  float rv[kHcPostMaxMult];
+  HcPostLoadResidual({residual, post, comb, hc, dim, out}, t, i, rv);
+  const float xv = Bf16ToF32(x.Bits(t * dim + i));
+  HcPostFeature(xv, rv, p, c, hc, dim, out + t * hc * dim + i);
+}
+static_assert(kMaxMult == kHcPostMaxMult, "hc_post_common.cuh's limit is kHcMaxMult");
+
+template <typename X>
+cudaError_t LaunchHcPost(X x, const uint16_t* residual, const float* post, const float* comb,
+                         int64_t T, int64_t hc, int64_t dim, uint16_t* out, cudaStream_t stream) {
+  if (hc < 1 || hc > kMaxMult || dim < 1) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>((dim + kThreads - 1) / kThreads), static_cast<unsigned>(T));
+  HcPostKernelImpl<X>
+      <<<grid, kThreads, 0, stream>>>(x, residual, post, comb, static_cast<int>(hc), dim, out);
+  return cudaGetLastError();
 }
 
 bool BadMult(int64_t hc) { return hc < 1 || hc > kHcMaxMult; }
@@ -699,12 +703,23 @@ cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_
 cudaError_t HcPost(const uint16_t* x, const uint16_t* residual, const float* post,
                    const float* comb, int64_t T, int64_t hc, int64_t dim, uint16_t* out,
                    cudaStream_t stream) {
-  if (BadMult(hc) || dim < 1) return cudaErrorInvalidValue;
-  if (T == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((dim + kThreads - 1) / kThreads), static_cast<unsigned>(T));
-  HcPostKernelImpl<<<grid, kThreads, 0, stream>>>(x, residual, post, comb, static_cast<int>(hc),
-                                                  dim, out);
-  return cudaGetLastError();
+  return LaunchHcPost(HcXBf16{x}, residual, post, comb, T, hc, dim, out, stream);
+}
+
+cudaError_t HcPostF32(const float* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
+  return LaunchHcPost(HcXF32{x}, hp.residual, hp.post, hp.comb, T, hp.hc, hp.dim, hp.out, stream);
+}
+
+cudaError_t MoeCombineHcPost(const uint16_t* shared, const float* routed, int64_t T,
+                             const HcPostOperands& hp, cudaStream_t stream) {
+  return LaunchHcPost(HcXMoeBf16{shared, routed}, hp.residual, hp.post, hp.comb, T, hp.hc, hp.dim,
+                      hp.out, stream);
+}
+
+cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_t T,
+                                const HcPostOperands& hp, cudaStream_t stream) {
+  return LaunchHcPost(HcXMoeF32{shared, routed}, hp.residual, hp.post, hp.comb, T, hp.hc, hp.dim,
+                      hp.out, stream);
 }
 
 cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, const float* scale,
@@ -719,7 +734,7 @@ cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, 
 }
 
 const void* HcPreKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<false>); }
-const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelImpl); }
+const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelImpl<HcXBf16>); }
 const void* HcHeadKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<true>); }
 const void* HcPreMixKernel() { return reinterpret_cast<const void*>(&HcMixKernelImpl); }
 const void* HcPreFinishKernel() {

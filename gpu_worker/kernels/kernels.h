@@ -14,6 +14,19 @@
 
 namespace ss::cuda {
 
+// HcPost's operands other than the sublayer output x (block_kernels.h's HcPost): the old streams
+// `residual` [T, hc, dim], post [T, hc], comb [T, hc, hc] and the new streams `out` [T, hc, dim]
+// (bf16; out must not alias residual in the kernels that take this struct). For the kernels that
+// run HcPost on a result they have just formed.
+struct HcPostOperands {
+  const uint16_t* residual = nullptr;
+  const float* post = nullptr;
+  const float* comb = nullptr;
+  int64_t hc = 0;
+  int64_t dim = 0;
+  uint16_t* out = nullptr;
+};
+
 // y[r] = bf16(g ⊙ x[r] · rsqrt(mean(x[r]²) + eps)), fp32 math. g: fp32 [n].
 cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
                     uint16_t* y, cudaStream_t stream);
@@ -53,6 +66,13 @@ inline constexpr int64_t kFp8GemvMaxRows = 8;
 cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                       const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                       cudaStream_t stream);
+
+// Fp8Linear on quantised activations, then HcPost of its bf16 result as the sublayer output:
+// one launch in decode (rows ≤ kFp8GemvMaxRows on the fast path), the HcPost in the GEMV's
+// epilogue (the same bits); otherwise the two launches (y needed).
+cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
+                            const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                            const HcPostOperands& hp, cudaStream_t stream);
 
 // Fp8Linear of two weight matrices on the same activations (the shared expert's w1 and w3): for
 // rows ≤ kFp8GemvMaxRows on the fast path, one Fp8Gemv launch whose blocks cover both (a 2-8 MiB
@@ -123,6 +143,7 @@ const void* RmsNormKernel();
 const void* RmsNormQuantKernel();
 const void* RmsNormQuantRegsKernel();  // RmsNormQuant for n = 4096 (and 1024, 2048)
 const void* QuantizeActE4m3Kernel();
+const void* Fp8LinearHcPostKernel();   // Fp8LinearHcPost's decode launch
 const void* Fp8LinearKernel();         // the decode GEMV
 const void* Fp8GemmKernel();           // the prefill GEMM (128-row tiles)
 const void* Fp8LinearGenericKernel();  // the plain fallback

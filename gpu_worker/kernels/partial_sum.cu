@@ -1,4 +1,5 @@
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/hc_post_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
 
 namespace ss::cuda {
@@ -12,7 +13,7 @@ __global__ void MoeCombineF32KernelImpl(const float* __restrict__ shared,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    y[i] = F32ToBf16(__fadd_rn(routed[i], Bf16ToF32(F32ToBf16(shared[i]))));
+    y[i] = HcXMoeF32{shared, routed}.Bits(i);  // MoeCombineF32HcPost's x
   }
 }
 

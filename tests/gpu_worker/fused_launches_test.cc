@@ -14,6 +14,7 @@
 
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
@@ -221,6 +222,105 @@ TEST_F(FusedLaunchesTest, HeadRmsNormRopeIsHeadNormThenRope) {
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label, x2.Get(), x1.Get());
   }
+}
+
+// HcPost's operands for T tokens of hc streams of dim (post and comb as the HcPre gives them:
+// positive, O(1)).
+struct PostInputs {
+  PostInputs(int64_t T, int64_t hc, int64_t dim, int64_t seed)
+      : residual(ToBf16(RandomBf16(T * hc * dim, 1.0f, seed))),
+        post(RandomPositive(T * hc, seed + 1)),
+        comb(RandomPositive(T * hc * hc, seed + 2)),
+        out_a(T * hc * dim),
+        out_b(T * hc * dim),
+        hc(hc),
+        dim(dim) {}
+  static std::vector<float> RandomPositive(size_t n, int64_t seed) {
+    std::vector<float> v = RandomF32(n, 0.5f, static_cast<uint64_t>(seed));
+    for (float& x : v) x = std::fabs(x) + 0.25f;
+    return v;
+  }
+  HcPostOperands Into(DeviceBuffer<uint16_t>& out) {
+    return {residual.get(), post.get(), comb.get(), hc, dim, out.get()};
+  }
+  DeviceBuffer<uint16_t> residual;
+  DeviceBuffer<float> post, comb;
+  DeviceBuffer<uint16_t> out_a, out_b;
+  int64_t hc, dim;
+};
+
+// wo_b's decode launch with HcPost in its epilogue against Fp8Linear then HcPost. Rows past
+// the GEMV (9) and ragged dims take the two launches inside the call: the same bits by
+// construction, checked too. 5 x 256 -> 96 runs blocks of 2 warps, whose threads each store
+// several outputs.
+TEST_F(FusedLaunchesTest, Fp8LinearHcPostIsFp8LinearThenHcPost) {
+  int64_t seed = 400;
+  for (const auto& [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{1, 8192, 4096},
+                                      {3, 8192, 4096},
+                                      {8, 8192, 4096},
+                                      {9, 1024, 256},
+                                      {5, 256, 96},
+                                      {2, 200, 64}}) {
+    const std::string label = "Fp8LinearHcPost " + std::to_string(rows) + "x" + std::to_string(in) +
+                              " -> " + std::to_string(out);
+    const int64_t nb = (in + 127) / 128, hc = 4;
+    DeviceBuffer<uint8_t> q(RandomE4m3(rows * in, ++seed));
+    DeviceBuffer<float> s(std::vector<float>(rows * nb, 0.015625f));
+    DeviceBuffer<uint8_t> w(RandomE4m3(out * in, ++seed));
+    DeviceBuffer<uint8_t> ws(RandomScales(((out + 127) / 128) * nb, 118, 122, ++seed));
+    DeviceBuffer<uint16_t> ya(rows * out), yb(rows * out);
+    PostInputs hp(rows, hc, out, ++seed);
+    seed += 2;
+    CUDA_ASSERT_OK(
+        Fp8Linear(q.get(), s.get(), rows, w.get(), ws.get(), out, in, ya.get(), nullptr));
+    CUDA_ASSERT_OK(HcPost(ya.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), rows, hc, out,
+                          hp.out_a.get(), nullptr));
+    CUDA_ASSERT_OK(Fp8LinearHcPost(q.get(), s.get(), rows, w.get(), ws.get(), out, in, yb.get(),
+                                   hp.Into(hp.out_b), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    ExpectSameBits(label + " y", yb.Get(), ya.Get());
+    ExpectSameBits(label + " new streams", hp.out_b.Get(), hp.out_a.Get());
+  }
+}
+
+// HcPost with its x formed in the same launch: a TP rank's all-reduced fp32 sum
+// (RoundF32ToBf16), the MoE combine (MoeCombineBf16 with and without either input;
+// MoeCombineF32 on partials), against the combine's launch then HcPost.
+TEST_F(FusedLaunchesTest, HcPostOfFormedOutputsIsTheTwoLaunches) {
+  int64_t seed = 440;
+  for (const auto& [T, dim] : {std::pair<int64_t, int64_t>{1, 4096}, {5, 4096}, {2, 300}}) {
+    const std::string shape = " T" + std::to_string(T) + " dim " + std::to_string(dim);
+    const int64_t hc = 4, n = T * dim;
+    DeviceBuffer<float> f0(RandomF32(n, 1.0f, ++seed)), f1(RandomF32(n, 1.0f, ++seed));
+    DeviceBuffer<uint16_t> b0(ToBf16(RandomBf16(n, 1.0f, ++seed))), x(n);
+    PostInputs hp(T, hc, dim, ++seed);
+    seed += 2;
+    const HcPostOperands ops = hp.Into(hp.out_b);
+    auto two = [&](const std::string& what) {
+      CUDA_ASSERT_OK(HcPost(x.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), T, hc, dim,
+                            hp.out_a.get(), nullptr));
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+      ExpectSameBits(what + shape, hp.out_b.Get(), hp.out_a.Get());
+    };
+    CUDA_ASSERT_OK(RoundF32ToBf16(f0.get(), n, x.get(), nullptr));
+    CUDA_ASSERT_OK(HcPostF32(f0.get(), T, ops, nullptr));
+    two("HcPostF32");
+    for (const auto& [shared, routed, what] :
+         {std::tuple<const uint16_t*, const float*, const char*>{b0.get(), f1.get(), "both"},
+          {nullptr, f1.get(), "routed only"},
+          {b0.get(), nullptr, "shared only"}}) {
+      CUDA_ASSERT_OK(MoeCombineBf16(shared, routed, n, x.get(), nullptr));
+      CUDA_ASSERT_OK(MoeCombineHcPost(shared, routed, T, ops, nullptr));
+      two(std::string("MoeCombineHcPost ") + what);
+    }
+    CUDA_ASSERT_OK(MoeCombineF32(f0.get(), f1.get(), n, x.get(), nullptr));
+    CUDA_ASSERT_OK(MoeCombineF32HcPost(f0.get(), f1.get(), T, ops, nullptr));
+    two("MoeCombineF32HcPost");
+  }
+}
+
+TEST_F(FusedLaunchesTest, KernelsRunFromComputeSm86Ptx) {
+  ExpectCompute86Ptx({{"Fp8LinearHcPost", Fp8LinearHcPostKernel()}});
 }
 
 }  // namespace
