@@ -1,6 +1,6 @@
 // GPU FP8 linear kernels. Needs a CUDA device.
 //
-//   build/bin/gpu_kernels_bench [path/to/libcublas.so]
+//   build/bin/gpu_kernels_bench [--indexer] [path/to/libcublas.so]
 //
 // Decode (Fp8Gemv, rows 1 and 8): weight bytes read per second as a fraction of a
 // device-to-device copy measured in the same run (the copy's bytes read + written per second).
@@ -16,7 +16,9 @@
 //
 // Indexer (batch-1 decode at Flash's shape: 64 heads x 128 dims, rope 64, k 512): IndexerPrepQ,
 // KvIndexerScores over MXFP4 keys in a paged pool, IndexerTopK of those scores, and the three in
-// a row, each as graph-replayed time per call (the keys stay in L2, as the step's do).
+// a row, each as graph-replayed time per call (the keys stay in L2, as the step's do), at 2304
+// to 262144 compressed columns (9K to 1M context at ratio 4); then a 256-token prefill chunk's
+// scores and top-k at 16384 columns. `--indexer` runs only this part.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -304,10 +306,73 @@ void BenchPrefill(const Cublas* cublas, std::mt19937& rng) {
   }
 }
 
+// FNV-1a of a device buffer's bytes: the indexer's scores and selections, to compare builds.
+uint64_t DeviceHash(const void* p, size_t bytes) {
+  std::vector<uint8_t> h(bytes);
+  CHECK_CUDA(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
+  uint64_t x = 1469598103934665603ull;
+  for (const uint8_t b : h) x = (x ^ b) * 1099511628211ull;
+  return x;
+}
+
+// A paged pool of n_cols MXFP4 indexer keys (random bf16 values, encoded) at Flash's layout: 64
+// keys per block, the blocks in reverse order behind one leading block, as in the tests.
+struct IndexerPool {
+  ss::cuda::KvGeom g;
+  uint8_t* pool = nullptr;
+  int32_t* table = nullptr;
+  int64_t n_table = 0;
+
+  IndexerPool(int64_t n_cols, int64_t hd, std::mt19937& rng) {
+    const int64_t per_block = 64, key_bytes = ss::cuda::KvKeyBytes(hd);
+    const int64_t block_bytes = per_block * key_bytes + 40;
+    const int64_t blocks = (n_cols + per_block - 1) / per_block;
+    n_table = 1 + blocks;
+    pool = DeviceAlloc<uint8_t>((blocks + 1) * block_bytes);
+    std::vector<int32_t> tab(1 + blocks);
+    for (int64_t b = 0; b <= blocks; ++b) tab[b] = static_cast<int32_t>(blocks - b);
+    g = ss::cuda::KvGeom{.pool = reinterpret_cast<uint64_t>(pool),
+                         .block_bytes = block_bytes,
+                         .first_entry_block = 1,
+                         .key_dim = static_cast<int32_t>(hd),
+                         .keys_per_block = static_cast<int32_t>(per_block),
+                         .key_off = 40};
+    std::vector<uint64_t> dst(n_cols);
+    for (int64_t j = 0; j < n_cols; ++j) {
+      dst[j] =
+          g.pool + tab[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
+    }
+    uint16_t* keys = DeviceAlloc<uint16_t>(n_cols * hd);
+    uint64_t* ddst = DeviceAlloc<uint64_t>(n_cols);
+    table = DeviceAlloc<int32_t>(tab.size());
+    CHECK_CUDA(cudaMemcpy(keys, RandomBf16(n_cols * hd, rng).data(), n_cols * hd * 2,
+                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_cols * 8, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(table, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(ss::cuda::KvEncodeKeys(keys, ddst, n_cols, hd, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    cudaFree(keys);
+    cudaFree(ddst);
+  }
+  ~IndexerPool() {
+    cudaFree(pool);
+    cudaFree(table);
+  }
+};
+
+// IndexerTopK's scratch for its split path, zeroed once (its launches leave it zeroed).
+void* TopKScratch() {
+  static void* p = [] {
+    void* q = DeviceAlloc<uint8_t>(static_cast<size_t>(ss::cuda::IndexerTopKScratchBytes()));
+    CHECK_CUDA(cudaMemset(q, 0, static_cast<size_t>(ss::cuda::IndexerTopKScratchBytes())));
+    return q;
+  }();
+  return p;
+}
+
 void BenchIndexer(std::mt19937& rng) {
   std::printf("\n== indexer, T = 1: graph-replayed time per call ==\n");
-  const int64_t H = 64, hd = 128, rd = 64, k = 512, per_block = 64;
-  const int64_t key_bytes = ss::cuda::KvKeyBytes(hd), block_bytes = per_block * key_bytes + 40;
+  const int64_t H = 64, hd = 128, rd = 64, k = 512;
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> cs(rd / 2), sn(rd / 2);
   for (int64_t i = 0; i < rd / 2; ++i) {
@@ -337,60 +402,297 @@ void BenchIndexer(std::mt19937& rng) {
       " alone %.2f us)\n",
       GraphMs(64, prep) * 1e3f, copy_us);
   prep(0, nullptr);
-  for (const int64_t n_cols : {2304, 16384}) {
-    const int64_t blocks = (n_cols + per_block - 1) / per_block;
-    uint8_t* pool = DeviceAlloc<uint8_t>((blocks + 1) * block_bytes);
-    std::vector<int32_t> table(1 + blocks);
-    for (int64_t b = 0; b <= blocks; ++b) table[b] = static_cast<int32_t>(blocks - b);
-    std::vector<uint64_t> dst(n_cols);
-    const ss::cuda::KvGeom g{.pool = reinterpret_cast<uint64_t>(pool),
-                             .block_bytes = block_bytes,
-                             .first_entry_block = 1,
-                             .key_dim = static_cast<int32_t>(hd),
-                             .keys_per_block = static_cast<int32_t>(per_block),
-                             .key_off = 40};
-    for (int64_t j = 0; j < n_cols; ++j) {
-      dst[j] =
-          g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
-    }
-    uint16_t* keys = DeviceAlloc<uint16_t>(n_cols * hd);
-    uint64_t* ddst = DeviceAlloc<uint64_t>(n_cols);
-    int32_t* dtable = DeviceAlloc<int32_t>(table.size());
+  for (const int64_t n_cols : {2304, 16384, 65536, 262144}) {
+    const IndexerPool kp(n_cols, hd, rng);
     int64_t* pos = DeviceAlloc<int64_t>(1);
     float* scores = DeviceAlloc<float>(n_cols);
     int32_t* sel = DeviceAlloc<int32_t>(k);
     const int64_t p = 4 * n_cols - 1;
-    CHECK_CUDA(cudaMemcpy(keys, RandomBf16(n_cols * hd, rng).data(), n_cols * hd * 2,
-                          cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_cols * 8, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(pos, &p, 8, cudaMemcpyHostToDevice));
-    CHECK_CUDA(ss::cuda::KvEncodeKeys(keys, ddst, n_cols, hd, nullptr));
     const auto scores_call = [&](int, cudaStream_t st) {
-      ss::cuda::KvIndexerScores(q, w, g, dtable, 1 + blocks, pos, 1, H, 4, n_cols, scores, st);
+      ss::cuda::KvIndexerScores(q, w, kp.g, kp.table, kp.n_table, pos, 1, H, 4, n_cols, scores, st);
     };
     const auto topk = [&](int, cudaStream_t st) {
-      ss::cuda::IndexerTopK(scores, 1, n_cols, k, sel, st);
+      ss::cuda::IndexerTopK(scores, 1, n_cols, k, sel, TopKScratch(), st);
     };
     const auto chain = [&](int i, cudaStream_t st) {
       prep(i, st);
       scores_call(i, st);
       topk(i, st);
     };
-    std::printf("KvIndexerScores  T=1 n_cols=%5ld:      %7.2f us\n", static_cast<long>(n_cols),
-                GraphMs(64, scores_call) * 1e3f);
-    std::printf("IndexerTopK      T=1 n_cols=%5ld k=%ld: %7.2f us\n", static_cast<long>(n_cols),
-                static_cast<long>(k), GraphMs(64, topk) * 1e3f);
-    std::printf("copy + prep + scores + top-k n_cols=%5ld: %7.2f us\n", static_cast<long>(n_cols),
-                GraphMs(64, chain) * 1e3f);
-    for (void* ptr : {static_cast<void*>(pool), static_cast<void*>(keys), static_cast<void*>(ddst),
-                      static_cast<void*>(dtable), static_cast<void*>(pos),
+    const int n_calls = n_cols > 65536 ? 16 : 64;
+    std::printf("KvIndexerScores  T=1 n_cols=%6ld:      %7.2f us\n", static_cast<long>(n_cols),
+                GraphMs(n_calls, scores_call) * 1e3f);
+    std::printf("IndexerTopK      T=1 n_cols=%6ld k=%ld: %7.2f us\n", static_cast<long>(n_cols),
+                static_cast<long>(k), GraphMs(n_calls, topk) * 1e3f);
+    std::printf(
+        "copy + prep + scores + top-k n_cols=%6ld: %7.2f us  (hashes: scores %016llx,"
+        " top-k %016llx)\n",
+        static_cast<long>(n_cols), GraphMs(n_calls, chain) * 1e3f,
+        static_cast<unsigned long long>(DeviceHash(scores, n_cols * 4)),
+        static_cast<unsigned long long>(DeviceHash(sel, k * 4)));
+    for (void* ptr :
+         {static_cast<void*>(pos), static_cast<void*>(scores), static_cast<void*>(sel)}) {
+      cudaFree(ptr);
+    }
+  }
+
+  // A prefill chunk: T tokens ending at 64K context, each token's row 16384 columns wide.
+  {
+    const int64_t T = 256, n_cols = 16384;
+    const IndexerPool kp(n_cols, hd, rng);
+    uint16_t* qt = DeviceAlloc<uint16_t>(T * H * hd);
+    uint16_t* wt = DeviceAlloc<uint16_t>(T * H);
+    int64_t* pos = DeviceAlloc<int64_t>(T);
+    float* scores = DeviceAlloc<float>(T * n_cols);
+    int32_t* sel = DeviceAlloc<int32_t>(T * k);
+    std::vector<int64_t> hpos(T);
+    for (int64_t t = 0; t < T; ++t) hpos[t] = 4 * n_cols - T + t;
+    CHECK_CUDA(
+        cudaMemcpy(qt, RandomBf16(T * H * hd, rng).data(), T * H * hd * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(wt, RandomBf16(T * H, rng).data(), T * H * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(pos, hpos.data(), T * 8, cudaMemcpyHostToDevice));
+    const auto scores_call = [&](int, cudaStream_t st) {
+      ss::cuda::KvIndexerScores(qt, wt, kp.g, kp.table, kp.n_table, pos, T, H, 4, n_cols, scores,
+                                st);
+    };
+    const auto topk = [&](int, cudaStream_t st) {
+      ss::cuda::IndexerTopK(scores, T, n_cols, k, sel, TopKScratch(), st);
+    };
+    std::printf("KvIndexerScores  T=%ld n_cols=%6ld:    %7.2f us\n", static_cast<long>(T),
+                static_cast<long>(n_cols), GraphMs(8, scores_call) * 1e3f);
+    std::printf(
+        "IndexerTopK      T=%ld n_cols=%6ld k=%ld: %7.2f us  (hashes: scores %016llx,"
+        " top-k %016llx)\n",
+        static_cast<long>(T), static_cast<long>(n_cols), static_cast<long>(k),
+        GraphMs(8, topk) * 1e3f,
+        static_cast<unsigned long long>(DeviceHash(scores, T * n_cols * 4)),
+        static_cast<unsigned long long>(DeviceHash(sel, T * k * 4)));
+    for (void* ptr : {static_cast<void*>(qt), static_cast<void*>(wt), static_cast<void*>(pos),
                       static_cast<void*>(scores), static_cast<void*>(sel)}) {
       cudaFree(ptr);
     }
   }
   for (void* ptr : {static_cast<void*>(q), static_cast<void*>(q0), static_cast<void*>(w),
                     static_cast<void*>(dcs), static_cast<void*>(dsn)}) {
+    cudaFree(ptr);
+  }
+
+  // Each top-k kernel on rows of bf16 normal scores, for the choice between them.
+  std::printf("IndexerTopK per kernel (counting / radix / filtered / split), k=%ld:\n",
+              static_cast<long>(k));
+  std::mt19937 srng(11);
+  for (const auto& [T, n_cols] : {std::pair<int64_t, int64_t>{1, 4096},
+                                  {1, 6144},
+                                  {1, 8192},
+                                  {1, 16384},
+                                  {1, 65536},
+                                  {1, 262144},
+                                  {8, 8192},
+                                  {8, 16384},
+                                  {256, 4096},
+                                  {256, 16384}}) {
+    std::vector<uint16_t> bits = RandomBf16(T * n_cols, srng);
+    std::vector<float> hs(T * n_cols);
+    for (int64_t i = 0; i < T * n_cols; ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&hs[i], &u, 4);
+    }
+    float* scores = DeviceAlloc<float>(T * n_cols);
+    int32_t* sel = DeviceAlloc<int32_t>(T * k);
+    CHECK_CUDA(cudaMemcpy(scores, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+    std::printf("  T=%3ld n_cols=%6ld:", static_cast<long>(T), static_cast<long>(n_cols));
+    for (const auto kind :
+         {ss::cuda::IndexerTopKKind::kCounting, ss::cuda::IndexerTopKKind::kRadix,
+          ss::cuda::IndexerTopKKind::kFiltered, ss::cuda::IndexerTopKKind::kSplit}) {
+      if ((kind == ss::cuda::IndexerTopKKind::kCounting && T * n_cols * n_cols > (1ll << 28)) ||
+          ss::cuda::IndexerTopKPath(scores, T, n_cols, k, kind, sel, TopKScratch(), nullptr) !=
+              cudaSuccess) {
+        cudaGetLastError();
+        std::printf("       -   ");
+        continue;
+      }
+      std::printf(" %8.2f us", GraphMs(16, [&](int, cudaStream_t st) {
+                                 ss::cuda::IndexerTopKPath(scores, T, n_cols, k, kind, sel,
+                                                           TopKScratch(), st);
+                               }) * 1e3f);
+    }
+    std::printf("\n");
+    cudaFree(scores);
+    cudaFree(sel);
+  }
+}
+
+// Decode attention at Flash's shape (64 heads x 512 dims, nope 448 + rope 64, window 128) over a
+// paged pool of fp8_ds_mla records: KvBuildCandidates (decoding the rows) then KvSparseAttention
+// (decoded rows, the inverse RoPE in its last launch), for a ratio-128 layer (64 compressed
+// entries: 192 candidates) and a ratio-4 layer (top-512 selections: 640), at T = 1 and 8. Graph-
+// replayed time per call of the chain, then of each kernel in it: every kernel node of one
+// captured chain replayed alone, 64 times in a row (the pool stays in L2, as the step's rows do).
+void BenchDecodeAttention() {
+  std::printf("\n== decode sparse attention, 64 heads x 512: graph-replayed time per call ==\n");
+  std::mt19937 rng(7);
+  const int64_t D = 512, nope = 448, rope = 64, H = 64, W = 128, n_entries = 2048;
+  const int64_t E = ss::cuda::KvRecordBytes(nope, rope), per_block = 64, block_bytes = W * E;
+  const int64_t blocks = 1 + n_entries / per_block, max_t = 8;
+  uint8_t* pool = DeviceAlloc<uint8_t>(blocks * block_bytes + max_t * E);
+  std::vector<int32_t> table(blocks);
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(blocks - 1 - b);
+  std::vector<uint64_t> dst;  // the ring, the compressed entries, the staged records
+  const uint64_t base = reinterpret_cast<uint64_t>(pool);
+  for (int64_t i = 0; i < W; ++i) dst.push_back(base + table[0] * block_bytes + i * E);
+  for (int64_t j = 0; j < n_entries; ++j) {
+    dst.push_back(base + table[1 + j / per_block] * block_bytes + (j % per_block) * E);
+  }
+  for (int64_t t = 0; t < max_t; ++t) dst.push_back(base + blocks * block_bytes + t * E);
+  const int64_t n_rec = static_cast<int64_t>(dst.size());
+  uint16_t* ent = DeviceAlloc<uint16_t>(n_rec * D);
+  uint64_t* ddst = DeviceAlloc<uint64_t>(n_rec);
+  int32_t* dtable = DeviceAlloc<int32_t>(blocks);
+  CHECK_CUDA(
+      cudaMemcpy(ent, RandomBf16(n_rec * D, rng).data(), n_rec * D * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_rec * 8, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dtable, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(ss::cuda::KvEncodeRecords(ent, ddst, n_rec, nope, rope, nullptr));
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<float> cs(max_t * rope / 2), sn(max_t * rope / 2), sink(H);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const float a = u(rng);
+    cs[i] = std::cos(a);
+    sn[i] = std::sin(a);
+  }
+  for (float& s : sink) s = u(rng);
+  float* dcs = DeviceAlloc<float>(cs.size());
+  float* dsn = DeviceAlloc<float>(sn.size());
+  float* dsink = DeviceAlloc<float>(H);
+  uint16_t* q = DeviceAlloc<uint16_t>(max_t * H * D);
+  uint16_t* out = DeviceAlloc<uint16_t>(max_t * H * D);
+  CHECK_CUDA(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dsn, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dsink, sink.data(), H * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(q, RandomBf16(max_t * H * D, rng).data(), max_t * H * D * 2,
+                        cudaMemcpyHostToDevice));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (const int64_t ratio : {128, 4}) {
+    const int64_t n_comp = ratio == 4 ? 512 : 64, n_cand = W + n_comp;
+    ss::cuda::KvGeom g{.pool = base,
+                       .block_bytes = block_bytes,
+                       .nope = static_cast<int32_t>(nope),
+                       .rope = static_cast<int32_t>(rope),
+                       .record_bytes = static_cast<int32_t>(E),
+                       .window = static_cast<int32_t>(W),
+                       .win_per_block = static_cast<int32_t>(W),
+                       .first_entry_block = 1,
+                       .ratio = static_cast<int32_t>(ratio),
+                       .entries_per_block = static_cast<int32_t>(per_block)};
+    for (const int64_t T : {1, 8}) {
+      std::vector<ss::cuda::KvToken> tok(T);
+      std::vector<int32_t> sel(T * n_comp);
+      for (int64_t t = 0; t < T; ++t) {
+        ss::cuda::KvToken& k = tok[t];
+        k.table = reinterpret_cast<uint64_t>(dtable);
+        k.staging = dst[W + n_entries + t];
+        k.n_table = static_cast<int32_t>(blocks);
+        k.pos = static_cast<int32_t>(8191 - t);
+        k.chunk_start = k.pos;
+        k.chunk_end = k.pos + 1;
+        k.win_width = static_cast<int32_t>(W);
+        k.n_comp = static_cast<int32_t>(n_comp);
+        k.sel_off = ratio == 4 ? static_cast<int32_t>(t * n_comp) : -1;
+        for (int64_t m = 0; m < n_comp; ++m) sel[t * n_comp + m] = rng() % n_entries;
+      }
+      ss::cuda::KvToken* dtok = DeviceAlloc<ss::cuda::KvToken>(T);
+      int32_t* dsel = DeviceAlloc<int32_t>(sel.size());
+      uint64_t* cand = DeviceAlloc<uint64_t>(T * n_cand);
+      uint16_t* rows =
+          DeviceAlloc<uint16_t>(ss::cuda::KvSparseAttentionRowsBytes(T, n_cand, D, H) / 2);
+      CHECK_CUDA(cudaMemcpy(dtok, tok.data(), T * sizeof(tok[0]), cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(dsel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+      const auto build = [&](int, cudaStream_t st) {
+        CHECK_CUDA(ss::cuda::KvBuildCandidates(g, dtok, T, dsel, n_cand, cand, st, rows));
+      };
+      const auto attend = [&](int, cudaStream_t st) {
+        CHECK_CUDA(ss::cuda::KvSparseAttention(q, cand, dsink, T, H, D, nope, n_cand, scale, out,
+                                               st, rows, true, dcs, dsn, rope));
+      };
+      const auto chain = [&](int i, cudaStream_t st) {
+        build(i, st);
+        attend(i, st);
+      };
+      std::printf(
+          "ratio %3ld layer, T=%ld, %ld candidates: chain %6.2f us (build %.2f us,"
+          " attention %.2f us)\n",
+          static_cast<long>(ratio), static_cast<long>(T), static_cast<long>(n_cand),
+          GraphMs(64, chain) * 1e3f, GraphMs(64, build) * 1e3f, GraphMs(64, attend) * 1e3f);
+      // Each kernel node of one captured chain, replayed alone.
+      cudaStream_t s;
+      CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      cudaGraph_t one;
+      CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      chain(0, s);
+      CHECK_CUDA(cudaStreamEndCapture(s, &one));
+      size_t n_nodes = 0;
+      CHECK_CUDA(cudaGraphGetNodes(one, nullptr, &n_nodes));
+      std::vector<cudaGraphNode_t> nodes(n_nodes);
+      CHECK_CUDA(cudaGraphGetNodes(one, nodes.data(), &n_nodes));
+      for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type;
+        CHECK_CUDA(cudaGraphNodeGetType(node, &type));
+        if (type != cudaGraphNodeTypeKernel) continue;
+        cudaKernelNodeParams p{};
+        CHECK_CUDA(cudaGraphKernelNodeGetParams(node, &p));
+        constexpr int kCopies = 64, kReps = 5;
+        cudaGraph_t rep;
+        CHECK_CUDA(cudaGraphCreate(&rep, 0));
+        cudaGraphNode_t prev = nullptr;
+        for (int c = 0; c < kCopies; ++c) {
+          cudaGraphNode_t n;
+          CHECK_CUDA(cudaGraphAddKernelNode(&n, rep, prev ? &prev : nullptr, prev ? 1 : 0, &p));
+          prev = n;
+        }
+        cudaGraphExec_t exec;
+        CHECK_CUDA(cudaGraphInstantiate(&exec, rep, 0));
+        CHECK_CUDA(cudaGraphLaunch(exec, s));
+        cudaEvent_t a, b;
+        CHECK_CUDA(cudaEventCreate(&a));
+        CHECK_CUDA(cudaEventCreate(&b));
+        CHECK_CUDA(cudaEventRecord(a, s));
+        for (int r = 0; r < kReps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
+        CHECK_CUDA(cudaEventRecord(b, s));
+        CHECK_CUDA(cudaEventSynchronize(b));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+        // The kernel's name from its mangled symbol: the identifier that ends in "KernelImpl".
+        const char* name = nullptr;
+        std::string shown = "?";
+        if (cudaFuncGetName(&name, p.func) == cudaSuccess && name != nullptr) {
+          const std::string m = name;
+          const size_t end = m.find("KernelImpl");
+          if (end != std::string::npos) {
+            size_t b = end;
+            while (b > 0 && ((m[b - 1] | 0x20) >= 'a' && (m[b - 1] | 0x20) <= 'z')) --b;
+            shown = m.substr(b, end + 10 - b);
+          }
+        }
+        std::printf("    %-34s grid (%u,%u,%u) x %u: %6.2f us\n", shown.c_str(), p.gridDim.x,
+                    p.gridDim.y, p.gridDim.z, p.blockDim.x * p.blockDim.y * p.blockDim.z,
+                    ms * 1e3f / (kReps * kCopies));
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(rep);
+      }
+      cudaGraphDestroy(one);
+      cudaStreamDestroy(s);
+      for (void* ptr : {static_cast<void*>(dtok), static_cast<void*>(dsel),
+                        static_cast<void*>(cand), static_cast<void*>(rows)}) {
+        cudaFree(ptr);
+      }
+    }
+  }
+  for (void* ptr : {static_cast<void*>(pool), static_cast<void*>(ent), static_cast<void*>(ddst),
+                    static_cast<void*>(dtable), static_cast<void*>(dcs), static_cast<void*>(dsn),
+                    static_cast<void*>(dsink), static_cast<void*>(q), static_cast<void*>(out)}) {
     cudaFree(ptr);
   }
 }
@@ -420,7 +722,13 @@ int main(int argc, char** argv) {
   cudaFree(dst);
 
   std::mt19937 rng(1);
+  if (argc > 1 && std::string(argv[1]) == "--attention") {  // the decode attention alone
+    BenchDecodeAttention();
+    return 0;
+  }
   BenchIndexer(rng);
+  if (argc > 1 && std::string(argv[1]) == "--indexer") return 0;  // the indexer alone
+  BenchDecodeAttention();
   BenchDecode(copy_gbs, rng);
   Cublas cublas;
   const bool have_cublas = cublas.Load(argc > 1 ? argv[1] : nullptr);

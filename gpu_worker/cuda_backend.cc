@@ -311,6 +311,13 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         {&im.sel, sel_base[nc] * 4}}) {
     if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
   }
+  if (im.topk.p == nullptr) {
+    const size_t bytes = static_cast<size_t>(cuda::IndexerTopKScratchBytes());
+    if (absl::Status e = im.topk.Reserve(bytes); !e.ok()) return fail(e);
+    if (const cudaError_t e = cudaMemset(im.topk.p, 0, bytes); e != cudaSuccess) {
+      return fail(CudaStatus(e, "cudaMemset(top-k scratch)"));
+    }
+  }
 
   // Scratch and the step's inputs.
   Scratch sc;
@@ -583,7 +590,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                                      sc.pos + row0[i], S, nh, 4, n_cols[i], im.scores.as<float>(),
                                      bs_iq));
           STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
-                                 im.sel.as<int32_t>() + sel_base[i], bs_iq));
+                                 im.sel.as<int32_t>() + sel_base[i], im.topk.p, bs_iq));
         }
         STEP(branch_done(Impl::kBranchIndexQ));
       }

@@ -216,6 +216,8 @@ struct CudaBackend::Impl {
   KvPool kv;  // the paged KV cache (cuda_backend_kv.h)
   // Scratch, grow-only.
   DevBuf arena, params, cand, scores, sel, logits, kvrows;
+  // IndexerTopK's scratch for long decode rows (zeroed once; its launches leave it zeroed).
+  DevBuf topk;
   // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
   // dim] fp32 sum.
   PinnedBuf moe_x, moe_ids, moe_w, moe_sum;

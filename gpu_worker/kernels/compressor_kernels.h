@@ -164,10 +164,16 @@ cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16
 // q: bf16 [T, heads, head_dim] (IndexerPrepQ); w: bf16 [T, heads]; keys: bf16 rows of head_dim
 // values, token t reading its key j at keys + (key_row_offset[t] + j)·head_dim (key_row_offset
 // int64 [T], or nullptr for 0: one sequence). Tokens of different sequences may share a call.
-// heads ≤ kIndexerMaxHeads, head_dim ≤ kIndexerMaxHeadDim, n_cols ≤ 64·65535. Grid (T, tiles):
-// tiles of 64 columns, or of 16 or 8 while T·tiles would leave SMs idle (decode: 2304 columns
-// take 288 blocks of 8); ineligible tiles are filled without reading q or keys. The tile size
-// does not change any score.
+// heads ≤ kIndexerMaxHeads, head_dim ≤ kIndexerMaxHeadDim, n_cols < 2^31. Each score is one
+// warp's: a task of 8 consecutive keys (4, 2 or 1 while the call has fewer than 1024 tasks, so
+// that short rows still spread), q staged once per 4-warp block, the tasks of a row dealt to
+// its blocks' warps in turn. Grid (T, blocks per row): a task per warp while that fits in one
+// wave of resident blocks (SMs × what shared memory allows, at most 4 per SM: device attributes
+// only, so capture-safe); a decode token's long row takes one full wave (16384 columns: 512
+// blocks on an H200); many tokens take 4 tasks a warp. Ineligible columns are filled with −inf
+// without reading q or keys. Where every factor is a bf16 value in [2^−60, 2^60) (or 0) the dot is
+// summed with fma, whose single rounding equals fl(acc + fl(q·k)) because the 16-bit product is
+// exact; otherwise with the separate product and sum. No choice here changes any score.
 cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* keys,
                           const int64_t* key_row_offset, const int64_t* positions, int64_t T,
                           int64_t heads, int64_t head_dim, int64_t ratio, int64_t n_cols,
@@ -176,22 +182,41 @@ cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* 
 // Per row t of scores [T, n_cols]: the k (≤ min(n_cols, kIndexerMaxTopK)) largest entries in
 // descending order, equal scores ordered by the lower index (the reference's stable sort), an
 // entry whose score is −inf (a masked block) given as −1: sel int32 [T, k]. Equivalently: the
-// first k of the row sorted by (score, −index) descending, which both kernels compute exactly:
+// first k of the row sorted by (score, −index) descending, which every kernel computes exactly:
 //  * counting (short rows, few of them: n_cols ≤ 8192 and T·n_cols² ≤ 2^26, e.g. a decode token
-//    at up to 32K context): every column's output slot is its rank, the number of columns ahead
-//    of it, counted by 32-column blocks that each hold the row in shared memory (grid
-//    (T, n_cols/32), one barrier, no sort);
+//    at up to 16K context, where the split path does not apply): every column's output slot is
+//    its rank, the number of columns ahead of it, counted by 32-column blocks that each hold
+//    the row in shared memory (grid (T, n_cols/32), one barrier, no sort);
+//  * split (a few long rows, decode: T ≤ 8 and n_cols > 4096): three launches over the whole
+//    GPU: blocks of 2048 columns add an 11-bit histogram of the keys' top bits into the row's,
+//    then each finds the bin of the k-th largest and appends the entries at or above it (at
+//    most 4096) to the row's candidates, then blocks of 64 candidates count the candidates
+//    above each: its output slot. More candidates than that (thousands of scores in the k-th
+//    largest's bin) and one block runs the filtered kernel's code on the row. Needs `scratch`
+//    (IndexerTopKScratchBytes, 320 KB, zeroed once when allocated; the launches leave it zeroed
+//    for the next call), so calls sharing one scratch must not overlap: issue them on one stream,
+//    or order them with events. Without scratch (null) such rows take the filtered kernel;
+//  * filtered (otherwise, n_cols > 4096: long rows): one 1024-thread block per row, no
+//    workspace: histograms of 11, 11 and 10 key bits (as many as needed) find a key prefix that
+//    the k-th largest entry and at most 4096 entries reach; those go to shared memory, where a
+//    radix select over (score, −index) finds the k winners, sorted by a bitonic sort. Rows of
+//    ≤ 16384 columns are read once (into registers), longer ones once per pass. Fewer than k
+//    finite scores, or more than 4096 − k entries equal to the k-th largest, are handled
+//    exactly by their own passes;
 //  * radix (otherwise): one block per row: an 8-bit radix select of the k-th largest score over
 //    the row (≤ 4 passes), a pass collecting the entries above it and the lowest-index entries
 //    equal to it, and a bitonic sort of the k winners in shared memory.
 // NaN scores are not supported.
 cudaError_t IndexerTopK(const float* scores, int64_t T, int64_t n_cols, int64_t k, int32_t* sel,
-                        cudaStream_t stream);
+                        void* scratch, cudaStream_t stream);
+int64_t IndexerTopKScratchBytes();
 
-// IndexerTopK on the kernel named by `counting` (tests and benchmarks: the two give the same
-// bits); counting needs n_cols ≤ 8192.
+enum class IndexerTopKKind { kCounting, kRadix, kFiltered, kSplit };
+
+// IndexerTopK on the kernel named by `kind` (tests and benchmarks: all give the same bits);
+// counting needs n_cols ≤ 8192, split scratch, T ≤ 8 and n_cols ≤ 2048·65535.
 cudaError_t IndexerTopKPath(const float* scores, int64_t T, int64_t n_cols, int64_t k,
-                            bool counting, int32_t* sel, cudaStream_t stream);
+                            IndexerTopKKind kind, int32_t* sel, void* scratch, cudaStream_t stream);
 
 // ---- Grouped output projection (spec §3.10) -----------------------------------------------------
 
@@ -236,6 +261,9 @@ const void* IndexerWeightScaleKernel();
 const void* IndexerScoresKernel();
 const void* IndexerTopKKernel();
 const void* IndexerTopKCountingKernel();
+const void* IndexerTopKFilteredKernel();         // rows of ≤ 16384 columns
+const void* IndexerTopKFilteredStreamKernel();   // longer rows
+const void* IndexerTopKSplitRankKernel();        // the split path's last launch
 const void* GroupedOutputProjectionKernel();     // T > 8
 const void* GroupedOutputProjectionMmaKernel();  // T ≤ 8
 const void* ArgmaxKernel();

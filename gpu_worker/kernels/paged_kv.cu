@@ -90,9 +90,23 @@ __device__ __forceinline__ void DecodeRow(const uint8_t* __restrict__ rec, int d
   }
 }
 
+// DecodeRow of a kD-dim record by lane `lane` of a warp (quads lane + 32i), all of its loads
+// issued before the first store.
+template <int kD>
+__device__ __forceinline__ void DecodeRowWarp(const uint8_t* __restrict__ rec, int nope,
+                                              uint16_t* __restrict__ row, int lane) {
+  constexpr int kSteps = kD / 128;
+  uint2 v[kSteps];
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) v[i] = RecordQuad(rec, nope, kD - nope, 4 * (lane + 32 * i));
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) *reinterpret_cast<uint2*>(row + 4 * (lane + 32 * i)) = v[i];
+}
+
 // grid (token, candidate group). kRows: one warp per candidate, which also decodes its record
-// into rows[(t·n_cand + j)·d, ...) (d = nope + rope; masked rows are left as they are).
-template <bool kRows>
+// into rows[(t·n_cand + j)·d, ...) (d = nope + rope, kD when kD > 0; masked rows are left as
+// they are).
+template <bool kRows, int kD = 0>
 __global__ void KvBuildCandidatesKernelImpl(KvGeom g, const KvToken* __restrict__ tokens,
                                             const int32_t* __restrict__ sel, int64_t n_cand,
                                             uint64_t* __restrict__ cand,
@@ -107,8 +121,12 @@ __global__ void KvBuildCandidatesKernelImpl(KvGeom g, const KvToken* __restrict_
   const int lane = static_cast<int>(threadIdx.x) & 31;
   if (!kRows || lane == 0) cand[t * n_cand + j] = reinterpret_cast<uint64_t>(v);
   if (kRows && v != nullptr) {
-    const int d = g.nope + g.rope;
-    DecodeRow(v, d, g.nope, rows + (t * n_cand + j) * d, lane, 32);
+    if constexpr (kD > 0) {
+      DecodeRowWarp<kD>(v, g.nope, rows + (t * n_cand + j) * kD, lane);
+    } else {
+      const int d = g.nope + g.rope;
+      DecodeRow(v, d, g.nope, rows + (t * n_cand + j) * d, lane, 32);
+    }
   }
 }
 
@@ -309,172 +327,180 @@ __global__ void __launch_bounds__(kSparseFastThreads)
   SparseAttendFastBlock<kD>(q, cand, sink, n_heads, n_cand, scale, stage, out);
 }
 
-// Flash-decoding over the decoded rows (KvSparseAttention, T ≤ kKvSplitMaxTokens): the fast
-// kernel's arithmetic split over (token, head, chunk) blocks, so the same bits. The workspace
-// (KvSplitBytes) is carved as below from the rows scratch past the T·n_cand rows.
+// Flash-decoding over the decoded rows (KvSparseAttention, T ≤ kKvSplitMaxTokens) in two
+// launches: KvSplitChunkKernelImpl scores each 64-candidate chunk against its own max m and
+// writes (m, Σp, Σ bf16(p)·v), KvSplitCombineKernelImpl merges a (token, head)'s chunks. The
+// workspace (KvSplitBytes) is carved as below from the rows scratch past the T·n_cand rows.
 struct SplitWork {
-  float* pv;     // [T·H·nch, kD] chunk partials Σ p_bf16·v
-  float* s;      // [T·H·nch, 64] scaled scores (−inf masked)
-  float* cmax;   // [T·H·nch] chunk maxima
-  float* alpha;  // [T·H·nch]
-  float* psum;   // [T·H·nch]
+  float* pv;    // [T·H·nch, kD] chunk partials Σ bf16(p)·v
+  float* cmax;  // [T·H·nch] chunk maxima (−inf: every candidate of the chunk masked)
+  float* psum;  // [T·H·nch] chunk sums Σ p
 };
 __host__ __device__ inline SplitWork CarveSplit(uint16_t* rows, int64_t T, int64_t H,
                                                 int64_t n_cand, int64_t d) {
   const int64_t nch = (n_cand + kSparseChunk - 1) / kSparseChunk, n = T * H * nch;
   float* base = reinterpret_cast<float*>(rows + T * n_cand * d);
-  return {base, base + n * d, base + n * (d + kSparseChunk), base + n * (d + kSparseChunk + 1),
-          base + n * (d + kSparseChunk + 2)};
+  return {base, base + n * d, base + n * (d + 1)};
 }
 
-constexpr int kScoreHeads = 4;  // heads per score block, four warps (16 candidates each) per head
-constexpr int kScoreThreads = 128 * kScoreHeads;
-constexpr int kPvHeads = 4;     // heads per p·V block
+constexpr int kSplitHeads = 16;  // heads per chunk block: the mma's M
+constexpr int kSplitPad = 8;     // floats past each 64-score row: conflict-free float2 stores
 
-// grid (chunk, token, head group): the chunk's rows staged in shared memory (dynamic,
-// kSparseChunk·kD bf16), warp w scores candidates 16·(w & 3) + [0, 16) of head 4·group + w / 4.
+// d += a·b on the tensor cores: m16n8k16, bf16 inputs, fp32 accumulation (fragment layouts as in
+// fp8_common.cuh's MmaF16).
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The warp's 8×8 matrix of b16 transposed: lane 4g + u holds elements 2u, 2u + 1 of row g before
+// and of column g after.
+__device__ __forceinline__ uint32_t Transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// grid (chunk, token, group of 16 heads), kD / 2 threads; warp w owns dims [64w, 64w + 64).
+// Lane 4g + u loads, for candidates 8j + g of the chunk (j < 8), the 16-byte pieces at dims
+// 64w + 32s + 8u (s < 2) into registers (masked candidates and those past n_cand as zeros), and
+// they serve as both operands. Scores: the mma's k-slots 2u, 2u + 1 / 2u + 8, 2u + 9 of the two
+// k16 steps of a piece are its dims 0-1 / 2-3 and 4-5 / 6-7, the same permutation for q and k.
+// p·V: each 8×8 tile transposed in registers, output column 2u + b of n-tile (s, m) being dim
+// 64w + 32s + 8u + 2m + b, so lane u ends with 8 consecutive dims per head and piece. The warps'
+// partial scores (16 heads × 64) meet in shared memory, where kD / 32 threads per head sum them
+// in warp order, take the chunk's max m, p = exp(s − m) and Σp (a fixed shuffle tree), and
+// return bf16(p) as the A operand of p·V. Masked rows are zeros, so they add +0.
 template <int kD>
-__global__ void __launch_bounds__(kScoreThreads)
-    KvSplitScoresKernelImpl(const uint16_t* __restrict__ q, const uint64_t* __restrict__ cand,
-                            int64_t n_heads, int64_t n_cand, float scale,
-                            const uint16_t* __restrict__ rows, SplitWork w) {
-  extern __shared__ uint4 kv_smem[];
-  const uint16_t* kvs = reinterpret_cast<const uint16_t*>(kv_smem);
-  __shared__ float wmax[kScoreThreads / 32];
+__global__ void __launch_bounds__(kD / 2)
+    KvSplitChunkKernelImpl(const uint16_t* __restrict__ q, const uint64_t* __restrict__ cand,
+                           int64_t n_heads, int64_t n_cand, float scale,
+                           const uint16_t* __restrict__ rows, SplitWork w) {
+  constexpr int kWarps = kD / 64, kVecs = kD / 8, kPerHead = kD / 32;
+  constexpr int kPerThread = kSparseChunk / kPerHead;
+  __shared__ __align__(16) float part[kWarps][kSplitHeads][kSparseChunk + kSplitPad];
+  __shared__ uint32_t pb[kSplitHeads][kSparseChunk / 2 + 4];  // bf16 p pairs, padded rows
   __shared__ bool valid[kSparseChunk];
-  constexpr int kLaneDims = kD / 32, kVecs = kD / 8;
   const int c = blockIdx.x, nch = gridDim.x;
-  const int64_t t = blockIdx.y;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t t = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.z) * kSplitHeads;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, g = (tid & 31) >> 2, u = tid & 3;
   const int64_t c0 = static_cast<int64_t>(c) * kSparseChunk;
   const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
-  const uint4* src = reinterpret_cast<const uint4*>(rows + (t * n_cand + c0) * kD);
-  for (int e = tid; e < nc * kVecs; e += kScoreThreads) CpAsync16(kv_smem + e, src + e);
-  CpAsyncCommit();
   const uint64_t* ct = cand + t * n_cand + c0;
+  const uint4* rt = reinterpret_cast<const uint4*>(rows + (t * n_cand + c0) * kD) + 8 * warp + u;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  uint4 kv[8][2];
+  uint64_t rec[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int i = 8 * j + g;
+    rec[j] = i < nc ? ct[i] : 0;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) kv[j][s] = i < nc ? rt[i * kVecs + 4 * s] : zero;
+  }
+  uint4 qa[2][2];  // heads g and g + 8 of the group, pieces s
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t h = h0 + g + 8 * r;
+    const uint4* qh = reinterpret_cast<const uint4*>(q + (t * n_heads + h) * kD) + 8 * warp + u;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) qa[r][s] = h < n_heads ? qh[4 * s] : zero;
+  }
   if (tid < kSparseChunk) valid[tid] = tid < nc && ct[tid] != 0;
-  const int64_t h = static_cast<int64_t>(blockIdx.z) * kScoreHeads + (warp >> 2);
-  const bool head_ok = h < n_heads;
-  float qv[kLaneDims];
-  const uint16_t* qh = q + (t * n_heads + (head_ok ? h : 0)) * kD;
 #pragma unroll
-  for (int j = 0; j < kLaneDims; ++j) qv[j] = Bf16ToF32(qh[lane + 32 * j]);
-  CpAsyncWait<0>();
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) kv[j][s] = rec[j] != 0 ? kv[j][s] : zero;
+  }
+  float sc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      MmaBf16(sc[j], qa[0][s].x, qa[1][s].x, qa[0][s].y, qa[1][s].y, kv[j][s].x, kv[j][s].y);
+      MmaBf16(sc[j], qa[0][s].z, qa[1][s].z, qa[0][s].w, qa[1][s].w, kv[j][s].z, kv[j][s].w);
+    }
+    *reinterpret_cast<float2*>(&part[warp][g][8 * j + 2 * u]) = make_float2(sc[j][0], sc[j][1]);
+    *reinterpret_cast<float2*>(&part[warp][g + 8][8 * j + 2 * u]) = make_float2(sc[j][2], sc[j][3]);
+  }
   __syncthreads();
-  const int i0 = (warp & 3) * 16;
-  float mine = -INFINITY;
-  // Four candidates at a time (rows past nc or masked are scored from stale shared memory and
-  // dropped), so four dependency chains are in flight per warp.
-  for (int ii = 0; ii < 16 && i0 + ii < nc; ii += 4) {
-    float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  {
+    const int hh = tid / kPerHead, i0 = (tid % kPerHead) * kPerThread;
+    float s[kPerThread];
+    float m = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kLaneDims; ++j) {
+    for (int k = 0; k < kPerThread; k += 4) {
+      float4 dot = *reinterpret_cast<const float4*>(&part[0][hh][i0 + k]);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        dot[u] = __fadd_rn(dot[u],
-                           __fmul_rn(qv[j], Bf16ToF32(kvs[(i0 + ii + u) * kD + lane + 32 * j])));
+      for (int v = 1; v < kWarps; ++v) {
+        const float4 x = *reinterpret_cast<const float4*>(&part[v][hh][i0 + k]);
+        dot = make_float4(__fadd_rn(dot.x, x.x), __fadd_rn(dot.y, x.y), __fadd_rn(dot.z, x.z),
+                          __fadd_rn(dot.w, x.w));
+      }
+      const float d4[4] = {dot.x, dot.y, dot.z, dot.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[k + e] = valid[i0 + k + e] ? __fmul_rn(d4[e], scale) : -INFINITY;
+        m = fmaxf(m, s[k + e]);
       }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = kPerHead / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.0f;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) dot[u] = __fadd_rn(dot[u], __shfl_xor_sync(0xffffffffu, dot[u], o));
+    for (int k = 0; k < kPerThread; ++k) {
+      s[k] = m == -INFINITY ? 0.0f : expf(__fsub_rn(s[k], m));
+      l = __fadd_rn(l, s[k]);
     }
+    // Partners add the same two values, so every lane of the head ends with the same bits.
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if (lane == ii + u) mine = valid[i0 + ii + u] ? __fmul_rn(dot[u], scale) : -INFINITY;
+    for (int o = kPerHead / 2; o > 0; o >>= 1) l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, o));
+#pragma unroll
+    for (int k = 0; k < kPerThread; k += 2) {
+      pb[hh][(i0 + k) / 2] = F32ToBf16(s[k]) | (static_cast<uint32_t>(F32ToBf16(s[k + 1])) << 16);
     }
-  }
-  const int64_t hc = (t * n_heads + h) * nch + c;
-  if (head_ok && lane < 16 && i0 + lane < nc) w.s[hc * kSparseChunk + i0 + lane] = mine;
-  float cm = mine;
-  for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-  if (lane == 0) wmax[warp] = cm;
-  __syncthreads();
-  if (head_ok && (warp & 3) == 0 && lane == 0) {
-    w.cmax[hc] = fmaxf(fmaxf(wmax[warp], wmax[warp + 1]), fmaxf(wmax[warp + 2], wmax[warp + 3]));
-  }
-}
-
-// grid (chunk, token, head group), kD / 2 threads of 2 dims: the chunk's p (against the running
-// max through this chunk), alpha and p sum, and Σ p_bf16·v over its candidates in order. The
-// valid rows are staged in shared memory (dynamic, kSparseChunk·kD bf16) while p is computed;
-// masked rows are zeros there, so they add p_bf16·v = +0, which leaves every partial unchanged
-// (a partial that starts at +0 is never −0): the serial kernel's skip, without a branch.
-template <int kD>
-__global__ void __launch_bounds__(kD / 2)
-    KvSplitPvKernelImpl(const uint64_t* __restrict__ cand, int64_t n_heads, int64_t n_cand,
-                        const uint16_t* __restrict__ rows, SplitWork w) {
-  extern __shared__ uint4 kv_smem[];
-  __shared__ float pb[kPvHeads][kSparseChunk], pe[kPvHeads][kSparseChunk];
-  __shared__ float mc[kPvHeads];
-  __shared__ bool valid[kSparseChunk];
-  constexpr int kThreads = kD / 2, kVecs = kD / 8;
-  const int c = blockIdx.x, nch = gridDim.x;
-  const int64_t t = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.z) * kPvHeads;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int64_t c0 = static_cast<int64_t>(c) * kSparseChunk;
-  const int nc = static_cast<int>(n_cand - c0 < kSparseChunk ? n_cand - c0 : kSparseChunk);
-  const uint64_t* ct = cand + t * n_cand + c0;
-  if (tid < kSparseChunk) valid[tid] = tid < nc && ct[tid] != 0;
-  if (tid < kPvHeads && h0 + tid < n_heads) {
-    const float* cm = w.cmax + (t * n_heads + h0 + tid) * nch;
-    float m = -INFINITY;
-#pragma unroll 8
-    for (int k = 0; k < c; ++k) m = fmaxf(m, cm[k]);
-    const float cmax = fmaxf(m, cm[c]);
-    mc[tid] = cmax;
-    w.alpha[(t * n_heads + h0 + tid) * nch + c] = expf(__fsub_rn(m, cmax));
+    if (tid % kPerHead == 0 && h0 + hh < n_heads) {
+      const int64_t hc = (t * n_heads + h0 + hh) * nch + c;
+      w.cmax[hc] = m;
+      w.psum[hc] = l;
+    }
   }
   __syncthreads();
-  const uint4* src = reinterpret_cast<const uint4*>(rows + (t * n_cand + c0) * kD);
-  for (int e = tid; e < nc * kVecs; e += kThreads) {
-    if (valid[e / kVecs]) {
-      CpAsync16(kv_smem + e, src + e);
-    } else {
-      kv_smem[e] = make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-  CpAsyncCommit();
-  for (int e = tid; e < kPvHeads * kSparseChunk; e += kThreads) {
-    const int hh = e / kSparseChunk, i = e % kSparseChunk;
-    float p = 0.0f, b = 0.0f;
-    if (i < nc && h0 + hh < n_heads) {
-      p = expf(__fsub_rn(w.s[((t * n_heads + h0 + hh) * nch + c) * kSparseChunk + i], mc[hh]));
-      b = valid[i] ? Bf16ToF32(F32ToBf16(p)) : 0.0f;
-    }
-    pe[hh][i] = p;
-    pb[hh][i] = b;
-  }
-  __syncthreads();
-  if (tid < kPvHeads && h0 + tid < n_heads) {
-    float psum = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < nc; ++i) psum = __fadd_rn(psum, pe[tid][i]);
-    w.psum[(t * n_heads + h0 + tid) * nch + c] = psum;
-  }
-  CpAsyncWait<0>();
-  __syncthreads();
-  float acc[kPvHeads][2];
+  float acc[2][4][4];
 #pragma unroll
-  for (int hh = 0; hh < kPvHeads; ++hh) acc[hh][0] = acc[hh][1] = 0.0f;
-  const uint32_t* vs = reinterpret_cast<const uint32_t*>(kv_smem) + tid;
-#pragma unroll 4
-  for (int i = 0; i < nc; ++i) {
-    const uint32_t v = vs[i * (kD / 2)];
-    const float v0 = Bf16ToF32(static_cast<uint16_t>(v & 0xffffu));
-    const float v1 = Bf16ToF32(static_cast<uint16_t>(v >> 16));
+  for (int s = 0; s < 2; ++s) {
 #pragma unroll
-    for (int hh = 0; hh < kPvHeads; ++hh) {
-      acc[hh][0] = __fadd_rn(acc[hh][0], __fmul_rn(pb[hh][i], v0));
-      acc[hh][1] = __fadd_rn(acc[hh][1], __fmul_rn(pb[hh][i], v1));
+    for (int m = 0; m < 4; ++m) acc[s][m][0] = acc[s][m][1] = acc[s][m][2] = acc[s][m][3] = 0.0f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < kSparseChunk / 16; ++kk) {
+    const uint32_t a0 = pb[g][8 * kk + u], a1 = pb[g + 8][8 * kk + u];
+    const uint32_t a2 = pb[g][8 * kk + 4 + u], a3 = pb[g + 8][8 * kk + 4 + u];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        MmaBf16(acc[s][m], a0, a1, a2, a3, Transpose8x8(U4Word(kv[2 * kk][s], m)),
+                Transpose8x8(U4Word(kv[2 * kk + 1][s], m)));
+      }
     }
   }
 #pragma unroll
-  for (int hh = 0; hh < kPvHeads; ++hh) {
-    if (h0 + hh >= n_heads) break;
-    *reinterpret_cast<float2*>(w.pv + ((t * n_heads + h0 + hh) * nch + c) * kD + 2 * tid) =
-        make_float2(acc[hh][0], acc[hh][1]);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t h = h0 + g + 8 * r;
+    if (h >= n_heads) continue;
+    float* dst = w.pv + ((t * n_heads + h) * nch + c) * kD + 64 * warp + 8 * u;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      *reinterpret_cast<float4*>(dst + 32 * s) = make_float4(
+          acc[s][0][2 * r], acc[s][0][2 * r + 1], acc[s][1][2 * r], acc[s][1][2 * r + 1]);
+      *reinterpret_cast<float4*>(dst + 32 * s + 4) = make_float4(
+          acc[s][2][2 * r], acc[s][2][2 * r + 1], acc[s][3][2 * r], acc[s][3][2 * r + 1]);
+    }
   }
 }
 
@@ -492,40 +518,54 @@ struct OutRope {
   }
 };
 
-// One block per (token, head), kD / 4 threads of 4 dims: the serial kernel's recurrence over the
-// chunks (acc·alpha + pv, l·alpha + psum), then the sink, the division and the bf16 rounding,
-// then (rope.cos set) the inverse RoPE of the rotated pairs among the thread's four values.
+// One block per (token, head), kD / 4 threads of 4 dims: the head's max M over the chunk maxima,
+// then in chunk order acc += exp(m − M)·pv and l += exp(m − M)·Σp (a fully masked chunk adds
+// nothing), then the sink, the division and the bf16 rounding, then (rope.cos set) the inverse
+// RoPE of the rotated pairs among the thread's four values. The first 16 chunks' partials are in
+// flight while M is taken (lane c of each warp reads chunk c's max; shuffles), and lane u
+// computes the weight of chunk cb + u of a batch for the others.
 template <int kD>
 __global__ void __launch_bounds__(kD / 4)
     KvSplitCombineKernelImpl(const float* __restrict__ sink, int64_t n_heads, int nch, SplitWork w,
                              OutRope rope, uint16_t* __restrict__ out) {
+  constexpr int kBatch = 16;  // chunks whose partials are in flight together
   const int64_t th = blockIdx.x, h = th % n_heads;
-  const int k0 = 4 * static_cast<int>(threadIdx.x);
+  const int k0 = 4 * static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.x) & 31;
   const float* cm = w.cmax + th * nch;
-  const float* al = w.alpha + th * nch;
   const float* ps = w.psum + th * nch;
-  float m = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  constexpr int kBatch = 8;  // chunks whose loads are in flight together
-  for (int cb = 0; cb < nch; cb += kBatch) {
-    float4 pv[kBatch];
-    float alpha[kBatch], psum[kBatch];
+  float4 pv[kBatch];
+  const auto load = [&](int cb) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       if (cb + u < nch) {
         pv[u] = *reinterpret_cast<const float4*>(w.pv + (th * nch + cb + u) * kD + k0);
-        alpha[u] = al[cb + u];
-        psum[u] = ps[cb + u];
-        m = fmaxf(m, cm[cb + u]);
       }
+    }
+  };
+  load(0);
+  float m = -INFINITY;
+  for (int c = lane; c < nch; c += 32) m = fmaxf(m, cm[c]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int cb = 0; cb < nch; cb += kBatch) {
+    if (cb > 0) load(cb);
+    float my_a = 0.0f, my_psum = 0.0f;  // chunk cb + lane's
+    if (lane < kBatch && cb + lane < nch) {
+      const float mc = cm[cb + lane];
+      my_a = mc == -INFINITY ? 0.0f : expf(__fsub_rn(mc, m));
+      my_psum = ps[cb + lane];
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       if (cb + u < nch) {
-        acc[0] = __fadd_rn(__fmul_rn(acc[0], alpha[u]), pv[u].x);
-        acc[1] = __fadd_rn(__fmul_rn(acc[1], alpha[u]), pv[u].y);
-        acc[2] = __fadd_rn(__fmul_rn(acc[2], alpha[u]), pv[u].z);
-        acc[3] = __fadd_rn(__fmul_rn(acc[3], alpha[u]), pv[u].w);
-        l = __fadd_rn(__fmul_rn(l, alpha[u]), psum[u]);
+        const float a = __shfl_sync(0xffffffffu, my_a, u);
+        const float psum = __shfl_sync(0xffffffffu, my_psum, u);
+        acc[0] = __fadd_rn(acc[0], __fmul_rn(a, pv[u].x));
+        acc[1] = __fadd_rn(acc[1], __fmul_rn(a, pv[u].y));
+        acc[2] = __fadd_rn(acc[2], __fmul_rn(a, pv[u].z));
+        acc[3] = __fadd_rn(acc[3], __fmul_rn(a, pv[u].w));
+        l = __fadd_rn(l, __fmul_rn(a, psum));
       }
     }
   }
@@ -548,17 +588,9 @@ __global__ void __launch_bounds__(kD / 4)
 template <int kD, bool kRows>
 cudaError_t FastOptIn() {
   return OncePerDevice([] {
-    // kRows: the split kernels (few tokens) stage the same chunk of rows.
-    const void* kernels[] = {
+    return cudaFuncSetAttribute(
         reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD, kRows>),
-        reinterpret_cast<const void*>(KvSplitScoresKernelImpl<kD>),
-        reinterpret_cast<const void*>(KvSplitPvKernelImpl<kD>)};
-    cudaError_t e = cudaSuccess;
-    for (int k = 0; k < (kRows ? 3 : 1) && e == cudaSuccess; ++k) {
-      e = cudaFuncSetAttribute(kernels[k], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kSparseChunk * kD * 2);
-    }
-    return e;
+        cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
   });
 }
 
@@ -583,9 +615,18 @@ cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T,
         <<<dim3(static_cast<unsigned>(T), groups), kThreads, 0, stream>>>(g, tokens, sel, n_cand,
                                                                           cand, nullptr);
   } else {
-    KvBuildCandidatesKernelImpl<true>
-        <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>((n_cand + 3) / 4)), 128, 0,
-           stream>>>(g, tokens, sel, n_cand, cand, rows);
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((n_cand + 3) / 4));
+    const int d = g.nope + g.rope;
+    if (d == 512) {
+      KvBuildCandidatesKernelImpl<true, 512>
+          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, rows);
+    } else if (d == 256) {
+      KvBuildCandidatesKernelImpl<true, 256>
+          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, rows);
+    } else {
+      KvBuildCandidatesKernelImpl<true>
+          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, rows);
+    }
   }
   return cudaGetLastError();
 }
@@ -660,14 +701,10 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
   if (T <= kKvSplitMaxTokens) {
     const SplitWork w = CarveSplit(rows, T, n_heads, n_cand, kD);
     const unsigned nch = static_cast<unsigned>((n_cand + kSparseChunk - 1) / kSparseChunk);
-    KvSplitScoresKernelImpl<kD>
+    KvSplitChunkKernelImpl<kD>
         <<<dim3(nch, static_cast<unsigned>(T),
-                static_cast<unsigned>((n_heads + kScoreHeads - 1) / kScoreHeads)),
-           kScoreThreads, smem, stream>>>(q, cand, n_heads, n_cand, scale, rows, w);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    KvSplitPvKernelImpl<kD><<<dim3(nch, static_cast<unsigned>(T),
-                                   static_cast<unsigned>((n_heads + kPvHeads - 1) / kPvHeads)),
-                              kD / 2, smem, stream>>>(cand, n_heads, n_cand, rows, w);
+                static_cast<unsigned>((n_heads + kSplitHeads - 1) / kSplitHeads)),
+           kD / 2, 0, stream>>>(q, cand, n_heads, n_cand, scale, rows, w);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     KvSplitCombineKernelImpl<kD>
         <<<blocks, kD / 4, 0, stream>>>(sink, n_heads, static_cast<int>(nch), w, rope, out);
@@ -717,7 +754,7 @@ const void* KvBuildCandidatesKernel() {
   return reinterpret_cast<const void*>(&KvBuildCandidatesKernelImpl<false>);
 }
 const void* KvBuildCandidatesRowsKernel() {
-  return reinterpret_cast<const void*>(&KvBuildCandidatesKernelImpl<true>);
+  return reinterpret_cast<const void*>(&KvBuildCandidatesKernelImpl<true, 512>);
 }
 const void* KvEncodeRecordsKernel() {
   return reinterpret_cast<const void*>(&KvEncodeRecordsKernelImpl);
@@ -734,5 +771,11 @@ const void* KvSparseAttentionRowsKernel() {
   return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512, true>);
 }
 const void* KvDecodeRowsKernel() { return reinterpret_cast<const void*>(&KvDecodeRowsKernelImpl); }
+const void* KvSplitChunkKernel() {
+  return reinterpret_cast<const void*>(&KvSplitChunkKernelImpl<512>);
+}
+const void* KvSplitCombineKernel() {
+  return reinterpret_cast<const void*>(&KvSplitCombineKernelImpl<512>);
+}
 
 }  // namespace ss::cuda

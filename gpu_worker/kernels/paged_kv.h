@@ -116,21 +116,28 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
 
 // SparseAttention (sparse_attention.h) with candidate j of token t the record at cand[t, j]:
 // nope dims decoded as e4m3 · scale (exact, bf16-valued), rope dims the stored bf16, so the
-// result is bit-identical to SparseAttention over a bf16 pool of the decoded entries. head_dim
-// 256 and 512 stage each 64-entry chunk of decoded entries in shared memory (as
-// SparseAttentionRows' fast path; call once before capturing a graph); other head dims (multiples
-// of 128, ≤ 1024) read each dim from the record.
+// result is bit-identical to SparseAttention over a bf16 pool of the decoded entries (except on
+// the split path below). head_dim 256 and 512 stage each 64-entry chunk of decoded entries in
+// shared memory (as SparseAttentionRows' fast path; call once before capturing a graph); other
+// head dims (multiples of 128, ≤ 1024) read each dim from the record.
 //
 // rows (head_dim 256 and 512; else ignored): caller-owned scratch of KvSparseAttentionRowsBytes
 // bytes (16-byte aligned). With it, one launch first decodes every candidate record of every token
 // once into rows (bf16, exact), and the attention copies each chunk from there, the next chunk's
 // loads in flight while the current one is scored: same arithmetic, same bits, and the decode is
 // done once per token instead of once per (token, head) (64 times at Flash's 64 heads).
-// At most kKvSplitMaxTokens tokens (decode), the rows scratch also holds a split-chunk workspace
-// and the attention runs as flash-decoding in three launches: every (token, head, chunk) score in
-// its own block, then each chunk's p·V partial (several heads per block, so a decoded row is read
-// once per head group), then one combine per (token, head) that replays the serial kernel's
-// per-chunk recurrence (running max, alpha, l) in the same order: still the same bits.
+//
+// Split path: at most kKvSplitMaxTokens tokens (decode), the rows scratch also holds a split
+// workspace and the attention runs as flash-decoding in two launches (q 16-byte aligned): one
+// block per (64-candidate chunk, token, 16 heads) scores its chunk on the tensor cores (bf16
+// products, fp32 accumulation), takes the chunk's own max m, p = exp(s − m) and Σp, and sums
+// bf16(p)·v (tensor cores again); then one combine per (token, head) merges the chunks with
+// exp(m − M) for the head's max M over them, adds the sink, divides and rounds to bf16. The same
+// softmax as the serial kernel's, but p is rounded to bf16 relative to the chunk's own max rather
+// than the running max, and the sums run in another order: not the same bits. Each output o of
+// a head stays within 2^−7·(A + |o|) of the serial kernel's, A = Σ p·|v| / den (each path rounds
+// every p to bf16 once, ≤ 2^−8 relative, and its output once; paged_kv_test checks it), and the
+// result is deterministic (no atomics; every sum in a fixed order).
 //
 // rows_decoded: rows already hold the decoded candidates (KvBuildCandidates with rows, the same
 // cand, T and n_cand), so the decode launch is skipped.
@@ -139,8 +146,8 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
 // head_dim): the output also gets the inverse RoPE of its last rope_dim dims per head, the same
 // bits as ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true) after the
 // call. The split path does it in its combine (the rotation is elementwise on the bf16 outputs),
-// so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in three launches
-// after KvBuildCandidates with rows; the other paths launch ApplyRope after the attention.
+// so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in two launches after
+// KvBuildCandidates with rows; the other paths launch ApplyRope after the attention.
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
                               float scale, uint16_t* out, cudaStream_t stream,
@@ -151,7 +158,7 @@ cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const flo
 
 // Entry points, for attribute queries (ptxVersion) in tests.
 const void* KvBuildCandidatesKernel();
-const void* KvBuildCandidatesRowsKernel();  // with the rows decode
+const void* KvBuildCandidatesRowsKernel();  // with the rows decode, head_dim 512
 const void* KvEncodeRecordsKernel();
 const void* KvEncodeKeysKernel();
 const void* KvGatherKeysKernel();
@@ -159,6 +166,8 @@ const void* KvSparseAttentionKernel();
 const void* KvSparseAttentionFastKernel();  // head_dim 512
 const void* KvSparseAttentionRowsKernel();  // head_dim 512, decoded rows
 const void* KvDecodeRowsKernel();
+const void* KvSplitChunkKernel();    // head_dim 512, the split path's chunks
+const void* KvSplitCombineKernel();  // head_dim 512, the split path's combine
 const void* KvIndexerScoresKernel();
 
 }  // namespace ss::cuda

@@ -7,13 +7,11 @@
 namespace ss::cuda {
 
 inline constexpr int64_t kKvSplitMaxTokens = 8;
-inline constexpr int64_t kKvSplitChunk = 64;  // kSparseChunk, the softmax recurrence's chunk
-// Per (token, head, chunk): the p·V partial (head_dim fp32), the chunk's 64 scores, its max,
-// alpha and p sum.
+inline constexpr int64_t kKvSplitChunk = 64;  // kSparseChunk, the candidates of a split block
+// Per (token, head, chunk): the p·V partial (head_dim fp32), the chunk's max and its p sum.
 inline constexpr int64_t KvSplitBytes(int64_t T, int64_t n_heads, int64_t n_cand,
                                       int64_t head_dim) {
-  return T * n_heads * ((n_cand + kKvSplitChunk - 1) / kKvSplitChunk) *
-         (head_dim + kKvSplitChunk + 4) * 4;
+  return T * n_heads * ((n_cand + kKvSplitChunk - 1) / kKvSplitChunk) * (head_dim + 2) * 4;
 }
 inline constexpr int64_t KvSparseAttentionRowsBytes(int64_t T, int64_t n_cand, int64_t head_dim,
                                                     int64_t n_heads) {

@@ -49,6 +49,21 @@ using namespace testing_util;  // NOLINT: the shared GPU test helpers
 
 class IndexerTest : public testing_util::GpuTest {};
 
+// IndexerTopK's scratch (for its split path), allocated and zeroed once per process; every call
+// leaves it zeroed, and the tests' calls run on one stream.
+void* TopKScratch() {
+  static void* p = [] {
+    void* q = nullptr;
+    const size_t bytes = static_cast<size_t>(IndexerTopKScratchBytes());
+    if (cudaMalloc(&q, bytes) != cudaSuccess || cudaMemset(q, 0, bytes) != cudaSuccess) {
+      ADD_FAILURE() << "top-k scratch";
+      return static_cast<void*>(nullptr);
+    }
+    return q;
+  }();
+  return p;
+}
+
 // Scores with −inf: the masks must agree exactly; the finite values are compared.
 golden::Closeness ReportScores(const std::string& what, const std::vector<float>& got,
                                const std::vector<float>& ref) {
@@ -202,7 +217,7 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
   DeviceBuffer<uint16_t> dq_ref(ToBf16(q_ref)), dw_ref(ToBf16(w_ref));
   CUDA_ASSERT_OK(IndexerScores(dq_ref.get(), dw_ref.get(), dkeys.get(), nullptr, dpos.get(), S, H,
                                hd, 4, n_cols, dscores.get(), nullptr));
-  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), nullptr));
+  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cs =
       ReportScores(label + " IndexerScores (host q, w)", dscores.Get(), ref.scores);
@@ -215,7 +230,7 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
 
   // The device top-k of the reference's own scores must equal the reference's selection.
   DeviceBuffer<float> dref_scores(ref.scores);
-  CUDA_ASSERT_OK(IndexerTopK(dref_scores.get(), S, n_cols, k, dsel.get(), nullptr));
+  CUDA_ASSERT_OK(IndexerTopK(dref_scores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   EXPECT_EQ(dsel.Get(), ref.sel) << label << " top-k of the reference scores";
 
@@ -233,7 +248,7 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
   CUDA_ASSERT_OK(IndexerPrepQ(dq2.get(), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
   CUDA_ASSERT_OK(IndexerScores(dq2.get(), dw.get(), dkeys.get(), nullptr, dpos.get(), S, H, hd, 4,
                                n_cols, dscores.get(), nullptr));
-  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), nullptr));
+  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   Report(label + " chain q (Fp8Linear + IndexerPrepQ)", FromBf16(dq2.Get()), q_ref);
   const golden::Closeness cc = ReportScores(label + " chain scores", dscores.Get(), ref.scores);
@@ -249,8 +264,12 @@ TEST_F(IndexerTest, KernelsRunFromCompute86Ptx) {
   ExpectCompute86Ptx({{"HadamardFp4", HadamardFp4Kernel()},
                       {"IndexerWeightScale", IndexerWeightScaleKernel()},
                       {"IndexerScores", IndexerScoresKernel()},
+                      {"KvIndexerScores", KvIndexerScoresKernel()},
                       {"IndexerTopK", IndexerTopKKernel()},
-                      {"IndexerTopKCounting", IndexerTopKCountingKernel()}},
+                      {"IndexerTopKCounting", IndexerTopKCountingKernel()},
+                      {"IndexerTopKFiltered", IndexerTopKFilteredKernel()},
+                      {"IndexerTopKFilteredStream", IndexerTopKFilteredStreamKernel()},
+                      {"IndexerTopKSplitRank", IndexerTopKSplitRankKernel()}},
                      size_t{48} << 10);
 }
 
@@ -266,11 +285,24 @@ TEST(IndexerLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
   EXPECT_EQ(IndexerScores(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 64, 256, 4, 16, nullptr,
                           nullptr),
             kBad);
-  EXPECT_EQ(IndexerTopK(nullptr, 1, 4096, kIndexerMaxTopK + 1, nullptr, nullptr), kBad);
-  EXPECT_EQ(IndexerTopK(nullptr, 1, 100, 101, nullptr, nullptr), kBad);
-  EXPECT_EQ(IndexerTopKPath(nullptr, 1, 8193, 512, true, nullptr, nullptr), kBad);
+  // A scratch address that is never dereferenced: every call below is refused before a launch.
+  void* const scratch = reinterpret_cast<void*>(uintptr_t{256});
+  EXPECT_EQ(IndexerTopK(nullptr, 1, 4096, kIndexerMaxTopK + 1, nullptr, nullptr, nullptr), kBad);
+  EXPECT_EQ(IndexerTopK(nullptr, 1, 100, 101, nullptr, nullptr, nullptr), kBad);
+  EXPECT_EQ(
+      IndexerTopKPath(nullptr, 1, 8193, 512, IndexerTopKKind::kCounting, nullptr, nullptr, nullptr),
+      kBad);
+  EXPECT_EQ(
+      IndexerTopKPath(nullptr, 9, 8192, 512, IndexerTopKKind::kSplit, nullptr, scratch, nullptr),
+      kBad);
+  EXPECT_EQ(
+      IndexerTopKPath(nullptr, 1, 8192, 512, IndexerTopKKind::kSplit, nullptr, nullptr, nullptr),
+      kBad);  // the split path needs scratch
+  EXPECT_EQ(IndexerScores(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 64, 128, 4,
+                          int64_t{1} << 31, nullptr, nullptr),
+            kBad);
   // Nothing to do.
-  EXPECT_EQ(IndexerTopK(nullptr, 0, 100, 10, nullptr, nullptr), cudaSuccess);
+  EXPECT_EQ(IndexerTopK(nullptr, 0, 100, 10, nullptr, nullptr, nullptr), cudaSuccess);
 }
 
 TEST_F(IndexerTest, HadamardFp4MatchesReference) {
@@ -418,7 +450,7 @@ TEST_F(IndexerTest, IndexerMatchesReferenceAtFlashShapes) {
   DeviceBuffer<int32_t> dsel(T * k);
   CUDA_ASSERT_OK(IndexerScores(dq.get(), dw.get(), dpool.get(), doffs.get(), dpos.get(), T, H, hd,
                                4, nA, dscores.get(), nullptr));
-  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), T, nA, k, dsel.get(), nullptr));
+  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), T, nA, k, dsel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   std::vector<float> ref_scores = ra.scores;
   std::vector<int32_t> ref_sel = ra.sel;
@@ -435,8 +467,8 @@ TEST_F(IndexerTest, IndexerMatchesReferenceAtFlashShapes) {
                                      ref_sel, ref_scores, T, k, nA);
   EXPECT_EQ(sa.bad, 0);
 
-  // One token per call (few blocks: the decode tiles of 2 keys per warp) gives the batched call's
-  // scores (64-key tiles) bit for bit.
+  // One token per call (decode: the whole GPU on one row) gives the batched call's scores bit for
+  // bit.
   const std::vector<float> batched = dscores.Get();
   DeviceBuffer<float> done(nA);
   int64_t differing = 0;
@@ -488,7 +520,7 @@ TEST_F(IndexerTest, TopKMatchesStableSort) {
     }
     DeviceBuffer<float> ds(s);
     DeviceBuffer<int32_t> dsel(T * c.k);
-    CUDA_ASSERT_OK(IndexerTopK(ds.get(), T, c.n_cols, c.k, dsel.get(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopK(ds.get(), T, c.n_cols, c.k, dsel.get(), TopKScratch(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::vector<int32_t> got = dsel.Get();
     int64_t same = 0;
@@ -594,20 +626,127 @@ TEST_F(IndexerTest, TopKCountingEqualsRadix) {
       for (int64_t i = 0; i < c.k; ++i) ref[t * c.k + i] = order[i] < eligible ? order[i] : -1;
     }
     DeviceBuffer<float> ds(s);
-    DeviceBuffer<int32_t> d_count(T * c.k), d_radix(T * c.k), d_auto(T * c.k), d_one(c.k);
-    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, true, d_count.get(), nullptr));
-    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, false, d_radix.get(), nullptr));
-    CUDA_ASSERT_OK(IndexerTopK(ds.get(), T, c.n_cols, c.k, d_auto.get(), nullptr));
+    DeviceBuffer<int32_t> d_count(T * c.k), d_radix(T * c.k), d_filt(T * c.k), d_auto(T * c.k),
+        d_split(8 * c.k), d_one(c.k);
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kCounting,
+                                   d_count.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kRadix,
+                                   d_radix.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kFiltered,
+                                   d_filt.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), 8, c.n_cols, c.k, IndexerTopKKind::kSplit,
+                                   d_split.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopK(ds.get(), T, c.n_cols, c.k, d_auto.get(), TopKScratch(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::string label = "IndexerTopK counting vs radix, " + std::to_string(c.n_cols) +
                               " cols k" + std::to_string(c.k) + " levels " +
                               std::to_string(c.levels);
     EXPECT_EQ(d_count.Get(), d_radix.Get()) << label;
+    EXPECT_EQ(d_filt.Get(), d_radix.Get()) << label << " (filtered)";
+    const std::vector<int32_t> radix = d_radix.Get();
+    EXPECT_EQ(d_split.Get(), std::vector<int32_t>(radix.begin(), radix.begin() + 8 * c.k))
+        << label << " (split, rows 0-7)";
     EXPECT_EQ(d_auto.Get(), d_radix.Get()) << label;
     EXPECT_EQ(d_radix.Get(), ref) << label;
     // One row per call (decode), each row of the batch.
     for (int64_t t = 0; t < T; ++t) {
-      CUDA_ASSERT_OK(IndexerTopK(ds.get() + t * c.n_cols, 1, c.n_cols, c.k, d_one.get(), nullptr));
+      CUDA_ASSERT_OK(IndexerTopK(ds.get() + t * c.n_cols, 1, c.n_cols, c.k, d_one.get(),
+                                 TopKScratch(), nullptr));
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+      EXPECT_EQ(d_one.Get(),
+                std::vector<int32_t>(ref.begin() + t * c.k, ref.begin() + (t + 1) * c.k))
+          << label << " row " << t;
+    }
+  }
+}
+
+// The filtered kernel (long rows: a wide-digit prefix, then candidates in shared memory) and the
+// split one (its first histogram and candidates over many blocks, then ranks by counting)
+// against the radix kernel and a stable sort, at 16K to 256K columns: continuous bf16 scores (a
+// few candidates after one histogram), few levels (heavy ties at the k-th largest), narrow
+// ranges of bf16 values (more equal to the k-th largest than the candidate buffer holds: the
+// scan in index order; the split kernel's fallback) and of fp32 values (a third histogram), ±0,
+// −inf tails of every length, fewer finite scores than k and fully masked rows, odd widths (rows
+// not 16-byte aligned); every row of a batch and each row alone (decode: the split kernel),
+// every selection byte equal.
+TEST_F(IndexerTest, TopKFilteredEqualsRadix) {
+  enum Kind { kNormal, kLevels, kNarrowBf16, kNarrowF32, kZeros };
+  struct Case {
+    int64_t n_cols, k;
+    Kind kind;
+    int levels;
+  };
+  for (const Case& c : {Case{16384, 512, kNormal, 0}, Case{16384, 512, kLevels, 50},
+                        Case{16385, 1024, kNarrowBf16, 0}, Case{16384, 1, kLevels, 7},
+                        Case{20000, 512, kZeros, 0}, Case{65536, 512, kNarrowF32, 0},
+                        Case{65537, 1024, kLevels, 3}, Case{65536, 512, kNormal, 0},
+                        Case{262144, 512, kNormal, 0}, Case{262144, 64, kLevels, 1}}) {
+    const int64_t T = c.n_cols > 65537 ? 3 : 6;
+    std::mt19937_64 rng(601 + c.n_cols + c.k + c.kind);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> ud(1.0f, 1.001f);
+    std::vector<float> s(T * c.n_cols);
+    std::vector<int32_t> ref(T * c.k);
+    for (int64_t t = 0; t < T; ++t) {
+      // Row 1 fully masked, row 2 fewer finite scores than k, the rest −inf tails of every length.
+      const int64_t eligible = t == 1 ? 0 : t == 2 ? c.k / 2 : c.n_cols - (t * c.n_cols) / (2 * T);
+      float* row = s.data() + t * c.n_cols;
+      for (int64_t j = 0; j < c.n_cols; ++j) {
+        float v = 0.0f;
+        switch (c.kind) {
+          case kNormal:
+            v = RoundBf16(nd(rng));
+            break;
+          case kLevels:
+            v = static_cast<float>(rng() % c.levels) - 1.0f;
+            break;
+          case kNarrowBf16:
+            v = RoundBf16(1.0f + 0.01f * nd(rng));
+            break;
+          case kNarrowF32:
+            v = ud(rng);
+            break;
+          case kZeros:
+            v = (rng() % 2) ? 0.0f : -0.0f;
+            break;
+        }
+        row[j] = j < eligible ? v : -INFINITY;
+      }
+      std::vector<int32_t> order(c.n_cols);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return OrderKeyHost(row[a]) > OrderKeyHost(row[b]);
+      });
+      for (int64_t i = 0; i < c.k; ++i) ref[t * c.k + i] = order[i] < eligible ? order[i] : -1;
+    }
+    DeviceBuffer<float> ds(s);
+    DeviceBuffer<int32_t> d_radix(T * c.k), d_filt(T * c.k), d_split(T * c.k), d_auto(T * c.k),
+        d_one(c.k);
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kRadix,
+                                   d_radix.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kFiltered,
+                                   d_filt.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kSplit,
+                                   d_split.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(IndexerTopK(ds.get(), T, c.n_cols, c.k, d_auto.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    const std::string label = "IndexerTopK filtered vs radix, " + std::to_string(c.n_cols) +
+                              " cols k" + std::to_string(c.k) + " kind " + std::to_string(c.kind);
+    const std::vector<int32_t> filt = d_filt.Get();
+    int64_t same = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      same +=
+          std::equal(filt.begin() + t * c.k, filt.begin() + (t + 1) * c.k, ref.begin() + t * c.k);
+    }
+    std::printf("%-60s rows=%ld identical=%ld\n", label.c_str(), static_cast<long>(T),
+                static_cast<long>(same));
+    EXPECT_EQ(filt, d_radix.Get()) << label;
+    EXPECT_EQ(filt, ref) << label;
+    EXPECT_EQ(d_split.Get(), ref) << label << " (split)";
+    EXPECT_EQ(d_auto.Get(), ref) << label;
+    for (int64_t t = 0; t < T; ++t) {
+      CUDA_ASSERT_OK(IndexerTopK(ds.get() + t * c.n_cols, 1, c.n_cols, c.k, d_one.get(),
+                                 TopKScratch(), nullptr));
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
       EXPECT_EQ(d_one.Get(),
                 std::vector<int32_t>(ref.begin() + t * c.k, ref.begin() + (t + 1) * c.k))
@@ -617,12 +756,13 @@ TEST_F(IndexerTest, TopKCountingEqualsRadix) {
 }
 
 // Scores from MXFP4 keys in a paged pool (KvIndexerScores) and from the gathered bf16 keys
-// (IndexerScores) at every tile size (T = 1: 8-key tiles, 4: 16-key tiles, 8: 64-key tiles at
-// 2304 columns), for tokens whose eligible keys end inside the row, and head dims that stage
-// whole code words (128) or bytes (64): every score byte equal.
+// (IndexerScores) at every task size (1, 4 and 8 tokens per call: at 2304 columns tasks of 2, 8
+// and 8 keys, at 700 columns 1, 2 and 4), for tokens whose eligible keys end inside the row, and
+// head dims of 128 and 64: every score byte equal.
 TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
-  const int64_t H = 64, n = 2304, per_block = 64, T = 8;
-  for (const int64_t hd : {int64_t{128}, int64_t{64}}) {
+  const int64_t H = 64, per_block = 64, T = 8;
+  for (const auto& [hd, n] :
+       {std::pair<int64_t, int64_t>{128, 2304}, {64, 2304}, {128, 700}, {64, 700}}) {
     const int64_t key_bytes = KvKeyBytes(hd), block_bytes = per_block * key_bytes + 40;
     const int64_t blocks = (n + per_block - 1) / per_block;
     std::vector<int32_t> table(1 + blocks);
@@ -670,8 +810,127 @@ TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
     }
     for (size_t r = 1; r < results.size(); ++r) {
       EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), results[0].size() * 4), 0)
-          << "hd " << hd << " run " << r;
+          << "hd " << hd << " n " << n << " run " << r;
     }
+  }
+}
+
+// The scores' arithmetic on the host, as one score of the kernels: per head a sequential fp32
+// dot (every product and sum rounded), bf16, relu, × w, bf16, then the TwoSum butterfly over the
+// 32 lanes' (head l, head l + 32) pairs as lane 0 ends it. q: [H, hd]; w: [H].
+float HostScore(const float* q, const float* w, const float* key, int64_t H, int64_t hd) {
+  const auto two_sum = [](float a, float b, float& s, float& err) {
+    s = a + b;
+    const float bb = s - a;
+    err = (a - (s - bb)) + (b - bb);
+  };
+  float s[32], e[32];
+  for (int l = 0; l < 32; ++l) {
+    float r[2];
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t h = l + 32 * hh;
+      float acc = 0.0f;
+      for (int64_t d = 0; h < H && d < hd; ++d) {
+        const float p = q[h * hd + d] * key[d];
+        acc = acc + p;
+      }
+      const float dot = RoundBf16(acc);
+      r[hh] = RoundBf16((dot < 0.0f ? 0.0f : dot) * (h < H ? w[h] : 0.0f));
+    }
+    two_sum(r[0], r[1], s[l], e[l]);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float ns[32], ne[32];
+    for (int l = 0; l < 32; ++l) {
+      float err;
+      two_sum(s[l], s[l ^ o], ns[l], err);
+      ne[l] = (e[l] + e[l ^ o]) + err;
+    }
+    std::copy(ns, ns + 32, s);
+    std::copy(ne, ne + 32, e);
+  }
+  return RoundBf16(s[0] + e[0]);
+}
+
+// IndexerScores and KvIndexerScores against HostScore, bit for bit: Flash's heads and head dim
+// and odd ones (fewer heads, head dims that are not multiples of 4 or 32), one token per call
+// (decode) and several, normal magnitudes (the kernels' fma path) and tiny ones whose products
+// round in fp32 (q and keys scaled by 2^-70: the separate product and sum), paged keys whose
+// scales take the decode's exact slow path (2^-124), −inf tails.
+TEST_F(IndexerTest, ScoresMatchHostArithmetic) {
+  struct Case {
+    bool paged;
+    int64_t H, hd, n, T;
+    int q_exp, key_exp;  // q and keys scaled by 2^exp
+  };
+  for (const Case& c : {Case{false, 64, 128, 900, 1, 0, 0}, Case{false, 64, 128, 900, 3, -70, 0},
+                        Case{false, 64, 128, 600, 2, -70, -70}, Case{false, 40, 36, 300, 2, 0, 0},
+                        Case{false, 5, 37, 200, 3, 0, 0}, Case{true, 64, 128, 5000, 1, 0, 0},
+                        Case{true, 64, 128, 700, 3, -70, -70}, Case{true, 64, 128, 700, 2, 0, -124},
+                        Case{true, 64, 32, 500, 2, 0, 0}, Case{true, 48, 64, 900, 2, 0, 30}}) {
+    const int64_t per_block = 64, ratio = 4;
+    std::vector<float> qf = RandomBf16(c.T * c.H * c.hd, 0.5f, 501 + c.n);
+    std::vector<float> kf = RandomBf16(c.n * c.hd, 1.0f, 502 + c.hd);
+    for (float& v : qf) v = std::ldexp(v, c.q_exp);
+    for (float& v : kf) v = std::ldexp(v, c.key_exp);
+    const std::vector<float> wf = RandomBf16(c.T * c.H, 0.2f, 503);
+    std::vector<int64_t> pos(c.T);
+    for (int64_t t = 0; t < c.T; ++t) pos[t] = ratio * c.n - 1 - (t * ratio * c.n) / (c.T + 1);
+    DeviceBuffer<uint16_t> dq(ToBf16(qf)), dw(ToBf16(wf)), dk(ToBf16(kf)), gathered(c.n * c.hd);
+    DeviceBuffer<int64_t> dpos(pos);
+    DeviceBuffer<float> scores(c.T * c.n);
+    std::vector<float> keys = FromBf16(ToBf16(kf));
+    if (c.paged) {
+      const int64_t key_bytes = KvKeyBytes(c.hd), block_bytes = per_block * key_bytes + 40;
+      const int64_t blocks = (c.n + per_block - 1) / per_block;
+      std::vector<int32_t> table(1 + blocks);
+      for (int64_t b = 0; b <= blocks; ++b) table[b] = static_cast<int32_t>(blocks - b);
+      DeviceBuffer<uint8_t> pool((blocks + 1) * block_bytes);
+      const KvGeom g{.pool = reinterpret_cast<uint64_t>(pool.get()),
+                     .block_bytes = block_bytes,
+                     .first_entry_block = 1,
+                     .key_dim = static_cast<int32_t>(c.hd),
+                     .keys_per_block = static_cast<int32_t>(per_block),
+                     .key_off = 40};
+      std::vector<uint64_t> dst(c.n);
+      for (int64_t j = 0; j < c.n; ++j) {
+        dst[j] = g.pool + table[1 + j / per_block] * block_bytes + g.key_off +
+                 (j % per_block) * key_bytes;
+      }
+      DeviceBuffer<uint64_t> ddst(dst);
+      DeviceBuffer<int32_t> dtable(table);
+      CUDA_ASSERT_OK(KvEncodeKeys(dk.get(), ddst.get(), c.n, c.hd, nullptr));
+      CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, c.n, gathered.get(), nullptr));
+      for (int64_t t = 0; t < c.T; ++t) {  // one token per call, as decode
+        CUDA_ASSERT_OK(KvIndexerScores(dq.get() + t * c.H * c.hd, dw.get() + t * c.H, g,
+                                       dtable.get(), 1 + blocks, dpos.get() + t, 1, c.H, ratio, c.n,
+                                       scores.get() + t * c.n, nullptr));
+      }
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+      keys = FromBf16(gathered.Get());
+    } else {
+      CUDA_ASSERT_OK(IndexerScores(dq.get(), dw.get(), dk.get(), nullptr, dpos.get(), c.T, c.H,
+                                   c.hd, ratio, c.n, scores.get(), nullptr));
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    }
+    const std::vector<float> got = scores.Get();
+    const std::vector<float> q = FromBf16(ToBf16(qf)), w = FromBf16(ToBf16(wf));
+    int64_t differing = 0;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t eligible = std::min(c.n, (pos[t] + 1) / ratio);
+      for (int64_t j = 0; j < c.n; ++j) {
+        const float ref = j < eligible ? HostScore(q.data() + t * c.H * c.hd, w.data() + t * c.H,
+                                                   keys.data() + j * c.hd, c.H, c.hd)
+                                       : -INFINITY;
+        differing += std::memcmp(&ref, &got[t * c.n + j], 4) != 0;
+      }
+    }
+    std::printf(
+        "scores vs host arithmetic, %s H=%ld hd=%ld n=%ld T=%ld q 2^%d keys 2^%d: %ld differ\n",
+        c.paged ? "paged" : "bf16", static_cast<long>(c.H), static_cast<long>(c.hd),
+        static_cast<long>(c.n), static_cast<long>(c.T), c.q_exp, c.key_exp,
+        static_cast<long>(differing));
+    EXPECT_EQ(differing, 0);
   }
 }
 
@@ -711,7 +970,9 @@ TEST_F(IndexerTest, DISABLED_TimingsAtFlashShapes) {
                                                },
                                                20));
   line("IndexerTopK T=1 x 65536 k=512",
-       MicrosPerCall([&] { IndexerTopK(scores.get(), 1, n_keys, 512, sel.get(), nullptr); }, 20));
+       MicrosPerCall(
+           [&] { IndexerTopK(scores.get(), 1, n_keys, 512, sel.get(), TopKScratch(), nullptr); },
+           20));
   line("IndexerScores T=256 x 16384 blocks",
        MicrosPerCall(
            [&] {
@@ -720,7 +981,9 @@ TEST_F(IndexerTest, DISABLED_TimingsAtFlashShapes) {
            },
            5));
   line("IndexerTopK T=256 x 16384 k=512",
-       MicrosPerCall([&] { IndexerTopK(scores.get(), 256, 16384, 512, sel.get(), nullptr); }, 5));
+       MicrosPerCall(
+           [&] { IndexerTopK(scores.get(), 256, 16384, 512, sel.get(), TopKScratch(), nullptr); },
+           5));
 }
 
 }  // namespace
