@@ -55,6 +55,14 @@ __device__ __forceinline__ uint8_t F32ToE4m3(float x) {
   return static_cast<uint8_t>(sign | (code > 0x7eu ? 0x7eu : code));
 }
 
+// One pair of an interleaved RoPE rotation (ss::ApplyRope), in place: (a, b) at v[0], v[1]
+// (s = −sin: the inverse rotation). rope.cu's kernels and the attention's output de-rotation.
+__device__ __forceinline__ void RotatePair(uint16_t* v, float c, float s) {
+  const float a = Bf16ToF32(v[0]), b = Bf16ToF32(v[1]);
+  v[0] = F32ToBf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+  v[1] = F32ToBf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+}
+
 // 2^ceil(log2(max(amax, floor) * fp32(1/qmax))) from the fp32 bits (spec §5.2).
 __device__ __forceinline__ float Pow2Scale(float amax, float amax_floor, float qmax) {
   const float a = fmaxf(amax, amax_floor);
@@ -154,13 +162,23 @@ __device__ __forceinline__ bool Fp8FastDecodeOk(const uint4& w, uint32_t sb) {
 // layouts (PTX ISA "mma.m16n8k16"), lane = 4·g + t: a0 = A[g][2t..2t+1], a1 = A[g+8][2t..],
 // a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..][g];
 // d0,d1 = D[g][2t..2t+1], d2,d3 = D[g+8][2t..2t+1].
+// SS_MMA_M16N8K16("bf16") is the same with bf16 operands (the grouped wo_a projection, the
+// split attention kernel); the one asm statement, the operand type spelled into its string.
+#define SS_MMA_M16N8K16(TYPE)                                \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE \
+      ".f32 {%0,%1,%2,%3}, "                                 \
+      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"             \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])       \
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 __device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  SS_MMA_M16N8K16("f16");
 }
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  SS_MMA_M16N8K16("bf16");
+}
+#undef SS_MMA_M16N8K16
 
 // k16 step `s` (0..3) of 64 bytes of e4m3 codes split as 16 per lane t (bytes 16t..16t+15):
 // lane t's word s holds the codes that mma.sync calls k = 2t, 2t+1 (bytes 0,1) and 2t+8, 2t+9

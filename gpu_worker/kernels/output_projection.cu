@@ -112,14 +112,6 @@ __device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t w, uint32_t sel) {
   return r;
 }
 
-__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // A lane's operands of one 128-block.
 struct OutProjBlock {
   uint4 wa[2], wb[2], x[4];  // x: 2 × 16 bytes per 64 k

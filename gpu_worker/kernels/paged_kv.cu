@@ -346,16 +346,6 @@ __host__ __device__ inline SplitWork CarveSplit(uint16_t* rows, int64_t T, int64
 constexpr int kSplitHeads = 16;  // heads per chunk block: the mma's M
 constexpr int kSplitPad = 8;     // floats past each 64-score row: conflict-free float2 stores
 
-// d += a·b on the tensor cores: m16n8k16, bf16 inputs, fp32 accumulation (fragment layouts as in
-// fp8_common.cuh's MmaF16).
-__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // The warp's 8×8 matrix of b16 transposed: lane 4g + u holds elements 2u, 2u + 1 of row g before
 // and of column g after.
 __device__ __forceinline__ uint32_t Transpose8x8(uint32_t x) {
@@ -505,16 +495,13 @@ __global__ void __launch_bounds__(kD / 2)
 }
 
 // The inverse RoPE of the output's last `dim` dims (cos == nullptr: none): ApplyRope(inverse =
-// true)'s arithmetic, reproduced from rope.cu's RotatePair with s = −sin.
+// true)'s arithmetic: RotatePair with s = −sin.
 struct OutRope {
   const float* cos;
   const float* sin;
   int dim;
   __device__ __forceinline__ void Unrotate(uint16_t* v, int64_t i) const {
-    const float c = cos[i], s = -sin[i];
-    const float a = Bf16ToF32(v[0]), b = Bf16ToF32(v[1]);
-    v[0] = F32ToBf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-    v[1] = F32ToBf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+    RotatePair(v, cos[i], -sin[i]);
   }
 };
 

@@ -18,13 +18,6 @@ unsigned GridFor(int64_t threads) {
   return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
 }
 
-// One pair of an interleaved RoPE rotation (ss::ApplyRope), in place: (a, b) at v[0], v[1].
-__device__ __forceinline__ void RotatePair(uint16_t* v, float c, float s) {
-  const float a = Bf16ToF32(v[0]), b = Bf16ToF32(v[1]);
-  v[0] = F32ToBf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-  v[1] = F32ToBf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
-}
-
 // The demo's bf16 head norm of one row by one warp, in place.
 __device__ __forceinline__ void HeadNormRow(uint16_t* __restrict__ v, int64_t n, float eps,
                                             int lane) {
