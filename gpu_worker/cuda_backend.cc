@@ -494,8 +494,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   auto run_layers = [&]() -> absl::Status {
     // The step's streams as bf16 and its RoPE tables (from the uploaded streams and positions).
     STEP(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
-    STEP(cuda::RopeCosSin(im.freqs_plain, rd / 2, sc.pos, T, false, sc.cos0, sc.sin0, st));
-    STEP(cuda::RopeCosSin(im.freqs_comp, rd / 2, sc.pos, T, false, sc.cos1, sc.sin1, st));
+    STEP(cuda::RopeCosSinPair(im.freqs_plain, im.freqs_comp, rd / 2, sc.pos, T, sc.cos0, sc.sin0,
+                              sc.cos1, sc.sin1, st));
     for (int l = 0; l < n_layers; ++l) {
       const DevBlock& b = im.blocks[l];
       const cuda::KvToken* tok = dtokens + l * T;
@@ -674,7 +674,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       STEP(cudaStreamWaitEvent(st, im.routed_back, 0));
       if (defer_comb) STEP(wait_branch(st, Impl::kBranchHc));
       // The reference's combine and the HcPost in one launch.
-      const cuda::HcPostOperands moe_post{sc.mid, sc.post, sc.comb, hc, dim, sc.h2};
+      // A middle stage's last layer also writes the output streams as fp32.
+      const cuda::HcPostOperands moe_post{
+          sc.mid, sc.post, sc.comb, hc, dim, sc.h2, !last && l + 1 == n_layers ? sc.sf32 : nullptr};
       if (im.tp == 1) {
         STEP(cuda::MoeCombineHcPost(si > 0 ? sc.shared : nullptr,
                                     host_experts ? sc.routed : nullptr, T, moe_post, st));
@@ -688,9 +690,10 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       std::swap(sc.h, sc.h2);
       if (timings) STEP(mark(l, kLayerEnd));
     }
-    // The last layer's ring writes; the output streams as fp32 (a middle stage's output).
+    // The last layer's ring writes; the output streams as fp32 (a middle stage's output; its
+    // last layer's HcPost wrote them).
     if (n_layers > 0) STEP(wait_branch(st, Impl::kBranchKv));
-    if (!last) STEP(cuda::Bf16ToF32(sc.h, T * width, sc.sf32, st));
+    if (!last && n_layers == 0) STEP(cuda::Bf16ToF32(sc.h, T * width, sc.sf32, st));
     return absl::OkStatus();
   };
 

@@ -100,6 +100,9 @@ cudaError_t HcPost(const uint16_t* x, const uint16_t* residual, const float* pos
                    const float* comb, int64_t T, int64_t hc, int64_t dim, uint16_t* out,
                    cudaStream_t stream);
 
+// HcPost on its operands struct (kernels.h), with out_f32 if set.
+cudaError_t HcPost(const uint16_t* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream);
+
 // HcPost with the sublayer output formed per element instead of read, in one launch (the same
 // bits as the launches they replace; hp.out must not alias hp.residual):
 //   HcPostF32: x = bf16(x_f32) (RoundF32ToBf16 of a TP rank's all-reduced sum, then HcPost);
@@ -142,6 +145,11 @@ cudaError_t HeadRmsNormBf16(uint16_t* x, int64_t rows, int64_t head_dim, float e
 // trigonometry runs once per (position, pair), and a host-computed table can be passed instead.
 cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positions, int64_t n,
                        bool fp32_trig, float* cos_out, float* sin_out, cudaStream_t stream);
+// RopeCosSin (double-precision trigonometry) of the same positions for two frequency sets (the
+// step's plain and compressed layers), in one launch: the same bits as the two calls.
+cudaError_t RopeCosSinPair(const float* freqs0, const float* freqs1, int64_t pairs,
+                           const int64_t* positions, int64_t n, float* cos0, float* sin0,
+                           float* cos1, float* sin1, cudaStream_t stream);
 
 // Interleaved-pair RoPE on the LAST rope_dim dims of each head, in place (ss::ApplyRope):
 //   v[2i]' = bf16(v[2i]·c − v[2i+1]·s), v[2i+1]' = bf16(v[2i]·s + v[2i+1]·c), fp32 products,
@@ -152,7 +160,8 @@ cudaError_t ApplyRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, i
                       const float* cos_t, const float* sin_t, bool inverse, cudaStream_t stream);
 
 // HeadRmsNormBf16 of every head of x bf16 [T, heads, head_dim], then ApplyRope (forward) of its
-// last rope_dim dims, by the same warp in one launch: the same bits as the two calls.
+// last rope_dim dims, by the same warp in one launch: the same bits as the two calls (at
+// head_dim 512 with the row in registers).
 cudaError_t HeadRmsNormRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, float eps,
                             int64_t rope_dim, const float* cos_t, const float* sin_t,
                             cudaStream_t stream);
@@ -217,6 +226,7 @@ const void* HcPreFinishNormKernel();   // HcPreDeferCombNormQuant's second kerne
 const void* HcCombSinkhornKernel();    // HcCombSinkhorn
 const void* HeadRmsNormBf16Kernel();
 const void* RopeCosSinKernel();
+const void* RopeCosSinPairKernel();
 const void* ApplyRopeKernel();
 const void* Fp8SimInplaceKernel();
 const void* RouterLogitsKernel();
@@ -226,5 +236,6 @@ const void* SwiGluF32Kernel();
 const void* SwiGluBf16Kernel();
 const void* SwiGluBf16QuantKernel();
 const void* HeadRmsNormRopeKernel();
+const void* HeadRmsNormRopeRegsKernel();  // head_dim 512
 
 }  // namespace ss::cuda

@@ -228,8 +228,9 @@ __global__ void __launch_bounds__(32 * kGemvMaxWarps)
       if (blockDim.x < 128) HcPostLoadResidual(epi.hp, r, o, rv);
       const uint16_t xb = F32ToBf16(sum);
       if (y != nullptr) y[r * out + o] = xb;
-      HcPostFeature(Bf16ToF32(xb), rv, hp_p + r * hc, hp_c + r * hc * hc, hc, dim,
-                    epi.hp.out + r * hc * dim + o);
+      const int64_t at = r * hc * dim + o;
+      HcPostFeature(Bf16ToF32(xb), rv, hp_p + r * hc, hp_c + r * hc * hc, hc, dim, epi.hp.out + at,
+                    epi.hp.out_f32 != nullptr ? epi.hp.out_f32 + at : nullptr);
     });
   } else {
     GemvReduceStore(acc, red, rows, o0, out, y);
@@ -371,9 +372,7 @@ cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, 
   }
   if (y == nullptr) return cudaErrorInvalidValue;
   const cudaError_t e = LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
-  return e == cudaSuccess
-             ? HcPost(y, hp.residual, hp.post, hp.comb, rows, hp.hc, hp.dim, hp.out, stream)
-             : e;
+  return e == cudaSuccess ? HcPost(y, rows, hp, stream) : e;
 }
 
 const void* Fp8LinearHcPostKernel() {

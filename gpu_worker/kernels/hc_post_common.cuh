@@ -16,11 +16,11 @@ inline constexpr int kHcPostMaxMult = 8;  // kHcMaxMult (block_kernels.h)
 
 // The hc new streams of feature i of one token: out[k·dim] = bf16(p[k]·xv + acc), acc =
 // c[k]·rv[0] + Σ_{j≥1} c[j·hc + k]·rv[j] in j order. xv: the sublayer's output (a bf16 value);
-// rv: the hc old streams at i; p, c: the token's post [hc] and comb [hc, hc]; out: the token's
-// new streams at feature i.
+// rv: the hc old streams at i; p, c: the token's post [hc] and comb [hc, hc]; out (and out_f32
+// if not null, as fp32): the token's new streams at feature i.
 __device__ __forceinline__ void HcPostFeature(float xv, const float (&rv)[kHcPostMaxMult],
                                               const float* p, const float* c, int hc, int64_t dim,
-                                              uint16_t* out) {
+                                              uint16_t* out, float* out_f32) {
 #pragma unroll
   for (int k = 0; k < kHcPostMaxMult; ++k) {
     if (k >= hc) break;
@@ -29,7 +29,9 @@ __device__ __forceinline__ void HcPostFeature(float xv, const float (&rv)[kHcPos
     for (int j = 1; j < kHcPostMaxMult; ++j) {
       if (j < hc) acc = __fadd_rn(acc, __fmul_rn(c[j * hc + k], rv[j]));
     }
-    out[k * dim] = F32ToBf16(__fadd_rn(__fmul_rn(p[k], xv), acc));
+    const uint16_t o = F32ToBf16(__fadd_rn(__fmul_rn(p[k], xv), acc));
+    out[k * dim] = o;
+    if (out_f32 != nullptr) out_f32[k * dim] = Bf16ToF32(o);
   }
 }
 

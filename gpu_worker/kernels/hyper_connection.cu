@@ -565,35 +565,35 @@ __global__ void __launch_bounds__(32)
 }
 
 // grid (ceil(dim / kThreads), T); one thread per (token, i) computes all hc new streams from the
-// sublayer output X (hc_post_common.cuh), reading the old ones first, so out may alias residual
-// (no __restrict__ on those two).
+// sublayer output X (hc_post_common.cuh), reading the old ones first, so hp.out may alias
+// hp.residual where X does not read either.
 template <typename X>
-__global__ void HcPostKernelImpl(X x, const uint16_t* residual, const float* __restrict__ post,
-                                 const float* __restrict__ comb, int hc, int64_t dim,
-                                 uint16_t* out) {
+__global__ void HcPostKernelImpl(X x, HcPostOperands hp) {
   __shared__ float p[kMaxMult], c[kMaxMult * kMaxMult];
-  const int64_t t = blockIdx.y;
+  const int64_t t = blockIdx.y, dim = hp.dim;
+  const int hc = static_cast<int>(hp.hc);
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid < hc) p[tid] = post[t * hc + tid];
-  if (tid < hc * hc) c[tid] = comb[t * hc * hc + tid];
+  if (tid < hc) p[tid] = hp.post[t * hc + tid];
+  if (tid < hc * hc) c[tid] = hp.comb[t * hc * hc + tid];
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + tid;
   if (i >= dim) return;
   float rv[kHcPostMaxMult];
-  HcPostLoadResidual({residual, post, comb, hc, dim, out}, t, i, rv);
+  HcPostLoadResidual(hp, t, i, rv);
   const float xv = Bf16ToF32(x.Bits(t * dim + i));
-  HcPostFeature(xv, rv, p, c, hc, dim, out + t * hc * dim + i);
+  const int64_t at = t * hc * dim + i;
+  HcPostFeature(xv, rv, p, c, hc, dim, hp.out + at,
+                hp.out_f32 != nullptr ? hp.out_f32 + at : nullptr);
 }
 static_assert(kMaxMult == kHcPostMaxMult, "hc_post_common.cuh's limit is kHcMaxMult");
 
 template <typename X>
-cudaError_t LaunchHcPost(X x, const uint16_t* residual, const float* post, const float* comb,
-                         int64_t T, int64_t hc, int64_t dim, uint16_t* out, cudaStream_t stream) {
-  if (hc < 1 || hc > kMaxMult || dim < 1) return cudaErrorInvalidValue;
+cudaError_t LaunchHcPost(X x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
+  if (hp.hc < 1 || hp.hc > kMaxMult || hp.dim < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((dim + kThreads - 1) / kThreads), static_cast<unsigned>(T));
-  HcPostKernelImpl<X>
-      <<<grid, kThreads, 0, stream>>>(x, residual, post, comb, static_cast<int>(hc), dim, out);
+  const dim3 grid(static_cast<unsigned>((hp.dim + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(T));
+  HcPostKernelImpl<X><<<grid, kThreads, 0, stream>>>(x, hp);
   return cudaGetLastError();
 }
 
@@ -703,23 +703,25 @@ cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_
 cudaError_t HcPost(const uint16_t* x, const uint16_t* residual, const float* post,
                    const float* comb, int64_t T, int64_t hc, int64_t dim, uint16_t* out,
                    cudaStream_t stream) {
-  return LaunchHcPost(HcXBf16{x}, residual, post, comb, T, hc, dim, out, stream);
+  return LaunchHcPost(HcXBf16{x}, T, {residual, post, comb, hc, dim, out}, stream);
+}
+
+cudaError_t HcPost(const uint16_t* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
+  return LaunchHcPost(HcXBf16{x}, T, hp, stream);
 }
 
 cudaError_t HcPostF32(const float* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
-  return LaunchHcPost(HcXF32{x}, hp.residual, hp.post, hp.comb, T, hp.hc, hp.dim, hp.out, stream);
+  return LaunchHcPost(HcXF32{x}, T, hp, stream);
 }
 
 cudaError_t MoeCombineHcPost(const uint16_t* shared, const float* routed, int64_t T,
                              const HcPostOperands& hp, cudaStream_t stream) {
-  return LaunchHcPost(HcXMoeBf16{shared, routed}, hp.residual, hp.post, hp.comb, T, hp.hc, hp.dim,
-                      hp.out, stream);
+  return LaunchHcPost(HcXMoeBf16{shared, routed}, T, hp, stream);
 }
 
 cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_t T,
                                 const HcPostOperands& hp, cudaStream_t stream) {
-  return LaunchHcPost(HcXMoeF32{shared, routed}, hp.residual, hp.post, hp.comb, T, hp.hc, hp.dim,
-                      hp.out, stream);
+  return LaunchHcPost(HcXMoeF32{shared, routed}, T, hp, stream);
 }
 
 cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, const float* scale,

@@ -25,6 +25,7 @@ struct HcPostOperands {
   int64_t hc = 0;
   int64_t dim = 0;
   uint16_t* out = nullptr;
+  float* out_f32 = nullptr;  // set: also the new streams as fp32 (a stage's output), exact
 };
 
 // y[r] = bf16(g ⊙ x[r] · rsqrt(mean(x[r]²) + eps)), fp32 math. g: fp32 [n].

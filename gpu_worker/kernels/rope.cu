@@ -59,6 +59,62 @@ __global__ void HeadRmsNormRopeKernelImpl(uint16_t* __restrict__ x, int64_t rows
   }
 }
 
+// HeadRmsNormRopeKernelImpl for n = 32·kPer (Flash's 512): the row in registers, its loads
+// issued together (one trip to memory instead of three), each rotated pair's other value from
+// the neighbouring lane (pair (2i, 2i+1) sits in lanes l, l^1 of the same k, as the rope dims
+// start at an even index). The same operations as HeadNormRow then RotatePair: the same bits.
+template <int kPer>
+__global__ void HeadRmsNormRopeRegsKernelImpl(uint16_t* __restrict__ x, int64_t rows, float eps,
+                                              int64_t heads, int64_t rope_dim,
+                                              const float* __restrict__ cos_t,
+                                              const float* __restrict__ sin_t) {
+  constexpr int64_t n = 32 * kPer;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;  // warp-uniform
+  uint16_t* v = x + row * n;
+  float f[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) f[k] = Bf16ToF32(v[lane + 32 * k]);
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) sum = __fadd_rn(sum, RoundBf16(__fmul_rn(f[k], f[k])));
+  for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  const float mean = RoundBf16(__fmul_rn(sum, __frcp_rn(static_cast<float>(n))));
+  const float r = RoundBf16(__frcp_rn(__fsqrt_rn(RoundBf16(__fadd_rn(mean, eps)))));
+  const int64_t pairs = rope_dim / 2, t = row / heads, r0 = n - rope_dim;
+  const bool even = (lane & 1) == 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const float y = RoundBf16(__fmul_rn(f[k], r));
+    const float other = __shfl_xor_sync(0xffffffffu, y, 1);
+    const int64_t i = lane + 32 * k;
+    float out = y;
+    if (i >= r0) {
+      const int64_t p = t * pairs + (i - r0) / 2;
+      const float c = cos_t[p], sn = sin_t[p];
+      out = even ? __fsub_rn(__fmul_rn(y, c), __fmul_rn(other, sn))
+                 : __fadd_rn(__fmul_rn(other, sn), __fmul_rn(y, c));
+    }
+    v[i] = F32ToBf16(out);
+  }
+}
+
+// Entry idx (position idx / pairs, pair idx % pairs) of a cos/sin table.
+__device__ __forceinline__ void CosSinEntry(const float* __restrict__ freqs, int64_t pairs,
+                                            const int64_t* __restrict__ positions, int64_t idx,
+                                            bool fp32_trig, float* __restrict__ cos_out,
+                                            float* __restrict__ sin_out) {
+  const float angle = __fmul_rn(static_cast<float>(positions[idx / pairs]), freqs[idx % pairs]);
+  if (fp32_trig) {
+    cos_out[idx] = cosf(angle);
+    sin_out[idx] = sinf(angle);
+  } else {
+    cos_out[idx] = static_cast<float>(cos(static_cast<double>(angle)));
+    sin_out[idx] = static_cast<float>(sin(static_cast<double>(angle)));
+  }
+}
+
 __global__ void RopeCosSinKernelImpl(const float* __restrict__ freqs, int64_t pairs,
                                      const int64_t* __restrict__ positions, int64_t n,
                                      bool fp32_trig, float* __restrict__ cos_out,
@@ -66,13 +122,23 @@ __global__ void RopeCosSinKernelImpl(const float* __restrict__ freqs, int64_t pa
   const int64_t total = n * pairs;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float angle = __fmul_rn(static_cast<float>(positions[idx / pairs]), freqs[idx % pairs]);
-    if (fp32_trig) {
-      cos_out[idx] = cosf(angle);
-      sin_out[idx] = sinf(angle);
+    CosSinEntry(freqs, pairs, positions, idx, fp32_trig, cos_out, sin_out);
+  }
+}
+
+// Two tables of the same positions, the first 2·n·pairs threads' halves.
+__global__ void RopeCosSinPairKernelImpl(const float* __restrict__ freqs0,
+                                         const float* __restrict__ freqs1, int64_t pairs,
+                                         const int64_t* __restrict__ positions, int64_t n,
+                                         float* __restrict__ cos0, float* __restrict__ sin0,
+                                         float* __restrict__ cos1, float* __restrict__ sin1) {
+  const int64_t total = n * pairs;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < 2 * total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (idx < total) {
+      CosSinEntry(freqs0, pairs, positions, idx, false, cos0, sin0);
     } else {
-      cos_out[idx] = static_cast<float>(cos(static_cast<double>(angle)));
-      sin_out[idx] = static_cast<float>(sin(static_cast<double>(angle)));
+      CosSinEntry(freqs1, pairs, positions, idx - total, false, cos1, sin1);
     }
   }
 }
@@ -133,8 +199,13 @@ cudaError_t HeadRmsNormRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_
   if (T == 0) return cudaSuccess;
   const int64_t rows = T * heads;
   const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-  HeadRmsNormRopeKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, head_dim, eps, heads,
-                                                             rope_dim, cos_t, sin_t);
+  if (head_dim == 512) {
+    HeadRmsNormRopeRegsKernelImpl<16>
+        <<<blocks, kThreads, 0, stream>>>(x, rows, eps, heads, rope_dim, cos_t, sin_t);
+  } else {
+    HeadRmsNormRopeKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, head_dim, eps, heads,
+                                                               rope_dim, cos_t, sin_t);
+  }
   return cudaGetLastError();
 }
 
@@ -144,6 +215,16 @@ cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positio
   if (n == 0) return cudaSuccess;
   RopeCosSinKernelImpl<<<GridFor(n * pairs), kThreads, 0, stream>>>(freqs, pairs, positions, n,
                                                                     fp32_trig, cos_out, sin_out);
+  return cudaGetLastError();
+}
+
+cudaError_t RopeCosSinPair(const float* freqs0, const float* freqs1, int64_t pairs,
+                           const int64_t* positions, int64_t n, float* cos0, float* sin0,
+                           float* cos1, float* sin1, cudaStream_t stream) {
+  if (pairs < 1) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  RopeCosSinPairKernelImpl<<<GridFor(2 * n * pairs), kThreads, 0, stream>>>(
+      freqs0, freqs1, pairs, positions, n, cos0, sin0, cos1, sin1);
   return cudaGetLastError();
 }
 
@@ -171,8 +252,14 @@ cudaError_t Fp8SimInplace(uint16_t* x, int64_t rows, int64_t row_stride, int64_t
 const void* HeadRmsNormBf16Kernel() {
   return reinterpret_cast<const void*>(&HeadRmsNormKernelImpl);
 }
+const void* HeadRmsNormRopeRegsKernel() {
+  return reinterpret_cast<const void*>(&HeadRmsNormRopeRegsKernelImpl<16>);
+}
 const void* HeadRmsNormRopeKernel() {
   return reinterpret_cast<const void*>(&HeadRmsNormRopeKernelImpl);
+}
+const void* RopeCosSinPairKernel() {
+  return reinterpret_cast<const void*>(&RopeCosSinPairKernelImpl);
 }
 const void* RopeCosSinKernel() { return reinterpret_cast<const void*>(&RopeCosSinKernelImpl); }
 const void* ApplyRopeKernel() { return reinterpret_cast<const void*>(&ApplyRopeKernelImpl); }

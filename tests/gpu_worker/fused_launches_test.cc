@@ -209,6 +209,7 @@ TEST_F(FusedLaunchesTest, HeadRmsNormRopeIsHeadNormThenRope) {
   for (const auto& [T, heads, hd, rd] :
        {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 64, 512, 64},
         {8, 64, 512, 64},
+        {3, 8, 512, 128},
         {5, 4, 128, 64}}) {
     const std::string label = "HeadRmsNormRope T" + std::to_string(T) + " " +
                               std::to_string(heads) + "x" + std::to_string(hd);
@@ -233,6 +234,7 @@ struct PostInputs {
         comb(RandomPositive(T * hc * hc, seed + 2)),
         out_a(T * hc * dim),
         out_b(T * hc * dim),
+        out_f32(T * hc * dim),
         hc(hc),
         dim(dim) {}
   static std::vector<float> RandomPositive(size_t n, int64_t seed) {
@@ -240,12 +242,21 @@ struct PostInputs {
     for (float& x : v) x = std::fabs(x) + 0.25f;
     return v;
   }
-  HcPostOperands Into(DeviceBuffer<uint16_t>& out) {
-    return {residual.get(), post.get(), comb.get(), hc, dim, out.get()};
+  // Into out_b, with its fp32 copy into out_f32.
+  HcPostOperands IntoB() {
+    return {residual.get(), post.get(), comb.get(), hc, dim, out_b.get(), out_f32.get()};
+  }
+  // out_b as the launches under test wrote it: the same bits as out_a, and out_f32 its exact
+  // fp32 copy.
+  void ExpectOutputs(const std::string& label) {
+    const std::vector<uint16_t> b = out_b.Get();
+    ExpectSameBits(label + " new streams", b, out_a.Get());
+    ExpectSameBits(label + " new streams fp32", out_f32.Get(), FromBf16(b));
   }
   DeviceBuffer<uint16_t> residual;
   DeviceBuffer<float> post, comb;
   DeviceBuffer<uint16_t> out_a, out_b;
+  DeviceBuffer<float> out_f32;
   int64_t hc, dim;
 };
 
@@ -276,16 +287,17 @@ TEST_F(FusedLaunchesTest, Fp8LinearHcPostIsFp8LinearThenHcPost) {
     CUDA_ASSERT_OK(HcPost(ya.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), rows, hc, out,
                           hp.out_a.get(), nullptr));
     CUDA_ASSERT_OK(Fp8LinearHcPost(q.get(), s.get(), rows, w.get(), ws.get(), out, in, yb.get(),
-                                   hp.Into(hp.out_b), nullptr));
+                                   hp.IntoB(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label + " y", yb.Get(), ya.Get());
-    ExpectSameBits(label + " new streams", hp.out_b.Get(), hp.out_a.Get());
+    hp.ExpectOutputs(label);
   }
 }
 
 // HcPost with its x formed in the same launch: a TP rank's all-reduced fp32 sum
 // (RoundF32ToBf16), the MoE combine (MoeCombineBf16 with and without either input;
-// MoeCombineF32 on partials), against the combine's launch then HcPost.
+// MoeCombineF32 on partials), against the combine's launch then HcPost; each also writes the
+// new streams' fp32 copy (a stage's output).
 TEST_F(FusedLaunchesTest, HcPostOfFormedOutputsIsTheTwoLaunches) {
   int64_t seed = 440;
   for (const auto& [T, dim] : {std::pair<int64_t, int64_t>{1, 4096}, {5, 4096}, {2, 300}}) {
@@ -295,12 +307,12 @@ TEST_F(FusedLaunchesTest, HcPostOfFormedOutputsIsTheTwoLaunches) {
     DeviceBuffer<uint16_t> b0(ToBf16(RandomBf16(n, 1.0f, ++seed))), x(n);
     PostInputs hp(T, hc, dim, ++seed);
     seed += 2;
-    const HcPostOperands ops = hp.Into(hp.out_b);
+    const HcPostOperands ops = hp.IntoB();
     auto two = [&](const std::string& what) {
       CUDA_ASSERT_OK(HcPost(x.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), T, hc, dim,
                             hp.out_a.get(), nullptr));
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
-      ExpectSameBits(what + shape, hp.out_b.Get(), hp.out_a.Get());
+      hp.ExpectOutputs(what + shape);
     };
     CUDA_ASSERT_OK(RoundF32ToBf16(f0.get(), n, x.get(), nullptr));
     CUDA_ASSERT_OK(HcPostF32(f0.get(), T, ops, nullptr));
@@ -319,8 +331,34 @@ TEST_F(FusedLaunchesTest, HcPostOfFormedOutputsIsTheTwoLaunches) {
   }
 }
 
+// The step's two RoPE tables (plain and compressed layers' frequencies) in one launch.
+TEST_F(FusedLaunchesTest, RopeCosSinPairIsTwoRopeCosSin) {
+  int64_t seed = 460;
+  for (const auto& [n, pairs] : {std::pair<int64_t, int64_t>{1, 32}, {9, 32}, {3, 5}}) {
+    const std::string label =
+        "RopeCosSinPair n" + std::to_string(n) + " pairs " + std::to_string(pairs);
+    std::vector<int64_t> pos(n);
+    for (int64_t i = 0; i < n; ++i) pos[i] = 1000003 * i + 7;
+    DeviceBuffer<int64_t> dpos(pos);
+    DeviceBuffer<float> f0(RandomF32(pairs, 0.3f, ++seed)), f1(RandomF32(pairs, 0.3f, ++seed));
+    DeviceBuffer<float> c0(n * pairs), s0(n * pairs), c1(n * pairs), s1(n * pairs);
+    DeviceBuffer<float> c0b(n * pairs), s0b(n * pairs), c1b(n * pairs), s1b(n * pairs);
+    CUDA_ASSERT_OK(RopeCosSin(f0.get(), pairs, dpos.get(), n, false, c0.get(), s0.get(), nullptr));
+    CUDA_ASSERT_OK(RopeCosSin(f1.get(), pairs, dpos.get(), n, false, c1.get(), s1.get(), nullptr));
+    CUDA_ASSERT_OK(RopeCosSinPair(f0.get(), f1.get(), pairs, dpos.get(), n, c0b.get(), s0b.get(),
+                                  c1b.get(), s1b.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    ExpectSameBits(label + " cos 0", c0b.Get(), c0.Get());
+    ExpectSameBits(label + " sin 0", s0b.Get(), s0.Get());
+    ExpectSameBits(label + " cos 1", c1b.Get(), c1.Get());
+    ExpectSameBits(label + " sin 1", s1b.Get(), s1.Get());
+  }
+}
+
 TEST_F(FusedLaunchesTest, KernelsRunFromComputeSm86Ptx) {
-  ExpectCompute86Ptx({{"Fp8LinearHcPost", Fp8LinearHcPostKernel()}});
+  ExpectCompute86Ptx({{"Fp8LinearHcPost", Fp8LinearHcPostKernel()},
+                      {"HeadRmsNormRopeRegs", HeadRmsNormRopeRegsKernel()},
+                      {"RopeCosSinPair", RopeCosSinPairKernel()}});
 }
 
 }  // namespace
