@@ -1,6 +1,6 @@
 // GPU FP8 linear kernels. Needs a CUDA device.
 //
-//   build/bin/gpu_kernels_bench [--indexer] [path/to/libcublas.so]
+//   build/bin/gpu_kernels_bench [--indexer | --attention | --fused | path/to/libcublas.so]
 //
 // Decode (Fp8Gemv, rows 1 and 8): weight bytes read per second as a fraction of a
 // device-to-device copy measured in the same run (the copy's bytes read + written per second).
@@ -19,6 +19,10 @@
 // a row, each as graph-replayed time per call (the keys stay in L2, as the step's do), at 2304
 // to 262144 compressed columns (9K to 1M context at ratio 4); then a 256-token prefill chunk's
 // scores and top-k at 16384 columns. `--indexer` runs only this part.
+//
+// Decode attention (`--attention` alone): the candidate build, split chunks and combine at
+// Flash's shape, per kernel and as a chain. Fused HcPost (`--fused` alone): wo_b's GEMV with
+// HcPost in its epilogue and the MoE combine with HcPost, each against the launches it replaces.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -34,6 +38,7 @@
 
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/paged_kv.h"
 
@@ -699,6 +704,95 @@ void BenchDecodeAttention() {
 
 }  // namespace
 
+// Launches that run HcPost on a result they have just formed, against the launches they
+// replace, in the same run (graph-replayed time per call): wo_b's GEMV with HcPost in its
+// epilogue (after QuantizeActE4m3, as decode runs it) against QuantizeActE4m3 + Fp8Linear +
+// HcPost, every call reading another copy of the weights (L2 defeated); the MoE combine with
+// HcPost against MoeCombineBf16 + HcPost.
+void BenchFusedEpilogues(std::mt19937& rng) {
+  std::printf(
+      "\n== HcPost fused into its producer (hc 4, dim 4096): graph-replayed time per call ==\n");
+  const int64_t hc = 4, dim = 4096, in = 8192, copies = 20;
+  std::vector<uint8_t*> w(copies), ws(copies);
+  const std::vector<uint8_t> codes = RandomCodes(dim * in, rng);
+  const std::vector<uint8_t> scales((dim / 128) * (in / 128), 120);
+  for (int64_t c = 0; c < copies; ++c) {
+    w[c] = DeviceAlloc<uint8_t>(codes.size());
+    ws[c] = DeviceAlloc<uint8_t>(scales.size());
+    CHECK_CUDA(cudaMemcpy(w[c], codes.data(), codes.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(ws[c], scales.data(), scales.size(), cudaMemcpyHostToDevice));
+  }
+  const auto upload_bf16 = [&](int64_t n) {
+    uint16_t* d = DeviceAlloc<uint16_t>(n);
+    CHECK_CUDA(cudaMemcpy(d, RandomBf16(n, rng).data(), n * 2, cudaMemcpyHostToDevice));
+    return d;
+  };
+  const auto upload_f32 = [&](int64_t n, float v) {
+    float* d = DeviceAlloc<float>(n);
+    CHECK_CUDA(cudaMemcpy(d, std::vector<float>(n, v).data(), n * 4, cudaMemcpyHostToDevice));
+    return d;
+  };
+  for (const int64_t rows : {1, 4, 8}) {
+    uint16_t* x = upload_bf16(rows * in);
+    uint16_t* res = upload_bf16(rows * hc * dim);
+    float* post = upload_f32(rows * hc, 0.75f);
+    float* comb = upload_f32(rows * hc * hc, 0.25f);
+    uint16_t* y = DeviceAlloc<uint16_t>(rows * dim);
+    uint16_t* out = DeviceAlloc<uint16_t>(rows * hc * dim);
+    uint8_t* q = DeviceAlloc<uint8_t>(rows * in);
+    float* s = DeviceAlloc<float>(rows * in / 128);
+    const ss::cuda::HcPostOperands hp{res, post, comb, hc, dim, out};
+    const float gemv = GraphMs(copies, [&](int i, cudaStream_t st) {
+      ss::cuda::Fp8Linear(q, s, rows, w[i], ws[i], dim, in, y, st);
+    });
+    const float three = GraphMs(copies, [&](int i, cudaStream_t st) {
+      ss::cuda::QuantizeActE4m3(x, rows, in, q, s, st);
+      ss::cuda::Fp8Linear(q, s, rows, w[i], ws[i], dim, in, y, st);
+      ss::cuda::HcPost(y, res, post, comb, rows, hc, dim, out, st);
+    });
+    const float two = GraphMs(copies, [&](int i, cudaStream_t st) {
+      ss::cuda::QuantizeActE4m3(x, rows, in, q, s, st);
+      ss::cuda::Fp8LinearHcPost(q, s, rows, w[i], ws[i], dim, in, y, hp, st);
+    });
+    std::printf(
+        "wo_b 4096x8192 rows %ld: quantise + GEMV + HcPost %6.2f us, quantise + GEMV(HcPost) "
+        "%6.2f us (%.3f of it; the GEMV alone %6.2f us)\n",
+        static_cast<long>(rows), three * 1e3f, two * 1e3f, two / three, gemv * 1e3f);
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(res), static_cast<void*>(post),
+                    static_cast<void*>(comb), static_cast<void*>(y), static_cast<void*>(out),
+                    static_cast<void*>(q), static_cast<void*>(s)}) {
+      cudaFree(p);
+    }
+  }
+  for (int64_t c = 0; c < copies; ++c) {
+    cudaFree(w[c]);
+    cudaFree(ws[c]);
+  }
+  for (const int64_t T : {1, 8}) {
+    uint16_t* shared = upload_bf16(T * dim);
+    float* routed = upload_f32(T * dim, 0.5f);
+    uint16_t* res = upload_bf16(T * hc * dim);
+    float* post = upload_f32(T * hc, 0.75f);
+    float* comb = upload_f32(T * hc * hc, 0.25f);
+    uint16_t* x = DeviceAlloc<uint16_t>(T * dim);
+    uint16_t* out = DeviceAlloc<uint16_t>(T * hc * dim);
+    const ss::cuda::HcPostOperands hp{res, post, comb, hc, dim, out};
+    const float two = GraphMs(20, [&](int, cudaStream_t st) {
+      ss::cuda::MoeCombineBf16(shared, routed, T * dim, x, st);
+      ss::cuda::HcPost(x, res, post, comb, T, hc, dim, out, st);
+    });
+    const float one = GraphMs(
+        20, [&](int, cudaStream_t st) { ss::cuda::MoeCombineHcPost(shared, routed, T, hp, st); });
+    std::printf("MoE combine T %ld: combine + HcPost %6.2f us, MoeCombineHcPost %6.2f us (%.3f)\n",
+                static_cast<long>(T), two * 1e3f, one * 1e3f, one / two);
+    for (void* p : {static_cast<void*>(shared), static_cast<void*>(routed), static_cast<void*>(res),
+                    static_cast<void*>(post), static_cast<void*>(comb), static_cast<void*>(x),
+                    static_cast<void*>(out)}) {
+      cudaFree(p);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -722,6 +816,10 @@ int main(int argc, char** argv) {
   cudaFree(dst);
 
   std::mt19937 rng(1);
+  if (argc > 1 && std::string(argv[1]) == "--fused") {  // the fused HcPost launches alone
+    BenchFusedEpilogues(rng);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "--attention") {  // the decode attention alone
     BenchDecodeAttention();
     return 0;
@@ -729,6 +827,7 @@ int main(int argc, char** argv) {
   BenchIndexer(rng);
   if (argc > 1 && std::string(argv[1]) == "--indexer") return 0;  // the indexer alone
   BenchDecodeAttention();
+  BenchFusedEpilogues(rng);
   BenchDecode(copy_gbs, rng);
   Cublas cublas;
   const bool have_cublas = cublas.Load(argc > 1 ? argv[1] : nullptr);
