@@ -73,6 +73,23 @@ float TimeMs(int iters, F&& f) {
   return ms / iters;
 }
 
+// Milliseconds of `reps` replays of an instantiated graph on s, after one warm-up replay.
+float ReplayMs(cudaGraphExec_t exec, cudaStream_t s, int reps) {
+  CHECK_CUDA(cudaGraphLaunch(exec, s));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  CHECK_CUDA(cudaEventRecord(a, s));
+  for (int r = 0; r < reps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaEventRecord(b, s));
+  CHECK_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms;
+}
+
 // The same with the `n` calls f(i, stream) captured in one CUDA graph (global capture mode, as
 // decode runs) and the graph replayed: no host launch cost between kernels. -1 if capture fails.
 template <typename F>
@@ -93,19 +110,8 @@ float GraphMs(int n, F&& f) {
     return -1.0f;
   }
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, s));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
   constexpr int kReps = 5;
-  CHECK_CUDA(cudaEventRecord(a, s));
-  for (int r = 0; r < kReps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaEventRecord(b, s));
-  CHECK_CUDA(cudaEventSynchronize(b));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const float ms = ReplayMs(exec, s, kReps);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
@@ -657,16 +663,7 @@ void BenchDecodeAttention() {
         }
         cudaGraphExec_t exec;
         CHECK_CUDA(cudaGraphInstantiate(&exec, rep, 0));
-        CHECK_CUDA(cudaGraphLaunch(exec, s));
-        cudaEvent_t a, b;
-        CHECK_CUDA(cudaEventCreate(&a));
-        CHECK_CUDA(cudaEventCreate(&b));
-        CHECK_CUDA(cudaEventRecord(a, s));
-        for (int r = 0; r < kReps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
-        CHECK_CUDA(cudaEventRecord(b, s));
-        CHECK_CUDA(cudaEventSynchronize(b));
-        float ms = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+        const float ms = ReplayMs(exec, s, kReps);
         // The kernel's name from its mangled symbol: the identifier that ends in "KernelImpl".
         const char* name = nullptr;
         std::string shown = "?";
@@ -682,8 +679,6 @@ void BenchDecodeAttention() {
         std::printf("    %-34s grid (%u,%u,%u) x %u: %6.2f us\n", shown.c_str(), p.gridDim.x,
                     p.gridDim.y, p.gridDim.z, p.blockDim.x * p.blockDim.y * p.blockDim.z,
                     ms * 1e3f / (kReps * kCopies));
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(rep);
       }

@@ -12,19 +12,25 @@
 #   SS_PACK_BUILD=build-x SS_PACK_DIR=build-x/devmini bash tests/device/pack.sh indexer_test ...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ -n "${SS_PACK_DIR:-}" ]; then
-  build=${SS_PACK_BUILD:-build}
-  rm -rf "$SS_PACK_DIR" && mkdir -p "$SS_PACK_DIR/lib"
-  for b in "$@"; do cp "$build/bin/$b" "$SS_PACK_DIR/"; done
-  for b in "$SS_PACK_DIR"/*; do
+# The non-system shared libraries of every file in $1 into $1/lib, then everything stripped (the
+# device tool carries at most 64 MiB, the tracked tree included).
+pack_libs() {
+  for b in "$1"/*; do
     [ -f "$b" ] || continue
     ldd "$b" 2>/dev/null | awk '/=> \//{print $3}' | while read -r l; do
       case "$(basename "$l")" in
         libc.so*|libm.so*|libpthread*|libdl*|librt*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libnccl*|libcudart*|libcublas*) ;;
-        *) cp -Ln "$l" "$SS_PACK_DIR/lib/" ;;
+        *) cp -Ln "$l" "$1/lib/" ;;
       esac
     done
   done
+  strip --strip-unneeded "$1"/* "$1"/lib/* 2>/dev/null || true
+}
+if [ -n "${SS_PACK_DIR:-}" ]; then
+  build=${SS_PACK_BUILD:-build}
+  rm -rf "$SS_PACK_DIR" && mkdir -p "$SS_PACK_DIR/lib"
+  for b in "$@"; do cp "$build/bin/$b" "$SS_PACK_DIR/"; done
+  pack_libs "$SS_PACK_DIR"
   du -sh "$SS_PACK_DIR"
   echo "on the device: export LD_LIBRARY_PATH=\$PWD/$SS_PACK_DIR/lib:/usr/local/cuda/lib64; $SS_PACK_DIR/<binary>"
   exit 0
@@ -38,15 +44,7 @@ bins=(cuda_kernels_test block_kernels_test fused_launches_test compressor_test i
       splitserve-expert-worker splitserve-gpu-worker splitserve-coordinator make_checkpoint)
 for b in "${bins[@]}"; do [ -x build/bin/$b ] && cp build/bin/$b .devbin/; done
 cp -L /usr/local/cuda/lib64/libcudart.so.13 .devbin/ 2>/dev/null || true
-for b in .devbin/*; do
-  [ -f "$b" ] || continue
-  ldd "$b" 2>/dev/null | awk '/=> \//{print $3}' | while read -r l; do
-    case "$(basename "$l")" in
-      libc.so*|libm.so*|libpthread*|libdl*|librt*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libnccl*|libcudart*|libcublas*) ;;
-      *) cp -Ln "$l" .devbin/lib/ ;;
-    esac
-  done
-done
+pack_libs .devbin
 
-tar cJf .devpack/devbin.tar.xz .devbin -C build share
+XZ_OPT=-9 tar cJf .devpack/devbin.tar.xz .devbin -C build share
 ls -la .devpack/devbin.tar.xz

@@ -592,6 +592,30 @@ uint32_t OrderKeyHost(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The reference selection of one row: the k largest by a stable sort on the kernels' key order
+// (ties to the lower index), -1 past the `eligible` first columns.
+void StableTopK(const float* row, int64_t n_cols, int64_t k, int64_t eligible, int32_t* out) {
+  std::vector<int32_t> order(n_cols);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return OrderKeyHost(row[a]) > OrderKeyHost(row[b]);
+  });
+  for (int64_t i = 0; i < k; ++i) out[i] = order[i] < eligible ? order[i] : -1;
+}
+
+// One row per IndexerTopK call (decode), each row of a batch: the rows of ref [T, k].
+void ExpectEachRowAlone(const float* scores, int64_t T, int64_t n_cols, int64_t k,
+                        const std::vector<int32_t>& ref, const std::string& label) {
+  DeviceBuffer<int32_t> d_one(k);
+  for (int64_t t = 0; t < T; ++t) {
+    CUDA_ASSERT_OK(
+        IndexerTopK(scores + t * n_cols, 1, n_cols, k, d_one.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_one.Get(), std::vector<int32_t>(ref.begin() + t * k, ref.begin() + (t + 1) * k))
+        << label << " row " << t;
+  }
+}
+
 // Both top-k kernels (counting, radix) and the automatic choice on the same rows: ties (few
 // levels, ±0), −inf tails of every length, a fully masked row, k = 1 and k = n_cols; every
 // selection byte equal, and equal to the first k of a sort by (key, −index).
@@ -618,16 +642,11 @@ TEST_F(IndexerTest, TopKCountingEqualsRadix) {
         if (c.levels < 0 && v == 0.0f && (rng() % 2)) v = -0.0f;
         row[j] = j < eligible ? v : -INFINITY;
       }
-      std::vector<int32_t> order(c.n_cols);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-        return OrderKeyHost(row[a]) > OrderKeyHost(row[b]);
-      });
-      for (int64_t i = 0; i < c.k; ++i) ref[t * c.k + i] = order[i] < eligible ? order[i] : -1;
+      StableTopK(row, c.n_cols, c.k, eligible, ref.data() + t * c.k);
     }
     DeviceBuffer<float> ds(s);
     DeviceBuffer<int32_t> d_count(T * c.k), d_radix(T * c.k), d_filt(T * c.k), d_auto(T * c.k),
-        d_split(8 * c.k), d_one(c.k);
+        d_split(8 * c.k);
     CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kCounting,
                                    d_count.get(), TopKScratch(), nullptr));
     CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kRadix,
@@ -648,15 +667,7 @@ TEST_F(IndexerTest, TopKCountingEqualsRadix) {
         << label << " (split, rows 0-7)";
     EXPECT_EQ(d_auto.Get(), d_radix.Get()) << label;
     EXPECT_EQ(d_radix.Get(), ref) << label;
-    // One row per call (decode), each row of the batch.
-    for (int64_t t = 0; t < T; ++t) {
-      CUDA_ASSERT_OK(IndexerTopK(ds.get() + t * c.n_cols, 1, c.n_cols, c.k, d_one.get(),
-                                 TopKScratch(), nullptr));
-      CUDA_ASSERT_OK(cudaDeviceSynchronize());
-      EXPECT_EQ(d_one.Get(),
-                std::vector<int32_t>(ref.begin() + t * c.k, ref.begin() + (t + 1) * c.k))
-          << label << " row " << t;
-    }
+    ExpectEachRowAlone(ds.get(), T, c.n_cols, c.k, ref, label);
   }
 }
 
@@ -712,16 +723,10 @@ TEST_F(IndexerTest, TopKFilteredEqualsRadix) {
         }
         row[j] = j < eligible ? v : -INFINITY;
       }
-      std::vector<int32_t> order(c.n_cols);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-        return OrderKeyHost(row[a]) > OrderKeyHost(row[b]);
-      });
-      for (int64_t i = 0; i < c.k; ++i) ref[t * c.k + i] = order[i] < eligible ? order[i] : -1;
+      StableTopK(row, c.n_cols, c.k, eligible, ref.data() + t * c.k);
     }
     DeviceBuffer<float> ds(s);
-    DeviceBuffer<int32_t> d_radix(T * c.k), d_filt(T * c.k), d_split(T * c.k), d_auto(T * c.k),
-        d_one(c.k);
+    DeviceBuffer<int32_t> d_radix(T * c.k), d_filt(T * c.k), d_split(T * c.k), d_auto(T * c.k);
     CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kRadix,
                                    d_radix.get(), TopKScratch(), nullptr));
     CUDA_ASSERT_OK(IndexerTopKPath(ds.get(), T, c.n_cols, c.k, IndexerTopKKind::kFiltered,
@@ -744,14 +749,7 @@ TEST_F(IndexerTest, TopKFilteredEqualsRadix) {
     EXPECT_EQ(filt, ref) << label;
     EXPECT_EQ(d_split.Get(), ref) << label << " (split)";
     EXPECT_EQ(d_auto.Get(), ref) << label;
-    for (int64_t t = 0; t < T; ++t) {
-      CUDA_ASSERT_OK(IndexerTopK(ds.get() + t * c.n_cols, 1, c.n_cols, c.k, d_one.get(),
-                                 TopKScratch(), nullptr));
-      CUDA_ASSERT_OK(cudaDeviceSynchronize());
-      EXPECT_EQ(d_one.Get(),
-                std::vector<int32_t>(ref.begin() + t * c.k, ref.begin() + (t + 1) * c.k))
-          << label << " row " << t;
-    }
+    ExpectEachRowAlone(ds.get(), T, c.n_cols, c.k, ref, label);
   }
 }
 
