@@ -273,6 +273,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     for (cudaStream_t b : im.branch) cudaStreamSynchronize(b);
     (void)cudaGetLastError();  // a non-sticky error must not fail the next step's first launch
     for (const StageChunk& ch : batch) Release(ch.seq_id);
+    // The top-k scratch is left zeroed only by a completed call: zero it again for the next step.
+    if (im.topk.p != nullptr) (void)cudaMemset(im.topk.p, 0, im.topk.cap);
     return s;
   };
 
