@@ -7,12 +7,13 @@
 
 #include <cstdint>
 
+#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
 
 namespace ss::cuda {
 
-inline constexpr int kHcPostMaxMult = 8;  // kHcMaxMult (block_kernels.h)
+inline constexpr int kHcPostMaxMult = static_cast<int>(kHcMaxMult);  // register arrays
 
 // The hc new streams of feature i of one token: out[k·dim] = bf16(p[k]·xv + acc), acc =
 // c[k]·rv[0] + Σ_{j≥1} c[j·hc + k]·rv[j] in j order. xv: the sublayer's output (a bf16 value);

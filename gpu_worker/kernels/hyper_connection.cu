@@ -585,7 +585,6 @@ __global__ void HcPostKernelImpl(X x, HcPostOperands hp) {
   HcPostFeature(xv, rv, p, c, hc, dim, hp.out + at,
                 hp.out_f32 != nullptr ? hp.out_f32 + at : nullptr);
 }
-static_assert(kMaxMult == kHcPostMaxMult, "hc_post_common.cuh's limit is kHcMaxMult");
 
 template <typename X>
 cudaError_t LaunchHcPost(X x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
