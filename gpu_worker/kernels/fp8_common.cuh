@@ -227,15 +227,15 @@ inline int64_t GemvWarpsPerBlock(int64_t blocks, int64_t nb, int64_t max_warps) 
   return w < 8 ? w : 8;
 }
 
-// The 128-blocks [kb0, kb1) of a warp, double-buffered: the next block's operands are loaded
-// (load(Block&, kb)) while the current one is multiplied (step(const Block&)).
+// The 128-blocks kb0, kb0 + step, ... below kb1 of a warp, double-buffered: the next block's
+// operands are loaded (load(Block&, kb)) while the current one is multiplied (step(const Block&)).
 template <typename Block, typename Load, typename Step>
-__device__ __forceinline__ void DoubleBufferedBlocks(int64_t kb0, int64_t kb1, const Load& load,
-                                                     const Step& step) {
+__device__ __forceinline__ void DoubleBufferedBlocks(int64_t kb0, int64_t kb1, int64_t stride,
+                                                     const Load& load, const Step& step) {
   Block cur, nxt;
   if (kb0 < kb1) load(cur, kb0);
-  for (int64_t kb = kb0; kb < kb1; ++kb) {
-    if (kb + 1 < kb1) load(nxt, kb + 1);
+  for (int64_t kb = kb0; kb < kb1; kb += stride) {
+    if (kb + stride < kb1) load(nxt, kb + stride);
     step(cur);
     cur = nxt;
   }

@@ -130,11 +130,13 @@ __device__ __forceinline__ void GemvScaleAdd(const float (&p)[4], float s0, floa
   acc[3] = __fmaf_rn(p[3], f1, acc[3]);
 }
 
-// A lane's operands of one 128-block; the next block's are loaded while one is multiplied.
+// A lane's operands of one 128-block for kTiles feature tiles; the next block's are loaded while
+// one is multiplied.
+template <int kTiles>
 struct GemvBlock {
-  uint4 wa[2], wb[2], x[2];
-  float s0, s1;  // s_act of rows 2t, 2t+1 (0 past `rows`)
-  uint32_t sw;   // the ue8m0 byte of the features' 128-block
+  uint4 wa[kTiles][2], wb[kTiles][2], x[2];
+  float s0, s1;         // s_act of rows 2t, 2t+1 (0 past `rows`)
+  uint32_t sw[kTiles];  // the ue8m0 byte of each tile's 128-block of features
 };
 
 // One weight matrix of a launch: w [out, in] e4m3 with its ue8m0 scales ws, output y [rows, out].
@@ -165,7 +167,11 @@ struct GemvHcPostOut {
   HcPostOperands hp;
 };
 
-template <typename OutT, typename Epi>
+// A block computes kTiles tiles of 16 features (kTiles·16 consecutive features); its warps take
+// the 128-blocks of K in turn (warp w: blocks w, w + nwarps, ...: at any moment the block's warps
+// read adjacent 128-byte pieces of each weight row). Each warp sums its blocks in that order, the
+// warps' sums meet in warp order (GemvReduce): a fixed order for a given launch shape.
+template <typename OutT, typename Epi, int kTiles>
 __global__ void __launch_bounds__(32 * kGemvMaxWarps)
     Fp8GemvKernelImpl(const uint8_t* __restrict__ q, const float* __restrict__ sa, int rows,
                       GemvMatrices<OutT> m, int64_t in, Epi epi) {
@@ -178,62 +184,88 @@ __global__ void __launch_bounds__(32 * kGemvMaxWarps)
   const uint8_t* __restrict__ ws = second ? m.b.ws : m.a.ws;
   const int64_t out = second ? m.b.out : m.a.out;
   OutT* __restrict__ y = second ? m.b.y : m.a.y;
-  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) - (second ? m.blocks0 : 0)) * kGemvFeatures;
+  const int64_t ob =
+      (static_cast<int64_t>(blockIdx.x) - (second ? m.blocks0 : 0)) * kGemvFeatures * kTiles;
   // Features past `out` repeat the last one; their results are not stored.
-  const uint8_t* pa = w + min(o0 + g, out - 1) * in + 16 * t;
-  const uint8_t* pb = w + min(o0 + g + 8, out - 1) * in + 16 * t;
-  const int64_t kb0 = warp * nb / nwarps, kb1 = (warp + 1) * nb / nwarps;
+  const uint8_t* pa[kTiles];
+  const uint8_t* pb[kTiles];
+  const uint8_t* psw[kTiles];
+#pragma unroll
+  for (int u = 0; u < kTiles; ++u) {
+    const int64_t o0 = ob + u * kGemvFeatures;
+    pa[u] = w + min(o0 + g, out - 1) * in + 16 * t;
+    pb[u] = w + min(o0 + g + 8, out - 1) * in + 16 * t;
+    psw[u] = ws + (min(o0, out - 1) / kBlock) * nb;
+  }
   const bool live = g < rows;
   // HcPost's inputs, loaded first so their latency overlaps the K loop.
   __shared__ float hp_p[Epi::kHcPost ? kFp8GemvMaxRows * kHcPostMaxMult : 1];
   __shared__ float hp_c[Epi::kHcPost ? kFp8GemvMaxRows * kHcPostMaxMult * kHcPostMaxMult : 1];
-  float rv[kHcPostMaxMult] = {};
+  float rv[kTiles][kHcPostMaxMult] = {};
   if constexpr (Epi::kHcPost) {
     const int hc = static_cast<int>(epi.hp.hc);
     for (int i = threadIdx.x; i < rows * hc; i += blockDim.x) hp_p[i] = epi.hp.post[i];
     for (int i = threadIdx.x; i < rows * hc * hc; i += blockDim.x) hp_c[i] = epi.hp.comb[i];
-    // With ≥ 128 threads, thread i < 128 stores exactly output i (GemvReduce).
+    // With ≥ 128 threads, thread i < 128 stores exactly output i of each tile (GemvReduce).
     const int i = threadIdx.x, r = GemvOutRow(i & 127);
-    const int64_t o = o0 + GemvOutFeature(i & 127);
-    if (blockDim.x >= 128 && i < 128 && r < rows && o < out) HcPostLoadResidual(epi.hp, r, o, rv);
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+      const int64_t o = ob + u * kGemvFeatures + GemvOutFeature(i & 127);
+      if (blockDim.x >= 128 && i < 128 && r < rows && o < out) {
+        HcPostLoadResidual(epi.hp, r, o, rv[u]);
+      }
+    }
   }
   const uint8_t* px = q + (live ? g : 0) * in + 16 * t;
   const float* sa0 = 2 * t < rows ? sa + (2 * t) * nb : nullptr;
   const float* sa1 = 2 * t + 1 < rows ? sa + (2 * t + 1) * nb : nullptr;
-  const uint8_t* psw = ws + (o0 / kBlock) * nb;
-  const auto load = [&](GemvBlock& f, int64_t kb) {
+  const auto load = [&](GemvBlock<kTiles>& f, int64_t kb) {
     const int64_t off = kb * kBlock;
+#pragma unroll
     for (int c = 0; c < 2; ++c) {  // weights are read once: streamed, evict-first
-      f.wa[c] = __ldcs(reinterpret_cast<const uint4*>(pa + off + 64 * c));
-      f.wb[c] = __ldcs(reinterpret_cast<const uint4*>(pb + off + 64 * c));
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u) {
+        f.wa[u][c] = __ldcs(reinterpret_cast<const uint4*>(pa[u] + off + 64 * c));
+        f.wb[u][c] = __ldcs(reinterpret_cast<const uint4*>(pb[u] + off + 64 * c));
+      }
       f.x[c] =
           live ? __ldg(reinterpret_cast<const uint4*>(px + off + 64 * c)) : make_uint4(0, 0, 0, 0);
     }
     f.s0 = sa0 ? __ldg(sa0 + kb) : 0.0f;
     f.s1 = sa1 ? __ldg(sa1 + kb) : 0.0f;
-    f.sw = __ldg(psw + kb);
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) f.sw[u] = __ldg(psw[u] + kb);
   };
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  DoubleBufferedBlocks<GemvBlock>(kb0, kb1, load, [&](const GemvBlock& cur) {
-    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    GemvBlockMma(cur.wa, cur.wb, cur.x, p);
-    GemvScaleAdd(p, cur.s0, cur.s1, cur.sw, acc);
-  });
-  if constexpr (Epi::kHcPost) {
-    const int hc = static_cast<int>(epi.hp.hc);
-    const int64_t dim = epi.hp.dim;
-    GemvReduce(acc, red, rows, o0, out, [&](int r, int64_t o, float sum) {
-      // Fewer than 128 threads: a thread stores several outputs, so their old streams are
-      // loaded here, not ahead.
-      if (blockDim.x < 128) HcPostLoadResidual(epi.hp, r, o, rv);
-      const uint16_t xb = F32ToBf16(sum);
-      if (y != nullptr) y[r * out + o] = xb;
-      const int64_t at = r * hc * dim + o;
-      HcPostFeature(Bf16ToF32(xb), rv, hp_p + r * hc, hp_c + r * hc * hc, hc, dim, epi.hp.out + at,
-                    epi.hp.out_f32 != nullptr ? epi.hp.out_f32 + at : nullptr);
-    });
-  } else {
-    GemvReduceStore(acc, red, rows, o0, out, y);
+  float acc[kTiles][4] = {};
+  DoubleBufferedBlocks<GemvBlock<kTiles>>(warp, nb, nwarps, load,
+                                          [&](const GemvBlock<kTiles>& cur) {
+#pragma unroll
+                                            for (int u = 0; u < kTiles; ++u) {
+                                              float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                              GemvBlockMma(cur.wa[u], cur.wb[u], cur.x, p);
+                                              GemvScaleAdd(p, cur.s0, cur.s1, cur.sw[u], acc[u]);
+                                            }
+                                          });
+#pragma unroll
+  for (int u = 0; u < kTiles; ++u) {
+    if (u > 0) __syncthreads();  // the previous tile's sums are read from `red`
+    const int64_t o0 = ob + u * kGemvFeatures;
+    if constexpr (Epi::kHcPost) {
+      const int hc = static_cast<int>(epi.hp.hc);
+      const int64_t dim = epi.hp.dim;
+      GemvReduce(acc[u], red, rows, o0, out, [&](int r, int64_t o, float sum) {
+        // Fewer than 128 threads: a thread stores several outputs, so their old streams are
+        // loaded here, not ahead.
+        if (blockDim.x < 128) HcPostLoadResidual(epi.hp, r, o, rv[u]);
+        const uint16_t xb = F32ToBf16(sum);
+        if (y != nullptr) y[r * out + o] = xb;
+        const int64_t at = r * hc * dim + o;
+        HcPostFeature(Bf16ToF32(xb), rv[u], hp_p + r * hc, hp_c + r * hc * hc, hc, dim,
+                      epi.hp.out + at, epi.hp.out_f32 != nullptr ? epi.hp.out_f32 + at : nullptr);
+      });
+    } else {
+      GemvReduceStore(acc[u], red, rows, o0, out, y);
+    }
   }
 }
 
@@ -255,19 +287,35 @@ cudaError_t LinearGenericT(const uint8_t* q, const float* s_act, int64_t rows, c
   return cudaGetLastError();
 }
 
-// One launch of the decode GEMV over ≤ kRowsPerPass rows.
+// One launch of the decode GEMV over ≤ kRowsPerPass rows. Blocks of two 16-feature tiles where
+// that still gives about a block per multiprocessor (fewer blocks, each loading its activations
+// once for both), else one tile.
 template <typename OutT, typename Epi>
 cudaError_t GemvLaunchPass(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
                            const GemvMatrix<OutT>& a, const GemvMatrix<OutT>& b, const Epi& epi,
                            cudaStream_t stream) {
   const int64_t nb = in / kBlock;
-  const int64_t blocks0 = (a.out + kGemvFeatures - 1) / kGemvFeatures;
-  const int64_t blocks = blocks0 + (b.out + kGemvFeatures - 1) / kGemvFeatures;
+  const auto tiles_of = [](int64_t out, int64_t f) { return (out + f - 1) / f; };
+  const int64_t blocks16 = tiles_of(a.out, kGemvFeatures) + tiles_of(b.out, kGemvFeatures);
+  // (The HcPost epilogue keeps one tile: its second tile's streams spill and cost more than the
+  // tile saves.)
+  const bool two = !Epi::kHcPost && blocks16 >= 2 * DeviceSmCount() * 9 / 10;
+  const int64_t f = kGemvFeatures * (two ? 2 : 1);
+  const int64_t blocks0 = tiles_of(a.out, f);
+  const int64_t blocks = blocks0 + tiles_of(b.out, f);
   // wq_b (in = 1024): 4 warps; wo_b (in = 8192): 8. Measured on an H200 (bench/RESULTS.md).
-  const int64_t warps = GemvWarpsPerBlock(blocks, nb, kGemvMaxWarps);
-  Fp8GemvKernelImpl<OutT, Epi>
-      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), 0, stream>>>(
-          q, s_act, static_cast<int>(rows), GemvMatrices<OutT>{a, b, blocks0}, in, epi);
+  const int64_t warps = GemvWarpsPerBlock(blocks16, nb, kGemvMaxWarps);
+  const dim3 grid(static_cast<unsigned>(blocks)), block(static_cast<unsigned>(32 * warps));
+  const GemvMatrices<OutT> m{a, b, blocks0};
+  if constexpr (!Epi::kHcPost) {
+    if (two) {
+      Fp8GemvKernelImpl<OutT, Epi, 2>
+          <<<grid, block, 0, stream>>>(q, s_act, static_cast<int>(rows), m, in, epi);
+      return cudaGetLastError();
+    }
+  }
+  Fp8GemvKernelImpl<OutT, Epi, 1>
+      <<<grid, block, 0, stream>>>(q, s_act, static_cast<int>(rows), m, in, epi);
   return cudaGetLastError();
 }
 
@@ -376,13 +424,13 @@ cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, 
 }
 
 const void* Fp8LinearHcPostKernel() {
-  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t, GemvHcPostOut>);
+  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t, GemvHcPostOut, 1>);
 }
 const void* QuantizeActE4m3Kernel() {
   return reinterpret_cast<const void*>(&QuantizeActKernelImpl);
 }
 const void* Fp8LinearKernel() {
-  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t, GemvStoreOut>);
+  return reinterpret_cast<const void*>(&Fp8GemvKernelImpl<uint16_t, GemvStoreOut, 2>);
 }
 const void* Fp8LinearGenericKernel() {
   return reinterpret_cast<const void*>(&Fp8LinearGenericKernelImpl<kRowsPerPass, uint16_t>);

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(32 * kMmaMaxWarps)
     f.sw = __ldg(psw + kb);
   };
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  DoubleBufferedBlocks<OutProjBlock>(kb0, kb1, load, [&](const OutProjBlock& cur) {
+  DoubleBufferedBlocks<OutProjBlock>(kb0, kb1, 1, load, [&](const OutProjBlock& cur) {
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
