@@ -273,8 +273,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     for (cudaStream_t b : im.branch) cudaStreamSynchronize(b);
     (void)cudaGetLastError();  // a non-sticky error must not fail the next step's first launch
     for (const StageChunk& ch : batch) Release(ch.seq_id);
-    // The top-k scratch is left zeroed only by a completed call: zero it again for the next step.
-    if (im.topk.p != nullptr) (void)cudaMemset(im.topk.p, 0, im.topk.cap);
+    // The zeroed scratch is left zeroed only by completed calls: zero it again for the next step.
+    if (im.zeroed.p != nullptr) (void)cudaMemset(im.zeroed.p, 0, im.zeroed.cap);
     return s;
   };
 
@@ -313,13 +313,17 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         {&im.sel, sel_base[nc] * 4}}) {
     if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
   }
-  if (im.topk.p == nullptr) {
-    const size_t bytes = static_cast<size_t>(cuda::IndexerTopKScratchBytes());
-    if (absl::Status e = im.topk.Reserve(bytes); !e.ok()) return fail(e);
-    if (const cudaError_t e = cudaMemset(im.topk.p, 0, bytes); e != cudaSuccess) {
-      return fail(CudaStatus(e, "cudaMemset(top-k scratch)"));
+  if (im.zeroed.p == nullptr) {
+    im.zeroed_sync = (cuda::IndexerTopKScratchBytes() + 255) / 256 * 256;
+    const size_t bytes = static_cast<size_t>(im.zeroed_sync + Impl::kHcSyncTokens * 4);
+    if (absl::Status e = im.zeroed.Reserve(bytes); !e.ok()) return fail(e);
+    if (const cudaError_t e = cudaMemset(im.zeroed.p, 0, bytes); e != cudaSuccess) {
+      return fail(CudaStatus(e, "cudaMemset(zeroed scratch)"));
     }
   }
+  uint32_t* const hc_sync = T <= Impl::kHcSyncTokens
+                                ? reinterpret_cast<uint32_t*>(im.zeroed.as<char>() + im.zeroed_sync)
+                                : nullptr;
 
   // Scratch and the step's inputs.
   Scratch sc;
@@ -482,7 +486,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     }
     cudaError_t e = cuda::HcPreDeferCombNormQuant(
         streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre,
-        sc.post, sc.comb, g, eps, sc.xn, sc.qbuf, sc.sbuf, st);
+        sc.post, sc.comb, g, eps, sc.xn, sc.qbuf, sc.sbuf, hc_sync, st);
     if (e == cudaSuccess) e = fork_branch(Impl::kBranchHc);
     if (e == cudaSuccess) {
       e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps,
@@ -592,7 +596,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                                      sc.pos + row0[i], S, nh, 4, n_cols[i], im.scores.as<float>(),
                                      bs_iq));
           STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
-                                 im.sel.as<int32_t>() + sel_base[i], im.topk.p, bs_iq));
+                                 im.sel.as<int32_t>() + sel_base[i], im.zeroed.p, bs_iq));
         }
         STEP(branch_done(Impl::kBranchIndexQ));
       }

@@ -216,8 +216,12 @@ struct CudaBackend::Impl {
   KvPool kv;  // the paged KV cache (cuda_backend_kv.h)
   // Scratch, grow-only.
   DevBuf arena, params, cand, scores, sel, logits, kvrows;
-  // IndexerTopK's scratch for long decode rows (zeroed once; its launches leave it zeroed).
-  DevBuf topk;
+  // Scratch whose launches leave it zeroed (zeroed once, and again after a failed step):
+  // IndexerTopK's for long decode rows, then HcPreDeferCombNormQuant's per-token counters (at
+  // zeroed_sync, kHcSyncTokens of them; the split HcPre takes at most that many tokens).
+  static constexpr int64_t kHcSyncTokens = 64;
+  DevBuf zeroed;
+  int64_t zeroed_sync = 0;  // byte offset of the counters
   // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
   // dim] fp32 sum.
   PinnedBuf moe_x, moe_ids, moe_w, moe_sum;

@@ -83,13 +83,15 @@ cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_
                            cudaStream_t stream);
 // HcPreDeferComb, then the sublayer's input norm RmsNormQuant(y, g, T, dim, rms_eps, xn, q, s)
 // (kernels.h): for dim = 4096 (Flash) in HcPreDeferComb's second kernel, from y's row in
-// registers, else as a launch of its own. The same bits as the two calls.
+// registers, else as a launch of its own. The same bits as the two calls. With `sync` (T
+// counters, zero, left zero; not shared by overlapping calls) and dim = 4096 the two kernels are
+// one launch, whose last block per token finishes it.
 cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, const float* base,
                                     const float* scale, int64_t T, int64_t hc, int64_t dim,
                                     int64_t sinkhorn_iters, float hc_eps, float norm_eps,
                                     uint16_t* y, float* pre, float* post, float* comb_logits,
                                     const float* g, float rms_eps, uint16_t* xn, uint8_t* q,
-                                    float* s, cudaStream_t stream);
+                                    float* s, uint32_t* sync, cudaStream_t stream);
 
 // Expand after a sublayer (model::HcPost): for each new stream k,
 //   out[t][k] = bf16(post[t][k]·x[t] + acc), acc = comb[t][0][k]·R[t][0] + Σ_{j=1..hc−1}
@@ -223,6 +225,7 @@ const void* HcPreMixLanesKernel();     // HcPre's decode split, lane sums over b
 const void* HcPreFinishLanesKernel();  // HcPre's decode split, lane sums over blocks (Flash, hc 4)
 const void* HcPreFinishDeferKernel();  // HcPreDeferComb's second kernel (Flash)
 const void* HcPreFinishNormKernel();   // HcPreDeferCombNormQuant's second kernel (Flash)
+const void* HcPreMixFinishKernel();    // HcPreDeferCombNormQuant's one launch (with sync)
 const void* HcCombSinkhornKernel();    // HcCombSinkhorn
 const void* HeadRmsNormBf16Kernel();
 const void* RopeCosSinKernel();

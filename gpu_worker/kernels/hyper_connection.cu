@@ -328,16 +328,15 @@ __device__ __forceinline__ float ChainSum(float acc, const float* p, int stride,
   return acc;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    HcMixLanesKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ fn, int hc,
-                         int64_t dim, uint16_t* __restrict__ y) {
-  const int64_t t = blockIdx.x;
+// Block b of token t's HcMixLanesKernelImpl grid.
+__device__ __forceinline__ void HcMixLanesBlock(const uint16_t* __restrict__ streams,
+                                                const float* __restrict__ fn, int hc, int64_t dim,
+                                                uint16_t* __restrict__ y, int64_t t, int b) {
   const int64_t n = hc * dim;
   const uint16_t* X = streams + t * n;
   const int mix = (2 + hc) * hc;
   const int tid = static_cast<int>(threadIdx.x);
   float* out = reinterpret_cast<float*>(y + t * dim);
-  const int b = static_cast<int>(blockIdx.y);
   if (b == mix * kLaneParts) {
     out[mix * 32 + tid] = SquaresChain<32>(X, n, tid);
     return;
@@ -372,6 +371,12 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < kPartLanes) out[m * 32 + p * kPartLanes + tid] = acc;
 }
 
+__global__ void __launch_bounds__(kThreads)
+    HcMixLanesKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ fn, int hc,
+                         int64_t dim, uint16_t* __restrict__ y) {
+  HcMixLanesBlock(streams, fn, hc, dim, y, blockIdx.x, static_cast<int>(blockIdx.y));
+}
+
 // The sublayer's input norm that HcFinishKernelImpl<., ., ., true> runs on its y: RmsNormQuant's
 // weight, eps and outputs.
 struct NormQuantArgs {
@@ -389,19 +394,19 @@ constexpr int kPre = 16, kPreMult = 4;  // HcFinishKernelImpl's prefetched colla
 // HcCombSinkhornKernelImpl (pre and post do not depend on the Sinkhorn's rounds). kNorm (dim =
 // kPre·kThreads only): then RmsNormQuant of y (nq), from y's values in registers
 // (RmsNormQuantRegsKernelImpl's layout: the same operations, so the same bits).
-template <bool kLanes, int kHc, bool kDefer = false, bool kNorm = false>
-__global__ void __launch_bounds__(kThreads)
-    HcFinishKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ base,
-                       const float* __restrict__ scale, int hc_arg, int64_t dim, int iters,
-                       float hc_eps, float norm_eps, uint16_t* y, float* __restrict__ pre_out,
-                       float* __restrict__ post_out, float* __restrict__ comb_out,
-                       NormQuantArgs nq) {
+// HcFinishKernelImpl's work for token t. kL2: y's row was written by other blocks of the same
+// launch (HcMixFinishKernelImpl), so it is read through L2, past any stale L1 line.
+template <bool kLanes, int kHc, bool kDefer, bool kNorm, bool kL2>
+__device__ __forceinline__ void HcFinishRow(
+    const uint16_t* __restrict__ streams, const float* __restrict__ base,
+    const float* __restrict__ scale, int hc_arg, int64_t dim, int iters, float hc_eps,
+    float norm_eps, uint16_t* y, float* __restrict__ pre_out, float* __restrict__ post_out,
+    float* __restrict__ comb_out, const NormQuantArgs& nq, int64_t t) {
   static_assert(kHc == 0 || kHc == 4, "the specialised kernel is for hc = 4");
   static_assert(!kDefer || kHc == 4, "the deferred Sinkhorn is for hc = 4");
   const int hc = kHc != 0 ? kHc : hc_arg;
   __shared__ float mixes[kMaxMix];
   __shared__ float pre[kMaxMult], post[kMaxMult], comb[kMaxMult * kMaxMult];
-  const int64_t t = blockIdx.x;
   const uint16_t* X = streams + t * hc * dim;
   const int mix = (2 + hc) * hc;
   const int tid = static_cast<int>(threadIdx.x);
@@ -430,7 +435,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int s = 0; s < kPreMult; ++s) xv[u][s] = i < dim && s < hc ? X[s * dim + i] : 0;
     }
   }
-  const float* row = reinterpret_cast<const float*>(y + t * dim);
+  const float* row_p = reinterpret_cast<const float*>(y + t * dim);
+  const auto row = [&](int64_t k) { return kL2 ? __ldcg(row_p + k) : row_p[k]; };
   if constexpr (kHc == 4) {
     // The same sums as the kHc = 0 path below (BlockSum and WarpSum's butterflies, the same
     // order per value), with the rows' butterflies interleaved with the squares' and one
@@ -442,8 +448,8 @@ __global__ void __launch_bounds__(kThreads)
       const int lane = tid & 31, warp = tid >> 5;
       float lv[kRows4];
 #pragma unroll
-      for (int q = 0; q < kRows4; ++q) lv[q] = row[(warp + q * kWarps) * 32 + lane];
-      float sq = row[kMix4 * 32 + tid];
+      for (int q = 0; q < kRows4; ++q) lv[q] = row((warp + q * kWarps) * 32 + lane);
+      float sq = row(kMix4 * 32 + tid);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
         sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, o));
@@ -467,7 +473,7 @@ __global__ void __launch_bounds__(kThreads)
         z = __fadd_rn(__fmul_rn(__fmul_rn(mixes[ml], r), scale_l), base_l);
       }
     } else {
-      if (tid < 32) z = __fadd_rn(__fmul_rn(row[ml], scale_l), base_l);
+      if (tid < 32) z = __fadd_rn(__fmul_rn(row(ml), scale_l), base_l);
       // Warp 0 reads y's row before the barrier below, so before y is overwritten.
     }
     if (tid < 32) {
@@ -492,9 +498,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int q = 0; q < kRowsPerWarp; ++q) {
         const int m = warp + q * kWarps;
-        lv[q] = m < mix ? row[m * 32 + lane] : 0.0f;
+        lv[q] = m < mix ? row(m * 32 + lane) : 0.0f;
       }
-      const float sq = BlockSum(row[mix * 32 + tid], scratch);
+      const float sq = BlockSum(row(mix * 32 + tid), scratch);
       const float mean = __fmul_rn(sq, __frcp_rn(static_cast<float>(hc * dim)));
       const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
 #pragma unroll
@@ -506,7 +512,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     } else {
-      if (tid < mix) mixes[tid] = row[tid];
+      if (tid < mix) mixes[tid] = row(tid);
     }
     __syncthreads();
     if (hc * hc <= 32) {
@@ -547,6 +553,45 @@ __global__ void __launch_bounds__(kThreads)
     for (int s = 1; s < hc; ++s) acc = __fadd_rn(acc, __fmul_rn(pre[s], Bf16ToF32(X[s * dim + i])));
     y[t * dim + i] = F32ToBf16(acc);
   }
+}
+
+template <bool kLanes, int kHc, bool kDefer = false, bool kNorm = false>
+__global__ void __launch_bounds__(kThreads)
+    HcFinishKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ base,
+                       const float* __restrict__ scale, int hc_arg, int64_t dim, int iters,
+                       float hc_eps, float norm_eps, uint16_t* y, float* __restrict__ pre_out,
+                       float* __restrict__ post_out, float* __restrict__ comb_out,
+                       NormQuantArgs nq) {
+  HcFinishRow<kLanes, kHc, kDefer, kNorm, false>(streams, base, scale, hc_arg, dim, iters, hc_eps,
+                                                 norm_eps, y, pre_out, post_out, comb_out, nq,
+                                                 blockIdx.x);
+}
+
+// HcMixLanesKernelImpl and HcFinishKernelImpl<true, 4, true, true> in one launch (the grid of the
+// first): each block writes its chain ends as there, then counts itself in sync[t] (after a
+// fence), and the token's last block, which sees every chain end, runs the finishing kernel's
+// block and sets sync[t] back to 0. The same operations on the same values: the same bits.
+__global__ void __launch_bounds__(kThreads)
+    HcMixFinishKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ fn,
+                          const float* __restrict__ base, const float* __restrict__ scale,
+                          int64_t dim, int iters, float hc_eps, float norm_eps, uint16_t* y,
+                          float* __restrict__ pre_out, float* __restrict__ post_out,
+                          float* __restrict__ comb_out, NormQuantArgs nq,
+                          uint32_t* __restrict__ sync) {
+  const int64_t t = blockIdx.x;
+  HcMixLanesBlock(streams, fn, 4, dim, y, t, static_cast<int>(blockIdx.y));
+  __shared__ bool last;
+  __threadfence();  // this block's chain ends are visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(sync + t, 1u) == gridDim.y - 1;
+    if (last) sync[t] = 0;  // every block of the token has counted itself
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  HcFinishRow<true, 4, true, true, true>(streams, base, scale, 4, dim, iters, hc_eps, norm_eps, y,
+                                         pre_out, post_out, comb_out, nq, t);
 }
 
 // Tokens up to which HcPre runs the split kernels.
@@ -614,7 +659,7 @@ HcPath PathFor(int64_t T, int64_t hc, int64_t dim, const uint16_t* y) {
 cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* base,
                       const float* scale, int64_t T, int64_t hc, int64_t dim,
                       int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y, float* pre,
-                      float* post, float* comb, bool defer, const NormQuantArgs& nq,
+                      float* post, float* comb, bool defer, const NormQuantArgs& nq, uint32_t* sync,
                       cudaStream_t stream) {
   if (BadMult(hc) || dim < 1 || sinkhorn_iters < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
@@ -628,8 +673,14 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
   };
   if (path == HcPath::kLanes) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
-    HcMixLanesKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, y);
     const bool fuse_norm = defer && nq.g != nullptr && dim == int64_t{kPre} * kThreads;
+    if (fuse_norm && sync != nullptr) {
+      HcMixFinishKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, base, scale, dim,
+                                                           static_cast<int>(sinkhorn_iters), hc_eps,
+                                                           norm_eps, y, pre, post, comb, nq, sync);
+      return cudaGetLastError();
+    }
+    HcMixLanesKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, static_cast<int>(hc), dim, y);
     const auto finish = fuse_norm ? HcFinishKernelImpl<true, 4, true, true>
                         : defer   ? HcFinishKernelImpl<true, 4, true>
                         : hc == 4 ? HcFinishKernelImpl<true, 4>
@@ -664,7 +715,7 @@ cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, c
                   float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
                   cudaStream_t stream) {
   return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb, false, NormQuantArgs{}, stream);
+                   post, comb, false, NormQuantArgs{}, nullptr, stream);
 }
 
 bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const uint16_t* y) {
@@ -676,7 +727,7 @@ cudaError_t HcPreDeferComb(const uint16_t* streams, const float* fn, const float
                            int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y,
                            float* pre, float* post, float* comb_logits, cudaStream_t stream) {
   return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb_logits, true, NormQuantArgs{}, stream);
+                   post, comb_logits, true, NormQuantArgs{}, nullptr, stream);
 }
 
 cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, const float* base,
@@ -684,10 +735,10 @@ cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, co
                                     int64_t sinkhorn_iters, float hc_eps, float norm_eps,
                                     uint16_t* y, float* pre, float* post, float* comb_logits,
                                     const float* g, float rms_eps, uint16_t* xn, uint8_t* q,
-                                    float* s, cudaStream_t stream) {
+                                    float* s, uint32_t* sync, cudaStream_t stream) {
   if (g == nullptr) return cudaErrorInvalidValue;
   return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb_logits, true, NormQuantArgs{g, rms_eps, xn, q, s}, stream);
+                   post, comb_logits, true, NormQuantArgs{g, rms_eps, xn, q, s}, sync, stream);
 }
 
 cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
@@ -751,6 +802,7 @@ const void* HcPreFinishDeferKernel() {
 const void* HcPreFinishNormKernel() {
   return reinterpret_cast<const void*>(&HcFinishKernelImpl<true, 4, true, true>);
 }
+const void* HcPreMixFinishKernel() { return reinterpret_cast<const void*>(&HcMixFinishKernelImpl); }
 const void* HcCombSinkhornKernel() {
   return reinterpret_cast<const void*>(&HcCombSinkhornKernelImpl);
 }

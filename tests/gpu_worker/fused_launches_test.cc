@@ -191,16 +191,33 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
                                   nullptr));
     CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(), parts.q.get(),
                                 parts.s.get(), nullptr));
-    CUDA_ASSERT_OK(HcPreDeferCombNormQuant(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc,
-                                           dim, iters, 1e-6f, kEps, y2.get(), pre2.get(),
-                                           post2.get(), comb2.get(), dg.get(), kEps, fused.y.get(),
-                                           fused.q.get(), fused.s.get(), nullptr));
-    CUDA_ASSERT_OK(cudaDeviceSynchronize());
-    ExpectSameBits(label + " y", y2.Get(), y1.Get());
-    ExpectSameBits(label + " pre", pre2.Get(), pre1.Get());
-    ExpectSameBits(label + " post", post2.Get(), post1.Get());
-    ExpectSameBits(label + " comb logits", comb2.Get(), comb1.Get());
-    ExpectSameQuantised(label, "xn", fused, parts);
+    // Without counters (two launches), then twice with them (one launch at dim 4096; the second
+    // call proves the counters were left zero).
+    DeviceBuffer<uint32_t> sync(std::vector<uint32_t>(T, 0));
+    for (uint32_t* counters : {static_cast<uint32_t*>(nullptr), sync.get(), sync.get()}) {
+      const std::string how = label + (counters ? " (counters)" : "");
+      // Outputs poisoned first, so a call that writes nothing cannot pass on the last one's.
+      for (const auto& [p, bytes] : {std::pair<void*, size_t>{y2.get(), T * dim * 2},
+                                     {pre2.get(), T * hc * 4},
+                                     {post2.get(), T * hc * 4},
+                                     {comb2.get(), T * hc * hc * 4},
+                                     {fused.y.get(), T * dim * 2},
+                                     {fused.q.get(), T * dim},
+                                     {fused.s.get(), T * (dim / 128) * 4}}) {
+        CUDA_ASSERT_OK(cudaMemset(p, 0xff, bytes));
+      }
+      CUDA_ASSERT_OK(HcPreDeferCombNormQuant(
+          dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters, 1e-6f, kEps, y2.get(),
+          pre2.get(), post2.get(), comb2.get(), dg.get(), kEps, fused.y.get(), fused.q.get(),
+          fused.s.get(), counters, nullptr));
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+      ExpectSameBits(how + " y", y2.Get(), y1.Get());
+      ExpectSameBits(how + " pre", pre2.Get(), pre1.Get());
+      ExpectSameBits(how + " post", post2.Get(), post1.Get());
+      ExpectSameBits(how + " comb logits", comb2.Get(), comb1.Get());
+      ExpectSameQuantised(how, "xn", fused, parts);
+      EXPECT_EQ(sync.Get(), std::vector<uint32_t>(T, 0)) << how;
+    }
   }
 }
 
@@ -357,6 +374,7 @@ TEST_F(FusedLaunchesTest, RopeCosSinPairIsTwoRopeCosSin) {
 
 TEST_F(FusedLaunchesTest, KernelsRunFromComputeSm86Ptx) {
   ExpectCompute86Ptx({{"Fp8LinearHcPost", Fp8LinearHcPostKernel()},
+                      {"HcPreMixFinish", HcPreMixFinishKernel()},
                       {"HeadRmsNormRopeRegs", HeadRmsNormRopeRegsKernel()},
                       {"RopeCosSinPair", RopeCosSinPairKernel()}});
 }
