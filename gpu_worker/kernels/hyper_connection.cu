@@ -580,18 +580,10 @@ __global__ void __launch_bounds__(kThreads)
                           uint32_t* __restrict__ sync) {
   const int64_t t = blockIdx.x;
   HcMixLanesBlock(streams, fn, 4, dim, y, t, static_cast<int>(blockIdx.y));
-  __shared__ bool last;
-  __threadfence();  // this block's chain ends are visible before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(sync + t, 1u) == gridDim.y - 1;
-    if (last) sync[t] = 0;  // every block of the token has counted itself
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  HcFinishRow<true, 4, true, true, true>(streams, base, scale, 4, dim, iters, hc_eps, norm_eps, y,
-                                         pre_out, post_out, comb_out, nq, t);
+  LastBlockFinishes(sync, t, gridDim.y, [&] {
+    HcFinishRow<true, 4, true, true, true>(streams, base, scale, 4, dim, iters, hc_eps, norm_eps, y,
+                                           pre_out, post_out, comb_out, nq, t);
+  });
 }
 
 // Tokens up to which HcPre runs the split kernels.

@@ -38,6 +38,13 @@ void ExpectSameBits(const std::string& label, const V& a, const V& b) {
   EXPECT_EQ(diff, 0u) << label;
 }
 
+// Poisons a device buffer, so a launch that writes nothing cannot pass on an earlier one's
+// values.
+template <typename T>
+void Poison(const DeviceBuffer<T>& b, size_t n) {
+  CUDA_ASSERT_OK(cudaMemset(b.get(), 0xff, n * sizeof(T)));
+}
+
 // A produced bf16 row block [rows, n] and its quantisation (QuantizeActE4m3's layout).
 struct Quantised {
   Quantised(int64_t rows, int64_t n) : y(rows * n), q(rows * n), s(rows * ((n + 127) / 128)) {}
@@ -196,16 +203,13 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
     DeviceBuffer<uint32_t> sync(std::vector<uint32_t>(T, 0));
     for (uint32_t* counters : {static_cast<uint32_t*>(nullptr), sync.get(), sync.get()}) {
       const std::string how = label + (counters ? " (counters)" : "");
-      // Outputs poisoned first, so a call that writes nothing cannot pass on the last one's.
-      for (const auto& [p, bytes] : {std::pair<void*, size_t>{y2.get(), T * dim * 2},
-                                     {pre2.get(), T * hc * 4},
-                                     {post2.get(), T * hc * 4},
-                                     {comb2.get(), T * hc * hc * 4},
-                                     {fused.y.get(), T * dim * 2},
-                                     {fused.q.get(), T * dim},
-                                     {fused.s.get(), T * (dim / 128) * 4}}) {
-        CUDA_ASSERT_OK(cudaMemset(p, 0xff, bytes));
-      }
+      Poison(y2, T * dim);
+      Poison(pre2, T * hc);
+      Poison(post2, T * hc);
+      Poison(comb2, T * hc * hc);
+      Poison(fused.y, T * dim);
+      Poison(fused.q, T * dim);
+      Poison(fused.s, T * (dim / 128));
       CUDA_ASSERT_OK(HcPreDeferCombNormQuant(
           dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters, 1e-6f, kEps, y2.get(),
           pre2.get(), post2.get(), comb2.get(), dg.get(), kEps, fused.y.get(), fused.q.get(),
