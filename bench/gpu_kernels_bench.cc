@@ -1,6 +1,6 @@
 // GPU FP8 linear kernels. Needs a CUDA device.
 //
-//   build/bin/gpu_kernels_bench [--indexer | --attention | --fused | path/to/libcublas.so]
+//   build/bin/gpu_kernels_bench [--indexer | --attention | --fused | --gemv | path/to/libcublas.so]
 //
 // Decode (Fp8Gemv, rows 1 and 8): weight bytes read per second as a fraction of a
 // device-to-device copy measured in the same run (the copy's bytes read + written per second).
@@ -8,7 +8,9 @@
 // them, so no launch finds its weights in L2 (an H200 has 60 MB of it, more than one Flash
 // matrix), as in a real decode step that reads every layer once. The launches are captured in a
 // CUDA graph and replayed, as decode runs (the time launched one by one from the host is printed
-// beside it). The plain fallback kernel is timed the same way for comparison.
+// beside it). The plain fallback kernel is timed the same way for comparison, and so is a kernel
+// that only reads the same bytes (bench/stream_read.h: the ceiling for one launch reading them).
+// `--gemv` runs only this part.
 //
 // Prefill (Fp8Gemm, T = 512 and 8192 rows): time, tokens/s and TFLOP/s (2·T·out·in), and, where
 // cuBLAS can be loaded (dlopen: the bench links only cudart), the same shape as a cuBLAS bf16
@@ -36,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/stream_read.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/decode_step.h"
@@ -207,6 +210,8 @@ struct Shape {
 
 void BenchDecode(double copy_gbs, std::mt19937& rng) {
   std::printf("\n== decode GEMV: weight bytes/s as a fraction of the copy (L2 defeated) ==\n");
+  std::printf("(\"read\": a kernel that only streams the same weight bytes, the ceiling)\n");
+  uint32_t* sink = DeviceAlloc<uint32_t>(1);
   for (const Shape& s : {Shape{"wq_a", 1024, 4096}, Shape{"wkv", 512, 4096},
                          Shape{"wq_b", 32768, 1024}, Shape{"wo_b", 4096, 8192},
                          Shape{"shared w1", 2048, 4096}, Shape{"shared w2", 4096, 2048}}) {
@@ -221,6 +226,16 @@ void BenchDecode(double copy_gbs, std::mt19937& rng) {
       dws[c] = DeviceAlloc<uint8_t>(sbytes);
       CHECK_CUDA(cudaMemcpy(dw[c], w.data(), wbytes, cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMemset(dws[c], 127, sbytes));
+    }
+    {
+      const int n_calls = std::max(copies, 64);
+      const float gms = GraphMs(n_calls, [&](int i, cudaStream_t st) {
+        ss::bench::StreamRead(dw[i % copies], static_cast<int64_t>(wbytes / 16 * 16), sink, st);
+      });
+      const double gbs = wbytes / (gms * 1e-3) / 1e9;
+      std::printf("%-8s %-10s [%5ld x %5ld]       : graph %7.2f us %7.1f GB/s = %.3f of copy\n",
+                  "read", s.name, static_cast<long>(s.out), static_cast<long>(s.in), gms * 1e3, gbs,
+                  gbs / copy_gbs);
     }
     for (const int64_t rows : {1, 8}) {
       uint16_t* dx = DeviceAlloc<uint16_t>(rows * s.in);
@@ -259,6 +274,7 @@ void BenchDecode(double copy_gbs, std::mt19937& rng) {
       cudaFree(dws[c]);
     }
   }
+  cudaFree(sink);
 }
 
 void BenchPrefill(const Cublas* cublas, std::mt19937& rng) {
@@ -813,6 +829,10 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   if (argc > 1 && std::string(argv[1]) == "--fused") {  // the fused HcPost launches alone
     BenchFusedEpilogues(rng);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--gemv") {  // the decode GEMVs alone
+    BenchDecode(copy_gbs, rng);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--attention") {  // the decode attention alone
