@@ -93,14 +93,14 @@ __global__ void Fp8LinearGenericKernelImpl(const uint8_t* __restrict__ q,
 constexpr int kRowsPerPass = 8;
 constexpr int kWarpsPerBlock = 8;
 
-// Decode GEMV (rows ≤ 8, in % 128 == 0): one block per 16 output features, the block's warps
-// splitting K by whole 128-blocks. The weight tile is the A operand of m16n8k16 mma.sync (16
-// features × 16 k), the ≤ 8 activation rows the B operand (n = row): the tensor cores take the
-// multiply-adds off the fp32 pipes, so batch 8 costs what batch 1 does and the loop is bound by
-// the weight loads. Lane (g, t) takes 16 bytes of feature rows g and g+8 and of activation row g
-// per 64 k (U4Word's layout). Each 128-block's mma partial (exact products, fp32 sums) is scaled
-// by s_act·s_w·2^16 and added into an fp32 accumulator, as Linear8's per-block sums are; warps
-// meet in shared memory in a fixed order (no atomics).
+// Decode GEMV (rows ≤ 8, in % 128 == 0): one block per one or two tiles of 16 output features,
+// the block's warps taking K's 128-blocks in turn (Fp8GemvKernelImpl). The weight tile is the A
+// operand of m16n8k16 mma.sync (16 features × 16 k), the ≤ 8 activation rows the B operand (n =
+// row): the tensor cores take the multiply-adds off the fp32 pipes, so batch 8 costs what batch 1
+// does and the loop is bound by the weight loads. Lane (g, t) takes 16 bytes of feature rows g and
+// g+8 and of activation row g per 64 k (U4Word's layout). Each 128-block's mma partial (exact
+// products, fp32 sums) is scaled by s_act·s_w·2^16 and added into an fp32 accumulator, as Linear8's
+// per-block sums are; warps meet in shared memory in a fixed order (no atomics).
 constexpr int kGemvFeatures = 16;
 constexpr int kGemvMaxWarps = 16;
 

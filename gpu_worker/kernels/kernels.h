@@ -86,8 +86,9 @@ cudaError_t Fp8LinearPair(const uint8_t* q, const float* s_act, int64_t rows, in
                           const uint8_t* w1, const uint8_t* w_scale1, int64_t out1, uint16_t* y1,
                           cudaStream_t stream);
 
-// Decode GEMV, bound by the weight bytes: one block per 16 output features (the mma's A
-// operand), its warps splitting K by 128-blocks, the ≤ 8 activation rows the B operand, so each
+// Decode GEMV, bound by the weight bytes: one block per one or two tiles of 16 output features
+// (the mma's A operand), its warps taking K's 128-blocks in turn, the ≤ 8 activation rows the B
+// operand, so each
 // weight byte is read once for all rows and batch 8 costs about what batch 1 does. More rows
 // run in passes of 8. Falls back to the plain kernel where in % 128 != 0 or q/w are unaligned.
 // Only static shared memory: safe to call during CUDA-graph capture.
