@@ -314,16 +314,14 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
     if (absl::Status e = buf->Reserve(static_cast<size_t>(bytes)); !e.ok()) return fail(e);
   }
   if (im.zeroed.p == nullptr) {
-    im.zeroed_sync = (cuda::IndexerTopKScratchBytes() + 255) / 256 * 256;
-    const size_t bytes = static_cast<size_t>(im.zeroed_sync + Impl::kHcSyncTokens * 4);
+    const size_t bytes = static_cast<size_t>(Impl::kZeroedTopK + cuda::IndexerTopKScratchBytes());
     if (absl::Status e = im.zeroed.Reserve(bytes); !e.ok()) return fail(e);
     if (const cudaError_t e = cudaMemset(im.zeroed.p, 0, bytes); e != cudaSuccess) {
       return fail(CudaStatus(e, "cudaMemset(zeroed scratch)"));
     }
   }
-  uint32_t* const hc_sync = T <= Impl::kHcSyncTokens
-                                ? reinterpret_cast<uint32_t*>(im.zeroed.as<char>() + im.zeroed_sync)
-                                : nullptr;
+  uint32_t* const hc_sync = T <= Impl::kHcSyncTokens ? im.zeroed.as<uint32_t>() : nullptr;
+  void* const topk_scratch = im.zeroed.as<char>() + Impl::kZeroedTopK;
 
   // Scratch and the step's inputs.
   Scratch sc;
@@ -596,7 +594,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                                      sc.pos + row0[i], S, nh, 4, n_cols[i], im.scores.as<float>(),
                                      bs_iq));
           STEP(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
-                                 im.sel.as<int32_t>() + sel_base[i], im.zeroed.p, bs_iq));
+                                 im.sel.as<int32_t>() + sel_base[i], topk_scratch, bs_iq));
         }
         STEP(branch_done(Impl::kBranchIndexQ));
       }

@@ -217,11 +217,11 @@ struct CudaBackend::Impl {
   // Scratch, grow-only.
   DevBuf arena, params, cand, scores, sel, logits, kvrows;
   // Scratch whose launches leave it zeroed (zeroed once, and again after a failed step):
-  // IndexerTopK's for long decode rows, then HcPreDeferCombNormQuant's per-token counters (at
-  // zeroed_sync, kHcSyncTokens of them; the split HcPre takes at most that many tokens).
-  static constexpr int64_t kHcSyncTokens = 64;
+  // HcPreDeferCombNormQuant's per-token counters (kHcSyncTokens of them: the split HcPre takes
+  // at most that many tokens), then from byte kZeroedTopK IndexerTopK's for long decode rows.
+  static constexpr int64_t kHcSyncTokens = 64, kZeroedTopK = 256;
+  static_assert(kHcSyncTokens * 4 <= kZeroedTopK);
   DevBuf zeroed;
-  int64_t zeroed_sync = 0;  // byte offset of the counters
   // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
   // dim] fp32 sum.
   PinnedBuf moe_x, moe_ids, moe_w, moe_sum;

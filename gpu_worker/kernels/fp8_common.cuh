@@ -128,29 +128,6 @@ __device__ __forceinline__ void ProduceAndQuantizeBlock128(const Value& value, i
   QuantizeBlock128(v, lane, n - b * 128, q_row + b * 128, s);
 }
 
-// The end of a block of a launch whose blocks each produce part of a unit (a head, a 128-block of
-// features, a token's mixes) and whose unit is finished by the block that completes it. Every
-// thread of the block calls it after the block's stores: the block counts itself in sync[unit]
-// (after a fence, so its stores are visible to whichever block finishes), and the unit's
-// `blocks`-th block sets the counter back to 0 and runs finish(). finish() must read the other
-// blocks' stores through L2 (__ldcg): this SM's L1 may hold stale lines. The counters start at
-// zero and are left zero; overlapping launches must not share them.
-template <typename Finish>
-__device__ __forceinline__ void LastBlockFinishes(uint32_t* sync, int64_t unit, uint32_t blocks,
-                                                  const Finish& finish) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(sync + unit, 1u) == blocks - 1;
-    if (last) sync[unit] = 0;  // every block of the unit has counted itself
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  finish();
-}
-
 // Two e4m3 codes of `w` (bytes 0,1 with sel = 0x1404; bytes 2,3 with sel = 0x3424) as an f16x2,
 // each half holding the code's value times 2^-8, exactly: the 7 magnitude bits shifted into an
 // fp16's exponent and mantissa fields are that value for every code, subnormals included (an

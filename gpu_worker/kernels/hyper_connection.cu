@@ -567,6 +567,29 @@ __global__ void __launch_bounds__(kThreads)
                                                  blockIdx.x);
 }
 
+// The end of a block of a launch whose blocks each produce part of a unit (here a token's chain
+// ends) and whose unit is finished by the block that completes it. Every thread of the block
+// calls it after the block's stores: the block counts itself in sync[unit] (after a fence, so its
+// stores are visible to whichever block finishes), and the unit's `blocks`-th block sets the
+// counter back to 0 and runs finish(). finish() must read the other blocks' stores through L2
+// (__ldcg): this SM's L1 may hold stale lines. The counters start at zero and are left zero;
+// overlapping launches must not share them.
+template <typename Finish>
+__device__ __forceinline__ void LastBlockFinishes(uint32_t* sync, int64_t unit, uint32_t blocks,
+                                                  const Finish& finish) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(sync + unit, 1u) == blocks - 1;
+    if (last) sync[unit] = 0;  // every block of the unit has counted itself
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  finish();
+}
+
 // HcMixLanesKernelImpl and HcFinishKernelImpl<true, 4, true, true> in one launch (the grid of the
 // first): each block writes its chain ends as there, then counts itself in sync[t] (after a
 // fence), and the token's last block, which sees every chain end, runs the finishing kernel's
