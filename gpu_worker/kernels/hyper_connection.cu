@@ -4,6 +4,7 @@
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/hc_post_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/last_block.cuh"
 #include "gpu_worker/kernels/rms_norm_common.cuh"
 
 namespace ss::cuda {
@@ -565,29 +566,6 @@ __global__ void __launch_bounds__(kThreads)
   HcFinishRow<kLanes, kHc, kDefer, kNorm, false>(streams, base, scale, hc_arg, dim, iters, hc_eps,
                                                  norm_eps, y, pre_out, post_out, comb_out, nq,
                                                  blockIdx.x);
-}
-
-// The end of a block of a launch whose blocks each produce part of a unit (here a token's chain
-// ends) and whose unit is finished by the block that completes it. Every thread of the block
-// calls it after the block's stores: the block counts itself in sync[unit] (after a fence, so its
-// stores are visible to whichever block finishes), and the unit's `blocks`-th block sets the
-// counter back to 0 and runs finish(). finish() must read the other blocks' stores through L2
-// (__ldcg): this SM's L1 may hold stale lines. The counters start at zero and are left zero;
-// overlapping launches must not share them.
-template <typename Finish>
-__device__ __forceinline__ void LastBlockFinishes(uint32_t* sync, int64_t unit, uint32_t blocks,
-                                                  const Finish& finish) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(sync + unit, 1u) == blocks - 1;
-    if (last) sync[unit] = 0;  // every block of the unit has counted itself
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  finish();
 }
 
 // HcMixLanesKernelImpl and HcFinishKernelImpl<true, 4, true, true> in one launch (the grid of the
