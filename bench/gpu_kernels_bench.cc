@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "bench/stream_read.h"
+#include "common/bf16.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/decode_step.h"
@@ -460,6 +461,36 @@ void BenchIndexer(std::mt19937& rng) {
         static_cast<unsigned long long>(DeviceHash(sel, k * 4)));
     for (void* ptr :
          {static_cast<void*>(pos), static_cast<void*>(scores), static_cast<void*>(sel)}) {
+      cudaFree(ptr);
+    }
+  }
+  // Scores close together (bf16 values of 20 + N(0, 1): thousands in the k-th largest's first
+  // 11-bit bin), where the split top-k needs its second histogram; the one-block filtered kernel
+  // (the split path's fallback) as the baseline.
+  for (const int64_t n_cols : {16384, 65536}) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> host(n_cols);
+    for (float& v : host) v = ss::RoundBf16(20.0f + nd(rng));
+    float* scores = DeviceAlloc<float>(n_cols);
+    int32_t* sel = DeviceAlloc<int32_t>(k);
+    int32_t* sel_f = DeviceAlloc<int32_t>(k);
+    CHECK_CUDA(cudaMemcpy(scores, host.data(), n_cols * 4, cudaMemcpyHostToDevice));
+    const auto split = [&](int, cudaStream_t st) {
+      ss::cuda::IndexerTopK(scores, 1, n_cols, k, sel, TopKScratch(), st);
+    };
+    const auto filtered = [&](int, cudaStream_t st) {
+      ss::cuda::IndexerTopKPath(scores, 1, n_cols, k, ss::cuda::IndexerTopKKind::kFiltered, sel_f,
+                                nullptr, st);
+    };
+    const float split_us = GraphMs(64, split) * 1e3f, filtered_us = GraphMs(64, filtered) * 1e3f;
+    std::printf(
+        "IndexerTopK      T=1 n_cols=%6ld k=%ld, scores 20 + N(0,1) in bf16: %7.2f us, one-block"
+        " filtered %7.2f us (ratio %.2f), selections %s\n",
+        static_cast<long>(n_cols), static_cast<long>(k), split_us, filtered_us,
+        split_us / filtered_us,
+        DeviceHash(sel, k * 4) == DeviceHash(sel_f, k * 4) ? "equal" : "DIFFER");
+    for (void* ptr :
+         {static_cast<void*>(scores), static_cast<void*>(sel), static_cast<void*>(sel_f)}) {
       cudaFree(ptr);
     }
   }

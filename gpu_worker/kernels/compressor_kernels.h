@@ -191,9 +191,12 @@ cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* 
 //    GPU: blocks of 2048 columns add an 11-bit histogram of the keys' top bits into the row's,
 //    then each finds the bin of the k-th largest and appends the entries at or above it (at
 //    most 4096) to the row's candidates, then blocks of 64 candidates count the candidates
-//    above each: its output slot. More candidates than that (thousands of scores in the k-th
-//    largest's bin) and one block runs the filtered kernel's code on the row. Needs `scratch`
-//    (IndexerTopKScratchBytes, 320 KB, zeroed once when allocated; the launches leave it zeroed
+//    above each: its output slot. Where that bin holds more (scores close together), the
+//    second launch appends the entries above the bin and histograms the next 11 bits of the
+//    bin's entries, and its last block appends the ones at or above the k-th largest's second
+//    bin. More candidates than that (thousands of scores equal in 22 key bits) and one block
+//    runs the filtered kernel's code on the row. Needs `scratch`
+//    (IndexerTopKScratchBytes, 384 KB, zeroed once when allocated; the launches leave it zeroed
 //    for the next call), so calls sharing one scratch must not overlap: issue them on one stream,
 //    or order them with events. Without scratch (null) such rows take the filtered kernel;
 //  * filtered (otherwise, n_cols > 4096: long rows): one 1024-thread block per row, no

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/last_block.cuh"
 
 namespace ss::cuda {
 namespace {
@@ -278,9 +279,9 @@ __device__ __forceinline__ unsigned AggregatedSlot(unsigned* counter, bool pred)
   return base + static_cast<unsigned>(__popc(votes & ((1u << lane) - 1u)));
 }
 
-// f(key, column) for each column of the thread's share of a row read from memory: 16-byte loads,
-// four of them in flight per thread.
-template <typename F>
+// f(key, column) for each column of the thread's share of a row read from memory by a block of
+// kBlockThreads threads: 16-byte loads, four of them in flight per thread.
+template <int kBlockThreads = kFilterThreads, typename F>
 __device__ __forceinline__ void ForEachRowKey(const float* __restrict__ row, int64_t n, F&& f) {
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t align = ((16u - (reinterpret_cast<uintptr_t>(row) & 15u)) & 15u) >> 2;
@@ -289,20 +290,20 @@ __device__ __forceinline__ void ForEachRowKey(const float* __restrict__ row, int
   const float4* body = reinterpret_cast<const float4*>(row + head);
   const int64_t n4 = (n - head) >> 2;
   int64_t q = tid;
-  for (; q + 3 * kFilterThreads < n4; q += 4 * kFilterThreads) {
+  for (; q + 3 * kBlockThreads < n4; q += 4 * kBlockThreads) {
     float4 v[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) v[r] = body[q + r * kFilterThreads];
+    for (int r = 0; r < 4; ++r) v[r] = body[q + r * kBlockThreads];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int64_t i = head + 4 * (q + r * kFilterThreads);
+      const int64_t i = head + 4 * (q + r * kBlockThreads);
       f(OrderKey(v[r].x), i);
       f(OrderKey(v[r].y), i + 1);
       f(OrderKey(v[r].z), i + 2);
       f(OrderKey(v[r].w), i + 3);
     }
   }
-  for (; q < n4; q += kFilterThreads) {
+  for (; q < n4; q += kBlockThreads) {
     const float4 v = body[q];
     const int64_t i = head + 4 * q;
     f(OrderKey(v.x), i);
@@ -494,21 +495,28 @@ __global__ void __launch_bounds__(kFilterThreads)
                          sel + static_cast<int64_t>(blockIdx.x) * k, sh);
 }
 
-// Split top-k for a few long rows (decode): the filtered kernel's first histogram and its
+// Split top-k for a few long rows (decode): the filtered kernel's first histograms and its
 // candidates spread over many blocks, the final order by counting. Three launches, each over the
 // whole row at once (one SM per row pays the filtered kernel's ~50 barriers and its serial sort):
 //  1. blocks of kSplitCols columns add their 11-bit histogram of the key's top bits into the
 //     row's histogram (global atomics of the non-empty bins);
 //  2. the same blocks each find the bin of the k-th largest from that histogram and append
 //     their entries at or above it (or above the −inf bin: fewer than k finite scores) to the
-//     row's candidate list as selection keys;
+//     row's candidate list as selection keys. Where that bin holds more than kFilterCap entries
+//     with those above (scores close together: bf16 scores put 32 values in a bin), they append
+//     the entries above the bin only and add the next 11 key bits of the bin's entries to the
+//     row's second histogram; the row's last block (LastBlockFinishes) finds the k-th largest's
+//     bin there and, if the two bins leave at most kFilterCap candidates, appends the first
+//     bin's entries at or above the second (one pass over the row);
 //  3. blocks of kSplitRankCands candidates count, for each, the candidates above it: that count
-//     is its output position (the keys are distinct). More than kFilterCap candidates (many
-//     entries in the k-th largest's bin) and block 0 of the row runs the filtered kernel's code.
+//     is its output position (the keys are distinct). More than kFilterCap candidates even after
+//     the second histogram (thousands of scores equal in 22 key bits) and block 0 of the row
+//     runs the filtered kernel's code.
 // The rows' histograms, candidate lists and counters are the caller's scratch of kSplitMaxRows
 // rows (IndexerTopKScratchBytes, zeroed once when allocated), left zeroed for the next call (the
-// histogram by launch 3, the counter by launch 1): calls sharing one scratch must not overlap
-// (one stream, or ordered by events), as one backend's decode steps are.
+// histogram by launch 3, the second histogram and the block counter by launch 2's last block,
+// the candidate counter by launch 1): calls sharing one scratch must not overlap (one stream,
+// or ordered by events), as one backend's decode steps are.
 constexpr int kSplitMaxRows = 8;
 constexpr int kSplitThreads = 256;
 constexpr int kSplitCols = 2048;  // 8 per thread
@@ -516,10 +524,12 @@ constexpr int kSplitRankCands = 64;
 constexpr int64_t kSplitMinCols = 4096;
 
 struct SplitRow {
-  unsigned hist[kFilterBins];  // launch 1 adds, 2 reads, 3 zeroes
-  unsigned n_cand;             // launch 1 zeroes, 2 counts, 3 reads
-  unsigned n_sel;              // launch 2: k, or the finite scores when fewer
-  unsigned overflow;           // launch 2: more than kFilterCap candidates
+  unsigned hist[kFilterBins];   // launch 1 adds, 2 reads, 3 zeroes
+  unsigned hist2[kFilterBins];  // launch 2 adds, its last block reads and zeroes
+  unsigned n_cand;              // launch 1 zeroes, 2 counts, 3 reads
+  unsigned n_sel;               // launch 2: k, or the finite scores when fewer
+  unsigned overflow;            // launch 2: more than kFilterCap candidates
+  uint32_t blocks_done;         // launch 2's LastBlockFinishes counter
   unsigned long long cand[kFilterCap];
 };
 
@@ -556,7 +566,19 @@ __global__ void __launch_bounds__(kSplitThreads)
   __shared__ unsigned hist[kFilterBins];
   __shared__ unsigned warp_sums[kSplitThreads / 32];
   __shared__ DigitPick pick;
+  // A block's candidates are gathered here (a global atomic per warp and step would serialise
+  // the block on their latency), then appended to the row's with one.
+  __shared__ unsigned long long staged[kFilterCap];
+  __shared__ unsigned n_staged, staged_base;
   SplitRow& r = rows[blockIdx.x];
+  const auto append = [&] {
+    __syncthreads();
+    if (threadIdx.x == 0) staged_base = atomicAdd(&r.n_cand, n_staged);
+    __syncthreads();
+    for (unsigned i = threadIdx.x; i < n_staged; i += kSplitThreads) {
+      r.cand[staged_base + i] = staged[i];
+    }
+  };
   const float* row = scores + static_cast<int64_t>(blockIdx.x) * n_cols;
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kSplitCols;
@@ -571,20 +593,51 @@ __global__ void __launch_bounds__(kSplitThreads)
   const DigitPick p =
       PickDigit<kSplitThreads>(hist, kFilterBins, static_cast<unsigned>(k), warp_sums, &pick);
   const bool masked = p.digit == kMaskedBin;
-  const bool overflow = !masked && p.above + p.count > kFilterCap;
+  const bool wide = !masked && p.above + p.count > kFilterCap;  // the second histogram's case
   if (blockIdx.y == 0 && tid == 0) {
     r.n_sel = masked ? p.above : static_cast<unsigned>(k);
-    r.overflow = overflow;
+    if (!wide) r.overflow = 0;
   }
-  if (overflow) return;
+  if (wide) {
+    for (int b = tid; b < kFilterBins; b += kSplitThreads) hist[b] = 0;
+  }
+  if (tid == 0) n_staged = 0;
+  __syncthreads();
 #pragma unroll
   for (int e = 0; e < kSplitCols / kSplitThreads; ++e) {
     const int64_t i = j0 + e * kSplitThreads + tid;
     const uint32_t u = OrderKey(v[e]), d = u >> 21;
-    const bool in = i < n_cols && (masked ? d > p.digit : d >= p.digit);
-    const unsigned slot = AggregatedSlot(&r.n_cand, in);
-    if (in) r.cand[slot] = SelKey(u, i);
+    const bool in = i < n_cols && (masked || wide ? d > p.digit : d >= p.digit);
+    const unsigned slot = AggregatedSlot(&n_staged, in);
+    if (in) staged[slot] = SelKey(u, i);
+    if (wide && i < n_cols && d == p.digit) atomicAdd(&hist[(u >> 10) & (kFilterBins - 1)], 1u);
   }
+  append();
+  if (!wide) return;
+  for (int b = tid; b < kFilterBins; b += kSplitThreads) {
+    if (hist[b] != 0) atomicAdd(&r.hist2[b], hist[b]);
+  }
+  LastBlockFinishes(&r.blocks_done, 0, gridDim.y, [&] {
+    for (int b = tid; b < kFilterBins; b += kSplitThreads) {
+      hist[b] = __ldcg(&r.hist2[b]);
+      r.hist2[b] = 0;
+    }
+    __syncthreads();
+    const unsigned need = static_cast<unsigned>(k) - p.above;
+    const DigitPick p2 = PickDigit<kSplitThreads>(hist, kFilterBins, need, warp_sums, &pick);
+    const bool fits = p.above + p2.above + p2.count <= kFilterCap;
+    if (tid == 0) r.overflow = fits ? 0u : 1u;
+    if (!fits) return;
+    if (tid == 0) n_staged = 0;
+    __syncthreads();
+    const uint32_t prefix = (p.digit << 11) | p2.digit;
+    ForEachRowKey<kSplitThreads>(row, n_cols, [&](uint32_t u, int64_t i) {
+      const bool in = (u >> 21) == p.digit && (u >> 10) >= prefix;
+      const unsigned slot = AggregatedSlot(&n_staged, in);
+      if (in) staged[slot] = SelKey(u, i);
+    });
+    append();
+  });
 }
 
 __global__ void __launch_bounds__(kFilterThreads)

@@ -674,24 +674,28 @@ TEST_F(IndexerTest, TopKCountingEqualsRadix) {
 // The filtered kernel (long rows: a wide-digit prefix, then candidates in shared memory) and the
 // split one (its first histogram and candidates over many blocks, then ranks by counting)
 // against the radix kernel and a stable sort, at 16K to 256K columns: continuous bf16 scores (a
-// few candidates after one histogram), few levels (heavy ties at the k-th largest), narrow
-// ranges of bf16 values (more equal to the k-th largest than the candidate buffer holds: the
-// scan in index order; the split kernel's fallback) and of fp32 values (a third histogram), ±0,
+// few candidates after one histogram), bf16 scores far from zero (thousands in the k-th
+// largest's first bin: the second histogram, and the split kernel's pass over the row in its
+// last block), few levels (heavy ties at the k-th largest), narrow ranges of bf16 values (more
+// equal to the k-th largest than the candidate buffer holds: the scan in index order; the split
+// kernel's fallback) and of fp32 values (a third histogram), ±0,
 // −inf tails of every length, fewer finite scores than k and fully masked rows, odd widths (rows
 // not 16-byte aligned); every row of a batch and each row alone (decode: the split kernel),
 // every selection byte equal.
 TEST_F(IndexerTest, TopKFilteredEqualsRadix) {
-  enum Kind { kNormal, kLevels, kNarrowBf16, kNarrowF32, kZeros };
+  enum Kind { kNormal, kLevels, kNarrowBf16, kNarrowF32, kZeros, kShiftedBf16 };
   struct Case {
     int64_t n_cols, k;
     Kind kind;
     int levels;
   };
-  for (const Case& c : {Case{16384, 512, kNormal, 0}, Case{16384, 512, kLevels, 50},
-                        Case{16385, 1024, kNarrowBf16, 0}, Case{16384, 1, kLevels, 7},
-                        Case{20000, 512, kZeros, 0}, Case{65536, 512, kNarrowF32, 0},
-                        Case{65537, 1024, kLevels, 3}, Case{65536, 512, kNormal, 0},
-                        Case{262144, 512, kNormal, 0}, Case{262144, 64, kLevels, 1}}) {
+  for (const Case& c :
+       {Case{16384, 512, kNormal, 0}, Case{16384, 512, kLevels, 50},
+        Case{16385, 1024, kNarrowBf16, 0}, Case{16384, 1, kLevels, 7}, Case{20000, 512, kZeros, 0},
+        Case{65536, 512, kNarrowF32, 0}, Case{65537, 1024, kLevels, 3},
+        Case{65536, 512, kNormal, 0}, Case{262144, 512, kNormal, 0}, Case{262144, 64, kLevels, 1},
+        Case{16384, 512, kShiftedBf16, 0}, Case{65536, 1024, kShiftedBf16, 0},
+        Case{16387, 64, kShiftedBf16, 0}}) {
     const int64_t T = c.n_cols > 65537 ? 3 : 6;
     std::mt19937_64 rng(601 + c.n_cols + c.k + c.kind);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -719,6 +723,9 @@ TEST_F(IndexerTest, TopKFilteredEqualsRadix) {
             break;
           case kZeros:
             v = (rng() % 2) ? 0.0f : -0.0f;
+            break;
+          case kShiftedBf16:
+            v = RoundBf16(20.0f + nd(rng));
             break;
         }
         row[j] = j < eligible ? v : -INFINITY;
