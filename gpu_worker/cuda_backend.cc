@@ -93,7 +93,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_ready, cudaEventDisableTiming));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_back, cudaEventDisableTiming));
   for (int k = 0; k < Impl::kBranches; ++k) {
-    const bool critical = k == Impl::kBranchIndex || k == Impl::kBranchIndexQ;
+    const bool critical =
+        k == Impl::kBranchIndex || k == Impl::kBranchIndexQ || k == Impl::kBranchIndexW;
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&im.branch[k], cudaStreamNonBlocking,
                                                       critical ? greatest : least));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork[k], cudaEventDisableTiming));
@@ -462,9 +463,13 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   // Branches (Impl::branch): fork_branch(k) makes branch k wait for everything enqueued on the
   // step's stream so far; branch_done(k) marks the end of its work so far, which wait_branch(s, k)
   // makes stream s wait for.
+  // mark_fork(k) and take_fork(k) are its two halves, for a branch that starts from an earlier
+  // point of the stream than the work enqueued on the stream before the branch's own.
+  auto mark_fork = [&](int k) { return cudaEventRecord(im.fork[k], st); };
+  auto take_fork = [&](int k) { return cudaStreamWaitEvent(im.branch[k], im.fork[k], 0); };
   auto fork_branch = [&](int k) {
-    const cudaError_t e = cudaEventRecord(im.fork[k], st);
-    return e == cudaSuccess ? cudaStreamWaitEvent(im.branch[k], im.fork[k], 0) : e;
+    const cudaError_t e = mark_fork(k);
+    return e == cudaSuccess ? take_fork(k) : e;
   };
   auto branch_done = [&](int k) { return cudaEventRecord(im.joined[k], im.branch[k]); };
   auto wait_branch = [&](cudaStream_t s, int k) { return cudaStreamWaitEvent(s, im.joined[k], 0); };
@@ -512,12 +517,26 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       // The normed attention input xn and its quantisation (qbuf) for wq_a and wkv.
       STEP(hc_pre(sc.h, b.hc_attn, b.attn_norm));
 
-      // Off the critical path, on branch streams from here (Impl::branch): the compressors (and
-      // the indexer's head weights) from xn; wkv and the KV latent's norm, RoPE and staging from
+      // Off the critical path, on branch streams from here (Impl::branch): the compressors and
+      // the indexer's head weights from xn; wkv and the KV latent's norm, RoPE and staging from
       // qbuf; the indexer's wq_b and query prep from qbuf2. Each branch has its own scratch; the
       // main stream joins them before the attention (qbuf is next written after those joins).
+      // A ratio-4 layer's critical path runs through wq_a, its norm, the indexer's wq_b, scores
+      // and top-k, which also wait for the indexer's compressor (its new key) and head weights.
+      // So the branches start here but are enqueued after wq_a + wkv below, the indexer's first,
+      // so that the graph launches them in that order: launched behind the compressors' long
+      // projections, wq_a found the SMs full and waited for them. The head weights have a branch
+      // of their own: on the query's, the indexer's wq_b waited for them.
+      if (b.has_compressor) STEP(mark_fork(Impl::kBranchComp));
+      if (b.has_indexer) {
+        STEP(mark_fork(Impl::kBranchIndex));
+        STEP(mark_fork(Impl::kBranchIndexW));
+      }
+      STEP(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.wq_a.in, b.wq_a.w, b.wq_a.s, b.wq_a.out,
+                               sc.qa, b.wkv.w, b.wkv.s, b.wkv.out, sc.kva, st));
       cudaStream_t bs_kv = im.branch[Impl::kBranchKv], bs_comp = im.branch[Impl::kBranchComp],
-                   bs_index = im.branch[Impl::kBranchIndex], bs_iq = im.branch[Impl::kBranchIndexQ];
+                   bs_index = im.branch[Impl::kBranchIndex], bs_iq = im.branch[Impl::kBranchIndexQ],
+                   bs_iw = im.branch[Impl::kBranchIndexW];
       auto compress = [&](const DevCompressor& w, int kind, cuda::CompressorShape shape,
                           uint16_t* entries, float* cv, float* cg,
                           cudaStream_t bs) -> absl::Status {
@@ -538,18 +557,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
                      "CompressorStep");
       };
       // The compressors write their new entries to scratch rows (ebase), then the encoders put
-      // them into their records / MXFP4 keys in the sequences' blocks.
-      if (b.has_compressor) {
-        STEP(fork_branch(Impl::kBranchComp));
-        cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
-                                    options_.compressor_fp64};
-        const absl::Status e = compress(b.compressor, 0, shape, sc.centries, sc.cv, sc.cg, bs_comp);
-        if (!e.ok()) return fail(e);
-        STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, bs_comp));
-        STEP(branch_done(Impl::kBranchComp));
-      }
+      // them into their MXFP4 keys / records in the sequences' blocks.
       if (b.has_indexer) {
-        STEP(fork_branch(Impl::kBranchIndex));
+        STEP(take_fork(Impl::kBranchIndex));
         cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
                                     options_.compressor_fp64};
         const absl::Status e =
@@ -557,17 +567,25 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         if (!e.ok()) return fail(e);
         STEP(cuda::KvEncodeKeys(sc.ckeys, ddst_key + l * T, T, ihd, bs_index));
         STEP(branch_done(Impl::kBranchIndex));
-        // The indexer's head weights, then (below) its query, scores and top-k on one branch.
-        STEP(fork_branch(Impl::kBranchIndexQ));
-        STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, bs_iq));
-        STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_iq));
+        // The indexer's head weights; (below) its query, scores and top-k on one branch.
+        STEP(take_fork(Impl::kBranchIndexW));
+        STEP(cuda::LinearBf16F32(sc.xn, T, dim, b.index_weights_proj.p, nh, sc.proj, nh, bs_iw));
+        STEP(cuda::IndexerWeightScale(sc.proj, T * nh, wscale, sc.iw, bs_iw));
+        STEP(branch_done(Impl::kBranchIndexW));
+      }
+      if (b.has_compressor) {
+        STEP(take_fork(Impl::kBranchComp));
+        cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
+                                    options_.compressor_fp64};
+        const absl::Status e = compress(b.compressor, 0, shape, sc.centries, sc.cv, sc.cg, bs_comp);
+        if (!e.ok()) return fail(e);
+        STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, bs_comp));
+        STEP(branch_done(Impl::kBranchComp));
       }
 
-      // wq_a and the KV latent's wkv in one launch (decode; one each for longer chunks). Then on
-      // a branch the latent's norm, RoPE and FP8 simulation, and the chunks' raw KV as records in
-      // the step's staging (read by the attention through the candidate lists).
-      STEP(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.wq_a.in, b.wq_a.w, b.wq_a.s, b.wq_a.out,
-                               sc.qa, b.wkv.w, b.wkv.s, b.wkv.out, sc.kva, st));
+      // wq_a and the KV latent's wkv (above, in one launch in decode; one each for longer
+      // chunks), then on a branch the latent's norm, RoPE and FP8 simulation, and the chunks' raw
+      // KV as records in the step's staging (read by the attention through the candidate lists).
       STEP(fork_branch(Impl::kBranchKv));
       STEP(cuda::RmsNorm(sc.kva, b.kv_norm, T, Dh, eps, sc.kv, bs_kv));
       STEP(cuda::ApplyRope(sc.kv, T, 1, Dh, rd, cs, sn, false, bs_kv));
@@ -585,6 +603,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         STEP(Gemv8(b.index_wq_b, sc.qbuf2, sc.sbuf2, T, sc.iq, bs_iq));
         STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, bs_iq));
         STEP(wait_branch(bs_iq, Impl::kBranchIndex));
+        STEP(wait_branch(bs_iq, Impl::kBranchIndexW));
         for (size_t i = 0; i < nc; ++i) {
           if (n_sel[i] == 0) continue;
           const int64_t S = row0[i + 1] - row0[i];

@@ -192,11 +192,11 @@ struct CudaBackend::Impl {
   // A layer's work off its critical path (cuda_backend.cc run_layers), on branch streams forked
   // from `stream` when their input is ready (fork[k]) and joined back (joined[k]) before their
   // output is read: wkv and the KV latent's norm, RoPE, staging and ring writes; the main
-  // compressor; the indexer's compressor; the indexer's head weights, query, scores and top-k;
-  // the hyper-connections' Sinkhorn (from HcPre's logits, joined before HcPost). In a captured
-  // graph they are parallel branches.
+  // compressor; the indexer's compressor; the indexer's head weights; its query, scores and
+  // top-k; the hyper-connections' Sinkhorn (from HcPre's logits, joined before HcPost). In a
+  // captured graph they are parallel branches.
   static constexpr int kBranchKv = 0, kBranchComp = 1, kBranchIndex = 2, kBranchHc = 3;
-  static constexpr int kBranchIndexQ = 4, kBranches = 5;
+  static constexpr int kBranchIndexQ = 4, kBranchIndexW = 5, kBranches = 6;
   cudaStream_t branch[kBranches] = {};
   cudaEvent_t fork[kBranches] = {}, joined[kBranches] = {};
   // The host half of the routed experts (set once, on first use) and one call record per layer.
