@@ -11,7 +11,8 @@
 // inside a step. Each layer runs as a middle pipeline stage fed random bf16 streams.
 //
 // Decode sequences are positioned at the context with CudaBackend::FillSequenceForBenchmark
-// (zeroed KV: the bytes a step reads are the same as after a real prefill). Figures per layer:
+// (zeroed KV records, random indexer keys: the bytes a step reads are the same as after a real
+// prefill, and the indexer's scores differ from key to key). Figures per layer:
 // wall ms per step (Run, from the host's call to its output on the host: the upload of the
 // streams, every kernel, the download), the bytes it must read (the layer's device weights + per
 // sequence the window ring, and the compressed entries / indexer keys the step reads), those

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -910,7 +911,7 @@ absl::Status CudaBackend::FillSequenceForBenchmark(uint64_t seq_id, int64_t next
   Impl& im = *impl_;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
   // The pool's own blocks for [0, next_pos) (their records as they are: zero from the start, or
-  // whatever an earlier sequence left), compressor states zeroed.
+  // whatever an earlier sequence left), compressor states zeroed, indexer keys random.
   const uint64_t ids[] = {seq_id};
   const int64_t ends[] = {next_pos};
   const std::span<const int32_t> tables[] = {{}};
@@ -926,6 +927,31 @@ absl::Status CudaBackend::FillSequenceForBenchmark(uint64_t seq_id, int64_t next
     }
   }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(im.stream));
+  // Each key: key_dim / 2 bytes of two e2m1 codes (any byte is valid), then its ue8m0 scale
+  // bytes, 127 (2^0). A block's keys at a time, copied into the token block's keys of the layer
+  // (the pool is written by the kernels through KvGeom's address; here by a copy).
+  const KvLayout& kvl = im.kv.layout();
+  uint8_t* const pool = const_cast<uint8_t*>(im.kv.base());
+  std::vector<uint8_t> keys(static_cast<size_t>(kvl.block_tokens / 4 * kvl.key_bytes));
+  std::mt19937_64 rng(seq_id * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(next_pos));
+  const int64_t token_blocks = (next_pos + kvl.block_tokens - 1) / kvl.block_tokens;
+  if (static_cast<int64_t>(s->table.size()) < kvl.window_blocks + token_blocks) {
+    return absl::InternalError("FillSequenceForBenchmark: the sequence's table is short");
+  }
+  for (size_t l = 0; l < kvl.layers.size(); ++l) {
+    if (!kvl.layers[l].has_indexer) continue;
+    for (int64_t b = 0; b < token_blocks; ++b) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        keys[i] = static_cast<int64_t>(i % kvl.key_bytes) < kvl.key_dim / 2
+                      ? static_cast<uint8_t>(rng())
+                      : 127;
+      }
+      const int64_t block = s->table[kvl.window_blocks + b];
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(pool + block * kvl.block_bytes + kvl.layers[l].key_off,
+                                      keys.data(), keys.size(), cudaMemcpyHostToDevice));
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   s->next_pos = next_pos;
   return absl::OkStatus();
 }

@@ -180,8 +180,11 @@ class CudaBackend final : public StageBackend {
   void ReleaseAll() override;
 
   // Benchmarks only: creates (or replaces) sequence `seq_id` as if `next_pos` tokens had been
-  // run, with zeroed KV, indexer keys and compressor states, so decode at long contexts can be
-  // timed without the prefill. The values are meaningless; only the sizes are real.
+  // run, so decode at long contexts can be timed without the prefill: the KV records as the pool
+  // holds them (zero from the start), compressor states zeroed, and the indexer keys random
+  // (valid MXFP4: random e2m1 codes under a scale of 1), so that the indexer's scores differ
+  // from key to key as after a real prefill (all-zero keys would tie every score, the top-k's
+  // worst case). The values are meaningless; only the sizes are real.
   absl::Status FillSequenceForBenchmark(uint64_t seq_id, int64_t next_pos);
 
   // Decode under CUDA graphs (on from creation): a step runs its layers as one captured graph
