@@ -7,6 +7,7 @@
 # kernel of the last profiled step of each kind with its start offset, duration and stream, so
 # the critical path and the gaps can be read off.
 #   bash tests/device/timeline.sh OUT [context, default 8192]
+# SS_TL_BIN: another layer bench binary (e.g. ab.sh's baseline, .devpack/base/...).
 set -u
 out=$1
 ctx=${2:-8192}
@@ -20,7 +21,7 @@ export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devbin/lib:/usr/local/cuda/lib64:${nc
 #     -L/usr/local/cuda/lib -lcupti -Wl,-rpath,'$ORIGIN' -o .devpack/libss_kernel_trace.so
 #   cp -L /usr/local/cuda/lib/libcupti.so.13 .devpack/
 CUDA_INJECTION64_PATH=$PWD/.devpack/libss_kernel_trace.so SS_TRACE_OUT=$out/trace.csv \
-  CUDA_VISIBLE_DEVICES=0 timeout 240 .devbin/cuda_backend_layer_bench /tmp/ss_tl --profile --profile_context "$ctx" \
+  CUDA_VISIBLE_DEVICES=0 timeout 240 ${SS_TL_BIN:-.devbin/cuda_backend_layer_bench} /tmp/ss_tl --profile --profile_context "$ctx" \
   > $out/trace_bench.log 2>&1
 echo "traced bench rc=$?"
 tail -3 $out/trace_bench.log
@@ -54,9 +55,14 @@ for si in range(max(0, len(steps) - 12), len(steps)):
     streams = sorted(set(x[2] for x in st))
     print(f"step {si}: {len(st)} kernels, span {span/1e3:.1f} us, some kernel running "
           f"{busy/1e3:.1f} us, idle {(span-busy)/1e3:.1f} us, streams {streams}")
-# The last profiled step of each layer kind (ratio 4: 10th from the end; ratio 128: the last).
-for si in (len(steps) - 10, len(steps) - 1):
-    if si < 0: continue
+# The last profiled step of each layer kind: the last step, and the last one before it with another
+# kernel count (steps of a few kernels, such as a compressor reset, are not layer steps).
+big = [i for i, st in enumerate(steps) if len(st) > 5]
+picks = [big[-1]] if big else []
+for i in reversed(big):
+    if picks and len(steps[i]) != len(steps[picks[0]]):
+        picks.insert(0, i); break
+for si in picks:
     st = steps[si]; t0 = st[0][0]
     print(f"--- step {si} kernels: start us, duration us, stream, name")
     for s, en, sid, n in st:
