@@ -3,6 +3,7 @@
 // the query preparation are in indexer.cu.
 #include <algorithm>
 #include <climits>
+#include <cub/block/block_scan.cuh>
 
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/last_block.cuh"
@@ -523,6 +524,8 @@ constexpr int kSplitCols = 2048;  // 8 per thread
 constexpr int kSplitRankCands = 64;
 constexpr int64_t kSplitMinCols = 4096;
 
+using SplitScan = cub::BlockScan<unsigned, kSplitThreads>;
+
 struct SplitRow {
   unsigned hist[kFilterBins];   // launch 1 adds, 2 reads, 3 zeroes
   unsigned hist2[kFilterBins];  // launch 2 adds, its last block reads and zeroes
@@ -570,6 +573,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   // the block on their latency), then appended to the row's with one.
   __shared__ unsigned long long staged[kFilterCap];
   __shared__ unsigned n_staged, staged_base;
+  __shared__ SplitScan::TempStorage scan;
   SplitRow& r = rows[blockIdx.x];
   const auto append = [&] {
     __syncthreads();
@@ -628,15 +632,21 @@ __global__ void __launch_bounds__(kSplitThreads)
     const bool fits = p.above + p2.above + p2.count <= kFilterCap;
     if (tid == 0) r.overflow = fits ? 0u : 1u;
     if (!fits) return;
-    if (tid == 0) n_staged = 0;
-    __syncthreads();
+    // Two passes over the row, no atomics between them: each thread counts its entries, a block
+    // scan gives it its first slot in the row's list, and it writes them there in the same order.
+    // (A slot per warp and step from a shared counter serialised the block on its latency.)
     const uint32_t prefix = (p.digit << 11) | p2.digit;
+    const auto in = [&](uint32_t u) { return (u >> 21) == p.digit && (u >> 10) >= prefix; };
+    unsigned mine = 0;
+    ForEachRowKey<kSplitThreads>(row, n_cols, [&](uint32_t u, int64_t) { mine += in(u); });
+    unsigned at = 0, total = 0;
+    SplitScan(scan).ExclusiveSum(mine, at, total);
+    if (tid == 0) staged_base = atomicAdd(&r.n_cand, total);
+    __syncthreads();
+    at += staged_base;
     ForEachRowKey<kSplitThreads>(row, n_cols, [&](uint32_t u, int64_t i) {
-      const bool in = (u >> 21) == p.digit && (u >> 10) >= prefix;
-      const unsigned slot = AggregatedSlot(&n_staged, in);
-      if (in) staged[slot] = SelKey(u, i);
+      if (in(u)) r.cand[at++] = SelKey(u, i);
     });
-    append();
   });
 }
 
