@@ -3,7 +3,8 @@
 # A/B of the layer bench in one run: the packed binary (B, .devbin/cuda_backend_layer_bench)
 # against a baseline built from an earlier tree and packed beside it (A,
 # .devpack/base/cuda_backend_layer_bench), both at once, A on GPU 0 and B on GPU 1, then swapped,
-# so each side runs once on each GPU; every line carries its own same-run D2D copy.
+# so each side runs once on each GPU; every line carries its own same-run D2D copy. On a machine
+# of one GPU the four runs take turns on it (A, B, A, B).
 #   bash tests/device/ab.sh OUT [bench args...]
 set -u
 out=$1
@@ -15,7 +16,17 @@ export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devbin/lib:/usr/local/cuda/lib64:${nc
 a=.devpack/base/cuda_backend_layer_bench
 b=.devbin/cuda_backend_layer_bench
 [ -x "$a" ] || { echo "no baseline at $a"; exit 1; }
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 for round in 1 2; do
+  if [ "$gpus" -lt 2 ]; then
+    # One GPU: A then B, twice, on one checkpoint (the first run generates it).
+    CUDA_VISIBLE_DEVICES=0 timeout 240 $a /tmp/ss_ab_0 "$@" > $out/A$round.log 2>&1
+    ra=$?
+    CUDA_VISIBLE_DEVICES=0 timeout 240 $b /tmp/ss_ab_0 "$@" > $out/B$round.log 2>&1
+    rb=$?
+    echo "round $round: A then B on GPU 0: rc=$ra, rc=$rb"
+    continue
+  fi
   if [ $round = 1 ]; then ga=0; gb=1; else ga=1; gb=0; fi
   CUDA_VISIBLE_DEVICES=$ga timeout 240 $a /tmp/ss_ab_$ga "$@" > $out/A$round.log 2>&1 &
   pa=$!
