@@ -1,6 +1,7 @@
 // GPU FP8 linear kernels. Needs a CUDA device.
 //
-//   build/bin/gpu_kernels_bench [--indexer | --attention | --fused | --gemv | path/to/libcublas.so]
+//   build/bin/gpu_kernels_bench [--indexer | --attention | --fused | --gemv | --sync |
+//                                path/to/libcublas.so]
 //
 // Decode (Fp8Gemv, rows 1 and 8): weight bytes read per second as a fraction of a
 // device-to-device copy measured in the same run (the copy's bytes read + written per second).
@@ -25,6 +26,7 @@
 // Decode attention (`--attention` alone): the candidate build, split chunks and combine at
 // Flash's shape, per kernel and as a chain. Fused HcPost (`--fused` alone): wo_b's GEMV with
 // HcPost in its epilogue and the MoE combine with HcPost, each against the launches it replaces.
+// Phase boundaries (`--sync` alone, not in the full run): bench/sync_cost.h.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "bench/stream_read.h"
+#include "bench/sync_cost.h"
 #include "common/bf16.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
@@ -835,6 +838,58 @@ void BenchFusedEpilogues(std::mt19937& rng) {
   }
 }
 
+// --sync: what a dependency between two phases of a decode step costs, each as time per boundary
+// in the same run: a chain of launches that each store a word per block (graph-replayed: a kernel
+// boundary), the same launches ending in a last-block handoff, and a persistent launch of one
+// block per SM passing grid barriers (fence, atomic arrival, spin), against the boundary.
+void BenchSync() {
+  std::printf(
+      "\n== phase boundaries: graph kernel boundary, last-block handoff, grid barrier ==\n");
+  int sms = 1, coop = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
+  uint32_t* out = DeviceAlloc<uint32_t>(static_cast<size_t>(sms) + 1);
+  uint32_t* counter = DeviceAlloc<uint32_t>(1);
+  CHECK_CUDA(cudaMemset(counter, 0, 4));
+  constexpr int kChain = 64;
+  float boundary_us = 0.0f;
+  for (const int blocks : {1, sms}) {
+    const float touch = GraphMs(
+        kChain, [&](int, cudaStream_t s) { CHECK_CUDA(ss::bench::TouchKernel(blocks, out, s)); });
+    const float handoff = GraphMs(kChain, [&](int, cudaStream_t s) {
+      CHECK_CUDA(ss::bench::HandoffKernel(blocks, counter, out, s));
+    });
+    const float fences = GraphMs(kChain, [&](int, cudaStream_t s) {
+      CHECK_CUDA(ss::bench::HandoffFencesKernel(blocks, counter, out, s));
+    });
+    if (blocks == sms) boundary_us = touch * 1e3f;
+    std::printf(
+        "%4d blocks: kernel boundary %.2f us a launch; ending in LastBlockFinishes's handoff %.2f "
+        "us (+%.2f), in fences around a relaxed atomic %.2f us (+%.2f)\n",
+        blocks, touch * 1e3, handoff * 1e3, (handoff - touch) * 1e3, fences * 1e3,
+        (fences - touch) * 1e3);
+  }
+  if (coop == 0) {
+    std::printf("grid barrier: no cooperative launch on this device\n");
+  } else {
+    constexpr int kRounds = 1024;
+    const auto loop = [&](int rounds) {
+      return TimeMs(8, [&](int) {
+        CHECK_CUDA(cudaMemsetAsync(counter, 0, 4));
+        CHECK_CUDA(ss::bench::GridBarrierLoop(sms, rounds, counter, nullptr));
+      });
+    };
+    const float per = (loop(kRounds + 1) - loop(1)) * 1e3f / kRounds;
+    std::printf(
+        "%4d blocks: grid barrier in one persistent launch %.2f us = %.2f of the kernel "
+        "boundary\n",
+        sms, per, per / boundary_us);
+    CHECK_CUDA(cudaMemset(counter, 0, 4));
+  }
+  cudaFree(out);
+  cudaFree(counter);
+}
+
 int main(int argc, char** argv) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -864,6 +919,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "--gemv") {  // the decode GEMVs alone
     BenchDecode(copy_gbs, rng);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--sync") {  // phase-boundary costs alone
+    BenchSync();
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--attention") {  // the decode attention alone
