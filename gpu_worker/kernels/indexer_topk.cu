@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(kFilterThreads)
 //     the entries above the bin only and add the next 11 key bits of the bin's entries to the
 //     row's second histogram; the row's last block (LastBlockFinishes) finds the k-th largest's
 //     bin there and, if the two bins leave at most kFilterCap candidates, appends the first
-//     bin's entries at or above the second (one pass over the row);
+//     bin's entries at or above the second (two passes over the row: count, then write);
 //  3. blocks of kSplitRankCands candidates count, for each, the candidates above it: that count
 //     is its output position (the keys are distinct). More than kFilterCap candidates even after
 //     the second histogram (thousands of scores equal in 22 key bits) and block 0 of the row
