@@ -34,6 +34,9 @@
 // Decode runs under CUDA graphs, TP included (CudaBackend::set_decode_graphs; the ms/step figure);
 // each configuration is also timed launched kernel by kernel (the "launched" line).
 //
+// --pp P (with --tp N or alone) runs a stack of 2·P such layers as P pipeline stages of TP N,
+// stage to stage over gRPC as splitserve does (bench/pipeline_stack.h); decode only.
+//
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
 // cudaProfilerStop (for `ncu --profile-from-start off`); --profile_context 65536 profiles 64K.
 #include <cuda_profiler_api.h>
@@ -50,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/pipeline_stack.h"
 #include "common/bf16.h"
 #include "common/model/model.h"
 #include "common/model_config.h"
@@ -80,6 +84,19 @@ constexpr char kConfig[] = R"({
 })";
 
 constexpr int64_t kChunk = 8192;
+
+// kConfig with `layers` layers of compress ratios 4, 128, 4, 128, ...
+std::string StackConfig(int layers) {
+  std::string s = kConfig;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    s.replace(s.find(from), from.size(), to);
+  };
+  std::string ratios;
+  for (int l = 0; l < layers; ++l) ratios += std::string(l ? ", " : "") + (l % 2 ? "128" : "4");
+  replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": " + std::to_string(layers));
+  replace("\"compress_ratios\": [4, 128]", "\"compress_ratios\": [" + ratios + "]");
+  return s;
+}
 
 void Die(const absl::Status& s, const char* what) {
   if (!s.ok()) {
@@ -120,7 +137,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/ss_flash_layers";
   bool profile = false;
   int64_t profile_context = 8192;
-  int tp = 1;
+  int tp = 1, pp = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
@@ -128,31 +145,43 @@ int main(int argc, char** argv) {
       profile_context = std::atoll(argv[++i]);
     } else if (std::strcmp(argv[i], "--tp") == 0 && i + 1 < argc) {
       tp = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--pp") == 0 && i + 1 < argc) {
+      pp = std::atoi(argv[++i]);
     } else {
       dir = argv[i];
     }
   }
-  auto cfg = ss::ParseModelConfig(kConfig);
+  if (pp < 1 || pp > 16 || (pp > 1 && profile)) {
+    std::fprintf(stderr, "--pp %d: expected 1..16, without --profile\n", pp);
+    return 1;
+  }
+  if (pp > 1 && !ss::bench::PipelineStackAvailable()) {
+    return ss::bench::RunPipelineStack(nullptr, tp, pp, n_dev, 0);  // says why it cannot
+  }
+  // --pp P: 2·P layers of compress ratios 4, 128, 4, 128, ... in their own directory.
+  const std::string config = pp == 1 ? std::string(kConfig) : StackConfig(2 * pp);
+  if (pp > 1 && dir == "/tmp/ss_flash_layers") dir += "_" + std::to_string(2 * pp);
+  auto cfg = ss::ParseModelConfig(config);
   Die(cfg.status(), "config");
   // A checkpoint this bench generated before (its marker holds the config) is reused: the TP 2
   // run and the --profile run after a plain run skip the generation.
   const std::string marker = dir + "/.cuda_backend_layer_bench";
   bool reuse = false;
   if (std::FILE* f = std::fopen(marker.c_str(), "rb")) {
-    std::string have(sizeof(kConfig) + 1, '\0');
+    std::string have(config.size() + 1, '\0');
     have.resize(std::fread(have.data(), 1, have.size(), f));
     std::fclose(f);
-    reuse = have == kConfig;
+    reuse = have == config;
   }
   if (reuse) {
     std::printf("reusing %s\n", dir.c_str());
   } else {
     std::remove(marker.c_str());
     const double tg = Now();
-    Die(ss::GenerateCheckpoint(*cfg, kConfig, dir, 1, 1), "generate");
+    Die(ss::GenerateCheckpoint(*cfg, config, dir, 1, 1), "generate");
     std::printf("generated %s in %.1f s\n", dir.c_str(), Now() - tg);
     if (std::FILE* f = std::fopen(marker.c_str(), "wb")) {
-      std::fwrite(kConfig, 1, sizeof(kConfig) - 1, f);
+      std::fwrite(config.data(), 1, config.size(), f);
       std::fclose(f);
     }
   }
@@ -167,6 +196,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--tp %d needs %d CUDA devices, %d found\n", tp, tp, n_dev);
     return 1;
   }
+  if (pp > 1) return ss::bench::RunPipelineStack(model, tp, pp, n_dev, copy_bw);
   std::vector<std::unique_ptr<ss::gpu::NcclComm>> comms;
   if (tp > 1) {
     std::vector<int> devices;
@@ -191,18 +221,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> tokens(kChunk);
   for (auto& t : tokens) t = static_cast<int32_t>(2 + rng() % 1000);
 
-  // The paged cache's bytes a decode step reads per sequence in a layer of compress ratio m at
-  // context ctx: fp8_ds_mla records (584 B) and MXFP4 indexer keys (68 B).
-  auto kv_bytes = [&](int64_t m, int64_t ctx) {
-    const int64_t rec = 584, key = c.index_head_dim / 2 + c.index_head_dim / 32;
-    int64_t kv = c.window_size * rec;
-    if (m == 4) {
-      kv += (ctx / 4) * key + std::min<int64_t>(c.index_topk, ctx / 4) * rec;
-    } else if (m == 128) {
-      kv += (ctx / 128) * rec;
-    }
-    return kv;
-  };
+  auto kv_bytes = [&](int64_t m, int64_t ctx) { return ss::bench::LayerKvBytes(c, m, ctx); };
   // Decode ms/step per (stage: layer 0, layer 1, both), context, batch.
   double decode_ms[3][2][2] = {};
   int64_t w0 = 0, w1 = 0;  // the single layers' weight bytes
