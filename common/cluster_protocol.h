@@ -11,7 +11,8 @@ namespace ss {
 
 // 2: TP in the processes (LayerExperts.slice_count, the TP group's NCCL id relayed by Rendezvous,
 // plans fanned out to every TP rank, stage transfer rank r -> rank r).
-inline constexpr uint32_t kClusterProtocolVersion = 2;
+// 3: StageStreams.bf16 (stage transfer in bf16 when the streams are bf16-exact).
+inline constexpr uint32_t kClusterProtocolVersion = 3;
 
 // Bytes of an NCCL unique id (ncclUniqueId; gpu_worker/nccl_comm.h NcclComm::kUniqueIdBytes), as
 // the coordinator checks it without NCCL.

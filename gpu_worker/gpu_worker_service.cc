@@ -144,14 +144,20 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
     d.width = req->width();
     d.error = req->error();
     if (d.error.empty()) {
-      const int64_t want = d.rows * d.width * static_cast<int64_t>(sizeof(float));
-      if (d.rows < 0 || d.width < 0 || static_cast<int64_t>(req->streams().size()) != want) {
-        return ::grpc::Status(::grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("streams: ", req->streams().size(), " bytes for [",
-                                           d.rows, ", ", d.width, "] fp32"));
+      const int64_t elem = req->bf16() ? 2 : 4;
+      if (d.rows < 0 || d.width < 0 ||
+          static_cast<int64_t>(req->streams().size()) != d.rows * d.width * elem) {
+        return ::grpc::Status(
+            ::grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("streams: ", req->streams().size(), " bytes for [", d.rows, ", ", d.width,
+                         "] ", req->bf16() ? "bf16" : "fp32"));
       }
       d.streams.resize(d.rows * d.width);
-      std::memcpy(d.streams.data(), req->streams().data(), req->streams().size());
+      if (req->bf16()) {
+        UnpackBf16(req->streams(), d.streams.data());
+      } else {
+        std::memcpy(d.streams.data(), req->streams().data(), req->streams().size());
+      }
     }
     const absl::Status st = inbox_.Put(req->micro_batch_id(), std::move(d));
     if (!st.ok()) {

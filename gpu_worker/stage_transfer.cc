@@ -98,6 +98,31 @@ StreamSender::StreamSender(std::string address)
 
 StreamSender::~StreamSender() = default;
 
+bool PackBf16(std::span<const float> streams, std::string* out) {
+  out->resize(streams.size() * sizeof(uint16_t));
+  char* dst = out->data();
+  uint32_t low = 0;  // the OR of every value's lower 16 bits: 0 when all are bf16-exact
+  for (size_t i = 0; i < streams.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &streams[i], sizeof(u));
+    low |= u & 0xffffu;
+    const uint16_t hi = static_cast<uint16_t>(u >> 16);
+    std::memcpy(dst + i * sizeof(hi), &hi, sizeof(hi));
+  }
+  if (low == 0) return true;
+  out->clear();
+  return false;
+}
+
+void UnpackBf16(std::string_view packed, float* out) {
+  for (size_t i = 0; i < packed.size() / sizeof(uint16_t); ++i) {
+    uint16_t hi;
+    std::memcpy(&hi, packed.data() + i * sizeof(hi), sizeof(hi));
+    const uint32_t u = static_cast<uint32_t>(hi) << 16;
+    std::memcpy(&out[i], &u, sizeof(u));
+  }
+}
+
 absl::Status StreamSender::Push(uint64_t id, const StageStreamsData& data, absl::Time deadline) {
   pb::StageStreams msg;
   msg.set_protocol_version(kClusterProtocolVersion);
@@ -106,9 +131,11 @@ absl::Status StreamSender::Push(uint64_t id, const StageStreamsData& data, absl:
   msg.set_width(static_cast<int32_t>(data.width));
   if (!data.error.empty()) {
     msg.set_error(data.error);
-  } else {
+  } else if (!PackBf16(data.streams, msg.mutable_streams())) {
     msg.set_streams(reinterpret_cast<const char*>(data.streams.data()),
                     data.streams.size() * sizeof(float));
+  } else {
+    msg.set_bf16(true);
   }
   ::grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));

@@ -2,8 +2,10 @@
 // backends: stage s's TP rank r pushes each micro-batch's output streams to stage s + 1's TP rank
 // r (the streams after a stage are the same bits on every rank, so each rank of the next stage
 // gets its own copy and no rank waits on another), which holds them in its StreamInbox until its
-// runner takes them for that micro-batch. (NCCL send/recv between stages is not used: the
-// fp32 streams of a micro-batch are small next to a stage's work.)
+// runner takes them for that micro-batch. The streams travel as bf16 (2 bytes a value; they are
+// bf16 values, spec §3), or as fp32 if a stage's are not all bf16-exact. (NCCL send/recv between
+// stages is not used: a stage that fails must not take its neighbours down with an aborted
+// communicator, cluster.proto 3a; bench/RESULTS.md "Pipeline stages" has what a push costs.)
 //
 // A sending stage pushes exactly one StageStreams for every micro-batch that has chunks: the
 // streams, or `error` when it failed the micro-batch, so the receiving stage fails it at once
@@ -15,7 +17,9 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -69,6 +73,13 @@ class StreamInbox {
   std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// The streams' wire form (StageStreams.bf16): `out` = the upper 16 bits of every value and true
+// when every value is bf16-exact (the stage outputs are: each HC post rounds to bf16); otherwise
+// `out` is left empty and false (the sender sends fp32). UnpackBf16 is the inverse (`out` holds
+// packed.size() / 2 floats). Both are exact: the receiver gets the sender's bits.
+bool PackBf16(std::span<const float> streams, std::string* out);
+void UnpackBf16(std::string_view packed, float* out);
 
 // Sends StageStreams to the next stage over one gRPC channel, waiting for a peer that is still
 // starting (wait-for-ready) until the push's deadline. From one thread at a time.

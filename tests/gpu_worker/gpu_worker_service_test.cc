@@ -1,13 +1,17 @@
 // The GpuWorker service in-process (cpu backend, tiny-a): malformed plans and requests each get
 // an error that names what is wrong, leave the sequences as they were, and the worker keeps
-// serving; the stage-to-stage inbox and its deadline; the worker's flag table.
+// serving; the stage-to-stage inbox and its deadline, and the streams' wire form; the worker's
+// flag table.
 #include "gpu_worker/gpu_worker_service.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/bf16.h"
 #include "common/metrics/metrics.h"
 #include "common/model/model.h"
 #include "gpu_worker/cpu_backend.h"
@@ -183,6 +187,53 @@ TEST(GpuWorkerService, StatusAndPushStreamsCheckTheProtocolVersion) {
   msg.set_width(1024);
   msg.set_streams(std::string(100, '\0'));
   EXPECT_EQ(w.client->Push(msg).error_code(), ::grpc::StatusCode::INVALID_ARGUMENT);
+  // bf16 on the wire: 2 bytes a value, so fp32's size is refused, naming the dtype.
+  msg.set_bf16(true);
+  msg.set_streams(std::string(2 * 1024 * 4, '\0'));
+  const ::grpc::Status wrong_size = w.client->Push(msg);
+  EXPECT_EQ(wrong_size.error_code(), ::grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(wrong_size.error_message().find("bf16"), std::string::npos)
+      << wrong_size.error_message();
+}
+
+// Streams reach the next stage with the sender's bits: bf16-exact ones (what stages produce,
+// signed zeros, infinities, subnormals and NaNs included) travel as bf16, and any other as fp32.
+TEST(StageTransfer, StreamsArriveBitExactAsBf16OrFp32) {
+  auto s = GpuWorkerServer::Start("127.0.0.1:0", "test");
+  ASSERT_TRUE(s.ok()) << s.status();
+  StreamSender sender(absl::StrCat("127.0.0.1:", (*s)->port()));
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  StageStreamsData exact{2, 4, {}, {}};
+  exact.streams = {1.5f,
+                   -0.0f,
+                   from_bits(0x7f800000u),
+                   from_bits(0xff800000u),
+                   from_bits(0x00010000u),
+                   from_bits(0x7fc10000u),
+                   RoundBf16(3.14159f),
+                   0.0f};
+  StageStreamsData inexact = exact;
+  inexact.streams[5] = from_bits(0x3f800001u);  // 1 + 2^-23: not a bf16 value
+  std::string packed;
+  EXPECT_TRUE(PackBf16(exact.streams, &packed));
+  EXPECT_EQ(packed.size(), 16u);
+  EXPECT_FALSE(PackBf16(inexact.streams, &packed));
+  uint64_t id = 1;
+  for (const StageStreamsData* d : {&exact, &inexact}) {
+    ASSERT_TRUE(sender.Push(id, *d, absl::Now() + absl::Seconds(10)).ok());
+    auto got = (*s)->inbox().Take(id, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->rows, 2);
+    EXPECT_EQ(got->width, 4);
+    ASSERT_EQ(got->streams.size(), d->streams.size());
+    EXPECT_EQ(std::memcmp(got->streams.data(), d->streams.data(), 4 * d->streams.size()), 0)
+        << "micro-batch " << id;
+    ++id;
+  }
 }
 
 TEST(GpuWorkerService, LaterStageFailsWithoutOrWithBadStreams) {
