@@ -4,7 +4,9 @@
 // the same run; the ratio is what batching buys.
 //
 //   build/bin/cluster_bench [--concurrency 8] [--tokens 48] [--stages 1] [--repeat 2] [--port P]
-//   (--port: measure a server already running there instead of starting `splitserve up`)
+//                           [--model NAME]
+//   (--port: measure a server already running there instead of starting `splitserve up`;
+//   --model: the served model's name, default "tiny", the bundled model's)
 //
 // Each request is a streamed /v1/completions call with a short prompt of ids and temperature 0;
 // throughput = completion tokens / wall time of the batch of requests (prefill included, the
@@ -44,7 +46,7 @@ struct Batch {
 };
 
 // n concurrent streamed completions of max_tokens tokens each.
-Batch RunBatch(int port, int n, int max_tokens, int salt) {
+Batch RunBatch(int port, const std::string& model, int n, int max_tokens, int salt) {
   std::vector<int64_t> got(n, 0);
   std::vector<double> took(n, 0.0);
   std::vector<Clock::time_point> first(n), last(n);
@@ -55,7 +57,7 @@ Batch RunBatch(int port, int n, int max_tokens, int salt) {
       httplib::Client c("127.0.0.1", port);
       c.set_read_timeout(600, 0);
       std::vector<int> prompt = {0, 100 + i, 200 + salt, 300 + i, 400, 500 + salt, 600 + i, 700};
-      json body = {{"model", "tiny"},          {"prompt", prompt},
+      json body = {{"model", model},           {"prompt", prompt},
                    {"max_tokens", max_tokens}, {"temperature", 0},
                    {"stream", true},           {"stream_options", {{"include_usage", true}}}};
       httplib::Request req;
@@ -114,10 +116,14 @@ Batch RunBatch(int port, int n, int max_tokens, int salt) {
 int main(int argc, char** argv) {
   // --port: a running server instead of `splitserve up`.
   int concurrency = 8, tokens = 48, stages = 1, repeat = 2, existing_port = 0;
+  std::string model = "tiny";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (a == "--concurrency") concurrency = v;
+    if (a == "--model")
+      model = argv[i + 1];
+    else if (a == "--concurrency")
+      concurrency = v;
     else if (a == "--tokens") tokens = v;
     else if (a == "--stages") stages = v;
     else if (a == "--repeat") repeat = v;
@@ -145,11 +151,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "splitserve up did not become ready (logs in %s)\n", dir.path().c_str());
     return 1;
   }
-  RunBatch(port, 1, 4, 99);  // warm-up
+  RunBatch(port, model, 1, 4, 99);  // warm-up
   double best1 = 0, bestn = 0, dbest1 = 0, dbestn = 0;
   for (int r = 0; r < repeat; ++r) {
-    const Batch one = RunBatch(port, 1, tokens, r);
-    const Batch many = RunBatch(port, concurrency, tokens, r);
+    const Batch one = RunBatch(port, model, 1, tokens, r);
+    const Batch many = RunBatch(port, model, concurrency, tokens, r);
     std::printf(
         "round %d: 1 sequence %lld tokens in %.2f s = %.1f tok/s (decode %.1f); %d sequences %lld "
         "tokens in %.2f s (requests %.2f-%.2f s) = %.1f tok/s (decode %.1f); ratio %.2f (decode "

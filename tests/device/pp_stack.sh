@@ -5,13 +5,14 @@
 #   SS_PACK_DIR=.devpack/mini bash tests/device/pack.sh cuda_backend_layer_bench stage_push_bench
 # then the device tool with carry [".devpack/mini"]:
 #   bash tests/device/pp_stack.sh $OUT
+# (or from the full pack, unpacked: SS_DEVICE_BIN=.devbin bash tests/device/pp_stack.sh $OUT)
 # With fewer GPUs than TP x PP the stages share them (the bench says so).
 set -u
 out=$1
 export NCCL_NVLS_ENABLE=0
 nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
-export LD_LIBRARY_PATH=$PWD/.devpack/mini/lib:/usr/local/cuda/lib64:${nccl}
-bin=.devpack/mini
+bin=${SS_DEVICE_BIN:-.devpack/mini}
+export LD_LIBRARY_PATH=$PWD/$bin:$PWD/$bin/lib:/usr/local/cuda/lib64:${nccl}
 nvidia-smi -L
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 for cfg in "2 2" "1 2"; do
