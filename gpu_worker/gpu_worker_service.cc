@@ -192,7 +192,6 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
         }
         if (stopping_) {
           lock.unlock();
-          DrainRunner();  // answers stay in plan order
           item.sink->Write(ErrorResult(item.plan.micro_batch_id(), "the worker is shutting down"));
           continue;
         }
@@ -212,11 +211,9 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
                                      error.empty() ? std::string() : absl::StrCat(": ", error))));
         continue;
       }
-      // Answered on the runner's push thread for a non-last stage, once the push has ended.
-      runner->Submit(item.plan, [sink = item.sink](pb::StepResult r) {
-        if (!r.error().empty()) spdlog::warn("micro-batch {}: {}", r.micro_batch_id(), r.error());
-        sink->Write(r);
-      });
+      const pb::StepResult r = runner->RunPlan(item.plan);
+      if (!r.error().empty()) spdlog::warn("micro-batch {}: {}", r.micro_batch_id(), r.error());
+      item.sink->Write(r);
     }
   }
 
@@ -228,18 +225,6 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
     }
     inbox_.Shutdown();
     if (executor_.joinable()) executor_.join();
-    // Plans the executor ran may still wait for their push: answer them before the streams close.
-    DrainRunner();
-  }
-
-  // Waits until the stage's runner has answered every plan it was given.
-  void DrainRunner() {
-    StageRunner* runner = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stage_ != nullptr) runner = stage_->runner.get();
-    }
-    if (runner != nullptr) runner->Drain();
   }
 
   void Shutdown(absl::Duration grace) {

@@ -1,8 +1,6 @@
 #include "gpu_worker/stage_runner.h"
 
 #include <chrono>
-#include <optional>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -62,17 +60,6 @@ void WorkerMetrics::SetKv(const KvUsage& kv) {
   sequences_.Set(static_cast<double>(kv.sequences));
 }
 
-struct StageRunner::Job {
-  pb::StepResult result;
-  StageTimings timings;
-  std::chrono::steady_clock::time_point start;
-  double receive_s = 0.0;
-  bool ok = true;
-  bool push = false;      // push `data` (the streams, or the failure) to the next stage
-  StageStreamsData data;  // data.error set: the stage failed the micro-batch
-  Done done;
-};
-
 StageRunner::StageRunner(StageBackend* backend, const StageRole& role, StreamInbox* inbox,
                          StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options)
     : backend_(backend),
@@ -80,117 +67,51 @@ StageRunner::StageRunner(StageBackend* backend, const StageRole& role, StreamInb
       inbox_(inbox),
       sender_(sender),
       metrics_(metrics),
-      options_(options) {
-  if (!role_.last_stage() && sender_ != nullptr) pusher_ = std::thread([this] { PushLoop(); });
-}
-
-StageRunner::~StageRunner() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (pusher_.joinable()) pusher_.join();  // the loop empties the queue before it ends
-}
-
-void StageRunner::Submit(const pb::StepPlan& plan, Done done) {
-  auto job = std::make_unique<Job>();
-  job->start = std::chrono::steady_clock::now();
-  job->done = std::move(done);
-  job->result.set_micro_batch_id(plan.micro_batch_id());
-  group_broken_ = false;
-  const absl::Status st = Run(plan, job.get());
-  if (!st.ok()) {
-    job->ok = false;
-    job->result.clear_samples();
-    job->result.set_error(
-        absl::StrCat("stage ", role_.stage, " (worker ", role_.worker_id, "): ", st.message()));
-    if (group_broken_ && role_.tp_size > 1 && options_.on_group_broken) {
-      options_.on_group_broken(job->result.error());
-    }
-  }
-  if (metrics_) metrics_->SetKv(backend_->kv_usage());  // here: the backend is this thread's
-  if (!pusher_.joinable()) {
-    Finish(*job);
-    return;
-  }
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.size() < kMaxQueuedPushes; });
-  queue_.push_back(std::move(job));
-  cv_.notify_all();
-}
+      options_(options) {}
 
 pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
-  std::mutex m;
-  std::condition_variable answered;
-  std::optional<pb::StepResult> got;
-  Submit(plan, [&](pb::StepResult r) {
-    std::lock_guard<std::mutex> lock(m);
-    got = std::move(r);
-    answered.notify_all();
-  });
-  std::unique_lock<std::mutex> lock(m);
-  answered.wait(lock, [&] { return got.has_value(); });
-  return std::move(*got);
-}
-
-void StageRunner::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && !pushing_; });
-}
-
-void StageRunner::PushLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, and every job answered
-    std::unique_ptr<Job> job = std::move(queue_.front());
-    queue_.pop_front();
-    pushing_ = true;
-    cv_.notify_all();  // room in the queue
-    lock.unlock();
-    Finish(*job);
-    lock.lock();
-    pushing_ = false;
-    cv_.notify_all();
-  }
-}
-
-void StageRunner::Finish(Job& job) {
-  double send_s = 0.0;
-  if (job.push) {
-    const auto s0 = std::chrono::steady_clock::now();
-    const absl::Status st =
-        sender_->Push(job.result.micro_batch_id(), job.data, absl::Now() + options_.push_deadline);
-    send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-    // A failure's push is best effort: the next stage fails the micro-batch by its own deadline
-    // otherwise. A failed push of streams fails the micro-batch (no sequence is dropped: see the
-    // header).
-    if (!st.ok() && job.data.error.empty()) {
-      job.ok = false;
-      job.result.set_error(
-          absl::StrCat("stage ", role_.stage, " (worker ", role_.worker_id, "): ", st.message()));
+  const auto t0 = std::chrono::steady_clock::now();
+  pb::StepResult result;
+  result.set_micro_batch_id(plan.micro_batch_id());
+  StageTimings timings;
+  double receive_s = 0.0, send_s = 0.0;
+  group_broken_ = false;
+  const absl::Status st = Run(plan, &result, &timings, &receive_s, &send_s);
+  if (!st.ok()) {
+    result.clear_samples();
+    result.set_error(
+        absl::StrCat("stage ", role_.stage, " (worker ", role_.worker_id, "): ", st.message()));
+    if (group_broken_ && role_.tp_size > 1 && options_.on_group_broken) {
+      options_.on_group_broken(result.error());
     }
   }
-  job.result.set_compute_us(std::chrono::duration_cast<std::chrono::microseconds>(
-                                std::chrono::steady_clock::now() - job.start)
-                                .count());
-  if (metrics_) metrics_->ObserveStep(job.timings, job.receive_s, send_s, job.ok);
-  job.done(std::move(job.result));
+  result.set_compute_us(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  if (metrics_) {
+    metrics_->ObserveStep(timings, receive_s, send_s, st.ok());
+    metrics_->SetKv(backend_->kv_usage());
+  }
+  return result;
 }
 
 void StageRunner::ReleaseAll() { backend_->ReleaseAll(); }
 
-absl::Status StageRunner::Run(const pb::StepPlan& plan, Job* job) {
+void StageRunner::PushError(uint64_t id, const std::string& error) {
+  if (role_.last_stage() || sender_ == nullptr) return;
+  StageStreamsData d;
+  d.error = error.empty() ? "failed" : error;
+  // Best effort: the next stage fails the micro-batch by its own deadline otherwise.
+  (void)sender_->Push(id, d, absl::Now() + options_.push_deadline);
+}
+
+absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
+                              StageTimings* timings, double* receive_s, double* send_s) {
   const uint64_t mb = plan.micro_batch_id();
   const bool has_chunks = plan.chunks_size() > 0;
-  pb::StepResult* result = &job->result;
   auto fail = [&](const absl::Status& st) {
     if (has_chunks) {
-      // The next stage fails the micro-batch at once instead of waiting out its deadline.
-      job->push = !role_.last_stage() && sender_ != nullptr;
-      job->data = StageStreamsData();
-      job->data.error = st.message().empty() ? "failed" : std::string(st.message());
+      PushError(mb, std::string(st.message()));
       if (role_.stage > 0 && inbox_ != nullptr) inbox_->Finish(mb);
     }
     return st;
@@ -237,7 +158,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, Job* job) {
   if (role_.stage > 0) {
     const auto r0 = std::chrono::steady_clock::now();
     auto got = inbox_->Take(mb, absl::Now() + options_.stream_wait);
-    job->receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     if (!got.ok()) {
       group_broken_ = true;  // the peers may have received theirs and run
       return fail(got.status());
@@ -255,7 +176,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, Job* job) {
     }
   }
   StageOutput out;
-  if (absl::Status st = backend_->Run(batch, in.streams.data(), &out, &job->timings); !st.ok()) {
+  if (absl::Status st = backend_->Run(batch, in.streams.data(), &out, timings); !st.ok()) {
     group_broken_ = true;
     return fail(st);
   }
@@ -265,11 +186,14 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, Job* job) {
     return st;
   };
   if (!role_.last_stage()) {
-    job->push = true;  // Finish pushes the streams
-    job->data.rows = out.rows;
-    job->data.width = out.width;
-    job->data.streams = std::move(out.streams);
-    return absl::OkStatus();
+    StageStreamsData d;
+    d.rows = out.rows;
+    d.width = out.width;
+    d.streams = std::move(out.streams);
+    const auto s0 = std::chrono::steady_clock::now();
+    const absl::Status st = sender_->Push(mb, d, absl::Now() + options_.push_deadline);
+    *send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    return st.ok() ? st : drop(st);
   }
   if (role_.tp_rank != 0) return absl::OkStatus();
   size_t si = 0;

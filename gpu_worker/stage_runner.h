@@ -24,26 +24,17 @@
 // peers') or streams that did not arrive -- breaks the group: the runner answers the step with the
 // error and calls `on_group_broken` (the worker then aborts its communicator and exits). Failures
 // after a successful Run (the push to the next stage, sampling) drop no sequence on a TP rank, so
-// the ranks' states stay identical; the coordinator fails and releases those sequences. (A
-// failed push drops none at TP 1 either: it ends on the push thread, below.)
+// the ranks' states stay identical; the coordinator fails and releases those sequences.
+
 //
-// Threads: Submit / RunPlan from one thread at a time (the worker's executor). A non-last stage
-// pushes on a thread of its own: Submit returns once the stage has run, so the executor starts
-// the next micro-batch while this one's streams travel (the push costs about as much as a short
-// stage, bench/RESULTS.md "Pipeline stages"), and the plan is answered (`done`) on the push
-// thread once its push has ended, every plan in the order submitted. A last stage answers on the
-// submitting thread before Submit returns.
+// Threads: RunPlan from one thread at a time (the worker's executor).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -92,33 +83,19 @@ struct RunnerOptions {
 
 class StageRunner {
  public:
-  using Done = std::function<void(::splitserve::v1::StepResult)>;
-
   // `inbox` is needed on stage > 0, `sender` on a non-last stage; `metrics` is optional. All
   // are borrowed and must outlive the runner.
   StageRunner(StageBackend* backend, const StageRole& role, StreamInbox* inbox,
               StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options);
-  ~StageRunner();  // answers the plans still queued for their push first (Drain)
-  StageRunner(const StageRunner&) = delete;
-  StageRunner& operator=(const StageRunner&) = delete;
 
-  // Runs the plan and answers it with `done`, called once (see "Threads" above). At most
-  // kMaxQueuedPushes plans wait for their push; Submit waits for room beyond that.
-  void Submit(const ::splitserve::v1::StepPlan& plan, Done done);
-  // Submit, then wait for the answer.
   ::splitserve::v1::StepResult RunPlan(const ::splitserve::v1::StepPlan& plan);
-  // Waits until every submitted plan has been answered.
-  void Drain();
   // Frees every sequence of the backend (a new step stream begins).
   void ReleaseAll();
 
-  static constexpr size_t kMaxQueuedPushes = 16;
-
  private:
-  struct Job;
-  absl::Status Run(const ::splitserve::v1::StepPlan& plan, Job* job);
-  void Finish(Job& job);  // the push (if any), the metrics, the answer
-  void PushLoop();
+  absl::Status Run(const ::splitserve::v1::StepPlan& plan, ::splitserve::v1::StepResult* result,
+                   StageTimings* timings, double* receive_s, double* send_s);
+  void PushError(uint64_t micro_batch_id, const std::string& error);
 
   StageBackend* backend_;
   const StageRole role_;
@@ -127,14 +104,6 @@ class StageRunner {
   WorkerMetrics* metrics_;
   const RunnerOptions options_;
   bool group_broken_ = false;  // the current step's failure may have split the TP group
-
-  // The push thread (non-last stage) and its FIFO of run plans.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Job>> queue_;  // guarded by mu_
-  bool pushing_ = false;                    // guarded by mu_: a job is out of the queue
-  bool stopping_ = false;                   // guarded by mu_
-  std::thread pusher_;
 };
 
 }  // namespace ss::gpu

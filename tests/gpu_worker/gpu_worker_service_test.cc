@@ -4,11 +4,8 @@
 // flag table.
 #include "gpu_worker/gpu_worker_service.h"
 
-#include <unistd.h>
-
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -313,56 +310,6 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
         "splitserve:gpu_worker_kv_usage_perc{worker=\"w0\"} 0.05"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
-}
-
-// A non-last stage answers a plan once its push has ended, but Submit does not wait for the push:
-// with nothing listening at the next stage's address, both plans run and wait for their push;
-// once the next stage listens, both arrive there and are answered, in order, without error.
-TEST(StageRunner, SubmitRunsTheNextPlanWhileThePushWaits) {
-  CpuBackendOptions o;
-  o.num_stages = 2;
-  o.end_layer = 4;
-  o.kv_tokens = 100;
-  auto backend = CpuBackend::Create(TinyA(), o);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  StageRole role;
-  role.worker_id = "w0";
-  role.num_stages = 2;
-  role.end_layer = 4;
-  const std::string address = absl::StrCat("unix:", ::testing::TempDir(), "/next_stage_", getpid());
-  StreamSender sender(address);
-  RunnerOptions ro;
-  ro.push_deadline = absl::Seconds(60);
-  std::vector<pb::StepResult> answers;
-  std::mutex mu;
-  {
-    StageRunner runner(backend->get(), role, nullptr, &sender, nullptr, ro);
-    for (uint64_t mb : {1, 2}) {
-      pb::StepPlan plan = Plan(mb);
-      AddChunk(&plan, mb, 0, {0, 1, 2});
-      runner.Submit(plan, [&](pb::StepResult r) {
-        std::lock_guard<std::mutex> lock(mu);
-        answers.push_back(std::move(r));
-      });
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      EXPECT_TRUE(answers.empty()) << "a plan was answered before its push could reach anyone";
-    }
-    auto next = GpuWorkerServer::Start(address, "w1");
-    ASSERT_TRUE(next.ok()) << next.status();
-    runner.Drain();
-    for (uint64_t mb : {1, 2}) {
-      auto got = (*next)->inbox().Take(mb, absl::Now() + absl::Seconds(10));
-      ASSERT_TRUE(got.ok()) << got.status();
-      EXPECT_EQ(got->rows, 3);
-      EXPECT_TRUE(got->error.empty()) << got->error;
-    }
-  }
-  ASSERT_EQ(answers.size(), 2u);
-  EXPECT_EQ(answers[0].micro_batch_id(), 1u);
-  EXPECT_EQ(answers[1].micro_batch_id(), 2u);
-  EXPECT_EQ(answers[0].error() + answers[1].error(), "");
 }
 
 TEST(GpuWorkerConfig, FlagsAreValidated) {
