@@ -323,6 +323,55 @@ int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& dev
   return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() ? 0 : fallback;
 }
 
+LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node_cores, int experts,
+                          int serving, bool cuda) {
+  LaunchCpus plan;
+  size_t total = 0;
+  for (const auto& cores : node_cores) total += cores.size();
+  if (!cuda || serving < 1 || experts < 1 || total < 2 * static_cast<size_t>(serving)) return plan;
+  // Reserve `serving` cores, one from the top of each node in turn, keeping a core in every node.
+  std::vector<size_t> keep(node_cores.size());
+  for (size_t n = 0; n < node_cores.size(); ++n) keep[n] = node_cores[n].size();
+  std::vector<int> reserved;
+  for (int taken = 0; taken < serving;) {
+    const int before = taken;
+    for (size_t n = 0; n < node_cores.size() && taken < serving; ++n) {
+      if (keep[n] <= 1) continue;
+      --keep[n];
+      const std::vector<int>& pus = node_cores[n][keep[n]];
+      reserved.insert(reserved.end(), pus.begin(), pus.end());
+      ++taken;
+    }
+    if (taken == before) return plan;  // every node is down to one core
+  }
+  auto pus_of = [&](size_t n, size_t from, size_t to) {
+    std::vector<int> out;
+    for (size_t c = from; c < to; ++c) {
+      out.insert(out.end(), node_cores[n][c].begin(), node_cores[n][c].end());
+    }
+    return out;
+  };
+  if (static_cast<size_t>(experts) == node_cores.size()) {
+    for (size_t n = 0; n < node_cores.size(); ++n) plan.experts.push_back(pus_of(n, 0, keep[n]));
+  } else {
+    std::vector<std::vector<int>> left;  // the remaining cores, node after node
+    for (size_t n = 0; n < node_cores.size(); ++n) {
+      for (size_t c = 0; c < keep[n]; ++c) left.push_back(node_cores[n][c]);
+    }
+    if (left.size() < static_cast<size_t>(experts)) return plan;
+    for (int e = 0; e < experts; ++e) {
+      std::vector<int> cpus;
+      for (size_t c = left.size() * e / experts; c < left.size() * (e + 1) / experts; ++c) {
+        cpus.insert(cpus.end(), left[c].begin(), left[c].end());
+      }
+      plan.experts.push_back(std::move(cpus));
+    }
+  }
+  std::sort(reserved.begin(), reserved.end());
+  plan.serving = std::move(reserved);
+  return plan;
+}
+
 int StageOf(const ClusterConfig& c, const std::string& worker_id) {
   for (size_t s = 0; s < c.stages.size(); ++s) {
     for (const std::string& w : c.stages[s].workers) {

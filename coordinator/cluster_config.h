@@ -110,6 +110,28 @@ int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model);
 int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& devices,
                        int64_t fallback);
 
+// The CPUs `splitserve up` gives its processes on one machine. `node_cores`: per NUMA node with
+// allowed CPUs, in the launcher's node order, its physical cores, each as its allowed hardware
+// threads (cpu_expert_worker/numa.h NumaNode::core_pus). An expert worker pins one thread to
+// every physical core it may use, and with the cuda backend the GPU workers and the coordinator
+// spin while they wait (on the GPU, on expert calls): an expert thread whose core is shared with
+// a spinning thread waits out the scheduler's time slices, and the whole call with it (tiny-a on
+// an H200: 7.4 ms per expert call instead of 0.2-0.5, bench/RESULTS.md "CPUs of splitserve up").
+// So with `cuda` the coordinator and the GPU workers get `serving` whole cores to share, the
+// highest cores of each node taken in turn, and the expert workers the rest:
+// worker i gets node i's remaining cores when there is one worker per node, else an equal share
+// of all the remaining cores. No split (every list empty: everyone keeps the launcher's CPUs)
+// for the cpu backend, whose GPU workers compute on the experts' cores between calls, or where
+// the split would leave the expert workers fewer cores than it reserves, a node none, or a
+// worker none.
+struct LaunchCpus {
+  std::vector<int> serving;               // the coordinator's and GPU workers' CPUs
+  std::vector<std::vector<int>> experts;  // expert worker i's CPUs
+  bool split() const { return !serving.empty(); }
+};
+LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node_cores, int experts,
+                          int serving, bool cuda);
+
 // The stage of GPU worker `worker_id`; -1 for an id the config does not name.
 int StageOf(const ClusterConfig& config, const std::string& worker_id);
 // The other workers of `worker_id`'s stage (its TP group); empty for TP 1 or an unknown id.

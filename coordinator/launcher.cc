@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -171,10 +173,31 @@ struct Child {
   int status = 0;
 };
 
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
+// "0-27,32-59" for the start-up line.
+std::string CpuList(std::vector<int> cpus) {
+  std::sort(cpus.begin(), cpus.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(cpus[i]) : absl::StrCat(cpus[i], "-", cpus[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+// `cpus` non-empty: the child runs on those CPUs only (set before exec, so every thread it makes
+// inherits them and an expert worker sizes its pool from them).
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
+            const std::vector<int>& cpus) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  }
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid != 0) return pid;
@@ -185,6 +208,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (!cpus.empty()) sched_setaffinity(0, sizeof(set), &set);  // refused: the launcher's CPUs
   if (!log_path.empty()) {
     const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
@@ -207,9 +231,9 @@ class Supervisor {
   ~Supervisor() { StopAll(); }
 
   bool Start(const std::string& name, const std::vector<std::string>& args,
-             const std::string& log_dir) {
+             const std::string& log_dir, const std::vector<int>& cpus = {}) {
     const std::string log = log_dir.empty() ? "" : absl::StrCat(log_dir, "/", name, ".log");
-    const pid_t pid = Spawn(args, log);
+    const pid_t pid = Spawn(args, log, cpus);
     if (pid < 0) {
       std::fprintf(stderr, "splitserve up: cannot start %s\n", name.c_str());
       return false;
@@ -387,16 +411,31 @@ int RunUpCommand(int argc, char** argv) {
         static_cast<long long>(kv_tokens));
   }
   int nodes = 1;
+  std::vector<std::vector<std::vector<int>>> node_cores;  // usable nodes' cores, as PU lists
   if (absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
       topo.ok()) {
-    int usable = 0;
-    for (const expert::NumaNode& n : (*topo)->nodes()) usable += n.core_cpus.empty() ? 0 : 1;
-    nodes = std::max(1, usable);
+    for (const expert::NumaNode& n : (*topo)->nodes()) {
+      if (!n.core_cpus.empty()) node_cores.push_back(n.core_pus);
+    }
+    nodes = std::max(1, static_cast<int>(node_cores.size()));
   }
   int experts = nodes;
   if (o.expert_workers != "auto") experts = std::atoi(o.expert_workers.c_str());
   // Slices must split the expert width into 128-multiples.
   while (experts > 1 && model->moe_inter_dim % (128 * experts) != 0) --experts;
+  // The coordinator and the GPU workers on cores of their own (cluster_config.h LaunchCpus): two
+  // a GPU worker (its step waits for the GPU while its expert call waits for the reply, both
+  // spinning) and one for the coordinator.
+  const coord::LaunchCpus cpus =
+      coord::PlanLaunchCpus(node_cores, experts, 2 * o.stages * o.tp + 1, backend == "cuda");
+  if (cpus.split()) {
+    std::printf("splitserve up: CPUs: coordinator and GPU workers on %s",
+                CpuList(cpus.serving).c_str());
+    for (int e = 0; e < experts; ++e) {
+      std::printf("; expert%d on %s", e, CpuList(cpus.experts[e]).c_str());
+    }
+    std::printf("\n");
+  }
 
   const std::string run_dir =
       (fs::temp_directory_path() / absl::StrCat("splitserve-up-", getpid())).string();
@@ -494,7 +533,8 @@ int RunUpCommand(int argc, char** argv) {
       args.push_back("--spin_us");
       args.push_back(absl::StrCat(kSharedCoresSpinUs));
     }
-    if (!sup.Start(absl::StrCat("expert", e), args, o.log_dir)) {
+    if (!sup.Start(absl::StrCat("expert", e), args, o.log_dir,
+                   cpus.split() ? cpus.experts[e] : std::vector<int>{})) {
       cleanup();
       return 1;
     }
@@ -510,7 +550,7 @@ int RunUpCommand(int argc, char** argv) {
     cargs.push_back("--api-keys");
     cargs.push_back(o.api_keys);
   }
-  if (!sup.Start("coordinator", cargs, o.log_dir)) {
+  if (!sup.Start("coordinator", cargs, o.log_dir, cpus.serving)) {
     cleanup();
     return 1;
   }
@@ -562,7 +602,7 @@ int RunUpCommand(int argc, char** argv) {
       args.push_back("--cuda-device");
       args.push_back(absl::StrCat(devices[i]));
     }
-    if (!sup.Start(gpu_ids[i], args, o.log_dir)) {
+    if (!sup.Start(gpu_ids[i], args, o.log_dir, cpus.serving)) {
       cleanup();
       return 1;
     }

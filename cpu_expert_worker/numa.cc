@@ -88,10 +88,14 @@ absl::StatusOr<std::unique_ptr<NumaTopology>> NumaTopology::Discover() {
         hwloc_obj_t core = hwloc_get_obj_by_type(topo, core_type, static_cast<unsigned>(u));
         hwloc_bitmap_and(tmp, core->cpuset, allowed_set);
         hwloc_bitmap_and(tmp, tmp, node->cpuset);
-        const int first = hwloc_bitmap_first(tmp);
-        if (first >= 0) n.core_cpus.push_back(first);
+        std::vector<int> pus;
+        for (int c = hwloc_bitmap_first(tmp); c >= 0; c = hwloc_bitmap_next(tmp, c)) {
+          pus.push_back(c);
+        }
+        if (!pus.empty()) n.core_pus.push_back(std::move(pus));
       }
-      std::sort(n.core_cpus.begin(), n.core_cpus.end());
+      std::sort(n.core_pus.begin(), n.core_pus.end());  // by each core's lowest PU
+      for (const std::vector<int>& pus : n.core_pus) n.core_cpus.push_back(pus.front());
     }
     t->nodes_.push_back(std::move(n));
   }

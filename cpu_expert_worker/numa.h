@@ -33,6 +33,9 @@ struct NumaNode {
   // allowed PU, in ascending order. Empty for a node without allowed CPUs (memory-only nodes,
   // nodes outside the process's cpuset).
   std::vector<int> core_cpus;
+  // Every allowed hardware thread of each of those cores (core_pus[i] holds core_cpus[i] first,
+  // then its allowed siblings), ascending within a core.
+  std::vector<std::vector<int>> core_pus;
   int allowed_pus = 0;       // allowed hardware threads in the node (>= core_cpus.size())
   int64_t memory_bytes = 0;  // local memory as hwloc reports it; 0 when unknown
 };

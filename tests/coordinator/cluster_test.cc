@@ -2,6 +2,7 @@
 // rendezvous, heartbeats) and the ClusterEngine driving GPU workers' step streams. The workers
 // here are in-process fakes speaking proto/cluster.proto, whose "model" is predictable (the next
 // token is the previous one + 1), so every planned chunk and every delivered token is checked.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -154,6 +155,73 @@ TEST(ClusterConfigTest, CudaDevicesOfStagesAndRanks) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("distinct GPUs"), std::string::npos) << st;
   EXPECT_FALSE(AssignCudaDevices(0, 1, 1).ok());
+}
+
+// `nodes` NUMA nodes of `cores` cores, each core `smt` hardware threads numbered as Linux does
+// on such machines: core c of the machine has cpus c, c + total cores, ...
+std::vector<std::vector<std::vector<int>>> Machine(int nodes, int cores, int smt) {
+  std::vector<std::vector<std::vector<int>>> m(nodes);
+  for (int n = 0; n < nodes; ++n) {
+    for (int c = 0; c < cores; ++c) {
+      std::vector<int> pus;
+      for (int t = 0; t < smt; ++t) pus.push_back(n * cores + c + t * nodes * cores);
+      m[n].push_back(pus);
+    }
+  }
+  return m;
+}
+
+TEST(ClusterConfigTest, LaunchCpusGiveTheServingProcessesWholeCoresOfTheirOwn) {
+  // Two nodes of 16 two-thread cores, 8 GPU workers + the coordinator: 9 cores taken from the
+  // nodes' tops in turn (5 from node 0, 4 from node 1), hyperthreads together.
+  const LaunchCpus p = PlanLaunchCpus(Machine(2, 16, 2), 2, 9, true);
+  ASSERT_TRUE(p.split());
+  ASSERT_EQ(p.experts.size(), 2u);
+  EXPECT_EQ(p.serving.size(), 18u);
+  EXPECT_EQ(p.experts[0].size(), 2u * 11);
+  EXPECT_EQ(p.experts[1].size(), 2u * 12);
+  std::set<int> seen;
+  for (int c : p.serving) EXPECT_TRUE(seen.insert(c).second) << c;
+  for (const auto& e : p.experts) {
+    for (int c : e) EXPECT_TRUE(seen.insert(c).second) << "cpu " << c << " given twice";
+  }
+  EXPECT_EQ(seen.size(), 64u);
+  for (int c : {15, 47, 11, 43, 31, 63, 28, 60}) {  // the nodes' top cores and their siblings
+    EXPECT_NE(std::find(p.serving.begin(), p.serving.end(), c), p.serving.end()) << c;
+  }
+  for (int c : {0, 32, 10, 42}) {
+    EXPECT_NE(std::find(p.experts[0].begin(), p.experts[0].end(), c), p.experts[0].end()) << c;
+  }
+  for (int c : p.experts[1]) EXPECT_TRUE((c >= 16 && c < 28) || (c >= 48 && c < 60)) << c;
+
+  // One node of 32 cores, one GPU worker + the coordinator: the top two cores.
+  const LaunchCpus one = PlanLaunchCpus(Machine(1, 32, 1), 1, 2, true);
+  EXPECT_EQ(one.serving, (std::vector<int>{30, 31}));
+  ASSERT_EQ(one.experts.size(), 1u);
+  EXPECT_EQ(one.experts[0].size(), 30u);
+  EXPECT_EQ(one.experts[0].back(), 29);
+
+  // More expert workers than nodes: the remaining cores shared out evenly.
+  const LaunchCpus three = PlanLaunchCpus(Machine(1, 11, 1), 3, 2, true);
+  ASSERT_EQ(three.experts.size(), 3u);
+  EXPECT_EQ(three.experts[0], (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(three.experts[1], (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(three.experts[2], (std::vector<int>{6, 7, 8}));
+}
+
+TEST(ClusterConfigTest, LaunchCpusAreNotSplitWhereSplittingWouldHurt) {
+  // The cpu backend computes on the experts' cores between calls.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 32, 2), 1, 2, false).split());
+  // A small machine (CI's two cores, a laptop): fewer cores than twice the serving processes.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 2, 1), 1, 2, true).split());
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 5, 2), 1, 3, true).split());
+  // A node is never emptied: 2 nodes of 1 core cannot give up one.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(4, 1, 1), 4, 2, true).split());
+  // More expert workers than the cores left.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 4, 1), 3, 2, true).split());
+  const LaunchCpus none = PlanLaunchCpus(Machine(1, 2, 1), 1, 2, true);
+  EXPECT_TRUE(none.serving.empty());
+  EXPECT_TRUE(none.experts.empty());
 }
 
 TEST(ClusterConfigTest, LaunchKvTokensFillsGpusOnlyWhereEachWorkerHasItsOwn) {

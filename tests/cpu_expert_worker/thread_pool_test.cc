@@ -212,6 +212,23 @@ TEST(NumaTopology, OneCpuPerPhysicalCoreWithinTheAllowedSet) {
   int total = 0;
   for (const NumaNode& n : t.nodes()) {
     EXPECT_LE(static_cast<int>(n.core_cpus.size()), n.allowed_pus);
+    // core_pus: each core's allowed hardware threads, its representative first, the node's
+    // allowed PUs each exactly once.
+    ASSERT_EQ(n.core_pus.size(), n.core_cpus.size());
+    int pus = 0;
+    for (size_t i = 0; i < n.core_pus.size(); ++i) {
+      ASSERT_FALSE(n.core_pus[i].empty());
+      EXPECT_EQ(n.core_pus[i].front(), n.core_cpus[i]);
+      for (int pu : n.core_pus[i]) {
+        EXPECT_TRUE(allowed.count(pu)) << pu;
+        const auto core = CoreOf(pu);
+        if (core.second >= 0) {
+          EXPECT_EQ(core, CoreOf(n.core_cpus[i])) << "cpu " << pu;
+        }
+      }
+      pus += static_cast<int>(n.core_pus[i].size());
+    }
+    EXPECT_EQ(pus, n.allowed_pus);
     for (int cpu : n.core_cpus) {
       EXPECT_TRUE(allowed.count(cpu)) << cpu;
       const auto core = CoreOf(cpu);
