@@ -66,6 +66,14 @@ struct Options {
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
 };
 
+constexpr char kCpusUsage[] =
+    "usage: splitserve cpus --gpu-workers N [--expert-workers N|auto] [--coordinator yes|no]\n"
+    "  Prints how `splitserve up` would share this host's CPUs between N GPU workers (cuda\n"
+    "  backend), the coordinator (unless --coordinator no) and the expert workers (default one\n"
+    "  per NUMA node): whole cores for the GPU workers and the coordinator (two a GPU worker,\n"
+    "  one for the coordinator), the rest for the experts, so that no expert thread shares its\n"
+    "  core with a spinning one. For hosts run by the systemd units (CPUAffinity=).\n";
+
 // --kv-tokens auto where the workers cannot each fill a GPU of their own.
 constexpr int64_t kFallbackKvTokens = 65536;
 
@@ -665,6 +673,86 @@ int RunUpCommand(int argc, char** argv) {
   cleanup();
   std::printf("splitserve up: stopped\n");
   return exit_code;
+}
+
+
+int RunCpusCommand(int argc, char** argv) {
+  int64_t gpu_workers = -1, experts = 0;
+  bool coordinator = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    if (name == "--help" || name == "-h") {
+      std::fputs(kCpusUsage, stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "splitserve cpus: %s needs a value\n%s", name.c_str(), kCpusUsage);
+      return 2;
+    }
+    const std::string value = argv[++i];
+    bool ok = true;
+    if (name == "--gpu-workers") {
+      ok = ParseInt(value, 1, 64, &gpu_workers);
+    } else if (name == "--expert-workers") {
+      ok = value == "auto" || ParseInt(value, 1, 64, &experts);
+    } else if (name == "--coordinator") {
+      ok = value == "yes" || value == "no";
+      coordinator = value == "yes";
+    } else {
+      std::fprintf(stderr, "splitserve cpus: unknown flag %s\n%s", name.c_str(), kCpusUsage);
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "splitserve cpus: %s %s: bad value\n%s", name.c_str(), value.c_str(),
+                   kCpusUsage);
+      return 2;
+    }
+  }
+  if (gpu_workers < 0) {
+    std::fprintf(stderr, "splitserve cpus: --gpu-workers is required\n%s", kCpusUsage);
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
+  if (!topo.ok()) {
+    std::fprintf(stderr, "splitserve cpus: %s\n", std::string(topo.status().message()).c_str());
+    return 1;
+  }
+  std::vector<std::vector<std::vector<int>>> node_cores;
+  std::vector<int> node_ids;
+  for (const expert::NumaNode& n : (*topo)->nodes()) {
+    if (n.core_cpus.empty()) continue;
+    node_cores.push_back(n.core_pus);
+    node_ids.push_back(n.os_index);
+  }
+  if (experts == 0) experts = static_cast<int64_t>(node_cores.size());
+  const int serving = static_cast<int>(2 * gpu_workers + (coordinator ? 1 : 0));
+  std::printf("this host: %s\n", (*topo)->Describe().c_str());
+  const coord::LaunchCpus plan =
+      coord::PlanLaunchCpus(node_cores, static_cast<int>(experts), serving, true);
+  if (!plan.split()) {
+    std::printf(
+        "no split: %d core(s) for the GPU workers%s would leave the expert workers too few; "
+        "run every process on all CPUs\n",
+        serving, coordinator ? " and the coordinator" : "");
+    return 0;
+  }
+  std::printf("GPU workers%s: cpus %s\n", coordinator ? " and the coordinator" : "",
+              CpuList(plan.serving).c_str());
+  for (size_t e = 0; e < plan.experts.size(); ++e) {
+    if (plan.experts.size() == node_ids.size()) {
+      std::printf("expert worker of NUMA node %d (--numa_node=%d): cpus %s\n", node_ids[e],
+                  node_ids[e], CpuList(plan.experts[e]).c_str());
+    } else {
+      std::printf("expert worker %zu of %zu: cpus %s\n", e, plan.experts.size(),
+                  CpuList(plan.experts[e]).c_str());
+    }
+  }
+  std::printf(
+      "systemd: `systemctl edit <unit>` and add [Service] CPUAffinity=<cpus> to each "
+      "splitserve-gpu-worker@ and%s splitserve-expert-worker@ unit of this host, then restart "
+      "them\n",
+      coordinator ? " splitserve-coordinator and" : "");
+  return 0;
 }
 
 }  // namespace ss

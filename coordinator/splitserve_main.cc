@@ -2,6 +2,7 @@
 //
 //   splitserve up ...         the whole system on this machine (coordinator/launcher.h)
 //   splitserve tokenize ...   the tokenizer as a JSON-lines filter (coordinator/tokenize_command.h)
+//   splitserve cpus ...       this host's CPUs for GPU and expert workers (coordinator/launcher.h)
 //
 // Each subcommand parses its own arguments (argv from the subcommand word on), so their flags
 // stay separate.
@@ -28,6 +29,8 @@ constexpr Subcommand kSubcommands[] = {
     {"up", "start the coordinator and every worker on this machine (--help for options)",
      ss::RunUpCommand},
     {"tokenize", "JSON lines {\"text\"} -> {\"ids\"} (or back with --decode)", RunTokenize},
+    {"cpus", "this host's CPUs for GPU workers and expert workers (--help for options)",
+     ss::RunCpusCommand},
 };
 
 void Usage(FILE* f) {

@@ -201,5 +201,32 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
   }
 }
 
+// `splitserve cpus`: bad flags are usage errors; the plan for this host either keeps whole cores
+// for the GPU workers and the coordinator, each CPU given once, or says why it does not split.
+TEST(LauncherE2eTest, CpusPrintsThisHostsSplitOrWhyNot) {
+  testing_util::TempDir dir("ss_cpus");
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {}, {"--gpu-workers", "0"}, {"--gpu-workers", "1", "--coordinator", "maybe"},
+           {"--gpu-workers", "1", "--bogus", "1"}, {"--gpu-workers"}}) {
+    std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "cpus"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ChildProcess p(argv, dir / "bad.log");
+    EXPECT_EQ(p.Wait(), 2) << (args.empty() ? "no flags" : args[0]);
+  }
+  ChildProcess p({std::string(SS_BIN_DIR) + "/splitserve", "cpus", "--gpu-workers", "1"},
+                 dir / "plan.log");
+  ASSERT_EQ(p.Wait(), 0);
+  std::ifstream in(dir / "plan.log");
+  const std::string out((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(out.find("this host: node"), std::string::npos) << out;
+  const size_t serving = out.find("GPU workers and the coordinator: cpus ");
+  if (serving == std::string::npos) {
+    EXPECT_NE(out.find("no split: 3 core(s)"), std::string::npos) << out;
+    return;
+  }
+  EXPECT_NE(out.find("expert worker"), std::string::npos) << out;
+  EXPECT_NE(out.find("CPUAffinity="), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace ss
