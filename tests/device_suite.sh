@@ -72,7 +72,13 @@ up_run() {
       "{\"model\":\"$name\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":24,\"temperature\":0,\"logprobs\":true}" \
       >"$out/up_$label.chat.json"
     echo "splitserve up --backend cuda $*: $(grep -m1 'ready in' "$out/up_$label.log")"
+    grep -m1 'CPUs:' "$out/up_$label.log"
     echo "  $(head -c 300 "$out/up_$label.chat.json")"
+    # Throughput (a benchmark figure, printed for the record: one sequence, then 8 at once).
+    if [ -x "$bin/cluster_bench" ]; then
+      echo "  $(timeout 120 "$bin/cluster_bench" --port "$port" --model "$name" --concurrency 8 \
+        --tokens 32 --repeat 1 2>&1 | tail -1)"
+    fi
   else
     echo "splitserve up --backend cuda $*: not ready"; tail -20 "$out/up_$label.log"
     tail -5 "$out/up_$label"/gpu*.log 2>/dev/null
