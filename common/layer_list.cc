@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/status.h"
@@ -87,6 +88,17 @@ void NormalizeFlagDashes(int argc, char** argv) {
       if (*p == '-') *p = '_';
     }
   }
+}
+
+std::string FormatIdList(const std::vector<int>& ids) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(ids[i]) : absl::StrCat(ids[i], "-", ids[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
 }
 
 }  // namespace ss

@@ -3,6 +3,7 @@
 // cluster config), and dash-spelled flag names.
 #pragma once
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,10 @@ inline constexpr int kMaxLayerId = 4095;
 // id listed twice.
 absl::StatusOr<std::vector<int>> ParseLayerList(absl::string_view spec,
                                                 absl::string_view what = "--layers");
+
+// The inverse for lists of ids: {0..42, 43} -> "0-43"; each run of consecutive ids, in the
+// order given, as "a-b" (or "a" alone), joined with ",". Also for CPU lists ("0-27,32-59").
+std::string FormatIdList(const std::vector<int>& ids);
 
 // "i/n" -> {i, n} with n >= 1 and 0 <= i < n.
 absl::StatusOr<std::pair<int, int>> ParseSlice(absl::string_view spec,

@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/layer_list.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -54,17 +53,6 @@ absl::StatusOr<std::vector<int>> ReadLayers(const json& j, const std::string& wh
     }
   }
   return layers;
-}
-
-std::string LayerText(const std::vector<int>& layers) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < layers.size();) {
-    size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
-    parts.push_back(j == i ? absl::StrCat(layers[i]) : absl::StrCat(layers[i], "-", layers[j]));
-    i = j + 1;
-  }
-  return absl::StrJoin(parts, ",");
 }
 
 }  // namespace
@@ -277,12 +265,12 @@ std::string ClusterConfigToJson(const ClusterConfig& c) {
   for (const StageSpec& s : c.stages) {
     std::vector<int> layers;
     for (int l = s.first_layer; l < s.end_layer; ++l) layers.push_back(l);
-    j["stages"].push_back({{"layers", LayerText(layers)}, {"workers", s.workers}});
+    j["stages"].push_back({{"layers", FormatIdList(layers)}, {"workers", s.workers}});
   }
   j["expert_workers"] = json::array();
   for (const ExpertWorkerSpec& w : c.expert_workers) {
     json jw = {{"id", w.id},
-               {"layers", LayerText(w.layers)},
+               {"layers", FormatIdList(w.layers)},
                {"slice", absl::StrCat(w.slice_index, "/", w.slice_count)}};
     if (!w.shm_name.empty()) jw["shm"] = w.shm_name;
     if (!w.grpc_address.empty()) jw["grpc"] = w.grpc_address;

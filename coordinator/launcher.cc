@@ -24,7 +24,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "common/layer_list.h"
 #include "common/model_config.h"
 #include "coordinator/cluster_config.h"
 #include "cpu_expert_worker/numa.h"
@@ -184,14 +184,7 @@ struct Child {
 // "0-27,32-59" for the start-up line.
 std::string CpuList(std::vector<int> cpus) {
   std::sort(cpus.begin(), cpus.end());
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    parts.push_back(j == i ? absl::StrCat(cpus[i]) : absl::StrCat(cpus[i], "-", cpus[j]));
-    i = j + 1;
-  }
-  return absl::StrJoin(parts, ",");
+  return FormatIdList(cpus);
 }
 
 // `cpus` non-empty: the child runs on those CPUs only (set before exec, so every thread it makes

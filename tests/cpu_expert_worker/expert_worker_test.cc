@@ -21,6 +21,12 @@ TEST(WorkerConfig, LayerLists) {
   EXPECT_EQ(*ParseLayerList("0-3,7"), (std::vector<int>{0, 1, 2, 3, 7}));
   EXPECT_EQ(*ParseLayerList(" 43 , 0 - 1 "), (std::vector<int>{43, 0, 1}));
   EXPECT_EQ(*ParseLayerList("5"), (std::vector<int>{5}));
+  EXPECT_EQ(FormatIdList({0, 1, 2, 3, 7}), "0-3,7");
+  EXPECT_EQ(FormatIdList({43, 0, 1}), "43,0-1");
+  EXPECT_EQ(FormatIdList({}), "");
+  for (const char* spec : {"0-42,43", "5", "3,1,5-7"}) {
+    EXPECT_EQ(*ParseLayerList(FormatIdList(*ParseLayerList(spec))), *ParseLayerList(spec)) << spec;
+  }
   for (const char* bad : {"", "1,,2", "a", "3-1", "-1", "1-", "0-2,2", "1.5", "0-x"}) {
     const auto r = ParseLayerList(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
