@@ -360,6 +360,17 @@ LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node
   return plan;
 }
 
+LaunchCpus PlanLaunchCpusFor(const std::vector<std::vector<std::vector<int>>>& node_cores,
+                             int experts, int gpu_workers, bool coordinator, bool cuda) {
+  LaunchCpus plan;
+  for (int per_worker : {2, 1}) {
+    plan =
+        PlanLaunchCpus(node_cores, experts, per_worker * gpu_workers + (coordinator ? 1 : 0), cuda);
+    if (plan.split()) break;
+  }
+  return plan;
+}
+
 int StageOf(const ClusterConfig& c, const std::string& worker_id) {
   for (size_t s = 0; s < c.stages.size(); ++s) {
     for (const std::string& w : c.stages[s].workers) {

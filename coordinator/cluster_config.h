@@ -131,6 +131,12 @@ struct LaunchCpus {
 };
 LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node_cores, int experts,
                           int serving, bool cuda);
+// What `splitserve up` and `splitserve cpus` use: two cores a GPU worker (the step's wait on the
+// GPU and the expert call's wait for the reply both spin) and one for the coordinator when
+// `coordinator`; one core a GPU worker where two do not fit (measured on tiny-a, two stages:
+// 308 tokens/s with two, 166 with one, 17.7 without a split; bench/RESULTS.md).
+LaunchCpus PlanLaunchCpusFor(const std::vector<std::vector<std::vector<int>>>& node_cores,
+                             int experts, int gpu_workers, bool coordinator, bool cuda);
 
 // The stage of GPU worker `worker_id`; -1 for an id the config does not name.
 int StageOf(const ClusterConfig& config, const std::string& worker_id);

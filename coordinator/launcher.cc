@@ -71,8 +71,9 @@ constexpr char kCpusUsage[] =
     "  Prints how `splitserve up` would share this host's CPUs between N GPU workers (cuda\n"
     "  backend), the coordinator (unless --coordinator no) and the expert workers (default one\n"
     "  per NUMA node): whole cores for the GPU workers and the coordinator (two a GPU worker,\n"
-    "  one for the coordinator), the rest for the experts, so that no expert thread shares its\n"
-    "  core with a spinning one. For hosts run by the systemd units (CPUAffinity=).\n";
+    "  or one where two do not fit, and one for the coordinator), the rest for the experts, so\n"
+    "  that no expert thread shares its core with a spinning one. For hosts run by the systemd\n"
+    "  units (CPUAffinity=).\n";
 
 // --kv-tokens auto where the workers cannot each fill a GPU of their own.
 constexpr int64_t kFallbackKvTokens = 65536;
@@ -424,11 +425,16 @@ int RunUpCommand(int argc, char** argv) {
   if (o.expert_workers != "auto") experts = std::atoi(o.expert_workers.c_str());
   // Slices must split the expert width into 128-multiples.
   while (experts > 1 && model->moe_inter_dim % (128 * experts) != 0) --experts;
-  // The coordinator and the GPU workers on cores of their own (cluster_config.h LaunchCpus): two
-  // a GPU worker (its step waits for the GPU while its expert call waits for the reply, both
-  // spinning) and one for the coordinator.
+  // The coordinator and the GPU workers on cores of their own (cluster_config.h LaunchCpus).
   const coord::LaunchCpus cpus =
-      coord::PlanLaunchCpus(node_cores, experts, 2 * o.stages * o.tp + 1, backend == "cuda");
+      coord::PlanLaunchCpusFor(node_cores, experts, o.stages * o.tp, true, backend == "cuda");
+  if (backend == "cuda" && !cpus.split()) {
+    std::printf(
+        "splitserve up: warning: too few CPU cores to keep %d for the GPU workers and the "
+        "coordinator beside the expert workers; every process shares every core, and expert "
+        "calls wait on the GPU workers' spinning threads\n",
+        o.stages * o.tp + 1);
+  }
   if (cpus.split()) {
     std::printf("splitserve up: CPUs: coordinator and GPU workers on %s",
                 CpuList(cpus.serving).c_str());
@@ -718,14 +724,15 @@ int RunCpusCommand(int argc, char** argv) {
     node_ids.push_back(n.os_index);
   }
   if (experts == 0) experts = static_cast<int64_t>(node_cores.size());
-  const int serving = static_cast<int>(2 * gpu_workers + (coordinator ? 1 : 0));
   std::printf("this host: %s\n", (*topo)->Describe().c_str());
-  const coord::LaunchCpus plan =
-      coord::PlanLaunchCpus(node_cores, static_cast<int>(experts), serving, true);
+  const coord::LaunchCpus plan = coord::PlanLaunchCpusFor(
+      node_cores, static_cast<int>(experts), static_cast<int>(gpu_workers), coordinator, true);
+  const int serving = static_cast<int>(gpu_workers) + (coordinator ? 1 : 0);  // the least tried
   if (!plan.split()) {
     std::printf(
-        "no split: %d core(s) for the GPU workers%s would leave the expert workers too few; "
-        "run every process on all CPUs\n",
+        "no split: even %d core(s) for the GPU workers%s would leave the expert workers too "
+        "few; every process then shares every core, and expert calls wait on the GPU workers' "
+        "spinning threads\n",
         serving, coordinator ? " and the coordinator" : "");
     return 0;
   }

@@ -209,6 +209,19 @@ TEST(ClusterConfigTest, LaunchCpusGiveTheServingProcessesWholeCoresOfTheirOwn) {
   EXPECT_EQ(three.experts[2], (std::vector<int>{6, 7, 8}));
 }
 
+TEST(ClusterConfigTest, LaunchCpusForTakeOneCoreAGpuWorkerWhereTwoDoNotFit) {
+  // 16 cores, 2 GPU workers + the coordinator: two cores each (5).
+  EXPECT_EQ(PlanLaunchCpusFor(Machine(1, 16, 1), 1, 2, true, true).serving.size(), 5u);
+  // 8 cores: 5 would leave the experts 3, so one each (3).
+  EXPECT_EQ(PlanLaunchCpusFor(Machine(1, 8, 1), 1, 2, true, true).serving,
+            (std::vector<int>{5, 6, 7}));
+  // Without the coordinator on this host: 2 GPU workers on 8 cores take 4.
+  EXPECT_EQ(PlanLaunchCpusFor(Machine(1, 8, 1), 1, 2, false, true).serving.size(), 4u);
+  // 4 cores cannot give 3 away; nor does the cpu backend split.
+  EXPECT_FALSE(PlanLaunchCpusFor(Machine(1, 4, 1), 1, 2, true, true).split());
+  EXPECT_FALSE(PlanLaunchCpusFor(Machine(1, 64, 2), 1, 2, true, false).split());
+}
+
 TEST(ClusterConfigTest, LaunchCpusAreNotSplitWhereSplittingWouldHurt) {
   // The cpu backend computes on the experts' cores between calls.
   EXPECT_FALSE(PlanLaunchCpus(Machine(1, 32, 2), 1, 2, false).split());

@@ -34,8 +34,8 @@ variant() {
     echo "  expert worker on cpus $SPLIT_CPUS, GPU worker and coordinator on $OTHER_CPUS"
   fi
   if [ -n "$ok" ]; then
-    timeout 120 .devbin/cluster_bench --port $port --model tiny-a --concurrency 1 --tokens 32 \
-      --repeat 1 2>&1 | tail -1
+    timeout 120 .devbin/cluster_bench --port $port --model tiny-a --concurrency ${CONC:-1} \
+      --tokens 32 --repeat 1 2>&1 | tail -1
     for p in $port $((port + 1)) $((port + 2)) $((port + 3)); do
       get $p /metrics | grep -E '^splitserve:(layer_latency_seconds|expert_call_seconds|inter_token_latency_seconds|gpu_worker_steps_total)(_sum|_count)?\{' \
         | grep -E '_sum|_count|steps_total' | sed "s/^/  [$p] /" | head -40
