@@ -301,8 +301,12 @@ int main(int argc, char** argv) {
         const int64_t replays0 = ranks[0]->graph_replays();
         if (profile) cudaProfilerStart();
         double t_sum = 0;
-        for (int i = 0; i < iters; ++i) t_sum += run_step(nullptr);
+        const int64_t captures0 = ranks[0]->graph_captures();
+        std::vector<double> each(iters);
+        for (int i = 0; i < iters; ++i) t_sum += each[i] = run_step(nullptr);
         const double t = t_sum / iters;
+        const int64_t captures = ranks[0]->graph_captures() - captures0;
+        std::sort(each.begin(), each.end());
         const int64_t ctx = context + warm + iters / 2;
         const double bytes =
             static_cast<double>(wbytes) +
@@ -360,6 +364,13 @@ int main(int argc, char** argv) {
             batch, static_cast<long long>(context), t * 1e3, bytes / 1e6, bytes / t / 1e9,
             bytes / t / copy_bw, t_timed / timed * 1e3, attn / timed * 1e3, moe / timed * 1e3,
             ar / timed * 1e3);
+        std::printf(
+            "  steps: median %.3f ms, fastest %.3f, slowest %.3f; %lld of %d replayed a graph "
+            "unchanged, %lld captured one (its key changed: sizes such as a sequence's "
+            "compressed entries), %lld launched kernel by kernel (a new key)\n",
+            each[iters / 2] * 1e3, each.front() * 1e3, each.back() * 1e3,
+            static_cast<long long>(replays - captures), iters, static_cast<long long>(captures),
+            static_cast<long long>(iters - replays));
         std::printf(
             "  CUDA graphs: %lld graph launches in the timed steps; launched kernel by "
             "kernel instead: %.3f ms/step (%.3f of D2D copy)\n",
