@@ -428,7 +428,7 @@ int RunUpCommand(int argc, char** argv) {
   // The coordinator and the GPU workers on cores of their own (cluster_config.h LaunchCpus).
   const coord::LaunchCpus cpus =
       coord::PlanLaunchCpusFor(node_cores, experts, o.stages * o.tp, true, backend == "cuda");
-  if (backend == "cuda" && !cpus.split()) {
+  if (backend == "cuda" && !cpus.split() && !node_cores.empty()) {
     std::printf(
         "splitserve up: warning: too few CPU cores to keep %d for the GPU workers and the "
         "coordinator beside the expert workers; every process shares every core, and expert "
