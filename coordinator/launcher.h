@@ -11,7 +11,10 @@
 // the coordinator, then the GPU workers, which register with it. --tp N (cuda backend) gives each
 // stage N GPU workers ("gpu<s>-<r>"; "gpu<s>" for TP 1), stage s rank r on GPU (s·N + r) mod G
 // (coord::AssignCudaDevices: stages may share GPUs, a stage's ranks may not; N > G is refused).
-// Expert slice i goes to TP rank i mod N (cluster_config.h). Children run in their own
+// Expert slice i goes to TP rank i mod N (cluster_config.h). With the cuda backend the coordinator
+// and the GPU workers run on whole cores of their own and the expert workers on the rest
+// (coord::PlanLaunchCpusFor; printed at start), since a pinned expert thread sharing its core
+// with a GPU worker's spinning wait stalls every expert call. Children run in their own
 // process group (so a terminal's Ctrl-C reaches only the launcher, which stops them in order) and
 // with PR_SET_PDEATHSIG, so they die with the launcher even when it is killed. It waits for
 // GET /ready, prints the URL and a curl example, and then waits.
