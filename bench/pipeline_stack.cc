@@ -54,14 +54,14 @@ bool Check(const absl::Status& s, const char* what) {
 
 constexpr int kLayersPerStage = 2;
 
-// One (stage, rank): its backend, the inbox it takes its streams from (stage > 0) and the sender
-// to the next stage's same rank (all but the last stage).
+// One (stage, rank): its backend, the server whose inbox it takes its streams from (stage > 0;
+// shut down by its destructor) and the sender to the next stage's same rank (all but the last).
 struct Rank {
   int stage = 0, rank = 0, device = 0;
   std::unique_ptr<gpu::CudaBackend> backend;
   std::unique_ptr<gpu::GpuWorkerServer> server;
   std::unique_ptr<gpu::StreamSender> sender;
-  // The last step's timestamps (seconds) and its timings.
+  // The last step's timestamps (seconds).
   double start = 0, ran = 0, pushed = 0;
   bool ok = true;
 };
@@ -260,11 +260,6 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
         if (s + 1 < pp) std::printf("; push to stage %d %.3f ms", s + 1, push_ms[s]);
         std::printf("\n");
       }
-    }
-  }
-  for (auto& stage : ranks) {
-    for (Rank& k : stage) {
-      if (k.server) k.server->Shutdown();
     }
   }
   return 0;

@@ -332,27 +332,25 @@ LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node
     }
     if (taken == before) return plan;  // every node is down to one core
   }
-  auto pus_of = [&](size_t n, size_t from, size_t to) {
+  // The PUs of cores [first, last).
+  auto pus_of = [](auto first, auto last) {
     std::vector<int> out;
-    for (size_t c = from; c < to; ++c) {
-      out.insert(out.end(), node_cores[n][c].begin(), node_cores[n][c].end());
-    }
+    for (; first != last; ++first) out.insert(out.end(), first->begin(), first->end());
     return out;
   };
   if (static_cast<size_t>(experts) == node_cores.size()) {
-    for (size_t n = 0; n < node_cores.size(); ++n) plan.experts.push_back(pus_of(n, 0, keep[n]));
+    for (size_t n = 0; n < node_cores.size(); ++n) {
+      plan.experts.push_back(pus_of(node_cores[n].begin(), node_cores[n].begin() + keep[n]));
+    }
   } else {
     std::vector<std::vector<int>> left;  // the remaining cores, node after node
     for (size_t n = 0; n < node_cores.size(); ++n) {
-      for (size_t c = 0; c < keep[n]; ++c) left.push_back(node_cores[n][c]);
+      left.insert(left.end(), node_cores[n].begin(), node_cores[n].begin() + keep[n]);
     }
     if (left.size() < static_cast<size_t>(experts)) return plan;
-    for (int e = 0; e < experts; ++e) {
-      std::vector<int> cpus;
-      for (size_t c = left.size() * e / experts; c < left.size() * (e + 1) / experts; ++c) {
-        cpus.insert(cpus.end(), left[c].begin(), left[c].end());
-      }
-      plan.experts.push_back(std::move(cpus));
+    for (size_t e = 0; e < static_cast<size_t>(experts); ++e) {
+      plan.experts.push_back(pus_of(left.begin() + left.size() * e / experts,
+                                    left.begin() + left.size() * (e + 1) / experts));
     }
   }
   std::sort(reserved.begin(), reserved.end());

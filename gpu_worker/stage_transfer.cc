@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/bf16.h"
 #include "common/cluster_protocol.h"
 #include "proto/cluster.grpc.pb.h"
 
@@ -118,8 +119,7 @@ void UnpackBf16(std::string_view packed, float* out) {
   for (size_t i = 0; i < packed.size() / sizeof(uint16_t); ++i) {
     uint16_t hi;
     std::memcpy(&hi, packed.data() + i * sizeof(hi), sizeof(hi));
-    const uint32_t u = static_cast<uint32_t>(hi) << 16;
-    std::memcpy(&out[i], &u, sizeof(u));
+    out[i] = Bf16ToFloat(hi);
   }
 }
 
