@@ -49,6 +49,9 @@ struct StageOutput {
   int64_t rows = 0;            // tokens of the batch
   int64_t width = 0;           // hc_mult * dim
   std::vector<float> streams;  // non-last stage: [rows, width] fp32, the next stage's input
+  // RunDevice, non-last stage: the next stage's input as bf16 [rows, width] in the backend's
+  // device memory, valid until its next Run (`streams` is then left empty).
+  const void* device_streams = nullptr;
   std::vector<std::vector<float>> logits;  // last stage: [vocab] per chunk with `samples`
 };
 
@@ -83,6 +86,18 @@ class StageBackend {
   // (rows in chunk order) and ignored on stage 0. `timings` is optional.
   virtual absl::Status Run(std::span<const StageChunk> batch, const float* streams_in,
                            StageOutput* out, StageTimings* timings) = 0;
+
+  // Run for the `nccl` stage transport (stage_link.h), where the streams stay in device memory:
+  // `streams_in` (stage > 0) is bf16 [T, hc*dim] in this backend's device memory, and a non-last
+  // stage leaves its output at out->device_streams. Backends without device streams (the cpu
+  // backend) answer Unimplemented.
+  virtual absl::Status RunDevice(std::span<const StageChunk> batch, const void* streams_in,
+                                 StageOutput* out, StageTimings* timings) {
+    (void)batch, (void)streams_in, (void)out, (void)timings;
+    return absl::UnimplementedError(
+        "this backend keeps no streams on a device: the nccl stage transport needs the cuda "
+        "backend");
+  }
 
   // Frees a sequence's state (unknown ids are ignored).
   virtual void Release(uint64_t seq_id) = 0;

@@ -255,12 +255,23 @@ absl::Status CudaBackend::HostExperts(int64_t layer, int64_t rows) {
 
 absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* streams_in,
                               StageOutput* out, StageTimings* timings) {
+  return RunImpl(batch, streams_in, nullptr, false, out, timings);
+}
+
+absl::Status CudaBackend::RunDevice(std::span<const StageChunk> batch, const void* streams_in,
+                                    StageOutput* out, StageTimings* timings) {
+  return RunImpl(batch, nullptr, streams_in, true, out, timings);
+}
+
+absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float* streams_in,
+                                  const void* device_in, bool device_out, StageOutput* out,
+                                  StageTimings* timings) {
   RETURN_IF_ERROR(Check(batch));
   Impl& im = *impl_;
   const ModelConfig& c = model_->config();
   const int64_t hc = c.hc_mult, dim = c.dim, width = hc * dim;
   const bool first = options_.stage == 0, last = options_.stage == options_.num_stages - 1;
-  if (!first && streams_in == nullptr) {
+  if (!first && streams_in == nullptr && device_in == nullptr) {
     return absl::InvalidArgumentError("stage > 0 needs the previous stage's streams");
   }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
@@ -342,9 +353,10 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   // embeddings at the first stage, else the previous stage's). Streams of more than
   // kPinnedStreamsBytes (prefill chunks: 512 MiB for 8K Flash tokens) are copied straight from and
   // to the caller's memory instead, which the driver pipelines; staging them would add two host
-  // copies.
+  // copies. Streams already on the device (RunDevice) are widened there.
   const size_t streams_bytes = static_cast<size_t>(T * width) * 4;
-  const bool stage_streams = streams_bytes <= kPinnedStreamsBytes;
+  const bool from_device = !first && device_in != nullptr;
+  const bool stage_streams = !from_device && streams_bytes <= kPinnedStreamsBytes;
   const size_t up_bytes = plan.streams_at + streams_bytes;
   const size_t staged_bytes = stage_streams ? up_bytes : plan.streams_at;
   if (absl::Status e = im.params.Reserve(up_bytes); !e.ok()) return fail(e);
@@ -370,7 +382,9 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
       std::memcpy(streams, streams_in, streams_bytes);
     }
     STEP(cudaMemcpyAsync(dev_up, u, staged_bytes, cudaMemcpyHostToDevice, st));
-    if (!stage_streams) {
+    if (from_device) {
+      STEP(cuda::Bf16ToF32(static_cast<const uint16_t*>(device_in), T * width, sc.sf32, st));
+    } else if (!stage_streams) {
       STEP(cudaMemcpyAsync(sc.sf32, from, streams_bytes, cudaMemcpyHostToDevice, st));
     }
   }
@@ -797,9 +811,7 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
   out->width = width;
   out->streams.clear();
   out->logits.clear();
-  out->width = width;
-  out->streams.clear();
-  out->logits.clear();
+  out->device_streams = nullptr;
   if (last) {
     std::vector<int64_t> rows;
     for (size_t i = 0; i < nc; ++i) {
@@ -849,6 +861,8 @@ absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* st
         }
       }
     }
+  } else if (device_out) {
+    out->device_streams = sc.h;  // the last HcPost's bf16 streams (or the input's, no layers)
   } else {
     // Back through the pinned staging (its upload finished before the step's kernels ran), or
     // straight into the output for a long chunk.

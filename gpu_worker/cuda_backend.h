@@ -176,6 +176,11 @@ class CudaBackend final : public StageBackend {
   absl::Status Check(std::span<const StageChunk> batch) const override;
   absl::Status Run(std::span<const StageChunk> batch, const float* streams_in, StageOutput* out,
                    StageTimings* timings) override;
+  // Streams in and out as bf16 in this device's memory (backend.h): the input is widened on the
+  // device where Run uploads it, and the output is the last layer's bf16 streams, where Run copies
+  // their fp32 form back to the host.
+  absl::Status RunDevice(std::span<const StageChunk> batch, const void* streams_in,
+                         StageOutput* out, StageTimings* timings) override;
   void Release(uint64_t seq_id) override;
   void ReleaseAll() override;
 
@@ -201,6 +206,9 @@ class CudaBackend final : public StageBackend {
   struct Impl;  // device weights, sequences and scratch (cuda_backend.cc)
 
  private:
+  absl::Status RunImpl(std::span<const StageChunk> batch, const float* host_in,
+                       const void* device_in, bool device_out, StageOutput* out,
+                       StageTimings* timings);
   CudaBackend(std::shared_ptr<const model::Model> model, const CudaBackendOptions& options);
   // The host half of one MoE layer's routed experts for `rows` rows: the pinned MoE input, ids
   // and weights to the pinned fp32 sum (the provider, or model::RoutedSum on this rank's share).

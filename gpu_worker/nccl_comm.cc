@@ -134,6 +134,18 @@ absl::Status NcclComm::AllGather(const float* send, int64_t n, float* recv, cuda
   return absl::OkStatus();
 }
 
+absl::Status NcclComm::Send(const void* data, size_t bytes, int peer, cudaStream_t stream) {
+  if (aborted_) return absl::FailedPreconditionError("NCCL communicator aborted");
+  NCCL_RETURN_IF_ERROR(ncclSend(data, bytes, ncclUint8, peer, h_->comm, stream), rank_);
+  return absl::OkStatus();
+}
+
+absl::Status NcclComm::Recv(void* data, size_t bytes, int peer, cudaStream_t stream) {
+  if (aborted_) return absl::FailedPreconditionError("NCCL communicator aborted");
+  NCCL_RETURN_IF_ERROR(ncclRecv(data, bytes, ncclUint8, peer, h_->comm, stream), rank_);
+  return absl::OkStatus();
+}
+
 namespace {
 
 // Polls `query` (cudaStreamQuery) until it reports completion, an error, an
@@ -141,14 +153,14 @@ namespace {
 // then sleeps of 50 µs.
 template <typename Query>
 absl::Status Wait(Query query, ncclComm_t comm, int rank, absl::Duration timeout,
-                  const char* what) {
+                  std::string_view what) {
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
   for (int i = 0;; ++i) {
     const cudaError_t e = query();
     if (e == cudaSuccess) return absl::OkStatus();
     if (e != cudaErrorNotReady) {
       return absl::InternalError(
-          absl::StrCat("CUDA: ", what, " (rank ", rank, "): ", cudaGetErrorString(e)));
+          absl::StrCat("CUDA: ", std::string(what), " (rank ", rank, "): ", cudaGetErrorString(e)));
     }
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
@@ -156,9 +168,9 @@ absl::Status Wait(Query query, ncclComm_t comm, int rank, absl::Duration timeout
       return NcclError(async, "asynchronous error", rank);
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank, ": ", what, " did not complete within ", absl::FormatDuration(timeout),
-          " (a peer of the TP group stopped: the group must be rebuilt)"));
+      return absl::DeadlineExceededError(absl::StrCat("rank ", rank, ": ", std::string(what),
+                                                      " did not complete within ",
+                                                      absl::FormatDuration(timeout)));
     }
     if (i < 2000) {
       std::this_thread::yield();
@@ -170,10 +182,11 @@ absl::Status Wait(Query query, ncclComm_t comm, int rank, absl::Duration timeout
 
 }  // namespace
 
-absl::Status NcclComm::Synchronize(cudaStream_t stream, absl::Duration timeout) {
+absl::Status NcclComm::Synchronize(cudaStream_t stream, absl::Duration timeout,
+                                   std::string_view what) {
   if (aborted_) return absl::FailedPreconditionError("NCCL communicator aborted");
-  absl::Status s = Wait([stream] { return cudaStreamQuery(stream); }, h_->comm, rank_, timeout,
-                        "stream synchronisation");
+  absl::Status s =
+      Wait([stream] { return cudaStreamQuery(stream); }, h_->comm, rank_, timeout, what);
   if (!s.ok()) Abort();
   return s;
 }
@@ -185,7 +198,8 @@ struct NcclComm::Handle {};
 namespace {
 absl::Status NoNccl() {
   return absl::UnimplementedError(
-      "tensor parallelism needs NCCL, and this build has none (cmake/nccl.cmake found no nccl.h "
+      "tensor parallelism and NCCL stage links need NCCL, and this build has none "
+      "(cmake/nccl.cmake found no nccl.h "
       "and libnccl; set NCCL_ROOT and reconfigure)");
 }
 }  // namespace
@@ -204,7 +218,11 @@ NcclComm::~NcclComm() = default;
 void NcclComm::Abort() { aborted_ = true; }
 absl::Status NcclComm::AllReduceSum(float*, int64_t, cudaStream_t) { return NoNccl(); }
 absl::Status NcclComm::AllGather(const float*, int64_t, float*, cudaStream_t) { return NoNccl(); }
-absl::Status NcclComm::Synchronize(cudaStream_t, absl::Duration) { return NoNccl(); }
+absl::Status NcclComm::Send(const void*, size_t, int, cudaStream_t) { return NoNccl(); }
+absl::Status NcclComm::Recv(void*, size_t, int, cudaStream_t) { return NoNccl(); }
+absl::Status NcclComm::Synchronize(cudaStream_t, absl::Duration, std::string_view) {
+  return NoNccl();
+}
 
 #endif  // SS_HAVE_NCCL
 

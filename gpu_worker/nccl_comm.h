@@ -1,6 +1,7 @@
-// One rank's NCCL communicator of a tensor-parallel group: the cuda backend's two all-reduces per
-// block (after attention's wo_b, after the MoE) and the LM head's vocabulary gather
-// (ARCHITECTURE.md "One step", cuda_backend.h "Tensor parallelism").
+// One rank's NCCL communicator: of a tensor-parallel group (the cuda backend's two all-reduces per
+// block, after attention's wo_b and after the MoE, and the LM head's vocabulary gather:
+// ARCHITECTURE.md "One step", cuda_backend.h "Tensor parallelism"), or of a two-rank link between
+// adjacent pipeline stages (point-to-point Send / Recv: nccl_stage_link.h).
 //
 // Setup. One rank (in a cluster: the coordinator, which hands NCCL unique ids to the workers at
 // registration) makes an id with NewUniqueId(); every rank of the group then calls
@@ -79,10 +80,18 @@ class NcclComm {
   absl::Status AllReduceSum(float* data, int64_t n, cudaStream_t stream);
   // recv[r·n, (r + 1)·n) = rank r's send[0, n), for every rank r.
   absl::Status AllGather(const float* send, int64_t n, float* recv, cudaStream_t stream);
+  // Point to point: `bytes` bytes to / from rank `peer`. Messages between two ranks are matched
+  // in the order each side enqueues them, and a message's two sides must give the same size.
+  absl::Status Send(const void* data, size_t bytes, int peer, cudaStream_t stream);
+  absl::Status Recv(void* data, size_t bytes, int peer, cudaStream_t stream);
 
   // Waits for the stream with a deadline; see "Failure" above. Callers wait here right after
   // enqueueing a collective, so no later plain wait of theirs can block on a stopped peer.
-  absl::Status Synchronize(cudaStream_t stream, absl::Duration timeout);
+  // `what` names the wait in the deadline's error.
+  absl::Status Synchronize(cudaStream_t stream, absl::Duration timeout,
+                           std::string_view what =
+                               "stream synchronisation (a peer of the group "
+                               "stopped: the group must be rebuilt)");
 
   // Aborts the communicator (idempotent): peers blocked in a collective with it are released
   // only by their own deadline.

@@ -61,13 +61,15 @@ void WorkerMetrics::SetKv(const KvUsage& kv) {
 }
 
 StageRunner::StageRunner(StageBackend* backend, const StageRole& role, StreamInbox* inbox,
-                         StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options)
+                         StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options,
+                         StageLinks links)
     : backend_(backend),
       role_(role),
       inbox_(inbox),
       sender_(sender),
       metrics_(metrics),
-      options_(options) {}
+      options_(options),
+      links_(links) {}
 
 pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -76,6 +78,7 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   StageTimings timings;
   double receive_s = 0.0, send_s = 0.0;
   group_broken_ = false;
+  link_broken_ = false;
   const absl::Status st = Run(plan, &result, &timings, &receive_s, &send_s);
   if (!st.ok()) {
     result.clear_samples();
@@ -84,6 +87,7 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
     if (group_broken_ && role_.tp_size > 1 && options_.on_group_broken) {
       options_.on_group_broken(result.error());
     }
+    if (link_broken_ && options_.on_link_broken) options_.on_link_broken(result.error());
   }
   result.set_compute_us(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
@@ -97,8 +101,23 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
 
 void StageRunner::ReleaseAll() { backend_->ReleaseAll(); }
 
+absl::Status StageRunner::LinkSend(uint64_t id, const StageOutput* out) {
+  const absl::Status st =
+      out != nullptr
+          ? links_.out->Send(id, out->rows, out->width, out->device_streams, false,
+                             absl::Now() + options_.push_deadline)
+          : links_.out->Send(id, 0, 0, nullptr, true, absl::Now() + options_.push_deadline);
+  if (!st.ok()) link_broken_ = true;
+  return st;
+}
+
 void StageRunner::PushError(uint64_t id, const std::string& error) {
-  if (role_.last_stage() || sender_ == nullptr) return;
+  if (role_.last_stage()) return;
+  if (links_.out != nullptr) {
+    (void)LinkSend(id, nullptr);  // a failure breaks the link (and is the step's to report)
+    return;
+  }
+  if (sender_ == nullptr) return;
   StageStreamsData d;
   d.error = error.empty() ? "failed" : error;
   // Best effort: the next stage fails the micro-batch by its own deadline otherwise.
@@ -112,10 +131,23 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   auto fail = [&](const absl::Status& st) {
     if (has_chunks) {
       PushError(mb, std::string(st.message()));
-      if (role_.stage > 0 && inbox_ != nullptr) inbox_->Finish(mb);
+      if (role_.stage > 0 && inbox_ != nullptr && links_.in == nullptr) inbox_->Finish(mb);
     }
     return st;
   };
+  // The nccl transport: the plan's message first, whatever follows (stage_runner.h).
+  StageLink::Received linked;
+  if (has_chunks && role_.stage > 0 && links_.in != nullptr) {
+    const auto r0 = std::chrono::steady_clock::now();
+    auto got = links_.in->Receive(mb, absl::Now() + options_.stream_wait);
+    *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    if (!got.ok()) {
+      link_broken_ = true;
+      group_broken_ = true;
+      return fail(got.status());
+    }
+    linked = *got;
+  }
   if (plan.protocol_version() != kClusterProtocolVersion) {
     return fail(absl::FailedPreconditionError(
         absl::StrCat("step plan protocol version ", plan.protocol_version(),
@@ -155,7 +187,20 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   const ModelConfig& mc = backend_->config();
   const int64_t width = mc.hc_mult * mc.dim;
   StageStreamsData in;
-  if (role_.stage > 0) {
+  if (role_.stage > 0 && links_.in != nullptr) {
+    if (linked.failed) {
+      return fail(absl::AbortedError(absl::StrCat("the previous stage failed micro-batch ", mb)));
+    }
+    if (linked.rows != T || linked.width != width) {
+      link_broken_ = true;
+      group_broken_ = true;
+      links_.in->Abort();
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("the previous stage's streams of micro-batch ", mb, " are [", linked.rows,
+                       ", ", linked.width, "]; the plan needs [", T, ", ", width,
+                       "]: the stage link's ends ran different plans")));
+    }
+  } else if (role_.stage > 0) {
     const auto r0 = std::chrono::steady_clock::now();
     auto got = inbox_->Take(mb, absl::Now() + options_.stream_wait);
     *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
@@ -176,7 +221,10 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     }
   }
   StageOutput out;
-  if (absl::Status st = backend_->Run(batch, in.streams.data(), &out, timings); !st.ok()) {
+  const bool linked_run = links_.in != nullptr || links_.out != nullptr;
+  if (absl::Status st = linked_run ? backend_->RunDevice(batch, linked.streams, &out, timings)
+                                   : backend_->Run(batch, in.streams.data(), &out, timings);
+      !st.ok()) {
     group_broken_ = true;
     return fail(st);
   }
@@ -185,6 +233,12 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     for (const StageChunk& ch : batch) backend_->Release(ch.seq_id);
     return st;
   };
+  if (!role_.last_stage() && links_.out != nullptr) {
+    const auto s0 = std::chrono::steady_clock::now();
+    const absl::Status st = LinkSend(mb, &out);
+    *send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    return st.ok() ? st : drop(st);
+  }
   if (!role_.last_stage()) {
     StageStreamsData d;
     d.rows = out.rows;

@@ -25,7 +25,13 @@
 // error and calls `on_group_broken` (the worker then aborts its communicator and exits). Failures
 // after a successful Run (the push to the next stage, sampling) drop no sequence on a TP rank, so
 // the ranks' states stay identical; the coordinator fails and releases those sequences.
-
+//
+// The nccl stage transport (stage_link.h): with links, the streams come from `link_in` (stage > 0)
+// and go to `link_out` (non-last) in device memory, through the backend's RunDevice, in place of
+// the inbox and the sender. The runner receives a plan's message before anything else, and sends
+// exactly one message (the streams, or `failed`) for every plan with chunks, so the two ends of a
+// link stay paired whatever fails. A link that breaks (stage_link.h "Failure") cannot be used
+// again: the step answers the error and `on_link_broken` is called (the worker exits 1).
 //
 // Threads: RunPlan from one thread at a time (the worker's executor).
 #pragma once
@@ -40,6 +46,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/stage_link.h"
 #include "gpu_worker/stage_transfer.h"
 #include "gpu_worker/worker_config.h"
 #include "proto/cluster.pb.h"
@@ -79,6 +86,15 @@ struct RunnerOptions {
   // TP > 1: called (on the runner's thread, before RunPlan returns) with the error of a step that
   // may have left the TP group's collectives out of step. Optional.
   std::function<void(const std::string& why)> on_group_broken;
+  // Called (on the runner's thread) with the error of a step that broke a stage link. Optional.
+  std::function<void(const std::string& why)> on_link_broken;
+};
+
+// The nccl stage transport's two ends (either may be null: the gRPC transport, or the first or
+// last stage), borrowed.
+struct StageLinks {
+  StageLink* in = nullptr;
+  StageLink* out = nullptr;
 };
 
 class StageRunner {
@@ -86,7 +102,8 @@ class StageRunner {
   // `inbox` is needed on stage > 0, `sender` on a non-last stage; `metrics` is optional. All
   // are borrowed and must outlive the runner.
   StageRunner(StageBackend* backend, const StageRole& role, StreamInbox* inbox,
-              StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options);
+              StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options,
+              StageLinks links = {});
 
   ::splitserve::v1::StepResult RunPlan(const ::splitserve::v1::StepPlan& plan);
   // Frees every sequence of the backend (a new step stream begins).
@@ -96,6 +113,8 @@ class StageRunner {
   absl::Status Run(const ::splitserve::v1::StepPlan& plan, ::splitserve::v1::StepResult* result,
                    StageTimings* timings, double* receive_s, double* send_s);
   void PushError(uint64_t micro_batch_id, const std::string& error);
+  // Sends on link_out, noting a broken link.
+  absl::Status LinkSend(uint64_t micro_batch_id, const StageOutput* out);
 
   StageBackend* backend_;
   const StageRole role_;
@@ -103,7 +122,9 @@ class StageRunner {
   StreamSender* sender_;
   WorkerMetrics* metrics_;
   const RunnerOptions options_;
+  const StageLinks links_;
   bool group_broken_ = false;  // the current step's failure may have split the TP group
+  bool link_broken_ = false;   // the current step broke a stage link
 };
 
 }  // namespace ss::gpu

@@ -119,6 +119,10 @@ struct StageRole {
   int heartbeat_interval_ms = 1000;
   std::string model_name;
   std::string next_stage_address;  // non-last stage: stage + 1's worker of the same TP rank
+  std::string stage_transport = "grpc";  // "grpc" | "nccl" (stage_link.h)
+
+  // The nccl stage transport's links of a run with more than one stage.
+  bool links() const { return stage_transport == "nccl" && num_stages > 1; }
 
   bool last_stage() const { return stage == num_stages - 1; }
 };

@@ -22,7 +22,10 @@
 //    reference's top-2 margin exceeds 0.5 (as at TP = 1); agreement with TP = 1 (logits figures,
 //    greedy tokens) printed, not required; both ranks' logits bit-identical;
 //  * the new kernels run from compute_86 PTX (ptxVersion == 86);
-//  * option validation (runs anywhere: no device is touched before it).
+//  * option validation (runs anywhere: no device is touched before it);
+//  * the nccl stage transport (gpu_worker/stage_link.h): two stages on the two GPUs joined by an
+//    NcclStageLink, streams device to device (RunDevice), give logits bit-identical to one stage
+//    on one GPU, and a `failed` message keeps the link's ends paired.
 // The test runs again on the device with NCCL_P2P_DISABLE=1 (tests/device_suite.sh): the
 // PCIe-without-P2P configuration of RTX 3090 boards.
 #include <cuda_runtime.h>
@@ -39,6 +42,7 @@
 #include "gpu_worker/cuda_backend.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/nccl_comm.h"
+#include "gpu_worker/nccl_stage_link.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 #include "tests/gpu_worker/tiny_schedule.h"
@@ -405,6 +409,71 @@ TEST_F(TpTest, WholeModelLogitsAgainstTheReferenceAndTp1) {
   std::printf("TP=2 rank 0 vs rank 1: %lld of %lld logits bit-identical\n",
               static_cast<long long>(rank_identical), static_cast<long long>(rank_values));
   EXPECT_EQ(rank_identical, rank_values);
+}
+
+TEST_F(TpTest, TwoStagesOverAnNcclLinkAreBitIdenticalToOne) {
+  ASSERT_NE(TinyModel(), nullptr);
+  const RefRun& ref = Reference();
+  std::vector<std::unique_ptr<NcclComm>> none;
+  std::vector<std::unique_ptr<CudaBackend>> whole = MakeStage(none, 0, 1, 0, 7);
+  std::vector<std::unique_ptr<CudaBackend>> s0 = MakeStage(none, 0, 2, 0, 4);
+  // Stage 1 on the second GPU (NCCL refuses a link whose two ranks share one).
+  CudaBackendOptions o1 = StageOptions(1, 2, 4, 7);
+  o1.device = 1;
+  auto s1 = CudaBackend::Create(TinyModel(), o1);
+  ASSERT_TRUE(whole[0] && s0[0] && s1.ok()) << s1.status();
+  absl::StatusOr<std::string> id = NcclComm::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::unique_ptr<NcclStageLink> out, in;
+  std::thread join([&] {
+    auto l = NcclStageLink::Create(*id, /*sender=*/false, 1, "the link from stage 0");
+    ASSERT_TRUE(l.ok()) << l.status();
+    in = std::move(*l);
+  });
+  auto l = NcclStageLink::Create(*id, /*sender=*/true, 0, "the link to stage 1");
+  join.join();
+  ASSERT_TRUE(l.ok()) << l.status();
+  out = std::move(*l);
+  ASSERT_NE(in, nullptr);
+  // A micro-batch the sender failed: a `failed` message, no data.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  ASSERT_TRUE(out->Send(100, 0, 0, nullptr, true, deadline).ok());
+  absl::StatusOr<StageLink::Received> f = in->Receive(100, deadline);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->failed);
+  int64_t values = 0, identical = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<StageChunk> batch = Chunks(ref.steps[step]);
+    StageOutput a, b, w;
+    absl::Status sa, sb;
+    std::thread receiver([&] {
+      absl::StatusOr<StageLink::Received> r = in->Receive(step, deadline);
+      sb = r.ok() ? (*s1)->RunDevice(batch, r->streams, &b, nullptr) : r.status();
+    });
+    sa = s0[0]->RunDevice(batch, nullptr, &a, nullptr);
+    if (sa.ok()) {
+      EXPECT_TRUE(a.streams.empty());
+      sa = out->Send(step, a.rows, a.width, a.device_streams, false, deadline);
+    }
+    receiver.join();
+    ASSERT_TRUE(sa.ok()) << "step " << step << ": " << sa;
+    ASSERT_TRUE(sb.ok()) << "step " << step << ": " << sb;
+    ASSERT_TRUE(whole[0]->Run(batch, nullptr, &w, nullptr).ok());
+    ASSERT_EQ(b.logits.size(), w.logits.size());
+    for (size_t i = 0; i < w.logits.size(); ++i) {
+      values += static_cast<int64_t>(w.logits[i].size());
+      identical += BitIdentical(b.logits[i], w.logits[i]);
+    }
+  }
+  std::printf("PP = 2 over an NCCL link vs one stage: %lld of %lld logits bit-identical\n",
+              static_cast<long long>(identical), static_cast<long long>(values));
+  EXPECT_GT(values, 0);
+  EXPECT_EQ(identical, values);
+  // Out of step (the receiver expects another micro-batch): the link breaks.
+  ASSERT_TRUE(out->Send(7, 0, 0, nullptr, true, deadline).ok());
+  absl::StatusOr<StageLink::Received> bad = in->Receive(8, deadline);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("out of step"), std::string::npos) << bad.status();
 }
 
 }  // namespace
