@@ -12,7 +12,8 @@ namespace ss {
 // 2: TP in the processes (LayerExperts.slice_count, the TP group's NCCL id relayed by Rendezvous,
 // plans fanned out to every TP rank, stage transfer rank r -> rank r).
 // 3: StageStreams.bf16 (stage transfer in bf16 when the streams are bf16-exact).
-inline constexpr uint32_t kClusterProtocolVersion = 3;
+// 4: Role.stage_transport and the stage links' ids "pp/stage<s>/rank<r>" (the nccl transport).
+inline constexpr uint32_t kClusterProtocolVersion = 4;
 
 // Bytes of an NCCL unique id (ncclUniqueId; gpu_worker/nccl_comm.h NcclComm::kUniqueIdBytes), as
 // the coordinator checks it without NCCL.
@@ -20,5 +21,11 @@ inline constexpr size_t kNcclUniqueIdBytes = 128;
 
 // The Rendezvous group name of stage `stage`'s TP group.
 inline std::string TpGroupName(int stage) { return "tp/stage" + std::to_string(stage); }
+
+// The Rendezvous group name of the nccl stage transport's link from stage `stage`'s TP rank
+// `rank` to stage + 1's (gpu_worker/stage_link.h); the sending worker publishes it.
+inline std::string PpLinkName(int stage, int rank) {
+  return "pp/stage" + std::to_string(stage) + "/rank" + std::to_string(rank);
+}
 
 }  // namespace ss

@@ -78,7 +78,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
   static const std::set<std::string> kKeys = {
       "model_name",     "kv_block_tokens", "max_batch_tokens",      "max_running",
       "max_waiting",    "stages",          "heartbeat_interval_ms", "heartbeat_timeout_ms",
-      "expert_workers", "max_model_len"};
+      "expert_workers", "max_model_len",   "stage_transport"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.contains(key)) {
       return absl::InvalidArgumentError(absl::StrCat("cluster config: unknown key '", key, "'"));
@@ -104,6 +104,14 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
   if (c.heartbeat_timeout_ms < 2 * c.heartbeat_interval_ms) {
     return absl::InvalidArgumentError(
         "cluster config: 'heartbeat_timeout_ms' must be at least twice 'heartbeat_interval_ms'");
+  }
+  if (j.contains("stage_transport")) {
+    ASSIGN_OR_RETURN(c.stage_transport, ReadString(j, "stage_transport", "top level"));
+    if (c.stage_transport != "grpc" && c.stage_transport != "nccl") {
+      return absl::InvalidArgumentError(absl::StrCat("cluster config: 'stage_transport' is '",
+                                                     c.stage_transport,
+                                                     "'; expected \"grpc\" or \"nccl\""));
+    }
   }
   if (c.max_batch_tokens < c.max_running) {
     return absl::InvalidArgumentError(
@@ -261,6 +269,7 @@ std::string ClusterConfigToJson(const ClusterConfig& c) {
   if (c.max_model_len > 0) j["max_model_len"] = c.max_model_len;
   j["heartbeat_interval_ms"] = c.heartbeat_interval_ms;
   j["heartbeat_timeout_ms"] = c.heartbeat_timeout_ms;
+  j["stage_transport"] = c.stage_transport;
   j["stages"] = json::array();
   for (const StageSpec& s : c.stages) {
     std::vector<int> layers;
@@ -279,7 +288,7 @@ std::string ClusterConfigToJson(const ClusterConfig& c) {
   return j.dump(2);
 }
 
-absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus) {
+absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus, bool links) {
   if (stages < 1 || tp < 1 || gpus < 1) {
     return absl::InvalidArgumentError(absl::StrCat("GPU layout: ", stages, " stage(s) of TP ", tp,
                                                    " on ", gpus, " GPU(s): all must be >= 1"));
@@ -291,9 +300,23 @@ absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus)
                      "of one communicator on one GPU), and this machine has ",
                      gpus, "; use --tp <= ", gpus, " (stages may share GPUs)"));
   }
+  if (links && stages > 1 && gpus < 2) {
+    return absl::InvalidArgumentError(
+        "GPU layout: the nccl stage transport links rank r of each stage to rank r of the next, "
+        "and NCCL forbids a link's two ranks on one GPU, so it needs two GPUs or more (or "
+        "stage_transport grpc)");
+  }
   std::vector<int> devices;
   for (int s = 0; s < stages; ++s) {
-    for (int r = 0; r < tp; ++r) devices.push_back((s * tp + r) % gpus);
+    for (int shift = 0; shift < gpus; ++shift) {
+      bool clash = false;
+      for (int r = 0; r < tp && links && s > 0; ++r) {
+        clash |= (s * tp + r + shift) % gpus == devices[(s - 1) * tp + r];
+      }
+      if (clash) continue;
+      for (int r = 0; r < tp; ++r) devices.push_back((s * tp + r + shift) % gpus);
+      break;
+    }
   }
   return devices;
 }
@@ -388,6 +411,17 @@ std::vector<std::string> TpPeers(const ClusterConfig& c, const std::string& work
   return peers;
 }
 
+std::vector<std::string> FatePeers(const ClusterConfig& c, const std::string& worker_id) {
+  if (c.stage_transport != "nccl" || c.stages.size() < 2 || StageOf(c, worker_id) < 0) {
+    return TpPeers(c, worker_id);
+  }
+  std::vector<std::string> peers;
+  for (const std::string& w : c.GpuWorkerIds()) {
+    if (w != worker_id) peers.push_back(w);
+  }
+  return peers;
+}
+
 absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& c, const std::string& worker_id) {
   for (size_t s = 0; s < c.stages.size(); ++s) {
     const StageSpec& stage = c.stages[s];
@@ -408,6 +442,7 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& c, const std::
       role.set_max_model_len(c.max_model_len);
       role.set_heartbeat_interval_ms(c.heartbeat_interval_ms);
       role.set_model_name(c.model_name);
+      role.set_stage_transport(c.stage_transport);
       for (int layer = stage.first_layer; layer < stage.end_layer; ++layer) {
         splitserve::v1::LayerExperts* le = nullptr;
         for (const ExpertWorkerSpec& w : c.expert_workers) {

@@ -14,6 +14,11 @@
 //                                              // and most: the model's max_position_embeddings)
 //     "heartbeat_interval_ms": 1000,           // optional
 //     "heartbeat_timeout_ms": 10000,           // optional: a silent worker is declared dead
+//     "stage_transport": "grpc",               // optional: how streams travel between stages,
+//                                              // "grpc" (default) or "nccl" (cuda backend: a
+//                                              // two-rank NCCL link per TP rank, on GPUs of
+//                                              // their own; every GPU worker then shares one
+//                                              // fate, proto/cluster.proto 3b)
 //     "stages": [                              // in pipeline order, covering every layer once
 //       {"layers": "0-20", "workers": ["gpu0", "gpu1"]},   // TP size = number of workers
 //       {"layers": "21-42", "workers": ["gpu2", "gpu3"]}
@@ -72,6 +77,7 @@ struct ClusterConfig {
   int max_model_len = 0;
   int heartbeat_interval_ms = 1000;
   int heartbeat_timeout_ms = 10000;
+  std::string stage_transport = "grpc";  // "grpc" | "nccl"
   std::vector<StageSpec> stages;
   std::vector<ExpertWorkerSpec> expert_workers;
 
@@ -97,7 +103,11 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
 // `gpus` GPUs, in GpuWorkerIds() order: stage s, rank r on (s·tp + r) mod gpus. Stages may share
 // GPUs (several processes on one GPU), but NCCL forbids two ranks of one communicator on one
 // GPU, so a stage's ranks must land on distinct GPUs: tp > gpus is InvalidArgument, saying so.
-absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus);
+// With `links` (the nccl stage transport), rank r of stage s and of stage s + 1 are a link's two
+// ranks too: a stage whose ranks would land on their links' peers' GPUs is rotated by the least
+// shift that avoids it, and one GPU (no shift can) is InvalidArgument.
+absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus,
+                                                   bool links = false);
 
 // The longest sequence the cluster serves: c.max_model_len, or the model's
 // max_position_embeddings where it is 0 (a config built in code rather than parsed).
@@ -142,5 +152,8 @@ LaunchCpus PlanLaunchCpusFor(const std::vector<std::vector<std::vector<int>>>& n
 int StageOf(const ClusterConfig& config, const std::string& worker_id);
 // The other workers of `worker_id`'s stage (its TP group); empty for TP 1 or an unknown id.
 std::vector<std::string> TpPeers(const ClusterConfig& config, const std::string& worker_id);
+// The GPU workers that share `worker_id`'s fate (proto/cluster.proto 3a, 3b): its TP peers, or,
+// under the nccl stage transport with more than one stage, every other GPU worker.
+std::vector<std::string> FatePeers(const ClusterConfig& config, const std::string& worker_id);
 
 }  // namespace ss::coord

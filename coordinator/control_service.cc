@@ -1,5 +1,7 @@
 #include "coordinator/control_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/cluster_protocol.h"
 #include "spdlog/spdlog.h"
@@ -32,6 +34,13 @@ grpc::Status ControlService::Register(grpc::ServerContext*,
   if (request->address().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: 'address' is empty");
   }
+  if (request->backend() == "cpu" && role->stage_transport() == "nccl" && role->num_stages() > 1) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("worker '", request->worker_id(), "': the cluster config's stage_transport ",
+                     "\"nccl\" needs the cuda backend (the cpu backend's streams are on the ",
+                     "host); use stage_transport \"grpc\""));
+  }
   if (request->backend() == "cpu" && role->tp_size() > 1) {
     return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
@@ -57,22 +66,22 @@ grpc::Status ControlService::Register(grpc::ServerContext*,
   ++m.info.generation;
   m.met = false;
   m.joined = false;
-  if (role->tp_size() > 1) {
-    // Peers that formed a group with this id's previous process must form a new one.
-    for (const std::string& peer : TpPeers(config_, request->worker_id())) {
-      Member& p = members_.at(peer);
-      if (p.joined && p.info.registered && !p.info.dead) {
-        p.info.dead = true;
-        p.met = false;
-        p.joined = false;
-        spdlog::warn(
-            "worker {} declared dead: its TP peer {} registered again, so stage {}'s TP "
-            "group must be formed anew",
-            peer, request->worker_id(), role->stage());
-      }
+  // Peers that formed a group (or a stage link) with this id's previous process must form a new
+  // one (3a, 3b).
+  for (const std::string& peer : FatePeers(config_, request->worker_id())) {
+    Member& p = members_.at(peer);
+    if (p.joined && p.info.registered && !p.info.dead) {
+      p.info.dead = true;
+      p.met = false;
+      p.joined = false;
+      spdlog::warn(
+          "worker {} declared dead: {} registered again, so the NCCL groups it formed with it "
+          "must be formed anew",
+          peer, request->worker_id());
     }
-    if (role->tp_rank() == 0) nccl_ids_.erase(TpGroupName(role->stage()));
   }
+  if (role->tp_size() > 1 && role->tp_rank() == 0) nccl_ids_.erase(TpGroupName(role->stage()));
+  nccl_ids_.erase(PpLinkName(role->stage(), role->tp_rank()));
   spdlog::info("worker {} registered: {} backend {} pid {} (stage {}, tp rank {})",
                request->worker_id(), request->address(), request->backend(), request->pid(),
                role->stage(), role->tp_rank());
@@ -96,12 +105,21 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
   const int stage = StageOf(config_, request->worker_id());
   const StageSpec& spec = config_.stages[stage];
   const bool rank0 = spec.workers.front() == request->worker_id();
+  const bool links = config_.stage_transport == "nccl";
+  const int rank =
+      static_cast<int>(std::find(spec.workers.begin(), spec.workers.end(), request->worker_id()) -
+                       spec.workers.begin());
+  const bool sends = links && stage + 1 < static_cast<int>(config_.stages.size());
   for (const auto& id : request->nccl_ids()) {
-    if (!rank0 || spec.workers.size() < 2 || id.group() != TpGroupName(stage)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("rendezvous: worker '", request->worker_id(),
-                                       "' may publish only its own TP group's id as its rank 0 ",
-                                       "(got group '", id.group(), "')"));
+    const bool tp_group = rank0 && spec.workers.size() >= 2 && id.group() == TpGroupName(stage);
+    const bool link = sends && id.group() == PpLinkName(stage, rank);
+    if (!tp_group && !link) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("rendezvous: worker '", request->worker_id(),
+                       "' may publish only its own TP group's id as its rank 0 and, under the "
+                       "nccl stage transport, its link to the next stage's id (got group '",
+                       id.group(), "')"));
     }
     if (id.unique_id().size() != kNcclUniqueIdBytes) {
       return grpc::Status(
@@ -144,6 +162,18 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
         absl::StrCat("rendezvous: stage ", stage, "'s TP rank 0 (worker '", spec.workers.front(),
                      "') published no NCCL id for group '", TpGroupName(stage),
                      "' (TP > 1 needs the cuda backend built with NCCL)"));
+  }
+  for (int s = 0; links && s + 1 < static_cast<int>(config_.stages.size()); ++s) {
+    for (size_t r = 0; r < config_.stages[s].workers.size(); ++r) {
+      const std::string group = PpLinkName(s, static_cast<int>(r));
+      if (!nccl_ids_.contains(group)) {
+        return grpc::Status(
+            grpc::StatusCode::FAILED_PRECONDITION,
+            absl::StrCat("rendezvous: worker '", config_.stages[s].workers[r],
+                         "' published no NCCL id for its stage link '", group,
+                         "' (stage_transport \"nccl\" needs the cuda backend built with NCCL)"));
+      }
+    }
   }
   if (it->second.info.generation == generation) it->second.joined = true;
   const std::vector<std::string> ids = config_.GpuWorkerIds();
@@ -205,14 +235,16 @@ void ControlService::DeclareDeadLocked(const std::string& id, const std::string&
     spdlog::warn("worker {} (generation {}) declared dead: {}", id, m.info.generation, why);
     newly_dead->push_back(id);
   }
-  for (const std::string& peer : TpPeers(config_, id)) {
+  for (const std::string& peer : FatePeers(config_, id)) {
     Member& p = members_.at(peer);
     if (!p.info.registered || p.info.dead) continue;
     p.info.dead = true;
     p.met = false;
     p.joined = false;
-    spdlog::warn("worker {} declared dead with its TP peer {} (a TP group lives and dies as one)",
-                 peer, id);
+    spdlog::warn(
+        "worker {} declared dead with {} (a TP group, and under the nccl stage transport the "
+        "whole pipeline, lives and dies as one)",
+        peer, id);
     newly_dead->push_back(peer);
   }
 }

@@ -46,6 +46,7 @@ constexpr char kUsage[] =
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
     "                     [--max-model-len N] [--api-keys K1,K2]\n"
+    "                     [--stage-transport grpc|nccl]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
@@ -59,7 +60,7 @@ constexpr char kUsage[] =
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
-  std::string isa = "auto", api_keys, log_dir;
+  std::string isa = "auto", api_keys, log_dir, stage_transport = "grpc";
   int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
@@ -121,6 +122,11 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
     } else if (name == "--tp") {
       if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--tp ", value, ": expected 1..64");
       o->tp = static_cast<int>(v);
+    } else if (name == "--stage-transport") {
+      if (value != "grpc" && value != "nccl") {
+        return absl::StrCat("--stage-transport ", value, ": expected grpc or nccl");
+      }
+      o->stage_transport = value;
     } else if (name == "--expert-workers") {
       if (value != "auto" && !ParseInt(value, 0, 64, &v)) {
         return absl::StrCat("--expert-workers ", value, ": expected auto or 0..64");
@@ -368,6 +374,10 @@ int RunUpCommand(int argc, char** argv) {
                  o.tp);
     return 2;
   }
+  if (o.stage_transport == "nccl" && backend != "cuda") {
+    std::fprintf(stderr, "splitserve up: --stage-transport nccl needs the cuda backend\n");
+    return 2;
+  }
   if (backend == "cuda" && (!kCudaBuilt || gpus == 0)) {
     std::fprintf(stderr, "splitserve up: --backend cuda needs a CUDA build and a GPU (%d found)\n",
                  gpus);
@@ -390,7 +400,8 @@ int RunUpCommand(int argc, char** argv) {
   }
   std::vector<int> devices;  // per GPU worker, stage by stage in TP rank order
   if (backend == "cuda") {
-    absl::StatusOr<std::vector<int>> d = coord::AssignCudaDevices(o.stages, o.tp, gpus);
+    absl::StatusOr<std::vector<int>> d =
+        coord::AssignCudaDevices(o.stages, o.tp, gpus, o.stage_transport == "nccl");
     if (!d.ok()) {
       std::fprintf(stderr, "splitserve up: %s\n", std::string(d.status().message()).c_str());
       return 2;
@@ -458,6 +469,7 @@ int RunUpCommand(int argc, char** argv) {
   cluster.max_batch_tokens = 2048;
   cluster.max_running = 64;
   cluster.max_model_len = static_cast<int>(o.max_model_len);
+  cluster.stage_transport = o.stage_transport;
   const int n_layers = static_cast<int>(model->n_layers);
   for (int s = 0; s < o.stages; ++s) {
     coord::StageSpec st;

@@ -71,6 +71,7 @@ StageRole RoleFromProto(const pb::Role& r, const std::string& worker_id) {
     role.experts.push_back(std::move(l));
   }
   role.kv_block_tokens = r.kv_block_tokens();
+  role.stage_transport = r.stage_transport().empty() ? "grpc" : r.stage_transport();
   role.max_batch_tokens = r.max_batch_tokens();
   role.max_running = r.max_running();
   role.max_model_len = r.max_model_len();

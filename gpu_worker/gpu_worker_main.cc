@@ -53,6 +53,7 @@
 #ifdef SS_HAVE_CUDA
 #include "gpu_worker/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"
+#include "gpu_worker/nccl_stage_link.h"
 #endif
 #include "gpu_worker/gpu_worker_service.h"
 #include "gpu_worker/memory_plan.h"
@@ -222,15 +223,26 @@ absl::StatusOr<std::string> StandaloneNcclId(const WorkerConfig& c, absl::Time u
 #endif
 }
 
-// Loads the model and builds the stage (TP group, backend, sender, runner, metrics).
-// `nccl_id`: the TP group's unique id (TP > 1). `on_group_broken`: see RunnerOptions.
-absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
-                                      const std::string& nccl_id, metrics::Metrics* metrics,
-                                      StreamInbox* inbox, const std::atomic<bool>* stop,
+// The NCCL ids a worker joins: its TP group's (TP > 1) and, under the nccl stage transport, its
+// links' to the previous and the next stage.
+struct NcclIds {
+  std::string tp;
+  std::string link_in, link_out;
+};
+
+// Loads the model and builds the stage (TP group, stage links, backend, sender, runner, metrics).
+// `on_group_broken`: see RunnerOptions (also called when a stage link breaks).
+absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role, const NcclIds& ids,
+                                      metrics::Metrics* metrics, StreamInbox* inbox,
+                                      const std::atomic<bool>* stop,
                                       std::function<void(const std::string&)> on_group_broken) {
   if (role.tp_size < 1 || role.tp_rank < 0 || role.tp_rank >= role.tp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("the role's TP rank ", role.tp_rank, " of ", role.tp_size));
+  }
+  if (role.links() && c.backend != "cuda") {
+    return absl::UnimplementedError(absl::StrCat(
+        "stage_transport nccl needs the cuda backend (this worker runs the ", c.backend, " one)"));
   }
   if (role.tp_size > 1 && c.backend != "cuda") {
     return absl::UnimplementedError(absl::StrCat("the ", c.backend,
@@ -267,9 +279,29 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
       spdlog::info("joining stage {}'s TP group as rank {} of {} on CUDA device {}", role.stage,
                    role.tp_rank, role.tp_size, c.cuda_device);
       ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm,
-                       NcclComm::Create(nccl_id, role.tp_rank, role.tp_size, c.cuda_device));
+                       NcclComm::Create(ids.tp, role.tp_rank, role.tp_size, c.cuda_device));
       comm_ptr = comm.get();
       stage.borrowed = std::shared_ptr<NcclComm>(std::move(comm));
+    }
+    // The stage links (stage_link.h): the outgoing one first, so that the chain of joins
+    // completes from the last stage back without a cycle.
+    if (role.links() && !role.last_stage()) {
+      spdlog::info("joining the NCCL link to stage {}, TP rank {}", role.stage + 1, role.tp_rank);
+      ASSIGN_OR_RETURN(stage.link_out,
+                       NcclStageLink::Create(ids.link_out, /*sender=*/true, c.cuda_device,
+                                             absl::StrCat("the link to stage ", role.stage + 1,
+                                                          ", TP rank ", role.tp_rank)));
+    }
+    if (role.links() && role.stage > 0) {
+      spdlog::info("joining the NCCL link from stage {}, TP rank {}", role.stage - 1, role.tp_rank);
+      // The largest micro-batch's streams, allocated before the KV pool takes the free memory.
+      const size_t reserve = static_cast<size_t>(std::max(0, role.max_batch_tokens)) *
+                             static_cast<size_t>(model->config().hc_mult * model->config().dim) * 2;
+      ASSIGN_OR_RETURN(stage.link_in,
+                       NcclStageLink::Create(ids.link_in, /*sender=*/false, c.cuda_device,
+                                             absl::StrCat("the link from stage ", role.stage - 1,
+                                                          ", TP rank ", role.tp_rank),
+                                             reserve));
     }
     // The expert-worker client (this rank's slices), kept alive by the backend's provider.
     ASSIGN_OR_RETURN(std::shared_ptr<RoutedExpertsClient> client,
@@ -302,7 +334,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
     ASSIGN_OR_RETURN(stage.backend, CpuBackend::Create(model, o));
   }
   stage.kv_block_tokens = role.kv_block_tokens;
-  if (!role.last_stage()) {
+  if (!role.last_stage() && !role.links()) {
     if (role.next_stage_address.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("stage ", role.stage, " has no address for stage ", role.stage + 1));
@@ -325,12 +357,18 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role,
       if (on_group_broken) on_group_broken(why);
     };
   }
+  if (role.links()) {
+    ro.on_link_broken = [on_group_broken](const std::string& why) {
+      if (on_group_broken) on_group_broken(why);
+    };
+  }
 #else
   (void)comm_ptr;
   (void)on_group_broken;
 #endif
-  stage.runner = std::make_unique<StageRunner>(stage.backend.get(), role, inbox, stage.sender.get(),
-                                               stage.metrics.get(), ro);
+  stage.runner = std::make_unique<StageRunner>(
+      stage.backend.get(), role, inbox, stage.sender.get(), stage.metrics.get(), ro,
+      StageLinks{stage.link_in.get(), stage.link_out.get()});
   const BackendInfo info = stage.backend->info();
   spdlog::info(
       "stage {} of {}, TP rank {} of {}: layers [{}, {}), {} expert layer(s) remote, weights "
@@ -517,7 +555,7 @@ int Main(int argc, char** argv) {
     std::unique_ptr<CoordinatorClient> coordinator;
     std::thread heartbeat;
     StageRole role;
-    std::string nccl_id;  // TP > 1: the group's unique id
+    NcclIds nccl_ids;
     bool have_role = false;
     if (server != nullptr && !c.coordinator.empty()) {
       coordinator = std::make_unique<CoordinatorClient>(c.coordinator);
@@ -572,6 +610,19 @@ int Main(int argc, char** argv) {
           }
 #endif
         }
+        // Under the nccl stage transport each sending worker creates its link's id (3b).
+        if (role.links() && !role.last_stage() && setup.ok()) {
+#ifdef SS_HAVE_CUDA
+          absl::StatusOr<std::string> id = NcclComm::NewUniqueId();
+          if (id.ok()) {
+            publish[PpLinkName(role.stage, role.tp_rank)] = *id;
+          } else {
+            setup = id.status();
+          }
+#else
+          setup = absl::UnimplementedError("stage_transport nccl: this build has no CUDA");
+#endif
+        }
         absl::StatusOr<RendezvousResult> met =
             setup.ok() ? coordinator->Rendezvous(
                              c.worker_id, publish,
@@ -584,7 +635,21 @@ int Main(int argc, char** argv) {
                                                              role.stage, "'s TP group '",
                                                              TpGroupName(role.stage), "'"));
           } else {
-            nccl_id = it->second;
+            nccl_ids.tp = it->second;
+          }
+        }
+        if (met.ok() && role.links()) {
+          for (auto [stage, to] : {std::pair{role.stage, &nccl_ids.link_out},
+                                   std::pair{role.stage - 1, &nccl_ids.link_in}}) {
+            if (stage < 0 || stage + 1 >= role.num_stages) continue;
+            auto it = met->nccl_ids.find(PpLinkName(stage, role.tp_rank));
+            if (it == met->nccl_ids.end()) {
+              met = absl::FailedPreconditionError(
+                  absl::StrCat("rendezvous: no NCCL id for the stage link '",
+                               PpLinkName(stage, role.tp_rank), "'"));
+              break;
+            }
+            *to = it->second;
           }
         }
         if (!met.ok()) {
@@ -615,7 +680,7 @@ int Main(int argc, char** argv) {
         absl::StatusOr<std::string> id = StandaloneNcclId(
             c, absl::Now() + absl::Milliseconds(c.coordinator_timeout_ms), stop.flag());
         if (id.ok()) {
-          nccl_id = *id;
+          nccl_ids.tp = *id;
         } else {
           server->SetError(std::string(id.status().message()));
           spdlog::error("{}", std::string(id.status().message()));
@@ -628,7 +693,7 @@ int Main(int argc, char** argv) {
         stop.Trigger(1, absl::StrCat("a step may have left the TP group out of step (", why,
                                      "): communicator aborted, the group must be formed anew"));
       };
-      auto stage = LoadStage(c, role, nccl_id, metrics.get(), &server->inbox(), stop.flag(),
+      auto stage = LoadStage(c, role, nccl_ids, metrics.get(), &server->inbox(), stop.flag(),
                              on_group_broken);
       if (!stage.ok()) {
         spdlog::error("start-up failed: {}", std::string(stage.status().message()));

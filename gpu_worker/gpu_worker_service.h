@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/stage_link.h"
 #include "gpu_worker/stage_runner.h"
 #include "gpu_worker/stage_transfer.h"
 
@@ -43,6 +44,9 @@ struct LoadedStage {
   // Whatever the backend borrows and must outlive it (the TP group's NcclComm): declared first,
   // destroyed last.
   std::shared_ptr<void> borrowed;
+  // The nccl stage transport's links (stage_link.h; null under gRPC, and at the first / last
+  // stage).
+  std::unique_ptr<StageLink> link_in, link_out;
   std::unique_ptr<StageBackend> backend;
   std::unique_ptr<StreamSender> sender;    // non-last stage
   std::unique_ptr<WorkerMetrics> metrics;  // optional

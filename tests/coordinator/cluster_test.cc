@@ -157,6 +157,47 @@ TEST(ClusterConfigTest, CudaDevicesOfStagesAndRanks) {
   EXPECT_FALSE(AssignCudaDevices(0, 1, 1).ok());
 }
 
+TEST(ClusterConfigTest, NcclStageLinksGetGpusOfTheirOwnAndShareOneFate) {
+  // A link's two ranks (stage s rank r, stage s + 1 rank r) must not share a GPU either: the
+  // next stage rotates by the least shift that avoids it.
+  EXPECT_EQ(*AssignCudaDevices(2, 2, 2, true), (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_EQ(*AssignCudaDevices(2, 1, 2, true), (std::vector<int>{0, 1}));
+  EXPECT_EQ(*AssignCudaDevices(3, 1, 2, true), (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(*AssignCudaDevices(2, 2, 4, true), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(*AssignCudaDevices(3, 2, 2, true), (std::vector<int>{0, 1, 1, 0, 0, 1}));
+  EXPECT_EQ(*AssignCudaDevices(1, 1, 1, true), (std::vector<int>{0}));  // no link
+  const absl::Status one = AssignCudaDevices(2, 1, 1, true).status();
+  EXPECT_EQ(one.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(one.message().find("two GPUs"), std::string::npos) << one;
+
+  const ModelConfig model = TinyModel();
+  const std::string text = R"({"stage_transport": "nccl",
+    "stages": [{"layers": "0-3", "workers": ["a", "b"]}, {"layers": "4-6", "workers": ["c", "d"]}]})";
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(text, model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->stage_transport, "nccl");
+  EXPECT_EQ(RoleFor(*c, "c")->stage_transport(), "nccl");
+  EXPECT_EQ(FatePeers(*c, "c"), (std::vector<std::string>{"a", "b", "d"}));
+  EXPECT_EQ(TpPeers(*c, "c"), (std::vector<std::string>{"d"}));
+  absl::StatusOr<ClusterConfig> back = ParseClusterConfig(ClusterConfigToJson(*c), model);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->stage_transport, "nccl");
+  // The default, gRPC: stages keep their own fates.
+  absl::StatusOr<ClusterConfig> g = ParseClusterConfig(R"({
+    "stages": [{"layers": "0-3", "workers": ["a", "b"]}, {"layers": "4-6", "workers": ["c", "d"]}]})",
+                                                       model);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->stage_transport, "grpc");
+  EXPECT_EQ(RoleFor(*g, "a")->stage_transport(), "grpc");
+  EXPECT_EQ(FatePeers(*g, "c"), (std::vector<std::string>{"d"}));
+  const absl::Status bad =
+      ParseClusterConfig(
+          R"({"stage_transport": "rdma", "stages": [{"layers": "0-6", "workers": ["a"]}]})", model)
+          .status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("'stage_transport'"), std::string::npos) << bad;
+}
+
 // `nodes` NUMA nodes of `cores` cores, each core `smt` hardware threads numbered as Linux does
 // on such machines: core c of the machine has cpus c, c + total cores, ...
 std::vector<std::vector<std::vector<int>>> Machine(int nodes, int cores, int smt) {
@@ -353,8 +394,7 @@ class FakeWorker final : public pb::GpuWorker::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status PushStreams(grpc::ServerContext*, const pb::StageStreams*,
-                           pb::PushReply*) override {
+  grpc::Status PushStreams(grpc::ServerContext*, const pb::StageStreams*, pb::PushReply*) override {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "fake");
   }
 
@@ -836,6 +876,104 @@ TEST_F(TpClusterFixture, ATpGroupLivesAndDiesAsOne) {
     dead = control_->CheckHeartbeats();
   }
   EXPECT_EQ(dead, (std::vector<std::string>{"gpu0", "gpu1"}));
+}
+
+// The nccl stage transport (proto/cluster.proto 3b): the senders publish their links' ids, and
+// every GPU worker shares one fate.
+class LinkedClusterFixture : public TpClusterFixture {
+ protected:
+  const char* ConfigText() const override { return kLinked; }
+  static constexpr char kLinked[] = R"({
+    "model_name": "tiny", "kv_block_tokens": 128, "max_batch_tokens": 256, "max_running": 32,
+    "heartbeat_interval_ms": 50, "heartbeat_timeout_ms": 3000, "stage_transport": "nccl",
+    "stages": [{"layers": "0-3", "workers": ["gpu0", "gpu1"]},
+               {"layers": "4-6", "workers": ["gpu2", "gpu3"]}]})";
+  // What each worker publishes: its TP group's id as a stage's rank 0, its link's as a sender.
+  static std::map<std::string, std::string> Publish(int i, bool link = true) {
+    std::map<std::string, std::string> p;
+    if (i == 0) p[TpGroupName(0)] = std::string(kNcclUniqueIdBytes, 'x');
+    if (i == 2) p[TpGroupName(1)] = std::string(kNcclUniqueIdBytes, 'y');
+    if (i < 2 && link)
+      p[PpLinkName(0, i)] = std::string(kNcclUniqueIdBytes, static_cast<char>('0' + i));
+    return p;
+  }
+};
+
+TEST_F(LinkedClusterFixture, RendezvousRelaysTheLinksIdsFromTheirSenders) {
+  pb::RendezvousReply r;
+  // The last stage sends on no link; a worker publishes only its own link.
+  EXPECT_EQ(
+      Meet("gpu2", {{PpLinkName(1, 0), std::string(kNcclUniqueIdBytes, 'a')}}, &r).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(
+      Meet("gpu0", {{PpLinkName(0, 1), std::string(kNcclUniqueIdBytes, 'a')}}, &r).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
+  std::vector<pb::RendezvousReply> replies(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      const grpc::Status st = Meet(ids_[i], Publish(i), &replies[i]);
+      EXPECT_TRUE(st.ok()) << ids_[i] << ": " << st.error_message();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(IdOf(replies[i], PpLinkName(0, 0)), std::string(kNcclUniqueIdBytes, '0')) << i;
+    EXPECT_EQ(IdOf(replies[i], PpLinkName(0, 1)), std::string(kNcclUniqueIdBytes, '1')) << i;
+    EXPECT_EQ(IdOf(replies[i], TpGroupName(1)), std::string(kNcclUniqueIdBytes, 'y')) << i;
+  }
+}
+
+TEST_F(LinkedClusterFixture, ASenderThatPublishesNoLinkFailsTheRendezvous) {
+  std::vector<grpc::Status> st(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      pb::RendezvousReply r;
+      st[i] = Meet(ids_[i], Publish(i, /*link=*/i != 1), &r);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(st[i].error_code(), grpc::StatusCode::FAILED_PRECONDITION) << i;
+    EXPECT_NE(st[i].error_message().find("'gpu1'"), std::string::npos) << st[i].error_message();
+  }
+}
+
+TEST_F(LinkedClusterFixture, EveryGpuWorkerSharesOneFateAndTheCpuBackendIsRefused) {
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      pb::RendezvousReply r;
+      EXPECT_TRUE(Meet(ids_[i], Publish(i), &r).ok()) << i;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // One dead worker of stage 1 takes stage 0 too: their links would hang.
+  control_->DeclareDead("gpu3", control_->Members()[3].generation);
+  EXPECT_TRUE(Dead(0) && Dead(1) && Dead(2) && Dead(3));
+  const grpc::Status cpu =
+      RegisterWorker(workers_[0].get(), kClusterProtocolVersion, "gpu0", "cpu");
+  EXPECT_EQ(cpu.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(cpu.error_message().find("stage_transport"), std::string::npos) << cpu.error_message();
+  // They all register again; a worker that registers again after the links formed takes the
+  // others down with it.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(RegisterWorker(workers_[i].get()).ok()) << i;
+  EXPECT_FALSE(Dead(0) || Dead(1) || Dead(2) || Dead(3));
+  threads.clear();
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      pb::RendezvousReply r;
+      EXPECT_TRUE(Meet(ids_[i], Publish(i), &r).ok()) << i;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  silent_.store("gpu3");
+  std::this_thread::sleep_for(std::chrono::milliseconds(3200));
+  ASSERT_TRUE(RegisterWorker(workers_[3].get()).ok());
+  EXPECT_TRUE(Dead(0) && Dead(1) && Dead(2));
+  EXPECT_FALSE(Dead(3));
+  silent_.store("");
 }
 
 TEST_F(TpClusterFixture, EveryRankGetsEveryPlanAndOneFailedRankFailsTheMicroBatch) {
