@@ -36,6 +36,7 @@
 //
 // --pp P (with --tp N or alone) runs a stack of 2·P such layers as P pipeline stages of TP N,
 // stage to stage over gRPC as splitserve does (bench/pipeline_stack.h); decode only.
+// --stage-transport nccl sends the streams over NCCL stage links instead (needs two GPUs).
 //
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
 // cudaProfilerStop (for `ncu --profile-from-start off`); --profile_context 65536 profiles 64K.
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
   bool profile = false;
   int64_t profile_context = 8192;
   int tp = 1, pp = 1;
+  bool links = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
@@ -147,6 +149,8 @@ int main(int argc, char** argv) {
       tp = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--pp") == 0 && i + 1 < argc) {
       pp = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--stage-transport") == 0 && i + 1 < argc) {
+      links = std::strcmp(argv[++i], "nccl") == 0;
     } else {
       dir = argv[i];
     }
@@ -156,7 +160,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (pp > 1 && !ss::bench::PipelineStackAvailable()) {
-    return ss::bench::RunPipelineStack(nullptr, tp, pp, n_dev, 0);  // says why it cannot
+    return ss::bench::RunPipelineStack(nullptr, tp, pp, n_dev, 0, links);  // says why it cannot
   }
   // --pp P: 2·P layers of compress ratios 4, 128, 4, 128, ... in their own directory.
   const std::string config = pp == 1 ? std::string(kConfig) : StackConfig(2 * pp);
@@ -196,7 +200,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--tp %d needs %d CUDA devices, %d found\n", tp, tp, n_dev);
     return 1;
   }
-  if (pp > 1) return ss::bench::RunPipelineStack(model, tp, pp, n_dev, copy_bw);
+  if (pp > 1) return ss::bench::RunPipelineStack(model, tp, pp, n_dev, copy_bw, links);
   std::vector<std::unique_ptr<ss::gpu::NcclComm>> comms;
   if (tp > 1) {
     std::vector<int> devices;

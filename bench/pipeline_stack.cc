@@ -13,7 +13,9 @@
 #include "gpu_worker/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"
 #if SS_BENCH_PP_GRPC
+#include "coordinator/cluster_config.h"
 #include "gpu_worker/gpu_worker_service.h"
+#include "gpu_worker/nccl_stage_link.h"
 #include "gpu_worker/stage_transfer.h"
 #endif
 
@@ -34,7 +36,7 @@ int64_t LayerKvBytes(const ModelConfig& c, int64_t ratio, int64_t ctx) {
 
 bool PipelineStackAvailable() { return false; }
 
-int RunPipelineStack(const std::shared_ptr<const model::Model>&, int, int, int, double) {
+int RunPipelineStack(const std::shared_ptr<const model::Model>&, int, int, int, double, bool) {
   std::fprintf(stderr, "--pp needs the services build (gRPC carries the streams between stages)\n");
   return 1;
 }
@@ -61,6 +63,7 @@ struct Rank {
   std::unique_ptr<gpu::CudaBackend> backend;
   std::unique_ptr<gpu::GpuWorkerServer> server;
   std::unique_ptr<gpu::StreamSender> sender;
+  std::unique_ptr<gpu::NcclStageLink> link_in, link_out;  // --stage-transport nccl
   // The last step's timestamps (seconds).
   double start = 0, ran = 0, pushed = 0;
   bool ok = true;
@@ -71,7 +74,7 @@ struct Rank {
 bool PipelineStackAvailable() { return true; }
 
 int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, int pp, int n_dev,
-                     double copy_bw) {
+                     double copy_bw, bool links) {
   const ModelConfig& c = model->config();
   if (c.n_layers < kLayersPerStage * pp) {
     std::fprintf(stderr, "--pp %d needs %d layers, the checkpoint has %lld\n", pp,
@@ -79,11 +82,14 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
     return 1;
   }
   const int64_t width = c.hc_mult * c.dim;
+  absl::StatusOr<std::vector<int> > assigned = coord::AssignCudaDevices(pp, tp, n_dev, links);
+  if (!Check(assigned.status(), "GPU layout")) return 1;
   std::vector<std::vector<int> > devices(pp);
   for (int s = 0; s < pp; ++s) {
-    for (int r = 0; r < tp; ++r) devices[s].push_back((s * tp + r) % n_dev);
+    for (int r = 0; r < tp; ++r) devices[s].push_back((*assigned)[s * tp + r]);
   }
-  std::printf("TP %d x PP %d, %d layers per stage, %d GPUs%s\n", tp, pp, kLayersPerStage, n_dev,
+  std::printf("TP %d x PP %d, %d layers per stage, %d GPUs, streams over %s%s\n", tp, pp,
+              kLayersPerStage, n_dev, links ? "NCCL links" : "gRPC",
               tp * pp > n_dev ? " (stages share GPUs; one micro-batch runs through the stages one "
                                 "after another)"
                               : "");
@@ -116,14 +122,14 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
       k.stage = s;
       k.rank = r;
       k.device = devices[s][r];
-      if (s > 0) {
+      if (s > 0 && !links) {
         auto srv = gpu::GpuWorkerServer::Start("127.0.0.1:0", "pp-bench");
         if (!Check(srv.status(), "stream server")) return 1;
         k.server = std::move(*srv);
       }
     }
   }
-  for (int s = 0; s + 1 < pp; ++s) {
+  for (int s = 0; s + 1 < pp && !links; ++s) {
     for (int r = 0; r < tp; ++r) {
       ranks[s][r].sender = std::make_unique<gpu::StreamSender>(
           "127.0.0.1:" + std::to_string(ranks[s + 1][r].server->port()));
@@ -155,11 +161,50 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
     return true;
   });
   if (!created) return 1;
+  // The links: each (stage, rank) joins its outgoing link, then its incoming one, on its own
+  // thread (a join blocks until the other end has joined).
+  std::vector<std::vector<std::string> > link_ids(pp);
+  for (int s = 0; s + 1 < pp && links; ++s) {
+    for (int r = 0; r < tp; ++r) {
+      auto id = gpu::NcclComm::NewUniqueId();
+      if (!Check(id.status(), "NCCL id")) return 1;
+      link_ids[s].push_back(*id);
+    }
+  }
+  const bool linked = !links || all([&](Rank& k) {
+    if (k.stage + 1 < pp) {
+      auto l = gpu::NcclStageLink::Create(link_ids[k.stage][k.rank], true, k.device, "link out");
+      if (!Check(l.status(), "link out")) return false;
+      k.link_out = std::move(*l);
+    }
+    if (k.stage > 0) {
+      auto l =
+          gpu::NcclStageLink::Create(link_ids[k.stage - 1][k.rank], false, k.device, "link in");
+      if (!Check(l.status(), "link in")) return false;
+      k.link_in = std::move(*l);
+    }
+    return true;
+  });
+  if (!linked) return 1;
 
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> streams(8 * width);
   for (float& v : streams) v = RoundBf16(nd(rng));
+  // The first stage's input as bf16 on its GPUs (--stage-transport nccl: RunDevice).
+  std::vector<std::shared_ptr<void> > first_in(tp);
+  for (int r = 0; r < tp && links; ++r) {
+    std::vector<uint16_t> b(streams.size());
+    for (size_t i = 0; i < b.size(); ++i) b[i] = FloatToBf16(streams[i]);
+    void* p = nullptr;
+    cudaSetDevice(devices[0][r]);
+    if (cudaMalloc(&p, b.size() * 2) != cudaSuccess ||
+        cudaMemcpy(p, b.data(), b.size() * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+      std::fprintf(stderr, "first stage's input: CUDA error\n");
+      return 1;
+    }
+    first_in[r] = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  }
   uint64_t micro_batch = 1;
 
   for (const int64_t context : {int64_t{8192}, int64_t{65536}}) {
@@ -189,6 +234,26 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
         const bool ok = all([&](Rank& k) {
           const absl::Time deadline = absl::Now() + absl::Seconds(60);
           gpu::StageStreamsData in;
+          if (links) {
+            const void* dev_in = first_in[k.rank].get();
+            if (k.stage > 0) {
+              auto got = k.link_in->Receive(id, deadline);
+              if (!Check(got.status(), "receive")) return false;
+              dev_in = got->streams;
+            }
+            k.start = Now();
+            gpu::StageOutput out;
+            gpu::StageTimings* tm = timings && k.rank == 0 ? &(*timings)[k.stage] : nullptr;
+            if (!Check(k.backend->RunDevice(step, dev_in, &out, tm), "decode")) return false;
+            k.ran = Now();
+            if (k.link_out && !Check(k.link_out->Send(id, out.rows, out.width, out.device_streams,
+                                                      false, deadline),
+                                     "send")) {
+              return false;
+            }
+            k.pushed = Now();
+            return true;
+          }
           if (k.stage > 0) {
             auto got = k.server->inbox().Take(id, deadline);
             if (!Check(got.status(), "take")) return false;

@@ -18,6 +18,11 @@
 //               same-run device-to-device copy, and its NCCL all-reduce time per layer (a second
 //               pass with StageTimings, rank 0)
 //   push s      the gRPC push of stage s's streams to stage s + 1 (the slowest rank's)
+//
+// With `links` (--stage-transport nccl) the streams go device to device over NCCL stage links
+// (gpu_worker/nccl_stage_link.h; the backends' RunDevice) and push s is the link's Send; the GPUs
+// are then assigned as splitserve up does for that transport (coord::AssignCudaDevices with links:
+// a link's two ends on different GPUs).
 #pragma once
 
 #include <memory>
@@ -34,7 +39,7 @@ int64_t LayerKvBytes(const ModelConfig& c, int64_t ratio, int64_t ctx);
 
 // Returns the process exit code. `model` has at least 2·pp layers; needs tp GPUs at least.
 int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, int pp, int n_dev,
-                     double copy_bw);
+                     double copy_bw, bool links = false);
 
 // Whether this build can run it (the services build: gRPC carries the streams between stages).
 bool PipelineStackAvailable();

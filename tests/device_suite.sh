@@ -7,7 +7,8 @@
 #                                    up: only `splitserve up`; tp: quick's run limited to what
 #                                    tensor parallelism touches, with a build of only those
 #                                    targets; tpup: TP across processes only -- `splitserve up
-#                                    --backend cuda` at TP 1, TP 2 and TP 2 x PP 2 answering one
+#                                    --backend cuda` at TP 1, TP 2 and TP 2 x PP 2, and PP 2 and
+#                                    TP 2 x PP 2 over NCCL stage links, answering one
 #                                    greedy chat completion each, compared, and splitserve-golden
 #                                    --tp 2 --stages 2 against TP 1, building only the binaries,
 #                                    or none with SS_DEVICE_BIN=DIR naming prebuilt ones; the
@@ -170,7 +171,12 @@ if [ "$quick" = tpup ]; then
   if [ "$ngpu" -ge 2 ]; then
     up_run tp2 18311 tiny-a --model $m --tokenizer $tok --stages 1 --tp 2
     up_run tp2pp2 18321 tiny-a --model $m --tokenizer $tok --stages 2 --tp 2
-    compare_chats tp1 tp2 tp2pp2
+    # Streams between stages over gRPC (the default) and over NCCL links (--stage-transport nccl).
+    up_run pp2 18331 tiny-a --model $m --tokenizer $tok --stages 2
+    up_run pp2nccl 18341 tiny-a --model $m --tokenizer $tok --stages 2 --stage-transport nccl
+    up_run tp2pp2nccl 18351 tiny-a --model $m --tokenizer $tok --stages 2 --tp 2 \
+      --stage-transport nccl
+    compare_chats tp1 tp2 tp2pp2 pp2 pp2nccl tp2pp2nccl
   fi
   exit 0
 fi

@@ -6,7 +6,9 @@
 # then the device tool with carry [".devpack/mini"]:
 #   bash tests/device/pp_stack.sh $OUT
 # (or from the full pack, unpacked: SS_DEVICE_BIN=.devbin bash tests/device/pp_stack.sh $OUT)
-# With fewer GPUs than TP x PP the stages share them (the bench says so).
+# With fewer GPUs than TP x PP the stages share them (the bench says so). Each layout runs with the
+# streams over gRPC and over NCCL stage links (--stage-transport nccl; two GPUs or more);
+# CONFIGS="TP PP TRANSPORT;..." limits it (e.g. CONFIGS="1 2 nccl").
 set -u
 out=$1
 export NCCL_NVLS_ENABLE=0
@@ -15,11 +17,14 @@ bin=${SS_DEVICE_BIN:-.devpack/mini}
 export LD_LIBRARY_PATH=$PWD/$bin:$PWD/$bin/lib:/usr/local/cuda/lib64:${nccl}
 nvidia-smi -L
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-for cfg in "2 2" "1 2"; do
+IFS=';' read -ra configs <<< "${CONFIGS:-2 2 grpc;2 2 nccl;1 2 grpc;1 2 nccl}"
+for cfg in "${configs[@]}"; do
   set -- $cfg
   [ "$1" -le "$gpus" ] || { echo "TP $1 x PP $2: skipped, $gpus GPU(s)"; continue; }
-  timeout 280 $bin/cuda_backend_layer_bench --tp $1 --pp $2 > $out/tp$1pp$2.log 2>&1
-  echo "TP $1 x PP $2: rc=$?"
-  grep -v '^\[' $out/tp$1pp$2.log
+  [ "$3" = grpc ] || [ "$gpus" -ge 2 ] || { echo "TP $1 x PP $2 $3: skipped, one GPU"; continue; }
+  log=$out/tp$1pp$2_$3.log
+  timeout 280 $bin/cuda_backend_layer_bench --tp $1 --pp $2 --stage-transport $3 > $log 2>&1
+  echo "TP $1 x PP $2 over $3: rc=$?"
+  grep -v '^\[' $log
 done
 [ -x $bin/stage_push_bench ] && timeout 120 $bin/stage_push_bench 200
