@@ -300,23 +300,17 @@ absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus,
                      "of one communicator on one GPU), and this machine has ",
                      gpus, "; use --tp <= ", gpus, " (stages may share GPUs)"));
   }
-  if (links && stages > 1 && gpus < 2) {
-    return absl::InvalidArgumentError(
-        "GPU layout: the nccl stage transport links rank r of each stage to rank r of the next, "
-        "and NCCL forbids a link's two ranks on one GPU, so it needs two GPUs or more (or "
-        "stage_transport grpc)");
+  if (links && stages > 1 && stages * tp > gpus) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU layout: the nccl stage transport needs a GPU per GPU worker (", stages,
+        " stages of TP ", tp, " on ", gpus,
+        " GPUs): NCCL refuses a link whose two workers share a GPU, and a receiving worker's "
+        "waiting NCCL kernel would time-slice a shared GPU with another process's compute; use "
+        "fewer stages or stage_transport grpc"));
   }
   std::vector<int> devices;
   for (int s = 0; s < stages; ++s) {
-    for (int shift = 0; shift < gpus; ++shift) {
-      bool clash = false;
-      for (int r = 0; r < tp && links && s > 0; ++r) {
-        clash |= (s * tp + r + shift) % gpus == devices[(s - 1) * tp + r];
-      }
-      if (clash) continue;
-      for (int r = 0; r < tp; ++r) devices.push_back((s * tp + r + shift) % gpus);
-      break;
-    }
+    for (int r = 0; r < tp; ++r) devices.push_back((s * tp + r) % gpus);
   }
   return devices;
 }

@@ -103,9 +103,11 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
 // `gpus` GPUs, in GpuWorkerIds() order: stage s, rank r on (s·tp + r) mod gpus. Stages may share
 // GPUs (several processes on one GPU), but NCCL forbids two ranks of one communicator on one
 // GPU, so a stage's ranks must land on distinct GPUs: tp > gpus is InvalidArgument, saying so.
-// With `links` (the nccl stage transport), rank r of stage s and of stage s + 1 are a link's two
-// ranks too: a stage whose ranks would land on their links' peers' GPUs is rotated by the least
-// shift that avoids it, and one GPU (no shift can) is InvalidArgument.
+// With `links` (the nccl stage transport, more than one stage) every worker needs a GPU of its
+// own: NCCL refuses a link whose two ranks share a GPU, and a worker waiting in a link's receive
+// keeps an NCCL kernel on its GPU beside another process's work there (tiny-a at TP 2 x PP 2 on
+// two H200s, each GPU holding a rank of both stages, served 80 tokens/s over NCCL links against
+// 251 over gRPC); fewer GPUs is InvalidArgument.
 absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus,
                                                    bool links = false);
 

@@ -12,8 +12,7 @@
 // stage N GPU workers ("gpu<s>-<r>"; "gpu<s>" for TP 1), stage s rank r on GPU (s·N + r) mod G
 // (coord::AssignCudaDevices: stages may share GPUs, a stage's ranks may not; N > G is refused).
 // --stage-transport nccl writes stage_transport "nccl" into the cluster config (streams between
-// stages over NCCL links, proto/cluster.proto 3b) and rotates a stage whose ranks would share a
-// GPU with their links' peers.
+// stages over NCCL links, proto/cluster.proto 3b); it needs a GPU per GPU worker.
 // Expert slice i goes to TP rank i mod N (cluster_config.h). With the cuda backend the coordinator
 // and the GPU workers run on whole cores of their own and the expert workers on the rest
 // (coord::PlanLaunchCpusFor; printed at start), since a pinned expert thread sharing its core

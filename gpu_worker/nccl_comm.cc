@@ -191,6 +191,13 @@ absl::Status NcclComm::Synchronize(cudaStream_t stream, absl::Duration timeout,
   return s;
 }
 
+absl::Status NcclComm::WaitEvent(cudaEvent_t event, absl::Duration timeout, std::string_view what) {
+  if (aborted_) return absl::FailedPreconditionError("NCCL communicator aborted");
+  absl::Status s = Wait([event] { return cudaEventQuery(event); }, h_->comm, rank_, timeout, what);
+  if (!s.ok()) Abort();
+  return s;
+}
+
 #else  // !SS_HAVE_NCCL
 
 struct NcclComm::Handle {};
@@ -223,6 +230,7 @@ absl::Status NcclComm::Recv(void*, size_t, int, cudaStream_t) { return NoNccl();
 absl::Status NcclComm::Synchronize(cudaStream_t, absl::Duration, std::string_view) {
   return NoNccl();
 }
+absl::Status NcclComm::WaitEvent(cudaEvent_t, absl::Duration, std::string_view) { return NoNccl(); }
 
 #endif  // SS_HAVE_NCCL
 

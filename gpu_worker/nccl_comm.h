@@ -93,6 +93,9 @@ class NcclComm {
                                "stream synchronisation (a peer of the group "
                                "stopped: the group must be rebuilt)");
 
+  // As Synchronize, for the work before `event` (recorded on a stream of this device).
+  absl::Status WaitEvent(cudaEvent_t event, absl::Duration timeout, std::string_view what);
+
   // Aborts the communicator (idempotent): peers blocked in a collective with it are released
   // only by their own deadline.
   void Abort();

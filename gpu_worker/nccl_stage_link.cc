@@ -47,26 +47,11 @@ absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(std::string
                                      " (NCCL refuses a link whose two workers share a GPU)"));
   }
   std::unique_ptr<NcclStageLink> link(new NcclStageLink(std::move(*comm), sender, std::move(what)));
-  if (absl::Status s = Cuda(cudaStreamCreateWithFlags(&link->stream_, cudaStreamNonBlocking),
-                            "cudaStreamCreateWithFlags");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Cuda(cudaMalloc(&link->header_dev_, sizeof(Header)), "cudaMalloc(header)");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          Cuda(cudaMallocHost(&link->header_host_, sizeof(Header)), "cudaMallocHost(header)");
-      !s.ok()) {
-    return s;
-  }
-  if (!sender) {
-    if (absl::Status s = link->Reserve(reserve_bytes); !s.ok()) return s;
-  }
+  RETURN_IF_ERROR(link->Init(reserve_bytes));
   const absl::Time deadline = absl::Now() + timeout;
   if (sender) {
-    if (absl::Status s = link->Send(kConnectId, 0, 0, nullptr, true, deadline); !s.ok()) return s;
+    RETURN_IF_ERROR(link->Send(kConnectId, 0, 0, nullptr, true, deadline));
+    RETURN_IF_ERROR(link->Flush(deadline));
   } else {
     absl::StatusOr<Received> r = link->Receive(kConnectId, deadline);
     if (!r.ok()) return r.status();
@@ -77,29 +62,48 @@ absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(std::string
 NcclStageLink::NcclStageLink(std::unique_ptr<NcclComm> comm, bool sender, std::string what)
     : comm_(std::move(comm)), sender_(sender), what_(std::move(what)) {}
 
+absl::Status NcclStageLink::Init(size_t reserve_bytes) {
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags"));
+  for (size_t i = 0; i < (sender_ ? slots_.size() : 1); ++i) {
+    Slot& s = slots_[i];
+    RETURN_IF_ERROR(Cuda(cudaMalloc(&s.header_dev, sizeof(Header)), "cudaMalloc(header)"));
+    RETURN_IF_ERROR(Cuda(cudaMallocHost(&s.header_host, sizeof(Header)), "cudaMallocHost(header)"));
+    for (cudaEvent_t* e : {&s.copied, &s.sent}) {
+      RETURN_IF_ERROR(
+          Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+    }
+    if (reserve_bytes > 0) {
+      RETURN_IF_ERROR(
+          Cuda(cudaMalloc(&s.streams, reserve_bytes), "cudaMalloc(stage link streams)"));
+      s.bytes = reserve_bytes;
+    }
+  }
+  return absl::OkStatus();
+}
+
 NcclStageLink::~NcclStageLink() {
   cudaSetDevice(comm_->device());
-  comm_->Abort();  // releases a transfer still waiting for a peer before the stream is drained
-  if (stream_ != nullptr) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
+  comm_->Abort();  // releases a transfer still waiting for a peer before the streams are drained
+  for (cudaStream_t s : {stream_, copy_stream_}) {
+    if (s == nullptr) continue;
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
   }
-  if (header_dev_ != nullptr) cudaFree(header_dev_);
-  if (header_host_ != nullptr) cudaFreeHost(header_host_);
-  if (buffer_ != nullptr) cudaFree(buffer_);
+  for (Slot& s : slots_) {
+    if (s.header_dev != nullptr) cudaFree(s.header_dev);
+    if (s.header_host != nullptr) cudaFreeHost(s.header_host);
+    if (s.streams != nullptr) cudaFree(s.streams);
+    for (cudaEvent_t e : {s.copied, s.sent}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
 }
 
 void NcclStageLink::Abort() { comm_->Abort(); }
-
-absl::Status NcclStageLink::Reserve(size_t bytes) {
-  if (bytes <= buffer_bytes_) return absl::OkStatus();
-  if (buffer_ != nullptr) cudaFree(buffer_);
-  buffer_ = nullptr;
-  buffer_bytes_ = 0;
-  RETURN_IF_ERROR(Cuda(cudaMalloc(&buffer_, bytes), "cudaMalloc(stage link streams)"));
-  buffer_bytes_ = bytes;
-  return absl::OkStatus();
-}
 
 absl::Status NcclStageLink::Broken(absl::Status why) {
   comm_->Abort();
@@ -112,6 +116,21 @@ absl::Status NcclStageLink::Wait(absl::Time deadline, std::string_view what) {
   return s.ok() ? s : Broken(std::move(s));
 }
 
+absl::Status NcclStageLink::WaitSent(Slot& slot, absl::Time deadline) {
+  if (!slot.in_flight) return absl::OkStatus();
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+  absl::Status s = comm_->WaitEvent(
+      slot.sent, left, absl::StrCat("sending micro-batch ", slot.micro_batch_id, "'s streams"));
+  if (!s.ok()) return Broken(std::move(s));
+  slot.in_flight = false;
+  return absl::OkStatus();
+}
+
+absl::Status NcclStageLink::Flush(absl::Time deadline) {
+  for (Slot& s : slots_) RETURN_IF_ERROR(WaitSent(s, deadline));
+  return absl::OkStatus();
+}
+
 absl::Status NcclStageLink::Send(uint64_t micro_batch_id, int64_t rows, int64_t width,
                                  const void* streams, bool failed, absl::Time deadline) {
   if (!sender_) return absl::FailedPreconditionError(absl::StrCat(what_, ": the receiving end"));
@@ -121,16 +140,44 @@ absl::Status NcclStageLink::Send(uint64_t micro_batch_id, int64_t rows, int64_t 
     return absl::InvalidArgumentError(
         absl::StrCat(what_, ": streams [", rows, ", ", width, "] to send"));
   }
-  if (absl::Status s = Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"); !s.ok()) return s;
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"));
+  Slot& slot = slots_[next_];
+  RETURN_IF_ERROR(WaitSent(slot, deadline));  // its previous message has left
+  next_ = (next_ + 1) % slots_.size();
+  if (bytes > slot.bytes) {
+    if (slot.streams != nullptr) cudaFree(slot.streams);
+    slot.streams = nullptr;
+    slot.bytes = 0;
+    RETURN_IF_ERROR(Cuda(cudaMalloc(&slot.streams, bytes), "cudaMalloc(stage link streams)"));
+    slot.bytes = bytes;
+  }
+  // The caller's streams into the slot (the caller's stream has finished writing them), then the
+  // header and the transfer behind the link's earlier ones.
+  absl::Status s = absl::OkStatus();
+  if (bytes > 0) {
+    s = Cuda(cudaMemcpyAsync(slot.streams, streams, bytes, cudaMemcpyDeviceToDevice, copy_stream_),
+             "cudaMemcpyAsync(streams)");
+  }
+  if (s.ok()) s = Cuda(cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord");
+  if (s.ok()) s = Cuda(cudaStreamWaitEvent(stream_, slot.copied, 0), "cudaStreamWaitEvent");
   const Header h{micro_batch_id, failed ? 0 : rows, failed ? 0 : width, failed ? 1u : 0u, kMagic};
-  std::memcpy(header_host_, &h, sizeof(h));
-  absl::Status s =
-      Cuda(cudaMemcpyAsync(header_dev_, header_host_, sizeof(h), cudaMemcpyHostToDevice, stream_),
-           "cudaMemcpyAsync(header)");
-  if (s.ok()) s = comm_->Send(header_dev_, sizeof(h), 1, stream_);
-  if (s.ok() && bytes > 0) s = comm_->Send(streams, bytes, 1, stream_);
+  std::memcpy(slot.header_host, &h, sizeof(h));
+  if (s.ok()) {
+    s = Cuda(cudaMemcpyAsync(slot.header_dev, slot.header_host, sizeof(h), cudaMemcpyHostToDevice,
+                             stream_),
+             "cudaMemcpyAsync(header)");
+  }
+  if (s.ok()) s = comm_->Send(slot.header_dev, sizeof(h), 1, stream_);
+  if (s.ok() && bytes > 0) s = comm_->Send(slot.streams, bytes, 1, stream_);
+  if (s.ok()) s = Cuda(cudaEventRecord(slot.sent, stream_), "cudaEventRecord");
   if (!s.ok()) return Broken(std::move(s));
-  return Wait(deadline, absl::StrCat("sending micro-batch ", micro_batch_id, "'s streams"));
+  slot.in_flight = true;
+  slot.micro_batch_id = micro_batch_id;
+  // The streams have left the caller's buffer once the copy is done (microseconds: the copy
+  // stream waits on nothing else).
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+  s = comm_->WaitEvent(slot.copied, left, "copying the streams to send");
+  return s.ok() ? s : Broken(std::move(s));
 }
 
 absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_id,
@@ -138,11 +185,11 @@ absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_
   if (sender_) return absl::FailedPreconditionError(absl::StrCat(what_, ": the sending end"));
   if (comm_->aborted()) return absl::FailedPreconditionError(absl::StrCat(what_, " is broken"));
   if (absl::Status s = Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"); !s.ok()) return s;
-  absl::Status s = comm_->Recv(header_dev_, sizeof(Header), 0, stream_);
+  absl::Status s = comm_->Recv(slots_[0].header_dev, sizeof(Header), 0, stream_);
   if (s.ok()) {
-    s = Cuda(
-        cudaMemcpyAsync(header_host_, header_dev_, sizeof(Header), cudaMemcpyDeviceToHost, stream_),
-        "cudaMemcpyAsync(header)");
+    s = Cuda(cudaMemcpyAsync(slots_[0].header_host, slots_[0].header_dev, sizeof(Header),
+                             cudaMemcpyDeviceToHost, stream_),
+             "cudaMemcpyAsync(header)");
   }
   if (!s.ok()) return Broken(std::move(s));
   if (absl::Status w =
@@ -151,7 +198,7 @@ absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_
     return w;
   }
   Header h;
-  std::memcpy(&h, header_host_, sizeof(h));
+  std::memcpy(&h, slots_[0].header_host, sizeof(h));
   if (h.magic != kMagic || h.micro_batch_id != micro_batch_id) {
     return Broken(absl::DataLossError(
         absl::StrCat("expected micro-batch ", micro_batch_id, "'s streams, got a message for ",
@@ -169,10 +216,20 @@ absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_
         absl::StrCat("micro-batch ", micro_batch_id, ": streams [", h.rows, ", ", h.width, "]")));
   }
   const size_t bytes = static_cast<size_t>(h.rows * h.width) * 2;
-  // Where it cannot grow, the sender's data is on its way and nothing can take it: the ends are
-  // out of step.
-  if (absl::Status e = Reserve(bytes); !e.ok()) return Broken(std::move(e));
-  if (absl::Status e = comm_->Recv(buffer_, bytes, 0, stream_); !e.ok()) return Broken(e);
+  Slot& in = slots_[0];
+  if (bytes > in.bytes) {
+    if (in.streams != nullptr) cudaFree(in.streams);
+    in.streams = nullptr;
+    in.bytes = 0;
+    // Where it cannot grow, the sender's data is on its way and nothing can take it: the ends are
+    // out of step.
+    if (absl::Status e = Cuda(cudaMalloc(&in.streams, bytes), "cudaMalloc(stage link streams)");
+        !e.ok()) {
+      return Broken(std::move(e));
+    }
+    in.bytes = bytes;
+  }
+  if (absl::Status e = comm_->Recv(in.streams, bytes, 0, stream_); !e.ok()) return Broken(e);
   if (absl::Status w =
           Wait(deadline, absl::StrCat("receiving micro-batch ", micro_batch_id, "'s streams"));
       !w.ok()) {
@@ -180,7 +237,7 @@ absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_
   }
   r.rows = h.rows;
   r.width = h.width;
-  r.streams = buffer_;
+  r.streams = in.streams;
   return r;
 }
 

@@ -158,17 +158,15 @@ TEST(ClusterConfigTest, CudaDevicesOfStagesAndRanks) {
 }
 
 TEST(ClusterConfigTest, NcclStageLinksGetGpusOfTheirOwnAndShareOneFate) {
-  // A link's two ranks (stage s rank r, stage s + 1 rank r) must not share a GPU either: the
-  // next stage rotates by the least shift that avoids it.
-  EXPECT_EQ(*AssignCudaDevices(2, 2, 2, true), (std::vector<int>{0, 1, 1, 0}));
+  // Linked workers need a GPU each (a link's two ranks may not share one, nor may processes
+  // with a waiting receive kernel).
   EXPECT_EQ(*AssignCudaDevices(2, 1, 2, true), (std::vector<int>{0, 1}));
-  EXPECT_EQ(*AssignCudaDevices(3, 1, 2, true), (std::vector<int>{0, 1, 0}));
   EXPECT_EQ(*AssignCudaDevices(2, 2, 4, true), (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_EQ(*AssignCudaDevices(3, 2, 2, true), (std::vector<int>{0, 1, 1, 0, 0, 1}));
-  EXPECT_EQ(*AssignCudaDevices(1, 1, 1, true), (std::vector<int>{0}));  // no link
-  const absl::Status one = AssignCudaDevices(2, 1, 1, true).status();
-  EXPECT_EQ(one.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(one.message().find("two GPUs"), std::string::npos) << one;
+  EXPECT_EQ(*AssignCudaDevices(1, 2, 2, true), (std::vector<int>{0, 1}));  // no link
+  const absl::Status shared = AssignCudaDevices(2, 2, 2, true).status();
+  EXPECT_EQ(shared.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shared.message().find("a GPU per GPU worker"), std::string::npos) << shared;
+  EXPECT_FALSE(AssignCudaDevices(3, 1, 2, true).ok());
 
   const ModelConfig model = TinyModel();
   const std::string text = R"({"stage_transport": "nccl",
