@@ -315,6 +315,12 @@ absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus,
   return devices;
 }
 
+std::string LaunchStageTransport(const std::string& requested, bool cuda, bool nccl, int stages,
+                                 int tp, int gpus) {
+  if (requested != "auto") return requested;
+  return cuda && nccl && stages > 1 && stages * tp <= gpus ? "nccl" : "grpc";
+}
+
 int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model) {
   return c.max_model_len > 0 ? c.max_model_len : model.max_position_embeddings;
 }

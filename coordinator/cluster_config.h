@@ -111,6 +111,13 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
 absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus,
                                                    bool links = false);
 
+// `splitserve up`'s stage transport for `requested` ("grpc", "nccl" or "auto"): auto is "nccl"
+// where the cuda backend (`cuda`) runs more than one stage, NCCL is built (`nccl`) and every GPU
+// worker has a GPU of its own (stages·tp <= gpus), else "grpc". (Under `up` the linked workers'
+// shared fate costs nothing: the launcher stops every process when one exits.)
+std::string LaunchStageTransport(const std::string& requested, bool cuda, bool nccl, int stages,
+                                 int tp, int gpus);
+
 // The longest sequence the cluster serves: c.max_model_len, or the model's
 // max_position_embeddings where it is 0 (a config built in code rather than parsed).
 int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model);

@@ -46,7 +46,7 @@ constexpr char kUsage[] =
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
     "                     [--max-model-len N] [--api-keys K1,K2]\n"
-    "                     [--stage-transport grpc|nccl]\n"
+    "                     [--stage-transport auto|grpc|nccl]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
@@ -60,7 +60,7 @@ constexpr char kUsage[] =
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
-  std::string isa = "auto", api_keys, log_dir, stage_transport = "grpc";
+  std::string isa = "auto", api_keys, log_dir, stage_transport = "auto";
   int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
@@ -123,8 +123,8 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
       if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--tp ", value, ": expected 1..64");
       o->tp = static_cast<int>(v);
     } else if (name == "--stage-transport") {
-      if (value != "grpc" && value != "nccl") {
-        return absl::StrCat("--stage-transport ", value, ": expected grpc or nccl");
+      if (value != "auto" && value != "grpc" && value != "nccl") {
+        return absl::StrCat("--stage-transport ", value, ": expected auto, grpc or nccl");
       }
       o->stage_transport = value;
     } else if (name == "--expert-workers") {
@@ -398,6 +398,13 @@ int RunUpCommand(int argc, char** argv) {
   if (backend == "cuda" && !o.stages_given) {
     o.stages = std::max(1, std::min<int>(gpus / o.tp, model->n_layers));
   }
+#ifdef SS_HAVE_NCCL
+  constexpr bool kNcclBuilt = true;
+#else
+  constexpr bool kNcclBuilt = false;
+#endif
+  o.stage_transport = coord::LaunchStageTransport(o.stage_transport, backend == "cuda", kNcclBuilt,
+                                                  o.stages, o.tp, gpus);
   std::vector<int> devices;  // per GPU worker, stage by stage in TP rank order
   if (backend == "cuda") {
     absl::StatusOr<std::vector<int>> d =
@@ -654,15 +661,16 @@ int RunUpCommand(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
       "splitserve up: ready in %.1f s: %s (%d stage(s) of TP %d, %s backend, %d expert "
-      "worker(s))\n"
+      "worker(s)%s)\n"
       "  try:\n"
       "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
       "\"max_tokens\": 32}'\n"
       "  metrics: %s/metrics%s\n"
       "  Ctrl-C stops everything.\n",
-      secs, url.c_str(), o.stages, o.tp, backend.c_str(), experts, url.c_str(),
-      cluster.model_name.c_str(), url.c_str(),
+      secs, url.c_str(), o.stages, o.tp, backend.c_str(), experts,
+      o.stages > 1 ? absl::StrCat(", streams between stages over ", o.stage_transport).c_str() : "",
+      url.c_str(), cluster.model_name.c_str(), url.c_str(),
       metrics_base == 0 ? ""
                         : absl::StrCat(" (workers: 127.0.0.1:", metrics_base, "-",
                                        metrics_base + o.stages * o.tp + experts - 1, "/metrics)")

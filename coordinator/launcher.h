@@ -2,7 +2,7 @@
 // "Processes", issue 6 item 7).
 //
 //   splitserve up [--model DIR] [--host H] [--port P] [--stages N] [--tp N]
-//                 [--expert-workers N|auto] [--stage-transport grpc|nccl]
+//                 [--expert-workers N|auto] [--stage-transport auto|grpc|nccl]
 //
 // It picks the layout (the cuda backend when GPUs are present and the cuda backend is built,
 // else the cpu backend; one expert worker per NUMA node holding slice i/n of every layer's
@@ -12,7 +12,8 @@
 // stage N GPU workers ("gpu<s>-<r>"; "gpu<s>" for TP 1), stage s rank r on GPU (s·N + r) mod G
 // (coord::AssignCudaDevices: stages may share GPUs, a stage's ranks may not; N > G is refused).
 // --stage-transport nccl writes stage_transport "nccl" into the cluster config (streams between
-// stages over NCCL links, proto/cluster.proto 3b); it needs a GPU per GPU worker.
+// stages over NCCL links, proto/cluster.proto 3b); it needs a GPU per GPU worker. The default,
+// auto, takes it wherever it can run (coord::LaunchStageTransport), else gRPC.
 // Expert slice i goes to TP rank i mod N (cluster_config.h). With the cuda backend the coordinator
 // and the GPU workers run on whole cores of their own and the expert workers on the rest
 // (coord::PlanLaunchCpusFor; printed at start), since a pinned expert thread sharing its core

@@ -171,9 +171,10 @@ if [ "$quick" = tpup ]; then
   if [ "$ngpu" -ge 2 ]; then
     up_run tp2 18311 tiny-a --model $m --tokenizer $tok --stages 1 --tp 2
     up_run tp2pp2 18321 tiny-a --model $m --tokenizer $tok --stages 2 --tp 2
-    # Streams between stages over gRPC (the default) and over NCCL links (--stage-transport nccl).
-    up_run pp2 18331 tiny-a --model $m --tokenizer $tok --stages 2
-    up_run pp2nccl 18341 tiny-a --model $m --tokenizer $tok --stages 2 --stage-transport nccl
+    # Streams between stages over gRPC and over NCCL links (--stage-transport auto takes them
+    # where every worker has a GPU of its own).
+    up_run pp2 18331 tiny-a --model $m --tokenizer $tok --stages 2 --stage-transport grpc
+    up_run pp2nccl 18341 tiny-a --model $m --tokenizer $tok --stages 2
     compare_chats tp1 tp2 tp2pp2 pp2 pp2nccl
   fi
   exit 0
@@ -305,6 +306,8 @@ if [ "$services" = ON ] && [ -x "$bin/splitserve" ]; then
     up_run tp1 18301 tiny --stages 1
     up_run tp2 18311 tiny --stages 1 --tp 2
     up_run tp2pp2 18321 tiny --stages 2 --tp 2
-    compare_chats tp1 tp2 tp2pp2
+    up_run pp2 18331 tiny --stages 2 --stage-transport grpc
+    up_run pp2nccl 18341 tiny --stages 2  # auto: NCCL links, a GPU per worker
+    compare_chats tp1 tp2 tp2pp2 pp2 pp2nccl
   fi
 fi

@@ -167,6 +167,14 @@ TEST(ClusterConfigTest, NcclStageLinksGetGpusOfTheirOwnAndShareOneFate) {
   EXPECT_EQ(shared.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(shared.message().find("a GPU per GPU worker"), std::string::npos) << shared;
   EXPECT_FALSE(AssignCudaDevices(3, 1, 2, true).ok());
+  // `up` takes the links wherever they can run.
+  EXPECT_EQ(LaunchStageTransport("auto", true, true, 2, 1, 2), "nccl");
+  EXPECT_EQ(LaunchStageTransport("auto", true, true, 2, 2, 2), "grpc");   // GPUs shared
+  EXPECT_EQ(LaunchStageTransport("auto", true, true, 1, 2, 2), "grpc");   // one stage
+  EXPECT_EQ(LaunchStageTransport("auto", true, false, 2, 1, 2), "grpc");  // no NCCL
+  EXPECT_EQ(LaunchStageTransport("auto", false, true, 2, 1, 2), "grpc");  // cpu backend
+  EXPECT_EQ(LaunchStageTransport("grpc", true, true, 2, 1, 2), "grpc");
+  EXPECT_EQ(LaunchStageTransport("nccl", true, true, 2, 2, 2), "nccl");  // refused later
 
   const ModelConfig model = TinyModel();
   const std::string text = R"({"stage_transport": "nccl",
