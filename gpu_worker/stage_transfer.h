@@ -3,9 +3,10 @@
 // r (the streams after a stage are the same bits on every rank, so each rank of the next stage
 // gets its own copy and no rank waits on another), which holds them in its StreamInbox until its
 // runner takes them for that micro-batch. The streams travel as bf16 (2 bytes a value; they are
-// bf16 values, spec §3), or as fp32 if a stage's are not all bf16-exact. (NCCL send/recv between
-// stages is not used: a stage that fails must not take its neighbours down with an aborted
-// communicator, cluster.proto 3a; bench/RESULTS.md "Pipeline stages" has what a push costs.)
+// bf16 values, spec §3), or as fp32 if a stage's are not all bf16-exact. This is the `grpc` stage
+// transport, under which a stage that fails does not take its neighbours down (cluster.proto 3a);
+// the `nccl` one (stage_link.h) sends device to device over NCCL and ties the linked workers'
+// fates together (3b). bench/RESULTS.md "Pipeline stages" has what each costs.
 //
 // A sending stage pushes exactly one StageStreams for every micro-batch that has chunks: the
 // streams, or `error` when it failed the micro-batch, so the receiving stage fails it at once
