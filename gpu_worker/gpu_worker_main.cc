@@ -5,20 +5,23 @@
 // Start-up: parse and validate every flag and log them; start the GpuWorker service (not ready);
 // with --coordinator: Register (the role: stage, TP rank and size, layers, expert slices),
 // Rendezvous (the peers: the next stage's worker of this TP rank; TP > 1: the group's NCCL
-// unique id, which this worker creates and publishes when it is the stage's rank 0), heartbeat
+// unique id, which this worker creates and publishes when it is the stage's rank 0; under the nccl
+// stage transport its stage links' ids, the one to the next stage created here), heartbeat
 // every heartbeat_interval_ms; standalone: the role from the flags (TP > 1: the id through
 // --nccl_id_file). Then load the model, join the TP group (NcclComm, blocking until every rank
-// has joined), connect this rank's expert-worker slices and build the backend: Status reports
+// has joined) and the stage links (NcclStageLink, the outgoing one first), connect this rank's
+// expert-worker slices and build the backend: Status reports
 // ready (or the start-up error, the worker staying up to report it). Runs until SIGTERM / SIGINT
 // (exit 0), until the coordinator says this worker is no longer a member (exit 0; 1 for a TP > 1
-// rank, whose group is formed again only by restarting every rank: cluster.proto 3a), until a
-// step leaves its TP group out of step (stage_runner.h; it aborts the communicator, exit 1) or
+// rank or a linked one, whose groups are formed again only by restarting every member:
+// cluster.proto 3a, 3b), until a step leaves its TP group or a stage link out of step
+// (stage_runner.h; it aborts the communicator, exit 1) or
 // the coordinator has been unreachable for --coordinator_timeout_ms (exit 1); then it closes its
 // streams and exits. A stop that cannot finish in kStopGrace (a thread blocked in an NCCL
 // collective or in joining a group whose peer died) ends the process with _exit.
 //
 // Exit status: 0 clean stop, 1 a runtime failure (registration refused, coordinator lost, cannot
-// listen, TP group broken), 2 a usage error.
+// listen, TP group or stage link broken), 2 a usage error.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -94,6 +97,8 @@ ABSL_FLAG(int64_t, plan_sequences, ss::gpu::MemoryPlanOptions{}.sequences,
 ABSL_FLAG(int64_t, plan_step_tokens, ss::gpu::MemoryPlanOptions{}.step_tokens,
           "--plan: tokens of the largest step (the coordinator's max_batch_tokens), whose "
           "workspace each GPU keeps free beside the pool");
+ABSL_FLAG(std::string, plan_stage_transport, "grpc",
+          "--plan: grpc, or nccl to set aside the stage links' streams buffers (PP > 1)");
 ABSL_FLAG(int64_t, plan_context, 0,
           "--plan: the longest context the step workspace must serve (0: the model's "
           "max_position_embeddings)");
@@ -388,12 +393,15 @@ int PrintPlan() {
   options.sequences = absl::GetFlag(FLAGS_plan_sequences);
   options.step_tokens = absl::GetFlag(FLAGS_plan_step_tokens);
   options.context = absl::GetFlag(FLAGS_plan_context);
+  const std::string transport = absl::GetFlag(FLAGS_plan_stage_transport);
+  options.stage_links = transport == "nccl";
   if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0 || options.sequences < 1 ||
-      options.step_tokens < 1 || options.context < 0) {
+      options.step_tokens < 1 || options.context < 0 ||
+      (transport != "grpc" && transport != "nccl")) {
     std::fprintf(stderr,
                  "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1, "
-                 "--plan_gib > 0, --plan_sequences >= 1, --plan_step_tokens >= 1 and "
-                 "--plan_context >= 0\n",
+                 "--plan_gib > 0, --plan_sequences >= 1, --plan_step_tokens >= 1, "
+                 "--plan_context >= 0 and --plan_stage_transport grpc or nccl\n",
                  kName);
     return 2;
   }
@@ -579,13 +587,14 @@ int Main(int argc, char** argv) {
             auto hb = coordinator->Heartbeat(c.worker_id,
                                              absl::Milliseconds(std::max(1000, interval_ms)));
             if (hb.ok() && !*hb) {
-              // A TP rank exits 1 so that its supervisor restarts it: its group is formed again
-              // only by every rank's new process.
-              stop.Trigger(role.tp_size > 1 ? 1 : 0,
-                           role.tp_size > 1
-                               ? "the coordinator no longer counts this worker (or a peer of its "
-                                 "TP group) as a member: the group must be formed anew"
-                               : "the coordinator no longer counts this worker as a member");
+              // A TP rank (or a linked worker) exits 1 so that its supervisor restarts it: its
+              // group is formed again only by every member's new process.
+              const bool grouped = role.tp_size > 1 || role.links();
+              stop.Trigger(grouped ? 1 : 0,
+                           grouped ? "the coordinator no longer counts this worker (or a peer of "
+                                     "its TP group or stage links) as a member: the groups must "
+                                     "be formed anew"
+                                   : "the coordinator no longer counts this worker as a member");
             } else if (hb.ok()) {
               last_ok = absl::Now();
             } else if (absl::Now() - last_ok > absl::Milliseconds(c.coordinator_timeout_ms)) {
@@ -690,8 +699,9 @@ int Main(int argc, char** argv) {
     }
     if (have_role && !stop.flag()->load()) {
       auto on_group_broken = [&stop](const std::string& why) {
-        stop.Trigger(1, absl::StrCat("a step may have left the TP group out of step (", why,
-                                     "): communicator aborted, the group must be formed anew"));
+        stop.Trigger(1, absl::StrCat("a step may have left the TP group or a stage link out of "
+                                     "step (",
+                                     why, "): communicator aborted, it must be formed anew"));
       };
       auto stage = LoadStage(c, role, nccl_ids, metrics.get(), &server->inbox(), stop.flag(),
                              on_group_broken);

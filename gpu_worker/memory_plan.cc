@@ -83,7 +83,11 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   plan.weight_bytes = StageWeightBytes(model, layout);
   plan.workspace_bytes = StepWorkspaceBytes(model, layout.tp_size, layout.first_layer,
                                             layout.end_layer, options.step_tokens, options.context);
-  plan.reserve_bytes = options.reserve_bytes + plan.workspace_bytes;
+  if (options.stage_links) {
+    const int64_t buffers = (layout.first_stage ? 0 : 1) + (layout.last_stage ? 0 : 2);
+    plan.link_bytes = buffers * options.step_tokens * model.hc_mult * model.dim * 2;
+  }
+  plan.reserve_bytes = options.reserve_bytes + plan.workspace_bytes + plan.link_bytes;
   sched::KvCostOptions ko;
   ko.block_tokens = options.block_tokens;
   ko.first_layer = layout.first_layer;
@@ -125,11 +129,12 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
 
 std::string MemoryPlan::Describe() const {
   return absl::StrFormat(
-      "weights %s + reserve %s (step workspace %s) + compressor state %s (%d sequences x %s), KV "
-      "pool %s = %d blocks of %d tokens (%d tokens; %d window blocks per sequence)",
-      GiB(weight_bytes), GiB(reserve_bytes), GiB(workspace_bytes), GiB(state_bytes), sequences,
-      MiB(kv_cost.state_bytes), GiB(kv_pool_bytes), kv_blocks, kv_cost.block_tokens, kv_tokens,
-      kv_cost.fixed_blocks);
+      "weights %s + reserve %s (step workspace %s%s) + compressor state %s (%d sequences x %s), "
+      "KV pool %s = %d blocks of %d tokens (%d tokens; %d window blocks per sequence)",
+      GiB(weight_bytes), GiB(reserve_bytes), GiB(workspace_bytes),
+      link_bytes > 0 ? absl::StrCat(", stage links ", MiB(link_bytes)) : std::string(),
+      GiB(state_bytes), sequences, MiB(kv_cost.state_bytes), GiB(kv_pool_bytes), kv_blocks,
+      kv_cost.block_tokens, kv_tokens, kv_cost.fixed_blocks);
 }
 
 }  // namespace ss::gpu

@@ -21,7 +21,10 @@
 // stage) on the device outside the pool (gpu_worker/cuda_backend_kv.h), so the plan sets aside
 // the states of `sequences` sequences before sizing the pool:
 //   kv_pool_bytes = device - weights - reserve - sequences x state_bytes,
-//   reserve = options.reserve_bytes + StepWorkspaceBytes(step_tokens, context)
+//   reserve = options.reserve_bytes + StepWorkspaceBytes(step_tokens, context) + link_bytes
+// where link_bytes, under the nccl stage transport (options.stage_links), are the stage links'
+// streams buffers (gpu_worker/nccl_stage_link.h): step_tokens x hc·dim bf16 values, once for the
+// link in (stage > 0) and twice for the link out (non-last stage).
 #pragma once
 
 #include <cstdint>
@@ -59,12 +62,15 @@ struct MemoryPlanOptions {
   // coordinator's default max_running (coordinator/cluster_config.h). A cluster that runs more
   // sequences must plan for them.
   int64_t sequences = 64;
+  // The nccl stage transport: the stage links' buffers are set aside too.
+  bool stage_links = false;
 };
 
 struct MemoryPlan {
   int64_t weight_bytes = 0;     // resident on this GPU
-  int64_t reserve_bytes = 0;    // options.reserve_bytes + workspace_bytes
+  int64_t reserve_bytes = 0;    // options.reserve_bytes + workspace_bytes + link_bytes
   int64_t workspace_bytes = 0;  // StepWorkspaceBytes of options.step_tokens at options.context
+  int64_t link_bytes = 0;       // the stage links' buffers (options.stage_links)
   int64_t sequences = 0;      // options.sequences
   int64_t state_bytes = 0;    // their compressor states: sequences x kv_cost.state_bytes
   int64_t kv_pool_bytes = 0;  // what is left for the KV pool

@@ -114,6 +114,26 @@ TEST(MemoryPlanTest, FlashTwoStagesSetAsideTheirOwnStates) {
   }
 }
 
+TEST(MemoryPlanTest, NcclStageLinksSetAsideTheirBuffers) {
+  const ModelConfig m = Flash();
+  MemoryPlanOptions o;
+  o.stage_links = true;
+  const int64_t buffer = 2048 * 4 * 4096 * 2;  // step_tokens x hc x dim bf16: 64 MiB
+  for (const auto& [layout, buffers] :
+       std::vector<std::pair<StageLayout, int64_t>>{{{0, 14, 1, true, false, false}, 2},
+                                                    {{14, 28, 1, false, false, false}, 3},
+                                                    {{28, 43, 1, false, true, false}, 1},
+                                                    {{0, 43, 1, true, true, false}, 0}}) {
+    absl::StatusOr<MemoryPlan> linked = PlanStageMemory(m, layout, k3090, o);
+    absl::StatusOr<MemoryPlan> plain = PlanStageMemory(m, layout, k3090);
+    ASSERT_TRUE(linked.ok() && plain.ok());
+    EXPECT_EQ(linked->link_bytes, buffers * buffer) << layout.first_layer;
+    EXPECT_EQ(linked->reserve_bytes - plain->reserve_bytes, buffers * buffer);
+    EXPECT_EQ(plain->kv_pool_bytes - linked->kv_pool_bytes, buffers * buffer);
+    EXPECT_EQ(linked->Describe().find("stage links") != std::string::npos, buffers > 0);
+  }
+}
+
 TEST(MemoryPlanTest, FewerSequencesLeaveMoreForThePool) {
   const ModelConfig m = Flash();
   const StageLayout whole{0, 43, 1, true, true, false};
