@@ -285,28 +285,31 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role, con
                    role.tp_rank, role.tp_size, c.cuda_device);
       ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm,
                        NcclComm::Create(ids.tp, role.tp_rank, role.tp_size, c.cuda_device));
+      comm->set_cancel(stop);  // a stopping worker does not wait out a collective's deadline
       comm_ptr = comm.get();
       stage.borrowed = std::shared_ptr<NcclComm>(std::move(comm));
     }
     // The stage links (stage_link.h): the outgoing one first, so that the chain of joins
-    // completes from the last stage back without a cycle.
+    // completes from the last stage back without a cycle. Their buffers hold the largest
+    // micro-batch's streams and are allocated before the KV pool takes the free memory.
+    const size_t reserve = static_cast<size_t>(std::max(0, role.max_batch_tokens)) *
+                           static_cast<size_t>(model->config().hc_mult * model->config().dim) * 2;
+    const absl::Duration join_timeout = absl::Milliseconds(c.stream_wait_ms);
     if (role.links() && !role.last_stage()) {
       spdlog::info("joining the NCCL link to stage {}, TP rank {}", role.stage + 1, role.tp_rank);
       ASSIGN_OR_RETURN(stage.link_out,
                        NcclStageLink::Create(ids.link_out, /*sender=*/true, c.cuda_device,
                                              absl::StrCat("the link to stage ", role.stage + 1,
-                                                          ", TP rank ", role.tp_rank)));
+                                                          ", TP rank ", role.tp_rank),
+                                             reserve, join_timeout, stop));
     }
     if (role.links() && role.stage > 0) {
       spdlog::info("joining the NCCL link from stage {}, TP rank {}", role.stage - 1, role.tp_rank);
-      // The largest micro-batch's streams, allocated before the KV pool takes the free memory.
-      const size_t reserve = static_cast<size_t>(std::max(0, role.max_batch_tokens)) *
-                             static_cast<size_t>(model->config().hc_mult * model->config().dim) * 2;
       ASSIGN_OR_RETURN(stage.link_in,
                        NcclStageLink::Create(ids.link_in, /*sender=*/false, c.cuda_device,
                                              absl::StrCat("the link from stage ", role.stage - 1,
                                                           ", TP rank ", role.tp_rank),
-                                             reserve));
+                                             reserve, join_timeout, stop));
     }
     // The expert-worker client (this rank's slices), kept alive by the backend's provider.
     ASSIGN_OR_RETURN(std::shared_ptr<RoutedExpertsClient> client,

@@ -153,7 +153,7 @@ namespace {
 // then sleeps of 50 µs.
 template <typename Query>
 absl::Status Wait(Query query, ncclComm_t comm, int rank, absl::Duration timeout,
-                  std::string_view what) {
+                  std::string_view what, const std::atomic<bool>* cancel) {
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
   for (int i = 0;; ++i) {
     const cudaError_t e = query();
@@ -166,6 +166,10 @@ absl::Status Wait(Query query, ncclComm_t comm, int rank, absl::Duration timeout
     if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
         async != ncclInProgress) {
       return NcclError(async, "asynchronous error", rank);
+    }
+    if (cancel != nullptr && cancel->load()) {
+      return absl::CancelledError(
+          absl::StrCat("rank ", rank, ": ", std::string(what), ": the worker is stopping"));
     }
     if (std::chrono::steady_clock::now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat("rank ", rank, ": ", std::string(what),
@@ -186,14 +190,15 @@ absl::Status NcclComm::Synchronize(cudaStream_t stream, absl::Duration timeout,
                                    std::string_view what) {
   if (aborted_) return absl::FailedPreconditionError("NCCL communicator aborted");
   absl::Status s =
-      Wait([stream] { return cudaStreamQuery(stream); }, h_->comm, rank_, timeout, what);
+      Wait([stream] { return cudaStreamQuery(stream); }, h_->comm, rank_, timeout, what, cancel_);
   if (!s.ok()) Abort();
   return s;
 }
 
 absl::Status NcclComm::WaitEvent(cudaEvent_t event, absl::Duration timeout, std::string_view what) {
   if (aborted_) return absl::FailedPreconditionError("NCCL communicator aborted");
-  absl::Status s = Wait([event] { return cudaEventQuery(event); }, h_->comm, rank_, timeout, what);
+  absl::Status s =
+      Wait([event] { return cudaEventQuery(event); }, h_->comm, rank_, timeout, what, cancel_);
   if (!s.ok()) Abort();
   return s;
 }

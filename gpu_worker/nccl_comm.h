@@ -32,6 +32,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -93,6 +94,10 @@ class NcclComm {
                                "stream synchronisation (a peer of the group "
                                "stopped: the group must be rebuilt)");
 
+  // Waits (Synchronize, WaitEvent) also end, with Cancelled, once `*cancel` is true (the
+  // worker's stop flag: a stopping worker does not wait out a deadline). Borrowed; null: never.
+  void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
+
   // As Synchronize, for the work before `event` (recorded on a stream of this device).
   absl::Status WaitEvent(cudaEvent_t event, absl::Duration timeout, std::string_view what);
 
@@ -108,6 +113,7 @@ class NcclComm {
   std::unique_ptr<Handle> h_;
   const int rank_, size_, device_;
   bool aborted_ = false;
+  const std::atomic<bool>* cancel_ = nullptr;
 };
 
 }  // namespace ss::gpu

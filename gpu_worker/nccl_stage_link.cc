@@ -34,11 +34,9 @@ absl::Status Cuda(cudaError_t e, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(std::string_view unique_id,
-                                                                     bool sender, int device,
-                                                                     std::string what,
-                                                                     size_t reserve_bytes,
-                                                                     absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(
+    std::string_view unique_id, bool sender, int device, std::string what, size_t reserve_bytes,
+    absl::Duration timeout, const std::atomic<bool>* cancel) {
   absl::StatusOr<std::unique_ptr<NcclComm>> comm =
       NcclComm::Create(unique_id, sender ? 0 : 1, 2, device);
   if (!comm.ok()) {
@@ -46,6 +44,7 @@ absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(std::string
                         absl::StrCat(what, ": ", comm.status().message(),
                                      " (NCCL refuses a link whose two workers share a GPU)"));
   }
+  (*comm)->set_cancel(cancel);
   std::unique_ptr<NcclStageLink> link(new NcclStageLink(std::move(*comm), sender, std::move(what)));
   RETURN_IF_ERROR(link->Init(reserve_bytes));
   const absl::Time deadline = absl::Now() + timeout;

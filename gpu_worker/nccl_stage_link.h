@@ -39,10 +39,11 @@ class NcclStageLink : public StageLink {
  public:
   // `sender`: this worker's end sends (rank 0). `what` names the link in errors, e.g.
   // "the link to stage 1, TP rank 0". `reserve_bytes`: the streams buffers to allocate now.
-  // `timeout` bounds the first exchange.
+  // `timeout` bounds the first exchange. `cancel`: NcclComm::set_cancel (the worker's stop flag).
   static absl::StatusOr<std::unique_ptr<NcclStageLink>> Create(
       std::string_view unique_id, bool sender, int device, std::string what,
-      size_t reserve_bytes = 0, absl::Duration timeout = absl::Seconds(120));
+      size_t reserve_bytes = 0, absl::Duration timeout = absl::Seconds(120),
+      const std::atomic<bool>* cancel = nullptr);
   ~NcclStageLink() override;
 
   absl::Status Send(uint64_t micro_batch_id, int64_t rows, int64_t width, const void* streams,
