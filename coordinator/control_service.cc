@@ -71,9 +71,7 @@ grpc::Status ControlService::Register(grpc::ServerContext*,
   for (const std::string& peer : FatePeers(config_, request->worker_id())) {
     Member& p = members_.at(peer);
     if (p.joined && p.info.registered && !p.info.dead) {
-      p.info.dead = true;
-      p.met = false;
-      p.joined = false;
+      p.Kill();
       spdlog::warn(
           "worker {} declared dead: {} registered again, so the NCCL groups it formed with it "
           "must be formed anew",
@@ -229,18 +227,14 @@ void ControlService::DeclareDeadLocked(const std::string& id, const std::string&
                                        std::vector<std::string>* newly_dead) {
   Member& m = members_.at(id);
   if (!m.info.dead) {
-    m.info.dead = true;
-    m.met = false;
-    m.joined = false;
+    m.Kill();
     spdlog::warn("worker {} (generation {}) declared dead: {}", id, m.info.generation, why);
     newly_dead->push_back(id);
   }
   for (const std::string& peer : FatePeers(config_, id)) {
     Member& p = members_.at(peer);
     if (!p.info.registered || p.info.dead) continue;
-    p.info.dead = true;
-    p.met = false;
-    p.joined = false;
+    p.Kill();
     spdlog::warn(
         "worker {} declared dead with {} (a TP group, and under the nccl stage transport the "
         "whole pipeline, lives and dies as one)",

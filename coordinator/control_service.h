@@ -88,9 +88,16 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
     MemberInfo info;
     bool met = false;     // called Rendezvous since its latest registration
     bool joined = false;  // a Rendezvous of it returned the peers since its latest registration
+    // Declared dead: it must register and meet again.
+    void Kill() {
+      info.dead = true;
+      met = false;
+      joined = false;
+    }
   };
 
-  // Marks `id` dead and, for a TP > 1 stage, its live TP peers; appends the ids newly dead.
+  // Marks `id` dead and its live fate peers (FatePeers: its TP group's ranks, or every GPU worker
+  // under the nccl stage transport); appends the ids newly dead.
   void DeclareDeadLocked(const std::string& id, const std::string& why,
                          std::vector<std::string>* newly_dead);
 
