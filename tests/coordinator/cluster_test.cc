@@ -982,6 +982,30 @@ TEST_F(LinkedClusterFixture, EveryGpuWorkerSharesOneFateAndTheCpuBackendIsRefuse
   silent_.store("");
 }
 
+TEST_F(LinkedClusterFixture, OneDeadWorkerStopsThePipelineUntilEveryWorkerIsBack) {
+  StartEngine();
+  workers_[3]->delay_ms_.store(10);
+  auto s = Submit({30}, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  workers_[3]->die_.store(true);
+  Outcome o = Drain(*s);
+  EXPECT_EQ(o.finish, FinishReason::kError);
+  // The engine declared gpu3 dead, and with it every other GPU worker (their links would hang).
+  for (int i = 0; i < 200 && !(Dead(0) && Dead(1) && Dead(2)); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(Dead(0) && Dead(1) && Dead(2) && Dead(3));
+  workers_[3]->die_.store(false);
+  workers_[3]->delay_ms_.store(0);
+  ASSERT_TRUE(RegisterWorker(workers_[3].get()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(engine_->Ready());  // the others have not come back yet
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(RegisterWorker(workers_[i].get()).ok()) << i;
+  ASSERT_TRUE(WaitReady());
+  Outcome again = Drain(*Submit({40}, 3));
+  EXPECT_EQ(again.tokens, (std::vector<int32_t>{41, 42, 43}));
+}
+
 TEST_F(TpClusterFixture, EveryRankGetsEveryPlanAndOneFailedRankFailsTheMicroBatch) {
   StartEngine();
   Outcome a = Drain(*Submit({10, 11, 12}, 5));
