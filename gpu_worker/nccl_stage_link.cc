@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(
   if (!comm.ok()) {
     return absl::Status(comm.status().code(),
                         absl::StrCat(what, ": ", comm.status().message(),
-                                     " (NCCL refuses a link whose two workers share a GPU)"));
+                                     " (a link's two workers must be on different GPUs)"));
   }
   (*comm)->set_cancel(cancel);
   std::unique_ptr<NcclStageLink> link(new NcclStageLink(std::move(*comm), sender, std::move(what)));
