@@ -29,6 +29,7 @@ TEST(DeployFilesTest, ClusterExampleParses) {
   EXPECT_EQ(c->num_gpu_workers(), 4);
   EXPECT_EQ(c->expert_workers.size(), 4u);
   EXPECT_EQ(c->max_model_len, 131072);  // 128K: the workers keep ~2 GiB less workspace than at 1M
+  EXPECT_EQ(c->stage_transport, "grpc");  // two hosts: stages fail alone (deploy/README.md)
 }
 
 // `--name=` flags of a unit's ExecStart must be flags of the binary (its --helpfull lists them).
