@@ -237,7 +237,7 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
           if (links) {
             const void* dev_in = first_in[k.rank].get();
             if (k.stage > 0) {
-              auto got = k.link_in->Receive(id, deadline);
+              auto got = k.link_in->Receive(id, batch, width, deadline);
               if (!Check(got.status(), "receive")) return false;
               dev_in = got->streams;
             }

@@ -20,6 +20,8 @@ struct Header {
   uint32_t magic;
 };
 static_assert(sizeof(Header) == 32);
+// The header's room at the front of a message: the streams behind it stay 256-byte aligned.
+constexpr size_t kHeaderBytes = 256;
 constexpr uint32_t kMagic = 0x53534c4b;  // "SSLK"
 // Streams of more than this are refused as a corrupt header (an 8K-token Flash chunk is 256 MiB).
 constexpr int64_t kMaxStreamsBytes = int64_t{16} << 30;
@@ -52,7 +54,7 @@ absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(
     RETURN_IF_ERROR(link->Send(kConnectId, 0, 0, nullptr, true, deadline));
     RETURN_IF_ERROR(link->Flush(deadline));
   } else {
-    absl::StatusOr<Received> r = link->Receive(kConnectId, deadline);
+    absl::StatusOr<Received> r = link->Receive(kConnectId, 0, 0, deadline);
     if (!r.ok()) return r.status();
   }
   return link;
@@ -69,17 +71,12 @@ absl::Status NcclStageLink::Init(size_t reserve_bytes) {
                        "cudaStreamCreateWithFlags"));
   for (size_t i = 0; i < (sender_ ? slots_.size() : 1); ++i) {
     Slot& s = slots_[i];
-    RETURN_IF_ERROR(Cuda(cudaMalloc(&s.header_dev, sizeof(Header)), "cudaMalloc(header)"));
     RETURN_IF_ERROR(Cuda(cudaMallocHost(&s.header_host, sizeof(Header)), "cudaMallocHost(header)"));
     for (cudaEvent_t* e : {&s.copied, &s.sent}) {
       RETURN_IF_ERROR(
           Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
     }
-    if (reserve_bytes > 0) {
-      RETURN_IF_ERROR(
-          Cuda(cudaMalloc(&s.streams, reserve_bytes), "cudaMalloc(stage link streams)"));
-      s.bytes = reserve_bytes;
-    }
+    RETURN_IF_ERROR(Fit(s, kHeaderBytes + reserve_bytes));
   }
   return absl::OkStatus();
 }
@@ -93,9 +90,8 @@ NcclStageLink::~NcclStageLink() {
     cudaStreamDestroy(s);
   }
   for (Slot& s : slots_) {
-    if (s.header_dev != nullptr) cudaFree(s.header_dev);
     if (s.header_host != nullptr) cudaFreeHost(s.header_host);
-    if (s.streams != nullptr) cudaFree(s.streams);
+    if (s.message != nullptr) cudaFree(s.message);
     for (cudaEvent_t e : {s.copied, s.sent}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
@@ -103,6 +99,17 @@ NcclStageLink::~NcclStageLink() {
 }
 
 void NcclStageLink::Abort() { comm_->Abort(); }
+
+absl::Status NcclStageLink::Fit(Slot& slot, size_t bytes) {
+  if (bytes <= slot.capacity) return absl::OkStatus();
+  if (slot.message != nullptr) cudaFree(slot.message);
+  slot.message = nullptr;
+  slot.capacity = 0;
+  RETURN_IF_ERROR(Cuda(cudaMalloc(reinterpret_cast<void**>(&slot.message), bytes),
+                       "cudaMalloc(stage link message)"));
+  slot.capacity = bytes;
+  return absl::OkStatus();
+}
 
 absl::Status NcclStageLink::Broken(absl::Status why) {
   comm_->Abort();
@@ -134,44 +141,40 @@ absl::Status NcclStageLink::Send(uint64_t micro_batch_id, int64_t rows, int64_t 
                                  const void* streams, bool failed, absl::Time deadline) {
   if (!sender_) return absl::FailedPreconditionError(absl::StrCat(what_, ": the receiving end"));
   if (comm_->aborted()) return absl::FailedPreconditionError(absl::StrCat(what_, " is broken"));
-  const size_t bytes = failed ? 0 : static_cast<size_t>(rows * width) * 2;
-  if (!failed && (rows < 1 || width < 1 || streams == nullptr)) {
+  if (rows < 0 || width < 0 || rows * width * 2 > kMaxStreamsBytes ||
+      (!failed && (rows < 1 || width < 1 || streams == nullptr))) {
     return absl::InvalidArgumentError(
         absl::StrCat(what_, ": streams [", rows, ", ", width, "] to send"));
   }
+  const size_t bytes = static_cast<size_t>(rows * width) * 2;
   RETURN_IF_ERROR(Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"));
   Slot& slot = slots_[next_];
   RETURN_IF_ERROR(WaitSent(slot, deadline));  // its previous message has left
   next_ = (next_ + 1) % slots_.size();
-  if (bytes > slot.bytes) {
-    if (slot.streams != nullptr) cudaFree(slot.streams);
-    slot.streams = nullptr;
-    slot.bytes = 0;
-    RETURN_IF_ERROR(Cuda(cudaMalloc(&slot.streams, bytes), "cudaMalloc(stage link streams)"));
-    slot.bytes = bytes;
-  }
-  // The caller's streams into the slot (the caller's stream has finished writing them), then the
-  // header and the transfer behind the link's earlier ones.
+  RETURN_IF_ERROR(Fit(slot, kHeaderBytes + bytes));
+  // The caller's streams into the slot (the caller's stream has finished writing them) on the
+  // copy stream, then the header and the send behind the link's earlier sends.
   absl::Status s = absl::OkStatus();
-  if (bytes > 0) {
-    s = Cuda(cudaMemcpyAsync(slot.streams, streams, bytes, cudaMemcpyDeviceToDevice, copy_stream_),
+  if (!failed) {
+    s = Cuda(cudaMemcpyAsync(slot.message + kHeaderBytes, streams, bytes, cudaMemcpyDeviceToDevice,
+                             copy_stream_),
              "cudaMemcpyAsync(streams)");
+    if (s.ok()) s = Cuda(cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord");
+    if (s.ok()) s = Cuda(cudaStreamWaitEvent(stream_, slot.copied, 0), "cudaStreamWaitEvent");
   }
-  if (s.ok()) s = Cuda(cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord");
-  if (s.ok()) s = Cuda(cudaStreamWaitEvent(stream_, slot.copied, 0), "cudaStreamWaitEvent");
-  const Header h{micro_batch_id, failed ? 0 : rows, failed ? 0 : width, failed ? 1u : 0u, kMagic};
+  const Header h{micro_batch_id, rows, width, failed ? 1u : 0u, kMagic};
   std::memcpy(slot.header_host, &h, sizeof(h));
   if (s.ok()) {
-    s = Cuda(cudaMemcpyAsync(slot.header_dev, slot.header_host, sizeof(h), cudaMemcpyHostToDevice,
-                             stream_),
-             "cudaMemcpyAsync(header)");
+    s = Cuda(
+        cudaMemcpyAsync(slot.message, slot.header_host, sizeof(h), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync(header)");
   }
-  if (s.ok()) s = comm_->Send(slot.header_dev, sizeof(h), 1, stream_);
-  if (s.ok() && bytes > 0) s = comm_->Send(slot.streams, bytes, 1, stream_);
+  if (s.ok()) s = comm_->Send(slot.message, kHeaderBytes + bytes, 1, stream_);
   if (s.ok()) s = Cuda(cudaEventRecord(slot.sent, stream_), "cudaEventRecord");
   if (!s.ok()) return Broken(std::move(s));
   slot.in_flight = true;
   slot.micro_batch_id = micro_batch_id;
+  if (failed) return absl::OkStatus();
   // The streams have left the caller's buffer once the copy is done (microseconds: the copy
   // stream waits on nothing else).
   const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
@@ -179,64 +182,46 @@ absl::Status NcclStageLink::Send(uint64_t micro_batch_id, int64_t rows, int64_t 
   return s.ok() ? s : Broken(std::move(s));
 }
 
-absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_id,
-                                                           absl::Time deadline) {
+absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_id, int64_t rows,
+                                                           int64_t width, absl::Time deadline) {
   if (sender_) return absl::FailedPreconditionError(absl::StrCat(what_, ": the sending end"));
   if (comm_->aborted()) return absl::FailedPreconditionError(absl::StrCat(what_, " is broken"));
-  if (absl::Status s = Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"); !s.ok()) return s;
-  absl::Status s = comm_->Recv(slots_[0].header_dev, sizeof(Header), 0, stream_);
+  if (rows < 0 || width < 0 || rows * width * 2 > kMaxStreamsBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what_, ": streams [", rows, ", ", width, "] to receive"));
+  }
+  const size_t bytes = static_cast<size_t>(rows * width) * 2;
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"));
+  Slot& in = slots_[0];
+  // Where the buffer cannot grow, the sender's message is on its way and nothing can take it: the
+  // ends are out of step.
+  if (absl::Status e = Fit(in, kHeaderBytes + bytes); !e.ok()) return Broken(std::move(e));
+  absl::Status s = comm_->Recv(in.message, kHeaderBytes + bytes, 0, stream_);
   if (s.ok()) {
-    s = Cuda(cudaMemcpyAsync(slots_[0].header_host, slots_[0].header_dev, sizeof(Header),
-                             cudaMemcpyDeviceToHost, stream_),
+    s = Cuda(cudaMemcpyAsync(in.header_host, in.message, sizeof(Header), cudaMemcpyDeviceToHost,
+                             stream_),
              "cudaMemcpyAsync(header)");
   }
   if (!s.ok()) return Broken(std::move(s));
-  if (absl::Status w =
-          Wait(deadline, absl::StrCat("receiving micro-batch ", micro_batch_id, "'s streams"));
-      !w.ok()) {
-    return w;
-  }
+  RETURN_IF_ERROR(
+      Wait(deadline, absl::StrCat("receiving micro-batch ", micro_batch_id, "'s streams")));
   Header h;
-  std::memcpy(&h, slots_[0].header_host, sizeof(h));
-  if (h.magic != kMagic || h.micro_batch_id != micro_batch_id) {
-    return Broken(absl::DataLossError(
-        absl::StrCat("expected micro-batch ", micro_batch_id, "'s streams, got a message for ",
-                     h.magic == kMagic ? absl::StrCat("micro-batch ", h.micro_batch_id)
-                                       : std::string("nothing this transport sends"),
-                     ": the two ends are out of step")));
+  std::memcpy(&h, in.header_host, sizeof(h));
+  if (h.magic != kMagic || h.micro_batch_id != micro_batch_id || h.rows != rows ||
+      h.width != width) {
+    return Broken(absl::DataLossError(absl::StrCat(
+        "expected micro-batch ", micro_batch_id, "'s streams [", rows, ", ", width,
+        "], got a message for ",
+        h.magic == kMagic
+            ? absl::StrCat("micro-batch ", h.micro_batch_id, " [", h.rows, ", ", h.width, "]")
+            : std::string("nothing this transport sends"),
+        ": the two ends are out of step")));
   }
   Received r;
-  if (h.failed != 0) {
-    r.failed = true;
-    return r;
-  }
-  if (h.rows < 1 || h.width < 1 || h.rows > kMaxStreamsBytes / 2 / h.width) {
-    return Broken(absl::DataLossError(
-        absl::StrCat("micro-batch ", micro_batch_id, ": streams [", h.rows, ", ", h.width, "]")));
-  }
-  const size_t bytes = static_cast<size_t>(h.rows * h.width) * 2;
-  Slot& in = slots_[0];
-  if (bytes > in.bytes) {
-    if (in.streams != nullptr) cudaFree(in.streams);
-    in.streams = nullptr;
-    in.bytes = 0;
-    // Where it cannot grow, the sender's data is on its way and nothing can take it: the ends are
-    // out of step.
-    if (absl::Status e = Cuda(cudaMalloc(&in.streams, bytes), "cudaMalloc(stage link streams)");
-        !e.ok()) {
-      return Broken(std::move(e));
-    }
-    in.bytes = bytes;
-  }
-  if (absl::Status e = comm_->Recv(in.streams, bytes, 0, stream_); !e.ok()) return Broken(e);
-  if (absl::Status w =
-          Wait(deadline, absl::StrCat("receiving micro-batch ", micro_batch_id, "'s streams"));
-      !w.ok()) {
-    return w;
-  }
-  r.rows = h.rows;
-  r.width = h.width;
-  r.streams = in.streams;
+  r.rows = rows;
+  r.width = width;
+  r.failed = h.failed != 0;
+  r.streams = r.failed ? nullptr : in.message + kHeaderBytes;
   return r;
 }
 

@@ -48,19 +48,19 @@ class NcclStageLink : public StageLink {
 
   absl::Status Send(uint64_t micro_batch_id, int64_t rows, int64_t width, const void* streams,
                     bool failed, absl::Time deadline) override;
-  absl::StatusOr<Received> Receive(uint64_t micro_batch_id, absl::Time deadline) override;
+  absl::StatusOr<Received> Receive(uint64_t micro_batch_id, int64_t rows, int64_t width,
+                                   absl::Time deadline) override;
   void Abort() override;
 
   // Sender: waits until every transfer in flight has reached the receiver.
   absl::Status Flush(absl::Time deadline);
 
  private:
-  // A buffer for one message: the streams, its header on the device and in pinned host memory,
-  // and the events marking its copy and its transfer done.
+  // A buffer for one message (the header, then the streams), the header in pinned host memory,
+  // and the events marking the streams' copy and the transfer done.
   struct Slot {
-    void* streams = nullptr;
-    size_t bytes = 0;
-    void* header_dev = nullptr;
+    char* message = nullptr;
+    size_t capacity = 0;  // bytes of `message`
     void* header_host = nullptr;
     cudaEvent_t copied = nullptr, sent = nullptr;
     bool in_flight = false;
@@ -72,6 +72,8 @@ class NcclStageLink : public StageLink {
   absl::Status Wait(absl::Time deadline, std::string_view what);
   absl::Status WaitSent(Slot& slot, absl::Time deadline);
   absl::Status Broken(absl::Status why);
+  // `slot.message` holds at least `bytes` (a new allocation when it must grow).
+  absl::Status Fit(Slot& slot, size_t bytes);
 
   std::unique_ptr<NcclComm> comm_;
   const bool sender_;

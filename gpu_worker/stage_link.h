@@ -5,9 +5,10 @@
 // the host copies and the RPC of the gRPC transport (stage_transfer.h).
 //
 // Pairing. Both ends handle the coordinator's plans in the same order, and for every plan with
-// chunks the sender sends exactly one message and the receiver receives exactly one: the streams,
-// or `failed` (no data) when the sending stage failed the micro-batch. The receiver receives
-// before it checks anything, so a micro-batch it then fails itself still consumes its message.
+// chunks the sender sends exactly one message and the receiver receives exactly one, both sized
+// from the plan (its tokens x hc·dim): the streams, or `failed` when the sending stage failed the
+// micro-batch. The receiver receives before it checks anything, so a micro-batch it then fails
+// itself still consumes its message.
 //
 // Failure. A send or receive that does not complete by its deadline, or that NCCL reports failed,
 // aborts the link's communicator: the link is broken for good, and both workers must be started
@@ -29,8 +30,9 @@ class StageLink {
   virtual ~StageLink() = default;
 
   // Sends micro-batch `micro_batch_id`'s streams: bf16 [rows, width] at `streams` in the sender's
-  // device memory, or, with `failed`, no data. Returns once the message has left `streams` (the
-  // caller may then overwrite it).
+  // device memory, or, with `failed` (streams null), a message of the same size that says so.
+  // `rows` x `width` is the plan's. Returns once the message has left `streams` (the caller may
+  // then overwrite it).
   virtual absl::Status Send(uint64_t micro_batch_id, int64_t rows, int64_t width,
                             const void* streams, bool failed, absl::Time deadline) = 0;
 
@@ -40,9 +42,11 @@ class StageLink {
     const void* streams = nullptr;  // bf16 [rows, width] in device memory, until the next Receive
     bool failed = false;            // the sending stage failed the micro-batch
   };
-  // Receives the next message, which must be micro-batch `micro_batch_id`'s (another id is an
-  // error that breaks the link: the ends are out of step).
-  virtual absl::StatusOr<Received> Receive(uint64_t micro_batch_id, absl::Time deadline) = 0;
+  // Receives the next message, which must be micro-batch `micro_batch_id`'s with streams of the
+  // plan's [rows, width] (another id or shape is an error that breaks the link: the ends are out
+  // of step).
+  virtual absl::StatusOr<Received> Receive(uint64_t micro_batch_id, int64_t rows, int64_t width,
+                                           absl::Time deadline) = 0;
 
   // Aborts the link (idempotent).
   virtual void Abort() = 0;

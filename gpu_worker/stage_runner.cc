@@ -101,20 +101,19 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
 
 void StageRunner::ReleaseAll() { backend_->ReleaseAll(); }
 
-absl::Status StageRunner::LinkSend(uint64_t id, const StageOutput* out) {
+absl::Status StageRunner::LinkSend(uint64_t id, int64_t rows, const void* streams) {
+  const ModelConfig& mc = backend_->config();
   const absl::Status st =
-      out != nullptr
-          ? links_.out->Send(id, out->rows, out->width, out->device_streams, false,
-                             absl::Now() + options_.push_deadline)
-          : links_.out->Send(id, 0, 0, nullptr, true, absl::Now() + options_.push_deadline);
+      links_.out->Send(id, rows, mc.hc_mult * mc.dim, streams, streams == nullptr,
+                       absl::Now() + options_.push_deadline);
   if (!st.ok()) link_broken_ = true;
   return st;
 }
 
-void StageRunner::PushError(uint64_t id, const std::string& error) {
+void StageRunner::PushError(uint64_t id, const std::string& error, int64_t rows) {
   if (role_.last_stage()) return;
   if (links_.out != nullptr) {
-    (void)LinkSend(id, nullptr);  // a failure breaks the link (and is the step's to report)
+    (void)LinkSend(id, rows, nullptr);  // a failure breaks the link (and is the step's to report)
     return;
   }
   if (sender_ == nullptr) return;
@@ -128,9 +127,13 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
                               StageTimings* timings, double* receive_s, double* send_s) {
   const uint64_t mb = plan.micro_batch_id();
   const bool has_chunks = plan.chunks_size() > 0;
+  const ModelConfig& mc = backend_->config();
+  const int64_t width = mc.hc_mult * mc.dim;
+  int64_t T = 0;  // the plan's tokens
+  for (const pb::SeqChunk& c : plan.chunks()) T += c.tokens_size();
   auto fail = [&](const absl::Status& st) {
     if (has_chunks) {
-      PushError(mb, std::string(st.message()));
+      PushError(mb, std::string(st.message()), T);
       if (role_.stage > 0 && inbox_ != nullptr && links_.in == nullptr) inbox_->Finish(mb);
     }
     return st;
@@ -139,7 +142,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   StageLink::Received linked;
   if (has_chunks && role_.stage > 0 && links_.in != nullptr) {
     const auto r0 = std::chrono::steady_clock::now();
-    auto got = links_.in->Receive(mb, absl::Now() + options_.stream_wait);
+    auto got = links_.in->Receive(mb, T, width, absl::Now() + options_.stream_wait);
     *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     if (!got.ok()) {
       link_broken_ = true;
@@ -158,7 +161,6 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
 
   std::vector<StageChunk> batch;
   std::vector<SamplingConfig> sampling;
-  int64_t T = 0;
   for (const pb::SeqChunk& c : plan.chunks()) {
     StageChunk ch;
     ch.seq_id = c.seq_id();
@@ -167,7 +169,6 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     ch.samples = c.samples();
     ch.block_table = std::span<const int32_t>(c.block_table().data(), c.block_table_size());
     batch.push_back(ch);
-    T += c.tokens_size();
     if (!c.samples()) continue;
     const pb::SamplingParams& p = c.sampling();
     SamplingConfig s;
@@ -184,21 +185,10 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   }
   if (absl::Status st = backend_->Check(batch); !st.ok()) return fail(st);
 
-  const ModelConfig& mc = backend_->config();
-  const int64_t width = mc.hc_mult * mc.dim;
   StageStreamsData in;
   if (role_.stage > 0 && links_.in != nullptr) {
     if (linked.failed) {
       return fail(absl::AbortedError(absl::StrCat("the previous stage failed micro-batch ", mb)));
-    }
-    if (linked.rows != T || linked.width != width) {
-      link_broken_ = true;
-      group_broken_ = true;
-      links_.in->Abort();
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("the previous stage's streams of micro-batch ", mb, " are [", linked.rows,
-                       ", ", linked.width, "]; the plan needs [", T, ", ", width,
-                       "]: the stage link's ends ran different plans")));
     }
   } else if (role_.stage > 0) {
     const auto r0 = std::chrono::steady_clock::now();
@@ -235,7 +225,13 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   };
   if (!role_.last_stage() && links_.out != nullptr) {
     const auto s0 = std::chrono::steady_clock::now();
-    const absl::Status st = LinkSend(mb, &out);
+    if (out.rows != T || out.width != width) {
+      (void)LinkSend(mb, T, nullptr);  // the message the next stage waits for, failed
+      return drop(
+          absl::InternalError(absl::StrCat("the stage's output streams are [", out.rows, ", ",
+                                           out.width, "], the plan's [", T, ", ", width, "]")));
+    }
+    const absl::Status st = LinkSend(mb, T, out.device_streams);
     *send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     return st.ok() ? st : drop(st);
   }

@@ -112,9 +112,10 @@ class StageRunner {
  private:
   absl::Status Run(const ::splitserve::v1::StepPlan& plan, ::splitserve::v1::StepResult* result,
                    StageTimings* timings, double* receive_s, double* send_s);
-  void PushError(uint64_t micro_batch_id, const std::string& error);
-  // Sends on link_out, noting a broken link.
-  absl::Status LinkSend(uint64_t micro_batch_id, const StageOutput* out);
+  // `rows`: the plan's tokens (a link's message has the plan's size, failed or not).
+  void PushError(uint64_t micro_batch_id, const std::string& error, int64_t rows);
+  // Sends on link_out (`streams` null: failed), noting a broken link.
+  absl::Status LinkSend(uint64_t micro_batch_id, int64_t rows, const void* streams);
 
   StageBackend* backend_;
   const StageRole role_;

@@ -437,8 +437,8 @@ TEST_F(TpTest, TwoStagesOverAnNcclLinkAreBitIdenticalToOne) {
   ASSERT_NE(in, nullptr);
   // A micro-batch the sender failed: a `failed` message, no data.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  ASSERT_TRUE(out->Send(100, 0, 0, nullptr, true, deadline).ok());
-  absl::StatusOr<StageLink::Received> f = in->Receive(100, deadline);
+  ASSERT_TRUE(out->Send(100, 3, 16, nullptr, true, deadline).ok());
+  absl::StatusOr<StageLink::Received> f = in->Receive(100, 3, 16, deadline);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_TRUE(f->failed);
   int64_t values = 0, identical = 0;
@@ -447,7 +447,11 @@ TEST_F(TpTest, TwoStagesOverAnNcclLinkAreBitIdenticalToOne) {
     StageOutput a, b, w;
     absl::Status sa, sb;
     std::thread receiver([&] {
-      absl::StatusOr<StageLink::Received> r = in->Receive(step, deadline);
+      int64_t rows = 0;
+      for (const StageChunk& c : batch) rows += static_cast<int64_t>(c.tokens.size());
+      const ModelConfig& mc = TinyModel()->config();
+      absl::StatusOr<StageLink::Received> r =
+          in->Receive(step, rows, mc.hc_mult * mc.dim, deadline);
       sb = r.ok() ? (*s1)->RunDevice(batch, r->streams, &b, nullptr) : r.status();
     });
     sa = s0[0]->RunDevice(batch, nullptr, &a, nullptr);
@@ -470,8 +474,8 @@ TEST_F(TpTest, TwoStagesOverAnNcclLinkAreBitIdenticalToOne) {
   EXPECT_GT(values, 0);
   EXPECT_EQ(identical, values);
   // Out of step (the receiver expects another micro-batch): the link breaks.
-  ASSERT_TRUE(out->Send(7, 0, 0, nullptr, true, deadline).ok());
-  absl::StatusOr<StageLink::Received> bad = in->Receive(8, deadline);
+  ASSERT_TRUE(out->Send(7, 1, 16, nullptr, true, deadline).ok());
+  absl::StatusOr<StageLink::Received> bad = in->Receive(8, 1, 16, deadline);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("out of step"), std::string::npos) << bad.status();
 }

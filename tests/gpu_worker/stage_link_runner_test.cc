@@ -57,6 +57,9 @@ class HostLink : public StageLink {
                     absl::Time) override {
     absl::MutexLock l(&s_->mu);
     if (s_->broken) return absl::FailedPreconditionError("broken");
+    // As NcclStageLink: every message has the plan's size, failed or not.
+    EXPECT_GT(rows, 0);
+    EXPECT_GT(width, 0);
     HostLinkState::Message m{id, rows, width, {}, failed};
     if (!failed) {
       const auto* p = static_cast<const uint16_t*>(streams);
@@ -66,7 +69,8 @@ class HostLink : public StageLink {
     ++s_->sent;
     return absl::OkStatus();
   }
-  absl::StatusOr<Received> Receive(uint64_t id, absl::Time deadline) override {
+  absl::StatusOr<Received> Receive(uint64_t id, int64_t rows, int64_t width,
+                                   absl::Time deadline) override {
     absl::MutexLock l(&s_->mu);
     if (s_->broken) return absl::FailedPreconditionError("broken");
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(s_->mu) { return !s_->queue.empty(); };
@@ -76,10 +80,11 @@ class HostLink : public StageLink {
     }
     held_ = std::move(s_->queue.front());
     s_->queue.pop_front();
-    if (held_.id != id) {
+    if (held_.id != id || held_.rows != rows || held_.width != width) {
       s_->broken = true;
-      return absl::DataLossError(
-          absl::StrCat("expected micro-batch ", id, ", got ", held_.id, ": out of step"));
+      return absl::DataLossError(absl::StrCat("expected micro-batch ", id, " [", rows, ", ", width,
+                                              "], got ", held_.id, " [", held_.rows, ", ",
+                                              held_.width, "]: out of step"));
     }
     return Received{held_.rows, held_.width, held_.data.data(), held_.failed};
   }
