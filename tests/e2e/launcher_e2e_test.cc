@@ -183,16 +183,18 @@ TEST(LauncherE2eTest, ChildrenDieWithAKilledLauncher) {
 }
 
 TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
-  for (const std::vector<std::string>& args :
-       std::vector<std::vector<std::string>>{{"--port", "99999"},
-                                             {"--backend", "tpu"},
-                                             {"--bogus", "1"},
-                                             {"--model", "/nonexistent"},
-                                             {"--stages", "99"},
-                                             {"--tp", "0"},
-                                             {"--backend", "cpu", "--tp", "2"},
-                                             {"--kv-tokens", "0"},
-                                             {"--max-model-len", "999999"}}) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--port", "99999"},
+           {"--backend", "tpu"},
+           {"--bogus", "1"},
+           {"--model", "/nonexistent"},
+           {"--stages", "99"},
+           {"--tp", "0"},
+           {"--backend", "cpu", "--tp", "2"},
+           {"--kv-tokens", "0"},
+           {"--max-model-len", "999999"},
+           {"--stage-transport", "rdma"},
+           {"--backend", "cpu", "--stages", "2", "--stage-transport", "nccl"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
     argv.insert(argv.end(), args.begin(), args.end());
     ChildProcess p(argv, "/dev/null");
@@ -205,9 +207,12 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
 // for the GPU workers and the coordinator, each CPU given once, or says why it does not split.
 TEST(LauncherE2eTest, CpusPrintsThisHostsSplitOrWhyNot) {
   testing_util::TempDir dir("ss_cpus");
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {}, {"--gpu-workers", "0"}, {"--gpu-workers", "1", "--coordinator", "maybe"},
-           {"--gpu-workers", "1", "--bogus", "1"}, {"--gpu-workers"}}) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{},
+                                             {"--gpu-workers", "0"},
+                                             {"--gpu-workers", "1", "--coordinator", "maybe"},
+                                             {"--gpu-workers", "1", "--bogus", "1"},
+                                             {"--gpu-workers"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "cpus"};
     argv.insert(argv.end(), args.begin(), args.end());
     ChildProcess p(argv, dir / "bad.log");
