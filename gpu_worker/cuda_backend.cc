@@ -341,13 +341,10 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
   const size_t need = CarveStepScratch(c, im.tp, T, nullptr, &sc);
   if (absl::Status e = im.arena.Reserve(need); !e.ok()) return fail(e);
   CarveStepScratch(c, im.tp, T, im.arena.as<char>(), &sc);
-  auto check = [&](cudaError_t e, const char* what) -> absl::Status {
-    return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, what);
-  };
-#define STEP(expr)                                \
-  do {                                            \
-    const absl::Status s_ = check((expr), #expr); \
-    if (!s_.ok()) return fail(s_);                \
+#define STEP(expr)                                    \
+  do {                                                \
+    const absl::Status s_ = CudaCheck((expr), #expr); \
+    if (!s_.ok()) return fail(s_);                    \
   } while (0)
   // The step's one upload (StepPlan), staged in pinned memory with the input streams (fp32: the
   // embeddings at the first stage, else the previous stage's). Streams of more than
@@ -469,9 +466,9 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
                                     capturing ? cudaEventRecordExternal : cudaEventRecordDefault);
   };
   auto all_reduce = [&](int l, int64_t n, Mark begin) -> absl::Status {
-    if (timings) RETURN_IF_ERROR(check(mark(l, begin), "timing mark"));
+    if (timings) RETURN_IF_ERROR(CudaCheck(mark(l, begin), "timing mark"));
     RETURN_IF_ERROR(im.comm->AllReduceSum(sc.part, n, st));
-    if (timings) RETURN_IF_ERROR(check(mark(l, begin + 1), "timing mark"));
+    if (timings) RETURN_IF_ERROR(CudaCheck(mark(l, begin + 1), "timing mark"));
     return absl::OkStatus();
   };
 
@@ -556,7 +553,7 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
                           uint16_t* entries, float* cv, float* cg,
                           cudaStream_t bs) -> absl::Status {
         const int64_t wd = w.width;
-        RETURN_IF_ERROR(check(
+        RETURN_IF_ERROR(CudaCheck(
             cuda::LinearBf16F32Pair(sc.xn, T, dim, w.wkv.p, wd, cv, wd, w.wgate.p, wd, cg, wd, bs),
             "LinearBf16F32Pair(wkv, wgate)"));
         const int64_t* a = dparams + (l * 2 + kind) * cb_stride;
@@ -568,8 +565,9 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
         cb.entry_begin = a + 2 * nc + 1;
         cb.kv_state = reinterpret_cast<float* const*>(a + 3 * nc + 1);
         cb.score_state = reinterpret_cast<float* const*>(a + 4 * nc + 1);
-        return check(cuda::CompressorStep(cv, cg, wd, w.ape, w.norm, freqs, shape, cb, entries, bs),
-                     "CompressorStep");
+        return CudaCheck(
+            cuda::CompressorStep(cv, cg, wd, w.ape, w.norm, freqs, shape, cb, entries, bs),
+            "CompressorStep");
       };
       // The compressors write their new entries to scratch rows (ebase), then the encoders put
       // them into their MXFP4 keys / records in the sequences' blocks.

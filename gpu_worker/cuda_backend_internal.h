@@ -21,6 +21,7 @@
 #include "common/model/model.h"
 #include "gpu_worker/cuda_backend.h"
 #include "gpu_worker/cuda_backend_kv.h"
+#include "gpu_worker/cuda_status.h"
 #include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
@@ -28,16 +29,6 @@ namespace ss::gpu {
 class NcclComm;
 
 namespace cuda_backend_internal {
-
-inline absl::Status CudaStatus(cudaError_t e, const char* what) {
-  return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
-}
-
-#define CUDA_RETURN_IF_ERROR(expr)                                       \
-  do {                                                                   \
-    const cudaError_t ss_cuda_e_ = (expr);                               \
-    if (ss_cuda_e_ != cudaSuccess) return CudaStatus(ss_cuda_e_, #expr); \
-  } while (0)
 
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::time_point a, Clock::time_point b) {

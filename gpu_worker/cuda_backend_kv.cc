@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kv_cost_model.h"
 #include "common/status.h"
+#include "gpu_worker/cuda_status.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/memory_plan.h"
 
@@ -14,11 +15,6 @@ namespace {
 
 // Each compressor's kv | score pair starts on a 256-byte boundary, as its own cudaMalloc did.
 constexpr int64_t kStateAlignFloats = 64;
-
-absl::Status Cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
-}
 
 }  // namespace
 
@@ -179,9 +175,10 @@ absl::Status KvPool::Init(const KvLayout& layout, int64_t kv_tokens, int64_t ext
   n_blocks_ = layout.PoolBlocks(kv_tokens, extra_sequences);
   if (n_blocks_ > 0x7fffffff) return absl::InvalidArgumentError("paged KV: too many blocks");
   const size_t bytes = static_cast<size_t>(n_blocks_ * layout.block_bytes);
-  RETURN_IF_ERROR(Cuda(cudaMalloc(&pool_, std::max<size_t>(bytes, 256)), "cudaMalloc(KV pool)"));
+  RETURN_IF_ERROR(
+      CudaCheck(cudaMalloc(&pool_, std::max<size_t>(bytes, 256)), "cudaMalloc(KV pool)"));
   // Zeroed records decode to 0 (benchmark sequences read them unwritten).
-  RETURN_IF_ERROR(Cuda(cudaMemset(pool_, 0, bytes), "cudaMemset(KV pool)"));
+  RETURN_IF_ERROR(CudaCheck(cudaMemset(pool_, 0, bytes), "cudaMemset(KV pool)"));
   free_.clear();
   for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
   return absl::OkStatus();
@@ -259,8 +256,8 @@ absl::Status KvPool::Prepare(uint64_t seq_id, int64_t start, int64_t end,
         s.states = free_states_.back();
         free_states_.pop_back();
       } else {
-        RETURN_IF_ERROR(
-            Cuda(cudaMalloc(&s.states, layout_.state_floats * 4), "cudaMalloc(compressor states)"));
+        RETURN_IF_ERROR(CudaCheck(cudaMalloc(&s.states, layout_.state_floats * 4),
+                                  "cudaMalloc(compressor states)"));
         ++state_allocations_;
       }
     }
@@ -277,12 +274,12 @@ absl::Status KvPool::Prepare(uint64_t seq_id, int64_t start, int64_t end,
   if (start == 0) {
     for (KvSeq::Layer& k : s.layers) {
       if (k.comp_state != nullptr) {
-        RETURN_IF_ERROR(Cuda(
+        RETURN_IF_ERROR(CudaCheck(
             cuda::CompressorResetState(k.comp_state, k.comp_state + k.comp_n, k.comp_n, stream),
             "CompressorResetState"));
       }
       if (k.index_state != nullptr) {
-        RETURN_IF_ERROR(Cuda(
+        RETURN_IF_ERROR(CudaCheck(
             cuda::CompressorResetState(k.index_state, k.index_state + k.index_n, k.index_n, stream),
             "CompressorResetState"));
       }

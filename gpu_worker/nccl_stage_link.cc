@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "gpu_worker/cuda_status.h"
 
 namespace ss::gpu {
 
@@ -27,12 +28,6 @@ constexpr uint32_t kMagic = 0x53534c4b;  // "SSLK"
 constexpr int64_t kMaxStreamsBytes = int64_t{16} << 30;
 // The micro-batch id of Create's first exchange (the coordinator's ids count up from 1).
 constexpr uint64_t kConnectId = ~uint64_t{0};
-
-absl::Status Cuda(cudaError_t e, const char* what) {
-  return e == cudaSuccess
-             ? absl::OkStatus()
-             : absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
-}
 
 }  // namespace
 
@@ -64,17 +59,18 @@ NcclStageLink::NcclStageLink(std::unique_ptr<NcclComm> comm, bool sender, std::s
     : comm_(std::move(comm)), sender_(sender), what_(std::move(what)) {}
 
 absl::Status NcclStageLink::Init(size_t reserve_bytes) {
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"));
-  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                       "cudaStreamCreateWithFlags"));
-  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
-                       "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(CudaCheck(cudaSetDevice(comm_->device()), "cudaSetDevice"));
+  RETURN_IF_ERROR(CudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                            "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(CudaCheck(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                            "cudaStreamCreateWithFlags"));
   for (size_t i = 0; i < (sender_ ? slots_.size() : 1); ++i) {
     Slot& s = slots_[i];
-    RETURN_IF_ERROR(Cuda(cudaMallocHost(&s.header_host, sizeof(Header)), "cudaMallocHost(header)"));
+    RETURN_IF_ERROR(
+        CudaCheck(cudaMallocHost(&s.header_host, sizeof(Header)), "cudaMallocHost(header)"));
     for (cudaEvent_t* e : {&s.copied, &s.sent}) {
-      RETURN_IF_ERROR(
-          Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+      RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming),
+                                "cudaEventCreateWithFlags"));
     }
     RETURN_IF_ERROR(Fit(s, kHeaderBytes + reserve_bytes));
   }
@@ -105,8 +101,8 @@ absl::Status NcclStageLink::Fit(Slot& slot, size_t bytes) {
   if (slot.message != nullptr) cudaFree(slot.message);
   slot.message = nullptr;
   slot.capacity = 0;
-  RETURN_IF_ERROR(Cuda(cudaMalloc(reinterpret_cast<void**>(&slot.message), bytes),
-                       "cudaMalloc(stage link message)"));
+  RETURN_IF_ERROR(CudaCheck(cudaMalloc(reinterpret_cast<void**>(&slot.message), bytes),
+                            "cudaMalloc(stage link message)"));
   slot.capacity = bytes;
   return absl::OkStatus();
 }
@@ -147,7 +143,7 @@ absl::Status NcclStageLink::Send(uint64_t micro_batch_id, int64_t rows, int64_t 
         absl::StrCat(what_, ": streams [", rows, ", ", width, "] to send"));
   }
   const size_t bytes = static_cast<size_t>(rows * width) * 2;
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"));
+  RETURN_IF_ERROR(CudaCheck(cudaSetDevice(comm_->device()), "cudaSetDevice"));
   Slot& slot = slots_[next_];
   RETURN_IF_ERROR(WaitSent(slot, deadline));  // its previous message has left
   next_ = (next_ + 1) % slots_.size();
@@ -156,21 +152,21 @@ absl::Status NcclStageLink::Send(uint64_t micro_batch_id, int64_t rows, int64_t 
   // copy stream, then the header and the send behind the link's earlier sends.
   absl::Status s = absl::OkStatus();
   if (!failed) {
-    s = Cuda(cudaMemcpyAsync(slot.message + kHeaderBytes, streams, bytes, cudaMemcpyDeviceToDevice,
-                             copy_stream_),
-             "cudaMemcpyAsync(streams)");
-    if (s.ok()) s = Cuda(cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord");
-    if (s.ok()) s = Cuda(cudaStreamWaitEvent(stream_, slot.copied, 0), "cudaStreamWaitEvent");
+    s = CudaCheck(cudaMemcpyAsync(slot.message + kHeaderBytes, streams, bytes,
+                                  cudaMemcpyDeviceToDevice, copy_stream_),
+                  "cudaMemcpyAsync(streams)");
+    if (s.ok()) s = CudaCheck(cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord");
+    if (s.ok()) s = CudaCheck(cudaStreamWaitEvent(stream_, slot.copied, 0), "cudaStreamWaitEvent");
   }
   const Header h{micro_batch_id, rows, width, failed ? 1u : 0u, kMagic};
   std::memcpy(slot.header_host, &h, sizeof(h));
   if (s.ok()) {
-    s = Cuda(
+    s = CudaCheck(
         cudaMemcpyAsync(slot.message, slot.header_host, sizeof(h), cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync(header)");
   }
   if (s.ok()) s = comm_->Send(slot.message, kHeaderBytes + bytes, 1, stream_);
-  if (s.ok()) s = Cuda(cudaEventRecord(slot.sent, stream_), "cudaEventRecord");
+  if (s.ok()) s = CudaCheck(cudaEventRecord(slot.sent, stream_), "cudaEventRecord");
   if (!s.ok()) return Broken(std::move(s));
   slot.in_flight = true;
   slot.micro_batch_id = micro_batch_id;
@@ -191,16 +187,16 @@ absl::StatusOr<StageLink::Received> NcclStageLink::Receive(uint64_t micro_batch_
         absl::StrCat(what_, ": streams [", rows, ", ", width, "] to receive"));
   }
   const size_t bytes = static_cast<size_t>(rows * width) * 2;
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(comm_->device()), "cudaSetDevice"));
+  RETURN_IF_ERROR(CudaCheck(cudaSetDevice(comm_->device()), "cudaSetDevice"));
   Slot& in = slots_[0];
   // Where the buffer cannot grow, the sender's message is on its way and nothing can take it: the
   // ends are out of step.
   if (absl::Status e = Fit(in, kHeaderBytes + bytes); !e.ok()) return Broken(std::move(e));
   absl::Status s = comm_->Recv(in.message, kHeaderBytes + bytes, 0, stream_);
   if (s.ok()) {
-    s = Cuda(cudaMemcpyAsync(in.header_host, in.message, sizeof(Header), cudaMemcpyDeviceToHost,
-                             stream_),
-             "cudaMemcpyAsync(header)");
+    s = CudaCheck(cudaMemcpyAsync(in.header_host, in.message, sizeof(Header),
+                                  cudaMemcpyDeviceToHost, stream_),
+                  "cudaMemcpyAsync(header)");
   }
   if (!s.ok()) return Broken(std::move(s));
   RETURN_IF_ERROR(
