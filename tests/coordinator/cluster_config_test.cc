@@ -1,0 +1,310 @@
+// The cluster config (coordinator/cluster_config.h): parsing and its errors, the roles it gives
+// GPU workers (stages, TP ranks, expert slices, max_model_len, the stage transport), and the
+// layout helpers of `splitserve up` (CUDA devices, CPU split, KV tokens, stage transport).
+#include "coordinator/cluster_config.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+#include "gtest/gtest.h"
+#include "proto/cluster.pb.h"
+#include "tests/coordinator/cluster_test_util.h"
+
+namespace ss::coord {
+namespace {
+
+namespace pb = splitserve::v1;
+using testing_util::kTwoStages;
+using testing_util::TinyModel;
+
+TEST(ClusterConfigTest, ParsesRolesAndRoundTrips) {
+  const ModelConfig model = TinyModel();
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kTwoStages, model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->GpuWorkerIds(), (std::vector<std::string>{"gpu0", "gpu1"}));
+  absl::StatusOr<pb::Role> r1 = RoleFor(*c, "gpu1");
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->stage(), 1);
+  EXPECT_EQ(r1->num_stages(), 2);
+  EXPECT_EQ(r1->first_layer(), 4);
+  EXPECT_EQ(r1->end_layer(), 7);
+  ASSERT_EQ(r1->experts_size(), 3);
+  EXPECT_EQ(r1->experts(0).layer(), 4);
+  EXPECT_EQ(r1->experts(0).endpoints(0).grpc_address(), "127.0.0.1:1");
+  absl::StatusOr<pb::Role> r0 = RoleFor(*c, "gpu0");
+  ASSERT_TRUE(r0.ok());
+  ASSERT_EQ(r0->experts_size(), 4);
+  EXPECT_EQ(r0->experts(3).endpoints(0).shm_name(), "seg0");
+  EXPECT_EQ(RoleFor(*c, "e0").status().code(), absl::StatusCode::kNotFound);
+
+  absl::StatusOr<ClusterConfig> again = ParseClusterConfig(ClusterConfigToJson(*c), model);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ClusterConfigToJson(*again), ClusterConfigToJson(*c));
+}
+
+// max_model_len: the model's positions by default, a shorter limit when given (every worker
+// learns it with its role), never more than the model's.
+TEST(ClusterConfigTest, MaxModelLenDefaultsToTheModelAndReachesTheRoles) {
+  const ModelConfig model = TinyModel();
+  const int64_t positions = model.max_position_embeddings;
+  ASSERT_GT(positions, 100);
+  absl::StatusOr<ClusterConfig> c =
+      ParseClusterConfig(R"({"stages": [{"layers": "0-6", "workers": ["a"]}]})", model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_model_len, positions);
+  EXPECT_EQ(RoleFor(*c, "a")->max_model_len(), positions);
+  c = ParseClusterConfig(
+      R"({"max_model_len": 100, "stages": [{"layers": "0-6", "workers": ["a"]}]})", model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_model_len, 100);
+  EXPECT_EQ(MaxModelLen(*c, model), 100);
+  EXPECT_EQ(RoleFor(*c, "a")->max_model_len(), 100);
+  EXPECT_EQ(ClusterConfigToJson(*ParseClusterConfig(ClusterConfigToJson(*c), model)),
+            ClusterConfigToJson(*c));
+  const absl::Status too_long =
+      ParseClusterConfig(absl::StrCat(R"({"max_model_len": )", positions + 1,
+                                      R"(, "stages": [{"layers": "0-6", "workers": ["a"]}]})"),
+                         model)
+          .status();
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.message().find("'max_model_len'"), std::string::npos) << too_long;
+  ClusterConfig in_code;  // not parsed: 0 stands for the model's
+  EXPECT_EQ(MaxModelLen(in_code, model), positions);
+}
+
+TEST(ClusterConfigTest, SlicesGoToTpRanks) {
+  const ModelConfig model = TinyModel();
+  // tiny-a's experts are 128 wide: one slice only. Use TP 2 with whole experts on both ranks'
+  // view: slice 0/1 goes to rank 0, none to rank 1.
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"({
+    "stages": [{"layers": "0-6", "workers": ["a", "b"]}],
+    "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/1", "shm": "s"}]})",
+                                                       model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // Rank 1 still learns that the layers are served remotely (slice_count 1, no endpoints of its
+  // own): it adds zero for them instead of computing a share of the experts itself.
+  const pb::Role a = *RoleFor(*c, "a"), b = *RoleFor(*c, "b");
+  ASSERT_EQ(a.experts_size(), 7);
+  ASSERT_EQ(b.experts_size(), 7);
+  EXPECT_EQ(a.experts(2).endpoints_size(), 1);
+  EXPECT_EQ(a.experts(2).slice_count(), 1);
+  EXPECT_EQ(b.experts(2).endpoints_size(), 0);
+  EXPECT_EQ(b.experts(2).slice_count(), 1);
+  EXPECT_EQ(b.tp_rank(), 1);
+  EXPECT_EQ(b.tp_size(), 2);
+  EXPECT_EQ(TpPeers(*c, "a"), std::vector<std::string>{"b"});
+  EXPECT_EQ(StageOf(*c, "b"), 0);
+  EXPECT_EQ(StageOf(*c, "e"), -1);
+}
+
+TEST(ClusterConfigTest, FourSlicesOverTwoRanksGoIByIModTwo) {
+  ModelConfig model = TinyModel();
+  model.moe_inter_dim = 512;  // four slices of 128
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"({
+    "stages": [{"layers": "0-6", "workers": ["a", "b"]}],
+    "expert_workers": [{"id": "e0", "layers": "0-6", "slice": "0/4", "shm": "s0"},
+                       {"id": "e1", "layers": "0-6", "slice": "1/4", "shm": "s1"},
+                       {"id": "e2", "layers": "0-6", "slice": "2/4", "shm": "s2"},
+                       {"id": "e3", "layers": "0-6", "slice": "3/4", "grpc": "h:1"}]})",
+                                                       model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const auto& [id, want] :
+       std::vector<std::pair<std::string, std::vector<int>>>{{"a", {0, 2}}, {"b", {1, 3}}}) {
+    const pb::Role r = *RoleFor(*c, id);
+    ASSERT_EQ(r.experts_size(), 7);
+    for (const pb::LayerExperts& le : r.experts()) {
+      EXPECT_EQ(le.slice_count(), 4);
+      std::vector<int> got;
+      for (const pb::ExpertEndpoint& e : le.endpoints()) got.push_back(e.slice_index());
+      EXPECT_EQ(got, want) << id << " layer " << le.layer();
+    }
+  }
+}
+
+TEST(ClusterConfigTest, CudaDevicesOfStagesAndRanks) {
+  EXPECT_EQ(*AssignCudaDevices(2, 2, 2), (std::vector<int>{0, 1, 0, 1}));  // TP 2 x PP 2 on 2
+  EXPECT_EQ(*AssignCudaDevices(2, 2, 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(*AssignCudaDevices(3, 1, 2), (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(*AssignCudaDevices(3, 2, 3), (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  const absl::Status st = AssignCudaDevices(1, 2, 1).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("distinct GPUs"), std::string::npos) << st;
+  EXPECT_FALSE(AssignCudaDevices(0, 1, 1).ok());
+}
+
+TEST(ClusterConfigTest, NcclStageLinksGetGpusOfTheirOwnAndShareOneFate) {
+  // Linked workers need a GPU each (a link's two ranks may not share one, nor may processes
+  // with a waiting receive kernel).
+  EXPECT_EQ(*AssignCudaDevices(2, 1, 2, true), (std::vector<int>{0, 1}));
+  EXPECT_EQ(*AssignCudaDevices(2, 2, 4, true), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(*AssignCudaDevices(1, 2, 2, true), (std::vector<int>{0, 1}));  // no link
+  const absl::Status shared = AssignCudaDevices(2, 2, 2, true).status();
+  EXPECT_EQ(shared.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shared.message().find("a GPU per GPU worker"), std::string::npos) << shared;
+  EXPECT_FALSE(AssignCudaDevices(3, 1, 2, true).ok());
+  // `up` takes the links wherever they can run.
+  EXPECT_EQ(LaunchStageTransport("auto", true, true, 2, 1, 2), "nccl");
+  EXPECT_EQ(LaunchStageTransport("auto", true, true, 2, 2, 2), "grpc");   // GPUs shared
+  EXPECT_EQ(LaunchStageTransport("auto", true, true, 1, 2, 2), "grpc");   // one stage
+  EXPECT_EQ(LaunchStageTransport("auto", true, false, 2, 1, 2), "grpc");  // no NCCL
+  EXPECT_EQ(LaunchStageTransport("auto", false, true, 2, 1, 2), "grpc");  // cpu backend
+  EXPECT_EQ(LaunchStageTransport("grpc", true, true, 2, 1, 2), "grpc");
+  EXPECT_EQ(LaunchStageTransport("nccl", true, true, 2, 2, 2), "nccl");  // refused later
+
+  const ModelConfig model = TinyModel();
+  const std::string text = R"({"stage_transport": "nccl",
+    "stages": [{"layers": "0-3", "workers": ["a", "b"]}, {"layers": "4-6", "workers": ["c", "d"]}]})";
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(text, model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->stage_transport, "nccl");
+  EXPECT_EQ(RoleFor(*c, "c")->stage_transport(), "nccl");
+  EXPECT_EQ(FatePeers(*c, "c"), (std::vector<std::string>{"a", "b", "d"}));
+  EXPECT_EQ(TpPeers(*c, "c"), (std::vector<std::string>{"d"}));
+  absl::StatusOr<ClusterConfig> back = ParseClusterConfig(ClusterConfigToJson(*c), model);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->stage_transport, "nccl");
+  // The default, gRPC: stages keep their own fates.
+  absl::StatusOr<ClusterConfig> g = ParseClusterConfig(R"({
+    "stages": [{"layers": "0-3", "workers": ["a", "b"]}, {"layers": "4-6", "workers": ["c", "d"]}]})",
+                                                       model);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->stage_transport, "grpc");
+  EXPECT_EQ(RoleFor(*g, "a")->stage_transport(), "grpc");
+  EXPECT_EQ(FatePeers(*g, "c"), (std::vector<std::string>{"d"}));
+  const absl::Status bad =
+      ParseClusterConfig(
+          R"({"stage_transport": "rdma", "stages": [{"layers": "0-6", "workers": ["a"]}]})", model)
+          .status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("'stage_transport'"), std::string::npos) << bad;
+}
+
+// `nodes` NUMA nodes of `cores` cores, each core `smt` hardware threads numbered as Linux does
+// on such machines: core c of the machine has cpus c, c + total cores, ...
+std::vector<std::vector<std::vector<int>>> Machine(int nodes, int cores, int smt) {
+  std::vector<std::vector<std::vector<int>>> m(nodes);
+  for (int n = 0; n < nodes; ++n) {
+    for (int c = 0; c < cores; ++c) {
+      std::vector<int> pus;
+      for (int t = 0; t < smt; ++t) pus.push_back(n * cores + c + t * nodes * cores);
+      m[n].push_back(pus);
+    }
+  }
+  return m;
+}
+
+TEST(ClusterConfigTest, LaunchCpusGiveTheServingProcessesWholeCoresOfTheirOwn) {
+  // Two nodes of 16 two-thread cores, 8 GPU workers + the coordinator: 9 cores taken from the
+  // nodes' tops in turn (5 from node 0, 4 from node 1), hyperthreads together.
+  const LaunchCpus p = PlanLaunchCpus(Machine(2, 16, 2), 2, 9, true);
+  ASSERT_TRUE(p.split());
+  ASSERT_EQ(p.experts.size(), 2u);
+  EXPECT_EQ(p.serving.size(), 18u);
+  EXPECT_EQ(p.experts[0].size(), 2u * 11);
+  EXPECT_EQ(p.experts[1].size(), 2u * 12);
+  std::set<int> seen;
+  for (int c : p.serving) EXPECT_TRUE(seen.insert(c).second) << c;
+  for (const auto& e : p.experts) {
+    for (int c : e) EXPECT_TRUE(seen.insert(c).second) << "cpu " << c << " given twice";
+  }
+  EXPECT_EQ(seen.size(), 64u);
+  for (int c : {15, 47, 11, 43, 31, 63, 28, 60}) {  // the nodes' top cores and their siblings
+    EXPECT_NE(std::find(p.serving.begin(), p.serving.end(), c), p.serving.end()) << c;
+  }
+  for (int c : {0, 32, 10, 42}) {
+    EXPECT_NE(std::find(p.experts[0].begin(), p.experts[0].end(), c), p.experts[0].end()) << c;
+  }
+  for (int c : p.experts[1]) EXPECT_TRUE((c >= 16 && c < 28) || (c >= 48 && c < 60)) << c;
+
+  // One node of 32 cores, one GPU worker + the coordinator: the top two cores.
+  const LaunchCpus one = PlanLaunchCpus(Machine(1, 32, 1), 1, 2, true);
+  EXPECT_EQ(one.serving, (std::vector<int>{30, 31}));
+  ASSERT_EQ(one.experts.size(), 1u);
+  EXPECT_EQ(one.experts[0].size(), 30u);
+  EXPECT_EQ(one.experts[0].back(), 29);
+
+  // More expert workers than nodes: the remaining cores shared out evenly.
+  const LaunchCpus three = PlanLaunchCpus(Machine(1, 11, 1), 3, 2, true);
+  ASSERT_EQ(three.experts.size(), 3u);
+  EXPECT_EQ(three.experts[0], (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(three.experts[1], (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(three.experts[2], (std::vector<int>{6, 7, 8}));
+}
+
+TEST(ClusterConfigTest, LaunchCpusForTakeOneCoreAGpuWorkerWhereTwoDoNotFit) {
+  // 16 cores, 2 GPU workers + the coordinator: two cores each (5).
+  EXPECT_EQ(PlanLaunchCpusFor(Machine(1, 16, 1), 1, 2, true, true).serving.size(), 5u);
+  // 8 cores: 5 would leave the experts 3, so one each (3).
+  EXPECT_EQ(PlanLaunchCpusFor(Machine(1, 8, 1), 1, 2, true, true).serving,
+            (std::vector<int>{5, 6, 7}));
+  // Without the coordinator on this host: 2 GPU workers on 8 cores take 4.
+  EXPECT_EQ(PlanLaunchCpusFor(Machine(1, 8, 1), 1, 2, false, true).serving.size(), 4u);
+  // 4 cores cannot give 3 away; nor does the cpu backend split.
+  EXPECT_FALSE(PlanLaunchCpusFor(Machine(1, 4, 1), 1, 2, true, true).split());
+  EXPECT_FALSE(PlanLaunchCpusFor(Machine(1, 64, 2), 1, 2, true, false).split());
+}
+
+TEST(ClusterConfigTest, LaunchCpusAreNotSplitWhereSplittingWouldHurt) {
+  // The cpu backend computes on the experts' cores between calls.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 32, 2), 1, 2, false).split());
+  // A small machine (CI's two cores, a laptop): fewer cores than twice the serving processes.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 2, 1), 1, 2, true).split());
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 5, 2), 1, 3, true).split());
+  // A node is never emptied: 2 nodes of 1 core cannot give up one.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(4, 1, 1), 4, 2, true).split());
+  // More expert workers than the cores left.
+  EXPECT_FALSE(PlanLaunchCpus(Machine(1, 4, 1), 3, 2, true).split());
+  const LaunchCpus none = PlanLaunchCpus(Machine(1, 2, 1), 1, 2, true);
+  EXPECT_TRUE(none.serving.empty());
+  EXPECT_TRUE(none.experts.empty());
+}
+
+TEST(ClusterConfigTest, LaunchKvTokensFillsGpusOnlyWhereEachWorkerHasItsOwn) {
+  EXPECT_EQ(LaunchKvTokens(4096, true, {0, 1}, 65536), 4096);  // asked for: as asked
+  EXPECT_EQ(LaunchKvTokens(0, true, {0, 1, 2, 3}, 65536), 0);  // TP 2 x PP 2 on 4: fill
+  EXPECT_EQ(LaunchKvTokens(0, true, {0}, 65536), 0);
+  EXPECT_EQ(LaunchKvTokens(0, true, {0, 1, 0, 1}, 65536), 65536);  // TP 2 x PP 2 on 2: shared
+  EXPECT_EQ(LaunchKvTokens(0, true, {0, 0}, 65536), 65536);
+  EXPECT_EQ(LaunchKvTokens(0, false, {}, 65536), 65536);  // cpu backend
+}
+
+TEST(ClusterConfigTest, RejectsBadConfigsNamingTheField) {
+  const ModelConfig model = TinyModel();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[]", "not a JSON object"},
+      {"{\"stages\": []}", "'stages'"},
+      {R"({"stages": [{"layers": "0-3", "workers": ["a"]}]})", "the model has 7"},
+      {R"({"stages": [{"layers": "0-3", "workers": ["a"]}, {"layers": "5-6", "workers": ["b"]}]})",
+       "expected layer 4"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a", "a"]}]})", "appears twice"},
+      {R"({"stages": [{"layers": "0-9", "workers": ["a"]}]})", "outside the model"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a", "b", "c"]}]})", "does not divide"},
+      {R"({"kv_block_tokens": 100, "stages": [{"layers": "0-6", "workers": ["a"]}]})",
+       "multiple of every compress ratio"},
+      {R"({"bogus": 1, "stages": [{"layers": "0-6", "workers": ["a"]}]})", "unknown key 'bogus'"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a"]}],
+           "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/2", "shm": "s"}]})",
+       "does not split"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a"]}],
+           "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/1"}]})",
+       "exactly one of 'shm' and 'grpc'"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a"]}],
+           "expert_workers": [{"id": "e", "layers": "0-6", "slice": "0/1", "shm": "s"},
+                              {"id": "f", "layers": "3", "slice": "0/1", "shm": "t"}]})",
+       "layer 3"},
+      {R"({"max_batch_tokens": 4, "max_running": 8, "stages": [{"layers": "0-6", "workers": ["a"]}]})",
+       "max_batch_tokens"},
+  };
+  for (const auto& [text, want] : cases) {
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(text, model);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(want), std::string::npos)
+        << text << " -> " << c.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace ss::coord
