@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -228,6 +229,21 @@ class ClusterFixture : public ::testing::Test {
     EXPECT_EQ(out.status, SubmitStatus::kAccepted);
     return out.stream;
   }
+  // Worker `i` dies while a long request runs (its steps slowed so that it is still running);
+  // returns that request's outcome.
+  Outcome DieMidRequest(int i) {
+    workers_[i]->delay_ms_.store(10);
+    auto s = Submit({30}, 200);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers_[i]->die_.store(true);
+    return Drain(*s);
+  }
+  // Worker `i` comes back as a restarted process would: serving, at full speed, registered again.
+  void Revive(int i) {
+    workers_[i]->die_.store(false);
+    workers_[i]->delay_ms_.store(0);
+    ASSERT_TRUE(RegisterWorker(workers_[i].get()).ok()) << ids_[i];
+  }
 
   ModelConfig model_;
   std::unique_ptr<ControlService> control_;
@@ -394,11 +410,7 @@ TEST_F(ClusterFixture, FailedMicroBatchEndsOnlyItsSequences) {
 
 TEST_F(ClusterFixture, DeadWorkerFailsRequestsAndTheClusterRecovers) {
   StartEngine();
-  workers_[1]->delay_ms_.store(10);
-  auto s = Submit({30}, 200);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  workers_[1]->die_.store(true);
-  Outcome o = Drain(*s);
+  Outcome o = DieMidRequest(1);
   EXPECT_EQ(o.finish, FinishReason::kError);
   EXPECT_NE(o.error.find("gpu1"), std::string::npos) << o.error;
   // Not ready until gpu1 registers again (a restarted process would).
@@ -410,9 +422,7 @@ TEST_F(ClusterFixture, DeadWorkerFailsRequestsAndTheClusterRecovers) {
   r.prompt = {1};
   r.cancel = std::make_shared<CancellationToken>();
   EXPECT_EQ(engine_->Submit(std::move(r)).status, SubmitStatus::kNotReady);
-  workers_[1]->die_.store(false);
-  workers_[1]->delay_ms_.store(0);
-  ASSERT_TRUE(RegisterWorker(workers_[1].get()).ok());
+  Revive(1);
   ASSERT_TRUE(WaitReady());
   Outcome again = Drain(*Submit({40}, 3));
   EXPECT_EQ(again.tokens, (std::vector<int32_t>{41, 42, 43}));
@@ -461,20 +471,39 @@ class TpClusterFixture : public ClusterFixture {
     }
     return stub_->Rendezvous(&ctx, req, reply);
   }
-  // Every worker meets at once; rank 0 of stage s publishes `tag_s` x 128.
-  std::vector<pb::RendezvousReply> MeetAll(char tag0, char tag1) {
-    std::vector<pb::RendezvousReply> replies(4);
+  // Every worker meets at once, worker i publishing publish(i): their statuses, and their replies
+  // in `replies` when given.
+  std::vector<grpc::Status> MeetEach(
+      const std::function<std::map<std::string, std::string>(int)>& publish,
+      std::vector<pb::RendezvousReply>* replies = nullptr) {
+    const int n = static_cast<int>(ids_.size());
+    std::vector<grpc::Status> st(n);
+    std::vector<pb::RendezvousReply> got(n);
     std::vector<std::thread> threads;
-    for (int i = 0; i < 4; ++i) {
-      threads.emplace_back([&, i] {
-        std::map<std::string, std::string> publish;
-        if (i == 0) publish[TpGroupName(0)] = std::string(kNcclUniqueIdBytes, tag0);
-        if (i == 2) publish[TpGroupName(1)] = std::string(kNcclUniqueIdBytes, tag1);
-        const grpc::Status st = Meet(ids_[i], publish, &replies[i]);
-        EXPECT_TRUE(st.ok()) << ids_[i] << ": " << st.error_message();
-      });
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] { st[i] = Meet(ids_[i], publish(i), &got[i]); });
     }
     for (std::thread& t : threads) t.join();
+    if (replies != nullptr) *replies = std::move(got);
+    return st;
+  }
+  // Expects every status OK, naming the worker.
+  void ExpectAllOk(const std::vector<grpc::Status>& st) {
+    for (size_t i = 0; i < st.size(); ++i) {
+      EXPECT_TRUE(st[i].ok()) << ids_[i] << ": " << st[i].error_message();
+    }
+  }
+  // Every worker meets at once; rank 0 of stage s publishes `tag_s` x 128.
+  std::vector<pb::RendezvousReply> MeetAll(char tag0, char tag1) {
+    std::vector<pb::RendezvousReply> replies;
+    ExpectAllOk(MeetEach(
+        [&](int i) {
+          std::map<std::string, std::string> publish;
+          if (i == 0) publish[TpGroupName(0)] = std::string(kNcclUniqueIdBytes, tag0);
+          if (i == 2) publish[TpGroupName(1)] = std::string(kNcclUniqueIdBytes, tag1);
+          return publish;
+        },
+        &replies));
     return replies;
   }
   static std::string IdOf(const pb::RendezvousReply& r, const std::string& group) {
@@ -523,17 +552,11 @@ TEST_F(TpClusterFixture, RendezvousRelaysEachStagesIdFromItsRankZero) {
 }
 
 TEST_F(TpClusterFixture, ARankZeroThatPublishesNothingFailsItsStage) {
-  std::vector<grpc::Status> st(4);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] {
-      pb::RendezvousReply r;
-      std::map<std::string, std::string> publish;
-      if (i == 2) publish[TpGroupName(1)] = std::string(kNcclUniqueIdBytes, 'y');
-      st[i] = Meet(ids_[i], publish, &r);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<grpc::Status> st = MeetEach([](int i) {
+    std::map<std::string, std::string> publish;
+    if (i == 2) publish[TpGroupName(1)] = std::string(kNcclUniqueIdBytes, 'y');
+    return publish;
+  });
   for (int i : {0, 1}) {
     EXPECT_EQ(st[i].error_code(), grpc::StatusCode::FAILED_PRECONDITION) << i;
     EXPECT_NE(st[i].error_message().find("'gpu0'"), std::string::npos) << st[i].error_message();
@@ -616,15 +639,8 @@ TEST_F(LinkedClusterFixture, RendezvousRelaysTheLinksIdsFromTheirSenders) {
   EXPECT_EQ(
       Meet("gpu0", {{PpLinkName(0, 1), std::string(kNcclUniqueIdBytes, 'a')}}, &r).error_code(),
       grpc::StatusCode::INVALID_ARGUMENT);
-  std::vector<pb::RendezvousReply> replies(4);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] {
-      const grpc::Status st = Meet(ids_[i], Publish(i), &replies[i]);
-      EXPECT_TRUE(st.ok()) << ids_[i] << ": " << st.error_message();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<pb::RendezvousReply> replies;
+  ExpectAllOk(MeetEach([](int i) { return Publish(i); }, &replies));
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(IdOf(replies[i], PpLinkName(0, 0)), std::string(kNcclUniqueIdBytes, '0')) << i;
     EXPECT_EQ(IdOf(replies[i], PpLinkName(0, 1)), std::string(kNcclUniqueIdBytes, '1')) << i;
@@ -633,15 +649,7 @@ TEST_F(LinkedClusterFixture, RendezvousRelaysTheLinksIdsFromTheirSenders) {
 }
 
 TEST_F(LinkedClusterFixture, ASenderThatPublishesNoLinkFailsTheRendezvous) {
-  std::vector<grpc::Status> st(4);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] {
-      pb::RendezvousReply r;
-      st[i] = Meet(ids_[i], Publish(i, /*link=*/i != 1), &r);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<grpc::Status> st = MeetEach([](int i) { return Publish(i, /*link=*/i != 1); });
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(st[i].error_code(), grpc::StatusCode::FAILED_PRECONDITION) << i;
     EXPECT_NE(st[i].error_message().find("'gpu1'"), std::string::npos) << st[i].error_message();
@@ -649,14 +657,7 @@ TEST_F(LinkedClusterFixture, ASenderThatPublishesNoLinkFailsTheRendezvous) {
 }
 
 TEST_F(LinkedClusterFixture, EveryGpuWorkerSharesOneFateAndTheCpuBackendIsRefused) {
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] {
-      pb::RendezvousReply r;
-      EXPECT_TRUE(Meet(ids_[i], Publish(i), &r).ok()) << i;
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  ExpectAllOk(MeetEach([](int i) { return Publish(i); }));
   // One dead worker of stage 1 takes stage 0 too: their links would hang.
   control_->DeclareDead("gpu3", control_->Members()[3].generation);
   EXPECT_TRUE(Dead(0) && Dead(1) && Dead(2) && Dead(3));
@@ -668,14 +669,7 @@ TEST_F(LinkedClusterFixture, EveryGpuWorkerSharesOneFateAndTheCpuBackendIsRefuse
   // others down with it.
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(RegisterWorker(workers_[i].get()).ok()) << i;
   EXPECT_FALSE(Dead(0) || Dead(1) || Dead(2) || Dead(3));
-  threads.clear();
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] {
-      pb::RendezvousReply r;
-      EXPECT_TRUE(Meet(ids_[i], Publish(i), &r).ok()) << i;
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  ExpectAllOk(MeetEach([](int i) { return Publish(i); }));
   silent_.store("gpu3");
   std::this_thread::sleep_for(std::chrono::milliseconds(3200));
   ASSERT_TRUE(RegisterWorker(workers_[3].get()).ok());
@@ -686,20 +680,14 @@ TEST_F(LinkedClusterFixture, EveryGpuWorkerSharesOneFateAndTheCpuBackendIsRefuse
 
 TEST_F(LinkedClusterFixture, OneDeadWorkerStopsThePipelineUntilEveryWorkerIsBack) {
   StartEngine();
-  workers_[3]->delay_ms_.store(10);
-  auto s = Submit({30}, 200);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  workers_[3]->die_.store(true);
-  Outcome o = Drain(*s);
+  Outcome o = DieMidRequest(3);
   EXPECT_EQ(o.finish, FinishReason::kError);
   // The engine declared gpu3 dead, and with it every other GPU worker (their links would hang).
   for (int i = 0; i < 200 && !(Dead(0) && Dead(1) && Dead(2)); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(Dead(0) && Dead(1) && Dead(2) && Dead(3));
-  workers_[3]->die_.store(false);
-  workers_[3]->delay_ms_.store(0);
-  ASSERT_TRUE(RegisterWorker(workers_[3].get()).ok());
+  Revive(3);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_FALSE(engine_->Ready());  // the others have not come back yet
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(RegisterWorker(workers_[i].get()).ok()) << i;
