@@ -617,7 +617,13 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
         STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, bs_iq));
         STEP(wait_branch(bs_iq, Impl::kBranchIndex));
         STEP(wait_branch(bs_iq, Impl::kBranchIndexW));
-        for (size_t i = 0; i < nc; ++i) {
+        if (plan.index_one_launch && plan.index_k > 0) {
+          STEP(cuda::KvIndexerScoresTokens(sc.iq, sc.iw, geom, tok, sc.pos, T, nh, 4,
+                                           plan.index_cols, im.scores.as<float>(), bs_iq));
+          STEP(cuda::IndexerTopK(im.scores.as<float>(), T, plan.index_cols, plan.index_k,
+                                 im.sel.as<int32_t>(), topk_scratch, bs_iq));
+        }
+        for (size_t i = 0; i < nc && !plan.index_one_launch; ++i) {
           if (n_sel[i] == 0) continue;
           const int64_t S = row0[i + 1] - row0[i];
           // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile).

@@ -142,12 +142,23 @@ struct HostExpertsCall {
 //   compressor arrays | KvTokens | tables | main-entry addresses | key addresses | token ids |
 //   positions | input streams (from streams_at, 256-aligned; a middle stage's output streams
 //   come back through the same rows).
+// Steps of at most this many tokens run the indexer's scores and top-k for all their chunks in
+// one launch each (StepPlan::index_one_launch); the split top-k takes up to 8 rows.
+inline constexpr int64_t kIndexerOneLaunchTokens = 8;
+
 struct StepPlan {
   int64_t T = 0, max_rows = 0, max_cand = 1, scores_cap = 0;
   std::vector<int64_t> row0, ids, pos;  // chunk i's rows are [row0[i], row0[i + 1])
   // Per chunk: the indexer's selections per token, where they start, its score columns; where
   // the chunk's table starts in the uploaded tables (int32s).
   std::vector<int64_t> n_sel, sel_base, n_cols, table_off;
+  // A step of at most kIndexerOneLaunchTokens tokens (decode) scores and selects every chunk's
+  // rows in one launch each (index_one_launch): rows of index_cols columns (the widest chunk's),
+  // index_k selections each (the most any chunk takes), token t's at t · index_k; a chunk reads
+  // the first n_sel of its rows' (the top-k's order is total, so they are its own top n_sel).
+  // Longer steps score and select chunk by chunk, with each chunk's own widths.
+  bool index_one_launch = false;
+  int64_t index_cols = 0, index_k = 0;
   std::vector<cuda::KvToken> tokens;  // [layer, T]; table and staging set by FillUpload
   std::vector<int64_t> n_cand;        // per layer: the longest candidate list
   std::vector<int64_t> ebase;         // [layer, chunk]: the scratch row of its first new entry

@@ -35,12 +35,18 @@ StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
   p.n_sel.assign(nc, 0);
   p.sel_base.assign(nc + 1, 0);
   p.n_cols.assign(nc, 0);
+  p.index_one_launch = T <= kIndexerOneLaunchTokens;
   for (size_t i = 0; i < nc; ++i) {
     const int64_t S = p.row0[i + 1] - p.row0[i], end = batch[i].start + S;
     p.n_sel[i] = std::min(c.index_topk, end / 4);
     p.n_cols[i] = (end / 4 + kScoreColumns - 1) / kScoreColumns * kScoreColumns;
-    p.sel_base[i + 1] = p.sel_base[i] + S * p.n_sel[i];
-    p.scores_cap = std::max(p.scores_cap, S * p.n_cols[i]);
+    p.index_cols = std::max(p.index_cols, p.n_cols[i]);
+    p.index_k = std::max(p.index_k, p.n_sel[i]);
+  }
+  for (size_t i = 0; i < nc; ++i) {
+    const int64_t S = p.row0[i + 1] - p.row0[i];
+    p.sel_base[i + 1] = p.sel_base[i] + S * (p.index_one_launch ? p.index_k : p.n_sel[i]);
+    p.scores_cap = p.index_one_launch ? T * p.index_cols : std::max(p.scores_cap, S * p.n_cols[i]);
   }
   // The batch's tables, uploaded with the step (offsets in int32s from their start).
   p.table_off.assign(nc + 1, 0);
@@ -66,7 +72,8 @@ StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
         d.win_width = static_cast<int32_t>(win_width);
         d.n_comp = static_cast<int32_t>(n_comp);
         d.sel_off = b.has_indexer && p.n_sel[i] > 0
-                        ? static_cast<int32_t>(p.sel_base[i] + s * p.n_sel[i])
+                        ? static_cast<int32_t>(p.sel_base[i] +
+                                               s * (p.index_one_launch ? p.index_k : p.n_sel[i]))
                         : -1;
       }
     }

@@ -318,7 +318,8 @@ __device__ __forceinline__ float ReduceHeads(const float (&acc)[kKeys][2], float
   return RoundBf16Dev(__fadd_rn(s[0], e[0]));
 }
 
-// kPaged: keys from the paged pool (g, table) instead of bf16 rows. kKeys keys per task.
+// kPaged: keys from the paged pool (g, table) instead of bf16 rows; with row_tokens, token t
+// reads its own sequence's table (row_tokens[t]). kKeys keys per task.
 template <bool kPaged, int kKeys>
 __global__ void __launch_bounds__(kScoreThreads, kScoreBlocksPerSmMin)
     IndexerScoresKernelImpl(const uint16_t* __restrict__ q, const uint16_t* __restrict__ w,
@@ -326,10 +327,15 @@ __global__ void __launch_bounds__(kScoreThreads, kScoreBlocksPerSmMin)
                             const int64_t* __restrict__ key_row_offset,
                             const int64_t* __restrict__ positions, int heads, int hd, int ratio,
                             int64_t n_cols, float* __restrict__ scores, KvGeom g,
-                            const int32_t* __restrict__ table, int n_table) {
+                            const int32_t* __restrict__ table, int n_table,
+                            const KvToken* __restrict__ row_tokens) {
   __shared__ __align__(16) uint32_t qs[32 * kMaxHeadDim];
   __shared__ __align__(16) float ks[kScoreWarps][kKeys][kMaxHeadDim];
   const int64_t t = blockIdx.x;
+  if (kPaged && row_tokens != nullptr) {
+    table = reinterpret_cast<const int32_t*>(row_tokens[t].table);
+    n_table = row_tokens[t].n_table;
+  }
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t eligible = (positions[t] + 1) / ratio;
   const int64_t jv = eligible < 0 ? 0 : eligible < n_cols ? eligible : n_cols;
@@ -419,7 +425,7 @@ bool IsPow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 using ScoresKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const int64_t*,
                               const int64_t*, int, int, int, int64_t, float*, KvGeom,
-                              const int32_t*, int);
+                              const int32_t*, int, const KvToken*);
 
 // Blocks of the kKeys-key scores kernel resident at once on the current device: the SMs times
 // what shared memory allows (its static shared memory and the 1 KB the runtime reserves per
@@ -446,7 +452,7 @@ cudaError_t LaunchScores(const uint16_t* q, const uint16_t* w, const uint16_t* k
                          const int64_t* key_row_offset, const int64_t* positions, int64_t T,
                          int64_t heads, int64_t head_dim, int64_t ratio, int64_t n_cols,
                          float* scores, const KvGeom& g, const int32_t* table, int64_t n_table,
-                         cudaStream_t stream) {
+                         const KvToken* row_tokens, cudaStream_t stream) {
   constexpr ScoresKernel kKernels[4] = {
       &IndexerScoresKernelImpl<kPaged, 1>, &IndexerScoresKernelImpl<kPaged, 2>,
       &IndexerScoresKernelImpl<kPaged, 4>, &IndexerScoresKernelImpl<kPaged, 8>};
@@ -465,7 +471,7 @@ cudaError_t LaunchScores(const uint16_t* q, const uint16_t* w, const uint16_t* k
   kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(per_row)), kScoreThreads, 0,
            stream>>>(q, w, keys, key_row_offset, positions, static_cast<int>(heads),
                      static_cast<int>(head_dim), static_cast<int>(ratio), n_cols, scores, g, table,
-                     static_cast<int>(n_table));
+                     static_cast<int>(n_table), row_tokens);
   return cudaGetLastError();
 }
 
@@ -529,13 +535,15 @@ cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* 
   }
   if (T == 0 || n_cols == 0) return cudaSuccess;
   return LaunchScores<false>(q, w, keys, key_row_offset, positions, T, heads, head_dim, ratio,
-                             n_cols, scores, KvGeom{}, nullptr, 0, stream);
+                             n_cols, scores, KvGeom{}, nullptr, 0, nullptr, stream);
 }
 
-cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                            const int32_t* table, int64_t n_table, const int64_t* positions,
-                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
-                            cudaStream_t stream) {
+namespace {
+
+cudaError_t LaunchKvScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
+                           const int32_t* table, int64_t n_table, const KvToken* tokens,
+                           const int64_t* positions, int64_t T, int64_t heads, int64_t ratio,
+                           int64_t n_cols, float* scores, cudaStream_t stream) {
   const int64_t head_dim = g.key_dim;
   if (heads < 1 || heads > kIndexerMaxHeads || head_dim < 32 || head_dim % 32 != 0 ||
       head_dim > kIndexerMaxHeadDim || g.keys_per_block < 1 || ratio < 1 || ratio > INT_MAX ||
@@ -544,7 +552,26 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
   }
   if (T == 0 || n_cols == 0) return cudaSuccess;
   return LaunchScores<true>(q, w, nullptr, nullptr, positions, T, heads, head_dim, ratio, n_cols,
-                            scores, g, table, n_table, stream);
+                            scores, g, table, n_table, tokens, stream);
+}
+
+}  // namespace
+
+cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
+                            const int32_t* table, int64_t n_table, const int64_t* positions,
+                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+                            cudaStream_t stream) {
+  return LaunchKvScores(q, w, g, table, n_table, nullptr, positions, T, heads, ratio, n_cols,
+                        scores, stream);
+}
+
+cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const KvGeom& g,
+                                  const KvToken* tokens, const int64_t* positions, int64_t T,
+                                  int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+                                  cudaStream_t stream) {
+  if (tokens == nullptr && T > 0) return cudaErrorInvalidValue;
+  return LaunchKvScores(q, w, g, nullptr, 0, tokens, positions, T, heads, ratio, n_cols, scores,
+                        stream);
 }
 
 const void* HadamardFp4Kernel() {

@@ -114,6 +114,16 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
                             int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
                             cudaStream_t stream);
 
+// KvIndexerScores for tokens of several sequences in one launch (a decode step's batch): token t
+// reads the keys of the table at tokens[t] (device KvTokens: table, n_table), so its row is the
+// one a KvIndexerScores call over its own sequence gives, bit for bit. n_cols is every row's:
+// columns past a token's eligible keys score −inf, so a shorter sequence's row is its own row
+// padded with −inf, whose top-k selections are the same while k ≤ its eligible keys.
+cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const KvGeom& g,
+                                  const KvToken* tokens, const int64_t* positions, int64_t T,
+                                  int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+                                  cudaStream_t stream);
+
 // SparseAttention (sparse_attention.h) with candidate j of token t the record at cand[t, j]:
 // nope dims decoded as e4m3 · scale (exact, bf16-valued), rope dims the stored bf16, so the
 // result is bit-identical to SparseAttention over a bf16 pool of the decoded entries (except on

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <iterator>
 #include <numeric>
 #include <random>
@@ -817,6 +818,87 @@ TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
       EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), results[0].size() * 4), 0)
           << "hd " << hd << " n " << n << " run " << r;
     }
+  }
+}
+
+// A decode step's batch in one launch each (KvIndexerScoresTokens, then IndexerTopK over all
+// rows with the largest k): three sequences of 2304, 700 and 5000 keys in blocks of one pool,
+// one token each plus a second token of the first, every row as wide as the widest. Each row's
+// first n columns are the bytes a KvIndexerScores call over its own sequence gives, the rest
+// −inf, and the first k of its selections are the ones a top-k over its own row of n columns
+// with its own k gives (the wide rows take the split top-k, the 700-column one the counting).
+TEST_F(IndexerTest, SequencesScoredAndSelectedInOneLaunch) {
+  const int64_t H = 64, hd = 128, per_block = 64, ratio = 4;
+  const std::vector<int64_t> n = {2304, 700, 5000}, k = {512, 300, 512};
+  const int64_t key_bytes = KvKeyBytes(hd), block_bytes = per_block * key_bytes + 40;
+  std::vector<int64_t> first_block(n.size() + 1, 0);  // each sequence's blocks, window block first
+  for (size_t i = 0; i < n.size(); ++i) {
+    first_block[i + 1] = first_block[i] + 1 + (n[i] + per_block - 1) / per_block;
+  }
+  DeviceBuffer<uint8_t> pool(first_block.back() * block_bytes);
+  const KvGeom g{.pool = reinterpret_cast<uint64_t>(pool.get()),
+                 .block_bytes = block_bytes,
+                 .first_entry_block = 1,
+                 .key_dim = static_cast<int32_t>(hd),
+                 .keys_per_block = static_cast<int32_t>(per_block),
+                 .key_off = 40};
+  std::deque<DeviceBuffer<int32_t>> tables;  // not movable: a deque keeps them in place
+  for (size_t i = 0; i < n.size(); ++i) {
+    // Blocks in reverse order, so that a row reading another sequence's table shows.
+    std::vector<int32_t> table(first_block[i + 1] - first_block[i]);
+    for (size_t b = 0; b < table.size(); ++b) {
+      table[b] = static_cast<int32_t>(first_block[i + 1] - 1 - static_cast<int64_t>(b));
+    }
+    std::vector<uint64_t> dst(n[i]);
+    for (int64_t j = 0; j < n[i]; ++j) {
+      dst[j] =
+          g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
+    }
+    DeviceBuffer<uint16_t> keys(ToBf16(RandomBf16(n[i] * hd, 1.0f, 601 + static_cast<int>(i))));
+    DeviceBuffer<uint64_t> ddst(dst);
+    CUDA_ASSERT_OK(KvEncodeKeys(keys.get(), ddst.get(), n[i], hd, nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    tables.emplace_back(table);
+  }
+  const std::vector<size_t> seq_of = {0, 1, 2, 0};
+  const std::vector<int64_t> pos = {4 * n[0] - 1, 4 * n[1] + 2, 4 * n[2] - 3, 4 * n[0] - 400};
+  const int64_t T = static_cast<int64_t>(seq_of.size());
+  const int64_t n_cols = *std::max_element(n.begin(), n.end());
+  const int64_t k_all = *std::max_element(k.begin(), k.end());
+  std::vector<KvToken> tokens(T);
+  for (int64_t t = 0; t < T; ++t) {
+    tokens[t].table = reinterpret_cast<uint64_t>(tables[seq_of[t]].get());
+    tokens[t].n_table = static_cast<int32_t>(first_block[seq_of[t] + 1] - first_block[seq_of[t]]);
+  }
+  DeviceBuffer<KvToken> dtokens(tokens);
+  DeviceBuffer<int64_t> dpos(pos);
+  DeviceBuffer<uint16_t> q(ToBf16(RandomBf16(T * H * hd, 0.5f, 611))),
+      w(ToBf16(RandomBf16(T * H, 0.2f, 612)));
+  DeviceBuffer<float> scores(T * n_cols);
+  DeviceBuffer<int32_t> sel(T * k_all);
+  CUDA_ASSERT_OK(KvIndexerScoresTokens(q.get(), w.get(), g, dtokens.get(), dpos.get(), T, H, ratio,
+                                       n_cols, scores.get(), nullptr));
+  CUDA_ASSERT_OK(IndexerTopK(scores.get(), T, n_cols, k_all, sel.get(), TopKScratch(), nullptr));
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const std::vector<float> all = scores.Get();
+  const std::vector<int32_t> all_sel = sel.Get();
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t i = seq_of[t];
+    DeviceBuffer<float> own(n[i]);
+    DeviceBuffer<int32_t> own_sel(k[i]);
+    CUDA_ASSERT_OK(KvIndexerScores(q.get() + t * H * hd, w.get() + t * H, g, tables[i].get(),
+                                   tokens[t].n_table, dpos.get() + t, 1, H, ratio, n[i], own.get(),
+                                   nullptr));
+    CUDA_ASSERT_OK(IndexerTopK(own.get(), 1, n[i], k[i], own_sel.get(), TopKScratch(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    const std::vector<float> row = own.Get();
+    const std::vector<int32_t> row_sel = own_sel.Get();
+    EXPECT_EQ(std::memcmp(row.data(), all.data() + t * n_cols, n[i] * 4), 0) << "token " << t;
+    int64_t finite_tail = 0;
+    for (int64_t j = n[i]; j < n_cols; ++j) finite_tail += all[t * n_cols + j] != -INFINITY;
+    EXPECT_EQ(finite_tail, 0) << "token " << t;
+    EXPECT_TRUE(std::equal(row_sel.begin(), row_sel.end(), all_sel.begin() + t * k_all))
+        << "token " << t;
   }
 }
 
