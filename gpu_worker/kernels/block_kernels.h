@@ -85,7 +85,8 @@ cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_
 // (kernels.h): for dim = 4096 (Flash) in HcPreDeferComb's second kernel, from y's row in
 // registers, else as a launch of its own. The same bits as the two calls. With `sync` (T
 // counters, zero, left zero; not shared by overlapping calls) and dim = 4096 the two kernels are
-// one launch, whose last block per token finishes it.
+// one launch, whose last block per token finishes it, while that launch's grid is resident at
+// once (a token or two: its blocks hold the finish's registers); more tokens take the two.
 cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, const float* base,
                                     const float* scale, int64_t T, int64_t hc, int64_t dim,
                                     int64_t sinkhorn_iters, float hc_eps, float norm_eps,

@@ -587,6 +587,25 @@ __global__ void __launch_bounds__(kThreads)
   });
 }
 
+// Whether `blocks` blocks of `kernel` (kThreads each) are resident at once on the current device.
+// The fused mix + finish kernel holds the finish's registers in every block (2 blocks an SM on
+// SM 8.6 and 9.0): a grid past one wave (more than a token or two) runs in waves, and the two
+// launches it replaces are faster. Occupancy queries only: safe during graph capture.
+bool FitsOneWave(const void* kernel, int64_t blocks) {
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it, and take the two launches
+    return false;
+  }
+  return blocks <= int64_t{sms} * per_sm;
+}
+template <typename Kernel>
+bool FitsOneWave(Kernel* kernel, int64_t blocks) {
+  return FitsOneWave(reinterpret_cast<const void*>(kernel), blocks);
+}
+
 // Tokens up to which HcPre runs the split kernels.
 constexpr int64_t kHcSplitMaxTokens = 64;
 
@@ -667,7 +686,7 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
   if (path == HcPath::kLanes) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
     const bool fuse_norm = defer && nq.g != nullptr && dim == int64_t{kPre} * kThreads;
-    if (fuse_norm && sync != nullptr) {
+    if (fuse_norm && sync != nullptr && FitsOneWave(HcMixFinishKernelImpl, grid.x * grid.y)) {
       HcMixFinishKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, base, scale, dim,
                                                            static_cast<int>(sinkhorn_iters), hc_eps,
                                                            norm_eps, y, pre, post, comb, nq, sync);

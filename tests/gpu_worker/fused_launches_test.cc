@@ -175,12 +175,16 @@ TEST_F(FusedLaunchesTest, LinearBf16F32PairIsTwoLinears) {
   }
 }
 
-// HcPre's collapse and the sublayer's input norm (one kernel at Flash's dim 4096; the other dims
-// take the unfused launches).
+// HcPre's collapse and the sublayer's input norm (one kernel at Flash's dim 4096 for a token or
+// two, two launches for more; the other dims take the unfused launches).
 TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
   int64_t seed = 349;
-  for (const auto& [T, dim] :
-       {std::pair<int64_t, int64_t>{1, 4096}, {3, 4096}, {2, 2048}, {1, 1024}}) {
+  for (const auto& [T, dim] : {std::pair<int64_t, int64_t>{1, 4096},
+                               {2, 4096},
+                               {3, 4096},
+                               {8, 4096},
+                               {2, 2048},
+                               {1, 1024}}) {
     const std::string label =
         "HcPreDeferCombNormQuant T" + std::to_string(T) + " " + std::to_string(dim);
     const int64_t hc = 4, mix = (2 + hc) * hc, iters = 20;
