@@ -39,7 +39,8 @@
 // --stage-transport nccl sends the streams over NCCL stage links instead (needs two GPUs).
 //
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
-// cudaProfilerStop (for `ncu --profile-from-start off`); --profile_context 65536 profiles 64K.
+// cudaProfilerStop (for `ncu --profile-from-start off`); --profile_context 65536 profiles 64K,
+// --profile_batch 8 eight sequences a step.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/ss_flash_layers";
   bool profile = false;
   int64_t profile_context = 8192;
+  int profile_batch = 1;
   int tp = 1, pp = 1;
   bool links = false;
   for (int i = 1; i < argc; ++i) {
@@ -145,6 +147,8 @@ int main(int argc, char** argv) {
       profile = true;
     } else if (std::strcmp(argv[i], "--profile_context") == 0 && i + 1 < argc) {
       profile_context = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--profile_batch") == 0 && i + 1 < argc) {
+      profile_batch = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--tp") == 0 && i + 1 < argc) {
       tp = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--pp") == 0 && i + 1 < argc) {
@@ -277,7 +281,7 @@ int main(int argc, char** argv) {
     }
     for (const int64_t context : {int64_t{8192}, int64_t{65536}}) {
       for (const int batch : {1, 8}) {
-        if (profile && (context != profile_context || batch != 1)) continue;
+        if (profile && (context != profile_context || batch != profile_batch)) continue;
         for (auto& b : ranks) {
           b->ReleaseAll();
           for (int s = 0; s < batch; ++s) {
@@ -339,10 +343,11 @@ int main(int argc, char** argv) {
         }
         if (profile) {
           cudaProfilerStop();
-          std::printf("layer ratio %lld: profiled %d batch-1 decode steps, %.3f ms/step (%lld as "
-                      "CUDA graphs)\n",
-                      static_cast<long long>(ratio), iters, t_sum / iters * 1e3,
-                      static_cast<long long>(ranks[0]->graph_replays() - replays0));
+          std::printf(
+              "layer ratio %lld: profiled %d batch-%d decode steps, %.3f ms/step (%lld as "
+              "CUDA graphs)\n",
+              static_cast<long long>(ratio), iters, batch, t_sum / iters * 1e3,
+              static_cast<long long>(ranks[0]->graph_replays() - replays0));
           continue;
         }
         // The same steps launched kernel by kernel (every rank).

@@ -6,11 +6,12 @@
 # span, the time some kernel runs (the union of kernel intervals) and the idle rest, then every
 # kernel of the last profiled step of each kind with its start offset, duration and stream, so
 # the critical path and the gaps can be read off.
-#   bash tests/device/timeline.sh OUT [context, default 8192]
+#   bash tests/device/timeline.sh OUT [context, default 8192] [batch, default 1]
 # SS_TL_BIN: another layer bench binary (e.g. ab.sh's baseline, .devpack/base/...).
 set -u
 out=$1
 ctx=${2:-8192}
+batch=${3:-1}
 export NCCL_NVLS_ENABLE=0
 [ -x .devbin/cuda_backend_layer_bench ] || tar xJf .devpack/devbin.tar.xz || exit 1
 nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
@@ -21,7 +22,7 @@ export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devbin/lib:/usr/local/cuda/lib64:${nc
 #     -L/usr/local/cuda/lib -lcupti -Wl,-rpath,'$ORIGIN' -o .devpack/libss_kernel_trace.so
 #   cp -L /usr/local/cuda/lib/libcupti.so.13 .devpack/
 CUDA_INJECTION64_PATH=$PWD/.devpack/libss_kernel_trace.so SS_TRACE_OUT=$out/trace.csv \
-  CUDA_VISIBLE_DEVICES=0 timeout 240 ${SS_TL_BIN:-.devbin/cuda_backend_layer_bench} /tmp/ss_tl --profile --profile_context "$ctx" \
+  CUDA_VISIBLE_DEVICES=0 timeout 240 ${SS_TL_BIN:-.devbin/cuda_backend_layer_bench} /tmp/ss_tl --profile --profile_context "$ctx" --profile_batch "$batch" \
   > $out/trace_bench.log 2>&1
 echo "traced bench rc=$?"
 tail -3 $out/trace_bench.log
