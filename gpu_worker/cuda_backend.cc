@@ -346,16 +346,19 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
     const absl::Status s_ = CudaCheck((expr), #expr); \
     if (!s_.ok()) return fail(s_);                    \
   } while (0)
-  // The step's one upload (StepPlan), staged in pinned memory with the input streams (fp32: the
-  // embeddings at the first stage, else the previous stage's). Streams of more than
-  // kPinnedStreamsBytes (prefill chunks: 512 MiB for 8K Flash tokens) are copied straight from and
-  // to the caller's memory instead, which the driver pipelines; staging them would add two host
-  // copies. Streams already on the device (RunDevice) are widened there.
+  // The step's one upload (StepPlan), staged in pinned memory with the step's input: at the first
+  // stage the tokens' embedding rows (bf16 [T, dim], the checkpoint's bytes; HcEmbedStreams copies
+  // them to the hc streams), else the previous stage's fp32 streams. An input of more than
+  // kPinnedStreamsBytes (prefill chunks: 512 MiB of streams for 8K Flash tokens) is copied
+  // straight from the host's memory instead, which the driver pipelines; staging it would add a
+  // host copy. Streams already on the device (RunDevice) are copied to the layers' bf16 input.
   const size_t streams_bytes = static_cast<size_t>(T * width) * 4;
+  const size_t in_bytes = first ? static_cast<size_t>(T * dim) * 2 : streams_bytes;
   const bool from_device = !first && device_in != nullptr;
-  const bool stage_streams = !from_device && streams_bytes <= kPinnedStreamsBytes;
+  const bool stage_in = !from_device && in_bytes <= kPinnedStreamsBytes;
+  // sf32 holds the input, and a middle stage's output streams (fp32) after the last layer.
   const size_t up_bytes = plan.streams_at + streams_bytes;
-  const size_t staged_bytes = stage_streams ? up_bytes : plan.streams_at;
+  const size_t staged_bytes = plan.streams_at + (stage_in ? in_bytes : 0);
   if (absl::Status e = im.params.Reserve(up_bytes); !e.ok()) return fail(e);
   if (absl::Status e = im.up_host.Reserve(staged_bytes); !e.ok()) return fail(e);
   char* dev_up = im.params.as<char>();
@@ -365,24 +368,27 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
   {
     char* u = im.up_host.as<char>();
     plan.FillUpload(u, dev_up, reinterpret_cast<uint64_t>(sc.staging), kvl.record_bytes, seq);
-    std::vector<float> embedded;
-    const float* from = streams_in;
-    float* streams = stage_streams ? reinterpret_cast<float*>(u + plan.streams_at) : nullptr;
+    std::vector<uint16_t> rows;  // the embedding rows of an input too long to stage
+    const void* from = streams_in;
     if (first) {
-      if (streams == nullptr) {
-        embedded.resize(T * width);
-        streams = embedded.data();
+      uint16_t* r = reinterpret_cast<uint16_t*>(u + plan.streams_at);
+      if (!stage_in) {
+        rows.resize(T * dim);
+        r = rows.data();
       }
-      for (int64_t t = 0; t < T; ++t) model_->EmbedStreams(&plan.ids[t], 1, streams + t * width);
-      from = streams;
-    } else if (stage_streams) {
-      std::memcpy(streams, streams_in, streams_bytes);
+      const uint8_t* table = model_->weights().embed.data;
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(r + t * dim, table + plan.ids[t] * dim * 2, dim * 2);
+      from = r;
+    } else if (stage_in) {
+      std::memcpy(u + plan.streams_at, streams_in, streams_bytes);
     }
     STEP(cudaMemcpyAsync(dev_up, u, staged_bytes, cudaMemcpyHostToDevice, st));
     if (from_device) {
-      STEP(cuda::Bf16ToF32(static_cast<const uint16_t*>(device_in), T * width, sc.sf32, st));
-    } else if (!stage_streams) {
-      STEP(cudaMemcpyAsync(sc.sf32, from, streams_bytes, cudaMemcpyHostToDevice, st));
+      STEP(cudaMemcpyAsync(sc.h, device_in, static_cast<size_t>(T * width) * 2,
+                           cudaMemcpyDeviceToDevice, st));
+    } else if (!stage_in) {
+      STEP(cudaMemcpyAsync(sc.sf32, from, in_bytes, cudaMemcpyHostToDevice, st));
     }
   }
   const int64_t* dparams = im.params.as<int64_t>();
@@ -513,8 +519,13 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
 
   // The layers' GPU work; with graphs (below) captured once per step shape and replayed.
   auto run_layers = [&]() -> absl::Status {
-    // The step's streams as bf16 and its RoPE tables (from the uploaded streams and positions).
-    STEP(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
+    // The step's streams as bf16 (from the uploaded embedding rows or streams; RunDevice's are
+    // there already) and its RoPE tables (from the uploaded positions).
+    if (first) {
+      STEP(cuda::HcEmbedStreams(reinterpret_cast<const uint16_t*>(sc.sf32), T, hc, dim, sc.h, st));
+    } else if (!from_device) {
+      STEP(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
+    }
     STEP(cuda::RopeCosSinPair(im.freqs_plain, im.freqs_comp, rd / 2, sc.pos, T, sc.cos0, sc.sin0,
                               sc.cos1, sc.sin1, st));
     for (int l = 0; l < n_layers; ++l) {

@@ -117,6 +117,12 @@ cudaError_t MoeCombineHcPost(const uint16_t* shared, const float* routed, int64_
 cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_t T,
                                 const HcPostOperands& hp, cudaStream_t stream);
 
+// Block 0's input (model::Model::EmbedStreams): streams[t][s] = rows[t] for every stream s < hc,
+// rows: the tokens' embedding rows, bf16 [T, dim] (the checkpoint's bytes, gathered on the host);
+// streams: bf16 [T, hc, dim]. A copy: the same bits as rounding the reference's fp32 streams.
+cudaError_t HcEmbedStreams(const uint16_t* rows, int64_t T, int64_t hc, int64_t dim,
+                           uint16_t* streams, cudaStream_t stream);
+
 // Head collapse (final norm input and MTP head, model::HcHead): the same r and mix with the head's
 // fn [hc, hc·dim], a = sigmoid(mix·scale[0] + base) + hc_eps, z = bf16(Σ_s a[s]·X_s), no Sinkhorn.
 // z: bf16 [T, dim]. hc ≤ kHcMaxMult.
@@ -228,6 +234,7 @@ const void* HcPreFinishDeferKernel();  // HcPreDeferComb's second kernel (Flash)
 const void* HcPreFinishNormKernel();   // HcPreDeferCombNormQuant's second kernel (Flash)
 const void* HcPreMixFinishKernel();    // HcPreDeferCombNormQuant's one launch (with sync)
 const void* HcCombSinkhornKernel();    // HcCombSinkhorn
+const void* HcEmbedStreamsKernel();
 const void* HeadRmsNormBf16Kernel();
 const void* RopeCosSinKernel();
 const void* RopeCosSinPairKernel();

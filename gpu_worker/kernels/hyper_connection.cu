@@ -1,5 +1,7 @@
 // Hyper-connection collapse (HcPre, HcHead) and expand (HcPost), spec §3.3; mirrors
 // common/model/hyper_connection.cc operation by operation.
+#include <algorithm>
+
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/hc_post_common.cuh"
@@ -587,6 +589,26 @@ __global__ void __launch_bounds__(kThreads)
   });
 }
 
+// 16-byte pieces (kVec: 8 bf16 values, else one value) of a row copied to each of hc streams.
+template <bool kVec>
+__global__ void HcEmbedStreamsKernelImpl(const uint16_t* __restrict__ rows, int64_t T, int hc,
+                                         int64_t dim, uint16_t* __restrict__ streams) {
+  const int64_t per_row = kVec ? dim / 8 : dim, n = T * per_row;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t t = i / per_row, j = i % per_row;
+    if constexpr (kVec) {
+      const uint4 v = reinterpret_cast<const uint4*>(rows)[i];
+      uint4* out = reinterpret_cast<uint4*>(streams) + t * hc * per_row + j;
+      for (int s = 0; s < hc; ++s) out[s * per_row] = v;
+    } else {
+      const uint16_t v = rows[i];
+      for (int s = 0; s < hc; ++s) streams[(t * hc + s) * dim + j] = v;
+    }
+  }
+}
+
 // Whether `blocks` blocks of `kernel` (kThreads each) are resident at once on the current device.
 // The fused mix + finish kernel holds the finish's registers in every block (2 blocks an SM on
 // SM 8.6 and 9.0): a grid past one wave (more than a token or two) runs in waves, and the two
@@ -786,6 +808,25 @@ cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_
   return LaunchHcPost(HcXMoeF32{shared, routed}, T, hp, stream);
 }
 
+cudaError_t HcEmbedStreams(const uint16_t* rows, int64_t T, int64_t hc, int64_t dim,
+                           uint16_t* streams, cudaStream_t stream) {
+  if (BadMult(hc) || dim < 1 || T < 0) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  const bool vec = dim % 8 == 0 && reinterpret_cast<uintptr_t>(rows) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(streams) % 16 == 0;
+  const int64_t n = T * (vec ? dim / 8 : dim);
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  if (vec) {
+    HcEmbedStreamsKernelImpl<true>
+        <<<blocks, kThreads, 0, stream>>>(rows, T, static_cast<int>(hc), dim, streams);
+  } else {
+    HcEmbedStreamsKernelImpl<false>
+        <<<blocks, kThreads, 0, stream>>>(rows, T, static_cast<int>(hc), dim, streams);
+  }
+  return cudaGetLastError();
+}
+
 cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, const float* scale,
                    int64_t T, int64_t hc, int64_t dim, float hc_eps, float norm_eps, uint16_t* z,
                    cudaStream_t stream) {
@@ -797,6 +838,9 @@ cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, 
   return cudaGetLastError();
 }
 
+const void* HcEmbedStreamsKernel() {
+  return reinterpret_cast<const void*>(&HcEmbedStreamsKernelImpl<true>);
+}
 const void* HcPreKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<false>); }
 const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelImpl<HcXBf16>); }
 const void* HcHeadKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<true>); }

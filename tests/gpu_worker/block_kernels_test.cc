@@ -473,6 +473,7 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
                       {"HcCombSinkhorn", HcCombSinkhornKernel()},
                       {"HcPost", HcPostKernel()},
                       {"HcHead", HcHeadKernel()},
+                      {"HcEmbedStreams", HcEmbedStreamsKernel()},
                       {"HeadRmsNormBf16", HeadRmsNormBf16Kernel()},
                       {"RopeCosSin", RopeCosSinKernel()},
                       {"ApplyRope", ApplyRopeKernel()},
@@ -518,6 +519,26 @@ TEST(BlockKernelsLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
   EXPECT_EQ(HcPre(nullptr, nullptr, nullptr, nullptr, 0, 4, 16, 20, 1e-6f, 1e-6f, nullptr, nullptr,
                   nullptr, nullptr, nullptr),
             cudaSuccess);
+}
+
+// Block 0's input from the embedding rows: every stream a copy of its token's row, bit for bit,
+// at Flash's dim (16-byte copies) and at an odd one (element copies).
+TEST_F(BlockKernelsTest, EmbedStreamsCopyEachRowToEveryStream) {
+  for (const auto& [T, dim] : {std::pair<int64_t, int64_t>{3, 4096}, {5, 100}}) {
+    const int64_t hc = 4;
+    const std::vector<uint16_t> rows = ToBf16(RandomBf16(T * dim, 1.0f, 31 + T));
+    DeviceBuffer<uint16_t> drows(rows), streams(T * hc * dim);
+    CUDA_ASSERT_OK(HcEmbedStreams(drows.get(), T, hc, dim, streams.get(), nullptr));
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = streams.Get();
+    int64_t differ = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t k = 0; k < hc; ++k) {
+        differ += std::memcmp(got.data() + (t * hc + k) * dim, rows.data() + t * dim, dim * 2) != 0;
+      }
+    }
+    EXPECT_EQ(differ, 0) << "T " << T << " dim " << dim;
+  }
 }
 
 TEST_F(BlockKernelsTest, HyperConnectionsMatchReferenceOnTinyA) {
