@@ -8,7 +8,8 @@
 // Flash config but 2 layers (compress ratio 4: CSA with the indexer; 128: HCA), a 1024-token
 // vocabulary and 8 routed experts. Routed experts are excluded (issue 5's figures: attention,
 // router, shared expert): CudaBackendOptions::exclude_routed_experts, so nothing goes to the host
-// inside a step. Each layer runs as a middle pipeline stage fed random bf16 streams.
+// inside a step. Each layer runs as a middle pipeline stage fed random bf16 streams, or with
+// --first-stage as a first stage (token embeddings in; fp32 streams out, as a middle stage).
 //
 // Decode sequences are positioned at the context with CudaBackend::FillSequenceForBenchmark
 // (zeroed KV records, random indexer keys: the bytes a step reads are the same as after a real
@@ -26,10 +27,11 @@
 // timed pass adds the seconds each step spends in the NCCL collectives (StageTimings::allreduce,
 // rank 0: the all-reduce after attention and the one after the MoE).
 //
-// Then both layers run as one stage (decode only): its step pays the step's fixed costs once for
-// two layers, so F = t(layer 0) + t(layer 1) − t(both) is the fixed cost of a step, and t(layer)
-// − F a layer's marginal time in a stage of many layers (a Flash stage holds 11-43), printed with
-// its fraction of the copy.
+// Then both layers run as one stage: its step pays the step's fixed costs once for two layers, so
+// F = t(layer 0) + t(layer 1) − t(both) is the fixed cost of a step, and t(layer) − F a layer's
+// marginal time in a stage of many layers (a Flash stage holds 11-43), printed with its fraction
+// of the copy (decode) or its tokens per second (prefill; the prefill lines also give the layers'
+// own GPU time from the StageTimings events of a third, timed pass).
 //
 // Decode runs under CUDA graphs, TP included (CudaBackend::set_decode_graphs; the ms/step figure);
 // each configuration is also timed launched kernel by kernel (the "launched" line).
@@ -140,6 +142,7 @@ int main(int argc, char** argv) {
   bool profile = false;
   int64_t profile_context = 8192;
   int profile_batch = 1;
+  bool first_stage = false;
   int tp = 1, pp = 1;
   bool links = false;
   for (int i = 1; i < argc; ++i) {
@@ -147,6 +150,8 @@ int main(int argc, char** argv) {
       profile = true;
     } else if (std::strcmp(argv[i], "--profile_context") == 0 && i + 1 < argc) {
       profile_context = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--first-stage") == 0) {
+      first_stage = true;
     } else if (std::strcmp(argv[i], "--profile_batch") == 0 && i + 1 < argc) {
       profile_batch = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--tp") == 0 && i + 1 < argc) {
@@ -232,6 +237,7 @@ int main(int argc, char** argv) {
   auto kv_bytes = [&](int64_t m, int64_t ctx) { return ss::bench::LayerKvBytes(c, m, ctx); };
   // Decode ms/step per (stage: layer 0, layer 1, both), context, batch.
   double decode_ms[3][2][2] = {};
+  double prefill_ms[3] = {};
   int64_t w0 = 0, w1 = 0;  // the single layers' weight bytes
   // Stages: each layer alone, then (not under --profile) both layers as one stage, whose step
   // pays the step's fixed costs (the host's preparation and upload, the graph launch, the
@@ -242,7 +248,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<ss::gpu::CudaBackend>> ranks(tp);
     all_ranks([&](int r) {
       ss::gpu::CudaBackendOptions o;
-      o.stage = 1;
+      o.stage = first_stage ? 0 : 1;
       o.num_stages = 3;
       o.first_layer = both ? 0 : layer;
       o.end_layer = both ? 2 : layer + 1;
@@ -266,18 +272,21 @@ int main(int argc, char** argv) {
                   static_cast<long long>(ranks[0]->info().kv_tokens));
     }
     double prefill = 0;
-    if (!profile && !both) {
-      for (int rep = 0; rep < 2; ++rep) {
+    ss::gpu::StageTimings prefill_tm;  // rank 0's, of a third (timed) pass
+    if (!profile) {
+      for (int rep = 0; rep < 3; ++rep) {
         const double t0 = Now();
         all_ranks([&](int r) {
           ranks[r]->ReleaseAll();
           ss::gpu::StageChunk ch{1000, 0, tokens, false, {}};
           ss::gpu::StageOutput out;
-          Die(ranks[r]->Run(std::vector<ss::gpu::StageChunk>{ch}, streams.data(), &out, nullptr),
+          Die(ranks[r]->Run(std::vector<ss::gpu::StageChunk>{ch}, streams.data(), &out,
+                            r == 0 && rep == 2 ? &prefill_tm : nullptr),
               "prefill");
         });
-        prefill = Now() - t0;  // the second one: warm
+        if (rep == 1) prefill = Now() - t0;  // the second one: warm, untimed
       }
+      prefill_ms[layer] = prefill * 1e3;
     }
     for (const int64_t context : {int64_t{8192}, int64_t{65536}}) {
       for (const int batch : {1, 8}) {
@@ -386,10 +395,34 @@ int main(int argc, char** argv) {
             static_cast<long long>(replays), t_launched * 1e3, bytes / t_launched / copy_bw);
       }
     }
-    if (!profile && !both) {
-      std::printf("%slayer ratio %3lld: prefill 8K chunk %.1f ms = %.0f tokens/s\n",
-                  tp > 1 ? ("TP " + std::to_string(tp) + " ").c_str() : "",
-                  static_cast<long long>(ratio), prefill * 1e3, kChunk / prefill);
+    if (!profile) {
+      // The GPU's share: the layers' attention and MoE spans (events), without the step's upload
+      // of the streams, its download and the host's preparation.
+      double gpu = 0;
+      for (size_t l = 0; l < prefill_tm.attention.size(); ++l) {
+        gpu += prefill_tm.attention[l] + prefill_tm.moe_gpu[l] + prefill_tm.allreduce[l];
+      }
+      const std::string tag = tp > 1 ? "TP " + std::to_string(tp) + " " : "";
+      if (!both) {
+        std::printf(
+            "%slayer ratio %3lld: prefill 8K chunk %.1f ms = %.0f tokens/s (layer on the "
+            "GPU %.1f ms = %.0f tokens/s)\n",
+            tag.c_str(), static_cast<long long>(ratio), prefill * 1e3, kChunk / prefill, gpu * 1e3,
+            kChunk / gpu);
+      } else {
+        const double f = prefill_ms[0] + prefill_ms[1] - prefill_ms[2];
+        std::printf(
+            "%sstage of both layers: prefill 8K chunk %.1f ms (layers on the GPU %.1f ms); "
+            "fixed per-step cost F = %.1f ms\n",
+            tag.c_str(), prefill_ms[2], gpu * 1e3, f);
+        for (int k = 0; k < 2; ++k) {
+          std::printf(
+              "  layer ratio %3lld in a stage of many: prefill %.1f ms marginal = %.0f "
+              "tokens/s\n",
+              static_cast<long long>(c.compress_ratio(k)), prefill_ms[k] - f,
+              kChunk / ((prefill_ms[k] - f) * 1e-3));
+        }
+      }
     }
   }
   return 0;
