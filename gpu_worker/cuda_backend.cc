@@ -359,8 +359,13 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
   // sf32 holds the input, and a middle stage's output streams (fp32) after the last layer.
   const size_t up_bytes = plan.streams_at + streams_bytes;
   const size_t staged_bytes = plan.streams_at + (stage_in ? in_bytes : 0);
+  // up_host also takes a non-last stage's output streams back, under the same size rule (below).
+  const size_t back_bytes =
+      !last && !device_out && streams_bytes <= kPinnedStreamsBytes ? streams_bytes : 0;
   if (absl::Status e = im.params.Reserve(up_bytes); !e.ok()) return fail(e);
-  if (absl::Status e = im.up_host.Reserve(staged_bytes); !e.ok()) return fail(e);
+  if (absl::Status e = im.up_host.Reserve(std::max(staged_bytes, back_bytes)); !e.ok()) {
+    return fail(e);
+  }
   char* dev_up = im.params.as<char>();
   sc.ids = reinterpret_cast<int64_t*>(dev_up + plan.ids_at);
   sc.pos = sc.ids + T;
