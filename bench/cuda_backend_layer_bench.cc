@@ -42,7 +42,7 @@
 //
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
 // cudaProfilerStop (for `ncu --profile-from-start off`); --profile_context 65536 profiles 64K,
-// --profile_batch 8 eight sequences a step.
+// --profile_batch 8 eight sequences a step; --profile_prefill profiles an 8K prefill chunk instead.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   bool profile = false;
   int64_t profile_context = 8192;
   int profile_batch = 1;
-  bool first_stage = false;
+  bool first_stage = false, profile_prefill = false;
   int tp = 1, pp = 1;
   bool links = false;
   for (int i = 1; i < argc; ++i) {
@@ -150,6 +150,8 @@ int main(int argc, char** argv) {
       profile = true;
     } else if (std::strcmp(argv[i], "--profile_context") == 0 && i + 1 < argc) {
       profile_context = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--profile_prefill") == 0) {
+      profile = profile_prefill = true;
     } else if (std::strcmp(argv[i], "--first-stage") == 0) {
       first_stage = true;
     } else if (std::strcmp(argv[i], "--profile_batch") == 0 && i + 1 < argc) {
@@ -273,8 +275,10 @@ int main(int argc, char** argv) {
     }
     double prefill = 0;
     ss::gpu::StageTimings prefill_tm;  // rank 0's, of a third (timed) pass
-    if (!profile) {
+    if (!profile || profile_prefill) {
       for (int rep = 0; rep < 3; ++rep) {
+        if (profile && rep == 2) break;
+        if (profile && rep == 1) cudaProfilerStart();
         const double t0 = Now();
         all_ranks([&](int r) {
           ranks[r]->ReleaseAll();
@@ -287,6 +291,12 @@ int main(int argc, char** argv) {
         if (rep == 1) prefill = Now() - t0;  // the second one: warm, untimed
       }
       prefill_ms[layer] = prefill * 1e3;
+      if (profile) {
+        cudaProfilerStop();
+        std::printf("layer ratio %lld: profiled an 8K prefill chunk, %.1f ms\n",
+                    static_cast<long long>(ratio), prefill * 1e3);
+        continue;
+      }
     }
     for (const int64_t context : {int64_t{8192}, int64_t{65536}}) {
       for (const int batch : {1, 8}) {
@@ -406,9 +416,9 @@ int main(int argc, char** argv) {
       if (!both) {
         std::printf(
             "%slayer ratio %3lld: prefill 8K chunk %.1f ms = %.0f tokens/s (layer on the "
-            "GPU %.1f ms = %.0f tokens/s)\n",
+            "GPU %.1f ms = %.0f tokens/s: attention %.1f ms, MoE %.1f ms)\n",
             tag.c_str(), static_cast<long long>(ratio), prefill * 1e3, kChunk / prefill, gpu * 1e3,
-            kChunk / gpu);
+            kChunk / gpu, prefill_tm.attention[0] * 1e3, prefill_tm.moe_gpu[0] * 1e3);
       } else {
         const double f = prefill_ms[0] + prefill_ms[1] - prefill_ms[2];
         std::printf(

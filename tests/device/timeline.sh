@@ -7,6 +7,8 @@
 # kernel of the last profiled step of each kind with its start offset, duration and stream, so
 # the critical path and the gaps can be read off.
 #   bash tests/device/timeline.sh OUT [context, default 8192] [batch, default 1]
+#   SS_TL_ARGS=--profile_prefill bash tests/device/timeline.sh OUT   # an 8K prefill chunk per layer
+# Then also the kernels by total time over the profiled part (for a prefill: where its time goes).
 # SS_TL_BIN: another layer bench binary (e.g. ab.sh's baseline, .devpack/base/...).
 set -u
 out=$1
@@ -22,7 +24,7 @@ export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devbin/lib:/usr/local/cuda/lib64:${nc
 #     -L/usr/local/cuda/lib -lcupti -Wl,-rpath,'$ORIGIN' -o .devpack/libss_kernel_trace.so
 #   cp -L /usr/local/cuda/lib/libcupti.so.13 .devpack/
 CUDA_INJECTION64_PATH=$PWD/.devpack/libss_kernel_trace.so SS_TRACE_OUT=$out/trace.csv \
-  CUDA_VISIBLE_DEVICES=0 timeout 240 ${SS_TL_BIN:-.devbin/cuda_backend_layer_bench} /tmp/ss_tl --profile --profile_context "$ctx" --profile_batch "$batch" \
+  CUDA_VISIBLE_DEVICES=0 timeout 240 ${SS_TL_BIN:-.devbin/cuda_backend_layer_bench} /tmp/ss_tl --profile --profile_context "$ctx" --profile_batch "$batch" ${SS_TL_ARGS:-} \
   > $out/trace_bench.log 2>&1
 echo "traced bench rc=$?"
 tail -3 $out/trace_bench.log
@@ -47,6 +49,15 @@ for r in rows:
     cur.append(r)
 if cur: steps.append(cur)
 print(f"{len(rows)} kernels in {len(steps)} steps")
+by_name = {}
+for s, e, _, n in rows:
+    k = n.split("(")[0][:70]
+    c, t = by_name.get(k, (0, 0))
+    by_name[k] = (c + 1, t + e - s)
+total = sum(t for _, t in by_name.values())
+print(f"kernels by total time ({total/1e3:.1f} us in all):")
+for k, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]:
+    print(f"  {t/1e3:10.1f} us {c:6d} launches  {k}")
 for si in range(max(0, len(steps) - 12), len(steps)):
     st = steps[si]
     t0 = st[0][0]; span = max(x[1] for x in st) - t0
