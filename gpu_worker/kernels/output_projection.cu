@@ -1,6 +1,7 @@
 // Grouped low-rank output projection (spec §3.10) with wo_a decoded from FP8 in registers;
 // mirrors the wo_a loop of common/model/attention.cc (AttentionForward).
 #include <algorithm>
+#include <atomic>
 
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
@@ -167,6 +168,145 @@ __global__ void __launch_bounds__(32 * kMmaMaxWarps)
   GemvReduceStore(acc, red, T, o0, rows, z);
 }
 
+// Prefill (T > 8): a GEMM per group on the tensor cores, as Fp8Gemm but with bf16 activations:
+// a 64-token x 128-feature tile of z per block (the features inside one group and one weight
+// scale row block), K (the group's inputs) streamed one 128-block per stage through a 3-stage
+// cp.async pipeline: o's bf16 rows [64, 128] and wo_a's e4m3 codes [128, 128], both k-contiguous
+// (A row-major, B "col" as mma takes them). Warp (wm, wn) owns tokens wm·32.. and features
+// wn·32..; lane (g, t) reads 16 bytes of o (8 values) and 8 code bytes of wo_a per row per 32 k,
+// the same k permutation for both (U4Word's), and decodes the codes to bf16 in registers. Each
+// 128-block's fp32 mma partial is scaled by 2^8 and the block's scale in one fma, as the decode
+// kernel adds it.
+constexpr int kGemmBM = 64, kGemmBN = 128, kGemmStages = 3, kGemmThreads = 256;
+constexpr int kGemmABytes = kGemmBM * 256, kGemmBBytes = kGemmBN * 128;
+constexpr int kGemmStageBytes = kGemmABytes + kGemmBBytes;
+
+// o rows are 256 bytes (16 chunks of 16): odd rows swap the two 64-byte halves of each 128, so a
+// quarter-warp's two rows of 4 chunks cover all banks. wo_a rows are 128 bytes (8 chunks):
+// Fp8Gemm's swizzle.
+__device__ __forceinline__ int SwzA(int r, int c) { return r * 256 + ((c ^ ((r & 1) << 2)) << 4); }
+__device__ __forceinline__ int SwzB(int r, int c) { return r * 128 + ((c ^ ((r & 3) << 1)) << 4); }
+
+__global__ void __launch_bounds__(kGemmThreads)
+    GroupedOutProjGemmKernelImpl(const uint16_t* __restrict__ o, int64_t T, int64_t groups,
+                                 int64_t rank, int64_t gin, const uint8_t* __restrict__ wa,
+                                 const uint8_t* __restrict__ ws, uint16_t* __restrict__ z) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+  const int64_t rows = groups * rank, nb = gin / 128;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kGemmBN, grp = n0 / rank;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kGemmBM;
+  const uint16_t* ob = o + grp * gin;  // token r's group inputs at ob + r·groups·gin
+  const uint8_t* psw = ws + (n0 / 128) * nb;
+  // Tokens past T repeat the last one; their results are not stored.
+  const auto load = [&](int stage, int64_t kb) {
+    uint8_t* a = smem + stage * kGemmStageBytes;
+    uint8_t* b = a + kGemmABytes;
+    for (int i = tid; i < kGemmBM * 16; i += kGemmThreads) {
+      const int r = i >> 4, c = i & 15;
+      CpAsync16(a + SwzA(r, c), ob + min(m0 + r, T - 1) * groups * gin + kb * 128 + c * 8);
+    }
+    for (int i = tid; i < kGemmBN * 8; i += kGemmThreads) {
+      const int r = i >> 3, c = i & 7;
+      CpAsync16(b + SwzB(r, c), wa + (n0 + r) * gin + kb * 128 + c * 16);
+    }
+  };
+  float acc[2][4][4] = {};
+  for (int st = 0; st < kGemmStages - 1; ++st) {
+    if (st < nb) load(st, st);
+    CpAsyncCommit();
+  }
+  for (int64_t kb = 0; kb < nb; ++kb) {
+    CpAsyncWait<kGemmStages - 2>();
+    __syncthreads();  // stage kb landed for all; stage kb - 1 is free to refill
+    if (kb + kGemmStages - 1 < nb) load((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
+    CpAsyncCommit();
+    const uint8_t* a = smem + (kb % kGemmStages) * kGemmStageBytes;
+    const uint8_t* b = a + kGemmABytes;
+    float p[2][4][4] = {};
+#pragma unroll
+    for (int c32 = 0; c32 < 4; ++c32) {
+      uint4 af[2][2];
+      uint2 bf[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = wm * 32 + i * 16 + g;
+        af[i][0] = *reinterpret_cast<const uint4*>(a + SwzA(r, 4 * c32 + t));
+        af[i][1] = *reinterpret_cast<const uint4*>(a + SwzA(r + 8, 4 * c32 + t));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        bf[j] = *reinterpret_cast<const uint2*>(b + SwzB(wn * 32 + j * 8 + g, 2 * c32 + (t >> 1)) +
+                                                (t & 1) * 8);
+      }
+#pragma unroll
+      for (int s2 = 0; s2 < 2; ++s2) {
+        uint32_t b0[4], b1[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t x = s2 ? bf[j].y : bf[j].x;
+          b0[j] = E4m3x2ToBf16x2(x, 0x1404);
+          b1[j] = E4m3x2ToBf16x2(x, 0x3424);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t a0 = U4Word(af[i][0], 2 * s2), a2 = U4Word(af[i][0], 2 * s2 + 1);
+          const uint32_t a1 = U4Word(af[i][1], 2 * s2), a3 = U4Word(af[i][1], 2 * s2 + 1);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) MmaBf16(p[i][j], a0, a1, a2, a3, b0[j], b1[j]);
+        }
+      }
+    }
+    const float sw = __fmul_rn(Ue8m0ToF32(__ldg(psw + kb)), 256.0f);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = __fmaf_rn(p[i][j][e], sw, acc[i][j][e]);
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = m0 + wm * 32 + i * 16 + g + 8 * h;
+      if (r >= T) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t col = n0 + wn * 32 + j * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(z + r * rows + col) =
+            static_cast<uint32_t>(F32ToBf16(acc[i][j][2 * h])) |
+            (static_cast<uint32_t>(F32ToBf16(acc[i][j][2 * h + 1])) << 16);
+      }
+    }
+  }
+}
+
+cudaError_t LaunchOutProjGemm(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
+                              int64_t gin, const uint8_t* wa, const uint8_t* ws, uint16_t* z,
+                              cudaStream_t stream) {
+  constexpr int kSmem = kGemmStages * kGemmStageBytes;
+  // The opt-in above 48 KiB is set once per device (bit per device ordinal), not per launch.
+  static std::atomic<uint64_t> opted_in{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(GroupedOutProjGemmKernelImpl,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return e;
+    opted_in.fetch_or(bit, std::memory_order_release);
+  }
+  const dim3 grid(static_cast<unsigned>(groups * rank / kGemmBN),
+                  static_cast<unsigned>((T + kGemmBM - 1) / kGemmBM));
+  GroupedOutProjGemmKernelImpl<<<grid, kGemmThreads, kSmem, stream>>>(o, T, groups, rank, gin, wa,
+                                                                      ws, z);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
@@ -185,6 +325,9 @@ cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups
                                                wo_a_scale, z);
     return cudaGetLastError();
   }
+  if (rank % kGemmBN == 0 && (T + kGemmBM - 1) / kGemmBM <= 65535) {
+    return LaunchOutProjGemm(o, T, groups, rank, group_in, wo_a, wo_a_scale, z, stream);
+  }
   const int64_t row_blocks = (T + kRowChunk - 1) / kRowChunk;
   if (row_blocks > 65535) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>((groups * rank + kWarps - 1) / kWarps);
@@ -195,6 +338,9 @@ cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups
 
 const void* GroupedOutputProjectionKernel() {
   return reinterpret_cast<const void*>(&GroupedOutProjKernelImpl);
+}
+const void* GroupedOutputProjectionGemmKernel() {
+  return reinterpret_cast<const void*>(&GroupedOutProjGemmKernelImpl);
 }
 const void* GroupedOutputProjectionMmaKernel() {
   return reinterpret_cast<const void*>(&GroupedOutProjMmaKernelImpl);

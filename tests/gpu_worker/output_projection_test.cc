@@ -1,9 +1,10 @@
 // The CUDA grouped output projection (gpu_worker/kernels/compressor_kernels.h, wo_a kept in FP8)
 // against the CPU reference (label gpu): on tiny-a's wo_a and at Flash shapes (8 groups and a TP
-// rank's 4, 2 and 1) with synthetic weights, through both kernels (T ≤ 8: the mma decode path).
-// Each comparison prints rms_rel, max_rel and bit_identical (the kernel sums in fp32 in another
-// order than the reference: rms_rel ≤ 1e-3, ≥ 95% bit-identical). Without a CUDA device every test
-// that needs one skips with a message.
+// rank's 4, 2 and 1) with synthetic weights, through the three kernels (T ≤ 8: the mma decode
+// path; more tokens: the tensor-core GEMM, or one warp per row where rank is not a multiple of
+// 128). Each comparison prints rms_rel, max_rel and bit_identical (the kernel sums in fp32 in
+// another order than the reference: rms_rel ≤ 1e-3, ≥ 95% bit-identical). Without a CUDA device
+// every test that needs one skips with a message.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -62,7 +63,8 @@ void CheckGroupedProjection(const std::string& label, const model::Fp8Weight& wa
 
 TEST_F(OutputProjectionTest, KernelsRunFromCompute86Ptx) {
   ExpectCompute86Ptx({{"GroupedOutputProjection", GroupedOutputProjectionKernel()},
-                      {"GroupedOutputProjectionMma", GroupedOutputProjectionMmaKernel()}},
+                      {"GroupedOutputProjectionMma", GroupedOutputProjectionMmaKernel()},
+                      {"GroupedOutputProjectionGemm", GroupedOutputProjectionGemmKernel()}},
                      size_t{48} << 10);
 }
 
@@ -92,6 +94,17 @@ TEST_F(OutputProjectionTest, GroupedOutputProjectionMatchesReference) {
     CheckGroupedProjection(shape + " T1", fw, 1, FG, FR, Fin, 114);
     CheckGroupedProjection(shape + " T8", fw, 8, FG, FR, Fin, 116);
     CheckGroupedProjection(shape + " T9", fw, 9, FG, FR, Fin, 115);
+    CheckGroupedProjection(shape + " T200", fw, 200, FG, FR, Fin, 118);
+  }
+  // A rank that is not a multiple of 128: more than 8 tokens take the one-warp-per-row kernel.
+  {
+    const int64_t G = 2, R = 96, gin = 256;
+    const std::vector<uint8_t> wa = RandomE4m3(G * R * gin, 119);
+    const std::vector<uint8_t> ws =
+        RandomScales(((G * R + 127) / 128) * (gin / 128), 117, 121, 120);
+    const model::Fp8Weight fw{wa.data(), ws.data(), G * R, gin};
+    CheckGroupedProjection("wo_a 2x96x256 T8", fw, 8, G, R, gin, 122);
+    CheckGroupedProjection("wo_a 2x96x256 T70", fw, 70, G, R, gin, 123);
   }
 }
 
@@ -107,7 +120,7 @@ TEST_F(OutputProjectionTest, DISABLED_TimingsAtFlashShapes) {
   for (const int64_t T : {int64_t{1}, int64_t{8}, int64_t{9}}) {
     line(T == 1   ? "GroupedOutputProjection T=1 (mma)"
          : T == 8 ? "GroupedOutputProjection T=8 (mma)"
-                  : "GroupedOutputProjection T=9 (one warp per row)",
+                  : "GroupedOutputProjection T=9 (GEMM)",
          MicrosPerCall(
              [&] {
                GroupedOutputProjection(o.get(), T, 8, 1024, 4096, dwa.get(), dws.get(), z.get(),
