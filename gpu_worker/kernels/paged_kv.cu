@@ -267,79 +267,49 @@ __global__ void KvDecodeRowsKernelImpl(const uint64_t* __restrict__ cand, int d,
 }
 
 // SparseAttendFastBlock's stage (decode_step.cu's fast path over records, so the same bits): each
-// chunk's records decoded into shared memory as bf16 (exact), 4 dims per step. kRows: the entries
-// come decoded (KvDecodeRowsKernelImpl's rows, token t's list contiguous), so staging a chunk is
-// a plain copy, and the next chunk's copy is in registers while this one is scored (the decode
-// is done once per token, not once per head).
-template <int kD, bool kRows>
+// chunk's records decoded into shared memory as bf16 (exact), 4 dims per step.
+template <int kD>
 struct RecordStage {
-  static constexpr int kVecs = kD / 8, kPerThread = kSparseChunk * kVecs / kSparseFastThreads;
-  const uint4* trows;  // kRows: token t's rows
-  int64_t n_cand;
   int nope;
-  uint4 ahead[kPerThread];  // kRows: the uint4s of a chunk's rows this thread copies
 
-  __device__ __forceinline__ void Load(int64_t c) {
-    const int64_t n = (n_cand - c < kSparseChunk ? n_cand - c : kSparseChunk) * kVecs;
-#pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {
-      const int e = static_cast<int>(threadIdx.x) + u * kSparseFastThreads;
-      if (e < n) ahead[u] = trows[c * kVecs + e];
-    }
-  }
-  __device__ __forceinline__ void StageRows(int64_t c0, int nc, uint4* smem) {
-    if constexpr (kRows) {
-#pragma unroll
-      for (int u = 0; u < kPerThread; ++u) {
-        const int e = static_cast<int>(threadIdx.x) + u * kSparseFastThreads;
-        if (e < nc * kVecs) smem[e] = ahead[u];
-      }
-      if (c0 + kSparseChunk < n_cand) Load(c0 + kSparseChunk);
-    }
-  }
+  __device__ __forceinline__ void StageRows(int64_t, int, uint4*) {}
   __device__ __forceinline__ void StageEntries(const uint64_t* idxs, int nc, uint4* smem) {
-    if constexpr (!kRows) {
-      constexpr int kQuads = kD / 4;
-      uint16_t* kvs = reinterpret_cast<uint16_t*>(smem);
-      for (int e = static_cast<int>(threadIdx.x); e < nc * kQuads; e += kSparseFastThreads) {
-        const int i = e / kQuads, k0 = (e % kQuads) * 4;
-        const uint8_t* rec = reinterpret_cast<const uint8_t*>(idxs[i]);
-        if (rec == nullptr) continue;
-        *reinterpret_cast<uint2*>(kvs + i * kD + k0) = RecordQuad(rec, nope, kD - nope, k0);
-      }
+    constexpr int kQuads = kD / 4;
+    uint16_t* kvs = reinterpret_cast<uint16_t*>(smem);
+    for (int e = static_cast<int>(threadIdx.x); e < nc * kQuads; e += kSparseFastThreads) {
+      const int i = e / kQuads, k0 = (e % kQuads) * 4;
+      const uint8_t* rec = reinterpret_cast<const uint8_t*>(idxs[i]);
+      if (rec == nullptr) continue;
+      *reinterpret_cast<uint2*>(kvs + i * kD + k0) = RecordQuad(rec, nope, kD - nope, k0);
     }
   }
 };
 
-template <int kD, bool kRows>
+template <int kD>
 __global__ void __launch_bounds__(kSparseFastThreads)
     KvSparseAttentionFastKernelImpl(const uint16_t* __restrict__ q,
                                     const uint64_t* __restrict__ cand,
                                     const float* __restrict__ sink, int64_t n_heads, int nope,
-                                    int64_t n_cand, float scale, const uint16_t* __restrict__ rows,
-                                    uint16_t* __restrict__ out) {
-  const int64_t t = blockIdx.x / n_heads;
-  RecordStage<kD, kRows> stage;
-  stage.trows = reinterpret_cast<const uint4*>(rows + (kRows ? t * n_cand * kD : 0));
-  stage.n_cand = n_cand;
-  stage.nope = nope;
-  if constexpr (kRows) stage.Load(0);
+                                    int64_t n_cand, float scale, uint16_t* __restrict__ out) {
+  RecordStage<kD> stage{nope};
   SparseAttendFastBlock<kD>(q, cand, sink, n_heads, n_cand, scale, stage, out);
 }
 
-// Flash-decoding over the decoded rows (KvSparseAttention, T ≤ kKvSplitMaxTokens) in two
-// launches: KvSplitChunkKernelImpl scores each 64-candidate chunk against its own max m and
-// writes (m, Σp, Σ bf16(p)·v), KvSplitCombineKernelImpl merges a (token, head)'s chunks. The
-// workspace (KvSplitBytes) is carved as below from the rows scratch past the T·n_cand rows.
+// Flash-decoding over the decoded rows (KvSparseAttention) in two launches per slice of at most
+// kKvSplitMaxTokens tokens: KvSplitChunkKernelImpl scores each 64-candidate chunk against its
+// own max m and writes (m, Σp, Σ bf16(p)·v), KvSplitCombineKernelImpl merges a (token, head)'s
+// chunks. The workspace of a slice (KvSplitBytes) is carved as below from the rows scratch past
+// the call's T·n_cand rows, and reused by the next slice (in stream order).
 struct SplitWork {
   float* pv;    // [T·H·nch, kD] chunk partials Σ bf16(p)·v
   float* cmax;  // [T·H·nch] chunk maxima (−inf: every candidate of the chunk masked)
   float* psum;  // [T·H·nch] chunk sums Σ p
 };
-__host__ __device__ inline SplitWork CarveSplit(uint16_t* rows, int64_t T, int64_t H,
-                                                int64_t n_cand, int64_t d) {
+// `end`: the first byte past the rows; T: the slice's tokens.
+__host__ __device__ inline SplitWork CarveSplit(uint16_t* end, int64_t T, int64_t H, int64_t n_cand,
+                                                int64_t d) {
   const int64_t nch = (n_cand + kSparseChunk - 1) / kSparseChunk, n = T * H * nch;
-  float* base = reinterpret_cast<float*>(rows + T * n_cand * d);
+  float* base = reinterpret_cast<float*>(end);
   return {base, base + n * d, base + n * (d + 1)};
 }
 
@@ -572,12 +542,11 @@ __global__ void __launch_bounds__(kD / 4)
       o[0] | (static_cast<uint32_t>(o[1]) << 16), o[2] | (static_cast<uint32_t>(o[3]) << 16));
 }
 
-template <int kD, bool kRows>
+template <int kD>
 cudaError_t FastOptIn() {
   return OncePerDevice([] {
-    return cudaFuncSetAttribute(
-        reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD, kRows>),
-        cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+    return cudaFuncSetAttribute(reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD>),
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
   });
 }
 
@@ -671,35 +640,39 @@ template <int kD>
 cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                        int64_t n_heads, int nope, int64_t n_cand, float scale, uint16_t* rows,
                        bool rows_decoded, const OutRope& rope, uint16_t* out, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(T * n_heads);
-  const int smem = static_cast<int>(kSparseChunk * kD * 2);
   if (rows == nullptr) {
-    if (cudaError_t e = FastOptIn<kD, false>(); e != cudaSuccess) return e;
-    KvSparseAttentionFastKernelImpl<kD, false><<<blocks, kSparseFastThreads, smem, stream>>>(
-        q, cand, sink, n_heads, nope, n_cand, scale, nullptr, out);
+    if (cudaError_t e = FastOptIn<kD>(); e != cudaSuccess) return e;
+    KvSparseAttentionFastKernelImpl<kD><<<static_cast<unsigned>(T * n_heads), kSparseFastThreads,
+                                          static_cast<int>(kSparseChunk * kD * 2), stream>>>(
+        q, cand, sink, n_heads, nope, n_cand, scale, out);
     return cudaGetLastError();
   }
-  if (cudaError_t e = FastOptIn<kD, true>(); e != cudaSuccess) return e;
   if (!rows_decoded) {
     KvDecodeRowsKernelImpl<<<static_cast<unsigned>(T * n_cand), kD / 4, 0, stream>>>(cand, kD, nope,
                                                                                      rows);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  if (T <= kKvSplitMaxTokens) {
-    const SplitWork w = CarveSplit(rows, T, n_heads, n_cand, kD);
-    const unsigned nch = static_cast<unsigned>((n_cand + kSparseChunk - 1) / kSparseChunk);
+  const SplitWork w = CarveSplit(rows + T * n_cand * kD, std::min<int64_t>(T, kKvSplitMaxTokens),
+                                 n_heads, n_cand, kD);
+  const unsigned nch = static_cast<unsigned>((n_cand + kSparseChunk - 1) / kSparseChunk);
+  for (int64_t t0 = 0; t0 < T; t0 += kKvSplitMaxTokens) {
+    const int64_t n = std::min<int64_t>(T - t0, kKvSplitMaxTokens);
     KvSplitChunkKernelImpl<kD>
-        <<<dim3(nch, static_cast<unsigned>(T),
+        <<<dim3(nch, static_cast<unsigned>(n),
                 static_cast<unsigned>((n_heads + kSplitHeads - 1) / kSplitHeads)),
-           kD / 2, 0, stream>>>(q, cand, n_heads, n_cand, scale, rows, w);
+           kD / 2, 0, stream>>>(q + t0 * n_heads * kD, cand + t0 * n_cand, n_heads, n_cand, scale,
+                                rows + t0 * n_cand * kD, w);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    KvSplitCombineKernelImpl<kD>
-        <<<blocks, kD / 4, 0, stream>>>(sink, n_heads, static_cast<int>(nch), w, rope, out);
-    return cudaGetLastError();
+    OutRope r = rope;
+    if (r.cos != nullptr) {
+      r.cos += t0 * (r.dim / 2);
+      r.sin += t0 * (r.dim / 2);
+    }
+    KvSplitCombineKernelImpl<kD><<<static_cast<unsigned>(n * n_heads), kD / 4, 0, stream>>>(
+        sink, n_heads, static_cast<int>(nch), w, r, out + t0 * n_heads * kD);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  KvSparseAttentionFastKernelImpl<kD, true><<<blocks, kSparseFastThreads, smem, stream>>>(
-      q, cand, sink, n_heads, nope, n_cand, scale, rows, out);
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
@@ -719,7 +692,7 @@ cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const flo
   const int nop = static_cast<int>(nope);
   // The split path applies the inverse RoPE in its combine; the others leave it to ApplyRope.
   const bool fast = head_dim == 512 || head_dim == 256;
-  const bool fused_rope = fast && rows != nullptr && T <= kKvSplitMaxTokens;
+  const bool fused_rope = fast && rows != nullptr;
   const OutRope rope{fused_rope ? rope_cos : nullptr, rope_sin, static_cast<int>(rope_dim)};
   cudaError_t e;
   if (head_dim == 512) {
@@ -752,10 +725,7 @@ const void* KvSparseAttentionKernel() {
   return reinterpret_cast<const void*>(&KvSparseAttentionKernelImpl);
 }
 const void* KvSparseAttentionFastKernel() {
-  return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512, false>);
-}
-const void* KvSparseAttentionRowsKernel() {
-  return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512, true>);
+  return reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512>);
 }
 const void* KvDecodeRowsKernel() { return reinterpret_cast<const void*>(&KvDecodeRowsKernelImpl); }
 const void* KvSplitChunkKernel() {

@@ -133,21 +133,23 @@ cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const Kv
 //
 // rows (head_dim 256 and 512; else ignored): caller-owned scratch of KvSparseAttentionRowsBytes
 // bytes (16-byte aligned). With it, one launch first decodes every candidate record of every token
-// once into rows (bf16, exact), and the attention copies each chunk from there, the next chunk's
-// loads in flight while the current one is scored: same arithmetic, same bits, and the decode is
-// done once per token instead of once per (token, head) (64 times at Flash's 64 heads).
+// once into rows (bf16, exact: the decode is done once per token instead of once per (token,
+// head), 64 times at Flash's 64 heads), and the attention runs on the split path below.
 //
-// Split path: at most kKvSplitMaxTokens tokens (decode), the rows scratch also holds a split
-// workspace and the attention runs as flash-decoding in two launches (q 16-byte aligned): one
-// block per (64-candidate chunk, token, 16 heads) scores its chunk on the tensor cores (bf16
-// products, fp32 accumulation), takes the chunk's own max m, p = exp(s − m) and Σp, and sums
-// bf16(p)·v (tensor cores again); then one combine per (token, head) merges the chunks with
-// exp(m − M) for the head's max M over them, adds the sink, divides and rounds to bf16. The same
-// softmax as the serial kernel's, but p is rounded to bf16 relative to the chunk's own max rather
-// than the running max, and the sums run in another order: not the same bits. Each output o of
-// a head stays within 2^−7·(A + |o|) of the serial kernel's, A = Σ p·|v| / den (each path rounds
-// every p to bf16 once, ≤ 2^−8 relative, and its output once; paged_kv_test checks it), and the
-// result is deterministic (no atomics; every sum in a fixed order).
+// Split path (rows given): the rows scratch also holds a split workspace for kKvSplitMaxTokens
+// tokens and the attention runs as flash-decoding in two launches per slice of at most that many
+// tokens (decode: one slice; a prefill chunk: T / 8; q 16-byte aligned): one block per
+// (64-candidate chunk, token, 16 heads) scores its chunk on the tensor cores (bf16 products, fp32
+// accumulation), takes the chunk's own max m, p = exp(s − m) and Σp, and sums bf16(p)·v (tensor
+// cores again); then one combine per (token, head) merges the chunks with exp(m − M) for the
+// head's max M over them, adds the sink, divides and rounds to bf16. The same softmax as the
+// serial kernel's, but p is rounded to bf16 relative to the chunk's own max rather than the
+// running max, and the sums run in another order: not the same bits. Each output o of a head
+// stays within 2^−7·(A + |o|) of the serial kernel's, A = Σ p·|v| / den (each path rounds every p
+// to bf16 once, ≤ 2^−8 relative, and its output once; paged_kv_test checks it), and the result is
+// deterministic (no atomics; every sum in a fixed order). On an H200 an 8K-token prefill chunk's
+// attention takes ~14 ms this way against ~124 ms in the per-(token, head) serial kernel
+// (bench/RESULTS.md).
 //
 // rows_decoded: rows already hold the decoded candidates (KvBuildCandidates with rows, the same
 // cand, T and n_cand), so the decode launch is skipped.
@@ -157,7 +159,7 @@ cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const Kv
 // bits as ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true) after the
 // call. The split path does it in its combine (the rotation is elementwise on the bf16 outputs),
 // so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in two launches after
-// KvBuildCandidates with rows; the other paths launch ApplyRope after the attention.
+// KvBuildCandidates with rows; the serial kernels launch ApplyRope after the attention.
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
                               float scale, uint16_t* out, cudaStream_t stream,
@@ -174,7 +176,6 @@ const void* KvEncodeKeysKernel();
 const void* KvGatherKeysKernel();
 const void* KvSparseAttentionKernel();
 const void* KvSparseAttentionFastKernel();  // head_dim 512
-const void* KvSparseAttentionRowsKernel();  // head_dim 512, decoded rows
 const void* KvDecodeRowsKernel();
 const void* KvSplitChunkKernel();    // head_dim 512, the split path's chunks
 const void* KvSplitCombineKernel();  // head_dim 512, the split path's combine

@@ -257,7 +257,8 @@ TEST_F(PagedKvTest, RecordsAndAttentionMatchTheBf16Pool) {
 // same bits: deterministic) and the per-head serial fast kernel (no rows) with ApplyRope (within
 // the split path's rounding bound, CompareSplitToSerial), on a paged layer: ring and staged
 // window records (partial windows masked, so whole chunks masked), indexer selections with −1, a
-// ratio layer's every-complete-entry list, ragged candidate counts.
+// ratio layer's every-complete-entry list, ragged candidate counts; decode batches and
+// prefill-sized ones (several slices of kKvSplitMaxTokens tokens).
 struct DecodeCase {
   int64_t D, T, H, n_comp;
 };
@@ -386,7 +387,8 @@ void DecodePathCase(const DecodeCase& c) {
 TEST_F(PagedKvTest, DecodePathMatchesTheGeneralPath) {
   for (const DecodeCase& c :
        {DecodeCase{512, 1, 64, 512}, DecodeCase{512, 3, 32, 64}, DecodeCase{512, 8, 16, 22},
-        DecodeCase{512, 2, 8, 512}, DecodeCase{512, 4, 6, 100}, DecodeCase{256, 3, 64, 150}}) {
+        DecodeCase{512, 2, 8, 512}, DecodeCase{512, 4, 6, 100}, DecodeCase{256, 3, 64, 150},
+        DecodeCase{512, 20, 64, 100}, DecodeCase{256, 11, 16, 40}}) {
     DecodePathCase(c);
   }
 }
@@ -487,7 +489,6 @@ TEST_F(PagedKvTest, KernelsRunFromComputeSm86Ptx) {
                       {"KvGatherKeys", KvGatherKeysKernel()},
                       {"KvSparseAttention", KvSparseAttentionKernel()},
                       {"KvSparseAttentionFast", KvSparseAttentionFastKernel()},
-                      {"KvSparseAttentionRows", KvSparseAttentionRowsKernel()},
                       {"KvDecodeRows", KvDecodeRowsKernel()},
                       {"KvSplitChunk", KvSplitChunkKernel()},
                       {"KvSplitCombine", KvSplitCombineKernel()},
