@@ -28,7 +28,8 @@
 //    which is exact here because both sides are FP4-simulated (a few significant bits per
 //    product, 32-element blocks with nearby power-of-two scales);
 //  * the fp32 linears (LinearBf16F32, LmHead) and the grouped projection sum in fp32 (per-lane
-//    partials, then a warp tree): equal to the reference up to fp32 summation order.
+//    partials, then a warp tree; in the mma's order for prefill): equal to the reference up to
+//    fp32 summation order.
 // Measured on an H200 running the compute_86 PTX (tests/gpu_worker/compressor_test.cc,
 // indexer_test.cc, output_projection_test.cc, lm_head_test.cc):
 // compressor entries and states, the indexer's q, weights, scores and selections, and the
@@ -55,10 +56,11 @@ inline constexpr int64_t kIndexerMaxTopK = 1024;    // index_topk (512 in Flash)
 
 // y[r·ldy + o] = Σ_i x[r][i]·w[o][i] in fp32 (model::LinearF32: the compressors' wkv/wgate, the
 // indexer's weights_proj before its bf16 rounding, the LM head). x: bf16 [rows, in]; w: bf16
-// [out, in]; y: fp32, row r at y + r·ldy (ldy ≥ out). A bandwidth-bound GEMV for decode: one
-// warp per output feature reads each weight row once for up to 8 token rows at a time. Long
-// prefills should use a real GEMM with fp32 accumulation instead.
-// in must be a multiple of 8 and x, w 16-byte aligned (16-byte loads).
+// [out, in]; y: fp32, row r at y + r·ldy (ldy ≥ out). Up to 8 token rows (decode): a
+// bandwidth-bound GEMV, one warp per output feature summing its lanes' products in order, then a
+// warp tree. More rows (prefill; in a multiple of 64): a GEMM on the tensor cores (bf16 products,
+// exact in fp32, summed in the mma's order). Either equals the reference up to fp32 summation
+// order. in must be a multiple of 8 and x, w 16-byte aligned (16-byte loads).
 cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
                           int64_t out, float* y, int64_t ldy, cudaStream_t stream);
 // LinearBf16F32 of two weight matrices on the same x (a compressor's wkv and wgate) in one launch:
@@ -255,6 +257,7 @@ cudaError_t ArgmaxRows(const float* logits, int64_t T, int64_t n, int64_t ld, in
 
 // Entry points of the kernels above, for attribute queries (ptxVersion) in tests.
 const void* LinearBf16F32Kernel();
+const void* LinearBf16F32GemmKernel();  // more than 8 rows
 const void* CompressorResetKernel();
 const void* CompressorPoolKernel();        // fp64
 const void* CompressorPoolFp32Kernel();    // fp64 = false

@@ -1,5 +1,7 @@
 // fp32 linear on bf16 inputs (model::LinearF32: compressor wkv/wgate, indexer weights_proj, the
 // LM head of spec §3.12) and greedy argmax.
+#include <atomic>
+
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 
@@ -102,6 +104,103 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// More than kRows token rows (prefill): a GEMM on the tensor cores, a 64-row x 128-feature tile of
+// y per block (the grid's first blocks0 columns a's tiles, the rest b's), K streamed 64 at a time
+// through a 3-stage cp.async pipeline of both operands' bf16 rows (k-contiguous: A row-major, B
+// "col" as mma takes them). Warp (wm, wn) owns rows wm·32.. and features wn·32..; lane (g, t)
+// reads 16 bytes (8 values) of each row per 32 k, the same permutation of k for both operands
+// (U4Word's). bf16 products are exact in fp32; the sums run in the mma's order.
+constexpr int kGemmBM = 64, kGemmBN = 128, kGemmBK = 64, kGemmStages = 3;
+constexpr int kGemmABytes = kGemmBM * kGemmBK * 2, kGemmBBytes = kGemmBN * kGemmBK * 2;
+constexpr int kGemmStageBytes = kGemmABytes + kGemmBBytes;
+
+// Rows of 128 bytes (8 chunks of 16): odd rows swap the two 64-byte halves, so a quarter-warp's
+// two rows of 4 chunks cover all banks.
+__device__ __forceinline__ int Swz128(int r, int c) {
+  return r * 128 + ((c ^ ((r & 1) << 2)) << 4);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    LinearBf16F32GemmKernelImpl(const uint16_t* __restrict__ x, int64_t rows, int64_t in,
+                                Bf16Matrix a, Bf16Matrix b, int64_t blocks0) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+  const bool second = blockIdx.x >= blocks0;
+  const uint16_t* __restrict__ w = second ? b.w : a.w;
+  const int64_t out = second ? b.out : a.out, ldy = second ? b.ldy : a.ldy;
+  float* __restrict__ y = second ? b.y : a.y;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) - (second ? blocks0 : 0)) * kGemmBN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kGemmBM, nk = in / kGemmBK;
+  // Rows past `rows` and features past `out` repeat the last one; their results are not stored.
+  const auto load = [&](int stage, int64_t kb) {
+    uint8_t* sa = smem + stage * kGemmStageBytes;
+    uint8_t* sb = sa + kGemmABytes;
+    for (int i = tid; i < kGemmBM * 8; i += kThreads) {
+      const int r = i >> 3, c = i & 7;
+      CpAsync16(sa + Swz128(r, c), x + min(m0 + r, rows - 1) * in + kb * kGemmBK + c * 8);
+    }
+    for (int i = tid; i < kGemmBN * 8; i += kThreads) {
+      const int r = i >> 3, c = i & 7;
+      CpAsync16(sb + Swz128(r, c), w + min(n0 + r, out - 1) * in + kb * kGemmBK + c * 8);
+    }
+  };
+  float acc[2][4][4] = {};
+  for (int st = 0; st < kGemmStages - 1; ++st) {
+    if (st < nk) load(st, st);
+    CpAsyncCommit();
+  }
+  for (int64_t kb = 0; kb < nk; ++kb) {
+    CpAsyncWait<kGemmStages - 2>();
+    __syncthreads();  // stage kb landed for all; stage kb - 1 is free to refill
+    if (kb + kGemmStages - 1 < nk) load((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
+    CpAsyncCommit();
+    const uint8_t* sa = smem + (kb % kGemmStages) * kGemmStageBytes;
+    const uint8_t* sb = sa + kGemmABytes;
+#pragma unroll
+    for (int c32 = 0; c32 < 2; ++c32) {
+      uint4 af[2][2], bf[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = wm * 32 + i * 16 + g;
+        af[i][0] = *reinterpret_cast<const uint4*>(sa + Swz128(r, 4 * c32 + t));
+        af[i][1] = *reinterpret_cast<const uint4*>(sa + Swz128(r + 8, 4 * c32 + t));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        bf[j] = *reinterpret_cast<const uint4*>(sb + Swz128(wn * 32 + j * 8 + g, 4 * c32 + t));
+      }
+#pragma unroll
+      for (int s2 = 0; s2 < 2; ++s2) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t a0 = U4Word(af[i][0], 2 * s2), a2 = U4Word(af[i][0], 2 * s2 + 1);
+          const uint32_t a1 = U4Word(af[i][1], 2 * s2), a3 = U4Word(af[i][1], 2 * s2 + 1);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            MmaBf16(acc[i][j], a0, a1, a2, a3, U4Word(bf[j], 2 * s2), U4Word(bf[j], 2 * s2 + 1));
+          }
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = m0 + wm * 32 + i * 16 + g + 8 * h;
+      if (r >= rows) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t col = n0 + wn * 32 + j * 8 + 2 * t;
+        if (col < out) y[r * ldy + col] = acc[i][j][2 * h];
+        if (col + 1 < out) y[r * ldy + col + 1] = acc[i][j][2 * h + 1];
+      }
+    }
+  }
+}
+
 // (v, i) beats (bv, bi): larger value, equal values to the lower index; bi < 0 is "none".
 __device__ __forceinline__ bool Beats(float v, int64_t i, float bv, int64_t bi) {
   return bi < 0 || v > bv || (v == bv && i < bi);
@@ -160,6 +259,27 @@ cudaError_t LinearBf16F32Launch(const uint16_t* x, int64_t rows, int64_t in, con
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
+  if (rows > kRows && in % kGemmBK == 0 && (rows + kGemmBM - 1) / kGemmBM <= 65535) {
+    constexpr int kSmem = kGemmStages * kGemmStageBytes;
+    // The opt-in above 48 KiB is set once per device (bit per device ordinal), not per launch.
+    static std::atomic<uint64_t> opted_in{0};
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const uint64_t bit = uint64_t{1} << (dev & 63);
+    if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+      e = cudaFuncSetAttribute(LinearBf16F32GemmKernelImpl,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (e != cudaSuccess) return e;
+      opted_in.fetch_or(bit, std::memory_order_release);
+    }
+    const int64_t tiles0 = (a.out + kGemmBN - 1) / kGemmBN;
+    const int64_t tiles = tiles0 + (b.out + kGemmBN - 1) / kGemmBN;
+    LinearBf16F32GemmKernelImpl<<<dim3(static_cast<unsigned>(tiles),
+                                       static_cast<unsigned>((rows + kGemmBM - 1) / kGemmBM)),
+                                  kThreads, kSmem, stream>>>(x, rows, in, a, b, tiles0);
+    return cudaGetLastError();
+  }
   const int64_t row_blocks = (rows + kRowChunk - 1) / kRowChunk;
   const int64_t blocks0 = (a.out + kWarps - 1) / kWarps;
   const int64_t out_blocks = blocks0 + (b.out + kWarps - 1) / kWarps;
@@ -202,6 +322,9 @@ cudaError_t ArgmaxRows(const float* logits, int64_t T, int64_t n, int64_t ld, in
 
 const void* LinearBf16F32Kernel() {
   return reinterpret_cast<const void*>(&LinearBf16F32KernelImpl);
+}
+const void* LinearBf16F32GemmKernel() {
+  return reinterpret_cast<const void*>(&LinearBf16F32GemmKernelImpl);
 }
 const void* ArgmaxKernel() { return reinterpret_cast<const void*>(&ArgmaxKernelImpl); }
 

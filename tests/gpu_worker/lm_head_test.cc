@@ -107,7 +107,9 @@ void CheckLmHead(const std::string& label, const std::vector<float>& u,
 // ---- tests --------------------------------------------------------------------------------------
 
 TEST_F(LmHeadTest, KernelsRunFromCompute86Ptx) {
-  ExpectCompute86Ptx({{"LinearBf16F32", LinearBf16F32Kernel()}, {"Argmax", ArgmaxKernel()}},
+  ExpectCompute86Ptx({{"LinearBf16F32", LinearBf16F32Kernel()},
+                      {"LinearBf16F32Gemm", LinearBf16F32GemmKernel()},
+                      {"Argmax", ArgmaxKernel()}},
                      size_t{48} << 10);
 }
 
