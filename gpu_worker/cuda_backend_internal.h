@@ -136,16 +136,16 @@ struct HostExpertsCall {
   double seconds = 0.0;
 };
 
-// The host side of one step (cuda_backend_plan.cc), from the batch's sizes, positions and block
-// tables alone: what the step's launches take per chunk, per (layer, token) and per layer, and
-// the layout of its one upload (Run stages it in pinned memory):
-//   compressor arrays | KvTokens | tables | main-entry addresses | key addresses | token ids |
-//   positions | input streams (from streams_at, 256-aligned; a middle stage's output streams
-//   come back through the same rows).
 // Steps of at most this many tokens run the indexer's scores and top-k for all their chunks in
 // one launch each (StepPlan::index_one_launch); the split top-k takes up to 8 rows.
 inline constexpr int64_t kIndexerOneLaunchTokens = 8;
 
+// The host side of one step (cuda_backend_plan.cc), from the batch's sizes, positions and block
+// tables alone: what the step's launches take per chunk, per (layer, token) and per layer, and
+// the layout of its one upload (Run stages it in pinned memory):
+//   compressor arrays | KvTokens | tables | main-entry addresses | key addresses | token ids |
+//   positions | input (from streams_at, 256-aligned: the first stage's bf16 embedding rows, else
+//   fp32 streams; a middle stage's output streams come back through the same rows).
 struct StepPlan {
   int64_t T = 0, max_rows = 0, max_cand = 1, scores_cap = 0;
   std::vector<int64_t> row0, ids, pos;  // chunk i's rows are [row0[i], row0[i + 1])
