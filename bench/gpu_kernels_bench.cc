@@ -468,36 +468,45 @@ void BenchIndexer(std::mt19937& rng) {
     }
   }
   // A decode step of 8 sequences (one launch each for their scores and top-k, as the backend
-  // runs them): here 8 tokens reading one pool.
-  for (const int64_t n_cols : {2048, 16384}) {
-    const int64_t T = 8;
+  // runs them; here 8 tokens reading one pool), and a prefill chunk of 256 tokens ending at 64K
+  // context, each row 16384 columns wide.
+  const auto rows_of_tokens = [&](int64_t T, int64_t n_cols, const std::vector<int64_t>& hpos,
+                                  int calls) {
     const IndexerPool kp(n_cols, hd, rng);
-    uint16_t* q8 = DeviceAlloc<uint16_t>(T * H * hd);
-    uint16_t* w8 = DeviceAlloc<uint16_t>(T * H);
+    uint16_t* qt = DeviceAlloc<uint16_t>(T * H * hd);
+    uint16_t* wt = DeviceAlloc<uint16_t>(T * H);
     int64_t* pos = DeviceAlloc<int64_t>(T);
     float* scores = DeviceAlloc<float>(T * n_cols);
     int32_t* sel = DeviceAlloc<int32_t>(T * k);
-    std::vector<int64_t> p(T);
-    for (int64_t t = 0; t < T; ++t) p[t] = 4 * n_cols - 1 - 4 * t;
     CHECK_CUDA(
-        cudaMemcpy(q8, RandomBf16(T * H * hd, rng).data(), T * H * hd * 2, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(w8, RandomBf16(T * H, rng).data(), T * H * 2, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(pos, p.data(), T * 8, cudaMemcpyHostToDevice));
+        cudaMemcpy(qt, RandomBf16(T * H * hd, rng).data(), T * H * hd * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(wt, RandomBf16(T * H, rng).data(), T * H * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(pos, hpos.data(), T * 8, cudaMemcpyHostToDevice));
     const auto scores_call = [&](int, cudaStream_t st) {
-      ss::cuda::KvIndexerScores(q8, w8, kp.g, kp.table, kp.n_table, pos, T, H, 4, n_cols, scores,
+      ss::cuda::KvIndexerScores(qt, wt, kp.g, kp.table, kp.n_table, pos, T, H, 4, n_cols, scores,
                                 st);
     };
     const auto topk = [&](int, cudaStream_t st) {
       ss::cuda::IndexerTopK(scores, T, n_cols, k, sel, TopKScratch(), st);
     };
-    std::printf("KvIndexerScores  T=8 n_cols=%6ld:      %7.2f us\n", static_cast<long>(n_cols),
-                GraphMs(64, scores_call) * 1e3f);
-    std::printf("IndexerTopK      T=8 n_cols=%6ld k=%ld: %7.2f us\n", static_cast<long>(n_cols),
-                static_cast<long>(k), GraphMs(64, topk) * 1e3f);
-    for (void* ptr : {static_cast<void*>(q8), static_cast<void*>(w8), static_cast<void*>(pos),
+    std::printf("KvIndexerScores  T=%ld n_cols=%6ld:    %7.2f us\n", static_cast<long>(T),
+                static_cast<long>(n_cols), GraphMs(calls, scores_call) * 1e3f);
+    std::printf(
+        "IndexerTopK      T=%ld n_cols=%6ld k=%ld: %7.2f us  (hashes: scores %016llx,"
+        " top-k %016llx)\n",
+        static_cast<long>(T), static_cast<long>(n_cols), static_cast<long>(k),
+        GraphMs(calls, topk) * 1e3f,
+        static_cast<unsigned long long>(DeviceHash(scores, T * n_cols * 4)),
+        static_cast<unsigned long long>(DeviceHash(sel, T * k * 4)));
+    for (void* ptr : {static_cast<void*>(qt), static_cast<void*>(wt), static_cast<void*>(pos),
                       static_cast<void*>(scores), static_cast<void*>(sel)}) {
       cudaFree(ptr);
     }
+  };
+  for (const int64_t n_cols : {2048, 16384}) {
+    std::vector<int64_t> hpos(8);
+    for (int64_t t = 0; t < 8; ++t) hpos[t] = 4 * n_cols - 1 - 4 * t;
+    rows_of_tokens(8, n_cols, hpos, 64);
   }
   // Scores close together (bf16 values of 20 + N(0, 1): thousands in the k-th largest's first
   // 11-bit bin), where the split top-k needs its second histogram; the one-block filtered kernel
@@ -530,41 +539,10 @@ void BenchIndexer(std::mt19937& rng) {
     }
   }
 
-  // A prefill chunk: T tokens ending at 64K context, each token's row 16384 columns wide.
   {
-    const int64_t T = 256, n_cols = 16384;
-    const IndexerPool kp(n_cols, hd, rng);
-    uint16_t* qt = DeviceAlloc<uint16_t>(T * H * hd);
-    uint16_t* wt = DeviceAlloc<uint16_t>(T * H);
-    int64_t* pos = DeviceAlloc<int64_t>(T);
-    float* scores = DeviceAlloc<float>(T * n_cols);
-    int32_t* sel = DeviceAlloc<int32_t>(T * k);
-    std::vector<int64_t> hpos(T);
-    for (int64_t t = 0; t < T; ++t) hpos[t] = 4 * n_cols - T + t;
-    CHECK_CUDA(
-        cudaMemcpy(qt, RandomBf16(T * H * hd, rng).data(), T * H * hd * 2, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(wt, RandomBf16(T * H, rng).data(), T * H * 2, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(pos, hpos.data(), T * 8, cudaMemcpyHostToDevice));
-    const auto scores_call = [&](int, cudaStream_t st) {
-      ss::cuda::KvIndexerScores(qt, wt, kp.g, kp.table, kp.n_table, pos, T, H, 4, n_cols, scores,
-                                st);
-    };
-    const auto topk = [&](int, cudaStream_t st) {
-      ss::cuda::IndexerTopK(scores, T, n_cols, k, sel, TopKScratch(), st);
-    };
-    std::printf("KvIndexerScores  T=%ld n_cols=%6ld:    %7.2f us\n", static_cast<long>(T),
-                static_cast<long>(n_cols), GraphMs(8, scores_call) * 1e3f);
-    std::printf(
-        "IndexerTopK      T=%ld n_cols=%6ld k=%ld: %7.2f us  (hashes: scores %016llx,"
-        " top-k %016llx)\n",
-        static_cast<long>(T), static_cast<long>(n_cols), static_cast<long>(k),
-        GraphMs(8, topk) * 1e3f,
-        static_cast<unsigned long long>(DeviceHash(scores, T * n_cols * 4)),
-        static_cast<unsigned long long>(DeviceHash(sel, T * k * 4)));
-    for (void* ptr : {static_cast<void*>(qt), static_cast<void*>(wt), static_cast<void*>(pos),
-                      static_cast<void*>(scores), static_cast<void*>(sel)}) {
-      cudaFree(ptr);
-    }
+    std::vector<int64_t> hpos(256);
+    for (int64_t t = 0; t < 256; ++t) hpos[t] = 4 * 16384 - 256 + t;
+    rows_of_tokens(256, 16384, hpos, 8);
   }
   for (void* ptr : {static_cast<void*>(q), static_cast<void*>(q0), static_cast<void*>(w),
                     static_cast<void*>(dcs), static_cast<void*>(dsn)}) {
