@@ -1,6 +1,7 @@
 #include "coordinator/cluster_config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -390,6 +391,59 @@ LaunchCpus PlanLaunchCpusFor(const std::vector<std::vector<std::vector<int>>>& n
     if (plan.split()) break;
   }
   return plan;
+}
+
+std::vector<std::pair<std::string, std::string>> CpuDropIns(const LaunchCpus& plan,
+                                                            bool coordinator, bool one_per_node,
+                                                            const std::string& command) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!plan.split()) return files;
+  const auto file = [&](const std::string& unit, const std::string& what, std::vector<int> cpus) {
+    std::sort(cpus.begin(), cpus.end());
+    files.emplace_back(unit + ".d/50-splitserve-cpus.conf",
+                       absl::StrCat("# Written by `", command, "`: ", what,
+                                    " (deploy/README.md, \"CPUs on a host with GPU workers and "
+                                    "expert workers\").\n[Service]\nCPUAffinity=",
+                                    FormatIdList(cpus), "\n"));
+  };
+  const std::string serving = coordinator ? "the GPU workers' and the coordinator's whole cores"
+                                          : "the GPU workers' whole cores";
+  file("splitserve-gpu-worker@.service", serving, plan.serving);
+  if (coordinator) file("splitserve-coordinator.service", serving, plan.serving);
+  if (one_per_node) {
+    std::vector<int> experts;
+    for (const std::vector<int>& e : plan.experts)
+      experts.insert(experts.end(), e.begin(), e.end());
+    file("splitserve-expert-worker@.service",
+         "the expert workers' cores, each worker on its NUMA node's", experts);
+  }
+  return files;
+}
+
+absl::StatusOr<std::vector<std::string>> WriteFiles(
+    const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> written;
+  for (const auto& [path, text] : files) {
+    const fs::path file = fs::path(dir) / path, tmp = file.string() + ".tmp";
+    std::error_code ec;
+    fs::create_directories(file.parent_path(), ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", file.parent_path().string(), ": ", ec.message()));
+    }
+    std::ofstream out(tmp);
+    out << text;
+    out.close();
+    if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp.string()));
+    fs::rename(tmp, file, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot write ", file.string(), ": ", ec.message()));
+    }
+    written.push_back(file.string());
+  }
+  return written;
 }
 
 int StageOf(const ClusterConfig& c, const std::string& worker_id) {

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -156,6 +157,23 @@ LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node
 // 308 tokens/s with two, 166 with one, 17.7 without a split; bench/RESULTS.md).
 LaunchCpus PlanLaunchCpusFor(const std::vector<std::vector<std::vector<int>>>& node_cores,
                              int experts, int gpu_workers, bool coordinator, bool cuda);
+
+// `splitserve cpus --write-dropins`: systemd drop-ins that put `plan` on this host's units
+// (deploy/systemd), as (path under the unit directory, file text), each setting [Service]
+// CPUAffinity=. The GPU workers' template unit, and the coordinator's when `coordinator`, get
+// the serving CPUs. The expert workers' template unit gets all the expert workers' CPUs
+// together, which each worker narrows to its own node's (--numa_node pins its pool to the node's
+// allowed cores): only where every expert worker has a node of its own (`one_per_node`), else no
+// drop-in for them. None without a split. `command` is named in each file's header comment.
+std::vector<std::pair<std::string, std::string>> CpuDropIns(const LaunchCpus& plan,
+                                                            bool coordinator, bool one_per_node,
+                                                            const std::string& command);
+
+// Writes each (path under `dir`, text) of `files` (CpuDropIns'), creating the directories, each
+// through a temporary file renamed into place. Returns the paths written; the first failure as
+// an error naming the file.
+absl::StatusOr<std::vector<std::string>> WriteFiles(
+    const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files);
 
 // The stage of GPU worker `worker_id`; -1 for an id the config does not name.
 int StageOf(const ClusterConfig& config, const std::string& worker_id);

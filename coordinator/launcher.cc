@@ -69,12 +69,15 @@ struct Options {
 
 constexpr char kCpusUsage[] =
     "usage: splitserve cpus --gpu-workers N [--expert-workers N|auto] [--coordinator yes|no]\n"
+    "                       [--write-dropins DIR]\n"
     "  Prints how `splitserve up` would share this host's CPUs between N GPU workers (cuda\n"
     "  backend), the coordinator (unless --coordinator no) and the expert workers (default one\n"
     "  per NUMA node): whole cores for the GPU workers and the coordinator (two a GPU worker,\n"
     "  or one where two do not fit, and one for the coordinator), the rest for the experts, so\n"
     "  that no expert thread shares its core with a spinning one. For hosts run by the systemd\n"
-    "  units (CPUAffinity=).\n";
+    "  units (CPUAffinity=). --write-dropins DIR (e.g. /etc/systemd/system) also writes the\n"
+    "  split as drop-ins of the units (<unit>.d/50-splitserve-cpus.conf; the expert workers'\n"
+    "  only with one per NUMA node); then `systemctl daemon-reload` and restart the units.\n";
 
 // --kv-tokens auto where the workers cannot each fill a GPU of their own.
 constexpr int64_t kFallbackKvTokens = 65536;
@@ -698,6 +701,7 @@ int RunUpCommand(int argc, char** argv) {
 int RunCpusCommand(int argc, char** argv) {
   int64_t gpu_workers = -1, experts = 0;
   bool coordinator = true;
+  std::string dropins;  // --write-dropins
   for (int i = 1; i < argc; ++i) {
     const std::string name = argv[i];
     if (name == "--help" || name == "-h") {
@@ -717,6 +721,9 @@ int RunCpusCommand(int argc, char** argv) {
     } else if (name == "--coordinator") {
       ok = value == "yes" || value == "no";
       coordinator = value == "yes";
+    } else if (name == "--write-dropins") {
+      ok = !value.empty();
+      dropins = value;
     } else {
       std::fprintf(stderr, "splitserve cpus: unknown flag %s\n%s", name.c_str(), kCpusUsage);
       return 2;
@@ -752,8 +759,9 @@ int RunCpusCommand(int argc, char** argv) {
     std::printf(
         "no split: even %d core(s) for the GPU workers%s would leave the expert workers too "
         "few; every process then shares every core, and expert calls wait on the GPU workers' "
-        "spinning threads\n",
-        serving, coordinator ? " and the coordinator" : "");
+        "spinning threads%s\n",
+        serving, coordinator ? " and the coordinator" : "",
+        dropins.empty() ? "" : " (no drop-ins written)");
     return 0;
   }
   std::printf("GPU workers%s: cpus %s\n", coordinator ? " and the coordinator" : "",
@@ -767,11 +775,33 @@ int RunCpusCommand(int argc, char** argv) {
                   CpuList(plan.experts[e]).c_str());
     }
   }
-  std::printf(
-      "systemd: `systemctl edit <unit>` and add [Service] CPUAffinity=<cpus> to each "
-      "splitserve-gpu-worker@ and%s splitserve-expert-worker@ unit of this host, then restart "
-      "them\n",
-      coordinator ? " splitserve-coordinator and" : "");
+  if (dropins.empty()) {
+    std::printf(
+        "systemd: `systemctl edit <unit>` and add [Service] CPUAffinity=<cpus> to each "
+        "splitserve-gpu-worker@ and%s splitserve-expert-worker@ unit of this host, then restart "
+        "them (or --write-dropins /etc/systemd/system)\n",
+        coordinator ? " splitserve-coordinator and" : "");
+    return 0;
+  }
+  std::string command = absl::StrCat("splitserve cpus --gpu-workers ", gpu_workers);
+  if (!coordinator) absl::StrAppend(&command, " --coordinator no");
+  if (experts != static_cast<int64_t>(node_cores.size())) {
+    absl::StrAppend(&command, " --expert-workers ", experts);
+  }
+  const bool one_per_node = plan.experts.size() == node_ids.size();
+  const absl::StatusOr<std::vector<std::string>> written =
+      coord::WriteFiles(dropins, coord::CpuDropIns(plan, coordinator, one_per_node, command));
+  if (!written.ok()) {
+    std::fprintf(stderr, "splitserve cpus: %s\n", std::string(written.status().message()).c_str());
+    return 1;
+  }
+  for (const std::string& f : *written) std::printf("wrote %s\n", f.c_str());
+  if (!one_per_node) {
+    std::printf(
+        "expert workers: not one per NUMA node, so no drop-in for them: `systemctl edit` "
+        "each one with the cpus above\n");
+  }
+  std::printf("systemd: `systemctl daemon-reload`, then restart this host's splitserve units\n");
   return 0;
 }
 

@@ -35,9 +35,11 @@ namespace ss {
 
 int RunUpCommand(int argc, char** argv);
 
-// `splitserve cpus --gpu-workers N [--expert-workers N|auto] [--coordinator yes|no]`: this host's
-// CPUs as `up` would share them (coord::PlanLaunchCpus), for hosts run by the systemd units.
-// Exit 0, 1 when the topology cannot be read, 2 for bad flags.
+// `splitserve cpus --gpu-workers N [--expert-workers N|auto] [--coordinator yes|no]
+// [--write-dropins DIR]`: this host's CPUs as `up` would share them (coord::PlanLaunchCpus), for
+// hosts run by the systemd units; with --write-dropins also as the units' drop-ins
+// (coord::CpuDropIns). Exit 0, 1 when the topology cannot be read or a drop-in written, 2 for
+// bad flags.
 int RunCpusCommand(int argc, char** argv);
 
 }  // namespace ss

@@ -4,14 +4,17 @@
 #include "coordinator/cluster_config.h"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/layer_list.h"
 #include "common/model_config.h"
 #include "gtest/gtest.h"
 #include "proto/cluster.pb.h"
 #include "tests/coordinator/cluster_test_util.h"
+#include "tests/test_util.h"
 
 namespace ss::coord {
 namespace {
@@ -245,6 +248,52 @@ TEST(ClusterConfigTest, LaunchCpusForTakeOneCoreAGpuWorkerWhereTwoDoNotFit) {
   // 4 cores cannot give 3 away; nor does the cpu backend split.
   EXPECT_FALSE(PlanLaunchCpusFor(Machine(1, 4, 1), 1, 2, true, true).split());
   EXPECT_FALSE(PlanLaunchCpusFor(Machine(1, 64, 2), 1, 2, true, false).split());
+}
+
+// `splitserve cpus --write-dropins`: the serving cores on the GPU workers' and the coordinator's
+// units, all the expert cores on the expert workers' template unit (each worker narrows them to
+// its node), none for the experts unless each has a node of its own, nothing without a split.
+TEST(ClusterConfigTest, CpuDropInsPutTheSplitOnTheUnits) {
+  const LaunchCpus plan = PlanLaunchCpusFor(Machine(2, 16, 2), 2, 2, true, true);
+  ASSERT_TRUE(plan.split());
+  std::vector<int> serving = plan.serving, experts;
+  for (const std::vector<int>& e : plan.experts) experts.insert(experts.end(), e.begin(), e.end());
+  std::sort(serving.begin(), serving.end());
+  std::sort(experts.begin(), experts.end());
+  const auto files = CpuDropIns(plan, true, true, "splitserve cpus --gpu-workers 2");
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_EQ(files[0].first, "splitserve-gpu-worker@.service.d/50-splitserve-cpus.conf");
+  EXPECT_EQ(files[1].first, "splitserve-coordinator.service.d/50-splitserve-cpus.conf");
+  EXPECT_EQ(files[2].first, "splitserve-expert-worker@.service.d/50-splitserve-cpus.conf");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string& text = files[i].second;
+    EXPECT_EQ(text.rfind("# Written by `splitserve cpus --gpu-workers 2`", 0), 0u) << text;
+    EXPECT_NE(
+        text.find("\n[Service]\nCPUAffinity=" + FormatIdList(i < 2 ? serving : experts) + "\n"),
+        std::string::npos)
+        << text;
+  }
+  // No CPU on both sides.
+  std::vector<int> both;
+  std::set_intersection(serving.begin(), serving.end(), experts.begin(), experts.end(),
+                        std::back_inserter(both));
+  EXPECT_TRUE(both.empty());
+  EXPECT_EQ(CpuDropIns(plan, false, false, "c").size(), 1u);  // the GPU workers' only
+  EXPECT_TRUE(
+      CpuDropIns(PlanLaunchCpusFor(Machine(1, 4, 1), 1, 2, true, true), true, true, "c").empty());
+
+  ss::testing_util::TempDir dir("ss_dropins");
+  const absl::StatusOr<std::vector<std::string>> written = WriteFiles(dir.path(), files);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->size(), 3u);
+  for (size_t i = 0; i < files.size(); ++i) {
+    EXPECT_EQ(ss::testing_util::ReadAll((*written)[i]), files[i].second);
+  }
+  // A directory that cannot be made (a file in its place): an error naming it, nothing thrown.
+  const absl::StatusOr<std::vector<std::string>> bad =
+      WriteFiles(dir / "splitserve-gpu-worker@.service.d/50-splitserve-cpus.conf", files);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("cannot"), std::string::npos) << bad.status();
 }
 
 TEST(ClusterConfigTest, LaunchCpusAreNotSplitWhereSplittingWouldHurt) {

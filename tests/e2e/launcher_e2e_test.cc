@@ -212,25 +212,36 @@ TEST(LauncherE2eTest, CpusPrintsThisHostsSplitOrWhyNot) {
                                              {"--gpu-workers", "0"},
                                              {"--gpu-workers", "1", "--coordinator", "maybe"},
                                              {"--gpu-workers", "1", "--bogus", "1"},
+                                             {"--gpu-workers", "1", "--write-dropins", ""},
                                              {"--gpu-workers"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "cpus"};
     argv.insert(argv.end(), args.begin(), args.end());
     ChildProcess p(argv, dir / "bad.log");
     EXPECT_EQ(p.Wait(), 2) << (args.empty() ? "no flags" : args[0]);
   }
-  ChildProcess p({std::string(SS_BIN_DIR) + "/splitserve", "cpus", "--gpu-workers", "1"},
+  ChildProcess p({std::string(SS_BIN_DIR) + "/splitserve", "cpus", "--gpu-workers", "1",
+                  "--write-dropins", dir / "units"},
                  dir / "plan.log");
   ASSERT_EQ(p.Wait(), 0);
   std::ifstream in(dir / "plan.log");
   const std::string out((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(out.find("this host: node"), std::string::npos) << out;
+  const std::string gpu_unit =
+      dir / "units/splitserve-gpu-worker@.service.d/50-splitserve-cpus.conf";
   const size_t serving = out.find("GPU workers and the coordinator: cpus ");
   if (serving == std::string::npos) {
     EXPECT_NE(out.find("no split: even 2 core(s)"), std::string::npos) << out;
+    EXPECT_NE(out.find("(no drop-ins written)"), std::string::npos) << out;
+    EXPECT_FALSE(std::filesystem::exists(dir / "units")) << out;
     return;
   }
   EXPECT_NE(out.find("expert worker"), std::string::npos) << out;
-  EXPECT_NE(out.find("CPUAffinity="), std::string::npos) << out;
+  // The drop-in carries the printed serving CPUs.
+  const size_t end = out.find('\n', serving);
+  const std::string cpus = out.substr(serving + 38, end - serving - 38);
+  EXPECT_NE(testing_util::ReadAll(gpu_unit).find("CPUAffinity=" + cpus + "\n"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("wrote " + gpu_unit), std::string::npos) << out;
 }
 
 }  // namespace
