@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_write.h"
 #include "common/layer_list.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -422,25 +423,16 @@ std::vector<std::pair<std::string, std::string>> CpuDropIns(const LaunchCpus& pl
 
 absl::StatusOr<std::vector<std::string>> WriteFiles(
     const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
-  namespace fs = std::filesystem;
   std::vector<std::string> written;
   for (const auto& [path, text] : files) {
-    const fs::path file = fs::path(dir) / path, tmp = file.string() + ".tmp";
+    const std::filesystem::path file = std::filesystem::path(dir) / path;
     std::error_code ec;
-    fs::create_directories(file.parent_path(), ec);
+    std::filesystem::create_directories(file.parent_path(), ec);
     if (ec) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot create ", file.parent_path().string(), ": ", ec.message()));
     }
-    std::ofstream out(tmp);
-    out << text;
-    out.close();
-    if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp.string()));
-    fs::rename(tmp, file, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot write ", file.string(), ": ", ec.message()));
-    }
+    RETURN_IF_ERROR(WriteFileAtomically(file.string(), text));
     written.push_back(file.string());
   }
   return written;

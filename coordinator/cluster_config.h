@@ -170,8 +170,8 @@ std::vector<std::pair<std::string, std::string>> CpuDropIns(const LaunchCpus& pl
                                                             const std::string& command);
 
 // Writes each (path under `dir`, text) of `files` (CpuDropIns'), creating the directories, each
-// through a temporary file renamed into place. Returns the paths written; the first failure as
-// an error naming the file.
+// whole (WriteFileAtomically). Returns the paths written; the first failure as an error naming
+// the file.
 absl::StatusOr<std::vector<std::string>> WriteFiles(
     const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files);
 

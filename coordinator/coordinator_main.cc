@@ -23,6 +23,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/file_write.h"
 #include "common/layer_list.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
@@ -147,10 +148,10 @@ int Run(int argc, char** argv) {
   spdlog::info("{}: HTTP API on http://{}:{}, control plane on port {}", kName,
                absl::GetFlag(FLAGS_host), *http_port, control_port);
   if (!absl::GetFlag(FLAGS_ports_file).empty()) {
-    const std::string tmp = absl::GetFlag(FLAGS_ports_file) + ".tmp";
-    std::ofstream(tmp) << nlohmann::json{{"http", *http_port}, {"control", control_port}}.dump()
-                       << "\n";
-    std::rename(tmp.c_str(), absl::GetFlag(FLAGS_ports_file).c_str());
+    const absl::Status w = WriteFileAtomically(
+        absl::GetFlag(FLAGS_ports_file),
+        nlohmann::json{{"http", *http_port}, {"control", control_port}}.dump() + "\n");
+    if (!w.ok()) spdlog::warn("{}: --ports_file: {}", kName, std::string(w.message()));
   }
 
   int sig = 0;

@@ -48,6 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cluster_protocol.h"
+#include "common/file_write.h"
 #include "common/metrics/metrics.h"
 #include "common/model/model.h"
 #include "common/status.h"
@@ -556,10 +557,10 @@ int Main(int argc, char** argv) {
       } else {
         server = std::move(*s);
         spdlog::info("serving GpuWorker on {} (port {})", c.listen, server->port());
-        if (!c.port_file.empty()) {  // written whole, then renamed: readers never see a part
-          const std::string tmp = absl::StrCat(c.port_file, ".tmp");
-          std::ofstream(tmp) << server->port() << "\n";
-          std::rename(tmp.c_str(), c.port_file.c_str());
+        if (!c.port_file.empty()) {  // written whole: readers never see a part
+          const absl::Status w =
+              WriteFileAtomically(c.port_file, absl::StrCat(server->port(), "\n"));
+          if (!w.ok()) spdlog::warn("--port_file: {}", std::string(w.message()));
         }
       }
     }

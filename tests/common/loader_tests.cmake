@@ -1,4 +1,4 @@
-# Loader tests: safetensors reader/writer, config.json parsing, checkpoint schema.
+# Loader tests: safetensors reader/writer, config.json parsing, checkpoint schema; whole-file writes.
 ss_test(safetensors_test
   SRCS ${CMAKE_CURRENT_SOURCE_DIR}/safetensors_test.cc
   DEPS ss_common nlohmann_json::nlohmann_json LABELS unit)
@@ -8,3 +8,6 @@ ss_test(model_config_test
 ss_test(checkpoint_schema_test
   SRCS ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint_schema_test.cc
   DEPS ss_common nlohmann_json::nlohmann_json LABELS unit)
+ss_test(file_write_test
+  SRCS ${CMAKE_CURRENT_SOURCE_DIR}/file_write_test.cc
+  DEPS ss_common LABELS unit)
