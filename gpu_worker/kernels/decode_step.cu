@@ -102,25 +102,13 @@ cudaError_t FastAttentionOptIn() {
 __global__ void MoeCombineBf16KernelImpl(const uint16_t* __restrict__ shared,
                                          const float* __restrict__ routed, int64_t n,
                                          uint16_t* __restrict__ y) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    y[i] = HcXMoeBf16{shared, routed}.Bits(i);  // MoeCombineHcPost's x
-  }
+  // What MoeCombineHcPost takes as its x, stored.
+  GridStride(n, [&](int64_t i) { y[i] = HcXMoeBf16{shared, routed}.Bits(i); });
 }
 
 __global__ void Bf16ToF32KernelImpl(const uint16_t* __restrict__ x, int64_t n,
                                     float* __restrict__ y) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    y[i] = Bf16ToF32(x[i]);
-  }
-}
-
-unsigned Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 4096 ? b : 4096);
+  GridStride(n, [&](int64_t i) { y[i] = Bf16ToF32(x[i]); });
 }
 
 bool BadRows(int64_t T) { return T < 0 || T > 0x7fffffff; }
@@ -184,13 +172,14 @@ cudaError_t SparseAttentionRows(const uint16_t* q, const DecodeToken* tokens, co
 cudaError_t MoeCombineBf16(const uint16_t* shared, const float* routed, int64_t n, uint16_t* y,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  MoeCombineBf16KernelImpl<<<Blocks(n), kThreads, 0, stream>>>(shared, routed, n, y);
+  MoeCombineBf16KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(shared, routed,
+                                                                                   n, y);
   return cudaGetLastError();
 }
 
 cudaError_t Bf16ToF32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  Bf16ToF32KernelImpl<<<Blocks(n), kThreads, 0, stream>>>(x, n, y);
+  Bf16ToF32KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, y);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace ss::cuda {
@@ -203,6 +204,28 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// The prefill GEMMs' shared-memory pipeline: K-blocks 0 .. nk - 1 flow through kStages stages of
+// cp.async copies. load(stage, kb) issues K-block kb's copies into `stage`; consume(stage, kb)
+// runs once they have landed for the whole block, while the next kStages - 1 blocks' copies are in
+// flight. Every copy has landed when it returns.
+template <int kStages, typename Load, typename Consume>
+__device__ __forceinline__ void CpAsyncPipeline(int64_t nk, const Load& load,
+                                                const Consume& consume) {
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nk) load(st, static_cast<int64_t>(st));
+    CpAsyncCommit();
+  }
+  for (int64_t kb = 0; kb < nk; ++kb) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // stage kb landed for all; stage kb - 1 is free to refill
+    const int64_t next = kb + kStages - 1;
+    if (next < nk) load(static_cast<int>(next % kStages), next);
+    CpAsyncCommit();
+    consume(static_cast<int>(kb % kStages), kb);
+  }
+  CpAsyncWait<0>();
+}
+
 // Multiprocessors of the current device (1 if it cannot be read), for launch heuristics.
 inline int DeviceSmCount() {
   int dev = 0, n = 0;
@@ -211,6 +234,41 @@ inline int DeviceSmCount() {
     return 1;
   }
   return n;
+}
+
+// Runs set_attributes() (a kernel's opt-in to more than 48 KiB of dynamic shared memory) the first
+// time it is called on the current device, and not again there once it has succeeded: call it
+// before the launch, and before any graph capture that contains the kernel. Each Fn type (each
+// lambda) keeps its own record; two threads' first calls on one device may both run it.
+template <typename Fn>
+cudaError_t OncePerDevice(Fn set_attributes) {
+  static std::atomic<uint64_t> done{0};  // bit d: device d (devices past 63 run it every time)
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
+  e = set_attributes();
+  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
+  return e;
+}
+
+// ---- Element-wise kernels: a grid-stride loop over n elements ---------------------------------
+
+// fn(i) for each i < n this thread owns.
+template <typename Fn>
+__device__ __forceinline__ void GridStride(int64_t n, const Fn& fn) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    fn(i);
+  }
+}
+
+// Blocks of `threads` for a grid-stride kernel over n elements: one element a thread, at most 4096.
+inline unsigned GridStrideBlocks(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 4096 ? b : 4096);
 }
 
 // ---- The decode GEMVs' shared skeleton (Fp8Gemv, the wo_a decode kernel) ----------------------

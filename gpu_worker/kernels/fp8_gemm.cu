@@ -1,5 +1,3 @@
-#include <atomic>
-
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/kernels.h"
 
@@ -97,23 +95,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nb) {
-      LoadStage<kBM>(smem + s * StageBytes<kBM>(), q, sa, w, rows, out, in, nb, m0, n0, s);
-    }
-    CpAsyncCommit();
-  }
-  for (int64_t kb = 0; kb < nb; ++kb) {
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();  // stage kb landed for all; stage kb-1 is free to refill
-    const int64_t next = kb + kStages - 1;
-    if (next < nb) {
-      LoadStage<kBM>(smem + (next % kStages) * StageBytes<kBM>(), q, sa, w, rows, out, in, nb, m0,
-                     n0, next);
-    }
-    CpAsyncCommit();
-
-    const uint8_t* a = smem + (kb % kStages) * StageBytes<kBM>();
+  const auto load = [&](int stage, int64_t kb) {
+    LoadStage<kBM>(smem + stage * StageBytes<kBM>(), q, sa, w, rows, out, in, nb, m0, n0, kb);
+  };
+  CpAsyncPipeline<kStages>(nb, load, [&](int stage, int64_t kb) {
+    const uint8_t* a = smem + stage * StageBytes<kBM>();
     const uint8_t* b = a + kBM * kBlock;
     const float* s_act = reinterpret_cast<const float*>(b + kBN * kBlock);
     const float sw = __fmul_rn(Ue8m0ToF32(__ldg(psw + kb)), kF16Unscale);
@@ -174,8 +160,7 @@ __global__ void __launch_bounds__(kThreads)
         acc[i][j][3] = __fmaf_rn(p[i][j][3], f1, acc[i][j][3]);
       }
     }
-  }
-  CpAsyncWait<0>();
+  });
 
 #pragma unroll
   for (int i = 0; i < kMT; ++i) {
@@ -194,18 +179,11 @@ cudaError_t LaunchGemm(const uint8_t* q, const float* s_act, int64_t rows, const
                        const uint8_t* w_scale, int64_t out, int64_t in, OutT* y,
                        cudaStream_t stream) {
   constexpr int kSmem = kStages * StageBytes<kBM>();
-  // The opt-in above 48 KiB is set once per device (bit per device ordinal), not per launch.
-  static std::atomic<uint64_t> opted_in{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  const cudaError_t e = OncePerDevice([] {
+    return cudaFuncSetAttribute(Fp8GemmKernelImpl<kBM, OutT>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
   if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-    e = cudaFuncSetAttribute(Fp8GemmKernelImpl<kBM, OutT>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return e;
-    opted_in.fetch_or(bit, std::memory_order_release);
-  }
   const dim3 grid(static_cast<unsigned>((out + kBN - 1) / kBN),
                   static_cast<unsigned>((rows + kBM - 1) / kBM));
   const bool pairs = out % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(OutT)) == 0;

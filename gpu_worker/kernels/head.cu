@@ -1,6 +1,5 @@
 // fp32 linear on bf16 inputs (model::LinearF32: compressor wkv/wgate, indexer weights_proj, the
 // LM head of spec §3.12) and greedy argmax.
-#include <atomic>
 
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
@@ -146,16 +145,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   float acc[2][4][4] = {};
-  for (int st = 0; st < kGemmStages - 1; ++st) {
-    if (st < nk) load(st, st);
-    CpAsyncCommit();
-  }
-  for (int64_t kb = 0; kb < nk; ++kb) {
-    CpAsyncWait<kGemmStages - 2>();
-    __syncthreads();  // stage kb landed for all; stage kb - 1 is free to refill
-    if (kb + kGemmStages - 1 < nk) load((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
-    CpAsyncCommit();
-    const uint8_t* sa = smem + (kb % kGemmStages) * kGemmStageBytes;
+  CpAsyncPipeline<kGemmStages>(nk, load, [&](int stage, int64_t) {
+    const uint8_t* sa = smem + stage * kGemmStageBytes;
     const uint8_t* sb = sa + kGemmABytes;
 #pragma unroll
     for (int c32 = 0; c32 < 2; ++c32) {
@@ -183,8 +174,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-  }
-  CpAsyncWait<0>();
+  });
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -261,18 +251,11 @@ cudaError_t LinearBf16F32Launch(const uint16_t* x, int64_t rows, int64_t in, con
   if (rows == 0) return cudaSuccess;
   if (rows > kRows && in % kGemmBK == 0 && (rows + kGemmBM - 1) / kGemmBM <= 65535) {
     constexpr int kSmem = kGemmStages * kGemmStageBytes;
-    // The opt-in above 48 KiB is set once per device (bit per device ordinal), not per launch.
-    static std::atomic<uint64_t> opted_in{0};
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
+    const cudaError_t e = OncePerDevice([] {
+      return cudaFuncSetAttribute(LinearBf16F32GemmKernelImpl,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    });
     if (e != cudaSuccess) return e;
-    const uint64_t bit = uint64_t{1} << (dev & 63);
-    if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-      e = cudaFuncSetAttribute(LinearBf16F32GemmKernelImpl,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (e != cudaSuccess) return e;
-      opted_in.fetch_or(bit, std::memory_order_release);
-    }
     const int64_t tiles0 = (a.out + kGemmBN - 1) / kGemmBN;
     const int64_t tiles = tiles0 + (b.out + kGemmBN - 1) / kGemmBN;
     LinearBf16F32GemmKernelImpl<<<dim3(static_cast<unsigned>(tiles),

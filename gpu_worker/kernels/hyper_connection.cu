@@ -1,6 +1,5 @@
 // Hyper-connection collapse (HcPre, HcHead) and expand (HcPost), spec §3.3; mirrors
 // common/model/hyper_connection.cc operation by operation.
-#include <algorithm>
 
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
@@ -594,9 +593,7 @@ template <bool kVec>
 __global__ void HcEmbedStreamsKernelImpl(const uint16_t* __restrict__ rows, int64_t T, int hc,
                                          int64_t dim, uint16_t* __restrict__ streams) {
   const int64_t per_row = kVec ? dim / 8 : dim, n = T * per_row;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  GridStride(n, [&](int64_t i) {
     const int64_t t = i / per_row, j = i % per_row;
     if constexpr (kVec) {
       const uint4 v = reinterpret_cast<const uint4*>(rows)[i];
@@ -606,7 +603,7 @@ __global__ void HcEmbedStreamsKernelImpl(const uint16_t* __restrict__ rows, int6
       const uint16_t v = rows[i];
       for (int s = 0; s < hc; ++s) streams[(t * hc + s) * dim + j] = v;
     }
-  }
+  });
 }
 
 // Whether `blocks` blocks of `kernel` (kThreads each) are resident at once on the current device.
@@ -622,10 +619,6 @@ bool FitsOneWave(const void* kernel, int64_t blocks) {
     return false;
   }
   return blocks <= int64_t{sms} * per_sm;
-}
-template <typename Kernel>
-bool FitsOneWave(Kernel* kernel, int64_t blocks) {
-  return FitsOneWave(reinterpret_cast<const void*>(kernel), blocks);
 }
 
 // Tokens up to which HcPre runs the split kernels.
@@ -708,7 +701,8 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
   if (path == HcPath::kLanes) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
     const bool fuse_norm = defer && nq.g != nullptr && dim == int64_t{kPre} * kThreads;
-    if (fuse_norm && sync != nullptr && FitsOneWave(HcMixFinishKernelImpl, grid.x * grid.y)) {
+    if (fuse_norm && sync != nullptr &&
+        FitsOneWave(reinterpret_cast<const void*>(HcMixFinishKernelImpl), grid.x * grid.y)) {
       HcMixFinishKernelImpl<<<grid, kThreads, 0, stream>>>(streams, fn, base, scale, dim,
                                                            static_cast<int>(sinkhorn_iters), hc_eps,
                                                            norm_eps, y, pre, post, comb, nq, sync);
@@ -815,8 +809,7 @@ cudaError_t HcEmbedStreams(const uint16_t* rows, int64_t T, int64_t hc, int64_t 
   const bool vec = dim % 8 == 0 && reinterpret_cast<uintptr_t>(rows) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(streams) % 16 == 0;
   const int64_t n = T * (vec ? dim / 8 : dim);
-  const unsigned blocks =
-      static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  const unsigned blocks = GridStrideBlocks(n, kThreads);
   if (vec) {
     HcEmbedStreamsKernelImpl<true>
         <<<blocks, kThreads, 0, stream>>>(rows, T, static_cast<int>(hc), dim, streams);

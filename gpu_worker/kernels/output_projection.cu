@@ -1,7 +1,6 @@
 // Grouped low-rank output projection (spec §3.10) with wo_a decoded from FP8 in registers;
 // mirrors the wo_a loop of common/model/attention.cc (AttentionForward).
 #include <algorithm>
-#include <atomic>
 
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
@@ -213,16 +212,8 @@ __global__ void __launch_bounds__(kGemmThreads)
     }
   };
   float acc[2][4][4] = {};
-  for (int st = 0; st < kGemmStages - 1; ++st) {
-    if (st < nb) load(st, st);
-    CpAsyncCommit();
-  }
-  for (int64_t kb = 0; kb < nb; ++kb) {
-    CpAsyncWait<kGemmStages - 2>();
-    __syncthreads();  // stage kb landed for all; stage kb - 1 is free to refill
-    if (kb + kGemmStages - 1 < nb) load((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
-    CpAsyncCommit();
-    const uint8_t* a = smem + (kb % kGemmStages) * kGemmStageBytes;
+  CpAsyncPipeline<kGemmStages>(nb, load, [&](int stage, int64_t kb) {
+    const uint8_t* a = smem + stage * kGemmStageBytes;
     const uint8_t* b = a + kGemmABytes;
     float p[2][4][4] = {};
 #pragma unroll
@@ -265,8 +256,7 @@ __global__ void __launch_bounds__(kGemmThreads)
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = __fmaf_rn(p[i][j][e], sw, acc[i][j][e]);
-  }
-  CpAsyncWait<0>();
+  });
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -288,18 +278,11 @@ cudaError_t LaunchOutProjGemm(const uint16_t* o, int64_t T, int64_t groups, int6
                               int64_t gin, const uint8_t* wa, const uint8_t* ws, uint16_t* z,
                               cudaStream_t stream) {
   constexpr int kSmem = kGemmStages * kGemmStageBytes;
-  // The opt-in above 48 KiB is set once per device (bit per device ordinal), not per launch.
-  static std::atomic<uint64_t> opted_in{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  const cudaError_t e = OncePerDevice([] {
+    return cudaFuncSetAttribute(GroupedOutProjGemmKernelImpl,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
   if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-    e = cudaFuncSetAttribute(GroupedOutProjGemmKernelImpl,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return e;
-    opted_in.fetch_or(bit, std::memory_order_release);
-  }
   const dim3 grid(static_cast<unsigned>(groups * rank / kGemmBN),
                   static_cast<unsigned>((T + kGemmBM - 1) / kGemmBM));
   GroupedOutProjGemmKernelImpl<<<grid, kGemmThreads, kSmem, stream>>>(o, T, groups, rank, gin, wa,

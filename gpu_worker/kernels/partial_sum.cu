@@ -10,25 +10,13 @@ constexpr int kThreads = 256;
 __global__ void MoeCombineF32KernelImpl(const float* __restrict__ shared,
                                         const float* __restrict__ routed, int64_t n,
                                         uint16_t* __restrict__ y) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    y[i] = HcXMoeF32{shared, routed}.Bits(i);  // MoeCombineF32HcPost's x
-  }
+  // What MoeCombineF32HcPost takes as its x, stored.
+  GridStride(n, [&](int64_t i) { y[i] = HcXMoeF32{shared, routed}.Bits(i); });
 }
 
 __global__ void RoundF32ToBf16KernelImpl(const float* __restrict__ x, int64_t n,
                                          uint16_t* __restrict__ y) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    y[i] = F32ToBf16(x[i]);
-  }
-}
-
-unsigned Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 4096 ? b : 4096);
+  GridStride(n, [&](int64_t i) { y[i] = F32ToBf16(x[i]); });
 }
 
 }  // namespace
@@ -36,13 +24,14 @@ unsigned Blocks(int64_t n) {
 cudaError_t MoeCombineF32(const float* shared, const float* routed, int64_t n, uint16_t* y,
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  MoeCombineF32KernelImpl<<<Blocks(n), kThreads, 0, stream>>>(shared, routed, n, y);
+  MoeCombineF32KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(shared, routed, n,
+                                                                                  y);
   return cudaGetLastError();
 }
 
 cudaError_t RoundF32ToBf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  RoundF32ToBf16KernelImpl<<<Blocks(n), kThreads, 0, stream>>>(x, n, y);
+  RoundF32ToBf16KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, y);
   return cudaGetLastError();
 }
 

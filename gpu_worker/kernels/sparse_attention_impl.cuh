@@ -226,20 +226,4 @@ __device__ __forceinline__ void SparseAttendFastBlock(const uint16_t* __restrict
   }
 }
 
-// Runs set_attributes() (a fast kernel's shared-memory opt-ins) once per device, the first time
-// it is called on that device: call it before any graph capture that launches the kernel. Each
-// lambda type keeps its own record.
-template <typename Fn>
-cudaError_t OncePerDevice(Fn set_attributes) {
-  constexpr int kMaxDevices = 64;
-  static bool done[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < kMaxDevices && done[dev]) return cudaSuccess;
-  e = set_attributes();
-  if (e == cudaSuccess && dev < kMaxDevices) done[dev] = true;
-  return e;
-}
-
 }  // namespace ss::cuda
