@@ -1,6 +1,7 @@
 // GPU FP8 linear kernels. Needs a CUDA device.
 //
-//   build/bin/gpu_kernels_bench [--indexer | --attention | --fused | --gemv | --sync |
+//   build/bin/gpu_kernels_bench [--indexer | --attention | --fused | --gemv | --sync | --persistent
+//   |
 //                                path/to/libcublas.so]
 //
 // Decode (Fp8Gemv, rows 1 and 8): weight bytes read per second as a fraction of a
@@ -26,7 +27,9 @@
 // Decode attention (`--attention` alone): the candidate build, split chunks and combine at
 // Flash's shape, per kernel and as a chain. Fused HcPost (`--fused` alone): wo_b's GEMV with
 // HcPost in its epilogue and the MoE combine with HcPost, each against the launches it replaces.
-// Phase boundaries (`--sync` alone, not in the full run): bench/sync_cost.h.
+// Phase boundaries (`--sync` alone, not in the full run): bench/sync_cost.h. A layer step's phases
+// as launches, as one persistent launch, and with cross-phase prefetch (`--persistent` alone, not
+// in the full run): bench/persistent_layer.h.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -40,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/persistent_layer.h"
 #include "bench/stream_read.h"
 #include "bench/sync_cost.h"
 #include "common/bf16.h"
@@ -900,6 +904,107 @@ void BenchSync() {
   cudaFree(counter);
 }
 
+// --persistent: bench/persistent_layer.h's model of a Flash layer's batch-1 decode step (ratio 4,
+// 8K): its weight (and KV) bytes in the phases of the cuda backend's critical path, with L us of
+// latency-bound work spread over its 14 latency-bound steps, run as launches in a graph, as one
+// persistent launch, and as one persistent launch that prefetches the coming phases' weights
+// into shared memory; each as a fraction of the copy (the bytes read per second over the copy's
+// bytes read and written per second, as the layer bench reports it). Three copies of the bytes
+// in turn, so every step reads them from memory.
+void BenchPersistent(double copy_gbs) {
+  std::printf(
+      "\n== a layer's decode step as launches, as one persistent launch, with prefetch ==\n");
+  int coop = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
+  if (coop == 0) {
+    std::printf("no cooperative launch on this device\n");
+    return;
+  }
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  ss::bench::LayerPlan plan;
+  const auto phase = [&](int spins, int64_t bytes) {
+    plan.spins[plan.n] = spins;
+    plan.bytes[plan.n] = bytes / 16 * 16;
+    ++plan.n;
+  };
+  // HcPre (mix, finish) -> wq_a + wkv, the compressors' bf16 projections beside them
+  phase(2, 6 * kMiB + 20 * kMiB + kMiB / 2);
+  phase(1, 40 * kMiB);             // the query norm -> wq_b, the indexer's wq_b
+  phase(7, 32 * kMiB + 5 * kMiB);  // indexer (4), candidates, attention (2) -> wo_a; the KV
+  phase(0, 32 * kMiB);             // -> wo_b (+ HcPost)
+  phase(2, 18 * kMiB);             // HcPre -> the router's gate, w1 + w3
+  phase(1, 8 * kMiB);              // SwiGLU -> w2
+  phase(1, 0);                     // HcPost
+  int64_t total = 0;
+  int spins = 0;
+  for (int p = 0; p < plan.n; ++p) {
+    total += plan.bytes[p];
+    spins += plan.spins[p];
+  }
+  constexpr int kCopies = 3;
+  uint8_t* w = DeviceAlloc<uint8_t>(static_cast<size_t>(total) * kCopies);
+  CHECK_CUDA(cudaMemset(w, 1, static_cast<size_t>(total) * kCopies));
+  uint32_t* sink = DeviceAlloc<uint32_t>(1);
+  uint32_t* barrier = DeviceAlloc<uint32_t>(2);
+  CHECK_CUDA(cudaMemset(barrier, 0, 2 * sizeof(uint32_t)));
+  const auto copy_of = [&](int i) { return w + static_cast<size_t>(i % kCopies) * total; };
+  const auto frac = [&](float ms) {
+    return static_cast<double>(total) / (ms * 1e-3) / 1e9 / copy_gbs;
+  };
+  const float read_ms = GraphMs(kCopies * 4, [&](int i, cudaStream_t s) {
+    CHECK_CUDA(ss::bench::StreamRead(copy_of(i), total, sink, s));
+  });
+  std::printf(
+      "%.1f MB in %d phases, %d latency-bound steps; all of it in one read: %.1f us, %.3f "
+      "of copy\n",
+      total / 1e6, plan.n, spins, read_ms * 1e3, frac(read_ms));
+  const int ring = ss::bench::LayerPersistentMaxPrefetch();
+  for (const int latency_us : {0, 10, 20, 40, 60, 80}) {
+    const int64_t spin_ns = static_cast<int64_t>(latency_us) * 1000 / spins;
+    const float launches = GraphMs(kCopies * 4, [&](int i, cudaStream_t s) {
+      CHECK_CUDA(ss::bench::LayerAsLaunches(copy_of(i), plan, spin_ns, sink, s));
+    });
+    // Graph-replayed as the launches; launched from the host where a cooperative launch cannot
+    // be captured.
+    const auto persistent = [&](int prefetch) {
+      const auto launch = [&](int i, cudaStream_t s) {
+        CHECK_CUDA(
+            ss::bench::LayerPersistent(copy_of(i), plan, spin_ns, prefetch, barrier, sink, s));
+      };
+      const float ms = GraphMs(kCopies * 4, launch);
+      return ms >= 0.0f ? ms : TimeMs(kCopies * 4, [&](int i) { launch(i, nullptr); });
+    };
+    const float plain = persistent(0), pre = persistent(ring);
+    std::printf(
+        "latency-bound work %2d us (%4.2f us a step): launches %6.1f us (%.3f), persistent "
+        "%6.1f us (%.3f), persistent + %d KiB prefetch %6.1f us (%.3f)\n",
+        latency_us, spin_ns / 1e3, launches * 1e3, frac(launches), plain * 1e3, frac(plain),
+        ring / 1024, pre * 1e3, frac(pre));
+  }
+  // The prefetch alone: one latency-bound step of 20 us, then as many bytes as the rings hold
+  // (read in one step, as the spin ends, only if the rings filled during it).
+  int sms = 1;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  ss::bench::LayerPlan one;
+  one.n = 1;
+  one.spins[0] = 1;
+  one.bytes[0] = static_cast<int64_t>(ring) * sms;
+  for (const int64_t spin_ns : {int64_t{0}, int64_t{20000}}) {
+    const auto run = [&](int prefetch) {
+      return GraphMs(kCopies * 4, [&](int i, cudaStream_t s) {
+        CHECK_CUDA(
+            ss::bench::LayerPersistent(copy_of(i), one, spin_ns, prefetch, barrier, sink, s));
+      });
+    };
+    const float plain = run(0), pre = run(ring);
+    std::printf("one step of %5.1f us, then %.1f MB: persistent %6.1f us, with prefetch %6.1f us\n",
+                spin_ns / 1e3, one.bytes[0] / 1e6, plain * 1e3, pre * 1e3);
+  }
+  cudaFree(w);
+  cudaFree(sink);
+  cudaFree(barrier);
+}
+
 int main(int argc, char** argv) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -929,6 +1034,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "--gemv") {  // the decode GEMVs alone
     BenchDecode(copy_gbs, rng);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--persistent") {  // a layer step's phase model
+    BenchPersistent(copy_gbs);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--sync") {  // phase-boundary costs alone
