@@ -40,6 +40,9 @@
 // stage to stage over gRPC as splitserve does (bench/pipeline_stack.h); decode only.
 // --stage-transport nccl sends the streams over NCCL stage links instead (needs two GPUs).
 //
+// --fp64_sums on|off|auto sets CudaBackendOptions::fp64_sums (default auto: double on an H200);
+// the first line says which arithmetic ran.
+//
 // --profile runs only three batch-1 8K decode steps of each layer between cudaProfilerStart and
 // cudaProfilerStop (for `ncu --profile-from-start off`); --profile_context 65536 profiles 64K,
 // --profile_batch 8 eight sequences a step; --profile_prefill profiles an 8K prefill chunk instead.
@@ -145,6 +148,7 @@ int main(int argc, char** argv) {
   bool first_stage = false, profile_prefill = false;
   int tp = 1, pp = 1;
   bool links = false;
+  ss::gpu::Fp64Sums fp64_sums = ss::gpu::Fp64Sums::kAuto;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
@@ -162,6 +166,10 @@ int main(int argc, char** argv) {
       pp = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--stage-transport") == 0 && i + 1 < argc) {
       links = std::strcmp(argv[++i], "nccl") == 0;
+    } else if (std::strcmp(argv[i], "--fp64_sums") == 0 && i + 1 < argc) {
+      const absl::StatusOr<ss::gpu::Fp64Sums> m = ss::gpu::ParseFp64Sums(argv[++i]);
+      Die(m.status(), "--fp64_sums");
+      fp64_sums = *m;
     } else {
       dir = argv[i];
     }
@@ -260,10 +268,15 @@ int main(int argc, char** argv) {
       o.tp_rank = r;
       o.tp_size = tp;
       o.comm = tp > 1 ? comms[r].get() : nullptr;
+      o.fp64_sums = fp64_sums;
       auto b = ss::gpu::CudaBackend::Create(model, o);
       Die(b.status(), "create");
       ranks[r] = std::move(*b);
     });
+    if (layer == 0) {
+      std::printf("the reference's double sums in %s (--fp64_sums %s)\n",
+                  ranks[0]->fp64_sums() ? "double" : "fp32", ss::gpu::Fp64SumsName(fp64_sums));
+    }
     const int64_t ratio = both ? 0 : c.compress_ratio(layer);
     const int64_t wbytes = ranks[0]->info().weight_bytes;
     if (layer == 0) w0 = wbytes;

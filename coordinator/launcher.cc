@@ -46,7 +46,7 @@ constexpr char kUsage[] =
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
     "                     [--max-model-len N] [--api-keys K1,K2]\n"
-    "                     [--stage-transport auto|grpc|nccl]\n"
+    "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
@@ -56,11 +56,13 @@ constexpr char kUsage[] =
     "  --kv-tokens auto (default): with the cuda backend and one GPU worker per GPU each worker\n"
     "  fills its GPU's free memory with KV; otherwise 65536 tokens per worker.\n"
     "  --max-model-len N: the longest prompt + output served (default: the model's positions);\n"
-    "  a shorter one leaves the GPU workers more memory for KV.\n";
+    "  a shorter one leaves the GPU workers more memory for KV.\n"
+    "  --fp64-sums (cuda): the sums the reference forms in double, in double (on) or fp32 (off);\n"
+    "  auto (default): double on GPUs with fast FP64, fp32 on others (an RTX 3090).\n";
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
-  std::string isa = "auto", api_keys, log_dir, stage_transport = "auto";
+  std::string isa = "auto", api_keys, log_dir, stage_transport = "auto", fp64_sums = "auto";
   int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
@@ -130,6 +132,11 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
         return absl::StrCat("--stage-transport ", value, ": expected auto, grpc or nccl");
       }
       o->stage_transport = value;
+    } else if (name == "--fp64-sums") {
+      if (value != "auto" && value != "on" && value != "off") {
+        return absl::StrCat("--fp64-sums ", value, ": expected auto, on or off");
+      }
+      o->fp64_sums = value;
     } else if (name == "--expert-workers") {
       if (value != "auto" && !ParseInt(value, 0, 64, &v)) {
         return absl::StrCat("--expert-workers ", value, ": expected auto or 0..64");
@@ -630,6 +637,8 @@ int RunUpCommand(int argc, char** argv) {
     if (backend == "cuda") {
       args.push_back("--cuda-device");
       args.push_back(absl::StrCat(devices[i]));
+      args.push_back("--fp64-sums");
+      args.push_back(o.fp64_sums);
     }
     if (!sup.Start(gpu_ids[i], args, o.log_dir, cpus.serving)) {
       cleanup();

@@ -81,6 +81,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   im.rank = o.tp_rank;
   im.comm = tp > 1 ? o.comm : nullptr;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
+  int single_to_double = 0;  // unknown (0) reads as fast FP64
+  if (cudaDeviceGetAttribute(&single_to_double, cudaDevAttrSingleToDoublePrecisionPerfRatio,
+                             o.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    single_to_double = 0;
+  }
+  b->fp64_ = UseFp64Sums(o.fp64_sums, single_to_double);
   // The critical path first, where the SMs cannot take every ready block at once: the indexer's
   // branches (a ratio-4 layer's attention waits for its top-k) take the greatest priority, the
   // step's stream the next, the other branches and the routed experts' stream the least. Graph
@@ -589,8 +596,8 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
       // them into their MXFP4 keys / records in the sequences' blocks.
       if (b.has_indexer) {
         STEP(take_fork(Impl::kBranchIndex));
-        cuda::CompressorShape shape{cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds,
-                                    options_.compressor_fp64};
+        cuda::CompressorShape shape{
+            cuda::CompressorKind::kIndexer, b.ratio, ihd, rd, eps, rounds, fp64_};
         const absl::Status e =
             compress(b.index_compressor, 1, shape, sc.ckeys, sc.icv, sc.icg, bs_index);
         if (!e.ok()) return fail(e);
@@ -604,8 +611,8 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
       }
       if (b.has_compressor) {
         STEP(take_fork(Impl::kBranchComp));
-        cuda::CompressorShape shape{cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds,
-                                    options_.compressor_fp64};
+        cuda::CompressorShape shape{
+            cuda::CompressorKind::kMain, b.ratio, Dh, rd, eps, rounds, fp64_};
         const absl::Status e = compress(b.compressor, 0, shape, sc.centries, sc.cv, sc.cg, bs_comp);
         if (!e.ok()) return fail(e);
         STEP(cuda::KvEncodeRecords(sc.centries, ddst_main + l * T, T, kvl.nope, kvl.rope, bs_comp));
@@ -630,7 +637,7 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
         // selections, which stay on the device (sel_base: where BuildCandidates reads).
         STEP(fork_branch(Impl::kBranchIndexQ));
         STEP(Gemv8(b.index_wq_b, sc.qbuf2, sc.sbuf2, T, sc.iq, bs_iq));
-        STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, true, bs_iq));
+        STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, fp64_, bs_iq));
         STEP(wait_branch(bs_iq, Impl::kBranchIndex));
         STEP(wait_branch(bs_iq, Impl::kBranchIndexW));
         if (plan.index_one_launch && plan.index_k > 0) {

@@ -111,6 +111,7 @@
 #include "absl/time/time.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/fp64_sums.h"
 
 namespace ss::gpu {
 
@@ -147,8 +148,9 @@ struct CudaBackendOptions {
   // Benchmarks only (issue 5's layer figures exclude the routed experts): take every layer's
   // routed-expert sum as zero, so a step sends nothing to the host and `experts` is not called.
   bool exclude_routed_experts = false;
-  // The compressors' double arithmetic (CompressorShape::fp64); false for GPUs with slow FP64.
-  bool compressor_fp64 = true;
+  // The reference's double sums (compressors, the indexer's Hadamard) in double or in fp32
+  // (fp64_sums.h); auto: by the device's FP64 rate. fp64_sums() tells which runs.
+  Fp64Sums fp64_sums = Fp64Sums::kAuto;
   // Tensor parallelism: this backend is rank tp_rank of tp_size. tp_size > 1 needs the group's
   // communicator (rank, size and device equal to these; it must outlive the backend) and a build
   // with NCCL; TP = 1 ignores `comm`.
@@ -173,6 +175,8 @@ class CudaBackend final : public StageBackend {
   // How the KV pool was sized against the device's free memory (KvFit::Describe), for the
   // start-up log.
   const std::string& kv_fit() const { return kv_fit_; }
+  // Whether the reference's double sums run in double (options' fp64_sums resolved at Create).
+  bool fp64_sums() const { return fp64_; }
   absl::Status Check(std::span<const StageChunk> batch) const override;
   absl::Status Run(std::span<const StageChunk> batch, const float* streams_in, StageOutput* out,
                    StageTimings* timings) override;
@@ -218,6 +222,7 @@ class CudaBackend final : public StageBackend {
   std::shared_ptr<const model::Model> model_;
   CudaBackendOptions options_;  // kv_tokens as resolved by Create
   std::string kv_fit_;          // KvFit::Describe() of the pool Create allocated
+  bool fp64_ = true;            // options_.fp64_sums resolved against the device
   std::unique_ptr<Impl> impl_;
 };
 

@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/golden/golden.h"
+#include "gpu_worker/fp64_sums.h"
 
 namespace ss::gpu {
 
@@ -46,6 +47,7 @@ struct GoldenBackendOptions {
   std::string experts;                // "a-b=EP[+EP...],...": see the header comment
   int tp = 1;                         // --backend cuda: tensor-parallel ranks (GPUs)
   int stages = 1;                     // pipeline stages of the whole-model checks
+  Fp64Sums fp64_sums = Fp64Sums::kAuto;  // --backend cuda: fp64_sums.h
 };
 
 inline constexpr int64_t kGoldenKvTokens = 1 << 16;

@@ -85,6 +85,10 @@ ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
           "cuda: 0 sizes the pool to the device's free memory once the weights are loaded");
 ABSL_FLAG(int, cuda_device, WorkerFlags{}.cuda_device,
           "--backend cuda: the CUDA device ordinal this worker uses");
+ABSL_FLAG(std::string, fp64_sums, WorkerFlags{}.fp64_sums,
+          "--backend cuda: the sums the reference forms in double (the compressors, the "
+          "indexer's Hadamard) in double (on) or in fp32 (off: for GPUs with slow FP64, such as "
+          "an RTX 3090); auto: on where the GPU runs FP64 at 1/4 of FP32 or better");
 ABSL_FLAG(bool, plan, false,
           "print the device-memory plan (weights per GPU, KV capacity) of --plan_tp x --plan_pp "
           "GPUs of --plan_gib GiB for --model, then exit: 0 when every GPU fits, 1 when one "
@@ -326,6 +330,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role, con
     co.max_context = role.max_model_len;
     co.kv_block_tokens = role.kv_block_tokens;
     co.device = c.cuda_device;
+    co.fp64_sums = c.fp64_sums;
     co.experts = [client](int64_t layer) -> const model::RoutedExperts* {
       return client->remote(layer) ? client.get() : nullptr;
     };
@@ -335,6 +340,9 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role, con
     co.collective_timeout = absl::Milliseconds(c.collective_timeout_ms);
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Create(model, co));
     spdlog::info("CUDA device {} KV pool: {}", c.cuda_device, cuda->kv_fit());
+    spdlog::info("CUDA device {}: the reference's double sums run in {} (--fp64_sums {})",
+                 c.cuda_device, cuda->fp64_sums() ? "double" : "fp32",
+                 ss::gpu::Fp64SumsName(c.fp64_sums));
     stage.backend = std::move(cuda);
 #else
     return absl::UnimplementedError("--backend cuda: this build has no CUDA");
@@ -484,6 +492,7 @@ int Main(int argc, char** argv) {
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
   f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  f.fp64_sums = absl::GetFlag(FLAGS_fp64_sums);
   f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
   f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
   f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);

@@ -105,6 +105,7 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
     return absl::InvalidArgumentError(absl::StrCat("--cuda_device ", f.cuda_device, " < 0"));
   }
   c.cuda_device = f.cuda_device;
+  ASSIGN_OR_RETURN(c.fp64_sums, ParseFp64Sums(f.fp64_sums));
   RETURN_IF_ERROR(CheckHostPort("listen", f.listen));
   c.listen = f.listen;
   if (!f.advertise.empty()) RETURN_IF_ERROR(CheckHostPort("advertise", f.advertise));
@@ -192,6 +193,7 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("listen = ", listen),
       absl::StrCat("advertise = ", advertise.empty() ? "(from listen)" : advertise),
       absl::StrCat("backend = ", backend),
+      absl::StrCat("fp64_sums = ", Fp64SumsName(fp64_sums)),
       absl::StrCat("model = ", model_dir),
       absl::StrCat("metrics_listen = ", metrics_listen.empty() ? "(off)" : metrics_listen),
       absl::StrCat("kv_tokens = ", kv_tokens),

@@ -2,7 +2,7 @@
 // configuration table"), and the StageRole it runs (from the coordinator's Role, or from the
 // standalone flags when no --coordinator is given).
 //
-// Flags (dashes or underscores; gpu_worker_main.cc declares them, kFlagTable lists them):
+// Flags (dashes or underscores; gpu_worker_main.cc declares them):
 //   --coordinator HOST:PORT   register with this coordinator (else: standalone)
 //   --worker_id ID            the role's name in the cluster config (standalone default stage<S>)
 //   --listen HOST:PORT        the GpuWorker service (port 0 = any free port; logged)
@@ -15,6 +15,8 @@
 //   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions); with
 //                             --backend cuda 0 sizes the pool to the GPU's free memory
 //   --cuda_device N           --backend cuda: the CUDA device ordinal (default 0)
+//   --fp64_sums auto|on|off   --backend cuda: the reference's double sums in double or fp32
+//                             (fp64_sums.h; auto: double where the GPU's FP64 is fast)
 //   --expert_deadline_ms MS   deadline of one expert call
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
@@ -35,8 +37,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/layer_list.h"
 #include "absl/strings/string_view.h"
+#include "common/layer_list.h"
+#include "gpu_worker/fp64_sums.h"
 #include "gpu_worker/routed_experts_client.h"
 
 namespace ss::gpu {
@@ -53,6 +56,7 @@ struct WorkerFlags {
   std::string metrics_listen;
   int64_t kv_tokens = 16384;
   int cuda_device = 0;  // --backend cuda: the CUDA device ordinal
+  std::string fp64_sums = "auto";
   int64_t expert_deadline_ms = 30000;
   int64_t expert_connect_timeout_ms = 60000;
   int64_t stream_wait_ms = 120000;
@@ -78,6 +82,7 @@ struct WorkerConfig {
   std::string metrics_listen;
   int64_t kv_tokens = 0;
   int cuda_device = 0;
+  Fp64Sums fp64_sums = Fp64Sums::kAuto;
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
   int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
   int64_t collective_timeout_ms = 0;

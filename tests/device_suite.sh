@@ -232,6 +232,17 @@ echo "ptxVersion values: $(grep -ho 'ptxVersion=[0-9]*' "$out"/*.log | sort | un
 "$bin/splitserve-golden" --backend cuda --model tests/data/tiny-a --golden tests/data/tiny-a \
   >"$out/golden_cuda.log" 2>&1
 echo "splitserve-golden --backend cuda (experts on the host): rc=$? $(tail -1 "$out/golden_cuda.log")"
+# The reference's double sums in fp32 (what --fp64_sums auto picks on an RTX 3090), every check's
+# figures against the default run's (double on data-centre GPUs).
+"$bin/splitserve-golden" --backend cuda --fp64_sums off --model tests/data/tiny-a \
+  --golden tests/data/tiny-a >"$out/golden_cuda_fp32.log" 2>&1
+echo "splitserve-golden --backend cuda --fp64_sums off: rc=$? $(tail -1 "$out/golden_cuda_fp32.log")"
+diff <(grep -E '^(PASS|FAIL) ' "$out/golden_cuda.log" | sed 's/ ([^)]*backend)//') \
+     <(grep -E '^(PASS|FAIL) ' "$out/golden_cuda_fp32.log" | sed 's/ ([^)]*backend)//') \
+     >"$out/golden_fp32_diff.txt"
+drc=$?
+echo "golden checks, --fp64_sums off vs the default: $(grep -cE '^(PASS|FAIL) ' "$out/golden_cuda.log") lines, figures identical=$([ $drc = 0 ] && echo yes || echo no)"
+head -20 "$out/golden_fp32_diff.txt"
 if [ "$ngpu" -ge 2 ]; then
   "$bin/splitserve-golden" --backend cuda --tp 2 --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_tp2.log" 2>&1

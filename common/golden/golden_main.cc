@@ -26,6 +26,9 @@ ABSL_FLAG(int, tp, 1,
 ABSL_FLAG(int, stages, 1,
           "--backend cpu|cuda: pipeline stages of the whole-model checks (layers split evenly; "
           "with --tp, stage s rank r on device (cuda_device + s*tp + r) mod device count)");
+ABSL_FLAG(std::string, fp64_sums, "auto",
+          "--backend cuda: the sums the reference forms in double, in double (on) or fp32 (off); "
+          "auto: double where the GPU's FP64 is fast (gpu_worker/fp64_sums.h)");
 ABSL_FLAG(std::string, experts, "",
           "--backend cpu|cuda: routed experts on expert workers, in splitserve-gpu-worker's "
           "--experts syntax; empty: computed on the host by the reference");
@@ -45,9 +48,15 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_filter).empty()) {
     o.filters = absl::StrSplit(absl::GetFlag(FLAGS_filter), ',', absl::SkipEmpty());
   }
+  const absl::StatusOr<ss::gpu::Fp64Sums> fp64 =
+      ss::gpu::ParseFp64Sums(absl::GetFlag(FLAGS_fp64_sums));
+  if (!fp64.ok()) {
+    std::fprintf(stderr, "splitserve-golden: %s\n", std::string(fp64.status().message()).c_str());
+    return 2;
+  }
   auto backend = ss::gpu::MakeGoldenBackend(
       {absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device), absl::GetFlag(FLAGS_experts),
-       absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages)});
+       absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages), *fp64});
   if (!backend.ok()) {
     std::fprintf(stderr, "splitserve-golden: %s\n",
                  std::string(backend.status().message()).c_str());

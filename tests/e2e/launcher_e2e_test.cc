@@ -194,6 +194,7 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
            {"--kv-tokens", "0"},
            {"--max-model-len", "999999"},
            {"--stage-transport", "rdma"},
+           {"--fp64-sums", "double"},
            {"--backend", "cpu", "--stages", "2", "--stage-transport", "nccl"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
     argv.insert(argv.end(), args.begin(), args.end());

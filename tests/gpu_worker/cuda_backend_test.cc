@@ -10,7 +10,8 @@
 //    and ≥ 70% bit-identical bf16 elements, decode steps rms_rel ≤ 0.08 and ≥ 10%;
 //  * the whole model on one stage: logits smoke rms_rel ≤ 0.5, greedy tokens equal wherever the
 //    reference's top-2 margin exceeds 0.5 (the model is chaotic end to end; all counts printed);
-//  * PP: stages [0, 4) + [4, 7) give logits bit-identical to one stage [0, 7).
+//  * PP: stages [0, 4) + [4, 7) give logits bit-identical to one stage [0, 7);
+//  * the reference's double sums in fp32 (Fp64Sums::kOff) give logits bit-identical to double.
 // No new kernel is added by the backend (it launches the kernels of gpu_worker/kernels/, whose
 // tests assert ptxVersion == 86); the test checks that a step really launched on the device.
 #include "gpu_worker/cuda_backend.h"
@@ -125,6 +126,51 @@ TEST_F(CudaBackendTest, WholeModelGreedyAndPipelineSplitIsBitIdentical) {
   std::printf("PP [0,4)+[4,7) vs [0,7): %lld of %lld logits bit-identical\n",
               static_cast<long long>(pp_identical), static_cast<long long>(pp_values));
   EXPECT_EQ(pp_identical, pp_values);
+}
+
+// The reference's double sums in fp32 (Fp64Sums::kOff, for GPUs with slow FP64) against double
+// (kOn) over the tiny-a schedule (a ratio-128 block completes in its prefill, ratio-4 blocks in
+// prefill and decode, the indexer's Hadamard every step): every logit bit-identical. And auto
+// resolves by this device's FP64 rate as UseFp64Sums says.
+TEST_F(CudaBackendTest, Fp32SumsGiveTheDoubleSumsBits) {
+  ASSERT_NE(TinyModel(), nullptr);
+  const RefRun& ref = Reference();
+  std::unique_ptr<CudaBackend> b[2];
+  for (int k = 0; k < 2; ++k) {
+    CudaBackendOptions o = WholeModelOptions();
+    o.fp64_sums = k == 0 ? Fp64Sums::kOn : Fp64Sums::kOff;
+    auto r = CudaBackend::Create(TinyModel(), o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    b[k] = std::move(*r);
+  }
+  EXPECT_TRUE(b[0]->fp64_sums());
+  EXPECT_FALSE(b[1]->fp64_sums());
+  int64_t values = 0, identical = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<StageChunk> batch = Chunks(ref.steps[step]);
+    StageOutput o[2];
+    for (int k = 0; k < 2; ++k) ASSERT_TRUE(b[k]->Run(batch, nullptr, &o[k], nullptr).ok());
+    ASSERT_EQ(o[0].logits.size(), o[1].logits.size());
+    for (size_t i = 0; i < o[0].logits.size(); ++i) {
+      ASSERT_EQ(o[0].logits[i].size(), o[1].logits[i].size());
+      for (size_t j = 0; j < o[0].logits[i].size(); ++j) {
+        ++values;
+        identical += std::memcmp(&o[0].logits[i][j], &o[1].logits[i][j], 4) == 0;
+      }
+    }
+  }
+  int ratio = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&ratio, cudaDevAttrSingleToDoublePrecisionPerfRatio, 0),
+            cudaSuccess);
+  auto a = CudaBackend::Create(TinyModel(), WholeModelOptions());
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::printf(
+      "fp32 sums vs double sums: %lld of %lld logits bit-identical; FP64 at 1/%d of FP32 "
+      "here: auto runs %s\n",
+      static_cast<long long>(identical), static_cast<long long>(values), ratio,
+      (*a)->fp64_sums() ? "double" : "fp32");
+  EXPECT_EQ(identical, values);
+  EXPECT_EQ((*a)->fp64_sums(), UseFp64Sums(Fp64Sums::kAuto, ratio));
 }
 
 // Routed experts through a provider (as the expert-worker client): RoutedSum on the host's

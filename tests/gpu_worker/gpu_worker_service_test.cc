@@ -344,6 +344,13 @@ TEST(GpuWorkerConfig, FlagsAreValidated) {
   f.backend = "cpu";
   EXPECT_FALSE(ParseWorkerConfig(f).ok());
   f.cuda_device = 0;
+  EXPECT_EQ(ParseWorkerConfig(f)->fp64_sums, Fp64Sums::kAuto);
+  f.fp64_sums = "off";
+  EXPECT_EQ(ParseWorkerConfig(f)->fp64_sums, Fp64Sums::kOff);
+  f.fp64_sums = "double";
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--fp64_sums 'double'"),
+            std::string::npos);
+  f.fp64_sums = "auto";
   f.backend = "cpu";
   f.num_stages = 2;
   f.layers = "0-3";
