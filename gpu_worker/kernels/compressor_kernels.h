@@ -95,9 +95,11 @@ cudaError_t LinearBf16F32Pair(const uint16_t* x, int64_t rows, int64_t in, const
 // RMS sum of squares), exp as float(exp(double)) and the double Hadamard butterfly; false runs
 // fp32 only: CUDA's expf (≤ 2 ulp), TwoSum-compensated fp32 sums (equal to the double sums
 // rounded once, but for rare cases) and the fp32 butterfly. Both were bit-identical to the
-// reference in every test. fp32 is for GPUs with slow FP64 (RTX 3090: 1/64 of the FP32 rate),
-// where the fp64 path's 2·ratio double exps per channel (0.13M for a ratio-128 entry of d = 512)
-// may show in decode steps in which many sequences complete a block: time it there.
+// reference in every kernel test. fp32 is for GPUs with slow FP64 (RTX 3090: 1/64 of the FP32
+// rate), where the fp64 path's 2·ratio double exps per channel (0.13M for a ratio-128 entry of
+// d = 512) may show in decode steps in which many sequences complete a block; the cuda backend
+// picks by the device's FP64 rate (gpu_worker/fp64_sums.h, --fp64_sums). Not timed on an RTX
+// 3090; on an H200 the two run at the same speed (bench/RESULTS.md, session 15).
 
 enum class CompressorKind { kMain, kIndexer };
 
