@@ -50,6 +50,16 @@ except Exception as e:
 PY
   fi
 }
+# Whether two golden runs' checks (lines matching PATTERN) give the same figures, the backend's
+# name aside: golden_same LABEL LOG_A LOG_B PATTERN LINES -> a summary line, then the first LINES
+# lines of the difference (kept in LOG_B.diff).
+golden_same() {
+  diff <(grep -E "$4" "$2" | sed 's/ ([^)]*backend)//') \
+       <(grep -E "$4" "$3" | sed 's/ ([^)]*backend)//') >"$3.diff"
+  local drc=$?
+  echo "$1: $(grep -cE "$4" "$2") lines, figures identical=$([ $drc = 0 ] && echo yes || echo no)"
+  head -"$5" "$3.diff"
+}
 out="$1"
 quick="${2:-}"
 mkdir -p "$out"
@@ -158,12 +168,8 @@ if [ "$quick" = tpup ]; then
       >"$out/golden_cuda_tp2_pp2.log" 2>&1
     echo "splitserve-golden --backend cuda --tp 2 --stages 2 --filter model: rc=$? $(tail -1 "$out/golden_cuda_tp2_pp2.log")"
     # The whole-model (logits) checks' figures, TP 1 x PP 1 against TP 2 x PP 2.
-    diff <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda.log" | sed 's/ ([^)]*backend)//') \
-         <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda_tp2_pp2.log" | sed 's/ ([^)]*backend)//') \
-         >"$out/golden_model_diff.txt"
-    drc=$?
-    echo "golden model checks, TP 2 x PP 2 vs TP 1: $(grep -cE '^(PASS|FAIL) +model' "$out/golden_cuda.log") lines, figures identical=$([ $drc = 0 ] && echo yes || echo no)"
-    cat "$out/golden_model_diff.txt"
+    golden_same "golden model checks, TP 2 x PP 2 vs TP 1" "$out/golden_cuda.log" \
+      "$out/golden_cuda_tp2_pp2.log" '^(PASS|FAIL) +model' 100
     grep -E '^(PASS|FAIL) +model' "$out/golden_cuda_tp2_pp2.log" | head -8
   fi
   tok=models/tiny/tokenizer.json
@@ -237,12 +243,8 @@ echo "splitserve-golden --backend cuda (experts on the host): rc=$? $(tail -1 "$
 "$bin/splitserve-golden" --backend cuda --fp64_sums off --model tests/data/tiny-a \
   --golden tests/data/tiny-a >"$out/golden_cuda_fp32.log" 2>&1
 echo "splitserve-golden --backend cuda --fp64_sums off: rc=$? $(tail -1 "$out/golden_cuda_fp32.log")"
-diff <(grep -E '^(PASS|FAIL) ' "$out/golden_cuda.log" | sed 's/ ([^)]*backend)//') \
-     <(grep -E '^(PASS|FAIL) ' "$out/golden_cuda_fp32.log" | sed 's/ ([^)]*backend)//') \
-     >"$out/golden_fp32_diff.txt"
-drc=$?
-echo "golden checks, --fp64_sums off vs the default: $(grep -cE '^(PASS|FAIL) ' "$out/golden_cuda.log") lines, figures identical=$([ $drc = 0 ] && echo yes || echo no)"
-head -20 "$out/golden_fp32_diff.txt"
+golden_same "golden checks, --fp64_sums off vs the default" "$out/golden_cuda.log" \
+  "$out/golden_cuda_fp32.log" '^(PASS|FAIL) ' 20
 if [ "$ngpu" -ge 2 ]; then
   "$bin/splitserve-golden" --backend cuda --tp 2 --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_tp2.log" 2>&1
@@ -251,12 +253,8 @@ if [ "$ngpu" -ge 2 ]; then
   "$bin/splitserve-golden" --backend cuda --tp 2 --stages 2 --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_tp2_pp2.log" 2>&1
   echo "splitserve-golden --backend cuda --tp 2 --stages 2 (experts on the host): rc=$? $(tail -1 "$out/golden_cuda_tp2_pp2.log")"
-  diff <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda.log" | sed 's/ ([^)]*backend)//') \
-       <(grep -E '^(PASS|FAIL) +model' "$out/golden_cuda_tp2_pp2.log" | sed 's/ ([^)]*backend)//') \
-       >"$out/golden_model_diff.txt"
-  drc=$?
-  echo "golden model checks, TP 2 x PP 2 vs TP 1: $(grep -cE '^(PASS|FAIL) +model' "$out/golden_cuda.log") lines, figures identical=$([ $drc = 0 ] && echo yes || echo no)"
-  head -5 "$out/golden_model_diff.txt"
+  golden_same "golden model checks, TP 2 x PP 2 vs TP 1" "$out/golden_cuda.log" \
+    "$out/golden_cuda_tp2_pp2.log" '^(PASS|FAIL) +model' 5
 fi
 if [ -x "$bin/splitserve-expert-worker" ]; then
   # The same with the routed experts in an expert-worker process on the device's CPU.
