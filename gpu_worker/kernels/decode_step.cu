@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(kSparseFastThreads)
 template <int kD>
 cudaError_t FastAttentionOptIn() {
   return OncePerDevice([] {
-    return cudaFuncSetAttribute(SparseAttentionRowsFastKernelImpl<kD>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+    return OptInSharedMemory(reinterpret_cast<const void*>(SparseAttentionRowsFastKernelImpl<kD>),
+                             kSparseChunk * kD * 2);
   });
 }
 

@@ -180,8 +180,7 @@ cudaError_t LaunchGemm(const uint8_t* q, const float* s_act, int64_t rows, const
                        cudaStream_t stream) {
   constexpr int kSmem = kStages * StageBytes<kBM>();
   const cudaError_t e = OncePerDevice([] {
-    return cudaFuncSetAttribute(Fp8GemmKernelImpl<kBM, OutT>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return OptInSharedMemory(reinterpret_cast<const void*>(Fp8GemmKernelImpl<kBM, OutT>), kSmem);
   });
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>((out + kBN - 1) / kBN),

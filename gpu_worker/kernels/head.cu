@@ -252,8 +252,7 @@ cudaError_t LinearBf16F32Launch(const uint16_t* x, int64_t rows, int64_t in, con
   if (rows > kRows && in % kGemmBK == 0 && (rows + kGemmBM - 1) / kGemmBM <= 65535) {
     constexpr int kSmem = kGemmStages * kGemmStageBytes;
     const cudaError_t e = OncePerDevice([] {
-      return cudaFuncSetAttribute(LinearBf16F32GemmKernelImpl,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      return OptInSharedMemory(reinterpret_cast<const void*>(LinearBf16F32GemmKernelImpl), kSmem);
     });
     if (e != cudaSuccess) return e;
     const int64_t tiles0 = (a.out + kGemmBN - 1) / kGemmBN;

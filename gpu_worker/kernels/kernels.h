@@ -14,6 +14,24 @@
 
 namespace ss::cuda {
 
+// The most shared memory, static and dynamic, one block may take on SM 8.6 (cudaDevAttrMax-
+// SharedMemoryPerBlockOptin of an RTX 3090: 99 KiB). Every kernel here keeps to it, also where the
+// device allows more (an H200: 227 KiB), so that what runs on the test machine runs on the target.
+inline constexpr int kSm86MaxSharedPerBlock = 101376;
+
+// Opts `kernel` in to `bytes` of dynamic shared memory: cudaErrorInvalidValue, nothing set, where
+// its static shared memory and `bytes` together pass kSm86MaxSharedPerBlock. Wrap it in
+// OncePerDevice (fp8_common.cuh).
+inline cudaError_t OptInSharedMemory(const void* kernel, int bytes) {
+  cudaFuncAttributes a{};
+  const cudaError_t e = cudaFuncGetAttributes(&a, kernel);
+  if (e != cudaSuccess) return e;
+  if (a.sharedSizeBytes + static_cast<size_t>(bytes) > kSm86MaxSharedPerBlock) {
+    return cudaErrorInvalidValue;
+  }
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
 // HcPost's operands other than the sublayer output x (block_kernels.h's HcPost): the old streams
 // `residual` [T, hc, dim], post [T, hc], comb [T, hc, hc] and the new streams `out` [T, hc, dim]
 // (bf16; out must not alias residual in the kernels that take this struct). For the kernels that

@@ -279,8 +279,7 @@ cudaError_t LaunchOutProjGemm(const uint16_t* o, int64_t T, int64_t groups, int6
                               cudaStream_t stream) {
   constexpr int kSmem = kGemmStages * kGemmStageBytes;
   const cudaError_t e = OncePerDevice([] {
-    return cudaFuncSetAttribute(GroupedOutProjGemmKernelImpl,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return OptInSharedMemory(reinterpret_cast<const void*>(GroupedOutProjGemmKernelImpl), kSmem);
   });
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(groups * rank / kGemmBN),

@@ -545,8 +545,8 @@ __global__ void __launch_bounds__(kD / 4)
 template <int kD>
 cudaError_t FastOptIn() {
   return OncePerDevice([] {
-    return cudaFuncSetAttribute(reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD>),
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSparseChunk * kD * 2);
+    return OptInSharedMemory(reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD>),
+                             kSparseChunk * kD * 2);
   });
 }
 

@@ -33,6 +33,29 @@ TEST_F(CudaKernelsTest, KernelsRunFromCompute86Ptx) {
                       {"Fp8LinearGeneric", Fp8LinearGenericKernel()}});
 }
 
+// A shared-memory opt-in past SM 8.6's per-block limit is refused (also on a device that allows
+// more), and the prefill GEMM's own opt-in is within it.
+TEST_F(CudaKernelsTest, SharedMemoryOptInsStayWithinSm86) {
+  const void* k = Fp8GemmKernel();
+  EXPECT_EQ(OptInSharedMemory(k, kSm86MaxSharedPerBlock + 16), cudaErrorInvalidValue);
+  // A 512-row chunk of a 4096-feature projection takes Fp8Gemm's tallest tile (the kernel k
+  // names), which opts in (once per device) to its 3-stage pipeline's shared memory.
+  const int64_t rows = 512, out = 4096, in = 1024;
+  DeviceBuffer<uint8_t> q(RandomE4m3(rows * in, 3)), w(RandomE4m3(out * in, 4));
+  DeviceBuffer<float> sa(std::vector<float>(rows * in / 128, 1.0f));
+  DeviceBuffer<uint8_t> ws(RandomScales(out / 128 * (in / 128), 120, 130, 5));
+  DeviceBuffer<uint16_t> y(rows * out);
+  CUDA_ASSERT_OK(Fp8Gemm(q.get(), sa.get(), rows, w.get(), ws.get(), out, in, y.get(), nullptr));
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  cudaFuncAttributes a{};
+  CUDA_ASSERT_OK(cudaFuncGetAttributes(&a, k));
+  std::printf("Fp8Gemm shared memory: static %zu + dynamic %d bytes (SM 8.6 limit %d)\n",
+              a.sharedSizeBytes, a.maxDynamicSharedSizeBytes, kSm86MaxSharedPerBlock);
+  EXPECT_GT(a.maxDynamicSharedSizeBytes, 48 * 1024);
+  EXPECT_LE(a.sharedSizeBytes + static_cast<size_t>(a.maxDynamicSharedSizeBytes),
+            static_cast<size_t>(kSm86MaxSharedPerBlock));
+}
+
 TEST_F(CudaKernelsTest, RmsNormMatchesReference) {
   for (const int64_t n : {256, 512, 4096}) {
     const int64_t rows = 8;

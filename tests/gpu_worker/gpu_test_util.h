@@ -24,6 +24,7 @@
 #include "common/model/weights.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "gpu_worker/kernels/kernels.h"
 #include "gtest/gtest.h"
 
 namespace ss::cuda::testing_util {
@@ -167,7 +168,9 @@ inline golden::Closeness Report(const std::string& what, const std::vector<float
 }
 
 // Every kernel of the list (name, the address its *Kernel() accessor gives) runs from compute_86
-// PTX; one line of attributes each. static_smem_limit > 0: its static shared memory stays below.
+// PTX, and its static shared memory with the dynamic shared memory it has opted in to (so far)
+// stays within SM 8.6's per-block limit; one line of attributes each. static_smem_limit > 0: its
+// static shared memory stays below.
 inline void ExpectCompute86Ptx(const std::vector<std::pair<std::string, const void*>>& kernels,
                                size_t static_smem_limit = 0) {
   int width = 0;
@@ -177,6 +180,9 @@ inline void ExpectCompute86Ptx(const std::vector<std::pair<std::string, const vo
     const cudaError_t e = cudaFuncGetAttributes(&a, fn);
     ASSERT_EQ(e, cudaSuccess) << name << ": " << cudaGetErrorString(e);
     EXPECT_EQ(a.ptxVersion, 86) << name;
+    EXPECT_LE(a.sharedSizeBytes + static_cast<size_t>(a.maxDynamicSharedSizeBytes),
+              static_cast<size_t>(kSm86MaxSharedPerBlock))
+        << name;
     if (static_smem_limit > 0) {
       EXPECT_LT(a.sharedSizeBytes, static_smem_limit) << name;
     }
