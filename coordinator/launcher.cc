@@ -28,6 +28,7 @@
 #include "common/model_config.h"
 #include "coordinator/cluster_config.h"
 #include "cpu_expert_worker/numa.h"
+#include "gpu_worker/fp64_sums.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
@@ -133,9 +134,8 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
       }
       o->stage_transport = value;
     } else if (name == "--fp64-sums") {
-      if (value != "auto" && value != "on" && value != "off") {
-        return absl::StrCat("--fp64-sums ", value, ": expected auto, on or off");
-      }
+      const absl::StatusOr<ss::gpu::Fp64Sums> m = ss::gpu::ParseFp64Sums(value);
+      if (!m.ok()) return std::string(m.status().message());
       o->fp64_sums = value;
     } else if (name == "--expert-workers") {
       if (value != "auto" && !ParseInt(value, 0, 64, &v)) {

@@ -50,6 +50,26 @@ using namespace testing_util;  // NOLINT: the shared GPU test helpers
 
 class IndexerTest : public testing_util::GpuTest {};
 
+// The tests' paged indexer keys: blocks of keys_per_block MXFP4 keys of key_dim dims after a
+// 40-byte header, the entries' blocks from table index 1 (index 0: the window's block).
+constexpr int32_t kKeyOff = 40;
+int64_t KeyBlockBytes(int64_t hd, int64_t per_block) {
+  return per_block * KvKeyBytes(hd) + kKeyOff;
+}
+KvGeom KeyPoolGeom(const DeviceBuffer<uint8_t>& pool, int64_t hd, int64_t per_block) {
+  return KvGeom{.pool = reinterpret_cast<uint64_t>(pool.get()),
+                .block_bytes = KeyBlockBytes(hd, per_block),
+                .first_entry_block = 1,
+                .key_dim = static_cast<int32_t>(hd),
+                .keys_per_block = static_cast<int32_t>(per_block),
+                .key_off = kKeyOff};
+}
+// Where key j of a sequence with block table `table` (window block first) lies.
+uint64_t KeyAddress(const KvGeom& g, const int32_t* table, int64_t j) {
+  return g.pool + table[1 + j / g.keys_per_block] * g.block_bytes + g.key_off +
+         (j % g.keys_per_block) * KvKeyBytes(g.key_dim);
+}
+
 // Scores with −inf: the masks must agree exactly; the finite values are compared.
 golden::Closeness ReportScores(const std::string& what, const std::vector<float>& got,
                                const std::vector<float>& ref) {
@@ -532,22 +552,13 @@ TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
   const int64_t H = 64, per_block = 64, T = 8;
   for (const auto& [hd, n] :
        {std::pair<int64_t, int64_t>{128, 2304}, {64, 2304}, {128, 700}, {64, 700}}) {
-    const int64_t key_bytes = KvKeyBytes(hd), block_bytes = per_block * key_bytes + 40;
     const int64_t blocks = (n + per_block - 1) / per_block;
     std::vector<int32_t> table(1 + blocks);
     for (int64_t b = 0; b <= blocks; ++b) table[b] = static_cast<int32_t>(blocks - b);
-    DeviceBuffer<uint8_t> pool((blocks + 1) * block_bytes);
-    const KvGeom g{.pool = reinterpret_cast<uint64_t>(pool.get()),
-                   .block_bytes = block_bytes,
-                   .first_entry_block = 1,
-                   .key_dim = static_cast<int32_t>(hd),
-                   .keys_per_block = static_cast<int32_t>(per_block),
-                   .key_off = 40};
+    DeviceBuffer<uint8_t> pool((blocks + 1) * KeyBlockBytes(hd, per_block));
+    const KvGeom g = KeyPoolGeom(pool, hd, per_block);
     std::vector<uint64_t> dst(n);
-    for (int64_t j = 0; j < n; ++j) {
-      dst[j] =
-          g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
-    }
+    for (int64_t j = 0; j < n; ++j) dst[j] = KeyAddress(g, table.data(), j);
     DeviceBuffer<uint16_t> keys(ToBf16(RandomBf16(n * hd, 1.0f, 401 + hd))), gathered(n * hd);
     DeviceBuffer<uint64_t> ddst(dst);
     DeviceBuffer<int32_t> dtable(table);
@@ -593,18 +604,12 @@ TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
 TEST_F(IndexerTest, SequencesScoredAndSelectedInOneLaunch) {
   const int64_t H = 64, hd = 128, per_block = 64, ratio = 4;
   const std::vector<int64_t> n = {2304, 700, 5000}, k = {512, 300, 512};
-  const int64_t key_bytes = KvKeyBytes(hd), block_bytes = per_block * key_bytes + 40;
   std::vector<int64_t> first_block(n.size() + 1, 0);  // each sequence's blocks, window block first
   for (size_t i = 0; i < n.size(); ++i) {
     first_block[i + 1] = first_block[i] + 1 + (n[i] + per_block - 1) / per_block;
   }
-  DeviceBuffer<uint8_t> pool(first_block.back() * block_bytes);
-  const KvGeom g{.pool = reinterpret_cast<uint64_t>(pool.get()),
-                 .block_bytes = block_bytes,
-                 .first_entry_block = 1,
-                 .key_dim = static_cast<int32_t>(hd),
-                 .keys_per_block = static_cast<int32_t>(per_block),
-                 .key_off = 40};
+  DeviceBuffer<uint8_t> pool(first_block.back() * KeyBlockBytes(hd, per_block));
+  const KvGeom g = KeyPoolGeom(pool, hd, per_block);
   std::deque<DeviceBuffer<int32_t>> tables;  // not movable: a deque keeps them in place
   for (size_t i = 0; i < n.size(); ++i) {
     // Blocks in reverse order, so that a row reading another sequence's table shows.
@@ -613,10 +618,7 @@ TEST_F(IndexerTest, SequencesScoredAndSelectedInOneLaunch) {
       table[b] = static_cast<int32_t>(first_block[i + 1] - 1 - static_cast<int64_t>(b));
     }
     std::vector<uint64_t> dst(n[i]);
-    for (int64_t j = 0; j < n[i]; ++j) {
-      dst[j] =
-          g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
-    }
+    for (int64_t j = 0; j < n[i]; ++j) dst[j] = KeyAddress(g, table.data(), j);
     DeviceBuffer<uint16_t> keys(ToBf16(RandomBf16(n[i] * hd, 1.0f, 601 + static_cast<int>(i))));
     DeviceBuffer<uint64_t> ddst(dst);
     CUDA_ASSERT_OK(KvEncodeKeys(keys.get(), ddst.get(), n[i], hd, nullptr));
@@ -731,22 +733,13 @@ TEST_F(IndexerTest, ScoresMatchHostArithmetic) {
     DeviceBuffer<float> scores(c.T * c.n);
     std::vector<float> keys = FromBf16(ToBf16(kf));
     if (c.paged) {
-      const int64_t key_bytes = KvKeyBytes(c.hd), block_bytes = per_block * key_bytes + 40;
       const int64_t blocks = (c.n + per_block - 1) / per_block;
       std::vector<int32_t> table(1 + blocks);
       for (int64_t b = 0; b <= blocks; ++b) table[b] = static_cast<int32_t>(blocks - b);
-      DeviceBuffer<uint8_t> pool((blocks + 1) * block_bytes);
-      const KvGeom g{.pool = reinterpret_cast<uint64_t>(pool.get()),
-                     .block_bytes = block_bytes,
-                     .first_entry_block = 1,
-                     .key_dim = static_cast<int32_t>(c.hd),
-                     .keys_per_block = static_cast<int32_t>(per_block),
-                     .key_off = 40};
+      DeviceBuffer<uint8_t> pool((blocks + 1) * KeyBlockBytes(c.hd, per_block));
+      const KvGeom g = KeyPoolGeom(pool, c.hd, per_block);
       std::vector<uint64_t> dst(c.n);
-      for (int64_t j = 0; j < c.n; ++j) {
-        dst[j] = g.pool + table[1 + j / per_block] * block_bytes + g.key_off +
-                 (j % per_block) * key_bytes;
-      }
+      for (int64_t j = 0; j < c.n; ++j) dst[j] = KeyAddress(g, table.data(), j);
       DeviceBuffer<uint64_t> ddst(dst);
       DeviceBuffer<int32_t> dtable(table);
       CUDA_ASSERT_OK(KvEncodeKeys(dk.get(), ddst.get(), c.n, c.hd, nullptr));
