@@ -58,6 +58,16 @@ void ClusterEngine::Stop() {
   FailAll(FinishReason::kCancelled, "");
 }
 
+bool ClusterEngine::Ready() const {
+  if (!serving_.load() || draining_.load()) return false;
+  const absl::Time cutoff = absl::Now() - options_.stall_timeout;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [mb, f] : in_flight_) {
+    if (f.sent < cutoff) return false;
+  }
+  return true;
+}
+
 void ClusterEngine::BeginDrain() { draining_.store(true); }
 
 bool ClusterEngine::WaitIdle(absl::Duration timeout) {
@@ -209,7 +219,8 @@ bool ClusterEngine::Connect(std::string* why) {
   int64_t min_blocks = -1;
   const absl::Time ready_deadline = absl::Now() + options_.ready_timeout;
   for (const MemberInfo& m : members) {
-    auto w = std::make_unique<WorkerConn>();
+    workers_.push_back(std::make_unique<WorkerConn>());
+    WorkerConn* w = workers_.back().get();
     w->id = m.id;
     w->generation = m.generation;
     grpc::ChannelArguments args;
@@ -257,6 +268,10 @@ bool ClusterEngine::Connect(std::string* why) {
           return false;
         }
       }
+      if (const std::string gone = Superseded(); !gone.empty()) {
+        *why = gone;
+        return false;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (w->kv_blocks <= 0) {
@@ -265,7 +280,6 @@ bool ClusterEngine::Connect(std::string* why) {
       return false;
     }
     min_blocks = min_blocks < 0 ? w->kv_blocks : std::min(min_blocks, w->kv_blocks);
-    workers_.push_back(std::move(w));
   }
 
   // The scheduler: one pipeline, the stages' cost models combined.
@@ -330,6 +344,21 @@ bool ClusterEngine::Connect(std::string* why) {
   in_flight_.clear();
   releases_.clear();
   return true;
+}
+
+std::string ClusterEngine::Superseded() const {
+  const std::vector<MemberInfo> members = control_.Members();
+  for (const MemberInfo& m : members) {
+    if (m.dead) return absl::StrCat("worker ", m.id, " was declared dead");
+  }
+  for (const auto& w : workers_) {
+    for (const MemberInfo& m : members) {
+      if (m.id == w->id && m.generation != w->generation) {
+        return absl::StrCat("worker ", m.id, " registered again (its process was restarted)");
+      }
+    }
+  }
+  return "";
 }
 
 void ClusterEngine::Disconnect() {
@@ -535,9 +564,7 @@ std::string ClusterEngine::ServeLoop() {
       last_heartbeat_check = absl::Now();
       const std::vector<std::string> dead = control_.CheckHeartbeats();
       if (!dead.empty()) return absl::StrCat("worker ", dead.front(), " missed its heartbeats");
-      for (const MemberInfo& m : control_.Members()) {
-        if (m.dead) return absl::StrCat("worker ", m.id, " was declared dead");
-      }
+      if (const std::string gone = Superseded(); !gone.empty()) return gone;
     }
   }
   return "";

@@ -19,7 +19,12 @@
 //             whole (a restarted worker registers again; the control service declares a dead TP
 //             rank's peers dead too, so a stage's group is formed anew: control_service.h). Workers
 //             start every Steps stream with no sequences, so nothing stale survives.
-// Ready() is true only while serving. Submit() refuses with kNotReady while not serving and
+//             A worker that registers again (a restarted process: control_service.h) while the
+//             engine is connecting or serving counts as a broken stream of its old process.
+// Ready() is true only while serving a complete pipeline: not while connecting, draining, or while
+// a micro-batch has been unanswered for `stall_timeout` (a GPU worker or an expert worker it
+// waits on is stopped or hung; the micro-batch still fails only at `step_timeout`, and Ready()
+// turns true again if it is answered). Submit() refuses with kNotReady while not serving and
 // with kOverloaded when the waiting queue is full.
 //
 // A failed micro-batch (a worker answered it with an error) ends only its own sequences with
@@ -55,6 +60,7 @@ namespace ss::coord {
 
 struct ClusterEngineOptions {
   absl::Duration step_timeout = absl::Seconds(120);   // a micro-batch unanswered this long fails
+  absl::Duration stall_timeout = absl::Seconds(10);   // ... this long: Ready() is false
   absl::Duration ready_timeout = absl::Seconds(600);  // per connect attempt: workers loading
   absl::Duration rpc_timeout = absl::Seconds(5);      // Status calls
   // Free blocks kept back at admission (fewer preemptions); see SchedulerConfig.
@@ -77,7 +83,7 @@ class ClusterEngine : public GenerationEngine {
   // Waits until no request is queued or running, up to `timeout`. True when idle.
   bool WaitIdle(absl::Duration timeout);
 
-  bool Ready() const override { return serving_.load() && !draining_.load(); }
+  bool Ready() const override;
   SubmitOutcome Submit(GenerationRequest request) override;
 
   // For metrics: KV blocks in use / total (0 when not serving), requests waiting / running.
@@ -118,6 +124,9 @@ class ClusterEngine : public GenerationEngine {
   // Runs steps until a failure (returns its description) or Stop().
   std::string ServeLoop();
   void Disconnect();
+  // Why the connected workers are no longer the cluster ("" while they are): a member declared
+  // dead, or one of workers_ registered again since it was connected. Supervisor thread only.
+  std::string Superseded() const;
   // Ends every request with `reason` (and `error`); clears the scheduler. Takes mu_.
   void FailAll(FinishReason reason, const std::string& error);
   // Under mu_: plans as many micro-batches as may be in flight into `out`.

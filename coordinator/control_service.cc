@@ -1,9 +1,11 @@
 #include "coordinator/control_service.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster_protocol.h"
+#include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
 namespace ss::coord {
@@ -17,6 +19,19 @@ grpc::Status CheckVersion(uint32_t version) {
 }
 
 }  // namespace
+
+bool ControlService::WorkerAnswers(const std::string& address) {
+  auto stub = splitserve::v1::GpuWorker::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kLivenessProbe);
+  splitserve::v1::StatusRequest req;
+  req.set_protocol_version(kClusterProtocolVersion);
+  splitserve::v1::WorkerStatus st;
+  const grpc::Status rpc = stub->Status(&ctx, req, &st);
+  return rpc.error_code() != grpc::StatusCode::UNAVAILABLE &&
+         rpc.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+}
 
 ControlService::ControlService(ClusterConfig config, absl::Duration rendezvous_timeout)
     : config_(std::move(config)), rendezvous_timeout_(rendezvous_timeout) {
@@ -48,14 +63,28 @@ grpc::Status ControlService::Register(grpc::ServerContext*,
                      "the cluster config gives stage ", role->stage(), " ", role->tp_size(),
                      " workers (TP size); use the cuda backend or one worker per stage"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Member& m = members_.at(request->worker_id());
   if (m.info.registered && !m.info.dead &&
       absl::Now() - m.info.last_heartbeat < absl::Milliseconds(config_.heartbeat_timeout_ms)) {
-    return grpc::Status(
-        grpc::StatusCode::ALREADY_EXISTS,
-        absl::StrCat("worker id '", request->worker_id(), "' is already registered by pid ",
-                     m.info.pid, " at ", m.info.address, " and alive"));
+    // Its heartbeats are fresh, but a restarted process comes back before they go stale: the
+    // registration is alive only while its process still answers.
+    const std::string old_address = m.info.address;
+    const uint64_t old_generation = m.info.generation;
+    lock.unlock();
+    const bool answers = WorkerAnswers(old_address);
+    lock.lock();
+    if (answers && m.info.generation == old_generation && !m.info.dead) {
+      return grpc::Status(
+          grpc::StatusCode::ALREADY_EXISTS,
+          absl::StrCat("worker id '", request->worker_id(), "' is already registered by pid ",
+                       m.info.pid, " at ", m.info.address, " and alive"));
+    }
+    if (!answers && m.info.generation == old_generation && !m.info.dead) {
+      std::vector<std::string> dead;
+      DeclareDeadLocked(request->worker_id(),
+                        absl::StrCat("its process at ", old_address, " no longer answers"), &dead);
+    }
   }
   m.info.address = request->address();
   m.info.backend = request->backend();

@@ -9,7 +9,10 @@
 // again (a restarted process), which starts a new generation of that member: the engine
 // reconnects to it. Register refuses another protocol version (FAILED_PRECONDITION naming both),
 // an id the config does not name (NOT_FOUND) and an id whose current registration is alive
-// (ALREADY_EXISTS).
+// (ALREADY_EXISTS): its heartbeats are fresh and its GpuWorker service still answers a Status
+// call within kLivenessProbe. A registration whose process no longer answers (a killed worker
+// that its supervisor restarted before its heartbeats went stale) is declared dead, and the new
+// one is accepted at once.
 //
 // Backends: a worker registering with backend "cpu" for a role of TP size > 1 is refused
 // (FAILED_PRECONDITION): the cpu backend runs TP 1 only.
@@ -31,6 +34,7 @@
 // own. All methods are thread-safe.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -95,6 +99,10 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
       joined = false;
     }
   };
+
+  // True unless the GpuWorker service at `address` is unreachable or silent for kLivenessProbe.
+  static bool WorkerAnswers(const std::string& address);
+  static constexpr std::chrono::milliseconds kLivenessProbe{500};
 
   // Marks `id` dead and its live fate peers (FatePeers: its TP group's ranks, or every GPU worker
   // under the nccl stage transport); appends the ids newly dead.

@@ -4,8 +4,10 @@
 //
 // Start-up: parse and validate every flag, load the model config, the tokenizer and the cluster
 // config (any error: one line naming the file or flag, exit 2 for usage, 1 otherwise); serve the
-// control plane and the HTTP API at once (GET /ready stays 503 until every GPU worker is
-// registered and ready). --ports_file writes {"http": P, "control": Q} once both are bound.
+// control plane and the HTTP API at once. GET /health answers 200 while the process serves HTTP
+// (liveness); GET /ready answers 200 only while a complete pipeline serves (ClusterEngine::Ready:
+// 503 until every GPU worker is registered and ready, while the cluster re-forms after a worker
+// died, and while a micro-batch has been unanswered for --stall_timeout_s). --ports_file writes {"http": P, "control": Q} once both are bound.
 //
 // SIGTERM / SIGINT: drain — new requests get 503, running ones finish (up to --drain_timeout_s),
 // then everything stops and the process exits 0.
@@ -50,6 +52,9 @@ ABSL_FLAG(std::string, api_keys, "",
 ABSL_FLAG(std::string, ports_file, "", "write {\"http\": P, \"control\": Q} here once bound");
 ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM, seconds to let running requests finish");
 ABSL_FLAG(int, step_timeout_s, 120, "a micro-batch unanswered this long fails the cluster");
+ABSL_FLAG(int, stall_timeout_s, 10,
+          "a micro-batch unanswered this long turns GET /ready 503 (a worker is stopped or hung) "
+          "until it is answered or fails at --step_timeout_s");
 ABSL_FLAG(int, ready_timeout_s, 600, "seconds a GPU worker may take to load before it is failed");
 
 namespace ss::coord {
@@ -74,8 +79,10 @@ int Run(int argc, char** argv) {
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) return Fail(2, absl::StrCat("--port ", port, " is not a port"));
   if (absl::GetFlag(FLAGS_drain_timeout_s) < 0 || absl::GetFlag(FLAGS_step_timeout_s) < 1 ||
-      absl::GetFlag(FLAGS_ready_timeout_s) < 1) {
-    return Fail(2, "--drain_timeout_s must be >= 0, --step_timeout_s and --ready_timeout_s >= 1");
+      absl::GetFlag(FLAGS_ready_timeout_s) < 1 || absl::GetFlag(FLAGS_stall_timeout_s) < 1) {
+    return Fail(2,
+                "--drain_timeout_s must be >= 0, --step_timeout_s, --stall_timeout_s and "
+                "--ready_timeout_s >= 1");
   }
   std::string keys = absl::GetFlag(FLAGS_api_keys);
   if (keys.empty()) {
@@ -124,6 +131,7 @@ int Run(int argc, char** argv) {
   ClusterEngineOptions eo;
   eo.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   eo.ready_timeout = absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
+  eo.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
   ClusterEngine engine(control, *model, eo);
   engine.Start();
 

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,9 +25,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
 #include "coordinator/cluster_config.h"
+#include "coordinator/run_dir.h"
+#include "coordinator/supervisor.h"
 #include "cpu_expert_worker/numa.h"
 #include "gpu_worker/fp64_sums.h"
 #include "httplib.h"
@@ -190,137 +194,134 @@ int CountGpus() {
   return n;
 }
 
-// One child process: its own process group, SIGTERM when the launcher dies.
-struct Child {
-  std::string name;
-  pid_t pid = -1;
-  bool exited = false;
-  int status = 0;
-};
-
 // "0-27,32-59" for the start-up line.
 std::string CpuList(std::vector<int> cpus) {
   std::sort(cpus.begin(), cpus.end());
   return FormatIdList(cpus);
 }
 
-// `cpus` non-empty: the child runs on those CPUs only (set before exec, so every thread it makes
-// inherits them and an expert worker sizes its pool from them).
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
-            const std::vector<int>& cpus) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus) {
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
-  }
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  // Child: only async-signal-safe calls until exec.
-  setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (!cpus.empty()) sched_setaffinity(0, sizeof(set), &set);  // refused: the launcher's CPUs
-  if (!log_path.empty()) {
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-  }
-  execv(argv[0], argv.data());
-  _exit(127);
-}
-
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
-  return "ended";
-}
-
-class Supervisor {
- public:
-  ~Supervisor() { StopAll(); }
-
-  bool Start(const std::string& name, const std::vector<std::string>& args,
-             const std::string& log_dir, const std::vector<int>& cpus = {}) {
-    const std::string log = log_dir.empty() ? "" : absl::StrCat(log_dir, "/", name, ".log");
-    const pid_t pid = Spawn(args, log, cpus);
-    if (pid < 0) {
-      std::fprintf(stderr, "splitserve up: cannot start %s\n", name.c_str());
-      return false;
-    }
-    children_.push_back(Child{name, pid});
-    return true;
-  }
-
-  // Reaps exited children; returns the first one that exited unexpectedly, or null.
-  const Child* Reap() {
-    for (Child& c : children_) {
-      if (c.exited) continue;
-      int status = 0;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.exited = true;
-        c.status = status;
-        return &c;
-      }
-    }
-    return nullptr;
-  }
-
-  // SIGTERM to the children whose name starts with `prefix`, then waits up to `grace` and
-  // SIGKILLs the rest.
-  void StopGroup(const std::string& prefix, std::chrono::milliseconds grace) {
-    for (Child& c : children_) {
-      if (!c.exited && c.name.rfind(prefix, 0) == 0) kill(c.pid, SIGTERM);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + grace;
-    while (std::chrono::steady_clock::now() < deadline) {
-      bool any = false;
-      for (Child& c : children_) {
-        if (c.exited || c.name.rfind(prefix, 0) != 0) continue;
-        int status = 0;
-        if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-          c.exited = true;
-          c.status = status;
-        } else {
-          any = true;
-        }
-      }
-      if (!any) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    for (Child& c : children_) {
-      if (c.exited || c.name.rfind(prefix, 0) != 0) continue;
-      std::fprintf(stderr, "splitserve up: %s did not stop in time: SIGKILL\n", c.name.c_str());
-      kill(c.pid, SIGKILL);
-      waitpid(c.pid, &c.status, 0);
-      c.exited = true;
-    }
-  }
-
-  void StopAll() {
-    StopGroup("coordinator", std::chrono::seconds(40));
-    StopGroup("gpu", std::chrono::seconds(10));
-    StopGroup("expert", std::chrono::seconds(10));
-    StopGroup("", std::chrono::seconds(5));
-  }
-
- private:
-  std::vector<Child> children_;
-};
-
 std::string ReadFile(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Supervision of a running cluster (launcher.h).
+constexpr std::chrono::milliseconds kStoppedGrace{1000};   // a child stopped this long is hung
+constexpr std::chrono::milliseconds kProbeInterval{500};   // GET /ready while serving
+constexpr std::chrono::milliseconds kNotReadyGrace{5000};  // /ready 503 this long: restart
+
+// What every child is started from.
+struct LaunchPlan {
+  const Options& o;
+  fs::path bin;
+  std::string backend;
+  int n_layers = 0, experts = 0, nodes = 0;
+  coord::LaunchCpus cpus;
+  std::vector<std::string> shm_names, gpu_ids;
+  std::string cluster_path, ports_file;
+  std::vector<int> devices;  // per GPU worker (cuda)
+  int64_t kv_tokens = 0;
+};
+
+// Metrics port of child `i` (GPU workers first, then expert workers): the ones after --port.
+std::string MetricsAddr(const LaunchPlan& p, int i) {
+  return absl::StrCat("127.0.0.1:", p.o.port == 0 ? 0 : p.o.port + 1 + i);
+}
+
+std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
+  std::vector<std::string> args = {(p.bin / "splitserve-expert-worker").string(),
+                                   "--model",
+                                   p.o.model,
+                                   "--layers",
+                                   absl::StrCat("0-", p.n_layers - 1),
+                                   "--slice",
+                                   absl::StrCat(e, "/", p.experts),
+                                   "--isa",
+                                   p.o.isa,
+                                   "--shm-name",
+                                   p.shm_names[e],
+                                   "--metrics-listen",
+                                   MetricsAddr(p, static_cast<int>(p.gpu_ids.size()) + e)};
+  if (p.experts == p.nodes && p.nodes > 1) {
+    args.push_back("--numa-node");
+    args.push_back(absl::StrCat(e));
+  }
+  if (p.backend == "cpu") {
+    // The GPU workers then compute on these same cores: an idle expert thread polls only
+    // briefly, so it does not take a core from a decode step while the step runs.
+    args.push_back("--spin_us");
+    args.push_back(absl::StrCat(kSharedCoresSpinUs));
+  }
+  return args;
+}
+
+// `http_port` 0: any free port (the first start without --port); a restarted coordinator gets
+// the port its predecessor had, so clients find it again.
+std::vector<std::string> CoordinatorArgs(const LaunchPlan& p, int http_port) {
+  const Options& o = p.o;
+  std::vector<std::string> cargs = {(p.bin / "splitserve-coordinator").string(),
+                                    "--model", o.model, "--tokenizer", o.tokenizer,
+                                    "--cluster", p.cluster_path, "--host", o.host,
+                                    "--port", absl::StrCat(http_port),
+                                    "--control-listen", "127.0.0.1:0",
+                                    "--ports-file", p.ports_file};
+  if (!o.api_keys.empty()) {
+    cargs.push_back("--api-keys");
+    cargs.push_back(o.api_keys);
+  }
+  return cargs;
+}
+
+std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int control_port) {
+  std::vector<std::string> args = {(p.bin / "splitserve-gpu-worker").string(),
+                                   "--coordinator",
+                                   absl::StrCat("127.0.0.1:", control_port),
+                                   "--worker-id",
+                                   p.gpu_ids[i],
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--backend",
+                                   p.backend,
+                                   "--model",
+                                   p.o.model,
+                                   "--kv-tokens",
+                                   absl::StrCat(p.kv_tokens),
+                                   "--metrics-listen",
+                                   MetricsAddr(p, static_cast<int>(i))};
+  if (p.backend == "cuda") {
+    args.push_back("--cuda-device");
+    args.push_back(absl::StrCat(p.devices[i]));
+    args.push_back("--fp64-sums");
+    args.push_back(p.o.fp64_sums);
+  }
+  return args;
+}
+
+void PrintBanner(const LaunchPlan& p, const std::string& model_name, int http_port,
+                 std::chrono::steady_clock::duration took) {
+  const Options& o = p.o;
+  const std::string url = absl::StrCat("http://", o.host, ":", http_port);
+  const int children = static_cast<int>(p.gpu_ids.size()) + p.experts;
+  std::printf(
+      "splitserve up: ready in %.1f s: %s (%d stage(s) of TP %d, %s backend, %d expert "
+      "worker(s)%s)\n"
+      "  try:\n"
+      "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+      "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+      "\"max_tokens\": 32}'\n"
+      "  metrics: %s/metrics%s\n"
+      "  Ctrl-C stops everything.\n",
+      std::chrono::duration<double>(took).count(), url.c_str(), o.stages, o.tp, p.backend.c_str(),
+      p.experts,
+      o.stages > 1 ? absl::StrCat(", streams between stages over ", o.stage_transport).c_str() : "",
+      url.c_str(), model_name.c_str(), url.c_str(),
+      o.port == 0 ? ""
+                  : absl::StrCat(" (workers: 127.0.0.1:", o.port + 1, "-", o.port + children,
+                                 "/metrics)")
+                        .c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -472,9 +473,11 @@ int RunUpCommand(int argc, char** argv) {
     std::printf("\n");
   }
 
-  const std::string run_dir =
-      (fs::temp_directory_path() / absl::StrCat("splitserve-up-", getpid())).string();
-  fs::create_directories(run_dir);
+  absl::StatusOr<RunDir> run_dir = RunDir::Create();
+  if (!run_dir.ok()) {
+    std::fprintf(stderr, "splitserve up: %s\n", std::string(run_dir.status().message()).c_str());
+    return 1;
+  }
   if (!o.log_dir.empty()) fs::create_directories(o.log_dir);
 
   coord::ClusterConfig cluster;
@@ -497,7 +500,7 @@ int RunUpCommand(int argc, char** argv) {
     }
     cluster.stages.push_back(st);
   }
-  std::vector<std::string> shm_names;
+  LaunchPlan plan{o, bin, backend, n_layers, experts, nodes, cpus, {}, {}, "", "", devices, kv_tokens};
   for (int e = 0; e < experts; ++e) {
     coord::ExpertWorkerSpec w;
     w.id = absl::StrCat("expert", e);
@@ -505,12 +508,19 @@ int RunUpCommand(int argc, char** argv) {
     w.slice_index = e;
     w.slice_count = experts;
     w.shm_name = absl::StrCat("splitserve-", getpid(), "-expert", e);
-    shm_names.push_back(w.shm_name);
+    plan.shm_names.push_back(w.shm_name);
     cluster.expert_workers.push_back(w);
   }
-  const std::string cluster_path = run_dir + "/cluster.json";
-  std::ofstream(cluster_path) << coord::ClusterConfigToJson(cluster) << "\n";
-  if (absl::StatusOr<coord::ClusterConfig> check = coord::LoadClusterConfig(cluster_path, *model);
+  plan.gpu_ids = cluster.GpuWorkerIds();
+  plan.cluster_path = run_dir->File("cluster.json");
+  plan.ports_file = run_dir->File("ports.json");
+  if (absl::Status st = run_dir->WriteNew("cluster.json", coord::ClusterConfigToJson(cluster) + "\n");
+      !st.ok()) {
+    std::fprintf(stderr, "splitserve up: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  if (absl::StatusOr<coord::ClusterConfig> check =
+          coord::LoadClusterConfig(plan.cluster_path, *model);
       !check.ok()) {
     std::fprintf(stderr, "splitserve up: internal: %s\n",
                  std::string(check.status().message()).c_str());
@@ -525,186 +535,154 @@ int RunUpCommand(int argc, char** argv) {
   sigprocmask(SIG_BLOCK, &signals, nullptr);
 
   Supervisor sup;
-  int exit_code = 0;
-  auto cleanup = [&] {
-    sup.StopAll();
-    for (const std::string& n : shm_names) shm_unlink(("/" + n).c_str());
-    std::error_code ec;
-    fs::remove_all(run_dir, ec);
-  };
-  auto child_died = [&](const Child* c) {
-    std::fprintf(stderr, "splitserve up: %s %s; stopping everything\n", c->name.c_str(),
-                 DescribeExit(c->status).c_str());
+  auto unlink_segments = [&] {
+    for (const std::string& n : plan.shm_names) shm_unlink(("/" + n).c_str());
   };
   auto wait_signal = [&](std::chrono::milliseconds ms) {
     timespec ts{static_cast<time_t>(ms.count() / 1000), static_cast<long>(ms.count() % 1000) * 1000000};
     return sigtimedwait(&signals, nullptr, &ts) > 0;
   };
-  const int metrics_base = o.port == 0 ? 0 : o.port + 1;
-  auto metrics_addr = [&](int i) {
-    return absl::StrCat("127.0.0.1:", metrics_base == 0 ? 0 : metrics_base + i);
+  // The workers: expert workers (fresh segments), then the GPU workers, which register with the
+  // coordinator at `control_port` and wait for the segments.
+  auto start_workers = [&](int control_port) {
+    unlink_segments();
+    for (int e = 0; e < experts; ++e) {
+      if (!sup.Start(absl::StrCat("expert", e), ExpertArgs(plan, e), o.log_dir,
+                     cpus.split() ? cpus.experts[e] : std::vector<int>{})) {
+        return false;
+      }
+    }
+    for (size_t i = 0; i < plan.gpu_ids.size(); ++i) {
+      if (!sup.Start(plan.gpu_ids[i], GpuWorkerArgs(plan, i, control_port), o.log_dir,
+                     cpus.serving)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  auto start_coordinator = [&](int http_port) {
+    unlink(plan.ports_file.c_str());
+    return sup.Start("coordinator", CoordinatorArgs(plan, http_port), o.log_dir, cpus.serving);
   };
 
-  for (int e = 0; e < experts; ++e) {
-    std::vector<std::string> args = {(bin / "splitserve-expert-worker").string(),
-                                     "--model",
-                                     o.model,
-                                     "--layers",
-                                     absl::StrCat("0-", n_layers - 1),
-                                     "--slice",
-                                     absl::StrCat(e, "/", experts),
-                                     "--isa",
-                                     o.isa,
-                                     "--shm-name",
-                                     shm_names[e],
-                                     "--metrics-listen",
-                                     metrics_addr(o.stages * o.tp + e)};
-    if (experts == nodes && nodes > 1) {
-      args.push_back("--numa-node");
-      args.push_back(absl::StrCat(e));
-    }
-    if (backend == "cpu") {
-      // The GPU workers then compute on these same cores: an idle expert thread polls only
-      // briefly, so it does not take a core from a decode step while the step runs.
-      args.push_back("--spin_us");
-      args.push_back(absl::StrCat(kSharedCoresSpinUs));
-    }
-    if (!sup.Start(absl::StrCat("expert", e), args, o.log_dir,
-                   cpus.split() ? cpus.experts[e] : std::vector<int>{})) {
-      cleanup();
-      return 1;
-    }
-  }
-  const std::string ports_file = run_dir + "/ports.json";
-  std::vector<std::string> cargs = {(bin / "splitserve-coordinator").string(),
-                                    "--model", o.model, "--tokenizer", o.tokenizer,
-                                    "--cluster", cluster_path, "--host", o.host,
-                                    "--port", absl::StrCat(o.port),
-                                    "--control-listen", "127.0.0.1:0",
-                                    "--ports-file", ports_file};
-  if (!o.api_keys.empty()) {
-    cargs.push_back("--api-keys");
-    cargs.push_back(o.api_keys);
-  }
-  if (!sup.Start("coordinator", cargs, o.log_dir, cpus.serving)) {
-    cleanup();
+  // Supervision (launcher.h): one loop, one phase at a time.
+  enum class Phase { kBackoff, kPorts, kReady, kServing };
+  Phase phase = Phase::kPorts;
+  bool served = false;          // the cluster was whole at least once
+  bool restart_all = false;     // kBackoff: the coordinator too
+  int http_port = 0, control_port = 0;
+  RestartPolicy policy;
+  const auto start = std::chrono::steady_clock::now();
+  auto deadline = start + std::chrono::seconds(o.ready_timeout_s);  // kPorts, kReady
+  std::chrono::steady_clock::time_point restart_at, failed_at, not_ready_since, next_probe;
+  std::unique_ptr<httplib::Client> client;
+  int exit_code = 0;
+  if (!start_coordinator(o.port)) {
+    sup.StopAll();
+    unlink_segments();
     return 1;
   }
-  // The coordinator's ports, then the GPU workers.
-  int http_port = 0, control_port = 0;
-  const auto start = std::chrono::steady_clock::now();
-  const auto ready_deadline = start + std::chrono::seconds(o.ready_timeout_s);
-  while (http_port == 0) {
-    if (const Child* c = sup.Reap()) {
-      child_died(c);
-      cleanup();
-      return 1;
+  while (true) {
+    if (wait_signal(std::chrono::milliseconds(100))) {
+      if (served) {
+        std::printf("splitserve up: stopping (draining running requests)\n");
+        std::fflush(stdout);
+      }
+      break;
     }
-    if (wait_signal(std::chrono::milliseconds(50))) {
-      cleanup();
-      return 0;
-    }
-    if (std::chrono::steady_clock::now() > ready_deadline) {
-      std::fprintf(stderr, "splitserve up: the coordinator did not start in time\n");
-      cleanup();
-      return 1;
-    }
-    if (fs::exists(ports_file)) {
-      const nlohmann::json j = nlohmann::json::parse(ReadFile(ports_file), nullptr, false);
+    const auto now = std::chrono::steady_clock::now();
+    std::string failure;  // what failed, for the message
+    bool all = false;     // the coordinator failed: restart it with the workers
+    if (const Supervisor::Child* c = sup.Reap()) {
+      failure = absl::StrCat(c->name, " ", DescribeExit(c->status));
+      all = c->name == "coordinator";
+    } else if (const Supervisor::Child* s = sup.Stopped(kStoppedGrace)) {
+      failure = absl::StrCat(s->name, " (pid ", s->pid, ") is stopped");
+      all = s->name == "coordinator";
+    } else if (phase == Phase::kBackoff && now >= restart_at) {
+      const bool ok = restart_all ? start_coordinator(http_port) : start_workers(control_port);
+      phase = restart_all ? Phase::kPorts : Phase::kReady;
+      deadline = now + std::chrono::seconds(o.ready_timeout_s);
+      if (!ok) failure = "a child could not be started";
+    } else if (phase == Phase::kPorts) {
+      const nlohmann::json j = nlohmann::json::parse(ReadFile(plan.ports_file), nullptr, false);
       if (j.is_object() && j.contains("http") && j.contains("control")) {
         http_port = j["http"].get<int>();
         control_port = j["control"].get<int>();
+        client = std::make_unique<httplib::Client>(o.host, http_port);
+        client->set_connection_timeout(1, 0);
+        client->set_read_timeout(1, 0);
+        phase = Phase::kReady;
+        if (!start_workers(control_port)) failure = "a child could not be started";
+      } else if (now > deadline) {
+        failure = "the coordinator did not start in time";
+      }
+    } else if (phase == Phase::kReady) {
+      if (auto res = client->Get("/ready"); res && res->status == 200) {
+        phase = Phase::kServing;
+        not_ready_since = {};
+        if (!served) {
+          served = true;
+          PrintBanner(plan, cluster.model_name, http_port, now - start);
+        } else {
+          std::printf("splitserve up: serving again %.2f s after the failure\n",
+                      std::chrono::duration<double>(now - failed_at).count());
+          std::fflush(stdout);
+        }
+        policy.OnRecovered();
+      } else if (now > deadline) {
+        failure = absl::StrCat("not ready after ", o.ready_timeout_s, " s (see the logs",
+                               o.log_dir.empty() ? "" : " in ", o.log_dir, ")");
+      }
+    } else if (phase == Phase::kServing && now >= next_probe) {
+      next_probe = now + kProbeInterval;
+      auto res = client->Get("/ready");
+      if (res && res->status == 200) {
+        not_ready_since = {};
+      } else if (not_ready_since == std::chrono::steady_clock::time_point{}) {
+        not_ready_since = now;
+      } else if (now - not_ready_since > kNotReadyGrace) {
+        failure = res ? absl::StrCat("the coordinator has not been ready for ",
+                                     absl::FormatDuration(absl::FromChrono(kNotReadyGrace)))
+                      : "the coordinator does not answer";
+        all = !res;
       }
     }
-  }
-  const std::vector<std::string> gpu_ids = cluster.GpuWorkerIds();
-  for (size_t i = 0; i < gpu_ids.size(); ++i) {
-    std::vector<std::string> args = {(bin / "splitserve-gpu-worker").string(),
-                                     "--coordinator",
-                                     absl::StrCat("127.0.0.1:", control_port),
-                                     "--worker-id",
-                                     gpu_ids[i],
-                                     "--listen",
-                                     "127.0.0.1:0",
-                                     "--backend",
-                                     backend,
-                                     "--model",
-                                     o.model,
-                                     "--kv-tokens",
-                                     absl::StrCat(kv_tokens),
-                                     "--metrics-listen",
-                                     metrics_addr(static_cast<int>(i))};
-    if (backend == "cuda") {
-      args.push_back("--cuda-device");
-      args.push_back(absl::StrCat(devices[i]));
-      args.push_back("--fp64-sums");
-      args.push_back(o.fp64_sums);
-    }
-    if (!sup.Start(gpu_ids[i], args, o.log_dir, cpus.serving)) {
-      cleanup();
-      return 1;
-    }
-  }
-
-  // Ready?
-  const std::string url = absl::StrCat("http://", o.host, ":", http_port);
-  httplib::Client client(o.host, http_port);
-  client.set_connection_timeout(1, 0);
-  client.set_read_timeout(2, 0);
-  while (true) {
-    if (const Child* c = sup.Reap()) {
-      child_died(c);
-      cleanup();
-      return 1;
-    }
-    if (wait_signal(std::chrono::milliseconds(200))) {
-      cleanup();
-      return 0;
-    }
-    if (std::chrono::steady_clock::now() > ready_deadline) {
-      std::fprintf(stderr, "splitserve up: not ready after %d s (see the logs%s%s)\n",
-                   o.ready_timeout_s, o.log_dir.empty() ? "" : " in ", o.log_dir.c_str());
-      cleanup();
-      return 1;
-    }
-    if (auto res = client.Get("/ready"); res && res->status == 200) break;
-  }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf(
-      "splitserve up: ready in %.1f s: %s (%d stage(s) of TP %d, %s backend, %d expert "
-      "worker(s)%s)\n"
-      "  try:\n"
-      "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-      "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
-      "\"max_tokens\": 32}'\n"
-      "  metrics: %s/metrics%s\n"
-      "  Ctrl-C stops everything.\n",
-      secs, url.c_str(), o.stages, o.tp, backend.c_str(), experts,
-      o.stages > 1 ? absl::StrCat(", streams between stages over ", o.stage_transport).c_str() : "",
-      url.c_str(), cluster.model_name.c_str(), url.c_str(),
-      metrics_base == 0 ? ""
-                        : absl::StrCat(" (workers: 127.0.0.1:", metrics_base, "-",
-                                       metrics_base + o.stages * o.tp + experts - 1, "/metrics)")
-                              .c_str());
-  std::fflush(stdout);
-
-  while (true) {
-    if (const Child* c = sup.Reap()) {
-      child_died(c);
+    if (failure.empty()) continue;
+    if (!served) {  // the first start failed: nothing to recover
+      std::fprintf(stderr, "splitserve up: %s; stopping everything\n", failure.c_str());
       exit_code = 1;
       break;
     }
-    if (wait_signal(std::chrono::milliseconds(200))) {
-      std::printf("splitserve up: stopping (draining running requests)\n");
-      std::fflush(stdout);
+    const std::chrono::milliseconds delay = policy.NextDelay();
+    if (delay.count() < 0) {
+      std::fprintf(stderr,
+                   "splitserve up: %s; %d restarts in a row did not bring the cluster back: "
+                   "giving up\n",
+                   failure.c_str(), RestartPolicy::kBurstLimit);
+      exit_code = 1;
       break;
     }
+    if (phase == Phase::kServing) failed_at = now;
+    restart_all = all || (restart_all && phase != Phase::kServing);
+    std::fprintf(stderr, "splitserve up: %s; restarting %s in %.1f s (restart %d of %d in a row)\n",
+                 failure.c_str(), restart_all ? "the coordinator and the workers" : "the workers",
+                 std::chrono::duration<double>(delay).count(), policy.failed_in_a_row(),
+                 RestartPolicy::kBurstLimit);
+    std::fflush(stderr);
+    sup.KillGroup("gpu");
+    sup.KillGroup("expert");
+    if (restart_all) sup.KillGroup("coordinator");
+    unlink_segments();
+    phase = Phase::kBackoff;
+    restart_at = now + delay;
   }
-  cleanup();
-  std::printf("splitserve up: stopped\n");
+  sup.StopAll();
+  unlink_segments();
+  if (served) std::printf("splitserve up: stopped\n");
   return exit_code;
 }
+
 
 
 int RunCpusCommand(int argc, char** argv) {

@@ -7,8 +7,10 @@
 // It picks the layout (the cuda backend when GPUs are present and the cuda backend is built,
 // else the cpu backend; one expert worker per NUMA node holding slice i/n of every layer's
 // experts, n limited to what the model's expert width allows), writes the cluster config into a
-// private run directory, and starts every process as its child: expert workers (shared memory),
-// the coordinator, then the GPU workers, which register with it. --tp N (cuda backend) gives each
+// private run directory (run_dir.h: under $XDG_RUNTIME_DIR or a mkdtemp directory, 0700, no
+// symlink followed, removed on exit; stale ones of killed runs removed at the next start), and
+// starts every process as its child (supervisor.h): the coordinator, then the expert workers
+// (shared memory) and the GPU workers, which register with it. --tp N (cuda backend) gives each
 // stage N GPU workers ("gpu<s>-<r>"; "gpu<s>" for TP 1), stage s rank r on GPU (s·N + r) mod G
 // (coord::AssignCudaDevices: stages may share GPUs, a stage's ranks may not; N > G is refused).
 // --stage-transport nccl writes stage_transport "nccl" into the cluster config (streams between
@@ -20,12 +22,35 @@
 // with a GPU worker's spinning wait stalls every expert call. Children run in their own
 // process group (so a terminal's Ctrl-C reaches only the launcher, which stops them in order) and
 // with PR_SET_PDEATHSIG, so they die with the launcher even when it is killed. It waits for
-// GET /ready, prints the URL and a curl example, and then waits.
+// GET /ready, prints the URL and a curl example, and then supervises.
+//
+// Supervision. The workers (every expert worker and every GPU worker) are one restart group; the
+// coordinator stays up while they restart, so clients keep their connections: requests in flight
+// end with an error, new ones get 503 with Retry-After (the coordinator's /ready is 503) until the
+// cluster is whole again. Restarting every worker, not just the one that failed, is the simple
+// design that is always right: a GPU worker's shared-memory connections to the expert workers,
+// and a TP group's NCCL communicator, are formed only at start, so a new expert worker or TP rank
+// needs new GPU workers anyway; with small models the group is back in a second or two. The
+// restarted GPU workers register under their old ids (the coordinator accepts them once the old
+// processes no longer answer, control_service.h) and the ClusterEngine reconnects to them
+// (cluster_engine.h). The group is restarted when
+//   - a worker exits, whatever its status (kill -9, a crash, or a GPU worker the coordinator
+//     declared dead after missed heartbeats, which then exits);
+//   - a worker is stopped (SIGSTOP: state T in /proc) for kStoppedGrace;
+//   - the coordinator's GET /ready has answered 503 for kNotReadyGrace while serving (a worker
+//     hung otherwise: the coordinator turns /ready 503 once a micro-batch has been unanswered
+//     for its --stall_timeout_s, e.g. a GPU worker waiting on a hung expert worker, whose calls
+//     have a longer deadline).
+// The coordinator is restarted, with the workers, when it exits, is stopped, or does not answer
+// /ready for kNotReadyGrace; it gets its previous HTTP port back. Restarts follow RestartPolicy
+// (supervisor.h): 0.5 s, doubling to 8 s while restarts do not bring the cluster back; after 5 such
+// restarts in a row `up` gives up (exit 1, naming the last failure). A failure before the cluster
+// was ready the first time is not retried (exit 1). Each recovery prints "serving again N s after
+// the failure".
 //
 // Stop: on SIGINT / SIGTERM the coordinator drains first (running requests finish), then the
 // GPU workers and the expert workers get SIGTERM; anything still alive after its grace period
 // gets SIGKILL, the shared-memory names it assigned are unlinked and the run directory removed.
-// A child that exits on its own takes the whole system down (exit 1, naming the child).
 //
 // Without --model it serves the bundled tiny model (tiny-a's random weights with the project's
 // generated tokenizer: its text is noise) found in <binary dir>/../share/splitserve/tiny.

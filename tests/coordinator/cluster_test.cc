@@ -184,9 +184,10 @@ class ClusterFixture : public ::testing::Test {
     return stub_->Register(&ctx, req, &rep);
   }
 
-  void StartEngine() {
+  void StartEngine(absl::Duration stall_timeout = absl::Seconds(10)) {
     ClusterEngineOptions o;
     o.step_timeout = absl::Seconds(20);
+    o.stall_timeout = stall_timeout;
     engine_ = std::make_unique<ClusterEngine>(*control_, model_, o);
     engine_->Start();
     ASSERT_TRUE(WaitReady());
@@ -269,6 +270,47 @@ TEST_F(ClusterFixture, RegistrationChecksVersionIdAndLiveness) {
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(m[1].address, workers_[1]->address());
   EXPECT_TRUE(control_->WaitAllAlive(absl::Seconds(1)));
+}
+
+// A supervisor restarts a killed worker before its heartbeats go stale: the new process is
+// accepted because the old one no longer answers, and the engine serves with it.
+TEST_F(ClusterFixture, ARestartedWorkerReplacesOneThatNoLongerAnswers) {
+  workers_[1] = std::make_unique<FakeWorker>(ids_[1], true, 48);  // the old one's server is gone
+  ASSERT_TRUE(RegisterWorker(workers_[1].get()).ok());
+  const std::vector<MemberInfo> m = control_->Members();
+  EXPECT_EQ(m[1].generation, 2u);
+  EXPECT_EQ(m[1].address, workers_[1]->address());
+  EXPECT_FALSE(m[1].dead);
+  StartEngine();
+  Outcome o = Drain(*Submit({20}, 3));
+  EXPECT_EQ(o.tokens, (std::vector<int32_t>{21, 22, 23}));
+  // Restarted while the engine serves: it reconnects to the new process.
+  workers_[1] = std::make_unique<FakeWorker>(ids_[1], true, 48);
+  ASSERT_TRUE(RegisterWorker(workers_[1].get()).ok());
+  for (int i = 0; i < 100 && engine_->Ready(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(WaitReady());
+  Outcome again = Drain(*Submit({40}, 3));
+  EXPECT_EQ(again.tokens, (std::vector<int32_t>{41, 42, 43}));
+}
+
+// A micro-batch unanswered for stall_timeout (a stopped or hung worker) makes the engine not
+// ready until it is answered.
+TEST_F(ClusterFixture, AStalledMicroBatchMakesTheEngineNotReady) {
+  StartEngine(absl::Milliseconds(300));
+  workers_[0]->delay_ms_.store(1500);
+  auto s = Submit({10}, 1);
+  bool not_ready = false;
+  for (int i = 0; i < 100 && !not_ready; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    not_ready = !engine_->Ready();
+  }
+  EXPECT_TRUE(not_ready);
+  workers_[0]->delay_ms_.store(0);
+  Outcome o = Drain(*s);
+  EXPECT_EQ(o.tokens, (std::vector<int32_t>{11}));
+  EXPECT_TRUE(engine_->Ready());
 }
 
 TEST_F(ClusterFixture, RendezvousWaitsForEveryWorker) {

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tests/common/http_get.h"
+#include "tests/e2e/up_process.h"
 #include "tests/test_util.h"
 
 namespace ss {
@@ -24,68 +24,13 @@ namespace {
 using json = nlohmann::json;
 using testing_util::ChildProcess;
 
-// Processes whose parent is `pid`.
-std::vector<int> ChildrenOf(int pid) {
-  std::vector<int> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "stat");
-    std::string stat;
-    std::getline(in, stat);
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    std::string state;
-    int ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == pid && state != "Z") out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
-bool ProcessAlive(int pid) { return kill(pid, 0) == 0; }
-
-// A process's arguments (/proc/PID/cmdline).
-std::vector<std::string> Cmdline(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
-  std::vector<std::string> args;
-  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
-  return args;
-}
-
-// The value after `flag` in args ("" when absent).
-std::string FlagValue(const std::vector<std::string>& args, const std::string& flag) {
-  for (size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i] == flag) return args[i + 1];
-  }
-  return "";
-}
-
-std::vector<std::string> ShmSegmentsOf(int launcher_pid) {
-  std::vector<std::string> out;
-  const std::string prefix = "splitserve-" + std::to_string(launcher_pid) + "-";
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
-  }
-  return out;
-}
-
-bool WaitReady(int port, ChildProcess& up) {
-  for (int i = 0; i < 1200; ++i) {
-    if (!up.Running()) return false;
-    if (testing_util::HttpGet(port, "/ready").find(" 200 ") != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
-std::string ReadLog(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing_util::ChildrenOf;
+using testing_util::Cmdline;
+using testing_util::FlagValue;
+using testing_util::ProcessAlive;
+using testing_util::ReadLog;
+using testing_util::ShmSegmentsOf;
+using testing_util::WaitReady;
 
 TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
   testing_util::TempDir dir("launcher");
