@@ -10,8 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
