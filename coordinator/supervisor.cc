@@ -157,14 +157,6 @@ void Supervisor::StopAll() {
   StopGroup("", std::chrono::seconds(5));
 }
 
-std::vector<pid_t> Supervisor::Running() const {
-  std::vector<pid_t> out;
-  for (const Child& c : children_) {
-    if (!c.exited) out.push_back(c.pid);
-  }
-  return out;
-}
-
 std::chrono::milliseconds RestartPolicy::NextDelay() {
   if (failed_in_a_row_ >= kBurstLimit) return std::chrono::milliseconds(-1);
   std::chrono::milliseconds delay = kFirstDelay;

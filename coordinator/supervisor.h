@@ -60,9 +60,6 @@ class Supervisor {
   // expert workers.
   void StopAll();
 
-  // The pids of the running children (for the tests' view of what is left).
-  std::vector<pid_t> Running() const;
-
  private:
   std::vector<Child> children_;
 };

@@ -1,8 +1,9 @@
 // `splitserve up` keeps serving when a child fails (launcher.h "Supervision"): a killed expert
 // worker or GPU worker, or a stopped (hung) expert worker, is restarted and a completion succeeds
-// again within a bound; /ready is 503 meanwhile. Its run directory is private (run_dir.h): under
-// $XDG_RUNTIME_DIR, 0700, no planted symlink followed, stale state of killed runs removed. Every
-// test ends with nothing left: no process, no segment, no run directory.
+// again within a bound; meanwhile /ready is 503 and new requests get 503 with Retry-After. Its run
+// directory is private (run_dir.h): under $XDG_RUNTIME_DIR, 0700, no planted symlink followed,
+// stale state of killed runs removed. Every test ends with nothing left: no process, no segment,
+// no run directory.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "tests/e2e/up_process.h"
 #include "tests/test_util.h"
 
@@ -66,13 +68,20 @@ class Up {
   std::set<int> seen_;
 };
 
-// True once a completion succeeds, within kRecoveryBound.
-bool Recovers(Up& up) {
+// True once a completion succeeds, within kRecoveryBound. `*refused_with_retry_after`: some
+// request meanwhile was refused with 503 and a Retry-After header (the cluster not whole).
+bool Recovers(Up& up, bool* refused_with_retry_after) {
   const auto until = std::chrono::steady_clock::now() + kRecoveryBound;
+  httplib::Client c("127.0.0.1", up.port());
+  c.set_connection_timeout(2, 0);
+  c.set_read_timeout(10, 0);
   while (std::chrono::steady_clock::now() < until) {
     if (!up.process().Running()) return false;
-    if (Complete(up.port(), 2, 10) == 200) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto r = c.Post("/v1/completions", R"({"model": "tiny", "prompt": "Hi", "max_tokens": 2})",
+                    "application/json");
+    if (r && r->status == 200) return true;
+    if (r && r->status == 503 && r->has_header("Retry-After")) *refused_with_retry_after = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
 }
@@ -109,7 +118,9 @@ void FailChildAndRecover(const std::string& binary, int signal) {
     }
     EXPECT_TRUE(not_ready) << "still ready 5 s after SIGSTOP of " << binary;
   }
-  ASSERT_TRUE(Recovers(up)) << up.log();
+  bool refused = false;
+  ASSERT_TRUE(Recovers(up, &refused)) << up.log();
+  EXPECT_TRUE(refused) << "no 503 with Retry-After while the cluster re-formed";
   EXPECT_TRUE(IsReady(up.port()));
   EXPECT_TRUE(AllGone({victim}, std::chrono::seconds(5))) << "the failed child was not ended";
   const int replacement = ChildRunning(up.pid(), binary);
