@@ -479,5 +479,43 @@ TEST_F(ClusterE2eTest, MalformedRequestsGetErrorsAndServingContinues) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+// The coordinator does not start without a cluster token (exit 2, saying how to give one), nor
+// with a token and --insecure_cluster at once; SPLITSERVE_CLUSTER_TOKEN is enough.
+TEST(CoordinatorBinary, RefusesToStartWithoutAClusterToken) {
+  testing_util::TempDir dir("coordinator_token");
+  std::ofstream(dir / "cluster.json") << R"({"model_name": "tiny", "stages": [{"layers": "0-6",
+      "workers": ["gpu0"]}], "expert_workers": []})";
+  const std::vector<std::string> base = {kBin + "/splitserve-coordinator", "--model", kModel,
+                                         "--tokenizer", kTokenizer, "--cluster",
+                                         dir / "cluster.json", "--port", "0",
+                                         "--control-listen", "127.0.0.1:0"};
+  const auto run = [&](std::vector<std::string> extra, const std::string& log) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    ChildProcess p(argv, dir / log);
+    const int status = p.WaitExit(std::chrono::seconds(30));
+    if (status == -1) p.Stop();
+    return std::make_pair(status, testing_util::ReadAll(dir / log));
+  };
+  const char* saved = std::getenv(kClusterTokenEnv);
+  const std::string token = saved ? saved : "";
+  unsetenv(kClusterTokenEnv);
+  const auto none = run({}, "none.log");
+  EXPECT_EQ(none.first, 2) << none.second;
+  EXPECT_NE(none.second.find("no cluster token"), std::string::npos) << none.second;
+  const auto both = run({"--insecure-cluster", "--cluster-token-file", dir / "cluster.json"},
+                        "both.log");
+  EXPECT_EQ(both.first, 2) << both.second;
+  EXPECT_NE(both.second.find("exclude each other"), std::string::npos) << both.second;
+  // With the token it starts (and keeps running until stopped).
+  testing_util::ExportTestClusterToken();
+  {
+    ChildProcess p(base, dir / "ok.log");
+    EXPECT_EQ(p.WaitExit(std::chrono::milliseconds(1500)), -1) << testing_util::ReadAll(dir / "ok.log");
+    EXPECT_EQ(p.Stop(), 0);
+  }
+  if (saved) setenv(kClusterTokenEnv, token.c_str(), 1);
+}
+
 }  // namespace
 }  // namespace ss
