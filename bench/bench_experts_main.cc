@@ -178,7 +178,7 @@ int Main(int argc, char** argv) {
     return ServeEmpty(argv[2], std::atoi(argv[3]));
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows when the output goes to a file
-  BenchCredential();  // before any child starts
+  BenchCredential();                         // before any child starts
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -345,10 +345,9 @@ int Main(int argc, char** argv) {
       "it in 2 MB pages (log: %s)\n",
       startup_s, rss / 1e9, rss_ratio, slice_bytes / 1e9, AnonHugeBytes(worker->pid()) / 1e9,
       log.c_str());
-  auto grpc = Must(
-      ss::expert::grpc_transport::GrpcExpertClient::Connect(absl::StrCat("127.0.0.1:", grpc_port),
-                                                            GrpcOptions()),
-      "gRPC connect");
+  auto grpc = Must(ss::expert::grpc_transport::GrpcExpertClient::Connect(
+                       absl::StrCat("127.0.0.1:", grpc_port), GrpcOptions()),
+                   "gRPC connect");
 
   // (b) decode: T = 1, one call per layer, a new routing every call.
   std::vector<float> out(256 * kDim);
@@ -430,10 +429,9 @@ int Main(int argc, char** argv) {
 
   // (d) overheads. Empty calls: a child whose handlers do nothing.
   auto empty_client = Must(ConnectShm(empty_shm, {}, absl::Seconds(10)), "empty shm server");
-  auto empty_grpc = Must(
-      ss::expert::grpc_transport::GrpcExpertClient::Connect(absl::StrCat("127.0.0.1:", empty_port),
-                                                            GrpcOptions()),
-      "empty gRPC server");
+  auto empty_grpc = Must(ss::expert::grpc_transport::GrpcExpertClient::Connect(
+                             absl::StrCat("127.0.0.1:", empty_port), GrpcOptions()),
+                         "empty gRPC server");
   const Request one = MakeRequests(1, 1, o.experts, 999)[0];
   std::vector<double> shm_empty, grpc_empty, shm_t1, grpc_t1, engine_t1;
   const int block = 10, rounds = std::max(1, o.calls / block);

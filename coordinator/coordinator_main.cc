@@ -7,7 +7,8 @@
 // control plane and the HTTP API at once (GET /ready stays 503 until every GPU worker is
 // registered and ready). Every gRPC call in or out carries the cluster token
 // (--cluster_token_file or $SPLITSERVE_CLUSTER_TOKEN; proto/cluster_credential.h): without one
-// (and without --insecure_cluster) the coordinator refuses to start. --ports_file writes {"http": P, "control": Q} once both are bound.
+// (and without --insecure_cluster) the coordinator refuses to start. --ports_file writes
+// {"http": P, "control": Q} once both are bound.
 //
 // SIGTERM / SIGINT: drain — new requests get 503, running ones finish (up to --drain_timeout_s),
 // then everything stops and the process exits 0.

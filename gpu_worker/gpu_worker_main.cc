@@ -249,9 +249,8 @@ struct NcclIds {
 // Loads the model and builds the stage (TP group, stage links, backend, sender, runner, metrics).
 // `on_group_broken`: see RunnerOptions (also called when a stage link breaks).
 absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCredential& credential,
-                                      StageRole role, const NcclIds& ids,
-                                      metrics::Metrics* metrics, StreamInbox* inbox,
-                                      const std::atomic<bool>* stop,
+                                      StageRole role, const NcclIds& ids, metrics::Metrics* metrics,
+                                      StreamInbox* inbox, const std::atomic<bool>* stop,
                                       std::function<void(const std::string&)> on_group_broken) {
   if (role.tp_size < 1 || role.tp_rank < 0 || role.tp_rank >= role.tp_size) {
     return absl::InvalidArgumentError(
@@ -735,8 +734,8 @@ int Main(int argc, char** argv) {
                                      "step (",
                                      why, "): communicator aborted, it must be formed anew"));
       };
-      auto stage = LoadStage(c, *credential, role, nccl_ids, metrics.get(), &server->inbox(), stop.flag(),
-                             on_group_broken);
+      auto stage = LoadStage(c, *credential, role, nccl_ids, metrics.get(), &server->inbox(),
+                             stop.flag(), on_group_broken);
       if (!stage.ok()) {
         spdlog::error("start-up failed: {}", std::string(stage.status().message()));
         server->SetError(std::string(stage.status().message()));

@@ -199,7 +199,8 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient>> RoutedExpertsClient::Connec
       key.worker_id.clear();
       auto it = client->endpoints_.find(key.Describe());
       if (it == client->endpoints_.end()) {
-        auto ep = ConnectEndpoint(e, c, options.connect_timeout, options.cancel, options.credential);
+        auto ep =
+            ConnectEndpoint(e, c, options.connect_timeout, options.cancel, options.credential);
         if (!ep.ok()) {
           return absl::Status(ep.status().code(),
                               absl::StrCat("layer ", l.layer, ": ", ep.status().message()));

@@ -208,11 +208,10 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("stream_wait_ms = ", stream_wait_ms),
       absl::StrCat("coordinator_timeout_ms = ", coordinator_timeout_ms),
       absl::StrCat("collective_timeout_ms = ", collective_timeout_ms),
-      absl::StrCat("cluster_token = ",
-                   insecure_cluster             ? std::string("(insecure: none)")
-                   : cluster_token_file.empty() ? std::string("$SPLITSERVE_CLUSTER_TOKEN")
-                                                : cluster_token_file),
   };
+  std::string token = cluster_token_file.empty() ? "$SPLITSERVE_CLUSTER_TOKEN" : cluster_token_file;
+  if (insecure_cluster) token = "(none: --insecure_cluster)";
+  lines.push_back(absl::StrCat("cluster_token = ", token));
   if (coordinator.empty()) {
     lines.push_back(absl::StrCat("stage = ", stage, " of ", num_stages));
     lines.push_back(absl::StrCat("tp = rank ", tp_rank, " of ", tp_size));

@@ -82,9 +82,10 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
         absl::StrCat("--cluster_token_file ", path, ": not a regular file"));
   }
   if ((st.st_mode & 077) != 0) {
-    spdlog::warn("--cluster_token_file {}: mode {:o} lets other users read the cluster token "
-                 "(chmod 600 it)",
-                 path, st.st_mode & 0777);
+    spdlog::warn(
+        "--cluster_token_file {}: mode {:o} lets other users read the cluster token "
+        "(chmod 600 it)",
+        path, st.st_mode & 0777);
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -95,8 +96,8 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   if (text.size() > kMaxTokenFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--cluster_token_file ", path, ": more than ",
-                                                   kMaxTokenFileBytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cluster_token_file ", path, ": more than ", kMaxTokenFileBytes, " bytes"));
   }
   return text;
 }
@@ -197,10 +198,10 @@ std::string ClusterCredential::Describe() const {
     const auto now = std::chrono::steady_clock::now();
     if (now - log_->last >= std::chrono::seconds(1)) {
       spdlog::warn("refused {} from {}: {}{}", std::string(method), context.peer(), why,
-                   log_->suppressed == 0
-                       ? std::string()
-                       : absl::StrCat(" (and ", log_->suppressed, " more refusals since the last "
-                                                                  "line)"));
+                   log_->suppressed == 0 ? std::string()
+                                         : absl::StrCat(" (and ", log_->suppressed,
+                                                        " more refusals since the last "
+                                                        "line)"));
       log_->last = now;
       log_->suppressed = 0;
     } else {

@@ -29,9 +29,9 @@ namespace ss::coord {
 namespace {
 
 namespace pb = splitserve::v1;
+using ::ss::testing_util::TestCredential;
 using testing_util::kTwoStages;
 using testing_util::TinyModel;
-using ::ss::testing_util::TestCredential;
 
 // ---- A fake GPU worker: next token = previous + 1 (skipping EOS), EOS after token 100 ----
 
@@ -346,15 +346,15 @@ TEST_F(ClusterFixture, ControlPlaneRefusesCallsWithoutTheClusterToken) {
   }
   EXPECT_FALSE(after[0].dead);
   // Dead, gpu1 may register again -- with the token only.
-  EXPECT_EQ(RegisterWorker(&impostor, kClusterProtocolVersion, "gpu1", nullptr,
-                           strangers.front().get())
-                .error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(
+      RegisterWorker(&impostor, kClusterProtocolVersion, "gpu1", nullptr, strangers.front().get())
+          .error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
   silent_.store("");
   pb::RegisterReply reply;
-  ASSERT_TRUE(RegisterWorker(workers_[1].get(), kClusterProtocolVersion, nullptr, nullptr, nullptr,
-                             &reply)
-                  .ok());
+  ASSERT_TRUE(
+      RegisterWorker(workers_[1].get(), kClusterProtocolVersion, nullptr, nullptr, nullptr, &reply)
+          .ok());
   EXPECT_TRUE(reply.has_role());
   EXPECT_EQ(control_->Members()[1].generation, before[1].generation + 1);
   EXPECT_TRUE(control_->WaitAllAlive(absl::Seconds(1)));

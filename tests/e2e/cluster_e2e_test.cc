@@ -285,8 +285,7 @@ TEST_F(ClusterE2eTest, EveryServiceRefusesAClientWithoutTheClusterToken) {
       req.set_protocol_version(kClusterProtocolVersion);
       req.set_worker_id("gpu1");
       pb::HeartbeatReply rep;
-      EXPECT_EQ(control->Heartbeat(&ctx, req, &rep).error_code(),
-                grpc::StatusCode::UNAUTHENTICATED)
+      EXPECT_EQ(control->Heartbeat(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << whom;
     }
     for (int port : gpu_ports_) {
@@ -309,8 +308,7 @@ TEST_F(ClusterE2eTest, EveryServiceRefusesAClientWithoutTheClusterToken) {
         req.set_micro_batch_id(12345);
         req.set_error("forged");
         pb::PushReply rep;
-        EXPECT_EQ(gpu->PushStreams(&ctx, req, &rep).error_code(),
-                  grpc::StatusCode::UNAUTHENTICATED)
+        EXPECT_EQ(gpu->PushStreams(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
             << whom;
       }
       {
@@ -352,7 +350,8 @@ TEST_F(ClusterE2eTest, EveryServiceRefusesAClientWithoutTheClusterToken) {
     }
   }
   // With the token: answered.
-  auto gpu = pb::GpuWorker::NewStub(testing_util::TestCredential().CreateChannel(addr(gpu_ports_[0])));
+  auto gpu =
+      pb::GpuWorker::NewStub(testing_util::TestCredential().CreateChannel(addr(gpu_ports_[0])));
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline());
   pb::StatusRequest req;
@@ -362,8 +361,10 @@ TEST_F(ClusterE2eTest, EveryServiceRefusesAClientWithoutTheClusterToken) {
   EXPECT_EQ(rep.worker_id(), "gpu0");
   EXPECT_TRUE(rep.ready());
   // The cluster still serves: the strangers' Steps streams and Register changed nothing.
-  auto r = Post("/v1/completions", {{"model", "tiny"}, {"prompt", std::vector<int32_t>{0, 5, 6}},
-                                    {"max_tokens", 3}, {"temperature", 0}});
+  auto r = Post("/v1/completions", {{"model", "tiny"},
+                                    {"prompt", std::vector<int32_t>{0, 5, 6}},
+                                    {"max_tokens", 3},
+                                    {"temperature", 0}});
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
 }
 
@@ -485,10 +486,17 @@ TEST(CoordinatorBinary, RefusesToStartWithoutAClusterToken) {
   testing_util::TempDir dir("coordinator_token");
   std::ofstream(dir / "cluster.json") << R"({"model_name": "tiny", "stages": [{"layers": "0-6",
       "workers": ["gpu0"]}], "expert_workers": []})";
-  const std::vector<std::string> base = {kBin + "/splitserve-coordinator", "--model", kModel,
-                                         "--tokenizer", kTokenizer, "--cluster",
-                                         dir / "cluster.json", "--port", "0",
-                                         "--control-listen", "127.0.0.1:0"};
+  const std::vector<std::string> base = {kBin + "/splitserve-coordinator",
+                                         "--model",
+                                         kModel,
+                                         "--tokenizer",
+                                         kTokenizer,
+                                         "--cluster",
+                                         dir / "cluster.json",
+                                         "--port",
+                                         "0",
+                                         "--control-listen",
+                                         "127.0.0.1:0"};
   const auto run = [&](std::vector<std::string> extra, const std::string& log) {
     std::vector<std::string> argv = base;
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -503,15 +511,16 @@ TEST(CoordinatorBinary, RefusesToStartWithoutAClusterToken) {
   const auto none = run({}, "none.log");
   EXPECT_EQ(none.first, 2) << none.second;
   EXPECT_NE(none.second.find("no cluster token"), std::string::npos) << none.second;
-  const auto both = run({"--insecure-cluster", "--cluster-token-file", dir / "cluster.json"},
-                        "both.log");
+  const auto both =
+      run({"--insecure-cluster", "--cluster-token-file", dir / "cluster.json"}, "both.log");
   EXPECT_EQ(both.first, 2) << both.second;
   EXPECT_NE(both.second.find("exclude each other"), std::string::npos) << both.second;
   // With the token it starts (and keeps running until stopped).
   testing_util::ExportTestClusterToken();
   {
     ChildProcess p(base, dir / "ok.log");
-    EXPECT_EQ(p.WaitExit(std::chrono::milliseconds(1500)), -1) << testing_util::ReadAll(dir / "ok.log");
+    EXPECT_EQ(p.WaitExit(std::chrono::milliseconds(1500)), -1)
+        << testing_util::ReadAll(dir / "ok.log");
     EXPECT_EQ(p.Stop(), 0);
   }
   if (saved) setenv(kClusterTokenEnv, token.c_str(), 1);

@@ -284,9 +284,20 @@ std::unique_ptr<Child> StartRegistered(const std::string& coordinator, const std
                                        const std::string& port_file,
                                        std::vector<std::string> extra = {}) {
   std::filesystem::remove(port_file);
-  std::vector<std::string> args = {"--model", kTinyA, "--coordinator", coordinator, "--worker-id",
-                                   id, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                                   "--kv-tokens", "4096", "--coordinator-timeout-ms", "1500"};
+  std::vector<std::string> args = {"--model",
+                                   kTinyA,
+                                   "--coordinator",
+                                   coordinator,
+                                   "--worker-id",
+                                   id,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
+                                   port_file,
+                                   "--kv-tokens",
+                                   "4096",
+                                   "--coordinator-timeout-ms",
+                                   "1500"};
   args.insert(args.end(), extra.begin(), extra.end());
   return std::make_unique<Child>(SS_BIN_DIR "/splitserve-gpu-worker", std::move(args));
 }
@@ -335,11 +346,9 @@ TEST(GpuWorkerControlPlane, RefusedOrLostCoordinatorEndsTheWorker) {
 TEST(GpuWorkerControlPlane, AWorkerWithoutTheCoordinatorsTokenIsRefused) {
   FakeCoordinator coord;
   const std::string token_file = TempPath("token");
-  {
-    std::ofstream(token_file) << std::string(64, 'c') << "\n";
-  }
-  std::filesystem::permissions(token_file, std::filesystem::perms::owner_read |
-                                               std::filesystem::perms::owner_write);
+  { std::ofstream(token_file) << std::string(64, 'c') << "\n"; }
+  std::filesystem::permissions(
+      token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   const absl::Time t0 = absl::Now();
   auto wrong = StartRegistered(coord.address(), "gpu0", TempPath("wrong"),
                                {"--cluster-token-file", token_file});

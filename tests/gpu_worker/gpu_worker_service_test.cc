@@ -23,11 +23,11 @@
 namespace ss::gpu {
 namespace {
 
+using ::ss::testing_util::TestCredential;
 using testing_util::AddChunk;
 using testing_util::kTinyA;
 using testing_util::Plan;
 using testing_util::WorkerClient;
-using ::ss::testing_util::TestCredential;
 namespace pb = testing_util::pb;
 
 std::shared_ptr<const model::Model> TinyA() {

@@ -269,9 +269,8 @@ TEST(RoutedExpertsClient, AGrpcWorkerServingAnotherSliceIsRefused) {
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition) << client.status();
   EXPECT_NE(client.status().message().find("slice 1/2"), std::string::npos) << client.status();
-  auto wrong_layer =
-      RoutedExpertsClient::Connect(**m, {{2, {Grpc(grpc, 1, 2), Shm("never-reached", 0, 2)}}},
-                                   Opts());
+  auto wrong_layer = RoutedExpertsClient::Connect(
+      **m, {{2, {Grpc(grpc, 1, 2), Shm("never-reached", 0, 2)}}}, Opts());
   ASSERT_FALSE(wrong_layer.ok());
   EXPECT_NE(wrong_layer.status().message().find("does not hold"), std::string::npos)
       << wrong_layer.status();

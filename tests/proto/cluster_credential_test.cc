@@ -79,8 +79,7 @@ TEST(ClusterCredential, LoadTakesAFileOrTheEnvironmentAndNeverRunsOpenByOmission
   EXPECT_TRUE(ClusterCredential::Load("", false).ok());
   EXPECT_FALSE(ClusterCredential::Load("", true).ok());
   setenv(kClusterTokenEnv, "", 1);
-  EXPECT_NE(ClusterCredential::Load("", false).status().message().find("empty"),
-            std::string::npos);
+  EXPECT_NE(ClusterCredential::Load("", false).status().message().find("empty"), std::string::npos);
   unsetenv(kClusterTokenEnv);
 }
 
@@ -124,7 +123,8 @@ TEST(ClusterCredential, OnlyTheSameTokenIsAnswered) {
   const ClusterCredential longer = *ClusterCredential::FromToken(kToken + "a");
   Checked server(mine);
   EXPECT_EQ(Beat(mine.CreateChannel(server.address())), grpc::StatusCode::OK);
-  for (const ClusterCredential& c : {other, longer, ClusterCredential(), ClusterCredential::Insecure()}) {
+  for (const ClusterCredential& c :
+       {other, longer, ClusterCredential(), ClusterCredential::Insecure()}) {
     EXPECT_EQ(Beat(c.CreateChannel(server.address())), grpc::StatusCode::UNAUTHENTICATED);
   }
   EXPECT_EQ(Beat(grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials())),
