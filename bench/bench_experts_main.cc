@@ -54,6 +54,7 @@
 #include "cpu_expert_worker/transport/grpc_server.h"
 #include "cpu_expert_worker/transport/shm_client.h"
 #include "cpu_expert_worker/transport/shm_server.h"
+#include "proto/cluster_credential.h"
 
 namespace ss::bench {
 namespace {
@@ -96,6 +97,24 @@ std::string CpuModel() {
 std::atomic<ss::expert::shm::ShmServer*> g_empty_shm{nullptr};
 std::atomic<ss::expert::grpc_transport::GrpcExpertServer*> g_empty_grpc{nullptr};
 
+// The gRPC calls carry one cluster token: $SPLITSERVE_CLUSTER_TOKEN, set to a fresh one when
+// unset before the children (which inherit it) are started.
+ss::ClusterCredential BenchCredential() {
+  static const ss::ClusterCredential credential = [] {
+    if (std::getenv(ss::kClusterTokenEnv) == nullptr) {
+      setenv(ss::kClusterTokenEnv, Must(ss::GenerateClusterToken(), "cluster token").c_str(), 1);
+    }
+    return Must(ss::ClusterCredential::Load("", false), "cluster token");
+  }();
+  return credential;
+}
+
+ss::expert::grpc_transport::GrpcClientOptions GrpcOptions() {
+  ss::expert::grpc_transport::GrpcClientOptions o;
+  o.credential = BenchCredential();
+  return o;
+}
+
 int ServeEmpty(const std::string& name, int port) {
   auto shm = ss::expert::shm::ShmServer::Create(
       EmptyServerOptions(name, ss::expert::shm::ShmServerOptions{}.spin, 1), EmptyHandler);
@@ -105,6 +124,7 @@ int ServeEmpty(const std::string& name, int port) {
   go.max_tokens = 1;
   go.dim = kDim;
   go.top_k = kTopK;
+  go.credential = BenchCredential();
   auto grpc = ss::expert::grpc_transport::GrpcExpertServer::Start(go, EmptyHandler);
   if (!grpc.ok()) Die("empty gRPC server", grpc.status());
   g_empty_shm.store(shm->get());
@@ -158,6 +178,7 @@ int Main(int argc, char** argv) {
     return ServeEmpty(argv[2], std::atoi(argv[3]));
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows when the output goes to a file
+  BenchCredential();                         // before any child starts
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -324,9 +345,9 @@ int Main(int argc, char** argv) {
       "it in 2 MB pages (log: %s)\n",
       startup_s, rss / 1e9, rss_ratio, slice_bytes / 1e9, AnonHugeBytes(worker->pid()) / 1e9,
       log.c_str());
-  auto grpc = Must(
-      ss::expert::grpc_transport::GrpcExpertClient::Connect(absl::StrCat("127.0.0.1:", grpc_port)),
-      "gRPC connect");
+  auto grpc = Must(ss::expert::grpc_transport::GrpcExpertClient::Connect(
+                       absl::StrCat("127.0.0.1:", grpc_port), GrpcOptions()),
+                   "gRPC connect");
 
   // (b) decode: T = 1, one call per layer, a new routing every call.
   std::vector<float> out(256 * kDim);
@@ -408,9 +429,9 @@ int Main(int argc, char** argv) {
 
   // (d) overheads. Empty calls: a child whose handlers do nothing.
   auto empty_client = Must(ConnectShm(empty_shm, {}, absl::Seconds(10)), "empty shm server");
-  auto empty_grpc = Must(
-      ss::expert::grpc_transport::GrpcExpertClient::Connect(absl::StrCat("127.0.0.1:", empty_port)),
-      "empty gRPC server");
+  auto empty_grpc = Must(ss::expert::grpc_transport::GrpcExpertClient::Connect(
+                             absl::StrCat("127.0.0.1:", empty_port), GrpcOptions()),
+                         "empty gRPC server");
   const Request one = MakeRequests(1, 1, o.experts, 999)[0];
   std::vector<double> shm_empty, grpc_empty, shm_t1, grpc_t1, engine_t1;
   const int block = 10, rounds = std::max(1, o.calls / block);

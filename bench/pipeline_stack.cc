@@ -103,6 +103,7 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
   }
   std::vector<std::vector<Rank> > ranks(pp);
   for (auto& stage : ranks) stage.resize(tp);
+  const ClusterCredential credential = *ClusterCredential::FromToken(*GenerateClusterToken());
   // fn(rank) for every rank of every stage, each on its own thread; false if any returned false.
   auto all = [&](auto fn) {
     std::vector<std::thread> th;
@@ -123,7 +124,7 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
       k.rank = r;
       k.device = devices[s][r];
       if (s > 0 && !links) {
-        auto srv = gpu::GpuWorkerServer::Start("127.0.0.1:0", "pp-bench");
+        auto srv = gpu::GpuWorkerServer::Start("127.0.0.1:0", "pp-bench", credential);
         if (!Check(srv.status(), "stream server")) return 1;
         k.server = std::move(*srv);
       }
@@ -132,7 +133,7 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
   for (int s = 0; s + 1 < pp && !links; ++s) {
     for (int r = 0; r < tp; ++r) {
       ranks[s][r].sender = std::make_unique<gpu::StreamSender>(
-          "127.0.0.1:" + std::to_string(ranks[s + 1][r].server->port()));
+          "127.0.0.1:" + std::to_string(ranks[s + 1][r].server->port()), credential);
     }
   }
   // Ranks of one stage are created together (their NCCL group meets in Create); stages in turn.

@@ -40,13 +40,15 @@ double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::max(1, std::atoi(argv[1])) : 200;
-  auto srv = ss::gpu::GpuWorkerServer::Start("127.0.0.1:0", "stage_push_bench");
+  const ss::ClusterCredential credential =
+      *ss::ClusterCredential::FromToken(*ss::GenerateClusterToken());
+  auto srv = ss::gpu::GpuWorkerServer::Start("127.0.0.1:0", "stage_push_bench", credential);
   if (!srv.ok()) {
     std::fprintf(stderr, "%s\n", srv.status().ToString().c_str());
     return 1;
   }
   ss::gpu::StreamInbox& inbox = (*srv)->inbox();
-  ss::gpu::StreamSender sender("127.0.0.1:" + std::to_string((*srv)->port()));
+  ss::gpu::StreamSender sender("127.0.0.1:" + std::to_string((*srv)->port()), credential);
   uint64_t next_id = 1;
   // One transfer: `send` hands micro-batch `id` over; returns {one-way, send call} seconds.
   auto transfer = [&](const std::function<absl::Status(uint64_t)>& send) {

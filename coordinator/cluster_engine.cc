@@ -226,8 +226,7 @@ bool ClusterEngine::Connect(std::string* why) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);
     args.SetMaxSendMessageSize(256 << 20);
-    w->stub = pb::GpuWorker::NewStub(
-        grpc::CreateCustomChannel(m.address, grpc::InsecureChannelCredentials(), args));
+    w->stub = pb::GpuWorker::NewStub(control_.credential().CreateChannel(m.address, args));
     // Poll Status until the worker has loaded its stage.
     while (true) {
       if (stop_.load()) return false;

@@ -70,7 +70,8 @@ struct ClusterEngineOptions {
 class ClusterEngine : public GenerationEngine {
  public:
   // `control` must outlive the engine. The KV cost model is built from `model` and the config's
-  // block size for each stage's layer range.
+  // block size for each stage's layer range. The engine's calls to the workers carry
+  // control.credential().
   ClusterEngine(ControlService& control, const ModelConfig& model, ClusterEngineOptions options);
   ~ClusterEngine() override;  // Stop()s
 

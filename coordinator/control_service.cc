@@ -21,8 +21,7 @@ grpc::Status CheckVersion(uint32_t version) {
 }  // namespace
 
 bool ControlService::WorkerAnswers(const std::string& address) {
-  auto stub = splitserve::v1::GpuWorker::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = splitserve::v1::GpuWorker::NewStub(credential_.CreateChannel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + kLivenessProbe);
   splitserve::v1::StatusRequest req;
@@ -33,14 +32,18 @@ bool ControlService::WorkerAnswers(const std::string& address) {
          rpc.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-ControlService::ControlService(ClusterConfig config, absl::Duration rendezvous_timeout)
-    : config_(std::move(config)), rendezvous_timeout_(rendezvous_timeout) {
+ControlService::ControlService(ClusterConfig config, ClusterCredential credential,
+                               absl::Duration rendezvous_timeout)
+    : config_(std::move(config)),
+      credential_(std::move(credential)),
+      rendezvous_timeout_(rendezvous_timeout) {
   for (const std::string& id : config_.GpuWorkerIds()) members_[id].info.id = id;
 }
 
-grpc::Status ControlService::Register(grpc::ServerContext*,
+grpc::Status ControlService::Register(grpc::ServerContext* context,
                                       const splitserve::v1::RegisterRequest* request,
                                       splitserve::v1::RegisterReply* reply) {
+  if (grpc::Status st = credential_.Check(*context, "Coordinator.Register"); !st.ok()) return st;
   if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
   absl::StatusOr<splitserve::v1::Role> role = RoleFor(config_, request->worker_id());
   if (!role.ok()) {
@@ -121,6 +124,7 @@ grpc::Status ControlService::Register(grpc::ServerContext*,
 grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
                                         const splitserve::v1::RendezvousRequest* request,
                                         splitserve::v1::RendezvousReply* reply) {
+  if (grpc::Status st = credential_.Check(*context, "Coordinator.Rendezvous"); !st.ok()) return st;
   if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
   std::unique_lock<std::mutex> lock(mu_);
   auto it = members_.find(request->worker_id());
@@ -221,9 +225,10 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::Heartbeat(grpc::ServerContext*,
+grpc::Status ControlService::Heartbeat(grpc::ServerContext* context,
                                        const splitserve::v1::HeartbeatRequest* request,
                                        splitserve::v1::HeartbeatReply* reply) {
+  if (grpc::Status st = credential_.Check(*context, "Coordinator.Heartbeat"); !st.ok()) return st;
   if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(request->worker_id());

@@ -10,9 +10,14 @@
 // reconnects to it. Register refuses another protocol version (FAILED_PRECONDITION naming both),
 // an id the config does not name (NOT_FOUND) and an id whose current registration is alive
 // (ALREADY_EXISTS): its heartbeats are fresh and its GpuWorker service still answers a Status
-// call within kLivenessProbe. A registration whose process no longer answers (a killed worker
-// that its supervisor restarted before its heartbeats went stale) is declared dead, and the new
-// one is accepted at once.
+// call within kLivenessProbe. So a second process cannot take over a live worker's id, while a
+// registration whose process no longer answers (a killed worker that its supervisor restarted
+// before its heartbeats went stale) is declared dead and the new one is accepted at once (the
+// engine then drops the old generation's stream). The probe carries the cluster credential; a
+// live process that answers anything but UNAVAILABLE or DEADLINE_EXCEEDED counts as alive.
+//
+// Authentication: every call must carry the cluster credential (proto/cluster_credential.h);
+// one that does not is answered UNAUTHENTICATED before its request is read, and changes nothing.
 //
 // Backends: a worker registering with backend "cpu" for a role of TP size > 1 is refused
 // (FAILED_PRECONDITION): the cpu backend runs TP 1 only.
@@ -45,6 +50,7 @@
 #include "absl/time/time.h"
 #include "coordinator/cluster_config.h"
 #include "proto/cluster.grpc.pb.h"
+#include "proto/cluster_credential.h"
 
 namespace ss::coord {
 
@@ -61,8 +67,9 @@ struct MemberInfo {
 
 class ControlService final : public splitserve::v1::Coordinator::Service {
  public:
-  explicit ControlService(ClusterConfig config,
-                          absl::Duration rendezvous_timeout = absl::Seconds(300));
+  // `credential`: what every call must carry; the ClusterEngine also presents it to the workers.
+  ControlService(ClusterConfig config, ClusterCredential credential,
+                 absl::Duration rendezvous_timeout = absl::Seconds(300));
 
   grpc::Status Register(grpc::ServerContext* context, const splitserve::v1::RegisterRequest* request,
                         splitserve::v1::RegisterReply* reply) override;
@@ -74,6 +81,7 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
                          splitserve::v1::HeartbeatReply* reply) override;
 
   const ClusterConfig& config() const { return config_; }
+  const ClusterCredential& credential() const { return credential_; }
   // Every GPU worker of the config, in GpuWorkerIds() order.
   std::vector<MemberInfo> Members() const;
   // True once every GPU worker is registered and none is dead; waits up to `timeout` for it.
@@ -110,6 +118,7 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
                          std::vector<std::string>* newly_dead);
 
   const ClusterConfig config_;
+  const ClusterCredential credential_;
   const absl::Duration rendezvous_timeout_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

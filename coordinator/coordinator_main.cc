@@ -7,7 +7,10 @@
 // control plane and the HTTP API at once. GET /health answers 200 while the process serves HTTP
 // (liveness); GET /ready answers 200 only while a complete pipeline serves (ClusterEngine::Ready:
 // 503 until every GPU worker is registered and ready, while the cluster re-forms after a worker
-// died, and while a micro-batch has been unanswered for --stall_timeout_s). --ports_file writes {"http": P, "control": Q} once both are bound.
+// died, and while a micro-batch has been unanswered for --stall_timeout_s). Every gRPC call in or
+// out carries the cluster token (--cluster_token_file or $SPLITSERVE_CLUSTER_TOKEN;
+// proto/cluster_credential.h): without one (and without --insecure_cluster) the coordinator
+// refuses to start. --ports_file writes {"http": P, "control": Q} once both are bound.
 //
 // SIGTERM / SIGINT: drain — new requests get 503, running ones finish (up to --drain_timeout_s),
 // then everything stops and the process exits 0.
@@ -36,6 +39,7 @@
 #include "coordinator/tokenizer.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "proto/cluster_credential.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint directory (its config.json; tokenizer.json unless "
@@ -49,6 +53,12 @@ ABSL_FLAG(std::string, control_listen, "127.0.0.1:50050",
 ABSL_FLAG(std::string, api_keys, "",
           "comma-separated API keys clients must send as 'Authorization: Bearer KEY'; empty = "
           "none. Environment mirror: SPLITSERVE_API_KEYS");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "file holding the cluster token every gRPC call between the cluster's processes carries "
+          "(0600; proto/cluster_credential.h). Environment mirror: SPLITSERVE_CLUSTER_TOKEN");
+ABSL_FLAG(bool, insecure_cluster, false,
+          "run the control plane without a cluster token: any process that can reach it may "
+          "register, heartbeat and read the cluster's layout (trusted single-user machines only)");
 ABSL_FLAG(std::string, ports_file, "", "write {\"http\": P, \"control\": Q} here once bound");
 ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM, seconds to let running requests finish");
 ABSL_FLAG(int, step_timeout_s, 120, "a micro-batch unanswered this long fails the cluster");
@@ -89,6 +99,13 @@ int Run(int argc, char** argv) {
     if (const char* env = std::getenv("SPLITSERVE_API_KEYS")) keys = env;
   }
 
+  absl::StatusOr<ClusterCredential> credential = ClusterCredential::Load(
+      absl::GetFlag(FLAGS_cluster_token_file), absl::GetFlag(FLAGS_insecure_cluster));
+  if (!credential.ok()) return Fail(2, std::string(credential.status().message()));
+  if (credential->insecure()) {
+    spdlog::warn("{}: --insecure_cluster: the control plane accepts unauthenticated calls", kName);
+  }
+
   absl::StatusOr<ModelConfig> model = LoadModelConfig(model_dir);
   if (!model.ok()) return Fail(1, std::string(model.status().message()));
   const std::string tok_path = absl::GetFlag(FLAGS_tokenizer).empty()
@@ -116,7 +133,7 @@ int Run(int argc, char** argv) {
                kName, model_dir, model->n_layers, cluster_path, cluster->stages.size(),
                cluster->stages.front().workers.size(), cluster->expert_workers.size());
 
-  ControlService control(*cluster);
+  ControlService control(*cluster, *credential);
   int control_port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::GetFlag(FLAGS_control_listen), grpc::InsecureServerCredentials(),

@@ -35,6 +35,7 @@
 #include "gpu_worker/fp64_sums.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "proto/cluster_credential.h"
 
 namespace ss {
 namespace {
@@ -362,6 +363,14 @@ int RunUpCommand(int argc, char** argv) {
       return 1;
     }
   }
+  // A fresh cluster token for this run (proto/cluster_credential.h): the children inherit it
+  // through the environment (readable only by this user), never through argv.
+  absl::StatusOr<std::string> token = GenerateClusterToken();
+  if (!token.ok()) {
+    std::fprintf(stderr, "splitserve up: %s\n", std::string(token.status().message()).c_str());
+    return 1;
+  }
+  setenv(kClusterTokenEnv, token->c_str(), 1);
 
   // Layout.
   const int gpus = CountGpus();

@@ -45,6 +45,7 @@
 #include "cpu_expert_worker/transport/grpc_server.h"
 #include "cpu_expert_worker/transport/shm_server.h"
 #include "cpu_expert_worker/worker_config.h"
+#include "proto/cluster_credential.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
@@ -60,6 +61,12 @@ ABSL_FLAG(int, threads, 0, "pool threads; 0 = every physical core of the node in
 ABSL_FLAG(std::string, isa, "auto", "expert kernels: auto (CPUID), scalar, avx2 or avx512");
 ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve expert calls on");
 ABSL_FLAG(std::string, grpc_listen, "", "gRPC address (host:port) to serve expert calls on");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "with --grpc_listen: file holding the cluster token every gRPC call must carry (0600; "
+          "proto/cluster_credential.h). Environment mirror: SPLITSERVE_CLUSTER_TOKEN");
+ABSL_FLAG(bool, insecure_cluster, false,
+          "with --grpc_listen: accept gRPC calls without a cluster token (trusted single-user "
+          "machines only)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "address (host:port) to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, max_tokens, 256, "largest number of tokens per call");
@@ -291,8 +298,8 @@ class WorkerMetrics {
 // Serves expert calls on the shared-memory segment and/or gRPC until SIGTERM / SIGINT; the
 // segment is unlinked on the way out. The engine is not thread-safe across transports, so with
 // both, one mutex serialises every engine call. With `metrics`, each call is timed and counted.
-int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine,
-          WorkerMetrics* metrics, const ThreadPool& pool) {
+int Serve(const WorkerConfig& c, const ClusterCredential& credential, const ExpertStore& store,
+          ExpertEngine& engine, WorkerMetrics* metrics, const ThreadPool& pool) {
   absl::Mutex engine_mu;
   const auto handler_for = [&engine, &engine_mu, metrics, &pool](std::string transport) {
     return shm::ExpertHandler([&engine, &engine_mu, metrics, &pool, transport](
@@ -324,6 +331,7 @@ int Serve(const WorkerConfig& c, const ExpertStore& store, ExpertEngine& engine,
   if (!c.grpc_listen.empty()) {
     grpc_transport::GrpcServerOptions go;
     go.listen_address = c.grpc_listen;
+    go.credential = credential;
     go.max_tokens = static_cast<uint32_t>(engine.max_tokens());
     go.dim = static_cast<uint32_t>(store.dim());
     go.top_k = static_cast<uint32_t>(engine.max_top_k());
@@ -411,6 +419,8 @@ int Main(int argc, char** argv) {
   f.weight_layout = absl::GetFlag(FLAGS_weight_layout);
   f.selftest = absl::GetFlag(FLAGS_selftest);
   f.selftest_tokens = absl::GetFlag(FLAGS_selftest_tokens);
+  f.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
+  f.insecure_cluster = absl::GetFlag(FLAGS_insecure_cluster);
   auto parsed = ParseWorkerConfig(f);
   if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
   const WorkerConfig& c = *parsed;
@@ -418,6 +428,16 @@ int Main(int argc, char** argv) {
     return Usage(
         "nothing to do: pass --shm_name NAME and/or --grpc_listen HOST:PORT to serve, or "
         "--selftest N (0 = load only)");
+  }
+  ClusterCredential credential;  // used only with --grpc_listen
+  if (!c.grpc_listen.empty()) {
+    absl::StatusOr<ClusterCredential> loaded =
+        ClusterCredential::Load(c.cluster_token_file, c.insecure_cluster);
+    if (!loaded.ok()) return Usage(std::string(loaded.status().message()));
+    credential = *loaded;
+    if (credential.insecure()) {
+      spdlog::warn("--insecure_cluster: the gRPC expert service accepts unauthenticated calls");
+    }
   }
 
   const Isa isa = *ParseIsa(c.isa);
@@ -497,7 +517,7 @@ int Main(int argc, char** argv) {
     spdlog::info(absl::StrCat("serving metrics on http://", metrics_listen, "/metrics (port ",
                               registry->port(), ")"));
   }
-  return Serve(c, **store, **engine, worker_metrics.get(), **pool);
+  return Serve(c, credential, **store, **engine, worker_metrics.get(), **pool);
 }
 
 }  // namespace

@@ -82,6 +82,12 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
                                                    "]"));
   }
   c.selftest_tokens = f.selftest_tokens;
+  if (f.insecure_cluster && !f.cluster_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--insecure_cluster and --cluster_token_file exclude each other");
+  }
+  c.cluster_token_file = f.cluster_token_file;
+  c.insecure_cluster = f.insecure_cluster;
   return c;
 }
 

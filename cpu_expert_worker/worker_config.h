@@ -10,6 +10,11 @@
 //   --threads N           pool size; 0 = the node's physical cores in the allowed CPU set
 //   --isa auto|scalar|avx2|avx512   expert kernels (auto: from CPUID)
 //   --shm_name NAME, --grpc_listen ADDR   serve expert calls over shared memory and/or gRPC
+//   --cluster_token_file PATH   with --grpc_listen: the cluster token every gRPC call must carry
+//                         (env mirror SPLITSERVE_CLUSTER_TOKEN; proto/cluster_credential.h)
+//   --insecure_cluster    with --grpc_listen: accept gRPC calls without a token (exclusive with
+//                         a token; without either a gRPC-serving worker refuses to start). The
+//                         shared-memory segment is guarded by its 0600 mode instead.
 //   --max_tokens T        largest T per call (sizes the engine's preallocated memory)
 //   --spin_us US          how long idle pool threads spin before sleeping
 //   --split_target U, --min_split_cols W   how the engine cuts a call (expert_engine.h)
@@ -55,6 +60,8 @@ struct WorkerFlags {
   std::string weight_layout = "tiled";
   int64_t selftest = -1;  // -1: not requested
   int64_t selftest_tokens = 1;
+  std::string cluster_token_file;
+  bool insecure_cluster = false;
 };
 
 struct WorkerConfig {
@@ -73,6 +80,9 @@ struct WorkerConfig {
   bool tiled_weights = true;  // --weight_layout tiled
   int64_t selftest = -1;
   int64_t selftest_tokens = 1;
+  // The credential's source, for ClusterCredential::Load (which reads the file or environment).
+  std::string cluster_token_file;
+  bool insecure_cluster = false;
 };
 
 // Validates every flag (InvalidArgument naming the flag and its value).

@@ -82,14 +82,14 @@ StageRole RoleFromProto(const pb::Role& r, const std::string& worker_id) {
 
 class CoordinatorClient::Impl {
  public:
-  explicit Impl(const std::string& address)
-      : stub_(pb::Coordinator::NewStub(
-            ::grpc::CreateChannel(address, ::grpc::InsecureChannelCredentials()))) {}
+  Impl(const std::string& address, const ClusterCredential& credential)
+      : stub_(pb::Coordinator::NewStub(credential.CreateChannel(address))) {}
   std::unique_ptr<pb::Coordinator::Stub> stub_;
 };
 
-CoordinatorClient::CoordinatorClient(const std::string& address)
-    : address_(address), impl_(std::make_unique<Impl>(address)) {}
+CoordinatorClient::CoordinatorClient(const std::string& address,
+                                     const ClusterCredential& credential)
+    : address_(address), impl_(std::make_unique<Impl>(address, credential)) {}
 
 CoordinatorClient::~CoordinatorClient() = default;
 

@@ -6,6 +6,9 @@
 // any other answer (a refusal: unknown worker id, duplicate, protocol version) is returned at
 // once with the coordinator's message. Heartbeat makes one attempt.
 //
+// Every call carries the cluster credential given at construction (proto/cluster_credential.h);
+// a coordinator that refuses it answers UNAUTHENTICATED, which is returned at once.
+//
 // Threads: one client may be used from several threads (gRPC stubs are thread-safe).
 #pragma once
 
@@ -19,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gpu_worker/worker_config.h"
+#include "proto/cluster_credential.h"
 
 namespace splitserve::v1 {
 class Role;
@@ -52,7 +56,7 @@ StageRole RoleFromProto(const ::splitserve::v1::Role& role, const std::string& w
 
 class CoordinatorClient {
  public:
-  explicit CoordinatorClient(const std::string& address);
+  CoordinatorClient(const std::string& address, const ClusterCredential& credential);
   ~CoordinatorClient();
 
   absl::StatusOr<StageRole> Register(const std::string& worker_id, const std::string& address,

@@ -24,6 +24,15 @@
 namespace ss::gpu {
 namespace {
 
+#if SS_HAVE_CPU_BACKEND
+// gRPC expert workers refuse calls without the cluster token: $SPLITSERVE_CLUSTER_TOKEN when set
+// (shared-memory endpoints need none; a gRPC one without it answers UNAUTHENTICATED).
+ClusterCredential ExpertCredential() {
+  absl::StatusOr<ClusterCredential> c = ClusterCredential::Load("", false);
+  return c.ok() ? *c : ClusterCredential();
+}
+#endif
+
 #if SS_HAVE_CPU_BACKEND || SS_HAVE_CUDA
 // The golden chunks as a backend batch: every chunk samples; `ids` holds the int32 tokens the
 // batch's spans point into.
@@ -154,6 +163,7 @@ class CpuGolden final : public StagedGolden {
     o.first_layer = l.first_layer;
     o.end_layer = l.end_layer;
     o.kv_tokens = kGoldenKvTokens;
+    o.expert_client.credential = ExpertCredential();
     for (const LayerExpertsConfig& e : experts_) {
       if (e.layer >= l.first_layer && e.layer < l.end_layer) o.experts.push_back(e);
     }
@@ -271,6 +281,7 @@ class CudaGolden final : public StagedGolden {
         ExpertClientOptions co;
         co.tp_rank = rank;
         co.tp_size = tp_;
+        co.credential = ExpertCredential();
         ASSIGN_OR_RETURN(
             std::unique_ptr<RoutedExpertsClient> c,
             RoutedExpertsClient::Connect(*m, ExpertSlicesForRank(layers, rank, tp_), co));

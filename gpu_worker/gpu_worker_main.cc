@@ -119,6 +119,12 @@ ABSL_FLAG(int64_t, coordinator_timeout_ms, WorkerFlags{}.coordinator_timeout_ms,
 ABSL_FLAG(int64_t, collective_timeout_ms, WorkerFlags{}.collective_timeout_ms,
           "TP > 1: deadline of each wait for an NCCL collective (a peer that stopped is an error "
           "after this long, never a hang)");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "file holding the cluster token every gRPC call in and out carries (0600; "
+          "proto/cluster_credential.h). Environment mirror: SPLITSERVE_CLUSTER_TOKEN");
+ABSL_FLAG(bool, insecure_cluster, false,
+          "serve the GpuWorker service without a cluster token: any process that can reach it may "
+          "drive its steps (trusted single-user machines only)");
 ABSL_FLAG(int, stage, 0, "standalone: this worker's pipeline stage");
 ABSL_FLAG(int, tp_rank, 0, "standalone: this worker's tensor-parallel rank");
 ABSL_FLAG(int, tp_size, 1, "standalone: tensor-parallel ranks of the stage (cuda backend)");
@@ -242,9 +248,9 @@ struct NcclIds {
 
 // Loads the model and builds the stage (TP group, stage links, backend, sender, runner, metrics).
 // `on_group_broken`: see RunnerOptions (also called when a stage link breaks).
-absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role, const NcclIds& ids,
-                                      metrics::Metrics* metrics, StreamInbox* inbox,
-                                      const std::atomic<bool>* stop,
+absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCredential& credential,
+                                      StageRole role, const NcclIds& ids, metrics::Metrics* metrics,
+                                      StreamInbox* inbox, const std::atomic<bool>* stop,
                                       std::function<void(const std::string&)> on_group_broken) {
   if (role.tp_size < 1 || role.tp_rank < 0 || role.tp_rank >= role.tp_size) {
     return absl::InvalidArgumentError(
@@ -280,6 +286,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role, con
   o.expert_client.cancel = stop;
   o.expert_client.tp_rank = role.tp_rank;
   o.expert_client.tp_size = role.tp_size;
+  o.expert_client.credential = credential;
   LoadedStage stage;
   NcclComm* comm_ptr = nullptr;
   if (c.backend == "cuda") {
@@ -356,7 +363,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, StageRole role, con
       return absl::FailedPreconditionError(
           absl::StrCat("stage ", role.stage, " has no address for stage ", role.stage + 1));
     }
-    stage.sender = std::make_unique<StreamSender>(role.next_stage_address);
+    stage.sender = std::make_unique<StreamSender>(role.next_stage_address, credential);
   }
   if (metrics != nullptr) {
     stage.metrics =
@@ -507,14 +514,25 @@ int Main(int argc, char** argv) {
   f.next_stage = absl::GetFlag(FLAGS_next_stage);
   f.kv_block_tokens = absl::GetFlag(FLAGS_kv_block_tokens);
   f.experts = absl::GetFlag(FLAGS_experts);
+  f.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
+  f.insecure_cluster = absl::GetFlag(FLAGS_insecure_cluster);
   auto parsed = ParseWorkerConfig(f);
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s: %s\n", kName, std::string(parsed.status().message()).c_str());
     return 2;
   }
   const WorkerConfig& c = *parsed;
+  absl::StatusOr<ClusterCredential> credential =
+      ClusterCredential::Load(c.cluster_token_file, c.insecure_cluster);
+  if (!credential.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kName, std::string(credential.status().message()).c_str());
+    return 2;
+  }
   spdlog::info("{} (cluster protocol version {})", kName, kClusterProtocolVersion);
   for (const std::string& line : c.Describe()) spdlog::info("  {}", line);
+  if (credential->insecure()) {
+    spdlog::warn("--insecure_cluster: the GpuWorker service accepts unauthenticated calls");
+  }
 
   // Stop signals are taken by one thread (sigwait); every other thread, gRPC's included, is
   // started after this mask and inherits it.
@@ -559,7 +577,7 @@ int Main(int argc, char** argv) {
     }
     std::unique_ptr<GpuWorkerServer> server;
     if (!stop.flag()->load()) {
-      auto s = GpuWorkerServer::Start(c.listen, c.worker_id);
+      auto s = GpuWorkerServer::Start(c.listen, c.worker_id, *credential);
       if (!s.ok()) {
         spdlog::error("{}", std::string(s.status().message()));
         stop.Trigger(1, "cannot listen");
@@ -579,7 +597,7 @@ int Main(int argc, char** argv) {
     NcclIds nccl_ids;
     bool have_role = false;
     if (server != nullptr && !c.coordinator.empty()) {
-      coordinator = std::make_unique<CoordinatorClient>(c.coordinator);
+      coordinator = std::make_unique<CoordinatorClient>(c.coordinator, *credential);
       const std::string address = AdvertiseAddress(c, server->port());
       DeviceDescription device;
       device.host = Hostname();
@@ -716,8 +734,8 @@ int Main(int argc, char** argv) {
                                      "step (",
                                      why, "): communicator aborted, it must be formed anew"));
       };
-      auto stage = LoadStage(c, role, nccl_ids, metrics.get(), &server->inbox(), stop.flag(),
-                             on_group_broken);
+      auto stage = LoadStage(c, *credential, role, nccl_ids, metrics.get(), &server->inbox(),
+                             stop.flag(), on_group_broken);
       if (!stage.ok()) {
         spdlog::error("start-up failed: {}", std::string(stage.status().message()));
         server->SetError(std::string(stage.status().message()));

@@ -62,7 +62,8 @@ class ResultSink {
 
 class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
  public:
-  explicit Impl(std::string worker_id) : worker_id_(std::move(worker_id)) {
+  Impl(std::string worker_id, ClusterCredential credential)
+      : credential_(std::move(credential)), worker_id_(std::move(worker_id)) {
     executor_ = std::thread([this] { ExecutorLoop(); });
   }
   ~Impl() override { StopExecutor(); }
@@ -73,6 +74,12 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
     builder.RegisterService(this);
     builder.SetMaxReceiveMessageSize(-1);
     builder.SetMaxSendMessageSize(-1);
+    // Pings find a Steps peer that hung or vanished without closing its connection, so a
+    // restarted coordinator can take over (the header's "One Steps stream at a time").
+    const int keepalive_ms = static_cast<int>(absl::ToInt64Milliseconds(kKeepalive));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
       server_.reset();
@@ -82,8 +89,9 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
     return absl::OkStatus();
   }
 
-  ::grpc::Status Status(::grpc::ServerContext*, const pb::StatusRequest* req,
+  ::grpc::Status Status(::grpc::ServerContext* ctx, const pb::StatusRequest* req,
                         pb::WorkerStatus* st) override {
+    if (::grpc::Status auth = credential_.Check(*ctx, "GpuWorker.Status"); !auth.ok()) return auth;
     if (req->protocol_version() != kClusterProtocolVersion) {
       return ::grpc::Status(::grpc::StatusCode::FAILED_PRECONDITION,
                             VersionMismatch("Status request", req->protocol_version()));
@@ -104,11 +112,21 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
 
   ::grpc::Status Steps(::grpc::ServerContext* ctx,
                        ::grpc::ServerReaderWriter<pb::StepResult, pb::StepPlan>* stream) override {
+    if (::grpc::Status auth = credential_.Check(*ctx, "GpuWorker.Steps"); !auth.ok()) return auth;
     {
-      std::lock_guard<std::mutex> lock(queue_mu_);
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      steps_cv_.wait_for(lock, absl::ToChronoMilliseconds(kStepsHandover),
+                         [&] { return live_steps_ == nullptr || stopping_; });
       if (stopping_) {
         return ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "the worker is shutting down");
       }
+      if (live_steps_ != nullptr) {
+        spdlog::warn("refused a Steps stream from {}: the stream from {} is live", ctx->peer(),
+                     live_steps_->peer());
+        return ::grpc::Status(::grpc::StatusCode::FAILED_PRECONDITION,
+                              "another Steps stream is open on this worker");
+      }
+      live_steps_ = ctx;
       streams_.insert(ctx);
       // A new stream starts with no sequences (cluster.proto): after the plans of any older
       // stream, free every sequence and drop streams pushed for micro-batches of the old one.
@@ -127,14 +145,22 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
       }
       if (shutdown) break;
     }
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      live_steps_ = nullptr;
+      steps_cv_.notify_all();
+    }
     sink->WaitAll();
     std::lock_guard<std::mutex> lock(queue_mu_);
     streams_.erase(ctx);
     return ::grpc::Status::OK;
   }
 
-  ::grpc::Status PushStreams(::grpc::ServerContext*, const pb::StageStreams* req,
+  ::grpc::Status PushStreams(::grpc::ServerContext* ctx, const pb::StageStreams* req,
                              pb::PushReply*) override {
+    if (::grpc::Status auth = credential_.Check(*ctx, "GpuWorker.PushStreams"); !auth.ok()) {
+      return auth;
+    }
     if (req->protocol_version() != kClusterProtocolVersion) {
       return ::grpc::Status(::grpc::StatusCode::FAILED_PRECONDITION,
                             VersionMismatch("PushStreams", req->protocol_version()));
@@ -222,6 +248,7 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
       std::lock_guard<std::mutex> lock(queue_mu_);
       stopping_ = true;
       queue_cv_.notify_all();
+      steps_cv_.notify_all();
     }
     inbox_.Shutdown();
     if (executor_.joinable()) executor_.join();
@@ -245,6 +272,7 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
     std::shared_ptr<ResultSink> sink;  // null: a reset marker (a new stream opened)
   };
 
+  const ClusterCredential credential_;
   std::string worker_id_;
   std::unique_ptr<::grpc::Server> server_;
   int port_ = 0;
@@ -259,6 +287,9 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
   std::deque<Item> queue_;
   bool stopping_ = false;
   std::set<::grpc::ServerContext*> streams_;  // open Steps streams
+  // The stream still reading plans (at most one); the others only wait for their results.
+  ::grpc::ServerContext* live_steps_ = nullptr;
+  std::condition_variable steps_cv_;  // live_steps_ became null, or stopping_
   std::thread executor_;
 };
 
@@ -266,9 +297,9 @@ GpuWorkerServer::GpuWorkerServer(std::unique_ptr<Impl> impl) : impl_(std::move(i
 
 GpuWorkerServer::~GpuWorkerServer() { Shutdown(absl::Seconds(1)); }
 
-absl::StatusOr<std::unique_ptr<GpuWorkerServer>> GpuWorkerServer::Start(const std::string& listen,
-                                                                        std::string worker_id) {
-  auto impl = std::make_unique<Impl>(std::move(worker_id));
+absl::StatusOr<std::unique_ptr<GpuWorkerServer>> GpuWorkerServer::Start(
+    const std::string& listen, std::string worker_id, ClusterCredential credential) {
+  auto impl = std::make_unique<Impl>(std::move(worker_id), std::move(credential));
   if (absl::Status st = impl->Listen(listen); !st.ok()) return st;
   return std::unique_ptr<GpuWorkerServer>(new GpuWorkerServer(std::move(impl)));
 }

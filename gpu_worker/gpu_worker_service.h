@@ -5,9 +5,20 @@
 //                exactly one StepResult, in the order received
 //   PushStreams  the previous stage's output streams (from its worker of this TP rank), held in
 //                the StreamInbox
-// Every request's protocol_version is checked: Status and PushStreams refuse another version
-// with FAILED_PRECONDITION naming both; a step plan of another version is answered with an
-// error result (the stream stays open).
+// Every call must carry the cluster credential (proto/cluster_credential.h): one that does not
+// is answered UNAUTHENTICATED before anything else and changes nothing. Every request's
+// protocol_version is checked: Status and PushStreams refuse another version with
+// FAILED_PRECONDITION naming both; a step plan of another version is answered with an error
+// result (the stream stays open).
+//
+// One Steps stream at a time. A new stream starts with no sequences (it frees every sequence of
+// the old one), so it is accepted only once no other stream is live (still reading plans); a
+// second stream waits up to kStepsHandover for the live one to end (a coordinator that
+// reconnects cancels its old stream first) and is then refused with FAILED_PRECONDITION, the
+// live stream untouched. A live stream ends when its client closes it, sends `shutdown`, cancels
+// it or goes away: a peer process that dies closes its connection at once, and one that hangs or
+// whose host vanishes is found by keepalive pings within kKeepalive x 2, after which a restarted
+// coordinator's stream is accepted.
 //
 // Threads. gRPC's synchronous server runs each RPC on its own thread. Plans of every Steps
 // stream go to ONE executor thread, which runs them in arrival order (the scheduler's KV-block
@@ -36,6 +47,7 @@
 #include "gpu_worker/stage_link.h"
 #include "gpu_worker/stage_runner.h"
 #include "gpu_worker/stage_transfer.h"
+#include "proto/cluster_credential.h"
 
 namespace ss::gpu {
 
@@ -56,9 +68,14 @@ struct LoadedStage {
 
 class GpuWorkerServer {
  public:
-  // Serves on `listen` ("host:port", port 0 = any free port). Unavailable when it cannot bind.
+  static constexpr absl::Duration kStepsHandover = absl::Seconds(2);
+  static constexpr absl::Duration kKeepalive = absl::Seconds(10);
+
+  // Serves on `listen` ("host:port", port 0 = any free port), accepting calls that carry
+  // `credential`. Unavailable when it cannot bind.
   static absl::StatusOr<std::unique_ptr<GpuWorkerServer>> Start(const std::string& listen,
-                                                                std::string worker_id);
+                                                                std::string worker_id,
+                                                                ClusterCredential credential);
   ~GpuWorkerServer();  // Shutdown()s
   GpuWorkerServer(const GpuWorkerServer&) = delete;
   GpuWorkerServer& operator=(const GpuWorkerServer&) = delete;

@@ -115,7 +115,7 @@ bool Retryable(const absl::Status& st) {
 
 absl::StatusOr<std::unique_ptr<RoutedExpertsClient::Endpoint>> ConnectEndpoint(
     const ExpertEndpointConfig& e, const ModelConfig& c, absl::Duration timeout,
-    const std::atomic<bool>* cancel) {
+    const std::atomic<bool>* cancel, const ClusterCredential& credential) {
   auto ep = std::make_unique<RoutedExpertsClient::Endpoint>();
   ep->label = e.Describe();
   const absl::Time until = absl::Now() + timeout;
@@ -135,6 +135,7 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient::Endpoint>> ConnectEndpoint(
       last = client.status();
     } else {
       grpc_transport::GrpcClientOptions o;
+      o.credential = credential;
       o.expect_dim = static_cast<uint32_t>(c.dim);
       o.expect_top_k = static_cast<uint32_t>(c.n_activated_experts);
       o.connect_timeout =
@@ -198,7 +199,8 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient>> RoutedExpertsClient::Connec
       key.worker_id.clear();
       auto it = client->endpoints_.find(key.Describe());
       if (it == client->endpoints_.end()) {
-        auto ep = ConnectEndpoint(e, c, options.connect_timeout, options.cancel);
+        auto ep =
+            ConnectEndpoint(e, c, options.connect_timeout, options.cancel, options.credential);
         if (!ep.ok()) {
           return absl::Status(ep.status().code(),
                               absl::StrCat("layer ", l.layer, ": ", ep.status().message()));

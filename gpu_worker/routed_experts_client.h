@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model/model.h"
+#include "proto/cluster_credential.h"
 
 namespace ss::gpu {
 
@@ -87,6 +88,7 @@ struct ExpertClientOptions {
   const std::atomic<bool>* cancel = nullptr;           // optional: set -> Connect stops waiting
   int tp_rank = 0;  // the layers' endpoints are this rank's slices (ValidateLayerExperts)
   int tp_size = 1;
+  ClusterCredential credential;  // carried by the calls to gRPC endpoints
 };
 
 class RoutedExpertsClient final : public model::RoutedExperts {

@@ -83,19 +83,19 @@ size_t StreamInbox::waiting() const {
 
 class StreamSender::Impl {
  public:
-  explicit Impl(const std::string& address) {
+  Impl(const std::string& address, const ClusterCredential& credential) {
     ::grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
     args.SetMaxReceiveMessageSize(-1);
-    channel_ = ::grpc::CreateCustomChannel(address, ::grpc::InsecureChannelCredentials(), args);
+    channel_ = credential.CreateChannel(address, args);
     stub_ = pb::GpuWorker::NewStub(channel_);
   }
   std::shared_ptr<::grpc::Channel> channel_;
   std::unique_ptr<pb::GpuWorker::Stub> stub_;
 };
 
-StreamSender::StreamSender(std::string address)
-    : address_(std::move(address)), impl_(std::make_unique<Impl>(address_)) {}
+StreamSender::StreamSender(std::string address, const ClusterCredential& credential)
+    : address_(std::move(address)), impl_(std::make_unique<Impl>(address_, credential)) {}
 
 StreamSender::~StreamSender() = default;
 

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/cluster_credential.h"
 
 namespace grpc {
 class Channel;
@@ -83,10 +84,11 @@ bool PackBf16(std::span<const float> streams, std::string* out);
 void UnpackBf16(std::string_view packed, float* out);
 
 // Sends StageStreams to the next stage over one gRPC channel, waiting for a peer that is still
-// starting (wait-for-ready) until the push's deadline. From one thread at a time.
+// starting (wait-for-ready) until the push's deadline. Every push carries `credential`. From
+// one thread at a time.
 class StreamSender {
  public:
-  explicit StreamSender(std::string address);
+  StreamSender(std::string address, const ClusterCredential& credential);
   ~StreamSender();
 
   // Errors name the address: the RPC's status (DeadlineExceeded, Unavailable, the receiver's

@@ -128,6 +128,12 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   c.expert_connect_timeout_ms = f.expert_connect_timeout_ms;
   c.stream_wait_ms = f.stream_wait_ms;
   c.coordinator_timeout_ms = f.coordinator_timeout_ms;
+  if (f.insecure_cluster && !f.cluster_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--insecure_cluster and --cluster_token_file exclude each other");
+  }
+  c.cluster_token_file = f.cluster_token_file;
+  c.insecure_cluster = f.insecure_cluster;
   c.worker_id = f.worker_id;
   if (!f.coordinator.empty()) {
     RETURN_IF_ERROR(CheckHostPort("coordinator", f.coordinator));
@@ -203,6 +209,9 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("coordinator_timeout_ms = ", coordinator_timeout_ms),
       absl::StrCat("collective_timeout_ms = ", collective_timeout_ms),
   };
+  std::string token = cluster_token_file.empty() ? "$SPLITSERVE_CLUSTER_TOKEN" : cluster_token_file;
+  if (insecure_cluster) token = "(none: --insecure_cluster)";
+  lines.push_back(absl::StrCat("cluster_token = ", token));
   if (coordinator.empty()) {
     lines.push_back(absl::StrCat("stage = ", stage, " of ", num_stages));
     lines.push_back(absl::StrCat("tp = rank ", tp_rank, " of ", tp_size));

@@ -22,6 +22,10 @@
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
 //   --coordinator_timeout_ms MS  registration retries / heartbeat silence before giving up
 //   --collective_timeout_ms MS   TP > 1: deadline of each wait for an NCCL collective
+//   --cluster_token_file PATH    the cluster token every gRPC call in and out carries
+//                             (env mirror SPLITSERVE_CLUSTER_TOKEN; proto/cluster_credential.h)
+//   --insecure_cluster        no token: the GpuWorker service accepts any caller (exclusive with
+//                             a token; without either the worker refuses to start)
 //   standalone only: --stage S, --num_stages N, --layers a-b (inclusive), --next_stage ADDR (the
 //   next stage's worker of this TP rank), --kv_block_tokens N, --experts "a-b=EP[+EP...],..."
 //   with EP = shm:NAME | grpc:HOST:PORT, the i-th EP of a range being slice i of n (a TP rank
@@ -71,6 +75,8 @@ struct WorkerFlags {
   std::string next_stage;
   int kv_block_tokens = 128;
   std::string experts;
+  std::string cluster_token_file;
+  bool insecure_cluster = false;
 };
 
 struct WorkerConfig {
@@ -94,6 +100,9 @@ struct WorkerConfig {
   std::string next_stage;
   int kv_block_tokens = 128;
   std::vector<LayerExpertsConfig> experts;
+  // The credential's source, for ClusterCredential::Load (which reads the file or environment).
+  std::string cluster_token_file;
+  bool insecure_cluster = false;
 
   // One "name = value" line per flag, for the start-up log.
   std::vector<std::string> Describe() const;

@@ -55,8 +55,7 @@ absl::StatusOr<std::unique_ptr<GrpcExpertClient>> GrpcExpertClient::Connect(
   ::grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // responses are T·dim·4 bytes (4 MiB at T=256, dim=4096)
   args.SetMaxSendMessageSize(-1);
-  impl->channel = ::grpc::CreateCustomChannel(std::string(address),
-                                              ::grpc::InsecureChannelCredentials(), args);
+  impl->channel = options.credential.CreateChannel(std::string(address), args);
   impl->stub = pb::ExpertService::NewStub(impl->channel);
   std::unique_ptr<GrpcExpertClient> client(
       new GrpcExpertClient(std::string(address), options, std::move(impl)));

@@ -30,10 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cpu_expert_worker/transport/shm_client.h"
+#include "proto/cluster_credential.h"
 
 namespace ss::expert::grpc_transport {
 
 struct GrpcClientOptions {
+  ClusterCredential credential;  // every call carries it (proto/cluster_credential.h)
   absl::Duration connect_timeout = absl::Seconds(5);  // for the Info call in Connect
   // What the caller needs from the server; 0 accepts whatever it serves.
   uint32_t expect_dim = 0;

@@ -61,8 +61,12 @@ class GrpcExpertServer::Impl final : public pb::ExpertService::Service {
     return absl::OkStatus();
   }
 
-  ::grpc::Status Info(::grpc::ServerContext*, const pb::InfoRequest*,
+  ::grpc::Status Info(::grpc::ServerContext* context, const pb::InfoRequest*,
                       pb::InfoResponse* response) override {
+    if (::grpc::Status auth = options_.credential.Check(*context, "ExpertService.Info");
+        !auth.ok()) {
+      return auth;
+    }
     response->set_protocol_version(kGrpcProtocolVersion);
     response->set_dim(static_cast<int32_t>(options_.dim));
     response->set_max_tokens(static_cast<int32_t>(options_.max_tokens));
@@ -75,6 +79,10 @@ class GrpcExpertServer::Impl final : public pb::ExpertService::Service {
 
   ::grpc::Status Compute(::grpc::ServerContext* context, const pb::ExpertRequest* request,
                          pb::ExpertResponse* response) override {
+    if (::grpc::Status auth = options_.credential.Check(*context, "ExpertService.Compute");
+        !auth.ok()) {
+      return auth;
+    }
     calls_.fetch_add(1, std::memory_order_relaxed);
     ::grpc::Status st = Validate(*request);
     if (!st.ok()) {

@@ -5,7 +5,9 @@
 //   ASSIGN_OR_RETURN(auto server, GrpcExpertServer::Start(options, handler));
 //   ... server->port() ...;  server->Wait();   // until RequestStop() (e.g. from SIGTERM)
 //
-// Every Compute request is validated before the handler sees it: protocol version
+// Every call must carry the cluster credential (options.credential): Info and Compute answer one
+// that does not with UNAUTHENTICATED and nothing else (it is not counted in stats()). Every
+// Compute request is validated before the handler sees it: protocol version
 // (FAILED_PRECONDITION naming both versions), tokens in [1, max_tokens], top_k in [1, top_k],
 // dim == dim, and the byte sizes of x_bf16 / ids / weights against tokens, top_k and dim
 // (INVALID_ARGUMENT naming the field, the expected and the received size). A payload that does
@@ -40,6 +42,7 @@
 #include "absl/time/time.h"
 #include "cpu_expert_worker/transport/shm_protocol.h"
 #include "cpu_expert_worker/transport/shm_server.h"
+#include "proto/cluster_credential.h"
 
 namespace ss::expert::grpc_transport {
 
@@ -50,6 +53,8 @@ struct GrpcServerOptions {
   // "host:port"; port 0 picks a free port (see port()). Plaintext: use loopback or a trusted
   // network (no TLS yet).
   std::string listen_address = "127.0.0.1:0";
+  // What every call must carry (proto/cluster_credential.h); the default refuses every call.
+  ClusterCredential credential;
   uint32_t max_tokens = 256;  // largest T per call
   uint32_t dim = 4096;        // hidden size every request must carry
   uint32_t top_k = 6;         // largest top_k a request may carry

@@ -22,12 +22,14 @@
 #include "coordinator/control_service.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/cluster_credential_util.h"
 #include "tests/coordinator/cluster_test_util.h"
 
 namespace ss::coord {
 namespace {
 
 namespace pb = splitserve::v1;
+using ::ss::testing_util::TestCredential;
 using testing_util::kTwoStages;
 using testing_util::TinyModel;
 
@@ -133,13 +135,12 @@ class ClusterFixture : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     ids_ = c->GpuWorkerIds();
     const std::string sampler = c->stages.back().workers.front();
-    control_ = std::make_unique<ControlService>(*c, absl::Seconds(5));
+    control_ = std::make_unique<ControlService>(*c, TestCredential(), absl::Seconds(5));
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &control_port_);
     b.RegisterService(control_.get());
     control_server_ = b.BuildAndStart();
-    stub_ = pb::Coordinator::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(control_port_), grpc::InsecureChannelCredentials()));
+    stub_ = pb::Coordinator::NewStub(TestCredential().CreateChannel(ControlAddress()));
     for (size_t i = 0; i < ids_.size(); ++i) {
       workers_.push_back(std::make_unique<FakeWorker>(ids_[i], ids_[i] == sampler,
                                                       i + 1 == ids_.size() ? 48 : 64));
@@ -168,8 +169,12 @@ class ClusterFixture : public ::testing::Test {
     control_server_->Shutdown(std::chrono::system_clock::now());
   }
 
+  std::string ControlAddress() const { return "127.0.0.1:" + std::to_string(control_port_); }
+
   grpc::Status RegisterWorker(FakeWorker* w, uint32_t version = kClusterProtocolVersion,
-                              const char* id = nullptr, const char* backend = nullptr) {
+                              const char* id = nullptr, const char* backend = nullptr,
+                              pb::Coordinator::Stub* stub = nullptr,
+                              pb::RegisterReply* reply = nullptr) {
     grpc::ClientContext ctx;
     pb::RegisterRequest req;
     req.set_protocol_version(version);
@@ -181,7 +186,7 @@ class ClusterFixture : public ::testing::Test {
     req.set_address(w->address());
     req.set_backend(backend ? backend : (ids_.size() > 2 ? "cuda" : "cpu"));
     pb::RegisterReply rep;
-    return stub_->Register(&ctx, req, &rep);
+    return (stub ? stub : stub_.get())->Register(&ctx, req, reply ? reply : &rep);
   }
 
   void StartEngine(absl::Duration stall_timeout = absl::Seconds(10)) {
@@ -311,6 +316,90 @@ TEST_F(ClusterFixture, AStalledMicroBatchMakesTheEngineNotReady) {
   Outcome o = Drain(*s);
   EXPECT_EQ(o.tokens, (std::vector<int32_t>{11}));
   EXPECT_TRUE(engine_->Ready());
+}
+
+// Every control-plane call without the cluster token (a plain gRPC client) or with another one
+// is refused with UNAUTHENTICATED and changes nothing: a Register of a live or a stalled worker's
+// id takes nothing over and reveals no role (expert segment names), a Rendezvous does not count
+// as the worker's, and heartbeats do not keep a silent worker alive. The silent worker, once
+// declared dead, registers again with the token (a restarted process rejoins).
+TEST_F(ClusterFixture, ControlPlaneRefusesCallsWithoutTheClusterToken) {
+  absl::StatusOr<ClusterCredential> wrong = ClusterCredential::FromToken(std::string(64, 'f'));
+  ASSERT_TRUE(wrong.ok());
+  std::vector<std::unique_ptr<pb::Coordinator::Stub>> strangers;
+  strangers.push_back(pb::Coordinator::NewStub(
+      grpc::CreateChannel(ControlAddress(), grpc::InsecureChannelCredentials())));
+  strangers.push_back(pb::Coordinator::NewStub(wrong->CreateChannel(ControlAddress())));
+  const std::vector<MemberInfo> before = control_->Members();
+  silent_.store("gpu1");
+  FakeWorker impostor("impostor", false, 64);
+  for (auto& stranger : strangers) {
+    for (const char* id : {"gpu0", "gpu1"}) {
+      pb::RegisterReply reply;
+      const grpc::Status st =
+          RegisterWorker(&impostor, kClusterProtocolVersion, id, nullptr, stranger.get(), &reply);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << id;
+      EXPECT_EQ(st.error_message().find("seg0"), std::string::npos) << st.error_message();
+      EXPECT_FALSE(reply.has_role());
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    pb::RendezvousRequest rreq;
+    rreq.set_protocol_version(kClusterProtocolVersion);
+    rreq.set_worker_id("gpu0");
+    pb::RendezvousReply rrep;
+    EXPECT_EQ(stranger->Rendezvous(&ctx, rreq, &rrep).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(rrep.peers_size(), 0);
+  }
+  // gpu0's Rendezvous was not counted: gpu1's (with the token) still waits for it.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+    pb::RendezvousRequest rreq;
+    rreq.set_protocol_version(kClusterProtocolVersion);
+    rreq.set_worker_id("gpu1");
+    pb::RendezvousReply rrep;
+    EXPECT_EQ(stub_->Rendezvous(&ctx, rreq, &rrep).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // Forged heartbeats for the silent gpu1 do not keep it a member.
+  std::vector<std::string> dead;
+  for (int i = 0; i < 100 && dead.empty(); ++i) {
+    for (auto& stranger : strangers) {
+      grpc::ClientContext ctx;
+      pb::HeartbeatRequest req;
+      req.set_protocol_version(kClusterProtocolVersion);
+      req.set_worker_id("gpu1");
+      pb::HeartbeatReply rep;
+      EXPECT_EQ(stranger->Heartbeat(&ctx, req, &rep).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_FALSE(rep.member());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    dead = control_->CheckHeartbeats();
+  }
+  EXPECT_EQ(dead, std::vector<std::string>{"gpu1"});
+  const std::vector<MemberInfo> after = control_->Members();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].address, before[i].address) << after[i].id;
+    EXPECT_EQ(after[i].generation, before[i].generation) << after[i].id;
+  }
+  EXPECT_FALSE(after[0].dead);
+  // Dead, gpu1 may register again -- with the token only.
+  EXPECT_EQ(
+      RegisterWorker(&impostor, kClusterProtocolVersion, "gpu1", nullptr, strangers.front().get())
+          .error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+  silent_.store("");
+  pb::RegisterReply reply;
+  ASSERT_TRUE(
+      RegisterWorker(workers_[1].get(), kClusterProtocolVersion, nullptr, nullptr, nullptr, &reply)
+          .ok());
+  EXPECT_TRUE(reply.has_role());
+  EXPECT_EQ(control_->Members()[1].generation, before[1].generation + 1);
+  EXPECT_TRUE(control_->WaitAllAlive(absl::Seconds(1)));
 }
 
 TEST_F(ClusterFixture, RendezvousWaitsForEveryWorker) {

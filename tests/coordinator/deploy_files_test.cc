@@ -32,7 +32,8 @@ TEST(DeployFilesTest, ClusterExampleParses) {
   EXPECT_EQ(c->stage_transport, "grpc");  // two hosts: stages fail alone (deploy/README.md)
 }
 
-// `--name=` flags of a unit's ExecStart must be flags of the binary (its --helpfull lists them).
+// `--name=` flags of a unit's ExecStart must be flags of the binary (its --helpfull lists them),
+// and every unit loads the cluster token.
 TEST(DeployFilesTest, UnitFlagsExist) {
   const std::pair<const char*, const char*> units[] = {
       {"splitserve-coordinator.service", "splitserve-coordinator"},
@@ -43,6 +44,11 @@ TEST(DeployFilesTest, UnitFlagsExist) {
     const std::string text = ReadAll(std::string(SS_DEPLOY_DIR "/systemd/") + unit);
     EXPECT_NE(text.find("Restart=on-failure"), std::string::npos) << unit;
     EXPECT_NE(text.find(std::string("ExecStart=/usr/local/bin/") + binary), std::string::npos);
+    // Every unit carries the cluster token (deploy/README.md "Security"), from a credential.
+    EXPECT_NE(text.find("LoadCredential=cluster-token:/etc/splitserve/cluster-token"),
+              std::string::npos)
+        << unit;
+    EXPECT_NE(text.find("--cluster_token_file=%d/cluster-token"), std::string::npos) << unit;
     const std::string path = std::string(SS_BIN_DIR "/") + binary;
     std::FILE* f = popen((path + " --helpfull 2>&1").c_str(), "r");
     ASSERT_NE(f, nullptr);

@@ -80,6 +80,12 @@ TEST(WorkerConfig, EveryFlagIsValidated) {
   bad([](WorkerFlags& g) { g.selftest = -3; }, "--selftest");
   bad([](WorkerFlags& g) { g.selftest_tokens = 300; }, "--selftest_tokens");
   bad([](WorkerFlags& g) { g.weight_layout = "columns"; }, "--weight_layout");
+  bad(
+      [](WorkerFlags& g) {
+        g.insecure_cluster = true;
+        g.cluster_token_file = "token";
+      },
+      "--insecure_cluster");
   EXPECT_TRUE(c->tiled_weights);
   WorkerFlags rows = f;
   rows.weight_layout = "rows";
@@ -126,9 +132,21 @@ void ExpectError(const std::string& args, int status, const std::string& needle)
 }
 
 TEST(ExpertWorkerBinary, UsageErrors) {
+  unsetenv("SPLITSERVE_CLUSTER_TOKEN");
   const std::string m = std::string("--model ") + kTinyA;
   ExpectError("", 2, "--model DIR is required");
-  ExpectError(m + " --grpc-listen 256.0.0.1:1 --selftest 0", 1, "cannot listen on");
+  // Serving gRPC needs the cluster token (or the explicit opt-out); shared memory alone does not.
+  ExpectError(m + " --grpc-listen 127.0.0.1:0 --selftest 0", 2, "no cluster token");
+  ExpectError(m + " --grpc-listen 127.0.0.1:0 --selftest 0 --cluster-token-file /nonexistent", 2,
+              "/nonexistent");
+  ExpectError(m + " --grpc-listen 127.0.0.1:0 --selftest 0 --insecure-cluster --cluster-token-file "
+                  "/nonexistent",
+              2, "exclude each other");
+  setenv("SPLITSERVE_CLUSTER_TOKEN", "short", 1);
+  ExpectError(m + " --grpc-listen 127.0.0.1:0 --selftest 0", 2, "at least 32");
+  unsetenv("SPLITSERVE_CLUSTER_TOKEN");
+  ExpectError(m + " --grpc-listen 256.0.0.1:1 --selftest 0 --insecure-cluster", 1,
+              "cannot listen on");
   ExpectError(m, 2, "nothing to do");
   ExpectError(m + " --slice 2/2 --selftest 1", 2, "--slice 2/2");
   ExpectError(m + " --isa sse9 --selftest 1", 2, "sse9");

@@ -1,11 +1,13 @@
 // The gRPC expert transport (grpc_server.h, grpc_client.h) on loopback with a self-describing
 // handler (no engine): out[t][j] = x[t][j] + 1000·layer + Σ_k ids[t][k]·weights[t][k], so a
 // misrouted row, a stale buffer or a lost token shows without a numeric reference.
-// Layer 99 makes the handler fail, layer 77 makes it slow.
+// Layer 99 makes the handler fail, layer 77 makes it slow. Every call carries the tests' cluster
+// token; callers without it are refused before the handler.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -18,11 +20,15 @@
 #include "cpu_expert_worker/transport/grpc_server.h"
 #include "gtest/gtest.h"
 #include "proto/expert.grpc.pb.h"
+#include "tests/cluster_credential_util.h"
 
 namespace ss::expert::grpc_transport {
 namespace {
 
 constexpr int kDim = 8, kMaxTokens = 4, kTopK = 2;
+using testing_util::TestCredential;
+
+std::atomic<int> handler_runs{0};
 
 float Bf16(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -32,6 +38,7 @@ float Bf16(uint16_t b) {
 }
 
 absl::Status Describe(const shm::ExpertRequestView& r, float* out) {
+  handler_runs.fetch_add(1);
   if (r.layer == 99) return absl::NotFoundError("layer 99 is not held by this worker");
   if (r.layer == 77) absl::SleepFor(absl::Milliseconds(600));
   for (int t = 0; t < r.tokens; ++t) {
@@ -85,14 +92,21 @@ class GrpcTransportTest : public ::testing::Test {
     o.layers = {0, 1, 2};
     o.slice_index = 1;
     o.slice_count = 2;
+    o.credential = TestCredential();
     auto s = GrpcExpertServer::Start(o, Describe);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
     ASSERT_GT(server_->port(), 0);
     address_ = absl::StrCat("127.0.0.1:", server_->port());
-    auto c = GrpcExpertClient::Connect(address_);
+    auto c = GrpcExpertClient::Connect(address_, Options());
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = std::move(*c);
+  }
+
+  static GrpcClientOptions Options() {
+    GrpcClientOptions o;
+    o.credential = TestCredential();
+    return o;
   }
 
   absl::Time Soon(int ms = 2000) { return absl::Now() + absl::Milliseconds(ms); }
@@ -149,7 +163,7 @@ TEST_F(GrpcTransportTest, HandlerErrorKeepsServing) {
 }
 
 TEST_F(GrpcTransportTest, ProtocolVersionMismatch) {
-  GrpcClientOptions o;
+  GrpcClientOptions o = Options();
   o.protocol_version_override = 7;
   auto c = GrpcExpertClient::Connect(address_, o);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -164,7 +178,7 @@ TEST_F(GrpcTransportTest, ProtocolVersionMismatch) {
 }
 
 TEST_F(GrpcTransportTest, ConnectChecksExpectedSizes) {
-  GrpcClientOptions o;
+  GrpcClientOptions o = Options();
   o.expect_dim = kDim + 1;
   auto c = GrpcExpertClient::Connect(address_, o);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
@@ -188,7 +202,7 @@ TEST_F(GrpcTransportTest, MalformedRequestsAreRejected) {
   EXPECT_EQ(client_->Call(big.in, out.data(), Soon()).code(), absl::StatusCode::kInvalidArgument);
 
   // Payloads whose byte sizes do not match the header, through the raw stub.
-  auto channel = ::grpc::CreateChannel(address_, ::grpc::InsecureChannelCredentials());
+  auto channel = TestCredential().CreateChannel(address_);
   auto stub = ::splitserve::v1::ExpertService::NewStub(channel);
   Inputs in(0, 2);
   auto make = [&] {
@@ -275,10 +289,57 @@ TEST_F(GrpcTransportTest, ServerGoneIsUnavailableWithinDeadline) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_NE(st.message().find(address_), std::string::npos) << st;
   // Connecting to nothing fails within the connect timeout too.
-  GrpcClientOptions o;
+  GrpcClientOptions o = Options();
   o.connect_timeout = absl::Seconds(2);
   auto c = GrpcExpertClient::Connect(address_, o);
   EXPECT_FALSE(c.ok());
+}
+
+// Info and Compute refuse a caller without the cluster token (a plain gRPC client, or a client
+// whose credential holds none) and one with another token: UNAUTHENTICATED with nothing of the
+// server's configuration, the handler never runs and the call is not counted.
+TEST_F(GrpcTransportTest, CallsWithoutTheClusterTokenAreRefused) {
+  const int runs = handler_runs.load();
+  const GrpcExpertServer::Stats before = server_->stats();
+  absl::StatusOr<ClusterCredential> wrong = ClusterCredential::FromToken(std::string(64, 'a'));
+  ASSERT_TRUE(wrong.ok());
+  for (const ClusterCredential& credential : {ClusterCredential(), *wrong}) {
+    GrpcClientOptions o;
+    o.credential = credential;
+    EXPECT_EQ(GrpcExpertClient::Connect(address_, o).status().code(),
+              absl::StatusCode::kUnauthenticated);
+  }
+  Inputs in(1, 2);
+  ::splitserve::v1::ExpertRequest r;
+  r.set_protocol_version(kGrpcProtocolVersion);
+  r.set_layer(1);
+  r.set_tokens(2);
+  r.set_top_k(kTopK);
+  r.set_dim(kDim);
+  r.set_x_bf16(in.x.data(), in.x.size() * 2);
+  r.set_ids(in.ids.data(), in.ids.size() * 4);
+  r.set_weights(in.w.data(), in.w.size() * 4);
+  for (const std::shared_ptr<::grpc::Channel>& channel :
+       {::grpc::CreateChannel(address_, ::grpc::InsecureChannelCredentials()),
+        wrong->CreateChannel(address_)}) {
+    auto stub = ::splitserve::v1::ExpertService::NewStub(channel);
+    ::grpc::ClientContext ctx;
+    ::splitserve::v1::ExpertResponse resp;
+    const ::grpc::Status st = stub->Compute(&ctx, r, &resp);
+    EXPECT_EQ(st.error_code(), ::grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(resp.out().size(), 0u);
+    ::grpc::ClientContext info_ctx;
+    ::splitserve::v1::InfoRequest info_req;
+    info_req.set_protocol_version(kGrpcProtocolVersion);
+    ::splitserve::v1::InfoResponse info;
+    EXPECT_EQ(stub->Info(&info_ctx, info_req, &info).error_code(),
+              ::grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(info.dim(), 0);
+    EXPECT_EQ(info.layers_size(), 0);
+  }
+  EXPECT_EQ(handler_runs.load(), runs);
+  EXPECT_EQ(server_->stats().calls, before.calls);
+  ExpectServing();
 }
 
 TEST(GrpcServerStart, RejectsBadOptionsAndAddresses) {

@@ -2,7 +2,10 @@
 // (cpu backend) as pipeline stages, two expert workers — layers 0-3 over shared memory, layers
 // 4-6 over gRPC, each holding whole experts (slice 0/1) and running the scalar kernels, so the
 // arithmetic is the reference's own — all as separate processes on tiny-a with the bundled tiny
-// tokenizer. Every output is checked against the reference model run in this process.
+// tokenizer. Every output is checked against the reference model run in this process. The
+// processes share the tests' cluster token through the environment, and every gRPC service
+// refuses a client without it.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <chrono>
@@ -15,11 +18,15 @@
 #include <thread>
 #include <vector>
 
+#include "common/cluster_protocol.h"
 #include "common/model/model.h"
 #include "coordinator/tokenizer.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "proto/cluster.grpc.pb.h"
+#include "proto/expert.grpc.pb.h"
+#include "tests/cluster_credential_util.h"
 #include "tests/common/http_get.h"
 #include "tests/test_util.h"
 
@@ -58,9 +65,11 @@ std::vector<int32_t> ReferenceGreedy(const model::Model& m, const std::vector<in
 class ClusterE2eTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    testing_util::ExportTestClusterToken();
     dir_ = new testing_util::TempDir("cluster_e2e");
     const std::string shm = "ss-e2e-" + std::to_string(getpid());
     const int grpc_port = testing_util::FreeLoopbackPort();
+    expert_grpc_port_ = grpc_port;
     json cluster = {
         {"model_name", "tiny"},
         {"kv_block_tokens", 128},
@@ -102,12 +111,13 @@ class ClusterE2eTest : public ::testing::Test {
     }
     ASSERT_TRUE(p.is_object()) << "the coordinator did not write its ports";
     http_port_ = p["http"].get<int>();
-    const std::string control = "127.0.0.1:" + std::to_string(p["control"].get<int>());
+    control_port_ = p["control"].get<int>();
+    const std::string control = "127.0.0.1:" + std::to_string(control_port_);
     for (int s = 0; s < 2; ++s) {
       const std::string id = "gpu" + std::to_string(s);
       start({kBin + "/splitserve-gpu-worker", "--coordinator", control, "--worker-id", id,
              "--listen", "127.0.0.1:0", "--backend", "cpu", "--model", kModel, "--kv-tokens",
-             "65536"},
+             "65536", "--port-file", *dir_ / (id + ".port")},
             id);
     }
     httplib::Client c("127.0.0.1", http_port_);
@@ -126,6 +136,11 @@ class ClusterE2eTest : public ::testing::Test {
       }
     }
     ASSERT_TRUE(ready) << "the cluster did not become ready";
+    for (int s = 0; s < 2; ++s) {
+      std::ifstream in(*dir_ / ("gpu" + std::to_string(s) + ".port"));
+      in >> gpu_ports_[s];
+      ASSERT_GT(gpu_ports_[s], 0) << "gpu" << s << " wrote no port";
+    }
     auto m = model::Model::Load(kModel);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = m->release();
@@ -205,6 +220,9 @@ class ClusterE2eTest : public ::testing::Test {
   static testing_util::TempDir* dir_;
   static std::vector<std::unique_ptr<ChildProcess>>* procs_;
   static int http_port_;
+  static int control_port_;
+  static int gpu_ports_[2];
+  static int expert_grpc_port_;
   static model::Model* model_;
   static Tokenizer* tokenizer_;
 };
@@ -212,8 +230,143 @@ class ClusterE2eTest : public ::testing::Test {
 testing_util::TempDir* ClusterE2eTest::dir_ = nullptr;
 std::vector<std::unique_ptr<ChildProcess>>* ClusterE2eTest::procs_ = nullptr;
 int ClusterE2eTest::http_port_ = 0;
+int ClusterE2eTest::control_port_ = 0;
+int ClusterE2eTest::gpu_ports_[2] = {0, 0};
+int ClusterE2eTest::expert_grpc_port_ = 0;
 model::Model* ClusterE2eTest::model_ = nullptr;
 Tokenizer* ClusterE2eTest::tokenizer_ = nullptr;
+
+// Every gRPC service of the running cluster -- the coordinator's control plane, both GPU workers,
+// the gRPC expert worker -- answers a client without the cluster token (a plain gRPC client) and
+// one with another token UNAUTHENTICATED on every method, and the cluster keeps serving: a
+// second Steps stream, a Register of gpu0, heartbeats and pushed streams change nothing. A client
+// with the token is answered.
+TEST_F(ClusterE2eTest, EveryServiceRefusesAClientWithoutTheClusterToken) {
+  namespace pb = ::splitserve::v1;
+  const auto addr = [](int port) { return "127.0.0.1:" + std::to_string(port); };
+  absl::StatusOr<ClusterCredential> wrong = ClusterCredential::FromToken(std::string(64, '0'));
+  ASSERT_TRUE(wrong.ok());
+  const auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(5); };
+  for (int who = 0; who < 2; ++who) {
+    const auto channel = [&](int port) {
+      return who == 0 ? grpc::CreateChannel(addr(port), grpc::InsecureChannelCredentials())
+                      : wrong->CreateChannel(addr(port));
+    };
+    const char* whom = who == 0 ? "no token" : "a wrong token";
+    auto control = pb::Coordinator::NewStub(channel(control_port_));
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      pb::RegisterRequest req;
+      req.set_protocol_version(kClusterProtocolVersion);
+      req.set_worker_id("gpu0");
+      req.set_address("127.0.0.1:1");
+      req.set_backend("cpu");
+      pb::RegisterReply rep;
+      EXPECT_EQ(control->Register(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << whom;
+      EXPECT_FALSE(rep.has_role());
+    }
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      pb::RendezvousRequest req;
+      req.set_protocol_version(kClusterProtocolVersion);
+      req.set_worker_id("gpu0");
+      pb::RendezvousReply rep;
+      EXPECT_EQ(control->Rendezvous(&ctx, req, &rep).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED)
+          << whom;
+    }
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      pb::HeartbeatRequest req;
+      req.set_protocol_version(kClusterProtocolVersion);
+      req.set_worker_id("gpu1");
+      pb::HeartbeatReply rep;
+      EXPECT_EQ(control->Heartbeat(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << whom;
+    }
+    for (int port : gpu_ports_) {
+      auto gpu = pb::GpuWorker::NewStub(channel(port));
+      {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(deadline());
+        pb::StatusRequest req;
+        req.set_protocol_version(kClusterProtocolVersion);
+        pb::WorkerStatus rep;
+        EXPECT_EQ(gpu->Status(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+            << whom;
+        EXPECT_EQ(rep.worker_id(), "");
+      }
+      {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(deadline());
+        pb::StageStreams req;
+        req.set_protocol_version(kClusterProtocolVersion);
+        req.set_micro_batch_id(12345);
+        req.set_error("forged");
+        pb::PushReply rep;
+        EXPECT_EQ(gpu->PushStreams(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+            << whom;
+      }
+      {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(deadline());
+        auto steps = gpu->Steps(&ctx);
+        pb::StepPlan plan;
+        plan.set_protocol_version(kClusterProtocolVersion);
+        plan.set_shutdown(true);
+        steps->Write(plan);
+        steps->WritesDone();
+        pb::StepResult r;
+        EXPECT_FALSE(steps->Read(&r)) << whom;
+        EXPECT_EQ(steps->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED) << whom;
+      }
+    }
+    auto expert = pb::ExpertService::NewStub(channel(expert_grpc_port_));
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      pb::InfoRequest req;
+      req.set_protocol_version(1);  // kGrpcProtocolVersion
+      pb::InfoResponse rep;
+      EXPECT_EQ(expert->Info(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << whom;
+      EXPECT_EQ(rep.layers_size(), 0);
+    }
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      pb::ExpertRequest req;
+      req.set_protocol_version(1);  // kGrpcProtocolVersion
+      req.set_layer(4);
+      req.set_tokens(1);
+      req.set_top_k(1);
+      pb::ExpertResponse rep;
+      EXPECT_EQ(expert->Compute(&ctx, req, &rep).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << whom;
+    }
+  }
+  // With the token: answered.
+  auto gpu =
+      pb::GpuWorker::NewStub(testing_util::TestCredential().CreateChannel(addr(gpu_ports_[0])));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline());
+  pb::StatusRequest req;
+  req.set_protocol_version(kClusterProtocolVersion);
+  pb::WorkerStatus rep;
+  ASSERT_TRUE(gpu->Status(&ctx, req, &rep).ok());
+  EXPECT_EQ(rep.worker_id(), "gpu0");
+  EXPECT_TRUE(rep.ready());
+  // The cluster still serves: the strangers' Steps streams and Register changed nothing.
+  auto r = Post("/v1/completions", {{"model", "tiny"},
+                                    {"prompt", std::vector<int32_t>{0, 5, 6}},
+                                    {"max_tokens", 3},
+                                    {"temperature", 0}});
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+}
 
 TEST_F(ClusterE2eTest, GreedyChatEqualsTheReferenceContinuation) {
   const json messages = {{{"role", "user"}, {"content", "Hello there, tiny model!"}}};
@@ -325,6 +478,52 @@ TEST_F(ClusterE2eTest, MalformedRequestsGetErrorsAndServingContinues) {
                                           {"max_tokens", 4}});
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// The coordinator does not start without a cluster token (exit 2, saying how to give one), nor
+// with a token and --insecure_cluster at once; SPLITSERVE_CLUSTER_TOKEN is enough.
+TEST(CoordinatorBinary, RefusesToStartWithoutAClusterToken) {
+  testing_util::TempDir dir("coordinator_token");
+  std::ofstream(dir / "cluster.json") << R"({"model_name": "tiny", "stages": [{"layers": "0-6",
+      "workers": ["gpu0"]}], "expert_workers": []})";
+  const std::vector<std::string> base = {kBin + "/splitserve-coordinator",
+                                         "--model",
+                                         kModel,
+                                         "--tokenizer",
+                                         kTokenizer,
+                                         "--cluster",
+                                         dir / "cluster.json",
+                                         "--port",
+                                         "0",
+                                         "--control-listen",
+                                         "127.0.0.1:0"};
+  const auto run = [&](std::vector<std::string> extra, const std::string& log) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    ChildProcess p(argv, dir / log);
+    const int status = p.WaitExit(std::chrono::seconds(30));
+    if (status == -1) p.Stop();
+    return std::make_pair(status, testing_util::ReadAll(dir / log));
+  };
+  const char* saved = std::getenv(kClusterTokenEnv);
+  const std::string token = saved ? saved : "";
+  unsetenv(kClusterTokenEnv);
+  const auto none = run({}, "none.log");
+  EXPECT_EQ(none.first, 2) << none.second;
+  EXPECT_NE(none.second.find("no cluster token"), std::string::npos) << none.second;
+  const auto both =
+      run({"--insecure-cluster", "--cluster-token-file", dir / "cluster.json"}, "both.log");
+  EXPECT_EQ(both.first, 2) << both.second;
+  EXPECT_NE(both.second.find("exclude each other"), std::string::npos) << both.second;
+  // With the token it starts (and keeps running until stopped).
+  testing_util::ExportTestClusterToken();
+  {
+    ChildProcess p(base, dir / "ok.log");
+    EXPECT_EQ(p.WaitExit(std::chrono::milliseconds(1500)), -1)
+        << testing_util::ReadAll(dir / "ok.log");
+    EXPECT_EQ(p.Stop(), 0);
+  }
+  if (saved) setenv(kClusterTokenEnv, token.c_str(), 1);
 }
 
 }  // namespace

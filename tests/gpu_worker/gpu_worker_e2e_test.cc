@@ -37,6 +37,9 @@ using testing_util::pb::StepPlan;
 using testing_util::pb::StepResult;
 namespace pb = testing_util::pb;
 
+// The workers and expert workers this test starts share the tests' cluster token.
+[[maybe_unused]] const bool kTokenExported = (::ss::testing_util::ExportTestClusterToken(), true);
+
 // A child process that dies with the test (tests/test_util.h): `binary` with `args`.
 class Child : public ::ss::testing_util::ChildProcess {
  public:
@@ -202,6 +205,7 @@ TEST(GpuWorkerPipeline, ExpertWorkerBehindTheLayersGivesTheReferenceGreedyTokens
 
 // The coordinator's control plane as the worker sees it: one known worker id ("gpu0") with a
 // one-stage role of all of tiny-a's layers, the peers, and heartbeats answered with `member`.
+// Registrations must carry the tests' cluster token.
 class FakeCoordinator final : public pb::Coordinator::Service {
  public:
   FakeCoordinator() {
@@ -217,8 +221,9 @@ class FakeCoordinator final : public pb::Coordinator::Service {
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
-  ::grpc::Status Register(::grpc::ServerContext*, const pb::RegisterRequest* req,
+  ::grpc::Status Register(::grpc::ServerContext* ctx, const pb::RegisterRequest* req,
                           pb::RegisterReply* reply) override {
+    if (auto st = credential_.Check(*ctx, "Register"); !st.ok()) return st;
     if (req->protocol_version() != kClusterProtocolVersion) {
       return ::grpc::Status(::grpc::StatusCode::FAILED_PRECONDITION, "protocol version");
     }
@@ -268,6 +273,7 @@ class FakeCoordinator final : public pb::Coordinator::Service {
   std::string backend_;
 
  private:
+  const ClusterCredential credential_ = ::ss::testing_util::TestCredential();
   int port_ = 0;
   std::unique_ptr<::grpc::Server> server_;
   std::mutex mu_;
@@ -275,13 +281,25 @@ class FakeCoordinator final : public pb::Coordinator::Service {
 };
 
 std::unique_ptr<Child> StartRegistered(const std::string& coordinator, const std::string& id,
-                                       const std::string& port_file) {
+                                       const std::string& port_file,
+                                       std::vector<std::string> extra = {}) {
   std::filesystem::remove(port_file);
-  return std::make_unique<Child>(
-      SS_BIN_DIR "/splitserve-gpu-worker",
-      std::vector<std::string>{"--model", kTinyA, "--coordinator", coordinator, "--worker-id", id,
-                               "--listen", "127.0.0.1:0", "--port-file", port_file, "--kv-tokens",
-                               "4096", "--coordinator-timeout-ms", "1500"});
+  std::vector<std::string> args = {"--model",
+                                   kTinyA,
+                                   "--coordinator",
+                                   coordinator,
+                                   "--worker-id",
+                                   id,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
+                                   port_file,
+                                   "--kv-tokens",
+                                   "4096",
+                                   "--coordinator-timeout-ms",
+                                   "1500"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return std::make_unique<Child>(SS_BIN_DIR "/splitserve-gpu-worker", std::move(args));
 }
 
 TEST(GpuWorkerControlPlane, RegistersServesAndLeavesWhenTheCoordinatorSaysSo) {
@@ -321,6 +339,27 @@ TEST(GpuWorkerControlPlane, RefusedOrLostCoordinatorEndsTheWorker) {
   coord.Stop();
   EXPECT_EQ(worker->WaitExit(absl::Seconds(15)), 1)
       << "a worker whose coordinator is unreachable past --coordinator-timeout-ms exits";
+}
+
+// A worker whose token is not the coordinator's is refused at once (exit 1, naming the refusal);
+// one without any token does not start (exit 2), unless --insecure-cluster says so explicitly.
+TEST(GpuWorkerControlPlane, AWorkerWithoutTheCoordinatorsTokenIsRefused) {
+  FakeCoordinator coord;
+  const std::string token_file = TempPath("token");
+  { std::ofstream(token_file) << std::string(64, 'c') << "\n"; }
+  std::filesystem::permissions(
+      token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const absl::Time t0 = absl::Now();
+  auto wrong = StartRegistered(coord.address(), "gpu0", TempPath("wrong"),
+                               {"--cluster-token-file", token_file});
+  EXPECT_EQ(wrong->WaitExit(absl::Seconds(10)), 1) << "a wrong token is refused";
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(8)) << "refused at once, not retried";
+  EXPECT_EQ(coord.registered_address(), "");
+  unsetenv(kClusterTokenEnv);
+  auto none = StartRegistered(coord.address(), "gpu0", TempPath("none"));
+  ::ss::testing_util::ExportTestClusterToken();
+  EXPECT_EQ(none->WaitExit(absl::Seconds(10)), 2) << "no token: refuses to start";
+  std::filesystem::remove(token_file);
 }
 
 // --plan at DeepSeek-V4-Flash sizes: weights per GPU and KV capacity for a layout, and a

@@ -1,7 +1,8 @@
 // The GpuWorker service in-process (cpu backend, tiny-a): malformed plans and requests each get
 // an error that names what is wrong, leave the sequences as they were, and the worker keeps
-// serving; the stage-to-stage inbox and its deadline, and the streams' wire form; the worker's
-// flag table.
+// serving; callers without the cluster token are refused and a second Steps stream cannot take
+// a live worker over; the stage-to-stage inbox and its deadline, and the streams' wire form; the
+// worker's flag table.
 #include "gpu_worker/gpu_worker_service.h"
 
 #include <cstring>
@@ -22,6 +23,7 @@
 namespace ss::gpu {
 namespace {
 
+using ::ss::testing_util::TestCredential;
 using testing_util::AddChunk;
 using testing_util::kTinyA;
 using testing_util::Plan;
@@ -44,7 +46,7 @@ struct InProcessWorker {
 
   InProcessWorker(int stage, int stages, int64_t kv_tokens, absl::Duration stream_wait,
                   const std::string& next = "") {
-    auto s = GpuWorkerServer::Start("127.0.0.1:0", "test");
+    auto s = GpuWorkerServer::Start("127.0.0.1:0", "test", TestCredential());
     EXPECT_TRUE(s.ok()) << s.status();
     server = std::move(*s);
     StageRole role;
@@ -64,7 +66,7 @@ struct InProcessWorker {
     auto b = CpuBackend::Create(TinyA(), o);
     EXPECT_TRUE(b.ok()) << b.status();
     ls.backend = std::move(*b);
-    if (!next.empty()) ls.sender = std::make_unique<StreamSender>(next);
+    if (!next.empty()) ls.sender = std::make_unique<StreamSender>(next, TestCredential());
     RunnerOptions ro;
     ro.stream_wait = stream_wait;
     ro.push_deadline = absl::Seconds(2);
@@ -196,12 +198,112 @@ TEST(GpuWorkerService, StatusAndPushStreamsCheckTheProtocolVersion) {
       << wrong_size.error_message();
 }
 
+// Status, Steps and PushStreams refuse a caller without the cluster token (a plain gRPC client)
+// or with another one: UNAUTHENTICATED, nothing about the worker in the answer, no plan run, no
+// sequence freed, nothing put in the inbox; the coordinator's stream keeps its sequence.
+TEST(GpuWorkerService, CallsWithoutTheClusterTokenAreRefused) {
+  InProcessWorker w(0, 1, 64, absl::Seconds(1));
+  const std::string address = absl::StrCat("127.0.0.1:", w.server->port());
+  const std::vector<int32_t> prompt = {0, 5, 6, 7, 8};
+  const auto want = testing_util::ReferenceGreedy(*TinyA(), {prompt}, 2);
+  WorkerClient& c = *w.client;
+  c.OpenSteps();
+  pb::StepPlan prefill = Plan(1);
+  AddChunk(&prefill, 1, 0, prompt);
+  pb::StepResult r = c.Step(prefill);
+  ASSERT_EQ(r.error(), "");
+  ASSERT_EQ(r.samples_size(), 1);
+  EXPECT_EQ(r.samples(0).token(), want[0][0]);
+
+  absl::StatusOr<ClusterCredential> wrong = ClusterCredential::FromToken(std::string(64, '7'));
+  ASSERT_TRUE(wrong.ok());
+  std::vector<std::unique_ptr<WorkerClient>> strangers;
+  strangers.push_back(WorkerClient::Plain(address));
+  strangers.push_back(std::make_unique<WorkerClient>(address, *wrong));
+  for (auto& s : strangers) {
+    pb::WorkerStatus st;
+    EXPECT_EQ(s->Status(&st).error_code(), ::grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(st.worker_id(), "");
+    EXPECT_FALSE(st.ready());
+    pb::StageStreams msg;
+    msg.set_protocol_version(kClusterProtocolVersion);
+    msg.set_micro_batch_id(77);
+    msg.set_error("forged");
+    EXPECT_EQ(s->Push(msg).error_code(), ::grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(w.server->inbox().waiting(), 0u);
+    s->OpenSteps();
+    pb::StepPlan release = Plan(50);
+    release.add_release(1);
+    s->Send(release);
+    EXPECT_EQ(s->FinishSteps().error_code(), ::grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The coordinator's sequence is intact: its decode continues the reference.
+  pb::StepPlan decode = Plan(2);
+  AddChunk(&decode, 1, static_cast<int64_t>(prompt.size()), {r.samples(0).token()});
+  r = c.Step(decode);
+  ASSERT_EQ(r.error(), "");
+  ASSERT_EQ(r.samples_size(), 1);
+  EXPECT_EQ(r.samples(0).token(), want[0][1]);
+  EXPECT_TRUE(c.CloseSteps().ok());
+}
+
+// A second Steps stream (with the token) while one is live is refused with FAILED_PRECONDITION
+// after the hand-over wait, and the live stream keeps its sequences; once the live stream is
+// closed, or its client goes away (a coordinator that died), the next stream is accepted.
+TEST(GpuWorkerService, ASecondStepsStreamCannotTakeALiveWorkerOver) {
+  InProcessWorker w(0, 1, 64, absl::Seconds(1));
+  const std::string address = absl::StrCat("127.0.0.1:", w.server->port());
+  const std::vector<int32_t> prompt = {0, 9, 3};
+  const auto want = testing_util::ReferenceGreedy(*TinyA(), {prompt}, 2);
+  WorkerClient& first = *w.client;
+  first.OpenSteps();
+  pb::StepPlan prefill = Plan(1);
+  AddChunk(&prefill, 1, 0, prompt);
+  pb::StepResult r = first.Step(prefill);
+  ASSERT_EQ(r.samples_size(), 1);
+
+  WorkerClient second(address);
+  second.OpenSteps();
+  pb::StepPlan other = Plan(1);
+  AddChunk(&other, 1, 0, {4, 4});
+  second.Send(other);
+  const absl::Time t0 = absl::Now();
+  const ::grpc::Status refused = second.FinishSteps();
+  EXPECT_EQ(refused.error_code(), ::grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_GE(absl::Now() - t0, GpuWorkerServer::kStepsHandover - absl::Milliseconds(200));
+
+  pb::StepPlan decode = Plan(2);
+  AddChunk(&decode, 1, static_cast<int64_t>(prompt.size()), {r.samples(0).token()});
+  r = first.Step(decode);
+  ASSERT_EQ(r.error(), "");
+  ASSERT_EQ(r.samples_size(), 1);
+  EXPECT_EQ(r.samples(0).token(), want[0][1]);
+  EXPECT_TRUE(first.CloseSteps().ok());
+
+  // Closed: a new stream is accepted (and starts with no sequences).
+  second.OpenSteps();
+  pb::StepPlan stale = Plan(3);
+  AddChunk(&stale, 1, 4, {1});
+  EXPECT_NE(second.Step(stale).error(), "");
+  r = second.Step(prefill);
+  EXPECT_EQ(r.error(), "");
+  // Its client goes away: the next stream is accepted within the hand-over wait.
+  second.CancelSteps();
+  EXPECT_EQ(second.FinishSteps().error_code(), ::grpc::StatusCode::CANCELLED);
+  WorkerClient third(address);
+  third.OpenSteps();
+  r = third.Step(prefill);
+  EXPECT_EQ(r.error(), "");
+  EXPECT_EQ(r.samples_size(), 1);
+  EXPECT_TRUE(third.CloseSteps().ok());
+}
+
 // Streams reach the next stage with the sender's bits: bf16-exact ones (what stages produce,
 // signed zeros, infinities, subnormals and NaNs included) travel as bf16, and any other as fp32.
 TEST(StageTransfer, StreamsArriveBitExactAsBf16OrFp32) {
-  auto s = GpuWorkerServer::Start("127.0.0.1:0", "test");
+  auto s = GpuWorkerServer::Start("127.0.0.1:0", "test", TestCredential());
   ASSERT_TRUE(s.ok()) << s.status();
-  StreamSender sender(absl::StrCat("127.0.0.1:", (*s)->port()));
+  StreamSender sender(absl::StrCat("127.0.0.1:", (*s)->port()), TestCredential());
   auto from_bits = [](uint32_t u) {
     float f;
     std::memcpy(&f, &u, 4);

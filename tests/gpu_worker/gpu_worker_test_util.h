@@ -15,6 +15,7 @@
 #include "common/model/model.h"
 #include "gtest/gtest.h"
 #include "proto/cluster.grpc.pb.h"
+#include "tests/cluster_credential_util.h"
 
 namespace ss::gpu::testing_util {
 
@@ -22,12 +23,20 @@ namespace pb = ::splitserve::v1;
 
 inline constexpr char kTinyA[] = "tests/data/tiny-a";
 
-// The coordinator's view of one worker.
+// The coordinator's view of one worker; its calls carry `credential` (the tests' cluster token
+// by default).
 class WorkerClient {
  public:
-  explicit WorkerClient(const std::string& address)
-      : stub_(pb::GpuWorker::NewStub(
-            ::grpc::CreateChannel(address, ::grpc::InsecureChannelCredentials()))) {}
+  explicit WorkerClient(const std::string& address,
+                        const ClusterCredential& credential = ss::testing_util::TestCredential())
+      : stub_(pb::GpuWorker::NewStub(credential.CreateChannel(address))) {}
+  // A client with no token at all: a plain gRPC channel.
+  static std::unique_ptr<WorkerClient> Plain(const std::string& address) {
+    auto c = std::make_unique<WorkerClient>(address);
+    c->stub_ = pb::GpuWorker::NewStub(
+        ::grpc::CreateChannel(address, ::grpc::InsecureChannelCredentials()));
+    return c;
+  }
 
   ::grpc::Status Status(pb::WorkerStatus* out, uint32_t version = kClusterProtocolVersion) {
     pb::StatusRequest req;
@@ -70,6 +79,19 @@ class WorkerClient {
   pb::StepResult Step(const pb::StepPlan& plan) {
     EXPECT_TRUE(Send(plan));
     return Receive();
+  }
+  // Ends the stream as a client that went away does.
+  void CancelSteps() { steps_ctx_->TryCancel(); }
+  // Closes the stream whatever its state and returns its status (a refused stream's reason).
+  ::grpc::Status FinishSteps() {
+    steps_->WritesDone();
+    pb::StepResult extra;
+    while (steps_->Read(&extra)) {
+    }
+    const ::grpc::Status st = steps_->Finish();
+    steps_.reset();
+    steps_ctx_.reset();
+    return st;
   }
   ::grpc::Status CloseSteps() {
     steps_->WritesDone();

@@ -23,6 +23,7 @@
 #include "cpu_expert_worker/transport/grpc_client.h"
 #include "cpu_expert_worker/transport/shm_client.h"
 #include "gtest/gtest.h"
+#include "tests/cluster_credential_util.h"
 #include "tests/cpu_expert_worker/expert_test_util.h"
 
 namespace ss::gpu {
@@ -30,6 +31,15 @@ namespace {
 
 using expert::testing_util::I256Checkpoint;
 using expert::testing_util::WorkerProcess;
+
+// The expert workers this test starts serve gRPC with the tests' cluster token.
+[[maybe_unused]] const bool kTokenExported = (::ss::testing_util::ExportTestClusterToken(), true);
+
+ExpertClientOptions Opts() {
+  ExpertClientOptions o;
+  o.credential = ::ss::testing_util::TestCredential();
+  return o;
+}
 
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -96,13 +106,15 @@ TEST(RoutedExpertsClient, SlicesSumInOrderAndLocalLayersAreTheReference) {
   std::vector<LayerExpertsConfig> layers;
   for (const int l : {1, 2}) layers.push_back({l, {Grpc(grpc, 1, 2), Shm(shm, 0, 2)}});
   layers.push_back({0, {}});  // local
-  auto client = RoutedExpertsClient::Connect(**m, layers);
+  auto client = RoutedExpertsClient::Connect(**m, layers, Opts());
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE((*client)->remote(1));
   EXPECT_FALSE((*client)->remote(0));
 
   auto direct0 = expert::shm::ShmClient::Connect(shm);
-  auto direct1 = expert::grpc_transport::GrpcExpertClient::Connect(grpc);
+  expert::grpc_transport::GrpcClientOptions go;
+  go.credential = ::ss::testing_util::TestCredential();
+  auto direct1 = expert::grpc_transport::GrpcExpertClient::Connect(grpc, go);
   ASSERT_TRUE(direct0.ok() && direct1.ok());
   const int k = static_cast<int>(c.n_activated_experts);
   for (const int layer : {1, 2}) {
@@ -132,7 +144,7 @@ TEST(RoutedExpertsClient, SlicesSumInOrderAndLocalLayersAreTheReference) {
     // TP 2: rank r's client holds slice r alone and returns exactly that worker's partial (the
     // backend's MoE all-reduce adds the ranks').
     for (int rank = 0; rank < 2; ++rank) {
-      ExpertClientOptions o;
+      ExpertClientOptions o = Opts();
       o.tp_rank = rank;
       o.tp_size = 2;
       auto mine = RoutedExpertsClient::Connect(**m, ExpertSlicesForRank(layers, rank, 2), o);
@@ -187,7 +199,7 @@ TEST(RoutedExpertsClient, ConfigurationErrorsNameLayerAndEndpoint) {
 
   auto m = model::Model::Load("tests/data/tiny-a");
   ASSERT_TRUE(m.ok()) << m.status();
-  ExpertClientOptions o;
+  ExpertClientOptions o = Opts();
   o.connect_timeout = absl::Milliseconds(200);
   auto missing = RoutedExpertsClient::Connect(
       **m, {{2, {Shm(absl::StrCat("ss-gw-nobody-", getpid()), 0, 1)}}}, o);
@@ -229,7 +241,7 @@ TEST(RoutedExpertsClient, TpRanksHoldSlicesIModTpAndARankWithoutSlicesAddsZero) 
   EXPECT_FALSE(ValidateLayerExperts(one[0], 0, 2).ok());
   auto m = model::Model::Load("tests/data/tiny-a");
   ASSERT_TRUE(m.ok()) << m.status();
-  ExpertClientOptions o;
+  ExpertClientOptions o = Opts();
   o.tp_rank = 1;
   o.tp_size = 2;
   auto client = RoutedExpertsClient::Connect(**m, one, o);
@@ -253,12 +265,12 @@ TEST(RoutedExpertsClient, AGrpcWorkerServingAnotherSliceIsRefused) {
   const std::string grpc = absl::StrCat("127.0.0.1:", FreePort());
   WorkerProcess s1(
       {"--model", dir, "--slice", "1/2", "--threads", "1", "--layers", "1", "--grpc-listen", grpc});
-  auto client = RoutedExpertsClient::Connect(**m, {{1, {Grpc(grpc, 0, 1)}}});
+  auto client = RoutedExpertsClient::Connect(**m, {{1, {Grpc(grpc, 0, 1)}}}, Opts());
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition) << client.status();
   EXPECT_NE(client.status().message().find("slice 1/2"), std::string::npos) << client.status();
-  auto wrong_layer =
-      RoutedExpertsClient::Connect(**m, {{2, {Grpc(grpc, 1, 2), Shm("never-reached", 0, 2)}}});
+  auto wrong_layer = RoutedExpertsClient::Connect(
+      **m, {{2, {Grpc(grpc, 1, 2), Shm("never-reached", 0, 2)}}}, Opts());
   ASSERT_FALSE(wrong_layer.ok());
   EXPECT_NE(wrong_layer.status().message().find("does not hold"), std::string::npos)
       << wrong_layer.status();
