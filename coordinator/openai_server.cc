@@ -192,15 +192,21 @@ ConnectionEndpoints Endpoints(const httplib::Request& req) {
 // provider that finishes the response and then returns false makes httplib drop the connection;
 // before that, what the client still sends is discarded for a while (up to 16 MiB or 1 s), so
 // that the close does not reset the connection under the response.
+bool HasBody(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+}
+
 void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_header("Connection", "close");
   auto body = std::make_shared<std::string>(Dump(ErrorBody(e)));
   res.set_chunked_content_provider(
-      "application/json", [body, ep = Endpoints(req)](size_t, httplib::DataSink& sink) {
+      "application/json",
+      [body, ep = Endpoints(req), linger = HasBody(req)](size_t, httplib::DataSink& sink) {
         sink.write(body->data(), body->size());
         sink.done();
-        if (const int fd = FindConnectionSocket(ep); fd >= 0) {
+        if (const int fd = linger ? FindConnectionSocket(ep) : -1; fd >= 0) {
           LingeringShutdown(fd, size_t{16} << 20, std::chrono::seconds(1));
         }
         return false;
@@ -801,15 +807,12 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     // Only GET and POST have routes. httplib reads the body of any other method that may carry
     // one into memory without a limit before routing, and a body left unread would be parsed as
     // the next request: both are refused here, before any body is read.
-    const bool has_body =
-        req.has_header("Transfer-Encoding") ||
-        (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
     if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") {
       SendErrorAndClose(req, res, ApiError{405, absl::StrCat("method ", req.method, " not allowed"),
                                       "invalid_request_error", "", "", 0});
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (req.method != "POST" && has_body) {
+    if (req.method != "POST" && HasBody(req)) {
       SendErrorAndClose(req, res, ApiError{400, absl::StrCat(req.method, " with a body"),
                                       "invalid_request_error", "", "", 0});
       return httplib::Server::HandlerResponse::Handled;
