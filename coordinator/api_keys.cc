@@ -20,9 +20,9 @@ absl::StatusOr<std::vector<std::string>> ParseApiKeys(absl::string_view text,
     for (absl::string_view key : absl::StrSplit(line, ',')) {
       key = absl::StripAsciiWhitespace(key);
       if (key.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(source, ": line ", line_no, ": empty API key (an empty entry between "
-                                                     "commas)"));
+        return absl::InvalidArgumentError(absl::StrCat(source, ": line ", line_no,
+                                                       ": empty API key (an empty entry between "
+                                                       "commas)"));
       }
       for (char c : key) {
         const auto u = static_cast<unsigned char>(c);

@@ -39,11 +39,11 @@ class ConnectionPool : public httplib::TaskQueue {
   const std::chrono::milliseconds idle_exit_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;                  // guarded by mu_
+  std::deque<std::function<void()>> jobs_;                    // guarded by mu_
   std::unordered_map<std::thread::id, std::thread> threads_;  // guarded by mu_
-  std::vector<std::thread::id> exited_;                     // guarded by mu_
-  size_t idle_ = 0;                                         // guarded by mu_
-  bool shutdown_ = false;                                   // guarded by mu_
+  std::vector<std::thread::id> exited_;                       // guarded by mu_
+  size_t idle_ = 0;                                           // guarded by mu_
+  bool shutdown_ = false;                                     // guarded by mu_
 };
 
 }  // namespace ss

@@ -31,8 +31,8 @@ bool Endpoints(int fd, int local_port, ConnectionEndpoints* out) {
   if (local_port >= 0 && Port(local) != local_port) return false;
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
   char host[NI_MAXHOST];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&peer), peer_len, host, sizeof host, nullptr,
-                  0, NI_NUMERICHOST) != 0) {
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&peer), peer_len, host, sizeof host, nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
     return false;
   }
   out->local_port = Port(local);

@@ -70,8 +70,7 @@ SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
   const bool fail = fail_.load();
   const auto delay = options_.step_delay;
   threads_.emplace_back([this, stream, script = std::move(script), fail, delay,
-                         fail_error = fail_error_,
-                         req = std::move(request)] {
+                         fail_error = fail_error_, req = std::move(request)] {
     int32_t emitted = 0;
     for (int32_t id : script) {
       if (delay.count() > 0) std::this_thread::sleep_for(delay);

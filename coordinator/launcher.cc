@@ -161,9 +161,10 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
       }
       o->max_model_len = v;
     } else if (name == "--api-keys") {
-      return absl::StrCat("--api-keys on the command line is refused (every local user sees argv): "
-                          "put the keys in a file for --api-keys-file FILE or in the ",
-                          kApiKeysEnv, " environment variable");
+      return absl::StrCat(
+          "--api-keys on the command line is refused (every local user sees argv): "
+          "put the keys in a file for --api-keys-file FILE or in the ",
+          kApiKeysEnv, " environment variable");
     } else if (name == "--api-keys-file") {
       const absl::StatusOr<std::vector<std::string>> keys = ReadApiKeysFile(value);
       if (!keys.ok()) return std::string(keys.status().message());

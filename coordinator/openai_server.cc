@@ -3,9 +3,9 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,8 +13,8 @@
 #include <exception>
 #include <limits>
 #include <optional>
-#include <stdexcept>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -187,16 +187,17 @@ ConnectionEndpoints Endpoints(const httplib::Request& req) {
   return ConnectionEndpoints{req.local_port, req.remote_addr, req.remote_port};
 }
 
-// Answers with `e` and then closes the connection, for a request whose body was not read (or not
-// all of it): httplib would otherwise parse the rest of the body as the next request. A chunked
-// provider that finishes the response and then returns false makes httplib drop the connection;
-// before that, what the client still sends is discarded for a while (up to 16 MiB or 1 s), so
-// that the close does not reset the connection under the response.
 bool HasBody(const httplib::Request& req) {
   return req.has_header("Transfer-Encoding") ||
          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
 }
 
+// Answers with `e` and then closes the connection, for a request whose body was not read (or not
+// all of it): httplib would otherwise parse the rest of the body as the next request. A chunked
+// provider that finishes the response and then returns false makes httplib drop the connection;
+// before that, what the client still sends is discarded for a while (up to 16 MiB or 1 s, when
+// the request carries a body), so that the close does not reset the connection under the
+// response.
 void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_header("Connection", "close");
@@ -291,12 +292,9 @@ struct OpenAiServer::Impl {
                               const std::string& detail) {
     const std::string id = res.get_header_value(kRequestIdHeader);
     spdlog::error("request {}: {}: {}", id, what, detail);
-    return ApiError{500,
-                    absl::StrCat(what, "; see the server log for request ", id),
-                    "server_error",
-                    "",
-                    "",
-                    0};
+    return ApiError{
+        500, absl::StrCat(what, "; see the server log for request ", id), "server_error", "", "",
+        0};
   }
 
   template <typename F>
@@ -808,21 +806,24 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     // one into memory without a limit before routing, and a body left unread would be parsed as
     // the next request: both are refused here, before any body is read.
     if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") {
-      SendErrorAndClose(req, res, ApiError{405, absl::StrCat("method ", req.method, " not allowed"),
-                                      "invalid_request_error", "", "", 0});
+      SendErrorAndClose(req, res,
+                        ApiError{405, absl::StrCat("method ", req.method, " not allowed"),
+                                 "invalid_request_error", "", "", 0});
       return httplib::Server::HandlerResponse::Handled;
     }
     if (req.method != "POST" && HasBody(req)) {
-      SendErrorAndClose(req, res, ApiError{400, absl::StrCat(req.method, " with a body"),
-                                      "invalid_request_error", "", "", 0});
+      SendErrorAndClose(req, res,
+                        ApiError{400, absl::StrCat(req.method, " with a body"),
+                                 "invalid_request_error", "", "", 0});
       return httplib::Server::HandlerResponse::Handled;
     }
     if (req.path == "/health" || req.path == "/ready" || req.path == "/metrics" ||
         impl->Authorized(req)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    SendErrorAndClose(req, res, ApiError{401, "Incorrect API key provided", "invalid_request_error", "",
-                                    "invalid_api_key", 0});
+    SendErrorAndClose(req, res,
+                      ApiError{401, "Incorrect API key provided", "invalid_request_error", "",
+                               "invalid_api_key", 0});
     return httplib::Server::HandlerResponse::Handled;
   });
   // Statuses httplib sets itself (404 route, 400 unparsable request) get a body too.
@@ -869,18 +870,19 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     return [impl, fn](const httplib::Request& req, httplib::Response& res,
                       const httplib::ContentReader& reader) {
       const size_t limit = impl->config.max_body_bytes;
-      const ApiError too_large{413,
-                               absl::StrCat("request body too large (the limit is ", limit,
-                                            " bytes)"),
-                               "invalid_request_error",
-                               "",
-                               "",
-                               0};
+      const ApiError too_large{
+          413,
+          absl::StrCat("request body too large (the limit is ", limit, " bytes)"),
+          "invalid_request_error",
+          "",
+          "",
+          0};
       if (req.has_header("Content-Length")) {
         uint64_t n = 0;
         if (!absl::SimpleAtoi(req.get_header_value("Content-Length"), &n)) {
-          return SendErrorAndClose(req, res, ApiError{400, "invalid Content-Length",
-                                                 "invalid_request_error", "", "", 0});
+          return SendErrorAndClose(
+              req, res,
+              ApiError{400, "invalid Content-Length", "invalid_request_error", "", "", 0});
         }
         if (n > limit) return SendErrorAndClose(req, res, too_large);
       }
@@ -896,8 +898,9 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
       });
       if (over) return SendErrorAndClose(req, res, too_large);
       if (!read) {
-        return SendErrorAndClose(req, res, ApiError{400, "the request body could not be read",
-                                               "invalid_request_error", "", "", 0});
+        return SendErrorAndClose(req, res,
+                                 ApiError{400, "the request body could not be read",
+                                          "invalid_request_error", "", "", 0});
       }
       impl->deadline->Received(Endpoints(req));
       httplib::Request with_body = req;
@@ -911,11 +914,12 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   s.Post("/tokenize", post(&Impl::HandleTokenize));
   s.Post("/detokenize", post(&Impl::HandleDetokenize));
   // Any other POST: 404 without reading its body (httplib would read it without a limit).
-  s.Post(".*", [](const httplib::Request& req, httplib::Response& res,
-                  const httplib::ContentReader&) {
-    SendErrorAndClose(req, res, ApiError{404, absl::StrCat("no route ", req.method, " ", req.path),
-                                    "invalid_request_error", "", "", 0});
-  });
+  s.Post(".*",
+         [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+           SendErrorAndClose(req, res,
+                             ApiError{404, absl::StrCat("no route ", req.method, " ", req.path),
+                                      "invalid_request_error", "", "", 0});
+         });
   s.Get("/v1/models", get(&Impl::HandleModels));
   s.Get("/metrics", get(&Impl::HandleMetrics));
   s.Get("/health", [impl](const httplib::Request& req, httplib::Response& res) {

@@ -13,8 +13,8 @@ ReceiveDeadline::ReceiveDeadline(std::chrono::milliseconds head_timeout,
                                  std::chrono::milliseconds body_timeout)
     : head_timeout_(head_timeout),
       body_timeout_(body_timeout),
-      period_(std::clamp(std::min(head_timeout, body_timeout) / 4,
-                         std::chrono::milliseconds(20), std::chrono::milliseconds(500))) {}
+      period_(std::clamp(std::min(head_timeout, body_timeout) / 4, std::chrono::milliseconds(20),
+                         std::chrono::milliseconds(500))) {}
 
 ReceiveDeadline::~ReceiveDeadline() { Stop(); }
 

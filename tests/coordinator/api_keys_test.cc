@@ -24,8 +24,8 @@ TEST(ApiKeysTest, TrimsAndSplitsOnCommasAndLines) {
 }
 
 TEST(ApiKeysTest, EmptyListsAndEntriesAreErrors) {
-  for (const char* text : {"", ",", " ", " , ", "a,,b", "a,", "\n\n", "# only a comment\n",
-                           "a b", "a\tb", "a\x01"}) {
+  for (const char* text :
+       {"", ",", " ", " , ", "a,,b", "a,", "\n\n", "# only a comment\n", "a b", "a\tb", "a\x01"}) {
     auto k = ParseApiKeys(text, "SPLITSERVE_API_KEYS");
     EXPECT_FALSE(k.ok()) << "'" << text << "' gave " << k->size() << " keys";
     if (!k.ok()) {

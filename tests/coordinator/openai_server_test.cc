@@ -956,7 +956,6 @@ TEST_F(OpenAiServerTest, LogprobsValidation) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
-
 // Issue 23 row 4: the body limit holds for a chunked body too. A 200 MB chunked body was read
 // whole (the limit applied to Content-Length only); now the server answers 413 once the body
 // passes max_body_bytes (1 MiB here) and closes the connection, keeping nothing (it discards at
@@ -1075,9 +1074,10 @@ TEST_F(OpenAiServerTest, ClientHangupsCancelAndCountAsAborts) {
   const std::string body = ChatBody(false, false).dump();
   const int fd = Connect();
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendAll(fd, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                          "Content-Type: application/json\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body));
+  ASSERT_TRUE(SendAll(fd,
+                      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      "Content-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto t0 = std::chrono::steady_clock::now();
   ::close(fd);

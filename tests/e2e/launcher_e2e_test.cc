@@ -213,11 +213,11 @@ TEST(LauncherE2eTest, ApiKeysComeFromAFileNeverArgv) {
   std::ofstream(bad) << " , \n";
   const std::string keys = dir / "keys";
   std::ofstream(keys) << "sk-e2e-first\n sk-e2e-second \n";
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"--api-keys", "sk-e2e-first"},
-           {"--api-keys", ","},
-           {"--api-keys-file", bad},
-           {"--api-keys-file", dir / "missing"}}) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--api-keys", "sk-e2e-first"},
+                                             {"--api-keys", ","},
+                                             {"--api-keys-file", bad},
+                                             {"--api-keys-file", dir / "missing"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
     argv.insert(argv.end(), args.begin(), args.end());
     const std::string log = dir / "refused.log";
