@@ -1005,6 +1005,21 @@ TEST_F(OpenAiServerTest, ChunkedBodyOverTheLimitIs413WithoutReadingIt) {
   const std::string r2 = ReadAll(fd2, std::chrono::seconds(5));
   ::close(fd2);
   EXPECT_EQ(r2.rfind("HTTP/1.1 413", 0), 0u) << r2.substr(0, 200);
+  // Bodies httplib itself would read without a limit are refused before a byte of them is read:
+  // another method's, an unknown POST route's, a GET's. The chunked body is never finished, so
+  // an answer proves the server did not wait for it.
+  for (const auto& [head, status] :
+       std::vector<std::pair<std::string, std::string>>{{"PUT /v1/chat/completions", "405"},
+                                                        {"POST /v1/nowhere", "404"},
+                                                        {"GET /v1/models", "400"}}) {
+    const int fd3 = Connect();
+    ASSERT_GE(fd3, 0);
+    ASSERT_TRUE(
+        SendAll(fd3, head + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk));
+    const std::string r3 = ReadAll(fd3, std::chrono::seconds(3));
+    ::close(fd3);
+    EXPECT_EQ(r3.rfind("HTTP/1.1 " + status, 0), 0u) << head << ": " << r3.substr(0, 200);
+  }
 }
 
 // Issue 23 row 6: connections that send part of a request and stay open no longer take the
