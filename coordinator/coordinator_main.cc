@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -26,12 +27,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/file_write.h"
 #include "common/layer_list.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
+#include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/cluster_engine.h"
 #include "coordinator/control_service.h"
@@ -50,9 +52,10 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP API address");
 ABSL_FLAG(int, port, 8000, "HTTP API port (0 = any free port)");
 ABSL_FLAG(std::string, control_listen, "127.0.0.1:50050",
           "gRPC control-plane address GPU workers register with (port 0 = any free port)");
-ABSL_FLAG(std::string, api_keys, "",
-          "comma-separated API keys clients must send as 'Authorization: Bearer KEY'; empty = "
-          "none. Environment mirror: SPLITSERVE_API_KEYS");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "file of API keys clients must send as 'Authorization: Bearer KEY' (coordinator/"
+          "api_keys.h: one a line or comma-separated). Or the environment variable "
+          "SPLITSERVE_API_KEYS; neither = no authentication. Keys on the command line are refused");
 ABSL_FLAG(std::string, cluster_token_file, "",
           "file holding the cluster token every gRPC call between the cluster's processes carries "
           "(0600; proto/cluster_credential.h). Environment mirror: SPLITSERVE_CLUSTER_TOKEN");
@@ -77,8 +80,38 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+// Keys in argv are visible to every local user (ps): --api_keys is refused, not parsed.
+bool HasArgvApiKeys(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (a == "--") return false;
+    for (absl::string_view name : {"--api_keys", "-api_keys"}) {
+      if (a == name || absl::StartsWith(a, absl::StrCat(name, "="))) return true;
+    }
+  }
+  return false;
+}
+
+// The API keys from --api_keys_file or SPLITSERVE_API_KEYS (at most one); none: empty.
+absl::StatusOr<std::vector<std::string>> LoadApiKeys() {
+  const std::string file = absl::GetFlag(FLAGS_api_keys_file);
+  const char* env = std::getenv(kApiKeysEnv);
+  if (!file.empty() && env != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api_keys_file and ", kApiKeysEnv, " are both set: give one"));
+  }
+  if (!file.empty()) return ReadApiKeysFile(file);
+  if (env != nullptr) return ParseApiKeys(env, kApiKeysEnv);
+  return std::vector<std::string>{};
+}
+
 int Run(int argc, char** argv) {
   NormalizeFlagDashes(argc, argv);
+  if (HasArgvApiKeys(argc, argv)) {
+    return Fail(2, absl::StrCat("--api-keys on the command line is refused (every local user sees "
+                                "argv): put the keys in a file for --api-keys-file FILE or in the ",
+                                kApiKeysEnv, " environment variable"));
+  }
   absl::SetProgramUsageMessage("the splitserve coordinator: OpenAI API + cluster control plane");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) return Fail(2, absl::StrCat("unexpected argument '", rest[1], "'"));
@@ -94,10 +127,8 @@ int Run(int argc, char** argv) {
                 "--drain_timeout_s must be >= 0, --step_timeout_s, --stall_timeout_s and "
                 "--ready_timeout_s >= 1");
   }
-  std::string keys = absl::GetFlag(FLAGS_api_keys);
-  if (keys.empty()) {
-    if (const char* env = std::getenv("SPLITSERVE_API_KEYS")) keys = env;
-  }
+  absl::StatusOr<std::vector<std::string>> api_keys = LoadApiKeys();
+  if (!api_keys.ok()) return Fail(2, std::string(api_keys.status().message()));
 
   absl::StatusOr<ClusterCredential> credential = ClusterCredential::Load(
       absl::GetFlag(FLAGS_cluster_token_file), absl::GetFlag(FLAGS_insecure_cluster));
@@ -155,9 +186,7 @@ int Run(int argc, char** argv) {
   metrics::Metrics registry;
   GatewayConfig gc;
   gc.model_name = cluster->model_name;
-  for (absl::string_view k : absl::StrSplit(keys, ',', absl::SkipWhitespace())) {
-    gc.api_keys.emplace_back(k);
-  }
+  gc.api_keys = *std::move(api_keys);
   gc.max_context_tokens = static_cast<int32_t>(MaxModelLen(*cluster, *model));
   gc.metrics = &registry;
   gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };

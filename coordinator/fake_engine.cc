@@ -19,6 +19,12 @@ void FakeEngine::set_script(std::vector<int32_t> script) {
   options_.script = std::move(script);
 }
 
+void FakeEngine::set_fail(bool v, std::string error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_error_ = std::move(error);
+  fail_.store(v);
+}
+
 void FakeEngine::set_script_fn(ScriptFn fn) {
   std::lock_guard<std::mutex> lock(mu_);
   script_fn_ = std::move(fn);
@@ -64,7 +70,7 @@ SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
   const bool fail = fail_.load();
   const auto delay = options_.step_delay;
   threads_.emplace_back([this, stream, script = std::move(script), fail, delay,
-                         req = std::move(request)] {
+                         fail_error = fail_error_, req = std::move(request)] {
     int32_t emitted = 0;
     for (int32_t id : script) {
       if (delay.count() > 0) std::this_thread::sleep_for(delay);
@@ -86,7 +92,7 @@ SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
       }
       ++emitted;
       if (fail) {
-        stream->Finish(FinishReason::kError, "fake engine failure");
+        stream->Finish(FinishReason::kError, fail_error);
         return;
       }
       if (emitted >= req.sampling.max_tokens) {

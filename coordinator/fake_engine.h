@@ -5,7 +5,8 @@
 // otherwise finishing with kEos. With `echo` the prompt ids are the script. It checks the
 // cancellation token before every step and finishes with kCancelled, counting it in
 // cancelled_count(). Knobs, all thread-safe and changeable at any time: ready, overloaded
-// (Submit refuses with kOverloaded), fail (the stream finishes with kError after the first id).
+// (Submit refuses with kOverloaded), fail (the stream finishes with kError after the first id,
+// with the error string given, "fake engine failure" by default).
 //
 // Logprobs (sampling.top_logprobs = k >= 0) are made up but deterministic: the id at step i
 // (0-based) gets logprob FakeLogprob(i) = -0.25 * (1 + i % 4), and its top list is the id itself
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -47,7 +49,7 @@ class FakeEngine : public GenerationEngine {
 
   void set_ready(bool v) { ready_.store(v); }
   void set_overloaded(bool v) { overloaded_.store(v); }
-  void set_fail(bool v) { fail_.store(v); }
+  void set_fail(bool v, std::string error = "fake engine failure");
   void set_script(std::vector<int32_t> script);
   void set_script_fn(ScriptFn fn);
 
@@ -59,6 +61,7 @@ class FakeEngine : public GenerationEngine {
  private:
   Options options_;     // script guarded by mu_
   ScriptFn script_fn_;  // guarded by mu_
+  std::string fail_error_ = "fake engine failure";  // guarded by mu_
   std::atomic<bool> ready_{true}, overloaded_{false}, fail_{false};
   std::atomic<int> cancelled_{0}, submitted_{0};
   mutable std::mutex mu_;

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
+#include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/run_dir.h"
 #include "coordinator/supervisor.h"
@@ -51,7 +52,7 @@ constexpr char kUsage[] =
     "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
-    "                     [--max-model-len N] [--api-keys K1,K2]\n"
+    "                     [--max-model-len N] [--api-keys-file FILE]\n"
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
@@ -64,11 +65,13 @@ constexpr char kUsage[] =
     "  --max-model-len N: the longest prompt + output served (default: the model's positions);\n"
     "  a shorter one leaves the GPU workers more memory for KV.\n"
     "  --fp64-sums (cuda): the sums the reference forms in double, in double (on) or fp32 (off);\n"
-    "  auto (default): double on GPUs with fast FP64, fp32 on others (an RTX 3090).\n";
+    "  auto (default): double on GPUs with fast FP64, fp32 on others (an RTX 3090).\n"
+    "  --api-keys-file FILE: API keys clients must send (one a line or comma-separated); or\n"
+    "  the SPLITSERVE_API_KEYS environment variable. Keys on the command line are refused.\n";
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
-  std::string isa = "auto", api_keys, log_dir, stage_transport = "auto", fp64_sums = "auto";
+  std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
   int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
@@ -163,7 +166,14 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
       }
       o->max_model_len = v;
     } else if (name == "--api-keys") {
-      o->api_keys = value;
+      return absl::StrCat(
+          "--api-keys on the command line is refused (every local user sees argv): "
+          "put the keys in a file for --api-keys-file FILE or in the ",
+          kApiKeysEnv, " environment variable");
+    } else if (name == "--api-keys-file") {
+      const absl::StatusOr<std::vector<std::string>> keys = ReadApiKeysFile(value);
+      if (!keys.ok()) return std::string(keys.status().message());
+      o->api_keys_file = fs::absolute(value).string();
     } else if (name == "--ready-timeout-s") {
       if (!ParseInt(value, 1, 86400, &v)) return absl::StrCat("--ready-timeout-s ", value);
       o->ready_timeout_s = static_cast<int>(v);
@@ -268,9 +278,9 @@ std::vector<std::string> CoordinatorArgs(const LaunchPlan& p, int http_port) {
                                     "--port", absl::StrCat(http_port),
                                     "--control-listen", "127.0.0.1:0",
                                     "--ports-file", p.ports_file};
-  if (!o.api_keys.empty()) {
-    cargs.push_back("--api-keys");
-    cargs.push_back(o.api_keys);
+  if (!o.api_keys_file.empty()) {  // the path, never the keys (argv is public); or the env
+    cargs.push_back("--api-keys-file");
+    cargs.push_back(o.api_keys_file);
   }
   return cargs;
 }

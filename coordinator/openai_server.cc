@@ -3,24 +3,32 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <exception>
 #include <limits>
 #include <optional>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
+#include "coordinator/connection_pool.h"
+#include "coordinator/connection_socket.h"
 #include "coordinator/openai_render.h"
 #include "coordinator/openai_request.h"
 #include "coordinator/output_text.h"
+#include "coordinator/receive_deadline.h"
 #include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -123,6 +131,7 @@ struct RequestTimer {
   Clock::time_point arrival;
   Clock::time_point last_token;
   bool first_seen = false;
+  bool finished = false;  // the outcome was counted
   bool running = false;
   bool streaming = false;  // a failure is then an in-band event after a 200, not an HTTP 500
 
@@ -147,12 +156,21 @@ struct RequestTimer {
       }
       last_token = now;
     }
-    if (finish != FinishReason::kNone) {
+    if (finish != FinishReason::kNone && !finished) {
+      finished = true;
       gm->e2e->Observe(Seconds(now - arrival));
       gm->Finished(finish);
       // A non-streaming failure becomes an HTTP 500 that the server's logger counts.
       if (finish == FinishReason::kError && streaming) gm->Error(500).Increment();
     }
+  }
+  // The client went away before the outcome: counted as "abort" (as vLLM counts aborted
+  // requests), once.
+  void Abort() {
+    if (finished) return;
+    finished = true;
+    gm->e2e->Observe(Seconds(Clock::now() - arrival));
+    gm->Finished(FinishReason::kCancelled);
   }
   ~RequestTimer() {
     if (running) gm->running->Decrement();
@@ -164,6 +182,56 @@ void SendError(httplib::Response& res, const ApiError& e) {
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
   res.set_content(Dump(ErrorBody(e)), "application/json");
 }
+
+ConnectionEndpoints Endpoints(const httplib::Request& req) {
+  return ConnectionEndpoints{req.local_port, req.remote_addr, req.remote_port};
+}
+
+bool HasBody(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+}
+
+// Answers with `e` and then closes the connection, for a request whose body was not read (or not
+// all of it): httplib would otherwise parse the rest of the body as the next request. A chunked
+// provider that finishes the response and then returns false makes httplib drop the connection;
+// before that, what the client still sends is discarded for a while (up to 16 MiB or 1 s, when
+// the request carries a body), so that the close does not reset the connection under the
+// response.
+void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_header("Connection", "close");
+  auto body = std::make_shared<std::string>(Dump(ErrorBody(e)));
+  res.set_chunked_content_provider(
+      "application/json",
+      [body, ep = Endpoints(req), linger = HasBody(req)](size_t, httplib::DataSink& sink) {
+        sink.write(body->data(), body->size());
+        sink.done();
+        if (const int fd = linger ? FindConnectionSocket(ep) : -1; fd >= 0) {
+          LingeringShutdown(fd, size_t{16} << 20, std::chrono::seconds(1));
+        }
+        return false;
+      });
+}
+
+constexpr char kRequestIdHeader[] = "X-Request-Id";
+
+// A client's X-Request-Id is used when it is 1..128 characters of [A-Za-z0-9._:-] (it goes into
+// the log); otherwise the gateway makes one.
+bool UsableRequestId(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
+        c != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Status of a non-streaming request whose client went away (nginx's "client closed request"):
+// nobody reads the response; it is not counted in http_request_errors_total.
+constexpr int kClientClosed = 499;
 
 void SendJson(httplib::Response& res, const Json& j) {
   res.status = 200;
@@ -181,6 +249,9 @@ struct OpenAiServer::Impl {
   const Tokenizer* tokenizer;
   GenerationEngine* engine;
   std::atomic<uint64_t> next_id{1};
+  std::atomic<uint64_t> next_request_id{0};
+  uint64_t request_id_salt = std::random_device{}() * 0x9e3779b97f4a7c15ull;
+  std::unique_ptr<ReceiveDeadline> deadline;
   std::unique_ptr<metrics::Metrics> owned_metrics;  // when config.metrics is null
   metrics::Metrics* registry = nullptr;
   std::unique_ptr<GatewayMetrics> gm;
@@ -204,6 +275,28 @@ struct OpenAiServer::Impl {
     res.set_content(registry->Serialize(), "text/plain; version=0.0.4");
   }
 
+  // A fresh request id: 16 hex digits, distinct for every request of this process.
+  std::string NewRequestId() {
+    uint64_t z = request_id_salt + 0x9e3779b97f4a7c15ull * ++next_request_id;  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(z));
+    return buf;
+  }
+
+  // A 500 for the client: a generic message naming the request id; `detail` (engine errors,
+  // worker names, anything internal) goes to the log only.
+  static ApiError ServerError(const httplib::Response& res, const std::string& what,
+                              const std::string& detail) {
+    const std::string id = res.get_header_value(kRequestIdHeader);
+    spdlog::error("request {}: {}: {}", id, what, detail);
+    return ApiError{
+        500, absl::StrCat(what, "; see the server log for request ", id), "server_error", "", "",
+        0};
+  }
+
   template <typename F>
   void Guard(const httplib::Request& req, httplib::Response& res, F&& f) {
     try {
@@ -211,8 +304,7 @@ struct OpenAiServer::Impl {
     } catch (const ApiError& e) {
       SendError(res, e);
     } catch (const std::exception& e) {
-      SendError(res, ApiError{500, absl::StrCat("internal error: ", e.what()), "server_error", "",
-                              "", 0});
+      SendError(res, ServerError(res, "internal error", e.what()));
     }
   }
 
@@ -309,7 +401,7 @@ struct OpenAiServer::Impl {
     job.prompt = ChatPrompt(body, &job.mode);
     job.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
     FitContext(job, "messages");
-    Run(std::move(job), res);
+    Run(std::move(job), req, res);
   }
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res) {
@@ -337,7 +429,7 @@ struct OpenAiServer::Impl {
     if (job.prompt.empty()) throw Invalid("prompt", "prompt: must not be empty");
     job.id = absl::StrCat("cmpl-", next_id.fetch_add(1));
     FitContext(job, "prompt");
-    Run(std::move(job), res);
+    Run(std::move(job), req, res);
   }
 
   std::shared_ptr<GenerationStream> Submit(const Job& job,
@@ -363,7 +455,7 @@ struct OpenAiServer::Impl {
                        "not_ready",
                        std::max(1, out.retry_after_s)};
     }
-    throw ApiError{500, "engine returned no stream", "server_error", "", "", 0};
+    throw std::runtime_error("the engine accepted the request without a stream");
   }
 
   // One engine event through `output`: returns the text and logprobs it releases and sets
@@ -384,7 +476,7 @@ struct OpenAiServer::Impl {
     return piece;
   }
 
-  void Run(Job job, httplib::Response& res) {
+  void Run(Job job, const httplib::Request& req, httplib::Response& res) {
     auto cancel = std::make_shared<CancellationToken>();
     auto timer = std::make_unique<RequestTimer>();
     timer->gm = gm.get();
@@ -400,19 +492,29 @@ struct OpenAiServer::Impl {
     OutputText::Piece all;
     FinishReason finish = FinishReason::kNone;
     std::string error;
+    // The client's socket, looked at every poll interval: one that hung up cancels the request.
+    const int fd = FindConnectionSocket(Endpoints(req));
+    auto next_check = Clock::now() + kPollInterval;
     while (finish == FinishReason::kNone) {
       auto ev = stream->Next(kPollInterval);
+      if (const auto now = Clock::now(); now >= next_check) {
+        next_check = now + kPollInterval;
+        if (fd >= 0 && PeerClosed(fd)) {
+          cancel->Cancel();
+          timer->Abort();
+          spdlog::info("request {} ({}): the client went away; cancelled",
+                       res.get_header_value(kRequestIdHeader), job.id);
+          res.status = kClientClosed;
+          return;
+        }
+      }
       if (!ev) continue;
       all.Append(Consume(output, *ev, *cancel, *timer, &finish));
       error = ev->error;
     }
     if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
-      throw ApiError{500,
-                     absl::StrCat("generation failed: ", error.empty() ? "cancelled" : error),
-                     "server_error",
-                     "",
-                     "",
-                     0};
+      throw ServerError(res, "generation failed",
+                        absl::StrCat(job.id, ": ", error.empty() ? "cancelled" : error));
     }
     const std::string* text = &all.text;
     const bool logprobs = job.params.sampling.top_logprobs >= 0;
@@ -455,6 +557,7 @@ struct OpenAiServer::Impl {
   // Per-stream state shared by httplib's content provider and releaser.
   struct StreamState {
     Job job;
+    std::string request_id;  // X-Request-Id
     std::shared_ptr<GenerationStream> stream;
     std::shared_ptr<CancellationToken> cancel;
     std::unique_ptr<OutputText> output;
@@ -548,8 +651,10 @@ struct OpenAiServer::Impl {
     if (!EmitText(st, sink, piece, /*final=*/true)) return false;
     st.finished = true;
     if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
+      spdlog::error("request {}: generation failed: {}: {}", st.request_id, st.job.id,
+                    ev->error.empty() ? "cancelled" : ev->error);
       ApiError e{500,
-                 absl::StrCat("generation failed: ", ev->error.empty() ? "cancelled" : ev->error),
+                 absl::StrCat("generation failed; see the server log for request ", st.request_id),
                  "server_error",
                  "",
                  "",
@@ -582,6 +687,7 @@ struct OpenAiServer::Impl {
     st->output = std::make_unique<OutputText>(*tokenizer, st->job.params.stop);
     st->parser = std::make_unique<chat::CompletionStreamParser>(st->job.mode);
     st->created = NowSeconds();
+    st->request_id = res.get_header_value(kRequestIdHeader);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -593,8 +699,10 @@ struct OpenAiServer::Impl {
           st->cancel->Cancel();  // the client went away (or rendering failed): stop generating
           return false;
         },
-        [st](bool success) {
-          if (!st->finished) st->cancel->Cancel();
+        [st](bool) {
+          if (st->finished) return;
+          st->cancel->Cancel();  // the client went away (or the server stops)
+          st->timer->Abort();
         });
   }
 
@@ -683,22 +791,47 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     impl_->registry = impl_->config.metrics;
   }
   impl_->gm = std::make_unique<GatewayMetrics>(*impl_->registry, impl_->config.model_name);
+  impl_->deadline = std::make_unique<ReceiveDeadline>(
+      std::chrono::milliseconds(std::max(1, impl_->config.head_timeout_ms)),
+      std::chrono::milliseconds(std::max(1, impl_->config.body_timeout_ms)));
   Impl* impl = impl_.get();
   httplib::Server& s = *server_;
   s.set_payload_max_length(impl->config.max_body_bytes);
+  s.set_keep_alive_timeout(std::max(1, impl->config.keep_alive_timeout_s));
   s.set_pre_routing_handler([impl](const httplib::Request& req, httplib::Response& res) {
+    impl->deadline->HeadReceived(Endpoints(req));
+    std::string id = req.get_header_value(kRequestIdHeader);
+    res.set_header(kRequestIdHeader, UsableRequestId(id) ? id : impl->NewRequestId());
+    // Only GET and POST have routes. httplib reads the body of any other method that may carry
+    // one into memory without a limit before routing, and a body left unread would be parsed as
+    // the next request: both are refused here, before any body is read.
+    if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") {
+      SendErrorAndClose(req, res,
+                        ApiError{405, absl::StrCat("method ", req.method, " not allowed"),
+                                 "invalid_request_error", "", "", 0});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.method != "POST" && HasBody(req)) {
+      SendErrorAndClose(req, res,
+                        ApiError{400, absl::StrCat(req.method, " with a body"),
+                                 "invalid_request_error", "", "", 0});
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.path == "/health" || req.path == "/ready" || req.path == "/metrics" ||
         impl->Authorized(req)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    SendError(res, ApiError{401, "Incorrect API key provided", "invalid_request_error", "",
-                            "invalid_api_key", 0});
+    SendErrorAndClose(req, res,
+                      ApiError{401, "Incorrect API key provided", "invalid_request_error", "",
+                               "invalid_api_key", 0});
     return httplib::Server::HandlerResponse::Handled;
   });
-  // Statuses httplib sets itself (404 route, 413 body, 400 unparsable request) get a body too.
+  // Statuses httplib sets itself (404 route, 400 unparsable request) get a body too.
   s.set_error_handler(
       httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (!res.body.empty() || res.has_header("Content-Type")) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
         ApiError e{res.status, "", "invalid_request_error", "", "", 0};
         if (res.status == 404) {
           e.message = absl::StrCat("no route ", req.method, " ", req.path);
@@ -711,31 +844,90 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
         res.set_content(Dump(ErrorBody(e)), "application/json");
         return httplib::Server::HandlerResponse::Handled;
       }));
-  // Every response passes here once written: count the errors (probes and scrapes excepted).
+  // Every response passes here once written: the connection's next request is timed from now;
+  // count the errors (probes, scrapes and clients that went away excepted).
   s.set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
-    if (res.status < 400) return;
+    impl->deadline->Done(Endpoints(req));
+    if (res.status < 400 || res.status == kClientClosed) return;
     if (req.path == "/health" || req.path == "/ready" || req.path == "/metrics") return;
     impl->gm->Error(res.status).Increment();
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    SendError(res, ApiError{500, "internal error", "server_error", "", "", 0});
+    SendError(res, Impl::ServerError(res, "internal error", "exception outside a handler"));
   });
-  auto route = [impl](void (Impl::*fn)(const httplib::Request&, httplib::Response&)) {
+  using Fn = void (Impl::*)(const httplib::Request&, httplib::Response&);
+  auto get = [impl](Fn fn) {
     return [impl, fn](const httplib::Request& req, httplib::Response& res) {
+      impl->deadline->Received(Endpoints(req));
       impl->Guard(req, res,
                   [&](const httplib::Request& q, httplib::Response& r) { (impl->*fn)(q, r); });
     };
   };
-  s.Post("/v1/chat/completions", route(&Impl::HandleChat));
-  s.Post("/v1/completions", route(&Impl::HandleCompletion));
-  s.Post("/tokenize", route(&Impl::HandleTokenize));
-  s.Post("/detokenize", route(&Impl::HandleDetokenize));
-  s.Get("/v1/models", route(&Impl::HandleModels));
-  s.Get("/metrics", route(&Impl::HandleMetrics));
-  s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  // POST bodies are read here, not by httplib, which bounds only a Content-Length body: a chunked
+  // (or compressed) one is counted as it arrives and refused with 413 past max_body_bytes, without
+  // reading further. A refused body is left unread and its connection closed.
+  auto post = [impl](Fn fn) {
+    return [impl, fn](const httplib::Request& req, httplib::Response& res,
+                      const httplib::ContentReader& reader) {
+      const size_t limit = impl->config.max_body_bytes;
+      const ApiError too_large{
+          413,
+          absl::StrCat("request body too large (the limit is ", limit, " bytes)"),
+          "invalid_request_error",
+          "",
+          "",
+          0};
+      if (req.has_header("Content-Length")) {
+        uint64_t n = 0;
+        if (!absl::SimpleAtoi(req.get_header_value("Content-Length"), &n)) {
+          return SendErrorAndClose(
+              req, res,
+              ApiError{400, "invalid Content-Length", "invalid_request_error", "", "", 0});
+        }
+        if (n > limit) return SendErrorAndClose(req, res, too_large);
+      }
+      std::string body;
+      bool over = false;
+      const bool read = reader([&](const char* data, size_t n) {
+        if (n > limit - body.size()) {
+          over = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (over) return SendErrorAndClose(req, res, too_large);
+      if (!read) {
+        return SendErrorAndClose(req, res,
+                                 ApiError{400, "the request body could not be read",
+                                          "invalid_request_error", "", "", 0});
+      }
+      impl->deadline->Received(Endpoints(req));
+      httplib::Request with_body = req;
+      with_body.body = std::move(body);
+      impl->Guard(with_body, res,
+                  [&](const httplib::Request& q, httplib::Response& r) { (impl->*fn)(q, r); });
+    };
+  };
+  s.Post("/v1/chat/completions", post(&Impl::HandleChat));
+  s.Post("/v1/completions", post(&Impl::HandleCompletion));
+  s.Post("/tokenize", post(&Impl::HandleTokenize));
+  s.Post("/detokenize", post(&Impl::HandleDetokenize));
+  // Any other POST: 404 without reading its body (httplib would read it without a limit).
+  s.Post(".*",
+         [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+           SendErrorAndClose(req, res,
+                             ApiError{404, absl::StrCat("no route ", req.method, " ", req.path),
+                                      "invalid_request_error", "", "", 0});
+         });
+  s.Get("/v1/models", get(&Impl::HandleModels));
+  s.Get("/metrics", get(&Impl::HandleMetrics));
+  s.Get("/health", [impl](const httplib::Request& req, httplib::Response& res) {
+    impl->deadline->Received(Endpoints(req));
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
-  s.Get("/ready", [impl](const httplib::Request&, httplib::Response& res) {
+  s.Get("/ready", [impl](const httplib::Request& req, httplib::Response& res) {
+    impl->deadline->Received(Endpoints(req));
     if (impl->engine->Ready()) {
       res.set_content("{\"status\":\"ready\"}", "application/json");
     } else {
@@ -768,7 +960,8 @@ absl::StatusOr<int> OpenAiServer::Start(const std::string& host, int port) {
     spdlog::warn("HTTP listen backlog stays at cpp-httplib's 5: listen: {}", std::strerror(errno));
   }
   const size_t threads = static_cast<size_t>(std::max(1, impl_->config.http_threads));
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_->new_task_queue = [threads] { return new ConnectionPool(threads); };
+  impl_->deadline->Start(bound);
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return bound;
@@ -778,6 +971,7 @@ void OpenAiServer::Stop() {
   if (!thread_.joinable()) return;
   server_->stop();
   thread_.join();
+  impl_->deadline->Stop();
 }
 
 }  // namespace ss

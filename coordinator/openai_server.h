@@ -13,14 +13,45 @@
 //   GET  /v1/models, GET /health (live), GET /ready (engine->Ready())
 //   GET  /metrics               Prometheus text exposition (text/plain; version=0.0.4) of the
 //                               gateway's registry (see "Metrics" below)
-//   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids", "count"}
-//   POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
+//   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids",
+//   "count"} POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
 // Errors are OpenAI bodies {"error": {"message", "type", "param", "code"}}: 400 malformed JSON,
 // invalid field (param names it) or prompt too long (code "context_length_exceeded"), 401 bad or
 // missing `Authorization: Bearer` key when keys are configured (/health, /ready and /metrics stay
 // open: scrapers and probes carry no key, and the series hold no request content),
-// 404 unknown model or route, 413 body over max_body_bytes, 503 engine overloaded or not ready
-// (with Retry-After), 500 engine error. No input crashes the process: every handler is wrapped.
+// 404 unknown model or route, 405 a method other than GET, HEAD and POST, 413 body over
+// max_body_bytes, 503 engine overloaded or not ready (with Retry-After), 500 engine or internal
+// error. No input crashes the process: every handler is wrapped.
+//
+// Request ids: every response carries `X-Request-Id` (as vLLM with --enable-request-id-headers
+// and OpenAI do): the client's own X-Request-Id when it is 1..128 characters of [A-Za-z0-9._:-]
+// (so that it goes into the log verbatim; a proxy's id then follows the request through), else one
+// the gateway makes (16 hex digits). A 500 tells the client only "generation failed" or
+// "internal error" and "see the server log for request <id>": engine errors name workers, PIDs
+// and shared-memory segments, so the detail goes to the log (spdlog, error level) under the id.
+// 4xx messages stay specific: they describe the client's own input.
+//
+// Request bodies: POST bodies are read by the gateway, not by httplib (whose limit covers only a
+// Content-Length body), and counted as they arrive whatever the transfer or content encoding
+// (chunked, gzip): past max_body_bytes the answer is 413 without reading further (a Content-Length
+// over it is refused before any byte is read). A request whose body is not read (413, 401, 404 on
+// an unknown POST route, 405) is answered and its connection closed, after discarding what the
+// client still sends for up to 16 MiB or 1 s so that the close does not reset the response away.
+// GET and HEAD requests with a body are refused (400).
+//
+// Connections (cpp-httplib 0.11 is thread-per-connection with no deadline on receiving a
+// request): a connection thread per open connection, started on demand up to http_threads
+// (connection_pool.h), so idle and slow connections take threads of their own rather than a
+// fixed pool's; and deadlines on receiving each request (receive_deadline.h): line and headers
+// within head_timeout_ms, body within body_timeout_ms, enforced by a watcher thread that shuts
+// the connection's socket down, so a client sending partial headers, or a byte at a time, is
+// dropped after head_timeout_ms instead of holding a thread indefinitely. Once a request is
+// received the deadlines no longer apply: generation and streams last as long as they need.
+// Known limits of httplib 0.11 that remain: a request line or a header line is buffered whole
+// before its length (8 KiB) is checked, so one client can make a connection thread hold up to
+// what it sends within head_timeout_ms; more than http_threads connections at once wait in the
+// accept queue (a flood of them delays every client until the deadlines clear them). An
+// event-driven server would remove both.
 //
 // Stop strings (`stop`, up to 4) are matched on the generated text before reasoning and tool
 // calls are parsed (output_text.h): the text before the first one is returned, the engine's
@@ -34,8 +65,12 @@
 // Entries cover the ids whose text is returned: none for the ids that made a stop string. Usage
 // counts every id taken, up to the one that completed a stop string.
 //
-// Streaming: a client that disconnects mid-stream is detected when a write fails (httplib's
-// content provider / releaser) and its request's CancellationToken is signalled. Writes to a
+// Cancellation: a client that disconnects mid-stream is detected when a write fails (httplib's
+// content provider / releaser) and its request's CancellationToken is signalled. A non-streaming
+// request looks at its connection's socket every 50 ms while it waits for the engine
+// (connection_socket.h: peer closed or reset) and is cancelled the same way when the client hung
+// up; its response then has status 499 (nobody reads it). A client that half-closes its sending
+// side after the request counts as gone (as in uvicorn, which vLLM runs on). Writes to a
 // closed socket must not raise SIGPIPE: the process should ignore SIGPIPE (the server does not
 // change signal dispositions itself).
 //
@@ -59,15 +94,17 @@
 //   kv_cache_usage_perc            gauge in [0, 1]: GatewayConfig::kv_cache_usage at scrape time,
 //                                  0 when the hook is unset
 //   request_success_total{finished_reason}  counter: finished generations, "stop" (EOS, stop
-//                                  ids, tool calls), "length", "abort" (client went away / engine
-//                                  cancelled), as vLLM spells them
+//                                  ids, tool calls), "length", "abort" (the client went away,
+//                                  streaming or not, before the outcome / the engine cancelled),
+//                                  as vLLM spells them
 //   http_request_errors_total{status_code}  counter: responses with status >= 400 on every route
 //                                  but /health, /ready and /metrics, plus streams that fail after
-//                                  their 200 header (in-band error event: counted as "500")
+//                                  their 200 header (in-band error event: counted as "500"); not
+//                                  requests whose client went away (those are aborts)
 // Arrival is when the route handler starts (the body has been read).
 //
-// Threading: Start() and Stop() from one owner thread; requests run on httplib's thread pool,
-// one blocking thread per in-flight request (a streaming request holds its thread until done).
+// Threading: Start() and Stop() from one owner thread; requests run on the connection threads,
+// one blocking thread per open connection (a streaming request holds its thread until done).
 // The tokenizer and engine are not owned and must outlive the server.
 #pragma once
 
@@ -98,9 +135,17 @@ struct GatewayConfig {
   std::vector<std::string> api_keys;       // empty: no authentication
   int32_t max_context_tokens = 65536;      // prompt + max_tokens must fit
   size_t max_body_bytes = 8u << 20;        // larger bodies get 413
-  // HTTP worker threads: each in-flight request (a stream included) holds one; requests beyond
-  // wait for a free thread.
-  int http_threads = 256;
+  // Connection threads (connection_pool.h): each open connection holds one while it is served
+  // (reading a request, generating, streaming); started on demand up to this many, connections
+  // beyond wait for a free one.
+  int http_threads = 1024;
+  // Receiving a request (receive_deadline.h): its line and headers within head_timeout_ms of the
+  // connection's accept or previous response, its body within body_timeout_ms after the headers;
+  // otherwise the connection is closed. Idle keep-alive connections close after
+  // keep_alive_timeout_s.
+  int head_timeout_ms = 10000;
+  int body_timeout_ms = 60000;
+  int keep_alive_timeout_s = 5;
   // The registry the gateway's series go into and GET /metrics serves; not owned, must outlive
   // the server. Null: the server owns a private one.
   metrics::Metrics* metrics = nullptr;

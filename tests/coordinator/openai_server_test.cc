@@ -46,10 +46,65 @@ class OpenAiServerTest : public ::testing::Test {
     server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
     auto port = server_->Start("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status();
+    port_ = *port;
     client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
     client_->set_read_timeout(10, 0);
   }
   void SetUp() override { Start(); }
+  // Restarts with `config` (its max_context_tokens set to 4096) and an engine that delivers
+  // `script` one id every `delay`.
+  void StartWith(GatewayConfig config, std::vector<int32_t> script,
+                 std::chrono::milliseconds delay) {
+    TearDown();
+    config.max_context_tokens = 4096;
+    engine_ = std::make_unique<FakeEngine>(FakeEngine::Options{std::move(script), false, delay});
+    server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
+    auto port = server_->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    port_ = *port;
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+    client_->set_read_timeout(10, 0);
+  }
+  // A blocking TCP connection to the server (-1 on failure), with 5 s send/receive timeouts.
+  int Connect() const {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  static bool SendAll(int fd, const std::string& data) {
+    size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Everything the server sends until it closes the connection or `timeout` passes.
+  static std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
+    std::string out;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
   // Restarts with an engine that delivers `script` one id every `delay`.
   void Restart(std::vector<int32_t> script, std::chrono::milliseconds delay) {
     TearDown();
@@ -130,6 +185,7 @@ class OpenAiServerTest : public ::testing::Test {
   std::unique_ptr<FakeEngine> engine_;
   std::unique_ptr<OpenAiServer> server_;
   std::unique_ptr<httplib::Client> client_;
+  int port_ = 0;  // set by Start() and StartWith()
 };
 
 TEST_F(OpenAiServerTest, ModelsHealthReady) {
@@ -898,6 +954,218 @@ TEST_F(OpenAiServerTest, LogprobsValidation) {
   r = completion(0);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
+}
+
+// Issue 23 row 4: the body limit holds for a chunked body too. A 200 MB chunked body was read
+// whole (the limit applied to Content-Length only); now the server answers 413 once the body
+// passes max_body_bytes (1 MiB here) and closes the connection, keeping nothing (it discards at
+// most 16 MiB more first), so the sender's writes fail after the limit, the discarded bytes and
+// the sockets' buffers; the old server read all 256 MiB.
+TEST_F(OpenAiServerTest, ChunkedBodyOverTheLimitIs413WithoutReadingIt) {
+  const int fd = Connect();
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd,
+                      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  const std::string chunk_data(64 << 10, 'a');
+  char size_line[32];
+  std::snprintf(size_line, sizeof size_line, "%zx\r\n", chunk_data.size());
+  const std::string chunk = size_line + chunk_data + "\r\n";
+  constexpr size_t kMax = size_t{256} << 20;  // stop here if the server keeps reading
+  size_t sent = 0;
+  while (sent < kMax && SendAll(fd, chunk)) sent += chunk.size();
+  const std::string response = ReadAll(fd, std::chrono::seconds(5));
+  ::close(fd);
+  EXPECT_LT(sent, size_t{40} << 20) << "the server kept reading the body";
+  EXPECT_EQ(response.rfind("HTTP/1.1 413", 0), 0u) << response.substr(0, 200);
+  EXPECT_NE(response.find("request body too large"), std::string::npos) << response;
+
+  // A chunked body within the limit is served as before.
+  engine_->set_script(Ids("ok"));
+  const std::string body = ChatBody(false, false).dump();
+  auto r = client_->Post(
+      "/v1/chat/completions",
+      [&](size_t offset, httplib::DataSink& sink) {
+        if (offset < body.size()) {
+          sink.write(body.data() + offset, std::min<size_t>(7, body.size() - offset));
+        } else {
+          sink.done();
+        }
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  // Content-Length over the limit: 413 at once, also without reading the body.
+  const int fd2 = Connect();
+  ASSERT_GE(fd2, 0);
+  ASSERT_TRUE(SendAll(fd2,
+                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 200000000\r\n\r\n"));
+  const std::string r2 = ReadAll(fd2, std::chrono::seconds(5));
+  ::close(fd2);
+  EXPECT_EQ(r2.rfind("HTTP/1.1 413", 0), 0u) << r2.substr(0, 200);
+  // Bodies httplib itself would read without a limit are refused before a byte of them is read:
+  // another method's, an unknown POST route's, a GET's. The chunked body is never finished, so
+  // an answer proves the server did not wait for it.
+  for (const auto& [head, status] :
+       std::vector<std::pair<std::string, std::string>>{{"PUT /v1/chat/completions", "405"},
+                                                        {"POST /v1/nowhere", "404"},
+                                                        {"GET /v1/models", "400"}}) {
+    const int fd3 = Connect();
+    ASSERT_GE(fd3, 0);
+    ASSERT_TRUE(
+        SendAll(fd3, head + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk));
+    const std::string r3 = ReadAll(fd3, std::chrono::seconds(3));
+    ::close(fd3);
+    EXPECT_EQ(r3.rfind("HTTP/1.1 " + status, 0), 0u) << head << ": " << r3.substr(0, 200);
+  }
+}
+
+// Issue 23 row 6: connections that send part of a request and stay open no longer take the
+// server's whole capacity. With 4 connection threads, 8 such connections kept /health waiting for
+// httplib's 5 s read timeout; now each must complete its request line and headers within
+// head_timeout_ms (300 ms here), so /health answers within a second, and a connection that
+// trickles a byte at a time (which resets a per-read timeout) is closed too. A stream lasting
+// well past head_timeout_ms is untouched.
+TEST_F(OpenAiServerTest, SlowConnectionsDoNotStarveTheServer) {
+  GatewayConfig config;
+  config.http_threads = 4;
+  config.head_timeout_ms = 300;
+  std::vector<int32_t> script(30, Ids(" tick")[0]);  // 30 ids at 50 ms: a 1.5 s stream
+  StartWith(config, script, std::chrono::milliseconds(50));
+  std::vector<int> slow;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = Connect();
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, "GET /health HTTP/1.1\r\nHost: x\r\n"));  // no blank line
+    slow.push_back(fd);
+  }
+  const int trickle = Connect();
+  ASSERT_GE(trickle, 0);
+  ASSERT_TRUE(SendAll(trickle, "GET /health HTTP/1.1\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = client_->Get("/health");
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_LT(waited, std::chrono::seconds(1));
+
+  // The trickler sends a header byte every 50 ms; it is closed well before 2 s.
+  bool trickle_closed = false;
+  for (int i = 0; i < 40 && !trickle_closed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pollfd p{trickle, POLLIN, 0};
+    char c;
+    trickle_closed = !SendAll(trickle, "X") ||
+                     (::poll(&p, 1, 0) > 0 && ::recv(trickle, &c, 1, MSG_DONTWAIT) <= 0);
+  }
+  EXPECT_TRUE(trickle_closed);
+  ::close(trickle);
+  for (int fd : slow) {
+    char c;
+    EXPECT_LE(::recv(fd, &c, 1, 0), 0) << "a slow connection is still open";
+    ::close(fd);
+  }
+
+  // A stream of 1.5 s (5 head timeouts) is delivered whole.
+  r = Post("/v1/chat/completions", ChatBody(true, false).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const std::vector<std::string> events = Events(r->body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(Concat(events).finish, "stop");
+}
+
+// Issue 23 row 10: a non-streaming client that hangs up cancels its generation (it used to run to
+// max_tokens for nobody), and aborts, streamed or not, are counted in
+// request_success_total{finished_reason="abort"} as vLLM counts them.
+TEST_F(OpenAiServerTest, ClientHangupsCancelAndCountAsAborts) {
+  std::vector<int32_t> script(500, Ids(" tick")[0]);  // 10 s at 20 ms an id
+  StartWith(GatewayConfig{}, script, std::chrono::milliseconds(20));
+  const std::string body = ChatBody(false, false).dump();
+  const int fd = Connect();
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd,
+                      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      "Content-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = std::chrono::steady_clock::now();
+  ::close(fd);
+  for (int i = 0; i < 200 && engine_->cancelled_count() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(engine_->cancelled_count(), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  auto scrape = [&] {
+    auto m = client_->Get("/metrics");
+    return m ? m->body : std::string();
+  };
+  const std::vector<std::string> abort = {kModelLabel, "finished_reason=\"abort\""};
+  EXPECT_EQ(SampleEventually(scrape, "splitserve:request_success_total", abort, 1), 1) << scrape();
+
+  // A stream whose client stops reading after two chunks.
+  int chunks = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = ChatBody(true, false).dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  {
+    httplib::Client c("127.0.0.1", port_);
+    EXPECT_FALSE(c.send(req));
+  }
+  EXPECT_EQ(SampleEventually(scrape, "splitserve:request_success_total", abort, 2), 2) << scrape();
+  for (int i = 0; i < 200 && engine_->cancelled_count() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(engine_->cancelled_count(), 2);
+  // Aborts are not HTTP errors.
+  EXPECT_LT(Sample(scrape(), "splitserve:http_request_errors_total", {kModelLabel}), 0) << scrape();
+}
+
+// Issue 23 row 11: a server error tells the client a request id and nothing internal (the engine's
+// error string named segments, PIDs and workers); the details go to the log under that id. Every
+// response carries X-Request-Id; a client's own (of safe characters) is used. Client errors (4xx)
+// keep their specific messages.
+TEST_F(OpenAiServerTest, ServerErrorsCarryARequestIdAndNoDetails) {
+  engine_->set_script(Ids("ok"));
+  engine_->set_fail(true, "worker gpu0 (pid 4242): segment /splitserve-4242-experts SECRET");
+  auto r = Post("/v1/chat/completions", ChatBody(false, false).dump());
+  ExpectError(r, 500);
+  const std::string id = r->get_header_value("X-Request-Id");
+  EXPECT_FALSE(id.empty());
+  for (const char* leak : {"SECRET", "4242", "gpu0", "segment"}) {
+    EXPECT_EQ(r->body.find(leak), std::string::npos) << r->body;
+  }
+  EXPECT_NE(r->body.find(id), std::string::npos) << r->body;
+  // Streaming: the in-band error event is just as generic.
+  r = Post("/v1/chat/completions", ChatBody(true, false).dump(), {{"X-Request-Id", "client-7.a"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("X-Request-Id"), "client-7.a");
+  EXPECT_EQ(r->body.find("SECRET"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("see the server log for request client-7.a"), std::string::npos)
+      << r->body;
+  engine_->set_fail(false);
+  // An id the log could not take verbatim is replaced; every route answers with one.
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump(), {{"X-Request-Id", "a b\\"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("X-Request-Id"), "a b\\");
+  EXPECT_FALSE(r->get_header_value("X-Request-Id").empty());
+  EXPECT_NE(r->get_header_value("X-Request-Id"), id);
+  Json b = ChatBody(false, false);
+  b["temperature"] = "hot";
+  r = Post("/v1/chat/completions", b.dump());
+  ExpectError(r, 400, "temperature");
+  EXPECT_NE(r->body.find("temperature"), std::string::npos);
+  EXPECT_FALSE(r->get_header_value("X-Request-Id").empty());
 }
 
 }  // namespace

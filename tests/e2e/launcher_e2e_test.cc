@@ -149,6 +149,55 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
   }
 }
 
+// API keys come from a file (or the environment), never argv (issue 23 row 9): `up --api-keys`
+// and key lists that would turn authentication off are refused at start; with --api-keys-file the
+// coordinator gets the file's path, so no key shows in any process's command line.
+TEST(LauncherE2eTest, ApiKeysComeFromAFileNeverArgv) {
+  testing_util::TempDir dir("launcher_keys");
+  const std::string bad = dir / "bad_keys";
+  std::ofstream(bad) << " , \n";
+  const std::string keys = dir / "keys";
+  std::ofstream(keys) << "sk-e2e-first\n sk-e2e-second \n";
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--api-keys", "sk-e2e-first"},
+                                             {"--api-keys", ","},
+                                             {"--api-keys-file", bad},
+                                             {"--api-keys-file", dir / "missing"}}) {
+    std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string log = dir / "refused.log";
+    ChildProcess p(argv, log);
+    EXPECT_EQ(p.Wait(), 2) << args[0] << " " << args[1] << ": " << ReadLog(log);
+    EXPECT_NE(ReadLog(log).find(args[0]), std::string::npos) << ReadLog(log);
+  }
+
+  const int port = testing_util::FreeLoopbackPort();
+  const std::string log = dir / "up.log";
+  ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
+                   "--max-model-len", "512", "--api-keys-file", keys},
+                  log);
+  ASSERT_TRUE(WaitReady(port, up)) << ReadLog(log);
+  bool saw_coordinator = false;
+  for (int child : ChildrenOf(up.pid())) {
+    const std::vector<std::string> args = Cmdline(child);
+    for (const std::string& a : args) EXPECT_EQ(a.find("sk-e2e"), std::string::npos) << a;
+    if (!args.empty() && args[0].ends_with("splitserve-coordinator")) {
+      saw_coordinator = true;
+      // (the coordinator rewrites its flags' dashes in place: /proc shows --api_keys_file)
+      EXPECT_EQ(FlagValue(args, "--api_keys_file"), std::filesystem::absolute(keys).string());
+    }
+  }
+  EXPECT_TRUE(saw_coordinator);
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401) << r->body;
+  r = c.Get("/v1/models", {{"Authorization", "Bearer sk-e2e-second"}});  // trimmed in the file
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(up.Stop(), 0) << ReadLog(log);
+}
+
 // `splitserve cpus`: bad flags are usage errors; the plan for this host either keeps whole cores
 // for the GPU workers and the coordinator, each CPU given once, or says why it does not split.
 TEST(LauncherE2eTest, CpusPrintsThisHostsSplitOrWhyNot) {

@@ -1,0 +1,49 @@
+// The gateway's connection threads (an httplib::TaskQueue, the job being one accepted connection
+// served until it closes): a thread per open connection, started on demand up to `max_threads`,
+// so connections that send slowly or idle (each blocks its thread in a read) take threads that
+// would otherwise sit unused, not a fixed pool that is the server's whole capacity. Connections
+// beyond the cap wait in FIFO order for a thread. Threads idle for `idle_exit` exit.
+//
+// Threading: enqueue() from httplib's listener thread, shutdown() once from it at the end of
+// listen(); jobs run on the pool's threads. shutdown() runs the jobs already queued, then joins.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "httplib.h"
+
+namespace ss {
+
+class ConnectionPool : public httplib::TaskQueue {
+ public:
+  explicit ConnectionPool(size_t max_threads,
+                          std::chrono::milliseconds idle_exit = std::chrono::seconds(10));
+  ~ConnectionPool() override;  // shutdown()s
+
+  void enqueue(std::function<void()> fn) override;
+  void shutdown() override;
+
+ private:
+  void Work();
+  void JoinExitedLocked();  // joins threads that left Work(); holds mu_
+
+  const size_t max_threads_;
+  const std::chrono::milliseconds idle_exit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;                    // guarded by mu_
+  std::unordered_map<std::thread::id, std::thread> threads_;  // guarded by mu_
+  std::vector<std::thread::id> exited_;                       // guarded by mu_
+  size_t idle_ = 0;                                           // guarded by mu_
+  bool shutdown_ = false;                                     // guarded by mu_
+};
+
+}  // namespace ss

@@ -1,0 +1,89 @@
+#include "coordinator/receive_deadline.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "spdlog/spdlog.h"
+
+namespace ss {
+
+ReceiveDeadline::ReceiveDeadline(std::chrono::milliseconds head_timeout,
+                                 std::chrono::milliseconds body_timeout)
+    : head_timeout_(head_timeout),
+      body_timeout_(body_timeout),
+      period_(std::clamp(std::min(head_timeout, body_timeout) / 4, std::chrono::milliseconds(20),
+                         std::chrono::milliseconds(500))) {}
+
+ReceiveDeadline::~ReceiveDeadline() { Stop(); }
+
+void ReceiveDeadline::Start(int local_port) {
+  local_port_ = local_port;
+  thread_ = std::thread([this] { Watch(); });
+}
+
+void ReceiveDeadline::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ReceiveDeadline::Set(const ConnectionEndpoints& e, Phase phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& entry = entries_[Key(e.peer_addr, e.peer_port)];
+  entry.phase = phase;
+  entry.since = Clock::now();
+  entry.seen = true;
+}
+
+void ReceiveDeadline::HeadReceived(const ConnectionEndpoints& e) { Set(e, Phase::kBody); }
+void ReceiveDeadline::Received(const ConnectionEndpoints& e) { Set(e, Phase::kExempt); }
+void ReceiveDeadline::Done(const ConnectionEndpoints& e) { Set(e, Phase::kHead); }
+
+int ReceiveDeadline::closed_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+void ReceiveDeadline::Watch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const Clock::time_point scan_start = Clock::now();
+    lock.unlock();
+    const std::vector<ConnectionSocket> sockets = ConnectionSockets(local_port_);
+    lock.lock();
+    const Clock::time_point now = Clock::now();
+    for (auto& [key, entry] : entries_) entry.seen = false;
+    int closed = 0;
+    for (const ConnectionSocket& s : sockets) {
+      const Key key(s.endpoints.peer_addr, s.endpoints.peer_port);
+      auto [it, inserted] = entries_.try_emplace(key);
+      Entry& entry = it->second;
+      entry.seen = true;
+      if (inserted) entry.since = now;
+      const auto limit = entry.phase == Phase::kHead ? head_timeout_ : body_timeout_;
+      if (entry.phase == Phase::kExempt || now - entry.since <= limit) continue;
+      // Re-checked just before: the descriptor may have been closed and reused since the scan.
+      if (SocketHasEndpoints(s.fd, s.endpoints)) {
+        ::shutdown(s.fd, SHUT_RDWR);
+        ++closed;
+      }
+      entries_.erase(it);
+    }
+    // Gone from the scan: closed (an entry reported after the scan began may be a connection it
+    // missed).
+    std::erase_if(entries_,
+                  [&](const auto& kv) { return !kv.second.seen && kv.second.since < scan_start; });
+    closed_ += closed;
+    if (closed > 0) {
+      spdlog::warn("HTTP: closed {} connection(s) that sent no complete request in time", closed);
+    }
+    cv_.wait_for(lock, period_, [&] { return stop_; });
+  }
+}
+
+}  // namespace ss
