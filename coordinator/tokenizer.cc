@@ -606,18 +606,22 @@ void Tokenizer::Bpe(std::string_view piece, BpeScratch& s, std::vector<int32_t>*
   s.prev.resize(n);
   s.next.resize(n);
   s.heap.clear();
-  auto push = [&](int32_t l, int32_t r) {
+  auto add = [&](int32_t l, int32_t r) {
     auto it = merges_.find((uint64_t(uint32_t(s.id[l])) << 32) | uint32_t(s.id[r]));
-    if (it == merges_.end()) return;
+    if (it == merges_.end()) return false;
     s.heap.push_back((it->second & 0xFFFFFFFF00000000ull) | uint32_t(l));
-    std::push_heap(s.heap.begin(), s.heap.end(), std::greater<>());
+    return true;
+  };
+  auto push = [&](int32_t l, int32_t r) {
+    if (add(l, r)) std::push_heap(s.heap.begin(), s.heap.end(), std::greater<>());
   };
   for (int32_t i = 0; i < n; ++i) {
     s.id[i] = byte_id_[p[i]];
     s.prev[i] = i - 1;
     s.next[i] = i + 1 < n ? i + 1 : -1;
   }
-  for (int32_t i = 0; i + 1 < n; ++i) push(i, i + 1);
+  for (int32_t i = 0; i + 1 < n; ++i) add(i, i + 1);
+  std::make_heap(s.heap.begin(), s.heap.end(), std::greater<>());  // O(n), unlike n pushes
   while (!s.heap.empty()) {
     std::pop_heap(s.heap.begin(), s.heap.end(), std::greater<>());
     const uint64_t top = s.heap.back();
@@ -655,7 +659,9 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) co
     }
     if (auto it = seen.find(AV(piece)); it != seen.end()) {
       const auto [begin, count] = it->second;
-      ids.reserve(ids.size() + count);  // no reallocation while copying from itself
+      // Room first (the copy reads from `ids` itself), grown geometrically: an exact-size
+      // reserve per repeated piece would copy the whole vector each time.
+      if (ids.size() + count > ids.capacity()) ids.reserve(2 * (ids.size() + count));
       for (uint32_t k = 0; k < count; ++k) ids.push_back(ids[begin + k]);
       return;
     }

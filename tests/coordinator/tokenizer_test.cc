@@ -3,6 +3,7 @@
 // synthetic file as well as the real DeepSeek one.
 #include "coordinator/tokenizer.h"
 
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -221,6 +222,25 @@ TEST(TokenizerTest, LongRunsStayFastAndExact) {
     ASSERT_TRUE(back.ok());
     EXPECT_TRUE(*back == text) << "unit '" << unit << "'";
   }
+}
+
+// 1 MB of random digits: 333k three-digit pieces, nearly all repeats of an earlier piece. A
+// linear encoder takes ~0.1 s on one core of the development machine; an encoder that copies its
+// output once per repeated piece (quadratic) took 12 s. The 2 s bound is 20x the linear time.
+TEST(TokenizerTest, RepeatedPiecesEncodeInLinearTime) {
+  const Tokenizer& t = V3();
+  std::mt19937 rng(23);
+  std::string digits(1'000'000, '0');
+  for (char& c : digits) c = static_cast<char>('0' + rng() % 10);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ids = t.Encode(digits);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->size(), 333'334u);
+  EXPECT_LT(s, 2.0) << "encoding 1 MB of digits took " << s << " s";
+  auto back = t.Decode(*ids);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(*back == digits);
 }
 
 TEST(TokenizerTest, ConcurrentEncodeIsDeterministic) {
