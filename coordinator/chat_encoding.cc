@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "coordinator/json_limits.h"
 #include "coordinator/py_json.h"
 
 namespace ss::chat {
@@ -244,16 +245,18 @@ absl::Status ReadToolCalls(const Json& msg, std::string_view where, std::vector<
     const Json* args = Field(*fn, "arguments");
     if (args != nullptr && args->is_string()) {
       const std::string& text = args->get_ref<const std::string&>();
-      Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_discarded()) {
+      absl::StatusOr<Json> parsed = ParseJsonWithLimits(text);
+      if (absl::IsInvalidArgument(parsed.status())) {
         // Not JSON: one string parameter holding the text (encode_arguments_to_dsml does this).
         call.params = Json::object();
         call.params["arguments"] = text;
-      } else if (parsed.is_object()) {
-        call.params = std::move(parsed);
+      } else if (!parsed.ok()) {
+        return Invalid(where, field + ".arguments", std::string(parsed.status().message()));
+      } else if (parsed->is_object()) {
+        call.params = *std::move(parsed);
       } else {
         return Invalid(where, field + ".arguments",
-                       Cat("expected a JSON object, got ", TypeName(parsed)));
+                       Cat("expected a JSON object, got ", TypeName(*parsed)));
       }
     } else if (args != nullptr && args->is_object()) {
       call.params = *args;

@@ -62,7 +62,13 @@
 // unknown role or task is an error even on a message that would have been dropped.
 //
 // JSON key order matters (tool schemas and arguments are re-serialised in their given order), so
-// the input is a nlohmann::ordered_json: parse request bodies with nlohmann::ordered_json::parse.
+// the input is a nlohmann::ordered_json.
+//
+// Depth: the encoder copies and renders (py_json.h) tool schemas, response formats and tool-call
+// arguments recursively, one stack frame or so per nesting level. Input from outside must come
+// from ParseJsonWithLimits (json_limits.h), which bounds it at kMaxJsonDepth; `arguments` strings
+// are parsed here with the same bounds (deeper is InvalidArgument). So no recursion here goes
+// deeper than kMaxJsonDepth plus a few levels.
 //
 // Pure function of its inputs; safe to call from any thread.
 #pragma once

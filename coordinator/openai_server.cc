@@ -258,20 +258,20 @@ struct OpenAiServer::Impl {
     job.params.sampling.max_tokens = static_cast<int32_t>(want);
   }
 
-  std::vector<int32_t> ChatPrompt(const Json& body, ThinkingMode* mode) {
-    const Json* messages = Field(body, "messages");
-    if (!messages) throw Invalid("messages", "messages: required");
-    if (!messages->is_array() || messages->empty()) {
+  // Moves `messages` and `tools` out of `body` (no copy of the request's largest parts).
+  std::vector<int32_t> ChatPrompt(Json& body, ThinkingMode* mode) {
+    if (!Field(body, "messages")) throw Invalid("messages", "messages: required");
+    Json msgs = std::move(body["messages"]);
+    if (!msgs.is_array() || msgs.empty()) {
       throw Invalid("messages", "messages: expected a non-empty array");
     }
-    Json msgs = *messages;
     for (size_t i = 0; i < msgs.size(); ++i) {
       if (!msgs[i].is_object()) {
         throw Invalid("messages", absl::StrCat("messages[", i, "]: expected an object"));
       }
     }
     // Request-level tools / response_format go on the system message (prepended if missing).
-    const Json* tools = Field(body, "tools");
+    Json* tools = body.contains("tools") && !body["tools"].is_null() ? &body["tools"] : nullptr;
     if (tools && !tools->is_array()) throw Invalid("tools", "tools: expected an array");
     const Json* rf = Field(body, "response_format");
     if (rf && !rf->is_object()) {
@@ -288,7 +288,7 @@ struct OpenAiServer::Impl {
         sys["content"] = "";
         msgs.insert(msgs.begin(), std::move(sys));
       }
-      if (tools && !tools->empty()) msgs[0]["tools"] = *tools;
+      if (tools && !tools->empty()) msgs[0]["tools"] = std::move(*tools);
       if (rf && !text_format) msgs[0]["response_format"] = *rf;
     }
     chat::EncodeOptions opts;

@@ -247,6 +247,9 @@ TEST(ChatEncoding, MalformedMessagesNameIndexAndField) {
        "messages[0].tool_calls[0].function.arguments: expected a JSON string or an object"},
       {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}])",
        "messages[0].tool_calls[0].function.arguments: expected a JSON object, got an array"},
+      {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": ")" +
+           std::string(100'000, '[') + R"("}}]}])",
+       "messages[0].tool_calls[0].function.arguments: JSON nested deeper than 64 levels"},
       {R"([{"role": "system", "tools": [{"name": "f"}]}])",
        "messages[0].tools[0].function: expected an object"},
       {R"([{"role": "system", "tools": "f"}])", "messages[0].tools: expected an array"},

@@ -378,6 +378,64 @@ TEST_F(OpenAiServerTest, Errors) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
+// ~125k nested `[` (a ~300 KB body) wherever a request may hold JSON: refused with a 400 at parse
+// time, and the server keeps serving. Recursive copies and renders of such a value overflowed the
+// stack of the handling thread and took the process down.
+TEST_F(OpenAiServerTest, DeeplyNestedJsonIsRefused) {
+  engine_->set_script(Ids("ok"));
+  const std::string deep = std::string(125'000, '[') + std::string(125'000, ']');
+  const std::string user = R"({"role":"user","content":"hi"})";
+  const std::string head = R"({"model":"deepseek-v4",)";
+  const std::string bodies[] = {
+      head + R"("messages":[{"role":"user","content":"hi","x":)" + deep + "}]}",
+      head + R"("messages":[{"role":"user","content":)" + deep + "}]}",
+      head + R"("messages":[)" + user + R"(],"tools":)" + deep + "}",
+      head + R"("messages":[)" + user + R"(],"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+          deep + "}}]}",
+      head + R"("messages":[)" + user + R"(],"response_format":{"type":"json_schema","s":)" +
+          deep + "}}",
+  };
+  for (const std::string& body : bodies) {
+    ASSERT_LT(body.size(), 300'000u);
+    for (const char* path : {"/v1/chat/completions", "/tokenize"}) {
+      auto r = Post(path, body);
+      ExpectError(r, 400);
+      EXPECT_NE(r->body.find("nested deeper than 64 levels"), std::string::npos) << r->body;
+    }
+  }
+  ExpectError(Post("/tokenize", R"({"messages":[{"role":"user","content":"hi","x":)" + deep + "}]}"),
+              400);
+  ExpectError(Post("/detokenize", R"({"ids":)" + deep + "}"), 400);
+  ExpectError(Post("/v1/completions", head + R"("prompt":)" + deep + "}"), 400);
+  // JSON inside a string: a tool call's `arguments` are parsed with the same bounds.
+  Json args = ChatBody(false, false);
+  Json call = {{"id", "c1"},
+               {"type", "function"},
+               {"function", {{"name", "f"}, {"arguments", R"({"a":)" + deep + "}"}}}};
+  args["messages"].push_back(
+      Json{{"role", "assistant"}, {"content", ""}, {"tool_calls", Json::array({call})}});
+  args["messages"].push_back(Json{{"role", "user"}, {"content", "and?"}});
+  auto r = Post("/v1/chat/completions", args.dump());
+  ExpectError(r, 400, "messages");
+  EXPECT_NE(r->body.find("arguments: JSON nested deeper than 64 levels"), std::string::npos)
+      << r->body;
+  // 64 levels are accepted; 65 are not.
+  auto nested = [&](int depth) {
+    Json b = ChatBody(false, false);
+    // The body, `messages` and messages[0] are 3 levels.
+    b["messages"][0]["x"] = Json::parse(std::string(depth - 3, '[') + std::string(depth - 3, ']'));
+    return Post("/tokenize", b.dump());
+  };
+  r = nested(64);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  ExpectError(nested(65), 400);
+  // Still serving.
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
 TEST_F(OpenAiServerTest, ApiKeys) {
   TearDown();
   GatewayConfig config;
