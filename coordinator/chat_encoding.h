@@ -73,8 +73,11 @@
 // Pure function of its inputs; safe to call from any thread.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/dsv4_format.h"
@@ -98,9 +101,33 @@ struct EncodeOptions {
   const nlohmann::ordered_json* context = nullptr;
 };
 
-// Encodes `messages` (a JSON array of message objects) into the DeepSeek-V4 prompt string.
+// The prompt string, and which of its bytes the request wrote.
+//
+// Content is text: a special token's string inside a message (`<｜Assistant｜>`,
+// `<｜end▁of▁sentence｜>`, `</think>`, `｜DSML｜`, …) must reach the model as ordinary text, never
+// as the control id, or any user could forge turns, roles and tool calls. So the prompt is
+// tokenised with Tokenizer::Encode(text, content): special tokens are matched only in the
+// template's own text, and the bytes of `content` are pre-tokenised and BPE'd like any other
+// text. DeepSeek's API treats message content so; Hugging Face's `split_special_tokens` does it
+// for tokens flagged `special`, which DeepSeek's tokenizer.json does not set on `<｜User｜>` and
+// `<｜Assistant｜>`, so every added token counts here. When no content holds a special token's
+// string, the ids equal those of the whole string tokenised the usual way (the official pipeline).
+struct Prompt {
+  std::string text;  // byte-identical to EncodeMessages' result
+  // Sorted, disjoint, non-adjacent [begin, end) byte ranges of `text` copied from the request:
+  // message content and content parts, reasoning_content, tool results, the rendered tool
+  // schemas and response formats, tool-call names, parameter names and values. Everything else
+  // (BOS/EOS, role and turn markers, <think>/</think>, DSML markup, the fixed paragraphs and
+  // separators) is the template's.
+  std::vector<std::pair<size_t, size_t>> content;
+};
+
+// Encodes `messages` (a JSON array of message objects) into the DeepSeek-V4 prompt.
 // To prompt the model for a reply, end the conversation with a user (or developer) message: its
 // transition writes the `<｜Assistant｜><think>` / `<｜Assistant｜></think>` generation prompt.
+absl::StatusOr<Prompt> EncodePrompt(const nlohmann::ordered_json& messages,
+                                    const EncodeOptions& opts);
+// EncodePrompt's text alone (the string the conformance files hold).
 absl::StatusOr<std::string> EncodeMessages(const nlohmann::ordered_json& messages,
                                            const EncodeOptions& opts);
 

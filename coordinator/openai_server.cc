@@ -232,8 +232,10 @@ struct OpenAiServer::Impl {
     }
   }
 
-  std::vector<int32_t> Encode(const std::string& text, const char* param) {
-    auto ids = tokenizer->Encode(text);
+  // Special tokens written in `text` become their ids, except inside `plain_text`.
+  std::vector<int32_t> Encode(const std::string& text, const char* param,
+                              Tokenizer::PlainText plain_text = {}) {
+    auto ids = tokenizer->Encode(text, plain_text);
     if (!ids.ok()) throw Invalid(param, std::string(ids.status().message()));
     return *std::move(ids);
   }
@@ -294,9 +296,9 @@ struct OpenAiServer::Impl {
     chat::EncodeOptions opts;
     ParseThinking(body, &opts);
     *mode = opts.mode;
-    auto prompt = chat::EncodeMessages(msgs, opts);
+    auto prompt = chat::EncodePrompt(msgs, opts);
     if (!prompt.ok()) throw Invalid("messages", std::string(prompt.status().message()));
-    return Encode(*prompt, "messages");
+    return Encode(prompt->text, "messages", prompt->content);  // message content is text
   }
 
   void HandleChat(const httplib::Request& req, httplib::Response& res) {

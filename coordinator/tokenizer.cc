@@ -149,10 +149,11 @@ struct Tokenizer::Trie {
     first[static_cast<unsigned char>(s[0])] = true;
   }
 
-  size_t Match(std::string_view text, size_t pos, int32_t* id) const {
+  // The longest token that starts at `pos` and ends by `limit` (0: none).
+  size_t Match(std::string_view text, size_t pos, size_t limit, int32_t* id) const {
     size_t best = 0;
     int32_t n = 0;
-    for (size_t i = pos; i < text.size(); ++i) {
+    for (size_t i = pos; i < limit; ++i) {
       const auto c = static_cast<unsigned char>(text[i]);
       const auto& next = nodes[n].next;
       auto it = std::find_if(next.begin(), next.end(), [c](const auto& e) { return e.first == c; });
@@ -167,12 +168,16 @@ struct Tokenizer::Trie {
   }
 
   // Calls gap(piece) for the text between tokens and token(match, id) for each token, in order.
-  template <typename Gap, typename Token>
-  absl::Status Split(std::string_view text, Gap&& gap, Token&& token) const {
+  // A token may span at most room(p) bytes from p.
+  template <typename Gap, typename Token, typename Room>
+  absl::Status Split(std::string_view text, Gap&& gap, Token&& token, Room&& room) const {
     size_t start = 0;
     for (size_t i = 0; i < text.size();) {
       int32_t id = -1;
-      const size_t len = first[static_cast<unsigned char>(text[i])] ? Match(text, i, &id) : 0;
+      size_t len = 0;
+      if (first[static_cast<unsigned char>(text[i])]) {
+        len = Match(text, i, i + std::min(text.size() - i, room(text.data() + i)), &id);
+      }
       if (len == 0) {
         ++i;
         continue;
@@ -566,7 +571,7 @@ absl::Status Tokenizer::AddSpecialTokens(std::span<const AddedToken> tokens) {
 }
 
 template <typename Sink>
-absl::Status Tokenizer::ForEachPiece(std::string_view text, Sink&& sink) const {
+absl::Status Tokenizer::ForEachPiece(std::string_view text, PlainText plain, Sink&& sink) const {
   if (text.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer: text of ", text.size(), " bytes exceeds the 2 GiB limit"));
@@ -575,6 +580,22 @@ absl::Status Tokenizer::ForEachPiece(std::string_view text, Sink&& sink) const {
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer: input is not valid UTF-8 (byte offset ", bad, ")"));
   }
+  for (size_t k = 0; k < plain.size(); ++k) {
+    const auto [b, e] = plain[k];
+    if (b > e || e > text.size() || (k > 0 && b < plain[k - 1].second)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: plain-text range ", k, " [", b, ", ", e,
+                       ") is not sorted, disjoint and inside the ", text.size(), "-byte text"));
+    }
+  }
+  // Bytes an added token starting at `p` may span: none inside a plain range, else up to the next.
+  auto room = [&](const char* p) -> size_t {
+    const size_t pos = static_cast<size_t>(p - text.data());
+    auto it = std::upper_bound(plain.begin(), plain.end(), pos,
+                               [](size_t x, const auto& r) { return x < r.second; });
+    if (it == plain.end()) return text.size() - pos;
+    return it->first <= pos ? 0 : it->first - pos;
+  };
   MatchData md(pcre2_match_data_create(1, nullptr));
   if (!md) return absl::ResourceExhaustedError("tokenizer: cannot allocate PCRE2 match data");
   auto bpe_piece = [&](std::string_view piece) { sink(piece, -1); };
@@ -583,8 +604,9 @@ absl::Status Tokenizer::ForEachPiece(std::string_view text, Sink&& sink) const {
     return SplitPieces(splits_, 0, gap, md.get(), bpe_piece);
   };
   return raw_trie_->Split(
-      text, [&](std::string_view gap) { return normalized_trie_->Split(gap, pre_split, added); },
-      added);
+      text,
+      [&](std::string_view gap) { return normalized_trie_->Split(gap, pre_split, added, room); },
+      added, room);
 }
 
 void Tokenizer::Bpe(std::string_view piece, BpeScratch& s, std::vector<int32_t>* out) const {
@@ -643,12 +665,17 @@ void Tokenizer::Bpe(std::string_view piece, BpeScratch& s, std::vector<int32_t>*
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+  return Encode(text, {});
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                                       PlainText plain_text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 4 + 1);
   BpeScratch scratch;
   // Pieces seen earlier in this call -> where their ids already are in `ids` (begin, count).
   absl::flat_hash_map<absl::string_view, std::pair<uint32_t, uint32_t>> seen;
-  RETURN_IF_ERROR(ForEachPiece(text, [&](std::string_view piece, int32_t added) {
+  RETURN_IF_ERROR(ForEachPiece(text, plain_text, [&](std::string_view piece, int32_t added) {
     if (added >= 0) {
       ids.push_back(added);
       return;
@@ -677,7 +704,7 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) co
 absl::StatusOr<std::vector<std::string_view>> Tokenizer::PreTokenize(std::string_view text) const {
   std::vector<std::string_view> pieces;
   RETURN_IF_ERROR(
-      ForEachPiece(text, [&](std::string_view piece, int32_t) { pieces.emplace_back(piece); }));
+      ForEachPiece(text, {}, [&](std::string_view piece, int32_t) { pieces.emplace_back(piece); }));
   return pieces;
 }
 
