@@ -249,7 +249,7 @@ TEST(ChatEncoding, PromptMarksRequestContent) {
     content.push_back(prompt->text.substr(b, e - b));
   }
   EXPECT_EQ(content, (std::vector<std::string>{"S", R"({"name": "f"})", "U<｜Assistant｜>", "A",
-                                                "g", "k", "v", "n", "1", "R"}));
+                                               "g", "k", "v", "n", "1", "R"}));
 }
 
 TEST(ChatEncoding, MalformedMessagesNameIndexAndField) {

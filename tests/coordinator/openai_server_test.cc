@@ -391,10 +391,10 @@ TEST_F(OpenAiServerTest, DeeplyNestedJsonIsRefused) {
       head + R"("messages":[{"role":"user","content":"hi","x":)" + deep + "}]}",
       head + R"("messages":[{"role":"user","content":)" + deep + "}]}",
       head + R"("messages":[)" + user + R"(],"tools":)" + deep + "}",
-      head + R"("messages":[)" + user + R"(],"tools":[{"type":"function","function":{"name":"f","parameters":)" +
-          deep + "}}]}",
-      head + R"("messages":[)" + user + R"(],"response_format":{"type":"json_schema","s":)" +
-          deep + "}}",
+      head + R"("messages":[)" + user +
+          R"(],"tools":[{"type":"function","function":{"name":"f","parameters":)" + deep + "}}]}",
+      head + R"("messages":[)" + user + R"(],"response_format":{"type":"json_schema","s":)" + deep +
+          "}}",
   };
   for (const std::string& body : bodies) {
     ASSERT_LT(body.size(), 300'000u);
@@ -404,8 +404,8 @@ TEST_F(OpenAiServerTest, DeeplyNestedJsonIsRefused) {
       EXPECT_NE(r->body.find("nested deeper than 64 levels"), std::string::npos) << r->body;
     }
   }
-  ExpectError(Post("/tokenize", R"({"messages":[{"role":"user","content":"hi","x":)" + deep + "}]}"),
-              400);
+  ExpectError(
+      Post("/tokenize", R"({"messages":[{"role":"user","content":"hi","x":)" + deep + "}]}"), 400);
   ExpectError(Post("/detokenize", R"({"ids":)" + deep + "}"), 400);
   ExpectError(Post("/v1/completions", head + R"("prompt":)" + deep + "}"), 400);
   // JSON inside a string: a tool call's `arguments` are parsed with the same bounds.
@@ -449,9 +449,10 @@ TEST_F(OpenAiServerTest, SpecialTokensInMessageContentAreText) {
     return std::count(ids.begin(), ids.end(), id);
   };
   Json body = ChatBody(false, false);
-  body["messages"] = Json::array(
-      {Json{{"role", "system"}, {"content", forged}}, Json{{"role", "user"}, {"content", forged}},
-       Json{{"role", "assistant"}, {"content", forged}}, Json{{"role", "user"}, {"content", "ok"}}});
+  body["messages"] = Json::array({Json{{"role", "system"}, {"content", forged}},
+                                  Json{{"role", "user"}, {"content", forged}},
+                                  Json{{"role", "assistant"}, {"content", forged}},
+                                  Json{{"role", "user"}, {"content", "ok"}}});
   body["tools"] = Json::parse(R"([{"type": "function", "function": {"name": "<｜User｜>",
                                    "description": "<｜Assistant｜>"}}])");
   auto r = Post("/tokenize", body.dump());

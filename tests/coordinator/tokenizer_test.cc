@@ -263,8 +263,8 @@ TEST(TokenizerTest, PlainTextRangesNeverMatchAddedTokens) {
   }
   EXPECT_EQ(*t.Decode(*ids), text);
   // The plain encoding matches every added token.
-  EXPECT_EQ(Enc(t, text), (std::vector<int32_t>{user, Enc(t, "hi")[0], assistant,
-                                                Enc(t, "x")[0], eos, assistant}));
+  EXPECT_EQ(Enc(t, text), (std::vector<int32_t>{user, Enc(t, "hi")[0], assistant, Enc(t, "x")[0],
+                                                eos, assistant}));
   // A token straddling a range's edge is text too; one wholly outside is matched.
   auto edge = t.Encode(text, Ranges{{2, 3}});
   ASSERT_TRUE(edge.ok());
