@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "coordinator/json_limits.h"
 #include "coordinator/py_json.h"
 
 namespace ss::chat {
@@ -244,16 +245,18 @@ absl::Status ReadToolCalls(const Json& msg, std::string_view where, std::vector<
     const Json* args = Field(*fn, "arguments");
     if (args != nullptr && args->is_string()) {
       const std::string& text = args->get_ref<const std::string&>();
-      Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_discarded()) {
+      absl::StatusOr<Json> parsed = ParseJsonWithLimits(text);
+      if (absl::IsInvalidArgument(parsed.status())) {
         // Not JSON: one string parameter holding the text (encode_arguments_to_dsml does this).
         call.params = Json::object();
         call.params["arguments"] = text;
-      } else if (parsed.is_object()) {
-        call.params = std::move(parsed);
+      } else if (!parsed.ok()) {
+        return Invalid(where, field + ".arguments", std::string(parsed.status().message()));
+      } else if (parsed->is_object()) {
+        call.params = *std::move(parsed);
       } else {
         return Invalid(where, field + ".arguments",
-                       Cat("expected a JSON object, got ", TypeName(parsed)));
+                       Cat("expected a JSON object, got ", TypeName(*parsed)));
       }
     } else if (args != nullptr && args->is_object()) {
       call.params = *args;
@@ -427,51 +430,86 @@ std::vector<Msg> DropThinking(const std::vector<Msg>& messages) {
   return out;
 }
 
-void AppendTools(const Json& tools, std::string* out) {
-  *out += kToolsPrefix;
+// Writes the prompt: the template's own text with Markup, text taken from the request with
+// Content (recorded in Prompt::content, adjacent ranges joined).
+class PromptWriter {
+ public:
+  explicit PromptWriter(Prompt* p) : p_(p) {}
+  template <typename... Pieces>
+  void Markup(const Pieces&... pieces) {
+    Append(&p_->text, pieces...);
+  }
+  void Content(std::string_view s) {
+    const size_t begin = p_->text.size();
+    p_->text.append(s);
+    Mark(begin);
+  }
+  void ContentJson(const Json& v) {
+    const size_t begin = p_->text.size();
+    AppendPyJson(v, &p_->text);
+    Mark(begin);
+  }
+
+ private:
+  void Mark(size_t begin) {
+    const size_t end = p_->text.size();
+    if (begin == end) return;
+    if (!p_->content.empty() && p_->content.back().second == begin) {
+      p_->content.back().second = end;
+    } else {
+      p_->content.emplace_back(begin, end);
+    }
+  }
+  Prompt* p_;
+};
+
+void AppendTools(const Json& tools, PromptWriter* out) {
+  out->Markup(kToolsPrefix);
   bool first = true;
   for (const Json& tool : tools) {
-    if (!first) *out += '\n';
+    if (!first) out->Markup("\n");
     first = false;
-    AppendPyJson(tool.at("function"), out);
+    out->ContentJson(tool.at("function"));
   }
-  *out += kToolsSuffix;
+  out->Markup(kToolsSuffix);
 }
 
-void AppendToolsAndFormat(const Msg& m, std::string* out) {
+void AppendToolsAndFormat(const Msg& m, PromptWriter* out) {
   if (m.tools != nullptr) {
-    *out += "\n\n";
+    out->Markup("\n\n");
     AppendTools(*m.tools, out);
   }
   if (m.response_format != nullptr) {
-    *out += "\n\n";
-    *out += kResponseFormatPrefix;
-    AppendPyJson(*m.response_format, out);
+    out->Markup("\n\n", kResponseFormatPrefix);
+    out->ContentJson(*m.response_format);
   }
 }
 
-void AppendToolCalls(const std::vector<ToolCall>& calls, std::string* out) {
-  Append(out, "\n\n", kToolCallsOpen, "\n");
+void AppendToolCalls(const std::vector<ToolCall>& calls, PromptWriter* out) {
+  out->Markup("\n\n", kToolCallsOpen, "\n");
   for (size_t i = 0; i < calls.size(); ++i) {
-    if (i > 0) *out += '\n';
-    Append(out, kInvokeOpen, " name=\"", calls[i].name, "\">\n");
+    if (i > 0) out->Markup("\n");
+    out->Markup(kInvokeOpen, " name=\"");
+    out->Content(calls[i].name);
+    out->Markup("\">\n");
     bool first = true;
     for (auto it = calls[i].params.begin(); it != calls[i].params.end(); ++it) {
-      if (!first) *out += '\n';
+      if (!first) out->Markup("\n");
       first = false;
       const bool is_str = it.value().is_string();
-      Append(out, kParameterOpen, " name=\"", it.key(), "\" string=\"", is_str ? "true" : "false",
-             "\">");
+      out->Markup(kParameterOpen, " name=\"");
+      out->Content(it.key());
+      out->Markup("\" string=\"", is_str ? "true" : "false", "\">");
       if (is_str) {
-        *out += it.value().get_ref<const std::string&>();
+        out->Content(it.value().get_ref<const std::string&>());
       } else {
-        AppendPyJson(it.value(), out);
+        out->ContentJson(it.value());
       }
-      Append(out, kParameterClose, ">");
+      out->Markup(kParameterClose, ">");
     }
-    Append(out, "\n", kInvokeClose, ">");
+    out->Markup("\n", kInvokeClose, ">");
   }
-  Append(out, "\n", kToolCallsClose);
+  out->Markup("\n", kToolCallsClose);
 }
 
 struct RenderContext {
@@ -483,39 +521,44 @@ struct RenderContext {
 };
 
 // render_message.
-absl::Status RenderMessage(const RenderContext& ctx, int index, std::string* out) {
+absl::Status RenderMessage(const RenderContext& ctx, int index, PromptWriter* out) {
   const Msg& m = ctx.messages[index];
-  if (index == 0 && ctx.thinking && ctx.effort_max) *out += kReasoningEffortMax;
+  if (index == 0 && ctx.thinking && ctx.effort_max) out->Markup(kReasoningEffortMax);
 
   if (m.role == "system") {
-    *out += m.content;
+    out->Content(m.content);
     AppendToolsAndFormat(m, out);
   } else if (m.role == "developer") {
     if (m.content.empty()) {
       return Invalid(m.where, "content", "a developer message needs non-empty content");
     }
-    Append(out, kUserToken, m.content);
+    out->Markup(kUserToken);
+    out->Content(m.content);
     AppendToolsAndFormat(m, out);
   } else if (m.role == "user") {
-    *out += kUserToken;
+    out->Markup(kUserToken);
     for (size_t i = 0; i < m.blocks.size(); ++i) {
-      if (i > 0) *out += "\n\n";
+      if (i > 0) out->Markup("\n\n");
       if (m.blocks[i].tool_result) {
-        Append(out, kToolResultOpen, m.blocks[i].text, kToolResultClose);
+        out->Markup(kToolResultOpen);
+        out->Content(m.blocks[i].text);
+        out->Markup(kToolResultClose);
       } else {
-        *out += m.blocks[i].text;
+        out->Content(m.blocks[i].text);
       }
     }
   } else if (m.role == "latest_reminder") {
-    Append(out, kLatestReminderToken, m.content);
+    out->Markup(kLatestReminderToken);
+    out->Content(m.content);
   } else if (m.role == "assistant") {
     const bool prev_has_task = index > 0 && ctx.messages[index - 1].task.has_value();
     if (ctx.thinking && !prev_has_task && (!ctx.drop_thinking || index > ctx.last_user)) {
-      Append(out, m.reasoning, kThinkingEnd);
+      out->Content(m.reasoning);
+      out->Markup(kThinkingEnd);
     }
-    *out += m.content;
+    out->Content(m.content);
     if (!m.tool_calls.empty()) AppendToolCalls(m.tool_calls, out);
-    if (!m.wo_eos) *out += kEosToken;
+    if (!m.wo_eos) out->Markup(kEosToken);
   } else {
     // Tool messages are always merged into user messages first, so this means a broken merge.
     return absl::InternalError(
@@ -533,21 +576,21 @@ absl::Status RenderMessage(const RenderContext& ctx, int index, std::string* out
     const auto task = std::find_if(kTasks.begin(), kTasks.end(),
                                    [&](const Task& t) { return t.name == *m.task; });
     if (*m.task == "action") {
-      Append(out, kAssistantToken, ctx.thinking ? kThinkingStart : kThinkingEnd, task->token);
+      out->Markup(kAssistantToken, ctx.thinking ? kThinkingStart : kThinkingEnd, task->token);
     } else {
-      *out += task->token;
+      out->Markup(task->token);
     }
   } else if (m.role == "user" || m.role == "developer") {
     const bool think = ctx.thinking && (!ctx.drop_thinking || index >= ctx.last_user);
-    Append(out, kAssistantToken, think ? kThinkingStart : kThinkingEnd);
+    out->Markup(kAssistantToken, think ? kThinkingStart : kThinkingEnd);
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> EncodeMessages(const nlohmann::ordered_json& messages,
-                                           const EncodeOptions& opts) {
+absl::StatusOr<Prompt> EncodePrompt(const nlohmann::ordered_json& messages,
+                                    const EncodeOptions& opts) {
   bool effort_max = false;
   if (opts.reasoning_effort) {
     if (*opts.reasoning_effort == "max") {
@@ -571,8 +614,9 @@ absl::StatusOr<std::string> EncodeMessages(const nlohmann::ordered_json& message
   // Tool results follow the call order of the latest assistant turn, which may be in the context.
   SortToolResults(&full);
 
-  std::string prompt;
-  if (opts.add_default_bos_token && context.empty()) prompt += kBosToken;
+  Prompt prompt;
+  PromptWriter out(&prompt);
+  if (opts.add_default_bos_token && context.empty()) out.Markup(kBosToken);
 
   const bool thinking = opts.mode == ThinkingMode::kThinking;
   const bool any_tools =
@@ -594,9 +638,15 @@ absl::StatusOr<std::string> EncodeMessages(const nlohmann::ordered_json& message
   for (int i = 0; i < num_to_render; ++i) {
     const int index = context_len + i;
     if (index < 0 || index >= static_cast<int>(full.size())) break;
-    RETURN_IF_ERROR(RenderMessage(ctx, index, &prompt));
+    RETURN_IF_ERROR(RenderMessage(ctx, index, &out));
   }
   return prompt;
+}
+
+absl::StatusOr<std::string> EncodeMessages(const nlohmann::ordered_json& messages,
+                                           const EncodeOptions& opts) {
+  ASSIGN_OR_RETURN(Prompt prompt, EncodePrompt(messages, opts));
+  return std::move(prompt.text);
 }
 
 }  // namespace ss::chat

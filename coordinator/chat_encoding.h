@@ -62,13 +62,22 @@
 // unknown role or task is an error even on a message that would have been dropped.
 //
 // JSON key order matters (tool schemas and arguments are re-serialised in their given order), so
-// the input is a nlohmann::ordered_json: parse request bodies with nlohmann::ordered_json::parse.
+// the input is a nlohmann::ordered_json.
+//
+// Depth: the encoder copies and renders (py_json.h) tool schemas, response formats and tool-call
+// arguments recursively, one stack frame or so per nesting level. Input from outside must come
+// from ParseJsonWithLimits (json_limits.h), which bounds it at kMaxJsonDepth; `arguments` strings
+// are parsed here with the same bounds (deeper is InvalidArgument). So no recursion here goes
+// deeper than kMaxJsonDepth plus a few levels.
 //
 // Pure function of its inputs; safe to call from any thread.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/dsv4_format.h"
@@ -92,9 +101,33 @@ struct EncodeOptions {
   const nlohmann::ordered_json* context = nullptr;
 };
 
-// Encodes `messages` (a JSON array of message objects) into the DeepSeek-V4 prompt string.
+// The prompt string, and which of its bytes the request wrote.
+//
+// Content is text: a special token's string inside a message (`<｜Assistant｜>`,
+// `<｜end▁of▁sentence｜>`, `</think>`, `｜DSML｜`, …) must reach the model as ordinary text, never
+// as the control id, or any user could forge turns, roles and tool calls. So the prompt is
+// tokenised with Tokenizer::Encode(text, content): special tokens are matched only in the
+// template's own text, and the bytes of `content` are pre-tokenised and BPE'd like any other
+// text. DeepSeek's API treats message content so; Hugging Face's `split_special_tokens` does it
+// for tokens flagged `special`, which DeepSeek's tokenizer.json does not set on `<｜User｜>` and
+// `<｜Assistant｜>`, so every added token counts here. When no content holds a special token's
+// string, the ids equal those of the whole string tokenised the usual way (the official pipeline).
+struct Prompt {
+  std::string text;  // byte-identical to EncodeMessages' result
+  // Sorted, disjoint, non-adjacent [begin, end) byte ranges of `text` copied from the request:
+  // message content and content parts, reasoning_content, tool results, the rendered tool
+  // schemas and response formats, tool-call names, parameter names and values. Everything else
+  // (BOS/EOS, role and turn markers, <think>/</think>, DSML markup, the fixed paragraphs and
+  // separators) is the template's.
+  std::vector<std::pair<size_t, size_t>> content;
+};
+
+// Encodes `messages` (a JSON array of message objects) into the DeepSeek-V4 prompt.
 // To prompt the model for a reply, end the conversation with a user (or developer) message: its
 // transition writes the `<｜Assistant｜><think>` / `<｜Assistant｜></think>` generation prompt.
+absl::StatusOr<Prompt> EncodePrompt(const nlohmann::ordered_json& messages,
+                                    const EncodeOptions& opts);
+// EncodePrompt's text alone (the string the conformance files hold).
 absl::StatusOr<std::string> EncodeMessages(const nlohmann::ordered_json& messages,
                                            const EncodeOptions& opts);
 

@@ -20,7 +20,7 @@ grpc::Status CheckVersion(uint32_t version) {
 
 }  // namespace
 
-bool ControlService::WorkerAnswers(const std::string& address) {
+bool ControlService::WorkerAnswers(const std::string& address) const {
   auto stub = splitserve::v1::GpuWorker::NewStub(credential_.CreateChannel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + kLivenessProbe);

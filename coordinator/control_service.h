@@ -109,7 +109,7 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
   };
 
   // True unless the GpuWorker service at `address` is unreachable or silent for kLivenessProbe.
-  static bool WorkerAnswers(const std::string& address);
+  bool WorkerAnswers(const std::string& address) const;
   static constexpr std::chrono::milliseconds kLivenessProbe{500};
 
   // Marks `id` dead and its live fate peers (FatePeers: its TP group's ranks, or every GPU worker

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/json_limits.h"
 
 namespace ss::openai {
 
@@ -30,8 +31,11 @@ Json ErrorBody(const ApiError& e) {
 const char* TypeName(const Json& j) { return j.type_name(); }
 
 Json ParseBody(const std::string& text) {
-  Json body = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) throw Invalid("", "request body is not valid JSON");
+  absl::StatusOr<Json> parsed = ParseJsonWithLimits(text);
+  if (!parsed.ok()) {
+    throw Invalid("", absl::StrCat("request body: ", parsed.status().message()));
+  }
+  Json body = *std::move(parsed);
   if (!body.is_object()) {
     throw Invalid("", absl::StrCat("request body must be a JSON object, got ", TypeName(body)));
   }

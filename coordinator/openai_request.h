@@ -38,7 +38,10 @@ Json ErrorBody(const ApiError& e);
 std::string Dump(const Json& j);
 const char* TypeName(const Json& j);
 
-// The request body as a JSON object (throws for invalid JSON or a non-object).
+// The request body as a JSON object, parsed with json_limits.h's bounds: throws a 400 for invalid
+// JSON, for nesting deeper than kMaxJsonDepth or more than kMaxJsonValues values (the message names
+// the limit), and for a non-object. Every value a handler reads from the body is therefore at most
+// kMaxJsonDepth deep, which bounds the recursion of copying, dumping and rendering it.
 Json ParseBody(const std::string& text);
 // obj[key] when present and not null, else nullptr.
 const Json* Field(const Json& obj, const std::string& key);

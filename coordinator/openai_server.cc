@@ -324,8 +324,10 @@ struct OpenAiServer::Impl {
     }
   }
 
-  std::vector<int32_t> Encode(const std::string& text, const char* param) {
-    auto ids = tokenizer->Encode(text);
+  // Special tokens written in `text` become their ids, except inside `plain_text`.
+  std::vector<int32_t> Encode(const std::string& text, const char* param,
+                              Tokenizer::PlainText plain_text = {}) {
+    auto ids = tokenizer->Encode(text, plain_text);
     if (!ids.ok()) throw Invalid(param, std::string(ids.status().message()));
     return *std::move(ids);
   }
@@ -350,20 +352,20 @@ struct OpenAiServer::Impl {
     job.params.sampling.max_tokens = static_cast<int32_t>(want);
   }
 
-  std::vector<int32_t> ChatPrompt(const Json& body, ThinkingMode* mode) {
-    const Json* messages = Field(body, "messages");
-    if (!messages) throw Invalid("messages", "messages: required");
-    if (!messages->is_array() || messages->empty()) {
+  // Moves `messages` and `tools` out of `body` (no copy of the request's largest parts).
+  std::vector<int32_t> ChatPrompt(Json& body, ThinkingMode* mode) {
+    if (!Field(body, "messages")) throw Invalid("messages", "messages: required");
+    Json msgs = std::move(body["messages"]);
+    if (!msgs.is_array() || msgs.empty()) {
       throw Invalid("messages", "messages: expected a non-empty array");
     }
-    Json msgs = *messages;
     for (size_t i = 0; i < msgs.size(); ++i) {
       if (!msgs[i].is_object()) {
         throw Invalid("messages", absl::StrCat("messages[", i, "]: expected an object"));
       }
     }
     // Request-level tools / response_format go on the system message (prepended if missing).
-    const Json* tools = Field(body, "tools");
+    Json* tools = body.contains("tools") && !body["tools"].is_null() ? &body["tools"] : nullptr;
     if (tools && !tools->is_array()) throw Invalid("tools", "tools: expected an array");
     const Json* rf = Field(body, "response_format");
     if (rf && !rf->is_object()) {
@@ -380,15 +382,15 @@ struct OpenAiServer::Impl {
         sys["content"] = "";
         msgs.insert(msgs.begin(), std::move(sys));
       }
-      if (tools && !tools->empty()) msgs[0]["tools"] = *tools;
+      if (tools && !tools->empty()) msgs[0]["tools"] = std::move(*tools);
       if (rf && !text_format) msgs[0]["response_format"] = *rf;
     }
     chat::EncodeOptions opts;
     ParseThinking(body, &opts);
     *mode = opts.mode;
-    auto prompt = chat::EncodeMessages(msgs, opts);
+    auto prompt = chat::EncodePrompt(msgs, opts);
     if (!prompt.ok()) throw Invalid("messages", std::string(prompt.status().message()));
-    return Encode(*prompt, "messages");
+    return Encode(prompt->text, "messages", prompt->content);  // message content is text
   }
 
   void HandleChat(const httplib::Request& req, httplib::Response& res) {

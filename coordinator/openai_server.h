@@ -13,8 +13,12 @@
 //   GET  /v1/models, GET /health (live), GET /ready (engine->Ready())
 //   GET  /metrics               Prometheus text exposition (text/plain; version=0.0.4) of the
 //                               gateway's registry (see "Metrics" below)
-//   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids",
-//   "count"} POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
+//   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids", "count"}
+//   POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
+// Special tokens written in chat messages (content, reasoning, tool results, tool schemas,
+// tool-call names and arguments) are text, never control ids (chat_encoding.h, Prompt): no client
+// can forge a turn. A raw completion prompt or /tokenize "text" is the caller's own template, where
+// they become their ids (as in vLLM). Bodies nest at most 64 levels deep (json_limits.h).
 // Errors are OpenAI bodies {"error": {"message", "type", "param", "code"}}: 400 malformed JSON,
 // invalid field (param names it) or prompt too long (code "context_length_exceeded"), 401 bad or
 // missing `Authorization: Bearer` key when keys are configured (/health, /ready and /metrics stay

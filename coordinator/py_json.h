@@ -14,6 +14,9 @@
 // Known difference: integers beyond the uint64 range arrive from nlohmann's parser as doubles,
 // where Python keeps them exact.
 //
+// AppendPyJson recurses once per nesting level of `value`: values from outside the process must be
+// depth-bounded first (ParseJsonWithLimits, json_limits.h, at kMaxJsonDepth).
+//
 // Pure functions, safe to call from any thread.
 #pragma once
 

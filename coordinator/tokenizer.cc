@@ -149,10 +149,11 @@ struct Tokenizer::Trie {
     first[static_cast<unsigned char>(s[0])] = true;
   }
 
-  size_t Match(std::string_view text, size_t pos, int32_t* id) const {
+  // The longest token that starts at `pos` and ends by `limit` (0: none).
+  size_t Match(std::string_view text, size_t pos, size_t limit, int32_t* id) const {
     size_t best = 0;
     int32_t n = 0;
-    for (size_t i = pos; i < text.size(); ++i) {
+    for (size_t i = pos; i < limit; ++i) {
       const auto c = static_cast<unsigned char>(text[i]);
       const auto& next = nodes[n].next;
       auto it = std::find_if(next.begin(), next.end(), [c](const auto& e) { return e.first == c; });
@@ -167,12 +168,16 @@ struct Tokenizer::Trie {
   }
 
   // Calls gap(piece) for the text between tokens and token(match, id) for each token, in order.
-  template <typename Gap, typename Token>
-  absl::Status Split(std::string_view text, Gap&& gap, Token&& token) const {
+  // A token may span at most room(p) bytes from p.
+  template <typename Gap, typename Token, typename Room>
+  absl::Status Split(std::string_view text, Gap&& gap, Token&& token, Room&& room) const {
     size_t start = 0;
     for (size_t i = 0; i < text.size();) {
       int32_t id = -1;
-      const size_t len = first[static_cast<unsigned char>(text[i])] ? Match(text, i, &id) : 0;
+      size_t len = 0;
+      if (first[static_cast<unsigned char>(text[i])]) {
+        len = Match(text, i, i + std::min(text.size() - i, room(text.data() + i)), &id);
+      }
       if (len == 0) {
         ++i;
         continue;
@@ -566,7 +571,7 @@ absl::Status Tokenizer::AddSpecialTokens(std::span<const AddedToken> tokens) {
 }
 
 template <typename Sink>
-absl::Status Tokenizer::ForEachPiece(std::string_view text, Sink&& sink) const {
+absl::Status Tokenizer::ForEachPiece(std::string_view text, PlainText plain, Sink&& sink) const {
   if (text.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer: text of ", text.size(), " bytes exceeds the 2 GiB limit"));
@@ -575,6 +580,22 @@ absl::Status Tokenizer::ForEachPiece(std::string_view text, Sink&& sink) const {
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer: input is not valid UTF-8 (byte offset ", bad, ")"));
   }
+  for (size_t k = 0; k < plain.size(); ++k) {
+    const auto [b, e] = plain[k];
+    if (b > e || e > text.size() || (k > 0 && b < plain[k - 1].second)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: plain-text range ", k, " [", b, ", ", e,
+                       ") is not sorted, disjoint and inside the ", text.size(), "-byte text"));
+    }
+  }
+  // Bytes an added token starting at `p` may span: none inside a plain range, else up to the next.
+  auto room = [&](const char* p) -> size_t {
+    const size_t pos = static_cast<size_t>(p - text.data());
+    auto it = std::upper_bound(plain.begin(), plain.end(), pos,
+                               [](size_t x, const auto& r) { return x < r.second; });
+    if (it == plain.end()) return text.size() - pos;
+    return it->first <= pos ? 0 : it->first - pos;
+  };
   MatchData md(pcre2_match_data_create(1, nullptr));
   if (!md) return absl::ResourceExhaustedError("tokenizer: cannot allocate PCRE2 match data");
   auto bpe_piece = [&](std::string_view piece) { sink(piece, -1); };
@@ -583,8 +604,9 @@ absl::Status Tokenizer::ForEachPiece(std::string_view text, Sink&& sink) const {
     return SplitPieces(splits_, 0, gap, md.get(), bpe_piece);
   };
   return raw_trie_->Split(
-      text, [&](std::string_view gap) { return normalized_trie_->Split(gap, pre_split, added); },
-      added);
+      text,
+      [&](std::string_view gap) { return normalized_trie_->Split(gap, pre_split, added, room); },
+      added, room);
 }
 
 void Tokenizer::Bpe(std::string_view piece, BpeScratch& s, std::vector<int32_t>* out) const {
@@ -606,18 +628,22 @@ void Tokenizer::Bpe(std::string_view piece, BpeScratch& s, std::vector<int32_t>*
   s.prev.resize(n);
   s.next.resize(n);
   s.heap.clear();
-  auto push = [&](int32_t l, int32_t r) {
+  auto add = [&](int32_t l, int32_t r) {
     auto it = merges_.find((uint64_t(uint32_t(s.id[l])) << 32) | uint32_t(s.id[r]));
-    if (it == merges_.end()) return;
+    if (it == merges_.end()) return false;
     s.heap.push_back((it->second & 0xFFFFFFFF00000000ull) | uint32_t(l));
-    std::push_heap(s.heap.begin(), s.heap.end(), std::greater<>());
+    return true;
+  };
+  auto push = [&](int32_t l, int32_t r) {
+    if (add(l, r)) std::push_heap(s.heap.begin(), s.heap.end(), std::greater<>());
   };
   for (int32_t i = 0; i < n; ++i) {
     s.id[i] = byte_id_[p[i]];
     s.prev[i] = i - 1;
     s.next[i] = i + 1 < n ? i + 1 : -1;
   }
-  for (int32_t i = 0; i + 1 < n; ++i) push(i, i + 1);
+  for (int32_t i = 0; i + 1 < n; ++i) add(i, i + 1);
+  std::make_heap(s.heap.begin(), s.heap.end(), std::greater<>());  // O(n), unlike n pushes
   while (!s.heap.empty()) {
     std::pop_heap(s.heap.begin(), s.heap.end(), std::greater<>());
     const uint64_t top = s.heap.back();
@@ -639,12 +665,17 @@ void Tokenizer::Bpe(std::string_view piece, BpeScratch& s, std::vector<int32_t>*
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+  return Encode(text, {});
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                                       PlainText plain_text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 4 + 1);
   BpeScratch scratch;
   // Pieces seen earlier in this call -> where their ids already are in `ids` (begin, count).
   absl::flat_hash_map<absl::string_view, std::pair<uint32_t, uint32_t>> seen;
-  RETURN_IF_ERROR(ForEachPiece(text, [&](std::string_view piece, int32_t added) {
+  RETURN_IF_ERROR(ForEachPiece(text, plain_text, [&](std::string_view piece, int32_t added) {
     if (added >= 0) {
       ids.push_back(added);
       return;
@@ -655,7 +686,9 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) co
     }
     if (auto it = seen.find(AV(piece)); it != seen.end()) {
       const auto [begin, count] = it->second;
-      ids.reserve(ids.size() + count);  // no reallocation while copying from itself
+      // Room first (the copy reads from `ids` itself), grown geometrically: an exact-size
+      // reserve per repeated piece would copy the whole vector each time.
+      if (ids.size() + count > ids.capacity()) ids.reserve(2 * (ids.size() + count));
       for (uint32_t k = 0; k < count; ++k) ids.push_back(ids[begin + k]);
       return;
     }
@@ -671,7 +704,7 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) co
 absl::StatusOr<std::vector<std::string_view>> Tokenizer::PreTokenize(std::string_view text) const {
   std::vector<std::string_view> pieces;
   RETURN_IF_ERROR(
-      ForEachPiece(text, [&](std::string_view piece, int32_t) { pieces.emplace_back(piece); }));
+      ForEachPiece(text, {}, [&](std::string_view piece, int32_t) { pieces.emplace_back(piece); }));
   return pieces;
 }
 

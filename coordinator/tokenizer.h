@@ -8,7 +8,8 @@
 //      AddSpecialTokens), then, in the gaps, those with `normalized: true`. The normalizer must be
 //      absent or an empty Sequence, so both passes see the raw text. `<｜User｜>` cannot be rebuilt
 //      from merges: without this step it becomes many ids. `lstrip`, `rstrip` and `single_word`
-//      must be false (as in every DeepSeek file).
+//      must be false (as in every DeepSeek file). Encode's `plain_text` ranges are left out of this
+//      step (chat message content is text: see Encode).
 //   2. The gaps go through the pre-tokenizer's `Split` steps in order. Each regex is taken verbatim
 //      from the file and compiled with PCRE2 (UTF + UCP, JIT when the library has it); a `String`
 //      pattern is matched literally. A regex sees one piece at a time, as in `tokenizers`, so a
@@ -41,6 +42,9 @@
 // Cost (bench/tokenizer_bench, bench/RESULTS.md, one core of the development machine): Load
 // ~0.2 s for the 7.8 MB DeepSeek file; Encode of English prose ~50-90 MB/s on multi-MB texts and
 // ~19-65 MB/s in 4 KB calls, where the memo helps less; the pre-splitting alone runs at ~100 MB/s.
+// Time is linear in the text, except BPE over one piece: O(n log n) in the piece's length, which
+// only a run without digits, spaces or punctuation reaches (bench/tokenizer_scaling_bench prints
+// the time per byte from 10 KB to 8 MB against the 10 KB one).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +53,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -91,8 +96,20 @@ class Tokenizer {
   absl::Status AddSpecialTokens(std::span<const AddedToken> tokens);
 
   // Token ids of `text`, no BOS added. Errors only on invalid UTF-8 or a regex engine failure
-  // (e.g. PCRE2's resource limits), each naming the cause.
+  // (e.g. PCRE2's resource limits), each naming the cause. Every added token's string in the
+  // text becomes its id: for text the caller wrote as a whole (a raw completion prompt, /tokenize
+  // text), as `tokenizers` and vLLM do.
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
+
+  // [begin, end) byte ranges of a text, sorted and disjoint.
+  using PlainText = std::span<const std::pair<size_t, size_t>>;
+  // The same, except that added tokens are matched only where they lie wholly outside
+  // `plain_text`: inside those ranges every byte is ordinary text, pre-tokenised and BPE'd with
+  // its neighbours as usual (a piece may cross a range's edge), so an added token's string there
+  // never becomes its id. For chat prompts, whose message content is text (chat_encoding.h,
+  // Prompt). Ranges not sorted, disjoint and inside the text are an InvalidArgument. Cost as
+  // Encode's, plus O(log ranges) at each byte that may start an added token.
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, PlainText plain_text) const;
 
   // Text of `ids` (lossy UTF-8, see above). An id outside [0, vocab_size()) or one that no token
   // uses is an InvalidArgument naming the id and its position.
@@ -126,7 +143,7 @@ class Tokenizer {
   absl::Status Parse(std::string_view json, const std::string& label);
 
   template <typename Sink>
-  absl::Status ForEachPiece(std::string_view text, Sink&& sink) const;
+  absl::Status ForEachPiece(std::string_view text, PlainText plain, Sink&& sink) const;
   void Bpe(std::string_view piece, BpeScratch& s, std::vector<int32_t>* out) const;
   void RebuildTries();
 

@@ -228,6 +228,30 @@ TEST(ChatEncoding, LatestReminder) {
             kBos + "<｜User｜>u<｜Assistant｜></think><｜latest_reminder｜>today");
 }
 
+// Prompt::content holds exactly the bytes the request wrote, in order; the rest is the template.
+TEST(ChatEncoding, PromptMarksRequestContent) {
+  const Json messages = Json::parse(R"([
+      {"role": "system", "content": "S", "tools": [{"type": "function", "function": {"name": "f"}}]},
+      {"role": "user", "content": "U<｜Assistant｜>"},
+      {"role": "assistant", "content": "A", "tool_calls": [
+          {"id": "1", "function": {"name": "g", "arguments": "{\"k\": \"v\", \"n\": 1}"}}]},
+      {"role": "tool", "tool_call_id": "1", "content": "R"}])");
+  EncodeOptions opts;
+  absl::StatusOr<Prompt> prompt = EncodePrompt(messages, opts);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(prompt->text, *EncodeMessages(messages, opts));
+  std::vector<std::string> content;
+  size_t prev_end = 0;
+  for (const auto& [b, e] : prompt->content) {
+    EXPECT_LT(b, e);
+    EXPECT_TRUE(content.empty() || b > prev_end) << "ranges overlap or touch";
+    prev_end = e;
+    content.push_back(prompt->text.substr(b, e - b));
+  }
+  EXPECT_EQ(content, (std::vector<std::string>{"S", R"({"name": "f"})", "U<｜Assistant｜>", "A",
+                                               "g", "k", "v", "n", "1", "R"}));
+}
+
 TEST(ChatEncoding, MalformedMessagesNameIndexAndField) {
   const std::pair<std::string, std::string> cases[] = {
       {R"({"role": "user"})", "messages: expected an array"},
@@ -247,6 +271,9 @@ TEST(ChatEncoding, MalformedMessagesNameIndexAndField) {
        "messages[0].tool_calls[0].function.arguments: expected a JSON string or an object"},
       {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}])",
        "messages[0].tool_calls[0].function.arguments: expected a JSON object, got an array"},
+      {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": ")" +
+           std::string(100'000, '[') + R"("}}]}])",
+       "messages[0].tool_calls[0].function.arguments: JSON nested deeper than 64 levels"},
       {R"([{"role": "system", "tools": [{"name": "f"}]}])",
        "messages[0].tools[0].function: expected an object"},
       {R"([{"role": "system", "tools": "f"}])", "messages[0].tools: expected an array"},

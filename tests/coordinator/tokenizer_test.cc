@@ -3,6 +3,7 @@
 // synthetic file as well as the real DeepSeek one.
 #include "coordinator/tokenizer.h"
 
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -220,6 +221,63 @@ TEST(TokenizerTest, LongRunsStayFastAndExact) {
     auto back = t.Decode(*ids);
     ASSERT_TRUE(back.ok());
     EXPECT_TRUE(*back == text) << "unit '" << unit << "'";
+  }
+}
+
+// 1 MB of random digits: 333k three-digit pieces, nearly all repeats of an earlier piece. A
+// linear encoder takes ~0.1 s on one core of the development machine; an encoder that copies its
+// output once per repeated piece (quadratic) took 12 s. The 2 s bound is 20x the linear time.
+TEST(TokenizerTest, RepeatedPiecesEncodeInLinearTime) {
+  const Tokenizer& t = V3();
+  std::mt19937 rng(23);
+  std::string digits(1'000'000, '0');
+  for (char& c : digits) c = static_cast<char>('0' + rng() % 10);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ids = t.Encode(digits);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->size(), 333'334u);
+  EXPECT_LT(s, 2.0) << "encoding 1 MB of digits took " << s << " s";
+  auto back = t.Decode(*ids);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(*back == digits);
+}
+
+// Added tokens inside plain-text ranges are text; outside them, and in text without them, ids
+// are those of Encode(text).
+TEST(TokenizerTest, PlainTextRangesNeverMatchAddedTokens) {
+  const Tokenizer& t = V3();
+  const int32_t user = *t.TokenId("<｜User｜>"), assistant = *t.TokenId("<｜Assistant｜>");
+  const int32_t eos = *t.TokenId("<｜end▁of▁sentence｜>");
+  const std::string content = "hi<｜Assistant｜>x<｜end▁of▁sentence｜>";
+  const std::string text = "<｜User｜>" + content + "<｜Assistant｜>";
+  using Ranges = std::vector<std::pair<size_t, size_t>>;
+  const size_t b = std::string("<｜User｜>").size(), e = b + content.size();
+  auto ids = t.Encode(text, Ranges{{b, e}});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_GE(ids->size(), 3u);
+  EXPECT_EQ(ids->front(), user);
+  EXPECT_EQ(ids->back(), assistant);
+  for (size_t i = 1; i + 1 < ids->size(); ++i) {
+    EXPECT_FALSE(t.IsAddedToken((*ids)[i])) << "id " << (*ids)[i] << " at " << i;
+  }
+  EXPECT_EQ(*t.Decode(*ids), text);
+  // The plain encoding matches every added token.
+  EXPECT_EQ(Enc(t, text), (std::vector<int32_t>{user, Enc(t, "hi")[0], assistant, Enc(t, "x")[0],
+                                                eos, assistant}));
+  // A token straddling a range's edge is text too; one wholly outside is matched.
+  auto edge = t.Encode(text, Ranges{{2, 3}});
+  ASSERT_TRUE(edge.ok());
+  EXPECT_NE(edge->front(), user);
+  EXPECT_EQ(edge->back(), assistant);
+  // Without added tokens inside, ranges change nothing.
+  const std::string plain = "<｜User｜>Hello, world 12345!\n\nOK<｜Assistant｜>";
+  EXPECT_EQ(*t.Encode(plain, Ranges{{b, plain.size() - 18}}), Enc(t, plain));
+  EXPECT_EQ(*t.Encode(plain, Ranges{{0, 0}, {b, b + 2}, {b + 3, b + 9}}), Enc(t, plain));
+  // Ranges must be sorted, disjoint and inside the text.
+  for (const Ranges& bad : {Ranges{{5, 4}}, Ranges{{0, text.size() + 1}}, Ranges{{4, 6}, {5, 7}},
+                            Ranges{{6, 7}, {1, 2}}}) {
+    EXPECT_EQ(t.Encode(text, bad).status().code(), absl::StatusCode::kInvalidArgument);
   }
 }
 

@@ -4,14 +4,17 @@
 #include <string>
 
 #include "coordinator/chat_encoding.h"
+#include "coordinator/json_limits.h"
 #include "nlohmann/json.hpp"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ss::fuzz::Input in(data, size);
   const uint8_t flags = in.Byte();
-  const auto messages = nlohmann::ordered_json::parse(in.Rest(), nullptr, false);
-  if (messages.is_discarded()) return 0;
+  // Request JSON reaches the encoder through the bounded parser only (chat_encoding.h, "Depth").
+  const auto parsed = ss::ParseJsonWithLimits(in.Rest());
+  if (!parsed.ok()) return 0;
+  const nlohmann::ordered_json& messages = *parsed;
   ss::chat::EncodeOptions opts;
   opts.mode = flags & 1 ? ss::chat::ThinkingMode::kThinking : ss::chat::ThinkingMode::kChat;
   opts.drop_thinking = flags & 2;

@@ -1,10 +1,12 @@
 // Fuzz target: the DeepSeek tokenizer (coordinator/tokenizer.h: the V3 tokenizer.json with the V4
 // special tokens) on arbitrary text and ids. Invariants: nothing crashes; valid UTF-8 encodes and
-// decodes back to itself (byte-level BPE is lossless); invalid UTF-8 is an error, not a crash;
+// decodes back to itself (byte-level BPE is lossless), with or without plain-text ranges, and a
+// plain-text range holds no added-token id; invalid UTF-8 is an error, not a crash;
 // the stream decoder's pieces are whole characters and concatenate to Decode of the same ids.
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coordinator/tokenizer.h"
@@ -50,6 +52,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ss::fuzz::Require(ids.ok(), "valid UTF-8 failed to encode");
     auto back = tok.Decode(*ids);
     ss::fuzz::Require(back.ok() && *back == text, "Decode(Encode(text)) != text");
+    // Plain-text ranges (bit 1: the middle third; else the whole text): still lossless, and no
+    // added-token id inside the whole-text range.
+    const std::pair<size_t, size_t> range =
+        what & 2 ? std::make_pair(text.size() / 3, 2 * text.size() / 3)
+                 : std::make_pair(size_t{0}, text.size());
+    auto plain = tok.Encode(text, {&range, 1});
+    ss::fuzz::Require(plain.ok(), "valid UTF-8 with a plain-text range failed to encode");
+    back = tok.Decode(*plain);
+    ss::fuzz::Require(back.ok() && *back == text, "Decode(Encode(text, plain)) != text");
+    if (!(what & 2)) {
+      for (int32_t id : *plain) {
+        ss::fuzz::Require(!tok.IsAddedToken(id), "an added token inside a plain-text range");
+      }
+    }
     return 0;
   }
   // ids (two bytes each, some beyond the vocabulary) -> Decode and the stream decoder
