@@ -42,7 +42,12 @@ TEST(DeployFilesTest, UnitFlagsExist) {
   int checked = 0;
   for (const auto& [unit, binary] : units) {
     const std::string text = ReadAll(std::string(SS_DEPLOY_DIR "/systemd/") + unit);
-    EXPECT_NE(text.find("Restart=on-failure"), std::string::npos) << unit;
+    // Every unit comes back after a failure; a GPU worker also after a clean exit (dropped from
+    // membership), so that it rejoins.
+    const char* restart = std::string(unit).find("gpu-worker") != std::string::npos
+                              ? "Restart=always"
+                              : "Restart=on-failure";
+    EXPECT_NE(text.find(restart), std::string::npos) << unit;
     EXPECT_NE(text.find(std::string("ExecStart=/usr/local/bin/") + binary), std::string::npos);
     // Every unit carries the cluster token (deploy/README.md "Security"), from a credential.
     EXPECT_NE(text.find("LoadCredential=cluster-token:/etc/splitserve/cluster-token"),
