@@ -1,6 +1,7 @@
 #include "coordinator/connection_socket.h"
 
 #include <dirent.h>
+#include <linux/tcp.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -8,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 
 namespace ss {
@@ -86,6 +88,16 @@ int FindConnectionSocket(const ConnectionEndpoints& endpoints) {
     return true;
   });
   return found;
+}
+
+std::optional<uint64_t> BytesReceived(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return std::nullopt;
+  if (len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received) {
+    return std::nullopt;
+  }
+  return info.tcpi_bytes_received;
 }
 
 bool PeerClosed(int fd) {

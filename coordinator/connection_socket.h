@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,10 @@ bool SocketHasEndpoints(int fd, const ConnectionEndpoints& endpoints);
 
 // The socket of the connection with these endpoints; -1 when none is open.
 int FindConnectionSocket(const ConnectionEndpoints& endpoints);
+
+// The bytes the kernel has received on connected TCP socket `fd` since the connection began
+// (TCP_INFO's tcpi_bytes_received), read or not; nullopt when the kernel does not report it.
+std::optional<uint64_t> BytesReceived(int fd);
 
 // True when the peer has closed or reset the connection: a read would return end-of-file or an
 // error. Unread data (a pipelined request) counts as open. Never blocks.

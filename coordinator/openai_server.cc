@@ -58,6 +58,9 @@ using openai::TypeName;
 using openai::UsageJson;
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
+// A connection waiting for a request's headers may have received this much beyond a maximal body
+// (which a client may send right behind them) before it is dropped (receive_deadline.h).
+constexpr uint64_t kHeadBytesAllowance = 1u << 20;
 
 using Clock = std::chrono::steady_clock;
 
@@ -795,7 +798,8 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   impl_->gm = std::make_unique<GatewayMetrics>(*impl_->registry, impl_->config.model_name);
   impl_->deadline = std::make_unique<ReceiveDeadline>(
       std::chrono::milliseconds(std::max(1, impl_->config.head_timeout_ms)),
-      std::chrono::milliseconds(std::max(1, impl_->config.body_timeout_ms)));
+      std::chrono::milliseconds(std::max(1, impl_->config.body_timeout_ms)),
+      impl_->config.max_body_bytes + kHeadBytesAllowance);
   Impl* impl = impl_.get();
   httplib::Server& s = *server_;
   s.set_payload_max_length(impl->config.max_body_bytes);

@@ -51,11 +51,12 @@
 // the connection's socket down, so a client sending partial headers, or a byte at a time, is
 // dropped after head_timeout_ms instead of holding a thread indefinitely. Once a request is
 // received the deadlines no longer apply: generation and streams last as long as they need.
-// Known limits of httplib 0.11 that remain: a request line or a header line is buffered whole
-// before its length (8 KiB) is checked, so one client can make a connection thread hold up to
-// what it sends within head_timeout_ms; more than http_threads connections at once wait in the
-// accept queue (a flood of them delays every client until the deadlines clear them). An
-// event-driven server would remove both.
+// httplib 0.11 buffers a request line or a header line whole before it checks its length (8 KiB),
+// so a connection waiting for headers is also dropped once it has received max_body_bytes + 1 MiB
+// (counted by the kernel, TCP_INFO). Known limits that remain: such a connection can hold that
+// much plus what it sends in one watcher period (50 ms); more than http_threads connections at
+// once wait in the accept queue (a flood of them delays every client until the deadlines clear
+// them). An event-driven server would remove both.
 //
 // Stop strings (`stop`, up to 4) are matched on the generated text before reasoning and tool
 // calls are parsed (output_text.h): the text before the first one is returned, the engine's

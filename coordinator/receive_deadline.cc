@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "spdlog/spdlog.h"
@@ -10,11 +11,12 @@
 namespace ss {
 
 ReceiveDeadline::ReceiveDeadline(std::chrono::milliseconds head_timeout,
-                                 std::chrono::milliseconds body_timeout)
+                                 std::chrono::milliseconds body_timeout, uint64_t head_bytes)
     : head_timeout_(head_timeout),
       body_timeout_(body_timeout),
       period_(std::clamp(std::min(head_timeout, body_timeout) / 4, std::chrono::milliseconds(20),
-                         std::chrono::milliseconds(500))) {}
+                         std::chrono::milliseconds(50))),
+      head_bytes_(head_bytes) {}
 
 ReceiveDeadline::~ReceiveDeadline() { Stop(); }
 
@@ -32,17 +34,31 @@ void ReceiveDeadline::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ReceiveDeadline::Set(const ConnectionEndpoints& e, Phase phase) {
+void ReceiveDeadline::Set(const ConnectionEndpoints& e, Phase phase, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& entry = entries_[Key(e.peer_addr, e.peer_port)];
   entry.phase = phase;
   entry.since = Clock::now();
   entry.seen = true;
+  entry.head_start = bytes;
 }
 
 void ReceiveDeadline::HeadReceived(const ConnectionEndpoints& e) { Set(e, Phase::kBody); }
 void ReceiveDeadline::Received(const ConnectionEndpoints& e) { Set(e, Phase::kExempt); }
-void ReceiveDeadline::Done(const ConnectionEndpoints& e) { Set(e, Phase::kHead); }
+void ReceiveDeadline::Done(const ConnectionEndpoints& e) {
+  // The next request's bytes count from here (a pipelined request's early bytes count against it).
+  const int fd = FindConnectionSocket(e);
+  Set(e, Phase::kHead, fd < 0 ? 0 : BytesReceived(fd).value_or(0));
+}
+
+bool ReceiveDeadline::Overdue(const ConnectionSocket& s, const Entry& entry,
+                              Clock::time_point now) const {
+  if (entry.phase == Phase::kExempt) return false;
+  if (now - entry.since > (entry.phase == Phase::kHead ? head_timeout_ : body_timeout_)) return true;
+  if (entry.phase != Phase::kHead) return false;
+  const std::optional<uint64_t> bytes = BytesReceived(s.fd);
+  return bytes && *bytes > entry.head_start && *bytes - entry.head_start > head_bytes_;
+}
 
 int ReceiveDeadline::closed_count() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -65,8 +81,7 @@ void ReceiveDeadline::Watch() {
       Entry& entry = it->second;
       entry.seen = true;
       if (inserted) entry.since = now;
-      const auto limit = entry.phase == Phase::kHead ? head_timeout_ : body_timeout_;
-      if (entry.phase == Phase::kExempt || now - entry.since <= limit) continue;
+      if (!Overdue(s, entry, now)) continue;
       // Re-checked just before: the descriptor may have been closed and reused since the scan.
       if (SocketHasEndpoints(s.fd, s.endpoints)) {
         ::shutdown(s.fd, SHUT_RDWR);
@@ -80,7 +95,9 @@ void ReceiveDeadline::Watch() {
                   [&](const auto& kv) { return !kv.second.seen && kv.second.since < scan_start; });
     closed_ += closed;
     if (closed > 0) {
-      spdlog::warn("HTTP: closed {} connection(s) that sent no complete request in time", closed);
+      spdlog::warn(
+          "HTTP: closed {} connection(s) that sent no complete request in time or within {} bytes",
+          closed, head_bytes_);
     }
     cv_.wait_for(lock, period_, [&] { return stop_; });
   }

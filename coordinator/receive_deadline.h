@@ -12,11 +12,20 @@
 // server's port every min(head_timeout, body_timeout) / 4 (at least 20 ms, at most 500 ms), so a
 // deadline is enforced up to one scan late; a connection is timed from the first scan that sees it.
 //
+// Bytes: while a connection waits for a request's line and headers it may receive at most
+// `head_bytes` (TCP_INFO's byte count, from the connection's start or its previous response),
+// else it is shut down at the next scan: httplib buffers a request line or header line whole
+// before it checks its length, so without this one fast client could make the process hold
+// whatever it sends within head_timeout. `head_bytes` must leave room for a body the client sends
+// right behind the headers (the gateway bounds the body itself once the headers are in). A
+// connection's memory is so bounded by head_bytes plus what it sends within one scan period.
+//
 // Threading: Start() / Stop() from the server's owner; the reports from any thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -29,7 +38,8 @@ namespace ss {
 
 class ReceiveDeadline {
  public:
-  ReceiveDeadline(std::chrono::milliseconds head_timeout, std::chrono::milliseconds body_timeout);
+  ReceiveDeadline(std::chrono::milliseconds head_timeout, std::chrono::milliseconds body_timeout,
+                  uint64_t head_bytes);
   ~ReceiveDeadline();  // Stop()s
 
   // Watches the connections accepted on `local_port`.
@@ -49,14 +59,17 @@ class ReceiveDeadline {
   struct Entry {
     Phase phase = Phase::kHead;
     Clock::time_point since;
-    bool seen = false;  // in the latest scan
+    bool seen = false;         // in the latest scan
+    uint64_t head_start = 0;   // TCP_INFO bytes when the kHead phase began
   };
   using Key = std::pair<std::string, int>;  // peer address, peer port
 
-  void Set(const ConnectionEndpoints& e, Phase phase);
+  void Set(const ConnectionEndpoints& e, Phase phase, uint64_t bytes = 0);
+  bool Overdue(const ConnectionSocket& s, const Entry& entry, Clock::time_point now) const;
   void Watch();
 
   const std::chrono::milliseconds head_timeout_, body_timeout_, period_;
+  const uint64_t head_bytes_;
   int local_port_ = -1;
   std::thread thread_;
   mutable std::mutex mu_;

@@ -1197,6 +1197,35 @@ TEST_F(OpenAiServerTest, SlowConnectionsDoNotStarveTheServer) {
   EXPECT_EQ(Concat(events).finish, "stop");
 }
 
+// A header line without end, sent as fast as the server takes it: httplib 0.11 buffers the line
+// whole, so the connection is dropped once it has received max_body_bytes + 1 MiB, long before
+// the head deadline (the process would otherwise hold all of it), and the server keeps serving.
+TEST_F(OpenAiServerTest, AnEndlessHeaderLineIsDroppedByItsBytes) {
+  GatewayConfig config;
+  config.max_body_bytes = 1u << 20;
+  config.head_timeout_ms = 60000;
+  StartWith(config, {Ids(" tick")[0]}, std::chrono::milliseconds(1));
+  const int fd = Connect();
+  ASSERT_GE(fd, 0);
+  const timeval send_timeout{2, 0};  // a send the server stopped taking fails instead of hanging
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout), 0);
+  ASSERT_TRUE(SendAll(fd, "GET /health HTTP/1.1\r\nX-Long: "));
+  const std::string chunk(64 << 10, 'a');
+  size_t sent = 0;
+  bool dropped = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!dropped && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    dropped = !SendAll(fd, chunk);
+    if (!dropped) sent += chunk.size();
+  }
+  ::close(fd);
+  EXPECT_TRUE(dropped) << sent << " bytes sent";
+  EXPECT_LT(sent, size_t{64} << 20);
+  auto r = client_->Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
 // Issue 23 row 10: a non-streaming client that hangs up cancels its generation (it used to run to
 // max_tokens for nobody), and aborts, streamed or not, are counted in
 // request_success_total{finished_reason="abort"} as vLLM counts them.
