@@ -8,6 +8,7 @@
 // coordinator is gone.
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -60,6 +61,24 @@ std::string TempPath(const std::string& tag) {
   return (std::filesystem::path(::testing::TempDir()) / absl::StrCat("ss_gw_", tag, "_", getpid()))
       .string();
 }
+
+// Every TempPath of this process is removed when the tests end, whatever they left.
+class RemoveTempPaths : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    const std::string suffix = absl::StrCat("_", getpid());
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(::testing::TempDir(), ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("ss_gw_", 0) == 0 && name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        std::filesystem::remove(e.path(), ec);
+      }
+    }
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kRemoveTempPaths =
+    ::testing::AddGlobalTestEnvironment(new RemoveTempPaths);
 
 // Waits for a worker's --port-file.
 int WaitPort(const std::string& path, absl::Duration timeout = absl::Seconds(30)) {
@@ -186,6 +205,7 @@ TEST(GpuWorkerPipeline, ExpertWorkerBehindTheLayersGivesTheReferenceGreedyTokens
   // The expert worker dies: the next step fails with an error naming the layer and endpoint,
   // on stage 0 and (from stage 0's error) on stage 1; both keep serving.
   EXPECT_EQ(experts.Kill(), 128 + SIGKILL);
+  shm_unlink(("/" + shm).c_str());  // a killed worker leaves its segment; the client keeps its map
   StepPlan plan = testing_util::Plan(50);
   testing_util::AddChunk(&plan, 7, 0, {1, 2, 3});
   p.c0->Send(plan);
