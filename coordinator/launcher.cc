@@ -610,14 +610,17 @@ int RunUpCommand(int argc, char** argv) {
       break;
     }
     const auto now = std::chrono::steady_clock::now();
-    std::string failure;  // what failed, for the message
-    bool all = false;     // the coordinator failed: restart it with the workers
+    std::string failure;       // what failed, for the message
+    bool all = false;          // the coordinator failed: restart it with the workers
+    bool child_failed = false;  // a child died or stopped (not a deadline)
     if (const Supervisor::Child* c = sup.Reap()) {
       failure = absl::StrCat(c->name, " ", DescribeExit(c->status));
       all = c->name == "coordinator";
+      child_failed = true;
     } else if (const Supervisor::Child* s = sup.Stopped(kStoppedGrace)) {
       failure = absl::StrCat(s->name, " (pid ", s->pid, ") is stopped");
       all = s->name == "coordinator";
+      child_failed = true;
     } else if (phase == Phase::kBackoff && now >= restart_at) {
       const bool ok = restart_all ? start_coordinator(http_port) : start_workers(control_port);
       phase = restart_all ? Phase::kPorts : Phase::kReady;
@@ -668,7 +671,10 @@ int RunUpCommand(int argc, char** argv) {
       }
     }
     if (failure.empty()) continue;
-    if (!served) {  // the first start failed: nothing to recover
+    // Before the first ready only a worker that died or stopped is restarted (under the same
+    // backoff and burst limit): the coordinator failing to start, or nothing getting ready in
+    // time, is a setup error to report at once.
+    if (!served && (all || !child_failed)) {
       std::fprintf(stderr, "splitserve up: %s; stopping everything\n", failure.c_str());
       exit_code = 1;
       break;

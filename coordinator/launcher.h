@@ -44,9 +44,11 @@
 // The coordinator is restarted, with the workers, when it exits, is stopped, or does not answer
 // /ready for kNotReadyGrace; it gets its previous HTTP port back. Restarts follow RestartPolicy
 // (supervisor.h): 0.5 s, doubling to 8 s while restarts do not bring the cluster back; after 5 such
-// restarts in a row `up` gives up (exit 1, naming the last failure). A failure before the cluster
-// was ready the first time is not retried (exit 1). Each recovery prints "serving again N s after
-// the failure".
+// restarts in a row `up` gives up (exit 1, naming the last failure). Before the cluster was ready
+// the first time, a worker that dies or stops is restarted the same way (a start can fail for a
+// passing reason, such as a metrics port taken for a moment), while the coordinator failing, or
+// nothing getting ready within --ready-timeout-s, is reported at once (exit 1). Each recovery
+// prints "serving again N s after the failure".
 //
 // Stop: on SIGINT / SIGTERM the coordinator drains first (running requests finish), then the
 // GPU workers and the expert workers get SIGTERM; anything still alive after its grace period

@@ -4,9 +4,12 @@
 // directory is private (run_dir.h): under $XDG_RUNTIME_DIR, 0700, no planted symlink followed,
 // stale state of killed runs removed. Every test ends with nothing left: no process, no segment,
 // no run directory.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -154,6 +157,49 @@ int DeadPid() {
   if (pid == 0) _exit(0);
   waitpid(pid, nullptr, 0);
   return pid;
+}
+
+// A listening socket on 127.0.0.1:`port`, or -1 when the port is taken.
+int Listen(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 1) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A worker that fails before the cluster was ever ready is restarted too (launcher.h): the expert
+// worker's metrics port (--port + 2) is held while `up` starts, so its first start fails; once the
+// port is free, a restart brings the cluster up. (A failing start used to be fatal at once.)
+TEST(LauncherRecoveryE2eTest, AWorkerFailingBeforeTheFirstReadyIsRestarted) {
+  TempDir dir("up_first");
+  int port = 0, holder = -1;
+  for (int i = 0; i < 20 && holder < 0; ++i) {
+    port = FreeLoopbackPort();
+    holder = Listen(port + 2);
+  }
+  ASSERT_GE(holder, 0);
+  const std::string log = dir / "up.log";
+  ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
+                   "--log-dir", dir / "logs"},
+                  log);
+  bool restarting = false;
+  for (int i = 0; i < 400 && !restarting && up.Running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    restarting = ReadLog(log).find("restarting the workers") != std::string::npos;
+  }
+  close(holder);
+  ASSERT_TRUE(restarting) << ReadLog(log);
+  ASSERT_TRUE(WaitServing(port, up, log)) << ReadLog(log);
+  EXPECT_EQ(Complete(port, 2), 200);
+  const int pid = up.pid();
+  EXPECT_EQ(up.Stop(), 0) << ReadLog(log);
+  EXPECT_TRUE(ShmSegmentsOf(pid).empty());
 }
 
 TEST(LauncherRecoveryE2eTest, RunDirectoryIsPrivateAndStaleStateIsRemoved) {
