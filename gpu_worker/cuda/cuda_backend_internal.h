@@ -19,8 +19,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/model.h"
-#include "gpu_worker/cuda_backend.h"
-#include "gpu_worker/cuda_backend_kv.h"
+#include "gpu_worker/cuda/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend_kv.h"
 #include "gpu_worker/cuda_status.h"
 #include "gpu_worker/step_workspace.h"
 

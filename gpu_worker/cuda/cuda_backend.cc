@@ -1,4 +1,4 @@
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
 
@@ -12,7 +12,7 @@
 #include "common/bf16.h"
 #include "common/rope.h"
 #include "common/status.h"
-#include "gpu_worker/cuda_backend_internal.h"
+#include "gpu_worker/cuda/cuda_backend_internal.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/decode_step.h"
