@@ -127,9 +127,8 @@ absl::Status AttentionLayer::Projections() {
 
 // One compressor (kind 0: the main one, 1: the indexer's) on branch stream bs: its projections,
 // then one CompressorStep for the batch's chunks.
-absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind,
-                                      cuda::CompressorShape shape, uint16_t* entries, float* cv,
-                                      float* cg, cudaStream_t bs) {
+absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind, cuda::CompressorShape shape,
+                                      uint16_t* entries, float* cv, float* cg, cudaStream_t bs) {
   const int64_t wd = w.width;
   RETURN_IF_ERROR(CudaCheck(
       cuda::LinearBf16F32Pair(sc.xn, T, dim, w.wkv.p, wd, cv, wd, w.wgate.p, wd, cg, wd, bs),
@@ -180,21 +179,19 @@ absl::Status AttentionLayer::IndexerSelect() {
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndex));
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndexW));
   if (plan.index_one_launch && plan.index_k > 0) {
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens(sc.iq, sc.iw, geom, tok, sc.pos, T, nh, 4,
-                                                     plan.index_cols, im.scores.as<float>(),
-                                                     bs_iq));
-    CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), T, plan.index_cols,
-                                           plan.index_k, im.sel.as<int32_t>(), topk_scratch,
-                                           bs_iq));
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens(
+        sc.iq, sc.iw, geom, tok, sc.pos, T, nh, 4, plan.index_cols, im.scores.as<float>(), bs_iq));
+    CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), T, plan.index_cols, plan.index_k,
+                                           im.sel.as<int32_t>(), topk_scratch, bs_iq));
   }
   for (size_t i = 0; i < nc && !plan.index_one_launch; ++i) {
     if (n_sel[i] == 0) continue;
     const int64_t S = row0[i + 1] - row0[i];
     // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile).
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores(
-        sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh, geom, s.dtables + table_off[i],
-        table_off[i + 1] - table_off[i], sc.pos + row0[i], S, nh, 4, n_cols[i],
-        im.scores.as<float>(), bs_iq));
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh,
+                                               geom, s.dtables + table_off[i],
+                                               table_off[i + 1] - table_off[i], sc.pos + row0[i], S,
+                                               nh, 4, n_cols[i], im.scores.as<float>(), bs_iq));
     CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
                                            im.sel.as<int32_t>() + sel_base[i], topk_scratch,
                                            bs_iq));
@@ -213,8 +210,8 @@ absl::Status AttentionLayer::Attention() {
   if (b.has_compressor) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchComp));
   uint64_t* cand = im.cand.as<uint64_t>();
   const bool one_launch = attn_rows >= T;
-  CUDA_RETURN_IF_ERROR(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l],
-                                               cand, st,
+  CUDA_RETURN_IF_ERROR(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand,
+                                               st,
                                                one_launch ? im.kvrows.as<uint16_t>() : nullptr));
   for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
     const int64_t n = std::min(attn_rows, T - t0);
@@ -242,8 +239,8 @@ absl::Status AttentionLayer::Output() {
   if (s.defer_comb) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchHc));
   if (im.tp == 1) {
     CUDA_RETURN_IF_ERROR(cuda::QuantizeActE4m3(sc.z, T, b.wo_b.in, sc.qbuf, sc.sbuf, st));
-    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost(sc.qbuf, sc.sbuf, T, b.wo_b.w, b.wo_b.s,
-                                               b.wo_b.out, b.wo_b.in, sc.attn, attn_post, st));
+    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost(sc.qbuf, sc.sbuf, T, b.wo_b.w, b.wo_b.s, b.wo_b.out,
+                                               b.wo_b.in, sc.attn, attn_post, st));
   } else {
     CUDA_RETURN_IF_ERROR(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
     RETURN_IF_ERROR(AllReduceParts(s, l, T * dim, kAttnArBegin));

@@ -15,8 +15,8 @@ std::vector<int64_t> GraphKeyOf(const StepState& s) {
   const std::vector<int64_t>&row0 = plan.row0, &n_sel = plan.n_sel, &n_cols = plan.n_cols,
         &table_off = plan.table_off, &n_cand = plan.n_cand;
   const size_t nc = s.nc;
-  std::vector<int64_t> key = {
-      s.T, static_cast<int64_t>(nc), plan.max_rows, s.attn_rows, s.routed, s.timings != nullptr};
+  std::vector<int64_t> key = {s.T,      static_cast<int64_t>(nc), plan.max_rows, s.attn_rows,
+                              s.routed, s.timings != nullptr};
   for (size_t i = 0; i < nc; ++i) {
     key.insert(key.end(), {row0[i + 1] - row0[i], n_sel[i], n_cols[i], table_off[i + 1]});
   }

@@ -25,8 +25,7 @@ cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w,
       sc.post, sc.comb, g, eps, sc.xn, sc.qbuf, sc.sbuf, hc_sync, st);
   if (e == cudaSuccess) e = br.Fork(kBranchHc, st);
   if (e == cudaSuccess) {
-    e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps,
-                             br.stream(kBranchHc));
+    e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps, br.stream(kBranchHc));
   }
   if (e == cudaSuccess) e = br.Done(kBranchHc);
   return e;

@@ -60,7 +60,7 @@ class HostRoutedExperts final : public RoutedExpertsProvider {
   const std::function<const model::RoutedExperts*(int64_t layer)>& experts_;
   const int first_layer_, tp_, rank_;
   std::function<absl::Status(int64_t layer, int64_t rows)> run_;  // Compute
-  std::vector<std::unique_ptr<HostExpertsCall>> calls_;            // one per layer, grow-only
+  std::vector<std::unique_ptr<HostExpertsCall>> calls_;           // one per layer, grow-only
   std::atomic<bool> failed_{false};
   std::vector<float> host_x_;  // the MoE input rows as fp32, for the provider
   // [T, dim] bf16 rows, [T, k] ids and weights, [T, dim] fp32 sum.

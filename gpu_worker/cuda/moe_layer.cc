@@ -44,8 +44,8 @@ absl::Status SharedExpert(StepState& s, const DevBlock& b) {
     CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.shared_w1.in, b.shared_w1.w,
                                              b.shared_w1.s, b.shared_w1.out, sc.sg, b.shared_w3.w,
                                              b.shared_w3.s, b.shared_w3.out, sc.su, st));
-    CUDA_RETURN_IF_ERROR(cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa,
-                                               sc.qbuf, sc.sbuf, st));
+    CUDA_RETURN_IF_ERROR(
+        cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf, st));
     if (s.im.tp == 1) {
       CUDA_RETURN_IF_ERROR(Gemv8(b.shared_w2, sc.qbuf, sc.sbuf, T, sc.shared, st));
     } else {
@@ -71,9 +71,8 @@ absl::Status Combine(StepState& s, int l, const DevBlock& b) {
   const cuda::HcPostOperands moe_post{
       sc.mid, sc.post, sc.comb, hc, dim, sc.h2, !last && l + 1 == n_layers ? sc.sf32 : nullptr};
   if (im.tp == 1) {
-    CUDA_RETURN_IF_ERROR(cuda::MoeCombineHcPost(si > 0 ? sc.shared : nullptr,
-                                                host_experts ? sc.routed : nullptr, T, moe_post,
-                                                st));
+    CUDA_RETURN_IF_ERROR(cuda::MoeCombineHcPost(
+        si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr, T, moe_post, st));
   } else {
     // [shared partial | routed share], summed in one collective.
     if (si == 0) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sc.part, 0, T * dim * 4, st));

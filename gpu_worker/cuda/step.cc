@@ -30,8 +30,8 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
   if (!im.graph.enabled()) {
     RETURN_IF_ERROR(RunLayers(s));
   } else {
-    ASSIGN_OR_RETURN(const bool layers_ran, im.graph.Run(GraphKeyOf(s), s.st, &s.capturing,
-                                                         [&] { return RunLayers(s); }));
+    ASSIGN_OR_RETURN(const bool layers_ran,
+                     im.graph.Run(GraphKeyOf(s), s.st, &s.capturing, [&] { return RunLayers(s); }));
     // A replay leaves the host's view of the ping-pong stream buffers as the loop would.
     if (!layers_ran && s.n_layers % 2 != 0) std::swap(s.sc.h, s.sc.h2);
   }
@@ -44,8 +44,7 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
   if (s.timings) {
     const RoutedExpertsProvider* routed = s.routed ? im.routed.get() : nullptr;
     im.marks.Fill(
-        s.n_layers, im.tp > 1, [&](int l) { return routed ? routed->Seconds(l) : 0.0; },
-        s.timings);
+        s.n_layers, im.tp > 1, [&](int l) { return routed ? routed->Seconds(l) : 0.0; }, s.timings);
   }
   for (size_t i = 0; i < s.nc; ++i) {
     const std::vector<int64_t>& row0 = s.plan.row0;

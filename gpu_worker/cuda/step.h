@@ -61,8 +61,8 @@ struct StepState {
   const bool device_out;        // RunDevice: the output streams stay on the device
   const bool routed;            // the routed experts run (not exclude_routed_experts)
   const int n_layers;
-  const size_t nc;          // chunks
-  const cudaStream_t st;    // the step's stream
+  const size_t nc;        // chunks
+  const cudaStream_t st;  // the step's stream
 
   // The model's constants, as the launches take them. H, G: this rank's heads and wo_a groups
   // (all of them at TP = 1).
@@ -85,10 +85,10 @@ struct StepState {
   int64_t T = 0;
   // The attention's decoded rows are sized for at most attn_rows tokens per launch.
   int64_t attn_rows = 0;
-  uint32_t* hc_sync = nullptr;     // HcPreDeferCombNormQuant's counters (zeroed scratch), or null
-  void* topk_scratch = nullptr;    // IndexerTopK's (zeroed scratch)
-  StepScratch sc;                  // the step's scratch, carved from Impl::arena
-  bool from_device = false;        // the input streams are on the device (RunDevice)
+  uint32_t* hc_sync = nullptr;   // HcPreDeferCombNormQuant's counters (zeroed scratch), or null
+  void* topk_scratch = nullptr;  // IndexerTopK's (zeroed scratch)
+  StepScratch sc;                // the step's scratch, carved from Impl::arena
+  bool from_device = false;      // the input streams are on the device (RunDevice)
   // The upload's parts on the device (StepPlan's layout) and the KV pool.
   const int64_t* dparams = nullptr;
   const cuda::KvToken* dtokens = nullptr;

@@ -7,8 +7,8 @@
 
 #include "common/status.h"
 #include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/paged_kv.h"
 
@@ -27,8 +27,8 @@ absl::Status PlanStepBuffers(StepState& s) {
   // resets them).
   for (const StageChunk& ch : batch) {
     RETURN_IF_ERROR(im.kv.Prepare(ch.seq_id, ch.start,
-                                  ch.start + static_cast<int64_t>(ch.tokens.size()),
-                                  ch.block_table, st));
+                                  ch.start + static_cast<int64_t>(ch.tokens.size()), ch.block_table,
+                                  st));
   }
   const KvLayout& kvl = im.kv.layout();
   s.seq.resize(nc);

@@ -32,8 +32,8 @@ absl::Status ReadLogits(StepState& s, StageOutput* out) {
                                          cudaMemcpyDeviceToDevice, st));
   }
   const int64_t V = c.vocab_size;
-  CUDA_RETURN_IF_ERROR(cuda::HcHead(sc.h2, im.hc_head.fn, im.hc_head.base, im.hc_head.scale, n,
-                                    hc, dim, hc_eps, eps, sc.y, st));
+  CUDA_RETURN_IF_ERROR(cuda::HcHead(sc.h2, im.hc_head.fn, im.hc_head.base, im.hc_head.scale, n, hc,
+                                    dim, hc_eps, eps, sc.y, st));
   CUDA_RETURN_IF_ERROR(cuda::RmsNorm(sc.y, im.final_norm, n, dim, eps, sc.xn, st));
   if (im.tp == 1) {
     RETURN_IF_ERROR(im.logits.Reserve(n * V * 4));
@@ -52,8 +52,7 @@ absl::Status ReadLogits(StepState& s, StageOutput* out) {
   RETURN_IF_ERROR(im.logits.Reserve((1 + tp) * n * vm * 4));
   float* shard = im.logits.as<float>();
   float* gathered = shard + n * vm;
-  CUDA_RETURN_IF_ERROR(
-      cuda::LmHead(sc.xn, n, dim, im.head.p, im.vocab.size(), shard, vm, st));
+  CUDA_RETURN_IF_ERROR(cuda::LmHead(sc.xn, n, dim, im.head.p, im.vocab.size(), shard, vm, st));
   RETURN_IF_ERROR(im.comm->AllGather(shard, n * vm, gathered, st));
   RETURN_IF_ERROR(im.comm->Synchronize(st, s.options.collective_timeout));
   std::vector<float> lg(tp * n * vm);

@@ -9,8 +9,7 @@ StepMarks::~StepMarks() {
 }
 
 absl::Status StepMarks::Prepare(int n_layers, StageTimings* timings) {
-  for (auto* v :
-       {&timings->attention, &timings->moe_gpu, &timings->moe_cpu, &timings->allreduce}) {
+  for (auto* v : {&timings->attention, &timings->moe_gpu, &timings->moe_cpu, &timings->allreduce}) {
     v->assign(n_layers, 0.0);
   }
   while (events_.size() < static_cast<size_t>(n_layers) * kMarks) {
