@@ -18,7 +18,8 @@ cudaError_t TouchKernel(int blocks, uint32_t* out, cudaStream_t stream);
 // back and stores it. counter must be zero; it is left zero.
 cudaError_t HandoffKernel(int blocks, uint32_t* counter, uint32_t* out, cudaStream_t stream);
 
-// HandoffKernel as LastBlockFinishes was before: fences around a relaxed atomic.
+// HandoffKernel with the count made of fences around a relaxed atomic instead of one
+// acquire-release atomic: the alternative form of LastBlockFinishes, for comparison.
 cudaError_t HandoffFencesKernel(int blocks, uint32_t* counter, uint32_t* out, cudaStream_t stream);
 
 // One cooperative launch of `blocks` blocks (all resident: at most one per SM) that passes

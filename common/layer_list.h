@@ -14,7 +14,7 @@ namespace ss {
 
 // The largest layer id a list may name. Lists name layers of a model (DeepSeek-V4-Flash: 43 and
 // the MTP block); the bound keeps a typo such as "0-11011111" from expanding into millions of
-// entries (found by tests/fuzz/config_fuzz.cc).
+// entries (tests/fuzz/config_fuzz.cc feeds it such lists).
 inline constexpr int kMaxLayerId = 4095;
 
 // "0-42,43" -> {0..42, 43} in the order written. Spaces around items are ignored. Errors

@@ -106,9 +106,8 @@ absl::StatusOr<splitserve::v1::Role> RoleFor(const ClusterConfig& config,
 // GPU, so a stage's ranks must land on distinct GPUs: tp > gpus is InvalidArgument, saying so.
 // With `links` (the nccl stage transport, more than one stage) every worker needs a GPU of its
 // own: NCCL refuses a link whose two ranks share a GPU, and a worker waiting in a link's receive
-// keeps an NCCL kernel on its GPU beside another process's work there (tiny-a at TP 2 x PP 2 on
-// two H200s, each GPU holding a rank of both stages, served 80 tokens/s over NCCL links against
-// 251 over gRPC); fewer GPUs is InvalidArgument.
+// keeps an NCCL kernel on its GPU beside another process's work there, which slows both (bench/
+// RESULTS.md, "Streams over NCCL stage links"); fewer GPUs is InvalidArgument.
 absl::StatusOr<std::vector<int>> AssignCudaDevices(int stages, int tp, int gpus,
                                                    bool links = false);
 
@@ -135,8 +134,8 @@ int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& dev
 // threads (cpu_expert_worker/numa.h NumaNode::core_pus). An expert worker pins one thread to
 // every physical core it may use, and with the cuda backend the GPU workers and the coordinator
 // spin while they wait (on the GPU, on expert calls): an expert thread whose core is shared with
-// a spinning thread waits out the scheduler's time slices, and the whole call with it (tiny-a on
-// an H200: 7.4 ms per expert call instead of 0.2-0.5, bench/RESULTS.md "CPUs of splitserve up").
+// a spinning thread waits out the scheduler's time slices, and the whole call with it (bench/
+// RESULTS.md, "CPUs of `splitserve up`").
 // So with `cuda` the coordinator and the GPU workers get `serving` whole cores to share, the
 // highest cores of each node taken in turn, and the expert workers the rest:
 // worker i gets node i's remaining cores when there is one worker per node, else an equal share
@@ -153,8 +152,8 @@ LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node
                           int serving, bool cuda);
 // What `splitserve up` and `splitserve cpus` use: two cores a GPU worker (the step's wait on the
 // GPU and the expert call's wait for the reply both spin) and one for the coordinator when
-// `coordinator`; one core a GPU worker where two do not fit (measured on tiny-a, two stages:
-// 308 tokens/s with two, 166 with one, 17.7 without a split; bench/RESULTS.md).
+// `coordinator`; one core a GPU worker where two do not fit (bench/RESULTS.md, "CPUs of
+// `splitserve up`", compares the splits).
 LaunchCpus PlanLaunchCpusFor(const std::vector<std::vector<std::vector<int>>>& node_cores,
                              int experts, int gpu_workers, bool coordinator, bool cuda);
 

@@ -1,4 +1,4 @@
-// A deterministic GenerationEngine for gateway tests (and, later, a `--fake` serve mode).
+// A deterministic GenerationEngine for gateway tests.
 //
 // Every accepted request gets its own thread that delivers the scripted ids one per step
 // (`step_delay` apart), stopping early at a stop_token_id (kStop) or max_tokens (kLength) and

@@ -1,5 +1,5 @@
 // `splitserve up`: the whole system on one machine from one command (ARCHITECTURE.md
-// "Processes", issue 6 item 7).
+// "Processes").
 //
 //   splitserve up [--model DIR] [--host H] [--port P] [--stages N] [--tp N]
 //                 [--expert-workers N|auto] [--stage-transport auto|grpc|nccl]

@@ -39,12 +39,10 @@
 // into the call's own input and output), freed when it returns: nothing is cached across calls,
 // so memory does not grow with traffic.
 //
-// Cost (bench/tokenizer_bench, bench/RESULTS.md, one core of the development machine): Load
-// ~0.2 s for the 7.8 MB DeepSeek file; Encode of English prose ~50-90 MB/s on multi-MB texts and
-// ~19-65 MB/s in 4 KB calls, where the memo helps less; the pre-splitting alone runs at ~100 MB/s.
-// Time is linear in the text, except BPE over one piece: O(n log n) in the piece's length, which
-// only a run without digits, spaces or punctuation reaches (bench/tokenizer_scaling_bench prints
-// the time per byte from 10 KB to 8 MB against the 10 KB one).
+// Cost: time is linear in the text, except BPE over one piece: O(n log n) in the piece's length,
+// which only a run without digits, spaces or punctuation reaches (bench/tokenizer_scaling_bench
+// prints the time per byte from 10 KB to 8 MB against the 10 KB one). The rates are in
+// bench/RESULTS.md, "Tokenizer encode throughput" and "Tokenizer scaling".
 #pragma once
 
 #include <cstdint>

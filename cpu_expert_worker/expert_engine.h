@@ -1,4 +1,4 @@
-// The expert engine: the in-process compute API behind the worker's transports (issue 3). One
+// The expert engine: the in-process compute API behind the worker's transports. One
 // call = one MoE layer for T tokens: their hidden rows, top-k expert ids and routing weights in,
 // this worker's fp32 partial of the routed sum out (ARCHITECTURE.md "The MoE call"; the kernel
 // semantics are in kernels/expert_kernels.h).

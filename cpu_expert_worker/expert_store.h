@@ -1,5 +1,5 @@
 // The expert store: this worker's slice of the routed experts of its layers, copied out of the
-// checkpoint into node-local memory (ARCHITECTURE.md "The MoE call", "Memory"; issue 3 item 2).
+// checkpoint into node-local memory (ARCHITECTURE.md "The MoE call", "Memory").
 //
 // What is held. Worker i of n holds, for every routed expert of every requested layer, rows
 // [i·I/n, (i+1)·I/n) of w1 and w3 (with their ue8m0 scale rows) and the same columns of w2 (with

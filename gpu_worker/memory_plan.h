@@ -1,4 +1,4 @@
-// Device-memory plan of one GPU worker (issue 5: "a 24 GB card's budget is respected"): the
+// Device-memory plan of one GPU worker, which keeps it within its card's memory: the
 // bytes of the weights its role keeps on the device, what is left for the KV pool after a
 // reserve for the CUDA context and the largest step's workspace, and the pool's capacity in blocks
 // and tokens — computed from config.json alone, before any weight is read, so a layout that does

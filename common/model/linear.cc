@@ -213,8 +213,8 @@ inline void BlockRowsIn(const double* q, int64_t ldq, int64_t rows, const double
 
 // 256-bit vectors with FMA where the CPU has AVX2, else SSE2's 128-bit ones: the same sums in
 // either. The entry points flatten the templates into themselves, so each is compiled for its
-// ISA. (A 512-bit variant was slower on the dev VM's AVX-512 CPU: 14.1 against 12.5 ms per
-// batch-8 decode step of reference_model_bench.)
+// ISA. There is no 512-bit variant: on an AVX-512 CPU it is slower than the AVX2 one
+// (bench/RESULTS.md, "Batched, vectorised exact linears").
 std::atomic<LinearIsa> g_forced_isa{LinearIsa::kAuto};
 LinearIsa ActiveIsa() {
   static const LinearIsa best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")

@@ -62,8 +62,9 @@ struct ExpertSliceView {
   // 0: w1, w3 and w2 rows as above. T = 8 or 16: TILED -- each matrix in tiles of T rows,
   // tile t at t·T·(row bytes), holding K block kb (64 bytes a row) of its T rows at
   // kb·T·64 + j·64: the order a kernel with T-row tiles reads them (ExpertKernel::tile_rows), so
-  // a call streams its weights sequentially (16 rows 2 KB apart read at ~0.75 of a sequential
-  // read on the dev VM). Needs w2_stride = i_slice/2, row counts that are multiples of T, and a
+  // a call streams its weights sequentially (16 row-major rows 2 KB apart read slower than one
+  // sequential stream: bench/RESULTS.md, "Weights stored in the kernels' reading order").
+  // Needs w2_stride = i_slice/2, row counts that are multiples of T, and a
   // kernel whose tile height divides T. Scales stay row-major.
   int64_t tile_rows = 0;
 };

@@ -14,12 +14,10 @@
 namespace ss::expert::internal {
 namespace {
 
-// How far ahead the weight prefetch runs, in 64-byte lines in consumption order: 16 KB. Tuned
-// on Zen 5 from DRAM (AVX-512, one thread): a whole tile ahead (32 KB at k = 4096) thrashes L1
-// and reaches 0.6 of a streaming read, half a tile 0.93 of it; per-row distances of 4-16 lines
-// 0.3-0.5; none 0.25. In the engine 8 KB and 16 KB are alike and 32 KB is worse. The lines are
-// read once, so they are fetched non-temporal (engine on 2 threads: 0.88 of a streaming read
-// against 0.86 with _MM_HINT_T0; alike on 1 thread).
+// How far ahead the weight prefetch runs, in 64-byte lines in consumption order: 16 KB, half a
+// tile at k = 4096. A whole tile ahead thrashes L1 and per-row distances fall short of the
+// stream (bench/RESULTS.md, "The weight prefetch distance"). The lines are read once, so they
+// are fetched non-temporal.
 constexpr int64_t kPrefetchLines = 256;
 
 // Where the weights of rows [r0, r0 + kRows) start (r0 a multiple of kRows), and the byte steps

@@ -51,7 +51,7 @@ inline constexpr uint32_t kGrpcProtocolVersion = 1;
 
 struct GrpcServerOptions {
   // "host:port"; port 0 picks a free port (see port()). Plaintext: use loopback or a trusted
-  // network (no TLS yet).
+  // network (the transport has no TLS).
   std::string listen_address = "127.0.0.1:0";
   // What every call must carry (proto/cluster_credential.h); the default refuses every call.
   ClusterCredential credential;
