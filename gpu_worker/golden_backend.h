@@ -36,8 +36,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/fp64_sums.h"
 #include "common/golden/golden.h"
-#include "gpu_worker/fp64_sums.h"
 
 namespace ss::gpu {
 

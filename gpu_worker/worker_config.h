@@ -42,8 +42,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/fp64_sums.h"
 #include "common/layer_list.h"
-#include "gpu_worker/fp64_sums.h"
 #include "gpu_worker/routed_experts_client.h"
 
 namespace ss::gpu {

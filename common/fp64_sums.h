@@ -13,8 +13,9 @@
 //    SMs have two FP64 units each beside 128 FP32 lanes.
 //  * auto (the default): on where the device runs FP64 at 1/4 of its FP32 rate or better
 //    (data-centre GPUs: 1/2), else off.
-// Host code, no CUDA: the worker's flags and the golden runner parse it; the cuda backend resolves
-// auto against its device (cudaDevAttrSingleToDoublePrecisionPerfRatio).
+// Host code, no CUDA, in common/ because three folders parse it: the GPU worker's flags,
+// `splitserve up`'s --fp64-sums and splitserve-golden's; the cuda backend resolves auto against its
+// device (cudaDevAttrSingleToDoublePrecisionPerfRatio).
 #pragma once
 
 #include <string>
