@@ -29,11 +29,11 @@
 #include "common/fp64_sums.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
+#include "common/numa_topology.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/run_dir.h"
 #include "coordinator/supervisor.h"
-#include "cpu_expert_worker/numa.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster_credential.h"
@@ -462,9 +462,8 @@ int RunUpCommand(int argc, char** argv) {
   }
   int nodes = 1;
   std::vector<std::vector<std::vector<int>>> node_cores;  // usable nodes' cores, as PU lists
-  if (absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
-      topo.ok()) {
-    for (const expert::NumaNode& n : (*topo)->nodes()) {
+  if (absl::StatusOr<std::unique_ptr<NumaTopology>> topo = NumaTopology::Discover(); topo.ok()) {
+    for (const NumaNode& n : (*topo)->nodes()) {
       if (!n.core_cpus.empty()) node_cores.push_back(n.core_pus);
     }
     nodes = std::max(1, static_cast<int>(node_cores.size()));
@@ -750,14 +749,14 @@ int RunCpusCommand(int argc, char** argv) {
     std::fprintf(stderr, "splitserve cpus: --gpu-workers is required\n%s", kCpusUsage);
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
+  absl::StatusOr<std::unique_ptr<NumaTopology>> topo = NumaTopology::Discover();
   if (!topo.ok()) {
     std::fprintf(stderr, "splitserve cpus: %s\n", std::string(topo.status().message()).c_str());
     return 1;
   }
   std::vector<std::vector<std::vector<int>>> node_cores;
   std::vector<int> node_ids;
-  for (const expert::NumaNode& n : (*topo)->nodes()) {
+  for (const NumaNode& n : (*topo)->nodes()) {
     if (n.core_cpus.empty()) continue;
     node_cores.push_back(n.core_pus);
     node_ids.push_back(n.os_index);
