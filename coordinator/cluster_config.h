@@ -62,7 +62,7 @@ struct ExpertWorkerSpec {
   std::vector<int> layers;
   int slice_index = 0;
   int slice_count = 1;
-  std::string shm_name;      // exactly one of shm_name / grpc_address
+  std::string shm_name;  // exactly one of shm_name / grpc_address
   std::string grpc_address;
 };
 

@@ -139,7 +139,7 @@ struct CudaBackendOptions {
   // pool holds beyond kv_tokens for the built-in allocator (standalone use).
   int64_t kv_block_tokens = 128;
   int64_t kv_extra_sequences = 8;
-  int device = 0;         // CUDA device ordinal
+  int device = 0;  // CUDA device ordinal
   // The routed experts of a layer: experts(layer) when the function is set and returns non-null
   // (it must outlive the backend), otherwise model::RoutedSum on the host (the local reference).
   // With TP > 1 the provider gives this rank's share, and without one the rank computes its
