@@ -4,13 +4,9 @@
 //  * on: double, in the reference's order (exp as float(exp(double))): bit-identical by
 //    construction.
 //  * off: fp32 only (TwoSum-compensated sums, CUDA's expf within 2 ulp, the fp32 butterfly): the
-//    double sums rounded once but for rare cases. In the kernel tests both give the reference's
-//    bits, and the cuda backend's logits over its tiny-a schedule are the same with either. Over
-//    the tiny-a golden set, 46 of 47 checks give the same figures as with double; one
-//    whole-model check (the initial-revision variant's 129-token prefill) differs, within its
-//    tolerance (rms_rel 0.0450 -> 0.0436; the model is chaotic end to end).
-//    For GPUs whose FP64 runs at a small fraction of FP32: 1/64 on an RTX 3090 (SM 8.6), whose
-//    SMs have two FP64 units each beside 128 FP32 lanes.
+//    double sums rounded once but for rare cases, so an output may differ from the reference's in
+//    its last bits (bench/RESULTS.md, "--fp64_sums": the golden set with it). For GPUs whose FP64
+//    runs at a small fraction of FP32 (1/64 on an RTX 3090).
 //  * auto (the default): on where the device runs FP64 at 1/4 of its FP32 rate or better
 //    (data-centre GPUs: 1/2), else off.
 // Host code, no CUDA, in common/ because three folders parse it: the GPU worker's flags,
