@@ -262,7 +262,7 @@ int Main(int argc, char** argv) {
   }
 
   // The node, its cores and a pool like the worker's, for the baselines.
-  auto topo = Must(ss::expert::NumaTopology::Discover(), "topology");
+  auto topo = Must(ss::NumaTopology::Discover(), "topology");
   const int node = Must(topo->ResolveNode(-1), "NUMA node");
   const std::vector<int>& cores = topo->FindNode(node)->core_cpus;
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(cores.size());

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto topo = ss::expert::NumaTopology::Discover();
+  auto topo = ss::NumaTopology::Discover();
   if (!topo.ok()) {
     std::fprintf(stderr, "%s\n", std::string(topo.status().message()).c_str());
     return 1;

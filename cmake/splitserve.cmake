@@ -55,3 +55,35 @@ function(ss_test name)
                SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
     DISCOVERY_TIMEOUT 60)
 endfunction()
+
+# ss_forbid_links(TARGET MATCHING regex...): a configure error when TARGET links a target whose
+# name matches one of the regexes, directly or through our own (ss_*) libraries: the layering of
+# tools/check_layering.py, for links. Call it once every target is defined (the top-level
+# CMakeLists.txt's end).
+function(ss_forbid_links target)
+  cmake_parse_arguments(A "" "" "MATCHING" ${ARGN})
+  set(seen)
+  set(queue ${target})
+  while(queue)
+    list(POP_FRONT queue t)
+    if(t IN_LIST seen OR NOT TARGET ${t})
+      continue()
+    endif()
+    list(APPEND seen ${t})
+    get_target_property(deps ${t} LINK_LIBRARIES)
+    if(NOT deps)
+      continue()
+    endif()
+    foreach(d IN LISTS deps)
+      foreach(re IN LISTS A_MATCHING)
+        if(d MATCHES "${re}")
+          message(FATAL_ERROR "layering: ${target} links ${d} (through ${t}); it may not link "
+                              "targets matching ${re} (cmake/splitserve.cmake ss_forbid_links)")
+        endif()
+      endforeach()
+      if(d MATCHES "^ss_")
+        list(APPEND queue ${d})
+      endif()
+    endforeach()
+  endwhile()
+endfunction()

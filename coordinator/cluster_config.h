@@ -62,7 +62,7 @@ struct ExpertWorkerSpec {
   std::vector<int> layers;
   int slice_index = 0;
   int slice_count = 1;
-  std::string shm_name;      // exactly one of shm_name / grpc_address
+  std::string shm_name;  // exactly one of shm_name / grpc_address
   std::string grpc_address;
 };
 
@@ -131,7 +131,7 @@ int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& dev
 
 // The CPUs `splitserve up` gives its processes on one machine. `node_cores`: per NUMA node with
 // allowed CPUs, in the launcher's node order, its physical cores, each as its allowed hardware
-// threads (cpu_expert_worker/numa.h NumaNode::core_pus). An expert worker pins one thread to
+// threads (common/numa_topology.h NumaNode::core_pus). An expert worker pins one thread to
 // every physical core it may use, and with the cuda backend the GPU workers and the coordinator
 // spin while they wait (on the GPU, on expert calls): an expert thread whose core is shared with
 // a spinning thread waits out the scheduler's time slices, and the whole call with it (bench/

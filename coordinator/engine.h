@@ -1,7 +1,7 @@
 // The gateway's view of the model: a GenerationEngine takes a tokenised prompt with sampling
 // parameters and streams generated token ids back. The OpenAI gateway (openai_server.h) depends
-// only on this interface, so the same gateway runs against FakeEngine (fake_engine.h) in its
-// tests and against the real scheduler + workers (cluster_engine.h) in service.
+// only on this interface, so it is tested against FakeEngine (tests/coordinator/fake_engine.h)
+// and served by the cluster (cluster_engine.h) without change.
 //
 // Contract:
 //   * Submit() never blocks on generation. It either refuses at once (kOverloaded / kNotReady:

@@ -26,14 +26,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/fp64_sums.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
+#include "common/numa_topology.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/run_dir.h"
 #include "coordinator/supervisor.h"
-#include "cpu_expert_worker/numa.h"
-#include "gpu_worker/fp64_sums.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster_credential.h"
@@ -74,7 +74,7 @@ struct Options {
   std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
   int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
-  int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
+  int64_t kv_tokens = 0;      // 0: auto (coord::LaunchKvTokens)
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
 };
 
@@ -273,11 +273,20 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
 std::vector<std::string> CoordinatorArgs(const LaunchPlan& p, int http_port) {
   const Options& o = p.o;
   std::vector<std::string> cargs = {(p.bin / "splitserve-coordinator").string(),
-                                    "--model", o.model, "--tokenizer", o.tokenizer,
-                                    "--cluster", p.cluster_path, "--host", o.host,
-                                    "--port", absl::StrCat(http_port),
-                                    "--control-listen", "127.0.0.1:0",
-                                    "--ports-file", p.ports_file};
+                                    "--model",
+                                    o.model,
+                                    "--tokenizer",
+                                    o.tokenizer,
+                                    "--cluster",
+                                    p.cluster_path,
+                                    "--host",
+                                    o.host,
+                                    "--port",
+                                    absl::StrCat(http_port),
+                                    "--control-listen",
+                                    "127.0.0.1:0",
+                                    "--ports-file",
+                                    p.ports_file};
   if (!o.api_keys_file.empty()) {  // the path, never the keys (argv is public); or the env
     cargs.push_back("--api-keys-file");
     cargs.push_back(o.api_keys_file);
@@ -328,10 +337,10 @@ void PrintBanner(const LaunchPlan& p, const std::string& model_name, int http_po
       p.experts,
       o.stages > 1 ? absl::StrCat(", streams between stages over ", o.stage_transport).c_str() : "",
       url.c_str(), model_name.c_str(), url.c_str(),
-      o.port == 0 ? ""
-                  : absl::StrCat(" (workers: 127.0.0.1:", o.port + 1, "-", o.port + children,
-                                 "/metrics)")
-                        .c_str());
+      o.port == 0
+          ? ""
+          : absl::StrCat(" (workers: 127.0.0.1:", o.port + 1, "-", o.port + children, "/metrics)")
+                .c_str());
   std::fflush(stdout);
 }
 
@@ -351,9 +360,10 @@ int RunUpCommand(int argc, char** argv) {
   const fs::path bin = SelfDir();
   if (o.model.empty()) {
     o.model = (bin.parent_path() / "share/splitserve/tiny").string();
-    std::printf("splitserve up: no --model: serving the bundled tiny model (%s; random weights, "
-                "its text is noise)\n",
-                o.model.c_str());
+    std::printf(
+        "splitserve up: no --model: serving the bundled tiny model (%s; random weights, "
+        "its text is noise)\n",
+        o.model.c_str());
   }
   if (o.tokenizer.empty()) o.tokenizer = o.model + "/tokenizer.json";
   absl::StatusOr<ModelConfig> model = LoadModelConfig(o.model);
@@ -366,8 +376,8 @@ int RunUpCommand(int argc, char** argv) {
                  o.tokenizer.c_str());
     return 1;
   }
-  for (const char* b : {"splitserve-coordinator", "splitserve-gpu-worker",
-                        "splitserve-expert-worker"}) {
+  for (const char* b :
+       {"splitserve-coordinator", "splitserve-gpu-worker", "splitserve-expert-worker"}) {
     if (!fs::exists(bin / b)) {
       std::fprintf(stderr, "splitserve up: %s is missing next to %s\n", b, bin.c_str());
       return 1;
@@ -393,9 +403,10 @@ int RunUpCommand(int argc, char** argv) {
   if (backend == "auto") {
     backend = gpus > 0 && kCudaBuilt ? "cuda" : "cpu";
     if (gpus > 0 && !kCudaBuilt) {
-      std::printf("splitserve up: %d GPU device(s) found, but this build has no CUDA: using the "
-                  "cpu backend\n",
-                  gpus);
+      std::printf(
+          "splitserve up: %d GPU device(s) found, but this build has no CUDA: using the "
+          "cpu backend\n",
+          gpus);
     }
   }
   if (o.tp > 1 && backend != "cuda") {
@@ -462,9 +473,8 @@ int RunUpCommand(int argc, char** argv) {
   }
   int nodes = 1;
   std::vector<std::vector<std::vector<int>>> node_cores;  // usable nodes' cores, as PU lists
-  if (absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
-      topo.ok()) {
-    for (const expert::NumaNode& n : (*topo)->nodes()) {
+  if (absl::StatusOr<std::unique_ptr<NumaTopology>> topo = NumaTopology::Discover(); topo.ok()) {
+    for (const NumaNode& n : (*topo)->nodes()) {
       if (!n.core_cpus.empty()) node_cores.push_back(n.core_pus);
     }
     nodes = std::max(1, static_cast<int>(node_cores.size()));
@@ -519,7 +529,8 @@ int RunUpCommand(int argc, char** argv) {
     }
     cluster.stages.push_back(st);
   }
-  LaunchPlan plan{o, bin, backend, n_layers, experts, nodes, cpus, {}, {}, "", "", devices, kv_tokens};
+  LaunchPlan plan{o,  bin, backend, n_layers, experts, nodes,    cpus,
+                  {}, {},  "",      "",       devices, kv_tokens};
   for (int e = 0; e < experts; ++e) {
     coord::ExpertWorkerSpec w;
     w.id = absl::StrCat("expert", e);
@@ -533,7 +544,8 @@ int RunUpCommand(int argc, char** argv) {
   plan.gpu_ids = cluster.GpuWorkerIds();
   plan.cluster_path = run_dir->File("cluster.json");
   plan.ports_file = run_dir->File("ports.json");
-  if (absl::Status st = run_dir->WriteNew("cluster.json", coord::ClusterConfigToJson(cluster) + "\n");
+  if (absl::Status st =
+          run_dir->WriteNew("cluster.json", coord::ClusterConfigToJson(cluster) + "\n");
       !st.ok()) {
     std::fprintf(stderr, "splitserve up: %s\n", std::string(st.message()).c_str());
     return 1;
@@ -558,7 +570,8 @@ int RunUpCommand(int argc, char** argv) {
     for (const std::string& n : plan.shm_names) shm_unlink(("/" + n).c_str());
   };
   auto wait_signal = [&](std::chrono::milliseconds ms) {
-    timespec ts{static_cast<time_t>(ms.count() / 1000), static_cast<long>(ms.count() % 1000) * 1000000};
+    timespec ts{static_cast<time_t>(ms.count() / 1000),
+                static_cast<long>(ms.count() % 1000) * 1000000};
     return sigtimedwait(&signals, nullptr, &ts) > 0;
   };
   // The workers: expert workers (fresh segments), then the GPU workers, which register with the
@@ -587,8 +600,8 @@ int RunUpCommand(int argc, char** argv) {
   // Supervision (launcher.h): one loop, one phase at a time.
   enum class Phase { kBackoff, kPorts, kReady, kServing };
   Phase phase = Phase::kPorts;
-  bool served = false;          // the cluster was whole at least once
-  bool restart_all = false;     // kBackoff: the coordinator too
+  bool served = false;       // the cluster was whole at least once
+  bool restart_all = false;  // kBackoff: the coordinator too
   int http_port = 0, control_port = 0;
   RestartPolicy policy;
   const auto start = std::chrono::steady_clock::now();
@@ -610,8 +623,8 @@ int RunUpCommand(int argc, char** argv) {
       break;
     }
     const auto now = std::chrono::steady_clock::now();
-    std::string failure;       // what failed, for the message
-    bool all = false;          // the coordinator failed: restart it with the workers
+    std::string failure;        // what failed, for the message
+    bool all = false;           // the coordinator failed: restart it with the workers
     bool child_failed = false;  // a child died or stopped (not a deadline)
     if (const Supervisor::Child* c = sup.Reap()) {
       failure = absl::StrCat(c->name, " ", DescribeExit(c->status));
@@ -708,8 +721,6 @@ int RunUpCommand(int argc, char** argv) {
   return exit_code;
 }
 
-
-
 int RunCpusCommand(int argc, char** argv) {
   int64_t gpu_workers = -1, experts = 0;
   bool coordinator = true;
@@ -750,14 +761,14 @@ int RunCpusCommand(int argc, char** argv) {
     std::fprintf(stderr, "splitserve cpus: --gpu-workers is required\n%s", kCpusUsage);
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<expert::NumaTopology>> topo = expert::NumaTopology::Discover();
+  absl::StatusOr<std::unique_ptr<NumaTopology>> topo = NumaTopology::Discover();
   if (!topo.ok()) {
     std::fprintf(stderr, "splitserve cpus: %s\n", std::string(topo.status().message()).c_str());
     return 1;
   }
   std::vector<std::vector<std::vector<int>>> node_cores;
   std::vector<int> node_ids;
-  for (const expert::NumaNode& n : (*topo)->nodes()) {
+  for (const NumaNode& n : (*topo)->nodes()) {
     if (n.core_cpus.empty()) continue;
     node_cores.push_back(n.core_pus);
     node_ids.push_back(n.os_index);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package splitserve's build and tests need.
+# Installs every Debian 12 package splitserve's build and tests need (python3, clang-format and git
+# also run deploy/test.sh's checks: tools/check_layering.py, tools/check_format.sh).
 # Idempotent and non-interactive; run as root (or through sudo).
 set -euo pipefail
 
@@ -14,6 +15,7 @@ packages=(
   libcpp-httplib-dev
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   prometheus-cpp-dev
+  python3 clang-format
 )
 
 missing=()

@@ -36,17 +36,17 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/fp64_sums.h"
 #include "common/golden/golden.h"
-#include "gpu_worker/fp64_sums.h"
 
 namespace ss::gpu {
 
 struct GoldenBackendOptions {
-  std::string backend = "reference";  // reference | cpu | cuda
-  int cuda_device = 0;                // --backend cuda: the CUDA device ordinal
-  std::string experts;                // "a-b=EP[+EP...],...": see the header comment
-  int tp = 1;                         // --backend cuda: tensor-parallel ranks (GPUs)
-  int stages = 1;                     // pipeline stages of the whole-model checks
+  std::string backend = "reference";     // reference | cpu | cuda
+  int cuda_device = 0;                   // --backend cuda: the CUDA device ordinal
+  std::string experts;                   // "a-b=EP[+EP...],...": see the header comment
+  int tp = 1;                            // --backend cuda: tensor-parallel ranks (GPUs)
+  int stages = 1;                        // pipeline stages of the whole-model checks
   Fp64Sums fp64_sums = Fp64Sums::kAuto;  // --backend cuda: fp64_sums.h
 };
 

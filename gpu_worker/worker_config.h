@@ -42,8 +42,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/fp64_sums.h"
 #include "common/layer_list.h"
-#include "gpu_worker/fp64_sums.h"
 #include "gpu_worker/routed_experts_client.h"
 
 namespace ss::gpu {
@@ -132,7 +132,7 @@ struct StageRole {
   int max_model_len = 0;  // the coordinator's; 0: the model's max_position_embeddings
   int heartbeat_interval_ms = 1000;
   std::string model_name;
-  std::string next_stage_address;  // non-last stage: stage + 1's worker of the same TP rank
+  std::string next_stage_address;        // non-last stage: stage + 1's worker of the same TP rank
   std::string stage_transport = "grpc";  // "grpc" | "nccl" (stage_link.h)
 
   // The nccl stage transport's links of a run with more than one stage.

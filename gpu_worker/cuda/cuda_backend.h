@@ -79,9 +79,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/fp64_sums.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
-#include "gpu_worker/fp64_sums.h"
 
 namespace ss::gpu {
 

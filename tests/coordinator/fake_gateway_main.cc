@@ -19,9 +19,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "coordinator/fake_engine.h"
 #include "coordinator/openai_server.h"
 #include "coordinator/tokenizer.h"
+#include "tests/coordinator/fake_engine.h"
 
 ABSL_FLAG(std::string, tokenizer, SS_MODELS_DIR "/tiny/tokenizer.json", "tokenizer.json");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");

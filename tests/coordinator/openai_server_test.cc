@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "common/metrics/metrics.h"
-#include "coordinator/fake_engine.h"
 #include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "tests/coordinator/fake_engine.h"
 
 namespace ss {
 namespace {

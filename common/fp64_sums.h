@@ -4,15 +4,14 @@
 //  * on: double, in the reference's order (exp as float(exp(double))): bit-identical by
 //    construction.
 //  * off: fp32 only (TwoSum-compensated sums, CUDA's expf within 2 ulp, the fp32 butterfly): the
-//    double sums rounded once but for rare cases. In the kernel tests both give the reference's
-//    bits, and the cuda backend's logits over its tiny-a schedule are the same with either; the
-//    tiny-a golden set passes with either (bench/RESULTS.md has the runs with --fp64_sums off).
-//    For GPUs whose FP64 runs at a small fraction of FP32: 1/64 on an RTX 3090 (SM 8.6), whose
-//    SMs have two FP64 units each beside 128 FP32 lanes.
+//    double sums rounded once but for rare cases, so an output may differ from the reference's in
+//    its last bits (bench/RESULTS.md, "--fp64_sums": the golden set with it). For GPUs whose FP64
+//    runs at a small fraction of FP32 (1/64 on an RTX 3090).
 //  * auto (the default): on where the device runs FP64 at 1/4 of its FP32 rate or better
 //    (data-centre GPUs: 1/2), else off.
-// Host code, no CUDA: the worker's flags and the golden runner parse it; the cuda backend resolves
-// auto against its device (cudaDevAttrSingleToDoublePrecisionPerfRatio).
+// Host code, no CUDA, in common/ because three folders parse it: the GPU worker's flags,
+// `splitserve up`'s --fp64-sums and splitserve-golden's; the cuda backend resolves auto against its
+// device (cudaDevAttrSingleToDoublePrecisionPerfRatio).
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-#include "coordinator/fake_engine.h"
+#include "tests/coordinator/fake_engine.h"
 
 #include <algorithm>
 #include <utility>

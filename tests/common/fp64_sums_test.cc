@@ -1,6 +1,6 @@
-// gpu_worker/fp64_sums.h: the --fp64_sums values and how auto resolves by a device's FP64 rate
+// common/fp64_sums.h: the --fp64_sums values and how auto resolves by a device's FP64 rate
 // (cudaDevAttrSingleToDoublePrecisionPerfRatio: 2 on an H100/H200 or A100, 64 on an RTX 3090).
-#include "gpu_worker/fp64_sums.h"
+#include "common/fp64_sums.h"
 
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-// A deterministic GenerationEngine for gateway tests.
+// A deterministic GenerationEngine for the gateway's tests (openai_server_test, fake_gateway).
 //
 // Every accepted request gets its own thread that delivers the scripted ids one per step
 // (`step_delay` apart), stopping early at a stop_token_id (kStop) or max_tokens (kLength) and
@@ -59,8 +59,8 @@ class FakeEngine : public GenerationEngine {
   GenerationRequest last_request() const;
 
  private:
-  Options options_;     // script guarded by mu_
-  ScriptFn script_fn_;  // guarded by mu_
+  Options options_;                                 // script guarded by mu_
+  ScriptFn script_fn_;                              // guarded by mu_
   std::string fail_error_ = "fake engine failure";  // guarded by mu_
   std::atomic<bool> ready_{true}, overloaded_{false}, fail_{false};
   std::atomic<int> cancelled_{0}, submitted_{0};

@@ -28,7 +28,7 @@ ABSL_FLAG(int, stages, 1,
           "with --tp, stage s rank r on device (cuda_device + s*tp + r) mod device count)");
 ABSL_FLAG(std::string, fp64_sums, "auto",
           "--backend cuda: the sums the reference forms in double, in double (on) or fp32 (off); "
-          "auto: double where the GPU's FP64 is fast (gpu_worker/fp64_sums.h)");
+          "auto: double where the GPU's FP64 is fast (common/fp64_sums.h)");
 ABSL_FLAG(std::string, experts, "",
           "--backend cpu|cuda: routed experts on expert workers, in splitserve-gpu-worker's "
           "--experts syntax; empty: computed on the host by the reference");
