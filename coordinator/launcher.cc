@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
+#include "common/tensor_parallel.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/run_dir.h"
@@ -419,9 +420,9 @@ int RunUpCommand(int argc, char** argv) {
                  static_cast<long long>(model->max_position_embeddings));
     return 2;
   }
-  if (model->n_heads % o.tp != 0) {
-    std::fprintf(stderr, "splitserve up: --tp %d does not divide the model's %lld heads\n", o.tp,
-                 static_cast<long long>(model->n_heads));
+  if (absl::Status split = CheckTensorParallelSplit(*model, o.tp); !split.ok()) {
+    std::fprintf(stderr, "splitserve up: --tp %d: %s\n", o.tp,
+                 std::string(split.message()).c_str());
     return 2;
   }
   // Without --stages: one pipeline stage per TP group of GPUs.

@@ -8,6 +8,7 @@
 #include "common/checkpoint_schema.h"
 #include "common/safetensors.h"
 #include "common/status.h"
+#include "common/tensor_parallel.h"
 #include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
@@ -46,12 +47,7 @@ absl::Status CheckLayout(const ModelConfig& model, const StageLayout& l) {
                                                    ") are not a range of the model's ",
                                                    model.n_layers));
   }
-  if (l.tp_size < 1 || model.n_heads % l.tp_size != 0 || model.o_groups % l.tp_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("TP ", l.tp_size, " must divide the ",
-                                                   model.n_heads, " heads and ", model.o_groups,
-                                                   " output groups"));
-  }
-  return absl::OkStatus();
+  return CheckTensorParallelSplit(model, l.tp_size);
 }
 
 }  // namespace

@@ -93,8 +93,8 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
 // The plan for a device of `device_bytes`. FailedPrecondition, with every figure, when the
 // weights and reserve do not fit, the compressor states of options.sequences sequences do not
 // fit in what is left, or the pool would hold fewer than min_kv_tokens tokens; InvalidArgument
-// for a layout the model does not allow (layer range, TP not dividing the heads or o-groups) or
-// options.sequences < 1.
+// for a layout the model does not allow (layer range, a TP that CheckTensorParallelSplit in
+// common/tensor_parallel.h refuses) or options.sequences < 1.
 absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
                                            int64_t device_bytes,
                                            const MemoryPlanOptions& options = {});
