@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/int_math.h"
 #include "common/model_config.h"
 
 namespace ss::sched {
@@ -106,7 +107,7 @@ struct KvCostModel {
 
   // Blocks a sequence needs to hold `tokens` processed tokens (fixed part included; 0 for 0).
   int64_t BlocksForTokens(int64_t tokens) const {
-    return tokens <= 0 ? 0 : fixed_blocks + (tokens + block_tokens - 1) / block_tokens;
+    return tokens <= 0 ? 0 : fixed_blocks + CeilDiv(tokens, block_tokens);
   }
   // The most tokens `blocks` blocks can hold (0 when they do not cover the fixed part).
   int64_t TokensInBlocks(int64_t blocks) const {

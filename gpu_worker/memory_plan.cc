@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/int_math.h"
 #include "common/checkpoint_schema.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -62,7 +63,7 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout) {
     if (p == Placement::kNone) continue;
     int64_t n = static_cast<int64_t>(DTypeSize(t.dtype));
     for (int64_t d : t.shape) n *= d;
-    bytes += p == Placement::kSharded ? (n + layout.tp_size - 1) / layout.tp_size : n;
+    bytes += p == Placement::kSharded ? CeilDiv(n, layout.tp_size) : n;
   }
   return bytes;
 }
