@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/cluster_defaults.h"
 #include "common/int_math.h"
 #include "common/model_config.h"
 
@@ -34,7 +35,7 @@ enum class MainEntryFormat {
 struct KvCostOptions {
   // Tokens per block, B. Must be a positive multiple of every compress ratio of the covered
   // layers, so that every block holds whole compressed entries (128 for Flash, or a multiple).
-  int64_t block_tokens = 128;
+  int64_t block_tokens = kDefaultKvBlockTokens;
   // The backbone layers [first_layer, end_layer) whose KV the pool holds; end_layer < 0 means
   // n_layers. A pipeline stage passes its own layer range.
   int64_t first_layer = 0;

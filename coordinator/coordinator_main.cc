@@ -29,6 +29,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/cluster_defaults.h"
 #include "common/file_write.h"
 #include "common/layer_list.h"
 #include "common/metrics/metrics.h"
@@ -49,7 +50,7 @@ ABSL_FLAG(std::string, model, "", "checkpoint directory (its config.json; tokeni
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json; default: MODEL/tokenizer.json");
 ABSL_FLAG(std::string, cluster, "", "cluster config (JSON, coordinator/cluster_config.h)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP API address");
-ABSL_FLAG(int, port, 8000, "HTTP API port (0 = any free port)");
+ABSL_FLAG(int, port, ss::kDefaultHttpPort, "HTTP API port (0 = any free port)");
 ABSL_FLAG(std::string, control_listen, "127.0.0.1:50050",
           "gRPC control-plane address GPU workers register with (port 0 = any free port)");
 ABSL_FLAG(std::string, api_keys_file, "",

@@ -26,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/cluster_defaults.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
 #include "common/tensor_parallel.h"
@@ -73,7 +74,7 @@ constexpr char kUsage[] =
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
   std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
-  int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
+  int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 0;  // 0: auto (coord::LaunchKvTokens)
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings

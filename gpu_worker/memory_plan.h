@@ -31,6 +31,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/cluster_defaults.h"
 #include "common/kv_cost_model.h"
 #include "common/model_config.h"
 
@@ -53,7 +54,7 @@ struct MemoryPlanOptions {
   int64_t reserve_bytes = int64_t{1} << 30;  // 1 GiB
   int64_t step_tokens = 2048;
   int64_t context = 0;
-  int64_t block_tokens = 128;
+  int64_t block_tokens = kDefaultKvBlockTokens;
   // The pool must hold at least this many tokens of one sequence (plus its fixed state),
   // else the layout is refused.
   int64_t min_kv_tokens = 8192;
