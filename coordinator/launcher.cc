@@ -29,6 +29,7 @@
 #include "common/cluster_defaults.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
+#include "common/stop_signals.h"
 #include "common/tensor_parallel.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
@@ -548,20 +549,12 @@ int RunUpCommand(int argc, char** argv) {
     return 1;
   }
 
-  // Signals: taken with sigtimedwait in the loop below.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigprocmask(SIG_BLOCK, &signals, nullptr);
+  // Stop signals: taken with WaitForStopSignal in the loop below.
+  BlockStopSignals(Sigpipe::kDefault);
 
   Supervisor sup;
   auto unlink_segments = [&] {
     for (const std::string& n : plan.shm_names) shm_unlink(("/" + n).c_str());
-  };
-  auto wait_signal = [&](std::chrono::milliseconds ms) {
-    timespec ts{static_cast<time_t>(ms.count() / 1000), static_cast<long>(ms.count() % 1000) * 1000000};
-    return sigtimedwait(&signals, nullptr, &ts) > 0;
   };
   // The workers: expert workers (fresh segments), then the GPU workers, which register with the
   // coordinator at `control_port` and wait for the segments.
@@ -604,7 +597,7 @@ int RunUpCommand(int argc, char** argv) {
     return 1;
   }
   while (true) {
-    if (wait_signal(std::chrono::milliseconds(100))) {
+    if (WaitForStopSignal(absl::Milliseconds(100)) != 0) {
       if (served) {
         std::printf("splitserve up: stopping (draining running requests)\n");
         std::fflush(stdout);
