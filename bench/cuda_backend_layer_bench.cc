@@ -1,4 +1,4 @@
-// One Flash-shaped layer of the cuda backend (gpu_worker/cuda_backend.h): decode at batch 1 and 8
+// One Flash-shaped layer of the cuda backend (gpu_worker/cuda/cuda_backend.h): decode at batch 1 and 8
 // with 8K and 64K tokens of context per sequence, and the 8K-token prefill chunk. Needs a CUDA
 // device.
 //

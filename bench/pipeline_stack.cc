@@ -248,7 +248,7 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
             if (!Check(k.backend->RunDevice(step, dev_in, &out, tm), "decode")) return false;
             k.ran = Now();
             if (k.link_out && !Check(k.link_out->Send(id, out.rows, out.width, out.device_streams,
-                                                      false, deadline),
+                                                      {}, deadline),
                                      "send")) {
               return false;
             }

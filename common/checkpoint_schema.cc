@@ -5,12 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/int_math.h"
 #include "spdlog/spdlog.h"
 
 namespace ss {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 class Schema {
  public:

@@ -6,12 +6,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/int_math.h"
 
 namespace ss::sched {
 namespace {
-
-int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-int64_t CeilDiv(int64_t x, int64_t by) { return (x + by - 1) / by; }
 
 // fp32 kv + score partial state of one compressor: coff*m token slots of coff*d channels.
 int64_t CompressorStateBytes(int64_t ratio, int64_t d) {

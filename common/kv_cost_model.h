@@ -11,6 +11,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/cluster_defaults.h"
+#include "common/int_math.h"
 #include "common/model_config.h"
 
 namespace ss::sched {
@@ -33,7 +35,7 @@ enum class MainEntryFormat {
 struct KvCostOptions {
   // Tokens per block, B. Must be a positive multiple of every compress ratio of the covered
   // layers, so that every block holds whole compressed entries (128 for Flash, or a multiple).
-  int64_t block_tokens = 128;
+  int64_t block_tokens = kDefaultKvBlockTokens;
   // The backbone layers [first_layer, end_layer) whose KV the pool holds; end_layer < 0 means
   // n_layers. A pipeline stage passes its own layer range.
   int64_t first_layer = 0;
@@ -106,7 +108,7 @@ struct KvCostModel {
 
   // Blocks a sequence needs to hold `tokens` processed tokens (fixed part included; 0 for 0).
   int64_t BlocksForTokens(int64_t tokens) const {
-    return tokens <= 0 ? 0 : fixed_blocks + (tokens + block_tokens - 1) / block_tokens;
+    return tokens <= 0 ? 0 : fixed_blocks + CeilDiv(tokens, block_tokens);
   }
   // The most tokens `blocks` blocks can hold (0 when they do not cover the fixed part).
   int64_t TokensInBlocks(int64_t blocks) const {

@@ -11,6 +11,7 @@
 #include "common/file_write.h"
 #include "common/layer_list.h"
 #include "common/status.h"
+#include "common/tensor_parallel.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster.pb.h"
 
@@ -180,10 +181,9 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
           "cluster config: every stage must have the same number of workers (TP size)");
     }
   }
-  if (model.n_heads % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cluster config: TP size ", tp,
-                                                   " does not divide the ", model.n_heads,
-                                                   " attention heads"));
+  if (absl::Status split = CheckTensorParallelSplit(model, tp); !split.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster config: ", split.message(), " (TP size = workers per stage)"));
   }
 
   if (j.contains("expert_workers")) {

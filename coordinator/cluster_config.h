@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cluster_defaults.h"
 #include "common/model_config.h"
 
 namespace splitserve::v1 {
@@ -68,7 +69,7 @@ struct ExpertWorkerSpec {
 
 struct ClusterConfig {
   std::string model_name = "deepseek-v4";
-  int kv_block_tokens = 128;
+  int kv_block_tokens = kDefaultKvBlockTokens;
   int max_batch_tokens = 2048;
   int max_running = 64;
   int max_waiting = 1024;
@@ -76,7 +77,7 @@ struct ClusterConfig {
   // max_position_embeddings where the file names none. GPU workers size their step workspace for
   // it (the indexer's scores grow with the context: gpu_worker/step_workspace.h).
   int max_model_len = 0;
-  int heartbeat_interval_ms = 1000;
+  int heartbeat_interval_ms = kDefaultHeartbeatIntervalMs;
   int heartbeat_timeout_ms = 10000;
   std::string stage_transport = "grpc";  // "grpc" | "nccl"
   std::vector<StageSpec> stages;

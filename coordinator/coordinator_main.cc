@@ -14,7 +14,6 @@
 //
 // SIGTERM / SIGINT: drain — new requests get 503, running ones finish (up to --drain_timeout_s),
 // then everything stops and the process exits 0.
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,10 +28,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/cluster_defaults.h"
 #include "common/file_write.h"
 #include "common/layer_list.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
+#include "common/stop_signals.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/cluster_engine.h"
@@ -49,7 +50,7 @@ ABSL_FLAG(std::string, model, "", "checkpoint directory (its config.json; tokeni
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json; default: MODEL/tokenizer.json");
 ABSL_FLAG(std::string, cluster, "", "cluster config (JSON, coordinator/cluster_config.h)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP API address");
-ABSL_FLAG(int, port, 8000, "HTTP API port (0 = any free port)");
+ABSL_FLAG(int, port, ss::kDefaultHttpPort, "HTTP API port (0 = any free port)");
 ABSL_FLAG(std::string, control_listen, "127.0.0.1:50050",
           "gRPC control-plane address GPU workers register with (port 0 = any free port)");
 ABSL_FLAG(std::string, api_keys_file, "",
@@ -152,13 +153,8 @@ int Run(int argc, char** argv) {
   absl::StatusOr<ClusterConfig> cluster = LoadClusterConfig(cluster_path, *model);
   if (!cluster.ok()) return Fail(1, std::string(cluster.status().message()));
 
-  // Signals are taken by sigwait below: block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Stop signals are taken by WaitForStopSignal below: block them before any thread starts.
+  BlockStopSignals(Sigpipe::kIgnore);
 
   spdlog::info("{}: model {} ({} layers), cluster {} ({} stages x TP {}, {} expert workers)",
                kName, model_dir, model->n_layers, cluster_path, cluster->stages.size(),
@@ -208,8 +204,7 @@ int Run(int argc, char** argv) {
     if (!w.ok()) spdlog::warn("{}: --ports_file: {}", kName, std::string(w.message()));
   }
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForStopSignal();
   spdlog::info("{}: signal {}: draining (up to {} s)", kName, sig,
                absl::GetFlag(FLAGS_drain_timeout_s));
   engine.BeginDrain();

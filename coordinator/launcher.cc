@@ -26,10 +26,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/cluster_defaults.h"
 #include "common/fp64_sums.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
 #include "common/numa_topology.h"
+#include "common/stop_signals.h"
+#include "common/tensor_parallel.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/run_dir.h"
@@ -72,7 +75,7 @@ constexpr char kUsage[] =
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
   std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
-  int port = 8000, stages = 1, tp = 1, ready_timeout_s = 600;
+  int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   int64_t kv_tokens = 0;      // 0: auto (coord::LaunchKvTokens)
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
@@ -430,9 +433,9 @@ int RunUpCommand(int argc, char** argv) {
                  static_cast<long long>(model->max_position_embeddings));
     return 2;
   }
-  if (model->n_heads % o.tp != 0) {
-    std::fprintf(stderr, "splitserve up: --tp %d does not divide the model's %lld heads\n", o.tp,
-                 static_cast<long long>(model->n_heads));
+  if (absl::Status split = CheckTensorParallelSplit(*model, o.tp); !split.ok()) {
+    std::fprintf(stderr, "splitserve up: --tp %d: %s\n", o.tp,
+                 std::string(split.message()).c_str());
     return 2;
   }
   // Without --stages: one pipeline stage per TP group of GPUs.
@@ -558,21 +561,12 @@ int RunUpCommand(int argc, char** argv) {
     return 1;
   }
 
-  // Signals: taken with sigtimedwait in the loop below.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigprocmask(SIG_BLOCK, &signals, nullptr);
+  // Stop signals: taken with WaitForStopSignal in the loop below.
+  BlockStopSignals(Sigpipe::kDefault);
 
   Supervisor sup;
   auto unlink_segments = [&] {
     for (const std::string& n : plan.shm_names) shm_unlink(("/" + n).c_str());
-  };
-  auto wait_signal = [&](std::chrono::milliseconds ms) {
-    timespec ts{static_cast<time_t>(ms.count() / 1000),
-                static_cast<long>(ms.count() % 1000) * 1000000};
-    return sigtimedwait(&signals, nullptr, &ts) > 0;
   };
   // The workers: expert workers (fresh segments), then the GPU workers, which register with the
   // coordinator at `control_port` and wait for the segments.
@@ -615,7 +609,7 @@ int RunUpCommand(int argc, char** argv) {
     return 1;
   }
   while (true) {
-    if (wait_signal(std::chrono::milliseconds(100))) {
+    if (WaitForStopSignal(absl::Milliseconds(100)) != 0) {
       if (served) {
         std::printf("splitserve up: stopping (draining running requests)\n");
         std::fflush(stdout);

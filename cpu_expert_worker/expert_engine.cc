@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/int_math.h"
 #include "common/status.h"
 
 namespace ss::expert {
@@ -12,9 +13,7 @@ namespace {
 
 constexpr size_t kAlign = 64;
 
-size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t AlignUp(size_t v) { return RoundUp(v, kAlign); }
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/int_math.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -22,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kPieceAlign = 64;
 constexpr int64_t kProgressMinBytes = int64_t{256} << 20;  // smaller loads log the summary only
 
-int64_t AlignUp(int64_t v) { return (v + kPieceAlign - 1) / kPieceAlign * kPieceAlign; }
+int64_t AlignUp(int64_t v) { return RoundUp(v, kPieceAlign); }
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -93,7 +94,7 @@ absl::Status ValidateLayers(const ModelConfig& c, const std::vector<int>& layers
 // cache for other readers); keeps the resident set at the copy's size while loading.
 void DropSourcePages(const TensorView& t) {
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const uintptr_t begin = RoundUp(reinterpret_cast<uintptr_t>(t.data), page);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes) / page * page;
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }

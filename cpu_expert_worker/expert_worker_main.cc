@@ -1,5 +1,5 @@
 // splitserve-expert-worker: one NUMA node's slice of the routed experts, served to GPU workers
-// (ARCHITECTURE.md "Processes"). Flags: worker_config.h.
+// (ARCHITECTURE.md "Processes"). Flags: worker_flags.h (their table), worker_config.h.
 //
 // Start-up: parse and validate every flag; discover the topology (before any thread is pinned);
 // pick the node, its physical cores and the kernel ISA, and log them; build the pinned pool;
@@ -12,7 +12,6 @@
 // call latency, expert weight bytes streamed and the achieved GB/s over the last calls.
 //
 // Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
-#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,7 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -37,6 +35,7 @@
 #include "common/bf16.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
+#include "common/stop_signals.h"
 #include "common/thread_pool.h"
 #include "cpu_expert_worker/expert_engine.h"
 #include "cpu_expert_worker/expert_store.h"
@@ -45,44 +44,9 @@
 #include "cpu_expert_worker/transport/grpc_server.h"
 #include "cpu_expert_worker/transport/shm_server.h"
 #include "cpu_expert_worker/worker_config.h"
+#include "cpu_expert_worker/worker_flags.h"
 #include "proto/cluster_credential.h"
 #include "spdlog/spdlog.h"
-
-ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
-ABSL_FLAG(std::string, layers, "all",
-          "layer ids to hold: ids and inclusive ranges, e.g. 0-42,43 (MTP blocks are "
-          "n_layers + k); 'all' = every block and MTP block");
-ABSL_FLAG(std::string, slice, "0/1",
-          "i/n: hold rows [i*I/n, (i+1)*I/n) of every expert's w1/w3 and those columns of w2");
-ABSL_FLAG(std::string, numa_node, "auto",
-          "NUMA node (OS number) whose cores and memory to use; auto = the node with the most "
-          "allowed physical cores");
-ABSL_FLAG(int, threads, 0, "pool threads; 0 = every physical core of the node in the allowed set");
-ABSL_FLAG(std::string, isa, "auto", "expert kernels: auto (CPUID), scalar, avx2 or avx512");
-ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve expert calls on");
-ABSL_FLAG(std::string, grpc_listen, "", "gRPC address (host:port) to serve expert calls on");
-ABSL_FLAG(std::string, cluster_token_file, "",
-          "with --grpc_listen: file holding the cluster token every gRPC call must carry (0600; "
-          "proto/cluster_credential.h). Environment mirror: SPLITSERVE_CLUSTER_TOKEN");
-ABSL_FLAG(bool, insecure_cluster, false,
-          "with --grpc_listen: accept gRPC calls without a cluster token (trusted single-user "
-          "machines only)");
-ABSL_FLAG(std::string, metrics_listen, "",
-          "address (host:port) to serve Prometheus metrics on GET /metrics; empty = off");
-ABSL_FLAG(int64_t, max_tokens, 256, "largest number of tokens per call");
-ABSL_FLAG(int, spin_us, 200, "microseconds an idle pool thread spins before it sleeps");
-ABSL_FLAG(int64_t, split_target, 128,
-          "engine: work units a call aims for (more: finer parallelism, more re-quantisation)");
-ABSL_FLAG(int64_t, min_split_cols, 128,
-          "engine: narrowest sub-range of the slice's intermediate dimension per unit "
-          "(a multiple of 128)");
-ABSL_FLAG(std::string, weight_layout, "tiled",
-          "expert weights in RAM: tiled (the order the ISA's kernel reads them; one sequential "
-          "stream a call) or rows (the checkpoint's row-major rows)");
-ABSL_FLAG(int64_t, selftest, -1,
-          "load, run N random requests through the engine and print tokens/s and GB/s "
-          "(0 = load only)");
-ABSL_FLAG(int64_t, selftest_tokens, 1, "tokens per self-test request");
 
 namespace ss::expert {
 namespace {
@@ -200,14 +164,18 @@ int SelfTest(const WorkerConfig& c, const ExpertStore& store, ThreadPool& pool,
   return 0;
 }
 
-// The servers being run, for the signal handler (both RequestStops are async-signal-safe).
+// The servers being run, for the stop-signal thread.
 std::atomic<shm::ShmServer*> g_server{nullptr};
 std::atomic<grpc_transport::GrpcExpertServer*> g_grpc_server{nullptr};
 
 // Set by a stop signal that arrives before a server exists, so that server stops at once.
 std::atomic<bool> g_stop_requested{false};
 
-void OnStopSignal(int) {
+// Set once Serve starts; a stop signal before that (loading, the self-test) ends the process.
+std::atomic<bool> g_serving{false};
+
+void OnStopSignal(int sig) {
+  if (!g_serving.load()) DieOfSignal(sig);
   g_stop_requested.store(true);
   if (shm::ShmServer* s = g_server.load()) s->RequestStop();
   if (grpc_transport::GrpcExpertServer* g = g_grpc_server.load()) g->RequestStop();
@@ -321,12 +289,8 @@ int Serve(const WorkerConfig& c, const ClusterCredential& credential, const Expe
       return st;
     });
   };
-  // Handlers first: a stop signal during start-up is remembered and honoured.
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  // From here a stop signal during start-up is remembered and honoured.
+  g_serving.store(true);
   std::unique_ptr<grpc_transport::GrpcExpertServer> grpc_server;
   if (!c.grpc_listen.empty()) {
     grpc_transport::GrpcServerOptions go;
@@ -396,31 +360,18 @@ int Main(int argc, char** argv) {
       "[--shm-name NAME] [--grpc-listen HOST:PORT] [--metrics-listen HOST:PORT]");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "expert_worker_main");
+    return absl::StrContains(file, "cpu_expert_worker/worker_flags");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
+  // Stop signals are taken by one thread (OnStopSignal); every other thread, the pool's and
+  // gRPC's included, is started after this mask and inherits it.
+  BlockStopSignals(Sigpipe::kDefault);
+  const StopSignalThread signal_thread(OnStopSignal);
   NormalizeFlagDashes(argc, argv);
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) return Usage(absl::StrCat("unexpected argument '", rest[1], "'"));
-  WorkerFlags f;
-  f.model = absl::GetFlag(FLAGS_model);
-  f.layers = absl::GetFlag(FLAGS_layers);
-  f.slice = absl::GetFlag(FLAGS_slice);
-  f.numa_node = absl::GetFlag(FLAGS_numa_node);
-  f.threads = absl::GetFlag(FLAGS_threads);
-  f.isa = absl::GetFlag(FLAGS_isa);
-  f.shm_name = absl::GetFlag(FLAGS_shm_name);
-  f.grpc_listen = absl::GetFlag(FLAGS_grpc_listen);
-  f.max_tokens = absl::GetFlag(FLAGS_max_tokens);
-  f.spin_us = absl::GetFlag(FLAGS_spin_us);
-  f.split_target = absl::GetFlag(FLAGS_split_target);
-  f.min_split_cols = absl::GetFlag(FLAGS_min_split_cols);
-  f.weight_layout = absl::GetFlag(FLAGS_weight_layout);
-  f.selftest = absl::GetFlag(FLAGS_selftest);
-  f.selftest_tokens = absl::GetFlag(FLAGS_selftest_tokens);
-  f.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
-  f.insecure_cluster = absl::GetFlag(FLAGS_insecure_cluster);
+  const WorkerFlags f = ReadWorkerFlags();
   auto parsed = ParseWorkerConfig(f);
   if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
   const WorkerConfig& c = *parsed;
@@ -507,7 +458,7 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<metrics::Metrics> registry;
   std::unique_ptr<WorkerMetrics> worker_metrics;
-  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const std::string& metrics_listen = c.metrics_listen;
   if (!metrics_listen.empty()) {
     registry = std::make_unique<metrics::Metrics>();
     worker_metrics = std::make_unique<WorkerMetrics>(*registry, **store, **engine, *node);

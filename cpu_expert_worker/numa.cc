@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/int_math.h"
 #include "spdlog/spdlog.h"
 
 namespace ss::expert {
@@ -53,10 +54,10 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology* topology, size
                                               int node) {
   if (bytes == 0) return absl::InvalidArgumentError("AllocateNodeMemory: 0 bytes");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  size_t len = (bytes + page - 1) / page * page;
+  size_t len = RoundUp(bytes, page);
   // Large ranges start on a huge-page boundary so transparent huge pages can back all of them.
   const bool huge = len >= 2 * kHugePage;
-  if (huge) len = (len + kHugePage - 1) / kHugePage * kHugePage;
+  if (huge) len = RoundUp(len, kHugePage);
   const size_t map_len = huge ? len + kHugePage : len;
   void* p = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {

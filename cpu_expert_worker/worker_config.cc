@@ -87,6 +87,7 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
         "--insecure_cluster and --cluster_token_file exclude each other");
   }
   c.cluster_token_file = f.cluster_token_file;
+  c.metrics_listen = f.metrics_listen;
   c.insecure_cluster = f.insecure_cluster;
   return c;
 }

@@ -62,6 +62,7 @@ struct WorkerFlags {
   int64_t selftest_tokens = 1;
   std::string cluster_token_file;
   bool insecure_cluster = false;
+  std::string metrics_listen;  // HOST:PORT; empty = no metrics
 };
 
 struct WorkerConfig {
@@ -73,16 +74,17 @@ struct WorkerConfig {
   int threads = 0;     // 0 = every physical core of the node
   std::string isa;     // validated name; dispatch.h's ParseIsa gives the Isa
   std::string shm_name, grpc_listen;
-  int64_t max_tokens = 256;
-  int spin_us = 200;
-  int64_t split_target = 128;
-  int64_t min_split_cols = 128;
+  int64_t max_tokens = WorkerFlags{}.max_tokens;
+  int spin_us = WorkerFlags{}.spin_us;
+  int64_t split_target = WorkerFlags{}.split_target;
+  int64_t min_split_cols = WorkerFlags{}.min_split_cols;
   bool tiled_weights = true;  // --weight_layout tiled
-  int64_t selftest = -1;
-  int64_t selftest_tokens = 1;
+  int64_t selftest = WorkerFlags{}.selftest;
+  int64_t selftest_tokens = WorkerFlags{}.selftest_tokens;
   // The credential's source, for ClusterCredential::Load (which reads the file or environment).
   std::string cluster_token_file;
   bool insecure_cluster = false;
+  std::string metrics_listen;  // HOST:PORT; empty = no metrics
 };
 
 // Validates every flag (InvalidArgument naming the flag and its value).

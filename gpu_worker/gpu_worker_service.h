@@ -43,6 +43,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cluster_defaults.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/stage_link.h"
 #include "gpu_worker/stage_runner.h"
@@ -63,7 +64,7 @@ struct LoadedStage {
   std::unique_ptr<StreamSender> sender;    // non-last stage
   std::unique_ptr<WorkerMetrics> metrics;  // optional
   std::unique_ptr<StageRunner> runner;
-  int kv_block_tokens = 128;
+  int kv_block_tokens = kDefaultKvBlockTokens;
 };
 
 class GpuWorkerServer {

@@ -5,9 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/int_math.h"
 #include "common/checkpoint_schema.h"
 #include "common/safetensors.h"
 #include "common/status.h"
+#include "common/tensor_parallel.h"
 #include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
@@ -46,12 +48,7 @@ absl::Status CheckLayout(const ModelConfig& model, const StageLayout& l) {
                                                    ") are not a range of the model's ",
                                                    model.n_layers));
   }
-  if (l.tp_size < 1 || model.n_heads % l.tp_size != 0 || model.o_groups % l.tp_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("TP ", l.tp_size, " must divide the ",
-                                                   model.n_heads, " heads and ", model.o_groups,
-                                                   " output groups"));
-  }
-  return absl::OkStatus();
+  return CheckTensorParallelSplit(model, l.tp_size);
 }
 
 }  // namespace
@@ -66,7 +63,7 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout) {
     if (p == Placement::kNone) continue;
     int64_t n = static_cast<int64_t>(DTypeSize(t.dtype));
     for (int64_t d : t.shape) n *= d;
-    bytes += p == Placement::kSharded ? (n + layout.tp_size - 1) / layout.tp_size : n;
+    bytes += p == Placement::kSharded ? CeilDiv(n, layout.tp_size) : n;
   }
   return bytes;
 }

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/cluster_defaults.h"
 #include "common/kv_cost_model.h"
 #include "common/model_config.h"
 
@@ -53,7 +54,7 @@ struct MemoryPlanOptions {
   int64_t reserve_bytes = int64_t{1} << 30;  // 1 GiB
   int64_t step_tokens = 2048;
   int64_t context = 0;
-  int64_t block_tokens = 128;
+  int64_t block_tokens = kDefaultKvBlockTokens;
   // The pool must hold at least this many tokens of one sequence (plus its fixed state),
   // else the layout is refused.
   int64_t min_kv_tokens = 8192;
@@ -93,8 +94,8 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
 // The plan for a device of `device_bytes`. FailedPrecondition, with every figure, when the
 // weights and reserve do not fit, the compressor states of options.sequences sequences do not
 // fit in what is left, or the pool would hold fewer than min_kv_tokens tokens; InvalidArgument
-// for a layout the model does not allow (layer range, TP not dividing the heads or o-groups) or
-// options.sequences < 1.
+// for a layout the model does not allow (layer range, a TP that CheckTensorParallelSplit in
+// common/tensor_parallel.h refuses) or options.sequences < 1.
 absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
                                            int64_t device_bytes,
                                            const MemoryPlanOptions& options = {});

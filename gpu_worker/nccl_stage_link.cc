@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<NcclStageLink>> NcclStageLink::Create(
   RETURN_IF_ERROR(link->Init(reserve_bytes));
   const absl::Time deadline = absl::Now() + timeout;
   if (sender) {
-    RETURN_IF_ERROR(link->Send(kConnectId, 0, 0, nullptr, true, deadline));
+    RETURN_IF_ERROR(link->Send(kConnectId, 0, 0, nullptr, "connect", deadline));
     RETURN_IF_ERROR(link->Flush(deadline));
   } else {
     absl::StatusOr<Received> r = link->Receive(kConnectId, 0, 0, deadline);
@@ -134,7 +134,9 @@ absl::Status NcclStageLink::Flush(absl::Time deadline) {
 }
 
 absl::Status NcclStageLink::Send(uint64_t micro_batch_id, int64_t rows, int64_t width,
-                                 const void* streams, bool failed, absl::Time deadline) {
+                                 const void* streams, std::string_view failure,
+                                 absl::Time deadline) {
+  const bool failed = !failure.empty();  // the message carries the flag, not the reason
   if (!sender_) return absl::FailedPreconditionError(absl::StrCat(what_, ": the receiving end"));
   if (comm_->aborted()) return absl::FailedPreconditionError(absl::StrCat(what_, " is broken"));
   if (rows < 0 || width < 0 || rows * width * 2 > kMaxStreamsBytes ||

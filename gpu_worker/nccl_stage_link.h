@@ -46,8 +46,10 @@ class NcclStageLink : public StageLink {
       const std::atomic<bool>* cancel = nullptr);
   ~NcclStageLink() override;
 
+  StageMemory memory() const override { return StageMemory::kDevice; }
+  bool paired() const override { return true; }
   absl::Status Send(uint64_t micro_batch_id, int64_t rows, int64_t width, const void* streams,
-                    bool failed, absl::Time deadline) override;
+                    std::string_view failure, absl::Time deadline) override;
   absl::StatusOr<Received> Receive(uint64_t micro_batch_id, int64_t rows, int64_t width,
                                    absl::Time deadline) override;
   void Abort() override;

@@ -65,11 +65,17 @@ StageRunner::StageRunner(StageBackend* backend, const StageRole& role, StreamInb
                          StageLinks links)
     : backend_(backend),
       role_(role),
-      inbox_(inbox),
-      sender_(sender),
       metrics_(metrics),
       options_(options),
-      links_(links) {}
+      grpc_in_(links.in == nullptr && inbox != nullptr ? std::make_unique<GrpcStageInput>(inbox)
+                                                       : nullptr),
+      grpc_out_(links.out == nullptr && sender != nullptr
+                    ? std::make_unique<GrpcStageOutput>(sender)
+                    : nullptr),
+      in_(role.stage > 0 ? (links.in != nullptr ? links.in : grpc_in_.get()) : nullptr),
+      out_(!role.last_stage() ? (links.out != nullptr ? links.out : grpc_out_.get()) : nullptr),
+      device_streams_((links.in != nullptr && links.in->memory() == StageMemory::kDevice) ||
+                      (links.out != nullptr && links.out->memory() == StageMemory::kDevice)) {}
 
 pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -101,26 +107,20 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
 
 void StageRunner::ReleaseAll() { backend_->ReleaseAll(); }
 
-absl::Status StageRunner::LinkSend(uint64_t id, int64_t rows, const void* streams) {
-  const ModelConfig& mc = backend_->config();
+absl::Status StageRunner::Send(uint64_t id, int64_t rows, int64_t width, const void* streams,
+                               std::string_view failure) {
   const absl::Status st =
-      links_.out->Send(id, rows, mc.hc_mult * mc.dim, streams, streams == nullptr,
-                       absl::Now() + options_.push_deadline);
-  if (!st.ok()) link_broken_ = true;
+      out_->Send(id, rows, width, streams, failure, absl::Now() + options_.push_deadline);
+  if (!st.ok() && out_->paired()) link_broken_ = true;
   return st;
 }
 
 void StageRunner::PushError(uint64_t id, const std::string& error, int64_t rows) {
-  if (role_.last_stage()) return;
-  if (links_.out != nullptr) {
-    (void)LinkSend(id, rows, nullptr);  // a failure breaks the link (and is the step's to report)
-    return;
-  }
-  if (sender_ == nullptr) return;
-  StageStreamsData d;
-  d.error = error.empty() ? "failed" : error;
-  // Best effort: the next stage fails the micro-batch by its own deadline otherwise.
-  (void)sender_->Push(id, d, absl::Now() + options_.push_deadline);
+  if (out_ == nullptr) return;
+  const ModelConfig& mc = backend_->config();
+  // Best effort: a failure breaks a paired link (and is the step's to report); otherwise the next
+  // stage fails the micro-batch by its own deadline.
+  (void)Send(id, rows, mc.hc_mult * mc.dim, nullptr, error.empty() ? "failed" : error);
 }
 
 absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
@@ -131,25 +131,26 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   const int64_t width = mc.hc_mult * mc.dim;
   int64_t T = 0;  // the plan's tokens
   for (const pb::SeqChunk& c : plan.chunks()) T += c.tokens_size();
+  const bool paired_in = in_ != nullptr && in_->paired();
   auto fail = [&](const absl::Status& st) {
     if (has_chunks) {
       PushError(mb, std::string(st.message()), T);
-      if (role_.stage > 0 && inbox_ != nullptr && links_.in == nullptr) inbox_->Finish(mb);
+      if (in_ != nullptr && !paired_in) in_->Skip(mb);
     }
     return st;
   };
-  // The nccl transport: the plan's message first, whatever follows (stage_runner.h).
-  StageLink::Received linked;
-  if (has_chunks && role_.stage > 0 && links_.in != nullptr) {
+  // A paired link: the plan's message first, whatever follows (stage_link.h).
+  StageLink::Received received;
+  if (has_chunks && paired_in) {
     const auto r0 = std::chrono::steady_clock::now();
-    auto got = links_.in->Receive(mb, T, width, absl::Now() + options_.stream_wait);
+    auto got = in_->Receive(mb, T, width, absl::Now() + options_.stream_wait);
     *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     if (!got.ok()) {
       link_broken_ = true;
       group_broken_ = true;
       return fail(got.status());
     }
-    linked = *got;
+    received = *std::move(got);
   }
   if (plan.protocol_version() != kClusterProtocolVersion) {
     return fail(absl::FailedPreconditionError(
@@ -185,35 +186,26 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   }
   if (absl::Status st = backend_->Check(batch); !st.ok()) return fail(st);
 
-  StageStreamsData in;
-  if (role_.stage > 0 && links_.in != nullptr) {
-    if (linked.failed) {
-      return fail(absl::AbortedError(absl::StrCat("the previous stage failed micro-batch ", mb)));
-    }
-  } else if (role_.stage > 0) {
+  if (in_ != nullptr && !paired_in) {
     const auto r0 = std::chrono::steady_clock::now();
-    auto got = inbox_->Take(mb, absl::Now() + options_.stream_wait);
+    auto got = in_->Receive(mb, T, width, absl::Now() + options_.stream_wait);
     *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     if (!got.ok()) {
       group_broken_ = true;  // the peers may have received theirs and run
       return fail(got.status());
     }
-    in = std::move(*got);
-    if (!in.error.empty()) {
-      return fail(absl::AbortedError(
-          absl::StrCat("the previous stage failed micro-batch ", mb, ": ", in.error)));
-    }
-    if (in.rows != T || in.width != width || static_cast<int64_t>(in.streams.size()) != T * width) {
-      group_broken_ = true;
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "the previous stage's streams of micro-batch ", mb, " are [", in.rows, ", ", in.width,
-          "] with ", in.streams.size(), " values; the plan needs [", T, ", ", width, "]")));
-    }
+    received = *std::move(got);
+  }
+  if (in_ != nullptr && received.failed) {
+    return fail(
+        absl::AbortedError(absl::StrCat("the previous stage failed micro-batch ", mb,
+                                        received.failure.empty() ? "" : ": ", received.failure)));
   }
   StageOutput out;
-  const bool linked_run = links_.in != nullptr || links_.out != nullptr;
-  if (absl::Status st = linked_run ? backend_->RunDevice(batch, linked.streams, &out, timings)
-                                   : backend_->Run(batch, in.streams.data(), &out, timings);
+  if (absl::Status st =
+          device_streams_
+              ? backend_->RunDevice(batch, received.streams, &out, timings)
+              : backend_->Run(batch, static_cast<const float*>(received.streams), &out, timings);
       !st.ok()) {
     group_broken_ = true;
     return fail(st);
@@ -223,25 +215,19 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     for (const StageChunk& ch : batch) backend_->Release(ch.seq_id);
     return st;
   };
-  if (!role_.last_stage() && links_.out != nullptr) {
+  if (!role_.last_stage()) {
+    if (out_ == nullptr) return drop(absl::InternalError("no transport to the next stage"));
     const auto s0 = std::chrono::steady_clock::now();
-    if (out.rows != T || out.width != width) {
-      (void)LinkSend(mb, T, nullptr);  // the message the next stage waits for, failed
+    const bool device = out_->memory() == StageMemory::kDevice;
+    if ((out_->paired() && (out.rows != T || out.width != width)) ||
+        (!device && static_cast<int64_t>(out.streams.size()) != out.rows * out.width)) {
+      (void)Send(mb, T, width, nullptr, "failed");  // the message the next stage waits for
       return drop(
           absl::InternalError(absl::StrCat("the stage's output streams are [", out.rows, ", ",
                                            out.width, "], the plan's [", T, ", ", width, "]")));
     }
-    const absl::Status st = LinkSend(mb, T, out.device_streams);
-    *send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-    return st.ok() ? st : drop(st);
-  }
-  if (!role_.last_stage()) {
-    StageStreamsData d;
-    d.rows = out.rows;
-    d.width = out.width;
-    d.streams = std::move(out.streams);
-    const auto s0 = std::chrono::steady_clock::now();
-    const absl::Status st = sender_->Push(mb, d, absl::Now() + options_.push_deadline);
+    const absl::Status st =
+        Send(mb, out.rows, out.width, device ? out.device_streams : out.streams.data(), {});
     *send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     return st.ok() ? st : drop(st);
   }

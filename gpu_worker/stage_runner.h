@@ -26,12 +26,13 @@
 // after a successful Run (the push to the next stage, sampling) drop no sequence on a TP rank, so
 // the ranks' states stay identical; the coordinator fails and releases those sequences.
 //
-// The nccl stage transport (stage_link.h): with links, the streams come from `link_in` (stage > 0)
-// and go to `link_out` (non-last) in device memory, through the backend's RunDevice, in place of
-// the inbox and the sender. The runner receives a plan's message before anything else, and sends
-// exactly one message (the streams, or `failed`) for every plan with chunks, so the two ends of a
-// link stay paired whatever fails. A link that breaks (stage_link.h "Failure") cannot be used
-// again: the step answers the error and `on_link_broken` is called (the worker exits 1).
+// The stage transport (stage_link.h): the streams come from the input end (stage > 0) and go to
+// the output end (non-last), through the backend's RunDevice when a link keeps them in device
+// memory (nccl), else its Run (grpc). On a paired link (nccl) the runner receives a plan's
+// message before anything else, and sends exactly one message (the streams, or a failure) for
+// every plan with chunks, so the two ends stay paired whatever fails. A paired link that breaks
+// cannot be used again: the step answers the error and `on_link_broken` is called (the worker
+// exits 1).
 //
 // Threads: RunPlan from one thread at a time (the worker's executor).
 #pragma once
@@ -41,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -90,8 +92,8 @@ struct RunnerOptions {
   std::function<void(const std::string& why)> on_link_broken;
 };
 
-// The nccl stage transport's two ends (either may be null: the gRPC transport, or the first or
-// last stage), borrowed.
+// A stage's two transport ends (stage_link.h), borrowed; a null end with an inbox or sender given
+// is the grpc transport's (or none: the first or last stage).
 struct StageLinks {
   StageLink* in = nullptr;
   StageLink* out = nullptr;
@@ -99,8 +101,9 @@ struct StageLinks {
 
 class StageRunner {
  public:
-  // `inbox` is needed on stage > 0, `sender` on a non-last stage; `metrics` is optional. All
-  // are borrowed and must outlive the runner.
+  // Under the grpc transport `inbox` is needed on stage > 0 and `sender` on a non-last stage
+  // (the runner reaches them through GrpcStageInput / GrpcStageOutput); under the nccl one,
+  // `links`. `metrics` is optional. All are borrowed and must outlive the runner.
   StageRunner(StageBackend* backend, const StageRole& role, StreamInbox* inbox,
               StreamSender* sender, WorkerMetrics* metrics, const RunnerOptions& options,
               StageLinks links = {});
@@ -112,18 +115,21 @@ class StageRunner {
  private:
   absl::Status Run(const ::splitserve::v1::StepPlan& plan, ::splitserve::v1::StepResult* result,
                    StageTimings* timings, double* receive_s, double* send_s);
-  // `rows`: the plan's tokens (a link's message has the plan's size, failed or not).
+  // `rows`: the plan's tokens (a paired link's message has the plan's size, failed or not).
   void PushError(uint64_t micro_batch_id, const std::string& error, int64_t rows);
-  // Sends on link_out (`streams` null: failed), noting a broken link.
-  absl::Status LinkSend(uint64_t micro_batch_id, int64_t rows, const void* streams);
+  // Sends on out_ (`streams` null with a failure), noting a broken paired link.
+  absl::Status Send(uint64_t micro_batch_id, int64_t rows, int64_t width, const void* streams,
+                    std::string_view failure);
 
   StageBackend* backend_;
   const StageRole role_;
-  StreamInbox* inbox_;
-  StreamSender* sender_;
   WorkerMetrics* metrics_;
   const RunnerOptions options_;
-  const StageLinks links_;
+  // The grpc transport's ends over `inbox` and `sender`, where no link is given.
+  const std::unique_ptr<StageLink> grpc_in_, grpc_out_;
+  StageLink* const in_;        // stage > 0: where the streams come from
+  StageLink* const out_;       // non-last stage: where they go
+  const bool device_streams_;  // a link in device memory: the backend runs RunDevice
   bool group_broken_ = false;  // the current step's failure may have split the TP group
   bool link_broken_ = false;   // the current step broke a stage link
 };

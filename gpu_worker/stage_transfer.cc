@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/bf16.h"
 #include "common/cluster_protocol.h"
+#include "common/status.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace ss::gpu {
@@ -124,16 +125,21 @@ void UnpackBf16(std::string_view packed, float* out) {
 }
 
 absl::Status StreamSender::Push(uint64_t id, const StageStreamsData& data, absl::Time deadline) {
+  return Push(id, data.rows, data.width, data.streams, data.error, deadline);
+}
+
+absl::Status StreamSender::Push(uint64_t id, int64_t rows, int64_t width,
+                                std::span<const float> streams, std::string_view error,
+                                absl::Time deadline) {
   pb::StageStreams msg;
   msg.set_protocol_version(kClusterProtocolVersion);
   msg.set_micro_batch_id(id);
-  msg.set_rows(static_cast<int32_t>(data.rows));
-  msg.set_width(static_cast<int32_t>(data.width));
-  if (!data.error.empty()) {
-    msg.set_error(data.error);
-  } else if (!PackBf16(data.streams, msg.mutable_streams())) {
-    msg.set_streams(reinterpret_cast<const char*>(data.streams.data()),
-                    data.streams.size() * sizeof(float));
+  msg.set_rows(static_cast<int32_t>(rows));
+  msg.set_width(static_cast<int32_t>(width));
+  if (!error.empty()) {
+    msg.set_error(std::string(error));
+  } else if (!PackBf16(streams, msg.mutable_streams())) {
+    msg.set_streams(reinterpret_cast<const char*>(streams.data()), streams.size() * sizeof(float));
   } else {
     msg.set_bf16(true);
   }
@@ -146,6 +152,47 @@ absl::Status StreamSender::Push(uint64_t id, const StageStreamsData& data, absl:
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                       absl::StrCat("pushing micro-batch ", id, "'s streams to the next stage at ",
                                    address_, ": ", st.error_message()));
+}
+
+absl::Status GrpcStageInput::Send(uint64_t, int64_t, int64_t, const void*, std::string_view,
+                                  absl::Time) {
+  return absl::FailedPreconditionError("the grpc stage transport's receiving end cannot send");
+}
+
+absl::StatusOr<StageLink::Received> GrpcStageInput::Receive(uint64_t id, int64_t rows,
+                                                            int64_t width, absl::Time deadline) {
+  ASSIGN_OR_RETURN(StageStreamsData d, inbox_->Take(id, deadline));
+  Received r;
+  if (!d.error.empty()) {
+    r.failed = true;
+    r.failure = std::move(d.error);
+    return r;
+  }
+  if (d.rows != rows || d.width != width ||
+      static_cast<int64_t>(d.streams.size()) != rows * width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the previous stage's streams of micro-batch ", id, " are [", d.rows, ", ", d.width,
+        "] with ", d.streams.size(), " values; the plan needs [", rows, ", ", width, "]"));
+  }
+  r.rows = d.rows;
+  r.width = d.width;
+  r.host = std::move(d.streams);
+  r.streams = r.host.data();
+  return r;
+}
+
+absl::Status GrpcStageOutput::Send(uint64_t id, int64_t rows, int64_t width, const void* streams,
+                                   std::string_view failure, absl::Time deadline) {
+  if (!failure.empty()) return sender_->Push(id, 0, 0, {}, failure, deadline);
+  const auto* values = static_cast<const float*>(streams);
+  return sender_->Push(id, rows, width,
+                       std::span<const float>(values, static_cast<size_t>(rows * width)), {},
+                       deadline);
+}
+
+absl::StatusOr<StageLink::Received> GrpcStageOutput::Receive(uint64_t, int64_t, int64_t,
+                                                             absl::Time) {
+  return absl::FailedPreconditionError("the grpc stage transport's sending end cannot receive");
 }
 
 }  // namespace ss::gpu

@@ -1,12 +1,14 @@
-// Pipeline-parallel stream transfer (proto StageStreams, GpuWorker.PushStreams), for both
-// backends: stage s's TP rank r pushes each micro-batch's output streams to stage s + 1's TP rank
-// r (the streams after a stage are the same bits on every rank, so each rank of the next stage
-// gets its own copy and no rank waits on another), which holds them in its StreamInbox until its
-// runner takes them for that micro-batch. The streams travel as bf16 (2 bytes a value; they are
-// bf16 values, spec §3), or as fp32 if a stage's are not all bf16-exact. This is the `grpc` stage
-// transport, under which a stage that fails does not take its neighbours down (cluster.proto 3a);
-// the `nccl` one (stage_link.h) sends device to device over NCCL and ties the linked workers'
-// fates together (3b). bench/RESULTS.md "Pipeline stages" has what each costs.
+// The `grpc` stage transport (stage_link.h), for both backends: stage s's TP rank r pushes each
+// micro-batch's output streams (proto StageStreams, GpuWorker.PushStreams) to stage s + 1's TP
+// rank r (the streams after a stage are the same bits on every rank, so each rank of the next
+// stage gets its own copy and no rank waits on another), which holds them in its StreamInbox until
+// its runner takes them for that micro-batch. The streams travel as bf16 (2 bytes a value; they
+// are bf16 values, spec §3), or as fp32 if a stage's are not all bf16-exact. A stage that fails
+// does not take its neighbours down (cluster.proto 3a). bench/RESULTS.md "Pipeline stages" has
+// what it costs beside the nccl transport.
+//
+// The stage runner reaches it only through StageLink: GrpcStageInput over the StreamInbox,
+// GrpcStageOutput over a StreamSender.
 //
 // A sending stage pushes exactly one StageStreams for every micro-batch that has chunks: the
 // streams, or `error` when it failed the micro-batch, so the receiving stage fails it at once
@@ -28,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "gpu_worker/stage_link.h"
 #include "proto/cluster_credential.h"
 
 namespace grpc {
@@ -94,6 +97,10 @@ class StreamSender {
   // Errors name the address: the RPC's status (DeadlineExceeded, Unavailable, the receiver's
   // refusal).
   absl::Status Push(uint64_t micro_batch_id, const StageStreamsData& data, absl::Time deadline);
+  // The same for [rows, width] `streams`, or, with a non-empty `error`, the failure (no copy of
+  // the streams is made).
+  absl::Status Push(uint64_t micro_batch_id, int64_t rows, int64_t width,
+                    std::span<const float> streams, std::string_view error, absl::Time deadline);
   const std::string& address() const { return address_; }
 
   class Impl;
@@ -101,6 +108,42 @@ class StreamSender {
  private:
   const std::string address_;
   std::unique_ptr<Impl> impl_;
+};
+
+// The receiving end of the grpc transport: Receive takes the micro-batch's streams from the
+// inbox (DeadlineExceeded, Cancelled as Take; InvalidArgument when they are not the plan's
+// [rows, width]); a failure the sender pushed is a Received with `failed` and its reason.
+// `inbox` is borrowed and outlives this.
+class GrpcStageInput : public StageLink {
+ public:
+  explicit GrpcStageInput(StreamInbox* inbox) : inbox_(inbox) {}
+  StageMemory memory() const override { return StageMemory::kHost; }
+  bool paired() const override { return false; }
+  absl::Status Send(uint64_t micro_batch_id, int64_t rows, int64_t width, const void* streams,
+                    std::string_view failure, absl::Time deadline) override;
+  absl::StatusOr<Received> Receive(uint64_t micro_batch_id, int64_t rows, int64_t width,
+                                   absl::Time deadline) override;
+  void Skip(uint64_t micro_batch_id) override { inbox_->Finish(micro_batch_id); }
+  void Abort() override {}
+
+ private:
+  StreamInbox* inbox_;
+};
+
+// The sending end of the grpc transport: Send pushes through `sender` (borrowed, outlives this).
+class GrpcStageOutput : public StageLink {
+ public:
+  explicit GrpcStageOutput(StreamSender* sender) : sender_(sender) {}
+  StageMemory memory() const override { return StageMemory::kHost; }
+  bool paired() const override { return false; }
+  absl::Status Send(uint64_t micro_batch_id, int64_t rows, int64_t width, const void* streams,
+                    std::string_view failure, absl::Time deadline) override;
+  absl::StatusOr<Received> Receive(uint64_t micro_batch_id, int64_t rows, int64_t width,
+                                   absl::Time deadline) override;
+  void Abort() override {}
+
+ private:
+  StreamSender* sender_;
 };
 
 }  // namespace ss::gpu

@@ -42,6 +42,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/cluster_defaults.h"
 #include "common/fp64_sums.h"
 #include "common/layer_list.h"
 #include "gpu_worker/routed_experts_client.h"
@@ -73,7 +74,7 @@ struct WorkerFlags {
   int num_stages = 1;
   std::string layers;  // standalone: "a-b"; empty = every layer (one stage)
   std::string next_stage;
-  int kv_block_tokens = 128;
+  int kv_block_tokens = kDefaultKvBlockTokens;
   std::string experts;
   std::string cluster_token_file;
   bool insecure_cluster = false;
@@ -98,7 +99,7 @@ struct WorkerConfig {
   std::string nccl_id_file;             // standalone TP > 1
   int first_layer = 0, end_layer = -1;  // end -1: the model's n_layers
   std::string next_stage;
-  int kv_block_tokens = 128;
+  int kv_block_tokens = kDefaultKvBlockTokens;
   std::vector<LayerExpertsConfig> experts;
   // The credential's source, for ClusterCredential::Load (which reads the file or environment).
   std::string cluster_token_file;
@@ -126,11 +127,11 @@ struct StageRole {
   int first_layer = 0, end_layer = 0;  // [first_layer, end_layer)
   bool runs_mtp = false;
   std::vector<LayerExpertsConfig> experts;  // this TP rank's slices (routed_experts_client.h)
-  int kv_block_tokens = 128;
+  int kv_block_tokens = kDefaultKvBlockTokens;
   int max_batch_tokens = 0;
   int max_running = 0;
   int max_model_len = 0;  // the coordinator's; 0: the model's max_position_embeddings
-  int heartbeat_interval_ms = 1000;
+  int heartbeat_interval_ms = kDefaultHeartbeatIntervalMs;
   std::string model_name;
   std::string next_stage_address;        // non-last stage: stage + 1's worker of the same TP rank
   std::string stage_transport = "grpc";  // "grpc" | "nccl" (stage_link.h)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/codecs.h"
+#include "common/int_math.h"
 
 namespace ss::model {
 namespace {
@@ -46,7 +47,7 @@ const Tables& T() {
 // Quantises each row of x: q [rows, in] e4m3 values as floats, sa [rows, ceil(in/128)].
 void QuantizeRows(const float* x, int64_t rows, int64_t in, std::vector<float>& qv,
                   std::vector<float>& sa) {
-  const int64_t nb = (in + kBlock - 1) / kBlock;
+  const int64_t nb = CeilDiv(in, kBlock);
   qv.resize(rows * in);
   sa.resize(rows * nb);
   std::vector<uint8_t> q(in);
@@ -60,7 +61,7 @@ void QuantizeRows(const float* x, int64_t rows, int64_t in, std::vector<float>& 
 }  // namespace
 
 float Fp8Weight::At(int64_t o, int64_t i) const {
-  const int64_t nbi = (in + kBlock - 1) / kBlock;
+  const int64_t nbi = CeilDiv(in, kBlock);
   return T().e4m3[w[o * in + i]] * T().ue8m0[s[(o / kBlock) * nbi + i / kBlock]];
 }
 
@@ -70,7 +71,7 @@ namespace {
 // widened to doubles.
 template <typename Out>
 void Fp8Row(const Fp8Weight& w, int64_t o, Out* dst) {
-  const int64_t nbi = (w.in + kBlock - 1) / kBlock;
+  const int64_t nbi = CeilDiv(w.in, kBlock);
   const auto& t = T();
   const uint8_t* wo = w.w + o * w.in;
   const uint8_t* so = w.s + (o / kBlock) * nbi;
@@ -252,7 +253,7 @@ BlockRowsFn PickBlockRows() {
   return ActiveIsa() == LinearIsa::kAvx2 ? BlockRowsAvx2 : BlockRowsSse2;
 }
 
-int64_t PaddedRows(int64_t rows) { return (rows + kPad - 1) / kPad * kPad; }
+int64_t PaddedRows(int64_t rows) { return RoundUp(rows, kPad); }
 
 // Per-thread scratch, reused across calls (no allocation or zeroing per tile).
 struct Scratch {
@@ -289,7 +290,7 @@ void LinearRowsBy(RowFn&& row, int64_t outs, int64_t n, const float* x, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < n; ++i) xt[i * rp + r] = x[r * ldx + i];
   }
-  const int64_t tiles = (outs + kTile - 1) / kTile;
+  const int64_t tiles = CeilDiv(outs, kTile);
   const OrderedRowsFn dot = PickOrderedRows();
 #pragma omp parallel for schedule(static) if (outs * n * rows >= kParallelWork)
   for (int64_t t = 0; t < tiles; ++t) {
@@ -313,9 +314,9 @@ void LinearBlocked(RowFn&& row, ScaleFn&& wscale, int64_t outs, int64_t in, int6
                    const std::vector<float>& qv, const std::vector<float>& sa, int64_t rows,
                    float* y) {
   const std::vector<double> qd(qv.begin(), qv.end());
-  const int64_t nb = (in + kBlock - 1) / kBlock;
-  const int64_t ng = (in + group - 1) / group;
-  const int64_t tiles = (outs + kTile - 1) / kTile;
+  const int64_t nb = CeilDiv(in, kBlock);
+  const int64_t ng = CeilDiv(in, group);
+  const int64_t tiles = CeilDiv(outs, kTile);
   const BlockRowsFn dot = PickBlockRows();
 #pragma omp parallel for schedule(static) if (outs * in * rows >= kParallelWork)
   for (int64_t t = 0; t < tiles; ++t) {
@@ -350,7 +351,7 @@ void Linear8(const Fp8Weight& w, const float* x, int64_t rows, float* y) {
   // in double in ANY order.
   std::vector<float> qv, sa;
   QuantizeRows(x, rows, w.in, qv, sa);
-  const int64_t nbi = (w.in + kBlock - 1) / kBlock;
+  const int64_t nbi = CeilDiv(w.in, kBlock);
   const auto& t = T();
   LinearBlocked(
       [&](int64_t o, double* dst) {

@@ -15,11 +15,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/int_math.h"
 
 namespace ss::expert::shm {
 namespace {
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // Reads /proc/<pid>/stat; returns false if it cannot be read. `state` and `start` are fields 3
 // and 22 (the command name in field 2 may contain spaces and parentheses: parse after the last

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rope.h"
 #include "common/status.h"
+#include "common/tensor_parallel.h"
 #include "gpu_worker/cuda/cuda_backend_internal.h"
 #include "gpu_worker/cuda/host_routed_experts.h"
 #include "gpu_worker/kernels/block_kernels.h"
@@ -57,12 +58,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
           "TP rank ", o.tp_rank, " of ", tp, " on device ", o.device,
           " needs its group's NcclComm (rank, size and device equal to the backend's)"));
     }
-    if (c.n_heads % tp != 0 || c.o_groups % tp != 0 || (c.o_groups / tp) * c.o_lora_rank % 128) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TP = ", tp, " does not split this model: n_heads (", c.n_heads, ") and o_groups (",
-          c.o_groups, ") must divide by it and (o_groups / TP)·o_lora_rank (", c.o_lora_rank,
-          ") be a multiple of 128"));
-    }
+    RETURN_IF_ERROR(CheckTensorParallelSplit(c, tp));
   }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || o.device < 0 || o.device >= n) {

@@ -330,7 +330,10 @@ TEST(ClusterConfigTest, RejectsBadConfigsNamingTheField) {
        "expected layer 4"},
       {R"({"stages": [{"layers": "0-6", "workers": ["a", "a"]}]})", "appears twice"},
       {R"({"stages": [{"layers": "0-9", "workers": ["a"]}]})", "outside the model"},
-      {R"({"stages": [{"layers": "0-6", "workers": ["a", "b", "c"]}]})", "does not divide"},
+      {R"({"stages": [{"layers": "0-6", "workers": ["a", "b", "c"]}]})",
+       "does not divide the model's num_attention_heads = 4"},
+      // TP 4 divides tiny-a's 4 heads but not its 2 output groups: the cuda backend refuses it.
+      {R"({"stages": [{"layers": "0-6", "workers": ["a", "b", "c", "d"]}]})", "o_groups = 2"},
       {R"({"kv_block_tokens": 100, "stages": [{"layers": "0-6", "workers": ["a"]}]})",
        "multiple of every compress ratio"},
       {R"({"bogus": 1, "stages": [{"layers": "0-6", "workers": ["a"]}]})", "unknown key 'bogus'"},

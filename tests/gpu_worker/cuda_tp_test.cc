@@ -437,7 +437,7 @@ TEST_F(TpTest, TwoStagesOverAnNcclLinkAreBitIdenticalToOne) {
   ASSERT_NE(in, nullptr);
   // A micro-batch the sender failed: a `failed` message, no data.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  ASSERT_TRUE(out->Send(100, 3, 16, nullptr, true, deadline).ok());
+  ASSERT_TRUE(out->Send(100, 3, 16, nullptr, "failed", deadline).ok());
   absl::StatusOr<StageLink::Received> f = in->Receive(100, 3, 16, deadline);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_TRUE(f->failed);
@@ -457,7 +457,7 @@ TEST_F(TpTest, TwoStagesOverAnNcclLinkAreBitIdenticalToOne) {
     sa = s0[0]->RunDevice(batch, nullptr, &a, nullptr);
     if (sa.ok()) {
       EXPECT_TRUE(a.streams.empty());
-      sa = out->Send(step, a.rows, a.width, a.device_streams, false, deadline);
+      sa = out->Send(step, a.rows, a.width, a.device_streams, {}, deadline);
     }
     receiver.join();
     ASSERT_TRUE(sa.ok()) << "step " << step << ": " << sa;
@@ -474,7 +474,7 @@ TEST_F(TpTest, TwoStagesOverAnNcclLinkAreBitIdenticalToOne) {
   EXPECT_GT(values, 0);
   EXPECT_EQ(identical, values);
   // Out of step (the receiver expects another micro-batch): the link breaks.
-  ASSERT_TRUE(out->Send(7, 1, 16, nullptr, true, deadline).ok());
+  ASSERT_TRUE(out->Send(7, 1, 16, nullptr, "failed", deadline).ok());
   absl::StatusOr<StageLink::Received> bad = in->Receive(8, 1, 16, deadline);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("out of step"), std::string::npos) << bad.status();

@@ -338,6 +338,44 @@ TEST(StageTransfer, StreamsArriveBitExactAsBf16OrFp32) {
   }
 }
 
+// The grpc transport's two ends as StageLinks (stage_link.h): host memory, unpaired; streams and
+// a failure's reason arrive through the inbox, a shape other than the plan's is refused, and a
+// skipped micro-batch's streams are dropped when they arrive.
+TEST(StageTransfer, GrpcEndsAreStageLinks) {
+  auto s = GpuWorkerServer::Start("127.0.0.1:0", "test", TestCredential());
+  ASSERT_TRUE(s.ok()) << s.status();
+  StreamSender sender(absl::StrCat("127.0.0.1:", (*s)->port()), TestCredential());
+  GrpcStageOutput out(&sender);
+  GrpcStageInput in(&(*s)->inbox());
+  EXPECT_EQ(out.memory(), StageMemory::kHost);
+  EXPECT_FALSE(out.paired());
+  EXPECT_FALSE(in.paired());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const std::vector<float> streams = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  ASSERT_TRUE(out.Send(1, 2, 3, streams.data(), {}, deadline).ok());
+  absl::StatusOr<StageLink::Received> got = in.Receive(1, 2, 3, deadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->failed);
+  ASSERT_NE(got->streams, nullptr);
+  EXPECT_EQ(std::memcmp(got->streams, streams.data(), sizeof(float) * streams.size()), 0);
+
+  ASSERT_TRUE(out.Send(2, 2, 3, nullptr, "sequence 7: KV full", deadline).ok());
+  got = in.Receive(2, 2, 3, deadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->failed);
+  EXPECT_EQ(got->failure, "sequence 7: KV full");
+
+  ASSERT_TRUE(out.Send(3, 2, 3, streams.data(), {}, deadline).ok());
+  got = in.Receive(3, 3, 2, deadline);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+
+  in.Skip(4);
+  ASSERT_TRUE(out.Send(4, 2, 3, streams.data(), {}, deadline).ok());
+  EXPECT_EQ((*s)->inbox().waiting(), 0u);
+  EXPECT_FALSE(in.Send(5, 2, 3, streams.data(), {}, deadline).ok());
+  EXPECT_FALSE(out.Receive(5, 2, 3, deadline).ok());
+}
+
 TEST(GpuWorkerService, LaterStageFailsWithoutOrWithBadStreams) {
   InProcessWorker w(1, 2, 4096, absl::Milliseconds(300));
   WorkerClient& c = *w.client;

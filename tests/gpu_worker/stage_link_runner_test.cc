@@ -53,8 +53,11 @@ struct HostLinkState {
 class HostLink : public StageLink {
  public:
   HostLink(std::shared_ptr<HostLinkState> s) : s_(std::move(s)) {}
-  absl::Status Send(uint64_t id, int64_t rows, int64_t width, const void* streams, bool failed,
-                    absl::Time) override {
+  StageMemory memory() const override { return StageMemory::kDevice; }
+  bool paired() const override { return true; }
+  absl::Status Send(uint64_t id, int64_t rows, int64_t width, const void* streams,
+                    std::string_view failure, absl::Time) override {
+    const bool failed = !failure.empty();
     absl::MutexLock l(&s_->mu);
     if (s_->broken) return absl::FailedPreconditionError("broken");
     // As NcclStageLink: every message has the plan's size, failed or not.
@@ -86,7 +89,12 @@ class HostLink : public StageLink {
                                               "], got ", held_.id, " [", held_.rows, ", ",
                                               held_.width, "]: out of step"));
     }
-    return Received{held_.rows, held_.width, held_.data.data(), held_.failed};
+    Received r;
+    r.rows = held_.rows;
+    r.width = held_.width;
+    r.streams = held_.data.data();
+    r.failed = held_.failed;
+    return r;
   }
   void Abort() override {
     absl::MutexLock l(&s_->mu);

@@ -1,0 +1,28 @@
+// splitserve-gpu-worker --plan: the device-memory plan of every GPU of a TP x PP layout
+// (memory_plan.h), printed without loading weights or touching a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "gpu_worker/memory_plan.h"
+
+namespace ss::gpu {
+
+// The --plan_* flags (worker_flags.cc) with their defaults.
+struct PlanFlags {
+  std::string model;  // --model: the checkpoint whose config.json is planned
+  int tp = 1;         // --plan_tp: tensor-parallel size
+  int pp = 1;         // --plan_pp: pipeline stages, layers split evenly
+  double gib = 24.0;  // --plan_gib: memory of each GPU
+  int64_t sequences = MemoryPlanOptions{}.sequences;
+  int64_t step_tokens = MemoryPlanOptions{}.step_tokens;
+  std::string stage_transport = "grpc";  // or "nccl": set aside the stage links' buffers
+  int64_t context = 0;                   // 0: the model's max_position_embeddings
+};
+
+// Prints each stage's plan to stdout; returns the exit status: 0 when every GPU fits, 1 when one
+// does not (each says why) or the model cannot be read, 2 for invalid flags (on stderr).
+int PrintPlan(const PlanFlags& flags);
+
+}  // namespace ss::gpu

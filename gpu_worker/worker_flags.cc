@@ -1,0 +1,139 @@
+// The flag table of splitserve-gpu-worker (worker_flags.h).
+#include "gpu_worker/worker_flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "gpu_worker/plan_command.h"
+#include "gpu_worker/worker_config.h"
+
+using ss::gpu::PlanFlags;
+using ss::gpu::WorkerFlags;
+
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator HOST:PORT to register with; empty = standalone (role from the flags below)");
+ABSL_FLAG(std::string, worker_id, "",
+          "this worker's name in the cluster config (standalone default: stage<S>)");
+ABSL_FLAG(std::string, listen, WorkerFlags{}.listen,
+          "HOST:PORT of the GpuWorker service (port 0 = any free port, logged)");
+ABSL_FLAG(std::string, advertise, "",
+          "HOST:PORT the coordinator and peers reach this worker at (default: --listen with the "
+          "bound port; a wildcard host becomes the hostname)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
+ABSL_FLAG(std::string, backend, WorkerFlags{}.backend, "cpu (the reference model) or cuda");
+ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on GET /metrics; empty = off");
+ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
+          "KV capacity in tokens (reported as kv_tokens / kv_block_tokens blocks); --backend "
+          "cuda: 0 sizes the pool to the device's free memory once the weights are loaded");
+ABSL_FLAG(int, cuda_device, WorkerFlags{}.cuda_device,
+          "--backend cuda: the CUDA device ordinal this worker uses");
+ABSL_FLAG(std::string, fp64_sums, WorkerFlags{}.fp64_sums,
+          "--backend cuda: the sums the reference forms in double (the compressors, the "
+          "indexer's Hadamard) in double (on) or in fp32 (off: for GPUs with slow FP64, such as "
+          "an RTX 3090); auto: on where the GPU runs FP64 at 1/4 of FP32 or better");
+ABSL_FLAG(bool, plan, false,
+          "print the device-memory plan (weights per GPU, KV capacity) of --plan_tp x --plan_pp "
+          "GPUs of --plan_gib GiB for --model, then exit: 0 when every GPU fits, 1 when one "
+          "does not (it says why)");
+ABSL_FLAG(int, plan_tp, PlanFlags{}.tp, "--plan: tensor-parallel size");
+ABSL_FLAG(int, plan_pp, PlanFlags{}.pp, "--plan: pipeline stages (layers split evenly)");
+ABSL_FLAG(double, plan_gib, PlanFlags{}.gib, "--plan: memory of each GPU in GiB");
+ABSL_FLAG(int64_t, plan_sequences, PlanFlags{}.sequences,
+          "--plan: sequences running at once whose compressor state (fp32, outside the KV pool) "
+          "each GPU must hold besides the pool");
+ABSL_FLAG(int64_t, plan_step_tokens, PlanFlags{}.step_tokens,
+          "--plan: tokens of the largest step (the coordinator's max_batch_tokens), whose "
+          "workspace each GPU keeps free beside the pool");
+ABSL_FLAG(std::string, plan_stage_transport, PlanFlags{}.stage_transport,
+          "--plan: grpc, or nccl to set aside the stage links' streams buffers (PP > 1)");
+ABSL_FLAG(int64_t, plan_context, PlanFlags{}.context,
+          "--plan: the longest context the step workspace must serve (0: the model's "
+          "max_position_embeddings)");
+ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
+          "deadline of one expert-worker call");
+ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
+          "how long to wait at start for expert workers that are still loading");
+ABSL_FLAG(int64_t, stream_wait_ms, WorkerFlags{}.stream_wait_ms,
+          "how long a stage > 0 waits for the previous stage's streams of a micro-batch");
+ABSL_FLAG(int64_t, coordinator_timeout_ms, WorkerFlags{}.coordinator_timeout_ms,
+          "how long registration retries, and how long the coordinator may stay unreachable "
+          "before the worker exits");
+ABSL_FLAG(int64_t, collective_timeout_ms, WorkerFlags{}.collective_timeout_ms,
+          "TP > 1: deadline of each wait for an NCCL collective (a peer that stopped is an error "
+          "after this long, never a hang)");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "file holding the cluster token every gRPC call in and out carries (0600; "
+          "proto/cluster_credential.h). Environment mirror: SPLITSERVE_CLUSTER_TOKEN");
+ABSL_FLAG(bool, insecure_cluster, WorkerFlags{}.insecure_cluster,
+          "serve the GpuWorker service without a cluster token: any process that can reach it may "
+          "drive its steps (trusted single-user machines only)");
+ABSL_FLAG(int, stage, WorkerFlags{}.stage, "standalone: this worker's pipeline stage");
+ABSL_FLAG(int, tp_rank, WorkerFlags{}.tp_rank, "standalone: this worker's tensor-parallel rank");
+ABSL_FLAG(int, tp_size, WorkerFlags{}.tp_size,
+          "standalone: tensor-parallel ranks of the stage (cuda backend)");
+ABSL_FLAG(std::string, nccl_id_file, "",
+          "standalone TP > 1: rank 0 writes the TP group's NCCL unique id to this file, the other "
+          "ranks wait for it there");
+ABSL_FLAG(int, num_stages, WorkerFlags{}.num_stages, "standalone: pipeline stages");
+ABSL_FLAG(std::string, layers, "",
+          "standalone: the stage's layers a-b (inclusive); empty = every layer");
+ABSL_FLAG(std::string, next_stage, "",
+          "standalone: HOST:PORT of the next stage's worker (every stage but the last)");
+ABSL_FLAG(int, kv_block_tokens, WorkerFlags{}.kv_block_tokens,
+          "standalone: tokens per KV block in Status");
+ABSL_FLAG(std::string, experts, "",
+          "standalone: where routed experts are served, \"a-b=shm:NAME[+grpc:HOST:PORT...],...\" "
+          "(the i-th endpoint of a range is slice i); layers not listed run locally");
+
+namespace ss::gpu {
+
+WorkerFlags ReadWorkerFlags() {
+  WorkerFlags f;
+  f.coordinator = absl::GetFlag(FLAGS_coordinator);
+  f.worker_id = absl::GetFlag(FLAGS_worker_id);
+  f.listen = absl::GetFlag(FLAGS_listen);
+  f.advertise = absl::GetFlag(FLAGS_advertise);
+  f.port_file = absl::GetFlag(FLAGS_port_file);
+  f.backend = absl::GetFlag(FLAGS_backend);
+  f.model = absl::GetFlag(FLAGS_model);
+  f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
+  f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  f.fp64_sums = absl::GetFlag(FLAGS_fp64_sums);
+  f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
+  f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
+  f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);
+  f.coordinator_timeout_ms = absl::GetFlag(FLAGS_coordinator_timeout_ms);
+  f.collective_timeout_ms = absl::GetFlag(FLAGS_collective_timeout_ms);
+  f.tp_rank = absl::GetFlag(FLAGS_tp_rank);
+  f.tp_size = absl::GetFlag(FLAGS_tp_size);
+  f.nccl_id_file = absl::GetFlag(FLAGS_nccl_id_file);
+  f.stage = absl::GetFlag(FLAGS_stage);
+  f.num_stages = absl::GetFlag(FLAGS_num_stages);
+  f.layers = absl::GetFlag(FLAGS_layers);
+  f.next_stage = absl::GetFlag(FLAGS_next_stage);
+  f.kv_block_tokens = absl::GetFlag(FLAGS_kv_block_tokens);
+  f.experts = absl::GetFlag(FLAGS_experts);
+  f.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
+  f.insecure_cluster = absl::GetFlag(FLAGS_insecure_cluster);
+  return f;
+}
+
+bool PlanRequested() { return absl::GetFlag(FLAGS_plan); }
+
+PlanFlags ReadPlanFlags() {
+  PlanFlags p;
+  p.model = absl::GetFlag(FLAGS_model);
+  p.tp = absl::GetFlag(FLAGS_plan_tp);
+  p.pp = absl::GetFlag(FLAGS_plan_pp);
+  p.gib = absl::GetFlag(FLAGS_plan_gib);
+  p.sequences = absl::GetFlag(FLAGS_plan_sequences);
+  p.step_tokens = absl::GetFlag(FLAGS_plan_step_tokens);
+  p.context = absl::GetFlag(FLAGS_plan_context);
+  p.stage_transport = absl::GetFlag(FLAGS_plan_stage_transport);
+  return p;
+}
+
+}  // namespace ss::gpu
