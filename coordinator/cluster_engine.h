@@ -119,15 +119,17 @@ class ClusterEngine : public GenerationEngine {
   };
 
   void Supervise();
-  // Connects to every worker and builds the scheduler; false (with `why`) when the cluster is not
-  // whole or a worker failed to start.
-  bool Connect(std::string* why);
-  // Runs steps until a failure (returns its description) or Stop().
-  std::string ServeLoop();
+  // Connects to every registered worker and builds the scheduler. An error says why the cluster
+  // is not whole or a worker failed to start; kCancelled once Stop() was called. Supervisor
+  // thread only.
+  absl::Status Connect();
+  // Runs steps until a failure (the error describes it) or Stop() (OK). Supervisor thread only.
+  absl::Status ServeLoop();
   void Disconnect();
-  // Why the connected workers are no longer the cluster ("" while they are): a member declared
-  // dead, or one of workers_ registered again since it was connected. Supervisor thread only.
-  std::string Superseded() const;
+  // kAborted, saying why, once the connected workers are no longer the cluster: a member was
+  // declared dead, or one of workers_ registered again since it was connected. Supervisor thread
+  // only.
+  absl::Status Superseded() const;
   // Ends every request with `reason` (and `error`); clears the scheduler. Takes mu_.
   void FailAll(FinishReason reason, const std::string& error);
   // Under mu_: plans as many micro-batches as may be in flight into `out`.
@@ -147,15 +149,15 @@ class ClusterEngine : public GenerationEngine {
   std::thread supervisor_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // submissions, results, stop
-  std::optional<sched::Scheduler> scheduler_;               // guarded by mu_
-  std::map<sched::RequestId, Request> requests_;            // guarded by mu_
-  std::vector<uint64_t> releases_;                          // guarded by mu_: for the next plan
-  std::map<uint64_t, InFlight> in_flight_;                  // guarded by mu_
-  std::deque<Result> results_;                              // guarded by mu_
-  sched::RequestId next_id_ = 1;                            // guarded by mu_
+  std::condition_variable cv_;                    // submissions, results, stop
+  std::optional<sched::Scheduler> scheduler_;     // guarded by mu_
+  std::map<sched::RequestId, Request> requests_;  // guarded by mu_
+  std::vector<uint64_t> releases_;                // guarded by mu_: for the next plan
+  std::map<uint64_t, InFlight> in_flight_;        // guarded by mu_
+  std::deque<Result> results_;                    // guarded by mu_
+  sched::RequestId next_id_ = 1;                  // guarded by mu_
   uint64_t epoch_ = 0;  // guarded by mu_: bumped by every successful Connect
-  std::vector<std::unique_ptr<WorkerConn>> workers_;        // supervisor thread only
+  std::vector<std::unique_ptr<WorkerConn>> workers_;  // supervisor thread only
 };
 
 }  // namespace ss::coord
