@@ -55,7 +55,7 @@ void ClusterEngine::Start() {
 
 void ClusterEngine::Stop() {
   stop_.store(true);
-  cv_.notify_all();
+  cv_.SignalAll();
   if (supervisor_.joinable()) supervisor_.join();
   FailAll(FinishReason::kCancelled, "");
 }
@@ -63,7 +63,7 @@ void ClusterEngine::Stop() {
 bool ClusterEngine::Ready() const {
   if (!serving_.load() || draining_.load()) return false;
   const absl::Time cutoff = absl::Now() - options_.stall_timeout;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& [mb, f] : in_flight_) {
     if (f.sent < cutoff) return false;
   }
@@ -74,33 +74,33 @@ void ClusterEngine::BeginDrain() { draining_.store(true); }
 
 bool ClusterEngine::WaitIdle(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!requests_.empty()) {
     if (absl::Now() >= deadline) return false;
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
   }
   return true;
 }
 
 double ClusterEngine::KvUsage() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!scheduler_ || scheduler_->kv().total_blocks() == 0) return 0.0;
   return static_cast<double>(scheduler_->kv().used_blocks()) /
          static_cast<double>(scheduler_->kv().total_blocks());
 }
 
 int64_t ClusterEngine::NumWaiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->num_waiting() : 0;
 }
 
 int64_t ClusterEngine::NumRunning() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->num_running() : 0;
 }
 
 int64_t ClusterEngine::KvBlocks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->kv().total_blocks() : 0;
 }
 
@@ -121,7 +121,7 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
       return out;
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!scheduler_ || !serving_.load()) {
     out.status = SubmitStatus::kNotReady;
     return out;
@@ -164,7 +164,7 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
   r.stream = stream;
   r.in_scheduler = true;
   out.stream = stream;
-  cv_.notify_all();
+  cv_.SignalAll();
   return out;
 }
 
@@ -179,14 +179,14 @@ void ClusterEngine::EndRequestLocked(sched::RequestId id, FinishReason reason,
 }
 
 void ClusterEngine::FailAll(FinishReason reason, const std::string& error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [id, r] : requests_) r.stream->Finish(reason, error);
   requests_.clear();
   releases_.clear();
   in_flight_.clear();
   results_.clear();
   scheduler_.reset();
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ClusterEngine::Supervise() {
@@ -201,8 +201,10 @@ void ClusterEngine::Supervise() {
         spdlog::warn("cluster not ready: {}", std::string(connected.message()));
       }
       Disconnect();
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop_.load(); });
+      const absl::Time retry = absl::Now() + absl::Milliseconds(500);
+      absl::MutexLock lock(&mu_);
+      while (!stop_.load() && !cv_.WaitWithDeadline(&mu_, retry)) {
+      }
       continue;
     }
     spdlog::info("cluster ready: {} GPU workers, KV pool {} blocks", workers_.size(), KvBlocks());
@@ -316,22 +318,22 @@ absl::Status ClusterEngine::Connect() {
     w.reader = std::thread([this, i, &w] {
       pb::StepResult r;
       while (w.stream->Read(&r)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         results_.push_back(Result{static_cast<int>(i), false, "", std::move(r)});
-        cv_.notify_all();
+        cv_.SignalAll();
         r = pb::StepResult();
       }
       const grpc::Status st = w.stream->Finish();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       results_.push_back(Result{static_cast<int>(i),
                                 true,
                                 absl::StrCat("step stream of worker ", w.id,
                                              " ended: ", st.ok() ? "closed" : st.error_message()),
                                 {}});
-      cv_.notify_all();
+      cv_.SignalAll();
     });
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++epoch_;
   scheduler_.emplace(std::move(*scheduler));
   results_.clear();
@@ -386,24 +388,26 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
     releases_.clear();
     InFlight flight;
     flight.sent = absl::Now();
-    auto add_chunk = [&](sched::RequestId id, int64_t start, int64_t length, bool samples) {
-      Request& r = requests_.at(id);
-      pb::SeqChunk* c = msg.add_chunks();
-      c->set_seq_id(id);
-      c->set_start(start);
-      for (int64_t p = start; p < start + length; ++p) c->add_tokens(r.tokens[p]);
-      c->set_samples(samples);
-      for (int32_t b : scheduler_->BlockTable(id)) c->add_block_table(b);
-      pb::SamplingParams* sp = c->mutable_sampling();
-      sp->set_temperature(r.req.sampling.temperature);
-      sp->set_top_p(r.req.sampling.top_p);
-      sp->set_top_k(r.req.sampling.top_k);
-      sp->set_has_seed(r.req.sampling.seed.has_value());
-      sp->set_seed(r.req.sampling.seed.value_or(0));
-      sp->set_top_logprobs(r.req.sampling.top_logprobs);
-      flight.all.push_back(id);
-      if (samples) flight.sampling.push_back(id);
-    };
+    auto add_chunk = [&](sched::RequestId id, int64_t start, int64_t length, bool samples)
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           Request& r = requests_.at(id);
+                           pb::SeqChunk* c = msg.add_chunks();
+                           c->set_seq_id(id);
+                           c->set_start(start);
+                           for (int64_t p = start; p < start + length; ++p)
+                             c->add_tokens(r.tokens[p]);
+                           c->set_samples(samples);
+                           for (int32_t b : scheduler_->BlockTable(id)) c->add_block_table(b);
+                           pb::SamplingParams* sp = c->mutable_sampling();
+                           sp->set_temperature(r.req.sampling.temperature);
+                           sp->set_top_p(r.req.sampling.top_p);
+                           sp->set_top_k(r.req.sampling.top_k);
+                           sp->set_has_seed(r.req.sampling.seed.has_value());
+                           sp->set_seed(r.req.sampling.seed.value_or(0));
+                           sp->set_top_logprobs(r.req.sampling.top_logprobs);
+                           flight.all.push_back(id);
+                           if (samples) flight.sampling.push_back(id);
+                         };
     for (const sched::DecodeEntry& d : plan.decode) add_chunk(d.id, d.position, 1, true);
     for (const sched::PrefillChunk& p : plan.prefill) add_chunk(p.id, p.start, p.length, p.samples);
     in_flight_[plan.micro_batch_id] = std::move(flight);
@@ -495,7 +499,7 @@ absl::Status ClusterEngine::ServeLoop() {
   while (!stop_.load()) {
     plans.clear();
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       // Results first: they free micro-batch slots and sequences for the next plans.
       while (!results_.empty()) {
         Result res = std::move(results_.front());
@@ -545,8 +549,9 @@ absl::Status ClusterEngine::ServeLoop() {
       }
       PlanLocked(&plans);
       if (plans.empty()) {
-        cv_.wait_for(lock, std::chrono::milliseconds(in_flight_.empty() ? 20 : 2),
-                     [&] { return stop_.load() || !results_.empty(); });
+        const absl::Time wake = absl::Now() + absl::Milliseconds(in_flight_.empty() ? 20 : 2);
+        while (!stop_.load() && results_.empty() && !cv_.WaitWithDeadline(&mu_, wake)) {
+        }
       }
     }
     for (const pb::StepPlan& plan : plans) {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "httplib.h"
 
 namespace ss {
@@ -33,17 +34,17 @@ class ConnectionPool : public httplib::TaskQueue {
 
  private:
   void Work();
-  void JoinExitedLocked();  // joins threads that left Work(); holds mu_
+  void JoinExitedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // joins threads that left Work()
 
   const size_t max_threads_;
   const std::chrono::milliseconds idle_exit_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;                    // guarded by mu_
-  std::unordered_map<std::thread::id, std::thread> threads_;  // guarded by mu_
-  std::vector<std::thread::id> exited_;                       // guarded by mu_
-  size_t idle_ = 0;                                           // guarded by mu_
-  bool shutdown_ = false;                                     // guarded by mu_
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::thread::id, std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread::id> exited_ ABSL_GUARDED_BY(mu_);
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ss

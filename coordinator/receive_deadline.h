@@ -32,6 +32,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "coordinator/connection_socket.h"
 
 namespace ss {
@@ -59,8 +60,8 @@ class ReceiveDeadline {
   struct Entry {
     Phase phase = Phase::kHead;
     Clock::time_point since;
-    bool seen = false;         // in the latest scan
-    uint64_t head_start = 0;   // TCP_INFO bytes when the kHead phase began
+    bool seen = false;        // in the latest scan
+    uint64_t head_start = 0;  // TCP_INFO bytes when the kHead phase began
   };
   using Key = std::pair<std::string, int>;  // peer address, peer port
 
@@ -74,9 +75,9 @@ class ReceiveDeadline {
   std::thread thread_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<Key, Entry> entries_;  // guarded by mu_
-  bool stop_ = false;             // guarded by mu_
-  int closed_ = 0;                // guarded by mu_
+  std::map<Key, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int closed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ss
