@@ -9,16 +9,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "httplib.h"
 
 namespace ss {
@@ -33,13 +32,13 @@ class ConnectionPool : public httplib::TaskQueue {
   void shutdown() override;
 
  private:
-  void Work();
+  void Work() ABSL_LOCKS_EXCLUDED(mu_);
   void JoinExitedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // joins threads that left Work()
 
   const size_t max_threads_;
   const std::chrono::milliseconds idle_exit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::thread::id, std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread::id> exited_ ABSL_GUARDED_BY(mu_);
