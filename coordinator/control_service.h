@@ -40,14 +40,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/cluster_config.h"
 #include "proto/cluster.grpc.pb.h"
@@ -122,8 +121,8 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
   const ClusterConfig config_;
   const ClusterCredential credential_;
   const absl::Duration rendezvous_timeout_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);        // every GPU worker id
   std::map<std::string, std::string> nccl_ids_ ABSL_GUARDED_BY(mu_);  // group -> id bytes
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
