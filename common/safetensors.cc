@@ -165,12 +165,7 @@ absl::Status ParseImage(const uint8_t* buf, size_t len, const std::string& label
     }
     return true;
   };
-  json header;
-  try {
-    header = json::parse(buf + 8, buf + 8 + n, cb, /*allow_exceptions=*/false);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(label, ": header JSON: ", e.what()));
-  }
+  const json header = json::parse(buf + 8, buf + 8 + n, cb, /*allow_exceptions=*/false);
   if (header.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": header is not well-formed JSON"));
   }
@@ -467,11 +462,13 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
                       {"data_offsets", {offset, offset + want}}};
     offset += want;
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const std::exception& e) {  // invalid UTF-8 in a name
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header: ", e.what()));
+  // A name or metadata string that is not UTF-8: dropping its bad bytes and replacing them
+  // (U+FFFD) give different texts.
+  using Json = nlohmann::ordered_json;
+  std::string text = header.dump(-1, ' ', false, Json::error_handler_t::ignore);
+  if (text != header.dump(-1, ' ', false, Json::error_handler_t::replace)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header: a tensor name or metadata string is not valid UTF-8"));
   }
   text.append((8 - text.size() % 8) % 8, ' ');
 

@@ -469,7 +469,7 @@ void AppendTools(const Json& tools, PromptWriter* out) {
   for (const Json& tool : tools) {
     if (!first) out->Markup("\n");
     first = false;
-    out->ContentJson(tool.at("function"));
+    out->ContentJson(*Field(tool, "function"));  // an object (ParseMessage)
   }
   out->Markup(kToolsSuffix);
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster_protocol.h"
+#include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
@@ -31,7 +32,8 @@ constexpr int kEpochShift = 40;
 
 int SamplerIndex(const ClusterConfig& c) {
   int index = 0;
-  for (size_t s = 0; s + 1 < c.stages.size(); ++s) index += static_cast<int>(c.stages[s].workers.size());
+  for (size_t s = 0; s + 1 < c.stages.size(); ++s)
+    index += static_cast<int>(c.stages[s].workers.size());
   return index;
 }
 
@@ -53,7 +55,7 @@ void ClusterEngine::Start() {
 
 void ClusterEngine::Stop() {
   stop_.store(true);
-  cv_.notify_all();
+  cv_.SignalAll();
   if (supervisor_.joinable()) supervisor_.join();
   FailAll(FinishReason::kCancelled, "");
 }
@@ -61,7 +63,7 @@ void ClusterEngine::Stop() {
 bool ClusterEngine::Ready() const {
   if (!serving_.load() || draining_.load()) return false;
   const absl::Time cutoff = absl::Now() - options_.stall_timeout;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& [mb, f] : in_flight_) {
     if (f.sent < cutoff) return false;
   }
@@ -72,33 +74,33 @@ void ClusterEngine::BeginDrain() { draining_.store(true); }
 
 bool ClusterEngine::WaitIdle(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!requests_.empty()) {
     if (absl::Now() >= deadline) return false;
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
   }
   return true;
 }
 
 double ClusterEngine::KvUsage() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!scheduler_ || scheduler_->kv().total_blocks() == 0) return 0.0;
   return static_cast<double>(scheduler_->kv().used_blocks()) /
          static_cast<double>(scheduler_->kv().total_blocks());
 }
 
 int64_t ClusterEngine::NumWaiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->num_waiting() : 0;
 }
 
 int64_t ClusterEngine::NumRunning() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->num_running() : 0;
 }
 
 int64_t ClusterEngine::KvBlocks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->kv().total_blocks() : 0;
 }
 
@@ -119,7 +121,7 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
       return out;
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!scheduler_ || !serving_.load()) {
     out.status = SubmitStatus::kNotReady;
     return out;
@@ -162,7 +164,7 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
   r.stream = stream;
   r.in_scheduler = true;
   out.stream = stream;
-  cv_.notify_all();
+  cv_.SignalAll();
   return out;
 }
 
@@ -177,42 +179,46 @@ void ClusterEngine::EndRequestLocked(sched::RequestId id, FinishReason reason,
 }
 
 void ClusterEngine::FailAll(FinishReason reason, const std::string& error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [id, r] : requests_) r.stream->Finish(reason, error);
   requests_.clear();
   releases_.clear();
   in_flight_.clear();
   results_.clear();
   scheduler_.reset();
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ClusterEngine::Supervise() {
   while (!stop_.load()) {
-    std::string why;
-    if (!Connect(&why)) {
-      if (!why.empty()) spdlog::warn("cluster not ready: {}", why);
+    // Until every member has registered there is nothing to connect to: that wait is quiet, and
+    // so is a Connect cancelled by Stop().
+    const bool registered = control_.WaitAllAlive(absl::Seconds(1));
+    const absl::Status connected =
+        registered ? Connect() : absl::UnavailableError("members are registering");
+    if (!connected.ok()) {
+      if (registered && !absl::IsCancelled(connected)) {
+        spdlog::warn("cluster not ready: {}", std::string(connected.message()));
+      }
       Disconnect();
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop_.load(); });
+      const absl::Time retry = absl::Now() + absl::Milliseconds(500);
+      absl::MutexLock lock(&mu_);
+      while (!stop_.load() && !cv_.WaitWithDeadline(&mu_, retry)) {
+      }
       continue;
     }
     spdlog::info("cluster ready: {} GPU workers, KV pool {} blocks", workers_.size(), KvBlocks());
     serving_.store(true);
-    const std::string failure = ServeLoop();
+    const absl::Status failure = ServeLoop();
     serving_.store(false);
-    if (!failure.empty()) spdlog::error("cluster failure: {}", failure);
+    if (!failure.ok()) spdlog::error("cluster failure: {}", std::string(failure.message()));
     Disconnect();
     FailAll(stop_.load() ? FinishReason::kCancelled : FinishReason::kError,
-            stop_.load() ? "" : failure);
+            stop_.load() ? "" : std::string(failure.message()));
   }
 }
 
-bool ClusterEngine::Connect(std::string* why) {
-  if (!control_.WaitAllAlive(absl::Seconds(1))) {
-    *why = "";  // quietly keep waiting for registrations
-    return false;
-  }
+absl::Status ClusterEngine::Connect() {
   const ClusterConfig& config = control_.config();
   const std::vector<MemberInfo> members = control_.Members();
   workers_.clear();
@@ -229,7 +235,7 @@ bool ClusterEngine::Connect(std::string* why) {
     w->stub = pb::GpuWorker::NewStub(control_.credential().CreateChannel(m.address, args));
     // Poll Status until the worker has loaded its stage.
     while (true) {
-      if (stop_.load()) return false;
+      if (stop_.load()) return absl::CancelledError("stopping");
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
       pb::StatusRequest req;
@@ -237,14 +243,14 @@ bool ClusterEngine::Connect(std::string* why) {
       pb::WorkerStatus st;
       const grpc::Status rpc = w->stub->Status(&ctx, req, &st);
       if (rpc.ok() && st.protocol_version() != kClusterProtocolVersion) {
-        *why = absl::StrCat("worker ", m.id, " speaks cluster protocol ", st.protocol_version(),
-                            ", the coordinator ", kClusterProtocolVersion);
-        return false;
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", m.id, " speaks cluster protocol ", st.protocol_version(),
+                         ", the coordinator ", kClusterProtocolVersion));
       }
       if (rpc.ok() && !st.error().empty()) {
-        *why = absl::StrCat("worker ", m.id, " failed to start: ", st.error());
         control_.DeclareDead(m.id, m.generation);
-        return false;
+        return absl::UnavailableError(
+            absl::StrCat("worker ", m.id, " failed to start: ", st.error()));
       }
       if (rpc.ok() && st.ready()) {
         w->kv_blocks = st.kv_blocks();
@@ -252,31 +258,27 @@ bool ClusterEngine::Connect(std::string* why) {
       }
       if (!rpc.ok() && rpc.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
           rpc.error_code() != grpc::StatusCode::UNAVAILABLE) {
-        *why = absl::StrCat("worker ", m.id, " Status: ", rpc.error_message());
-        return false;
+        return absl::UnavailableError(
+            absl::StrCat("worker ", m.id, " Status: ", rpc.error_message()));
       }
       if (absl::Now() > ready_deadline) {
-        *why = absl::StrCat("worker ", m.id, " not ready after ",
-                            absl::FormatDuration(options_.ready_timeout),
-                            rpc.ok() ? "" : absl::StrCat(": ", rpc.error_message()));
-        return false;
+        return absl::DeadlineExceededError(absl::StrCat(
+            "worker ", m.id, " not ready after ", absl::FormatDuration(options_.ready_timeout),
+            rpc.ok() ? "" : absl::StrCat(": ", rpc.error_message())));
       }
       for (const std::string& dead : control_.CheckHeartbeats()) {
         if (dead == m.id) {
-          *why = absl::StrCat("worker ", m.id, " stopped sending heartbeats while loading");
-          return false;
+          return absl::UnavailableError(
+              absl::StrCat("worker ", m.id, " stopped sending heartbeats while loading"));
         }
       }
-      if (const std::string gone = Superseded(); !gone.empty()) {
-        *why = gone;
-        return false;
-      }
+      RETURN_IF_ERROR(Superseded());
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (w->kv_blocks <= 0) {
-      *why = absl::StrCat("worker ", m.id, " reports no KV capacity");
       control_.DeclareDead(m.id, m.generation);
-      return false;
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", m.id, " reports no KV capacity"));
     }
     min_blocks = min_blocks < 0 ? w->kv_blocks : std::min(min_blocks, w->kv_blocks);
   }
@@ -290,17 +292,11 @@ bool ClusterEngine::Connect(std::string* why) {
     o.end_layer = s.end_layer;
     o.include_mtp = false;  // the workers run no MTP yet
     absl::StatusOr<sched::KvCostModel> cost = sched::KvCostModel::FromModelConfig(model_, o);
-    if (!cost.ok()) {
-      *why = std::string(cost.status().message());
-      return false;
-    }
+    if (!cost.ok()) return cost.status();
     stage_costs.push_back(*cost);
   }
   absl::StatusOr<sched::KvCostModel> cost = sched::KvCostModel::Pipeline(stage_costs);
-  if (!cost.ok()) {
-    *why = std::string(cost.status().message());
-    return false;
-  }
+  if (!cost.ok()) return cost.status();
   sched::SchedulerConfig sc;
   sc.max_model_len = MaxModelLen(config, model_);
   sc.max_tokens_per_step = config.max_batch_tokens;
@@ -310,8 +306,8 @@ bool ClusterEngine::Connect(std::string* why) {
   sc.admission_watermark_blocks = options_.admission_watermark_blocks;
   absl::StatusOr<sched::Scheduler> scheduler = sched::Scheduler::Create(sc, *cost, min_blocks);
   if (!scheduler.ok()) {
-    *why = absl::StrCat("scheduler: ", scheduler.status().message());
-    return false;
+    return absl::Status(scheduler.status().code(),
+                        absl::StrCat("scheduler: ", scheduler.status().message()));
   }
 
   // Step streams and their readers.
@@ -322,42 +318,44 @@ bool ClusterEngine::Connect(std::string* why) {
     w.reader = std::thread([this, i, &w] {
       pb::StepResult r;
       while (w.stream->Read(&r)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         results_.push_back(Result{static_cast<int>(i), false, "", std::move(r)});
-        cv_.notify_all();
+        cv_.SignalAll();
         r = pb::StepResult();
       }
       const grpc::Status st = w.stream->Finish();
-      std::lock_guard<std::mutex> lock(mu_);
-      results_.push_back(Result{static_cast<int>(i), true,
-                                absl::StrCat("step stream of worker ", w.id, " ended: ",
-                                             st.ok() ? "closed" : st.error_message()),
+      absl::MutexLock lock(&mu_);
+      results_.push_back(Result{static_cast<int>(i),
+                                true,
+                                absl::StrCat("step stream of worker ", w.id,
+                                             " ended: ", st.ok() ? "closed" : st.error_message()),
                                 {}});
-      cv_.notify_all();
+      cv_.SignalAll();
     });
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++epoch_;
   scheduler_.emplace(std::move(*scheduler));
   results_.clear();
   in_flight_.clear();
   releases_.clear();
-  return true;
+  return absl::OkStatus();
 }
 
-std::string ClusterEngine::Superseded() const {
+absl::Status ClusterEngine::Superseded() const {
   const std::vector<MemberInfo> members = control_.Members();
   for (const MemberInfo& m : members) {
-    if (m.dead) return absl::StrCat("worker ", m.id, " was declared dead");
+    if (m.dead) return absl::AbortedError(absl::StrCat("worker ", m.id, " was declared dead"));
   }
   for (const auto& w : workers_) {
     for (const MemberInfo& m : members) {
       if (m.id == w->id && m.generation != w->generation) {
-        return absl::StrCat("worker ", m.id, " registered again (its process was restarted)");
+        return absl::AbortedError(
+            absl::StrCat("worker ", m.id, " registered again (its process was restarted)"));
       }
     }
   }
-  return "";
+  return absl::OkStatus();
 }
 
 void ClusterEngine::Disconnect() {
@@ -390,24 +388,26 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
     releases_.clear();
     InFlight flight;
     flight.sent = absl::Now();
-    auto add_chunk = [&](sched::RequestId id, int64_t start, int64_t length, bool samples) {
-      Request& r = requests_.at(id);
-      pb::SeqChunk* c = msg.add_chunks();
-      c->set_seq_id(id);
-      c->set_start(start);
-      for (int64_t p = start; p < start + length; ++p) c->add_tokens(r.tokens[p]);
-      c->set_samples(samples);
-      for (int32_t b : scheduler_->BlockTable(id)) c->add_block_table(b);
-      pb::SamplingParams* sp = c->mutable_sampling();
-      sp->set_temperature(r.req.sampling.temperature);
-      sp->set_top_p(r.req.sampling.top_p);
-      sp->set_top_k(r.req.sampling.top_k);
-      sp->set_has_seed(r.req.sampling.seed.has_value());
-      sp->set_seed(r.req.sampling.seed.value_or(0));
-      sp->set_top_logprobs(r.req.sampling.top_logprobs);
-      flight.all.push_back(id);
-      if (samples) flight.sampling.push_back(id);
-    };
+    auto add_chunk = [&](sched::RequestId id, int64_t start, int64_t length, bool samples)
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           Request& r = requests_.at(id);
+                           pb::SeqChunk* c = msg.add_chunks();
+                           c->set_seq_id(id);
+                           c->set_start(start);
+                           for (int64_t p = start; p < start + length; ++p)
+                             c->add_tokens(r.tokens[p]);
+                           c->set_samples(samples);
+                           for (int32_t b : scheduler_->BlockTable(id)) c->add_block_table(b);
+                           pb::SamplingParams* sp = c->mutable_sampling();
+                           sp->set_temperature(r.req.sampling.temperature);
+                           sp->set_top_p(r.req.sampling.top_p);
+                           sp->set_top_k(r.req.sampling.top_k);
+                           sp->set_has_seed(r.req.sampling.seed.has_value());
+                           sp->set_seed(r.req.sampling.seed.value_or(0));
+                           sp->set_top_logprobs(r.req.sampling.top_logprobs);
+                           flight.all.push_back(id);
+                           if (samples) flight.sampling.push_back(id);
+                         };
     for (const sched::DecodeEntry& d : plan.decode) add_chunk(d.id, d.position, 1, true);
     for (const sched::PrefillChunk& p : plan.prefill) add_chunk(p.id, p.start, p.length, p.samples);
     in_flight_[plan.micro_batch_id] = std::move(flight);
@@ -426,7 +426,8 @@ void ClusterEngine::CompleteLocked(uint64_t micro_batch, InFlight& flight) {
     for (sched::RequestId id : flight.all) {
       EndRequestLocked(id, FinishReason::kError, flight.error);
     }
-    for (sched::RequestId id : flight.sampling) sampled.push_back({id, 0, sched::FinishReason::kNone});
+    for (sched::RequestId id : flight.sampling)
+      sampled.push_back({id, 0, sched::FinishReason::kNone});
   } else {
     const pb::StepResult& res = *flight.sampler_result;
     for (size_t i = 0; i < flight.sampling.size(); ++i) {
@@ -492,13 +493,13 @@ void ClusterEngine::CompleteLocked(uint64_t micro_batch, InFlight& flight) {
   }
 }
 
-std::string ClusterEngine::ServeLoop() {
+absl::Status ClusterEngine::ServeLoop() {
   std::vector<pb::StepPlan> plans;
   absl::Time last_heartbeat_check = absl::Now();
   while (!stop_.load()) {
     plans.clear();
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       // Results first: they free micro-batch slots and sequences for the next plans.
       while (!results_.empty()) {
         Result res = std::move(results_.front());
@@ -506,17 +507,19 @@ std::string ClusterEngine::ServeLoop() {
         if (res.broken) {
           const WorkerConn& w = *workers_[res.worker];
           control_.DeclareDead(w.id, w.generation);
-          return w.last_error.empty()
-                     ? res.broken_why
-                     : absl::StrCat(res.broken_why, " (after its step error: ", w.last_error, ")");
+          return absl::UnavailableError(
+              w.last_error.empty()
+                  ? res.broken_why
+                  : absl::StrCat(res.broken_why, " (after its step error: ", w.last_error, ")"));
         }
         const uint64_t wire = res.result.micro_batch_id();
         auto it = (wire >> kEpochShift) == epoch_
                       ? in_flight_.find(wire & ((uint64_t{1} << kEpochShift) - 1))
                       : in_flight_.end();
         if (it == in_flight_.end()) {
-          return absl::StrCat("worker ", workers_[res.worker]->id,
-                              " answered unknown micro-batch ", res.result.micro_batch_id());
+          return absl::InternalError(absl::StrCat("worker ", workers_[res.worker]->id,
+                                                  " answered unknown micro-batch ",
+                                                  res.result.micro_batch_id()));
         }
         InFlight& f = it->second;
         ++f.answers;
@@ -527,8 +530,8 @@ std::string ClusterEngine::ServeLoop() {
         if (res.worker == sampler_index_ && res.result.error().empty()) {
           if (res.result.samples_size() != static_cast<int>(f.sampling.size())) {
             f.error = absl::StrCat("worker ", workers_[res.worker]->id, " returned ",
-                                   res.result.samples_size(), " samples for ",
-                                   f.sampling.size(), " sampling entries");
+                                   res.result.samples_size(), " samples for ", f.sampling.size(),
+                                   " sampling entries");
           } else {
             f.sampler_result = std::move(res.result);
           }
@@ -540,33 +543,37 @@ std::string ClusterEngine::ServeLoop() {
       }
       for (const auto& [mb, f] : in_flight_) {
         if (absl::Now() - f.sent > options_.step_timeout) {
-          return absl::StrCat("micro-batch ", mb, " unanswered for ",
-                              absl::FormatDuration(options_.step_timeout));
+          return absl::DeadlineExceededError(absl::StrCat(
+              "micro-batch ", mb, " unanswered for ", absl::FormatDuration(options_.step_timeout)));
         }
       }
       PlanLocked(&plans);
       if (plans.empty()) {
-        cv_.wait_for(lock, std::chrono::milliseconds(in_flight_.empty() ? 20 : 2), [&] {
-          return stop_.load() || !results_.empty();
-        });
+        const absl::Time wake = absl::Now() + absl::Milliseconds(in_flight_.empty() ? 20 : 2);
+        while (!stop_.load() && results_.empty() && !cv_.WaitWithDeadline(&mu_, wake)) {
+        }
       }
     }
     for (const pb::StepPlan& plan : plans) {
       for (auto& w : workers_) {
         if (!w->stream->Write(plan)) {
           control_.DeclareDead(w->id, w->generation);
-          return absl::StrCat("step stream of worker ", w->id, " refused a write");
+          return absl::UnavailableError(
+              absl::StrCat("step stream of worker ", w->id, " refused a write"));
         }
       }
     }
     if (absl::Now() - last_heartbeat_check > absl::Milliseconds(200)) {
       last_heartbeat_check = absl::Now();
       const std::vector<std::string> dead = control_.CheckHeartbeats();
-      if (!dead.empty()) return absl::StrCat("worker ", dead.front(), " missed its heartbeats");
-      if (const std::string gone = Superseded(); !gone.empty()) return gone;
+      if (!dead.empty()) {
+        return absl::UnavailableError(
+            absl::StrCat("worker ", dead.front(), " missed its heartbeats"));
+      }
+      RETURN_IF_ERROR(Superseded());
     }
   }
-  return "";
+  return absl::OkStatus();
 }
 
 }  // namespace ss::coord

@@ -37,18 +37,18 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
 #include "coordinator/control_service.h"
@@ -119,22 +119,25 @@ class ClusterEngine : public GenerationEngine {
   };
 
   void Supervise();
-  // Connects to every worker and builds the scheduler; false (with `why`) when the cluster is not
-  // whole or a worker failed to start.
-  bool Connect(std::string* why);
-  // Runs steps until a failure (returns its description) or Stop().
-  std::string ServeLoop();
+  // Connects to every registered worker and builds the scheduler. An error says why the cluster
+  // is not whole or a worker failed to start; kCancelled once Stop() was called. Supervisor
+  // thread only.
+  absl::Status Connect();
+  // Runs steps until a failure (the error describes it) or Stop() (OK). Supervisor thread only.
+  absl::Status ServeLoop();
   void Disconnect();
-  // Why the connected workers are no longer the cluster ("" while they are): a member declared
-  // dead, or one of workers_ registered again since it was connected. Supervisor thread only.
-  std::string Superseded() const;
+  // kAborted, saying why, once the connected workers are no longer the cluster: a member was
+  // declared dead, or one of workers_ registered again since it was connected. Supervisor thread
+  // only.
+  absl::Status Superseded() const;
   // Ends every request with `reason` (and `error`); clears the scheduler. Takes mu_.
-  void FailAll(FinishReason reason, const std::string& error);
-  // Under mu_: plans as many micro-batches as may be in flight into `out`.
-  void PlanLocked(std::vector<splitserve::v1::StepPlan>* out);
-  // Under mu_: applies one completed micro-batch.
-  void CompleteLocked(uint64_t micro_batch, InFlight& flight);
-  void EndRequestLocked(sched::RequestId id, FinishReason reason, const std::string& error);
+  void FailAll(FinishReason reason, const std::string& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Plans as many micro-batches as may be in flight into `out`.
+  void PlanLocked(std::vector<splitserve::v1::StepPlan>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies one completed micro-batch.
+  void CompleteLocked(uint64_t micro_batch, InFlight& flight) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndRequestLocked(sched::RequestId id, FinishReason reason, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ControlService& control_;
   const ModelConfig model_;
@@ -146,16 +149,16 @@ class ClusterEngine : public GenerationEngine {
   std::atomic<bool> stop_{false};
   std::thread supervisor_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // submissions, results, stop
-  std::optional<sched::Scheduler> scheduler_;               // guarded by mu_
-  std::map<sched::RequestId, Request> requests_;            // guarded by mu_
-  std::vector<uint64_t> releases_;                          // guarded by mu_: for the next plan
-  std::map<uint64_t, InFlight> in_flight_;                  // guarded by mu_
-  std::deque<Result> results_;                              // guarded by mu_
-  sched::RequestId next_id_ = 1;                            // guarded by mu_
-  uint64_t epoch_ = 0;  // guarded by mu_: bumped by every successful Connect
-  std::vector<std::unique_ptr<WorkerConn>> workers_;        // supervisor thread only
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // submissions, results, stop
+  std::optional<sched::Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
+  std::map<sched::RequestId, Request> requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> releases_ ABSL_GUARDED_BY(mu_);  // for the next plan
+  std::map<uint64_t, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::deque<Result> results_ ABSL_GUARDED_BY(mu_);
+  sched::RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;           // bumped by every successful Connect
+  std::vector<std::unique_ptr<WorkerConn>> workers_;  // supervisor thread only
 };
 
 }  // namespace ss::coord

@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 namespace ss {
 
 ConnectionPool::ConnectionPool(size_t max_threads, std::chrono::milliseconds idle_exit)
@@ -10,11 +13,11 @@ ConnectionPool::ConnectionPool(size_t max_threads, std::chrono::milliseconds idl
 ConnectionPool::~ConnectionPool() { shutdown(); }
 
 void ConnectionPool::enqueue(std::function<void()> fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   JoinExitedLocked();
   jobs_.push_back(std::move(fn));
   if (idle_ >= jobs_.size() || threads_.size() >= max_threads_) {
-    cv_.notify_one();
+    cv_.Signal();
     return;
   }
   std::thread t([this] { Work(); });
@@ -23,33 +26,39 @@ void ConnectionPool::enqueue(std::function<void()> fn) {
 }
 
 void ConnectionPool::shutdown() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
   while (!threads_.empty()) {
     JoinExitedLocked();
     if (threads_.empty()) break;
-    cv_.wait(lock, [&] { return !exited_.empty(); });
+    while (exited_.empty()) cv_.Wait(&mu_);
   }
 }
 
 void ConnectionPool::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   for (;;) {
     ++idle_;
-    const bool have = cv_.wait_for(lock, idle_exit_, [&] { return !jobs_.empty() || shutdown_; });
+    const absl::Time deadline = absl::Now() + absl::FromChrono(idle_exit_);
+    bool timed_out = false;
+    while (jobs_.empty() && !shutdown_ && !timed_out) {
+      timed_out = cv_.WaitWithDeadline(&mu_, deadline);
+    }
+    const bool have = !jobs_.empty() || shutdown_;
     --idle_;
     if (jobs_.empty() && (shutdown_ || !have)) break;
     if (jobs_.empty()) continue;
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
-    lock.unlock();
+    mu_.Unlock();
     job();
     job = nullptr;
-    lock.lock();
+    mu_.Lock();
   }
   exited_.push_back(std::this_thread::get_id());
-  cv_.notify_all();
+  cv_.SignalAll();
+  mu_.Unlock();
 }
 
 void ConnectionPool::JoinExitedLocked() {

@@ -9,15 +9,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "httplib.h"
 
 namespace ss {
@@ -32,18 +32,18 @@ class ConnectionPool : public httplib::TaskQueue {
   void shutdown() override;
 
  private:
-  void Work();
-  void JoinExitedLocked();  // joins threads that left Work(); holds mu_
+  void Work() ABSL_LOCKS_EXCLUDED(mu_);
+  void JoinExitedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // joins threads that left Work()
 
   const size_t max_threads_;
   const std::chrono::milliseconds idle_exit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;                    // guarded by mu_
-  std::unordered_map<std::thread::id, std::thread> threads_;  // guarded by mu_
-  std::vector<std::thread::id> exited_;                       // guarded by mu_
-  size_t idle_ = 0;                                           // guarded by mu_
-  bool shutdown_ = false;                                     // guarded by mu_
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::thread::id, std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread::id> exited_ ABSL_GUARDED_BY(mu_);
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ss

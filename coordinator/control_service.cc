@@ -66,7 +66,7 @@ grpc::Status ControlService::Register(grpc::ServerContext* context,
                      "the cluster config gives stage ", role->stage(), " ", role->tp_size(),
                      " workers (TP size); use the cuda backend or one worker per stage"));
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Member& m = members_.at(request->worker_id());
   if (m.info.registered && !m.info.dead &&
       absl::Now() - m.info.last_heartbeat < absl::Milliseconds(config_.heartbeat_timeout_ms)) {
@@ -74,9 +74,9 @@ grpc::Status ControlService::Register(grpc::ServerContext* context,
     // registration is alive only while its process still answers.
     const std::string old_address = m.info.address;
     const uint64_t old_generation = m.info.generation;
-    lock.unlock();
+    mu_.Unlock();
     const bool answers = WorkerAnswers(old_address);
-    lock.lock();
+    mu_.Lock();
     if (answers && m.info.generation == old_generation && !m.info.dead) {
       return grpc::Status(
           grpc::StatusCode::ALREADY_EXISTS,
@@ -117,7 +117,7 @@ grpc::Status ControlService::Register(grpc::ServerContext* context,
                role->stage(), role->tp_rank());
   reply->set_protocol_version(kClusterProtocolVersion);
   *reply->mutable_role() = std::move(*role);
-  cv_.notify_all();
+  cv_.SignalAll();
   return grpc::Status::OK;
 }
 
@@ -126,7 +126,7 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
                                         splitserve::v1::RendezvousReply* reply) {
   if (grpc::Status st = credential_.Check(*context, "Coordinator.Rendezvous"); !st.ok()) return st;
   if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = members_.find(request->worker_id());
   if (it == members_.end() || !it->second.info.registered || it->second.info.dead) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -162,11 +162,11 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
   it->second.met = true;
   const uint64_t generation = it->second.info.generation;
   for (const auto& id : request->nccl_ids()) nccl_ids_[id.group()] = id.unique_id();
-  cv_.notify_all();
+  cv_.SignalAll();
   absl::Time deadline = absl::Now() + rendezvous_timeout_;
   const absl::Time call_deadline = absl::FromChrono(context->deadline());
   if (call_deadline < deadline) deadline = call_deadline;
-  auto all_met = [&] {
+  auto all_met = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& [id, m] : members_) {
       if (!m.met || !m.info.registered || m.info.dead) return false;
     }
@@ -184,8 +184,9 @@ grpc::Status ControlService::Rendezvous(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           absl::StrCat("rendezvous: still waiting for ", missing));
     }
-    cv_.wait_for(lock, std::chrono::milliseconds(
-                           std::min<int64_t>(200, absl::ToInt64Milliseconds(deadline - now) + 1)));
+    cv_.WaitWithTimeout(
+        &mu_, std::min(absl::Milliseconds(200),
+                       absl::Milliseconds(absl::ToInt64Milliseconds(deadline - now) + 1)));
   }
   if (spec.workers.size() > 1 && !nccl_ids_.contains(TpGroupName(stage))) {
     return grpc::Status(
@@ -230,7 +231,7 @@ grpc::Status ControlService::Heartbeat(grpc::ServerContext* context,
                                        splitserve::v1::HeartbeatReply* reply) {
   if (grpc::Status st = credential_.Check(*context, "Coordinator.Heartbeat"); !st.ok()) return st;
   if (grpc::Status st = CheckVersion(request->protocol_version()); !st.ok()) return st;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = members_.find(request->worker_id());
   const bool member = it != members_.end() && it->second.info.registered && !it->second.info.dead;
   if (member) it->second.info.last_heartbeat = absl::Now();
@@ -239,22 +240,25 @@ grpc::Status ControlService::Heartbeat(grpc::ServerContext* context,
 }
 
 std::vector<MemberInfo> ControlService::Members() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<MemberInfo> out;
   for (const std::string& id : config_.GpuWorkerIds()) out.push_back(members_.at(id).info);
   return out;
 }
 
 bool ControlService::WaitAllAlive(absl::Duration timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto alive = [&] {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  auto alive = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& [id, m] : members_) {
       if (!m.info.registered || m.info.dead) return false;
     }
     return true;
   };
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return alive() || shutdown_; }) &&
-         !shutdown_;
+  while (!alive() && !shutdown_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return alive() && !shutdown_;
 }
 
 void ControlService::DeclareDeadLocked(const std::string& id, const std::string& why,
@@ -278,18 +282,18 @@ void ControlService::DeclareDeadLocked(const std::string& id, const std::string&
 }
 
 void ControlService::DeclareDead(const std::string& id, uint64_t generation) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = members_.find(id);
   if (it == members_.end() || it->second.info.dead || it->second.info.generation != generation) {
     return;
   }
   std::vector<std::string> dead;
   DeclareDeadLocked(id, "by the engine", &dead);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::vector<std::string> ControlService::CheckHeartbeats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<std::string> dead;
   const absl::Time cutoff = absl::Now() - absl::Milliseconds(config_.heartbeat_timeout_ms);
   for (auto& [id, m] : members_) {
@@ -298,14 +302,14 @@ std::vector<std::string> ControlService::CheckHeartbeats() {
                         &dead);
     }
   }
-  if (!dead.empty()) cv_.notify_all();
+  if (!dead.empty()) cv_.SignalAll();
   return dead;
 }
 
 void ControlService::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace ss::coord

@@ -40,13 +40,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/cluster_config.h"
 #include "proto/cluster.grpc.pb.h"
@@ -71,7 +71,8 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
   ControlService(ClusterConfig config, ClusterCredential credential,
                  absl::Duration rendezvous_timeout = absl::Seconds(300));
 
-  grpc::Status Register(grpc::ServerContext* context, const splitserve::v1::RegisterRequest* request,
+  grpc::Status Register(grpc::ServerContext* context,
+                        const splitserve::v1::RegisterRequest* request,
                         splitserve::v1::RegisterReply* reply) override;
   grpc::Status Rendezvous(grpc::ServerContext* context,
                           const splitserve::v1::RendezvousRequest* request,
@@ -115,16 +116,16 @@ class ControlService final : public splitserve::v1::Coordinator::Service {
   // Marks `id` dead and its live fate peers (FatePeers: its TP group's ranks, or every GPU worker
   // under the nccl stage transport); appends the ids newly dead.
   void DeclareDeadLocked(const std::string& id, const std::string& why,
-                         std::vector<std::string>* newly_dead);
+                         std::vector<std::string>* newly_dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterConfig config_;
   const ClusterCredential credential_;
   const absl::Duration rendezvous_timeout_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::map<std::string, Member> members_;                 // guarded by mu_; every GPU worker id
-  std::map<std::string, std::string> nccl_ids_;            // guarded by mu_; group -> id bytes
-  bool shutdown_ = false;                                 // guarded by mu_
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;
+  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);        // every GPU worker id
+  std::map<std::string, std::string> nccl_ids_ ABSL_GUARDED_BY(mu_);  // group -> id bytes
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ss::coord

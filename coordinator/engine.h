@@ -22,14 +22,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ss {
 
@@ -99,14 +100,16 @@ class GenerationStream {
   std::optional<GenerationEvent> Next(std::chrono::milliseconds timeout);
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int32_t> pending_;                 // guarded by mu_
-  std::vector<TokenLogprobs> pending_logprobs_;  // guarded by mu_
-  bool has_logprobs_ = false;                    // guarded by mu_
-  FinishReason finish_ = FinishReason::kNone;    // guarded by mu_
-  std::string error_;                            // guarded by mu_
-  bool finish_delivered_ = false;                // guarded by mu_
+  bool HasNews() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::vector<int32_t> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<TokenLogprobs> pending_logprobs_ ABSL_GUARDED_BY(mu_);
+  bool has_logprobs_ ABSL_GUARDED_BY(mu_) = false;
+  FinishReason finish_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  bool finish_delivered_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 enum class SubmitStatus { kAccepted, kOverloaded, kNotReady };

@@ -635,7 +635,8 @@ int RunUpCommand(int argc, char** argv) {
       if (!ok) failure = "a child could not be started";
     } else if (phase == Phase::kPorts) {
       const nlohmann::json j = nlohmann::json::parse(ReadFile(plan.ports_file), nullptr, false);
-      if (j.is_object() && j.contains("http") && j.contains("control")) {
+      if (j.is_object() && j.contains("http") && j["http"].is_number_integer() &&
+          j.contains("control") && j["control"].is_number_integer()) {
         http_port = j["http"].get<int>();
         control_port = j["control"].get<int>();
         client = std::make_unique<httplib::Client>(o.host, http_port);

@@ -4,13 +4,66 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
+#include "common/status.h"
 #include "coordinator/json_limits.h"
 
 namespace ss::openai {
+namespace {
 
-ApiError Invalid(std::string param, std::string message) {
-  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), "", 0};
+constexpr char kParamUrl[] = "type.splitserve/openai.param";
+constexpr char kCodeUrl[] = "type.splitserve/openai.code";
+constexpr char kRetryAfterUrl[] = "type.splitserve/openai.retry_after_s";
+
+std::string Payload(const absl::Status& s, const char* url) {
+  const absl::optional<absl::Cord> c = s.GetPayload(url);
+  return c ? std::string(*c) : std::string();
+}
+
+absl::Status OutOfRange(const std::string& key, auto lo, auto hi) {
+  return Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
+}
+
+}  // namespace
+
+absl::Status Invalid(absl::string_view param, absl::string_view message) {
+  return ApiStatus(absl::StatusCode::kInvalidArgument, message, param, "");
+}
+
+absl::Status ApiStatus(absl::StatusCode code, absl::string_view message, absl::string_view param,
+                       absl::string_view error_code, int retry_after_s) {
+  absl::Status s(code, message);
+  if (!param.empty()) s.SetPayload(kParamUrl, absl::Cord(param));
+  if (!error_code.empty()) s.SetPayload(kCodeUrl, absl::Cord(error_code));
+  if (retry_after_s > 0) s.SetPayload(kRetryAfterUrl, absl::Cord(absl::StrCat(retry_after_s)));
+  return s;
+}
+
+ApiError ToApiError(const absl::Status& status) {
+  ApiError e;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      e.status = 400;
+      break;
+    case absl::StatusCode::kNotFound:
+      e.status = 404;
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.status = 503;
+      break;
+    default:
+      e.status = 500;
+      break;
+  }
+  e.type = e.status >= 500 ? "server_error" : "invalid_request_error";
+  e.message = std::string(status.message());
+  e.param = Payload(status, kParamUrl);
+  e.code = Payload(status, kCodeUrl);
+  if (!absl::SimpleAtoi(Payload(status, kRetryAfterUrl), &e.retry_after_s)) e.retry_after_s = 0;
+  return e;
 }
 
 std::string Dump(const Json& j) {
@@ -30,16 +83,15 @@ Json ErrorBody(const ApiError& e) {
 
 const char* TypeName(const Json& j) { return j.type_name(); }
 
-Json ParseBody(const std::string& text) {
+absl::StatusOr<Json> ParseBody(const std::string& text) {
   absl::StatusOr<Json> parsed = ParseJsonWithLimits(text);
   if (!parsed.ok()) {
-    throw Invalid("", absl::StrCat("request body: ", parsed.status().message()));
+    return Invalid("", absl::StrCat("request body: ", parsed.status().message()));
   }
-  Json body = *std::move(parsed);
-  if (!body.is_object()) {
-    throw Invalid("", absl::StrCat("request body must be a JSON object, got ", TypeName(body)));
+  if (!parsed->is_object()) {
+    return Invalid("", absl::StrCat("request body must be a JSON object, got ", TypeName(*parsed)));
   }
-  return body;
+  return parsed;
 }
 
 const Json* Field(const Json& obj, const std::string& key) {
@@ -48,82 +100,89 @@ const Json* Field(const Json& obj, const std::string& key) {
   return &*it;
 }
 
-std::optional<double> GetNumber(const Json& obj, const std::string& key, double lo, double hi) {
+absl::StatusOr<std::optional<double>> GetNumber(const Json& obj, const std::string& key, double lo,
+                                                double hi) {
   const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
+  if (!v) return std::optional<double>();
   if (!v->is_number()) {
-    throw Invalid(key, absl::StrCat(key, ": expected a number, got ", TypeName(*v)));
+    return Invalid(key, absl::StrCat(key, ": expected a number, got ", TypeName(*v)));
   }
   double d = v->get<double>();
   if (!std::isfinite(d) || d < lo || d > hi) {
-    throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
+    return OutOfRange(key, lo, hi);
   }
   return d;
 }
 
-std::optional<int64_t> GetInt(const Json& obj, const std::string& key, int64_t lo, int64_t hi) {
+absl::StatusOr<std::optional<int64_t>> GetInt(const Json& obj, const std::string& key, int64_t lo,
+                                              int64_t hi) {
   const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
+  if (!v) return std::optional<int64_t>();
   if (!v->is_number_integer()) {
-    throw Invalid(key, absl::StrCat(key, ": expected an integer, got ", TypeName(*v)));
+    return Invalid(key, absl::StrCat(key, ": expected an integer, got ", TypeName(*v)));
   }
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
     if (u > static_cast<uint64_t>(hi) || (lo > 0 && u < static_cast<uint64_t>(lo))) {
-      throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
+      return OutOfRange(key, lo, hi);
     }
     return static_cast<int64_t>(u);
   }
   int64_t i = v->get<int64_t>();
-  if (i < lo || i > hi) throw Invalid(key, absl::StrCat(key, ": must be in [", lo, ", ", hi, "]"));
+  if (i < lo || i > hi) return OutOfRange(key, lo, hi);
   return i;
 }
 
-std::optional<bool> GetBool(const Json& obj, const std::string& key) {
+absl::StatusOr<std::optional<bool>> GetBool(const Json& obj, const std::string& key) {
   const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
+  if (!v) return std::optional<bool>();
   if (!v->is_boolean()) {
-    throw Invalid(key, absl::StrCat(key, ": expected a boolean, got ", TypeName(*v)));
+    return Invalid(key, absl::StrCat(key, ": expected a boolean, got ", TypeName(*v)));
   }
   return v->get<bool>();
 }
 
-std::optional<std::string> GetString(const Json& obj, const std::string& key) {
+absl::StatusOr<std::optional<std::string>> GetString(const Json& obj, const std::string& key) {
   const Json* v = Field(obj, key);
-  if (!v) return std::nullopt;
+  if (!v) return std::optional<std::string>();
   if (!v->is_string()) {
-    throw Invalid(key, absl::StrCat(key, ": expected a string, got ", TypeName(*v)));
+    return Invalid(key, absl::StrCat(key, ": expected a string, got ", TypeName(*v)));
   }
   return v->get<std::string>();
 }
 
-GenerationParams ParseGenerationParams(const Json& body, bool chat) {
+absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat) {
   GenerationParams p;
-  if (auto v = GetNumber(body, "temperature", 0.0, 2.0)) p.sampling.temperature = float(*v);
-  if (auto v = GetNumber(body, "top_p", 0.0, 1.0)) {
-    if (*v <= 0.0) throw Invalid("top_p", "top_p: must be in (0, 1]");
-    p.sampling.top_p = float(*v);
+  ASSIGN_OR_RETURN(const std::optional<double> temperature,
+                   GetNumber(body, "temperature", 0.0, 2.0));
+  if (temperature) p.sampling.temperature = float(*temperature);
+  ASSIGN_OR_RETURN(const std::optional<double> top_p, GetNumber(body, "top_p", 0.0, 1.0));
+  if (top_p) {
+    if (*top_p <= 0.0) return Invalid("top_p", "top_p: must be in (0, 1]");
+    p.sampling.top_p = float(*top_p);
   }
-  if (auto v = GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max())) {
-    p.sampling.top_k = int32_t(*v);
-  }
+  ASSIGN_OR_RETURN(const std::optional<int64_t> top_k,
+                   GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  if (top_k) p.sampling.top_k = int32_t(*top_k);
   constexpr int64_t kMaxTok = std::numeric_limits<int32_t>::max();
-  p.max_tokens = GetInt(body, "max_tokens", 1, kMaxTok);
+  ASSIGN_OR_RETURN(p.max_tokens, GetInt(body, "max_tokens", 1, kMaxTok));
   if (chat) {
-    if (auto v = GetInt(body, "max_completion_tokens", 1, kMaxTok)) p.max_tokens = v;
+    ASSIGN_OR_RETURN(const std::optional<int64_t> v,
+                     GetInt(body, "max_completion_tokens", 1, kMaxTok));
+    if (v) p.max_tokens = v;
   }
-  if (auto v = GetInt(body, "seed", std::numeric_limits<int64_t>::min(),
-                      std::numeric_limits<int64_t>::max())) {
-    p.sampling.seed = static_cast<uint64_t>(*v);
-  }
-  if (auto v = GetInt(body, "n", 1, 1)) (void)v;
+  ASSIGN_OR_RETURN(const std::optional<int64_t> seed,
+                   GetInt(body, "seed", std::numeric_limits<int64_t>::min(),
+                          std::numeric_limits<int64_t>::max()));
+  if (seed) p.sampling.seed = static_cast<uint64_t>(*seed);
+  RETURN_IF_ERROR(GetInt(body, "n", 1, 1).status());
   if (const Json* stop = Field(body, "stop")) {
     bool ok = stop->is_string();
     if (stop->is_array()) {
       ok = stop->size() <= 4;
       for (const auto& s : *stop) ok = ok && s.is_string();
     }
-    if (!ok) throw Invalid("stop", "stop: expected a string or an array of up to 4 strings");
+    if (!ok) return Invalid("stop", "stop: expected a string or an array of up to 4 strings");
     if (stop->is_string()) {
       p.stop.push_back(stop->get<std::string>());
     } else {
@@ -131,25 +190,28 @@ GenerationParams ParseGenerationParams(const Json& body, bool chat) {
     }
   }
   if (chat) {
-    const bool logprobs = GetBool(body, "logprobs").value_or(false);
-    const auto top = GetInt(body, "top_logprobs", 0, kMaxTopLogprobs);
-    if (top && !logprobs) {
-      throw Invalid("top_logprobs", "top_logprobs: requires logprobs to be true");
+    ASSIGN_OR_RETURN(const std::optional<bool> logprobs, GetBool(body, "logprobs"));
+    ASSIGN_OR_RETURN(const std::optional<int64_t> top,
+                     GetInt(body, "top_logprobs", 0, kMaxTopLogprobs));
+    if (top && !logprobs.value_or(false)) {
+      return Invalid("top_logprobs", "top_logprobs: requires logprobs to be true");
     }
-    if (logprobs) p.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
-  } else if (auto v = GetInt(body, "logprobs", 0, kMaxTopLogprobs)) {
-    p.sampling.top_logprobs = static_cast<int32_t>(*v);
+    if (logprobs.value_or(false)) p.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
+  } else {
+    ASSIGN_OR_RETURN(const std::optional<int64_t> v, GetInt(body, "logprobs", 0, kMaxTopLogprobs));
+    if (v) p.sampling.top_logprobs = static_cast<int32_t>(*v);
   }
-  p.stream = GetBool(body, "stream").value_or(false);
+  ASSIGN_OR_RETURN(const std::optional<bool> stream, GetBool(body, "stream"));
+  p.stream = stream.value_or(false);
   if (const Json* so = Field(body, "stream_options")) {
     if (!so->is_object()) {
-      throw Invalid("stream_options",
-                    absl::StrCat("stream_options: expected an object, got ", TypeName(*so)));
+      return Invalid("stream_options",
+                     absl::StrCat("stream_options: expected an object, got ", TypeName(*so)));
     }
     if (const Json* iu = Field(*so, "include_usage")) {
       if (!iu->is_boolean()) {
-        throw Invalid("stream_options.include_usage",
-                      "stream_options.include_usage: expected a boolean");
+        return Invalid("stream_options.include_usage",
+                       "stream_options.include_usage: expected a boolean");
       }
       p.include_usage = iu->get<bool>();
     }
@@ -157,37 +219,39 @@ GenerationParams ParseGenerationParams(const Json& body, bool chat) {
   return p;
 }
 
-void ParseThinking(const Json& body, chat::EncodeOptions* opts) {
-  if (auto v = GetString(body, "reasoning_effort")) opts->reasoning_effort = *v;
+absl::Status ParseThinking(const Json& body, chat::EncodeOptions* opts) {
+  ASSIGN_OR_RETURN(std::optional<std::string> effort, GetString(body, "reasoning_effort"));
+  if (effort) opts->reasoning_effort = *std::move(effort);
   const Json* kw = Field(body, "chat_template_kwargs");
-  if (!kw) return;
+  if (!kw) return absl::OkStatus();
   if (!kw->is_object()) {
-    throw Invalid("chat_template_kwargs",
-                  absl::StrCat("chat_template_kwargs: expected an object, got ", TypeName(*kw)));
+    return Invalid("chat_template_kwargs",
+                   absl::StrCat("chat_template_kwargs: expected an object, got ", TypeName(*kw)));
   }
   for (const char* key : {"thinking", "enable_thinking"}) {
     if (const Json* v = Field(*kw, key)) {
       if (!v->is_boolean()) {
-        throw Invalid(absl::StrCat("chat_template_kwargs.", key),
-                      absl::StrCat("chat_template_kwargs.", key, ": expected a boolean"));
+        return Invalid(absl::StrCat("chat_template_kwargs.", key),
+                       absl::StrCat("chat_template_kwargs.", key, ": expected a boolean"));
       }
       opts->mode = v->get<bool>() ? chat::ThinkingMode::kThinking : chat::ThinkingMode::kChat;
     }
   }
   if (const Json* v = Field(*kw, "thinking_mode")) {
     if (!v->is_string() || (*v != "thinking" && *v != "chat")) {
-      throw Invalid("chat_template_kwargs.thinking_mode",
-                    "chat_template_kwargs.thinking_mode: expected \"thinking\" or \"chat\"");
+      return Invalid("chat_template_kwargs.thinking_mode",
+                     "chat_template_kwargs.thinking_mode: expected \"thinking\" or \"chat\"");
     }
     opts->mode = *v == "thinking" ? chat::ThinkingMode::kThinking : chat::ThinkingMode::kChat;
   }
   if (const Json* v = Field(*kw, "reasoning_effort")) {
     if (!v->is_string()) {
-      throw Invalid("chat_template_kwargs.reasoning_effort",
-                    "chat_template_kwargs.reasoning_effort: expected a string");
+      return Invalid("chat_template_kwargs.reasoning_effort",
+                     "chat_template_kwargs.reasoning_effort: expected a string");
     }
     opts->reasoning_effort = v->get<std::string>();
   }
+  return absl::OkStatus();
 }
 
 }  // namespace ss::openai

@@ -1,9 +1,10 @@
 // Request parsing for the OpenAI gateway (openai_server.h): the JSON body, typed field access
 // with OpenAI-style errors, and the generation parameters every generation route shares.
 //
-// Errors. Every function here reports a client mistake by THROWING ApiError (status, message,
-// OpenAI error type, the offending parameter); the gateway's handlers catch it in one place and
-// render ErrorBody() with that status. Exceptions never cross a thread or leave the gateway.
+// Errors. Every function here reports a client mistake as an absl::Status made by Invalid() or
+// ApiStatus(); the gateway's handlers return it and render ToApiError(status) in one place. Its
+// code picks the HTTP status (InvalidArgument 400, NotFound 404, Unavailable 503, any other 500)
+// and payloads carry the OpenAI `param`, `code` and a Retry-After. Nothing here throws.
 // A missing key and a JSON null are the same: absent (std::nullopt).
 #pragma once
 
@@ -12,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/engine.h"
 #include "nlohmann/json.hpp"
@@ -31,25 +35,34 @@ struct ApiError {
 };
 
 // A 400 invalid_request_error naming `param` (empty: none).
-ApiError Invalid(std::string param, std::string message);
+absl::Status Invalid(absl::string_view param, absl::string_view message);
+// An error with the OpenAI `param` and `code` (empty: null) and, when retry_after_s > 0, a
+// Retry-After header. `code` is the absl code that picks the HTTP status (see "Errors").
+absl::Status ApiStatus(absl::StatusCode code, absl::string_view message, absl::string_view param,
+                       absl::string_view error_code, int retry_after_s = 0);
+// The error response for a non-OK status: HTTP status from its code, type "server_error" for a
+// 5xx and "invalid_request_error" otherwise, param / code / Retry-After from its payloads.
+ApiError ToApiError(const absl::Status& status);
 // The error's JSON body.
 Json ErrorBody(const ApiError& e);
 // Compact JSON; invalid UTF-8 in strings is replaced (U+FFFD), never thrown.
 std::string Dump(const Json& j);
 const char* TypeName(const Json& j);
 
-// The request body as a JSON object, parsed with json_limits.h's bounds: throws a 400 for invalid
+// The request body as a JSON object, parsed with json_limits.h's bounds: a 400 for invalid
 // JSON, for nesting deeper than kMaxJsonDepth or more than kMaxJsonValues values (the message names
 // the limit), and for a non-object. Every value a handler reads from the body is therefore at most
 // kMaxJsonDepth deep, which bounds the recursion of copying, dumping and rendering it.
-Json ParseBody(const std::string& text);
+absl::StatusOr<Json> ParseBody(const std::string& text);
 // obj[key] when present and not null, else nullptr.
 const Json* Field(const Json& obj, const std::string& key);
-// Typed optional fields: absent -> nullopt; the wrong type or a value outside [lo, hi] throws.
-std::optional<double> GetNumber(const Json& obj, const std::string& key, double lo, double hi);
-std::optional<int64_t> GetInt(const Json& obj, const std::string& key, int64_t lo, int64_t hi);
-std::optional<bool> GetBool(const Json& obj, const std::string& key);
-std::optional<std::string> GetString(const Json& obj, const std::string& key);
+// Typed optional fields: absent -> nullopt; the wrong type or a value outside [lo, hi] is a 400.
+absl::StatusOr<std::optional<double>> GetNumber(const Json& obj, const std::string& key, double lo,
+                                                double hi);
+absl::StatusOr<std::optional<int64_t>> GetInt(const Json& obj, const std::string& key, int64_t lo,
+                                              int64_t hi);
+absl::StatusOr<std::optional<bool>> GetBool(const Json& obj, const std::string& key);
+absl::StatusOr<std::optional<std::string>> GetString(const Json& obj, const std::string& key);
 
 inline constexpr int64_t kMaxTopLogprobs = 20;
 
@@ -65,9 +78,9 @@ struct GenerationParams {
 // temperature, top_p, top_k, max_tokens (and max_completion_tokens for chat), seed, n (1 only),
 // stop, logprobs (chat: a boolean with top_logprobs; completions: an integer), stream,
 // stream_options.include_usage.
-GenerationParams ParseGenerationParams(const Json& body, bool chat);
+absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat);
 // Thinking mode and reasoning effort from chat_template_kwargs (thinking / enable_thinking /
 // thinking_mode / reasoning_effort) and a top-level reasoning_effort, as OpenAI spells it.
-void ParseThinking(const Json& body, chat::EncodeOptions* opts);
+absl::Status ParseThinking(const Json& body, chat::EncodeOptions* opts);
 
 }  // namespace ss::openai

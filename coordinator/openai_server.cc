@@ -14,13 +14,13 @@
 #include <limits>
 #include <optional>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
+#include "common/status.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
 #include "coordinator/connection_pool.h"
@@ -39,6 +39,7 @@ namespace {
 
 using chat::ThinkingMode;
 using openai::ApiError;
+using openai::ApiStatus;
 using openai::ChatLogprobs;
 using openai::CompletionLogprobs;
 using openai::Dump;
@@ -53,6 +54,7 @@ using openai::Json;
 using openai::ParseBody;
 using openai::ParseGenerationParams;
 using openai::ParseThinking;
+using openai::ToApiError;
 using openai::ToolCallJson;
 using openai::TypeName;
 using openai::UsageJson;
@@ -271,11 +273,12 @@ struct OpenAiServer::Impl {
     Clock::time_point arrival;
   };
 
-  void HandleMetrics(const httplib::Request&, httplib::Response& res) {
+  absl::Status HandleMetrics(const httplib::Request&, httplib::Response& res) {
     gm->kv_usage->Set(config.kv_cache_usage ? config.kv_cache_usage() : 0.0);
     gm->waiting->Set(config.num_waiting ? static_cast<double>(config.num_waiting()) : 0.0);
     res.status = 200;
     res.set_content(registry->Serialize(), "text/plain; version=0.0.4");
+    return absl::OkStatus();
   }
 
   // A fresh request id: 16 hex digits, distinct for every request of this process.
@@ -291,91 +294,81 @@ struct OpenAiServer::Impl {
 
   // A 500 for the client: a generic message naming the request id; `detail` (engine errors,
   // worker names, anything internal) goes to the log only.
-  static ApiError ServerError(const httplib::Response& res, const std::string& what,
-                              const std::string& detail) {
+  static absl::Status ServerError(const httplib::Response& res, const std::string& what,
+                                  const std::string& detail) {
     const std::string id = res.get_header_value(kRequestIdHeader);
     spdlog::error("request {}: {}: {}", id, what, detail);
-    return ApiError{
-        500, absl::StrCat(what, "; see the server log for request ", id), "server_error", "", "",
-        0};
+    return absl::InternalError(absl::StrCat(what, "; see the server log for request ", id));
   }
 
+  // Runs a handler and renders the error it returns (a handler that fails writes nothing).
   template <typename F>
   void Guard(const httplib::Request& req, httplib::Response& res, F&& f) {
-    try {
-      f(req, res);
-    } catch (const ApiError& e) {
-      SendError(res, e);
-    } catch (const std::exception& e) {
-      SendError(res, ServerError(res, "internal error", e.what()));
-    }
+    if (absl::Status s = f(req, res); !s.ok()) SendError(res, ToApiError(s));
   }
 
-  void CheckModel(const Json& body) {
+  absl::Status CheckModel(const Json& body) {
     const Json* m = Field(body, "model");
-    if (!m) throw Invalid("model", "model: required");
+    if (!m) return Invalid("model", "model: required");
     if (!m->is_string()) {
-      throw Invalid("model", absl::StrCat("model: expected a string, got ", TypeName(*m)));
+      return Invalid("model", absl::StrCat("model: expected a string, got ", TypeName(*m)));
     }
-    if (m->get<std::string>() != config.model_name) {
-      throw ApiError{404,
-                     absl::StrCat("The model `", m->get<std::string>(), "` does not exist"),
-                     "invalid_request_error",
-                     "model",
-                     "model_not_found",
-                     0};
+    if (m->get_ref<const std::string&>() != config.model_name) {
+      return ApiStatus(
+          absl::StatusCode::kNotFound,
+          absl::StrCat("The model `", m->get_ref<const std::string&>(), "` does not exist"),
+          "model", "model_not_found");
     }
+    return absl::OkStatus();
   }
 
   // Special tokens written in `text` become their ids, except inside `plain_text`.
-  std::vector<int32_t> Encode(const std::string& text, const char* param,
-                              Tokenizer::PlainText plain_text = {}) {
+  absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text, const char* param,
+                                              Tokenizer::PlainText plain_text = {}) {
     auto ids = tokenizer->Encode(text, plain_text);
-    if (!ids.ok()) throw Invalid(param, std::string(ids.status().message()));
-    return *std::move(ids);
+    if (!ids.ok()) return Invalid(param, ids.status().message());
+    return ids;
   }
 
   // Fills sampling.max_tokens and rejects what cannot fit the context.
-  void FitContext(Job& job, const char* param) {
+  absl::Status FitContext(Job& job, const char* param) {
     const int64_t prompt = static_cast<int64_t>(job.prompt.size());
     const int64_t ctx = config.max_context_tokens;
     const int64_t want = job.params.max_tokens.value_or(ctx - prompt);
     if (prompt + want > ctx || want < 1) {
-      throw ApiError{
-          400,
+      return ApiStatus(
+          absl::StatusCode::kInvalidArgument,
           absl::StrCat("This model's maximum context length is ", ctx,
                        " tokens. However, you requested ", prompt + std::max<int64_t>(want, 0),
                        " tokens (", prompt, " in the prompt, ", std::max<int64_t>(want, 0),
                        " for the completion)."),
-          "invalid_request_error",
-          param,
-          "context_length_exceeded",
-          0};
+          param, "context_length_exceeded");
     }
     job.params.sampling.max_tokens = static_cast<int32_t>(want);
+    return absl::OkStatus();
   }
 
   // Moves `messages` and `tools` out of `body` (no copy of the request's largest parts).
-  std::vector<int32_t> ChatPrompt(Json& body, ThinkingMode* mode) {
-    if (!Field(body, "messages")) throw Invalid("messages", "messages: required");
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(Json& body, ThinkingMode* mode) {
+    if (!Field(body, "messages")) return Invalid("messages", "messages: required");
     Json msgs = std::move(body["messages"]);
     if (!msgs.is_array() || msgs.empty()) {
-      throw Invalid("messages", "messages: expected a non-empty array");
+      return Invalid("messages", "messages: expected a non-empty array");
     }
     for (size_t i = 0; i < msgs.size(); ++i) {
       if (!msgs[i].is_object()) {
-        throw Invalid("messages", absl::StrCat("messages[", i, "]: expected an object"));
+        return Invalid("messages", absl::StrCat("messages[", i, "]: expected an object"));
       }
     }
     // Request-level tools / response_format go on the system message (prepended if missing).
     Json* tools = body.contains("tools") && !body["tools"].is_null() ? &body["tools"] : nullptr;
-    if (tools && !tools->is_array()) throw Invalid("tools", "tools: expected an array");
+    if (tools && !tools->is_array()) return Invalid("tools", "tools: expected an array");
     const Json* rf = Field(body, "response_format");
     if (rf && !rf->is_object()) {
-      throw Invalid("response_format", "response_format: expected an object");
+      return Invalid("response_format", "response_format: expected an object");
     }
     if (const Json* tc = Field(body, "tool_choice"); tc && !tc->is_string() && !tc->is_object()) {
-      throw Invalid("tool_choice", "tool_choice: expected a string or an object");
+      return Invalid("tool_choice", "tool_choice: expected a string or an object");
     }
     const bool text_format = rf && rf->value("type", Json("text")) == "text";
     if ((tools && !tools->empty()) || (rf && !text_format)) {
@@ -389,56 +382,56 @@ struct OpenAiServer::Impl {
       if (rf && !text_format) msgs[0]["response_format"] = *rf;
     }
     chat::EncodeOptions opts;
-    ParseThinking(body, &opts);
+    RETURN_IF_ERROR(ParseThinking(body, &opts));
     *mode = opts.mode;
     auto prompt = chat::EncodePrompt(msgs, opts);
-    if (!prompt.ok()) throw Invalid("messages", std::string(prompt.status().message()));
+    if (!prompt.ok()) return Invalid("messages", prompt.status().message());
     return Encode(prompt->text, "messages", prompt->content);  // message content is text
   }
 
-  void HandleChat(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req.body);
-    CheckModel(body);
+  absl::Status HandleChat(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
+    RETURN_IF_ERROR(CheckModel(body));
     Job job;
     job.arrival = Clock::now();
     job.kind = Kind::kChat;
-    job.params = ParseGenerationParams(body, /*chat=*/true);
-    job.prompt = ChatPrompt(body, &job.mode);
+    ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/true));
+    ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job.mode));
     job.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
-    FitContext(job, "messages");
-    Run(std::move(job), req, res);
+    RETURN_IF_ERROR(FitContext(job, "messages"));
+    return Run(std::move(job), req, res);
   }
 
-  void HandleCompletion(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req.body);
-    CheckModel(body);
+  absl::Status HandleCompletion(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
+    RETURN_IF_ERROR(CheckModel(body));
     Job job;
     job.arrival = Clock::now();
     job.kind = Kind::kCompletion;
-    job.params = ParseGenerationParams(body, /*chat=*/false);
+    ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/false));
     const Json* prompt = Field(body, "prompt");
-    if (!prompt) throw Invalid("prompt", "prompt: required");
+    if (!prompt) return Invalid("prompt", "prompt: required");
     if (prompt->is_string()) {
-      job.prompt = Encode(prompt->get<std::string>(), "prompt");
+      ASSIGN_OR_RETURN(job.prompt, Encode(prompt->get_ref<const std::string&>(), "prompt"));
     } else if (prompt->is_array() && !prompt->empty()) {
       for (const auto& id : *prompt) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
             id.get<int64_t>() >= tokenizer->vocab_size()) {
-          throw Invalid("prompt", "prompt: expected a string or an array of token ids");
+          return Invalid("prompt", "prompt: expected a string or an array of token ids");
         }
         job.prompt.push_back(id.get<int32_t>());
       }
     } else {
-      throw Invalid("prompt", "prompt: expected a string or an array of token ids");
+      return Invalid("prompt", "prompt: expected a string or an array of token ids");
     }
-    if (job.prompt.empty()) throw Invalid("prompt", "prompt: must not be empty");
+    if (job.prompt.empty()) return Invalid("prompt", "prompt: must not be empty");
     job.id = absl::StrCat("cmpl-", next_id.fetch_add(1));
-    FitContext(job, "prompt");
-    Run(std::move(job), req, res);
+    RETURN_IF_ERROR(FitContext(job, "prompt"));
+    return Run(std::move(job), req, res);
   }
 
-  std::shared_ptr<GenerationStream> Submit(const Job& job,
-                                           std::shared_ptr<CancellationToken> cancel) {
+  absl::StatusOr<std::shared_ptr<GenerationStream>> Submit(
+      const Job& job, std::shared_ptr<CancellationToken> cancel, const httplib::Response& res) {
     GenerationRequest gr;
     gr.request_id = job.id;
     gr.prompt = job.prompt;
@@ -450,17 +443,13 @@ struct OpenAiServer::Impl {
         if (out.stream) return out.stream;
         break;
       case SubmitStatus::kOverloaded:
-        throw ApiError{503,          "The server is overloaded; retry later", "server_error", "",
-                       "overloaded", std::max(1, out.retry_after_s)};
+        return ApiStatus(absl::StatusCode::kUnavailable, "The server is overloaded; retry later",
+                         "", "overloaded", std::max(1, out.retry_after_s));
       case SubmitStatus::kNotReady:
-        throw ApiError{503,
-                       "The model is not ready yet; retry later",
-                       "server_error",
-                       "",
-                       "not_ready",
-                       std::max(1, out.retry_after_s)};
+        return ApiStatus(absl::StatusCode::kUnavailable, "The model is not ready yet; retry later",
+                         "", "not_ready", std::max(1, out.retry_after_s));
     }
-    throw std::runtime_error("the engine accepted the request without a stream");
+    return ServerError(res, "internal error", "the engine accepted the request without a stream");
   }
 
   // One engine event through `output`: returns the text and logprobs it releases and sets
@@ -481,17 +470,17 @@ struct OpenAiServer::Impl {
     return piece;
   }
 
-  void Run(Job job, const httplib::Request& req, httplib::Response& res) {
+  absl::Status Run(Job job, const httplib::Request& req, httplib::Response& res) {
     auto cancel = std::make_shared<CancellationToken>();
     auto timer = std::make_unique<RequestTimer>();
     timer->gm = gm.get();
     timer->arrival = job.arrival;
-    auto stream = Submit(job, cancel);
+    ASSIGN_OR_RETURN(std::shared_ptr<GenerationStream> stream, Submit(job, cancel, res));
     timer->Accepted(job.prompt.size());
     timer->streaming = job.params.stream;
     if (job.params.stream) {
       Stream(std::move(job), std::move(stream), std::move(cancel), std::move(timer), res);
-      return;
+      return absl::OkStatus();
     }
     OutputText output(*tokenizer, job.params.stop);
     OutputText::Piece all;
@@ -510,7 +499,7 @@ struct OpenAiServer::Impl {
           spdlog::info("request {} ({}): the client went away; cancelled",
                        res.get_header_value(kRequestIdHeader), job.id);
           res.status = kClientClosed;
-          return;
+          return absl::OkStatus();
         }
       }
       if (!ev) continue;
@@ -518,8 +507,8 @@ struct OpenAiServer::Impl {
       error = ev->error;
     }
     if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
-      throw ServerError(res, "generation failed",
-                        absl::StrCat(job.id, ": ", error.empty() ? "cancelled" : error));
+      return ServerError(res, "generation failed",
+                         absl::StrCat(job.id, ": ", error.empty() ? "cancelled" : error));
     }
     const std::string* text = &all.text;
     const bool logprobs = job.params.sampling.top_logprobs >= 0;
@@ -557,6 +546,7 @@ struct OpenAiServer::Impl {
     resp["choices"] = Json::array({std::move(choice)});
     resp["usage"] = UsageJson(job.prompt.size(), output.tokens());
     SendJson(res, resp);
+    return absl::OkStatus();
   }
 
   // Per-stream state shared by httplib's content provider and releaser.
@@ -658,12 +648,8 @@ struct OpenAiServer::Impl {
     if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
       spdlog::error("request {}: generation failed: {}: {}", st.request_id, st.job.id,
                     ev->error.empty() ? "cancelled" : ev->error);
-      ApiError e{500,
-                 absl::StrCat("generation failed; see the server log for request ", st.request_id),
-                 "server_error",
-                 "",
-                 "",
-                 0};
+      const ApiError e = ToApiError(absl::InternalError(
+          absl::StrCat("generation failed; see the server log for request ", st.request_id)));
       if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
     } else {
       std::string reason = FinishReasonName(finish);
@@ -697,11 +683,8 @@ struct OpenAiServer::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, st](size_t, httplib::DataSink& sink) {
-          try {
-            if (Provide(*st, sink)) return true;
-          } catch (const std::exception&) {
-          }
-          st->cancel->Cancel();  // the client went away (or rendering failed): stop generating
+          if (Provide(*st, sink)) return true;
+          st->cancel->Cancel();  // the client went away: stop generating
           return false;
         },
         [st](bool) {
@@ -711,49 +694,53 @@ struct OpenAiServer::Impl {
         });
   }
 
-  void HandleTokenize(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req.body);
-    if (const Json* m = Field(body, "model"); m) CheckModel(body);
+  absl::Status HandleTokenize(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
+    if (const Json* m = Field(body, "model"); m) RETURN_IF_ERROR(CheckModel(body));
     std::vector<int32_t> ids;
     if (Field(body, "messages")) {
       ThinkingMode mode;
-      ids = ChatPrompt(body, &mode);
+      ASSIGN_OR_RETURN(ids, ChatPrompt(body, &mode));
     } else {
-      std::optional<std::string> text = GetString(body, "text");
-      if (!text) text = GetString(body, "prompt");
-      if (!text) throw Invalid("text", "text: required (a string), or messages");
-      ids = Encode(*text, "text");
+      ASSIGN_OR_RETURN(std::optional<std::string> text, GetString(body, "text"));
+      if (!text) {
+        ASSIGN_OR_RETURN(text, GetString(body, "prompt"));
+      }
+      if (!text) return Invalid("text", "text: required (a string), or messages");
+      ASSIGN_OR_RETURN(ids, Encode(*text, "text"));
     }
     Json resp = Json::object();
     resp["ids"] = ids;
     resp["count"] = ids.size();
     resp["max_model_len"] = config.max_context_tokens;
     SendJson(res, resp);
+    return absl::OkStatus();
   }
 
-  void HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
-    Json body = ParseBody(req.body);
+  absl::Status HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
     const char* key = Field(body, "ids") ? "ids" : "tokens";
     const Json* ids = Field(body, key);
-    if (!ids) throw Invalid("ids", "ids: required (an array of token ids)");
-    if (!ids->is_array()) throw Invalid(key, absl::StrCat(key, ": expected an array"));
+    if (!ids) return Invalid("ids", "ids: required (an array of token ids)");
+    if (!ids->is_array()) return Invalid(key, absl::StrCat(key, ": expected an array"));
     std::vector<int32_t> v;
     for (size_t i = 0; i < ids->size(); ++i) {
       const Json& id = (*ids)[i];
       if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
           id.get<int64_t>() >= tokenizer->vocab_size()) {
-        throw Invalid(key, absl::StrCat(key, "[", i, "]: not a token id"));
+        return Invalid(key, absl::StrCat(key, "[", i, "]: not a token id"));
       }
       v.push_back(id.get<int32_t>());
     }
     auto text = tokenizer->Decode(v);
-    if (!text.ok()) throw Invalid(key, std::string(text.status().message()));
+    if (!text.ok()) return Invalid(key, text.status().message());
     Json resp = Json::object();
     resp["text"] = *text;
     SendJson(res, resp);
+    return absl::OkStatus();
   }
 
-  void HandleModels(const httplib::Request&, httplib::Response& res) {
+  absl::Status HandleModels(const httplib::Request&, httplib::Response& res) {
     Json m = Json::object();
     m["id"] = config.model_name;
     m["object"] = "model";
@@ -764,6 +751,7 @@ struct OpenAiServer::Impl {
     resp["object"] = "list";
     resp["data"] = Json::array({std::move(m)});
     SendJson(res, resp);
+    return absl::OkStatus();
   }
 
   bool Authorized(const httplib::Request& req) const {
@@ -859,14 +847,15 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     impl->gm->Error(res.status).Increment();
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    SendError(res, Impl::ServerError(res, "internal error", "exception outside a handler"));
+    SendError(res, ToApiError(Impl::ServerError(res, "internal error", "exception in a handler")));
   });
-  using Fn = void (Impl::*)(const httplib::Request&, httplib::Response&);
+  using Fn = absl::Status (Impl::*)(const httplib::Request&, httplib::Response&);
   auto get = [impl](Fn fn) {
     return [impl, fn](const httplib::Request& req, httplib::Response& res) {
       impl->deadline->Received(Endpoints(req));
-      impl->Guard(req, res,
-                  [&](const httplib::Request& q, httplib::Response& r) { (impl->*fn)(q, r); });
+      impl->Guard(req, res, [&](const httplib::Request& q, httplib::Response& r) {
+        return (impl->*fn)(q, r);
+      });
     };
   };
   // POST bodies are read here, not by httplib, which bounds only a Content-Length body: a chunked
@@ -911,8 +900,9 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
       impl->deadline->Received(Endpoints(req));
       httplib::Request with_body = req;
       with_body.body = std::move(body);
-      impl->Guard(with_body, res,
-                  [&](const httplib::Request& q, httplib::Response& r) { (impl->*fn)(q, r); });
+      impl->Guard(with_body, res, [&](const httplib::Request& q, httplib::Response& r) {
+        return (impl->*fn)(q, r);
+      });
     };
   };
   s.Post("/v1/chat/completions", post(&Impl::HandleChat));

@@ -6,6 +6,8 @@
 #include <optional>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 
 namespace ss {
@@ -27,15 +29,15 @@ void ReceiveDeadline::Start(int local_port) {
 
 void ReceiveDeadline::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void ReceiveDeadline::Set(const ConnectionEndpoints& e, Phase phase, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Entry& entry = entries_[Key(e.peer_addr, e.peer_port)];
   entry.phase = phase;
   entry.since = Clock::now();
@@ -54,24 +56,25 @@ void ReceiveDeadline::Done(const ConnectionEndpoints& e) {
 bool ReceiveDeadline::Overdue(const ConnectionSocket& s, const Entry& entry,
                               Clock::time_point now) const {
   if (entry.phase == Phase::kExempt) return false;
-  if (now - entry.since > (entry.phase == Phase::kHead ? head_timeout_ : body_timeout_)) return true;
+  if (now - entry.since > (entry.phase == Phase::kHead ? head_timeout_ : body_timeout_))
+    return true;
   if (entry.phase != Phase::kHead) return false;
   const std::optional<uint64_t> bytes = BytesReceived(s.fd);
   return bytes && *bytes > entry.head_start && *bytes - entry.head_start > head_bytes_;
 }
 
 int ReceiveDeadline::closed_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return closed_;
 }
 
 void ReceiveDeadline::Watch() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!stop_) {
     const Clock::time_point scan_start = Clock::now();
-    lock.unlock();
+    mu_.Unlock();
     const std::vector<ConnectionSocket> sockets = ConnectionSockets(local_port_);
-    lock.lock();
+    mu_.Lock();
     const Clock::time_point now = Clock::now();
     for (auto& [key, entry] : entries_) entry.seen = false;
     int closed = 0;
@@ -99,7 +102,9 @@ void ReceiveDeadline::Watch() {
           "HTTP: closed {} connection(s) that sent no complete request in time or within {} bytes",
           closed, head_bytes_);
     }
-    cv_.wait_for(lock, period_, [&] { return stop_; });
+    const absl::Time wake = absl::Now() + absl::FromChrono(period_);
+    while (!stop_ && !cv_.WaitWithDeadline(&mu_, wake)) {
+    }
   }
 }
 

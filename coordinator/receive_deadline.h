@@ -24,14 +24,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/connection_socket.h"
 
 namespace ss {
@@ -59,24 +59,24 @@ class ReceiveDeadline {
   struct Entry {
     Phase phase = Phase::kHead;
     Clock::time_point since;
-    bool seen = false;         // in the latest scan
-    uint64_t head_start = 0;   // TCP_INFO bytes when the kHead phase began
+    bool seen = false;        // in the latest scan
+    uint64_t head_start = 0;  // TCP_INFO bytes when the kHead phase began
   };
   using Key = std::pair<std::string, int>;  // peer address, peer port
 
   void Set(const ConnectionEndpoints& e, Phase phase, uint64_t bytes = 0);
   bool Overdue(const ConnectionSocket& s, const Entry& entry, Clock::time_point now) const;
-  void Watch();
+  void Watch() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::chrono::milliseconds head_timeout_, body_timeout_, period_;
   const uint64_t head_bytes_;
   int local_port_ = -1;
   std::thread thread_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<Key, Entry> entries_;  // guarded by mu_
-  bool stop_ = false;             // guarded by mu_
-  int closed_ = 0;                // guarded by mu_
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::map<Key, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int closed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ss

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_protocol.h"
 #include "proto/cluster.grpc.pb.h"
@@ -54,8 +55,8 @@ class ResultSink {
   ::grpc::ServerReaderWriter<pb::StepResult, pb::StepPlan>* const stream_;
   std::mutex mu_;
   std::condition_variable cv_;
-  int64_t pending_ = 0;
-  bool broken_ = false;
+  int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -273,22 +274,22 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
   };
 
   const ClusterCredential credential_;
-  std::string worker_id_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<::grpc::Server> server_;
   int port_ = 0;
   StreamInbox inbox_;
 
-  std::mutex mu_;  // guards stage_, error_, worker_id_ after start
-  std::unique_ptr<LoadedStage> stage_;
-  std::string error_;
+  std::mutex mu_;
+  std::unique_ptr<LoadedStage> stage_ ABSL_GUARDED_BY(mu_);
+  std::string error_ ABSL_GUARDED_BY(mu_);
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
-  std::deque<Item> queue_;
-  bool stopping_ = false;
-  std::set<::grpc::ServerContext*> streams_;  // open Steps streams
+  std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::set<::grpc::ServerContext*> streams_ ABSL_GUARDED_BY(queue_mu_);  // open Steps streams
   // The stream still reading plans (at most one); the others only wait for their results.
-  ::grpc::ServerContext* live_steps_ = nullptr;
+  ::grpc::ServerContext* live_steps_ ABSL_GUARDED_BY(queue_mu_) = nullptr;
   std::condition_variable steps_cv_;  // live_steps_ became null, or stopping_
   std::thread executor_;
 };

@@ -11,11 +11,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "spdlog/spdlog.h"
 
 namespace ss {
@@ -106,9 +107,9 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
 
 // Refusals logged at most once a second; the ones in between are counted.
 struct ClusterCredential::RefusalLog {
-  std::mutex mu;
-  std::chrono::steady_clock::time_point last{};
-  uint64_t suppressed = 0;
+  absl::Mutex mu;
+  std::chrono::steady_clock::time_point last ABSL_GUARDED_BY(mu){};
+  uint64_t suppressed ABSL_GUARDED_BY(mu) = 0;
 };
 
 ClusterCredential::ClusterCredential() : log_(std::make_shared<RefusalLog>()) {}
@@ -194,7 +195,7 @@ std::string ClusterCredential::Describe() const {
     why = "this server has no cluster credential";
   }
   {
-    std::lock_guard<std::mutex> lock(log_->mu);
+    absl::MutexLock lock(&log_->mu);
     const auto now = std::chrono::steady_clock::now();
     if (now - log_->last >= std::chrono::seconds(1)) {
       spdlog::warn("refused {} from {}: {}{}", std::string(method), context.peer(), why,

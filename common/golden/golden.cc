@@ -118,7 +118,8 @@ class GoldenSet {
   const nlohmann::json* Case(const std::string& name) const {
     if (!cases_.contains("cases")) return nullptr;
     for (const auto& c : cases_["cases"]) {
-      if (c.value("name", "") == name) return &c;
+      const auto n = c.find("name");  // end() unless c is an object with a name
+      if (n != c.end() && n->is_string() && *n == name) return &c;
     }
     return nullptr;
   }

@@ -46,7 +46,7 @@ absl::Status Metrics::Listen(const std::string& host_port) {
 
 prometheus::Counter& Metrics::Counter(std::string_view name, std::string_view help,
                                       const Labels& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto& family = counters_[std::string(name)];
   if (family == nullptr) {
     family = &prometheus::BuildCounter()
@@ -59,7 +59,7 @@ prometheus::Counter& Metrics::Counter(std::string_view name, std::string_view he
 
 prometheus::Gauge& Metrics::Gauge(std::string_view name, std::string_view help,
                                   const Labels& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto& family = gauges_[std::string(name)];
   if (family == nullptr) {
     family = &prometheus::BuildGauge()
@@ -73,7 +73,7 @@ prometheus::Gauge& Metrics::Gauge(std::string_view name, std::string_view help,
 prometheus::Histogram& Metrics::Histogram(std::string_view name, std::string_view help,
                                           const Labels& labels,
                                           const std::vector<double>& buckets) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto& family = histograms_[std::string(name)];
   if (family == nullptr) {
     family = &prometheus::BuildHistogram()

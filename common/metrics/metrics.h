@@ -18,12 +18,13 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -60,8 +61,7 @@ class Metrics {
   // `name` without the prefix ("expert_calls_total" -> "splitserve:expert_calls_total").
   prometheus::Counter& Counter(std::string_view name, std::string_view help,
                                const Labels& labels = {});
-  prometheus::Gauge& Gauge(std::string_view name, std::string_view help,
-                           const Labels& labels = {});
+  prometheus::Gauge& Gauge(std::string_view name, std::string_view help, const Labels& labels = {});
   prometheus::Histogram& Histogram(std::string_view name, std::string_view help,
                                    const Labels& labels = {},
                                    const std::vector<double>& buckets = LatencyBuckets());
@@ -75,10 +75,11 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
-  std::mutex mu_;  // guards the family maps
-  std::map<std::string, prometheus::Family<prometheus::Counter>*> counters_;
-  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges_;
-  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histograms_;
+  absl::Mutex mu_;
+  std::map<std::string, prometheus::Family<prometheus::Counter>*> counters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histograms_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ss::metrics

@@ -113,6 +113,14 @@ TEST(SafetensorsTest, WriterRejectsBadInput) {
   EXPECT_FALSE(WriteSafetensors(dir / "a.safetensors", {T("", DType::kF32, {1})}).ok());
   EXPECT_FALSE(WriteSafetensors(dir / "a.safetensors", {{"neg", DType::kF32, {-1}, {}}}).ok());
   EXPECT_FALSE(WriteSafetensors(dir / "no_such_dir/a.safetensors", {}).ok());
+  // A name or metadata value that is not UTF-8 is refused, not written with replaced bytes.
+  const absl::Status bad_name =
+      WriteSafetensors(dir / "a.safetensors", {T("x\xff", DType::kF32, {1})});
+  EXPECT_EQ(bad_name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_name.message().find("UTF-8"), absl::string_view::npos) << bad_name;
+  EXPECT_FALSE(
+      WriteSafetensors(dir / "a.safetensors", {T("x", DType::kF32, {1})}, {{"k", "\xc3"}}).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir / "a.safetensors"));
 }
 
 TEST(SafetensorsTest, OpenMissingFileIsNotFound) {

@@ -8,30 +8,30 @@ namespace ss {
 FakeEngine::~FakeEngine() {
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     threads.swap(threads_);
   }
   for (auto& t : threads) t.join();
 }
 
 void FakeEngine::set_script(std::vector<int32_t> script) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   options_.script = std::move(script);
 }
 
 void FakeEngine::set_fail(bool v, std::string error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   fail_error_ = std::move(error);
   fail_.store(v);
 }
 
 void FakeEngine::set_script_fn(ScriptFn fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   script_fn_ = std::move(fn);
 }
 
 GenerationRequest FakeEngine::last_request() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return last_;
 }
 
@@ -62,7 +62,7 @@ SubmitOutcome FakeEngine::Submit(GenerationRequest request) {
   auto stream = std::make_shared<GenerationStream>();
   out.stream = stream;
   submitted_.fetch_add(1);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   last_ = request;
   std::vector<int32_t> script = script_fn_      ? script_fn_(request)
                                 : options_.echo ? request.prompt

@@ -18,11 +18,12 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/engine.h"
 
 namespace ss {
@@ -59,14 +60,14 @@ class FakeEngine : public GenerationEngine {
   GenerationRequest last_request() const;
 
  private:
-  Options options_;                                 // script guarded by mu_
-  ScriptFn script_fn_;                              // guarded by mu_
-  std::string fail_error_ = "fake engine failure";  // guarded by mu_
+  mutable absl::Mutex mu_;
+  Options options_ ABSL_GUARDED_BY(mu_);
+  ScriptFn script_fn_ ABSL_GUARDED_BY(mu_);
+  std::string fail_error_ ABSL_GUARDED_BY(mu_) = "fake engine failure";
   std::atomic<bool> ready_{true}, overloaded_{false}, fail_{false};
   std::atomic<int> cancelled_{0}, submitted_{0};
-  mutable std::mutex mu_;
-  GenerationRequest last_;            // guarded by mu_
-  std::vector<std::thread> threads_;  // guarded by mu_
+  GenerationRequest last_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ss
