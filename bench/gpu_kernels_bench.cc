@@ -49,7 +49,6 @@
 #include "common/bf16.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/paged_kv.h"
 

@@ -15,7 +15,6 @@
 #include "gpu_worker/cuda_backend_internal.h"
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gpu_worker/kernels/paged_kv.h"
 #include "gpu_worker/memory_plan.h"
@@ -634,7 +633,7 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
       STEP(cuda::RmsNormQuant(sc.qa, b.q_norm, T, qlr, eps, sc.qr, sc.qbuf2, sc.sbuf2, st));
       if (b.has_indexer) {
         // The indexer's query from qbuf2, then (with the new keys) each chunk's scores and top-k
-        // selections, which stay on the device (sel_base: where BuildCandidates reads).
+        // selections, which stay on the device (sel_base: where KvBuildCandidates reads).
         STEP(fork_branch(Impl::kBranchIndexQ));
         STEP(Gemv8(b.index_wq_b, sc.qbuf2, sc.sbuf2, T, sc.iq, bs_iq));
         STEP(cuda::IndexerPrepQ(sc.iq, T, nh, ihd, rd, cs, sn, fp64_, bs_iq));

@@ -12,15 +12,16 @@
 //   HcPre + RmsNorm → query path (wq_a, q_norm, wq_b, per-head norm, RoPE), raw KV (wkv, kv_norm,
 //   RoPE, FP8 sim) → compressors (CompressorStep, one launch for the batch's chunks) → indexer
 //   (wq_b, IndexerPrepQ, weights, scores from the MXFP4 keys in place, top-k; CSA layers) →
-//   SparseAttention over window + compressed entries (records decoded once per token) →
+//   KvSparseAttention over window + compressed entries (records decoded once per token) →
 //   inverse RoPE, grouped wo_a, wo_b → HcPost → HcPre + RmsNorm → Route (GPU) → shared expert
 //   (GPU) while the routed experts run on the host → combine → HcPost.
 // Residual streams are bf16 on the device ([T, hc, dim]); the interface's fp32 streams hold the
 // same (bf16-representable) values, so a PP split changes no bit.
 //
 // Host parts. A step uploads its inputs once (the streams as fp32, token ids, positions, and a
-// per-(layer, token) table of sizes and pool pointers, kernels/decode_step.h) and reads its output
-// once at the end (fp32 streams, or logits); in between the calling thread does not wait at all:
+// per-(layer, token) table of sizes and block tables, kernels/paged_kv.h's KvToken) and reads its
+// output once at the end (fp32 streams, or logits); in between the calling thread does not wait at
+// all:
 //  * the routed experts run inside the step's stream order: per MoE layer one D2H of the normed
 //    MoE input rows, the router's ids and weights (pinned buffers), then, on a side stream, a host
 //    function (cudaLaunchHostFunc) that gives them to the RoutedExperts provider of the layer (the
@@ -34,7 +35,7 @@
 //    read after the step's final wait (no synchronisation per part);
 //  * buffer growth (a new sequence, a longer chunk, a doubled compressed-entry region) may wait.
 // Everything else is on the device: the fp32 ↔ bf16 stream conversions; the candidate lists of
-// every layer (BuildCandidates: window positions from sizes, the indexer's top-k selections read
+// every layer (KvBuildCandidates: window positions from sizes, the indexer's top-k selections read
 // where IndexerTopK left them); the raw-KV staging and ring writes; one KvSparseAttention launch
 // for all sequences of a step (per 64 MiB of decoded rows in prefill). Stage 0's embedding gather
 // stays on the host (its table is not uploaded). A step's layers, host calls and collectives

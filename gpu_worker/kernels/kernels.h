@@ -146,7 +146,7 @@ cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows,
                              const uint8_t* w_scale, int64_t out, int64_t in, float* y,
                              cudaStream_t stream);
 
-// ---- Tensor-parallel partial sums (partial_sum.cu) ----------------------------------------------
+// ---- Elementwise combine and conversion (elementwise.cu) ------------------------------------------
 
 // y[i] = bf16(routed[i] + bf16(shared[i])), fp32 add, round to nearest even, i < n: the MoE
 // combine of the reference (model::MoeForward: the shared expert's output is bf16, the routed sum
@@ -157,6 +157,14 @@ cudaError_t MoeCombineF32(const float* shared, const float* routed, int64_t n, u
 // y[i] = bf16(x[i]) (round to nearest even), i < n: the all-reduced sum rounded once, as the
 // single-GPU projection rounds its fp32 accumulator.
 cudaError_t RoundF32ToBf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
+
+// y[i] = bf16(routed[i] + shared[i]) in fp32 (the MoE combine, model::MoeForward: the shared
+// expert's bf16 output plus the routed experts' fp32 sum); a null shared or routed reads 0.
+cudaError_t MoeCombineBf16(const uint16_t* shared, const float* routed, int64_t n, uint16_t* y,
+                           cudaStream_t stream);
+
+// y[i] = float(x[i]): bf16 streams to the interface's fp32 streams (exact).
+cudaError_t Bf16ToF32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream);
 
 // Addresses of the kernels' entry points, for attribute queries (ptxVersion) in tests.
 const void* RmsNormKernel();
@@ -169,5 +177,7 @@ const void* Fp8GemmKernel();           // the prefill GEMM (128-row tiles)
 const void* Fp8LinearGenericKernel();  // the plain fallback
 const void* MoeCombineF32Kernel();
 const void* RoundF32ToBf16Kernel();
+const void* MoeCombineBf16Kernel();
+const void* Bf16ToF32Kernel();
 
 }  // namespace ss::cuda

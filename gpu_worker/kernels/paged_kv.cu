@@ -40,8 +40,7 @@ __device__ __forceinline__ uint8_t* KeyEntry(const KvGeom& g, const int32_t* tab
   return b == nullptr ? nullptr : b + g.key_off + static_cast<int64_t>(j % g.keys_per_block) * kb;
 }
 
-// The record of candidate j of token tk (nullptr: masked), in decode_step.h BuildCandidates'
-// order.
+// The record of candidate j of token tk (nullptr: masked), in KvBuildCandidates' order.
 __device__ __forceinline__ const uint8_t* CandidateRecord(const KvGeom& g, const KvToken& tk,
                                                           const int32_t* __restrict__ sel,
                                                           int64_t j) {
@@ -266,8 +265,7 @@ __global__ void KvDecodeRowsKernelImpl(const uint64_t* __restrict__ cand, int d,
             static_cast<int>(blockDim.x));
 }
 
-// SparseAttendFastBlock's stage (decode_step.cu's fast path over records, so the same bits): each
-// chunk's records decoded into shared memory as bf16 (exact), 4 dims per step.
+// SparseAttendFastBlock's stage: each chunk's records decoded into shared memory as bf16 (exact), 4 dims per step.
 template <int kD>
 struct RecordStage {
   int nope;

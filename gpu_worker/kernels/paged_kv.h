@@ -55,7 +55,7 @@ struct KvGeom {
   int32_t pad = 0;
 };
 
-// One token row of a step for one layer (cf. decode_step.h's DecodeToken).
+// One token row of a step for one layer.
 struct KvToken {
   uint64_t table = 0;    // const int32_t*: its sequence's block table on the device
   uint64_t staging = 0;  // records of its chunk's raw KV: position chunk_start + k at record k
@@ -71,9 +71,13 @@ struct KvToken {
 static_assert(sizeof(KvToken) == 48);
 
 // cand[t·n_cand + j]: the address of the record of candidate j (0 = masked), in the reference's
-// list order (decode_step.h BuildCandidates): window positions (the staged record for positions of
-// the chunk, else the ring record), then the selected / every complete compressed entry. A
-// record outside the token's table is masked (the host checks the tables first).
+// list order (common/model/attention.h): slots [0, win_width) the window positions
+// max(0, pos − W + 1) … pos in order (the staged record for positions of the chunk, else ring slot
+// p mod W), 0 after them; slots [win_width, win_width + n_comp) the compressed entries: the
+// selections (0 where a selection is −1) when sel_off ≥ 0, else entry m for m < (pos + 1)/ratio,
+// 0 beyond; slots up to n_cand (the step's longest list) 0. Masked tail slots change no bit of
+// the attention. A record outside the token's table is masked (the host checks the tables
+// first).
 //
 // rows (optional): KvSparseAttention's rows scratch for these T tokens. The same launch then also
 // decodes every candidate record into it (bf16 [T, n_cand, nope + rope], exact; masked rows left
@@ -124,12 +128,18 @@ cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const Kv
                                   int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
                                   cudaStream_t stream);
 
-// SparseAttention (sparse_attention.h) with candidate j of token t the record at cand[t, j]:
-// nope dims decoded as e4m3 · scale (exact, bf16-valued), rope dims the stored bf16, so the
-// result is bit-identical to SparseAttention over a bf16 pool of the decoded entries (except on
-// the split path below). head_dim 256 and 512 stage each 64-entry chunk of decoded entries in
-// shared memory (as SparseAttentionRows' fast path; call once before capturing a graph); other
-// head dims (multiples of 128, ≤ 1024) read each dim from the record.
+// Sparse attention with a sink (spec §3.9, MQA: K = V = one latent entry shared by every head)
+// over an explicit candidate list per query, as the reference (model::SparseAttendHead) runs it:
+// fp32 scores of bf16 q·k times `scale`, online softmax over 64-entry chunks of the list,
+// probabilities rounded to bf16 before P·V (fp32 accumulation), the sink exp(sink[h] − m) only
+// in the denominator, masked candidates (0) skipped, bf16 output. Candidate j of token t is the
+// record at cand[t, j] (the first of every list valid): nope dims decoded as e4m3 · scale (exact,
+// bf16-valued), rope dims the stored bf16, so the result is bit-identical to the same attention
+// over plain bf16 records (nope = 0) of the decoded entries (except on the split path below).
+// q: bf16 [T, n_heads, head_dim]; sink: fp32 [n_heads]; out: bf16 [T, n_heads, head_dim].
+// head_dim 256 and 512 stage each 64-entry chunk of decoded entries in shared memory (call once
+// before capturing a graph); other head dims (multiples of 128, ≤ 1024) read each dim from the
+// record.
 //
 // rows (head_dim 256 and 512; else ignored): caller-owned scratch of KvSparseAttentionRowsBytes
 // bytes (16-byte aligned). With it, one launch first decodes every candidate record of every token

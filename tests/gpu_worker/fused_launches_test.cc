@@ -14,7 +14,6 @@
 
 #include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/decode_step.h"
 #include "gpu_worker/kernels/kernels.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
@@ -356,6 +355,26 @@ TEST_F(FusedLaunchesTest, HcPostOfFormedOutputsIsTheTwoLaunches) {
   }
 }
 
+// The combine and conversion launches the fused ones above are checked against: MoeCombineBf16
+// is the reference's combine (with a null input read as 0), Bf16ToF32 exact.
+TEST_F(FusedLaunchesTest, MoeCombineAndStreamConversion) {
+  const int64_t n = 3000;
+  const std::vector<uint16_t> shared = ToBf16(RandomBf16(n, 1.0f, 9));
+  const std::vector<float> routed = RandomF32(n, 1.0f, 10);
+  DeviceBuffer<uint16_t> ds(shared), dy(n);
+  DeviceBuffer<float> dr(routed), df(n);
+  CUDA_ASSERT_OK(MoeCombineBf16(ds.get(), dr.get(), n, dy.get(), nullptr));
+  const std::vector<uint16_t> y = dy.Get();
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(y[i], FloatToBf16(routed[i] + Bf16ToFloat(shared[i]))) << i;
+  }
+  CUDA_ASSERT_OK(MoeCombineBf16(ds.get(), nullptr, n, dy.get(), nullptr));
+  EXPECT_EQ(dy.Get(), shared);
+  CUDA_ASSERT_OK(Bf16ToF32(ds.get(), n, df.get(), nullptr));
+  const std::vector<float> f = df.Get();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(f[i], Bf16ToFloat(shared[i])) << i;
+}
+
 // The step's two RoPE tables (plain and compressed layers' frequencies) in one launch.
 TEST_F(FusedLaunchesTest, RopeCosSinPairIsTwoRopeCosSin) {
   int64_t seed = 460;
@@ -384,7 +403,9 @@ TEST_F(FusedLaunchesTest, KernelsRunFromComputeSm86Ptx) {
   ExpectCompute86Ptx({{"Fp8LinearHcPost", Fp8LinearHcPostKernel()},
                       {"HcPreMixFinish", HcPreMixFinishKernel()},
                       {"HeadRmsNormRopeRegs", HeadRmsNormRopeRegsKernel()},
-                      {"RopeCosSinPair", RopeCosSinPairKernel()}});
+                      {"RopeCosSinPair", RopeCosSinPairKernel()},
+                      {"MoeCombineBf16", MoeCombineBf16Kernel()},
+                      {"Bf16ToF32", Bf16ToF32Kernel()}});
 }
 
 }  // namespace
