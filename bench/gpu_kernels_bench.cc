@@ -47,9 +47,12 @@
 #include "bench/stream_read.h"
 #include "bench/sync_cost.h"
 #include "common/bf16.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/elementwise.h"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/indexer.h"
+#include "gpu_worker/kernels/indexer_topk.h"
 #include "gpu_worker/kernels/paged_kv.h"
 
 namespace {

@@ -1,6 +1,6 @@
+#include "gpu_worker/kernels/elementwise.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/hc_post_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
 
 namespace ss::cuda {
 namespace {

@@ -7,8 +7,6 @@
 #include <atomic>
 #include <cstdint>
 
-#include "gpu_worker/kernels/kernels.h"
-
 namespace ss::cuda {
 
 __device__ __forceinline__ float Bf16ToF32(uint16_t b) {

@@ -1,5 +1,6 @@
 #include "gpu_worker/kernels/fp8_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 namespace {

@@ -1,9 +1,10 @@
 #include <algorithm>
 
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/fp8_linear.h"
 #include "gpu_worker/kernels/hc_post_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
 
 namespace ss::cuda {
 namespace {

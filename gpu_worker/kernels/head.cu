@@ -1,8 +1,9 @@
 // fp32 linear on bf16 inputs (model::LinearF32: compressor wkv/wgate, indexer weights_proj, the
 // LM head of spec §3.12) and greedy argmax.
 
-#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 namespace {

@@ -1,11 +1,12 @@
 // Hyper-connection collapse (HcPre, HcHead) and expand (HcPost), spec §3.3; mirrors
 // common/model/hyper_connection.cc operation by operation.
 
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/hc_post_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
 #include "gpu_worker/kernels/last_block.cuh"
+#include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/rms_norm.h"
 #include "gpu_worker/kernels/rms_norm_common.cuh"
 
 namespace ss::cuda {

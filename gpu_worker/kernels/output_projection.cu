@@ -2,8 +2,9 @@
 // mirrors the wo_a loop of common/model/attention.cc (AttentionForward).
 #include <algorithm>
 
-#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/output_projection.h"
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 namespace {

@@ -1,7 +1,8 @@
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_common.cuh"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/rope.h"
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gpu_worker/kernels/sparse_attention_impl.cuh"
 
 namespace ss::cuda {

@@ -1,8 +1,7 @@
 // The cuda backend's paged KV cache on the device (gpu_worker/cuda_backend_kv.h has the pool and
 // block layout): every KV entry (a raw window entry or a compressed main-KV entry) is one
 // fp8_ds_mla record, and every indexer key one MXFP4 entry, inside blocks of a device pool that a
-// sequence's block table names. Built for sm_86 + compute_86 PTX only (no FP8 tensor-core
-// instructions, wgmma, TMA or clusters).
+// sequence's block table names.
 //
 // Record of a head_dim-D entry with `nope` FP8 dims and `rope` = D − nope bf16 dims (common/
 // kv_record.h generalised beyond D = 512; for Flash, 448 + 128 + 7 + 1 = 584 bytes, byte for byte
@@ -18,9 +17,8 @@
 // backend's layout for numerics whose nope dims are not on the e4m3 grid (kv_fp8_sim_rounds off:
 // the demo's initial revision), where fp8 records would not be lossless.
 //
-// Contract as kernels.h: device pointers, nothing allocates, each call enqueues on `stream` and
-// returns the launch's cudaError_t (cudaErrorInvalidValue for sizes outside the stated limits),
-// zero rows is a no-op; capture-safe.
+// Contract: README.md. The indexer's scores over the MXFP4 keys in place are indexer.h's
+// KvIndexerScores.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -108,26 +106,6 @@ cudaError_t KvEncodeKeys(const uint16_t* keys, const uint64_t* dst, int64_t n, i
 cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table, int64_t n,
                          uint16_t* out, cudaStream_t stream);
 
-// IndexerScores (compressor_kernels.h) over one sequence's MXFP4 keys [0, n_cols) read in place
-// from the pool (g, table: device, n_table entries), each staged tile decoded as KvGatherKeys
-// decodes it (keys outside the table read as 0): the same scores, bit for bit, as KvGatherKeys
-// followed by IndexerScores, without the bf16 copy. head_dim = g.key_dim (a multiple of 32, at
-// most kIndexerMaxHeadDim). Defined in indexer.cu beside IndexerScores.
-cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                            const int32_t* table, int64_t n_table, const int64_t* positions,
-                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
-                            cudaStream_t stream);
-
-// KvIndexerScores for tokens of several sequences in one launch (a decode step's batch): token t
-// reads the keys of the table at tokens[t] (device KvTokens: table, n_table), so its row is the
-// one a KvIndexerScores call over its own sequence gives, bit for bit. n_cols is every row's:
-// columns past a token's eligible keys score −inf, so a shorter sequence's row is its own row
-// padded with −inf, whose top-k selections are the same while k ≤ its eligible keys.
-cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                                  const KvToken* tokens, const int64_t* positions, int64_t T,
-                                  int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
-                                  cudaStream_t stream);
-
 // Sparse attention with a sink (spec §3.9, MQA: K = V = one latent entry shared by every head)
 // over an explicit candidate list per query, as the reference (model::SparseAttendHead) runs it:
 // fp32 scores of bf16 q·k times `scale`, online softmax over 64-entry chunks of the list,
@@ -157,19 +135,17 @@ cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const Kv
 // running max, and the sums run in another order: not the same bits. Each output o of a head
 // stays within 2^−7·(A + |o|) of the serial kernel's, A = Σ p·|v| / den (each path rounds every p
 // to bf16 once, ≤ 2^−8 relative, and its output once; paged_kv_test checks it), and the result is
-// deterministic (no atomics; every sum in a fixed order). On an H200 an 8K-token prefill chunk's
-// attention takes ~14 ms this way against ~124 ms in the per-(token, head) serial kernel
-// (bench/RESULTS.md).
+// deterministic (no atomics; every sum in a fixed order).
 //
 // rows_decoded: rows already hold the decoded candidates (KvBuildCandidates with rows, the same
 // cand, T and n_cand), so the decode launch is skipped.
 //
 // rope_cos, rope_sin (optional, fp32 [T, rope_dim / 2], row t for token t; rope_dim even, ≤
 // head_dim): the output also gets the inverse RoPE of its last rope_dim dims per head, the same
-// bits as ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true) after the
-// call. The split path does it in its combine (the rotation is elementwise on the bf16 outputs),
-// so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in two launches after
-// KvBuildCandidates with rows; the serial kernels launch ApplyRope after the attention.
+// bits as rope.h's ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true) after
+// the call. The split path does it in its combine (the rotation is elementwise on the bf16
+// outputs), so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in two launches
+// after KvBuildCandidates with rows; the serial kernels launch ApplyRope after the attention.
 cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
                               int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
                               float scale, uint16_t* out, cudaStream_t stream,
@@ -189,6 +165,5 @@ const void* KvSparseAttentionFastKernel();  // head_dim 512
 const void* KvDecodeRowsKernel();
 const void* KvSplitChunkKernel();    // head_dim 512, the split path's chunks
 const void* KvSplitCombineKernel();  // head_dim 512, the split path's combine
-const void* KvIndexerScoresKernel();
 
 }  // namespace ss::cuda

@@ -1,14 +1,12 @@
-// CUDA block kernels (gpu_worker/kernels/block_kernels.h) against the CPU reference (label gpu):
-// hyper-connections, the q/kv path pieces, the router and SwiGLU, on tiny-a weights and golden
-// streams and at Flash shapes with synthetic data. Without a CUDA device every test that needs
-// one skips with a message.
+// CUDA block kernels (gpu_worker/kernels/hyper_connection.h, rope.h, router.h, swiglu.h) against
+// the CPU reference (label gpu): hyper-connections, the q/kv path pieces, the router and SwiGLU, on
+// tiny-a weights and golden streams and at Flash shapes with synthetic data. Without a CUDA device
+// every test that needs one skips with a message.
 //
 // Each comparison prints rms_rel, max_rel and bit_identical. Where the kernel and the reference
 // perform the same fp32 operations on the same inputs (HcPost, RoPE given the same table,
 // FP8sim), the result must be bit-identical; where the reference sums exactly in double and the
 // kernel in fp32 (HC mixes, router logits, the q norm's sum of squares), rms_rel ≤ 1e-3.
-#include "gpu_worker/kernels/block_kernels.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,7 +33,13 @@
 #include "common/model_config.h"
 #include "common/rope.h"
 #include "common/safetensors.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/rope.h"
+#include "gpu_worker/kernels/router.h"
+#include "gpu_worker/kernels/swiglu.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
@@ -687,7 +691,7 @@ TEST_F(BlockKernelsTest, KvPathMatchesReferenceOnTinyA) {
       EXPECT_LE(ci.rms_rel, 1e-3) << label;
       EXPECT_EQ(ci.bit_identical, 1.0) << label;
     }
-    // The device chain from the wkv output: RmsNorm (kernels.h), RopeCosSin, ApplyRope,
+    // The device chain from the wkv output: RmsNorm (rms_norm.h), RopeCosSin, ApplyRope,
     // Fp8SimInplace. An fp32-vs-double ulp in the norm can flip one e4m3 rounding (1/16 of an
     // element), so this is looser than the isolated check above.
     DeviceBuffer<uint16_t> dkva(ToBf16(kva)), dkv(T * hd);

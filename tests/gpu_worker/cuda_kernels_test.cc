@@ -14,7 +14,10 @@
 #include "common/golden/golden.h"
 #include "common/model/linear.h"
 #include "common/model/weights.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 

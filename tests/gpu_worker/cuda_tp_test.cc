@@ -40,7 +40,8 @@
 #include "common/bf16.h"
 #include "common/model/model.h"
 #include "gpu_worker/cuda_backend.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/elementwise.h"
+#include "gpu_worker/kernels/fp8_linear.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/nccl_stage_link.h"
 #include "gtest/gtest.h"
@@ -206,7 +207,7 @@ TEST_F(TpTest, CollectivesCarrySelfDescribingPayloads) {
   EXPECT_EQ(NcclComm::Create("short", 0, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The ranks' fp32 partials of a row-parallel FP8 projection (kernels.h Fp8Linear, fp32 output).
+// The ranks' fp32 partials of a row-parallel FP8 projection (fp8_linear.h Fp8Linear, fp32 output).
 TEST_F(TpTest, Fp32LinearPartialsSumToTheBf16Projection) {
   cudaSetDevice(0);
   constexpr int64_t out = 256, in = 1024;

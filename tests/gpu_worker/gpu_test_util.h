@@ -24,7 +24,9 @@
 #include "common/model/weights.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gtest/gtest.h"
 
 namespace ss::cuda::testing_util {

@@ -21,8 +21,8 @@
 #include "common/golden/golden.h"
 #include "common/kv_record.h"
 #include "common/model/attention.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/indexer.h"
+#include "gpu_worker/kernels/rope.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
