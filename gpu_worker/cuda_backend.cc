@@ -20,7 +20,7 @@
 #include "gpu_worker/kernels/hyper_connection.h"
 #include "gpu_worker/kernels/indexer.h"
 #include "gpu_worker/kernels/indexer_topk.h"
-#include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/kernel_limits.h"
 #include "gpu_worker/kernels/output_projection.h"
 #include "gpu_worker/kernels/paged_kv.h"
 #include "gpu_worker/kernels/rms_norm.h"
@@ -47,14 +47,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   // kv_tokens 0 (fit to the device's memory) is resolved below, once the weights are resident.
   RETURN_IF_ERROR(CheckStageLayout(c, o.stage, o.num_stages, o.first_layer, o.end_layer,
                                    o.kv_tokens == 0 ? 1 : o.kv_tokens));
-  // The kernels' static limits, checked once here rather than at every launch.
-  if (c.hc_mult > cuda::kHcMaxMult || c.n_routed_experts > cuda::kRouterMaxExperts ||
-      c.n_activated_experts > cuda::kRouterMaxTopK || c.head_dim % 128 != 0 ||
-      c.head_dim > cuda::kCompressorMaxDim || c.index_n_heads > cuda::kIndexerMaxHeads ||
-      c.index_head_dim > cuda::kIndexerMaxHeadDim || c.index_topk > cuda::kIndexerMaxTopK) {
-    return absl::InvalidArgumentError(
-        "the model's shapes exceed the CUDA kernels' static limits (kernels/*.h)");
-  }
+  RETURN_IF_ERROR(cuda::CheckKernelLimits(c));  // once here rather than at every launch
   const int tp = o.tp_size;
   if (tp < 1 || o.tp_rank < 0 || o.tp_rank >= tp) {
     return absl::InvalidArgumentError(
