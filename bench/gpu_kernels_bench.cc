@@ -54,6 +54,7 @@
 #include "gpu_worker/kernels/indexer.h"
 #include "gpu_worker/kernels/indexer_topk.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/prepare.h"
 
 namespace {
 
@@ -1017,6 +1018,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %d MB L2\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
+  if (const absl::Status s = ss::cuda::PrepareKernels(); !s.ok()) {
+    std::fprintf(stderr, "gpu_kernels_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
 
   const size_t copy_bytes = size_t{256} << 20;
   void* src = DeviceAlloc<uint8_t>(copy_bytes);

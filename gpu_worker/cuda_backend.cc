@@ -23,6 +23,7 @@
 #include "gpu_worker/kernels/kernel_limits.h"
 #include "gpu_worker/kernels/output_projection.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/prepare.h"
 #include "gpu_worker/kernels/rms_norm.h"
 #include "gpu_worker/kernels/rope.h"
 #include "gpu_worker/kernels/router.h"
@@ -83,6 +84,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   im.rank = o.tp_rank;
   im.comm = tp > 1 ? o.comm : nullptr;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
+  RETURN_IF_ERROR(cuda::PrepareKernels());
   int single_to_double = 0;  // unknown (0) reads as fast FP64
   if (cudaDeviceGetAttribute(&single_to_double, cudaDevAttrSingleToDoublePrecisionPerfRatio,
                              o.device) != cudaSuccess) {
@@ -769,10 +771,9 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
   // marks as event nodes), keyed by everything the launches take from the host (sizes, scratch
   // and pinned addresses, what the step includes). A key seen on the previous step is captured,
   // then replayed while it repeats (a new capture updates the instantiated graph in place when
-  // only parameters changed); a new key runs launched (the first call of some kernels sets
-  // attributes, which is not done under capture) and becomes the pending key. The step's inputs
-  // (streams, ids, positions, compressor arrays, KvTokens, tables, entry addresses) are uploaded
-  // above into the same buffers every step, before the replay.
+  // only parameters changed); a new key runs launched and becomes the pending key. The step's
+  // inputs (streams, ids, positions, compressor arrays, KvTokens, tables, entry addresses) are
+  // uploaded above into the same buffers every step, before the replay.
   if (!im.graphs) {
     RETURN_IF_ERROR(run_layers());
   } else {

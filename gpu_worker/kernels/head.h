@@ -8,6 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 
@@ -38,6 +41,10 @@ cudaError_t LmHead(const uint16_t* u, int64_t T, int64_t dim, const uint16_t* he
 // the maximum, so per-shard results combine by (larger value, then lower id). One block per row.
 cudaError_t ArgmaxRows(const float* logits, int64_t T, int64_t n, int64_t ld, int64_t id_base,
                        int32_t* ids, float* max_vals, cudaStream_t stream);
+
+// The opt-in of the GEMM kernel (more than 8 rows: LinearBf16F32, LinearBf16F32Pair, LmHead), for
+// PrepareKernels (prepare.h).
+std::vector<SharedMemoryOptIn> LinearBf16F32OptIns();
 
 const void* LinearBf16F32Kernel();
 const void* LinearBf16F32GemmKernel();  // more than 8 rows

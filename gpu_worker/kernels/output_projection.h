@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 
@@ -22,6 +25,9 @@ namespace ss::cuda {
 cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
                                     int64_t group_in, const uint8_t* wo_a,
                                     const uint8_t* wo_a_scale, uint16_t* z, cudaStream_t stream);
+
+// The opt-in of the GEMM kernel (more than 8 tokens), for PrepareKernels (prepare.h).
+std::vector<SharedMemoryOptIn> GroupedOutputProjectionOptIns();
 
 const void* GroupedOutputProjectionKernel();      // T > 8, rank not a multiple of 128
 const void* GroupedOutputProjectionGemmKernel();  // T > 8

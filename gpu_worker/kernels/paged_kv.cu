@@ -541,14 +541,6 @@ __global__ void __launch_bounds__(kD / 4)
       o[0] | (static_cast<uint32_t>(o[1]) << 16), o[2] | (static_cast<uint32_t>(o[3]) << 16));
 }
 
-template <int kD>
-cudaError_t FastOptIn() {
-  return OncePerDevice([] {
-    return OptInSharedMemory(reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD>),
-                             kSparseChunk * kD * 2);
-  });
-}
-
 bool BadRows(int64_t T) { return T < 0 || T > 0x7fffffff; }
 bool BadRecord(int64_t nope, int64_t rope) {
   return nope < 0 || nope % 64 != 0 || nope > 1024 || rope < 0 || rope > 1024 || rope % 4 != 0;
@@ -640,7 +632,6 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
                        int64_t n_heads, int nope, int64_t n_cand, float scale, uint16_t* rows,
                        bool rows_decoded, const OutRope& rope, uint16_t* out, cudaStream_t stream) {
   if (rows == nullptr) {
-    if (cudaError_t e = FastOptIn<kD>(); e != cudaSuccess) return e;
     KvSparseAttentionFastKernelImpl<kD><<<static_cast<unsigned>(T * n_heads), kSparseFastThreads,
                                           static_cast<int>(kSparseChunk * kD * 2), stream>>>(
         q, cand, sink, n_heads, nope, n_cand, scale, out);
@@ -707,6 +698,15 @@ cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const flo
   }
   if (e != cudaSuccess || rope_cos == nullptr || fused_rope) return e;
   return ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true, stream);
+}
+
+std::vector<SharedMemoryOptIn> KvSparseAttentionOptIns() {
+  return {{"KvSparseAttention (head_dim 256)",
+           reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<256>),
+           static_cast<int>(kSparseChunk * 256 * 2)},
+          {"KvSparseAttention (head_dim 512)",
+           reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512>),
+           static_cast<int>(kSparseChunk * 512 * 2)}};
 }
 
 const void* KvBuildCandidatesKernel() {

@@ -24,8 +24,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "gpu_worker/kernels/paged_kv_sizes.h"
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 
@@ -115,8 +117,8 @@ cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table,
 // bf16-valued), rope dims the stored bf16, so the result is bit-identical to the same attention
 // over plain bf16 records (nope = 0) of the decoded entries (except on the split path below).
 // q: bf16 [T, n_heads, head_dim]; sink: fp32 [n_heads]; out: bf16 [T, n_heads, head_dim].
-// head_dim 256 and 512 stage each 64-entry chunk of decoded entries in shared memory (call once
-// before capturing a graph); other head dims (multiples of 128, ≤ 1024) read each dim from the
+// head_dim 256 and 512 stage each 64-entry chunk of decoded entries in shared memory (needs
+// PrepareKernels, prepare.h); other head dims (multiples of 128, ≤ 1024) read each dim from the
 // record.
 //
 // rows (head_dim 256 and 512; else ignored): caller-owned scratch of KvSparseAttentionRowsBytes
@@ -153,6 +155,10 @@ cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const flo
                               const float* rope_cos = nullptr, const float* rope_sin = nullptr,
                               int64_t rope_dim = 0);
 // kKvSplitMaxTokens, KvSplitBytes and KvSparseAttentionRowsBytes: paged_kv_sizes.h.
+
+// The opt-ins of KvSparseAttention's shared-memory kernels (head_dim 256 and 512, no rows), for
+// PrepareKernels (prepare.h).
+std::vector<SharedMemoryOptIn> KvSparseAttentionOptIns();
 
 // Entry points, for attribute queries (ptxVersion) in tests.
 const void* KvBuildCandidatesKernel();

@@ -13,6 +13,14 @@ namespace ss::cuda {
 // device allows more (an H200: 227 KiB), so that what runs on the test machine runs on the target.
 inline constexpr int kSm86MaxSharedPerBlock = 101376;
 
+// A kernel's need for more than 48 KiB of dynamic shared memory: what PrepareKernels (prepare.h)
+// opts it in to on a device before any launch there. `name` identifies the kernel in errors.
+struct SharedMemoryOptIn {
+  const char* name;
+  const void* kernel;
+  int bytes;
+};
+
 // Opts `kernel` in to `bytes` of dynamic shared memory on the current device:
 // cudaErrorInvalidValue, nothing set, where its static shared memory and `bytes` together pass
 // kSm86MaxSharedPerBlock.

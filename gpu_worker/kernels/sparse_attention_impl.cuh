@@ -15,7 +15,7 @@
 // (all of its loads in flight at once, instead of one dependent load per product), the
 // probabilities are taken in parallel (only their sum stays serial) and kSparseFastThreads
 // threads share the work. Dynamic shared memory: kSparseChunk·kD bf16 (64 KiB at kD = 512), which
-// needs the opt-in (OncePerDevice) before the first launch. `Stage` fills it, row i of the chunk
+// needs the opt-in (PrepareKernels) before the first launch. `Stage` fills it, row i of the chunk
 // at bf16 [i·kD, (i + 1)·kD) (a masked candidate's row is never read), in two steps around the
 // barrier that publishes the chunk's candidates:
 //   __device__ void StageRows(int64_t c0, int nc, uint4* smem);           // before: no list

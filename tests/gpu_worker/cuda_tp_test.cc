@@ -42,6 +42,7 @@
 #include "gpu_worker/cuda_backend.h"
 #include "gpu_worker/kernels/elementwise.h"
 #include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/prepare.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/nccl_stage_link.h"
 #include "gtest/gtest.h"
@@ -210,6 +211,8 @@ TEST_F(TpTest, CollectivesCarrySelfDescribingPayloads) {
 // The ranks' fp32 partials of a row-parallel FP8 projection (fp8_linear.h Fp8Linear, fp32 output).
 TEST_F(TpTest, Fp32LinearPartialsSumToTheBf16Projection) {
   cudaSetDevice(0);
+  const absl::Status prepared = cuda::PrepareKernels();  // Fp8Linear's GEMM for 40 and 200 rows
+  ASSERT_TRUE(prepared.ok()) << prepared;
   constexpr int64_t out = 256, in = 1024;
   std::vector<uint8_t> w(out * in), ws((out / 128) * (in / 128));
   uint32_t x = 12345;
