@@ -511,19 +511,24 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
   // HcPre of a sublayer, then its input norm (weight g) and the quantisation: xn and qbuf / sbuf.
   // In decode the Sinkhorn (comb, read only by the sublayer's HcPost) runs on a branch, beside the
   // sublayer, and the norm runs in HcPre's last kernel.
-  const bool defer_comb = cuda::HcPreDefersComb(T, hc, dim, sc.y);
+  const bool defer_comb = cuda::HcPreDefersComb(T, hc, dim, cuda::AsBf16(sc.y));
   auto hc_pre = [&](const uint16_t* streams, const DevHc& w, const float* g) -> cudaError_t {
+    const cuda::HcPreParams p = {.streams = cuda::AsBf16(streams), .fn = w.fn, .base = w.base,
+                                 .scale = w.scale, .T = T, .hc = hc, .dim = dim,
+                                 .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = hc_eps,
+                                 .norm_eps = eps, .y = cuda::AsBf16(sc.y), .pre = sc.pre,
+                                 .post = sc.post, .comb = sc.comb};
     if (!defer_comb) {
-      const cudaError_t e =
-          cuda::HcPre(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps, eps,
-                      sc.y, sc.pre, sc.post, sc.comb, st);
+      const cudaError_t e = cuda::HcPre(p, st);
       return e == cudaSuccess
                  ? cuda::RmsNormQuant(sc.y, g, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st)
                  : e;
     }
     cudaError_t e = cuda::HcPreDeferCombNormQuant(
-        streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre,
-        sc.post, sc.comb, g, eps, sc.xn, sc.qbuf, sc.sbuf, hc_sync, st);
+        p,
+        {.g = g, .rms_eps = eps, .xn = cuda::AsBf16(sc.xn), .q = cuda::AsE4m3(sc.qbuf),
+         .s = sc.sbuf, .sync = hc_sync},
+        st);
     if (e == cudaSuccess) e = fork_branch(Impl::kBranchHc);
     if (e == cudaSuccess) {
       e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps,
@@ -679,10 +684,13 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
                                    one_launch ? im.kvrows.as<uint16_t>() : nullptr));
       for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
         const int64_t n = std::min(attn_rows, T - t0);
-        STEP(cuda::KvSparseAttention(sc.q + t0 * H * Dh, cand + t0 * n_cand[l], b.sink, n, H, Dh,
-                                     kvl.nope, n_cand[l], scale, sc.o + t0 * H * Dh, st,
-                                     im.kvrows.as<uint16_t>(), one_launch, cs + t0 * (rd / 2),
-                                     sn + t0 * (rd / 2), rd));
+        STEP(cuda::KvSparseAttention(
+            {.q = cuda::AsBf16(sc.q + t0 * H * Dh), .cand = cand + t0 * n_cand[l], .sink = b.sink,
+             .T = n, .n_heads = H, .head_dim = Dh, .nope = kvl.nope, .n_cand = n_cand[l],
+             .scale = scale, .out = cuda::AsBf16(sc.o + t0 * H * Dh),
+             .rows = cuda::AsBf16(im.kvrows.as<uint16_t>()), .rows_decoded = one_launch,
+             .rope_cos = cs + t0 * (rd / 2), .rope_sin = sn + t0 * (rd / 2), .rope_dim = rd},
+            st));
       }
       // The chunks' last W positions into the rings (read again by the next step's attention),
       // off the critical path: the next layer's kv work follows it on the same branch, and the
@@ -713,8 +721,12 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
       // host, the host call and the sum's upload, while this stream runs the shared expert.
       STEP(cudaEventRecord(im.routed_ready, st));
       STEP(cudaStreamWaitEvent(im.side, im.routed_ready, 0));
-      STEP(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T, c.n_routed_experts, dim, K,
-                       static_cast<float>(c.route_scale), sc.rlogits, sc.ridx, sc.rw, im.side));
+      STEP(cuda::Route({.x = cuda::AsBf16(sc.xn), .gate = cuda::AsBf16(b.gate.p), .bias = b.bias,
+                        .tid2eid = b.tid2eid, .token_ids = sc.ids, .T = T,
+                        .E = c.n_routed_experts, .dim = dim, .k = K,
+                        .route_scale = static_cast<float>(c.route_scale), .logits = sc.rlogits,
+                        .indices = sc.ridx, .weights = sc.rw},
+                       im.side));
       if (host_experts) {
         STEP(cudaMemcpyAsync(im.moe_x.p, sc.xn, T * dim * 2, cudaMemcpyDeviceToHost, im.side));
         STEP(cudaMemcpyAsync(im.moe_ids.p, sc.ridx, T * K * 4, cudaMemcpyDeviceToHost, im.side));
@@ -854,8 +866,10 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
                              cudaMemcpyDeviceToDevice, st));
       }
       const int64_t V = c.vocab_size;
-      STEP(cuda::HcHead(sc.h2, im.hc_head.fn, im.hc_head.base, im.hc_head.scale, n, hc, dim, hc_eps,
-                        eps, sc.y, st));
+      STEP(cuda::HcHead({.streams = cuda::AsBf16(sc.h2), .fn = im.hc_head.fn,
+                         .base = im.hc_head.base, .scale = im.hc_head.scale, .T = n, .hc = hc,
+                         .dim = dim, .hc_eps = hc_eps, .norm_eps = eps, .z = cuda::AsBf16(sc.y)},
+                        st));
       STEP(cuda::RmsNorm(sc.y, im.final_norm, n, dim, eps, sc.xn, st));
       if (im.tp == 1) {
         if (absl::Status e = im.logits.Reserve(n * V * 4); !e.ok()) return fail(e);

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -34,37 +35,51 @@ namespace ss::cuda {
 // lane sums and the 256 partial sums of squares is its own chain and the butterflies run in the
 // second kernel; otherwise one block per mix row. At hc = 4 the second kernel is specialised
 // (unrolled one-warp Sinkhorn, pre/post in the same warp's spare lanes; the same operations).
-cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
-                  int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
-                  float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
-                  cudaStream_t stream);
+struct HcPreParams {
+  const bf16_t* streams = nullptr;  // [T, hc, dim]
+  const float* fn = nullptr;        // [mix, hc·dim]
+  const float* base = nullptr;      // [mix]
+  const float* scale = nullptr;     // [3]
+  int64_t T = 0;
+  int64_t hc = 0;
+  int64_t dim = 0;
+  int64_t sinkhorn_iters = 0;
+  float hc_eps = 0.0f;
+  float norm_eps = 0.0f;
+  bf16_t* y = nullptr;    // [T, dim]
+  float* pre = nullptr;   // [T, hc]
+  float* post = nullptr;  // [T, hc]
+  float* comb = nullptr;  // [T, hc, hc]; HcPreDeferComb*: the Sinkhorn's inputs, [T, 16]
+};
+cudaError_t HcPre(const HcPreParams& p, cudaStream_t stream);
 
 // HcPre with its Sinkhorn taken off the critical path (decode): where HcPreDefersComb holds
 // (hc = 4 and the decode split, so at most 64 tokens), HcPreDeferComb writes y, pre and post as
-// HcPre does (they do not depend on the Sinkhorn's rounds) and, in comb_logits [T, 16], the
+// HcPre does (they do not depend on the Sinkhorn's rounds) and, in p.comb [T, 16], the
 // Sinkhorn's inputs mix·scale[2] + base; HcCombSinkhorn (one warp per token, on any stream) then
 // turns them into HcPre's comb in place, with the same operations: the same bits.
 // HcPreDeferComb returns cudaErrorInvalidValue where HcPreDefersComb does not hold, HcCombSinkhorn
 // for hc ≠ 4.
-bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const uint16_t* y);
-cudaError_t HcPreDeferComb(const uint16_t* streams, const float* fn, const float* base,
-                           const float* scale, int64_t T, int64_t hc, int64_t dim,
-                           int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y,
-                           float* pre, float* post, float* comb_logits, cudaStream_t stream);
+bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const bf16_t* y);
+cudaError_t HcPreDeferComb(const HcPreParams& p, cudaStream_t stream);
 cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
                            cudaStream_t stream);
-// HcPreDeferComb, then the sublayer's input norm RmsNormQuant(y, g, T, dim, rms_eps, xn, q, s)
-// (rms_norm.h): for dim = 4096 (Flash) in HcPreDeferComb's second kernel, from y's row in
+// HcPreDeferComb, then the sublayer's input norm RmsNormQuant(p.y, nq.g, T, dim, nq.rms_eps,
+// nq.xn, nq.q, nq.s) (rms_norm.h): for dim = 4096 (Flash) in HcPreDeferComb's second kernel, from y's row in
 // registers, else as a launch of its own. The same bits as the two calls. With `sync` (T
 // counters, zero, left zero; not shared by overlapping calls) and dim = 4096 the two kernels are
 // one launch, whose last block per token finishes it, while that launch's grid is resident at
 // once (a token or two: its blocks hold the finish's registers); more tokens take the two.
-cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, const float* base,
-                                    const float* scale, int64_t T, int64_t hc, int64_t dim,
-                                    int64_t sinkhorn_iters, float hc_eps, float norm_eps,
-                                    uint16_t* y, float* pre, float* post, float* comb_logits,
-                                    const float* g, float rms_eps, uint16_t* xn, uint8_t* q,
-                                    float* s, uint32_t* sync, cudaStream_t stream);
+struct HcNormQuantParams {
+  const float* g = nullptr;  // the norm's weight, fp32 [dim] (required)
+  float rms_eps = 0.0f;
+  bf16_t* xn = nullptr;       // [T, dim]
+  e4m3_t* q = nullptr;        // [T, dim]
+  float* s = nullptr;         // [T, ceil(dim/128)]
+  uint32_t* sync = nullptr;   // optional: T counters, zero, left zero
+};
+cudaError_t HcPreDeferCombNormQuant(const HcPreParams& p, const HcNormQuantParams& nq,
+                                    cudaStream_t stream);
 
 // HcPost's operands other than the sublayer output x (HcPost below): the old streams
 // `residual` [T, hc, dim], post [T, hc], comb [T, hc, hc] and the new streams `out` [T, hc, dim]
@@ -113,9 +128,19 @@ cudaError_t HcEmbedStreams(const uint16_t* rows, int64_t T, int64_t hc, int64_t 
 // Head collapse (final norm input and MTP head, model::HcHead): the same r and mix with the head's
 // fn [hc, hc·dim], a = sigmoid(mix·scale[0] + base) + hc_eps, z = bf16(Σ_s a[s]·X_s), no Sinkhorn.
 // z: bf16 [T, dim]. hc ≤ kHcMaxMult.
-cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, const float* scale,
-                   int64_t T, int64_t hc, int64_t dim, float hc_eps, float norm_eps, uint16_t* z,
-                   cudaStream_t stream);
+struct HcHeadParams {
+  const bf16_t* streams = nullptr;  // [T, hc, dim]
+  const float* fn = nullptr;        // [hc, hc·dim]
+  const float* base = nullptr;      // [hc]
+  const float* scale = nullptr;     // [1]
+  int64_t T = 0;
+  int64_t hc = 0;
+  int64_t dim = 0;
+  float hc_eps = 0.0f;
+  float norm_eps = 0.0f;
+  bf16_t* z = nullptr;  // [T, dim]
+};
+cudaError_t HcHead(const HcHeadParams& p, cudaStream_t stream);
 
 const void* HcPreKernel();
 const void* HcPostKernel();

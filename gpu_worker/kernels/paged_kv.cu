@@ -665,11 +665,19 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
   return cudaSuccess;
 }
 
-cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
-                              int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
-                              float scale, uint16_t* out, cudaStream_t stream, uint16_t* rows,
-                              bool rows_decoded, const float* rope_cos, const float* rope_sin,
-                              int64_t rope_dim) {
+cudaError_t KvSparseAttention(const KvSparseAttentionParams& p, cudaStream_t stream) {
+  const uint16_t* q = Raw(p.q);
+  const uint64_t* cand = p.cand;
+  const float* sink = p.sink;
+  const int64_t T = p.T, n_heads = p.n_heads, head_dim = p.head_dim, nope = p.nope;
+  const int64_t n_cand = p.n_cand;
+  const float scale = p.scale;
+  uint16_t* out = Raw(p.out);
+  uint16_t* rows = Raw(p.rows);
+  const bool rows_decoded = p.rows_decoded;
+  const float* rope_cos = p.rope_cos;
+  const float* rope_sin = p.rope_sin;
+  const int64_t rope_dim = p.rope_dim;
   if (T == 0 || n_heads == 0) return cudaSuccess;
   if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 ||
       T * n_heads > 0x7fffffff || T * n_cand > 0x7fffffff || BadRecord(nope, head_dim - nope)) {

@@ -28,6 +28,7 @@
 
 #include "gpu_worker/kernels/paged_kv_sizes.h"
 #include "gpu_worker/kernels/shared_memory.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -148,12 +149,24 @@ cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table,
 // the call. The split path does it in its combine (the rotation is elementwise on the bf16
 // outputs), so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in two launches
 // after KvBuildCandidates with rows; the serial kernels launch ApplyRope after the attention.
-cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
-                              int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
-                              float scale, uint16_t* out, cudaStream_t stream,
-                              uint16_t* rows = nullptr, bool rows_decoded = false,
-                              const float* rope_cos = nullptr, const float* rope_sin = nullptr,
-                              int64_t rope_dim = 0);
+struct KvSparseAttentionParams {
+  const bf16_t* q = nullptr;       // [T, n_heads, head_dim]
+  const uint64_t* cand = nullptr;  // [T, n_cand] record addresses, 0 = masked
+  const float* sink = nullptr;     // [n_heads]
+  int64_t T = 0;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  int64_t nope = 0;  // the records' FP8 dims (0: plain bf16 records)
+  int64_t n_cand = 0;
+  float scale = 0.0f;
+  bf16_t* out = nullptr;  // [T, n_heads, head_dim]
+  bf16_t* rows = nullptr;  // optional scratch (above)
+  bool rows_decoded = false;
+  const float* rope_cos = nullptr;  // optional: the inverse RoPE (above)
+  const float* rope_sin = nullptr;
+  int64_t rope_dim = 0;
+};
+cudaError_t KvSparseAttention(const KvSparseAttentionParams& p, cudaStream_t stream);
 // kKvSplitMaxTokens, KvSplitBytes and KvSparseAttentionRowsBytes: paged_kv_sizes.h.
 
 // The opt-ins of KvSparseAttention's shared-memory kernels (head_dim 256 and 512, no rows), for

@@ -195,10 +195,17 @@ __global__ void RouterSelectKernelImpl(const float* __restrict__ logits,
 
 }  // namespace
 
-cudaError_t Route(const uint16_t* x, const uint16_t* gate, const float* bias,
-                  const int32_t* tid2eid, const int64_t* token_ids, int64_t T, int64_t E,
-                  int64_t dim, int64_t k, float route_scale, float* logits, int32_t* indices,
-                  float* weights, cudaStream_t stream) {
+cudaError_t Route(const RouteParams& p, cudaStream_t stream) {
+  const uint16_t* x = Raw(p.x);
+  const uint16_t* gate = Raw(p.gate);
+  const float* bias = p.bias;
+  const int32_t* tid2eid = p.tid2eid;
+  const int64_t* token_ids = p.token_ids;
+  const int64_t T = p.T, E = p.E, dim = p.dim, k = p.k;
+  const float route_scale = p.route_scale;
+  float* logits = p.logits;
+  int32_t* indices = p.indices;
+  float* weights = p.weights;
   if (E < 1 || E > kRouterMaxExperts || k < 1 || k > E || k > kRouterMaxTopK || dim < 1) {
     return cudaErrorInvalidValue;
   }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -23,13 +24,23 @@ namespace ss::cuda {
 //  * learned layers (tid2eid == nullptr): the top-k of s + bias (fp32 [E]) in descending order,
 //    equal values ordered by the lower expert index (the reference's stable sort);
 //  * weights[t][i] = s[idx_i] / (Σ_i s[idx_i], summed in i order) · route_scale.
-// x: bf16 [T, dim]; gate: bf16 [E, dim]; token_ids: int64 [T] (read only for hash layers);
-// logits: caller-owned fp32 workspace [T, E] (holds the logits afterwards); indices: int32 [T, k];
-// weights: fp32 [T, k]. E ≤ kRouterMaxExperts, k ≤ min(E, kRouterMaxTopK).
-cudaError_t Route(const uint16_t* x, const uint16_t* gate, const float* bias,
-                  const int32_t* tid2eid, const int64_t* token_ids, int64_t T, int64_t E,
-                  int64_t dim, int64_t k, float route_scale, float* logits, int32_t* indices,
-                  float* weights, cudaStream_t stream);
+// E ≤ kRouterMaxExperts, k ≤ min(E, kRouterMaxTopK).
+struct RouteParams {
+  const bf16_t* x = nullptr;           // [T, dim]
+  const bf16_t* gate = nullptr;        // [E, dim]
+  const float* bias = nullptr;         // fp32 [E] (learned layers)
+  const int32_t* tid2eid = nullptr;    // hash layers: int32 [vocab, k]; null: a learned layer
+  const int64_t* token_ids = nullptr;  // int64 [T] (read only for hash layers)
+  int64_t T = 0;
+  int64_t E = 0;
+  int64_t dim = 0;
+  int64_t k = 0;
+  float route_scale = 0.0f;
+  float* logits = nullptr;    // caller-owned workspace fp32 [T, E] (holds the logits afterwards)
+  int32_t* indices = nullptr;  // int32 [T, k]
+  float* weights = nullptr;    // fp32 [T, k]
+};
+cudaError_t Route(const RouteParams& p, cudaStream_t stream);
 
 // SwiGLU with the demo's clamp (moe.cc SwiGlu), elementwise over [rows, n]:
 

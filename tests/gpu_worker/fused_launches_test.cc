@@ -199,10 +199,13 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
     DeviceBuffer<float> pre1(T * hc), pre2(T * hc), post1(T * hc), post2(T * hc);
     DeviceBuffer<float> comb1(T * hc * hc), comb2(T * hc * hc);
     Quantised parts(T, dim), fused(T, dim);
-    ASSERT_TRUE(HcPreDefersComb(T, hc, dim, y1.get())) << label;
-    CUDA_ASSERT_OK(HcPreDeferComb(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters,
-                                  1e-6f, kEps, y1.get(), pre1.get(), post1.get(), comb1.get(),
-                                  nullptr));
+    ASSERT_TRUE(HcPreDefersComb(T, hc, dim, AsBf16(y1.get()))) << label;
+    const HcPreParams p1 = {.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
+                            .scale = dscale.get(), .T = T, .hc = hc, .dim = dim,
+                            .sinkhorn_iters = iters, .hc_eps = 1e-6f, .norm_eps = kEps,
+                            .y = AsBf16(y1.get()), .pre = pre1.get(), .post = post1.get(),
+                            .comb = comb1.get()};
+    CUDA_ASSERT_OK(HcPreDeferComb(p1, nullptr));
     CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(), parts.q.get(),
                                 parts.s.get(), nullptr));
     // Without counters (two launches), then twice with them (one launch at dim 4096; the second
@@ -217,10 +220,16 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
       Poison(fused.y, T * dim);
       Poison(fused.q, T * dim);
       Poison(fused.s, T * (dim / 128));
+      HcPreParams p2 = p1;
+      p2.y = AsBf16(y2.get());
+      p2.pre = pre2.get();
+      p2.post = post2.get();
+      p2.comb = comb2.get();
       CUDA_ASSERT_OK(HcPreDeferCombNormQuant(
-          dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters, 1e-6f, kEps, y2.get(),
-          pre2.get(), post2.get(), comb2.get(), dg.get(), kEps, fused.y.get(), fused.q.get(),
-          fused.s.get(), counters, nullptr));
+          p2,
+          {.g = dg.get(), .rms_eps = kEps, .xn = AsBf16(fused.y.get()),
+           .q = AsE4m3(fused.q.get()), .s = fused.s.get(), .sync = counters},
+          nullptr));
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
       ExpectSameBits(how + " y", y2.Get(), y1.Get());
       ExpectSameBits(how + " pre", pre2.Get(), pre1.Get());

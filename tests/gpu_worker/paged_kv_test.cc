@@ -183,8 +183,10 @@ void ReferenceCase(const RefCase& c) {
   }
   DeviceBuffer<uint64_t> dc(cand_b);
   const float scale = static_cast<float>(std::pow(static_cast<double>(c.D), -0.5));
-  CUDA_ASSERT_OK(KvSparseAttention(dq.get(), dc.get(), ds.get(), c.T, c.H, c.D, 0, C, scale,
-                                   dout.get(), nullptr));
+  CUDA_ASSERT_OK(KvSparseAttention({.q = AsBf16(dq.get()), .cand = dc.get(), .sink = ds.get(),
+                                    .T = c.T, .n_heads = c.H, .head_dim = c.D, .nope = 0,
+                                    .n_cand = C, .scale = scale, .out = AsBf16(dout.get())},
+                                   nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const std::vector<uint16_t> ob = dout.Get();
   std::vector<float> got(ob.size()), ref(ob.size());
@@ -215,7 +217,8 @@ TEST_F(PagedKvTest, AttentionMatchesTheReference) {
 }
 
 TEST_F(PagedKvTest, AttentionRejectsUnsupportedHeadDim) {
-  EXPECT_EQ(KvSparseAttention(nullptr, nullptr, nullptr, 1, 1, 100, 0, 1, 1.0f, nullptr, nullptr),
+  EXPECT_EQ(KvSparseAttention({.T = 1, .n_heads = 1, .head_dim = 100, .n_cand = 1, .scale = 1.0f},
+                              nullptr),
             cudaErrorInvalidValue);
 }
 
@@ -276,18 +279,22 @@ void AttentionCase(int64_t D, uint64_t seed) {
   cudaMalloc(&o1, T * H * D * 2);
   cudaMalloc(&o2, T * H * D * 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ASSERT_EQ(KvSparseAttention(d_q, d_cand_b, d_sink, T, H, D, 0, n_cand, scale, o1, nullptr),
-            cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o2, nullptr),
-            cudaSuccess);
+  KvSparseAttentionParams ap = {.q = AsBf16(d_q), .cand = d_cand_b, .sink = d_sink, .T = T,
+                                .n_heads = H, .head_dim = D, .nope = 0, .n_cand = n_cand,
+                                .scale = scale, .out = AsBf16(o1)};
+  ASSERT_EQ(KvSparseAttention(ap, nullptr), cudaSuccess);
+  ap.cand = d_cand_p;
+  ap.nope = nope;
+  ap.out = AsBf16(o2);
+  ASSERT_EQ(KvSparseAttention(ap, nullptr), cudaSuccess);
   // The same with the candidates decoded once into rows (the decode path's scratch): at head_dim
   // 512 (T ≤ kKvSplitMaxTokens) the split path, within its rounding bound of the serial kernel.
   uint16_t *o3 = nullptr, *rows = nullptr;
   cudaMalloc(&o3, T * H * D * 2);
   cudaMalloc(&rows, KvSparseAttentionRowsBytes(T, n_cand, D, H));
-  ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o3, nullptr,
-                              rows),
-            cudaSuccess);
+  ap.out = AsBf16(o3);
+  ap.rows = AsBf16(rows);
+  ASSERT_EQ(KvSparseAttention(ap, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint16_t> a = ToHost(o1, T * H * D), b = ToHost(o2, T * H * D),
                               c = ToHost(o3, T * H * D);
@@ -411,21 +418,33 @@ void DecodePathCase(const DecodeCase& c) {
   DeviceBuffer<uint16_t> out_a(T * H * D), out_b(T * H * D), out_c(T * H * D), out_d(T * H * D);
   ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_a.get(), nullptr, rows_a.get()),
             cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, cand_a.get(), d_sink, T, H, D, nope, n_cand, scale, out_a.get(),
-                              nullptr, rows_a.get(), true, d_cos, d_sin, 64),
-            cudaSuccess);
+  const KvSparseAttentionParams fused = {
+      .q = AsBf16(d_q), .cand = cand_a.get(), .sink = d_sink, .T = T, .n_heads = H,
+      .head_dim = D, .nope = nope, .n_cand = n_cand, .scale = scale, .out = AsBf16(out_a.get()),
+      .rows = AsBf16(rows_a.get()), .rows_decoded = true, .rope_cos = d_cos, .rope_sin = d_sin,
+      .rope_dim = 64};
+  ASSERT_EQ(KvSparseAttention(fused, nullptr), cudaSuccess);
   const std::vector<uint16_t> rows = rows_a.Get();  // the decoded candidates, for the bound
-  ASSERT_EQ(KvSparseAttention(d_q, cand_a.get(), d_sink, T, H, D, nope, n_cand, scale, out_d.get(),
-                              nullptr, rows_a.get(), true, d_cos, d_sin, 64),
-            cudaSuccess);
+  KvSparseAttentionParams again = fused;
+  again.out = AsBf16(out_d.get());
+  ASSERT_EQ(KvSparseAttention(again, nullptr), cudaSuccess);
   ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_b.get(), nullptr), cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, cand_b.get(), d_sink, T, H, D, nope, n_cand, scale, out_b.get(),
-                              nullptr, rows_b.get()),
-            cudaSuccess);
+  KvSparseAttentionParams general = fused;
+  general.cand = cand_b.get();
+  general.out = AsBf16(out_b.get());
+  general.rows = AsBf16(rows_b.get());
+  general.rows_decoded = false;
+  general.rope_cos = nullptr;
+  general.rope_sin = nullptr;
+  general.rope_dim = 0;
+  ASSERT_EQ(KvSparseAttention(general, nullptr), cudaSuccess);
   ASSERT_EQ(ApplyRope(out_b.get(), T, H, D, 64, d_cos, d_sin, true, nullptr), cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, cand_b.get(), d_sink, T, H, D, nope, n_cand, scale, out_c.get(),
-                              nullptr, nullptr, false, d_cos, d_sin, 64),
-            cudaSuccess);
+  KvSparseAttentionParams serial = fused;
+  serial.cand = cand_b.get();
+  serial.out = AsBf16(out_c.get());
+  serial.rows = nullptr;
+  serial.rows_decoded = false;
+  ASSERT_EQ(KvSparseAttention(serial, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint64_t> ca = cand_a.Get();
   EXPECT_EQ(ca, cand_b.Get());
