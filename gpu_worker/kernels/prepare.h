@@ -1,7 +1,7 @@
 // The kernels' per-device set-up: the shared-memory opt-ins of the kernels that take more than
 // 48 KiB of dynamic shared memory. No launch sets an attribute, so a launch behaves the same the
-// first time as later, under CUDA-graph capture too; but a kernel launched on a device where
-// PrepareKernels has not run fails (cudaErrorInvalidValue) where it needs an opt-in.
+// first time as later, under CUDA-graph capture too; but a kernel that needs an opt-in fails to
+// launch on a device where PrepareKernels has not run.
 #pragma once
 
 #include "absl/status/status.h"
