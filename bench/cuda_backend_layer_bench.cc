@@ -64,7 +64,7 @@
 #include "common/bf16.h"
 #include "common/model/model.h"
 #include "common/model_config.h"
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"
 #include "tests/tools/checkpoint_generator.h"
 

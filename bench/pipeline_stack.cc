@@ -10,7 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "common/bf16.h"
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"
 #if SS_BENCH_PP_GRPC
 #include "coordinator/cluster_config.h"

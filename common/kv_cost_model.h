@@ -1,7 +1,7 @@
 // The KV cost model of DeepSeek-V4's decode-time state (spec §4): the paged blocks a sequence
 // holds in a pool covering some layers, and its compressor state outside the pool. Shared by the
 // coordinator's accounting (coordinator/kv_accounting.h), the GPU workers' pool sizing
-// (gpu_worker/memory_plan.h) and the cuda backend's pool layout (gpu_worker/cuda_backend_kv.h,
+// (gpu_worker/memory_plan.h) and the cuda backend's pool layout (gpu_worker/cuda/cuda_backend_kv.h,
 // KvLayout::Create takes its block size and window packing from here), so all three count blocks
 // with one formula. KvCostModel is an immutable value.
 #pragma once

@@ -125,7 +125,7 @@ int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model);
 
 // The KV capacity a launcher passes its GPU workers (--kv_tokens): `requested` when > 0; for 0
 // (auto), 0 again where the cuda backend runs every worker on a GPU of its own (`devices`, one
-// per worker: each worker then fills its GPU's free memory, gpu_worker/cuda_backend.h), else
+// per worker: each worker then fills its GPU's free memory, gpu_worker/cuda/cuda_backend.h), else
 // `fallback` (the cpu backend, or workers sharing a GPU, where one would take the others' memory).
 int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& devices,
                        int64_t fallback);

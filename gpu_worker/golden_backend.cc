@@ -17,7 +17,7 @@
 #if SS_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"
 #endif
 

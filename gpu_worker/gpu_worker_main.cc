@@ -55,7 +55,7 @@
 #include "gpu_worker/coordinator_client.h"
 #include "gpu_worker/cpu_backend.h"
 #ifdef SS_HAVE_CUDA
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/nccl_stage_link.h"
 #endif

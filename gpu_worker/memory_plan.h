@@ -18,7 +18,7 @@
 // KV: the stage's layers under the cost model of common/kv_cost_model.h (block_tokens per block;
 // every TP rank holds the whole KV of its stage: the latent is replicated). Each running sequence
 // also keeps its compressor state (kv_cost.state_bytes, 11.6 MiB at Flash for a whole-model
-// stage) on the device outside the pool (gpu_worker/cuda_backend_kv.h), so the plan sets aside
+// stage) on the device outside the pool (gpu_worker/cuda/cuda_backend_kv.h), so the plan sets aside
 // the states of `sequences` sequences before sizing the pool:
 //   kv_pool_bytes = device - weights - reserve - sequences x state_bytes,
 //   reserve = options.reserve_bytes + StepWorkspaceBytes(step_tokens, context) + link_bytes

@@ -2,7 +2,7 @@
 // a step of T tokens carves (StepScratch) and, beside it, Run's per-step buffers (candidate lists,
 // decoded rows, the indexer's scores and selections, the upload). The backend carves its arena
 // with CarveStepScratch; the worker keeps StepWorkspaceBytes free beside its KV pool
-// (cuda_backend.cc Create) and the memory plan (memory_plan.h) counts it in its reserve.
+// (cuda/cuda_backend.cc Create) and the memory plan (memory_plan.h) counts it in its reserve.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +15,7 @@ namespace ss::gpu {
 // Cap of the attention's decoded-rows scratch (KvSparseAttention's rows): a step of more tokens
 // (prefill) runs the attention in slices of this many bytes of rows.
 inline constexpr int64_t kAttentionRowsBytes = int64_t{64} << 20;
-// The indexer's score columns are a multiple of this (cuda_backend_plan.cc).
+// The indexer's score columns are a multiple of this (cuda/cuda_backend_plan.cc).
 inline constexpr int64_t kScoreColumns = 256;
 
 // The step's device scratch (sized by the batch's token count T), carved from one allocation.

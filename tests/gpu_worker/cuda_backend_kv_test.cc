@@ -1,8 +1,8 @@
-// The cuda backend's paged-KV layout (gpu_worker/cuda_backend_kv.h) against the KV cost model
+// The cuda backend's paged-KV layout (gpu_worker/cuda/cuda_backend_kv.h) against the KV cost model
 // (common/kv_cost_model.h): the pool's blocks, window packing and compressor states are the
 // figures the coordinator and the memory plan count. Host code only: runs without a GPU, except
 // KvPoolTest (the state allocations' reuse), which skips without one.
-#include "gpu_worker/cuda_backend_kv.h"
+#include "gpu_worker/cuda/cuda_backend_kv.h"
 
 #include <cmath>
 #include <cstdio>

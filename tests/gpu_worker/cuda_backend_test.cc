@@ -1,4 +1,4 @@
-// The cuda backend (gpu_worker/cuda_backend.h) against the reference model on tiny-a (label gpu;
+// The cuda backend (gpu_worker/cuda/cuda_backend.h) against the reference model on tiny-a (label gpu;
 // every test skips with a message without a CUDA device).
 //
 // Schedule and reference: tests/gpu_worker/tiny_schedule.h (the reference's routed experts are
@@ -14,7 +14,7 @@
 //  * the reference's double sums in fp32 (Fp64Sums::kOff) give logits bit-identical to double.
 // No new kernel is added by the backend (it launches the kernels of gpu_worker/kernels/, whose
 // tests assert ptxVersion == 86); the test checks that a step really launched on the device.
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
 

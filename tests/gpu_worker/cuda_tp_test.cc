@@ -1,4 +1,4 @@
-// The cuda backend at TP = 2 (gpu_worker/cuda_backend.h "Tensor parallelism") on two GPUs: one
+// The cuda backend at TP = 2 (gpu_worker/cuda/cuda_backend.h "Tensor parallelism") on two GPUs: one
 // CudaBackend per rank, each driven by its own thread, joined by an in-process NCCL group
 // (NcclComm::CreateGroup). Label gpu; the TP tests skip with a message without two CUDA devices
 // or without NCCL in the build.
@@ -39,7 +39,7 @@
 
 #include "common/bf16.h"
 #include "common/model/model.h"
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 #include "gpu_worker/kernels/elementwise.h"
 #include "gpu_worker/kernels/fp8_linear.h"
 #include "gpu_worker/kernels/prepare.h"

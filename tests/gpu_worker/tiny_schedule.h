@@ -19,7 +19,7 @@
 
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
-#include "gpu_worker/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 

@@ -1,16 +1,13 @@
-// Internals of the cuda backend (cuda_backend.h), shared by its source files:
-// cuda_backend.cc (creation, checks, the step), cuda_backend_plan.cc (a step's host-side plan and
-// upload), cuda_backend_weights.cc (weight upload and the per-rank slicing),
-// cuda_backend_kv.{h,cc} (the paged KV cache).
+// Internals of the cuda backend (cuda_backend.h), shared by its source files: the device weights
+// of a stage (Dev*), a step's host-side plan (StepPlan, cuda_backend_plan.cc) and the backend's
+// state (CudaBackend::Impl: streams, weights, KV pool, scratch and the step's parts).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -19,8 +16,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/model.h"
-#include "gpu_worker/cuda_backend.h"
-#include "gpu_worker/cuda_backend_kv.h"
+#include "gpu_worker/cuda/branches.h"
+#include "gpu_worker/cuda/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend_kv.h"
+#include "gpu_worker/cuda/device_buffers.h"
+#include "gpu_worker/cuda/graph_cache.h"
+#include "gpu_worker/cuda/routed_experts_provider.h"
+#include "gpu_worker/cuda/step_timings.h"
 #include "gpu_worker/cuda_status.h"
 #include "gpu_worker/step_workspace.h"
 
@@ -81,61 +83,6 @@ inline Share ShareOf(int64_t n, int64_t unit, int parts, int rank) {
   return {std::min(n, rank * units / parts * unit), std::min(n, (rank + 1) * units / parts * unit)};
 }
 
-// kAttentionRowsBytes, kScoreColumns: step_workspace.h.
-
-// A grow-only device buffer.
-struct DevBuf {
-  void* p = nullptr;
-  size_t cap = 0;
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= cap) return absl::OkStatus();
-    cudaFree(p);
-    p = nullptr;
-    cap = 0;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
-    cap = bytes;
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  ~DevBuf() { cudaFree(p); }
-};
-
-// A grow-only pinned host buffer (async copies that a graph or a pipelined step can rely on).
-struct PinnedBuf {
-  void* p = nullptr;
-  size_t cap = 0;
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= cap) return absl::OkStatus();
-    cudaFreeHost(p);
-    p = nullptr;
-    cap = 0;
-    CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<size_t>(bytes, 256)));
-    cap = bytes;
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  ~PinnedBuf() { cudaFreeHost(p); }
-};
-
-// One MoE layer's routed experts on the host, enqueued on the step's side stream with
-// cudaLaunchHostFunc (so a captured graph replays it too): `run` (Impl::host_experts) is called
-// with the layer and the step's rows; the step reads `status` and `seconds` after its final wait.
-// run, step_failed and layer are set when the record is created; rows, status and seconds before
-// every step's launch. The object's address is fixed (graphs hold it).
-struct HostExpertsCall {
-  const std::function<absl::Status(int64_t layer, int64_t rows)>* run = nullptr;
-  std::atomic<bool>* step_failed = nullptr;  // an earlier layer of this step failed
-  int64_t layer = 0, rows = 0;
-  absl::Status status;
-  double seconds = 0.0;
-};
-
 // Steps of at most this many tokens run the indexer's scores and top-k for all their chunks in
 // one launch each (StepPlan::index_one_launch); the split top-k takes up to 8 rows.
 inline constexpr int64_t kIndexerOneLaunchTokens = 8;
@@ -191,23 +138,12 @@ struct CudaBackend::Impl {
   // routed_ready (the MoE input is normed) and routed_back (the routed sum is on the device).
   cudaStream_t side = nullptr;
   cudaEvent_t routed_ready = nullptr, routed_back = nullptr;
-  // A layer's work off its critical path (cuda_backend.cc run_layers), on branch streams forked
-  // from `stream` when their input is ready (fork[k]) and joined back (joined[k]) before their
-  // output is read: wkv and the KV latent's norm, RoPE, staging and ring writes; the main
-  // compressor; the indexer's compressor; the indexer's head weights; its query, scores and
-  // top-k; the hyper-connections' Sinkhorn (from HcPre's logits, joined before HcPost). In a
-  // captured graph they are parallel branches.
-  static constexpr int kBranchKv = 0, kBranchComp = 1, kBranchIndex = 2, kBranchHc = 3;
-  static constexpr int kBranchIndexQ = 4, kBranchIndexW = 5, kBranches = 6;
-  cudaStream_t branch[kBranches] = {};
-  cudaEvent_t fork[kBranches] = {}, joined[kBranches] = {};
-  // The host half of the routed experts (set once, on first use) and one call record per layer.
-  std::function<absl::Status(int64_t layer, int64_t rows)> host_experts;
-  std::vector<std::unique_ptr<HostExpertsCall>> host_calls;
-  std::atomic<bool> host_failed{false};
-  std::vector<float> host_x;  // the MoE input rows as fp32, for the provider
-  // StageTimings from events (kMarks per layer, grow-only), read after the step's final wait.
-  std::vector<cudaEvent_t> marks;
+  // A layer's work off its critical path (branches.h).
+  StepBranches branches;
+  // Where the routed experts run (routed_experts_provider.h); set at creation.
+  std::unique_ptr<RoutedExpertsProvider> routed;
+  // StageTimings from events (step_timings.h).
+  StepMarks marks;
   std::vector<void*> allocations;  // weights, freed at destruction
   int64_t weight_bytes = 0;
   std::vector<DevBlock> blocks;  // index = layer − first_layer
@@ -224,32 +160,19 @@ struct CudaBackend::Impl {
   static constexpr int64_t kHcSyncTokens = 64, kZeroedTopK = 256;
   static_assert(kHcSyncTokens * 4 <= kZeroedTopK);
   DevBuf zeroed;
-  // Host side of the routed-experts transfers: [T, dim] bf16 rows, [T, k] ids and weights, [T,
-  // dim] fp32 sum.
-  PinnedBuf moe_x, moe_ids, moe_w, moe_sum;
-  // The step's upload (cuda_backend.cc Run: parameters, ids, positions, input streams), staged in
+  // The step's upload (step_input.cc: parameters, ids, positions, input streams), staged in
   // pinned memory so the copy is one asynchronous DMA; a middle stage's output streams come back
   // through it.
   PinnedBuf up_host;
-  // Decode under CUDA graphs (cuda_backend.cc Run): the instantiated layers of the step shape
-  // `graph_key`, the key of the last launched step (captured when it repeats), and counts.
-  bool graphs = true;
-  cudaGraphExec_t graph_exec = nullptr;
-  std::vector<int64_t> graph_key, pending_key;
-  int64_t graph_captures = 0, graph_replays = 0;
+  // The step's layers under CUDA graphs (graph_cache.h).
+  StepGraphCache graph;
 
   ~Impl() {
-    if (graph_exec) cudaGraphExecDestroy(graph_exec);
+    graph.Reset();
     kv.ReleaseAll();
     for (void* p : allocations) cudaFree(p);
     if (routed_ready) cudaEventDestroy(routed_ready);
     if (routed_back) cudaEventDestroy(routed_back);
-    for (int k = 0; k < kBranches; ++k) {
-      if (fork[k]) cudaEventDestroy(fork[k]);
-      if (joined[k]) cudaEventDestroy(joined[k]);
-      if (branch[k]) cudaStreamDestroy(branch[k]);
-    }
-    for (cudaEvent_t e : marks) cudaEventDestroy(e);
     if (side) cudaStreamDestroy(side);
     if (stream) cudaStreamDestroy(stream);
   }

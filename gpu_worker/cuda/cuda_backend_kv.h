@@ -1,4 +1,4 @@
-// The cuda backend's paged KV cache (issue 5 item 3; ARCHITECTURE.md "Memory"): one device pool
+// The cuda backend's paged KV cache (ARCHITECTURE.md "Memory"): one device pool
 // of fixed-size blocks, allocated at start, holding every stage layer's KV in fp8_ds_mla records
 // (kernels/paged_kv.h) and the indexer keys in MXFP4, addressed through each sequence's block
 // table.

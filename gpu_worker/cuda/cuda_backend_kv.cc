@@ -1,4 +1,4 @@
-#include "gpu_worker/cuda_backend_kv.h"
+#include "gpu_worker/cuda/cuda_backend_kv.h"
 
 #include <algorithm>
 #include <set>

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "gpu_worker/cuda_backend_internal.h"
+#include "gpu_worker/cuda/cuda_backend_internal.h"
 
 namespace ss::gpu::cuda_backend_internal {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "common/status.h"
-#include "gpu_worker/cuda_backend_internal.h"
+#include "gpu_worker/cuda/cuda_backend_internal.h"
 
 namespace ss::gpu {
 

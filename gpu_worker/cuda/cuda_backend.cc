@@ -1,0 +1,245 @@
+#include "gpu_worker/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/rope.h"
+#include "common/status.h"
+#include "gpu_worker/cuda/cuda_backend_internal.h"
+#include "gpu_worker/cuda/host_routed_experts.h"
+#include "gpu_worker/kernels/kernel_limits.h"
+#include "gpu_worker/kernels/prepare.h"
+#include "gpu_worker/memory_plan.h"
+#include "gpu_worker/nccl_comm.h"
+#include "gpu_worker/step_workspace.h"
+
+namespace ss::gpu {
+
+CudaBackend::CudaBackend(std::shared_ptr<const model::Model> model,
+                         const CudaBackendOptions& options)
+    : model_(std::move(model)), options_(options), impl_(std::make_unique<Impl>()) {}
+
+CudaBackend::~CudaBackend() {
+  if (impl_) cudaSetDevice(impl_->device);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    std::shared_ptr<const model::Model> model, const CudaBackendOptions& o) {
+  const ModelConfig& c = model->config();
+  // kv_tokens 0 (fit to the device's memory) is resolved below, once the weights are resident.
+  RETURN_IF_ERROR(CheckStageLayout(c, o.stage, o.num_stages, o.first_layer, o.end_layer,
+                                   o.kv_tokens == 0 ? 1 : o.kv_tokens));
+  RETURN_IF_ERROR(cuda::CheckKernelLimits(c));  // once here rather than at every launch
+  const int tp = o.tp_size;
+  if (tp < 1 || o.tp_rank < 0 || o.tp_rank >= tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TP rank ", o.tp_rank, " of ", tp, ": expected 0 <= rank < size"));
+  }
+  if (tp > 1) {
+    if (!NcclComm::Available()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "TP = ", tp, " needs NCCL, and this build has none (cmake/nccl.cmake; set NCCL_ROOT)"));
+    }
+    if (o.comm == nullptr || o.comm->size() != tp || o.comm->rank() != o.tp_rank ||
+        o.comm->device() != o.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TP rank ", o.tp_rank, " of ", tp, " on device ", o.device,
+          " needs its group's NcclComm (rank, size and device equal to the backend's)"));
+    }
+    if (c.n_heads % tp != 0 || c.o_groups % tp != 0 || (c.o_groups / tp) * c.o_lora_rank % 128) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TP = ", tp, " does not split this model: n_heads (", c.n_heads, ") and o_groups (",
+          c.o_groups, ") must divide by it and (o_groups / TP)·o_lora_rank (", c.o_lora_rank,
+          ") be a multiple of 128"));
+    }
+  }
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || o.device < 0 || o.device >= n) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the cuda backend needs CUDA device ", o.device, "; ", n, " found"));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(model), o));
+  Impl& im = *b->impl_;
+  im.device = o.device;
+  im.tp = tp;
+  im.rank = o.tp_rank;
+  im.comm = tp > 1 ? o.comm : nullptr;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
+  RETURN_IF_ERROR(cuda::PrepareKernels());
+  int single_to_double = 0;  // unknown (0) reads as fast FP64
+  if (cudaDeviceGetAttribute(&single_to_double, cudaDevAttrSingleToDoublePrecisionPerfRatio,
+                             o.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    single_to_double = 0;
+  }
+  b->fp64_ = UseFp64Sums(o.fp64_sums, single_to_double);
+  // The critical path first, where the SMs cannot take every ready block at once: the indexer's
+  // branches (a ratio-4 layer's attention waits for its top-k) take the greatest priority, the
+  // step's stream the next, the other branches and the routed experts' stream the least. Graph
+  // kernel nodes keep their stream's priority (cudaGraphInstantiateFlagUseNodePriority below).
+  int least = 0, greatest = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int main_priority = greatest < least ? greatest + 1 : greatest;
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&im.stream, cudaStreamNonBlocking, main_priority));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&im.side, cudaStreamNonBlocking, least));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_ready, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.routed_back, cudaEventDisableTiming));
+  RETURN_IF_ERROR(im.branches.Create(least, greatest));
+  im.routed = std::make_unique<HostRoutedExperts>(*b->model_, b->options_.experts, o.first_layer,
+                                                  tp, o.tp_rank);
+  const model::ModelWeights& w = b->model_->weights();
+  for (int l = o.first_layer; l < o.end_layer; ++l) {
+    ASSIGN_OR_RETURN(DevBlock d, im.Block(c, w.blocks[l]));
+    im.blocks.push_back(d);
+  }
+  if (o.stage == o.num_stages - 1) {
+    ASSIGN_OR_RETURN(im.hc_head, im.Hc(w.hc_head));
+    ASSIGN_OR_RETURN(im.final_norm, im.F32(w.norm));
+    im.vocab_max = (c.vocab_size + tp - 1) / tp;
+    im.vocab.begin = std::min<int64_t>(c.vocab_size, o.tp_rank * im.vocab_max);
+    im.vocab.end = std::min<int64_t>(c.vocab_size, im.vocab.begin + im.vocab_max);
+    ASSIGN_OR_RETURN(im.head, im.Bf16Rows(w.head, im.vocab));
+  }
+  ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
+  ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
+  ASSIGN_OR_RETURN(KvLayout layout,
+                   KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
+                                    b->model_->options().kv_fp8_sim_rounds));
+  // Beside the pool: the largest step's workspace (the role's tokens per step, a chunk ending at
+  // the longest context served) and the margin.
+  const int64_t workspace =
+      StepWorkspaceBytes(c, tp, o.first_layer, o.end_layer, o.max_step_tokens, o.max_context);
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  ASSIGN_OR_RETURN(const KvFit fit, FitKvPool(layout, o.kv_tokens, o.kv_extra_sequences,
+                                              static_cast<int64_t>(free_bytes),
+                                              workspace + o.kv_reserve_bytes, o.kv_sequences));
+  b->options_.kv_tokens = fit.kv_tokens;
+  b->kv_fit_ =
+      absl::StrCat(fit.Describe(), "; the reserve is a ", o.max_step_tokens,
+                   "-token step's workspace (", GiB(workspace), ") + ", GiB(o.kv_reserve_bytes));
+  RETURN_IF_ERROR(im.kv.Init(layout, fit.kv_tokens, o.kv_extra_sequences));
+  return b;
+}
+
+BackendInfo CudaBackend::info() const {
+  BackendInfo i;
+  cudaDeviceProp p{};
+  i.device = cudaGetDeviceProperties(&p, impl_->device) == cudaSuccess ? p.name : "cuda";
+  i.weight_bytes = impl_->weight_bytes;
+  // The pool's capacity as the coordinator counts it (kv_tokens / kv_block_tokens blocks; the
+  // pool holds at least those, cuda_backend_kv.h) and the pool's real bytes.
+  i.kv_tokens = options_.kv_tokens;
+  i.kv_bytes = impl_->kv.bytes();
+  return i;
+}
+
+KvUsage CudaBackend::kv_usage() const {
+  KvUsage u;
+  u.capacity_tokens = options_.kv_tokens;
+  u.sequences = static_cast<int64_t>(impl_->kv.seqs().size());
+  for (const auto& [id, s] : impl_->kv.seqs()) u.used_tokens += s.next_pos;
+  return u;
+}
+
+void CudaBackend::Release(uint64_t seq_id) {
+  if (impl_->kv.Find(seq_id) == nullptr) return;
+  cudaSetDevice(impl_->device);
+  cudaStreamSynchronize(impl_->stream);
+  impl_->kv.Release(seq_id);
+}
+
+void CudaBackend::ReleaseAll() {
+  cudaSetDevice(impl_->device);
+  cudaStreamSynchronize(impl_->stream);
+  impl_->kv.ReleaseAll();
+}
+
+absl::Status CudaBackend::Check(std::span<const StageChunk> batch) const {
+  RETURN_IF_ERROR(CheckBatch(model_->config(), batch, kv_usage().used_tokens, options_.kv_tokens,
+                             [&](uint64_t id) -> int64_t {
+                               const KvSeq* s = impl_->kv.Find(id);
+                               return s == nullptr ? -1 : s->next_pos;
+                             }));
+  std::vector<uint64_t> ids;
+  std::vector<int64_t> ends;
+  std::vector<std::span<const int32_t>> tables;
+  for (const StageChunk& ch : batch) {
+    ids.push_back(ch.seq_id);
+    ends.push_back(ch.start + static_cast<int64_t>(ch.tokens.size()));
+    tables.push_back(ch.block_table);
+  }
+  return impl_->kv.Check(ids, ends, tables);
+}
+
+absl::Status CudaBackend::Run(std::span<const StageChunk> batch, const float* streams_in,
+                              StageOutput* out, StageTimings* timings) {
+  return RunImpl(batch, streams_in, nullptr, false, out, timings);
+}
+
+absl::Status CudaBackend::RunDevice(std::span<const StageChunk> batch, const void* streams_in,
+                                    StageOutput* out, StageTimings* timings) {
+  return RunImpl(batch, nullptr, streams_in, true, out, timings);
+}
+
+void CudaBackend::set_decode_graphs(bool on) { impl_->graph.set_enabled(on); }
+int64_t CudaBackend::graph_captures() const { return impl_->graph.captures(); }
+int64_t CudaBackend::graph_replays() const { return impl_->graph.replays(); }
+
+absl::Status CudaBackend::FillSequenceForBenchmark(uint64_t seq_id, int64_t next_pos) {
+  if (next_pos < 1) return absl::InvalidArgumentError("next_pos must be positive");
+  Release(seq_id);
+  Impl& im = *impl_;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
+  // The pool's own blocks for [0, next_pos) (their records as they are: zero from the start, or
+  // whatever an earlier sequence left), compressor states zeroed, indexer keys random.
+  const uint64_t ids[] = {seq_id};
+  const int64_t ends[] = {next_pos};
+  const std::span<const int32_t> tables[] = {{}};
+  RETURN_IF_ERROR(im.kv.Check(ids, ends, tables));
+  RETURN_IF_ERROR(im.kv.Prepare(seq_id, 0, next_pos, {}, im.stream));
+  KvSeq* s = im.kv.Find(seq_id);
+  for (KvSeq::Layer& k : s->layers) {
+    if (k.comp_state) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(k.comp_state, 0, k.comp_n * 8, im.stream));
+    }
+    if (k.index_state) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(k.index_state, 0, k.index_n * 8, im.stream));
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(im.stream));
+  // Each key: key_dim / 2 bytes of two e2m1 codes (any byte is valid), then its ue8m0 scale
+  // bytes, 127 (2^0). A block's keys at a time, copied into the token block's keys of the layer
+  // (the pool is written by the kernels through KvGeom's address; here by a copy).
+  const KvLayout& kvl = im.kv.layout();
+  uint8_t* const pool = const_cast<uint8_t*>(im.kv.base());
+  std::vector<uint8_t> keys(static_cast<size_t>(kvl.block_tokens / 4 * kvl.key_bytes));
+  std::mt19937_64 rng(seq_id * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(next_pos));
+  const int64_t token_blocks = (next_pos + kvl.block_tokens - 1) / kvl.block_tokens;
+  if (static_cast<int64_t>(s->table.size()) < kvl.window_blocks + token_blocks) {
+    return absl::InternalError("FillSequenceForBenchmark: the sequence's table is short");
+  }
+  for (size_t l = 0; l < kvl.layers.size(); ++l) {
+    if (!kvl.layers[l].has_indexer) continue;
+    for (int64_t b = 0; b < token_blocks; ++b) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        keys[i] = static_cast<int64_t>(i % kvl.key_bytes) < kvl.key_dim / 2
+                      ? static_cast<uint8_t>(rng())
+                      : 127;
+      }
+      const int64_t block = s->table[kvl.window_blocks + b];
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(pool + block * kvl.block_bytes + kvl.layers[l].key_off,
+                                      keys.data(), keys.size(), cudaMemcpyHostToDevice));
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  s->next_pos = next_pos;
+  return absl::OkStatus();
+}
+
+}  // namespace ss::gpu

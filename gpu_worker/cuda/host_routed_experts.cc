@@ -1,0 +1,117 @@
+#include "gpu_worker/cuda/host_routed_experts.h"
+
+#include <chrono>
+#include <utility>
+
+#include "common/bf16.h"
+#include "common/status.h"
+#include "gpu_worker/cuda_status.h"
+
+namespace ss::gpu::cuda_backend_internal {
+namespace {
+
+// The host function of a layer's routed experts (HostExpertsCall): skipped once an earlier layer
+// of the step failed (the step fails with that error; the rest of it only has to finish).
+void CUDART_CB RunHostExpertsCall(void* p) {
+  auto* call = static_cast<HostExpertsCall*>(p);
+  if (call->step_failed->load()) {
+    call->status = absl::CancelledError("an earlier layer's routed experts failed");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  call->status = (*call->run)(call->layer, call->rows);
+  call->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!call->status.ok()) call->step_failed->store(true);
+}
+
+}  // namespace
+
+HostRoutedExperts::HostRoutedExperts(
+    const model::Model& model,
+    const std::function<const model::RoutedExperts*(int64_t layer)>& experts, int first_layer,
+    int tp, int rank)
+    : model_(model), experts_(experts), first_layer_(first_layer), tp_(tp), rank_(rank) {
+  run_ = [this](int64_t layer, int64_t rows) { return Compute(layer, rows); };
+}
+
+absl::Status HostRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
+  const ModelConfig& c = model_.config();
+  const int64_t T = rows, dim = c.dim, K = c.n_activated_experts;
+  for (auto [buf, bytes] : {std::pair{&moe_x_, T * dim * 2},
+                            {&moe_ids_, T * K * 4},
+                            {&moe_w_, T * K * 4},
+                            {&moe_sum_, T * dim * 4}}) {
+    RETURN_IF_ERROR(buf->Reserve(static_cast<size_t>(bytes)));
+  }
+  while (calls_.size() < static_cast<size_t>(n_layers)) {
+    auto call = std::make_unique<HostExpertsCall>();
+    call->run = &run_;
+    call->step_failed = &failed_;
+    call->layer = first_layer_ + static_cast<int64_t>(calls_.size());
+    calls_.push_back(std::move(call));
+  }
+  failed_.store(false);
+  for (int l = 0; l < n_layers; ++l) {
+    HostExpertsCall& hcall = *calls_[l];
+    hcall.rows = T;
+    hcall.status = absl::OkStatus();
+    hcall.seconds = 0.0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostRoutedExperts::Enqueue(int l, const uint16_t* xn, const int32_t* ids,
+                                        const float* weights, int64_t rows, float* sum,
+                                        cudaStream_t side) {
+  const ModelConfig& c = model_.config();
+  const int64_t T = rows, dim = c.dim, K = c.n_activated_experts;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_x_.p, xn, T * dim * 2, cudaMemcpyDeviceToHost, side));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_ids_.p, ids, T * K * 4, cudaMemcpyDeviceToHost, side));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_w_.p, weights, T * K * 4, cudaMemcpyDeviceToHost, side));
+  CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(side, RunHostExpertsCall, calls_[l].get()));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sum, moe_sum_.p, T * dim * 4, cudaMemcpyHostToDevice, side));
+  return absl::OkStatus();
+}
+
+absl::Status HostRoutedExperts::StepStatus(int n_layers) const {
+  for (int l = 0; l < n_layers; ++l) {
+    const HostExpertsCall& hcall = *calls_[l];
+    if (!hcall.status.ok() && !absl::IsCancelled(hcall.status)) return hcall.status;
+  }
+  return absl::OkStatus();
+}
+
+void HostRoutedExperts::AppendGraphKey(std::vector<int64_t>* key) const {
+  for (const void* p : {moe_x_.p, moe_ids_.p, moe_w_.p, moe_sum_.p}) {
+    key->push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)));
+  }
+}
+
+absl::Status HostRoutedExperts::Compute(int64_t layer, int64_t rows) {
+  const ModelConfig& c = model_.config();
+  const int64_t dim = c.dim, K = c.n_activated_experts, E = c.n_routed_experts;
+  host_x_.resize(rows * dim);
+  const uint16_t* xb = moe_x_.as<uint16_t>();
+  for (int64_t i = 0; i < rows * dim; ++i) host_x_[i] = Bf16ToFloat(xb[i]);
+  const int32_t* ridx = moe_ids_.as<int32_t>();
+  const float* rw = moe_w_.as<float>();
+  float* acc = moe_sum_.as<float>();
+  const model::RoutedExperts* experts = experts_ ? experts_(layer) : nullptr;
+  if (experts != nullptr) {
+    return experts->Compute(layer, rows, host_x_.data(), ridx, rw, static_cast<int>(K), acc);
+  }
+  model::RouterResult r;
+  r.indices.assign(ridx, ridx + rows * K);
+  r.weights.assign(rw, rw + rows * K);
+  if (tp_ > 1) {
+    // This rank's experts only (RoutedSum skips ids matching no expert).
+    const int64_t e0 = rank_ * E / tp_, e1 = (rank_ + 1) * E / tp_;
+    for (int32_t& e : r.indices) {
+      if (e < e0 || e >= e1) e = -1;
+    }
+  }
+  model::RoutedSum(model_.weights().blocks[layer].moe, c, host_x_.data(), r, rows, acc);
+  return absl::OkStatus();
+}
+
+}  // namespace ss::gpu::cuda_backend_internal

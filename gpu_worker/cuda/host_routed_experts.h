@@ -1,0 +1,70 @@
+// The routed experts on the host (HostRoutedExperts, a RoutedExpertsProvider): per MoE layer, on
+// the side stream, one D2H each of the normed MoE input rows (bf16), the router's ids and weights
+// into pinned buffers, a host function (cudaLaunchHostFunc, so a captured graph replays it too)
+// that gives them to the layer's model::RoutedExperts (`experts(layer)`: the expert-worker
+// client) or, where that is absent, sums them with model::RoutedSum on the host's reference
+// weights, and one H2D of the fp32 sum. With TP > 1 and no `experts`, the rank computes experts
+// [rank·E/TP, (rank+1)·E/TP) of every token (the router's other choices masked).
+//
+// A failed layer fails the step with its error; the step's later host functions are skipped
+// (Cancelled) and its kernels run to the end.
+//
+// Ownership: the model and `experts` must outlive the object; the host functions hold the
+// addresses of the per-layer call records, which stay fixed for the object's life.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/model/model.h"
+#include "gpu_worker/cuda/device_buffers.h"
+#include "gpu_worker/cuda/routed_experts_provider.h"
+
+namespace ss::gpu::cuda_backend_internal {
+
+// One MoE layer's host call, the argument of its host function: `run` is called with the layer
+// and the step's rows; the step reads `status` and `seconds` after its final wait. run,
+// step_failed and layer are set when the record is created; rows, status and seconds before
+// every step's launch. The object's address is fixed (graphs hold it).
+struct HostExpertsCall {
+  const std::function<absl::Status(int64_t layer, int64_t rows)>* run = nullptr;
+  std::atomic<bool>* step_failed = nullptr;  // an earlier layer of this step failed
+  int64_t layer = 0, rows = 0;
+  absl::Status status;
+  double seconds = 0.0;
+};
+
+class HostRoutedExperts final : public RoutedExpertsProvider {
+ public:
+  // Layers are numbered from first_layer (the stage's first) in the model.
+  HostRoutedExperts(const model::Model& model,
+                    const std::function<const model::RoutedExperts*(int64_t layer)>& experts,
+                    int first_layer, int tp, int rank);
+
+  absl::Status PrepareStep(int n_layers, int64_t rows) override;
+  absl::Status Enqueue(int l, const uint16_t* xn, const int32_t* ids, const float* weights,
+                       int64_t rows, float* sum, cudaStream_t side) override;
+  absl::Status StepStatus(int n_layers) const override;
+  double Seconds(int l) const override { return calls_[l]->seconds; }
+  void AppendGraphKey(std::vector<int64_t>* key) const override;
+
+ private:
+  // The host half of one layer for `rows` rows: the pinned MoE input, ids and weights to the
+  // pinned fp32 sum. Runs from the side stream (a host function: no CUDA calls).
+  absl::Status Compute(int64_t layer, int64_t rows);
+
+  const model::Model& model_;
+  const std::function<const model::RoutedExperts*(int64_t layer)>& experts_;
+  const int first_layer_, tp_, rank_;
+  std::function<absl::Status(int64_t layer, int64_t rows)> run_;  // Compute
+  std::vector<std::unique_ptr<HostExpertsCall>> calls_;           // one per layer, grow-only
+  std::atomic<bool> failed_{false};
+  std::vector<float> host_x_;  // the MoE input rows as fp32, for the provider
+  // [T, dim] bf16 rows, [T, k] ids and weights, [T, dim] fp32 sum.
+  PinnedBuf moe_x_, moe_ids_, moe_w_, moe_sum_;
+};
+
+}  // namespace ss::gpu::cuda_backend_internal

@@ -1,0 +1,110 @@
+// CudaBackend::RunImpl: one step, its parts in order (step.h), and its one failure clean-up.
+#include "gpu_worker/cuda/step.h"
+
+#include <utility>
+
+#include "common/status.h"
+#include "gpu_worker/cuda/attention_layer.h"
+#include "gpu_worker/cuda/moe_layer.h"
+#include "gpu_worker/cuda/step_input.h"
+#include "gpu_worker/cuda/step_output.h"
+#include "gpu_worker/kernels/elementwise.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/nccl_comm.h"
+
+namespace ss::gpu {
+namespace cuda_backend_internal {
+namespace {
+
+// The step after its checks: inputs, layers (launched or under the graph cache), collectives,
+// output, the final wait, the routed experts' outcome, timings and the sequences' new positions.
+absl::Status RunStep(StepState& s, const float* streams_in, const void* device_in,
+                     StageOutput* out) {
+  CudaBackend::Impl& im = s.im;
+  RETURN_IF_ERROR(PrepareStepInputs(s, streams_in, device_in));
+  if (s.timings) RETURN_IF_ERROR(im.marks.Prepare(s.n_layers, s.timings));
+  if (s.routed) RETURN_IF_ERROR(im.routed->PrepareStep(s.n_layers, s.T));
+  s.defer_comb = cuda::HcPreDefersComb(s.T, s.hc, s.dim, cuda::AsBf16(s.sc.y));
+
+  if (!im.graph.enabled()) {
+    RETURN_IF_ERROR(RunLayers(s));
+  } else {
+    ASSIGN_OR_RETURN(const bool layers_ran,
+                     im.graph.Run(GraphKeyOf(s), s.st, &s.capturing, [&] { return RunLayers(s); }));
+    // A replay leaves the host's view of the ping-pong stream buffers as the loop would.
+    if (!layers_ran && s.n_layers % 2 != 0) std::swap(s.sc.h, s.sc.h2);
+  }
+  // TP > 1: the step's collectives, waited for once under the deadline (nccl_comm.h "Failure").
+  if (im.tp > 1) RETURN_IF_ERROR(im.comm->Synchronize(s.st, s.options.collective_timeout));
+
+  RETURN_IF_ERROR(ReadStepOutput(s, out));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s.st));
+  if (s.routed) RETURN_IF_ERROR(im.routed->StepStatus(s.n_layers));
+  if (s.timings) {
+    const RoutedExpertsProvider* routed = s.routed ? im.routed.get() : nullptr;
+    im.marks.Fill(
+        s.n_layers, im.tp > 1, [&](int l) { return routed ? routed->Seconds(l) : 0.0; }, s.timings);
+  }
+  for (size_t i = 0; i < s.nc; ++i) {
+    const std::vector<int64_t>& row0 = s.plan.row0;
+    im.kv.Find(s.batch[i].seq_id)->next_pos = s.batch[i].start + (row0[i + 1] - row0[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunLayers(StepState& s) {
+  RETURN_IF_ERROR(EnqueueInputStreams(s));
+  for (int l = 0; l < s.n_layers; ++l) {
+    if (s.timings) CUDA_RETURN_IF_ERROR(s.Mark(l, kLayerStart));
+    RETURN_IF_ERROR(LaunchAttentionSublayer(s, l));
+    if (s.timings) CUDA_RETURN_IF_ERROR(s.Mark(l, kAttnEnd));
+    RETURN_IF_ERROR(LaunchMoeSublayer(s, l));
+    std::swap(s.sc.h, s.sc.h2);
+    if (s.timings) CUDA_RETURN_IF_ERROR(s.Mark(l, kLayerEnd));
+  }
+  // The last layer's ring writes; the output streams as fp32 (a middle stage's output; its last
+  // layer's HcPost wrote them).
+  if (s.n_layers > 0) CUDA_RETURN_IF_ERROR(s.im.branches.Wait(s.st, kBranchKv));
+  if (!s.last && s.n_layers == 0) {
+    CUDA_RETURN_IF_ERROR(cuda::Bf16ToF32(s.sc.h, s.T * s.width, s.sc.sf32, s.st));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllReduceParts(StepState& s, int l, int64_t n, int begin) {
+  if (s.timings) RETURN_IF_ERROR(CudaCheck(s.Mark(l, begin), "timing mark"));
+  RETURN_IF_ERROR(s.im.comm->AllReduceSum(s.sc.part, n, s.st));
+  if (s.timings) RETURN_IF_ERROR(CudaCheck(s.Mark(l, begin + 1), "timing mark"));
+  return absl::OkStatus();
+}
+
+}  // namespace cuda_backend_internal
+
+absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float* streams_in,
+                                  const void* device_in, bool device_out, StageOutput* out,
+                                  StageTimings* timings) {
+  RETURN_IF_ERROR(Check(batch));
+  Impl& im = *impl_;
+  const bool first = options_.stage == 0;
+  if (!first && streams_in == nullptr && device_in == nullptr) {
+    return absl::InvalidArgumentError("stage > 0 needs the previous stage's streams");
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
+  StepState s(im, *model_, options_, fp64_, batch, timings, device_out);
+  const absl::Status e = RunStep(s, streams_in, device_in, out);
+  if (e.ok()) return e;
+  // The one clean-up of a failed step: its streams waited for, a non-sticky error cleared (it
+  // must not fail the next step's first launch), the batch's sequences dropped (backend.h), and
+  // the zeroed scratch zeroed again (only completed calls leave it zeroed).
+  cudaStreamSynchronize(im.stream);
+  cudaStreamSynchronize(im.side);
+  im.branches.SynchronizeAll();
+  (void)cudaGetLastError();
+  for (const StageChunk& ch : batch) Release(ch.seq_id);
+  if (im.zeroed.p != nullptr) (void)cudaMemset(im.zeroed.p, 0, im.zeroed.cap);
+  return e;
+}
+
+}  // namespace ss::gpu
