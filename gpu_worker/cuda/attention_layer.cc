@@ -101,9 +101,14 @@ absl::Status AttentionLayer::Projections() {
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndex, st));
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndexW, st));
   }
-  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.wq_a.in, b.wq_a.w, b.wq_a.s,
-                                           b.wq_a.out, sc.qa, b.wkv.w, b.wkv.s, b.wkv.out, sc.kva,
-                                           st));
+  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(
+      {.q = cuda::AsE4m3(sc.qbuf),
+       .s_act = sc.sbuf,
+       .rows = T,
+       .in = b.wq_a.in,
+       .m0 = {cuda::AsE4m3(b.wq_a.w), cuda::AsUe8m0(b.wq_a.s), b.wq_a.out, cuda::AsBf16(sc.qa)},
+       .m1 = {cuda::AsE4m3(b.wkv.w), cuda::AsUe8m0(b.wkv.s), b.wkv.out, cuda::AsBf16(sc.kva)}},
+      st));
   // The compressors write their new entries to scratch rows (ebase), then the encoders put them
   // into their MXFP4 keys / records in the sequences' blocks.
   if (b.has_indexer) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -55,10 +56,21 @@ cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, 
 // Fp8Gemv computes with the launch's warps per block, which follow the blocks of both together:
 // where that equals each matrix's own count (every matrix at least one block per SM), the bits
 // are the two Fp8Gemv calls'. Otherwise the two Fp8Linear calls.
-cudaError_t Fp8LinearPair(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
-                          const uint8_t* w0, const uint8_t* w_scale0, int64_t out0, uint16_t* y0,
-                          const uint8_t* w1, const uint8_t* w_scale1, int64_t out1, uint16_t* y1,
-                          cudaStream_t stream);
+struct Fp8PairMatrix {
+  const e4m3_t* w = nullptr;         // [out, in]
+  const ue8m0_t* w_scale = nullptr;  // [ceil(out/128), ceil(in/128)]
+  int64_t out = 0;
+  bf16_t* y = nullptr;  // [rows, out]
+};
+struct Fp8LinearPairParams {
+  const e4m3_t* q = nullptr;     // [rows, in], from QuantizeActE4m3
+  const float* s_act = nullptr;  // [rows, ceil(in/128)]
+  int64_t rows = 0;
+  int64_t in = 0;
+  Fp8PairMatrix m0;
+  Fp8PairMatrix m1;
+};
+cudaError_t Fp8LinearPair(const Fp8LinearPairParams& p, cudaStream_t stream);
 
 // Decode GEMV, bound by the weight bytes: one block per one or two tiles of 16 output features
 // (the mma's A operand), its warps taking K's 128-blocks in turn, the ≤ 8 activation rows the B

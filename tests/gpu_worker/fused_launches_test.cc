@@ -132,8 +132,14 @@ TEST_F(FusedLaunchesTest, Fp8LinearPairIsTwoFp8Linears) {
         Fp8Linear(dq.get(), ds.get(), rows, w0.get(), ws0.get(), out, in, a0.get(), nullptr));
     CUDA_ASSERT_OK(
         Fp8Linear(dq.get(), ds.get(), rows, w1.get(), ws1.get(), out, in, a1.get(), nullptr));
-    CUDA_ASSERT_OK(Fp8LinearPair(dq.get(), ds.get(), rows, in, w0.get(), ws0.get(), out, b0.get(),
-                                 w1.get(), ws1.get(), out, b1.get(), nullptr));
+    CUDA_ASSERT_OK(
+        Fp8LinearPair({.q = AsE4m3(dq.get()),
+                       .s_act = ds.get(),
+                       .rows = rows,
+                       .in = in,
+                       .m0 = {AsE4m3(w0.get()), AsUe8m0(ws0.get()), out, AsBf16(b0.get())},
+                       .m1 = {AsE4m3(w1.get()), AsUe8m0(ws1.get()), out, AsBf16(b1.get())}},
+                      nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     if (out != 2048) {
       ExpectSameBits(label + " first", b0.Get(), a0.Get());
