@@ -47,11 +47,14 @@
 #include "bench/stream_read.h"
 #include "bench/sync_cost.h"
 #include "common/bf16.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/decode_step.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/elementwise.h"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/indexer.h"
+#include "gpu_worker/kernels/indexer_topk.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/prepare.h"
 
 namespace {
 
@@ -687,8 +690,12 @@ void BenchDecodeAttention() {
         CHECK_CUDA(ss::cuda::KvBuildCandidates(g, dtok, T, dsel, n_cand, cand, st, rows));
       };
       const auto attend = [&](int, cudaStream_t st) {
-        CHECK_CUDA(ss::cuda::KvSparseAttention(q, cand, dsink, T, H, D, nope, n_cand, scale, out,
-                                               st, rows, true, dcs, dsn, rope));
+        CHECK_CUDA(ss::cuda::KvSparseAttention(
+            {.q = ss::cuda::AsBf16(q), .cand = cand, .sink = dsink, .T = T, .n_heads = H,
+             .head_dim = D, .nope = nope, .n_cand = n_cand, .scale = scale,
+             .out = ss::cuda::AsBf16(out), .rows = ss::cuda::AsBf16(rows), .rows_decoded = true,
+             .rope_cos = dcs, .rope_sin = dsn, .rope_dim = rope},
+            st));
       };
       const auto chain = [&](int i, cudaStream_t st) {
         build(i, st);
@@ -1015,6 +1022,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %d MB L2\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
+  if (const absl::Status s = ss::cuda::PrepareKernels(); !s.ok()) {
+    std::fprintf(stderr, "gpu_kernels_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
 
   const size_t copy_bytes = size_t{256} << 20;
   void* src = DeviceAlloc<uint8_t>(copy_bytes);

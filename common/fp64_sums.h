@@ -1,6 +1,6 @@
 // Which arithmetic the cuda backend gives the sums the reference forms exactly in double: the
 // compressors' softmax denominators, pooled values and RMS sums, and the Hadamard butterflies of
-// the indexer's query and keys (gpu_worker/kernels/compressor_kernels.h, "Numerics").
+// the indexer's query and keys (gpu_worker/kernels/compressor.h and indexer.h).
 //  * on: double, in the reference's order (exp as float(exp(double))): bit-identical by
 //    construction.
 //  * off: fp32 only (TwoSum-compensated sums, CUDA's expf within 2 ulp, the fp32 butterfly): the

@@ -1,6 +1,6 @@
 // The "fp8_ds_mla" KV cache record (spec §4.2): one 512-dim latent KV entry (a raw window entry
 // or a compressed entry) in 584 bytes. This header is the single definition of the layout; the
-// CPU codec below and the CUDA kernels (gpu_worker/kernels/kv_record.h) both use it.
+// CPU codec below and the CUDA kernels (gpu_worker/kernels/paged_kv.h) both use it.
 //
 // Per-token AoS order (the record of slot i starts at byte i * kKvRecordBytes of a pool):
 //

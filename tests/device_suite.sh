@@ -189,8 +189,7 @@ fi
 services=ON
 tests=(cuda_kernels_test block_kernels_test fused_launches_test compressor_test indexer_test
        indexer_topk_test
-       output_projection_test lm_head_test sparse_attention_test
-       kv_record_gpu_test decode_step_test paged_kv_test cuda_backend_test cuda_tp_test
+       output_projection_test lm_head_test paged_kv_test cuda_backend_test cuda_tp_test
        golden_cuda_test)
 if [ -n "${SS_DEVICE_BIN:-}" ]; then
   # Prebuilt binaries (every test, the benchmark and the services) in SS_DEVICE_BIN with their

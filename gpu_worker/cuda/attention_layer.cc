@@ -6,10 +6,16 @@
 #include "common/status.h"
 #include "gpu_worker/cuda/hc_pre.h"
 #include "gpu_worker/cuda/linear.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/compressor.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/indexer.h"
+#include "gpu_worker/kernels/indexer_topk.h"
+#include "gpu_worker/kernels/output_projection.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/rope.h"
 
 namespace ss::gpu::cuda_backend_internal {
 namespace {
@@ -95,9 +101,14 @@ absl::Status AttentionLayer::Projections() {
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndex, st));
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndexW, st));
   }
-  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.wq_a.in, b.wq_a.w, b.wq_a.s,
-                                           b.wq_a.out, sc.qa, b.wkv.w, b.wkv.s, b.wkv.out, sc.kva,
-                                           st));
+  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(
+      {.q = cuda::AsE4m3(sc.qbuf),
+       .s_act = sc.sbuf,
+       .rows = T,
+       .in = b.wq_a.in,
+       .m0 = {cuda::AsE4m3(b.wq_a.w), cuda::AsUe8m0(b.wq_a.s), b.wq_a.out, cuda::AsBf16(sc.qa)},
+       .m1 = {cuda::AsE4m3(b.wkv.w), cuda::AsUe8m0(b.wkv.s), b.wkv.out, cuda::AsBf16(sc.kva)}},
+      st));
   // The compressors write their new entries to scratch rows (ebase), then the encoders put them
   // into their MXFP4 keys / records in the sequences' blocks.
   if (b.has_indexer) {
@@ -215,10 +226,22 @@ absl::Status AttentionLayer::Attention() {
                                                one_launch ? im.kvrows.as<uint16_t>() : nullptr));
   for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
     const int64_t n = std::min(attn_rows, T - t0);
-    CUDA_RETURN_IF_ERROR(cuda::KvSparseAttention(
-        sc.q + t0 * H * Dh, cand + t0 * n_cand[l], b.sink, n, H, Dh, kvl.nope, n_cand[l], scale,
-        sc.o + t0 * H * Dh, st, im.kvrows.as<uint16_t>(), one_launch, cs + t0 * (rd / 2),
-        sn + t0 * (rd / 2), rd));
+    CUDA_RETURN_IF_ERROR(cuda::KvSparseAttention({.q = cuda::AsBf16(sc.q + t0 * H * Dh),
+                                                  .cand = cand + t0 * n_cand[l],
+                                                  .sink = b.sink,
+                                                  .T = n,
+                                                  .n_heads = H,
+                                                  .head_dim = Dh,
+                                                  .nope = kvl.nope,
+                                                  .n_cand = n_cand[l],
+                                                  .scale = scale,
+                                                  .out = cuda::AsBf16(sc.o + t0 * H * Dh),
+                                                  .rows = cuda::AsBf16(im.kvrows.as<uint16_t>()),
+                                                  .rows_decoded = one_launch,
+                                                  .rope_cos = cs + t0 * (rd / 2),
+                                                  .rope_sin = sn + t0 * (rd / 2),
+                                                  .rope_dim = rd},
+                                                 st));
   }
   // The chunks' last W positions into the rings (read again by the next step's attention), off
   // the critical path: the next layer's kv work follows it on the same branch, and the step joins

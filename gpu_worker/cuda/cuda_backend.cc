@@ -12,8 +12,8 @@
 #include "common/tensor_parallel.h"
 #include "gpu_worker/cuda/cuda_backend_internal.h"
 #include "gpu_worker/cuda/host_routed_experts.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/kernel_limits.h"
+#include "gpu_worker/kernels/prepare.h"
 #include "gpu_worker/memory_plan.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/step_workspace.h"
@@ -34,14 +34,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   // kv_tokens 0 (fit to the device's memory) is resolved below, once the weights are resident.
   RETURN_IF_ERROR(CheckStageLayout(c, o.stage, o.num_stages, o.first_layer, o.end_layer,
                                    o.kv_tokens == 0 ? 1 : o.kv_tokens));
-  // The kernels' static limits, checked once here rather than at every launch.
-  if (c.hc_mult > cuda::kHcMaxMult || c.n_routed_experts > cuda::kRouterMaxExperts ||
-      c.n_activated_experts > cuda::kRouterMaxTopK || c.head_dim % 128 != 0 ||
-      c.head_dim > cuda::kCompressorMaxDim || c.index_n_heads > cuda::kIndexerMaxHeads ||
-      c.index_head_dim > cuda::kIndexerMaxHeadDim || c.index_topk > cuda::kIndexerMaxTopK) {
-    return absl::InvalidArgumentError(
-        "the model's shapes exceed the CUDA kernels' static limits (kernels/*.h)");
-  }
+  RETURN_IF_ERROR(cuda::CheckKernelLimits(c));  // once here rather than at every launch
   const int tp = o.tp_size;
   if (tp < 1 || o.tp_rank < 0 || o.tp_rank >= tp) {
     return absl::InvalidArgumentError(
@@ -72,6 +65,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   im.rank = o.tp_rank;
   im.comm = tp > 1 ? o.comm : nullptr;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
+  RETURN_IF_ERROR(cuda::PrepareKernels());
   int single_to_double = 0;  // unknown (0) reads as fast FP64
   if (cudaDeviceGetAttribute(&single_to_double, cudaDevAttrSingleToDoublePrecisionPerfRatio,
                              o.device) != cudaSuccess) {

@@ -7,7 +7,8 @@
 #include "common/kv_cost_model.h"
 #include "common/status.h"
 #include "gpu_worker/cuda_status.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/compressor.h"
+#include "gpu_worker/kernels/paged_kv.h"
 #include "gpu_worker/memory_plan.h"
 
 namespace ss::gpu {

@@ -22,8 +22,7 @@
 //     (cudaGraphInstantiateFlagUseNodePriority), then launched. The instantiated key is cleared
 //     before the capture, so a failed capture leaves no key to replay;
 //   * else the layers are launched one by one and the key becomes the pending key: a shape is
-//     captured on its second sight only, as the first call of some kernels sets attributes,
-//     which is not done under capture.
+//     captured on its second sight only.
 // set_enabled(false) launches every step one by one (the same kernels, the same bits);
 // set_enabled clears the pending key either way.
 //

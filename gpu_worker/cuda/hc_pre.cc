@@ -1,7 +1,7 @@
 #include "gpu_worker/cuda/hc_pre.h"
 
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/rms_norm.h"
 
 namespace ss::gpu::cuda_backend_internal {
 
@@ -13,16 +13,33 @@ cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w,
   uint32_t* const hc_sync = s.hc_sync;
   cudaStream_t st = s.st;
   StepBranches& br = s.im.branches;
+  const cuda::HcPreParams p = {.streams = cuda::AsBf16(streams),
+                               .fn = w.fn,
+                               .base = w.base,
+                               .scale = w.scale,
+                               .T = T,
+                               .hc = hc,
+                               .dim = dim,
+                               .sinkhorn_iters = c.hc_sinkhorn_iters,
+                               .hc_eps = hc_eps,
+                               .norm_eps = eps,
+                               .y = cuda::AsBf16(sc.y),
+                               .pre = sc.pre,
+                               .post = sc.post,
+                               .comb = sc.comb};
   if (!s.defer_comb) {
-    const cudaError_t e =
-        cuda::HcPre(streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps, eps,
-                    sc.y, sc.pre, sc.post, sc.comb, st);
+    const cudaError_t e = cuda::HcPre(p, st);
     return e == cudaSuccess ? cuda::RmsNormQuant(sc.y, g, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st)
                             : e;
   }
-  cudaError_t e = cuda::HcPreDeferCombNormQuant(
-      streams, w.fn, w.base, w.scale, T, hc, dim, c.hc_sinkhorn_iters, hc_eps, eps, sc.y, sc.pre,
-      sc.post, sc.comb, g, eps, sc.xn, sc.qbuf, sc.sbuf, hc_sync, st);
+  cudaError_t e = cuda::HcPreDeferCombNormQuant(p,
+                                                {.g = g,
+                                                 .rms_eps = eps,
+                                                 .xn = cuda::AsBf16(sc.xn),
+                                                 .q = cuda::AsE4m3(sc.qbuf),
+                                                 .s = sc.sbuf,
+                                                 .sync = hc_sync},
+                                                st);
   if (e == cudaSuccess) e = br.Fork(kBranchHc, st);
   if (e == cudaSuccess) {
     e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps, br.stream(kBranchHc));

@@ -1,4 +1,4 @@
-// The FP8 linears as a step launches them (Fp8Linear of kernels/kernels.h): Lin8 quantises its
+// The FP8 linears as a step launches them (Fp8Linear of kernels/fp8_linear.h): Lin8 quantises its
 // bf16 input per row (e4m3, into the scratch's qbuf / sbuf) first; Gemv8 takes activations
 // already quantised (by RmsNormQuant, SwiGluBf16Quant or Lin8). The output is bf16, or the fp32
 // partial of a TP rank's column slice. Both enqueue on `stream` and return the CUDA error.
@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "gpu_worker/cuda/cuda_backend_internal.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_linear.h"
 #include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu::cuda_backend_internal {

@@ -3,8 +3,10 @@
 #include "common/status.h"
 #include "gpu_worker/cuda/hc_pre.h"
 #include "gpu_worker/cuda/linear.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/router.h"
+#include "gpu_worker/kernels/swiglu.h"
 
 namespace ss::gpu::cuda_backend_internal {
 namespace {
@@ -20,9 +22,20 @@ absl::Status RouterAndRoutedExperts(StepState& s, int l, const DevBlock& b) {
   // ending in the sum's upload, while this stream runs the shared expert.
   CUDA_RETURN_IF_ERROR(cudaEventRecord(im.routed_ready, st));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(im.side, im.routed_ready, 0));
-  CUDA_RETURN_IF_ERROR(cuda::Route(sc.xn, b.gate.p, b.bias, b.tid2eid, sc.ids, T,
-                                   c.n_routed_experts, dim, K, static_cast<float>(c.route_scale),
-                                   sc.rlogits, sc.ridx, sc.rw, im.side));
+  CUDA_RETURN_IF_ERROR(cuda::Route({.x = cuda::AsBf16(sc.xn),
+                                    .gate = cuda::AsBf16(b.gate.p),
+                                    .bias = b.bias,
+                                    .tid2eid = b.tid2eid,
+                                    .token_ids = sc.ids,
+                                    .T = T,
+                                    .E = c.n_routed_experts,
+                                    .dim = dim,
+                                    .k = K,
+                                    .route_scale = static_cast<float>(c.route_scale),
+                                    .logits = sc.rlogits,
+                                    .indices = sc.ridx,
+                                    .weights = sc.rw},
+                                   im.side));
   if (s.routed) {
     float* dst = im.tp == 1 ? sc.routed : sc.part + T * dim;
     RETURN_IF_ERROR(im.routed->Enqueue(l, sc.xn, sc.ridx, sc.rw, T, dst, im.side));
@@ -41,9 +54,16 @@ absl::Status SharedExpert(StepState& s, const DevBlock& b) {
   const int64_t si = b.shared_inter;
   if (si > 0) {
     // w1 and w3 in one launch (decode; one each for longer chunks).
-    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(sc.qbuf, sc.sbuf, T, b.shared_w1.in, b.shared_w1.w,
-                                             b.shared_w1.s, b.shared_w1.out, sc.sg, b.shared_w3.w,
-                                             b.shared_w3.s, b.shared_w3.out, sc.su, st));
+    CUDA_RETURN_IF_ERROR(
+        cuda::Fp8LinearPair({.q = cuda::AsE4m3(sc.qbuf),
+                             .s_act = sc.sbuf,
+                             .rows = T,
+                             .in = b.shared_w1.in,
+                             .m0 = {cuda::AsE4m3(b.shared_w1.w), cuda::AsUe8m0(b.shared_w1.s),
+                                    b.shared_w1.out, cuda::AsBf16(sc.sg)},
+                             .m1 = {cuda::AsE4m3(b.shared_w3.w), cuda::AsUe8m0(b.shared_w3.s),
+                                    b.shared_w3.out, cuda::AsBf16(sc.su)}},
+                            st));
     CUDA_RETURN_IF_ERROR(
         cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf, st));
     if (s.im.tp == 1) {

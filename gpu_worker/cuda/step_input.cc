@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "common/status.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/decode_step.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/elementwise.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/indexer_topk.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/rope.h"
 
 namespace ss::gpu::cuda_backend_internal {
 namespace {

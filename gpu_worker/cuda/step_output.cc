@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/rms_norm.h"
 #include "gpu_worker/nccl_comm.h"
 
 namespace ss::gpu::cuda_backend_internal {
@@ -32,8 +32,17 @@ absl::Status ReadLogits(StepState& s, StageOutput* out) {
                                          cudaMemcpyDeviceToDevice, st));
   }
   const int64_t V = c.vocab_size;
-  CUDA_RETURN_IF_ERROR(cuda::HcHead(sc.h2, im.hc_head.fn, im.hc_head.base, im.hc_head.scale, n, hc,
-                                    dim, hc_eps, eps, sc.y, st));
+  CUDA_RETURN_IF_ERROR(cuda::HcHead({.streams = cuda::AsBf16(sc.h2),
+                                     .fn = im.hc_head.fn,
+                                     .base = im.hc_head.base,
+                                     .scale = im.hc_head.scale,
+                                     .T = n,
+                                     .hc = hc,
+                                     .dim = dim,
+                                     .hc_eps = hc_eps,
+                                     .norm_eps = eps,
+                                     .z = cuda::AsBf16(sc.y)},
+                                    st));
   CUDA_RETURN_IF_ERROR(cuda::RmsNorm(sc.y, im.final_norm, n, dim, eps, sc.xn, st));
   if (im.tp == 1) {
     RETURN_IF_ERROR(im.logits.Reserve(n * V * 4));

@@ -1,8 +1,9 @@
 // KV compressor step (spec §3.7); mirrors common/model/compressor.cc (CompressorFeed, Pool).
 #include <type_traits>
 
+#include "gpu_worker/kernels/compressor.h"
 #include "gpu_worker/kernels/compressor_common.cuh"
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/limits.h"
 
 namespace ss::cuda {
 namespace {

@@ -4,10 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
-
-#include "gpu_worker/kernels/kernels.h"
 
 namespace ss::cuda {
 
@@ -236,23 +233,6 @@ inline int DeviceSmCount() {
     return 1;
   }
   return n;
-}
-
-// Runs set_attributes() (a kernel's opt-in to more than 48 KiB of dynamic shared memory) the first
-// time it is called on the current device, and not again there once it has succeeded: call it
-// before the launch, and before any graph capture that contains the kernel. Each Fn type (each
-// lambda) keeps its own record; two threads' first calls on one device may both run it.
-template <typename Fn>
-cudaError_t OncePerDevice(Fn set_attributes) {
-  static std::atomic<uint64_t> done{0};  // bit d: device d (devices past 63 run it every time)
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  e = set_attributes();
-  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
-  return e;
 }
 
 // ---- Element-wise kernels: a grid-stride loop over n elements ---------------------------------

@@ -1,5 +1,6 @@
 #include "gpu_worker/kernels/fp8_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 namespace {
@@ -179,10 +180,6 @@ cudaError_t LaunchGemm(const uint8_t* q, const float* s_act, int64_t rows, const
                        const uint8_t* w_scale, int64_t out, int64_t in, OutT* y,
                        cudaStream_t stream) {
   constexpr int kSmem = kStages * StageBytes<kBM>();
-  const cudaError_t e = OncePerDevice([] {
-    return OptInSharedMemory(reinterpret_cast<const void*>(Fp8GemmKernelImpl<kBM, OutT>), kSmem);
-  });
-  if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>((out + kBN - 1) / kBN),
                   static_cast<unsigned>((rows + kBM - 1) / kBM));
   const bool pairs = out % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(OutT)) == 0;
@@ -223,6 +220,24 @@ cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const ui
                     const uint8_t* w_scale, int64_t out, int64_t in, float* y,
                     cudaStream_t stream) {
   return GemmT(q, s_act, rows, w, w_scale, out, in, y, stream);
+}
+
+std::vector<SharedMemoryOptIn> Fp8GemmOptIns() {
+  const auto opt_in = [](const char* name, auto* kernel, int bytes) {
+    return SharedMemoryOptIn{name, reinterpret_cast<const void*>(kernel), bytes};
+  };
+  return {opt_in("Fp8Gemm (32-row tiles, bf16)", &Fp8GemmKernelImpl<32, uint16_t>,
+                 kStages * StageBytes<32>()),
+          opt_in("Fp8Gemm (64-row tiles, bf16)", &Fp8GemmKernelImpl<64, uint16_t>,
+                 kStages * StageBytes<64>()),
+          opt_in("Fp8Gemm (128-row tiles, bf16)", &Fp8GemmKernelImpl<128, uint16_t>,
+                 kStages * StageBytes<128>()),
+          opt_in("Fp8Gemm (32-row tiles, fp32)", &Fp8GemmKernelImpl<32, float>,
+                 kStages * StageBytes<32>()),
+          opt_in("Fp8Gemm (64-row tiles, fp32)", &Fp8GemmKernelImpl<64, float>,
+                 kStages * StageBytes<64>()),
+          opt_in("Fp8Gemm (128-row tiles, fp32)", &Fp8GemmKernelImpl<128, float>,
+                 kStages * StageBytes<128>())};
 }
 
 const void* Fp8GemmKernel() {

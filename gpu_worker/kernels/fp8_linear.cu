@@ -1,9 +1,10 @@
 #include <algorithm>
 
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/fp8_linear.h"
 #include "gpu_worker/kernels/hc_post_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
 
 namespace ss::cuda {
 namespace {
@@ -391,10 +392,14 @@ cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const 
                       cudaStream_t stream) {
   return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
-cudaError_t Fp8LinearPair(const uint8_t* q, const float* s_act, int64_t rows, int64_t in,
-                          const uint8_t* w0, const uint8_t* w_scale0, int64_t out0, uint16_t* y0,
-                          const uint8_t* w1, const uint8_t* w_scale1, int64_t out1, uint16_t* y1,
-                          cudaStream_t stream) {
+cudaError_t Fp8LinearPair(const Fp8LinearPairParams& p, cudaStream_t stream) {
+  const uint8_t* q = Raw(p.q);
+  const float* s_act = p.s_act;
+  const int64_t rows = p.rows, in = p.in;
+  const uint8_t *w0 = Raw(p.m0.w), *w_scale0 = Raw(p.m0.w_scale);
+  const uint8_t *w1 = Raw(p.m1.w), *w_scale1 = Raw(p.m1.w_scale);
+  const int64_t out0 = p.m0.out, out1 = p.m1.out;
+  uint16_t *y0 = Raw(p.m0.y), *y1 = Raw(p.m1.y);
   if (rows == 0 || out0 == 0 || out1 == 0 || rows > kFp8GemvMaxRows || !FastPathFits(q, w0, in) ||
       !FastPathFits(q, w1, in)) {
     const cudaError_t e = LinearT(q, s_act, rows, w0, w_scale0, out0, in, y0, stream);

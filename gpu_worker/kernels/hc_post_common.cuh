@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/limits.h"
 
 namespace ss::cuda {
 

@@ -1,8 +1,9 @@
 // fp32 linear on bf16 inputs (model::LinearF32: compressor wkv/wgate, indexer weights_proj, the
 // LM head of spec §3.12) and greedy argmax.
 
-#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 namespace {
@@ -251,10 +252,6 @@ cudaError_t LinearBf16F32Launch(const uint16_t* x, int64_t rows, int64_t in, con
   if (rows == 0) return cudaSuccess;
   if (rows > kRows && in % kGemmBK == 0 && (rows + kGemmBM - 1) / kGemmBM <= 65535) {
     constexpr int kSmem = kGemmStages * kGemmStageBytes;
-    const cudaError_t e = OncePerDevice([] {
-      return OptInSharedMemory(reinterpret_cast<const void*>(LinearBf16F32GemmKernelImpl), kSmem);
-    });
-    if (e != cudaSuccess) return e;
     const int64_t tiles0 = (a.out + kGemmBN - 1) / kGemmBN;
     const int64_t tiles = tiles0 + (b.out + kGemmBN - 1) / kGemmBN;
     LinearBf16F32GemmKernelImpl<<<dim3(static_cast<unsigned>(tiles),
@@ -300,6 +297,11 @@ cudaError_t ArgmaxRows(const float* logits, int64_t T, int64_t n, int64_t ld, in
   ArgmaxKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(logits, n, ld, id_base, ids,
                                                                       max_vals);
   return cudaGetLastError();
+}
+
+std::vector<SharedMemoryOptIn> LinearBf16F32OptIns() {
+  return {{"LinearBf16F32 (GEMM)", reinterpret_cast<const void*>(&LinearBf16F32GemmKernelImpl),
+           kGemmStages * kGemmStageBytes}};
 }
 
 const void* LinearBf16F32Kernel() {

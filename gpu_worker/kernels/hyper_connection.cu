@@ -1,11 +1,12 @@
 // Hyper-connection collapse (HcPre, HcHead) and expand (HcPost), spec §3.3; mirrors
 // common/model/hyper_connection.cc operation by operation.
 
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/hc_post_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
 #include "gpu_worker/kernels/last_block.cuh"
+#include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/rms_norm.h"
 #include "gpu_worker/kernels/rms_norm_common.cuh"
 
 namespace ss::cuda {
@@ -738,35 +739,28 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
 
 }  // namespace
 
-cudaError_t HcPre(const uint16_t* streams, const float* fn, const float* base, const float* scale,
-                  int64_t T, int64_t hc, int64_t dim, int64_t sinkhorn_iters, float hc_eps,
-                  float norm_eps, uint16_t* y, float* pre, float* post, float* comb,
-                  cudaStream_t stream) {
-  return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb, false, NormQuantArgs{}, nullptr, stream);
+cudaError_t HcPre(const HcPreParams& p, cudaStream_t stream) {
+  return HcPreImpl(Raw(p.streams), p.fn, p.base, p.scale, p.T, p.hc, p.dim, p.sinkhorn_iters,
+                   p.hc_eps, p.norm_eps, Raw(p.y), p.pre, p.post, p.comb, false, NormQuantArgs{},
+                   nullptr, stream);
 }
 
-bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const uint16_t* y) {
-  return T >= 1 && hc == 4 && PathFor(T, hc, dim, y) != HcPath::kBlock;
+bool HcPreDefersComb(int64_t T, int64_t hc, int64_t dim, const bf16_t* y) {
+  return T >= 1 && hc == 4 && PathFor(T, hc, dim, Raw(y)) != HcPath::kBlock;
 }
 
-cudaError_t HcPreDeferComb(const uint16_t* streams, const float* fn, const float* base,
-                           const float* scale, int64_t T, int64_t hc, int64_t dim,
-                           int64_t sinkhorn_iters, float hc_eps, float norm_eps, uint16_t* y,
-                           float* pre, float* post, float* comb_logits, cudaStream_t stream) {
-  return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb_logits, true, NormQuantArgs{}, nullptr, stream);
+cudaError_t HcPreDeferComb(const HcPreParams& p, cudaStream_t stream) {
+  return HcPreImpl(Raw(p.streams), p.fn, p.base, p.scale, p.T, p.hc, p.dim, p.sinkhorn_iters,
+                   p.hc_eps, p.norm_eps, Raw(p.y), p.pre, p.post, p.comb, true, NormQuantArgs{},
+                   nullptr, stream);
 }
 
-cudaError_t HcPreDeferCombNormQuant(const uint16_t* streams, const float* fn, const float* base,
-                                    const float* scale, int64_t T, int64_t hc, int64_t dim,
-                                    int64_t sinkhorn_iters, float hc_eps, float norm_eps,
-                                    uint16_t* y, float* pre, float* post, float* comb_logits,
-                                    const float* g, float rms_eps, uint16_t* xn, uint8_t* q,
-                                    float* s, uint32_t* sync, cudaStream_t stream) {
-  if (g == nullptr) return cudaErrorInvalidValue;
-  return HcPreImpl(streams, fn, base, scale, T, hc, dim, sinkhorn_iters, hc_eps, norm_eps, y, pre,
-                   post, comb_logits, true, NormQuantArgs{g, rms_eps, xn, q, s}, sync, stream);
+cudaError_t HcPreDeferCombNormQuant(const HcPreParams& p, const HcNormQuantParams& nq,
+                                    cudaStream_t stream) {
+  if (nq.g == nullptr) return cudaErrorInvalidValue;
+  return HcPreImpl(Raw(p.streams), p.fn, p.base, p.scale, p.T, p.hc, p.dim, p.sinkhorn_iters,
+                   p.hc_eps, p.norm_eps, Raw(p.y), p.pre, p.post, p.comb, true,
+                   NormQuantArgs{nq.g, nq.rms_eps, Raw(nq.xn), Raw(nq.q), nq.s}, nq.sync, stream);
 }
 
 cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
@@ -820,14 +814,12 @@ cudaError_t HcEmbedStreams(const uint16_t* rows, int64_t T, int64_t hc, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t HcHead(const uint16_t* streams, const float* fn, const float* base, const float* scale,
-                   int64_t T, int64_t hc, int64_t dim, float hc_eps, float norm_eps, uint16_t* z,
-                   cudaStream_t stream) {
-  if (BadMult(hc) || dim < 1) return cudaErrorInvalidValue;
-  if (T == 0) return cudaSuccess;
-  HcCollapseKernelImpl<true><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
-      streams, fn, base, scale, static_cast<int>(hc), dim, 0, hc_eps, norm_eps, z, nullptr, nullptr,
-      nullptr);
+cudaError_t HcHead(const HcHeadParams& p, cudaStream_t stream) {
+  if (BadMult(p.hc) || p.dim < 1) return cudaErrorInvalidValue;
+  if (p.T == 0) return cudaSuccess;
+  HcCollapseKernelImpl<true><<<static_cast<unsigned>(p.T), kThreads, 0, stream>>>(
+      Raw(p.streams), p.fn, p.base, p.scale, static_cast<int>(p.hc), p.dim, 0, p.hc_eps,
+      p.norm_eps, Raw(p.z), nullptr, nullptr, nullptr);
   return cudaGetLastError();
 }
 

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <climits>
 
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_common.cuh"
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/indexer.h"
+#include "gpu_worker/kernels/limits.h"
 #include "gpu_worker/kernels/paged_kv.h"
 
 namespace ss::cuda {

@@ -5,8 +5,9 @@
 #include <climits>
 #include <cub/block/block_scan.cuh>
 
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/indexer_topk.h"
 #include "gpu_worker/kernels/last_block.cuh"
+#include "gpu_worker/kernels/limits.h"
 
 namespace ss::cuda {
 namespace {

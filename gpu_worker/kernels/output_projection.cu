@@ -2,8 +2,9 @@
 // mirrors the wo_a loop of common/model/attention.cc (AttentionForward).
 #include <algorithm>
 
-#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/output_projection.h"
+#include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
 namespace {
@@ -278,10 +279,6 @@ cudaError_t LaunchOutProjGemm(const uint16_t* o, int64_t T, int64_t groups, int6
                               int64_t gin, const uint8_t* wa, const uint8_t* ws, uint16_t* z,
                               cudaStream_t stream) {
   constexpr int kSmem = kGemmStages * kGemmStageBytes;
-  const cudaError_t e = OncePerDevice([] {
-    return OptInSharedMemory(reinterpret_cast<const void*>(GroupedOutProjGemmKernelImpl), kSmem);
-  });
-  if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(groups * rank / kGemmBN),
                   static_cast<unsigned>((T + kGemmBM - 1) / kGemmBM));
   GroupedOutProjGemmKernelImpl<<<grid, kGemmThreads, kSmem, stream>>>(o, T, groups, rank, gin, wa,
@@ -316,6 +313,12 @@ cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups
   GroupedOutProjKernelImpl<<<dim3(blocks, static_cast<unsigned>(row_blocks)), kThreads, 0,
                              stream>>>(o, T, groups, rank, group_in, wo_a, wo_a_scale, z);
   return cudaGetLastError();
+}
+
+std::vector<SharedMemoryOptIn> GroupedOutputProjectionOptIns() {
+  return {{"GroupedOutputProjection (GEMM)",
+           reinterpret_cast<const void*>(&GroupedOutProjGemmKernelImpl),
+           kGemmStages * kGemmStageBytes}};
 }
 
 const void* GroupedOutputProjectionKernel() {

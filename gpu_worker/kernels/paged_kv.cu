@@ -1,7 +1,8 @@
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/compressor_common.cuh"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/rope.h"
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gpu_worker/kernels/sparse_attention_impl.cuh"
 
 namespace ss::cuda {
@@ -40,8 +41,7 @@ __device__ __forceinline__ uint8_t* KeyEntry(const KvGeom& g, const int32_t* tab
   return b == nullptr ? nullptr : b + g.key_off + static_cast<int64_t>(j % g.keys_per_block) * kb;
 }
 
-// The record of candidate j of token tk (nullptr: masked), in decode_step.h BuildCandidates'
-// order.
+// The record of candidate j of token tk (nullptr: masked), in KvBuildCandidates' order.
 __device__ __forceinline__ const uint8_t* CandidateRecord(const KvGeom& g, const KvToken& tk,
                                                           const int32_t* __restrict__ sel,
                                                           int64_t j) {
@@ -266,8 +266,7 @@ __global__ void KvDecodeRowsKernelImpl(const uint64_t* __restrict__ cand, int d,
             static_cast<int>(blockDim.x));
 }
 
-// SparseAttendFastBlock's stage (decode_step.cu's fast path over records, so the same bits): each
-// chunk's records decoded into shared memory as bf16 (exact), 4 dims per step.
+// SparseAttendFastBlock's stage: each chunk's records decoded into shared memory as bf16 (exact), 4 dims per step.
 template <int kD>
 struct RecordStage {
   int nope;
@@ -542,14 +541,6 @@ __global__ void __launch_bounds__(kD / 4)
       o[0] | (static_cast<uint32_t>(o[1]) << 16), o[2] | (static_cast<uint32_t>(o[3]) << 16));
 }
 
-template <int kD>
-cudaError_t FastOptIn() {
-  return OncePerDevice([] {
-    return OptInSharedMemory(reinterpret_cast<const void*>(KvSparseAttentionFastKernelImpl<kD>),
-                             kSparseChunk * kD * 2);
-  });
-}
-
 bool BadRows(int64_t T) { return T < 0 || T > 0x7fffffff; }
 bool BadRecord(int64_t nope, int64_t rope) {
   return nope < 0 || nope % 64 != 0 || nope > 1024 || rope < 0 || rope > 1024 || rope % 4 != 0;
@@ -641,7 +632,6 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
                        int64_t n_heads, int nope, int64_t n_cand, float scale, uint16_t* rows,
                        bool rows_decoded, const OutRope& rope, uint16_t* out, cudaStream_t stream) {
   if (rows == nullptr) {
-    if (cudaError_t e = FastOptIn<kD>(); e != cudaSuccess) return e;
     KvSparseAttentionFastKernelImpl<kD><<<static_cast<unsigned>(T * n_heads), kSparseFastThreads,
                                           static_cast<int>(kSparseChunk * kD * 2), stream>>>(
         q, cand, sink, n_heads, nope, n_cand, scale, out);
@@ -675,11 +665,19 @@ cudaError_t LaunchFast(const uint16_t* q, const uint64_t* cand, const float* sin
   return cudaSuccess;
 }
 
-cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
-                              int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
-                              float scale, uint16_t* out, cudaStream_t stream, uint16_t* rows,
-                              bool rows_decoded, const float* rope_cos, const float* rope_sin,
-                              int64_t rope_dim) {
+cudaError_t KvSparseAttention(const KvSparseAttentionParams& p, cudaStream_t stream) {
+  const uint16_t* q = Raw(p.q);
+  const uint64_t* cand = p.cand;
+  const float* sink = p.sink;
+  const int64_t T = p.T, n_heads = p.n_heads, head_dim = p.head_dim, nope = p.nope;
+  const int64_t n_cand = p.n_cand;
+  const float scale = p.scale;
+  uint16_t* out = Raw(p.out);
+  uint16_t* rows = Raw(p.rows);
+  const bool rows_decoded = p.rows_decoded;
+  const float* rope_cos = p.rope_cos;
+  const float* rope_sin = p.rope_sin;
+  const int64_t rope_dim = p.rope_dim;
   if (T == 0 || n_heads == 0) return cudaSuccess;
   if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 ||
       T * n_heads > 0x7fffffff || T * n_cand > 0x7fffffff || BadRecord(nope, head_dim - nope)) {
@@ -708,6 +706,15 @@ cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const flo
   }
   if (e != cudaSuccess || rope_cos == nullptr || fused_rope) return e;
   return ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true, stream);
+}
+
+std::vector<SharedMemoryOptIn> KvSparseAttentionOptIns() {
+  return {{"KvSparseAttention (head_dim 256)",
+           reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<256>),
+           static_cast<int>(kSparseChunk * 256 * 2)},
+          {"KvSparseAttention (head_dim 512)",
+           reinterpret_cast<const void*>(&KvSparseAttentionFastKernelImpl<512>),
+           static_cast<int>(kSparseChunk * 512 * 2)}};
 }
 
 const void* KvBuildCandidatesKernel() {

@@ -1,8 +1,7 @@
 // The cuda backend's paged KV cache on the device (gpu_worker/cuda_backend_kv.h has the pool and
 // block layout): every KV entry (a raw window entry or a compressed main-KV entry) is one
 // fp8_ds_mla record, and every indexer key one MXFP4 entry, inside blocks of a device pool that a
-// sequence's block table names. Built for sm_86 + compute_86 PTX only (no FP8 tensor-core
-// instructions, wgmma, TMA or clusters).
+// sequence's block table names.
 //
 // Record of a head_dim-D entry with `nope` FP8 dims and `rope` = D − nope bf16 dims (common/
 // kv_record.h generalised beyond D = 512; for Flash, 448 + 128 + 7 + 1 = 584 bytes, byte for byte
@@ -18,16 +17,18 @@
 // backend's layout for numerics whose nope dims are not on the e4m3 grid (kv_fp8_sim_rounds off:
 // the demo's initial revision), where fp8 records would not be lossless.
 //
-// Contract as kernels.h: device pointers, nothing allocates, each call enqueues on `stream` and
-// returns the launch's cudaError_t (cudaErrorInvalidValue for sizes outside the stated limits),
-// zero rows is a no-op; capture-safe.
+// Contract: README.md. The indexer's scores over the MXFP4 keys in place are indexer.h's
+// KvIndexerScores.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "gpu_worker/kernels/paged_kv_sizes.h"
+#include "gpu_worker/kernels/shared_memory.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -55,7 +56,7 @@ struct KvGeom {
   int32_t pad = 0;
 };
 
-// One token row of a step for one layer (cf. decode_step.h's DecodeToken).
+// One token row of a step for one layer.
 struct KvToken {
   uint64_t table = 0;    // const int32_t*: its sequence's block table on the device
   uint64_t staging = 0;  // records of its chunk's raw KV: position chunk_start + k at record k
@@ -71,9 +72,13 @@ struct KvToken {
 static_assert(sizeof(KvToken) == 48);
 
 // cand[t·n_cand + j]: the address of the record of candidate j (0 = masked), in the reference's
-// list order (decode_step.h BuildCandidates): window positions (the staged record for positions of
-// the chunk, else the ring record), then the selected / every complete compressed entry. A
-// record outside the token's table is masked (the host checks the tables first).
+// list order (common/model/attention.h): slots [0, win_width) the window positions
+// max(0, pos − W + 1) … pos in order (the staged record for positions of the chunk, else ring slot
+// p mod W), 0 after them; slots [win_width, win_width + n_comp) the compressed entries: the
+// selections (0 where a selection is −1) when sel_off ≥ 0, else entry m for m < (pos + 1)/ratio,
+// 0 beyond; slots up to n_cand (the step's longest list) 0. Masked tail slots change no bit of
+// the attention. A record outside the token's table is masked (the host checks the tables
+// first).
 //
 // rows (optional): KvSparseAttention's rows scratch for these T tokens. The same launch then also
 // decodes every candidate record into it (bf16 [T, n_cand, nope + rope], exact; masked rows left
@@ -104,32 +109,18 @@ cudaError_t KvEncodeKeys(const uint16_t* keys, const uint64_t* dst, int64_t n, i
 cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table, int64_t n,
                          uint16_t* out, cudaStream_t stream);
 
-// IndexerScores (compressor_kernels.h) over one sequence's MXFP4 keys [0, n_cols) read in place
-// from the pool (g, table: device, n_table entries), each staged tile decoded as KvGatherKeys
-// decodes it (keys outside the table read as 0): the same scores, bit for bit, as KvGatherKeys
-// followed by IndexerScores, without the bf16 copy. head_dim = g.key_dim (a multiple of 32, at
-// most kIndexerMaxHeadDim). Defined in indexer.cu beside IndexerScores.
-cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                            const int32_t* table, int64_t n_table, const int64_t* positions,
-                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
-                            cudaStream_t stream);
-
-// KvIndexerScores for tokens of several sequences in one launch (a decode step's batch): token t
-// reads the keys of the table at tokens[t] (device KvTokens: table, n_table), so its row is the
-// one a KvIndexerScores call over its own sequence gives, bit for bit. n_cols is every row's:
-// columns past a token's eligible keys score −inf, so a shorter sequence's row is its own row
-// padded with −inf, whose top-k selections are the same while k ≤ its eligible keys.
-cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                                  const KvToken* tokens, const int64_t* positions, int64_t T,
-                                  int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
-                                  cudaStream_t stream);
-
-// SparseAttention (sparse_attention.h) with candidate j of token t the record at cand[t, j]:
-// nope dims decoded as e4m3 · scale (exact, bf16-valued), rope dims the stored bf16, so the
-// result is bit-identical to SparseAttention over a bf16 pool of the decoded entries (except on
-// the split path below). head_dim 256 and 512 stage each 64-entry chunk of decoded entries in
-// shared memory (as SparseAttentionRows' fast path; call once before capturing a graph); other
-// head dims (multiples of 128, ≤ 1024) read each dim from the record.
+// Sparse attention with a sink (spec §3.9, MQA: K = V = one latent entry shared by every head)
+// over an explicit candidate list per query, as the reference (model::SparseAttendHead) runs it:
+// fp32 scores of bf16 q·k times `scale`, online softmax over 64-entry chunks of the list,
+// probabilities rounded to bf16 before P·V (fp32 accumulation), the sink exp(sink[h] − m) only
+// in the denominator, masked candidates (0) skipped, bf16 output. Candidate j of token t is the
+// record at cand[t, j] (the first of every list valid): nope dims decoded as e4m3 · scale (exact,
+// bf16-valued), rope dims the stored bf16, so the result is bit-identical to the same attention
+// over plain bf16 records (nope = 0) of the decoded entries (except on the split path below).
+// q: bf16 [T, n_heads, head_dim]; sink: fp32 [n_heads]; out: bf16 [T, n_heads, head_dim].
+// head_dim 256 and 512 stage each 64-entry chunk of decoded entries in shared memory (needs
+// PrepareKernels, prepare.h); other head dims (multiples of 128, ≤ 1024) read each dim from the
+// record.
 //
 // rows (head_dim 256 and 512; else ignored): caller-owned scratch of KvSparseAttentionRowsBytes
 // bytes (16-byte aligned). With it, one launch first decodes every candidate record of every token
@@ -147,26 +138,40 @@ cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const Kv
 // running max, and the sums run in another order: not the same bits. Each output o of a head
 // stays within 2^−7·(A + |o|) of the serial kernel's, A = Σ p·|v| / den (each path rounds every p
 // to bf16 once, ≤ 2^−8 relative, and its output once; paged_kv_test checks it), and the result is
-// deterministic (no atomics; every sum in a fixed order). On an H200 an 8K-token prefill chunk's
-// attention takes ~14 ms this way against ~124 ms in the per-(token, head) serial kernel
-// (bench/RESULTS.md).
+// deterministic (no atomics; every sum in a fixed order).
 //
 // rows_decoded: rows already hold the decoded candidates (KvBuildCandidates with rows, the same
 // cand, T and n_cand), so the decode launch is skipped.
 //
 // rope_cos, rope_sin (optional, fp32 [T, rope_dim / 2], row t for token t; rope_dim even, ≤
 // head_dim): the output also gets the inverse RoPE of its last rope_dim dims per head, the same
-// bits as ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true) after the
-// call. The split path does it in its combine (the rotation is elementwise on the bf16 outputs),
-// so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in two launches after
-// KvBuildCandidates with rows; the serial kernels launch ApplyRope after the attention.
-cudaError_t KvSparseAttention(const uint16_t* q, const uint64_t* cand, const float* sink, int64_t T,
-                              int64_t n_heads, int64_t head_dim, int64_t nope, int64_t n_cand,
-                              float scale, uint16_t* out, cudaStream_t stream,
-                              uint16_t* rows = nullptr, bool rows_decoded = false,
-                              const float* rope_cos = nullptr, const float* rope_sin = nullptr,
-                              int64_t rope_dim = 0);
+// bits as rope.h's ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true) after
+// the call. The split path does it in its combine (the rotation is elementwise on the bf16
+// outputs), so decode (T ≤ kKvSplitMaxTokens, rows given, head_dim 256 or 512) runs in two launches
+// after KvBuildCandidates with rows; the serial kernels launch ApplyRope after the attention.
+struct KvSparseAttentionParams {
+  const bf16_t* q = nullptr;       // [T, n_heads, head_dim]
+  const uint64_t* cand = nullptr;  // [T, n_cand] record addresses, 0 = masked
+  const float* sink = nullptr;     // [n_heads]
+  int64_t T = 0;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  int64_t nope = 0;  // the records' FP8 dims (0: plain bf16 records)
+  int64_t n_cand = 0;
+  float scale = 0.0f;
+  bf16_t* out = nullptr;  // [T, n_heads, head_dim]
+  bf16_t* rows = nullptr;  // optional scratch (above)
+  bool rows_decoded = false;
+  const float* rope_cos = nullptr;  // optional: the inverse RoPE (above)
+  const float* rope_sin = nullptr;
+  int64_t rope_dim = 0;
+};
+cudaError_t KvSparseAttention(const KvSparseAttentionParams& p, cudaStream_t stream);
 // kKvSplitMaxTokens, KvSplitBytes and KvSparseAttentionRowsBytes: paged_kv_sizes.h.
+
+// The opt-ins of KvSparseAttention's shared-memory kernels (head_dim 256 and 512, no rows), for
+// PrepareKernels (prepare.h).
+std::vector<SharedMemoryOptIn> KvSparseAttentionOptIns();
 
 // Entry points, for attribute queries (ptxVersion) in tests.
 const void* KvBuildCandidatesKernel();
@@ -179,6 +184,5 @@ const void* KvSparseAttentionFastKernel();  // head_dim 512
 const void* KvDecodeRowsKernel();
 const void* KvSplitChunkKernel();    // head_dim 512, the split path's chunks
 const void* KvSplitCombineKernel();  // head_dim 512, the split path's combine
-const void* KvIndexerScoresKernel();
 
 }  // namespace ss::cuda

@@ -1,4 +1,4 @@
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/rms_norm.h"
 #include "gpu_worker/kernels/rms_norm_common.cuh"
 
 namespace ss::cuda {

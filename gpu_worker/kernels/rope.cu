@@ -1,8 +1,8 @@
 // Query/KV path pieces (spec §3.4, §3.5, §5.3): the demo's bf16 per-head q normalisation
 // (attention.cc HeadNormBf16), the RoPE cos/sin table and rotation (common/rope.cc) and the FP8
 // simulation of the KV nope dims (codecs.cc Fp8SimInplace).
-#include "gpu_worker/kernels/block_kernels.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/rope.h"
 
 namespace ss::cuda {
 namespace {

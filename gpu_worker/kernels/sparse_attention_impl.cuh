@@ -1,8 +1,7 @@
-// The bodies of the sparse-attention kernels (sparse_attention.h, kv_record.h, decode_step.h,
-// paged_kv.h), shared by every KV storage format.
+// The bodies of paged_kv.h's sparse-attention kernels (KvSparseAttention), device code only.
 //
-// A candidate list holds `Cand`s (SparseCand): pool row indices (int32_t, masked < 0) or the
-// device addresses of records (uint64_t, masked 0).
+// A candidate list holds `Cand`s (SparseCand): the device addresses of records (uint64_t, masked
+// 0).
 //
 // SparseAttendBlock, any head_dim: `Entries` reads dim k of a candidate's entry as fp32
 // (`__device__ float At(Cand c, int64_t k) const`). One block of kSparseWarps warps per (token,
@@ -16,7 +15,7 @@
 // (all of its loads in flight at once, instead of one dependent load per product), the
 // probabilities are taken in parallel (only their sum stays serial) and kSparseFastThreads
 // threads share the work. Dynamic shared memory: kSparseChunk·kD bf16 (64 KiB at kD = 512), which
-// needs the opt-in (OncePerDevice) before the first launch. `Stage` fills it, row i of the chunk
+// needs the opt-in (PrepareKernels) before the first launch. `Stage` fills it, row i of the chunk
 // at bf16 [i·kD, (i + 1)·kD) (a masked candidate's row is never read), in two steps around the
 // barrier that publishes the chunk's candidates:
 //   __device__ void StageRows(int64_t c0, int nc, uint4* smem);           // before: no list
@@ -41,23 +40,9 @@ inline constexpr int kSparseFastWarps = kSparseFastThreads / 32;
 template <typename Cand>
 struct SparseCand;
 template <>
-struct SparseCand<int32_t> {
-  static constexpr int32_t kMasked = -1;
-  __device__ __forceinline__ static bool Valid(int32_t c) { return c >= 0; }
-};
-template <>
 struct SparseCand<uint64_t> {
   static constexpr uint64_t kMasked = 0;
   __device__ __forceinline__ static bool Valid(uint64_t c) { return c != 0; }
-};
-
-// Entries of a bf16 pool [n_entries, d].
-struct Bf16Pool {
-  const uint16_t* __restrict__ p;
-  int64_t d;
-  __device__ __forceinline__ float At(int32_t idx, int64_t k) const {
-    return Bf16ToF32(p[static_cast<int64_t>(idx) * d + k]);
-  }
 };
 
 template <typename Entries, typename Cand>

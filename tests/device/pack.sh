@@ -39,8 +39,7 @@ mkdir -p .devpack
 rm -rf .devbin && mkdir -p .devbin/lib
 bins=(cuda_kernels_test block_kernels_test fused_launches_test compressor_test indexer_test
       indexer_topk_test
-      output_projection_test lm_head_test sparse_attention_test
-      kv_record_gpu_test decode_step_test paged_kv_test cuda_backend_kv_test cuda_backend_test cuda_tp_test
+      output_projection_test lm_head_test paged_kv_test cuda_backend_kv_test cuda_backend_test cuda_tp_test
       golden_cuda_test cuda_backend_layer_bench gpu_kernels_bench splitserve splitserve-golden
       splitserve-expert-worker splitserve-gpu-worker splitserve-coordinator make_checkpoint
       cluster_bench stage_push_bench)

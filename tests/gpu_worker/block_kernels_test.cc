@@ -1,14 +1,12 @@
-// CUDA block kernels (gpu_worker/kernels/block_kernels.h) against the CPU reference (label gpu):
-// hyper-connections, the q/kv path pieces, the router and SwiGLU, on tiny-a weights and golden
-// streams and at Flash shapes with synthetic data. Without a CUDA device every test that needs
-// one skips with a message.
+// CUDA block kernels (gpu_worker/kernels/hyper_connection.h, rope.h, router.h, swiglu.h) against
+// the CPU reference (label gpu): hyper-connections, the q/kv path pieces, the router and SwiGLU, on
+// tiny-a weights and golden streams and at Flash shapes with synthetic data. Without a CUDA device
+// every test that needs one skips with a message.
 //
 // Each comparison prints rms_rel, max_rel and bit_identical. Where the kernel and the reference
 // perform the same fp32 operations on the same inputs (HcPost, RoPE given the same table,
 // FP8sim), the result must be bit-identical; where the reference sums exactly in double and the
 // kernel in fp32 (HC mixes, router logits, the q norm's sum of squares), rms_rel ≤ 1e-3.
-#include "gpu_worker/kernels/block_kernels.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,7 +33,13 @@
 #include "common/model_config.h"
 #include "common/rope.h"
 #include "common/safetensors.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/rope.h"
+#include "gpu_worker/kernels/router.h"
+#include "gpu_worker/kernels/swiglu.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
@@ -87,8 +91,11 @@ HcOut DeviceHcPre(const model::HcWeights& w, const std::vector<float>& streams, 
   DeviceBuffer<uint16_t> dx(ToBf16(streams)), dy(T * s.dim);
   DeviceBuffer<float> dfn(w.fn), dbase(w.base), dscale(w.scale);
   DeviceBuffer<float> dpre(T * s.hc), dpost(T * s.hc), dcomb(T * s.hc * s.hc);
-  EXPECT_EQ(HcPre(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, s.hc, s.dim, s.iters, s.hc_eps,
-                  s.norm_eps, dy.get(), dpre.get(), dpost.get(), dcomb.get(), nullptr),
+  EXPECT_EQ(HcPre({.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
+                   .scale = dscale.get(), .T = T, .hc = s.hc, .dim = s.dim, .sinkhorn_iters = s.iters,
+                   .hc_eps = s.hc_eps, .norm_eps = s.norm_eps, .y = AsBf16(dy.get()),
+                   .pre = dpre.get(), .post = dpost.get(), .comb = dcomb.get()},
+                  nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return HcOut{FromBf16(dy.Get()), dpre.Get(), dpost.Get(), dcomb.Get()};
@@ -99,16 +106,19 @@ HcOut DeviceHcPre(const model::HcWeights& w, const std::vector<float>& streams, 
 HcOut DeviceHcPreDeferred(const model::HcWeights& w, const std::vector<float>& streams, int64_t T,
                           const HcShape& s, bool* ran) {
   DeviceBuffer<uint16_t> dx(ToBf16(streams)), dy(T * s.dim);
-  *ran = HcPreDefersComb(T, s.hc, s.dim, dy.get());
+  *ran = HcPreDefersComb(T, s.hc, s.dim, AsBf16(dy.get()));
   if (!*ran) return {};
   DeviceBuffer<float> dfn(w.fn), dbase(w.base), dscale(w.scale);
   DeviceBuffer<float> dpre(T * s.hc), dpost(T * s.hc), dcomb(T * s.hc * s.hc);
   cudaStream_t side = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-  EXPECT_EQ(
-      HcPreDeferComb(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, s.hc, s.dim, s.iters,
-                     s.hc_eps, s.norm_eps, dy.get(), dpre.get(), dpost.get(), dcomb.get(), nullptr),
-      cudaSuccess);
+  EXPECT_EQ(HcPreDeferComb({.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
+                            .scale = dscale.get(), .T = T, .hc = s.hc, .dim = s.dim,
+                            .sinkhorn_iters = s.iters, .hc_eps = s.hc_eps, .norm_eps = s.norm_eps,
+                            .y = AsBf16(dy.get()), .pre = dpre.get(), .post = dpost.get(),
+                            .comb = dcomb.get()},
+                           nullptr),
+            cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(HcCombSinkhorn(dcomb.get(), T, s.hc, s.iters, s.hc_eps, side), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -179,8 +189,10 @@ void CheckHcHead(const std::string& label, const model::HcWeights& w,
   }
   DeviceBuffer<uint16_t> dx(ToBf16(streams)), dz(T * s.dim);
   DeviceBuffer<float> dfn(w.fn), dbase(w.base), dscale(w.scale);
-  ASSERT_EQ(HcHead(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, s.hc, s.dim, s.hc_eps,
-                   s.norm_eps, dz.get(), nullptr),
+  ASSERT_EQ(HcHead({.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
+                    .scale = dscale.get(), .T = T, .hc = s.hc, .dim = s.dim, .hc_eps = s.hc_eps,
+                    .norm_eps = s.norm_eps, .z = AsBf16(dz.get())},
+                   nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const golden::Closeness c = Report(label + " HcHead", FromBf16(dz.Get()), ref);
@@ -352,11 +364,14 @@ void CheckRouter(const std::string& label, const RouterCase& rc) {
       dweights(T * k);
   DeviceBuffer<int32_t> dtable(w.hash ? w.tid2eid : std::vector<int32_t>{0}), dindices(T * k);
   DeviceBuffer<int64_t> dids(rc.ids);
-  ASSERT_EQ(
-      Route(dx.get(), dgate.get(), w.hash ? nullptr : dbias.get(), w.hash ? dtable.get() : nullptr,
-            dids.get(), T, E, rc.dim, k, static_cast<float>(rc.config.route_scale), dlogits.get(),
-            dindices.get(), dweights.get(), nullptr),
-      cudaSuccess);
+  ASSERT_EQ(Route({.x = AsBf16(dx.get()), .gate = AsBf16(dgate.get()),
+                   .bias = w.hash ? nullptr : dbias.get(),
+                   .tid2eid = w.hash ? dtable.get() : nullptr, .token_ids = dids.get(), .T = T,
+                   .E = E, .dim = rc.dim, .k = k,
+                   .route_scale = static_cast<float>(rc.config.route_scale),
+                   .logits = dlogits.get(), .indices = dindices.get(), .weights = dweights.get()},
+                  nullptr),
+            cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<int32_t> idx = dindices.Get();
   const std::vector<float> wts = dweights.Get();
@@ -492,33 +507,28 @@ TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
 
 // Size checks happen before any CUDA call, so this runs without a device.
 TEST(BlockKernelsLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
-  EXPECT_EQ(HcPre(nullptr, nullptr, nullptr, nullptr, 1, kHcMaxMult + 1, 16, 20, 1e-6f, 1e-6f,
-                  nullptr, nullptr, nullptr, nullptr, nullptr),
+  EXPECT_EQ(HcPre({.T = 1, .hc = kHcMaxMult + 1, .dim = 16, .sinkhorn_iters = 20}, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(HcPre(nullptr, nullptr, nullptr, nullptr, 1, 4, 16, 0, 1e-6f, 1e-6f, nullptr, nullptr,
-                  nullptr, nullptr, nullptr),
+  EXPECT_EQ(HcPre({.T = 1, .hc = 4, .dim = 16, .sinkhorn_iters = 0}, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(HcPost(nullptr, nullptr, nullptr, nullptr, 1, 0, 16, nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(HcHead(nullptr, nullptr, nullptr, nullptr, 1, 9, 16, 1e-6f, 1e-6f, nullptr, nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(HcHead({.T = 1, .hc = 9, .dim = 16}, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(ApplyRope(nullptr, 1, 1, 64, 65, nullptr, nullptr, false, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(ApplyRope(nullptr, 1, 1, 64, 128, nullptr, nullptr, false, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(Fp8SimInplace(nullptr, 1, 64, 128, 64, true, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(Route(nullptr, nullptr, nullptr, nullptr, nullptr, 1, kRouterMaxExperts + 1, 64, 6,
-                  1.5f, nullptr, nullptr, nullptr, nullptr),
+  EXPECT_EQ(Route({.T = 1, .E = kRouterMaxExperts + 1, .dim = 64, .k = 6, .route_scale = 1.5f},
+                  nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(Route(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 256, 64, kRouterMaxTopK + 1, 1.5f,
-                  nullptr, nullptr, nullptr, nullptr),
+  EXPECT_EQ(Route({.T = 1, .E = 256, .dim = 64, .k = kRouterMaxTopK + 1, .route_scale = 1.5f},
+                  nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(SwiGluF32(nullptr, nullptr, 8, nullptr, 1, 16, 10.0f, nullptr, nullptr),
             cudaErrorInvalidValue);
   // Zero rows: nothing to do.
-  EXPECT_EQ(HcPre(nullptr, nullptr, nullptr, nullptr, 0, 4, 16, 20, 1e-6f, 1e-6f, nullptr, nullptr,
-                  nullptr, nullptr, nullptr),
-            cudaSuccess);
+  EXPECT_EQ(HcPre({.T = 0, .hc = 4, .dim = 16, .sinkhorn_iters = 20}, nullptr), cudaSuccess);
 }
 
 // Block 0's input from the embedding rows: every stream a copy of its token's row, bit for bit,
@@ -687,7 +697,7 @@ TEST_F(BlockKernelsTest, KvPathMatchesReferenceOnTinyA) {
       EXPECT_LE(ci.rms_rel, 1e-3) << label;
       EXPECT_EQ(ci.bit_identical, 1.0) << label;
     }
-    // The device chain from the wkv output: RmsNorm (kernels.h), RopeCosSin, ApplyRope,
+    // The device chain from the wkv output: RmsNorm (rms_norm.h), RopeCosSin, ApplyRope,
     // Fp8SimInplace. An fp32-vs-double ulp in the norm can flip one e4m3 rounding (1/16 of an
     // element), so this is looser than the isolated check above.
     DeviceBuffer<uint16_t> dkva(ToBf16(kva)), dkv(T * hd);
@@ -783,12 +793,14 @@ TEST_F(BlockKernelsTest, RouterMatchesReferenceAtFlashShapes) {
   DeviceBuffer<float> dbias(learned.bias), dlog64(T * E), dlog3(3 * E), dwts(T * k);
   DeviceBuffer<int32_t> didx(T * k);
   DeviceBuffer<int64_t> dids(ids);
-  ASSERT_EQ(Route(dx.get(), dgate.get(), dbias.get(), nullptr, dids.get(), T, E, dim, k, 1.5f,
-                  dlog64.get(), didx.get(), dwts.get(), nullptr),
-            cudaSuccess);
-  ASSERT_EQ(Route(dx.get(), dgate.get(), dbias.get(), nullptr, dids.get(), 3, E, dim, k, 1.5f,
-                  dlog3.get(), didx.get(), dwts.get(), nullptr),
-            cudaSuccess);
+  RouteParams p = {.x = AsBf16(dx.get()), .gate = AsBf16(dgate.get()), .bias = dbias.get(),
+                   .token_ids = dids.get(), .T = T, .E = E, .dim = dim, .k = k,
+                   .route_scale = 1.5f, .logits = dlog64.get(), .indices = didx.get(),
+                   .weights = dwts.get()};
+  ASSERT_EQ(Route(p, nullptr), cudaSuccess);
+  p.T = 3;
+  p.logits = dlog3.get();
+  ASSERT_EQ(Route(p, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> l64 = dlog64.Get(), l3 = dlog3.Get();
   EXPECT_EQ(std::memcmp(l3.data(), l64.data(), 3 * E * sizeof(float)), 0)

@@ -1,4 +1,4 @@
-// CUDA KV compressor kernels (gpu_worker/kernels/compressor_kernels.h, main and indexer
+// CUDA KV compressor kernels (gpu_worker/kernels/compressor.h, main and indexer
 // compressors on their streaming state) against the CPU reference (label gpu): on tiny-a weights
 // with the golden blocks160 activations (CSA layers 2 and 4, HCA layers 3 and 5) and at Flash
 // shapes with synthetic data. Without a CUDA device every test that needs one skips with a
@@ -30,7 +30,8 @@
 #include "common/model/weights.h"
 #include "common/model_config.h"
 #include "common/rope.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/compressor.h"
+#include "gpu_worker/kernels/head.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 

@@ -14,7 +14,10 @@
 #include "common/golden/golden.h"
 #include "common/model/linear.h"
 #include "common/model/weights.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/fp8_gemm.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
@@ -39,7 +42,7 @@ TEST_F(CudaKernelsTest, SharedMemoryOptInsStayWithinSm86) {
   const void* k = Fp8GemmKernel();
   EXPECT_EQ(OptInSharedMemory(k, kSm86MaxSharedPerBlock + 16), cudaErrorInvalidValue);
   // A 512-row chunk of a 4096-feature projection takes Fp8Gemm's tallest tile (the kernel k
-  // names), which opts in (once per device) to its 3-stage pipeline's shared memory.
+  // names), which PrepareKernels (the fixture) opted in to its 3-stage pipeline's shared memory.
   const int64_t rows = 512, out = 4096, in = 1024;
   DeviceBuffer<uint8_t> q(RandomE4m3(rows * in, 3)), w(RandomE4m3(out * in, 4));
   DeviceBuffer<float> sa(std::vector<float>(rows * in / 128, 1.0f));

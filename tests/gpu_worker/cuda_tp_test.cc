@@ -40,7 +40,9 @@
 #include "common/bf16.h"
 #include "common/model/model.h"
 #include "gpu_worker/cuda/cuda_backend.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/elementwise.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/prepare.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/nccl_stage_link.h"
 #include "gtest/gtest.h"
@@ -206,9 +208,11 @@ TEST_F(TpTest, CollectivesCarrySelfDescribingPayloads) {
   EXPECT_EQ(NcclComm::Create("short", 0, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The ranks' fp32 partials of a row-parallel FP8 projection (kernels.h Fp8Linear, fp32 output).
+// The ranks' fp32 partials of a row-parallel FP8 projection (fp8_linear.h Fp8Linear, fp32 output).
 TEST_F(TpTest, Fp32LinearPartialsSumToTheBf16Projection) {
   cudaSetDevice(0);
+  const absl::Status prepared = cuda::PrepareKernels();  // Fp8Linear's GEMM for 40 and 200 rows
+  ASSERT_TRUE(prepared.ok()) << prepared;
   constexpr int64_t out = 256, in = 1024;
   std::vector<uint8_t> w(out * in), ws((out / 128) * (in / 128));
   uint32_t x = 12345;

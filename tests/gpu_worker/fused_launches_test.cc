@@ -12,10 +12,13 @@
 #include <utility>
 #include <vector>
 
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/decode_step.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/elementwise.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/rope.h"
+#include "gpu_worker/kernels/swiglu.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
@@ -129,8 +132,14 @@ TEST_F(FusedLaunchesTest, Fp8LinearPairIsTwoFp8Linears) {
         Fp8Linear(dq.get(), ds.get(), rows, w0.get(), ws0.get(), out, in, a0.get(), nullptr));
     CUDA_ASSERT_OK(
         Fp8Linear(dq.get(), ds.get(), rows, w1.get(), ws1.get(), out, in, a1.get(), nullptr));
-    CUDA_ASSERT_OK(Fp8LinearPair(dq.get(), ds.get(), rows, in, w0.get(), ws0.get(), out, b0.get(),
-                                 w1.get(), ws1.get(), out, b1.get(), nullptr));
+    CUDA_ASSERT_OK(
+        Fp8LinearPair({.q = AsE4m3(dq.get()),
+                       .s_act = ds.get(),
+                       .rows = rows,
+                       .in = in,
+                       .m0 = {AsE4m3(w0.get()), AsUe8m0(ws0.get()), out, AsBf16(b0.get())},
+                       .m1 = {AsE4m3(w1.get()), AsUe8m0(ws1.get()), out, AsBf16(b1.get())}},
+                      nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     if (out != 2048) {
       ExpectSameBits(label + " first", b0.Get(), a0.Get());
@@ -196,10 +205,13 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
     DeviceBuffer<float> pre1(T * hc), pre2(T * hc), post1(T * hc), post2(T * hc);
     DeviceBuffer<float> comb1(T * hc * hc), comb2(T * hc * hc);
     Quantised parts(T, dim), fused(T, dim);
-    ASSERT_TRUE(HcPreDefersComb(T, hc, dim, y1.get())) << label;
-    CUDA_ASSERT_OK(HcPreDeferComb(dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters,
-                                  1e-6f, kEps, y1.get(), pre1.get(), post1.get(), comb1.get(),
-                                  nullptr));
+    ASSERT_TRUE(HcPreDefersComb(T, hc, dim, AsBf16(y1.get()))) << label;
+    const HcPreParams p1 = {.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
+                            .scale = dscale.get(), .T = T, .hc = hc, .dim = dim,
+                            .sinkhorn_iters = iters, .hc_eps = 1e-6f, .norm_eps = kEps,
+                            .y = AsBf16(y1.get()), .pre = pre1.get(), .post = post1.get(),
+                            .comb = comb1.get()};
+    CUDA_ASSERT_OK(HcPreDeferComb(p1, nullptr));
     CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(), parts.q.get(),
                                 parts.s.get(), nullptr));
     // Without counters (two launches), then twice with them (one launch at dim 4096; the second
@@ -214,10 +226,16 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
       Poison(fused.y, T * dim);
       Poison(fused.q, T * dim);
       Poison(fused.s, T * (dim / 128));
+      HcPreParams p2 = p1;
+      p2.y = AsBf16(y2.get());
+      p2.pre = pre2.get();
+      p2.post = post2.get();
+      p2.comb = comb2.get();
       CUDA_ASSERT_OK(HcPreDeferCombNormQuant(
-          dx.get(), dfn.get(), dbase.get(), dscale.get(), T, hc, dim, iters, 1e-6f, kEps, y2.get(),
-          pre2.get(), post2.get(), comb2.get(), dg.get(), kEps, fused.y.get(), fused.q.get(),
-          fused.s.get(), counters, nullptr));
+          p2,
+          {.g = dg.get(), .rms_eps = kEps, .xn = AsBf16(fused.y.get()),
+           .q = AsE4m3(fused.q.get()), .s = fused.s.get(), .sync = counters},
+          nullptr));
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
       ExpectSameBits(how + " y", y2.Get(), y1.Get());
       ExpectSameBits(how + " pre", pre2.Get(), pre1.Get());
@@ -356,6 +374,26 @@ TEST_F(FusedLaunchesTest, HcPostOfFormedOutputsIsTheTwoLaunches) {
   }
 }
 
+// The combine and conversion launches the fused ones above are checked against: MoeCombineBf16
+// is the reference's combine (with a null input read as 0), Bf16ToF32 exact.
+TEST_F(FusedLaunchesTest, MoeCombineAndStreamConversion) {
+  const int64_t n = 3000;
+  const std::vector<uint16_t> shared = ToBf16(RandomBf16(n, 1.0f, 9));
+  const std::vector<float> routed = RandomF32(n, 1.0f, 10);
+  DeviceBuffer<uint16_t> ds(shared), dy(n);
+  DeviceBuffer<float> dr(routed), df(n);
+  CUDA_ASSERT_OK(MoeCombineBf16(ds.get(), dr.get(), n, dy.get(), nullptr));
+  const std::vector<uint16_t> y = dy.Get();
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(y[i], FloatToBf16(routed[i] + Bf16ToFloat(shared[i]))) << i;
+  }
+  CUDA_ASSERT_OK(MoeCombineBf16(ds.get(), nullptr, n, dy.get(), nullptr));
+  EXPECT_EQ(dy.Get(), shared);
+  CUDA_ASSERT_OK(Bf16ToF32(ds.get(), n, df.get(), nullptr));
+  const std::vector<float> f = df.Get();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(f[i], Bf16ToFloat(shared[i])) << i;
+}
+
 // The step's two RoPE tables (plain and compressed layers' frequencies) in one launch.
 TEST_F(FusedLaunchesTest, RopeCosSinPairIsTwoRopeCosSin) {
   int64_t seed = 460;
@@ -384,7 +422,9 @@ TEST_F(FusedLaunchesTest, KernelsRunFromComputeSm86Ptx) {
   ExpectCompute86Ptx({{"Fp8LinearHcPost", Fp8LinearHcPostKernel()},
                       {"HcPreMixFinish", HcPreMixFinishKernel()},
                       {"HeadRmsNormRopeRegs", HeadRmsNormRopeRegsKernel()},
-                      {"RopeCosSinPair", RopeCosSinPairKernel()}});
+                      {"RopeCosSinPair", RopeCosSinPairKernel()},
+                      {"MoeCombineBf16", MoeCombineBf16Kernel()},
+                      {"Bf16ToF32", Bf16ToF32Kernel()}});
 }
 
 }  // namespace

@@ -24,7 +24,10 @@
 #include "common/model/weights.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/prepare.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gtest/gtest.h"
 
 namespace ss::cuda::testing_util {
@@ -38,7 +41,8 @@ namespace ss::cuda::testing_util {
 inline constexpr char kTinyA[] = "tests/data/tiny-a";
 
 // Every test of a fixture derived from this one skips, with a message, on a machine without a
-// CUDA device (CI, developer machines); the device machine runs them.
+// CUDA device (CI, developer machines); the device machine runs them, after PrepareKernels on the
+// current device (kernels launched directly need it).
 class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -48,6 +52,8 @@ class GpuTest : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device (" << (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e))
                    << "): GPU tests run on the device machine";
     }
+    const absl::Status s = PrepareKernels();
+    ASSERT_TRUE(s.ok()) << s;
   }
 };
 

@@ -1,4 +1,4 @@
-// CUDA lightning-indexer kernels (gpu_worker/kernels/compressor_kernels.h: the Hadamard + FP4sim,
+// CUDA lightning-indexer kernels (gpu_worker/kernels/indexer.h: the Hadamard + FP4sim,
 // the query preparation, the weights, the scores and the top-k) against the CPU reference (label
 // gpu): on tiny-a weights with the golden blocks160 activations (CSA layers 2 and 4) and at Flash
 // shapes with synthetic data. Without a CUDA device every test that needs one skips with a
@@ -35,10 +35,15 @@
 #include "common/model/weights.h"
 #include "common/model_config.h"
 #include "common/rope.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/kernels.h"
+#include "gpu_worker/kernels/compressor.h"
+#include "gpu_worker/kernels/fp8_linear.h"
+#include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/indexer.h"
+#include "gpu_worker/kernels/indexer_topk.h"
+#include "gpu_worker/kernels/limits.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/rms_norm.h"
+#include "gpu_worker/kernels/rope.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 #include "tests/gpu_worker/indexer_test_util.h"

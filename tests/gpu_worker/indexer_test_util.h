@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/indexer_topk.h"
 #include "gtest/gtest.h"
 
 namespace ss::cuda::testing_util {

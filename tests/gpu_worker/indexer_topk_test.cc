@@ -3,6 +3,8 @@
 // heavy ties, ±0, −inf tails of every length, fully masked rows, fewer finite scores than k,
 // k = 1 and k = n_cols, 1 to 262144 columns; every selection byte equal. Without a CUDA device
 // every test skips with a message.
+#include "gpu_worker/kernels/indexer_topk.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include <vector>
 
 #include "common/bf16.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 #include "tests/gpu_worker/indexer_test_util.h"

@@ -1,4 +1,4 @@
-// The CUDA fp32 linear, LM head and greedy argmax (gpu_worker/kernels/compressor_kernels.h:
+// The CUDA fp32 linear, LM head and greedy argmax (gpu_worker/kernels/head.h:
 // LinearBf16F32, LmHead, ArgmaxRows) against the CPU reference (label gpu): on tiny-a weights with
 // the golden blocks160 activations and at Flash shapes (a 129280 x 4096 head, in vocabulary shards
 // as TP ranks hold it) with synthetic data. Each comparison prints rms_rel, max_rel and
@@ -20,7 +20,9 @@
 #include "common/model/linear.h"
 #include "common/model/weights.h"
 #include "common/model_config.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
+#include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/hyper_connection.h"
+#include "gpu_worker/kernels/rms_norm.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 

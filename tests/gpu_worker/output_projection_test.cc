@@ -1,10 +1,12 @@
-// The CUDA grouped output projection (gpu_worker/kernels/compressor_kernels.h, wo_a kept in FP8)
+// The CUDA grouped output projection (gpu_worker/kernels/output_projection.h, wo_a kept in FP8)
 // against the CPU reference (label gpu): on tiny-a's wo_a and at Flash shapes (8 groups and a TP
 // rank's 4, 2 and 1) with synthetic weights, through the three kernels (T ≤ 8: the mma decode
 // path; more tokens: the tensor-core GEMM, or one warp per row where rank is not a multiple of
 // 128). Each comparison prints rms_rel, max_rel and bit_identical (the kernel sums in fp32 in
 // another order than the reference: rms_rel ≤ 1e-3, ≥ 95% bit-identical). Without a CUDA device
 // every test that needs one skips with a message.
+#include "gpu_worker/kernels/output_projection.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -16,7 +18,6 @@
 #include "common/model/linear.h"
 #include "common/model/weights.h"
 #include "common/model_config.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 

@@ -1,6 +1,7 @@
 // The paged KV kernels of gpu_worker/kernels/paged_kv.h (label gpu; skips without a CUDA device):
+// the attention over plain bf16 records (nope = 0) is close to the reference's SparseAttendHead,
 // records written at scattered addresses are byte for byte common/kv_record.h's (head_dim 512),
-// attention over record addresses equals SparseAttention over the bf16 pool of the same entries
+// attention over fp8 records equals the attention over plain bf16 records of the same entries
 // bit for bit (head_dim 512: the shared-memory path; 128: the per-dim path) and the decode path's
 // flash-decoding split stays within its rounding bound of it, MXFP4 keys of FP4-simulated values
 // round-trip exactly through blocks named by a table, and the kernels run from compute_86 PTX.
@@ -8,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,10 +18,11 @@
 #include <vector>
 
 #include "common/bf16.h"
+#include "common/golden/golden.h"
 #include "common/kv_record.h"
-#include "gpu_worker/kernels/block_kernels.h"
-#include "gpu_worker/kernels/compressor_kernels.h"
-#include "gpu_worker/kernels/sparse_attention.h"
+#include "common/model/attention.h"
+#include "gpu_worker/kernels/indexer.h"
+#include "gpu_worker/kernels/rope.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_test_util.h"
 
@@ -144,6 +147,81 @@ void PrintSplitVsSerial(const char* what, const SplitVsSerial& r) {
       static_cast<long long>(r.over), r.split_exact, r.serial_exact);
 }
 
+struct RefCase {
+  const char* name;
+  int64_t T, H, D, window, compressed, pool;
+};
+
+// KvSparseAttention (no rows scratch: the per-(token, head) kernels) over plain bf16 records
+// (nope = 0) against the reference's SparseAttendHead, on candidate lists shaped like the
+// reference's: `window` raw entries (positions before the query masked early on), then
+// `compressed` entries with some masked.
+void ReferenceCase(const RefCase& c) {
+  std::mt19937_64 rng(c.H * 1000 + c.D);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.pool - 1));
+  const int64_t C = c.window + c.compressed;
+  std::vector<float> q(c.T * c.H * c.D), pool(c.pool * c.D), sink(c.H);
+  for (float& v : q) v = RoundBf16(nd(rng));
+  for (float& v : pool) v = RoundBf16(nd(rng));
+  for (float& v : sink) v = nd(rng);
+  std::vector<int32_t> cand(c.T * C);
+  for (int64_t t = 0; t < c.T; ++t) {
+    const int64_t valid_window = std::min<int64_t>(c.window, 1 + t * (c.window / 2));
+    for (int64_t i = 0; i < C; ++i) {
+      int32_t v = pick(rng);
+      if (i < c.window && i >= valid_window) v = -1;
+      if (i >= c.window && (i + t) % 7 == 0) v = -1;
+      cand[t * C + i] = v;
+    }
+  }
+  DeviceBuffer<uint16_t> dq(ToBf16(q)), dp(ToBf16(pool)), dout(q.size());
+  DeviceBuffer<float> ds(sink);
+  std::vector<uint64_t> cand_b(cand.size());
+  for (size_t i = 0; i < cand.size(); ++i) {
+    cand_b[i] = cand[i] < 0 ? 0 : reinterpret_cast<uint64_t>(dp.get()) + cand[i] * 2 * c.D;
+  }
+  DeviceBuffer<uint64_t> dc(cand_b);
+  const float scale = static_cast<float>(std::pow(static_cast<double>(c.D), -0.5));
+  CUDA_ASSERT_OK(KvSparseAttention({.q = AsBf16(dq.get()), .cand = dc.get(), .sink = ds.get(),
+                                    .T = c.T, .n_heads = c.H, .head_dim = c.D, .nope = 0,
+                                    .n_cand = C, .scale = scale, .out = AsBf16(dout.get())},
+                                   nullptr));
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> ob = dout.Get();
+  std::vector<float> got(ob.size()), ref(ob.size());
+  for (size_t i = 0; i < ob.size(); ++i) got[i] = Bf16ToFloat(ob[i]);
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::vector<const float*> list;
+    for (int64_t i = 0; i < C; ++i) {
+      const int32_t v = cand[t * C + i];
+      list.push_back(v >= 0 ? pool.data() + v * c.D : nullptr);
+    }
+    for (int64_t h = 0; h < c.H; ++h) {
+      model::SparseAttendHead(q.data() + (t * c.H + h) * c.D, list, c.D, scale, sink[h],
+                              ref.data() + (t * c.H + h) * c.D);
+    }
+  }
+  const golden::Closeness cl = golden::Compare(got.data(), ref.data(), ref.size());
+  std::printf("%s T=%ld H=%ld D=%ld candidates=%ld: rms_rel=%.2e max_rel=%.2e bit_identical=%.4f\n",
+              c.name, static_cast<long>(c.T), static_cast<long>(c.H), static_cast<long>(c.D),
+              static_cast<long>(C), cl.rms_rel, cl.max_rel, cl.bit_identical);
+  EXPECT_LE(cl.rms_rel, 2e-3) << c.name;
+  EXPECT_GE(cl.bit_identical, 0.9) << c.name;
+}
+
+TEST_F(PagedKvTest, AttentionMatchesTheReference) {
+  ReferenceCase({"tiny-a", 5, 4, 128, 16, 8, 64});
+  ReferenceCase({"flash-csa", 4, 64, 512, 128, 512, 2048});
+  for (const int64_t H : {32, 16, 8}) ReferenceCase({"flash-tp", 2, H, 512, 128, 64, 1024});
+}
+
+TEST_F(PagedKvTest, AttentionRejectsUnsupportedHeadDim) {
+  EXPECT_EQ(KvSparseAttention({.T = 1, .n_heads = 1, .head_dim = 100, .n_cand = 1, .scale = 1.0f},
+                              nullptr),
+            cudaErrorInvalidValue);
+}
+
 void AttentionCase(int64_t D, uint64_t seed) {
   const int64_t n = 300, T = 5, H = 4, n_cand = 150, nope = D - 64;
   std::vector<float> full = SimEntries(n, seed);
@@ -176,40 +254,47 @@ void AttentionCase(int64_t D, uint64_t seed) {
     std::printf("records equal to common/kv_record.h's: %lld of %lld\n",
                 static_cast<long long>(same), static_cast<long long>(n));
   }
+  // The same candidates as fp8 records (cand_p) and as plain bf16 records (nope = 0: the entries'
+  // bf16 rows, KvRecordBytes(0, D) = 2·D bytes each) in d_ent (cand_b).
   std::mt19937_64 rng(seed + 1);
   std::vector<int32_t> cand(T * n_cand);
-  std::vector<uint64_t> cand_p(T * n_cand);
+  std::vector<uint64_t> cand_p(T * n_cand), cand_b(T * n_cand);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < n_cand; ++j) {
       int32_t v = static_cast<int32_t>(rng() % n);
       if (j > 0 && rng() % 9 == 0) v = -1;
       cand[t * n_cand + j] = v;
       cand_p[t * n_cand + j] = v < 0 ? 0 : dst[v];
+      cand_b[t * n_cand + j] = v < 0 ? 0 : reinterpret_cast<uint64_t>(d_ent) + v * 2 * D;
     }
   }
   const std::vector<float> qf = RandomBf16(T * H * D, 0.3f, seed + 2);
   const std::vector<uint16_t> q = ToBf16(qf);
   const std::vector<float> sink = {0.1f, -0.5f, 1.0f, 0.0f};
   uint16_t* d_q = ToDevice(q);
-  int32_t* d_cand = ToDevice(cand);
+  uint64_t* d_cand_b = ToDevice(cand_b);
   uint64_t* d_cand_p = ToDevice(cand_p);
   float* d_sink = ToDevice(sink);
   uint16_t *o1 = nullptr, *o2 = nullptr;
   cudaMalloc(&o1, T * H * D * 2);
   cudaMalloc(&o2, T * H * D * 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ASSERT_EQ(SparseAttention(d_q, d_ent, d_cand, d_sink, T, H, D, n_cand, scale, o1, nullptr),
-            cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o2, nullptr),
-            cudaSuccess);
+  KvSparseAttentionParams ap = {.q = AsBf16(d_q), .cand = d_cand_b, .sink = d_sink, .T = T,
+                                .n_heads = H, .head_dim = D, .nope = 0, .n_cand = n_cand,
+                                .scale = scale, .out = AsBf16(o1)};
+  ASSERT_EQ(KvSparseAttention(ap, nullptr), cudaSuccess);
+  ap.cand = d_cand_p;
+  ap.nope = nope;
+  ap.out = AsBf16(o2);
+  ASSERT_EQ(KvSparseAttention(ap, nullptr), cudaSuccess);
   // The same with the candidates decoded once into rows (the decode path's scratch): at head_dim
   // 512 (T ≤ kKvSplitMaxTokens) the split path, within its rounding bound of the serial kernel.
   uint16_t *o3 = nullptr, *rows = nullptr;
   cudaMalloc(&o3, T * H * D * 2);
   cudaMalloc(&rows, KvSparseAttentionRowsBytes(T, n_cand, D, H));
-  ASSERT_EQ(KvSparseAttention(d_q, d_cand_p, d_sink, T, H, D, nope, n_cand, scale, o3, nullptr,
-                              rows),
-            cudaSuccess);
+  ap.out = AsBf16(o3);
+  ap.rows = AsBf16(rows);
+  ASSERT_EQ(KvSparseAttention(ap, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint16_t> a = ToHost(o1, T * H * D), b = ToHost(o2, T * H * D),
                               c = ToHost(o3, T * H * D);
@@ -218,7 +303,7 @@ void AttentionCase(int64_t D, uint64_t seed) {
     same += a[i] == b[i];
     same_rows += a[i] == c[i];
   }
-  std::printf("head_dim %lld: attention over records vs bf16 pool: %lld of %zu outputs "
+  std::printf("head_dim %lld: attention over fp8 vs plain bf16 records: %lld of %zu outputs "
               "bit-identical (decoded rows: %lld)\n",
               static_cast<long long>(D), static_cast<long long>(same), a.size(),
               static_cast<long long>(same_rows));
@@ -240,13 +325,13 @@ void AttentionCase(int64_t D, uint64_t seed) {
   cudaFree(o3);
   cudaFree(rows);
   for (void* p : {static_cast<void*>(recs), static_cast<void*>(d_ent), static_cast<void*>(d_dst),
-                  static_cast<void*>(d_q), static_cast<void*>(d_cand), static_cast<void*>(d_cand_p),
+                  static_cast<void*>(d_q), static_cast<void*>(d_cand_b), static_cast<void*>(d_cand_p),
                   static_cast<void*>(d_sink), static_cast<void*>(o1), static_cast<void*>(o2)}) {
     cudaFree(p);
   }
 }
 
-TEST_F(PagedKvTest, RecordsAndAttentionMatchTheBf16Pool) {
+TEST_F(PagedKvTest, RecordsAndAttentionMatchPlainBf16Records) {
   AttentionCase(512, 11);
   AttentionCase(128, 12);
 }
@@ -333,21 +418,33 @@ void DecodePathCase(const DecodeCase& c) {
   DeviceBuffer<uint16_t> out_a(T * H * D), out_b(T * H * D), out_c(T * H * D), out_d(T * H * D);
   ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_a.get(), nullptr, rows_a.get()),
             cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, cand_a.get(), d_sink, T, H, D, nope, n_cand, scale, out_a.get(),
-                              nullptr, rows_a.get(), true, d_cos, d_sin, 64),
-            cudaSuccess);
+  const KvSparseAttentionParams fused = {
+      .q = AsBf16(d_q), .cand = cand_a.get(), .sink = d_sink, .T = T, .n_heads = H,
+      .head_dim = D, .nope = nope, .n_cand = n_cand, .scale = scale, .out = AsBf16(out_a.get()),
+      .rows = AsBf16(rows_a.get()), .rows_decoded = true, .rope_cos = d_cos, .rope_sin = d_sin,
+      .rope_dim = 64};
+  ASSERT_EQ(KvSparseAttention(fused, nullptr), cudaSuccess);
   const std::vector<uint16_t> rows = rows_a.Get();  // the decoded candidates, for the bound
-  ASSERT_EQ(KvSparseAttention(d_q, cand_a.get(), d_sink, T, H, D, nope, n_cand, scale, out_d.get(),
-                              nullptr, rows_a.get(), true, d_cos, d_sin, 64),
-            cudaSuccess);
+  KvSparseAttentionParams again = fused;
+  again.out = AsBf16(out_d.get());
+  ASSERT_EQ(KvSparseAttention(again, nullptr), cudaSuccess);
   ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_b.get(), nullptr), cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, cand_b.get(), d_sink, T, H, D, nope, n_cand, scale, out_b.get(),
-                              nullptr, rows_b.get()),
-            cudaSuccess);
+  KvSparseAttentionParams general = fused;
+  general.cand = cand_b.get();
+  general.out = AsBf16(out_b.get());
+  general.rows = AsBf16(rows_b.get());
+  general.rows_decoded = false;
+  general.rope_cos = nullptr;
+  general.rope_sin = nullptr;
+  general.rope_dim = 0;
+  ASSERT_EQ(KvSparseAttention(general, nullptr), cudaSuccess);
   ASSERT_EQ(ApplyRope(out_b.get(), T, H, D, 64, d_cos, d_sin, true, nullptr), cudaSuccess);
-  ASSERT_EQ(KvSparseAttention(d_q, cand_b.get(), d_sink, T, H, D, nope, n_cand, scale, out_c.get(),
-                              nullptr, nullptr, false, d_cos, d_sin, 64),
-            cudaSuccess);
+  KvSparseAttentionParams serial = fused;
+  serial.cand = cand_b.get();
+  serial.out = AsBf16(out_c.get());
+  serial.rows = nullptr;
+  serial.rows_decoded = false;
+  ASSERT_EQ(KvSparseAttention(serial, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint64_t> ca = cand_a.Get();
   EXPECT_EQ(ca, cand_b.Get());

@@ -1,6 +1,6 @@
+#include "gpu_worker/kernels/elementwise.h"
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/hc_post_common.cuh"
-#include "gpu_worker/kernels/kernels.h"
 
 namespace ss::cuda {
 namespace {
@@ -19,6 +19,18 @@ __global__ void RoundF32ToBf16KernelImpl(const float* __restrict__ x, int64_t n,
   GridStride(n, [&](int64_t i) { y[i] = F32ToBf16(x[i]); });
 }
 
+__global__ void MoeCombineBf16KernelImpl(const uint16_t* __restrict__ shared,
+                                         const float* __restrict__ routed, int64_t n,
+                                         uint16_t* __restrict__ y) {
+  // What MoeCombineHcPost takes as its x, stored.
+  GridStride(n, [&](int64_t i) { y[i] = HcXMoeBf16{shared, routed}.Bits(i); });
+}
+
+__global__ void Bf16ToF32KernelImpl(const uint16_t* __restrict__ x, int64_t n,
+                                    float* __restrict__ y) {
+  GridStride(n, [&](int64_t i) { y[i] = Bf16ToF32(x[i]); });
+}
+
 }  // namespace
 
 cudaError_t MoeCombineF32(const float* shared, const float* routed, int64_t n, uint16_t* y,
@@ -35,11 +47,29 @@ cudaError_t RoundF32ToBf16(const float* x, int64_t n, uint16_t* y, cudaStream_t 
   return cudaGetLastError();
 }
 
+cudaError_t MoeCombineBf16(const uint16_t* shared, const float* routed, int64_t n, uint16_t* y,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  MoeCombineBf16KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(shared, routed,
+                                                                                   n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t Bf16ToF32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  Bf16ToF32KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
 const void* MoeCombineF32Kernel() {
   return reinterpret_cast<const void*>(&MoeCombineF32KernelImpl);
 }
 const void* RoundF32ToBf16Kernel() {
   return reinterpret_cast<const void*>(&RoundF32ToBf16KernelImpl);
 }
+const void* MoeCombineBf16Kernel() {
+  return reinterpret_cast<const void*>(&MoeCombineBf16KernelImpl);
+}
+const void* Bf16ToF32Kernel() { return reinterpret_cast<const void*>(&Bf16ToF32KernelImpl); }
 
 }  // namespace ss::cuda
