@@ -27,7 +27,7 @@
 // rounded once, but for rare cases) and the fp32 butterfly. fp32 is for GPUs with slow FP64,
 // where the fp64 path's 2·ratio double exps per channel may show in decode steps in which many
 // sequences complete a block; the cuda backend picks by the device's FP64 rate
-// (gpu_worker/fp64_sums.h, --fp64_sums).
+// (common/fp64_sums.h, --fp64_sums).
 #pragma once
 
 #include <cuda_runtime.h>
