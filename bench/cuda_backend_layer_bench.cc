@@ -1,6 +1,6 @@
-// One Flash-shaped layer of the cuda backend (gpu_worker/cuda/cuda_backend.h): decode at batch 1 and 8
-// with 8K and 64K tokens of context per sequence, and the 8K-token prefill chunk. Needs a CUDA
-// device.
+// One Flash-shaped layer of the cuda backend (gpu_worker/cuda/cuda_backend.h): decode at batch 1
+// and 8 with 8K and 64K tokens of context per sequence, and the 8K-token prefill chunk. Needs a
+// CUDA device.
 //
 //   build/bin/cuda_backend_layer_bench [checkpoint dir, default /tmp/ss_flash_layers] [--profile]
 //

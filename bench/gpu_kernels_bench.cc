@@ -690,12 +690,22 @@ void BenchDecodeAttention() {
         CHECK_CUDA(ss::cuda::KvBuildCandidates(g, dtok, T, dsel, n_cand, cand, st, rows));
       };
       const auto attend = [&](int, cudaStream_t st) {
-        CHECK_CUDA(ss::cuda::KvSparseAttention(
-            {.q = ss::cuda::AsBf16(q), .cand = cand, .sink = dsink, .T = T, .n_heads = H,
-             .head_dim = D, .nope = nope, .n_cand = n_cand, .scale = scale,
-             .out = ss::cuda::AsBf16(out), .rows = ss::cuda::AsBf16(rows), .rows_decoded = true,
-             .rope_cos = dcs, .rope_sin = dsn, .rope_dim = rope},
-            st));
+        CHECK_CUDA(ss::cuda::KvSparseAttention({.q = ss::cuda::AsBf16(q),
+                                                .cand = cand,
+                                                .sink = dsink,
+                                                .T = T,
+                                                .n_heads = H,
+                                                .head_dim = D,
+                                                .nope = nope,
+                                                .n_cand = n_cand,
+                                                .scale = scale,
+                                                .out = ss::cuda::AsBf16(out),
+                                                .rows = ss::cuda::AsBf16(rows),
+                                                .rows_decoded = true,
+                                                .rope_cos = dcs,
+                                                .rope_sin = dsn,
+                                                .rope_dim = rope},
+                                               st));
       };
       const auto chain = [&](int i, cudaStream_t st) {
         build(i, st);

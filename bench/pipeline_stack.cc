@@ -247,9 +247,9 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
             gpu::StageTimings* tm = timings && k.rank == 0 ? &(*timings)[k.stage] : nullptr;
             if (!Check(k.backend->RunDevice(step, dev_in, &out, tm), "decode")) return false;
             k.ran = Now();
-            if (k.link_out && !Check(k.link_out->Send(id, out.rows, out.width, out.device_streams,
-                                                      {}, deadline),
-                                     "send")) {
+            if (k.link_out &&
+                !Check(k.link_out->Send(id, out.rows, out.width, out.device_streams, {}, deadline),
+                       "send")) {
               return false;
             }
             k.pushed = Now();

@@ -32,10 +32,10 @@ inline constexpr int kKvTile = 64;
 inline constexpr int kKvTiles = kKvNopeDim / kKvTile;  // 7
 
 inline constexpr size_t kKvNopeOffset = 0;
-inline constexpr size_t kKvRopeOffset = kKvNopeOffset + kKvNopeDim;           // 448
-inline constexpr size_t kKvScaleOffset = kKvRopeOffset + kKvRopeDim * 2;      // 576
-inline constexpr size_t kKvPadOffset = kKvScaleOffset + kKvTiles;             // 583
-inline constexpr size_t kKvRecordBytes = kKvPadOffset + 1;                    // 584
+inline constexpr size_t kKvRopeOffset = kKvNopeOffset + kKvNopeDim;       // 448
+inline constexpr size_t kKvScaleOffset = kKvRopeOffset + kKvRopeDim * 2;  // 576
+inline constexpr size_t kKvPadOffset = kKvScaleOffset + kKvTiles;         // 583
+inline constexpr size_t kKvRecordBytes = kKvPadOffset + 1;                // 584
 
 static_assert(kKvNopeDim + kKvRopeDim == kKvDim);
 static_assert(kKvTiles * kKvTile == kKvNopeDim && kKvTiles == 7);

@@ -139,15 +139,18 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
     const json& js = j["stages"][s];
     const std::string where = absl::StrCat("stages[", s, "]");
     if (!js.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("cluster config: ", where, " is not an object"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster config: ", where, " is not an object"));
     }
     StageSpec stage;
     ASSIGN_OR_RETURN(std::vector<int> layers, ReadLayers(js, where, n_layers));
     for (size_t i = 0; i < layers.size(); ++i) {
       if (layers[i] != next_layer) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cluster config: ", where, ": layers must continue the previous stage in order "
-            "(expected layer ", next_layer, ", got ", layers[i], ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster config: ", where,
+                         ": layers must continue the previous stage in order "
+                         "(expected layer ",
+                         next_layer, ", got ", layers[i], ")"));
       }
       ++next_layer;
     }
@@ -163,8 +166,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
             absl::StrCat("cluster config: ", where, ": every worker id must be a string"));
       }
       if (!ids.insert(w.get<std::string>()).second) {
-        return absl::InvalidArgumentError(absl::StrCat("cluster config: worker id '",
-                                                       w.get<std::string>(), "' appears twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("cluster config: worker id '", w.get<std::string>(), "' appears twice"));
       }
       stage.workers.push_back(w.get<std::string>());
     }
@@ -172,7 +175,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
   }
   if (next_layer != n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("cluster config: the stages cover layers 0-",
-                                                   next_layer - 1, " but the model has ", n_layers));
+                                                   next_layer - 1, " but the model has ",
+                                                   n_layers));
   }
   const int tp = static_cast<int>(c.stages.front().workers.size());
   for (size_t s = 1; s < c.stages.size(); ++s) {
@@ -205,8 +209,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
       }
       ASSIGN_OR_RETURN(w.layers, ReadLayers(je, where, n_layers));
       ASSIGN_OR_RETURN(const std::string slice, ReadString(je, "slice", where));
-      ASSIGN_OR_RETURN(auto sl, ParseSlice(slice, absl::StrCat("cluster config: ", where,
-                                                               ": 'slice'")));
+      ASSIGN_OR_RETURN(auto sl,
+                       ParseSlice(slice, absl::StrCat("cluster config: ", where, ": 'slice'")));
       w.slice_index = sl.first;
       w.slice_count = sl.second;
       if (model.moe_inter_dim % (128 * w.slice_count) != 0) {
@@ -257,7 +261,8 @@ absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path, const M
   std::stringstream ss;
   ss << in.rdbuf();
   absl::StatusOr<ClusterConfig> c = ParseClusterConfig(ss.str(), model);
-  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  if (!c.ok())
+    return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;
 }
 

@@ -45,8 +45,9 @@
 #include "proto/cluster_credential.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, model, "", "checkpoint directory (its config.json; tokenizer.json unless "
-                                  "--tokenizer is given)");
+ABSL_FLAG(std::string, model, "",
+          "checkpoint directory (its config.json; tokenizer.json unless "
+          "--tokenizer is given)");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json; default: MODEL/tokenizer.json");
 ABSL_FLAG(std::string, cluster, "", "cluster config (JSON, coordinator/cluster_config.h)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP API address");
@@ -146,9 +147,9 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(tok_path);
   if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
   if ((*tokenizer)->vocab_size() > model->vocab_size) {
-    return Fail(1, absl::StrCat(tok_path, ": ", (*tokenizer)->vocab_size(),
-                                " tokens do not fit the model's vocabulary of ",
-                                model->vocab_size));
+    return Fail(1,
+                absl::StrCat(tok_path, ": ", (*tokenizer)->vocab_size(),
+                             " tokens do not fit the model's vocabulary of ", model->vocab_size));
   }
   absl::StatusOr<ClusterConfig> cluster = LoadClusterConfig(cluster_path, *model);
   if (!cluster.ok()) return Fail(1, std::string(cluster.status().message()));
@@ -156,8 +157,8 @@ int Run(int argc, char** argv) {
   // Stop signals are taken by WaitForStopSignal below: block them before any thread starts.
   BlockStopSignals(Sigpipe::kIgnore);
 
-  spdlog::info("{}: model {} ({} layers), cluster {} ({} stages x TP {}, {} expert workers)",
-               kName, model_dir, model->n_layers, cluster_path, cluster->stages.size(),
+  spdlog::info("{}: model {} ({} layers), cluster {} ({} stages x TP {}, {} expert workers)", kName,
+               model_dir, model->n_layers, cluster_path, cluster->stages.size(),
                cluster->stages.front().workers.size(), cluster->expert_workers.size());
 
   ControlService control(*cluster, *credential);
@@ -168,8 +169,8 @@ int Run(int argc, char** argv) {
   builder.RegisterService(&control);
   std::unique_ptr<grpc::Server> control_server = builder.BuildAndStart();
   if (!control_server || control_port == 0) {
-    return Fail(1, absl::StrCat("cannot serve the control plane on ",
-                                absl::GetFlag(FLAGS_control_listen)));
+    return Fail(
+        1, absl::StrCat("cannot serve the control plane on ", absl::GetFlag(FLAGS_control_listen)));
   }
 
   ClusterEngineOptions eo;

@@ -22,10 +22,10 @@
 // split, on 1 or N threads and from run to run. A worker holding whole experts (slice 0/1) rounds
 // each expert's output to bf16 before adding it (round_expert_outputs), which makes its result
 // the reference's routed sum bit for bit (model::RoutedSum); with n > 1 slices the partials stay
-// unrounded (the caller sums them, then rounds once). Each token row is quantised to e4m3 ONCE per call
-// (ExpertKernel::quantize_row, in parallel over tokens) and every unit reads those shared rows.
-// Limitation: the 128-column granularity bounds the gate_up pass at 6·C units at T = 1 (96 for
-// Flash at n = 1, 48 at n = 2); the down pass has dim / kDownRows units (64 for Flash).
+// unrounded (the caller sums them, then rounds once). Each token row is quantised to e4m3 ONCE per
+// call (ExpertKernel::quantize_row, in parallel over tokens) and every unit reads those shared
+// rows. Limitation: the 128-column granularity bounds the gate_up pass at 6·C units at T = 1 (96
+// for Flash at n = 1, 48 at n = 2); the down pass has dim / kDownRows units (64 for Flash).
 //
 // Memory. Everything a call touches is allocated in Create (per-worker kernel workspaces first
 // touched by their own worker, the H rows, the plan arrays), on the store's NUMA node when a

@@ -200,8 +200,8 @@ class WorkerMetrics {
         .Set(1);
     for (const char* t : {"shm", "grpc"}) {
       calls_[t] = &m.Counter("expert_calls_total", "expert calls handled", {{"transport", t}});
-      errors_[t] = &m.Counter("expert_call_errors_total", "expert calls that failed",
-                              {{"transport", t}});
+      errors_[t] =
+          &m.Counter("expert_call_errors_total", "expert calls that failed", {{"transport", t}});
     }
     for (const int layer : store.layers()) {
       latency_[layer] = &m.Histogram("expert_call_seconds", "engine time per expert call",
@@ -278,13 +278,11 @@ int Serve(const WorkerConfig& c, const ClusterCredential& credential, const Expe
       (void)pinned;
       absl::MutexLock lock(&engine_mu);
       const auto t0 = std::chrono::steady_clock::now();
-      absl::Status st =
-          engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
+      absl::Status st = engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
       if (metrics != nullptr) {
         metrics->Observe(
             transport, r,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-            st.ok());
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), st.ok());
       }
       return st;
     });
@@ -337,9 +335,8 @@ int Serve(const WorkerConfig& c, const ClusterCredential& credential, const Expe
   }
   g_server.store(server->get());
   if (g_stop_requested.load()) (*server)->RequestStop();
-  spdlog::info(absl::StrCat("serving expert calls on shared memory '", c.shm_name,
-                            "' (max_tokens ", so.max_tokens, ", dim ", so.dim, ", top_k ", so.top_k,
-                            ")"));
+  spdlog::info(absl::StrCat("serving expert calls on shared memory '", c.shm_name, "' (max_tokens ",
+                            so.max_tokens, ", dim ", so.dim, ", top_k ", so.top_k, ")"));
   std::fflush(stdout);
   (*server)->Wait();
   g_server.store(nullptr);

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "common/int_math.h"
 #include "common/checkpoint_schema.h"
+#include "common/int_math.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/tensor_parallel.h"
@@ -69,8 +69,7 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout) {
 }
 
 absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
-                                           int64_t device_bytes,
-                                           const MemoryPlanOptions& options) {
+                                           int64_t device_bytes, const MemoryPlanOptions& options) {
   RETURN_IF_ERROR(CheckLayout(model, layout));
   if (options.sequences < 1) {
     return absl::InvalidArgumentError(
@@ -99,7 +98,8 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   if (free_bytes <= 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(where, " does not fit: weights ", GiB(plan.weight_bytes), " + reserve ",
-                     GiB(plan.reserve_bytes), " exceed the device; use more pipeline stages or "
+                     GiB(plan.reserve_bytes),
+                     " exceed the device; use more pipeline stages or "
                      "a larger TP size"));
   }
   plan.sequences = options.sequences;
@@ -116,10 +116,10 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   plan.kv_blocks = plan.kv_cost.BlocksInPool(plan.kv_pool_bytes);
   plan.kv_tokens = plan.kv_cost.TokensInBlocks(plan.kv_blocks);
   if (plan.kv_tokens < options.min_kv_tokens) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, " leaves ", GiB(plan.kv_pool_bytes), " for the KV cache: ", plan.kv_tokens,
-        " tokens, fewer than the minimum of ", options.min_kv_tokens,
-        "; use more pipeline stages or a larger TP size"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, " leaves ", GiB(plan.kv_pool_bytes),
+                     " for the KV cache: ", plan.kv_tokens, " tokens, fewer than the minimum of ",
+                     options.min_kv_tokens, "; use more pipeline stages or a larger TP size"));
   }
   return plan;
 }

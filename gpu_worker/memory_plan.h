@@ -72,9 +72,9 @@ struct MemoryPlan {
   int64_t reserve_bytes = 0;    // options.reserve_bytes + workspace_bytes + link_bytes
   int64_t workspace_bytes = 0;  // StepWorkspaceBytes of options.step_tokens at options.context
   int64_t link_bytes = 0;       // the stage links' buffers (options.stage_links)
-  int64_t sequences = 0;      // options.sequences
-  int64_t state_bytes = 0;    // their compressor states: sequences x kv_cost.state_bytes
-  int64_t kv_pool_bytes = 0;  // what is left for the KV pool
+  int64_t sequences = 0;        // options.sequences
+  int64_t state_bytes = 0;      // their compressor states: sequences x kv_cost.state_bytes
+  int64_t kv_pool_bytes = 0;    // what is left for the KV pool
   sched::KvCostModel kv_cost;
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)

@@ -11,8 +11,8 @@
 namespace ss::metrics {
 
 std::vector<double> LatencyBuckets() {
-  return {1e-5,  2.5e-5, 5e-5,  1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-          1e-2,  2.5e-2, 5e-2,  0.1,  0.25,   0.5,  1.0,  2.5,    5.0,  10.0};
+  return {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+          2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 }
 
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {}
@@ -25,8 +25,7 @@ absl::Status Metrics::Listen(const std::string& host_port) {
   int port = -1;
   if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics: '", host_port, "' is not HOST:PORT"));
+    return absl::InvalidArgumentError(absl::StrCat("metrics: '", host_port, "' is not HOST:PORT"));
   }
   try {
     auto exposer = std::make_unique<prometheus::Exposer>(host_port, /*num_threads=*/1);

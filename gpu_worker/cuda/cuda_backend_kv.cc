@@ -27,9 +27,9 @@ absl::StatusOr<KvLayout> KvLayout::Create(const ModelConfig& c, int first_layer,
   k.nope = c.head_dim - c.rope_head_dim;
   k.key_dim = c.index_head_dim;
   if (k.nope < 64 || k.nope % 64 != 0 || k.rope % 4 != 0 || k.rope > 256 || k.nope > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "paged KV: head_dim ", c.head_dim, " with rope_head_dim ", c.rope_head_dim,
-        " is no fp8_ds_mla record (nope a positive multiple of 64)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged KV: head_dim ", c.head_dim, " with rope_head_dim ", c.rope_head_dim,
+                     " is no fp8_ds_mla record (nope a positive multiple of 64)"));
   }
   if (!fp8_records) {
     k.nope = 0;
@@ -44,9 +44,9 @@ absl::StatusOr<KvLayout> KvLayout::Create(const ModelConfig& c, int first_layer,
     y.ratio = c.compress_ratio(l);
     if (y.ratio > 0) {
       if (block_tokens % y.ratio != 0 || block_tokens % 4 != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("paged KV: kv_block_tokens ", block_tokens,
-                         " is not a multiple of layer ", l, "'s compress ratio ", y.ratio));
+        return absl::InvalidArgumentError(absl::StrCat("paged KV: kv_block_tokens ", block_tokens,
+                                                       " is not a multiple of layer ", l,
+                                                       "'s compress ratio ", y.ratio));
       }
       y.main_off = off;
       off += block_tokens / y.ratio * k.record_bytes;
@@ -198,19 +198,20 @@ absl::Status KvPool::Check(std::span<const uint64_t> seq_ids, std::span<const in
     const KvSeq* s = Find(seq_ids[i]);
     const int kind = ext ? 1 : 0;
     if (external >= 0 && external != kind && !(s != nullptr && seqs_.size() == 1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", seq_ids[i], ": a KV pool serves either the step plan's block tables or "
-          "its own allocator, not both at once"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", seq_ids[i],
+                       ": a KV pool serves either the step plan's block tables or "
+                       "its own allocator, not both at once"));
     }
     external = kind;
     const int64_t need = layout_.BlocksFor(ends[i]);
     if (ext) {
       if (static_cast<int64_t>(tables[i].size()) < need) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sequence ", seq_ids[i], ": its block table has ", tables[i].size(),
-            " blocks, and positions [0, ", ends[i], ") need ", need, " (", layout_.window_blocks,
-            " window blocks + ", need - layout_.window_blocks, " blocks of ",
-            layout_.block_tokens, " tokens)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", seq_ids[i], ": its block table has ", tables[i].size(),
+                         " blocks, and positions [0, ", ends[i], ") need ", need, " (",
+                         layout_.window_blocks, " window blocks + ", need - layout_.window_blocks,
+                         " blocks of ", layout_.block_tokens, " tokens)"));
       }
       for (int64_t k = 0; k < need; ++k) {
         const int32_t b = tables[i][k];

@@ -20,7 +20,9 @@ absl::StatusOr<const float*> CudaBackend::Impl::F32(const std::vector<float>& v)
   ASSIGN_OR_RETURN(void* p, Upload(v.data(), v.size() * 4));
   return static_cast<const float*>(p);
 }
-absl::StatusOr<DevFp8> CudaBackend::Impl::Fp8(const model::Fp8Weight& w) { return Fp8Rows(w, {0, w.out}); }
+absl::StatusOr<DevFp8> CudaBackend::Impl::Fp8(const model::Fp8Weight& w) {
+  return Fp8Rows(w, {0, w.out});
+}
 // Output rows r of an FP8 weight (r.begin a multiple of 128: whole scale rows).
 absl::StatusOr<DevFp8> CudaBackend::Impl::Fp8Rows(const model::Fp8Weight& w, Share r) {
   DevFp8 d{nullptr, nullptr, r.size(), w.in};
@@ -50,7 +52,9 @@ absl::StatusOr<DevFp8> CudaBackend::Impl::Fp8Cols(const model::Fp8Weight& w, Sha
   d.s = static_cast<const uint8_t*>(ps);
   return d;
 }
-absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16(const model::Bf16Matrix& m) { return Bf16Rows(m, {0, m.rows}); }
+absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16(const model::Bf16Matrix& m) {
+  return Bf16Rows(m, {0, m.rows});
+}
 absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16Rows(const model::Bf16Matrix& m, Share r) {
   ASSIGN_OR_RETURN(
       void* p, Upload(m.data + r.begin * m.cols * 2, static_cast<size_t>(r.size() * m.cols * 2)));
@@ -74,7 +78,8 @@ absl::StatusOr<DevCompressor> CudaBackend::Impl::Compressor(const model::Compres
 }
 // Block weights of this rank (cuda_backend.h "Tensor parallelism"; at TP = 1 every share is the
 // whole tensor).
-absl::StatusOr<DevBlock> CudaBackend::Impl::Block(const ModelConfig& c, const model::BlockWeights& b) {
+absl::StatusOr<DevBlock> CudaBackend::Impl::Block(const ModelConfig& c,
+                                                  const model::BlockWeights& b) {
   DevBlock d;
   const model::AttentionWeights& a = b.attn;
   const int64_t Hr = c.n_heads / tp, Gr = c.o_groups / tp;

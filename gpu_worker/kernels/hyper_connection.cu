@@ -818,8 +818,8 @@ cudaError_t HcHead(const HcHeadParams& p, cudaStream_t stream) {
   if (BadMult(p.hc) || p.dim < 1) return cudaErrorInvalidValue;
   if (p.T == 0) return cudaSuccess;
   HcCollapseKernelImpl<true><<<static_cast<unsigned>(p.T), kThreads, 0, stream>>>(
-      Raw(p.streams), p.fn, p.base, p.scale, static_cast<int>(p.hc), p.dim, 0, p.hc_eps,
-      p.norm_eps, Raw(p.z), nullptr, nullptr, nullptr);
+      Raw(p.streams), p.fn, p.base, p.scale, static_cast<int>(p.hc), p.dim, 0, p.hc_eps, p.norm_eps,
+      Raw(p.z), nullptr, nullptr, nullptr);
   return cudaGetLastError();
 }
 

@@ -65,18 +65,18 @@ cudaError_t HcPreDeferComb(const HcPreParams& p, cudaStream_t stream);
 cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
                            cudaStream_t stream);
 // HcPreDeferComb, then the sublayer's input norm RmsNormQuant(p.y, nq.g, T, dim, nq.rms_eps,
-// nq.xn, nq.q, nq.s) (rms_norm.h): for dim = 4096 (Flash) in HcPreDeferComb's second kernel, from y's row in
-// registers, else as a launch of its own. The same bits as the two calls. With `sync` (T
+// nq.xn, nq.q, nq.s) (rms_norm.h): for dim = 4096 (Flash) in HcPreDeferComb's second kernel, from
+// y's row in registers, else as a launch of its own. The same bits as the two calls. With `sync` (T
 // counters, zero, left zero; not shared by overlapping calls) and dim = 4096 the two kernels are
 // one launch, whose last block per token finishes it, while that launch's grid is resident at
 // once (a token or two: its blocks hold the finish's registers); more tokens take the two.
 struct HcNormQuantParams {
   const float* g = nullptr;  // the norm's weight, fp32 [dim] (required)
   float rms_eps = 0.0f;
-  bf16_t* xn = nullptr;       // [T, dim]
-  e4m3_t* q = nullptr;        // [T, dim]
-  float* s = nullptr;         // [T, ceil(dim/128)]
-  uint32_t* sync = nullptr;   // optional: T counters, zero, left zero
+  bf16_t* xn = nullptr;      // [T, dim]
+  e4m3_t* q = nullptr;       // [T, dim]
+  float* s = nullptr;        // [T, ceil(dim/128)]
+  uint32_t* sync = nullptr;  // optional: T counters, zero, left zero
 };
 cudaError_t HcPreDeferCombNormQuant(const HcPreParams& p, const HcNormQuantParams& nq,
                                     cudaStream_t stream);

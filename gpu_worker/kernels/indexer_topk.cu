@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kTopKThreads)
       const bool in = i < n_cols && (u & mask) == prefix;
       const uint32_t bin = in ? (u >> shift) & 0xffu : 256u;
       const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<unsigned>(__popc(peers)));
+      if (in && lane == __ffs(peers) - 1)
+        atomicAdd(&hist[bin], static_cast<unsigned>(__popc(peers)));
     }
     __syncthreads();
     // The digit: the largest d ≥ 1 with Σ_{j ≥ d} hist[j] ≥ need, else 0 (a suffix scan over

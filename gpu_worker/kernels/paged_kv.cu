@@ -17,17 +17,16 @@ __device__ __forceinline__ uint8_t* BlockBase(const KvGeom& g, const int32_t* ta
 }
 
 // Ring slot (pos mod W) of the layer's window.
-__device__ __forceinline__ uint8_t* WindowRecord(const KvGeom& g, const int32_t* table,
-                                                 int n_table, int pos) {
+__device__ __forceinline__ uint8_t* WindowRecord(const KvGeom& g, const int32_t* table, int n_table,
+                                                 int pos) {
   const int w = g.win_base + pos % g.window;
   uint8_t* b = BlockBase(g, table, n_table, w / g.win_per_block);
-  return b == nullptr ? nullptr
-                      : b + static_cast<int64_t>(w % g.win_per_block) * g.record_bytes;
+  return b == nullptr ? nullptr : b + static_cast<int64_t>(w % g.win_per_block) * g.record_bytes;
 }
 
 // Compressed entry j of the layer.
-__device__ __forceinline__ uint8_t* EntryRecord(const KvGeom& g, const int32_t* table,
-                                                int n_table, int j) {
+__device__ __forceinline__ uint8_t* EntryRecord(const KvGeom& g, const int32_t* table, int n_table,
+                                                int j) {
   uint8_t* b = BlockBase(g, table, n_table, g.first_entry_block + j / g.entries_per_block);
   return b == nullptr
              ? nullptr
@@ -132,8 +131,8 @@ __global__ void KvBuildCandidatesKernelImpl(KvGeom g, const KvToken* __restrict_
 
 // One record from bf16 x: warp w < nope/64 quantises tile w, the next warp copies the rope dims
 // and writes the scale padding.
-__device__ __forceinline__ void EncodeRecord(const uint16_t* __restrict__ x, uint8_t* rec,
-                                             int nope, int rope) {
+__device__ __forceinline__ void EncodeRecord(const uint16_t* __restrict__ x, uint8_t* rec, int nope,
+                                             int rope) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tiles = nope / 64;
   uint8_t* scales = rec + nope + 2 * rope;
   if (warp < tiles) {
@@ -266,7 +265,8 @@ __global__ void KvDecodeRowsKernelImpl(const uint64_t* __restrict__ cand, int d,
             static_cast<int>(blockDim.x));
 }
 
-// SparseAttendFastBlock's stage: each chunk's records decoded into shared memory as bf16 (exact), 4 dims per step.
+// SparseAttendFastBlock's stage: each chunk's records decoded into shared memory as bf16 (exact), 4
+// dims per step.
 template <int kD>
 struct RecordStage {
   int nope;
@@ -679,8 +679,8 @@ cudaError_t KvSparseAttention(const KvSparseAttentionParams& p, cudaStream_t str
   const float* rope_sin = p.rope_sin;
   const int64_t rope_dim = p.rope_dim;
   if (T == 0 || n_heads == 0) return cudaSuccess;
-  if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 ||
-      T * n_heads > 0x7fffffff || T * n_cand > 0x7fffffff || BadRecord(nope, head_dim - nope)) {
+  if (head_dim % kSparseThreads != 0 || head_dim > 1024 || n_cand < 1 || T * n_heads > 0x7fffffff ||
+      T * n_cand > 0x7fffffff || BadRecord(nope, head_dim - nope)) {
     return cudaErrorInvalidValue;
   }
   if (rope_cos != nullptr &&

@@ -159,7 +159,7 @@ struct KvSparseAttentionParams {
   int64_t nope = 0;  // the records' FP8 dims (0: plain bf16 records)
   int64_t n_cand = 0;
   float scale = 0.0f;
-  bf16_t* out = nullptr;  // [T, n_heads, head_dim]
+  bf16_t* out = nullptr;   // [T, n_heads, head_dim]
   bf16_t* rows = nullptr;  // optional scratch (above)
   bool rows_decoded = false;
   const float* rope_cos = nullptr;  // optional: the inverse RoPE (above)

@@ -36,7 +36,7 @@ struct RouteParams {
   int64_t dim = 0;
   int64_t k = 0;
   float route_scale = 0.0f;
-  float* logits = nullptr;    // caller-owned workspace fp32 [T, E] (holds the logits afterwards)
+  float* logits = nullptr;     // caller-owned workspace fp32 [T, E] (holds the logits afterwards)
   int32_t* indices = nullptr;  // int32 [T, k]
   float* weights = nullptr;    // fp32 [T, k]
 };

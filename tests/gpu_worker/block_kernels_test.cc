@@ -91,10 +91,20 @@ HcOut DeviceHcPre(const model::HcWeights& w, const std::vector<float>& streams, 
   DeviceBuffer<uint16_t> dx(ToBf16(streams)), dy(T * s.dim);
   DeviceBuffer<float> dfn(w.fn), dbase(w.base), dscale(w.scale);
   DeviceBuffer<float> dpre(T * s.hc), dpost(T * s.hc), dcomb(T * s.hc * s.hc);
-  EXPECT_EQ(HcPre({.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
-                   .scale = dscale.get(), .T = T, .hc = s.hc, .dim = s.dim, .sinkhorn_iters = s.iters,
-                   .hc_eps = s.hc_eps, .norm_eps = s.norm_eps, .y = AsBf16(dy.get()),
-                   .pre = dpre.get(), .post = dpost.get(), .comb = dcomb.get()},
+  EXPECT_EQ(HcPre({.streams = AsBf16(dx.get()),
+                   .fn = dfn.get(),
+                   .base = dbase.get(),
+                   .scale = dscale.get(),
+                   .T = T,
+                   .hc = s.hc,
+                   .dim = s.dim,
+                   .sinkhorn_iters = s.iters,
+                   .hc_eps = s.hc_eps,
+                   .norm_eps = s.norm_eps,
+                   .y = AsBf16(dy.get()),
+                   .pre = dpre.get(),
+                   .post = dpost.get(),
+                   .comb = dcomb.get()},
                   nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -112,10 +122,19 @@ HcOut DeviceHcPreDeferred(const model::HcWeights& w, const std::vector<float>& s
   DeviceBuffer<float> dpre(T * s.hc), dpost(T * s.hc), dcomb(T * s.hc * s.hc);
   cudaStream_t side = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-  EXPECT_EQ(HcPreDeferComb({.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
-                            .scale = dscale.get(), .T = T, .hc = s.hc, .dim = s.dim,
-                            .sinkhorn_iters = s.iters, .hc_eps = s.hc_eps, .norm_eps = s.norm_eps,
-                            .y = AsBf16(dy.get()), .pre = dpre.get(), .post = dpost.get(),
+  EXPECT_EQ(HcPreDeferComb({.streams = AsBf16(dx.get()),
+                            .fn = dfn.get(),
+                            .base = dbase.get(),
+                            .scale = dscale.get(),
+                            .T = T,
+                            .hc = s.hc,
+                            .dim = s.dim,
+                            .sinkhorn_iters = s.iters,
+                            .hc_eps = s.hc_eps,
+                            .norm_eps = s.norm_eps,
+                            .y = AsBf16(dy.get()),
+                            .pre = dpre.get(),
+                            .post = dpost.get(),
                             .comb = dcomb.get()},
                            nullptr),
             cudaSuccess);
@@ -189,9 +208,16 @@ void CheckHcHead(const std::string& label, const model::HcWeights& w,
   }
   DeviceBuffer<uint16_t> dx(ToBf16(streams)), dz(T * s.dim);
   DeviceBuffer<float> dfn(w.fn), dbase(w.base), dscale(w.scale);
-  ASSERT_EQ(HcHead({.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
-                    .scale = dscale.get(), .T = T, .hc = s.hc, .dim = s.dim, .hc_eps = s.hc_eps,
-                    .norm_eps = s.norm_eps, .z = AsBf16(dz.get())},
+  ASSERT_EQ(HcHead({.streams = AsBf16(dx.get()),
+                    .fn = dfn.get(),
+                    .base = dbase.get(),
+                    .scale = dscale.get(),
+                    .T = T,
+                    .hc = s.hc,
+                    .dim = s.dim,
+                    .hc_eps = s.hc_eps,
+                    .norm_eps = s.norm_eps,
+                    .z = AsBf16(dz.get())},
                    nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -364,12 +390,19 @@ void CheckRouter(const std::string& label, const RouterCase& rc) {
       dweights(T * k);
   DeviceBuffer<int32_t> dtable(w.hash ? w.tid2eid : std::vector<int32_t>{0}), dindices(T * k);
   DeviceBuffer<int64_t> dids(rc.ids);
-  ASSERT_EQ(Route({.x = AsBf16(dx.get()), .gate = AsBf16(dgate.get()),
+  ASSERT_EQ(Route({.x = AsBf16(dx.get()),
+                   .gate = AsBf16(dgate.get()),
                    .bias = w.hash ? nullptr : dbias.get(),
-                   .tid2eid = w.hash ? dtable.get() : nullptr, .token_ids = dids.get(), .T = T,
-                   .E = E, .dim = rc.dim, .k = k,
+                   .tid2eid = w.hash ? dtable.get() : nullptr,
+                   .token_ids = dids.get(),
+                   .T = T,
+                   .E = E,
+                   .dim = rc.dim,
+                   .k = k,
                    .route_scale = static_cast<float>(rc.config.route_scale),
-                   .logits = dlogits.get(), .indices = dindices.get(), .weights = dweights.get()},
+                   .logits = dlogits.get(),
+                   .indices = dindices.get(),
+                   .weights = dweights.get()},
                   nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -519,12 +552,12 @@ TEST(BlockKernelsLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
   EXPECT_EQ(ApplyRope(nullptr, 1, 1, 64, 128, nullptr, nullptr, false, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(Fp8SimInplace(nullptr, 1, 64, 128, 64, true, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(Route({.T = 1, .E = kRouterMaxExperts + 1, .dim = 64, .k = 6, .route_scale = 1.5f},
-                  nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(Route({.T = 1, .E = 256, .dim = 64, .k = kRouterMaxTopK + 1, .route_scale = 1.5f},
-                  nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      Route({.T = 1, .E = kRouterMaxExperts + 1, .dim = 64, .k = 6, .route_scale = 1.5f}, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      Route({.T = 1, .E = 256, .dim = 64, .k = kRouterMaxTopK + 1, .route_scale = 1.5f}, nullptr),
+      cudaErrorInvalidValue);
   EXPECT_EQ(SwiGluF32(nullptr, nullptr, 8, nullptr, 1, 16, 10.0f, nullptr, nullptr),
             cudaErrorInvalidValue);
   // Zero rows: nothing to do.
@@ -793,9 +826,17 @@ TEST_F(BlockKernelsTest, RouterMatchesReferenceAtFlashShapes) {
   DeviceBuffer<float> dbias(learned.bias), dlog64(T * E), dlog3(3 * E), dwts(T * k);
   DeviceBuffer<int32_t> didx(T * k);
   DeviceBuffer<int64_t> dids(ids);
-  RouteParams p = {.x = AsBf16(dx.get()), .gate = AsBf16(dgate.get()), .bias = dbias.get(),
-                   .token_ids = dids.get(), .T = T, .E = E, .dim = dim, .k = k,
-                   .route_scale = 1.5f, .logits = dlog64.get(), .indices = didx.get(),
+  RouteParams p = {.x = AsBf16(dx.get()),
+                   .gate = AsBf16(dgate.get()),
+                   .bias = dbias.get(),
+                   .token_ids = dids.get(),
+                   .T = T,
+                   .E = E,
+                   .dim = dim,
+                   .k = k,
+                   .route_scale = 1.5f,
+                   .logits = dlog64.get(),
+                   .indices = didx.get(),
                    .weights = dwts.get()};
   ASSERT_EQ(Route(p, nullptr), cudaSuccess);
   p.T = 3;

@@ -1,5 +1,5 @@
-// The cuda backend (gpu_worker/cuda/cuda_backend.h) against the reference model on tiny-a (label gpu;
-// every test skips with a message without a CUDA device).
+// The cuda backend (gpu_worker/cuda/cuda_backend.h) against the reference model on tiny-a (label
+// gpu; every test skips with a message without a CUDA device).
 //
 // Schedule and reference: tests/gpu_worker/tiny_schedule.h (the reference's routed experts are
 // computed locally; the cpu backend itself needs the gRPC build, this test does not).

@@ -77,8 +77,7 @@ TEST_F(FusedLaunchesTest, RmsNormQuantIsRmsNormThenQuantize) {
     DeviceBuffer<float> dg(RandomF32(n, 0.5f, ++seed));
     Quantised parts(rows, n), fused(rows, n);
     CUDA_ASSERT_OK(RmsNorm(dx.get(), dg.get(), rows, n, kEps, parts.y.get(), nullptr));
-    CUDA_ASSERT_OK(
-        QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
     CUDA_ASSERT_OK(RmsNormQuant(dx.get(), dg.get(), rows, n, kEps, fused.y.get(), fused.q.get(),
                                 fused.s.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
@@ -98,8 +97,7 @@ TEST_F(FusedLaunchesTest, SwiGluBf16QuantIsSwiGluThenQuantize) {
     Quantised parts(rows, n), fused(rows, n);
     CUDA_ASSERT_OK(
         SwiGluBf16(dg.get(), du.get(), stride, nullptr, rows, n, limit, parts.y.get(), nullptr));
-    CUDA_ASSERT_OK(
-        QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
     CUDA_ASSERT_OK(SwiGluBf16Quant(dg.get(), du.get(), stride, rows, n, limit, fused.y.get(),
                                    fused.q.get(), fused.s.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
@@ -206,10 +204,19 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
     DeviceBuffer<float> comb1(T * hc * hc), comb2(T * hc * hc);
     Quantised parts(T, dim), fused(T, dim);
     ASSERT_TRUE(HcPreDefersComb(T, hc, dim, AsBf16(y1.get()))) << label;
-    const HcPreParams p1 = {.streams = AsBf16(dx.get()), .fn = dfn.get(), .base = dbase.get(),
-                            .scale = dscale.get(), .T = T, .hc = hc, .dim = dim,
-                            .sinkhorn_iters = iters, .hc_eps = 1e-6f, .norm_eps = kEps,
-                            .y = AsBf16(y1.get()), .pre = pre1.get(), .post = post1.get(),
+    const HcPreParams p1 = {.streams = AsBf16(dx.get()),
+                            .fn = dfn.get(),
+                            .base = dbase.get(),
+                            .scale = dscale.get(),
+                            .T = T,
+                            .hc = hc,
+                            .dim = dim,
+                            .sinkhorn_iters = iters,
+                            .hc_eps = 1e-6f,
+                            .norm_eps = kEps,
+                            .y = AsBf16(y1.get()),
+                            .pre = pre1.get(),
+                            .post = post1.get(),
                             .comb = comb1.get()};
     CUDA_ASSERT_OK(HcPreDeferComb(p1, nullptr));
     CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(), parts.q.get(),
@@ -231,11 +238,14 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
       p2.pre = pre2.get();
       p2.post = post2.get();
       p2.comb = comb2.get();
-      CUDA_ASSERT_OK(HcPreDeferCombNormQuant(
-          p2,
-          {.g = dg.get(), .rms_eps = kEps, .xn = AsBf16(fused.y.get()),
-           .q = AsE4m3(fused.q.get()), .s = fused.s.get(), .sync = counters},
-          nullptr));
+      CUDA_ASSERT_OK(HcPreDeferCombNormQuant(p2,
+                                             {.g = dg.get(),
+                                              .rms_eps = kEps,
+                                              .xn = AsBf16(fused.y.get()),
+                                              .q = AsE4m3(fused.q.get()),
+                                              .s = fused.s.get(),
+                                              .sync = counters},
+                                             nullptr));
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
       ExpectSameBits(how + " y", y2.Get(), y1.Get());
       ExpectSameBits(how + " pre", pre2.Get(), pre1.Get());

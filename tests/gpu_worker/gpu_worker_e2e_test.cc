@@ -25,8 +25,8 @@
 #include "absl/time/clock.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
 #include "tests/gpu_worker/gpu_worker_test_util.h"
+#include "tests/test_util.h"
 #include "tests/tools/test_configs.h"
 
 namespace ss::gpu {

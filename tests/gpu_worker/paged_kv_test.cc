@@ -183,9 +183,16 @@ void ReferenceCase(const RefCase& c) {
   }
   DeviceBuffer<uint64_t> dc(cand_b);
   const float scale = static_cast<float>(std::pow(static_cast<double>(c.D), -0.5));
-  CUDA_ASSERT_OK(KvSparseAttention({.q = AsBf16(dq.get()), .cand = dc.get(), .sink = ds.get(),
-                                    .T = c.T, .n_heads = c.H, .head_dim = c.D, .nope = 0,
-                                    .n_cand = C, .scale = scale, .out = AsBf16(dout.get())},
+  CUDA_ASSERT_OK(KvSparseAttention({.q = AsBf16(dq.get()),
+                                    .cand = dc.get(),
+                                    .sink = ds.get(),
+                                    .T = c.T,
+                                    .n_heads = c.H,
+                                    .head_dim = c.D,
+                                    .nope = 0,
+                                    .n_cand = C,
+                                    .scale = scale,
+                                    .out = AsBf16(dout.get())},
                                    nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const std::vector<uint16_t> ob = dout.Get();
@@ -238,7 +245,8 @@ void AttentionCase(int64_t D, uint64_t seed) {
   ASSERT_EQ(cudaMalloc(&recs, 2 * n * E), cudaSuccess);
   cudaMemset(recs, 0xff, 2 * n * E);
   std::vector<uint64_t> dst(n);
-  for (int64_t i = 0; i < n; ++i) dst[i] = reinterpret_cast<uint64_t>(recs) + ((i * 7) % (2 * n)) * E;
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = reinterpret_cast<uint64_t>(recs) + ((i * 7) % (2 * n)) * E;
   uint16_t* d_ent = ToDevice(bits);
   uint64_t* d_dst = ToDevice(dst);
   ASSERT_EQ(KvEncodeRecords(d_ent, d_dst, n, nope, 64, nullptr), cudaSuccess);
@@ -279,9 +287,16 @@ void AttentionCase(int64_t D, uint64_t seed) {
   cudaMalloc(&o1, T * H * D * 2);
   cudaMalloc(&o2, T * H * D * 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  KvSparseAttentionParams ap = {.q = AsBf16(d_q), .cand = d_cand_b, .sink = d_sink, .T = T,
-                                .n_heads = H, .head_dim = D, .nope = 0, .n_cand = n_cand,
-                                .scale = scale, .out = AsBf16(o1)};
+  KvSparseAttentionParams ap = {.q = AsBf16(d_q),
+                                .cand = d_cand_b,
+                                .sink = d_sink,
+                                .T = T,
+                                .n_heads = H,
+                                .head_dim = D,
+                                .nope = 0,
+                                .n_cand = n_cand,
+                                .scale = scale,
+                                .out = AsBf16(o1)};
   ASSERT_EQ(KvSparseAttention(ap, nullptr), cudaSuccess);
   ap.cand = d_cand_p;
   ap.nope = nope;
@@ -303,10 +318,11 @@ void AttentionCase(int64_t D, uint64_t seed) {
     same += a[i] == b[i];
     same_rows += a[i] == c[i];
   }
-  std::printf("head_dim %lld: attention over fp8 vs plain bf16 records: %lld of %zu outputs "
-              "bit-identical (decoded rows: %lld)\n",
-              static_cast<long long>(D), static_cast<long long>(same), a.size(),
-              static_cast<long long>(same_rows));
+  std::printf(
+      "head_dim %lld: attention over fp8 vs plain bf16 records: %lld of %zu outputs "
+      "bit-identical (decoded rows: %lld)\n",
+      static_cast<long long>(D), static_cast<long long>(same), a.size(),
+      static_cast<long long>(same_rows));
   EXPECT_EQ(same, static_cast<int64_t>(a.size()));
   if (D == 512) {
     std::vector<std::vector<const float*>> lists(T);
@@ -324,9 +340,10 @@ void AttentionCase(int64_t D, uint64_t seed) {
   }
   cudaFree(o3);
   cudaFree(rows);
-  for (void* p : {static_cast<void*>(recs), static_cast<void*>(d_ent), static_cast<void*>(d_dst),
-                  static_cast<void*>(d_q), static_cast<void*>(d_cand_b), static_cast<void*>(d_cand_p),
-                  static_cast<void*>(d_sink), static_cast<void*>(o1), static_cast<void*>(o2)}) {
+  for (void* p :
+       {static_cast<void*>(recs), static_cast<void*>(d_ent), static_cast<void*>(d_dst),
+        static_cast<void*>(d_q), static_cast<void*>(d_cand_b), static_cast<void*>(d_cand_p),
+        static_cast<void*>(d_sink), static_cast<void*>(o1), static_cast<void*>(o2)}) {
     cudaFree(p);
   }
 }
@@ -418,11 +435,21 @@ void DecodePathCase(const DecodeCase& c) {
   DeviceBuffer<uint16_t> out_a(T * H * D), out_b(T * H * D), out_c(T * H * D), out_d(T * H * D);
   ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_a.get(), nullptr, rows_a.get()),
             cudaSuccess);
-  const KvSparseAttentionParams fused = {
-      .q = AsBf16(d_q), .cand = cand_a.get(), .sink = d_sink, .T = T, .n_heads = H,
-      .head_dim = D, .nope = nope, .n_cand = n_cand, .scale = scale, .out = AsBf16(out_a.get()),
-      .rows = AsBf16(rows_a.get()), .rows_decoded = true, .rope_cos = d_cos, .rope_sin = d_sin,
-      .rope_dim = 64};
+  const KvSparseAttentionParams fused = {.q = AsBf16(d_q),
+                                         .cand = cand_a.get(),
+                                         .sink = d_sink,
+                                         .T = T,
+                                         .n_heads = H,
+                                         .head_dim = D,
+                                         .nope = nope,
+                                         .n_cand = n_cand,
+                                         .scale = scale,
+                                         .out = AsBf16(out_a.get()),
+                                         .rows = AsBf16(rows_a.get()),
+                                         .rows_decoded = true,
+                                         .rope_cos = d_cos,
+                                         .rope_sin = d_sin,
+                                         .rope_dim = 64};
   ASSERT_EQ(KvSparseAttention(fused, nullptr), cudaSuccess);
   const std::vector<uint16_t> rows = rows_a.Get();  // the decoded candidates, for the bound
   KvSparseAttentionParams again = fused;
@@ -519,7 +546,8 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   g.key_off = 40;
   std::vector<uint64_t> dst(n);
   for (int64_t j = 0; j < n; ++j) {
-    dst[j] = g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
+    dst[j] =
+        g.pool + table[1 + j / per_block] * block_bytes + g.key_off + (j % per_block) * key_bytes;
   }
   uint16_t* d_keys = ToDevice(ToBf16(keys));
   uint64_t* d_dst = ToDevice(dst);
@@ -553,18 +581,19 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
     ASSERT_EQ(KvGatherKeys(g, d_table, n_table, n, out, nullptr), cudaSuccess);
     ASSERT_EQ(IndexerScores(d_q, d_w, out, nullptr, d_pos, T, H, hd, ratio, n_cols, s1, nullptr),
               cudaSuccess);
-    ASSERT_EQ(KvIndexerScores(d_q, d_w, g, d_table, n_table, d_pos, T, H, ratio, n_cols, s2,
-                              nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        KvIndexerScores(d_q, d_w, g, d_table, n_table, d_pos, T, H, ratio, n_cols, s2, nullptr),
+        cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> a = ToHost(s1, T * n_cols), b = ToHost(s2, T * n_cols);
     int64_t same_scores = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       same_scores += std::memcmp(&a[i], &b[i], 4) == 0;
     }
-    std::printf("indexer scores from MXFP4 keys in place (table of %lld): %lld of %zu "
-                "bit-identical\n",
-                static_cast<long long>(n_table), static_cast<long long>(same_scores), a.size());
+    std::printf(
+        "indexer scores from MXFP4 keys in place (table of %lld): %lld of %zu "
+        "bit-identical\n",
+        static_cast<long long>(n_table), static_cast<long long>(same_scores), a.size());
     EXPECT_EQ(same_scores, static_cast<int64_t>(a.size()));
   }
   for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_w), static_cast<void*>(d_pos),
