@@ -1,5 +1,5 @@
-// The cuda backend's paged KV cache on the device (gpu_worker/cuda_backend_kv.h has the pool and
-// block layout): every KV entry (a raw window entry or a compressed main-KV entry) is one
+// The cuda backend's paged KV cache on the device (gpu_worker/cuda/cuda_backend_kv.h has the pool
+// and block layout): every KV entry (a raw window entry or a compressed main-KV entry) is one
 // fp8_ds_mla record, and every indexer key one MXFP4 entry, inside blocks of a device pool that a
 // sequence's block table names.
 //
