@@ -98,7 +98,8 @@ class ThreadPool {
   std::atomic<int> unpinned_workers_{0};
   std::mutex call_mu_;  // serialises callers; held for a whole job
 
-  // The current job, written by the caller before `generation_` is bumped.
+  // The current job, written by the caller before `generation_` is bumped. No ABSL_GUARDED_BY:
+  // the workers read it without call_mu_, after an acquire load of the bumped generation_.
   int64_t job_n_ = 0;
   bool job_each_ = false;  // RunOnEachWorker: index space = workers
   int64_t job_grain_ = 1;

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -77,6 +79,7 @@ struct Options {
   std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
   int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
+  bool help = false;          // --help / -h: nothing after it was parsed
   int64_t kv_tokens = 0;      // 0: auto (coord::LaunchKvTokens)
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
 };
@@ -100,13 +103,15 @@ bool ParseInt(const std::string& s, int64_t min, int64_t max, int64_t* out) {
   return absl::SimpleAtoi(s, out) && *out >= min && *out <= max;
 }
 
-// "" on success, else the error.
-std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
+// InvalidArgument naming the flag (an unknown one, a missing or bad value, --api-keys); a bad
+// --fp64-sums or --api-keys-file value gives the status of its parser.
+absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
+  Options o;
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i], value;
     if (name == "--help" || name == "-h") {
-      *help = true;
-      return "";
+      o.help = true;
+      return o;
     }
     for (char& c : name) c = c == '_' ? '-' : c;
     const size_t eq = name.find('=');
@@ -114,79 +119,88 @@ std::string ParseArgs(int argc, char** argv, Options* o, bool* help) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     } else {
-      if (i + 1 >= argc) return absl::StrCat(name, " needs a value");
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
       value = argv[++i];
     }
     int64_t v = 0;
     if (name == "--model") {
-      o->model = value;
+      o.model = value;
     } else if (name == "--tokenizer") {
-      o->tokenizer = value;
+      o.tokenizer = value;
     } else if (name == "--host") {
-      o->host = value;
+      o.host = value;
     } else if (name == "--port") {
-      if (!ParseInt(value, 0, 65535, &v)) return absl::StrCat("--port ", value, " is not a port");
-      o->port = static_cast<int>(v);
+      if (!ParseInt(value, 0, 65535, &v))
+        return absl::InvalidArgumentError(absl::StrCat("--port ", value, " is not a port"));
+      o.port = static_cast<int>(v);
     } else if (name == "--backend") {
       if (value != "auto" && value != "cpu" && value != "cuda") {
-        return absl::StrCat("--backend ", value, ": expected auto, cpu or cuda");
+        return absl::InvalidArgumentError(
+            absl::StrCat("--backend ", value, ": expected auto, cpu or cuda"));
       }
-      o->backend = value;
+      o.backend = value;
     } else if (name == "--stages") {
-      if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--stages ", value, ": expected 1..64");
-      o->stages = static_cast<int>(v);
-      o->stages_given = true;
+      if (!ParseInt(value, 1, 64, &v))
+        return absl::InvalidArgumentError(absl::StrCat("--stages ", value, ": expected 1..64"));
+      o.stages = static_cast<int>(v);
+      o.stages_given = true;
     } else if (name == "--tp") {
-      if (!ParseInt(value, 1, 64, &v)) return absl::StrCat("--tp ", value, ": expected 1..64");
-      o->tp = static_cast<int>(v);
+      if (!ParseInt(value, 1, 64, &v))
+        return absl::InvalidArgumentError(absl::StrCat("--tp ", value, ": expected 1..64"));
+      o.tp = static_cast<int>(v);
     } else if (name == "--stage-transport") {
       if (value != "auto" && value != "grpc" && value != "nccl") {
-        return absl::StrCat("--stage-transport ", value, ": expected auto, grpc or nccl");
+        return absl::InvalidArgumentError(
+            absl::StrCat("--stage-transport ", value, ": expected auto, grpc or nccl"));
       }
-      o->stage_transport = value;
+      o.stage_transport = value;
     } else if (name == "--fp64-sums") {
       const absl::StatusOr<ss::gpu::Fp64Sums> m = ss::gpu::ParseFp64Sums(value);
-      if (!m.ok()) return std::string(m.status().message());
-      o->fp64_sums = value;
+      if (!m.ok()) return m.status();
+      o.fp64_sums = value;
     } else if (name == "--expert-workers") {
       if (value != "auto" && !ParseInt(value, 0, 64, &v)) {
-        return absl::StrCat("--expert-workers ", value, ": expected auto or 0..64");
+        return absl::InvalidArgumentError(
+            absl::StrCat("--expert-workers ", value, ": expected auto or 0..64"));
       }
-      o->expert_workers = value;
+      o.expert_workers = value;
     } else if (name == "--isa") {
-      o->isa = value;
+      o.isa = value;
     } else if (name == "--kv-tokens") {
       if (value == "auto") {
-        o->kv_tokens = 0;
+        o.kv_tokens = 0;
       } else if (!ParseInt(value, 1, int64_t{1} << 40, &v)) {
-        return absl::StrCat("--kv-tokens ", value, ": expected a positive number or auto");
+        return absl::InvalidArgumentError(
+            absl::StrCat("--kv-tokens ", value, ": expected a positive number or auto"));
       } else {
-        o->kv_tokens = v;
+        o.kv_tokens = v;
       }
     } else if (name == "--max-model-len") {
       if (!ParseInt(value, 1, int64_t{1} << 30, &v)) {
-        return absl::StrCat("--max-model-len ", value, ": expected a positive number");
+        return absl::InvalidArgumentError(
+            absl::StrCat("--max-model-len ", value, ": expected a positive number"));
       }
-      o->max_model_len = v;
+      o.max_model_len = v;
     } else if (name == "--api-keys") {
-      return absl::StrCat(
-          "--api-keys on the command line is refused (every local user sees argv): "
-          "put the keys in a file for --api-keys-file FILE or in the ",
-          kApiKeysEnv, " environment variable");
+      return absl::InvalidArgumentError(
+          absl::StrCat("--api-keys on the command line is refused (every local user sees argv): "
+                       "put the keys in a file for --api-keys-file FILE or in the ",
+                       kApiKeysEnv, " environment variable"));
     } else if (name == "--api-keys-file") {
       const absl::StatusOr<std::vector<std::string>> keys = ReadApiKeysFile(value);
-      if (!keys.ok()) return std::string(keys.status().message());
-      o->api_keys_file = fs::absolute(value).string();
+      if (!keys.ok()) return keys.status();
+      o.api_keys_file = fs::absolute(value).string();
     } else if (name == "--ready-timeout-s") {
-      if (!ParseInt(value, 1, 86400, &v)) return absl::StrCat("--ready-timeout-s ", value);
-      o->ready_timeout_s = static_cast<int>(v);
+      if (!ParseInt(value, 1, 86400, &v))
+        return absl::InvalidArgumentError(absl::StrCat("--ready-timeout-s ", value));
+      o.ready_timeout_s = static_cast<int>(v);
     } else if (name == "--log-dir") {
-      o->log_dir = value;
+      o.log_dir = value;
     } else {
-      return absl::StrCat("unknown option ", name);
+      return absl::InvalidArgumentError(absl::StrCat("unknown option ", name));
     }
   }
-  return "";
+  return o;
 }
 
 fs::path SelfDir() {
@@ -350,13 +364,14 @@ void PrintBanner(const LaunchPlan& p, const std::string& model_name, int http_po
 }  // namespace
 
 int RunUpCommand(int argc, char** argv) {
-  Options o;
-  bool help = false;
-  if (std::string err = ParseArgs(argc, argv, &o, &help); !err.empty()) {
-    std::fprintf(stderr, "splitserve up: %s\n%s", err.c_str(), kUsage);
+  absl::StatusOr<Options> parsed = ParseArgs(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "splitserve up: %s\n%s", std::string(parsed.status().message()).c_str(),
+                 kUsage);
     return 2;
   }
-  if (help) {
+  Options& o = *parsed;
+  if (o.help) {
     std::fputs(kUsage, stdout);
     return 0;
   }

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "coordinator/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -23,10 +25,12 @@ struct Options {
   std::string tokenizer;
   std::string added_tokens;
   bool decode = false;
+  bool help = false;  // --help / -h: nothing else was parsed
 };
 
-// False (with a message in *error) on an unknown flag or a missing value.
-bool ParseArgs(int argc, char** argv, Options* o, std::string* error) {
+// InvalidArgument naming an unknown flag, a missing value or a missing --tokenizer.
+absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
+  Options o;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     std::string_view name = a, value;
@@ -37,34 +41,27 @@ bool ParseArgs(int argc, char** argv, Options* o, std::string* error) {
       has_value = true;
     }
     if (name == "--help" || name == "-h") {
-      *error = "";
-      return false;
+      o.help = true;
+      return o;
     }
     if (name == "--decode" && !has_value) {
-      o->decode = true;
+      o.decode = true;
       continue;
     }
-    std::string* target = name == "--tokenizer"      ? &o->tokenizer
-                          : name == "--added-tokens" ? &o->added_tokens
+    std::string* target = name == "--tokenizer"      ? &o.tokenizer
+                          : name == "--added-tokens" ? &o.added_tokens
                                                      : nullptr;
     if (target == nullptr) {
-      *error = "unknown argument '" + std::string(a) + "'";
-      return false;
+      return absl::InvalidArgumentError("unknown argument '" + std::string(a) + "'");
     }
     if (!has_value) {
-      if (i + 1 >= argc) {
-        *error = std::string(name) + " needs a value";
-        return false;
-      }
+      if (i + 1 >= argc) return absl::InvalidArgumentError(std::string(name) + " needs a value");
       value = argv[++i];
     }
     *target = std::string(value);
   }
-  if (o->tokenizer.empty()) {
-    *error = "--tokenizer is required";
-    return false;
-  }
-  return true;
+  if (o.tokenizer.empty()) return absl::InvalidArgumentError("--tokenizer is required");
+  return o;
 }
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
@@ -99,15 +96,15 @@ json HandleLine(const Tokenizer& tok, bool decode, const std::string& line) {
 
 int RunTokenizeCommand(int argc, char** argv, std::istream& in, std::ostream& out,
                        std::ostream& err) {
-  Options o;
-  std::string error;
-  if (!ParseArgs(argc, argv, &o, &error)) {
-    if (error.empty()) {  // --help
-      out << kUsage;
-      return 0;
-    }
-    err << "splitserve tokenize: " << error << "\n" << kUsage;
+  const absl::StatusOr<Options> parsed = ParseArgs(argc, argv);
+  if (!parsed.ok()) {
+    err << "splitserve tokenize: " << Message(parsed.status()) << "\n" << kUsage;
     return 2;
+  }
+  const Options& o = *parsed;
+  if (o.help) {
+    out << kUsage;
+    return 0;
   }
   auto tok = Tokenizer::Load(o.tokenizer);
   if (!tok.ok()) {

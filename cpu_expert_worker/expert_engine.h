@@ -121,7 +121,9 @@ class ExpertEngine {
   ThreadPool& pool_;
   ExpertEngineOptions options_;
   const ExpertKernel* kernel_;
-  std::mutex mu_;  // one call at a time; guards everything below
+  // One call at a time; guards everything below. No ABSL_GUARDED_BY: inside a call the pool's
+  // workers use these members for the caller, who holds mu_ (a hand-off clang cannot see).
+  std::mutex mu_;
 
   std::vector<WorkerScratch> scratch_;  // [pool size]
   NodeMemory act_;                      // the call's quantised rows: xq_, xs_, hq_, hs_

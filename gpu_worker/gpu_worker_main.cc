@@ -25,12 +25,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,7 +38,10 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/cluster_protocol.h"
 #include "common/file_write.h"
 #include "common/metrics/metrics.h"
@@ -63,36 +64,48 @@ constexpr char kName[] = "splitserve-gpu-worker";
 // How long a stop may take before the process ends with _exit (worker_main's header).
 constexpr absl::Duration kStopGrace = absl::Seconds(15);
 
-// Why and how the process stops; the first Trigger wins.
+// Why and how the process stops; the first Trigger wins. From any thread.
 class StopEvent {
  public:
   void Trigger(int exit_code, const std::string& reason) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopped_.load()) return;
     exit_code_ = exit_code;
     reason_ = reason;
     stopped_.store(true);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   // True once triggered (waits at most `d`).
   bool WaitFor(absl::Duration d) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, absl::ToChronoMilliseconds(d), [&] { return stopped_.load(); });
+    const absl::Time deadline = absl::Now() + d;
+    absl::MutexLock lock(&mu_);
+    while (!stopped_.load()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    return stopped_.load();
   }
   void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return stopped_.load(); });
+    absl::MutexLock lock(&mu_);
+    while (!stopped_.load()) cv_.Wait(&mu_);
   }
   const std::atomic<bool>* flag() const { return &stopped_; }
-  int exit_code() const { return exit_code_; }
-  const std::string& reason() const { return reason_; }
+  int exit_code() const {
+    absl::MutexLock lock(&mu_);
+    return exit_code_;
+  }
+  std::string reason() const {
+    absl::MutexLock lock(&mu_);
+    return reason_;
+  }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // stopped_ became true
+  // Written under mu_ (once, with exit_code_ and reason_); an atomic so that the blocking calls
+  // given flag() can poll it without the lock.
   std::atomic<bool> stopped_{false};
-  int exit_code_ = 0;
-  std::string reason_;
+  int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
 };
 
 std::string Hostname() {
@@ -154,13 +167,10 @@ int Main(int argc, char** argv) {
       [&stop](int sig) { stop.Trigger(0, StopSignalName(sig)); });
   // A stop that cannot finish (a thread blocked in a collective or in joining a TP group whose
   // peer died) must not keep the process: after kStopGrace it ends with _exit.
-  std::mutex done_mu;
-  std::condition_variable done_cv;
-  bool done = false;
+  absl::Notification done;
   std::thread watchdog([&] {
     stop.Wait();
-    std::unique_lock<std::mutex> lock(done_mu);
-    if (!done_cv.wait_for(lock, absl::ToChronoMilliseconds(kStopGrace), [&] { return done; })) {
+    if (!done.WaitForNotificationWithTimeout(kStopGrace)) {
       spdlog::error("stopping ({}) did not finish in {}: exiting now", stop.reason(),
                     absl::FormatDuration(kStopGrace));
       spdlog::default_logger()->flush();
@@ -356,11 +366,7 @@ int Main(int argc, char** argv) {
     if (server != nullptr) server->Shutdown(absl::Milliseconds(500));
     if (heartbeat.joinable()) heartbeat.join();
   }
-  {
-    std::lock_guard<std::mutex> lock(done_mu);
-    done = true;
-  }
-  done_cv.notify_all();
+  done.Notify();
   watchdog.join();
   signal_thread.reset();  // joins it, if the stop came from elsewhere
   spdlog::info("stopped");

@@ -7,6 +7,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/cluster_protocol.h"
 #include "proto/cluster.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -37,24 +40,24 @@ class ResultSink {
   explicit ResultSink(::grpc::ServerReaderWriter<pb::StepResult, pb::StepPlan>* stream)
       : stream_(stream) {}
   void Expect() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++pending_;
   }
   void Write(const pb::StepResult& r) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!broken_ && !stream_->Write(r)) broken_ = true;
     --pending_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   void WaitAll() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return pending_ == 0; });
+    absl::MutexLock lock(&mu_);
+    while (pending_ != 0) cv_.Wait(&mu_);
   }
 
  private:
-  ::grpc::ServerReaderWriter<pb::StepResult, pb::StepPlan>* const stream_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // pending_ went down
+  ::grpc::ServerReaderWriter<pb::StepResult, pb::StepPlan>* const stream_ ABSL_PT_GUARDED_BY(mu_);
   int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -97,7 +100,7 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
       return ::grpc::Status(::grpc::StatusCode::FAILED_PRECONDITION,
                             VersionMismatch("Status request", req->protocol_version()));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     st->set_protocol_version(kClusterProtocolVersion);
     st->set_worker_id(worker_id_);
     st->set_error(error_);
@@ -115,9 +118,11 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
                        ::grpc::ServerReaderWriter<pb::StepResult, pb::StepPlan>* stream) override {
     if (::grpc::Status auth = credential_.Check(*ctx, "GpuWorker.Steps"); !auth.ok()) return auth;
     {
-      std::unique_lock<std::mutex> lock(queue_mu_);
-      steps_cv_.wait_for(lock, absl::ToChronoMilliseconds(kStepsHandover),
-                         [&] { return live_steps_ == nullptr || stopping_; });
+      absl::MutexLock lock(&queue_mu_);
+      const absl::Time handover_deadline = absl::Now() + kStepsHandover;
+      while (live_steps_ != nullptr && !stopping_) {
+        if (steps_cv_.WaitWithDeadline(&queue_mu_, handover_deadline)) break;
+      }
       if (stopping_) {
         return ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "the worker is shutting down");
       }
@@ -132,7 +137,7 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
       // A new stream starts with no sequences (cluster.proto): after the plans of any older
       // stream, free every sequence and drop streams pushed for micro-batches of the old one.
       queue_.push_back({pb::StepPlan(), nullptr});
-      queue_cv_.notify_one();
+      queue_cv_.Signal();
     }
     auto sink = std::make_shared<ResultSink>(stream);
     while (true) {
@@ -147,12 +152,12 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
       if (shutdown) break;
     }
     {
-      std::lock_guard<std::mutex> lock(queue_mu_);
+      absl::MutexLock lock(&queue_mu_);
       live_steps_ = nullptr;
-      steps_cv_.notify_all();
+      steps_cv_.SignalAll();
     }
     sink->WaitAll();
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    absl::MutexLock lock(&queue_mu_);
     streams_.erase(ctx);
     return ::grpc::Status::OK;
   }
@@ -194,39 +199,39 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
   }
 
   bool Submit(pb::StepPlan plan, std::shared_ptr<ResultSink> sink) {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    absl::MutexLock lock(&queue_mu_);
     if (stopping_) return false;
     queue_.push_back({std::move(plan), std::move(sink)});
-    queue_cv_.notify_one();
+    queue_cv_.Signal();
     return true;
   }
 
   void ExecutorLoop() {
     while (true) {
       Item item;
+      bool stopping = false;
       {
-        std::unique_lock<std::mutex> lock(queue_mu_);
-        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        absl::MutexLock lock(&queue_mu_);
+        while (!stopping_ && queue_.empty()) queue_cv_.Wait(&queue_mu_);
         if (queue_.empty()) return;  // stopping, nothing left
         item = std::move(queue_.front());
         queue_.pop_front();
-        if (item.sink == nullptr) {
-          lock.unlock();
-          std::lock_guard<std::mutex> stage_lock(mu_);
-          if (stage_ != nullptr) stage_->runner->ReleaseAll();
-          inbox_.Clear();
-          continue;
-        }
-        if (stopping_) {
-          lock.unlock();
-          item.sink->Write(ErrorResult(item.plan.micro_batch_id(), "the worker is shutting down"));
-          continue;
-        }
+        stopping = stopping_;
+      }
+      if (item.sink == nullptr) {
+        absl::MutexLock stage_lock(&mu_);
+        if (stage_ != nullptr) stage_->runner->ReleaseAll();
+        inbox_.Clear();
+        continue;
+      }
+      if (stopping) {
+        item.sink->Write(ErrorResult(item.plan.micro_batch_id(), "the worker is shutting down"));
+        continue;
       }
       StageRunner* runner = nullptr;
       std::string error, worker_id;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         if (stage_ != nullptr) runner = stage_->runner.get();
         error = error_;
         worker_id = worker_id_;
@@ -246,10 +251,10 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
 
   void StopExecutor() {
     {
-      std::lock_guard<std::mutex> lock(queue_mu_);
+      absl::MutexLock lock(&queue_mu_);
       stopping_ = true;
-      queue_cv_.notify_all();
-      steps_cv_.notify_all();
+      queue_cv_.SignalAll();
+      steps_cv_.SignalAll();
     }
     inbox_.Shutdown();
     if (executor_.joinable()) executor_.join();
@@ -258,7 +263,7 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
   void Shutdown(absl::Duration grace) {
     StopExecutor();
     {
-      std::lock_guard<std::mutex> lock(queue_mu_);
+      absl::MutexLock lock(&queue_mu_);
       for (::grpc::ServerContext* ctx : streams_) ctx->TryCancel();
     }
     if (server_ != nullptr) {
@@ -275,22 +280,24 @@ class GpuWorkerServer::Impl final : public pb::GpuWorker::Service {
 
   const ClusterCredential credential_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  // No lock: set by Listen before any call is served; server_ reset by Shutdown (the controlling
+  // thread).
   std::unique_ptr<::grpc::Server> server_;
   int port_ = 0;
-  StreamInbox inbox_;
+  StreamInbox inbox_;  // locks itself
 
-  std::mutex mu_;
+  absl::Mutex mu_;
   std::unique_ptr<LoadedStage> stage_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
+  absl::Mutex queue_mu_;
+  absl::CondVar queue_cv_;  // queue_ grew, or stopping_
   std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::set<::grpc::ServerContext*> streams_ ABSL_GUARDED_BY(queue_mu_);  // open Steps streams
   // The stream still reading plans (at most one); the others only wait for their results.
   ::grpc::ServerContext* live_steps_ ABSL_GUARDED_BY(queue_mu_) = nullptr;
-  std::condition_variable steps_cv_;  // live_steps_ became null, or stopping_
+  absl::CondVar steps_cv_;  // live_steps_ became null, or stopping_
   std::thread executor_;
 };
 
@@ -309,18 +316,18 @@ int GpuWorkerServer::port() const { return impl_->port_; }
 StreamInbox& GpuWorkerServer::inbox() { return impl_->inbox_; }
 
 void GpuWorkerServer::SetWorkerId(std::string worker_id) {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   impl_->worker_id_ = std::move(worker_id);
 }
 
 void GpuWorkerServer::SetStage(LoadedStage stage) {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   impl_->stage_ = std::make_unique<LoadedStage>(std::move(stage));
   impl_->error_.clear();
 }
 
 void GpuWorkerServer::SetError(std::string error) {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   impl_->error_ = std::move(error);
 }
 

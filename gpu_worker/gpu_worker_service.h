@@ -32,12 +32,10 @@
 // `grace`). Start / SetStage / SetError / Shutdown from the controlling thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
