@@ -448,7 +448,16 @@ void BenchIndexer(std::mt19937& rng) {
     const int64_t p = 4 * n_cols - 1;
     CHECK_CUDA(cudaMemcpy(pos, &p, 8, cudaMemcpyHostToDevice));
     const auto scores_call = [&](int, cudaStream_t st) {
-      ss::cuda::KvIndexerScores(q, w, kp.g, kp.table, kp.n_table, pos, 1, H, 4, n_cols, scores, st);
+      ss::cuda::KvIndexerScores({.q = ss::cuda::AsBf16(q),
+                                 .w = ss::cuda::AsBf16(w),
+                                 .g = kp.g,
+                                 .positions = pos,
+                                 .T = 1,
+                                 .heads = H,
+                                 .ratio = 4,
+                                 .n_cols = n_cols,
+                                 .scores = scores},
+                                kp.table, kp.n_table, st);
     };
     const auto topk = [&](int, cudaStream_t st) {
       ss::cuda::IndexerTopK(scores, 1, n_cols, k, sel, TopKScratch(), st);
@@ -490,8 +499,16 @@ void BenchIndexer(std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(wt, RandomBf16(T * H, rng).data(), T * H * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(pos, hpos.data(), T * 8, cudaMemcpyHostToDevice));
     const auto scores_call = [&](int, cudaStream_t st) {
-      ss::cuda::KvIndexerScores(qt, wt, kp.g, kp.table, kp.n_table, pos, T, H, 4, n_cols, scores,
-                                st);
+      ss::cuda::KvIndexerScores({.q = ss::cuda::AsBf16(qt),
+                                 .w = ss::cuda::AsBf16(wt),
+                                 .g = kp.g,
+                                 .positions = pos,
+                                 .T = T,
+                                 .heads = H,
+                                 .ratio = 4,
+                                 .n_cols = n_cols,
+                                 .scores = scores},
+                                kp.table, kp.n_table, st);
     };
     const auto topk = [&](int, cudaStream_t st) {
       ss::cuda::IndexerTopK(scores, T, n_cols, k, sel, TopKScratch(), st);
@@ -828,7 +845,16 @@ void BenchFusedEpilogues(std::mt19937& rng) {
     });
     const float two = GraphMs(copies, [&](int i, cudaStream_t st) {
       ss::cuda::QuantizeActE4m3(x, rows, in, q, s, st);
-      ss::cuda::Fp8LinearHcPost(q, s, rows, w[i], ws[i], dim, in, y, hp, st);
+      ss::cuda::Fp8LinearHcPost({.q = ss::cuda::AsE4m3(q),
+                                 .s_act = s,
+                                 .rows = rows,
+                                 .w = ss::cuda::AsE4m3(w[i]),
+                                 .w_scale = ss::cuda::AsUe8m0(ws[i]),
+                                 .out = dim,
+                                 .in = in,
+                                 .y = ss::cuda::AsBf16(y),
+                                 .hp = hp},
+                                st);
     });
     std::printf(
         "wo_b 4096x8192 rows %ld: quantise + GEMV + HcPost %6.2f us, quantise + GEMV(HcPost) "

@@ -153,7 +153,16 @@ absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind, cuda::Co
   cb.entry_begin = a + 2 * nc + 1;
   cb.kv_state = reinterpret_cast<float* const*>(a + 3 * nc + 1);
   cb.score_state = reinterpret_cast<float* const*>(a + 4 * nc + 1);
-  return CudaCheck(cuda::CompressorStep(cv, cg, wd, w.ape, w.norm, freqs, shape, cb, entries, bs),
+  return CudaCheck(cuda::CompressorStep({.v = cv,
+                                         .g = cg,
+                                         .ld = wd,
+                                         .ape = w.ape,
+                                         .norm = w.norm,
+                                         .rope_freqs = freqs,
+                                         .shape = shape,
+                                         .batch = cb,
+                                         .entries = cuda::AsBf16(entries)},
+                                        bs),
                    "CompressorStep");
 }
 
@@ -190,8 +199,16 @@ absl::Status AttentionLayer::IndexerSelect() {
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndex));
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndexW));
   if (plan.index_one_launch && plan.index_k > 0) {
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens(
-        sc.iq, sc.iw, geom, tok, sc.pos, T, nh, 4, plan.index_cols, im.scores.as<float>(), bs_iq));
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens({.q = cuda::AsBf16(sc.iq),
+                                                      .w = cuda::AsBf16(sc.iw),
+                                                      .g = geom,
+                                                      .positions = sc.pos,
+                                                      .T = T,
+                                                      .heads = nh,
+                                                      .ratio = 4,
+                                                      .n_cols = plan.index_cols,
+                                                      .scores = im.scores.as<float>()},
+                                                     tok, bs_iq));
     CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), T, plan.index_cols, plan.index_k,
                                            im.sel.as<int32_t>(), topk_scratch, bs_iq));
   }
@@ -199,10 +216,17 @@ absl::Status AttentionLayer::IndexerSelect() {
     if (n_sel[i] == 0) continue;
     const int64_t S = row0[i + 1] - row0[i];
     // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile).
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh,
-                                               geom, s.dtables + table_off[i],
-                                               table_off[i + 1] - table_off[i], sc.pos + row0[i], S,
-                                               nh, 4, n_cols[i], im.scores.as<float>(), bs_iq));
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores({.q = cuda::AsBf16(sc.iq + row0[i] * nh * ihd),
+                                                .w = cuda::AsBf16(sc.iw + row0[i] * nh),
+                                                .g = geom,
+                                                .positions = sc.pos + row0[i],
+                                                .T = S,
+                                                .heads = nh,
+                                                .ratio = 4,
+                                                .n_cols = n_cols[i],
+                                                .scores = im.scores.as<float>()},
+                                               s.dtables + table_off[i],
+                                               table_off[i + 1] - table_off[i], bs_iq));
     CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
                                            im.sel.as<int32_t>() + sel_base[i], topk_scratch,
                                            bs_iq));
@@ -262,8 +286,16 @@ absl::Status AttentionLayer::Output() {
   if (s.defer_comb) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchHc));
   if (im.tp == 1) {
     CUDA_RETURN_IF_ERROR(cuda::QuantizeActE4m3(sc.z, T, b.wo_b.in, sc.qbuf, sc.sbuf, st));
-    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost(sc.qbuf, sc.sbuf, T, b.wo_b.w, b.wo_b.s, b.wo_b.out,
-                                               b.wo_b.in, sc.attn, attn_post, st));
+    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost({.q = cuda::AsE4m3(sc.qbuf),
+                                                .s_act = sc.sbuf,
+                                                .rows = T,
+                                                .w = cuda::AsE4m3(b.wo_b.w),
+                                                .w_scale = cuda::AsUe8m0(b.wo_b.s),
+                                                .out = b.wo_b.out,
+                                                .in = b.wo_b.in,
+                                                .y = cuda::AsBf16(sc.attn),
+                                                .hp = attn_post},
+                                               st));
   } else {
     CUDA_RETURN_IF_ERROR(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
     RETURN_IF_ERROR(AllReduceParts(s, l, T * dim, kAttnArBegin));

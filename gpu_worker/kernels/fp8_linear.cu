@@ -414,9 +414,12 @@ cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const 
   return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
 
-cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                            const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
-                            const HcPostOperands& hp, cudaStream_t stream) {
+cudaError_t Fp8LinearHcPost(const Fp8LinearHcPostParams& p, cudaStream_t stream) {
+  const uint8_t *q = Raw(p.q), *w = Raw(p.w), *w_scale = Raw(p.w_scale);
+  const float* s_act = p.s_act;
+  const int64_t rows = p.rows, out = p.out, in = p.in;
+  uint16_t* y = Raw(p.y);
+  const HcPostOperands& hp = p.hp;
   if (hp.hc < 1 || hp.hc > kHcPostMaxMult || hp.dim != out) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (rows <= kFp8GemvMaxRows && FastPathFits(q, w, in)) {

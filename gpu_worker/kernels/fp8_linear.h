@@ -46,9 +46,18 @@ cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const 
 // (hyper_connection.h; hp.out must not alias hp.residual): one launch in decode (rows ≤
 // kFp8GemvMaxRows on the fast path), the HcPost in the GEMV's epilogue (the same bits); otherwise
 // the two launches (y needed).
-cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                            const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
-                            const HcPostOperands& hp, cudaStream_t stream);
+struct Fp8LinearHcPostParams {
+  const e4m3_t* q = nullptr;     // [rows, in], from QuantizeActE4m3
+  const float* s_act = nullptr;  // [rows, ceil(in/128)]
+  int64_t rows = 0;
+  const e4m3_t* w = nullptr;         // [out, in]
+  const ue8m0_t* w_scale = nullptr;  // [ceil(out/128), ceil(in/128)]
+  int64_t out = 0;                   // = hp.dim
+  int64_t in = 0;
+  bf16_t* y = nullptr;  // [rows, out]; not written on the one-launch path
+  HcPostOperands hp;
+};
+cudaError_t Fp8LinearHcPost(const Fp8LinearHcPostParams& p, cudaStream_t stream);
 
 // Fp8Linear of two weight matrices on the same activations (the shared expert's w1 and w3): for
 // rows ≤ kFp8GemvMaxRows on the fast path, one Fp8Gemv launch whose blocks cover both (a 2-8 MiB

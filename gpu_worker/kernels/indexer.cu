@@ -525,10 +525,11 @@ cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16
   return cudaGetLastError();
 }
 
-cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* keys,
-                          const int64_t* key_row_offset, const int64_t* positions, int64_t T,
-                          int64_t heads, int64_t head_dim, int64_t ratio, int64_t n_cols,
-                          float* scores, cudaStream_t stream) {
+cudaError_t IndexerScores(const IndexerScoresParams& p, cudaStream_t stream) {
+  const uint16_t *q = Raw(p.q), *w = Raw(p.w), *keys = Raw(p.keys);
+  const int64_t *key_row_offset = p.key_row_offset, *positions = p.positions;
+  const int64_t T = p.T, heads = p.heads, head_dim = p.head_dim, ratio = p.ratio, n_cols = p.n_cols;
+  float* scores = p.scores;
   if (heads < 1 || heads > kIndexerMaxHeads || head_dim < 1 || head_dim > kIndexerMaxHeadDim ||
       ratio < 1 || ratio > INT_MAX || n_cols < 0 || n_cols > INT_MAX || T < 0 || T > INT_MAX) {
     return cudaErrorInvalidValue;
@@ -557,21 +558,17 @@ cudaError_t LaunchKvScores(const uint16_t* q, const uint16_t* w, const KvGeom& g
 
 }  // namespace
 
-cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                            const int32_t* table, int64_t n_table, const int64_t* positions,
-                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+cudaError_t KvIndexerScores(const KvIndexerScoresParams& p, const int32_t* table, int64_t n_table,
                             cudaStream_t stream) {
-  return LaunchKvScores(q, w, g, table, n_table, nullptr, positions, T, heads, ratio, n_cols,
-                        scores, stream);
+  return LaunchKvScores(Raw(p.q), Raw(p.w), p.g, table, n_table, nullptr, p.positions, p.T, p.heads,
+                        p.ratio, p.n_cols, p.scores, stream);
 }
 
-cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                                  const KvToken* tokens, const int64_t* positions, int64_t T,
-                                  int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+cudaError_t KvIndexerScoresTokens(const KvIndexerScoresParams& p, const KvToken* tokens,
                                   cudaStream_t stream) {
-  if (tokens == nullptr && T > 0) return cudaErrorInvalidValue;
-  return LaunchKvScores(q, w, g, nullptr, 0, tokens, positions, T, heads, ratio, n_cols, scores,
-                        stream);
+  if (tokens == nullptr && p.T > 0) return cudaErrorInvalidValue;
+  return LaunchKvScores(Raw(p.q), Raw(p.w), p.g, nullptr, 0, tokens, p.positions, p.T, p.heads,
+                        p.ratio, p.n_cols, p.scores, stream);
 }
 
 const void* HadamardFp4Kernel() {

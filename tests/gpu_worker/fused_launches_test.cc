@@ -339,8 +339,16 @@ TEST_F(FusedLaunchesTest, Fp8LinearHcPostIsFp8LinearThenHcPost) {
         Fp8Linear(q.get(), s.get(), rows, w.get(), ws.get(), out, in, ya.get(), nullptr));
     CUDA_ASSERT_OK(HcPost(ya.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), rows, hc, out,
                           hp.out_a.get(), nullptr));
-    CUDA_ASSERT_OK(Fp8LinearHcPost(q.get(), s.get(), rows, w.get(), ws.get(), out, in, yb.get(),
-                                   hp.IntoB(), nullptr));
+    CUDA_ASSERT_OK(Fp8LinearHcPost({.q = AsE4m3(q.get()),
+                                    .s_act = s.get(),
+                                    .rows = rows,
+                                    .w = AsE4m3(w.get()),
+                                    .w_scale = AsUe8m0(ws.get()),
+                                    .out = out,
+                                    .in = in,
+                                    .y = AsBf16(yb.get()),
+                                    .hp = hp.IntoB()},
+                                   nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label + " y", yb.Get(), ya.Get());
     hp.ExpectOutputs(label);

@@ -579,11 +579,29 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   cudaMalloc(&s2, T * n_cols * 4);
   for (const int64_t n_table : {1 + blocks, blocks}) {
     ASSERT_EQ(KvGatherKeys(g, d_table, n_table, n, out, nullptr), cudaSuccess);
-    ASSERT_EQ(IndexerScores(d_q, d_w, out, nullptr, d_pos, T, H, hd, ratio, n_cols, s1, nullptr),
+    ASSERT_EQ(IndexerScores({.q = AsBf16(d_q),
+                             .w = AsBf16(d_w),
+                             .keys = AsBf16(out),
+                             .positions = d_pos,
+                             .T = T,
+                             .heads = H,
+                             .head_dim = hd,
+                             .ratio = ratio,
+                             .n_cols = n_cols,
+                             .scores = s1},
+                            nullptr),
               cudaSuccess);
-    ASSERT_EQ(
-        KvIndexerScores(d_q, d_w, g, d_table, n_table, d_pos, T, H, ratio, n_cols, s2, nullptr),
-        cudaSuccess);
+    ASSERT_EQ(KvIndexerScores({.q = AsBf16(d_q),
+                               .w = AsBf16(d_w),
+                               .g = g,
+                               .positions = d_pos,
+                               .T = T,
+                               .heads = H,
+                               .ratio = ratio,
+                               .n_cols = n_cols,
+                               .scores = s2},
+                              d_table, n_table, nullptr),
+              cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> a = ToHost(s1, T * n_cols), b = ToHost(s2, T * n_cols);
     int64_t same_scores = 0;
