@@ -255,15 +255,17 @@ void BenchDecode(double copy_gbs, std::mt19937& rng) {
       uint16_t* dy = DeviceAlloc<uint16_t>(rows * s.out);
       CHECK_CUDA(cudaMemcpy(dx, RandomBf16(rows * s.in, rng).data(), rows * s.in * 2,
                             cudaMemcpyHostToDevice));
-      CHECK_CUDA(ss::cuda::QuantizeActE4m3(dx, rows, s.in, dq, dsa, nullptr));
+      CHECK_CUDA(ss::cuda::QuantizeActE4m3(dx, rows, s.in, ss::cuda::AsE4m3(dq), dsa, nullptr));
       // The bf16-output overloads.
-      using Linear = cudaError_t (*)(const uint8_t*, const float*, int64_t, const uint8_t*,
-                                     const uint8_t*, int64_t, int64_t, uint16_t*, cudaStream_t);
+      using Linear =
+          cudaError_t (*)(const ss::cuda::e4m3_t*, const float*, int64_t, const ss::cuda::e4m3_t*,
+                          const ss::cuda::ue8m0_t*, int64_t, int64_t, uint16_t*, cudaStream_t);
       for (const auto& [path, fn] :
            {std::pair{"Fp8Gemv", static_cast<Linear>(&ss::cuda::Fp8Gemv)},
             std::pair{"plain", static_cast<Linear>(&ss::cuda::Fp8LinearGeneric)}}) {
         const auto call = [&, fn = fn](int i, cudaStream_t st) {
-          fn(dq, dsa, rows, dw[i % copies], dws[i % copies], s.out, s.in, dy, st);
+          fn(ss::cuda::AsE4m3(dq), dsa, rows, ss::cuda::AsE4m3(dw[i % copies]),
+             ss::cuda::AsUe8m0(dws[i % copies]), s.out, s.in, dy, st);
         };
         const int n_calls = std::max(copies, 64);
         const float gms = GraphMs(n_calls, call);
@@ -308,12 +310,15 @@ void BenchPrefill(const Cublas* cublas, std::mt19937& rng) {
       uint16_t* dy = DeviceAlloc<uint16_t>(t * s.out);
       CHECK_CUDA(
           cudaMemcpy(dx, RandomBf16(t * s.in, rng).data(), t * s.in * 2, cudaMemcpyHostToDevice));
-      const float quant_ms =
-          TimeMs(20, [&](int) { ss::cuda::QuantizeActE4m3(dx, t, s.in, dq, dsa, nullptr); });
+      const float quant_ms = TimeMs(20, [&](int) {
+        ss::cuda::QuantizeActE4m3(dx, t, s.in, ss::cuda::AsE4m3(dq), dsa, nullptr);
+      });
       const double flop = 2.0 * t * s.out * s.in;
       const int iters = std::max(5, static_cast<int>(2e12 / flop));
-      const float ms = TimeMs(
-          iters, [&](int) { ss::cuda::Fp8Gemm(dq, dsa, t, dw, dws, s.out, s.in, dy, nullptr); });
+      const float ms = TimeMs(iters, [&](int) {
+        ss::cuda::Fp8Gemm(ss::cuda::AsE4m3(dq), dsa, t, ss::cuda::AsE4m3(dw),
+                          ss::cuda::AsUe8m0(dws), s.out, s.in, dy, nullptr);
+      });
       const double tflops = flop / (ms * 1e-3) / 1e12;
       std::printf(
           "Fp8Gemm %-5s [%5ld x %5ld] T=%5ld: %9.1f us  %10.0f tokens/s  %6.1f TFLOP/s"
@@ -836,15 +841,17 @@ void BenchFusedEpilogues(std::mt19937& rng) {
     float* s = DeviceAlloc<float>(rows * in / 128);
     const ss::cuda::HcPostOperands hp{res, post, comb, hc, dim, out};
     const float gemv = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::Fp8Linear(q, s, rows, w[i], ws[i], dim, in, y, st);
+      ss::cuda::Fp8Linear(ss::cuda::AsE4m3(q), s, rows, ss::cuda::AsE4m3(w[i]),
+                          ss::cuda::AsUe8m0(ws[i]), dim, in, y, st);
     });
     const float three = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::QuantizeActE4m3(x, rows, in, q, s, st);
-      ss::cuda::Fp8Linear(q, s, rows, w[i], ws[i], dim, in, y, st);
+      ss::cuda::QuantizeActE4m3(x, rows, in, ss::cuda::AsE4m3(q), s, st);
+      ss::cuda::Fp8Linear(ss::cuda::AsE4m3(q), s, rows, ss::cuda::AsE4m3(w[i]),
+                          ss::cuda::AsUe8m0(ws[i]), dim, in, y, st);
       ss::cuda::HcPost(y, res, post, comb, rows, hc, dim, out, st);
     });
     const float two = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::QuantizeActE4m3(x, rows, in, q, s, st);
+      ss::cuda::QuantizeActE4m3(x, rows, in, ss::cuda::AsE4m3(q), s, st);
       ss::cuda::Fp8LinearHcPost({.q = ss::cuda::AsE4m3(q),
                                  .s_act = s,
                                  .rows = rows,

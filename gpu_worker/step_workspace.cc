@@ -63,9 +63,9 @@ size_t CarveStepScratch(const ModelConfig& c, int tp, int64_t T, char* base, Ste
   s->sg = cv.Take<uint16_t>(T * inter);
   s->su = cv.Take<uint16_t>(T * inter);
   s->sa = cv.Take<uint16_t>(T * inter);
-  s->qbuf = cv.Take<uint8_t>(T * max_in);
+  s->qbuf = cv.Take<cuda::e4m3_t>(T * max_in);
   s->sbuf = cv.Take<float>(T * ((max_in + 127) / 128));
-  s->qbuf2 = cv.Take<uint8_t>(T * c.q_lora_rank);
+  s->qbuf2 = cv.Take<cuda::e4m3_t>(T * c.q_lora_rank);
   s->sbuf2 = cv.Take<float>(T * ((c.q_lora_rank + 127) / 128));
   s->cos0 = cv.Take<float>(T * rd / 2);
   s->sin0 = cv.Take<float>(T * rd / 2);
@@ -92,8 +92,7 @@ int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, int first_layer, int en
   // scores and selections, the upload (its fp32 input streams and the plan's tables).
   int64_t max_cand = 1, n_sel = 0;
   for (int l = first_layer; l < end_layer; ++l) {
-    const int64_t ratio =
-        l < static_cast<int>(c.compress_ratios.size()) ? c.compress_ratios[l] : 0;
+    const int64_t ratio = l < static_cast<int>(c.compress_ratios.size()) ? c.compress_ratios[l] : 0;
     const bool indexer = ratio == 4;  // the CSA layers (model/weights.cc)
     const int64_t n_comp = indexer ? std::min(c.index_topk, E / 4) : (ratio > 0 ? E / ratio : 0);
     max_cand = std::max(max_cand, std::min(c.window_size, E) + n_comp);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/model_config.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::gpu {
 
@@ -37,7 +38,7 @@ struct StepScratch {
   // Quantised activations (QuantizeActE4m3 layout) of a linear's input: the normed attention
   // and MoE inputs, z and the shared expert's activations in qbuf/sbuf; the normed q latent in
   // qbuf2/sbuf2 (while a branch's GEMV may still read qbuf).
-  uint8_t *qbuf = nullptr, *qbuf2 = nullptr;
+  cuda::e4m3_t *qbuf = nullptr, *qbuf2 = nullptr;
   float *sbuf = nullptr, *sbuf2 = nullptr;
   float *cos0 = nullptr, *sin0 = nullptr, *cos1 = nullptr, *sin1 = nullptr;
   int64_t *ids = nullptr, *pos = nullptr;

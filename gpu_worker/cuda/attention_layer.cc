@@ -101,14 +101,14 @@ absl::Status AttentionLayer::Projections() {
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndex, st));
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndexW, st));
   }
-  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(
-      {.q = cuda::AsE4m3(sc.qbuf),
-       .s_act = sc.sbuf,
-       .rows = T,
-       .in = b.wq_a.in,
-       .m0 = {cuda::AsE4m3(b.wq_a.w), cuda::AsUe8m0(b.wq_a.s), b.wq_a.out, cuda::AsBf16(sc.qa)},
-       .m1 = {cuda::AsE4m3(b.wkv.w), cuda::AsUe8m0(b.wkv.s), b.wkv.out, cuda::AsBf16(sc.kva)}},
-      st));
+  CUDA_RETURN_IF_ERROR(
+      cuda::Fp8LinearPair({.q = sc.qbuf,
+                           .s_act = sc.sbuf,
+                           .rows = T,
+                           .in = b.wq_a.in,
+                           .m0 = {b.wq_a.w, b.wq_a.s, b.wq_a.out, cuda::AsBf16(sc.qa)},
+                           .m1 = {b.wkv.w, b.wkv.s, b.wkv.out, cuda::AsBf16(sc.kva)}},
+                          st));
   // The compressors write their new entries to scratch rows (ebase), then the encoders put them
   // into their MXFP4 keys / records in the sequences' blocks.
   if (b.has_indexer) {
@@ -286,11 +286,11 @@ absl::Status AttentionLayer::Output() {
   if (s.defer_comb) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchHc));
   if (im.tp == 1) {
     CUDA_RETURN_IF_ERROR(cuda::QuantizeActE4m3(sc.z, T, b.wo_b.in, sc.qbuf, sc.sbuf, st));
-    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost({.q = cuda::AsE4m3(sc.qbuf),
+    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost({.q = sc.qbuf,
                                                 .s_act = sc.sbuf,
                                                 .rows = T,
-                                                .w = cuda::AsE4m3(b.wo_b.w),
-                                                .w_scale = cuda::AsUe8m0(b.wo_b.s),
+                                                .w = b.wo_b.w,
+                                                .w_scale = b.wo_b.s,
                                                 .out = b.wo_b.out,
                                                 .in = b.wo_b.in,
                                                 .y = cuda::AsBf16(sc.attn),

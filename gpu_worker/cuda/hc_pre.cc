@@ -36,7 +36,7 @@ cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w,
                                                 {.g = g,
                                                  .rms_eps = eps,
                                                  .xn = cuda::AsBf16(sc.xn),
-                                                 .q = cuda::AsE4m3(sc.qbuf),
+                                                 .q = sc.qbuf,
                                                  .s = sc.sbuf,
                                                  .sync = hc_sync},
                                                 st);

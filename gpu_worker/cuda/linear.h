@@ -23,7 +23,7 @@ cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const StepScr
 }
 
 template <typename OutT>
-cudaError_t Gemv8(const DevFp8& w, const uint8_t* q, const float* s, int64_t rows, OutT* y,
+cudaError_t Gemv8(const DevFp8& w, const cuda::e4m3_t* q, const float* s, int64_t rows, OutT* y,
                   cudaStream_t stream) {
   return cuda::Fp8Linear(q, s, rows, w.w, w.s, w.out, w.in, y, stream);
 }

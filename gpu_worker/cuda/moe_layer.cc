@@ -54,16 +54,14 @@ absl::Status SharedExpert(StepState& s, const DevBlock& b) {
   const int64_t si = b.shared_inter;
   if (si > 0) {
     // w1 and w3 in one launch (decode; one each for longer chunks).
-    CUDA_RETURN_IF_ERROR(
-        cuda::Fp8LinearPair({.q = cuda::AsE4m3(sc.qbuf),
-                             .s_act = sc.sbuf,
-                             .rows = T,
-                             .in = b.shared_w1.in,
-                             .m0 = {cuda::AsE4m3(b.shared_w1.w), cuda::AsUe8m0(b.shared_w1.s),
-                                    b.shared_w1.out, cuda::AsBf16(sc.sg)},
-                             .m1 = {cuda::AsE4m3(b.shared_w3.w), cuda::AsUe8m0(b.shared_w3.s),
-                                    b.shared_w3.out, cuda::AsBf16(sc.su)}},
-                            st));
+    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(
+        {.q = sc.qbuf,
+         .s_act = sc.sbuf,
+         .rows = T,
+         .in = b.shared_w1.in,
+         .m0 = {b.shared_w1.w, b.shared_w1.s, b.shared_w1.out, cuda::AsBf16(sc.sg)},
+         .m1 = {b.shared_w3.w, b.shared_w3.s, b.shared_w3.out, cuda::AsBf16(sc.su)}},
+        st));
     CUDA_RETURN_IF_ERROR(
         cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf, st));
     if (s.im.tp == 1) {

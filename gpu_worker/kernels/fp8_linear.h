@@ -15,7 +15,7 @@ namespace ss::cuda {
 // Per-row activation quantisation of spec §5.2: 1x128 blocks, power-of-two scales from the
 // fp32 bits of amax·(1/448) (amax floored at 1e-4), q = e4m3(clamp(x/s, ±448)).
 // x: bf16 [rows, n]; q: [rows, n] e4m3 bytes, s: [rows, ceil(n/128)] fp32.
-cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
+cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, e4m3_t* q, float* s,
                             cudaStream_t stream);
 
 // Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w),
@@ -38,8 +38,8 @@ cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t*
 // inputs up to summation order.
 inline constexpr int64_t kFp8GemvMaxRows = 8;
 
-cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                      const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Linear(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                      const ue8m0_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                       cudaStream_t stream);
 
 // Fp8Linear on quantised activations, then HcPost of its bf16 result as the sublayer output
@@ -86,14 +86,14 @@ cudaError_t Fp8LinearPair(const Fp8LinearPairParams& p, cudaStream_t stream);
 // operand, so each weight byte is read once for all rows. More rows run in passes of 8. Falls
 // back to the plain kernel where in % 128 != 0 or q/w are unaligned. Only static shared memory:
 // safe to call during CUDA-graph capture.
-cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Gemv(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                     cudaStream_t stream);
 
 // The plain fallback: any in, any alignment; one warp per output feature, fp32 products and sums
 // on the CUDA cores.
-cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                             const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8LinearGeneric(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                             const ue8m0_t* w_scale, int64_t out, int64_t in, uint16_t* y,
                              cudaStream_t stream);
 
 // The same with an fp32 output: y[r, o] = Σ_b (Σ_{i∈b} q·w) · s_a · s_w as summed, without the
@@ -102,13 +102,13 @@ cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows,
 // of the full row); the ranks' partials summed in fp32 by the all-reduce and rounded to bf16 once
 // equal Linear8 up to fp32 summation order. The same kernels, templated on the output type: the
 // bf16 variants' arithmetic is unchanged.
-cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                      const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8Linear(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                      const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                       cudaStream_t stream);
-cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
-cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                             const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8Gemv(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
+cudaError_t Fp8LinearGeneric(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                             const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                              cudaStream_t stream);
 
 const void* QuantizeActE4m3Kernel();

@@ -697,7 +697,7 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
   // The norm after the collapse, where the finishing kernel does not run it.
   const auto norm = [&](cudaError_t e) {
     if (e != cudaSuccess || nq.g == nullptr) return e;
-    return RmsNormQuant(y, nq.g, T, dim, nq.eps, nq.y, nq.q, nq.s, stream);
+    return RmsNormQuant(y, nq.g, T, dim, nq.eps, nq.y, AsE4m3(nq.q), nq.s, stream);
   };
   if (path == HcPath::kLanes) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));

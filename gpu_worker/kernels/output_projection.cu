@@ -289,8 +289,9 @@ cudaError_t LaunchOutProjGemm(const uint16_t* o, int64_t T, int64_t groups, int6
 }  // namespace
 
 cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
-                                    int64_t group_in, const uint8_t* wo_a,
-                                    const uint8_t* wo_a_scale, uint16_t* z, cudaStream_t stream) {
+                                    int64_t group_in, const e4m3_t* wo_a_codes,
+                                    const ue8m0_t* wo_a_scales, uint16_t* z, cudaStream_t stream) {
+  const uint8_t *wo_a = Raw(wo_a_codes), *wo_a_scale = Raw(wo_a_scales);
   if (groups < 1 || rank < 1 || group_in < 128 || group_in % 128 != 0 || T < 0 ||
       reinterpret_cast<uintptr_t>(o) % 16 != 0 || reinterpret_cast<uintptr_t>(wo_a) % 16 != 0) {
     return cudaErrorInvalidValue;

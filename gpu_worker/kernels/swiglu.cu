@@ -79,13 +79,14 @@ cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stri
 }
 
 cudaError_t SwiGluBf16Quant(const uint16_t* gate, const uint16_t* up, int64_t in_stride,
-                            int64_t rows, int64_t n, float limit, uint16_t* out, uint8_t* q,
+                            int64_t rows, int64_t n, float limit, uint16_t* out, e4m3_t* q,
                             float* s, cudaStream_t stream) {
   if (n < 1 || in_stride < n) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   const int64_t nb = (n + 127) / 128;
   const dim3 grid(static_cast<unsigned>((nb + kWarps - 1) / kWarps), static_cast<unsigned>(rows));
-  SwiGluQuantKernelImpl<<<grid, kThreads, 0, stream>>>(gate, up, in_stride, n, limit, out, q, s);
+  SwiGluQuantKernelImpl<<<grid, kThreads, 0, stream>>>(gate, up, in_stride, n, limit, out, Raw(q),
+                                                       s);
   return cudaGetLastError();
 }
 

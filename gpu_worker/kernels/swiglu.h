@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "gpu_worker/kernels/types.h"
+
 namespace ss::cuda {
 
 //   v = row_weight·v when row_weights != nullptr (routed experts; the shared expert passes
@@ -27,7 +29,7 @@ cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stri
 // launch: out, q and s are the same bits as the two calls give (q [rows, n], s [rows,
 // ceil(n/128)]).
 cudaError_t SwiGluBf16Quant(const uint16_t* gate, const uint16_t* up, int64_t in_stride,
-                            int64_t rows, int64_t n, float limit, uint16_t* out, uint8_t* q,
+                            int64_t rows, int64_t n, float limit, uint16_t* out, e4m3_t* q,
                             float* s, cudaStream_t stream);
 
 const void* SwiGluF32Kernel();

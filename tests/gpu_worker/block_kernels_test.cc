@@ -887,16 +887,16 @@ TEST_F(BlockKernelsTest, SharedExpertChainMatchesReferenceOnTinyA) {
   DeviceBuffer<uint16_t> dx(ToBf16(x)), dg(T * inter), du(T * inter), da(T * inter), dy(T * dim);
   DeviceBuffer<uint8_t> q(T * std::max(dim, inter));
   DeviceBuffer<float> sa(T * ((std::max(dim, inter) + 127) / 128));
-  CUDA_ASSERT_OK(QuantizeActE4m3(dx.get(), T, dim, q.get(), sa.get(), nullptr));
-  CUDA_ASSERT_OK(
-      Fp8Linear(q.get(), sa.get(), T, w1.get(), s1.get(), inter, dim, dg.get(), nullptr));
-  CUDA_ASSERT_OK(
-      Fp8Linear(q.get(), sa.get(), T, w3.get(), s3.get(), inter, dim, du.get(), nullptr));
+  CUDA_ASSERT_OK(QuantizeActE4m3(dx.get(), T, dim, AsE4m3(q.get()), sa.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), sa.get(), T, AsE4m3(w1.get()), AsUe8m0(s1.get()), inter,
+                           dim, dg.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), sa.get(), T, AsE4m3(w3.get()), AsUe8m0(s3.get()), inter,
+                           dim, du.get(), nullptr));
   CUDA_ASSERT_OK(
       SwiGluBf16(dg.get(), du.get(), inter, nullptr, T, inter, limit, da.get(), nullptr));
-  CUDA_ASSERT_OK(QuantizeActE4m3(da.get(), T, inter, q.get(), sa.get(), nullptr));
-  CUDA_ASSERT_OK(
-      Fp8Linear(q.get(), sa.get(), T, w2.get(), s2.get(), dim, inter, dy.get(), nullptr));
+  CUDA_ASSERT_OK(QuantizeActE4m3(da.get(), T, inter, AsE4m3(q.get()), sa.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), sa.get(), T, AsE4m3(w2.get()), AsUe8m0(s2.get()), dim,
+                           inter, dy.get(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cc = Report("tiny-a L3 shared expert chain", FromBf16(dy.Get()), ref);
   EXPECT_LE(cc.rms_rel, 1e-2);

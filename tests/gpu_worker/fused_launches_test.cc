@@ -77,9 +77,10 @@ TEST_F(FusedLaunchesTest, RmsNormQuantIsRmsNormThenQuantize) {
     DeviceBuffer<float> dg(RandomF32(n, 0.5f, ++seed));
     Quantised parts(rows, n), fused(rows, n);
     CUDA_ASSERT_OK(RmsNorm(dx.get(), dg.get(), rows, n, kEps, parts.y.get(), nullptr));
-    CUDA_ASSERT_OK(QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
-    CUDA_ASSERT_OK(RmsNormQuant(dx.get(), dg.get(), rows, n, kEps, fused.y.get(), fused.q.get(),
-                                fused.s.get(), nullptr));
+    CUDA_ASSERT_OK(
+        QuantizeActE4m3(parts.y.get(), rows, n, AsE4m3(parts.q.get()), parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(RmsNormQuant(dx.get(), dg.get(), rows, n, kEps, fused.y.get(),
+                                AsE4m3(fused.q.get()), fused.s.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameQuantised(label, "y", fused, parts);
   }
@@ -97,9 +98,10 @@ TEST_F(FusedLaunchesTest, SwiGluBf16QuantIsSwiGluThenQuantize) {
     Quantised parts(rows, n), fused(rows, n);
     CUDA_ASSERT_OK(
         SwiGluBf16(dg.get(), du.get(), stride, nullptr, rows, n, limit, parts.y.get(), nullptr));
-    CUDA_ASSERT_OK(QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(
+        QuantizeActE4m3(parts.y.get(), rows, n, AsE4m3(parts.q.get()), parts.s.get(), nullptr));
     CUDA_ASSERT_OK(SwiGluBf16Quant(dg.get(), du.get(), stride, rows, n, limit, fused.y.get(),
-                                   fused.q.get(), fused.s.get(), nullptr));
+                                   AsE4m3(fused.q.get()), fused.s.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameQuantised(label, "out", fused, parts);
   }
@@ -126,10 +128,10 @@ TEST_F(FusedLaunchesTest, Fp8LinearPairIsTwoFp8Linears) {
     DeviceBuffer<uint8_t> ws0(RandomScales(sn, 118, 122, ++seed)),
         ws1(RandomScales(sn, 118, 122, ++seed));
     DeviceBuffer<uint16_t> a0(rows * out), a1(rows * out), b0(rows * out), b1(rows * out);
-    CUDA_ASSERT_OK(
-        Fp8Linear(dq.get(), ds.get(), rows, w0.get(), ws0.get(), out, in, a0.get(), nullptr));
-    CUDA_ASSERT_OK(
-        Fp8Linear(dq.get(), ds.get(), rows, w1.get(), ws1.get(), out, in, a1.get(), nullptr));
+    CUDA_ASSERT_OK(Fp8Linear(AsE4m3(dq.get()), ds.get(), rows, AsE4m3(w0.get()), AsUe8m0(ws0.get()),
+                             out, in, a0.get(), nullptr));
+    CUDA_ASSERT_OK(Fp8Linear(AsE4m3(dq.get()), ds.get(), rows, AsE4m3(w1.get()), AsUe8m0(ws1.get()),
+                             out, in, a1.get(), nullptr));
     CUDA_ASSERT_OK(
         Fp8LinearPair({.q = AsE4m3(dq.get()),
                        .s_act = ds.get(),
@@ -219,8 +221,8 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
                             .post = post1.get(),
                             .comb = comb1.get()};
     CUDA_ASSERT_OK(HcPreDeferComb(p1, nullptr));
-    CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(), parts.q.get(),
-                                parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(),
+                                AsE4m3(parts.q.get()), parts.s.get(), nullptr));
     // Without counters (two launches), then twice with them (one launch at dim 4096; the second
     // call proves the counters were left zero).
     DeviceBuffer<uint32_t> sync(std::vector<uint32_t>(T, 0));
@@ -335,8 +337,8 @@ TEST_F(FusedLaunchesTest, Fp8LinearHcPostIsFp8LinearThenHcPost) {
     DeviceBuffer<uint16_t> ya(rows * out), yb(rows * out);
     PostInputs hp(rows, hc, out, ++seed);
     seed += 2;
-    CUDA_ASSERT_OK(
-        Fp8Linear(q.get(), s.get(), rows, w.get(), ws.get(), out, in, ya.get(), nullptr));
+    CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), s.get(), rows, AsE4m3(w.get()), AsUe8m0(ws.get()),
+                             out, in, ya.get(), nullptr));
     CUDA_ASSERT_OK(HcPost(ya.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), rows, hc, out,
                           hp.out_a.get(), nullptr));
     CUDA_ASSERT_OK(Fp8LinearHcPost({.q = AsE4m3(q.get()),

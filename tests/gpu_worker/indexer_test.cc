@@ -262,9 +262,9 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
   DeviceBuffer<uint16_t> dqr(ToBf16(in.qr)), dq2(S * H * hd);
   DeviceBuffer<uint8_t> aq(S * in.qlr);
   DeviceBuffer<float> as(S * ((in.qlr + 127) / 128));
-  CUDA_ASSERT_OK(QuantizeActE4m3(dqr.get(), S, in.qlr, aq.get(), as.get(), nullptr));
-  CUDA_ASSERT_OK(
-      Fp8Linear(aq.get(), as.get(), S, dwq.get(), dwqs.get(), wq.out, wq.in, dq2.get(), nullptr));
+  CUDA_ASSERT_OK(QuantizeActE4m3(dqr.get(), S, in.qlr, AsE4m3(aq.get()), as.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(aq.get()), as.get(), S, AsE4m3(dwq.get()), AsUe8m0(dwqs.get()),
+                           wq.out, wq.in, dq2.get(), nullptr));
   CUDA_ASSERT_OK(IndexerPrepQ(dq2.get(), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
   CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq2.get()),
                                 .w = AsBf16(dw.get()),
