@@ -141,9 +141,13 @@ absl::Status AttentionLayer::Projections() {
 absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind, cuda::CompressorShape shape,
                                       uint16_t* entries, float* cv, float* cg, cudaStream_t bs) {
   const int64_t wd = w.width;
-  RETURN_IF_ERROR(CudaCheck(
-      cuda::LinearBf16F32Pair(sc.xn, T, dim, w.wkv.p, wd, cv, wd, w.wgate.p, wd, cg, wd, bs),
-      "LinearBf16F32Pair(wkv, wgate)"));
+  RETURN_IF_ERROR(CudaCheck(cuda::LinearBf16F32Pair({.x = cuda::AsBf16(sc.xn),
+                                                     .rows = T,
+                                                     .in = dim,
+                                                     .m0 = {cuda::AsBf16(w.wkv.p), wd, cv, wd},
+                                                     .m1 = {cuda::AsBf16(w.wgate.p), wd, cg, wd}},
+                                                    bs),
+                            "LinearBf16F32Pair(wkv, wgate)"));
   const int64_t* a = s.dparams + (l * 2 + kind) * plan.cb_stride;
   cuda::CompressorBatch cb;
   cb.n_seqs = static_cast<int64_t>(nc);

@@ -218,13 +218,11 @@ cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positio
   return cudaGetLastError();
 }
 
-cudaError_t RopeCosSinPair(const float* freqs0, const float* freqs1, int64_t pairs,
-                           const int64_t* positions, int64_t n, float* cos0, float* sin0,
-                           float* cos1, float* sin1, cudaStream_t stream) {
-  if (pairs < 1) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  RopeCosSinPairKernelImpl<<<GridFor(2 * n * pairs), kThreads, 0, stream>>>(
-      freqs0, freqs1, pairs, positions, n, cos0, sin0, cos1, sin1);
+cudaError_t RopeCosSinPair(const RopeCosSinPairParams& p, cudaStream_t stream) {
+  if (p.pairs < 1) return cudaErrorInvalidValue;
+  if (p.n == 0) return cudaSuccess;
+  RopeCosSinPairKernelImpl<<<GridFor(2 * p.n * p.pairs), kThreads, 0, stream>>>(
+      p.t0.freqs, p.t1.freqs, p.pairs, p.positions, p.n, p.t0.cos, p.t0.sin, p.t1.cos, p.t1.sin);
   return cudaGetLastError();
 }
 

@@ -32,9 +32,19 @@ cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positio
                        bool fp32_trig, float* cos_out, float* sin_out, cudaStream_t stream);
 // RopeCosSin (double-precision trigonometry) of the same positions for two frequency sets (the
 // step's plain and compressed layers), in one launch: the same bits as the two calls.
-cudaError_t RopeCosSinPair(const float* freqs0, const float* freqs1, int64_t pairs,
-                           const int64_t* positions, int64_t n, float* cos0, float* sin0,
-                           float* cos1, float* sin1, cudaStream_t stream);
+struct RopeTable {
+  const float* freqs = nullptr;  // [pairs]
+  float* cos = nullptr;          // [n, pairs]
+  float* sin = nullptr;          // [n, pairs]
+};
+struct RopeCosSinPairParams {
+  int64_t pairs = 0;
+  const int64_t* positions = nullptr;  // [n]
+  int64_t n = 0;
+  RopeTable t0;
+  RopeTable t1;
+};
+cudaError_t RopeCosSinPair(const RopeCosSinPairParams& p, cudaStream_t stream);
 
 // Interleaved-pair RoPE on the LAST rope_dim dims of each head, in place (ss::ApplyRope):
 //   v[2i]' = bf16(v[2i]·c − v[2i+1]·s), v[2i+1]' = bf16(v[2i]·s + v[2i+1]·c), fp32 products,

@@ -176,8 +176,12 @@ TEST_F(FusedLaunchesTest, LinearBf16F32PairIsTwoLinears) {
     DeviceBuffer<float> a0(rows * out0), a1(rows * out1), b0(rows * out0), b1(rows * out1);
     CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w0.get(), out0, a0.get(), out0, nullptr));
     CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w1.get(), out1, a1.get(), out1, nullptr));
-    CUDA_ASSERT_OK(LinearBf16F32Pair(dx.get(), rows, in, w0.get(), out0, b0.get(), out0, w1.get(),
-                                     out1, b1.get(), out1, nullptr));
+    CUDA_ASSERT_OK(LinearBf16F32Pair({.x = AsBf16(dx.get()),
+                                      .rows = rows,
+                                      .in = in,
+                                      .m0 = {AsBf16(w0.get()), out0, b0.get(), out0},
+                                      .m1 = {AsBf16(w1.get()), out1, b1.get(), out1}},
+                                     nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label + " first", b0.Get(), a0.Get());
     ExpectSameBits(label + " second", b1.Get(), a1.Get());
@@ -428,8 +432,12 @@ TEST_F(FusedLaunchesTest, RopeCosSinPairIsTwoRopeCosSin) {
     DeviceBuffer<float> c0b(n * pairs), s0b(n * pairs), c1b(n * pairs), s1b(n * pairs);
     CUDA_ASSERT_OK(RopeCosSin(f0.get(), pairs, dpos.get(), n, false, c0.get(), s0.get(), nullptr));
     CUDA_ASSERT_OK(RopeCosSin(f1.get(), pairs, dpos.get(), n, false, c1.get(), s1.get(), nullptr));
-    CUDA_ASSERT_OK(RopeCosSinPair(f0.get(), f1.get(), pairs, dpos.get(), n, c0b.get(), s0b.get(),
-                                  c1b.get(), s1b.get(), nullptr));
+    CUDA_ASSERT_OK(RopeCosSinPair({.pairs = pairs,
+                                   .positions = dpos.get(),
+                                   .n = n,
+                                   .t0 = {f0.get(), c0b.get(), s0b.get()},
+                                   .t1 = {f1.get(), c1b.get(), s1b.get()}},
+                                  nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label + " cos 0", c0b.Get(), c0.Get());
     ExpectSameBits(label + " sin 0", s0b.Get(), s0.Get());
