@@ -255,17 +255,18 @@ void BenchDecode(double copy_gbs, std::mt19937& rng) {
       uint16_t* dy = DeviceAlloc<uint16_t>(rows * s.out);
       CHECK_CUDA(cudaMemcpy(dx, RandomBf16(rows * s.in, rng).data(), rows * s.in * 2,
                             cudaMemcpyHostToDevice));
-      CHECK_CUDA(ss::cuda::QuantizeActE4m3(dx, rows, s.in, ss::cuda::AsE4m3(dq), dsa, nullptr));
+      CHECK_CUDA(ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(dx), rows, s.in, ss::cuda::AsE4m3(dq),
+                                           dsa, nullptr));
       // The bf16-output overloads.
-      using Linear =
-          cudaError_t (*)(const ss::cuda::e4m3_t*, const float*, int64_t, const ss::cuda::e4m3_t*,
-                          const ss::cuda::ue8m0_t*, int64_t, int64_t, uint16_t*, cudaStream_t);
+      using Linear = cudaError_t (*)(const ss::cuda::e4m3_t*, const float*, int64_t,
+                                     const ss::cuda::e4m3_t*, const ss::cuda::ue8m0_t*, int64_t,
+                                     int64_t, ss::cuda::bf16_t*, cudaStream_t);
       for (const auto& [path, fn] :
            {std::pair{"Fp8Gemv", static_cast<Linear>(&ss::cuda::Fp8Gemv)},
             std::pair{"plain", static_cast<Linear>(&ss::cuda::Fp8LinearGeneric)}}) {
         const auto call = [&, fn = fn](int i, cudaStream_t st) {
           fn(ss::cuda::AsE4m3(dq), dsa, rows, ss::cuda::AsE4m3(dw[i % copies]),
-             ss::cuda::AsUe8m0(dws[i % copies]), s.out, s.in, dy, st);
+             ss::cuda::AsUe8m0(dws[i % copies]), s.out, s.in, ss::cuda::AsBf16(dy), st);
         };
         const int n_calls = std::max(copies, 64);
         const float gms = GraphMs(n_calls, call);
@@ -311,13 +312,14 @@ void BenchPrefill(const Cublas* cublas, std::mt19937& rng) {
       CHECK_CUDA(
           cudaMemcpy(dx, RandomBf16(t * s.in, rng).data(), t * s.in * 2, cudaMemcpyHostToDevice));
       const float quant_ms = TimeMs(20, [&](int) {
-        ss::cuda::QuantizeActE4m3(dx, t, s.in, ss::cuda::AsE4m3(dq), dsa, nullptr);
+        ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(dx), t, s.in, ss::cuda::AsE4m3(dq), dsa,
+                                  nullptr);
       });
       const double flop = 2.0 * t * s.out * s.in;
       const int iters = std::max(5, static_cast<int>(2e12 / flop));
       const float ms = TimeMs(iters, [&](int) {
         ss::cuda::Fp8Gemm(ss::cuda::AsE4m3(dq), dsa, t, ss::cuda::AsE4m3(dw),
-                          ss::cuda::AsUe8m0(dws), s.out, s.in, dy, nullptr);
+                          ss::cuda::AsUe8m0(dws), s.out, s.in, ss::cuda::AsBf16(dy), nullptr);
       });
       const double tflops = flop / (ms * 1e-3) / 1e12;
       std::printf(
@@ -392,7 +394,7 @@ struct IndexerPool {
                           cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_cols * 8, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(table, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(ss::cuda::KvEncodeKeys(keys, ddst, n_cols, hd, nullptr));
+    CHECK_CUDA(ss::cuda::KvEncodeKeys(ss::cuda::AsBf16(keys), ddst, n_cols, hd, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     cudaFree(keys);
     cudaFree(ddst);
@@ -434,7 +436,7 @@ void BenchIndexer(std::mt19937& rng) {
   CHECK_CUDA(cudaMemcpy(dsn, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
   const auto prep = [&](int, cudaStream_t st) {
     cudaMemcpyAsync(q, q0, H * hd * 2, cudaMemcpyDeviceToDevice, st);
-    ss::cuda::IndexerPrepQ(q, 1, H, hd, rd, dcs, dsn, true, st);
+    ss::cuda::IndexerPrepQ(ss::cuda::AsBf16(q), 1, H, hd, rd, dcs, dsn, true, st);
   };
   const auto copy = [&](int, cudaStream_t st) {
     cudaMemcpyAsync(q, q0, H * hd * 2, cudaMemcpyDeviceToDevice, st);
@@ -653,7 +655,7 @@ void BenchDecodeAttention() {
       cudaMemcpy(ent, RandomBf16(n_rec * D, rng).data(), n_rec * D * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_rec * 8, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dtable, table.data(), blocks * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(ss::cuda::KvEncodeRecords(ent, ddst, n_rec, nope, rope, nullptr));
+  CHECK_CUDA(ss::cuda::KvEncodeRecords(ss::cuda::AsBf16(ent), ddst, n_rec, nope, rope, nullptr));
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
   std::vector<float> cs(max_t * rope / 2), sn(max_t * rope / 2), sink(H);
   for (size_t i = 0; i < cs.size(); ++i) {
@@ -709,7 +711,8 @@ void BenchDecodeAttention() {
       CHECK_CUDA(cudaMemcpy(dtok, tok.data(), T * sizeof(tok[0]), cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMemcpy(dsel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
       const auto build = [&](int, cudaStream_t st) {
-        CHECK_CUDA(ss::cuda::KvBuildCandidates(g, dtok, T, dsel, n_cand, cand, st, rows));
+        CHECK_CUDA(ss::cuda::KvBuildCandidates(g, dtok, T, dsel, n_cand, cand, st,
+                                               ss::cuda::AsBf16(rows)));
       };
       const auto attend = [&](int, cudaStream_t st) {
         CHECK_CUDA(ss::cuda::KvSparseAttention({.q = ss::cuda::AsBf16(q),
@@ -842,16 +845,17 @@ void BenchFusedEpilogues(std::mt19937& rng) {
     const ss::cuda::HcPostOperands hp{res, post, comb, hc, dim, out};
     const float gemv = GraphMs(copies, [&](int i, cudaStream_t st) {
       ss::cuda::Fp8Linear(ss::cuda::AsE4m3(q), s, rows, ss::cuda::AsE4m3(w[i]),
-                          ss::cuda::AsUe8m0(ws[i]), dim, in, y, st);
+                          ss::cuda::AsUe8m0(ws[i]), dim, in, ss::cuda::AsBf16(y), st);
     });
     const float three = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::QuantizeActE4m3(x, rows, in, ss::cuda::AsE4m3(q), s, st);
+      ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(x), rows, in, ss::cuda::AsE4m3(q), s, st);
       ss::cuda::Fp8Linear(ss::cuda::AsE4m3(q), s, rows, ss::cuda::AsE4m3(w[i]),
-                          ss::cuda::AsUe8m0(ws[i]), dim, in, y, st);
-      ss::cuda::HcPost(y, res, post, comb, rows, hc, dim, out, st);
+                          ss::cuda::AsUe8m0(ws[i]), dim, in, ss::cuda::AsBf16(y), st);
+      ss::cuda::HcPost(ss::cuda::AsBf16(y), ss::cuda::AsBf16(res), post, comb, rows, hc, dim,
+                       ss::cuda::AsBf16(out), st);
     });
     const float two = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::QuantizeActE4m3(x, rows, in, ss::cuda::AsE4m3(q), s, st);
+      ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(x), rows, in, ss::cuda::AsE4m3(q), s, st);
       ss::cuda::Fp8LinearHcPost({.q = ss::cuda::AsE4m3(q),
                                  .s_act = s,
                                  .rows = rows,
@@ -887,11 +891,13 @@ void BenchFusedEpilogues(std::mt19937& rng) {
     uint16_t* out = DeviceAlloc<uint16_t>(T * hc * dim);
     const ss::cuda::HcPostOperands hp{res, post, comb, hc, dim, out};
     const float two = GraphMs(20, [&](int, cudaStream_t st) {
-      ss::cuda::MoeCombineBf16(shared, routed, T * dim, x, st);
-      ss::cuda::HcPost(x, res, post, comb, T, hc, dim, out, st);
+      ss::cuda::MoeCombineBf16(ss::cuda::AsBf16(shared), routed, T * dim, ss::cuda::AsBf16(x), st);
+      ss::cuda::HcPost(ss::cuda::AsBf16(x), ss::cuda::AsBf16(res), post, comb, T, hc, dim,
+                       ss::cuda::AsBf16(out), st);
     });
-    const float one = GraphMs(
-        20, [&](int, cudaStream_t st) { ss::cuda::MoeCombineHcPost(shared, routed, T, hp, st); });
+    const float one = GraphMs(20, [&](int, cudaStream_t st) {
+      ss::cuda::MoeCombineHcPost(ss::cuda::AsBf16(shared), routed, T, hp, st);
+    });
     std::printf("MoE combine T %ld: combine + HcPost %6.2f us, MoeCombineHcPost %6.2f us (%.3f)\n",
                 static_cast<long>(T), two * 1e3f, one * 1e3f, one / two);
     for (void* p : {static_cast<void*>(shared), static_cast<void*>(routed), static_cast<void*>(res),

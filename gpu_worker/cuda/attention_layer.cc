@@ -51,7 +51,7 @@ class AttentionLayer {
  private:
   absl::Status Projections();
   absl::Status Compress(const DevCompressor& w, int kind, cuda::CompressorShape shape,
-                        uint16_t* entries, float* cv, float* cg, cudaStream_t bs);
+                        cuda::bf16_t* entries, float* cv, float* cg, cudaStream_t bs);
   absl::Status KvAndQuery();
   absl::Status IndexerSelect();
   absl::Status Attention();
@@ -101,14 +101,13 @@ absl::Status AttentionLayer::Projections() {
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndex, st));
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndexW, st));
   }
-  CUDA_RETURN_IF_ERROR(
-      cuda::Fp8LinearPair({.q = sc.qbuf,
-                           .s_act = sc.sbuf,
-                           .rows = T,
-                           .in = b.wq_a.in,
-                           .m0 = {b.wq_a.w, b.wq_a.s, b.wq_a.out, cuda::AsBf16(sc.qa)},
-                           .m1 = {b.wkv.w, b.wkv.s, b.wkv.out, cuda::AsBf16(sc.kva)}},
-                          st));
+  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair({.q = sc.qbuf,
+                                            .s_act = sc.sbuf,
+                                            .rows = T,
+                                            .in = b.wq_a.in,
+                                            .m0 = {b.wq_a.w, b.wq_a.s, b.wq_a.out, sc.qa},
+                                            .m1 = {b.wkv.w, b.wkv.s, b.wkv.out, sc.kva}},
+                                           st));
   // The compressors write their new entries to scratch rows (ebase), then the encoders put them
   // into their MXFP4 keys / records in the sequences' blocks.
   if (b.has_indexer) {
@@ -139,13 +138,14 @@ absl::Status AttentionLayer::Projections() {
 // One compressor (kind 0: the main one, 1: the indexer's) on branch stream bs: its projections,
 // then one CompressorStep for the batch's chunks.
 absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind, cuda::CompressorShape shape,
-                                      uint16_t* entries, float* cv, float* cg, cudaStream_t bs) {
+                                      cuda::bf16_t* entries, float* cv, float* cg,
+                                      cudaStream_t bs) {
   const int64_t wd = w.width;
-  RETURN_IF_ERROR(CudaCheck(cuda::LinearBf16F32Pair({.x = cuda::AsBf16(sc.xn),
+  RETURN_IF_ERROR(CudaCheck(cuda::LinearBf16F32Pair({.x = sc.xn,
                                                      .rows = T,
                                                      .in = dim,
-                                                     .m0 = {cuda::AsBf16(w.wkv.p), wd, cv, wd},
-                                                     .m1 = {cuda::AsBf16(w.wgate.p), wd, cg, wd}},
+                                                     .m0 = {w.wkv.p, wd, cv, wd},
+                                                     .m1 = {w.wgate.p, wd, cg, wd}},
                                                     bs),
                             "LinearBf16F32Pair(wkv, wgate)"));
   const int64_t* a = s.dparams + (l * 2 + kind) * plan.cb_stride;
@@ -165,7 +165,7 @@ absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind, cuda::Co
                                          .rope_freqs = freqs,
                                          .shape = shape,
                                          .batch = cb,
-                                         .entries = cuda::AsBf16(entries)},
+                                         .entries = entries},
                                         bs),
                    "CompressorStep");
 }
@@ -203,8 +203,8 @@ absl::Status AttentionLayer::IndexerSelect() {
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndex));
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndexW));
   if (plan.index_one_launch && plan.index_k > 0) {
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens({.q = cuda::AsBf16(sc.iq),
-                                                      .w = cuda::AsBf16(sc.iw),
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens({.q = sc.iq,
+                                                      .w = sc.iw,
                                                       .g = geom,
                                                       .positions = sc.pos,
                                                       .T = T,
@@ -220,8 +220,8 @@ absl::Status AttentionLayer::IndexerSelect() {
     if (n_sel[i] == 0) continue;
     const int64_t S = row0[i + 1] - row0[i];
     // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile).
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores({.q = cuda::AsBf16(sc.iq + row0[i] * nh * ihd),
-                                                .w = cuda::AsBf16(sc.iw + row0[i] * nh),
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores({.q = sc.iq + row0[i] * nh * ihd,
+                                                .w = sc.iw + row0[i] * nh,
                                                 .g = geom,
                                                 .positions = sc.pos + row0[i],
                                                 .T = S,
@@ -249,12 +249,12 @@ absl::Status AttentionLayer::Attention() {
   if (b.has_compressor) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchComp));
   uint64_t* cand = im.cand.as<uint64_t>();
   const bool one_launch = attn_rows >= T;
-  CUDA_RETURN_IF_ERROR(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand,
-                                               st,
-                                               one_launch ? im.kvrows.as<uint16_t>() : nullptr));
+  CUDA_RETURN_IF_ERROR(
+      cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st,
+                              one_launch ? im.kvrows.as<cuda::bf16_t>() : nullptr));
   for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
     const int64_t n = std::min(attn_rows, T - t0);
-    CUDA_RETURN_IF_ERROR(cuda::KvSparseAttention({.q = cuda::AsBf16(sc.q + t0 * H * Dh),
+    CUDA_RETURN_IF_ERROR(cuda::KvSparseAttention({.q = sc.q + t0 * H * Dh,
                                                   .cand = cand + t0 * n_cand[l],
                                                   .sink = b.sink,
                                                   .T = n,
@@ -263,8 +263,8 @@ absl::Status AttentionLayer::Attention() {
                                                   .nope = kvl.nope,
                                                   .n_cand = n_cand[l],
                                                   .scale = scale,
-                                                  .out = cuda::AsBf16(sc.o + t0 * H * Dh),
-                                                  .rows = cuda::AsBf16(im.kvrows.as<uint16_t>()),
+                                                  .out = sc.o + t0 * H * Dh,
+                                                  .rows = im.kvrows.as<cuda::bf16_t>(),
                                                   .rows_decoded = one_launch,
                                                   .rope_cos = cs + t0 * (rd / 2),
                                                   .rope_sin = sn + t0 * (rd / 2),
@@ -286,7 +286,8 @@ absl::Status AttentionLayer::Output() {
                                                      b.wo_a.w, b.wo_a.s, sc.z, st));
   // TP 1: wo_b runs the HcPost in its epilogue (decode); TP > 1: the HcPost rounds the
   // all-reduced sum itself.
-  const cuda::HcPostOperands attn_post{sc.h, sc.post, sc.comb, hc, dim, sc.mid};
+  const cuda::HcPostOperands attn_post{cuda::Raw(sc.h),  sc.post, sc.comb, hc, dim,
+                                       cuda::Raw(sc.mid)};
   if (s.defer_comb) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchHc));
   if (im.tp == 1) {
     CUDA_RETURN_IF_ERROR(cuda::QuantizeActE4m3(sc.z, T, b.wo_b.in, sc.qbuf, sc.sbuf, st));
@@ -297,7 +298,7 @@ absl::Status AttentionLayer::Output() {
                                                 .w_scale = b.wo_b.s,
                                                 .out = b.wo_b.out,
                                                 .in = b.wo_b.in,
-                                                .y = cuda::AsBf16(sc.attn),
+                                                .y = sc.attn,
                                                 .hp = attn_post},
                                                st));
   } else {

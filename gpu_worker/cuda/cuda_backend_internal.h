@@ -44,7 +44,7 @@ struct DevFp8 {
   int64_t out = 0, in = 0;
 };
 struct DevBf16 {
-  const uint16_t* p = nullptr;
+  const cuda::bf16_t* p = nullptr;
   int64_t rows = 0, cols = 0;
 };
 struct DevHc {

@@ -58,7 +58,7 @@ absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16(const model::Bf16Matrix& m) {
 absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16Rows(const model::Bf16Matrix& m, Share r) {
   ASSIGN_OR_RETURN(
       void* p, Upload(m.data + r.begin * m.cols * 2, static_cast<size_t>(r.size() * m.cols * 2)));
-  return DevBf16{static_cast<const uint16_t*>(p), r.size(), m.cols};
+  return DevBf16{cuda::AsBf16(static_cast<const uint16_t*>(p)), r.size(), m.cols};
 }
 absl::StatusOr<DevHc> CudaBackend::Impl::Hc(const model::HcWeights& h) {
   DevHc d;

@@ -142,7 +142,7 @@ absl::Status EnqueueInputStreams(StepState& s) {
   // there already) and its RoPE tables (from the uploaded positions).
   if (s.first) {
     CUDA_RETURN_IF_ERROR(
-        cuda::HcEmbedStreams(reinterpret_cast<const uint16_t*>(sc.sf32), T, hc, dim, sc.h, st));
+        cuda::HcEmbedStreams(reinterpret_cast<const cuda::bf16_t*>(sc.sf32), T, hc, dim, sc.h, st));
   } else if (!s.from_device) {
     CUDA_RETURN_IF_ERROR(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
   }

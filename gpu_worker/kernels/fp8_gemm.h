@@ -19,7 +19,7 @@ namespace ss::cuda {
 // cudaErrorInvalidValue otherwise. Needs PrepareKernels (prepare.h) on the device. The
 // fp32-output overload skips the final bf16 rounding (fp8_linear.h).
 cudaError_t Fp8Gemm(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
-                    const ue8m0_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                     cudaStream_t stream);
 cudaError_t Fp8Gemm(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
                     const ue8m0_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);

@@ -15,7 +15,7 @@ namespace ss::cuda {
 // Per-row activation quantisation of spec §5.2: 1x128 blocks, power-of-two scales from the
 // fp32 bits of amax·(1/448) (amax floored at 1e-4), q = e4m3(clamp(x/s, ±448)).
 // x: bf16 [rows, n]; q: [rows, n] e4m3 bytes, s: [rows, ceil(n/128)] fp32.
-cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, e4m3_t* q, float* s,
+cudaError_t QuantizeActE4m3(const bf16_t* x, int64_t rows, int64_t n, e4m3_t* q, float* s,
                             cudaStream_t stream);
 
 // Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w),
@@ -39,7 +39,7 @@ cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, e4m3_t* 
 inline constexpr int64_t kFp8GemvMaxRows = 8;
 
 cudaError_t Fp8Linear(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
-                      const ue8m0_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                      const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                       cudaStream_t stream);
 
 // Fp8Linear on quantised activations, then HcPost of its bf16 result as the sublayer output
@@ -87,13 +87,13 @@ cudaError_t Fp8LinearPair(const Fp8LinearPairParams& p, cudaStream_t stream);
 // back to the plain kernel where in % 128 != 0 or q/w are unaligned. Only static shared memory:
 // safe to call during CUDA-graph capture.
 cudaError_t Fp8Gemv(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
-                    const ue8m0_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                     cudaStream_t stream);
 
 // The plain fallback: any in, any alignment; one warp per output feature, fp32 products and sums
 // on the CUDA cores.
 cudaError_t Fp8LinearGeneric(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
-                             const ue8m0_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+                             const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                              cudaStream_t stream);
 
 // The same with an fp32 output: y[r, o] = Σ_b (Σ_{i∈b} q·w) · s_a · s_w as summed, without the

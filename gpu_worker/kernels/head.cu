@@ -271,9 +271,10 @@ cudaError_t LinearBf16F32Launch(const uint16_t* x, int64_t rows, int64_t in, con
 
 }  // namespace
 
-cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
-                          int64_t out, float* y, int64_t ldy, cudaStream_t stream) {
-  return LinearBf16F32Launch(x, rows, in, {w, out, y, ldy}, {nullptr, 0, nullptr, 0}, stream);
+cudaError_t LinearBf16F32(const bf16_t* x, int64_t rows, int64_t in, const bf16_t* w, int64_t out,
+                          float* y, int64_t ldy, cudaStream_t stream) {
+  return LinearBf16F32Launch(Raw(x), rows, in, {Raw(w), out, y, ldy}, {nullptr, 0, nullptr, 0},
+                             stream);
 }
 
 cudaError_t LinearBf16F32Pair(const LinearBf16F32PairParams& p, cudaStream_t stream) {
@@ -282,7 +283,7 @@ cudaError_t LinearBf16F32Pair(const LinearBf16F32PairParams& p, cudaStream_t str
                              {Raw(p.m1.w), p.m1.out, p.m1.y, p.m1.ldy}, stream);
 }
 
-cudaError_t LmHead(const uint16_t* u, int64_t T, int64_t dim, const uint16_t* head, int64_t n_rows,
+cudaError_t LmHead(const bf16_t* u, int64_t T, int64_t dim, const bf16_t* head, int64_t n_rows,
                    float* logits, int64_t ld, cudaStream_t stream) {
   return LinearBf16F32(u, T, dim, head, n_rows, logits, ld, stream);
 }

@@ -22,8 +22,8 @@ namespace ss::cuda {
 // warp tree. More rows (prefill; in a multiple of 64): a GEMM on the tensor cores (bf16 products,
 // exact in fp32, summed in the mma's order). Either equals the reference up to fp32 summation
 // order. in must be a multiple of 8 and x, w 16-byte aligned (16-byte loads).
-cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
-                          int64_t out, float* y, int64_t ldy, cudaStream_t stream);
+cudaError_t LinearBf16F32(const bf16_t* x, int64_t rows, int64_t in, const bf16_t* w, int64_t out,
+                          float* y, int64_t ldy, cudaStream_t stream);
 // LinearBf16F32 of two weight matrices on the same x (a compressor's wkv and wgate) in one launch:
 // the same bits as the two calls (each output's sums do not depend on the launch).
 struct Bf16F32PairMatrix {
@@ -45,7 +45,7 @@ cudaError_t LinearBf16F32Pair(const LinearBf16F32PairParams& p, cudaStream_t str
 // the range's first row ([n_rows, dim] bf16), logits row t at logits + t·ld (pass the full
 // buffer offset by the range's first id to fill a [T, V] buffer shard by shard). u: bf16
 // [T, dim] (the final RMSNorm output). The same kernel as LinearBf16F32.
-cudaError_t LmHead(const uint16_t* u, int64_t T, int64_t dim, const uint16_t* head, int64_t n_rows,
+cudaError_t LmHead(const bf16_t* u, int64_t T, int64_t dim, const bf16_t* head, int64_t n_rows,
                    float* logits, int64_t ld, cudaStream_t stream);
 
 // Greedy sampling: ids[t] = id_base + argmax_j logits[t·ld + j] over j < n, equal values to the

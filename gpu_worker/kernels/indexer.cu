@@ -498,30 +498,30 @@ cudaError_t LaunchHadamardFp4(uint16_t* x, int64_t rows, int64_t n, bool fp64, i
 
 }  // namespace
 
-cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp64,
+cudaError_t HadamardFp4SimInplace(bf16_t* x, int64_t rows, int64_t n, bool fp64,
                                   cudaStream_t stream) {
   if (!IsPow2(n) || n < 32 || n > kHadamardMaxDim) return cudaErrorInvalidValue;
-  return LaunchHadamardFp4(x, rows, n, fp64, 1, 0, nullptr, nullptr, stream);
+  return LaunchHadamardFp4(Raw(x), rows, n, fp64, 1, 0, nullptr, nullptr, stream);
 }
 
-cudaError_t IndexerPrepQ(uint16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
+cudaError_t IndexerPrepQ(bf16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
                          const float* cos_t, const float* sin_t, bool hadamard_fp64,
                          cudaStream_t stream) {
   if (heads < 1 || !IsPow2(head_dim) || head_dim < 32 || head_dim > kHadamardMaxDim ||
       rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim) {
     return cudaErrorInvalidValue;
   }
-  return LaunchHadamardFp4(q, T * heads, head_dim, hadamard_fp64, heads, rope_dim, cos_t, sin_t,
-                           stream);
+  return LaunchHadamardFp4(Raw(q), T * heads, head_dim, hadamard_fp64, heads, rope_dim, cos_t,
+                           sin_t, stream);
 }
 
-cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16_t* w,
+cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, bf16_t* w,
                                cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   IndexerWeightScaleKernelImpl<<<static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid),
-                                 kThreads, 0, stream>>>(proj, n, scale, w);
+                                 kThreads, 0, stream>>>(proj, n, scale, Raw(w));
   return cudaGetLastError();
 }
 

@@ -22,7 +22,7 @@ namespace ss::cuda {
 // one warp per row: y = bf16(float(H_n·x)·fp32(n^−1/2)) (codecs.cc HadamardInplace; the
 // butterfly in double in the reference's order, so exact and bit-identical; fp64 = false runs it
 // in fp32, exact only while no partial sum rounds), then FP4sim_32 (codecs.cc Fp4SimInplace).
-cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp64,
+cudaError_t HadamardFp4SimInplace(bf16_t* x, int64_t rows, int64_t n, bool fp64,
                                   cudaStream_t stream);
 
 // The indexer query after wq_b (a Linear8, fp8_linear.h's Fp8Linear), in place on
@@ -30,14 +30,14 @@ cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp6
 // with the [T, rope_dim/2] cos/sin table of the tokens' positions from
 // RopeCosSin), then HadamardFp4SimInplace over each head. One launch: the warp that transforms a
 // head rotates it first, in registers (the same bits as the two calls).
-cudaError_t IndexerPrepQ(uint16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
+cudaError_t IndexerPrepQ(bf16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
                          const float* cos_t, const float* sin_t, bool hadamard_fp64,
                          cudaStream_t stream);
 
 // The head weights: w[i] = bf16(bf16(proj[i])·scale), proj = x·weights_projᵀ in fp32
 // (head.h's LinearBf16F32), scale = fp32(index_head_dim^−1/2 · index_n_heads^−1/2) computed in
 // double.
-cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16_t* w,
+cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, bf16_t* w,
                                cudaStream_t stream);
 
 // scores[t·n_cols + j] for j < n_cols: −inf where j ≥ (positions[t] + 1)/ratio (the block is not

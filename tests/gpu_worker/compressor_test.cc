@@ -137,9 +137,11 @@ std::vector<CompressorOut> DeviceCompressor(const model::CompressorWeights& w,
     DeviceBuffer<float> dv(rows * width), dg(rows * width);
     if (device_vg) {
       DeviceBuffer<uint16_t> dx(ToBf16(x));
-      EXPECT_EQ(LinearBf16F32(dx.get(), rows, dim, dwkv.get(), width, dv.get(), width, nullptr),
+      EXPECT_EQ(LinearBf16F32(AsBf16(dx.get()), rows, dim, AsBf16(dwkv.get()), width, dv.get(),
+                              width, nullptr),
                 cudaSuccess);
-      EXPECT_EQ(LinearBf16F32(dx.get(), rows, dim, dwgate.get(), width, dg.get(), width, nullptr),
+      EXPECT_EQ(LinearBf16F32(AsBf16(dx.get()), rows, dim, AsBf16(dwgate.get()), width, dg.get(),
+                              width, nullptr),
                 cudaSuccess);
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       if (vg_dev != nullptr && rows > 0) {
@@ -381,7 +383,8 @@ TEST_F(CompressorTest, DISABLED_TimingsAtFlashShapes) {
     line(("LinearBf16F32 wkv|wgate T=64" + r).c_str(),
          MicrosPerCall(
              [&] {
-               LinearBf16F32(x.get(), S, dim, wkv.get(), 2 * width, vg.get(), 2 * width, nullptr);
+               LinearBf16F32(AsBf16(x.get()), S, dim, AsBf16(wkv.get()), 2 * width, vg.get(),
+                             2 * width, nullptr);
              },
              10));
     const CompressorBatch dec{S, 1, dstart.get(), drows.get(), debeg.get(), dkvp.get(), dscp.get()};

@@ -211,15 +211,17 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
 
   // Isolated pieces.
   DeviceBuffer<uint16_t> dq(ToBf16(q0));
-  CUDA_ASSERT_OK(IndexerPrepQ(dq.get(), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
+  CUDA_ASSERT_OK(
+      IndexerPrepQ(AsBf16(dq.get()), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cq = Report(label + " IndexerPrepQ", FromBf16(dq.Get()), q_ref);
   EXPECT_LE(cq.rms_rel, 1e-3) << label;
   EXPECT_GE(cq.bit_identical, 0.999) << label;
 
   DeviceBuffer<uint16_t> dx(ToBf16(in.x)), dwp(MatrixBits(w.weights_proj)), dw(S * H);
-  CUDA_ASSERT_OK(LinearBf16F32(dx.get(), S, in.dim, dwp.get(), H, dproj.get(), H, nullptr));
-  CUDA_ASSERT_OK(IndexerWeightScale(dproj.get(), S * H, wscale, dw.get(), nullptr));
+  CUDA_ASSERT_OK(
+      LinearBf16F32(AsBf16(dx.get()), S, in.dim, AsBf16(dwp.get()), H, dproj.get(), H, nullptr));
+  CUDA_ASSERT_OK(IndexerWeightScale(dproj.get(), S * H, wscale, AsBf16(dw.get()), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const std::vector<float> w_dev = FromBf16(dw.Get());
   const golden::Closeness cw = Report(label + " weights (GEMV + IndexerWeightScale)", w_dev, w_ref);
@@ -262,10 +264,12 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
   DeviceBuffer<uint16_t> dqr(ToBf16(in.qr)), dq2(S * H * hd);
   DeviceBuffer<uint8_t> aq(S * in.qlr);
   DeviceBuffer<float> as(S * ((in.qlr + 127) / 128));
-  CUDA_ASSERT_OK(QuantizeActE4m3(dqr.get(), S, in.qlr, AsE4m3(aq.get()), as.get(), nullptr));
+  CUDA_ASSERT_OK(
+      QuantizeActE4m3(AsBf16(dqr.get()), S, in.qlr, AsE4m3(aq.get()), as.get(), nullptr));
   CUDA_ASSERT_OK(Fp8Linear(AsE4m3(aq.get()), as.get(), S, AsE4m3(dwq.get()), AsUe8m0(dwqs.get()),
-                           wq.out, wq.in, dq2.get(), nullptr));
-  CUDA_ASSERT_OK(IndexerPrepQ(dq2.get(), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
+                           wq.out, wq.in, AsBf16(dq2.get()), nullptr));
+  CUDA_ASSERT_OK(
+      IndexerPrepQ(AsBf16(dq2.get()), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
   CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq2.get()),
                                 .w = AsBf16(dw.get()),
                                 .keys = AsBf16(dkeys.get()),
@@ -354,7 +358,7 @@ TEST_F(IndexerTest, HadamardFp4MatchesReference) {
       }
       for (const bool fp64 : {true, false}) {
         DeviceBuffer<uint16_t> dx(ToBf16(x));
-        CUDA_ASSERT_OK(HadamardFp4SimInplace(dx.get(), rows, n, fp64, nullptr));
+        CUDA_ASSERT_OK(HadamardFp4SimInplace(AsBf16(dx.get()), rows, n, fp64, nullptr));
         CUDA_ASSERT_OK(cudaDeviceSynchronize());
         const std::string label = "Hadamard" + std::to_string(n) + "+FP4sim " +
                                   (wide ? "wide-range " : "") + (fp64 ? "fp64" : "fp32");
@@ -569,11 +573,11 @@ TEST_F(IndexerTest, PrepQEqualsRopeThenHadamard) {
       DeviceBuffer<float> dcs(cs), dsn(sn);
       for (const bool fp64 : {true, false}) {
         DeviceBuffer<uint16_t> one(ToBf16(q)), two(ToBf16(q));
-        CUDA_ASSERT_OK(
-            IndexerPrepQ(one.get(), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(), fp64, nullptr));
-        CUDA_ASSERT_OK(
-            ApplyRope(two.get(), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(), false, nullptr));
-        CUDA_ASSERT_OK(HadamardFp4SimInplace(two.get(), c.T * c.H, c.hd, fp64, nullptr));
+        CUDA_ASSERT_OK(IndexerPrepQ(AsBf16(one.get()), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(),
+                                    fp64, nullptr));
+        CUDA_ASSERT_OK(ApplyRope(AsBf16(two.get()), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(),
+                                 false, nullptr));
+        CUDA_ASSERT_OK(HadamardFp4SimInplace(AsBf16(two.get()), c.T * c.H, c.hd, fp64, nullptr));
         CUDA_ASSERT_OK(cudaDeviceSynchronize());
         const std::string label = "IndexerPrepQ T=" + std::to_string(c.T) +
                                   " H=" + std::to_string(c.H) + " hd=" + std::to_string(c.hd) +
@@ -610,8 +614,8 @@ TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
     DeviceBuffer<int64_t> dpos(pos);
     DeviceBuffer<uint16_t> q(ToBf16(RandomBf16(T * H * hd, 0.5f, 402))),
         w(ToBf16(RandomBf16(T * H, 0.2f, 403)));
-    CUDA_ASSERT_OK(KvEncodeKeys(keys.get(), ddst.get(), n, hd, nullptr));
-    CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, n, gathered.get(), nullptr));
+    CUDA_ASSERT_OK(KvEncodeKeys(AsBf16(keys.get()), ddst.get(), n, hd, nullptr));
+    CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, n, AsBf16(gathered.get()), nullptr));
     std::vector<std::vector<float>> results;
     for (const bool paged : {true, false}) {
       for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{8}}) {
@@ -682,7 +686,7 @@ TEST_F(IndexerTest, SequencesScoredAndSelectedInOneLaunch) {
     for (int64_t j = 0; j < n[i]; ++j) dst[j] = KeyAddress(g, table.data(), j);
     DeviceBuffer<uint16_t> keys(ToBf16(RandomBf16(n[i] * hd, 1.0f, 601 + static_cast<int>(i))));
     DeviceBuffer<uint64_t> ddst(dst);
-    CUDA_ASSERT_OK(KvEncodeKeys(keys.get(), ddst.get(), n[i], hd, nullptr));
+    CUDA_ASSERT_OK(KvEncodeKeys(AsBf16(keys.get()), ddst.get(), n[i], hd, nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     tables.emplace_back(table);
   }
@@ -818,8 +822,9 @@ TEST_F(IndexerTest, ScoresMatchHostArithmetic) {
       for (int64_t j = 0; j < c.n; ++j) dst[j] = KeyAddress(g, table.data(), j);
       DeviceBuffer<uint64_t> ddst(dst);
       DeviceBuffer<int32_t> dtable(table);
-      CUDA_ASSERT_OK(KvEncodeKeys(dk.get(), ddst.get(), c.n, c.hd, nullptr));
-      CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, c.n, gathered.get(), nullptr));
+      CUDA_ASSERT_OK(KvEncodeKeys(AsBf16(dk.get()), ddst.get(), c.n, c.hd, nullptr));
+      CUDA_ASSERT_OK(
+          KvGatherKeys(g, dtable.get(), 1 + blocks, c.n, AsBf16(gathered.get()), nullptr));
       for (int64_t t = 0; t < c.T; ++t) {  // one token per call, as decode
         CUDA_ASSERT_OK(KvIndexerScores({.q = AsBf16(dq.get() + t * c.H * c.hd),
                                         .w = AsBf16(dw.get() + t * c.H),
@@ -878,7 +883,7 @@ TEST_F(IndexerTest, DISABLED_TimingsAtFlashShapes) {
   const std::vector<float> keys_f = RandomBf16(n_keys * hd, 1.0f, 141);
   DeviceBuffer<uint16_t> keys(ToBf16(keys_f)), q(ToBf16(RandomBf16(256 * H * hd, 1.0f, 142)));
   DeviceBuffer<uint16_t> w(ToBf16(RandomBf16(256 * H, 0.05f, 143)));
-  CUDA_ASSERT_OK(HadamardFp4SimInplace(keys.get(), n_keys, hd, true, nullptr));
+  CUDA_ASSERT_OK(HadamardFp4SimInplace(AsBf16(keys.get()), n_keys, hd, true, nullptr));
   std::vector<int64_t> pos_dec{4 * n_keys - 1}, pos_pre(256);
   for (int64_t t = 0; t < 256; ++t) pos_pre[t] = 4 * 16384 - 256 + t;
   DeviceBuffer<int64_t> dpos_dec(pos_dec), dpos_pre(pos_pre);
@@ -889,13 +894,17 @@ TEST_F(IndexerTest, DISABLED_TimingsAtFlashShapes) {
   DeviceBuffer<float> scores(256 * 16384);
   DeviceBuffer<int32_t> sel(256 * 512);
   for (const bool fp64 : {true, false}) {
-    line(fp64 ? "IndexerPrepQ T=1 (fp64 Hadamard)" : "IndexerPrepQ T=1 (fp32 Hadamard)",
-         MicrosPerCall(
-             [&] { IndexerPrepQ(q.get(), 1, H, hd, rd, cs.get(), sn.get(), fp64, nullptr); }, 50));
     line(
-        fp64 ? "IndexerPrepQ T=256 (fp64 Hadamard)" : "IndexerPrepQ T=256 (fp32 Hadamard)",
+        fp64 ? "IndexerPrepQ T=1 (fp64 Hadamard)" : "IndexerPrepQ T=1 (fp32 Hadamard)",
         MicrosPerCall(
-            [&] { IndexerPrepQ(q.get(), 256, H, hd, rd, cs.get(), sn.get(), fp64, nullptr); }, 20));
+            [&] { IndexerPrepQ(AsBf16(q.get()), 1, H, hd, rd, cs.get(), sn.get(), fp64, nullptr); },
+            50));
+    line(fp64 ? "IndexerPrepQ T=256 (fp64 Hadamard)" : "IndexerPrepQ T=256 (fp32 Hadamard)",
+         MicrosPerCall(
+             [&] {
+               IndexerPrepQ(AsBf16(q.get()), 256, H, hd, rd, cs.get(), sn.get(), fp64, nullptr);
+             },
+             20));
   }
   line("IndexerScores T=1 x 65536 blocks", MicrosPerCall(
                                                [&] {
