@@ -255,15 +255,18 @@ void BenchDecode(double copy_gbs, std::mt19937& rng) {
       uint16_t* dy = DeviceAlloc<uint16_t>(rows * s.out);
       CHECK_CUDA(cudaMemcpy(dx, RandomBf16(rows * s.in, rng).data(), rows * s.in * 2,
                             cudaMemcpyHostToDevice));
-      CHECK_CUDA(ss::cuda::QuantizeActE4m3(dx, rows, s.in, dq, dsa, nullptr));
+      CHECK_CUDA(ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(dx), rows, s.in, ss::cuda::AsE4m3(dq),
+                                           dsa, nullptr));
       // The bf16-output overloads.
-      using Linear = cudaError_t (*)(const uint8_t*, const float*, int64_t, const uint8_t*,
-                                     const uint8_t*, int64_t, int64_t, uint16_t*, cudaStream_t);
+      using Linear = cudaError_t (*)(const ss::cuda::e4m3_t*, const float*, int64_t,
+                                     const ss::cuda::e4m3_t*, const ss::cuda::ue8m0_t*, int64_t,
+                                     int64_t, ss::cuda::bf16_t*, cudaStream_t);
       for (const auto& [path, fn] :
            {std::pair{"Fp8Gemv", static_cast<Linear>(&ss::cuda::Fp8Gemv)},
             std::pair{"plain", static_cast<Linear>(&ss::cuda::Fp8LinearGeneric)}}) {
         const auto call = [&, fn = fn](int i, cudaStream_t st) {
-          fn(dq, dsa, rows, dw[i % copies], dws[i % copies], s.out, s.in, dy, st);
+          fn(ss::cuda::AsE4m3(dq), dsa, rows, ss::cuda::AsE4m3(dw[i % copies]),
+             ss::cuda::AsUe8m0(dws[i % copies]), s.out, s.in, ss::cuda::AsBf16(dy), st);
         };
         const int n_calls = std::max(copies, 64);
         const float gms = GraphMs(n_calls, call);
@@ -308,12 +311,16 @@ void BenchPrefill(const Cublas* cublas, std::mt19937& rng) {
       uint16_t* dy = DeviceAlloc<uint16_t>(t * s.out);
       CHECK_CUDA(
           cudaMemcpy(dx, RandomBf16(t * s.in, rng).data(), t * s.in * 2, cudaMemcpyHostToDevice));
-      const float quant_ms =
-          TimeMs(20, [&](int) { ss::cuda::QuantizeActE4m3(dx, t, s.in, dq, dsa, nullptr); });
+      const float quant_ms = TimeMs(20, [&](int) {
+        ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(dx), t, s.in, ss::cuda::AsE4m3(dq), dsa,
+                                  nullptr);
+      });
       const double flop = 2.0 * t * s.out * s.in;
       const int iters = std::max(5, static_cast<int>(2e12 / flop));
-      const float ms = TimeMs(
-          iters, [&](int) { ss::cuda::Fp8Gemm(dq, dsa, t, dw, dws, s.out, s.in, dy, nullptr); });
+      const float ms = TimeMs(iters, [&](int) {
+        ss::cuda::Fp8Gemm(ss::cuda::AsE4m3(dq), dsa, t, ss::cuda::AsE4m3(dw),
+                          ss::cuda::AsUe8m0(dws), s.out, s.in, ss::cuda::AsBf16(dy), nullptr);
+      });
       const double tflops = flop / (ms * 1e-3) / 1e12;
       std::printf(
           "Fp8Gemm %-5s [%5ld x %5ld] T=%5ld: %9.1f us  %10.0f tokens/s  %6.1f TFLOP/s"
@@ -387,7 +394,7 @@ struct IndexerPool {
                           cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_cols * 8, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(table, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(ss::cuda::KvEncodeKeys(keys, ddst, n_cols, hd, nullptr));
+    CHECK_CUDA(ss::cuda::KvEncodeKeys(ss::cuda::AsBf16(keys), ddst, n_cols, hd, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     cudaFree(keys);
     cudaFree(ddst);
@@ -429,7 +436,7 @@ void BenchIndexer(std::mt19937& rng) {
   CHECK_CUDA(cudaMemcpy(dsn, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
   const auto prep = [&](int, cudaStream_t st) {
     cudaMemcpyAsync(q, q0, H * hd * 2, cudaMemcpyDeviceToDevice, st);
-    ss::cuda::IndexerPrepQ(q, 1, H, hd, rd, dcs, dsn, true, st);
+    ss::cuda::IndexerPrepQ(ss::cuda::AsBf16(q), 1, H, hd, rd, dcs, dsn, true, st);
   };
   const auto copy = [&](int, cudaStream_t st) {
     cudaMemcpyAsync(q, q0, H * hd * 2, cudaMemcpyDeviceToDevice, st);
@@ -448,7 +455,16 @@ void BenchIndexer(std::mt19937& rng) {
     const int64_t p = 4 * n_cols - 1;
     CHECK_CUDA(cudaMemcpy(pos, &p, 8, cudaMemcpyHostToDevice));
     const auto scores_call = [&](int, cudaStream_t st) {
-      ss::cuda::KvIndexerScores(q, w, kp.g, kp.table, kp.n_table, pos, 1, H, 4, n_cols, scores, st);
+      ss::cuda::KvIndexerScores({.q = ss::cuda::AsBf16(q),
+                                 .w = ss::cuda::AsBf16(w),
+                                 .g = kp.g,
+                                 .positions = pos,
+                                 .T = 1,
+                                 .heads = H,
+                                 .ratio = 4,
+                                 .n_cols = n_cols,
+                                 .scores = scores},
+                                kp.table, kp.n_table, st);
     };
     const auto topk = [&](int, cudaStream_t st) {
       ss::cuda::IndexerTopK(scores, 1, n_cols, k, sel, TopKScratch(), st);
@@ -490,8 +506,16 @@ void BenchIndexer(std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(wt, RandomBf16(T * H, rng).data(), T * H * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(pos, hpos.data(), T * 8, cudaMemcpyHostToDevice));
     const auto scores_call = [&](int, cudaStream_t st) {
-      ss::cuda::KvIndexerScores(qt, wt, kp.g, kp.table, kp.n_table, pos, T, H, 4, n_cols, scores,
-                                st);
+      ss::cuda::KvIndexerScores({.q = ss::cuda::AsBf16(qt),
+                                 .w = ss::cuda::AsBf16(wt),
+                                 .g = kp.g,
+                                 .positions = pos,
+                                 .T = T,
+                                 .heads = H,
+                                 .ratio = 4,
+                                 .n_cols = n_cols,
+                                 .scores = scores},
+                                kp.table, kp.n_table, st);
     };
     const auto topk = [&](int, cudaStream_t st) {
       ss::cuda::IndexerTopK(scores, T, n_cols, k, sel, TopKScratch(), st);
@@ -631,7 +655,7 @@ void BenchDecodeAttention() {
       cudaMemcpy(ent, RandomBf16(n_rec * D, rng).data(), n_rec * D * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(ddst, dst.data(), n_rec * 8, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dtable, table.data(), blocks * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(ss::cuda::KvEncodeRecords(ent, ddst, n_rec, nope, rope, nullptr));
+  CHECK_CUDA(ss::cuda::KvEncodeRecords(ss::cuda::AsBf16(ent), ddst, n_rec, nope, rope, nullptr));
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
   std::vector<float> cs(max_t * rope / 2), sn(max_t * rope / 2), sink(H);
   for (size_t i = 0; i < cs.size(); ++i) {
@@ -687,7 +711,8 @@ void BenchDecodeAttention() {
       CHECK_CUDA(cudaMemcpy(dtok, tok.data(), T * sizeof(tok[0]), cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMemcpy(dsel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
       const auto build = [&](int, cudaStream_t st) {
-        CHECK_CUDA(ss::cuda::KvBuildCandidates(g, dtok, T, dsel, n_cand, cand, st, rows));
+        CHECK_CUDA(ss::cuda::KvBuildCandidates(g, dtok, T, dsel, n_cand, cand, st,
+                                               ss::cuda::AsBf16(rows)));
       };
       const auto attend = [&](int, cudaStream_t st) {
         CHECK_CUDA(ss::cuda::KvSparseAttention({.q = ss::cuda::AsBf16(q),
@@ -819,16 +844,28 @@ void BenchFusedEpilogues(std::mt19937& rng) {
     float* s = DeviceAlloc<float>(rows * in / 128);
     const ss::cuda::HcPostOperands hp{res, post, comb, hc, dim, out};
     const float gemv = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::Fp8Linear(q, s, rows, w[i], ws[i], dim, in, y, st);
+      ss::cuda::Fp8Linear(ss::cuda::AsE4m3(q), s, rows, ss::cuda::AsE4m3(w[i]),
+                          ss::cuda::AsUe8m0(ws[i]), dim, in, ss::cuda::AsBf16(y), st);
     });
     const float three = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::QuantizeActE4m3(x, rows, in, q, s, st);
-      ss::cuda::Fp8Linear(q, s, rows, w[i], ws[i], dim, in, y, st);
-      ss::cuda::HcPost(y, res, post, comb, rows, hc, dim, out, st);
+      ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(x), rows, in, ss::cuda::AsE4m3(q), s, st);
+      ss::cuda::Fp8Linear(ss::cuda::AsE4m3(q), s, rows, ss::cuda::AsE4m3(w[i]),
+                          ss::cuda::AsUe8m0(ws[i]), dim, in, ss::cuda::AsBf16(y), st);
+      ss::cuda::HcPost(ss::cuda::AsBf16(y), ss::cuda::AsBf16(res), post, comb, rows, hc, dim,
+                       ss::cuda::AsBf16(out), st);
     });
     const float two = GraphMs(copies, [&](int i, cudaStream_t st) {
-      ss::cuda::QuantizeActE4m3(x, rows, in, q, s, st);
-      ss::cuda::Fp8LinearHcPost(q, s, rows, w[i], ws[i], dim, in, y, hp, st);
+      ss::cuda::QuantizeActE4m3(ss::cuda::AsBf16(x), rows, in, ss::cuda::AsE4m3(q), s, st);
+      ss::cuda::Fp8LinearHcPost({.q = ss::cuda::AsE4m3(q),
+                                 .s_act = s,
+                                 .rows = rows,
+                                 .w = ss::cuda::AsE4m3(w[i]),
+                                 .w_scale = ss::cuda::AsUe8m0(ws[i]),
+                                 .out = dim,
+                                 .in = in,
+                                 .y = ss::cuda::AsBf16(y),
+                                 .hp = hp},
+                                st);
     });
     std::printf(
         "wo_b 4096x8192 rows %ld: quantise + GEMV + HcPost %6.2f us, quantise + GEMV(HcPost) "
@@ -854,11 +891,13 @@ void BenchFusedEpilogues(std::mt19937& rng) {
     uint16_t* out = DeviceAlloc<uint16_t>(T * hc * dim);
     const ss::cuda::HcPostOperands hp{res, post, comb, hc, dim, out};
     const float two = GraphMs(20, [&](int, cudaStream_t st) {
-      ss::cuda::MoeCombineBf16(shared, routed, T * dim, x, st);
-      ss::cuda::HcPost(x, res, post, comb, T, hc, dim, out, st);
+      ss::cuda::MoeCombineBf16(ss::cuda::AsBf16(shared), routed, T * dim, ss::cuda::AsBf16(x), st);
+      ss::cuda::HcPost(ss::cuda::AsBf16(x), ss::cuda::AsBf16(res), post, comb, T, hc, dim,
+                       ss::cuda::AsBf16(out), st);
     });
-    const float one = GraphMs(
-        20, [&](int, cudaStream_t st) { ss::cuda::MoeCombineHcPost(shared, routed, T, hp, st); });
+    const float one = GraphMs(20, [&](int, cudaStream_t st) {
+      ss::cuda::MoeCombineHcPost(ss::cuda::AsBf16(shared), routed, T, hp, st);
+    });
     std::printf("MoE combine T %ld: combine + HcPost %6.2f us, MoeCombineHcPost %6.2f us (%.3f)\n",
                 static_cast<long>(T), two * 1e3f, one * 1e3f, one / two);
     for (void* p : {static_cast<void*>(shared), static_cast<void*>(routed), static_cast<void*>(res),

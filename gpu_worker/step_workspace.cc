@@ -31,41 +31,41 @@ size_t CarveStepScratch(const ModelConfig& c, int tp, int64_t T, char* base, Ste
   const int64_t hc = c.hc_mult, dim = c.dim, H = c.n_heads / tp, Dh = c.head_dim;
   const int64_t rd = c.rope_head_dim, inter = c.moe_inter_dim;
   const int64_t max_in = std::max({dim, c.q_lora_rank, c.o_groups * c.o_lora_rank, inter});
-  s->h = cv.Take<uint16_t>(T * hc * dim);
-  s->h2 = cv.Take<uint16_t>(T * hc * dim);
-  s->mid = cv.Take<uint16_t>(T * hc * dim);
-  s->y = cv.Take<uint16_t>(T * dim);
-  s->xn = cv.Take<uint16_t>(T * dim);
-  s->attn = cv.Take<uint16_t>(T * dim);
-  s->moe = cv.Take<uint16_t>(T * dim);
-  s->shared = cv.Take<uint16_t>(T * dim);
+  s->h = cv.Take<cuda::bf16_t>(T * hc * dim);
+  s->h2 = cv.Take<cuda::bf16_t>(T * hc * dim);
+  s->mid = cv.Take<cuda::bf16_t>(T * hc * dim);
+  s->y = cv.Take<cuda::bf16_t>(T * dim);
+  s->xn = cv.Take<cuda::bf16_t>(T * dim);
+  s->attn = cv.Take<cuda::bf16_t>(T * dim);
+  s->moe = cv.Take<cuda::bf16_t>(T * dim);
+  s->shared = cv.Take<cuda::bf16_t>(T * dim);
   s->pre = cv.Take<float>(T * hc);
   s->post = cv.Take<float>(T * hc);
   s->comb = cv.Take<float>(T * hc * hc);
-  s->qa = cv.Take<uint16_t>(T * c.q_lora_rank);
-  s->qr = cv.Take<uint16_t>(T * c.q_lora_rank);
-  s->q = cv.Take<uint16_t>(T * H * Dh);
-  s->kva = cv.Take<uint16_t>(T * Dh);
-  s->kv = cv.Take<uint16_t>(T * Dh);
-  s->o = cv.Take<uint16_t>(T * H * Dh);
-  s->z = cv.Take<uint16_t>(T * c.o_groups / tp * c.o_lora_rank);
+  s->qa = cv.Take<cuda::bf16_t>(T * c.q_lora_rank);
+  s->qr = cv.Take<cuda::bf16_t>(T * c.q_lora_rank);
+  s->q = cv.Take<cuda::bf16_t>(T * H * Dh);
+  s->kva = cv.Take<cuda::bf16_t>(T * Dh);
+  s->kv = cv.Take<cuda::bf16_t>(T * Dh);
+  s->o = cv.Take<cuda::bf16_t>(T * H * Dh);
+  s->z = cv.Take<cuda::bf16_t>(T * c.o_groups / tp * c.o_lora_rank);
   const int64_t width = 2 * std::max(Dh, c.index_head_dim);
   s->cv = cv.Take<float>(T * width);
   s->cg = cv.Take<float>(T * width);
   s->icv = cv.Take<float>(T * width);
   s->icg = cv.Take<float>(T * width);
-  s->iq = cv.Take<uint16_t>(T * c.index_n_heads * c.index_head_dim);
+  s->iq = cv.Take<cuda::bf16_t>(T * c.index_n_heads * c.index_head_dim);
   s->proj = cv.Take<float>(T * c.index_n_heads);
-  s->iw = cv.Take<uint16_t>(T * c.index_n_heads);
+  s->iw = cv.Take<cuda::bf16_t>(T * c.index_n_heads);
   s->rlogits = cv.Take<float>(T * c.n_routed_experts);
   s->ridx = cv.Take<int32_t>(T * c.n_activated_experts);
   s->rw = cv.Take<float>(T * c.n_activated_experts);
-  s->sg = cv.Take<uint16_t>(T * inter);
-  s->su = cv.Take<uint16_t>(T * inter);
-  s->sa = cv.Take<uint16_t>(T * inter);
-  s->qbuf = cv.Take<uint8_t>(T * max_in);
+  s->sg = cv.Take<cuda::bf16_t>(T * inter);
+  s->su = cv.Take<cuda::bf16_t>(T * inter);
+  s->sa = cv.Take<cuda::bf16_t>(T * inter);
+  s->qbuf = cv.Take<cuda::e4m3_t>(T * max_in);
   s->sbuf = cv.Take<float>(T * ((max_in + 127) / 128));
-  s->qbuf2 = cv.Take<uint8_t>(T * c.q_lora_rank);
+  s->qbuf2 = cv.Take<cuda::e4m3_t>(T * c.q_lora_rank);
   s->sbuf2 = cv.Take<float>(T * ((c.q_lora_rank + 127) / 128));
   s->cos0 = cv.Take<float>(T * rd / 2);
   s->sin0 = cv.Take<float>(T * rd / 2);
@@ -74,8 +74,8 @@ size_t CarveStepScratch(const ModelConfig& c, int tp, int64_t T, char* base, Ste
   if (tp > 1) s->part = cv.Take<float>(2 * T * dim);
   s->routed = cv.Take<float>(T * dim);
   s->staging = cv.Take<uint8_t>(T * 2 * Dh);  // ≥ a record of either layout
-  s->centries = cv.Take<uint16_t>(T * Dh);
-  s->ckeys = cv.Take<uint16_t>(T * c.index_head_dim);
+  s->centries = cv.Take<cuda::bf16_t>(T * Dh);
+  s->ckeys = cv.Take<cuda::bf16_t>(T * c.index_head_dim);
   return cv.used();
 }
 
@@ -92,8 +92,7 @@ int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, int first_layer, int en
   // scores and selections, the upload (its fp32 input streams and the plan's tables).
   int64_t max_cand = 1, n_sel = 0;
   for (int l = first_layer; l < end_layer; ++l) {
-    const int64_t ratio =
-        l < static_cast<int>(c.compress_ratios.size()) ? c.compress_ratios[l] : 0;
+    const int64_t ratio = l < static_cast<int>(c.compress_ratios.size()) ? c.compress_ratios[l] : 0;
     const bool indexer = ratio == 4;  // the CSA layers (model/weights.cc)
     const int64_t n_comp = indexer ? std::min(c.index_topk, E / 4) : (ratio > 0 ? E / ratio : 0);
     max_cand = std::max(max_cand, std::min(c.window_size, E) + n_comp);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/model_config.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::gpu {
 
@@ -20,24 +21,24 @@ inline constexpr int64_t kScoreColumns = 256;
 
 // The step's device scratch (sized by the batch's token count T), carved from one allocation.
 struct StepScratch {
-  uint16_t *h = nullptr, *h2 = nullptr, *mid = nullptr;  // [T, hc, dim]
-  uint16_t *y = nullptr, *xn = nullptr, *attn = nullptr, *moe = nullptr, *shared = nullptr;
+  cuda::bf16_t *h = nullptr, *h2 = nullptr, *mid = nullptr;  // [T, hc, dim]
+  cuda::bf16_t *y = nullptr, *xn = nullptr, *attn = nullptr, *moe = nullptr, *shared = nullptr;
   float *pre = nullptr, *post = nullptr, *comb = nullptr;
-  uint16_t *qa = nullptr, *qr = nullptr, *q = nullptr, *kva = nullptr, *kv = nullptr;
-  uint16_t *o = nullptr, *z = nullptr;
+  cuda::bf16_t *qa = nullptr, *qr = nullptr, *q = nullptr, *kva = nullptr, *kv = nullptr;
+  cuda::bf16_t *o = nullptr, *z = nullptr;
   float *cv = nullptr, *cg = nullptr;    // the main compressor's projections
   float *icv = nullptr, *icg = nullptr;  // the indexer compressor's (the two run concurrently)
-  uint16_t* iq = nullptr;
+  cuda::bf16_t* iq = nullptr;
   float* proj = nullptr;
-  uint16_t* iw = nullptr;
+  cuda::bf16_t* iw = nullptr;
   float* rlogits = nullptr;
   int32_t* ridx = nullptr;
   float* rw = nullptr;
-  uint16_t *sg = nullptr, *su = nullptr, *sa = nullptr;
+  cuda::bf16_t *sg = nullptr, *su = nullptr, *sa = nullptr;
   // Quantised activations (QuantizeActE4m3 layout) of a linear's input: the normed attention
   // and MoE inputs, z and the shared expert's activations in qbuf/sbuf; the normed q latent in
   // qbuf2/sbuf2 (while a branch's GEMV may still read qbuf).
-  uint8_t *qbuf = nullptr, *qbuf2 = nullptr;
+  cuda::e4m3_t *qbuf = nullptr, *qbuf2 = nullptr;
   float *sbuf = nullptr, *sbuf2 = nullptr;
   float *cos0 = nullptr, *sin0 = nullptr, *cos1 = nullptr, *sin1 = nullptr;
   int64_t *ids = nullptr, *pos = nullptr;
@@ -49,7 +50,7 @@ struct StepScratch {
   // Paged KV: the chunks' raw KV as records [T], the compressors' new entries bf16 [T, head_dim]
   // and new indexer keys bf16 [T, index_head_dim] before they are encoded into their blocks.
   uint8_t* staging = nullptr;
-  uint16_t *centries = nullptr, *ckeys = nullptr;
+  cuda::bf16_t *centries = nullptr, *ckeys = nullptr;
 };
 
 // Carves s's pieces (256-byte aligned) for T tokens at TP `tp` (the per-rank head and group

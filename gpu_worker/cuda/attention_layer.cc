@@ -51,7 +51,7 @@ class AttentionLayer {
  private:
   absl::Status Projections();
   absl::Status Compress(const DevCompressor& w, int kind, cuda::CompressorShape shape,
-                        uint16_t* entries, float* cv, float* cg, cudaStream_t bs);
+                        cuda::bf16_t* entries, float* cv, float* cg, cudaStream_t bs);
   absl::Status KvAndQuery();
   absl::Status IndexerSelect();
   absl::Status Attention();
@@ -101,14 +101,13 @@ absl::Status AttentionLayer::Projections() {
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndex, st));
     CUDA_RETURN_IF_ERROR(br.MarkFork(kBranchIndexW, st));
   }
-  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair(
-      {.q = cuda::AsE4m3(sc.qbuf),
-       .s_act = sc.sbuf,
-       .rows = T,
-       .in = b.wq_a.in,
-       .m0 = {cuda::AsE4m3(b.wq_a.w), cuda::AsUe8m0(b.wq_a.s), b.wq_a.out, cuda::AsBf16(sc.qa)},
-       .m1 = {cuda::AsE4m3(b.wkv.w), cuda::AsUe8m0(b.wkv.s), b.wkv.out, cuda::AsBf16(sc.kva)}},
-      st));
+  CUDA_RETURN_IF_ERROR(cuda::Fp8LinearPair({.q = sc.qbuf,
+                                            .s_act = sc.sbuf,
+                                            .rows = T,
+                                            .in = b.wq_a.in,
+                                            .m0 = {b.wq_a.w, b.wq_a.s, b.wq_a.out, sc.qa},
+                                            .m1 = {b.wkv.w, b.wkv.s, b.wkv.out, sc.kva}},
+                                           st));
   // The compressors write their new entries to scratch rows (ebase), then the encoders put them
   // into their MXFP4 keys / records in the sequences' blocks.
   if (b.has_indexer) {
@@ -139,11 +138,16 @@ absl::Status AttentionLayer::Projections() {
 // One compressor (kind 0: the main one, 1: the indexer's) on branch stream bs: its projections,
 // then one CompressorStep for the batch's chunks.
 absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind, cuda::CompressorShape shape,
-                                      uint16_t* entries, float* cv, float* cg, cudaStream_t bs) {
+                                      cuda::bf16_t* entries, float* cv, float* cg,
+                                      cudaStream_t bs) {
   const int64_t wd = w.width;
-  RETURN_IF_ERROR(CudaCheck(
-      cuda::LinearBf16F32Pair(sc.xn, T, dim, w.wkv.p, wd, cv, wd, w.wgate.p, wd, cg, wd, bs),
-      "LinearBf16F32Pair(wkv, wgate)"));
+  RETURN_IF_ERROR(CudaCheck(cuda::LinearBf16F32Pair({.x = sc.xn,
+                                                     .rows = T,
+                                                     .in = dim,
+                                                     .m0 = {w.wkv.p, wd, cv, wd},
+                                                     .m1 = {w.wgate.p, wd, cg, wd}},
+                                                    bs),
+                            "LinearBf16F32Pair(wkv, wgate)"));
   const int64_t* a = s.dparams + (l * 2 + kind) * plan.cb_stride;
   cuda::CompressorBatch cb;
   cb.n_seqs = static_cast<int64_t>(nc);
@@ -153,7 +157,16 @@ absl::Status AttentionLayer::Compress(const DevCompressor& w, int kind, cuda::Co
   cb.entry_begin = a + 2 * nc + 1;
   cb.kv_state = reinterpret_cast<float* const*>(a + 3 * nc + 1);
   cb.score_state = reinterpret_cast<float* const*>(a + 4 * nc + 1);
-  return CudaCheck(cuda::CompressorStep(cv, cg, wd, w.ape, w.norm, freqs, shape, cb, entries, bs),
+  return CudaCheck(cuda::CompressorStep({.v = cv,
+                                         .g = cg,
+                                         .ld = wd,
+                                         .ape = w.ape,
+                                         .norm = w.norm,
+                                         .rope_freqs = freqs,
+                                         .shape = shape,
+                                         .batch = cb,
+                                         .entries = entries},
+                                        bs),
                    "CompressorStep");
 }
 
@@ -190,8 +203,16 @@ absl::Status AttentionLayer::IndexerSelect() {
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndex));
   CUDA_RETURN_IF_ERROR(br.Wait(bs_iq, kBranchIndexW));
   if (plan.index_one_launch && plan.index_k > 0) {
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens(
-        sc.iq, sc.iw, geom, tok, sc.pos, T, nh, 4, plan.index_cols, im.scores.as<float>(), bs_iq));
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScoresTokens({.q = sc.iq,
+                                                      .w = sc.iw,
+                                                      .g = geom,
+                                                      .positions = sc.pos,
+                                                      .T = T,
+                                                      .heads = nh,
+                                                      .ratio = 4,
+                                                      .n_cols = plan.index_cols,
+                                                      .scores = im.scores.as<float>()},
+                                                     tok, bs_iq));
     CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), T, plan.index_cols, plan.index_k,
                                            im.sel.as<int32_t>(), topk_scratch, bs_iq));
   }
@@ -199,10 +220,17 @@ absl::Status AttentionLayer::IndexerSelect() {
     if (n_sel[i] == 0) continue;
     const int64_t S = row0[i + 1] - row0[i];
     // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile).
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores(sc.iq + row0[i] * nh * ihd, sc.iw + row0[i] * nh,
-                                               geom, s.dtables + table_off[i],
-                                               table_off[i + 1] - table_off[i], sc.pos + row0[i], S,
-                                               nh, 4, n_cols[i], im.scores.as<float>(), bs_iq));
+    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores({.q = sc.iq + row0[i] * nh * ihd,
+                                                .w = sc.iw + row0[i] * nh,
+                                                .g = geom,
+                                                .positions = sc.pos + row0[i],
+                                                .T = S,
+                                                .heads = nh,
+                                                .ratio = 4,
+                                                .n_cols = n_cols[i],
+                                                .scores = im.scores.as<float>()},
+                                               s.dtables + table_off[i],
+                                               table_off[i + 1] - table_off[i], bs_iq));
     CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
                                            im.sel.as<int32_t>() + sel_base[i], topk_scratch,
                                            bs_iq));
@@ -221,12 +249,12 @@ absl::Status AttentionLayer::Attention() {
   if (b.has_compressor) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchComp));
   uint64_t* cand = im.cand.as<uint64_t>();
   const bool one_launch = attn_rows >= T;
-  CUDA_RETURN_IF_ERROR(cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand,
-                                               st,
-                                               one_launch ? im.kvrows.as<uint16_t>() : nullptr));
+  CUDA_RETURN_IF_ERROR(
+      cuda::KvBuildCandidates(geom, tok, T, im.sel.as<int32_t>(), n_cand[l], cand, st,
+                              one_launch ? im.kvrows.as<cuda::bf16_t>() : nullptr));
   for (int64_t t0 = 0; t0 < T; t0 += attn_rows) {
     const int64_t n = std::min(attn_rows, T - t0);
-    CUDA_RETURN_IF_ERROR(cuda::KvSparseAttention({.q = cuda::AsBf16(sc.q + t0 * H * Dh),
+    CUDA_RETURN_IF_ERROR(cuda::KvSparseAttention({.q = sc.q + t0 * H * Dh,
                                                   .cand = cand + t0 * n_cand[l],
                                                   .sink = b.sink,
                                                   .T = n,
@@ -235,8 +263,8 @@ absl::Status AttentionLayer::Attention() {
                                                   .nope = kvl.nope,
                                                   .n_cand = n_cand[l],
                                                   .scale = scale,
-                                                  .out = cuda::AsBf16(sc.o + t0 * H * Dh),
-                                                  .rows = cuda::AsBf16(im.kvrows.as<uint16_t>()),
+                                                  .out = sc.o + t0 * H * Dh,
+                                                  .rows = im.kvrows.as<cuda::bf16_t>(),
                                                   .rows_decoded = one_launch,
                                                   .rope_cos = cs + t0 * (rd / 2),
                                                   .rope_sin = sn + t0 * (rd / 2),
@@ -258,12 +286,21 @@ absl::Status AttentionLayer::Output() {
                                                      b.wo_a.w, b.wo_a.s, sc.z, st));
   // TP 1: wo_b runs the HcPost in its epilogue (decode); TP > 1: the HcPost rounds the
   // all-reduced sum itself.
-  const cuda::HcPostOperands attn_post{sc.h, sc.post, sc.comb, hc, dim, sc.mid};
+  const cuda::HcPostOperands attn_post{cuda::Raw(sc.h),  sc.post, sc.comb, hc, dim,
+                                       cuda::Raw(sc.mid)};
   if (s.defer_comb) CUDA_RETURN_IF_ERROR(br.Wait(st, kBranchHc));
   if (im.tp == 1) {
     CUDA_RETURN_IF_ERROR(cuda::QuantizeActE4m3(sc.z, T, b.wo_b.in, sc.qbuf, sc.sbuf, st));
-    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost(sc.qbuf, sc.sbuf, T, b.wo_b.w, b.wo_b.s, b.wo_b.out,
-                                               b.wo_b.in, sc.attn, attn_post, st));
+    CUDA_RETURN_IF_ERROR(cuda::Fp8LinearHcPost({.q = sc.qbuf,
+                                                .s_act = sc.sbuf,
+                                                .rows = T,
+                                                .w = b.wo_b.w,
+                                                .w_scale = b.wo_b.s,
+                                                .out = b.wo_b.out,
+                                                .in = b.wo_b.in,
+                                                .y = sc.attn,
+                                                .hp = attn_post},
+                                               st));
   } else {
     CUDA_RETURN_IF_ERROR(Lin8(b.wo_b, sc.z, T, sc, sc.part, st));
     RETURN_IF_ERROR(AllReduceParts(s, l, T * dim, kAttnArBegin));

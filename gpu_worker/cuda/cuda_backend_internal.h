@@ -24,6 +24,7 @@
 #include "gpu_worker/cuda/routed_experts_provider.h"
 #include "gpu_worker/cuda/step_timings.h"
 #include "gpu_worker/cuda_status.h"
+#include "gpu_worker/kernels/types.h"
 #include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
@@ -38,12 +39,12 @@ inline double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 struct DevFp8 {
-  const uint8_t* w = nullptr;
-  const uint8_t* s = nullptr;
+  const cuda::e4m3_t* w = nullptr;
+  const cuda::ue8m0_t* s = nullptr;
   int64_t out = 0, in = 0;
 };
 struct DevBf16 {
-  const uint16_t* p = nullptr;
+  const cuda::bf16_t* p = nullptr;
   int64_t rows = 0, cols = 0;
 };
 struct DevHc {

@@ -31,8 +31,8 @@ absl::StatusOr<DevFp8> CudaBackend::Impl::Fp8Rows(const model::Fp8Weight& w, Sha
   ASSIGN_OR_RETURN(void* pw, Upload(w.w + r.begin * w.in, static_cast<size_t>(r.size() * w.in)));
   ASSIGN_OR_RETURN(void* ps, Upload(w.s + r.begin / 128 * nbi,
                                     static_cast<size_t>((r.size() + 127) / 128 * nbi)));
-  d.w = static_cast<const uint8_t*>(pw);
-  d.s = static_cast<const uint8_t*>(ps);
+  d.w = cuda::AsE4m3(static_cast<const uint8_t*>(pw));
+  d.s = cuda::AsUe8m0(static_cast<const uint8_t*>(ps));
   return d;
 }
 // Input columns k of an FP8 weight (k.begin a multiple of 128), copied row by row.
@@ -48,8 +48,8 @@ absl::StatusOr<DevFp8> CudaBackend::Impl::Fp8Cols(const model::Fp8Weight& w, Sha
   for (int64_t b = 0; b < nbo; ++b) std::memcpy(hs.data() + b * nbk, w.s + b * nbi + kb0, nbk);
   ASSIGN_OR_RETURN(void* pw, Upload(hw.data(), hw.size()));
   ASSIGN_OR_RETURN(void* ps, Upload(hs.data(), hs.size()));
-  d.w = static_cast<const uint8_t*>(pw);
-  d.s = static_cast<const uint8_t*>(ps);
+  d.w = cuda::AsE4m3(static_cast<const uint8_t*>(pw));
+  d.s = cuda::AsUe8m0(static_cast<const uint8_t*>(ps));
   return d;
 }
 absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16(const model::Bf16Matrix& m) {
@@ -58,7 +58,7 @@ absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16(const model::Bf16Matrix& m) {
 absl::StatusOr<DevBf16> CudaBackend::Impl::Bf16Rows(const model::Bf16Matrix& m, Share r) {
   ASSIGN_OR_RETURN(
       void* p, Upload(m.data + r.begin * m.cols * 2, static_cast<size_t>(r.size() * m.cols * 2)));
-  return DevBf16{static_cast<const uint16_t*>(p), r.size(), m.cols};
+  return DevBf16{cuda::AsBf16(static_cast<const uint16_t*>(p)), r.size(), m.cols};
 }
 absl::StatusOr<DevHc> CudaBackend::Impl::Hc(const model::HcWeights& h) {
   DevHc d;

@@ -5,7 +5,8 @@
 
 namespace ss::gpu::cuda_backend_internal {
 
-cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w, const float* g) {
+cudaError_t SublayerInput(StepState& s, const cuda::bf16_t* streams, const DevHc& w,
+                          const float* g) {
   const ModelConfig& c = s.c;
   StepScratch& sc = s.sc;
   const int64_t T = s.T, hc = s.hc, dim = s.dim;
@@ -13,7 +14,7 @@ cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w,
   uint32_t* const hc_sync = s.hc_sync;
   cudaStream_t st = s.st;
   StepBranches& br = s.im.branches;
-  const cuda::HcPreParams p = {.streams = cuda::AsBf16(streams),
+  const cuda::HcPreParams p = {.streams = streams,
                                .fn = w.fn,
                                .base = w.base,
                                .scale = w.scale,
@@ -23,7 +24,7 @@ cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w,
                                .sinkhorn_iters = c.hc_sinkhorn_iters,
                                .hc_eps = hc_eps,
                                .norm_eps = eps,
-                               .y = cuda::AsBf16(sc.y),
+                               .y = sc.y,
                                .pre = sc.pre,
                                .post = sc.post,
                                .comb = sc.comb};
@@ -32,14 +33,8 @@ cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w,
     return e == cudaSuccess ? cuda::RmsNormQuant(sc.y, g, T, dim, eps, sc.xn, sc.qbuf, sc.sbuf, st)
                             : e;
   }
-  cudaError_t e = cuda::HcPreDeferCombNormQuant(p,
-                                                {.g = g,
-                                                 .rms_eps = eps,
-                                                 .xn = cuda::AsBf16(sc.xn),
-                                                 .q = cuda::AsE4m3(sc.qbuf),
-                                                 .s = sc.sbuf,
-                                                 .sync = hc_sync},
-                                                st);
+  cudaError_t e = cuda::HcPreDeferCombNormQuant(
+      p, {.g = g, .rms_eps = eps, .xn = sc.xn, .q = sc.qbuf, .s = sc.sbuf, .sync = hc_sync}, st);
   if (e == cudaSuccess) e = br.Fork(kBranchHc, st);
   if (e == cudaSuccess) {
     e = cuda::HcCombSinkhorn(sc.comb, T, hc, c.hc_sinkhorn_iters, hc_eps, br.stream(kBranchHc));

@@ -14,6 +14,7 @@
 
 namespace ss::gpu::cuda_backend_internal {
 
-cudaError_t SublayerInput(StepState& s, const uint16_t* streams, const DevHc& w, const float* g);
+cudaError_t SublayerInput(StepState& s, const cuda::bf16_t* streams, const DevHc& w,
+                          const float* g);
 
 }  // namespace ss::gpu::cuda_backend_internal

@@ -60,7 +60,7 @@ absl::Status HostRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status HostRoutedExperts::Enqueue(int l, const uint16_t* xn, const int32_t* ids,
+absl::Status HostRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const int32_t* ids,
                                         const float* weights, int64_t rows, float* sum,
                                         cudaStream_t side) {
   const ModelConfig& c = model_.config();

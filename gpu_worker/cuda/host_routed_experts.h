@@ -45,7 +45,7 @@ class HostRoutedExperts final : public RoutedExpertsProvider {
                     int first_layer, int tp, int rank);
 
   absl::Status PrepareStep(int n_layers, int64_t rows) override;
-  absl::Status Enqueue(int l, const uint16_t* xn, const int32_t* ids, const float* weights,
+  absl::Status Enqueue(int l, const cuda::bf16_t* xn, const int32_t* ids, const float* weights,
                        int64_t rows, float* sum, cudaStream_t side) override;
   absl::Status StepStatus(int n_layers) const override;
   double Seconds(int l) const override { return calls_[l]->seconds; }

@@ -15,15 +15,15 @@
 namespace ss::gpu::cuda_backend_internal {
 
 template <typename OutT>
-cudaError_t Lin8(const DevFp8& w, const uint16_t* x, int64_t rows, const StepScratch& s, OutT* y,
-                 cudaStream_t stream) {
+cudaError_t Lin8(const DevFp8& w, const cuda::bf16_t* x, int64_t rows, const StepScratch& s,
+                 OutT* y, cudaStream_t stream) {
   cudaError_t e = cuda::QuantizeActE4m3(x, rows, w.in, s.qbuf, s.sbuf, stream);
   if (e != cudaSuccess) return e;
   return cuda::Fp8Linear(s.qbuf, s.sbuf, rows, w.w, w.s, w.out, w.in, y, stream);
 }
 
 template <typename OutT>
-cudaError_t Gemv8(const DevFp8& w, const uint8_t* q, const float* s, int64_t rows, OutT* y,
+cudaError_t Gemv8(const DevFp8& w, const cuda::e4m3_t* q, const float* s, int64_t rows, OutT* y,
                   cudaStream_t stream) {
   return cuda::Fp8Linear(q, s, rows, w.w, w.s, w.out, w.in, y, stream);
 }

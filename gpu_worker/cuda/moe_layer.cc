@@ -22,8 +22,8 @@ absl::Status RouterAndRoutedExperts(StepState& s, int l, const DevBlock& b) {
   // ending in the sum's upload, while this stream runs the shared expert.
   CUDA_RETURN_IF_ERROR(cudaEventRecord(im.routed_ready, st));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(im.side, im.routed_ready, 0));
-  CUDA_RETURN_IF_ERROR(cuda::Route({.x = cuda::AsBf16(sc.xn),
-                                    .gate = cuda::AsBf16(b.gate.p),
+  CUDA_RETURN_IF_ERROR(cuda::Route({.x = sc.xn,
+                                    .gate = b.gate.p,
                                     .bias = b.bias,
                                     .tid2eid = b.tid2eid,
                                     .token_ids = sc.ids,
@@ -55,14 +55,12 @@ absl::Status SharedExpert(StepState& s, const DevBlock& b) {
   if (si > 0) {
     // w1 and w3 in one launch (decode; one each for longer chunks).
     CUDA_RETURN_IF_ERROR(
-        cuda::Fp8LinearPair({.q = cuda::AsE4m3(sc.qbuf),
+        cuda::Fp8LinearPair({.q = sc.qbuf,
                              .s_act = sc.sbuf,
                              .rows = T,
                              .in = b.shared_w1.in,
-                             .m0 = {cuda::AsE4m3(b.shared_w1.w), cuda::AsUe8m0(b.shared_w1.s),
-                                    b.shared_w1.out, cuda::AsBf16(sc.sg)},
-                             .m1 = {cuda::AsE4m3(b.shared_w3.w), cuda::AsUe8m0(b.shared_w3.s),
-                                    b.shared_w3.out, cuda::AsBf16(sc.su)}},
+                             .m0 = {b.shared_w1.w, b.shared_w1.s, b.shared_w1.out, sc.sg},
+                             .m1 = {b.shared_w3.w, b.shared_w3.s, b.shared_w3.out, sc.su}},
                             st));
     CUDA_RETURN_IF_ERROR(
         cuda::SwiGluBf16Quant(sc.sg, sc.su, si, T, si, shared_limit, sc.sa, sc.qbuf, sc.sbuf, st));
@@ -88,8 +86,13 @@ absl::Status Combine(StepState& s, int l, const DevBlock& b) {
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st, im.routed_back, 0));
   if (s.defer_comb) CUDA_RETURN_IF_ERROR(im.branches.Wait(st, kBranchHc));
   // A middle stage's last layer also writes the output streams as fp32.
-  const cuda::HcPostOperands moe_post{
-      sc.mid, sc.post, sc.comb, hc, dim, sc.h2, !last && l + 1 == n_layers ? sc.sf32 : nullptr};
+  const cuda::HcPostOperands moe_post{cuda::Raw(sc.mid),
+                                      sc.post,
+                                      sc.comb,
+                                      hc,
+                                      dim,
+                                      cuda::Raw(sc.h2),
+                                      !last && l + 1 == n_layers ? sc.sf32 : nullptr};
   if (im.tp == 1) {
     CUDA_RETURN_IF_ERROR(cuda::MoeCombineHcPost(
         si > 0 ? sc.shared : nullptr, host_experts ? sc.routed : nullptr, T, moe_post, st));

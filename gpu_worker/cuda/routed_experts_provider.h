@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::gpu::cuda_backend_internal {
 
@@ -31,8 +32,9 @@ class RoutedExpertsProvider {
   // Layer l (of the stage's layers, from 0) on `side`, after the router's launch there: the
   // rows' bf16 MoE input `xn` [rows, dim], the router's expert ids and weights [rows, K] in,
   // the fp32 sum [rows, dim] of this rank's share of the routed experts out to `sum`.
-  virtual absl::Status Enqueue(int l, const uint16_t* xn, const int32_t* ids, const float* weights,
-                               int64_t rows, float* sum, cudaStream_t side) = 0;
+  virtual absl::Status Enqueue(int l, const cuda::bf16_t* xn, const int32_t* ids,
+                               const float* weights, int64_t rows, float* sum,
+                               cudaStream_t side) = 0;
   // After the step's final wait: the error of a failed layer (the first one's; later layers
   // only report that they were skipped), OK when all ran.
   virtual absl::Status StepStatus(int n_layers) const = 0;

@@ -24,7 +24,7 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
   RETURN_IF_ERROR(PrepareStepInputs(s, streams_in, device_in));
   if (s.timings) RETURN_IF_ERROR(im.marks.Prepare(s.n_layers, s.timings));
   if (s.routed) RETURN_IF_ERROR(im.routed->PrepareStep(s.n_layers, s.T));
-  s.defer_comb = cuda::HcPreDefersComb(s.T, s.hc, s.dim, cuda::AsBf16(s.sc.y));
+  s.defer_comb = cuda::HcPreDefersComb(s.T, s.hc, s.dim, s.sc.y);
 
   if (!im.graph.enabled()) {
     RETURN_IF_ERROR(RunLayers(s));

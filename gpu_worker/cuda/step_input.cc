@@ -142,12 +142,16 @@ absl::Status EnqueueInputStreams(StepState& s) {
   // there already) and its RoPE tables (from the uploaded positions).
   if (s.first) {
     CUDA_RETURN_IF_ERROR(
-        cuda::HcEmbedStreams(reinterpret_cast<const uint16_t*>(sc.sf32), T, hc, dim, sc.h, st));
+        cuda::HcEmbedStreams(reinterpret_cast<const cuda::bf16_t*>(sc.sf32), T, hc, dim, sc.h, st));
   } else if (!s.from_device) {
     CUDA_RETURN_IF_ERROR(cuda::RoundF32ToBf16(sc.sf32, T * width, sc.h, st));
   }
-  CUDA_RETURN_IF_ERROR(cuda::RopeCosSinPair(im.freqs_plain, im.freqs_comp, rd / 2, sc.pos, T,
-                                            sc.cos0, sc.sin0, sc.cos1, sc.sin1, st));
+  CUDA_RETURN_IF_ERROR(cuda::RopeCosSinPair({.pairs = rd / 2,
+                                             .positions = sc.pos,
+                                             .n = T,
+                                             .t0 = {im.freqs_plain, sc.cos0, sc.sin0},
+                                             .t1 = {im.freqs_comp, sc.cos1, sc.sin1}},
+                                            st));
   return absl::OkStatus();
 }
 

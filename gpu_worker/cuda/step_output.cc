@@ -32,7 +32,7 @@ absl::Status ReadLogits(StepState& s, StageOutput* out) {
                                          cudaMemcpyDeviceToDevice, st));
   }
   const int64_t V = c.vocab_size;
-  CUDA_RETURN_IF_ERROR(cuda::HcHead({.streams = cuda::AsBf16(sc.h2),
+  CUDA_RETURN_IF_ERROR(cuda::HcHead({.streams = sc.h2,
                                      .fn = im.hc_head.fn,
                                      .base = im.hc_head.base,
                                      .scale = im.hc_head.scale,
@@ -41,7 +41,7 @@ absl::Status ReadLogits(StepState& s, StageOutput* out) {
                                      .dim = dim,
                                      .hc_eps = hc_eps,
                                      .norm_eps = eps,
-                                     .z = cuda::AsBf16(sc.y)},
+                                     .z = sc.y},
                                     st));
   CUDA_RETURN_IF_ERROR(cuda::RmsNorm(sc.y, im.final_norm, n, dim, eps, sc.xn, st));
   if (im.tp == 1) {

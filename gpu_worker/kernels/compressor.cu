@@ -358,9 +358,12 @@ cudaError_t CompressorResetState(float* kv, float* score, int64_t n, cudaStream_
   return cudaGetLastError();
 }
 
-cudaError_t CompressorStep(const float* v, const float* g, int64_t ld, const float* ape,
-                           const float* norm, const float* rope_freqs, const CompressorShape& shape,
-                           const CompressorBatch& batch, uint16_t* entries, cudaStream_t stream) {
+cudaError_t CompressorStep(const CompressorStepParams& sp, cudaStream_t stream) {
+  const float *v = sp.v, *g = sp.g, *ape = sp.ape, *norm = sp.norm, *rope_freqs = sp.rope_freqs;
+  const int64_t ld = sp.ld;
+  const CompressorShape& shape = sp.shape;
+  const CompressorBatch& batch = sp.batch;
+  uint16_t* entries = Raw(sp.entries);
   const int64_t m = shape.ratio, d = shape.head_dim, rd = shape.rope_dim;
   const bool indexer = shape.kind == CompressorKind::kIndexer;
   const int64_t width = (m == 4 ? 2 : 1) * d;

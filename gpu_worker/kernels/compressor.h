@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "gpu_worker/kernels/limits.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -73,9 +74,18 @@ cudaError_t CompressorResetState(float* kv, float* score, int64_t n, cudaStream_
 // ld = 2·width). ape: fp32 [ratio, width]; norm: fp32 [d]; rope_freqs: fp32 [rope_dim/2] (the
 // layer's table, LayerRopeFrequencies; cos/sin of float(ratio·j)·f_i are taken in double, as
 // RopeCosSin does). entries: bf16 [*, d]. max_new < 2^27.
-cudaError_t CompressorStep(const float* v, const float* g, int64_t ld, const float* ape,
-                           const float* norm, const float* rope_freqs, const CompressorShape& shape,
-                           const CompressorBatch& batch, uint16_t* entries, cudaStream_t stream);
+struct CompressorStepParams {
+  const float* v = nullptr;           // rows at v + r·ld
+  const float* g = nullptr;           // rows at g + r·ld
+  int64_t ld = 0;                     // ≥ width
+  const float* ape = nullptr;         // [ratio, width]
+  const float* norm = nullptr;        // [d]
+  const float* rope_freqs = nullptr;  // [rope_dim/2]
+  CompressorShape shape;
+  CompressorBatch batch;
+  bf16_t* entries = nullptr;  // [*, d]
+};
+cudaError_t CompressorStep(const CompressorStepParams& p, cudaStream_t stream);
 
 const void* CompressorResetKernel();
 const void* CompressorPoolKernel();        // fp64

@@ -33,31 +33,31 @@ __global__ void Bf16ToF32KernelImpl(const uint16_t* __restrict__ x, int64_t n,
 
 }  // namespace
 
-cudaError_t MoeCombineF32(const float* shared, const float* routed, int64_t n, uint16_t* y,
+cudaError_t MoeCombineF32(const float* shared, const float* routed, int64_t n, bf16_t* y,
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   MoeCombineF32KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(shared, routed, n,
-                                                                                  y);
+                                                                                  Raw(y));
   return cudaGetLastError();
 }
 
-cudaError_t RoundF32ToBf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
+cudaError_t RoundF32ToBf16(const float* x, int64_t n, bf16_t* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  RoundF32ToBf16KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, y);
+  RoundF32ToBf16KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, Raw(y));
   return cudaGetLastError();
 }
 
-cudaError_t MoeCombineBf16(const uint16_t* shared, const float* routed, int64_t n, uint16_t* y,
+cudaError_t MoeCombineBf16(const bf16_t* shared, const float* routed, int64_t n, bf16_t* y,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  MoeCombineBf16KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(shared, routed,
-                                                                                   n, y);
+  MoeCombineBf16KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(
+      Raw(shared), routed, n, Raw(y));
   return cudaGetLastError();
 }
 
-cudaError_t Bf16ToF32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream) {
+cudaError_t Bf16ToF32(const bf16_t* x, int64_t n, float* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  Bf16ToF32KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, y);
+  Bf16ToF32KernelImpl<<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(Raw(x), n, y);
   return cudaGetLastError();
 }
 

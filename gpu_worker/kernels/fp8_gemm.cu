@@ -211,15 +211,15 @@ cudaError_t GemmT(const uint8_t* q, const float* s_act, int64_t rows, const uint
 
 }  // namespace
 
-cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Gemm(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                     cudaStream_t stream) {
-  return GemmT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return GemmT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, Raw(y), stream);
 }
-cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8Gemm(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                     cudaStream_t stream) {
-  return GemmT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return GemmT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, y, stream);
 }
 
 std::vector<SharedMemoryOptIn> Fp8GemmOptIns() {

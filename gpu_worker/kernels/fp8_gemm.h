@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpu_worker/kernels/shared_memory.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -17,11 +18,11 @@ namespace ss::cuda {
 // 99 KiB), decoded per fragment. Needs in % 128 == 0 and 16-byte aligned q and w; returns
 // cudaErrorInvalidValue otherwise. Needs PrepareKernels (prepare.h) on the device. The
 // fp32-output overload skips the final bf16 rounding (fp8_linear.h).
-cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Gemm(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                     cudaStream_t stream);
-cudaError_t Fp8Gemm(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
+cudaError_t Fp8Gemm(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
 
 // The opt-ins of Fp8Gemm's kernels (every tile height and output type), for PrepareKernels.
 std::vector<SharedMemoryOptIn> Fp8GemmOptIns();

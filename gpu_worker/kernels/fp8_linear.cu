@@ -347,50 +347,55 @@ cudaError_t GemvT(const uint8_t* q, const float* s_act, int64_t rows, const uint
                           stream);
 }
 
+// An output buffer as the public entry points' element type.
+bf16_t* Typed(uint16_t* y) { return AsBf16(y); }
+float* Typed(float* y) { return y; }
+
 template <typename OutT>
 cudaError_t LinearT(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
                     const uint8_t* w_scale, int64_t out, int64_t in, OutT* y, cudaStream_t stream) {
   if (rows <= kFp8GemvMaxRows) return GemvT(q, s_act, rows, w, w_scale, out, in, y, stream);
   if (out == 0) return cudaSuccess;
-  return FastPathFits(q, w, in) ? Fp8Gemm(q, s_act, rows, w, w_scale, out, in, y, stream)
+  return FastPathFits(q, w, in) ? Fp8Gemm(AsE4m3(q), s_act, rows, AsE4m3(w), AsUe8m0(w_scale), out,
+                                          in, Typed(y), stream)
                                 : LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
 }
 
 }  // namespace
 
-cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
+cudaError_t QuantizeActE4m3(const bf16_t* x, int64_t rows, int64_t n, e4m3_t* q, float* s,
                             cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const dim3 grid(static_cast<unsigned>((nb + 7) / 8), static_cast<unsigned>(rows));
-  QuantizeActKernelImpl<<<grid, 256, 0, stream>>>(x, n, nb, q, s);
+  QuantizeActKernelImpl<<<grid, 256, 0, stream>>>(Raw(x), n, nb, Raw(q), s);
   return cudaGetLastError();
 }
 
-cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                             const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8LinearGeneric(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                             const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                              cudaStream_t stream) {
-  return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return LinearGenericT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, Raw(y), stream);
 }
-cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                             const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8LinearGeneric(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                             const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                              cudaStream_t stream) {
-  return LinearGenericT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return LinearGenericT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, y, stream);
 }
-cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Gemv(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                     cudaStream_t stream) {
-  return GemvT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return GemvT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, Raw(y), stream);
 }
-cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8Gemv(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                     cudaStream_t stream) {
-  return GemvT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return GemvT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, y, stream);
 }
-cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                      const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Linear(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                      const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                       cudaStream_t stream) {
-  return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return LinearT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, Raw(y), stream);
 }
 cudaError_t Fp8LinearPair(const Fp8LinearPairParams& p, cudaStream_t stream) {
   const uint8_t* q = Raw(p.q);
@@ -408,15 +413,18 @@ cudaError_t Fp8LinearPair(const Fp8LinearPairParams& p, cudaStream_t stream) {
   return GemvLaunch<uint16_t>(q, s_act, rows, in, {w0, w_scale0, out0, y0},
                               {w1, w_scale1, out1, y1}, stream);
 }
-cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                      const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8Linear(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                      const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                       cudaStream_t stream) {
-  return LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
+  return LinearT(Raw(q), s_act, rows, Raw(w), Raw(w_scale), out, in, y, stream);
 }
 
-cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                            const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
-                            const HcPostOperands& hp, cudaStream_t stream) {
+cudaError_t Fp8LinearHcPost(const Fp8LinearHcPostParams& p, cudaStream_t stream) {
+  const uint8_t *q = Raw(p.q), *w = Raw(p.w), *w_scale = Raw(p.w_scale);
+  const float* s_act = p.s_act;
+  const int64_t rows = p.rows, out = p.out, in = p.in;
+  uint16_t* y = Raw(p.y);
+  const HcPostOperands& hp = p.hp;
   if (hp.hc < 1 || hp.hc > kHcPostMaxMult || hp.dim != out) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (rows <= kFp8GemvMaxRows && FastPathFits(q, w, in)) {
@@ -425,7 +433,7 @@ cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, 
   }
   if (y == nullptr) return cudaErrorInvalidValue;
   const cudaError_t e = LinearT(q, s_act, rows, w, w_scale, out, in, y, stream);
-  return e == cudaSuccess ? HcPost(y, rows, hp, stream) : e;
+  return e == cudaSuccess ? HcPost(AsBf16(y), rows, hp, stream) : e;
 }
 
 const void* Fp8LinearHcPostKernel() {

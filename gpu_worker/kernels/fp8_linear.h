@@ -15,7 +15,7 @@ namespace ss::cuda {
 // Per-row activation quantisation of spec §5.2: 1x128 blocks, power-of-two scales from the
 // fp32 bits of amax·(1/448) (amax floored at 1e-4), q = e4m3(clamp(x/s, ±448)).
 // x: bf16 [rows, n]; q: [rows, n] e4m3 bytes, s: [rows, ceil(n/128)] fp32.
-cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t* q, float* s,
+cudaError_t QuantizeActE4m3(const bf16_t* x, int64_t rows, int64_t n, e4m3_t* q, float* s,
                             cudaStream_t stream);
 
 // Linear8 (spec §5.2) on quantised activations: y[r, o] = bf16(Σ_b (Σ_{i∈b} q·w) · s_a · s_w),
@@ -38,17 +38,26 @@ cudaError_t QuantizeActE4m3(const uint16_t* x, int64_t rows, int64_t n, uint8_t*
 // inputs up to summation order.
 inline constexpr int64_t kFp8GemvMaxRows = 8;
 
-cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                      const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Linear(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                      const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                       cudaStream_t stream);
 
 // Fp8Linear on quantised activations, then HcPost of its bf16 result as the sublayer output
 // (hyper_connection.h; hp.out must not alias hp.residual): one launch in decode (rows ≤
 // kFp8GemvMaxRows on the fast path), the HcPost in the GEMV's epilogue (the same bits); otherwise
 // the two launches (y needed).
-cudaError_t Fp8LinearHcPost(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                            const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
-                            const HcPostOperands& hp, cudaStream_t stream);
+struct Fp8LinearHcPostParams {
+  const e4m3_t* q = nullptr;     // [rows, in], from QuantizeActE4m3
+  const float* s_act = nullptr;  // [rows, ceil(in/128)]
+  int64_t rows = 0;
+  const e4m3_t* w = nullptr;         // [out, in]
+  const ue8m0_t* w_scale = nullptr;  // [ceil(out/128), ceil(in/128)]
+  int64_t out = 0;                   // = hp.dim
+  int64_t in = 0;
+  bf16_t* y = nullptr;  // [rows, out]; not written on the one-launch path
+  HcPostOperands hp;
+};
+cudaError_t Fp8LinearHcPost(const Fp8LinearHcPostParams& p, cudaStream_t stream);
 
 // Fp8Linear of two weight matrices on the same activations (the shared expert's w1 and w3): for
 // rows ≤ kFp8GemvMaxRows on the fast path, one Fp8Gemv launch whose blocks cover both (a 2-8 MiB
@@ -77,14 +86,14 @@ cudaError_t Fp8LinearPair(const Fp8LinearPairParams& p, cudaStream_t stream);
 // operand, so each weight byte is read once for all rows. More rows run in passes of 8. Falls
 // back to the plain kernel where in % 128 != 0 or q/w are unaligned. Only static shared memory:
 // safe to call during CUDA-graph capture.
-cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8Gemv(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                     cudaStream_t stream);
 
 // The plain fallback: any in, any alignment; one warp per output feature, fp32 products and sums
 // on the CUDA cores.
-cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                             const uint8_t* w_scale, int64_t out, int64_t in, uint16_t* y,
+cudaError_t Fp8LinearGeneric(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                             const ue8m0_t* w_scale, int64_t out, int64_t in, bf16_t* y,
                              cudaStream_t stream);
 
 // The same with an fp32 output: y[r, o] = Σ_b (Σ_{i∈b} q·w) · s_a · s_w as summed, without the
@@ -93,13 +102,13 @@ cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows,
 // of the full row); the ranks' partials summed in fp32 by the all-reduce and rounded to bf16 once
 // equal Linear8 up to fp32 summation order. The same kernels, templated on the output type: the
 // bf16 variants' arithmetic is unchanged.
-cudaError_t Fp8Linear(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                      const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8Linear(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                      const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                       cudaStream_t stream);
-cudaError_t Fp8Gemv(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                    const uint8_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
-cudaError_t Fp8LinearGeneric(const uint8_t* q, const float* s_act, int64_t rows, const uint8_t* w,
-                             const uint8_t* w_scale, int64_t out, int64_t in, float* y,
+cudaError_t Fp8Gemv(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                    const ue8m0_t* w_scale, int64_t out, int64_t in, float* y, cudaStream_t stream);
+cudaError_t Fp8LinearGeneric(const e4m3_t* q, const float* s_act, int64_t rows, const e4m3_t* w,
+                             const ue8m0_t* w_scale, int64_t out, int64_t in, float* y,
                              cudaStream_t stream);
 
 const void* QuantizeActE4m3Kernel();

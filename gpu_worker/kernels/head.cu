@@ -271,19 +271,19 @@ cudaError_t LinearBf16F32Launch(const uint16_t* x, int64_t rows, int64_t in, con
 
 }  // namespace
 
-cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
-                          int64_t out, float* y, int64_t ldy, cudaStream_t stream) {
-  return LinearBf16F32Launch(x, rows, in, {w, out, y, ldy}, {nullptr, 0, nullptr, 0}, stream);
+cudaError_t LinearBf16F32(const bf16_t* x, int64_t rows, int64_t in, const bf16_t* w, int64_t out,
+                          float* y, int64_t ldy, cudaStream_t stream) {
+  return LinearBf16F32Launch(Raw(x), rows, in, {Raw(w), out, y, ldy}, {nullptr, 0, nullptr, 0},
+                             stream);
 }
 
-cudaError_t LinearBf16F32Pair(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w0,
-                              int64_t out0, float* y0, int64_t ldy0, const uint16_t* w1,
-                              int64_t out1, float* y1, int64_t ldy1, cudaStream_t stream) {
-  if (out1 < 1) return cudaErrorInvalidValue;
-  return LinearBf16F32Launch(x, rows, in, {w0, out0, y0, ldy0}, {w1, out1, y1, ldy1}, stream);
+cudaError_t LinearBf16F32Pair(const LinearBf16F32PairParams& p, cudaStream_t stream) {
+  if (p.m1.out < 1) return cudaErrorInvalidValue;
+  return LinearBf16F32Launch(Raw(p.x), p.rows, p.in, {Raw(p.m0.w), p.m0.out, p.m0.y, p.m0.ldy},
+                             {Raw(p.m1.w), p.m1.out, p.m1.y, p.m1.ldy}, stream);
 }
 
-cudaError_t LmHead(const uint16_t* u, int64_t T, int64_t dim, const uint16_t* head, int64_t n_rows,
+cudaError_t LmHead(const bf16_t* u, int64_t T, int64_t dim, const bf16_t* head, int64_t n_rows,
                    float* logits, int64_t ld, cudaStream_t stream) {
   return LinearBf16F32(u, T, dim, head, n_rows, logits, ld, stream);
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu_worker/kernels/shared_memory.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -21,19 +22,30 @@ namespace ss::cuda {
 // warp tree. More rows (prefill; in a multiple of 64): a GEMM on the tensor cores (bf16 products,
 // exact in fp32, summed in the mma's order). Either equals the reference up to fp32 summation
 // order. in must be a multiple of 8 and x, w 16-byte aligned (16-byte loads).
-cudaError_t LinearBf16F32(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w,
-                          int64_t out, float* y, int64_t ldy, cudaStream_t stream);
+cudaError_t LinearBf16F32(const bf16_t* x, int64_t rows, int64_t in, const bf16_t* w, int64_t out,
+                          float* y, int64_t ldy, cudaStream_t stream);
 // LinearBf16F32 of two weight matrices on the same x (a compressor's wkv and wgate) in one launch:
 // the same bits as the two calls (each output's sums do not depend on the launch).
-cudaError_t LinearBf16F32Pair(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w0,
-                              int64_t out0, float* y0, int64_t ldy0, const uint16_t* w1,
-                              int64_t out1, float* y1, int64_t ldy1, cudaStream_t stream);
+struct Bf16F32PairMatrix {
+  const bf16_t* w = nullptr;  // [out, in]
+  int64_t out = 0;
+  float* y = nullptr;  // row r at y + r·ldy
+  int64_t ldy = 0;     // ≥ out
+};
+struct LinearBf16F32PairParams {
+  const bf16_t* x = nullptr;  // [rows, in]
+  int64_t rows = 0;
+  int64_t in = 0;
+  Bf16F32PairMatrix m0;
+  Bf16F32PairMatrix m1;
+};
+cudaError_t LinearBf16F32Pair(const LinearBf16F32PairParams& p, cudaStream_t stream);
 
 // logits = fp32(u)·headᵀ for a range of vocabulary rows (vocab-parallel shards): head points at
 // the range's first row ([n_rows, dim] bf16), logits row t at logits + t·ld (pass the full
 // buffer offset by the range's first id to fill a [T, V] buffer shard by shard). u: bf16
 // [T, dim] (the final RMSNorm output). The same kernel as LinearBf16F32.
-cudaError_t LmHead(const uint16_t* u, int64_t T, int64_t dim, const uint16_t* head, int64_t n_rows,
+cudaError_t LmHead(const bf16_t* u, int64_t T, int64_t dim, const bf16_t* head, int64_t n_rows,
                    float* logits, int64_t ld, cudaStream_t stream);
 
 // Greedy sampling: ids[t] = id_base + argmax_j logits[t·ld + j] over j < n, equal values to the

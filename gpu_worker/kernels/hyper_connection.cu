@@ -697,7 +697,7 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
   // The norm after the collapse, where the finishing kernel does not run it.
   const auto norm = [&](cudaError_t e) {
     if (e != cudaSuccess || nq.g == nullptr) return e;
-    return RmsNormQuant(y, nq.g, T, dim, nq.eps, nq.y, nq.q, nq.s, stream);
+    return RmsNormQuant(AsBf16(y), nq.g, T, dim, nq.eps, AsBf16(nq.y), AsE4m3(nq.q), nq.s, stream);
   };
   if (path == HcPath::kLanes) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(mix * kLaneParts + 1));
@@ -772,23 +772,22 @@ cudaError_t HcCombSinkhorn(float* comb, int64_t T, int64_t hc, int64_t sinkhorn_
   return cudaGetLastError();
 }
 
-cudaError_t HcPost(const uint16_t* x, const uint16_t* residual, const float* post,
-                   const float* comb, int64_t T, int64_t hc, int64_t dim, uint16_t* out,
-                   cudaStream_t stream) {
-  return LaunchHcPost(HcXBf16{x}, T, {residual, post, comb, hc, dim, out}, stream);
+cudaError_t HcPost(const bf16_t* x, const bf16_t* residual, const float* post, const float* comb,
+                   int64_t T, int64_t hc, int64_t dim, bf16_t* out, cudaStream_t stream) {
+  return LaunchHcPost(HcXBf16{Raw(x)}, T, {Raw(residual), post, comb, hc, dim, Raw(out)}, stream);
 }
 
-cudaError_t HcPost(const uint16_t* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
-  return LaunchHcPost(HcXBf16{x}, T, hp, stream);
+cudaError_t HcPost(const bf16_t* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
+  return LaunchHcPost(HcXBf16{Raw(x)}, T, hp, stream);
 }
 
 cudaError_t HcPostF32(const float* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream) {
   return LaunchHcPost(HcXF32{x}, T, hp, stream);
 }
 
-cudaError_t MoeCombineHcPost(const uint16_t* shared, const float* routed, int64_t T,
+cudaError_t MoeCombineHcPost(const bf16_t* shared, const float* routed, int64_t T,
                              const HcPostOperands& hp, cudaStream_t stream) {
-  return LaunchHcPost(HcXMoeBf16{shared, routed}, T, hp, stream);
+  return LaunchHcPost(HcXMoeBf16{Raw(shared), routed}, T, hp, stream);
 }
 
 cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_t T,
@@ -796,20 +795,20 @@ cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_
   return LaunchHcPost(HcXMoeF32{shared, routed}, T, hp, stream);
 }
 
-cudaError_t HcEmbedStreams(const uint16_t* rows, int64_t T, int64_t hc, int64_t dim,
-                           uint16_t* streams, cudaStream_t stream) {
+cudaError_t HcEmbedStreams(const bf16_t* rows, int64_t T, int64_t hc, int64_t dim, bf16_t* streams,
+                           cudaStream_t stream) {
   if (BadMult(hc) || dim < 1 || T < 0) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
-  const bool vec = dim % 8 == 0 && reinterpret_cast<uintptr_t>(rows) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(streams) % 16 == 0;
+  const bool vec = dim % 8 == 0 && reinterpret_cast<uintptr_t>(Raw(rows)) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(Raw(streams)) % 16 == 0;
   const int64_t n = T * (vec ? dim / 8 : dim);
   const unsigned blocks = GridStrideBlocks(n, kThreads);
   if (vec) {
     HcEmbedStreamsKernelImpl<true>
-        <<<blocks, kThreads, 0, stream>>>(rows, T, static_cast<int>(hc), dim, streams);
+        <<<blocks, kThreads, 0, stream>>>(Raw(rows), T, static_cast<int>(hc), dim, Raw(streams));
   } else {
     HcEmbedStreamsKernelImpl<false>
-        <<<blocks, kThreads, 0, stream>>>(rows, T, static_cast<int>(hc), dim, streams);
+        <<<blocks, kThreads, 0, stream>>>(Raw(rows), T, static_cast<int>(hc), dim, Raw(streams));
   }
   return cudaGetLastError();
 }

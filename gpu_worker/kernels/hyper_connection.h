@@ -84,7 +84,8 @@ cudaError_t HcPreDeferCombNormQuant(const HcPreParams& p, const HcNormQuantParam
 // HcPost's operands other than the sublayer output x (HcPost below): the old streams
 // `residual` [T, hc, dim], post [T, hc], comb [T, hc, hc] and the new streams `out` [T, hc, dim]
 // (bf16; out must not alias residual in the kernels that take this struct). For the kernels that
-// run HcPost on a result they have just formed.
+// run HcPost on a result they have just formed. The kernels take it by value, so its bf16
+// pointers are the raw bit patterns (Raw of a typed buffer).
 struct HcPostOperands {
   const uint16_t* residual = nullptr;
   const float* post = nullptr;
@@ -100,12 +101,11 @@ struct HcPostOperands {
 //   comb[t][j][k]·R[t][j] summed in j order.
 // x: sublayer output bf16 [T, dim]; residual R and out: bf16 [T, hc, dim]. `out` may alias
 // `residual` (each thread reads its element of every old stream before writing any new one).
-cudaError_t HcPost(const uint16_t* x, const uint16_t* residual, const float* post,
-                   const float* comb, int64_t T, int64_t hc, int64_t dim, uint16_t* out,
-                   cudaStream_t stream);
+cudaError_t HcPost(const bf16_t* x, const bf16_t* residual, const float* post, const float* comb,
+                   int64_t T, int64_t hc, int64_t dim, bf16_t* out, cudaStream_t stream);
 
 // HcPost on its operands struct, with out_f32 if set.
-cudaError_t HcPost(const uint16_t* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream);
+cudaError_t HcPost(const bf16_t* x, int64_t T, const HcPostOperands& hp, cudaStream_t stream);
 
 // HcPost with the sublayer output formed per element instead of read, in one launch (the same
 // bits as the launches they replace; hp.out must not alias hp.residual), x formed as by the
@@ -114,7 +114,7 @@ cudaError_t HcPost(const uint16_t* x, int64_t T, const HcPostOperands& hp, cudaS
 //   MoeCombineHcPost: x = MoeCombineBf16(shared, routed) (either may be null), then HcPost;
 //   MoeCombineF32HcPost: x = MoeCombineF32(shared, routed) (all-reduced partials), then HcPost.
 cudaError_t HcPostF32(const float* x_f32, int64_t T, const HcPostOperands& hp, cudaStream_t stream);
-cudaError_t MoeCombineHcPost(const uint16_t* shared, const float* routed, int64_t T,
+cudaError_t MoeCombineHcPost(const bf16_t* shared, const float* routed, int64_t T,
                              const HcPostOperands& hp, cudaStream_t stream);
 cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_t T,
                                 const HcPostOperands& hp, cudaStream_t stream);
@@ -122,8 +122,8 @@ cudaError_t MoeCombineF32HcPost(const float* shared, const float* routed, int64_
 // Block 0's input (model::Model::EmbedStreams): streams[t][s] = rows[t] for every stream s < hc,
 // rows: the tokens' embedding rows, bf16 [T, dim] (the checkpoint's bytes, gathered on the host);
 // streams: bf16 [T, hc, dim]. A copy: the same bits as rounding the reference's fp32 streams.
-cudaError_t HcEmbedStreams(const uint16_t* rows, int64_t T, int64_t hc, int64_t dim,
-                           uint16_t* streams, cudaStream_t stream);
+cudaError_t HcEmbedStreams(const bf16_t* rows, int64_t T, int64_t hc, int64_t dim, bf16_t* streams,
+                           cudaStream_t stream);
 
 // Head collapse (final norm input and MTP head, model::HcHead): the same r and mix with the head's
 // fn [hc, hc·dim], a = sigmoid(mix·scale[0] + base) + hc_eps, z = bf16(Σ_s a[s]·X_s), no Sinkhorn.

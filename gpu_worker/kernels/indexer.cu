@@ -498,37 +498,38 @@ cudaError_t LaunchHadamardFp4(uint16_t* x, int64_t rows, int64_t n, bool fp64, i
 
 }  // namespace
 
-cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp64,
+cudaError_t HadamardFp4SimInplace(bf16_t* x, int64_t rows, int64_t n, bool fp64,
                                   cudaStream_t stream) {
   if (!IsPow2(n) || n < 32 || n > kHadamardMaxDim) return cudaErrorInvalidValue;
-  return LaunchHadamardFp4(x, rows, n, fp64, 1, 0, nullptr, nullptr, stream);
+  return LaunchHadamardFp4(Raw(x), rows, n, fp64, 1, 0, nullptr, nullptr, stream);
 }
 
-cudaError_t IndexerPrepQ(uint16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
+cudaError_t IndexerPrepQ(bf16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
                          const float* cos_t, const float* sin_t, bool hadamard_fp64,
                          cudaStream_t stream) {
   if (heads < 1 || !IsPow2(head_dim) || head_dim < 32 || head_dim > kHadamardMaxDim ||
       rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim) {
     return cudaErrorInvalidValue;
   }
-  return LaunchHadamardFp4(q, T * heads, head_dim, hadamard_fp64, heads, rope_dim, cos_t, sin_t,
-                           stream);
+  return LaunchHadamardFp4(Raw(q), T * heads, head_dim, hadamard_fp64, heads, rope_dim, cos_t,
+                           sin_t, stream);
 }
 
-cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16_t* w,
+cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, bf16_t* w,
                                cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   IndexerWeightScaleKernelImpl<<<static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid),
-                                 kThreads, 0, stream>>>(proj, n, scale, w);
+                                 kThreads, 0, stream>>>(proj, n, scale, Raw(w));
   return cudaGetLastError();
 }
 
-cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* keys,
-                          const int64_t* key_row_offset, const int64_t* positions, int64_t T,
-                          int64_t heads, int64_t head_dim, int64_t ratio, int64_t n_cols,
-                          float* scores, cudaStream_t stream) {
+cudaError_t IndexerScores(const IndexerScoresParams& p, cudaStream_t stream) {
+  const uint16_t *q = Raw(p.q), *w = Raw(p.w), *keys = Raw(p.keys);
+  const int64_t *key_row_offset = p.key_row_offset, *positions = p.positions;
+  const int64_t T = p.T, heads = p.heads, head_dim = p.head_dim, ratio = p.ratio, n_cols = p.n_cols;
+  float* scores = p.scores;
   if (heads < 1 || heads > kIndexerMaxHeads || head_dim < 1 || head_dim > kIndexerMaxHeadDim ||
       ratio < 1 || ratio > INT_MAX || n_cols < 0 || n_cols > INT_MAX || T < 0 || T > INT_MAX) {
     return cudaErrorInvalidValue;
@@ -557,21 +558,17 @@ cudaError_t LaunchKvScores(const uint16_t* q, const uint16_t* w, const KvGeom& g
 
 }  // namespace
 
-cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                            const int32_t* table, int64_t n_table, const int64_t* positions,
-                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+cudaError_t KvIndexerScores(const KvIndexerScoresParams& p, const int32_t* table, int64_t n_table,
                             cudaStream_t stream) {
-  return LaunchKvScores(q, w, g, table, n_table, nullptr, positions, T, heads, ratio, n_cols,
-                        scores, stream);
+  return LaunchKvScores(Raw(p.q), Raw(p.w), p.g, table, n_table, nullptr, p.positions, p.T, p.heads,
+                        p.ratio, p.n_cols, p.scores, stream);
 }
 
-cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                                  const KvToken* tokens, const int64_t* positions, int64_t T,
-                                  int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+cudaError_t KvIndexerScoresTokens(const KvIndexerScoresParams& p, const KvToken* tokens,
                                   cudaStream_t stream) {
-  if (tokens == nullptr && T > 0) return cudaErrorInvalidValue;
-  return LaunchKvScores(q, w, g, nullptr, 0, tokens, positions, T, heads, ratio, n_cols, scores,
-                        stream);
+  if (tokens == nullptr && p.T > 0) return cudaErrorInvalidValue;
+  return LaunchKvScores(Raw(p.q), Raw(p.w), p.g, nullptr, 0, tokens, p.positions, p.T, p.heads,
+                        p.ratio, p.n_cols, p.scores, stream);
 }
 
 const void* HadamardFp4Kernel() {

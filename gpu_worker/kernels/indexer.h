@@ -14,6 +14,7 @@
 
 #include "gpu_worker/kernels/limits.h"
 #include "gpu_worker/kernels/paged_kv.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -21,7 +22,7 @@ namespace ss::cuda {
 // one warp per row: y = bf16(float(H_n·x)·fp32(n^−1/2)) (codecs.cc HadamardInplace; the
 // butterfly in double in the reference's order, so exact and bit-identical; fp64 = false runs it
 // in fp32, exact only while no partial sum rounds), then FP4sim_32 (codecs.cc Fp4SimInplace).
-cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp64,
+cudaError_t HadamardFp4SimInplace(bf16_t* x, int64_t rows, int64_t n, bool fp64,
                                   cudaStream_t stream);
 
 // The indexer query after wq_b (a Linear8, fp8_linear.h's Fp8Linear), in place on
@@ -29,14 +30,14 @@ cudaError_t HadamardFp4SimInplace(uint16_t* x, int64_t rows, int64_t n, bool fp6
 // with the [T, rope_dim/2] cos/sin table of the tokens' positions from
 // RopeCosSin), then HadamardFp4SimInplace over each head. One launch: the warp that transforms a
 // head rotates it first, in registers (the same bits as the two calls).
-cudaError_t IndexerPrepQ(uint16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
+cudaError_t IndexerPrepQ(bf16_t* q, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
                          const float* cos_t, const float* sin_t, bool hadamard_fp64,
                          cudaStream_t stream);
 
 // The head weights: w[i] = bf16(bf16(proj[i])·scale), proj = x·weights_projᵀ in fp32
 // (head.h's LinearBf16F32), scale = fp32(index_head_dim^−1/2 · index_n_heads^−1/2) computed in
 // double.
-cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16_t* w,
+cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, bf16_t* w,
                                cudaStream_t stream);
 
 // scores[t·n_cols + j] for j < n_cols: −inf where j ≥ (positions[t] + 1)/ratio (the block is not
@@ -54,19 +55,39 @@ cudaError_t IndexerWeightScale(const float* proj, int64_t n, float scale, uint16
 // without reading q or keys. Where every factor is a bf16 value in [2^−60, 2^60) (or 0) the dot is
 // summed with fma, whose single rounding equals fl(acc + fl(q·k)) because the 16-bit product is
 // exact; otherwise with the separate product and sum. No choice here changes any score.
-cudaError_t IndexerScores(const uint16_t* q, const uint16_t* w, const uint16_t* keys,
-                          const int64_t* key_row_offset, const int64_t* positions, int64_t T,
-                          int64_t heads, int64_t head_dim, int64_t ratio, int64_t n_cols,
-                          float* scores, cudaStream_t stream);
+struct IndexerScoresParams {
+  const bf16_t* q = nullptr;                // [T, heads, head_dim]
+  const bf16_t* w = nullptr;                // [T, heads]
+  const bf16_t* keys = nullptr;             // rows of head_dim values
+  const int64_t* key_row_offset = nullptr;  // [T], or nullptr for 0
+  const int64_t* positions = nullptr;       // [T]
+  int64_t T = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t ratio = 0;
+  int64_t n_cols = 0;
+  float* scores = nullptr;  // [T, n_cols]
+};
+cudaError_t IndexerScores(const IndexerScoresParams& p, cudaStream_t stream);
 
 // IndexerScores over one sequence's MXFP4 keys (paged_kv.h) [0, n_cols) read in place
 // from the pool (g, table: device, n_table entries), each staged tile decoded as KvGatherKeys
 // decodes it (keys outside the table read as 0): the same scores, bit for bit, as KvGatherKeys
 // followed by IndexerScores, without the bf16 copy. head_dim = g.key_dim (a multiple of 32, at
-// most kIndexerMaxHeadDim).
-cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                            const int32_t* table, int64_t n_table, const int64_t* positions,
-                            int64_t T, int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+// most kIndexerMaxHeadDim). The query side and the output are KvIndexerScoresParams; the keys'
+// table is the call's (KvIndexerScoresTokens: per token).
+struct KvIndexerScoresParams {
+  const bf16_t* q = nullptr;           // [T, heads, g.key_dim]
+  const bf16_t* w = nullptr;           // [T, heads]
+  KvGeom g;                            // the pool
+  const int64_t* positions = nullptr;  // [T]
+  int64_t T = 0;
+  int64_t heads = 0;
+  int64_t ratio = 0;
+  int64_t n_cols = 0;
+  float* scores = nullptr;  // [T, n_cols]
+};
+cudaError_t KvIndexerScores(const KvIndexerScoresParams& p, const int32_t* table, int64_t n_table,
                             cudaStream_t stream);
 
 // KvIndexerScores for tokens of several sequences in one launch (a decode step's batch): token t
@@ -74,9 +95,7 @@ cudaError_t KvIndexerScores(const uint16_t* q, const uint16_t* w, const KvGeom& 
 // one a KvIndexerScores call over its own sequence gives, bit for bit. n_cols is every row's:
 // columns past a token's eligible keys score −inf, so a shorter sequence's row is its own row
 // padded with −inf, whose top-k selections are the same while k ≤ its eligible keys.
-cudaError_t KvIndexerScoresTokens(const uint16_t* q, const uint16_t* w, const KvGeom& g,
-                                  const KvToken* tokens, const int64_t* positions, int64_t T,
-                                  int64_t heads, int64_t ratio, int64_t n_cols, float* scores,
+cudaError_t KvIndexerScoresTokens(const KvIndexerScoresParams& p, const KvToken* tokens,
                                   cudaStream_t stream);
 
 const void* HadamardFp4Kernel();

@@ -288,11 +288,13 @@ cudaError_t LaunchOutProjGemm(const uint16_t* o, int64_t T, int64_t groups, int6
 
 }  // namespace
 
-cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
-                                    int64_t group_in, const uint8_t* wo_a,
-                                    const uint8_t* wo_a_scale, uint16_t* z, cudaStream_t stream) {
+cudaError_t GroupedOutputProjection(const bf16_t* o, int64_t T, int64_t groups, int64_t rank,
+                                    int64_t group_in, const e4m3_t* wo_a_codes,
+                                    const ue8m0_t* wo_a_scales, bf16_t* z, cudaStream_t stream) {
+  const uint8_t *wo_a = Raw(wo_a_codes), *wo_a_scale = Raw(wo_a_scales);
   if (groups < 1 || rank < 1 || group_in < 128 || group_in % 128 != 0 || T < 0 ||
-      reinterpret_cast<uintptr_t>(o) % 16 != 0 || reinterpret_cast<uintptr_t>(wo_a) % 16 != 0) {
+      reinterpret_cast<uintptr_t>(Raw(o)) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(wo_a) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   if (T == 0) return cudaSuccess;
@@ -300,18 +302,18 @@ cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups
     const int64_t blocks = groups * rank / kMmaRows, nb = group_in / 128;
     const int64_t warps = GemvWarpsPerBlock(blocks, nb, kMmaMaxWarps);  // as Fp8Gemv
     GroupedOutProjMmaKernelImpl<<<static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps),
-                                  0, stream>>>(o, static_cast<int>(T), groups, rank, group_in, wo_a,
-                                               wo_a_scale, z);
+                                  0, stream>>>(Raw(o), static_cast<int>(T), groups, rank, group_in,
+                                               wo_a, wo_a_scale, Raw(z));
     return cudaGetLastError();
   }
   if (rank % kGemmBN == 0 && (T + kGemmBM - 1) / kGemmBM <= 65535) {
-    return LaunchOutProjGemm(o, T, groups, rank, group_in, wo_a, wo_a_scale, z, stream);
+    return LaunchOutProjGemm(Raw(o), T, groups, rank, group_in, wo_a, wo_a_scale, Raw(z), stream);
   }
   const int64_t row_blocks = (T + kRowChunk - 1) / kRowChunk;
   if (row_blocks > 65535) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>((groups * rank + kWarps - 1) / kWarps);
   GroupedOutProjKernelImpl<<<dim3(blocks, static_cast<unsigned>(row_blocks)), kThreads, 0,
-                             stream>>>(o, T, groups, rank, group_in, wo_a, wo_a_scale, z);
+                             stream>>>(Raw(o), T, groups, rank, group_in, wo_a, wo_a_scale, Raw(z));
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpu_worker/kernels/shared_memory.h"
+#include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
 
@@ -22,9 +23,9 @@ namespace ss::cuda {
 // in registers); otherwise one warp per output row reads the weight row once for up to 8 tokens
 // at a time. Each sums in fp32 in its own order.
 // group_in must be a multiple of 128, o and wo_a 16-byte aligned.
-cudaError_t GroupedOutputProjection(const uint16_t* o, int64_t T, int64_t groups, int64_t rank,
-                                    int64_t group_in, const uint8_t* wo_a,
-                                    const uint8_t* wo_a_scale, uint16_t* z, cudaStream_t stream);
+cudaError_t GroupedOutputProjection(const bf16_t* o, int64_t T, int64_t groups, int64_t rank,
+                                    int64_t group_in, const e4m3_t* wo_a, const ue8m0_t* wo_a_scale,
+                                    bf16_t* z, cudaStream_t stream);
 
 // The opt-in of the GEMM kernel (more than 8 tokens), for PrepareKernels (prepare.h).
 std::vector<SharedMemoryOptIn> GroupedOutputProjectionOptIns();

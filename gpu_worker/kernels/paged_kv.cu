@@ -549,7 +549,7 @@ bool BadRecord(int64_t nope, int64_t rope) {
 }  // namespace
 
 cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T, const int32_t* sel,
-                              int64_t n_cand, uint64_t* cand, cudaStream_t stream, uint16_t* rows) {
+                              int64_t n_cand, uint64_t* cand, cudaStream_t stream, bf16_t* rows) {
   if (BadRows(T) || g.window < 1 || n_cand < 1) return cudaErrorInvalidValue;
   if (rows != nullptr && (BadRecord(g.nope, g.rope) || (n_cand + 3) / 4 > 0xffff)) {
     return cudaErrorInvalidValue;
@@ -566,64 +566,64 @@ cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T,
     const int d = g.nope + g.rope;
     if (d == 512) {
       KvBuildCandidatesKernelImpl<true, 512>
-          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, rows);
+          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, Raw(rows));
     } else if (d == 256) {
       KvBuildCandidatesKernelImpl<true, 256>
-          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, rows);
+          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, Raw(rows));
     } else {
       KvBuildCandidatesKernelImpl<true>
-          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, rows);
+          <<<grid, 128, 0, stream>>>(g, tokens, sel, n_cand, cand, Raw(rows));
     }
   }
   return cudaGetLastError();
 }
 
-cudaError_t KvStageRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+cudaError_t KvStageRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const bf16_t* kv,
                            cudaStream_t stream) {
   if (BadRows(T) || BadRecord(g.nope, g.rope) || g.window < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
   KvWriteRecordsKernelImpl<false>
-      <<<static_cast<unsigned>(T), 32 * (g.nope / 64 + 1), 0, stream>>>(g, tokens, kv);
+      <<<static_cast<unsigned>(T), 32 * (g.nope / 64 + 1), 0, stream>>>(g, tokens, Raw(kv));
   return cudaGetLastError();
 }
 
-cudaError_t KvRingRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+cudaError_t KvRingRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const bf16_t* kv,
                           cudaStream_t stream) {
   if (BadRows(T) || BadRecord(g.nope, g.rope) || g.window < 1) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
   KvWriteRecordsKernelImpl<true>
-      <<<static_cast<unsigned>(T), 32 * (g.nope / 64 + 1), 0, stream>>>(g, tokens, kv);
+      <<<static_cast<unsigned>(T), 32 * (g.nope / 64 + 1), 0, stream>>>(g, tokens, Raw(kv));
   return cudaGetLastError();
 }
 
-cudaError_t KvEncodeRecords(const uint16_t* entries, const uint64_t* dst, int64_t n, int64_t nope,
+cudaError_t KvEncodeRecords(const bf16_t* entries, const uint64_t* dst, int64_t n, int64_t nope,
                             int64_t rope, cudaStream_t stream) {
   if (BadRows(n) || BadRecord(nope, rope)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   KvEncodeRecordsKernelImpl<<<static_cast<unsigned>(n), static_cast<unsigned>(32 * (nope / 64 + 1)),
-                              0, stream>>>(entries, dst, static_cast<int>(nope),
+                              0, stream>>>(Raw(entries), dst, static_cast<int>(nope),
                                            static_cast<int>(rope));
   return cudaGetLastError();
 }
 
-cudaError_t KvEncodeKeys(const uint16_t* keys, const uint64_t* dst, int64_t n, int64_t hd,
+cudaError_t KvEncodeKeys(const bf16_t* keys, const uint64_t* dst, int64_t n, int64_t hd,
                          cudaStream_t stream) {
   if (BadRows(n) || hd < 32 || hd % 32 != 0 || hd > 1024) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   KvEncodeKeysKernelImpl<<<static_cast<unsigned>(n), static_cast<unsigned>(hd), 0, stream>>>(
-      keys, dst, static_cast<int>(hd));
+      Raw(keys), dst, static_cast<int>(hd));
   return cudaGetLastError();
 }
 
 cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table, int64_t n,
-                         uint16_t* out, cudaStream_t stream) {
+                         bf16_t* out, cudaStream_t stream) {
   if (BadRows(n) || BadRows(n_table) || g.key_dim < 32 || g.key_dim % 32 != 0 ||
       g.keys_per_block < 1) {
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;
   KvGatherKeysKernelImpl<<<static_cast<unsigned>(n), 128, 0, stream>>>(
-      g, table, static_cast<int>(n_table), out);
+      g, table, static_cast<int>(n_table), Raw(out));
   return cudaGetLastError();
 }
 
@@ -705,7 +705,7 @@ cudaError_t KvSparseAttention(const KvSparseAttentionParams& p, cudaStream_t str
     e = cudaGetLastError();
   }
   if (e != cudaSuccess || rope_cos == nullptr || fused_rope) return e;
-  return ApplyRope(out, T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true, stream);
+  return ApplyRope(AsBf16(out), T, n_heads, head_dim, rope_dim, rope_cos, rope_sin, true, stream);
 }
 
 std::vector<SharedMemoryOptIn> KvSparseAttentionOptIns() {

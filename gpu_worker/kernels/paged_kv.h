@@ -86,28 +86,28 @@ static_assert(sizeof(KvToken) == 48);
 // with rows_decoded = true, the same cand, T and n_cand. n_cand ≤ 4·65535 with rows.
 cudaError_t KvBuildCandidates(const KvGeom& g, const KvToken* tokens, int64_t T, const int32_t* sel,
                               int64_t n_cand, uint64_t* cand, cudaStream_t stream,
-                              uint16_t* rows = nullptr);
+                              bf16_t* rows = nullptr);
 
 // Raw KV kv bf16 [T, nope + rope] as records: KvStageRecords into each token's staging record
 // (before the attention), KvRingRecords into ring slot pos mod W for the chunk's last W positions
 // (after it). nope a multiple of 64 (0 included), at most 1024; rope ≤ 1024.
-cudaError_t KvStageRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+cudaError_t KvStageRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const bf16_t* kv,
                            cudaStream_t stream);
-cudaError_t KvRingRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const uint16_t* kv,
+cudaError_t KvRingRecords(const KvGeom& g, const KvToken* tokens, int64_t T, const bf16_t* kv,
                           cudaStream_t stream);
 
 // entries bf16 [n, nope + rope] into records at dst[i] (0 skips the entry).
-cudaError_t KvEncodeRecords(const uint16_t* entries, const uint64_t* dst, int64_t n, int64_t nope,
+cudaError_t KvEncodeRecords(const bf16_t* entries, const uint64_t* dst, int64_t n, int64_t nope,
                             int64_t rope, cudaStream_t stream);
 
 // keys bf16 [n, hd] into MXFP4 keys at dst[i] (0 skips). hd a multiple of 32, at most 1024.
-cudaError_t KvEncodeKeys(const uint16_t* keys, const uint64_t* dst, int64_t n, int64_t hd,
+cudaError_t KvEncodeKeys(const bf16_t* keys, const uint64_t* dst, int64_t n, int64_t hd,
                          cudaStream_t stream);
 
 // Keys [0, n) of one sequence (table: device, n_table entries) decoded to bf16 [n, key_dim]
 // (exact). Keys outside the table read as 0.
 cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table, int64_t n,
-                         uint16_t* out, cudaStream_t stream);
+                         bf16_t* out, cudaStream_t stream);
 
 // Sparse attention with a sink (spec §3.9, MQA: K = V = one latent entry shared by every head)
 // over an explicit candidate list per query, as the reference (model::SparseAttendHead) runs it:

@@ -90,26 +90,28 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t RmsNormQuant(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
-                         uint16_t* y, uint8_t* q, float* s, cudaStream_t stream) {
+cudaError_t RmsNormQuant(const bf16_t* x, const float* g, int64_t rows, int64_t n, float eps,
+                         bf16_t* y, e4m3_t* q, float* s, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(rows);
   if (n == 16 * kThreads) {
-    RmsNormQuantRegsKernelImpl<16><<<grid, kThreads, 0, stream>>>(x, g, eps, y, q, s);
+    RmsNormQuantRegsKernelImpl<16>
+        <<<grid, kThreads, 0, stream>>>(Raw(x), g, eps, Raw(y), Raw(q), s);
   } else if (n == 8 * kThreads) {
-    RmsNormQuantRegsKernelImpl<8><<<grid, kThreads, 0, stream>>>(x, g, eps, y, q, s);
+    RmsNormQuantRegsKernelImpl<8><<<grid, kThreads, 0, stream>>>(Raw(x), g, eps, Raw(y), Raw(q), s);
   } else if (n == 4 * kThreads) {
-    RmsNormQuantRegsKernelImpl<4><<<grid, kThreads, 0, stream>>>(x, g, eps, y, q, s);
+    RmsNormQuantRegsKernelImpl<4><<<grid, kThreads, 0, stream>>>(Raw(x), g, eps, Raw(y), Raw(q), s);
   } else {
-    RmsNormQuantKernelImpl<<<grid, kThreads, 0, stream>>>(x, g, n, eps, y, q, s);
+    RmsNormQuantKernelImpl<<<grid, kThreads, 0, stream>>>(Raw(x), g, n, eps, Raw(y), Raw(q), s);
   }
   return cudaGetLastError();
 }
 
-cudaError_t RmsNorm(const uint16_t* x, const float* g, int64_t rows, int64_t n, float eps,
-                    uint16_t* y, cudaStream_t stream) {
+cudaError_t RmsNorm(const bf16_t* x, const float* g, int64_t rows, int64_t n, float eps, bf16_t* y,
+                    cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormKernelImpl<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, g, n, eps, y);
+  RmsNormKernelImpl<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(Raw(x), g, n, eps,
+                                                                          Raw(y));
   return cudaGetLastError();
 }
 

@@ -181,16 +181,16 @@ __global__ void Fp8SimKernelImpl(uint16_t* __restrict__ x, int64_t rows, int64_t
 
 }  // namespace
 
-cudaError_t HeadRmsNormBf16(uint16_t* x, int64_t rows, int64_t head_dim, float eps,
+cudaError_t HeadRmsNormBf16(bf16_t* x, int64_t rows, int64_t head_dim, float eps,
                             cudaStream_t stream) {
   if (head_dim < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-  HeadRmsNormKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, head_dim, eps);
+  HeadRmsNormKernelImpl<<<blocks, kThreads, 0, stream>>>(Raw(x), rows, head_dim, eps);
   return cudaGetLastError();
 }
 
-cudaError_t HeadRmsNormRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, float eps,
+cudaError_t HeadRmsNormRope(bf16_t* x, int64_t T, int64_t heads, int64_t head_dim, float eps,
                             int64_t rope_dim, const float* cos_t, const float* sin_t,
                             cudaStream_t stream) {
   if (head_dim < 1 || heads < 1 || rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim) {
@@ -201,9 +201,9 @@ cudaError_t HeadRmsNormRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_
   const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   if (head_dim == 512) {
     HeadRmsNormRopeRegsKernelImpl<16>
-        <<<blocks, kThreads, 0, stream>>>(x, rows, eps, heads, rope_dim, cos_t, sin_t);
+        <<<blocks, kThreads, 0, stream>>>(Raw(x), rows, eps, heads, rope_dim, cos_t, sin_t);
   } else {
-    HeadRmsNormRopeKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, head_dim, eps, heads,
+    HeadRmsNormRopeKernelImpl<<<blocks, kThreads, 0, stream>>>(Raw(x), rows, head_dim, eps, heads,
                                                                rope_dim, cos_t, sin_t);
   }
   return cudaGetLastError();
@@ -218,34 +218,32 @@ cudaError_t RopeCosSin(const float* freqs, int64_t pairs, const int64_t* positio
   return cudaGetLastError();
 }
 
-cudaError_t RopeCosSinPair(const float* freqs0, const float* freqs1, int64_t pairs,
-                           const int64_t* positions, int64_t n, float* cos0, float* sin0,
-                           float* cos1, float* sin1, cudaStream_t stream) {
-  if (pairs < 1) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  RopeCosSinPairKernelImpl<<<GridFor(2 * n * pairs), kThreads, 0, stream>>>(
-      freqs0, freqs1, pairs, positions, n, cos0, sin0, cos1, sin1);
+cudaError_t RopeCosSinPair(const RopeCosSinPairParams& p, cudaStream_t stream) {
+  if (p.pairs < 1) return cudaErrorInvalidValue;
+  if (p.n == 0) return cudaSuccess;
+  RopeCosSinPairKernelImpl<<<GridFor(2 * p.n * p.pairs), kThreads, 0, stream>>>(
+      p.t0.freqs, p.t1.freqs, p.pairs, p.positions, p.n, p.t0.cos, p.t0.sin, p.t1.cos, p.t1.sin);
   return cudaGetLastError();
 }
 
-cudaError_t ApplyRope(uint16_t* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
+cudaError_t ApplyRope(bf16_t* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rope_dim,
                       const float* cos_t, const float* sin_t, bool inverse, cudaStream_t stream) {
   if (heads < 1 || rope_dim < 2 || rope_dim % 2 != 0 || rope_dim > head_dim) {
     return cudaErrorInvalidValue;
   }
   if (T == 0) return cudaSuccess;
   ApplyRopeKernelImpl<<<GridFor(T * heads * (rope_dim / 2)), kThreads, 0, stream>>>(
-      x, T, heads, head_dim, rope_dim, cos_t, sin_t, inverse);
+      Raw(x), T, heads, head_dim, rope_dim, cos_t, sin_t, inverse);
   return cudaGetLastError();
 }
 
-cudaError_t Fp8SimInplace(uint16_t* x, int64_t rows, int64_t row_stride, int64_t n, int64_t block,
+cudaError_t Fp8SimInplace(bf16_t* x, int64_t rows, int64_t row_stride, int64_t n, int64_t block,
                           bool round_e4m3, cudaStream_t stream) {
   if (block < 1 || n < 0 || row_stride < n) return cudaErrorInvalidValue;
   if (rows == 0 || n == 0) return cudaSuccess;
   const int64_t warps = rows * ((n + block - 1) / block);
   const unsigned blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-  Fp8SimKernelImpl<<<blocks, kThreads, 0, stream>>>(x, rows, row_stride, n, block, round_e4m3);
+  Fp8SimKernelImpl<<<blocks, kThreads, 0, stream>>>(Raw(x), rows, row_stride, n, block, round_e4m3);
   return cudaGetLastError();
 }
 

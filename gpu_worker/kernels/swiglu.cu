@@ -67,25 +67,26 @@ cudaError_t LaunchSwiGlu(const In* gate, const In* up, int64_t in_stride, const 
 }  // namespace
 
 cudaError_t SwiGluF32(const float* gate, const float* up, int64_t in_stride,
-                      const float* row_weights, int64_t rows, int64_t n, float limit, uint16_t* out,
+                      const float* row_weights, int64_t rows, int64_t n, float limit, bf16_t* out,
                       cudaStream_t stream) {
-  return LaunchSwiGlu(gate, up, in_stride, row_weights, rows, n, limit, out, stream);
+  return LaunchSwiGlu(gate, up, in_stride, row_weights, rows, n, limit, Raw(out), stream);
 }
 
-cudaError_t SwiGluBf16(const uint16_t* gate, const uint16_t* up, int64_t in_stride,
-                       const float* row_weights, int64_t rows, int64_t n, float limit,
-                       uint16_t* out, cudaStream_t stream) {
-  return LaunchSwiGlu(gate, up, in_stride, row_weights, rows, n, limit, out, stream);
+cudaError_t SwiGluBf16(const bf16_t* gate, const bf16_t* up, int64_t in_stride,
+                       const float* row_weights, int64_t rows, int64_t n, float limit, bf16_t* out,
+                       cudaStream_t stream) {
+  return LaunchSwiGlu(Raw(gate), Raw(up), in_stride, row_weights, rows, n, limit, Raw(out), stream);
 }
 
-cudaError_t SwiGluBf16Quant(const uint16_t* gate, const uint16_t* up, int64_t in_stride,
-                            int64_t rows, int64_t n, float limit, uint16_t* out, uint8_t* q,
-                            float* s, cudaStream_t stream) {
+cudaError_t SwiGluBf16Quant(const bf16_t* gate, const bf16_t* up, int64_t in_stride, int64_t rows,
+                            int64_t n, float limit, bf16_t* out, e4m3_t* q, float* s,
+                            cudaStream_t stream) {
   if (n < 1 || in_stride < n) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   const int64_t nb = (n + 127) / 128;
   const dim3 grid(static_cast<unsigned>((nb + kWarps - 1) / kWarps), static_cast<unsigned>(rows));
-  SwiGluQuantKernelImpl<<<grid, kThreads, 0, stream>>>(gate, up, in_stride, n, limit, out, q, s);
+  SwiGluQuantKernelImpl<<<grid, kThreads, 0, stream>>>(Raw(gate), Raw(up), in_stride, n, limit,
+                                                       Raw(out), Raw(q), s);
   return cudaGetLastError();
 }
 

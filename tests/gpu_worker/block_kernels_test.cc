@@ -185,12 +185,12 @@ void CheckHc(const std::string& label, const model::HcWeights& w, const std::vec
   }
   DeviceBuffer<uint16_t> dx(ToBf16(x)), dres(ToBf16(streams)), dout(streams.size());
   DeviceBuffer<float> dpost(ref.post), dcomb(ref.comb);
-  ASSERT_EQ(
-      HcPost(dx.get(), dres.get(), dpost.get(), dcomb.get(), T, s.hc, s.dim, dout.get(), nullptr),
-      cudaSuccess);
-  ASSERT_EQ(
-      HcPost(dx.get(), dres.get(), dpost.get(), dcomb.get(), T, s.hc, s.dim, dres.get(), nullptr),
-      cudaSuccess);
+  ASSERT_EQ(HcPost(AsBf16(dx.get()), AsBf16(dres.get()), dpost.get(), dcomb.get(), T, s.hc, s.dim,
+                   AsBf16(dout.get()), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(HcPost(AsBf16(dx.get()), AsBf16(dres.get()), dpost.get(), dcomb.get(), T, s.hc, s.dim,
+                   AsBf16(dres.get()), nullptr),
+            cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const golden::Closeness cp = Report(label + " HcPost", FromBf16(dout.Get()), post_ref);
   EXPECT_LE(cp.rms_rel, 1e-3) << label;
@@ -275,7 +275,7 @@ std::vector<float> DeviceRope(const std::vector<float>& x, int64_t T, int64_t he
                               int64_t rd, const RopeTables& tab, bool inverse) {
   DeviceBuffer<uint16_t> dx(ToBf16(x));
   DeviceBuffer<float> dc(tab.cos), ds(tab.sin);
-  EXPECT_EQ(ApplyRope(dx.get(), T, heads, hd, rd, dc.get(), ds.get(), inverse, nullptr),
+  EXPECT_EQ(ApplyRope(AsBf16(dx.get()), T, heads, hd, rd, dc.get(), ds.get(), inverse, nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return FromBf16(dx.Get());
@@ -298,7 +298,7 @@ void CheckQPath(const std::string& label, const std::vector<float>& q, int64_t T
   std::vector<float> normed = q;
   for (int64_t r = 0; r < T * H; ++r) model::HeadNormBf16(normed.data() + r * hd, hd, eps);
   DeviceBuffer<uint16_t> dq(ToBf16(q));
-  ASSERT_EQ(HeadRmsNormBf16(dq.get(), T * H, hd, eps, nullptr), cudaSuccess);
+  ASSERT_EQ(HeadRmsNormBf16(AsBf16(dq.get()), T * H, hd, eps, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> normed_dev = FromBf16(dq.Get());
   const golden::Closeness cn = Report(label + " HeadRmsNormBf16", normed_dev, normed);
@@ -344,7 +344,8 @@ void CheckQPath(const std::string& label, const std::vector<float>& q, int64_t T
 
   // The chain on the device: norm in place, then rope with the device table.
   DeviceBuffer<float> dc(dev_tab.cos), ds(dev_tab.sin);
-  ASSERT_EQ(ApplyRope(dq.get(), T, H, hd, rd, dc.get(), ds.get(), false, nullptr), cudaSuccess);
+  ASSERT_EQ(ApplyRope(AsBf16(dq.get()), T, H, hd, rd, dc.get(), ds.get(), false, nullptr),
+            cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const golden::Closeness ch = Report(label + " q chain (norm + rope)", FromBf16(dq.Get()), roped);
   EXPECT_LE(ch.rms_rel, 1e-3) << label;
@@ -362,8 +363,9 @@ std::vector<float> DeviceKvTail(const std::vector<float>& kv, int64_t T, int64_t
                                 const RopeTables& tab, bool round_e4m3) {
   DeviceBuffer<uint16_t> dkv(ToBf16(kv));
   DeviceBuffer<float> dc(tab.cos), ds(tab.sin);
-  EXPECT_EQ(ApplyRope(dkv.get(), T, 1, hd, rd, dc.get(), ds.get(), false, nullptr), cudaSuccess);
-  EXPECT_EQ(Fp8SimInplace(dkv.get(), T, hd, hd - rd, 64, round_e4m3, nullptr), cudaSuccess);
+  EXPECT_EQ(ApplyRope(AsBf16(dkv.get()), T, 1, hd, rd, dc.get(), ds.get(), false, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(Fp8SimInplace(AsBf16(dkv.get()), T, hd, hd - rd, 64, round_e4m3, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return FromBf16(dkv.Get());
 }
@@ -492,13 +494,14 @@ void CheckSwiGlu(const std::string& label, bool bf16_in, bool fused, float limit
   if (bf16_in) {
     DeviceBuffer<uint16_t> dg(ToBf16(in_g)), du(ToBf16(in_u));
     const uint16_t* up = fused ? dg.get() + n : du.get();
-    ASSERT_EQ(SwiGluBf16(dg.get(), up, stride, wp, rows, n, limit, dout.get(), nullptr),
+    ASSERT_EQ(SwiGluBf16(AsBf16(dg.get()), AsBf16(up), stride, wp, rows, n, limit,
+                         AsBf16(dout.get()), nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   } else {
     DeviceBuffer<float> dg(in_g), du(in_u);
     const float* up = fused ? dg.get() + n : du.get();
-    ASSERT_EQ(SwiGluF32(dg.get(), up, stride, wp, rows, n, limit, dout.get(), nullptr),
+    ASSERT_EQ(SwiGluF32(dg.get(), up, stride, wp, rows, n, limit, AsBf16(dout.get()), nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
@@ -571,7 +574,7 @@ TEST_F(BlockKernelsTest, EmbedStreamsCopyEachRowToEveryStream) {
     const int64_t hc = 4;
     const std::vector<uint16_t> rows = ToBf16(RandomBf16(T * dim, 1.0f, 31 + T));
     DeviceBuffer<uint16_t> drows(rows), streams(T * hc * dim);
-    CUDA_ASSERT_OK(HcEmbedStreams(drows.get(), T, hc, dim, streams.get(), nullptr));
+    CUDA_ASSERT_OK(HcEmbedStreams(AsBf16(drows.get()), T, hc, dim, AsBf16(streams.get()), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::vector<uint16_t> got = streams.Get();
     int64_t differ = 0;
@@ -736,11 +739,13 @@ TEST_F(BlockKernelsTest, KvPathMatchesReferenceOnTinyA) {
     DeviceBuffer<uint16_t> dkva(ToBf16(kva)), dkv(T * hd);
     DeviceBuffer<float> dg(b.attn.kv_norm), df(freqs), dc(T * rd / 2), ds(T * rd / 2);
     DeviceBuffer<int64_t> dp(pos);
-    ASSERT_EQ(RmsNorm(dkva.get(), dg.get(), T, hd, eps, dkv.get(), nullptr), cudaSuccess);
+    ASSERT_EQ(RmsNorm(AsBf16(dkva.get()), dg.get(), T, hd, eps, AsBf16(dkv.get()), nullptr),
+              cudaSuccess);
     ASSERT_EQ(RopeCosSin(df.get(), rd / 2, dp.get(), T, false, dc.get(), ds.get(), nullptr),
               cudaSuccess);
-    ASSERT_EQ(ApplyRope(dkv.get(), T, 1, hd, rd, dc.get(), ds.get(), false, nullptr), cudaSuccess);
-    ASSERT_EQ(Fp8SimInplace(dkv.get(), T, hd, hd - rd, 64, true, nullptr), cudaSuccess);
+    ASSERT_EQ(ApplyRope(AsBf16(dkv.get()), T, 1, hd, rd, dc.get(), ds.get(), false, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(Fp8SimInplace(AsBf16(dkv.get()), T, hd, hd - rd, 64, true, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const golden::Closeness cc = Report(label + " chain (norm+rope+fp8sim)", FromBf16(dkv.Get()),
                                         HostKvTail(kv, T, hd, rd, tab, true));
@@ -887,16 +892,16 @@ TEST_F(BlockKernelsTest, SharedExpertChainMatchesReferenceOnTinyA) {
   DeviceBuffer<uint16_t> dx(ToBf16(x)), dg(T * inter), du(T * inter), da(T * inter), dy(T * dim);
   DeviceBuffer<uint8_t> q(T * std::max(dim, inter));
   DeviceBuffer<float> sa(T * ((std::max(dim, inter) + 127) / 128));
-  CUDA_ASSERT_OK(QuantizeActE4m3(dx.get(), T, dim, q.get(), sa.get(), nullptr));
-  CUDA_ASSERT_OK(
-      Fp8Linear(q.get(), sa.get(), T, w1.get(), s1.get(), inter, dim, dg.get(), nullptr));
-  CUDA_ASSERT_OK(
-      Fp8Linear(q.get(), sa.get(), T, w3.get(), s3.get(), inter, dim, du.get(), nullptr));
-  CUDA_ASSERT_OK(
-      SwiGluBf16(dg.get(), du.get(), inter, nullptr, T, inter, limit, da.get(), nullptr));
-  CUDA_ASSERT_OK(QuantizeActE4m3(da.get(), T, inter, q.get(), sa.get(), nullptr));
-  CUDA_ASSERT_OK(
-      Fp8Linear(q.get(), sa.get(), T, w2.get(), s2.get(), dim, inter, dy.get(), nullptr));
+  CUDA_ASSERT_OK(QuantizeActE4m3(AsBf16(dx.get()), T, dim, AsE4m3(q.get()), sa.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), sa.get(), T, AsE4m3(w1.get()), AsUe8m0(s1.get()), inter,
+                           dim, AsBf16(dg.get()), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), sa.get(), T, AsE4m3(w3.get()), AsUe8m0(s3.get()), inter,
+                           dim, AsBf16(du.get()), nullptr));
+  CUDA_ASSERT_OK(SwiGluBf16(AsBf16(dg.get()), AsBf16(du.get()), inter, nullptr, T, inter, limit,
+                            AsBf16(da.get()), nullptr));
+  CUDA_ASSERT_OK(QuantizeActE4m3(AsBf16(da.get()), T, inter, AsE4m3(q.get()), sa.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), sa.get(), T, AsE4m3(w2.get()), AsUe8m0(s2.get()), dim,
+                           inter, AsBf16(dy.get()), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cc = Report("tiny-a L3 shared expert chain", FromBf16(dy.Get()), ref);
   EXPECT_LE(cc.rms_rel, 1e-2);

@@ -137,9 +137,11 @@ std::vector<CompressorOut> DeviceCompressor(const model::CompressorWeights& w,
     DeviceBuffer<float> dv(rows * width), dg(rows * width);
     if (device_vg) {
       DeviceBuffer<uint16_t> dx(ToBf16(x));
-      EXPECT_EQ(LinearBf16F32(dx.get(), rows, dim, dwkv.get(), width, dv.get(), width, nullptr),
+      EXPECT_EQ(LinearBf16F32(AsBf16(dx.get()), rows, dim, AsBf16(dwkv.get()), width, dv.get(),
+                              width, nullptr),
                 cudaSuccess);
-      EXPECT_EQ(LinearBf16F32(dx.get(), rows, dim, dwgate.get(), width, dg.get(), width, nullptr),
+      EXPECT_EQ(LinearBf16F32(AsBf16(dx.get()), rows, dim, AsBf16(dwgate.get()), width, dg.get(),
+                              width, nullptr),
                 cudaSuccess);
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       if (vg_dev != nullptr && rows > 0) {
@@ -156,8 +158,16 @@ std::vector<CompressorOut> DeviceCompressor(const model::CompressorWeights& w,
     }
     DeviceBuffer<int64_t> dstart(start), drow(row_begin), dentry(entry_begin);
     CompressorBatch batch{S, max_new, dstart.get(), drow.get(), dentry.get(), dkv.get(), dsc.get()};
-    EXPECT_EQ(CompressorStep(dv.get(), dg.get(), width, dape.get(), dnorm.get(), dfreqs.get(),
-                             shape, batch, dentries.get(), nullptr),
+    EXPECT_EQ(CompressorStep({.v = dv.get(),
+                              .g = dg.get(),
+                              .ld = width,
+                              .ape = dape.get(),
+                              .norm = dnorm.get(),
+                              .rope_freqs = dfreqs.get(),
+                              .shape = shape,
+                              .batch = batch,
+                              .entries = AsBf16(dentries.get())},
+                             nullptr),
               cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
@@ -239,27 +249,18 @@ TEST(CompressorLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
   constexpr cudaError_t kBad = cudaErrorInvalidValue;
   CompressorBatch one{1, 1, nullptr, nullptr, nullptr, nullptr, nullptr};
   CompressorShape s{CompressorKind::kMain, 4, 1024, 64, 1e-6f, true, true};
-  EXPECT_EQ(
-      CompressorStep(nullptr, nullptr, 2048, nullptr, nullptr, nullptr, s, one, nullptr, nullptr),
-      kBad);
+  EXPECT_EQ(CompressorStep({.ld = 2048, .shape = s, .batch = one}, nullptr), kBad);
   s = CompressorShape{CompressorKind::kIndexer, 4, 96, 64, 1e-6f, true, true};
-  EXPECT_EQ(
-      CompressorStep(nullptr, nullptr, 192, nullptr, nullptr, nullptr, s, one, nullptr, nullptr),
-      kBad);
+  EXPECT_EQ(CompressorStep({.ld = 192, .shape = s, .batch = one}, nullptr), kBad);
   s = CompressorShape{CompressorKind::kMain, 128, 512, 63, 1e-6f, true, true};
-  EXPECT_EQ(
-      CompressorStep(nullptr, nullptr, 512, nullptr, nullptr, nullptr, s, one, nullptr, nullptr),
-      kBad);
+  EXPECT_EQ(CompressorStep({.ld = 512, .shape = s, .batch = one}, nullptr), kBad);
   s = CompressorShape{CompressorKind::kMain, 4, 512, 64, 1e-6f, true, true};
-  EXPECT_EQ(
-      CompressorStep(nullptr, nullptr, 512, nullptr, nullptr, nullptr, s, one, nullptr, nullptr),
-      kBad);  // ld < 2·d for ratio 4
+  EXPECT_EQ(CompressorStep({.ld = 512, .shape = s, .batch = one}, nullptr),
+            kBad);  // ld < 2·d for ratio 4
   // Nothing to do.
   CompressorBatch none{};
   s = CompressorShape{CompressorKind::kMain, 128, 512, 64, 1e-6f, true, true};
-  EXPECT_EQ(
-      CompressorStep(nullptr, nullptr, 512, nullptr, nullptr, nullptr, s, none, nullptr, nullptr),
-      cudaSuccess);
+  EXPECT_EQ(CompressorStep({.ld = 512, .shape = s, .batch = none}, nullptr), cudaSuccess);
 }
 
 TEST_F(CompressorTest, CompressorMatchesReferenceOnTinyA) {
@@ -382,7 +383,8 @@ TEST_F(CompressorTest, DISABLED_TimingsAtFlashShapes) {
     line(("LinearBf16F32 wkv|wgate T=64" + r).c_str(),
          MicrosPerCall(
              [&] {
-               LinearBf16F32(x.get(), S, dim, wkv.get(), 2 * width, vg.get(), 2 * width, nullptr);
+               LinearBf16F32(AsBf16(x.get()), S, dim, AsBf16(wkv.get()), 2 * width, vg.get(),
+                             2 * width, nullptr);
              },
              10));
     const CompressorBatch dec{S, 1, dstart.get(), drows.get(), debeg.get(), dkvp.get(), dscp.get()};
@@ -394,8 +396,16 @@ TEST_F(CompressorTest, DISABLED_TimingsAtFlashShapes) {
       CompressorShape sh = shape;
       sh.fp64 = fp64;
       auto step = [&](const CompressorBatch& batch) {
-        CompressorStep(vg.get(), vg.get() + width, 2 * width, ape.get(), norm.get(), freqs.get(),
-                       sh, batch, entries.get(), nullptr);
+        CompressorStep({.v = vg.get(),
+                        .g = vg.get() + width,
+                        .ld = 2 * width,
+                        .ape = ape.get(),
+                        .norm = norm.get(),
+                        .rope_freqs = freqs.get(),
+                        .shape = sh,
+                        .batch = batch,
+                        .entries = AsBf16(entries.get())},
+                       nullptr);
       };
       const std::string m = r + (fp64 ? " (fp64)" : " (fp32)");
       line(("CompressorStep decode 64 sequences" + m).c_str(),

@@ -48,7 +48,8 @@ TEST_F(CudaKernelsTest, SharedMemoryOptInsStayWithinSm86) {
   DeviceBuffer<float> sa(std::vector<float>(rows * in / 128, 1.0f));
   DeviceBuffer<uint8_t> ws(RandomScales(out / 128 * (in / 128), 120, 130, 5));
   DeviceBuffer<uint16_t> y(rows * out);
-  CUDA_ASSERT_OK(Fp8Gemm(q.get(), sa.get(), rows, w.get(), ws.get(), out, in, y.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Gemm(AsE4m3(q.get()), sa.get(), rows, AsE4m3(w.get()), AsUe8m0(ws.get()), out,
+                         in, AsBf16(y.get()), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   cudaFuncAttributes a{};
   CUDA_ASSERT_OK(cudaFuncGetAttributes(&a, k));
@@ -69,7 +70,7 @@ TEST_F(CudaKernelsTest, RmsNormMatchesReference) {
     DeviceBuffer<float> dg(n);
     dx.Put(ToBf16(x));
     dg.Put(g);
-    CUDA_ASSERT_OK(RmsNorm(dx.get(), dg.get(), rows, n, 1e-6f, dy.get(), nullptr));
+    CUDA_ASSERT_OK(RmsNorm(AsBf16(dx.get()), dg.get(), rows, n, 1e-6f, AsBf16(dy.get()), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::vector<float> got = FromBf16(dy.Get());
     std::vector<float> ref(x.size());
@@ -93,7 +94,7 @@ TEST_F(CudaKernelsTest, ActivationQuantisationIsExact) {
     DeviceBuffer<uint8_t> dq(x.size());
     DeviceBuffer<float> ds(rows * nb);
     dx.Put(ToBf16(x));
-    CUDA_ASSERT_OK(QuantizeActE4m3(dx.get(), rows, n, dq.get(), ds.get(), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(AsBf16(dx.get()), rows, n, AsE4m3(dq.get()), ds.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::vector<uint8_t> q = dq.Get();
     const std::vector<float> s = ds.Get();
@@ -140,7 +141,7 @@ TEST_F(CudaKernelsTest, ActivationQuantisationIsExactForEveryBf16Value) {
     DeviceBuffer<uint16_t> dx(ToBf16(x));
     DeviceBuffer<uint8_t> dq(n);
     DeviceBuffer<float> ds(nb);
-    CUDA_ASSERT_OK(QuantizeActE4m3(dx.get(), 1, n, dq.get(), ds.get(), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(AsBf16(dx.get()), 1, n, AsE4m3(dq.get()), ds.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     std::vector<uint8_t> rq(n);
     std::vector<float> rs(nb);
@@ -157,8 +158,8 @@ TEST_F(CudaKernelsTest, ActivationQuantisationIsExactForEveryBf16Value) {
   }
 }
 
-using LinearFn = cudaError_t (*)(const uint8_t*, const float*, int64_t, const uint8_t*,
-                                 const uint8_t*, int64_t, int64_t, uint16_t*, cudaStream_t);
+using LinearFn = cudaError_t (*)(const e4m3_t*, const float*, int64_t, const e4m3_t*,
+                                 const ue8m0_t*, int64_t, int64_t, bf16_t*, cudaStream_t);
 
 // Runs a CUDA Linear8 path on bf16 rows x against the reference and prints one line.
 golden::Closeness RunLinear(const std::string& what, LinearFn fn, const model::Fp8Weight& w,
@@ -171,8 +172,10 @@ golden::Closeness RunLinear(const std::string& what, LinearFn fn, const model::F
   dx.Put(ToBf16(x));
   dw.Put(std::vector<uint8_t>(w.w, w.w + wbytes));
   dws.Put(std::vector<uint8_t>(w.s, w.s + sbytes));
-  EXPECT_EQ(QuantizeActE4m3(dx.get(), rows, w.in, dq.get(), dsa.get(), nullptr), cudaSuccess);
-  EXPECT_EQ(fn(dq.get(), dsa.get(), rows, dw.get(), dws.get(), w.out, w.in, dy.get(), nullptr),
+  EXPECT_EQ(QuantizeActE4m3(AsBf16(dx.get()), rows, w.in, AsE4m3(dq.get()), dsa.get(), nullptr),
+            cudaSuccess);
+  EXPECT_EQ(fn(AsE4m3(dq.get()), dsa.get(), rows, AsE4m3(dw.get()), AsUe8m0(dws.get()), w.out, w.in,
+               AsBf16(dy.get()), nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> got = FromBf16(dy.Get());
@@ -285,7 +288,8 @@ TEST_F(CudaKernelsTest, Fp8LinearFallsBackForRaggedK) {
   DeviceBuffer<uint8_t> q(16 * 1000), dw(200 * 1000), ws(2 * 8);
   DeviceBuffer<float> sa(16 * 8);
   DeviceBuffer<uint16_t> y(16 * 200);
-  EXPECT_EQ(Fp8Gemm(q.get(), sa.get(), 16, dw.get(), ws.get(), 200, 1000, y.get(), nullptr),
+  EXPECT_EQ(Fp8Gemm(AsE4m3(q.get()), sa.get(), 16, AsE4m3(dw.get()), AsUe8m0(ws.get()), 200, 1000,
+                    AsBf16(y.get()), nullptr),
             cudaErrorInvalidValue);
 }
 

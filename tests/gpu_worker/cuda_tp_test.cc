@@ -240,7 +240,8 @@ TEST_F(TpTest, Fp32LinearPartialsSumToTheBf16Projection) {
     DeviceBuffer<uint16_t> dx(cuda::testing_util::ToBf16(xv));
     DeviceBuffer<uint8_t> q(rows * in);
     DeviceBuffer<float> s(rows * (in / 128));
-    CUDA_ASSERT_OK(cuda::QuantizeActE4m3(dx.get(), rows, in, q.get(), s.get(), nullptr));
+    CUDA_ASSERT_OK(cuda::QuantizeActE4m3(cuda::AsBf16(dx.get()), rows, in, cuda::AsE4m3(q.get()),
+                                         s.get(), nullptr));
     // The quantised halves as their own [rows, in/2] activations, with their scale columns.
     std::vector<uint8_t> qh = q.Get();
     std::vector<float> shv = s.Get();
@@ -258,18 +259,20 @@ TEST_F(TpTest, Fp32LinearPartialsSumToTheBf16Projection) {
     DeviceBuffer<float> s0(sp[0]), s1(sp[1]);
     DeviceBuffer<uint16_t> y16(rows * out);
     DeviceBuffer<float> y32(rows * out), p0(rows * out), p1(rows * out);
-    CUDA_ASSERT_OK(
-        cuda::Fp8Linear(q.get(), s.get(), rows, dw.get(), dws.get(), out, in, y16.get(), nullptr));
-    CUDA_ASSERT_OK(
-        cuda::Fp8Linear(q.get(), s.get(), rows, dw.get(), dws.get(), out, in, y32.get(), nullptr));
-    CUDA_ASSERT_OK(cuda::Fp8Linear(q0.get(), s0.get(), rows, dw0.get(), ds0.get(), out, in / 2,
-                                   p0.get(), nullptr));
-    CUDA_ASSERT_OK(cuda::Fp8Linear(q1.get(), s1.get(), rows, dw1.get(), ds1.get(), out, in / 2,
-                                   p1.get(), nullptr));
+    CUDA_ASSERT_OK(cuda::Fp8Linear(cuda::AsE4m3(q.get()), s.get(), rows, cuda::AsE4m3(dw.get()),
+                                   cuda::AsUe8m0(dws.get()), out, in, cuda::AsBf16(y16.get()),
+                                   nullptr));
+    CUDA_ASSERT_OK(cuda::Fp8Linear(cuda::AsE4m3(q.get()), s.get(), rows, cuda::AsE4m3(dw.get()),
+                                   cuda::AsUe8m0(dws.get()), out, in, y32.get(), nullptr));
+    CUDA_ASSERT_OK(cuda::Fp8Linear(cuda::AsE4m3(q0.get()), s0.get(), rows, cuda::AsE4m3(dw0.get()),
+                                   cuda::AsUe8m0(ds0.get()), out, in / 2, p0.get(), nullptr));
+    CUDA_ASSERT_OK(cuda::Fp8Linear(cuda::AsE4m3(q1.get()), s1.get(), rows, cuda::AsE4m3(dw1.get()),
+                                   cuda::AsUe8m0(ds1.get()), out, in / 2, p1.get(), nullptr));
     DeviceBuffer<uint16_t> r32(rows * out), comb(rows * out);
-    CUDA_ASSERT_OK(cuda::RoundF32ToBf16(y32.get(), rows * out, r32.get(), nullptr));
+    CUDA_ASSERT_OK(cuda::RoundF32ToBf16(y32.get(), rows * out, cuda::AsBf16(r32.get()), nullptr));
     // The MoE combine on these two as (shared, routed): bf16(p1 + bf16(p0)).
-    CUDA_ASSERT_OK(cuda::MoeCombineF32(p0.get(), p1.get(), rows * out, comb.get(), nullptr));
+    CUDA_ASSERT_OK(
+        cuda::MoeCombineF32(p0.get(), p1.get(), rows * out, cuda::AsBf16(comb.get()), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     EXPECT_EQ(r32.Get(), y16.Get()) << rows << " rows: fp32 output rounded != bf16 output";
     const std::vector<float> h0 = p0.Get(), h1 = p1.Get();

@@ -76,10 +76,12 @@ TEST_F(FusedLaunchesTest, RmsNormQuantIsRmsNormThenQuantize) {
     DeviceBuffer<uint16_t> dx(ToBf16(RandomBf16(rows * n, 1.5f, ++seed)));
     DeviceBuffer<float> dg(RandomF32(n, 0.5f, ++seed));
     Quantised parts(rows, n), fused(rows, n);
-    CUDA_ASSERT_OK(RmsNorm(dx.get(), dg.get(), rows, n, kEps, parts.y.get(), nullptr));
-    CUDA_ASSERT_OK(QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
-    CUDA_ASSERT_OK(RmsNormQuant(dx.get(), dg.get(), rows, n, kEps, fused.y.get(), fused.q.get(),
-                                fused.s.get(), nullptr));
+    CUDA_ASSERT_OK(
+        RmsNorm(AsBf16(dx.get()), dg.get(), rows, n, kEps, AsBf16(parts.y.get()), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(AsBf16(parts.y.get()), rows, n, AsE4m3(parts.q.get()),
+                                   parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(RmsNormQuant(AsBf16(dx.get()), dg.get(), rows, n, kEps, AsBf16(fused.y.get()),
+                                AsE4m3(fused.q.get()), fused.s.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameQuantised(label, "y", fused, parts);
   }
@@ -95,11 +97,13 @@ TEST_F(FusedLaunchesTest, SwiGluBf16QuantIsSwiGluThenQuantize) {
     DeviceBuffer<uint16_t> dg(ToBf16(RandomBf16(rows * stride, 4.0f, ++seed)));
     DeviceBuffer<uint16_t> du(ToBf16(RandomBf16(rows * stride, 4.0f, ++seed)));
     Quantised parts(rows, n), fused(rows, n);
-    CUDA_ASSERT_OK(
-        SwiGluBf16(dg.get(), du.get(), stride, nullptr, rows, n, limit, parts.y.get(), nullptr));
-    CUDA_ASSERT_OK(QuantizeActE4m3(parts.y.get(), rows, n, parts.q.get(), parts.s.get(), nullptr));
-    CUDA_ASSERT_OK(SwiGluBf16Quant(dg.get(), du.get(), stride, rows, n, limit, fused.y.get(),
-                                   fused.q.get(), fused.s.get(), nullptr));
+    CUDA_ASSERT_OK(SwiGluBf16(AsBf16(dg.get()), AsBf16(du.get()), stride, nullptr, rows, n, limit,
+                              AsBf16(parts.y.get()), nullptr));
+    CUDA_ASSERT_OK(QuantizeActE4m3(AsBf16(parts.y.get()), rows, n, AsE4m3(parts.q.get()),
+                                   parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(SwiGluBf16Quant(AsBf16(dg.get()), AsBf16(du.get()), stride, rows, n, limit,
+                                   AsBf16(fused.y.get()), AsE4m3(fused.q.get()), fused.s.get(),
+                                   nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameQuantised(label, "out", fused, parts);
   }
@@ -126,10 +130,10 @@ TEST_F(FusedLaunchesTest, Fp8LinearPairIsTwoFp8Linears) {
     DeviceBuffer<uint8_t> ws0(RandomScales(sn, 118, 122, ++seed)),
         ws1(RandomScales(sn, 118, 122, ++seed));
     DeviceBuffer<uint16_t> a0(rows * out), a1(rows * out), b0(rows * out), b1(rows * out);
-    CUDA_ASSERT_OK(
-        Fp8Linear(dq.get(), ds.get(), rows, w0.get(), ws0.get(), out, in, a0.get(), nullptr));
-    CUDA_ASSERT_OK(
-        Fp8Linear(dq.get(), ds.get(), rows, w1.get(), ws1.get(), out, in, a1.get(), nullptr));
+    CUDA_ASSERT_OK(Fp8Linear(AsE4m3(dq.get()), ds.get(), rows, AsE4m3(w0.get()), AsUe8m0(ws0.get()),
+                             out, in, AsBf16(a0.get()), nullptr));
+    CUDA_ASSERT_OK(Fp8Linear(AsE4m3(dq.get()), ds.get(), rows, AsE4m3(w1.get()), AsUe8m0(ws1.get()),
+                             out, in, AsBf16(a1.get()), nullptr));
     CUDA_ASSERT_OK(
         Fp8LinearPair({.q = AsE4m3(dq.get()),
                        .s_act = ds.get(),
@@ -172,10 +176,16 @@ TEST_F(FusedLaunchesTest, LinearBf16F32PairIsTwoLinears) {
     DeviceBuffer<uint16_t> w0(ToBf16(RandomBf16(out0 * in, 0.05f, ++seed))),
         w1(ToBf16(RandomBf16(out1 * in, 0.05f, ++seed)));
     DeviceBuffer<float> a0(rows * out0), a1(rows * out1), b0(rows * out0), b1(rows * out1);
-    CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w0.get(), out0, a0.get(), out0, nullptr));
-    CUDA_ASSERT_OK(LinearBf16F32(dx.get(), rows, in, w1.get(), out1, a1.get(), out1, nullptr));
-    CUDA_ASSERT_OK(LinearBf16F32Pair(dx.get(), rows, in, w0.get(), out0, b0.get(), out0, w1.get(),
-                                     out1, b1.get(), out1, nullptr));
+    CUDA_ASSERT_OK(
+        LinearBf16F32(AsBf16(dx.get()), rows, in, AsBf16(w0.get()), out0, a0.get(), out0, nullptr));
+    CUDA_ASSERT_OK(
+        LinearBf16F32(AsBf16(dx.get()), rows, in, AsBf16(w1.get()), out1, a1.get(), out1, nullptr));
+    CUDA_ASSERT_OK(LinearBf16F32Pair({.x = AsBf16(dx.get()),
+                                      .rows = rows,
+                                      .in = in,
+                                      .m0 = {AsBf16(w0.get()), out0, b0.get(), out0},
+                                      .m1 = {AsBf16(w1.get()), out1, b1.get(), out1}},
+                                     nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label + " first", b0.Get(), a0.Get());
     ExpectSameBits(label + " second", b1.Get(), a1.Get());
@@ -219,8 +229,8 @@ TEST_F(FusedLaunchesTest, HcPreDeferCombNormQuantIsHcPreThenRmsNormQuant) {
                             .post = post1.get(),
                             .comb = comb1.get()};
     CUDA_ASSERT_OK(HcPreDeferComb(p1, nullptr));
-    CUDA_ASSERT_OK(RmsNormQuant(y1.get(), dg.get(), T, dim, kEps, parts.y.get(), parts.q.get(),
-                                parts.s.get(), nullptr));
+    CUDA_ASSERT_OK(RmsNormQuant(AsBf16(y1.get()), dg.get(), T, dim, kEps, AsBf16(parts.y.get()),
+                                AsE4m3(parts.q.get()), parts.s.get(), nullptr));
     // Without counters (two launches), then twice with them (one launch at dim 4096; the second
     // call proves the counters were left zero).
     DeviceBuffer<uint32_t> sync(std::vector<uint32_t>(T, 0));
@@ -270,9 +280,11 @@ TEST_F(FusedLaunchesTest, HeadRmsNormRopeIsHeadNormThenRope) {
     DeviceBuffer<float> dc(RandomF32(T * rd / 2, 0.7f, ++seed)),
         ds(RandomF32(T * rd / 2, 0.7f, ++seed));
     DeviceBuffer<uint16_t> x1(ToBf16(x)), x2(ToBf16(x));
-    CUDA_ASSERT_OK(HeadRmsNormBf16(x1.get(), T * heads, hd, kEps, nullptr));
-    CUDA_ASSERT_OK(ApplyRope(x1.get(), T, heads, hd, rd, dc.get(), ds.get(), false, nullptr));
-    CUDA_ASSERT_OK(HeadRmsNormRope(x2.get(), T, heads, hd, kEps, rd, dc.get(), ds.get(), nullptr));
+    CUDA_ASSERT_OK(HeadRmsNormBf16(AsBf16(x1.get()), T * heads, hd, kEps, nullptr));
+    CUDA_ASSERT_OK(
+        ApplyRope(AsBf16(x1.get()), T, heads, hd, rd, dc.get(), ds.get(), false, nullptr));
+    CUDA_ASSERT_OK(
+        HeadRmsNormRope(AsBf16(x2.get()), T, heads, hd, kEps, rd, dc.get(), ds.get(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label, x2.Get(), x1.Get());
   }
@@ -335,12 +347,20 @@ TEST_F(FusedLaunchesTest, Fp8LinearHcPostIsFp8LinearThenHcPost) {
     DeviceBuffer<uint16_t> ya(rows * out), yb(rows * out);
     PostInputs hp(rows, hc, out, ++seed);
     seed += 2;
-    CUDA_ASSERT_OK(
-        Fp8Linear(q.get(), s.get(), rows, w.get(), ws.get(), out, in, ya.get(), nullptr));
-    CUDA_ASSERT_OK(HcPost(ya.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), rows, hc, out,
-                          hp.out_a.get(), nullptr));
-    CUDA_ASSERT_OK(Fp8LinearHcPost(q.get(), s.get(), rows, w.get(), ws.get(), out, in, yb.get(),
-                                   hp.IntoB(), nullptr));
+    CUDA_ASSERT_OK(Fp8Linear(AsE4m3(q.get()), s.get(), rows, AsE4m3(w.get()), AsUe8m0(ws.get()),
+                             out, in, AsBf16(ya.get()), nullptr));
+    CUDA_ASSERT_OK(HcPost(AsBf16(ya.get()), AsBf16(hp.residual.get()), hp.post.get(), hp.comb.get(),
+                          rows, hc, out, AsBf16(hp.out_a.get()), nullptr));
+    CUDA_ASSERT_OK(Fp8LinearHcPost({.q = AsE4m3(q.get()),
+                                    .s_act = s.get(),
+                                    .rows = rows,
+                                    .w = AsE4m3(w.get()),
+                                    .w_scale = AsUe8m0(ws.get()),
+                                    .out = out,
+                                    .in = in,
+                                    .y = AsBf16(yb.get()),
+                                    .hp = hp.IntoB()},
+                                   nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label + " y", yb.Get(), ya.Get());
     hp.ExpectOutputs(label);
@@ -362,23 +382,23 @@ TEST_F(FusedLaunchesTest, HcPostOfFormedOutputsIsTheTwoLaunches) {
     seed += 2;
     const HcPostOperands ops = hp.IntoB();
     auto two = [&](const std::string& what) {
-      CUDA_ASSERT_OK(HcPost(x.get(), hp.residual.get(), hp.post.get(), hp.comb.get(), T, hc, dim,
-                            hp.out_a.get(), nullptr));
+      CUDA_ASSERT_OK(HcPost(AsBf16(x.get()), AsBf16(hp.residual.get()), hp.post.get(),
+                            hp.comb.get(), T, hc, dim, AsBf16(hp.out_a.get()), nullptr));
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
       hp.ExpectOutputs(what + shape);
     };
-    CUDA_ASSERT_OK(RoundF32ToBf16(f0.get(), n, x.get(), nullptr));
+    CUDA_ASSERT_OK(RoundF32ToBf16(f0.get(), n, AsBf16(x.get()), nullptr));
     CUDA_ASSERT_OK(HcPostF32(f0.get(), T, ops, nullptr));
     two("HcPostF32");
     for (const auto& [shared, routed, what] :
          {std::tuple<const uint16_t*, const float*, const char*>{b0.get(), f1.get(), "both"},
           {nullptr, f1.get(), "routed only"},
           {b0.get(), nullptr, "shared only"}}) {
-      CUDA_ASSERT_OK(MoeCombineBf16(shared, routed, n, x.get(), nullptr));
-      CUDA_ASSERT_OK(MoeCombineHcPost(shared, routed, T, ops, nullptr));
+      CUDA_ASSERT_OK(MoeCombineBf16(AsBf16(shared), routed, n, AsBf16(x.get()), nullptr));
+      CUDA_ASSERT_OK(MoeCombineHcPost(AsBf16(shared), routed, T, ops, nullptr));
       two(std::string("MoeCombineHcPost ") + what);
     }
-    CUDA_ASSERT_OK(MoeCombineF32(f0.get(), f1.get(), n, x.get(), nullptr));
+    CUDA_ASSERT_OK(MoeCombineF32(f0.get(), f1.get(), n, AsBf16(x.get()), nullptr));
     CUDA_ASSERT_OK(MoeCombineF32HcPost(f0.get(), f1.get(), T, ops, nullptr));
     two("MoeCombineF32HcPost");
   }
@@ -392,14 +412,14 @@ TEST_F(FusedLaunchesTest, MoeCombineAndStreamConversion) {
   const std::vector<float> routed = RandomF32(n, 1.0f, 10);
   DeviceBuffer<uint16_t> ds(shared), dy(n);
   DeviceBuffer<float> dr(routed), df(n);
-  CUDA_ASSERT_OK(MoeCombineBf16(ds.get(), dr.get(), n, dy.get(), nullptr));
+  CUDA_ASSERT_OK(MoeCombineBf16(AsBf16(ds.get()), dr.get(), n, AsBf16(dy.get()), nullptr));
   const std::vector<uint16_t> y = dy.Get();
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(y[i], FloatToBf16(routed[i] + Bf16ToFloat(shared[i]))) << i;
   }
-  CUDA_ASSERT_OK(MoeCombineBf16(ds.get(), nullptr, n, dy.get(), nullptr));
+  CUDA_ASSERT_OK(MoeCombineBf16(AsBf16(ds.get()), nullptr, n, AsBf16(dy.get()), nullptr));
   EXPECT_EQ(dy.Get(), shared);
-  CUDA_ASSERT_OK(Bf16ToF32(ds.get(), n, df.get(), nullptr));
+  CUDA_ASSERT_OK(Bf16ToF32(AsBf16(ds.get()), n, df.get(), nullptr));
   const std::vector<float> f = df.Get();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(f[i], Bf16ToFloat(shared[i])) << i;
 }
@@ -418,8 +438,12 @@ TEST_F(FusedLaunchesTest, RopeCosSinPairIsTwoRopeCosSin) {
     DeviceBuffer<float> c0b(n * pairs), s0b(n * pairs), c1b(n * pairs), s1b(n * pairs);
     CUDA_ASSERT_OK(RopeCosSin(f0.get(), pairs, dpos.get(), n, false, c0.get(), s0.get(), nullptr));
     CUDA_ASSERT_OK(RopeCosSin(f1.get(), pairs, dpos.get(), n, false, c1.get(), s1.get(), nullptr));
-    CUDA_ASSERT_OK(RopeCosSinPair(f0.get(), f1.get(), pairs, dpos.get(), n, c0b.get(), s0b.get(),
-                                  c1b.get(), s1b.get(), nullptr));
+    CUDA_ASSERT_OK(RopeCosSinPair({.pairs = pairs,
+                                   .positions = dpos.get(),
+                                   .n = n,
+                                   .t0 = {f0.get(), c0b.get(), s0b.get()},
+                                   .t1 = {f1.get(), c1b.get(), s1b.get()}},
+                                  nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     ExpectSameBits(label + " cos 0", c0b.Get(), c0.Get());
     ExpectSameBits(label + " sin 0", s0b.Get(), s0.Get());

@@ -211,23 +211,34 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
 
   // Isolated pieces.
   DeviceBuffer<uint16_t> dq(ToBf16(q0));
-  CUDA_ASSERT_OK(IndexerPrepQ(dq.get(), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
+  CUDA_ASSERT_OK(
+      IndexerPrepQ(AsBf16(dq.get()), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cq = Report(label + " IndexerPrepQ", FromBf16(dq.Get()), q_ref);
   EXPECT_LE(cq.rms_rel, 1e-3) << label;
   EXPECT_GE(cq.bit_identical, 0.999) << label;
 
   DeviceBuffer<uint16_t> dx(ToBf16(in.x)), dwp(MatrixBits(w.weights_proj)), dw(S * H);
-  CUDA_ASSERT_OK(LinearBf16F32(dx.get(), S, in.dim, dwp.get(), H, dproj.get(), H, nullptr));
-  CUDA_ASSERT_OK(IndexerWeightScale(dproj.get(), S * H, wscale, dw.get(), nullptr));
+  CUDA_ASSERT_OK(
+      LinearBf16F32(AsBf16(dx.get()), S, in.dim, AsBf16(dwp.get()), H, dproj.get(), H, nullptr));
+  CUDA_ASSERT_OK(IndexerWeightScale(dproj.get(), S * H, wscale, AsBf16(dw.get()), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const std::vector<float> w_dev = FromBf16(dw.Get());
   const golden::Closeness cw = Report(label + " weights (GEMV + IndexerWeightScale)", w_dev, w_ref);
   EXPECT_LE(cw.rms_rel, 1e-2) << label;
 
   DeviceBuffer<uint16_t> dq_ref(ToBf16(q_ref)), dw_ref(ToBf16(w_ref));
-  CUDA_ASSERT_OK(IndexerScores(dq_ref.get(), dw_ref.get(), dkeys.get(), nullptr, dpos.get(), S, H,
-                               hd, 4, n_cols, dscores.get(), nullptr));
+  CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq_ref.get()),
+                                .w = AsBf16(dw_ref.get()),
+                                .keys = AsBf16(dkeys.get()),
+                                .positions = dpos.get(),
+                                .T = S,
+                                .heads = H,
+                                .head_dim = hd,
+                                .ratio = 4,
+                                .n_cols = n_cols,
+                                .scores = dscores.get()},
+                               nullptr));
   CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cs =
@@ -253,12 +264,23 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
   DeviceBuffer<uint16_t> dqr(ToBf16(in.qr)), dq2(S * H * hd);
   DeviceBuffer<uint8_t> aq(S * in.qlr);
   DeviceBuffer<float> as(S * ((in.qlr + 127) / 128));
-  CUDA_ASSERT_OK(QuantizeActE4m3(dqr.get(), S, in.qlr, aq.get(), as.get(), nullptr));
   CUDA_ASSERT_OK(
-      Fp8Linear(aq.get(), as.get(), S, dwq.get(), dwqs.get(), wq.out, wq.in, dq2.get(), nullptr));
-  CUDA_ASSERT_OK(IndexerPrepQ(dq2.get(), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
-  CUDA_ASSERT_OK(IndexerScores(dq2.get(), dw.get(), dkeys.get(), nullptr, dpos.get(), S, H, hd, 4,
-                               n_cols, dscores.get(), nullptr));
+      QuantizeActE4m3(AsBf16(dqr.get()), S, in.qlr, AsE4m3(aq.get()), as.get(), nullptr));
+  CUDA_ASSERT_OK(Fp8Linear(AsE4m3(aq.get()), as.get(), S, AsE4m3(dwq.get()), AsUe8m0(dwqs.get()),
+                           wq.out, wq.in, AsBf16(dq2.get()), nullptr));
+  CUDA_ASSERT_OK(
+      IndexerPrepQ(AsBf16(dq2.get()), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
+  CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq2.get()),
+                                .w = AsBf16(dw.get()),
+                                .keys = AsBf16(dkeys.get()),
+                                .positions = dpos.get(),
+                                .T = S,
+                                .heads = H,
+                                .head_dim = hd,
+                                .ratio = 4,
+                                .n_cols = n_cols,
+                                .scores = dscores.get()},
+                               nullptr));
   CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   Report(label + " chain q (Fp8Linear + IndexerPrepQ)", FromBf16(dq2.Get()), q_ref);
@@ -290,12 +312,13 @@ TEST(IndexerLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
   EXPECT_EQ(HadamardFp4SimInplace(nullptr, 1, 16, true, nullptr), kBad);
   EXPECT_EQ(HadamardFp4SimInplace(nullptr, 1, 1024, true, nullptr), kBad);
   EXPECT_EQ(HadamardFp4SimInplace(nullptr, 1, 96, true, nullptr), kBad);
-  EXPECT_EQ(IndexerScores(nullptr, nullptr, nullptr, nullptr, nullptr, 1, kIndexerMaxHeads + 1, 128,
-                          4, 16, nullptr, nullptr),
+  EXPECT_EQ(IndexerScores(
+                {.T = 1, .heads = kIndexerMaxHeads + 1, .head_dim = 128, .ratio = 4, .n_cols = 16},
+                nullptr),
             kBad);
-  EXPECT_EQ(IndexerScores(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 64, 256, 4, 16, nullptr,
-                          nullptr),
-            kBad);
+  EXPECT_EQ(
+      IndexerScores({.T = 1, .heads = 64, .head_dim = 256, .ratio = 4, .n_cols = 16}, nullptr),
+      kBad);
   // A scratch address that is never dereferenced: every call below is refused before a launch.
   void* const scratch = reinterpret_cast<void*>(uintptr_t{256});
   EXPECT_EQ(IndexerTopK(nullptr, 1, 4096, kIndexerMaxTopK + 1, nullptr, nullptr, nullptr), kBad);
@@ -309,9 +332,10 @@ TEST(IndexerLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
   EXPECT_EQ(
       IndexerTopKPath(nullptr, 1, 8192, 512, IndexerTopKKind::kSplit, nullptr, nullptr, nullptr),
       kBad);  // the split path needs scratch
-  EXPECT_EQ(IndexerScores(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 64, 128, 4,
-                          int64_t{1} << 31, nullptr, nullptr),
-            kBad);
+  EXPECT_EQ(
+      IndexerScores({.T = 1, .heads = 64, .head_dim = 128, .ratio = 4, .n_cols = int64_t{1} << 31},
+                    nullptr),
+      kBad);
   // Nothing to do.
   EXPECT_EQ(IndexerTopK(nullptr, 0, 100, 10, nullptr, nullptr, nullptr), cudaSuccess);
 }
@@ -334,7 +358,7 @@ TEST_F(IndexerTest, HadamardFp4MatchesReference) {
       }
       for (const bool fp64 : {true, false}) {
         DeviceBuffer<uint16_t> dx(ToBf16(x));
-        CUDA_ASSERT_OK(HadamardFp4SimInplace(dx.get(), rows, n, fp64, nullptr));
+        CUDA_ASSERT_OK(HadamardFp4SimInplace(AsBf16(dx.get()), rows, n, fp64, nullptr));
         CUDA_ASSERT_OK(cudaDeviceSynchronize());
         const std::string label = "Hadamard" + std::to_string(n) + "+FP4sim " +
                                   (wide ? "wide-range " : "") + (fp64 ? "fp64" : "fp32");
@@ -459,8 +483,18 @@ TEST_F(IndexerTest, IndexerMatchesReferenceAtFlashShapes) {
   DeviceBuffer<int64_t> dpos(pos), doffs(offs);
   DeviceBuffer<float> dscores(T * nA);
   DeviceBuffer<int32_t> dsel(T * k);
-  CUDA_ASSERT_OK(IndexerScores(dq.get(), dw.get(), dpool.get(), doffs.get(), dpos.get(), T, H, hd,
-                               4, nA, dscores.get(), nullptr));
+  CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq.get()),
+                                .w = AsBf16(dw.get()),
+                                .keys = AsBf16(dpool.get()),
+                                .key_row_offset = doffs.get(),
+                                .positions = dpos.get(),
+                                .T = T,
+                                .heads = H,
+                                .head_dim = hd,
+                                .ratio = 4,
+                                .n_cols = nA,
+                                .scores = dscores.get()},
+                               nullptr));
   CUDA_ASSERT_OK(IndexerTopK(dscores.get(), T, nA, k, dsel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   std::vector<float> ref_scores = ra.scores;
@@ -484,8 +518,17 @@ TEST_F(IndexerTest, IndexerMatchesReferenceAtFlashShapes) {
   DeviceBuffer<float> done(nA);
   int64_t differing = 0;
   for (int64_t t = 0; t < T; ++t) {
-    CUDA_ASSERT_OK(IndexerScores(dq.get() + t * H * hd, dw.get() + t * H, dpool.get(),
-                                 doffs.get() + t, dpos.get() + t, 1, H, hd, 4, nA, done.get(),
+    CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq.get() + t * H * hd),
+                                  .w = AsBf16(dw.get() + t * H),
+                                  .keys = AsBf16(dpool.get()),
+                                  .key_row_offset = doffs.get() + t,
+                                  .positions = dpos.get() + t,
+                                  .T = 1,
+                                  .heads = H,
+                                  .head_dim = hd,
+                                  .ratio = 4,
+                                  .n_cols = nA,
+                                  .scores = done.get()},
                                  nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::vector<float> one = done.Get();
@@ -530,11 +573,11 @@ TEST_F(IndexerTest, PrepQEqualsRopeThenHadamard) {
       DeviceBuffer<float> dcs(cs), dsn(sn);
       for (const bool fp64 : {true, false}) {
         DeviceBuffer<uint16_t> one(ToBf16(q)), two(ToBf16(q));
-        CUDA_ASSERT_OK(
-            IndexerPrepQ(one.get(), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(), fp64, nullptr));
-        CUDA_ASSERT_OK(
-            ApplyRope(two.get(), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(), false, nullptr));
-        CUDA_ASSERT_OK(HadamardFp4SimInplace(two.get(), c.T * c.H, c.hd, fp64, nullptr));
+        CUDA_ASSERT_OK(IndexerPrepQ(AsBf16(one.get()), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(),
+                                    fp64, nullptr));
+        CUDA_ASSERT_OK(ApplyRope(AsBf16(two.get()), c.T, c.H, c.hd, c.rd, dcs.get(), dsn.get(),
+                                 false, nullptr));
+        CUDA_ASSERT_OK(HadamardFp4SimInplace(AsBf16(two.get()), c.T * c.H, c.hd, fp64, nullptr));
         CUDA_ASSERT_OK(cudaDeviceSynchronize());
         const std::string label = "IndexerPrepQ T=" + std::to_string(c.T) +
                                   " H=" + std::to_string(c.H) + " hd=" + std::to_string(c.hd) +
@@ -571,8 +614,8 @@ TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
     DeviceBuffer<int64_t> dpos(pos);
     DeviceBuffer<uint16_t> q(ToBf16(RandomBf16(T * H * hd, 0.5f, 402))),
         w(ToBf16(RandomBf16(T * H, 0.2f, 403)));
-    CUDA_ASSERT_OK(KvEncodeKeys(keys.get(), ddst.get(), n, hd, nullptr));
-    CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, n, gathered.get(), nullptr));
+    CUDA_ASSERT_OK(KvEncodeKeys(AsBf16(keys.get()), ddst.get(), n, hd, nullptr));
+    CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, n, AsBf16(gathered.get()), nullptr));
     std::vector<std::vector<float>> results;
     for (const bool paged : {true, false}) {
       for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{8}}) {
@@ -582,11 +625,28 @@ TEST_F(IndexerTest, ScoresAgreeAcrossTileSizes) {
           const uint16_t* wt = w.get() + t0 * H;
           float* st = scores.get() + t0 * n;
           if (paged) {
-            CUDA_ASSERT_OK(KvIndexerScores(qt, wt, g, dtable.get(), 1 + blocks, dpos.get() + t0,
-                                           rows, H, 4, n, st, nullptr));
+            CUDA_ASSERT_OK(KvIndexerScores({.q = AsBf16(qt),
+                                            .w = AsBf16(wt),
+                                            .g = g,
+                                            .positions = dpos.get() + t0,
+                                            .T = rows,
+                                            .heads = H,
+                                            .ratio = 4,
+                                            .n_cols = n,
+                                            .scores = st},
+                                           dtable.get(), 1 + blocks, nullptr));
           } else {
-            CUDA_ASSERT_OK(IndexerScores(qt, wt, gathered.get(), nullptr, dpos.get() + t0, rows, H,
-                                         hd, 4, n, st, nullptr));
+            CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(qt),
+                                          .w = AsBf16(wt),
+                                          .keys = AsBf16(gathered.get()),
+                                          .positions = dpos.get() + t0,
+                                          .T = rows,
+                                          .heads = H,
+                                          .head_dim = hd,
+                                          .ratio = 4,
+                                          .n_cols = n,
+                                          .scores = st},
+                                         nullptr));
           }
         }
         CUDA_ASSERT_OK(cudaDeviceSynchronize());
@@ -626,7 +686,7 @@ TEST_F(IndexerTest, SequencesScoredAndSelectedInOneLaunch) {
     for (int64_t j = 0; j < n[i]; ++j) dst[j] = KeyAddress(g, table.data(), j);
     DeviceBuffer<uint16_t> keys(ToBf16(RandomBf16(n[i] * hd, 1.0f, 601 + static_cast<int>(i))));
     DeviceBuffer<uint64_t> ddst(dst);
-    CUDA_ASSERT_OK(KvEncodeKeys(keys.get(), ddst.get(), n[i], hd, nullptr));
+    CUDA_ASSERT_OK(KvEncodeKeys(AsBf16(keys.get()), ddst.get(), n[i], hd, nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     tables.emplace_back(table);
   }
@@ -646,8 +706,16 @@ TEST_F(IndexerTest, SequencesScoredAndSelectedInOneLaunch) {
       w(ToBf16(RandomBf16(T * H, 0.2f, 612)));
   DeviceBuffer<float> scores(T * n_cols);
   DeviceBuffer<int32_t> sel(T * k_all);
-  CUDA_ASSERT_OK(KvIndexerScoresTokens(q.get(), w.get(), g, dtokens.get(), dpos.get(), T, H, ratio,
-                                       n_cols, scores.get(), nullptr));
+  CUDA_ASSERT_OK(KvIndexerScoresTokens({.q = AsBf16(q.get()),
+                                        .w = AsBf16(w.get()),
+                                        .g = g,
+                                        .positions = dpos.get(),
+                                        .T = T,
+                                        .heads = H,
+                                        .ratio = ratio,
+                                        .n_cols = n_cols,
+                                        .scores = scores.get()},
+                                       dtokens.get(), nullptr));
   CUDA_ASSERT_OK(IndexerTopK(scores.get(), T, n_cols, k_all, sel.get(), TopKScratch(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const std::vector<float> all = scores.Get();
@@ -656,9 +724,16 @@ TEST_F(IndexerTest, SequencesScoredAndSelectedInOneLaunch) {
     const size_t i = seq_of[t];
     DeviceBuffer<float> own(n[i]);
     DeviceBuffer<int32_t> own_sel(k[i]);
-    CUDA_ASSERT_OK(KvIndexerScores(q.get() + t * H * hd, w.get() + t * H, g, tables[i].get(),
-                                   tokens[t].n_table, dpos.get() + t, 1, H, ratio, n[i], own.get(),
-                                   nullptr));
+    CUDA_ASSERT_OK(KvIndexerScores({.q = AsBf16(q.get() + t * H * hd),
+                                    .w = AsBf16(w.get() + t * H),
+                                    .g = g,
+                                    .positions = dpos.get() + t,
+                                    .T = 1,
+                                    .heads = H,
+                                    .ratio = ratio,
+                                    .n_cols = n[i],
+                                    .scores = own.get()},
+                                   tables[i].get(), tokens[t].n_table, nullptr));
     CUDA_ASSERT_OK(IndexerTopK(own.get(), 1, n[i], k[i], own_sel.get(), TopKScratch(), nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::vector<float> row = own.Get();
@@ -747,18 +822,35 @@ TEST_F(IndexerTest, ScoresMatchHostArithmetic) {
       for (int64_t j = 0; j < c.n; ++j) dst[j] = KeyAddress(g, table.data(), j);
       DeviceBuffer<uint64_t> ddst(dst);
       DeviceBuffer<int32_t> dtable(table);
-      CUDA_ASSERT_OK(KvEncodeKeys(dk.get(), ddst.get(), c.n, c.hd, nullptr));
-      CUDA_ASSERT_OK(KvGatherKeys(g, dtable.get(), 1 + blocks, c.n, gathered.get(), nullptr));
+      CUDA_ASSERT_OK(KvEncodeKeys(AsBf16(dk.get()), ddst.get(), c.n, c.hd, nullptr));
+      CUDA_ASSERT_OK(
+          KvGatherKeys(g, dtable.get(), 1 + blocks, c.n, AsBf16(gathered.get()), nullptr));
       for (int64_t t = 0; t < c.T; ++t) {  // one token per call, as decode
-        CUDA_ASSERT_OK(KvIndexerScores(dq.get() + t * c.H * c.hd, dw.get() + t * c.H, g,
-                                       dtable.get(), 1 + blocks, dpos.get() + t, 1, c.H, ratio, c.n,
-                                       scores.get() + t * c.n, nullptr));
+        CUDA_ASSERT_OK(KvIndexerScores({.q = AsBf16(dq.get() + t * c.H * c.hd),
+                                        .w = AsBf16(dw.get() + t * c.H),
+                                        .g = g,
+                                        .positions = dpos.get() + t,
+                                        .T = 1,
+                                        .heads = c.H,
+                                        .ratio = ratio,
+                                        .n_cols = c.n,
+                                        .scores = scores.get() + t * c.n},
+                                       dtable.get(), 1 + blocks, nullptr));
       }
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
       keys = FromBf16(gathered.Get());
     } else {
-      CUDA_ASSERT_OK(IndexerScores(dq.get(), dw.get(), dk.get(), nullptr, dpos.get(), c.T, c.H,
-                                   c.hd, ratio, c.n, scores.get(), nullptr));
+      CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq.get()),
+                                    .w = AsBf16(dw.get()),
+                                    .keys = AsBf16(dk.get()),
+                                    .positions = dpos.get(),
+                                    .T = c.T,
+                                    .heads = c.H,
+                                    .head_dim = c.hd,
+                                    .ratio = ratio,
+                                    .n_cols = c.n,
+                                    .scores = scores.get()},
+                                   nullptr));
       CUDA_ASSERT_OK(cudaDeviceSynchronize());
     }
     const std::vector<float> got = scores.Get();
@@ -791,7 +883,7 @@ TEST_F(IndexerTest, DISABLED_TimingsAtFlashShapes) {
   const std::vector<float> keys_f = RandomBf16(n_keys * hd, 1.0f, 141);
   DeviceBuffer<uint16_t> keys(ToBf16(keys_f)), q(ToBf16(RandomBf16(256 * H * hd, 1.0f, 142)));
   DeviceBuffer<uint16_t> w(ToBf16(RandomBf16(256 * H, 0.05f, 143)));
-  CUDA_ASSERT_OK(HadamardFp4SimInplace(keys.get(), n_keys, hd, true, nullptr));
+  CUDA_ASSERT_OK(HadamardFp4SimInplace(AsBf16(keys.get()), n_keys, hd, true, nullptr));
   std::vector<int64_t> pos_dec{4 * n_keys - 1}, pos_pre(256);
   for (int64_t t = 0; t < 256; ++t) pos_pre[t] = 4 * 16384 - 256 + t;
   DeviceBuffer<int64_t> dpos_dec(pos_dec), dpos_pre(pos_pre);
@@ -802,32 +894,52 @@ TEST_F(IndexerTest, DISABLED_TimingsAtFlashShapes) {
   DeviceBuffer<float> scores(256 * 16384);
   DeviceBuffer<int32_t> sel(256 * 512);
   for (const bool fp64 : {true, false}) {
-    line(fp64 ? "IndexerPrepQ T=1 (fp64 Hadamard)" : "IndexerPrepQ T=1 (fp32 Hadamard)",
-         MicrosPerCall(
-             [&] { IndexerPrepQ(q.get(), 1, H, hd, rd, cs.get(), sn.get(), fp64, nullptr); }, 50));
     line(
-        fp64 ? "IndexerPrepQ T=256 (fp64 Hadamard)" : "IndexerPrepQ T=256 (fp32 Hadamard)",
+        fp64 ? "IndexerPrepQ T=1 (fp64 Hadamard)" : "IndexerPrepQ T=1 (fp32 Hadamard)",
         MicrosPerCall(
-            [&] { IndexerPrepQ(q.get(), 256, H, hd, rd, cs.get(), sn.get(), fp64, nullptr); }, 20));
+            [&] { IndexerPrepQ(AsBf16(q.get()), 1, H, hd, rd, cs.get(), sn.get(), fp64, nullptr); },
+            50));
+    line(fp64 ? "IndexerPrepQ T=256 (fp64 Hadamard)" : "IndexerPrepQ T=256 (fp32 Hadamard)",
+         MicrosPerCall(
+             [&] {
+               IndexerPrepQ(AsBf16(q.get()), 256, H, hd, rd, cs.get(), sn.get(), fp64, nullptr);
+             },
+             20));
   }
   line("IndexerScores T=1 x 65536 blocks", MicrosPerCall(
                                                [&] {
-                                                 IndexerScores(q.get(), w.get(), keys.get(),
-                                                               nullptr, dpos_dec.get(), 1, H, hd, 4,
-                                                               n_keys, scores.get(), nullptr);
+                                                 IndexerScores({.q = AsBf16(q.get()),
+                                                                .w = AsBf16(w.get()),
+                                                                .keys = AsBf16(keys.get()),
+                                                                .positions = dpos_dec.get(),
+                                                                .T = 1,
+                                                                .heads = H,
+                                                                .head_dim = hd,
+                                                                .ratio = 4,
+                                                                .n_cols = n_keys,
+                                                                .scores = scores.get()},
+                                                               nullptr);
                                                },
                                                20));
   line("IndexerTopK T=1 x 65536 k=512",
        MicrosPerCall(
            [&] { IndexerTopK(scores.get(), 1, n_keys, 512, sel.get(), TopKScratch(), nullptr); },
            20));
-  line("IndexerScores T=256 x 16384 blocks",
-       MicrosPerCall(
-           [&] {
-             IndexerScores(q.get(), w.get(), keys.get(), nullptr, dpos_pre.get(), 256, H, hd, 4,
-                           16384, scores.get(), nullptr);
-           },
-           5));
+  line("IndexerScores T=256 x 16384 blocks", MicrosPerCall(
+                                                 [&] {
+                                                   IndexerScores({.q = AsBf16(q.get()),
+                                                                  .w = AsBf16(w.get()),
+                                                                  .keys = AsBf16(keys.get()),
+                                                                  .positions = dpos_pre.get(),
+                                                                  .T = 256,
+                                                                  .heads = H,
+                                                                  .head_dim = hd,
+                                                                  .ratio = 4,
+                                                                  .n_cols = 16384,
+                                                                  .scores = scores.get()},
+                                                                 nullptr);
+                                                 },
+                                                 5));
   line("IndexerTopK T=256 x 16384 k=512",
        MicrosPerCall(
            [&] { IndexerTopK(scores.get(), 256, 16384, 512, sel.get(), TopKScratch(), nullptr); },

@@ -55,8 +55,8 @@ void CheckLmHead(const std::string& label, const std::vector<float>& u,
   DeviceBuffer<float> dl(T * V);
   int64_t begin = 0;
   for (const int64_t end : shard_ends) {
-    CUDA_ASSERT_OK(LmHead(du.get(), T, dim, dh.get() + begin * dim, end - begin, dl.get() + begin,
-                          V, nullptr));
+    CUDA_ASSERT_OK(LmHead(AsBf16(du.get()), T, dim, AsBf16(dh.get() + begin * dim), end - begin,
+                          dl.get() + begin, V, nullptr));
     begin = end;
   }
   ASSERT_EQ(begin, V);
@@ -140,7 +140,8 @@ TEST_F(LmHeadTest, LinearBf16F32MatchesReferenceOnTinyA) {
     const int64_t ld = m->rows + 3;
     DeviceBuffer<uint16_t> dx(ToBf16(x)), dw(MatrixBits(*m));
     DeviceBuffer<float> dy(T * ld);
-    CUDA_ASSERT_OK(LinearBf16F32(dx.get(), T, dim, dw.get(), m->rows, dy.get(), ld, nullptr));
+    CUDA_ASSERT_OK(
+        LinearBf16F32(AsBf16(dx.get()), T, dim, AsBf16(dw.get()), m->rows, dy.get(), ld, nullptr));
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
     const std::vector<float> got = dy.Get();
     std::vector<float> packed(T * m->rows);
@@ -223,8 +224,11 @@ TEST_F(LmHeadTest, DISABLED_TimingsAtFlashShapes) {
   DeviceBuffer<int32_t> ids(8);
   for (const int64_t T : {int64_t{1}, int64_t{8}}) {
     line(T == 1 ? "LmHead T=1 (129280 x 4096)" : "LmHead T=8 (129280 x 4096)",
-         MicrosPerCall([&] { LmHead(u.get(), T, dim, head.get(), V, logits.get(), V, nullptr); },
-                       10));
+         MicrosPerCall(
+             [&] {
+               LmHead(AsBf16(u.get()), T, dim, AsBf16(head.get()), V, logits.get(), V, nullptr);
+             },
+             10));
   }
   line("ArgmaxRows T=8 x 129280",
        MicrosPerCall([&] { ArgmaxRows(logits.get(), 8, V, V, 0, ids.get(), nullptr, nullptr); },

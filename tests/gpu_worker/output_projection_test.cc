@@ -54,8 +54,8 @@ void CheckGroupedProjection(const std::string& label, const model::Fp8Weight& wa
   DeviceBuffer<uint8_t> dw(std::vector<uint8_t>(wa.w, wa.w + wa.out * wa.in));
   DeviceBuffer<uint8_t> ds(std::vector<uint8_t>(wa.s, wa.s + sbytes));
   DeviceBuffer<uint16_t> dout(ToBf16(o)), dz(T * G * R);
-  CUDA_ASSERT_OK(
-      GroupedOutputProjection(dout.get(), T, G, R, gin, dw.get(), ds.get(), dz.get(), nullptr));
+  CUDA_ASSERT_OK(GroupedOutputProjection(AsBf16(dout.get()), T, G, R, gin, AsE4m3(dw.get()),
+                                         AsUe8m0(ds.get()), AsBf16(dz.get()), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness c = Report(label, FromBf16(dz.Get()), ref);
   EXPECT_LE(c.rms_rel, 1e-3) << label;
@@ -124,8 +124,8 @@ TEST_F(OutputProjectionTest, DISABLED_TimingsAtFlashShapes) {
                   : "GroupedOutputProjection T=9 (GEMM)",
          MicrosPerCall(
              [&] {
-               GroupedOutputProjection(o.get(), T, 8, 1024, 4096, dwa.get(), dws.get(), z.get(),
-                                       nullptr);
+               GroupedOutputProjection(AsBf16(o.get()), T, 8, 1024, 4096, AsE4m3(dwa.get()),
+                                       AsUe8m0(dws.get()), AsBf16(z.get()), nullptr);
              },
              20));
   }

@@ -249,7 +249,7 @@ void AttentionCase(int64_t D, uint64_t seed) {
     dst[i] = reinterpret_cast<uint64_t>(recs) + ((i * 7) % (2 * n)) * E;
   uint16_t* d_ent = ToDevice(bits);
   uint64_t* d_dst = ToDevice(dst);
-  ASSERT_EQ(KvEncodeRecords(d_ent, d_dst, n, nope, 64, nullptr), cudaSuccess);
+  ASSERT_EQ(KvEncodeRecords(AsBf16(d_ent), d_dst, n, nope, 64, nullptr), cudaSuccess);
   if (D == kKvDim) {
     const std::vector<uint8_t> all = ToHost(recs, 2 * n * E);
     std::vector<uint8_t> want(kKvRecordBytes);
@@ -394,7 +394,7 @@ void DecodePathCase(const DecodeCase& c) {
   const int64_t n = static_cast<int64_t>(dst.size());
   uint16_t* d_ent = ToDevice(ToBf16(RandomBf16(n * D, 1.0f, 20 + D)));
   uint64_t* d_dst = ToDevice(dst);
-  ASSERT_EQ(KvEncodeRecords(d_ent, d_dst, n, nope, 64, nullptr), cudaSuccess);
+  ASSERT_EQ(KvEncodeRecords(AsBf16(d_ent), d_dst, n, nope, 64, nullptr), cudaSuccess);
   int32_t* d_table = ToDevice(table);
   // Tokens: a full window, a partial one, every complete entry (no indexer), in turn.
   std::mt19937_64 rng(c.T * 100 + c.H + c.n_comp);
@@ -433,8 +433,9 @@ void DecodePathCase(const DecodeCase& c) {
   DeviceBuffer<uint64_t> cand_a(T * n_cand), cand_b(T * n_cand);
   DeviceBuffer<uint16_t> rows_a(rows_bytes / 2), rows_b(rows_bytes / 2);
   DeviceBuffer<uint16_t> out_a(T * H * D), out_b(T * H * D), out_c(T * H * D), out_d(T * H * D);
-  ASSERT_EQ(KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_a.get(), nullptr, rows_a.get()),
-            cudaSuccess);
+  ASSERT_EQ(
+      KvBuildCandidates(g, d_tok, T, d_sel, n_cand, cand_a.get(), nullptr, AsBf16(rows_a.get())),
+      cudaSuccess);
   const KvSparseAttentionParams fused = {.q = AsBf16(d_q),
                                          .cand = cand_a.get(),
                                          .sink = d_sink,
@@ -465,7 +466,7 @@ void DecodePathCase(const DecodeCase& c) {
   general.rope_sin = nullptr;
   general.rope_dim = 0;
   ASSERT_EQ(KvSparseAttention(general, nullptr), cudaSuccess);
-  ASSERT_EQ(ApplyRope(out_b.get(), T, H, D, 64, d_cos, d_sin, true, nullptr), cudaSuccess);
+  ASSERT_EQ(ApplyRope(AsBf16(out_b.get()), T, H, D, 64, d_cos, d_sin, true, nullptr), cudaSuccess);
   KvSparseAttentionParams serial = fused;
   serial.cand = cand_b.get();
   serial.out = AsBf16(out_c.get());
@@ -554,8 +555,8 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   int32_t* d_table = ToDevice(table);
   uint16_t* out = nullptr;
   cudaMalloc(&out, n * hd * 2);
-  ASSERT_EQ(KvEncodeKeys(d_keys, d_dst, n, hd, nullptr), cudaSuccess);
-  ASSERT_EQ(KvGatherKeys(g, d_table, 1 + blocks, n, out, nullptr), cudaSuccess);
+  ASSERT_EQ(KvEncodeKeys(AsBf16(d_keys), d_dst, n, hd, nullptr), cudaSuccess);
+  ASSERT_EQ(KvGatherKeys(g, d_table, 1 + blocks, n, AsBf16(out), nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> back = FromBf16(ToHost(out, n * hd));
   int64_t same = 0;
@@ -578,12 +579,30 @@ TEST_F(PagedKvTest, Mxfp4KeysRoundTripThroughATable) {
   cudaMalloc(&s1, T * n_cols * 4);
   cudaMalloc(&s2, T * n_cols * 4);
   for (const int64_t n_table : {1 + blocks, blocks}) {
-    ASSERT_EQ(KvGatherKeys(g, d_table, n_table, n, out, nullptr), cudaSuccess);
-    ASSERT_EQ(IndexerScores(d_q, d_w, out, nullptr, d_pos, T, H, hd, ratio, n_cols, s1, nullptr),
+    ASSERT_EQ(KvGatherKeys(g, d_table, n_table, n, AsBf16(out), nullptr), cudaSuccess);
+    ASSERT_EQ(IndexerScores({.q = AsBf16(d_q),
+                             .w = AsBf16(d_w),
+                             .keys = AsBf16(out),
+                             .positions = d_pos,
+                             .T = T,
+                             .heads = H,
+                             .head_dim = hd,
+                             .ratio = ratio,
+                             .n_cols = n_cols,
+                             .scores = s1},
+                            nullptr),
               cudaSuccess);
-    ASSERT_EQ(
-        KvIndexerScores(d_q, d_w, g, d_table, n_table, d_pos, T, H, ratio, n_cols, s2, nullptr),
-        cudaSuccess);
+    ASSERT_EQ(KvIndexerScores({.q = AsBf16(d_q),
+                               .w = AsBf16(d_w),
+                               .g = g,
+                               .positions = d_pos,
+                               .T = T,
+                               .heads = H,
+                               .ratio = ratio,
+                               .n_cols = n_cols,
+                               .scores = s2},
+                              d_table, n_table, nullptr),
+              cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> a = ToHost(s1, T * n_cols), b = ToHost(s2, T * n_cols);
     int64_t same_scores = 0;
