@@ -86,26 +86,33 @@ HcOut HostHcPre(const model::HcWeights& w, const std::vector<float>& streams, in
   return o;
 }
 
+// HcPre's parameters over the device buffers of one shape (DeviceHcPre, DeviceHcPreDeferred).
+HcPreParams HcPreOn(DeviceBuffer<uint16_t>& dx, DeviceBuffer<float>& dfn,
+                    DeviceBuffer<float>& dbase, DeviceBuffer<float>& dscale, int64_t T,
+                    const HcShape& s, DeviceBuffer<uint16_t>& dy, DeviceBuffer<float>& dpre,
+                    DeviceBuffer<float>& dpost, DeviceBuffer<float>& dcomb) {
+  return {.streams = AsBf16(dx.get()),
+          .fn = dfn.get(),
+          .base = dbase.get(),
+          .scale = dscale.get(),
+          .T = T,
+          .hc = s.hc,
+          .dim = s.dim,
+          .sinkhorn_iters = s.iters,
+          .hc_eps = s.hc_eps,
+          .norm_eps = s.norm_eps,
+          .y = AsBf16(dy.get()),
+          .pre = dpre.get(),
+          .post = dpost.get(),
+          .comb = dcomb.get()};
+}
+
 HcOut DeviceHcPre(const model::HcWeights& w, const std::vector<float>& streams, int64_t T,
                   const HcShape& s) {
   DeviceBuffer<uint16_t> dx(ToBf16(streams)), dy(T * s.dim);
   DeviceBuffer<float> dfn(w.fn), dbase(w.base), dscale(w.scale);
   DeviceBuffer<float> dpre(T * s.hc), dpost(T * s.hc), dcomb(T * s.hc * s.hc);
-  EXPECT_EQ(HcPre({.streams = AsBf16(dx.get()),
-                   .fn = dfn.get(),
-                   .base = dbase.get(),
-                   .scale = dscale.get(),
-                   .T = T,
-                   .hc = s.hc,
-                   .dim = s.dim,
-                   .sinkhorn_iters = s.iters,
-                   .hc_eps = s.hc_eps,
-                   .norm_eps = s.norm_eps,
-                   .y = AsBf16(dy.get()),
-                   .pre = dpre.get(),
-                   .post = dpost.get(),
-                   .comb = dcomb.get()},
-                  nullptr),
+  EXPECT_EQ(HcPre(HcPreOn(dx, dfn, dbase, dscale, T, s, dy, dpre, dpost, dcomb), nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return HcOut{FromBf16(dy.Get()), dpre.Get(), dpost.Get(), dcomb.Get()};
@@ -122,21 +129,7 @@ HcOut DeviceHcPreDeferred(const model::HcWeights& w, const std::vector<float>& s
   DeviceBuffer<float> dpre(T * s.hc), dpost(T * s.hc), dcomb(T * s.hc * s.hc);
   cudaStream_t side = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-  EXPECT_EQ(HcPreDeferComb({.streams = AsBf16(dx.get()),
-                            .fn = dfn.get(),
-                            .base = dbase.get(),
-                            .scale = dscale.get(),
-                            .T = T,
-                            .hc = s.hc,
-                            .dim = s.dim,
-                            .sinkhorn_iters = s.iters,
-                            .hc_eps = s.hc_eps,
-                            .norm_eps = s.norm_eps,
-                            .y = AsBf16(dy.get()),
-                            .pre = dpre.get(),
-                            .post = dpost.get(),
-                            .comb = dcomb.get()},
-                           nullptr),
+  EXPECT_EQ(HcPreDeferComb(HcPreOn(dx, dfn, dbase, dscale, T, s, dy, dpre, dpost, dcomb), nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(HcCombSinkhorn(dcomb.get(), T, s.hc, s.iters, s.hc_eps, side), cudaSuccess);

@@ -228,18 +228,24 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
   EXPECT_LE(cw.rms_rel, 1e-2) << label;
 
   DeviceBuffer<uint16_t> dq_ref(ToBf16(q_ref)), dw_ref(ToBf16(w_ref));
-  CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq_ref.get()),
-                                .w = AsBf16(dw_ref.get()),
-                                .keys = AsBf16(dkeys.get()),
-                                .positions = dpos.get(),
-                                .T = S,
-                                .heads = H,
-                                .head_dim = hd,
-                                .ratio = 4,
-                                .n_cols = n_cols,
-                                .scores = dscores.get()},
-                               nullptr));
-  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr));
+  // IndexerScores over the keys from query q and weights w, then the top-k (dscores, dsel).
+  const auto scores_and_topk = [&](DeviceBuffer<uint16_t>& q,
+                                   DeviceBuffer<uint16_t>& w) -> cudaError_t {
+    const cudaError_t e = IndexerScores({.q = AsBf16(q.get()),
+                                         .w = AsBf16(w.get()),
+                                         .keys = AsBf16(dkeys.get()),
+                                         .positions = dpos.get(),
+                                         .T = S,
+                                         .heads = H,
+                                         .head_dim = hd,
+                                         .ratio = 4,
+                                         .n_cols = n_cols,
+                                         .scores = dscores.get()},
+                                        nullptr);
+    if (e != cudaSuccess) return e;
+    return IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr);
+  };
+  CUDA_ASSERT_OK(scores_and_topk(dq_ref, dw_ref));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const golden::Closeness cs =
       ReportScores(label + " IndexerScores (host q, w)", dscores.Get(), ref.scores);
@@ -270,18 +276,7 @@ void CheckIndexer(const std::string& label, const IndexerInputs& in) {
                            wq.out, wq.in, AsBf16(dq2.get()), nullptr));
   CUDA_ASSERT_OK(
       IndexerPrepQ(AsBf16(dq2.get()), S, H, hd, rd, dcos.get(), dsin.get(), true, nullptr));
-  CUDA_ASSERT_OK(IndexerScores({.q = AsBf16(dq2.get()),
-                                .w = AsBf16(dw.get()),
-                                .keys = AsBf16(dkeys.get()),
-                                .positions = dpos.get(),
-                                .T = S,
-                                .heads = H,
-                                .head_dim = hd,
-                                .ratio = 4,
-                                .n_cols = n_cols,
-                                .scores = dscores.get()},
-                               nullptr));
-  CUDA_ASSERT_OK(IndexerTopK(dscores.get(), S, n_cols, k, dsel.get(), TopKScratch(), nullptr));
+  CUDA_ASSERT_OK(scores_and_topk(dq2, dw));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   Report(label + " chain q (Fp8Linear + IndexerPrepQ)", FromBf16(dq2.Get()), q_ref);
   const golden::Closeness cc = ReportScores(label + " chain scores", dscores.Get(), ref.scores);
