@@ -463,7 +463,7 @@ int Main(int argc, char** argv) {
   std::vector<double> shm_beyond, grpc_beyond;
   {
     ss::expert::ExpertStoreOptions so;
-    so.model_dir = o.workdir;
+    so.source.model_dir = o.workdir;
     so.layers = {0};
     auto store = Must(ss::expert::ExpertStore::Load(so, pool.get()), "in-process store");
     ss::expert::ExpertEngineOptions eo;

@@ -116,7 +116,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
                                                                ThreadPool* pool) {
   const Clock::time_point t0 = Clock::now();
   std::unique_ptr<ExpertStore> s(new ExpertStore());
-  ASSIGN_OR_RETURN(s->config_, LoadModelConfig(o.model_dir));
+  ASSIGN_OR_RETURN(s->config_, LoadModelConfig(o.source));
   const ModelConfig& c = s->config_;
   RETURN_IF_ERROR(ValidateSlice(c, o.slice_index, o.slice_count));
   RETURN_IF_ERROR(ValidateLayers(c, o.layers));
@@ -137,7 +137,11 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
                                                    ") and dim (", dim, ") to be multiples of it"));
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(o.model_dir));
+  if (o.source.dummy()) {
+    return absl::UnimplementedError(
+        "expert store: --load-format dummy not implemented yet");  // STUB
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(o.source.model_dir));
   const int64_t L = static_cast<int64_t>(o.layers.size());
   std::vector<Source> sources;
   sources.reserve(L * E);

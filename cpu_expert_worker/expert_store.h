@@ -36,13 +36,16 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "common/thread_pool.h"
+#include "common/weight_source.h"
 #include "cpu_expert_worker/kernels/expert_kernels.h"
 #include "cpu_expert_worker/numa.h"
 
 namespace ss::expert {
 
 struct ExpertStoreOptions {
-  std::string model_dir;    // config.json + model*.safetensors (single or sharded)
+  // The model directory (config.json + model*.safetensors, single or sharded), the load format
+  // (dummy: every expert generated in place, nothing read) and the config overrides.
+  WeightSource source;
   std::vector<int> layers;  // layer ids (see above), any order, no repeats, not empty
   int slice_index = 0;      // i in [0, n)
   int slice_count = 1;      // n >= 1

@@ -427,7 +427,7 @@ int Main(int argc, char** argv) {
     std::iota(layers.begin(), layers.end(), 0);
   }
   ExpertStoreOptions so;
-  so.model_dir = c.model_dir;
+  so.source.model_dir = c.model_dir;
   so.layers = layers;
   so.slice_index = c.slice_index;
   so.slice_count = c.slice_count;

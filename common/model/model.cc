@@ -22,6 +22,16 @@ constexpr int kRowGroupSpinUs = 50;
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source, ModelOptions options,
+                                                   const TensorFilter& materialize) {
+  // STUB (h-dummy): overrides and dummy weights.
+  (void)materialize;
+  if (source.dummy() || !source.hf_overrides.empty()) {
+    return absl::UnimplementedError("Model::Load: dummy weights / overrides not implemented yet");
+  }
+  return Load(source.model_dir, options);
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, ModelOptions options) {
   std::unique_ptr<Model> m(new Model());
   ASSIGN_OR_RETURN(m->w_, LoadModelWeights(dir));

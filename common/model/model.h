@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/dummy_weights.h"
 #include "common/model/indexer.h"
 #include "common/model/moe.h"
 #include "common/model/state.h"
 #include "common/model/weights.h"
 #include "common/thread_pool.h"
+#include "common/weight_source.h"
 
 namespace ss::model {
 
@@ -65,6 +67,13 @@ class Model {
  public:
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      ModelOptions options = {});
+  // The model of `source` (its config with the overrides applied; safetensors mapped, or dummy
+  // weights generated in memory). With dummy weights only the tensors `materialize` accepts are
+  // generated; the others read as zeros and take no memory (null: all). Ignored for safetensors,
+  // whose pages are only read where used.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const WeightSource& source,
+                                                     ModelOptions options = {},
+                                                     const TensorFilter& materialize = nullptr);
 
   const ModelConfig& config() const { return w_->config; }
   const ModelWeights& weights() const { return *w_; }

@@ -70,7 +70,7 @@ std::unique_ptr<ExpertStore> Store(const std::string& dir, int i, int n) {
   auto cfg = LoadModelConfig(dir);
   EXPECT_TRUE(cfg.ok()) << cfg.status();
   ExpertStoreOptions o;
-  o.model_dir = dir;
+  o.source.model_dir = dir;
   o.layers = AllLayers(*cfg);
   o.slice_index = i;
   o.slice_count = n;
@@ -297,7 +297,7 @@ class EngineErrors : public testing::Test {
   void SetUp() override {
     pool_ = Pool(2);
     ExpertStoreOptions o;
-    o.model_dir = I256Checkpoint();
+    o.source.model_dir = I256Checkpoint();
     o.layers = {0, 2};
     auto s = ExpertStore::Load(o, pool_.get());
     ASSERT_TRUE(s.ok()) << s.status();

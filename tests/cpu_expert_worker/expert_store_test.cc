@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> Load(const std::string& dir, std::v
                                                   int i, int n, ThreadPool* pool,
                                                   int64_t tile_rows = 16) {
   ExpertStoreOptions o;
-  o.model_dir = dir;
+  o.source.model_dir = dir;
   o.layers = std::move(layers);
   o.slice_index = i;
   o.slice_count = n;
@@ -200,7 +200,7 @@ TEST(ExpertStore, PagesLandOnTheRequestedNode) {
   const int node = *(*topo)->ResolveNode(-1);
   auto pool = Pool(2);
   ExpertStoreOptions o;
-  o.model_dir = I256Checkpoint();
+  o.source.model_dir = I256Checkpoint();
   o.layers = {0, 1, 2};
   o.topology = topo->get();
   o.numa_node = node;
