@@ -21,7 +21,11 @@
 // one file per layer, reused by later runs; --quick uses its first layers). The last line
 // printed is name=value pairs.
 //
-//   build/bin/splitserve-bench-experts [--quick] [--workdir DIR] [--layers L] [--experts E]
+// --stream_only prints the streaming-read baseline alone (5 passes on the node's cores or
+// --threads; last line `stream_read_gbps=X threads=N`), for scripts that need the host's limit.
+//
+//   build/bin/splitserve-bench-experts [--quick] [--stream_only] [--workdir DIR] [--layers L]
+//   [--experts E]
 //       [--threads N] [--isa auto|scalar|avx2|avx512] [--tokens N] [--calls N]
 //       [--client_spin_us US] [--worker PATH]
 #include <signal.h>
@@ -66,6 +70,7 @@ constexpr int64_t kDim = 4096, kInter = 2048, kTopK = 6;
 
 struct Options {
   bool quick = false;
+  bool stream_only = false;  // --stream_only: the streaming-read baseline alone
   std::string workdir, worker, isa = "auto";
   int layers = 0, experts = 16, threads = 0, tokens = 0, calls = 0;
   int client_spin_us = 20;  // ShmClientOptions::spin of the bench's client (the default)
@@ -173,6 +178,27 @@ std::vector<Request> MakeRequests(int64_t T, int count, int64_t E, uint64_t seed
 
 double Us(Clock::time_point t0) { return SecondsSince(t0) * 1e6; }
 
+// --stream_only: the streaming read of 1 GiB on the node's first --threads cores (all by default).
+int StreamOnly(const Options& o) {
+  auto topo = Must(ss::NumaTopology::Discover(), "topology");
+  const int node = Must(topo->ResolveNode(-1), "NUMA node");
+  const std::vector<int>& cores = topo->FindNode(node)->core_cpus;
+  const int threads = o.threads > 0 ? std::min<int>(o.threads, cores.size()) : cores.size();
+  ss::ThreadPoolOptions po;
+  po.num_threads = threads;
+  po.cpus.assign(cores.begin(), cores.begin() + threads);
+  auto pool = Must(ss::ThreadPool::Create(po), "thread pool");
+  const size_t bytes = size_t{1} << 30;
+  std::unique_ptr<uint8_t[]> buf(new uint8_t[bytes]);
+  const size_t part = bytes / threads;
+  (void)pool->ParallelFor(threads, [&](int64_t i, int) {
+    std::memset(buf.get() + i * part, 1, part);  // first touch by the reading thread
+  });
+  const double gbps = StreamReadGbps(pool.get(), buf.get(), bytes, 5);
+  std::printf("stream_read_gbps=%.2f threads=%d\n", gbps, threads);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "--serve_empty") == 0) {
     return ServeEmpty(argv[2], std::atoi(argv[3]));
@@ -191,6 +217,8 @@ int Main(int argc, char** argv) {
     };
     if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--stream_only") {
+      o.stream_only = true;
     } else if (a == "--workdir") {
       o.workdir = value();
     } else if (a == "--worker") {
@@ -211,7 +239,8 @@ int Main(int argc, char** argv) {
       o.client_spin_us = std::atoi(value().c_str());
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--workdir DIR] [--layers L] [--experts E] [--threads N] "
+                   "usage: %s [--quick] [--stream_only] [--workdir DIR] [--layers L] [--experts E] "
+                   "[--threads N] "
                    "[--isa auto|scalar|avx2|avx512] [--tokens N] [--calls N] [--client_spin_us US] "
                    "[--worker PATH]\n",
                    argv[0]);
@@ -229,6 +258,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const Isa worker_isa = Must(ss::expert::ParseIsa(o.isa), "--isa");
+  if (o.stream_only) return StreamOnly(o);
   const Clock::time_point start = Clock::now();
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const std::string tag = std::to_string(::getpid());
