@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# DeepSeek-V4-Flash end to end on one machine: dummy weights at Flash's shapes (`--load-format
+# dummy`, models/flash/config.json), served by `splitserve up --backend cuda` with the routed
+# experts in the expert workers on the host's cores; every figure beside its limit measured in the
+# same run. For the H200 machine (one call, well inside 10 minutes with the default phases).
+#
+#   bash bench/flash_e2e.sh OUT [PHASES]
+#     PHASES: comma-separated, default "decode,2048,8192": `decode` (concurrency 1, 4, 8, 16) and
+#             prompt lengths for prefill (one request, 1 output token).
+#   env: SS_BIN (binaries, default build/bin), SS_FLASH_EXPERTS (routed experts per layer,
+#        default 160: Flash's 256 need ~151 GB of RAM for the experts alone; top-6 of fewer
+#        experts reads and computes the same bytes and FLOPs per token), SS_PORT (18000),
+#        SS_DECODE_TOKENS (output tokens per decode request, 64).
+#
+# Limits, measured in the same run:
+#   decode:  streaming read of the expert workers' cores (splitserve-bench-experts --stream_only,
+#            pinned to the cores `up` gave the expert workers) / routed bytes per step, per token:
+#            a step of c sequences reads the distinct experts of c tokens, E (1 - (1 - 6/E)^c)
+#            of them per layer (random routing), 13,369,344 B each, 43 layers: 3.45 GB at c = 1.
+#   prefill: the expert FLOPs / the expert engine's GFLOP/s in the same phase, i.e. the tokens
+#            over the expert engine's seconds (its own metric, expert_call_seconds): the rate if
+#            nothing but the routed experts took time. 6 x 3 x 2 x 4096 x 2048 x 43 = 13.0 GFLOP
+#            a token.
+# Writes OUT/summary.txt (the figures) and OUT/*.json (bench serve results), OUT/up/ (logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bench/flash_e2e.sh OUT [PHASES]}
+phases=${2:-decode,2048,8192}
+bin=${SS_BIN:-build/bin}
+experts=${SS_FLASH_EXPERTS:-160}
+port=${SS_PORT:-18000}
+decode_tokens=${SS_DECODE_TOKENS:-64}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+model=$(mktemp -d /tmp/flash-dummy-XXXXXX)
+cp models/flash/config.json "$model/"
+gzip -dc tests/data/tokenizer/tokenizer.json.gz >"$model/tokenizer.json"
+overrides="{\"n_routed_experts\": $experts}"
+say "flash_e2e: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1); $(nproc) CPUs; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+say "model: models/flash/config.json, --load-format dummy, --hf-overrides '$overrides'"
+
+t0=$(date +%s.%N)
+"$bin/splitserve" up --backend cuda --load-format dummy --model "$model" --hf-overrides "$overrides" \
+  --max-model-len 40960 --port "$port" --log-dir "$out/up" --ready-timeout-s 500 >"$out/up.log" 2>&1 &
+up_pid=$!
+cleanup() {
+  kill -TERM "$up_pid" 2>/dev/null
+  wait "$up_pid" 2>/dev/null
+  rm -rf "$model"
+}
+trap cleanup EXIT
+ready=0
+for _ in $(seq 1 1000); do
+  if curl -sf "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then ready=1; break; fi
+  kill -0 "$up_pid" 2>/dev/null || break
+  sleep 0.5
+done
+t1=$(date +%s.%N)
+if [ "$ready" != 1 ]; then
+  say "not ready after $(python3 -c "print(round($t1 - $t0, 1))") s"; tail -30 "$out/up.log"
+  for f in "$out"/up/*.log; do echo "== $f"; tail -15 "$f"; done
+  exit 1
+fi
+say "start to ready: $(python3 -c "print(round($t1 - $t0, 1))") s ($(grep -m1 'ready in' "$out/up.log"))"
+grep -h -i "dummy\|generated" "$out"/up/*.log | head -20 | tee -a "$summary"
+grep -m1 "CPUs:" "$out/up.log" | tee -a "$summary"
+
+# The streaming-read limit on the expert workers' cores (the server idle).
+expert_cpus=$(grep -m1 -o 'expert0 on [0-9,-]*' "$out/up.log" | awk '{print $3}')
+stream_line=$(taskset -c "${expert_cpus:-0-$(($(nproc) - 1))}" "$bin/splitserve-bench-experts" --stream_only | tail -1)
+stream_gbps=$(echo "$stream_line" | sed -n 's/.*stream_read_gbps=\([0-9.]*\).*/\1/p')
+say "streaming read on the expert cores (${expert_cpus:-all}): $stream_line"
+
+# Worker metrics endpoints: the coordinator's port + 1 .. + children.
+range=$(grep -m1 -o 'workers: 127.0.0.1:[0-9]*-[0-9]*' "$out/up.log" | sed 's/.*://')
+endpoints=("$port")
+if [ -n "$range" ]; then for p in $(seq "${range%-*}" "${range#*-}"); do endpoints+=("$p"); done; fi
+scrape() {
+  mkdir -p "$1"
+  for p in "${endpoints[@]}"; do curl -s "http://127.0.0.1:$p/metrics" >"$1/$p.txt"; done
+}
+
+# Finite logits: one greedy completion with the top-5 logprobs of every token.
+model_id=$(curl -s "http://127.0.0.1:$port/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "'"$model_id"'", "prompt": [100, 2000, 3000, 4000], "max_tokens": 8, "temperature": 0, "logprobs": 5}' \
+  >"$out/logprobs.json"
+python3 - "$out/logprobs.json" <<'EOF' | tee -a "$summary"
+import json, math, sys
+r = json.load(open(sys.argv[1]))
+if "choices" not in r:
+    print("logprobs check: no answer:", json.dumps(r)[:300]); sys.exit(0)
+lp = r["choices"][0].get("logprobs") or {}
+vals = [v for d in (lp.get("top_logprobs") or []) for v in (d or {}).values()]
+vals += [v for v in (lp.get("token_logprobs") or []) if v is not None]
+bad = [v for v in vals if not math.isfinite(v)]
+print(f"logprobs check: {len(vals)} values, {len(bad)} not finite; text {r['choices'][0]['text']!r}")
+EOF
+
+bench() {  # NAME ARGS...: one bench serve run, its JSON in $out/NAME.json
+  local name=$1; shift
+  "$bin/splitserve" bench serve --port "$port" --tokenizer "$model/tokenizer.json" \
+    --disable-tqdm --save-result --result-dir "$out" --result-filename "$name.json" "$@" \
+    >"$out/$name.txt" 2>&1 || { say "$name: bench serve failed"; tail -5 "$out/$name.txt"; }
+}
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$1" "$2"; }
+
+IFS=, read -ra list <<<"$phases"
+for phase in "${list[@]}"; do
+  if [ "$phase" = decode ]; then
+    for c in 1 4 8 16; do
+      scrape "$out/m_before"
+      bench "decode_c$c" --dataset-name random --random-input-len 16 --random-output-len "$decode_tokens" \
+        --ignore-eos --num-prompts "$c" --max-concurrency "$c"
+      scrape "$out/m_after"
+      j="$out/decode_c$c.json"
+      [ -f "$j" ] || continue
+      toks=$(field "$j" total_output_tokens)
+      split=$(python3 bench/flash_e2e_metrics.py "$out/m_before" "$out/m_after" --tokens "$toks" | tee "$out/split_decode_c$c.txt" | tail -1)
+      python3 - "$j" "$c" "$stream_gbps" "$experts" "$split" <<'EOF' | tee -a "$summary"
+import json, sys
+r = json.load(open(sys.argv[1])); c = int(sys.argv[2]); gbps = float(sys.argv[3] or 0); E = int(sys.argv[4])
+kv = dict(p.split("=") for p in sys.argv[5].split())
+tpot = r.get("mean_tpot_ms", 0)
+per_stream = 1000 / tpot if tpot else 0
+agg = c * per_stream
+distinct = E * (1 - (1 - 6 / E) ** c)
+step_bytes = distinct * 13369344 * 43
+limit = c * gbps * 1e9 / step_bytes if gbps else 0
+print(f"decode c={c}: {agg:.2f} tok/s aggregate ({per_stream:.2f} per stream, mean TPOT {tpot:.1f} ms, "
+      f"median ITL {r.get('median_itl_ms', 0):.1f} ms, TTFT {r.get('mean_ttft_ms', 0):.0f} ms); limit "
+      f"{limit:.2f} tok/s ({distinct:.1f} distinct experts a layer, {step_bytes / 1e9:.2f} GB a step at "
+      f"{gbps:.1f} GB/s); ratio {agg / limit if limit else 0:.2f}; measured expert bytes/token "
+      f"{float(kv.get('bytes_per_token', 0)) / 1e9:.2f} GB; output_throughput {r.get('output_throughput', 0):.2f}; "
+      f"completed {r.get('completed')} failed {r.get('failed')}")
+print(f"  per step (ms, sum over layers): attention {kv.get('attention_ms')} shared+router {kv.get('moe_gpu_ms')} "
+      f"routed call {kv.get('moe_cpu_ms')} (engine {kv.get('engine_ms')}, transport {kv.get('transport_ms')})")
+EOF
+    done
+  else
+    L=$phase
+    scrape "$out/m_before"
+    bench "prefill_$L" --dataset-name random --random-input-len "$L" --random-output-len 1 \
+      --num-prompts 1 --max-concurrency 1 --request-timeout 600
+    scrape "$out/m_after"
+    j="$out/prefill_$L.json"
+    [ -f "$j" ] || continue
+    split=$(python3 bench/flash_e2e_metrics.py "$out/m_before" "$out/m_after" | tee "$out/split_prefill_$L.txt" | tail -1)
+    python3 - "$j" "$L" "$split" <<'EOF' | tee -a "$summary"
+import json, sys
+r = json.load(open(sys.argv[1])); L = int(sys.argv[2])
+kv = dict(p.split("=") for p in sys.argv[3].split())
+ttft = r.get("mean_ttft_ms", 0) / 1000
+rate = L / ttft if ttft else 0
+engine = float(kv.get("engine_s", 0))
+limit = L / engine if engine else 0
+gflops = 13.0e9 * L / engine / 1e9 if engine else 0
+print(f"prefill {L}: {rate:.1f} tok/s (TTFT {ttft:.1f} s); limit {limit:.1f} tok/s (expert engine "
+      f"{engine:.1f} s, {gflops:.0f} GFLOP/s); ratio {rate / limit if limit else 0:.2f}; "
+      f"completed {r.get('completed')} failed {r.get('failed')}")
+steps = max(float(kv.get("steps", 1)), 1)
+print(f"  per prefill chunk (ms, sum over layers; {steps:.0f} chunks): attention {kv.get('attention_ms')} "
+      f"shared+router {kv.get('moe_gpu_ms')} routed call {kv.get('moe_cpu_ms')} (engine {kv.get('engine_ms')}, "
+      f"transport {kv.get('transport_ms')})")
+EOF
+  fi
+done
+say "done: $(date -u +%FT%TZ)"
