@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <utility>
@@ -459,7 +461,10 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
     size_t offset = 0;  // into the data mapping
     bool generated = false;
     Rule rule;
+    size_t table = 0;  // into `tables`: tensors of one rule share them
   };
+  std::vector<Tables> tables;
+  std::map<std::tuple<int, double, double, int>, size_t> table_of_rule;
   std::vector<Item> items(expected.size());
   size_t data_len = 0, zeros_len = 0, skipped = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -472,6 +477,11 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
       continue;
     }
     ASSIGN_OR_RETURN(it.rule, RuleFor(c, expected[i]));
+    const auto key = std::make_tuple(static_cast<int>(it.rule.kind), it.rule.mean, it.rule.std,
+                                     it.rule.exp);
+    auto [pos, added] = table_of_rule.emplace(key, tables.size());
+    if (added) tables.push_back(MakeTables(it.rule));
+    it.table = pos->second;
     it.offset = data_len;
     data_len += (n + kAlign - 1) / kAlign * kAlign;
   }
@@ -498,8 +508,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
   const auto gen = [&](int64_t u, int) {
     const auto [i, k] = units[u];
     const Item& it = items[i];
-    const Tables tab = MakeTables(it.rule);
-    FillChunk(expected[i], it.rule, tab, c.n_routed_experts, seed, k, data + it.offset,
+    FillChunk(expected[i], it.rule, tables[it.table], c.n_routed_experts, seed, k, data + it.offset,
               NumBytes(expected[i]));
   };
   const auto t1 = std::chrono::steady_clock::now();
