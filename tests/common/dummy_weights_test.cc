@@ -177,6 +177,32 @@ TEST(DummyWeights, ValidCodesAndSchema) {
   EXPECT_EQ(tid_tensors, c.n_hash_layers);
 }
 
+uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+// The bytes are pinned: every process of a cluster (and every ISA path of the generator: the
+// vectorised code lookup must give the scalar loop's bytes) generates exactly these.
+TEST(DummyWeights, KnownBytes) {
+  const ModelConfig c = TinyA();
+  const std::pair<ExpectedTensor, uint64_t> cases[] = {
+      {{"layers.3.attn.wq_a.weight", DType::kF8E4M3, {128, 256}}, 0x70623cb316a623f9},
+      {{"layers.3.ffn.experts.2.w1.weight", DType::kI8, {128, 128}}, 0x81fcc3d46777ddd4},
+      {{"layers.3.ffn.experts.2.w2.weight", DType::kI8, {256, 40}}, 0x1286914bedca61c1},  // 40: a short tail
+      {{"layers.3.ffn.gate.weight", DType::kBF16, {16, 256}}, 0xee12f1cdc9d88fa2},
+      {{"layers.0.ffn.gate.tid2eid", DType::kI64, {1024, 4}}, 0x4f03c674f59644c9},
+  };
+  for (const auto& [t, want] : cases) {
+    size_t n = DTypeSize(t.dtype);
+    for (int64_t d : t.shape) n *= d;
+    std::vector<uint8_t> out(n);
+    ASSERT_TRUE(FillDummyTensor(c, t, 11, out.data(), n).ok()) << t.name;
+    EXPECT_EQ(Fnv1a(out), want) << t.name;
+  }
+}
+
 TEST(DummyWeights, FillRejectsSizeMismatchAndUnknownTensors) {
   const ModelConfig c = TinyA();
   std::vector<uint8_t> buf(64);
