@@ -13,9 +13,9 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <tuple>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -107,10 +107,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi"))) size_t CodesAvx5
 #pragma GCC diagnostic pop
 
 bool HaveAvx512Vbmi() {
-  static const bool have = __builtin_cpu_supports("avx512f") &&
-                           __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512dq") &&
-                           __builtin_cpu_supports("avx512vbmi");
+  static const bool have =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi");
   return have;
 }
 #endif
@@ -509,13 +508,14 @@ TensorFilter StageTensors(const ModelConfig& c, int first_layer, int end_layer, 
 absl::Status FillDummyTensor(const ModelConfig& c, const ExpectedTensor& t, uint64_t seed,
                              uint8_t* dst, size_t nbytes) {
   if (nbytes != NumBytes(t)) {
-    return absl::InvalidArgumentError(absl::StrCat("dummy weights: ", t.name, " needs ",
-                                                   NumBytes(t), " bytes, given ", nbytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dummy weights: ", t.name, " needs ", NumBytes(t), " bytes, given ", nbytes));
   }
   ASSIGN_OR_RETURN(const Rule r, RuleFor(c, t));
   const Tables tab = MakeTables(r);
   const size_t chunks = NumChunks(r, nbytes);
-  for (size_t k = 0; k < chunks; ++k) FillChunk(t, r, tab, c.n_routed_experts, seed, k, dst, nbytes);
+  for (size_t k = 0; k < chunks; ++k)
+    FillChunk(t, r, tab, c.n_routed_experts, seed, k, dst, nbytes);
   return absl::OkStatus();
 }
 
@@ -544,8 +544,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
       continue;
     }
     ASSIGN_OR_RETURN(it.rule, RuleFor(c, expected[i]));
-    const auto key = std::make_tuple(static_cast<int>(it.rule.kind), it.rule.mean, it.rule.std,
-                                     it.rule.exp);
+    const auto key =
+        std::make_tuple(static_cast<int>(it.rule.kind), it.rule.mean, it.rule.std, it.rule.exp);
     auto [pos, added] = table_of_rule.emplace(key, tables.size());
     if (added) tables.push_back(MakeTables(it.rule));
     it.table = pos->second;

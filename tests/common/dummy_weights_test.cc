@@ -190,7 +190,8 @@ TEST(DummyWeights, KnownBytes) {
   const std::pair<ExpectedTensor, uint64_t> cases[] = {
       {{"layers.3.attn.wq_a.weight", DType::kF8E4M3, {128, 256}}, 0x70623cb316a623f9},
       {{"layers.3.ffn.experts.2.w1.weight", DType::kI8, {128, 128}}, 0x81fcc3d46777ddd4},
-      {{"layers.3.ffn.experts.2.w2.weight", DType::kI8, {256, 40}}, 0x1286914bedca61c1},  // 40: a short tail
+      {{"layers.3.ffn.experts.2.w2.weight", DType::kI8, {256, 40}},
+       0x1286914bedca61c1},  // 40: a short tail
       {{"layers.3.ffn.gate.weight", DType::kBF16, {16, 256}}, 0xee12f1cdc9d88fa2},
       {{"layers.0.ffn.gate.tid2eid", DType::kI64, {1024, 4}}, 0x4f03c674f59644c9},
   };
@@ -260,7 +261,8 @@ Stats Fp8Stats(const ModelConfig& c, const std::string& p, int64_t out, int64_t 
   std::vector<double> v(out * in);
   for (int64_t r = 0; r < out; ++r) {
     for (int64_t j = 0; j < in; ++j) {
-      v[r * in + j] = E4m3ToFloat(w[r * in + j]) * Ue8m0ToFloat(s[r / 128 * ((in + 127) / 128) + j / 128]);
+      v[r * in + j] =
+          E4m3ToFloat(w[r * in + j]) * Ue8m0ToFloat(s[r / 128 * ((in + 127) / 128) + j / 128]);
     }
   }
   return Moments(v);
@@ -324,8 +326,8 @@ std::string SmallFlashJson() {
 }
 
 TEST(DummyWeights, FortyThreeLayerModelHasFiniteLogits) {
-  const std::filesystem::path dir =
-      std::filesystem::path(testing::TempDir()) / ("ss_dummy_flash43_" + std::to_string(::getpid()));
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) /
+                                    ("ss_dummy_flash43_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   { std::ofstream(dir / "config.json") << SmallFlashJson(); }
   WeightSource src;
