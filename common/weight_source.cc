@@ -30,7 +30,8 @@ void MergeOverrides(const json& overrides, json* config) {
 absl::StatusOr<json> ParseOverrides(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
-    return absl::InvalidArgumentError(absl::StrCat("--hf-overrides: malformed JSON: ", std::string(text)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hf-overrides: malformed JSON: ", std::string(text)));
   }
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
