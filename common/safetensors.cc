@@ -329,6 +329,28 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::OpenFiles(
   return ckpt;
 }
 
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::FromMemory(
+    std::string label, std::vector<TensorView> views, std::shared_ptr<const void> owner) {
+  auto ckpt = std::make_unique<Checkpoint>();
+  ckpt->label_ = std::move(label);
+  ckpt->owner_ = std::move(owner);
+  ckpt->memory_views_ = std::move(views);
+  for (TensorView& v : ckpt->memory_views_) {
+    v.file = ckpt->label_;
+    uint64_t want;
+    if (v.name.empty() || !CheckedBytes(v.shape, DTypeSize(v.dtype), &want) || v.nbytes != want ||
+        (v.data == nullptr && v.nbytes > 0)) {
+      return Bad(ckpt->label_, v.name,
+                 absl::StrCat(v.nbytes, " bytes at ", v.data == nullptr ? "null" : "memory",
+                              " do not hold ", AV(DTypeName(v.dtype)), " ", ShapeStr(v.shape)));
+    }
+    if (!ckpt->index_.emplace(v.name, &v).second) {
+      return Bad(ckpt->label_, v.name, "appears twice");
+    }
+  }
+  return ckpt;
+}
+
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -80,6 +80,13 @@ class Checkpoint {
   // Opens exactly these files (no index); used for golden tensor files.
   static absl::StatusOr<std::unique_ptr<Checkpoint>> OpenFiles(
       const std::vector<std::string>& paths);
+  // A checkpoint of tensors already in memory (dummy weights): `views` point into memory that
+  // `owner` keeps alive as long as the checkpoint lives; each view's `file` is set to `label`.
+  // InvalidArgument naming the tensor for a repeated or empty name, or for nbytes not equal to
+  // the shape x dtype size (or null data with nbytes > 0).
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> FromMemory(std::string label,
+                                                                std::vector<TensorView> views,
+                                                                std::shared_ptr<const void> owner);
 
   const TensorView* Find(std::string_view name) const;
   // The tensor, checked for dtype and shape; the error names the tensor, the file and what was
@@ -98,6 +105,8 @@ class Checkpoint {
 
   std::string label_;  // the directory (or the file list) named in "missing tensor" errors
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<TensorView> memory_views_;  // FromMemory: the views, into owner_'s memory
+  std::shared_ptr<const void> owner_;
   std::map<std::string, const TensorView*> index_;
 };
 

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_schema.h"
+#include "common/dummy_weights.h"
 #include "common/int_math.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -38,6 +40,42 @@ std::string ExpertPrefix(const ModelConfig& c, int layer, int64_t expert) {
   return layer < c.n_layers
              ? absl::StrCat("layers.", layer, ".ffn.experts.", expert, ".")
              : absl::StrCat("mtp.", layer - c.n_layers, ".ffn.experts.", expert, ".");
+}
+
+// The same six tensors' bytes, wherever they are (the mapping, or a dummy expert's scratch).
+struct SourceBytes {
+  const uint8_t *w1 = nullptr, *w1_scale = nullptr, *w3 = nullptr, *w3_scale = nullptr,
+                *w2 = nullptr, *w2_scale = nullptr;
+};
+
+// Generates expert `expert` of `layer` (dummy weights, FillDummyTensor: the bytes
+// MakeDummyCheckpoint gives these tensors) into `scratch` and points `out` at them.
+absl::Status GenerateExpert(const ModelConfig& c, uint64_t seed, int layer, int64_t expert,
+                            std::vector<uint8_t>* scratch, SourceBytes* out) {
+  const std::string p = ExpertPrefix(c, layer, expert);
+  const int64_t dim = c.dim, inter = c.moe_inter_dim;
+  const ExpectedTensor tensors[6] = {
+      {p + "w1.weight", DType::kI8, {inter, dim / 2}},
+      {p + "w1.scale", DType::kF8E8M0, {inter, dim / kMxGroup}},
+      {p + "w3.weight", DType::kI8, {inter, dim / 2}},
+      {p + "w3.scale", DType::kF8E8M0, {inter, dim / kMxGroup}},
+      {p + "w2.weight", DType::kI8, {dim, inter / 2}},
+      {p + "w2.scale", DType::kF8E8M0, {dim, inter / kMxGroup}},
+  };
+  size_t offsets[6], total = 0;
+  for (int i = 0; i < 6; ++i) {
+    offsets[i] = total;
+    total += static_cast<size_t>(tensors[i].shape[0] * tensors[i].shape[1]);
+  }
+  scratch->resize(total);  // first touched by the thread that uses it
+  const uint8_t* ptr[6];
+  for (int i = 0; i < 6; ++i) {
+    const size_t n = static_cast<size_t>(tensors[i].shape[0] * tensors[i].shape[1]);
+    RETURN_IF_ERROR(FillDummyTensor(c, tensors[i], seed, scratch->data() + offsets[i], n));
+    ptr[i] = scratch->data() + offsets[i];
+  }
+  *out = {ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], ptr[5]};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Source> FindSource(const Checkpoint& ckpt, const ModelConfig& c, int layer,
@@ -137,18 +175,21 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
                                                    ") and dim (", dim, ") to be multiples of it"));
   }
 
-  if (o.source.dummy()) {
-    return absl::UnimplementedError(
-        "expert store: --load-format dummy not implemented yet");  // STUB
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(o.source.model_dir));
+  // Real weights: the six tensors of every (layer, expert) in the checkpoint's mapping. Dummy
+  // weights: generated per (layer, expert) into the copying thread's scratch just before its
+  // copy, so no more than one expert per thread exists outside the store.
   const int64_t L = static_cast<int64_t>(o.layers.size());
+  const bool dummy = o.source.dummy();
+  std::unique_ptr<Checkpoint> ckpt;
   std::vector<Source> sources;
-  sources.reserve(L * E);
-  for (int layer : o.layers) {
-    for (int64_t e = 0; e < E; ++e) {
-      ASSIGN_OR_RETURN(Source src, FindSource(*ckpt, c, layer, e));
-      sources.push_back(src);
+  if (!dummy) {
+    ASSIGN_OR_RETURN(ckpt, Checkpoint::Open(o.source.model_dir));
+    sources.reserve(L * E);
+    for (int layer : o.layers) {
+      for (int64_t e = 0; e < E; ++e) {
+        ASSIGN_OR_RETURN(Source src, FindSource(*ckpt, c, layer, e));
+        sources.push_back(src);
+      }
     }
   }
 
@@ -196,8 +237,22 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   std::atomic<int64_t> done{0};
   std::atomic<int> logged_decile{0};
   const Clock::time_point t1 = Clock::now();
-  const auto copy = [&](int64_t unit, int) {
-    const Source& src = sources[unit];
+  std::vector<std::vector<uint8_t>> scratch(pool != nullptr ? pool->size() : 1);
+  std::vector<absl::Status> errors(scratch.size());
+  const auto copy = [&](int64_t unit, int worker) {
+    SourceBytes src;
+    if (dummy) {
+      absl::Status st = GenerateExpert(c, o.source.seed, o.layers[unit / E], unit % E,
+                                       &scratch[worker], &src);
+      if (!st.ok()) {
+        if (errors[worker].ok()) errors[worker] = std::move(st);
+        return;
+      }
+    } else {
+      const Source& v = sources[unit];
+      src = {v.w1->data, v.w1_scale->data, v.w3->data, v.w3_scale->data, v.w2->data,
+             v.w2_scale->data};
+    }
     uint8_t* dst = s->memory_.data() + unit * stride;
     // The weights row-major as in the checkpoint, or tiled; the scales row-major.
     const auto weights = [&](uint8_t* to, const uint8_t* from, int64_t rows, int64_t len,
@@ -208,15 +263,18 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
         CopyRows(to, from, rows, len, from_stride);
       }
     };
-    weights(dst, src.w1->data + r0 * dim / 2, is, dim / 2, dim / 2);
-    std::memcpy(dst + off_w1s, src.w1_scale->data + r0 * dim / kMxGroup, w13s);
-    weights(dst + off_w3, src.w3->data + r0 * dim / 2, is, dim / 2, dim / 2);
-    std::memcpy(dst + off_w3s, src.w3_scale->data + r0 * dim / kMxGroup, w13s);
-    weights(dst + off_w2, src.w2->data + r0 / 2, dim, is / 2, inter / 2);
-    CopyRows(dst + off_w2s, src.w2_scale->data + r0 / kMxGroup, dim, is / kMxGroup,
-             inter / kMxGroup);
-    for (const TensorView* t : {src.w1, src.w1_scale, src.w3, src.w3_scale, src.w2, src.w2_scale})
-      DropSourcePages(*t);
+    weights(dst, src.w1 + r0 * dim / 2, is, dim / 2, dim / 2);
+    std::memcpy(dst + off_w1s, src.w1_scale + r0 * dim / kMxGroup, w13s);
+    weights(dst + off_w3, src.w3 + r0 * dim / 2, is, dim / 2, dim / 2);
+    std::memcpy(dst + off_w3s, src.w3_scale + r0 * dim / kMxGroup, w13s);
+    weights(dst + off_w2, src.w2 + r0 / 2, dim, is / 2, inter / 2);
+    CopyRows(dst + off_w2s, src.w2_scale + r0 / kMxGroup, dim, is / kMxGroup, inter / kMxGroup);
+    if (!dummy) {
+      const Source& v = sources[unit];
+      for (const TensorView* t : {v.w1, v.w1_scale, v.w3, v.w3_scale, v.w2, v.w2_scale}) {
+        DropSourcePages(*t);
+      }
+    }
     const int64_t now_done = done.fetch_add(s->expert_slice_bytes_) + s->expert_slice_bytes_;
     const int decile = static_cast<int>(now_done * 10 / total);
     int prev = logged_decile.load();
@@ -233,14 +291,20 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   } else {
     for (int64_t u = 0; u < L * E; ++u) copy(u, 0);
   }
+  for (absl::Status& st : errors) RETURN_IF_ERROR(st);
   const double copy_s = SecondsSince(t1);
   ckpt.reset();  // unmaps every shard: nothing of the checkpoint stays resident
   s->load_seconds_ = SecondsSince(t0);
+  const std::string how =
+      dummy ? absl::StrFormat("%.2f GB/s generating dummy weights and copying; %.2f s to plan",
+                              total / 1e9 / std::max(copy_s, 1e-9), open_s)
+            : absl::StrFormat(
+                  "%.2f GB/s copy; %.2f s to open the checkpoint and check %d expert tensors",
+                  total / 1e9 / std::max(copy_s, 1e-9), open_s, sources.size() * 6);
   spdlog::info(absl::StrFormat(
-      "expert store: loaded %.3f GB in %.2f s (%.2f GB/s copy; %.2f s to open the checkpoint and "
-      "check %d expert tensors), %d MB allocated, resident %d MB",
-      total / 1e9, copy_s, total / 1e9 / std::max(copy_s, 1e-9), open_s, sources.size() * 6,
-      s->allocated_bytes() >> 20, ResidentBytes() >> 20));
+      "expert store: loaded %.3f GB%s in %.2f s (%s), %d MB allocated, resident %d MB",
+      total / 1e9, dummy ? " (dummy)" : "", copy_s, how, s->allocated_bytes() >> 20,
+      ResidentBytes() >> 20));
   return s;
 }
 

@@ -23,6 +23,12 @@
 // is closed at the end, so after Load the resident memory is about the slice's bytes. Progress
 // and the load rate (GB/s of slice bytes) are logged with spdlog.
 //
+// Dummy weights (source.load_format dummy: only config.json is read). No checkpoint is built:
+// each (layer, expert) task generates that expert's six whole tensors (FillDummyTensor, so the
+// bytes MakeDummyCheckpoint would give them) into its thread's scratch and copies them with the
+// same slicing/tiling code as above, so memory stays at the slice's bytes plus one expert per
+// thread, and the store equals a real load of the same dummy checkpoint written to safetensors.
+//
 // Threads: Load runs on the calling thread and the pool (it calls pool->ParallelFor, so not from
 // inside a task of that pool). A loaded store is immutable; all accessors may be called from any
 // thread.

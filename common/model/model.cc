@@ -20,27 +20,49 @@ namespace {
 // leaves the cores to the expert worker.
 constexpr int kRowGroupSpinUs = 50;
 
+// The CPUs this process may run on (sched_getaffinity), at least 1.
+int AllowedCpus() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source, ModelOptions options,
                                                    const TensorFilter& materialize) {
-  // STUB (h-dummy): overrides and dummy weights.
-  (void)materialize;
-  if (source.dummy() || !source.hf_overrides.empty()) {
-    return absl::UnimplementedError("Model::Load: dummy weights / overrides not implemented yet");
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(source));
+  std::unique_ptr<Checkpoint> ckpt;
+  if (source.dummy()) {
+    std::unique_ptr<ThreadPool> pool;
+    const int threads = AllowedCpus();
+    if (threads > 1) {
+      ThreadPoolOptions po;
+      po.num_threads = threads;
+      po.spin_us = 0;
+      po.name = "ss-dummy";
+      ASSIGN_OR_RETURN(pool, ThreadPool::Create(po));
+    }
+    ASSIGN_OR_RETURN(ckpt, MakeDummyCheckpoint(config, source.seed, materialize, pool.get()));
+  } else {
+    ASSIGN_OR_RETURN(ckpt, Checkpoint::Open(source.model_dir));
   }
-  return Load(source.model_dir, options);
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> w,
+                   BindModelWeights(std::move(config), std::move(ckpt)));
+  return FromWeights(std::move(w), options);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, ModelOptions options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> w, LoadModelWeights(dir));
+  return FromWeights(std::move(w), options);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::FromWeights(std::unique_ptr<ModelWeights> w,
+                                                          ModelOptions options) {
   std::unique_ptr<Model> m(new Model());
-  ASSIGN_OR_RETURN(m->w_, LoadModelWeights(dir));
+  m->w_ = std::move(w);
   m->options_ = options;
   int threads = options.row_group_threads;
-  if (threads <= 0) {
-    cpu_set_t set;
-    threads = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  }
+  if (threads <= 0) threads = AllowedCpus();
   threads = std::min(threads, kMaxRowGroupThreads);
   if (threads > 1) {
     ThreadPoolOptions po;

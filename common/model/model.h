@@ -67,10 +67,11 @@ class Model {
  public:
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      ModelOptions options = {});
-  // The model of `source` (its config with the overrides applied; safetensors mapped, or dummy
-  // weights generated in memory). With dummy weights only the tensors `materialize` accepts are
+  // The model of `source` (its config with the overrides applied, LoadModelConfig(source);
+  // safetensors mapped, or dummy weights generated in memory by MakeDummyCheckpoint on a pool of
+  // this process's allowed CPUs). With dummy weights only the tensors `materialize` accepts are
   // generated; the others read as zeros and take no memory (null: all). Ignored for safetensors,
-  // whose pages are only read where used.
+  // whose pages are only read where used. Both bind through BindModelWeights.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const WeightSource& source,
                                                      ModelOptions options = {},
                                                      const TensorFilter& materialize = nullptr);
@@ -123,6 +124,8 @@ class Model {
 
  private:
   Model() = default;
+  static absl::StatusOr<std::unique_ptr<Model>> FromWeights(std::unique_ptr<ModelWeights> w,
+                                                            ModelOptions options);
   const BlockWeights& Block(int64_t layer) const;
   int64_t Ratio(int64_t layer) const;
   absl::Status RunBlockImpl(int64_t layer, std::span<const ChunkRef> chunks, const float* h_in,

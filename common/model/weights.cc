@@ -16,6 +16,11 @@ class Binder {
  public:
   explicit Binder(const Checkpoint& ckpt) : ckpt_(ckpt) {}
   absl::Status status() const { return status_; }
+  // The checkpoint's source, for messages: the file holding embed.weight.
+  std::string label() const {
+    const TensorView* v = ckpt_.Find("embed.weight");
+    return v != nullptr ? v->file : std::string("checkpoint");
+  }
 
   const TensorView* View(const std::string& name, DType dtype) {
     auto v = ckpt_.GetAnyShape(name, dtype);
@@ -164,9 +169,16 @@ absl::Status CheckTid2eid(const MoeWeights& m, const ModelConfig& c, const std::
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  return BindModelWeights(std::move(config), std::move(ckpt));
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> BindModelWeights(
+    ModelConfig config, std::unique_ptr<Checkpoint> checkpoint) {
   auto w = std::make_unique<ModelWeights>();
-  ASSIGN_OR_RETURN(w->config, LoadModelConfig(dir));
-  ASSIGN_OR_RETURN(w->checkpoint, Checkpoint::Open(dir));
+  w->config = std::move(config);
+  w->checkpoint = std::move(checkpoint);
   RETURN_IF_ERROR(ValidateCheckpoint(*w->checkpoint, w->config, nullptr));
   const ModelConfig& c = w->config;
   Binder b(*w->checkpoint);
@@ -178,7 +190,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string
     w->blocks.push_back(
         BindBlock(b, c, absl::StrCat("layers.", l, "."), c.compress_ratio(l), l < c.n_hash_layers));
     RETURN_IF_ERROR(CheckTid2eid(w->blocks.back().moe, c,
-                                 absl::StrCat(dir, ": layers.", l, ".ffn.gate.tid2eid")));
+                                 absl::StrCat(b.label(), ": layers.", l, ".ffn.gate.tid2eid")));
   }
   for (int64_t k = 0; k < c.n_mtp_layers; ++k) {
     const std::string p = absl::StrCat("mtp.", k, ".");

@@ -83,8 +83,13 @@ struct ModelWeights {
   std::vector<MtpWeights> mtp;
 };
 
-// Opens `dir` (config.json + safetensors, single or sharded), validates every tensor against
-// the config's schema and binds them. Errors name the file and the tensor or field.
+// Validates every tensor of `checkpoint` against `config`'s schema and binds them; the result
+// owns the checkpoint. Real and dummy weights (Checkpoint::Open, MakeDummyCheckpoint) bind
+// through this one function. Errors name the tensor and its file (or the dummy label).
+absl::StatusOr<std::unique_ptr<ModelWeights>> BindModelWeights(
+    ModelConfig config, std::unique_ptr<Checkpoint> checkpoint);
+
+// Opens `dir` (config.json + safetensors, single or sharded) and binds it (BindModelWeights).
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir);
 
 }  // namespace ss::model
