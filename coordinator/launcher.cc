@@ -33,6 +33,7 @@
 #include "common/layer_list.h"
 #include "common/model_config.h"
 #include "common/numa_topology.h"
+#include "common/safetensors.h"
 #include "common/stop_signals.h"
 #include "common/tensor_parallel.h"
 #include "common/weight_source.h"
@@ -422,6 +423,16 @@ int RunUpCommand(int argc, char** argv) {
   if (!model.ok()) {
     std::fprintf(stderr, "splitserve up: %s\n", std::string(model.status().message()).c_str());
     return 1;
+  }
+  // A checkpoint to read (dummy weights read none): refused here, once, rather than by every
+  // worker at each of its restarts.
+  if (o.load_format != LoadFormat::kDummy) {
+    if (absl::StatusOr<std::unique_ptr<Checkpoint>> c = Checkpoint::Open(o.model); !c.ok()) {
+      std::fprintf(stderr,
+                   "splitserve up: %s (--load-format dummy generates the weights instead)\n",
+                   std::string(c.status().message()).c_str());
+      return 1;
+    }
   }
   if (!fs::exists(o.tokenizer)) {
     std::fprintf(stderr, "splitserve up: no tokenizer at %s (give --tokenizer FILE)\n",
