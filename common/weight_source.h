@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 
@@ -33,6 +34,10 @@ struct WeightSource {
 
   bool dummy() const { return load_format == LoadFormat::kDummy; }
 };
+
+// OK for "" and for any JSON object's text; otherwise InvalidArgument naming --hf-overrides
+// (malformed JSON, or a JSON value that is not an object). For checking a flag at start.
+absl::Status ValidateHfOverrides(std::string_view text);
 
 // `<model_dir>/config.json` with `hf_overrides` merged in (nested objects merge key by key, any
 // other value replaces; the result must still pass ParseModelConfig). Errors: the overrides not

@@ -34,6 +34,7 @@
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
 #include "common/stop_signals.h"
+#include "common/weight_source.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/cluster_engine.h"
@@ -49,6 +50,9 @@ ABSL_FLAG(std::string, model, "",
           "checkpoint directory (its config.json; tokenizer.json unless "
           "--tokenizer is given)");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json; default: MODEL/tokenizer.json");
+ABSL_FLAG(std::string, hf_overrides, "",
+          "a JSON object merged into --model's config.json at start (vLLM's --hf-overrides); "
+          "every process of the cluster must be given the same");
 ABSL_FLAG(std::string, cluster, "", "cluster config (JSON, coordinator/cluster_config.h)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP API address");
 ABSL_FLAG(int, port, ss::kDefaultHttpPort, "HTTP API port (0 = any free port)");
@@ -121,6 +125,10 @@ int Run(int argc, char** argv) {
   const std::string cluster_path = absl::GetFlag(FLAGS_cluster);
   if (model_dir.empty()) return Fail(2, "--model DIR is required");
   if (cluster_path.empty()) return Fail(2, "--cluster FILE is required");
+  const std::string hf_overrides = absl::GetFlag(FLAGS_hf_overrides);
+  if (absl::Status s = ValidateHfOverrides(hf_overrides); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) return Fail(2, absl::StrCat("--port ", port, " is not a port"));
   if (absl::GetFlag(FLAGS_drain_timeout_s) < 0 || absl::GetFlag(FLAGS_step_timeout_s) < 1 ||
@@ -139,7 +147,8 @@ int Run(int argc, char** argv) {
     spdlog::warn("{}: --insecure_cluster: the control plane accepts unauthenticated calls", kName);
   }
 
-  absl::StatusOr<ModelConfig> model = LoadModelConfig(model_dir);
+  absl::StatusOr<ModelConfig> model =
+      LoadModelConfig(WeightSource{.model_dir = model_dir, .hf_overrides = hf_overrides});
   if (!model.ok()) return Fail(1, std::string(model.status().message()));
   const std::string tok_path = absl::GetFlag(FLAGS_tokenizer).empty()
                                    ? model_dir + "/tokenizer.json"

@@ -33,8 +33,10 @@
 #include "common/layer_list.h"
 #include "common/model_config.h"
 #include "common/numa_topology.h"
+#include "common/safetensors.h"
 #include "common/stop_signals.h"
 #include "common/tensor_parallel.h"
+#include "common/weight_source.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/run_dir.h"
@@ -54,6 +56,7 @@ namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
     "usage: splitserve up [--model DIR] [--tokenizer FILE] [--host H] [--port P]\n"
+    "                     [--load-format auto|safetensors|dummy] [--hf-overrides JSON]\n"
     "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
@@ -63,6 +66,12 @@ constexpr char kUsage[] =
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
     "  Without --model: the bundled tiny model (random weights: its text is noise).\n"
+    "  --load-format dummy: every weight generated in memory (deterministic random values);\n"
+    "  DIR needs only config.json (and tokenizer.json). auto (default) and safetensors read\n"
+    "  DIR's safetensors.\n"
+    "  --hf-overrides JSON: a JSON object merged into config.json in every process, e.g.\n"
+    "  '{\"n_routed_experts\": 128}' (nested objects merge key by key); the result must\n"
+    "  still pass every check of config.json.\n"
     "  --tp N (cuda): N tensor-parallel GPU workers per stage; stage s, rank r runs on GPU\n"
     "  (s*N + r) mod G of the machine's G GPUs (stages may share GPUs, a stage's ranks not).\n"
     "  --kv-tokens auto (default): with the cuda backend and one GPU worker per GPU each worker\n"
@@ -77,6 +86,8 @@ constexpr char kUsage[] =
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
   std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
+  LoadFormat load_format = LoadFormat::kAuto;
+  std::string hf_overrides;  // a JSON object's text (validated), or ""
   int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   bool help = false;          // --help / -h: nothing after it was parsed
@@ -127,6 +138,13 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
       o.model = value;
     } else if (name == "--tokenizer") {
       o.tokenizer = value;
+    } else if (name == "--load-format") {
+      absl::StatusOr<LoadFormat> f = ParseLoadFormat(value);
+      if (!f.ok()) return f.status();
+      o.load_format = *f;
+    } else if (name == "--hf-overrides") {
+      if (absl::Status s = ValidateHfOverrides(value); !s.ok()) return s;
+      o.hf_overrides = value;
     } else if (name == "--host") {
       o.host = value;
     } else if (name == "--port") {
@@ -258,6 +276,19 @@ std::string MetricsAddr(const LaunchPlan& p, int i) {
   return absl::StrCat("127.0.0.1:", p.o.port == 0 ? 0 : p.o.port + 1 + i);
 }
 
+// The weight source's flags every worker gets (the coordinator only the overrides: it reads no
+// weights).
+void AddWeightSourceArgs(const Options& o, bool load_format, std::vector<std::string>* args) {
+  if (load_format) {
+    args->push_back("--load-format");
+    args->push_back(std::string(LoadFormatName(o.load_format)));
+  }
+  if (!o.hf_overrides.empty()) {
+    args->push_back("--hf-overrides");
+    args->push_back(o.hf_overrides);
+  }
+}
+
 std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
   std::vector<std::string> args = {(p.bin / "splitserve-expert-worker").string(),
                                    "--model",
@@ -272,6 +303,7 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
                                    p.shm_names[e],
                                    "--metrics-listen",
                                    MetricsAddr(p, static_cast<int>(p.gpu_ids.size()) + e)};
+  AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
   if (p.experts == p.nodes && p.nodes > 1) {
     args.push_back("--numa-node");
     args.push_back(absl::StrCat(e));
@@ -304,6 +336,7 @@ std::vector<std::string> CoordinatorArgs(const LaunchPlan& p, int http_port) {
                                     "127.0.0.1:0",
                                     "--ports-file",
                                     p.ports_file};
+  AddWeightSourceArgs(o, /*load_format=*/false, &cargs);
   if (!o.api_keys_file.empty()) {  // the path, never the keys (argv is public); or the env
     cargs.push_back("--api-keys-file");
     cargs.push_back(o.api_keys_file);
@@ -327,6 +360,7 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
                                    absl::StrCat(p.kv_tokens),
                                    "--metrics-listen",
                                    MetricsAddr(p, static_cast<int>(i))};
+  AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
   if (p.backend == "cuda") {
     args.push_back("--cuda-device");
     args.push_back(absl::StrCat(p.devices[i]));
@@ -384,10 +418,21 @@ int RunUpCommand(int argc, char** argv) {
         o.model.c_str());
   }
   if (o.tokenizer.empty()) o.tokenizer = o.model + "/tokenizer.json";
-  absl::StatusOr<ModelConfig> model = LoadModelConfig(o.model);
+  absl::StatusOr<ModelConfig> model = LoadModelConfig(WeightSource{
+      .model_dir = o.model, .load_format = o.load_format, .hf_overrides = o.hf_overrides});
   if (!model.ok()) {
     std::fprintf(stderr, "splitserve up: %s\n", std::string(model.status().message()).c_str());
     return 1;
+  }
+  // A checkpoint to read (dummy weights read none): refused here, once, rather than by every
+  // worker at each of its restarts.
+  if (o.load_format != LoadFormat::kDummy) {
+    if (absl::StatusOr<std::unique_ptr<Checkpoint>> c = Checkpoint::Open(o.model); !c.ok()) {
+      std::fprintf(stderr,
+                   "splitserve up: %s (--load-format dummy generates the weights instead)\n",
+                   std::string(c.status().message()).c_str());
+      return 1;
+    }
   }
   if (!fs::exists(o.tokenizer)) {
     std::fprintf(stderr, "splitserve up: no tokenizer at %s (give --tokenizer FILE)\n",

@@ -3,6 +3,11 @@
 //
 //   splitserve up [--model DIR] [--host H] [--port P] [--stages N] [--tp N]
 //                 [--expert-workers N|auto] [--stage-transport auto|grpc|nccl]
+//                 [--load-format auto|safetensors|dummy] [--hf-overrides JSON]
+//
+// --load-format and --hf-overrides (vLLM's names; common/weight_source.h) go to every worker, the
+// overrides also to the coordinator: every process derives the same config. Unless the weights
+// are dummy, a model directory without a checkpoint is refused before anything starts.
 //
 // It picks the layout (the cuda backend when GPUs are present and the cuda backend is built,
 // else the cpu backend; one expert worker per NUMA node holding slice i/n of every layer's

@@ -421,13 +421,13 @@ int Main(int argc, char** argv) {
 
   std::vector<int> layers = c.layers;
   if (c.all_layers) {
-    auto mc = LoadModelConfig(c.model_dir);
+    auto mc = LoadModelConfig(c.source);
     if (!mc.ok()) return Fail(mc.status());
     layers.resize(mc->n_layers + mc->n_mtp_layers);
     std::iota(layers.begin(), layers.end(), 0);
   }
   ExpertStoreOptions so;
-  so.source.model_dir = c.model_dir;
+  so.source = c.source;
   so.layers = layers;
   so.slice_index = c.slice_index;
   so.slice_count = c.slice_count;

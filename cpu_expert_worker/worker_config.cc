@@ -32,7 +32,10 @@ absl::StatusOr<int> ParseNumaNode(absl::string_view spec) {
 absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   WorkerConfig c;
   if (f.model.empty()) return absl::InvalidArgumentError("--model DIR is required");
-  c.model_dir = f.model;
+  c.source.model_dir = f.model;
+  ASSIGN_OR_RETURN(c.source.load_format, ParseLoadFormat(f.load_format));
+  RETURN_IF_ERROR(ValidateHfOverrides(f.hf_overrides));
+  c.source.hf_overrides = f.hf_overrides;
   c.all_layers = f.layers == "all";
   if (!c.all_layers) {
     ASSIGN_OR_RETURN(c.layers, ParseLayerList(f.layers));

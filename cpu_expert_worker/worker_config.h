@@ -3,6 +3,10 @@
 // values here, so every rule is testable without a process.
 //
 //   --model DIR           checkpoint directory (required)
+//   --load_format auto|safetensors|dummy  how the experts are obtained (vLLM's --load-format;
+//                         dummy: generated in place, DIR needs only config.json)
+//   --hf_overrides JSON   a JSON object merged into config.json (vLLM's --hf-overrides;
+//                         common/weight_source.h)
 //   --layers LIST         "0-42,43": ids and inclusive ranges, comma-separated; "all" = every
 //                         block and MTP block of the model (default)
 //   --slice i/n           which part of every expert's intermediate dimension (default 0/1)
@@ -33,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/layer_list.h"
+#include "common/weight_source.h"
 
 namespace ss::expert {
 
@@ -46,6 +51,8 @@ absl::StatusOr<int> ParseNumaNode(absl::string_view spec);
 // The flags' raw values, as the command line gave them.
 struct WorkerFlags {
   std::string model;
+  std::string load_format = "auto";
+  std::string hf_overrides;
   std::string layers = "all";
   std::string slice = "0/1";
   std::string numa_node = "auto";
@@ -66,7 +73,7 @@ struct WorkerFlags {
 };
 
 struct WorkerConfig {
-  std::string model_dir;
+  WeightSource source;      // --model, --load_format, --hf_overrides
   bool all_layers = true;   // --layers all (resolved against the model's config at load)
   std::vector<int> layers;  // when !all_layers
   int slice_index = 0, slice_count = 1;

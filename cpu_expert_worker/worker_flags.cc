@@ -9,6 +9,12 @@
 using ss::expert::WorkerFlags;
 
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
+ABSL_FLAG(std::string, load_format, WorkerFlags{}.load_format,
+          "how the experts are obtained (vLLM's --load-format): auto or safetensors read --model's "
+          "safetensors; dummy generates them in place (--model needs only config.json)");
+ABSL_FLAG(std::string, hf_overrides, "",
+          "a JSON object merged into config.json at start (vLLM's --hf-overrides), e.g. "
+          "'{\"n_routed_experts\": 128}'; every structural check still applies");
 ABSL_FLAG(std::string, layers, WorkerFlags{}.layers,
           "layer ids to hold: ids and inclusive ranges, e.g. 0-42,43 (MTP blocks are "
           "n_layers + k); 'all' = every block and MTP block");
@@ -52,6 +58,8 @@ namespace ss::expert {
 WorkerFlags ReadWorkerFlags() {
   WorkerFlags f;
   f.model = absl::GetFlag(FLAGS_model);
+  f.load_format = absl::GetFlag(FLAGS_load_format);
+  f.hf_overrides = absl::GetFlag(FLAGS_hf_overrides);
   f.layers = absl::GetFlag(FLAGS_layers);
   f.slice = absl::GetFlag(FLAGS_slice);
   f.numa_node = absl::GetFlag(FLAGS_numa_node);

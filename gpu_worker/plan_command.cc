@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/model_config.h"
+#include "common/weight_source.h"
 #include "gpu_worker/memory_plan.h"
 
 namespace ss::gpu {
@@ -34,7 +35,12 @@ int PrintPlan(const PlanFlags& f) {
                  kPlanName);
     return 2;
   }
-  absl::StatusOr<ModelConfig> model = LoadModelConfig(model_dir);
+  if (absl::Status s = ValidateHfOverrides(f.hf_overrides); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kPlanName, std::string(s.message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<ModelConfig> model =
+      LoadModelConfig(WeightSource{.model_dir = model_dir, .hf_overrides = f.hf_overrides});
   if (!model.ok()) {
     std::fprintf(stderr, "%s: %s\n", kPlanName, std::string(model.status().message()).c_str());
     return 1;

@@ -11,10 +11,11 @@ namespace ss::gpu {
 
 // The --plan_* flags (worker_flags.cc) with their defaults.
 struct PlanFlags {
-  std::string model;  // --model: the checkpoint whose config.json is planned
-  int tp = 1;         // --plan_tp: tensor-parallel size
-  int pp = 1;         // --plan_pp: pipeline stages, layers split evenly
-  double gib = 24.0;  // --plan_gib: memory of each GPU
+  std::string model;         // --model: the checkpoint whose config.json is planned
+  std::string hf_overrides;  // --hf_overrides: merged into that config.json (weight_source.h)
+  int tp = 1;                // --plan_tp: tensor-parallel size
+  int pp = 1;                // --plan_pp: pipeline stages, layers split evenly
+  double gib = 24.0;         // --plan_gib: memory of each GPU
   int64_t sequences = MemoryPlanOptions{}.sequences;
   int64_t step_tokens = MemoryPlanOptions{}.step_tokens;
   std::string stage_transport = "grpc";  // or "nccl": set aside the stage links' buffers

@@ -9,11 +9,15 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/dummy_weights.h"
 #include "common/model/model.h"
 #include "common/status.h"
+#include "common/weight_source.h"
 #include "gpu_worker/cpu_backend.h"
 #ifdef SS_HAVE_CUDA
 #include "gpu_worker/cuda/cuda_backend.h"
@@ -23,6 +27,39 @@
 #include "spdlog/spdlog.h"
 
 namespace ss::gpu {
+namespace {
+
+// The tensors of the checkpoint this stage reads (dummy weights generate only these): its
+// blocks, the embedding on stage 0, the head on the last stage (with the MTP blocks where the
+// role holds them, as memory_plan.h counts them), and the routed experts of the layers computed
+// in this process (those without expert-worker endpoints, routed_experts_client.h).
+TensorFilter StageFilter(const ModelConfig& c, const StageRole& role) {
+  std::vector<int> local;
+  for (int l = role.first_layer; l < role.end_layer; ++l) {
+    const bool remote = std::any_of(role.experts.begin(), role.experts.end(),
+                                    [l](const LayerExpertsConfig& e) { return e.layer == l; });
+    if (!remote) local.push_back(l);
+  }
+  const int n = role.end_layer - role.first_layer;
+  const bool embed = role.stage == 0, head = role.last_stage();
+  const bool mtp = head && role.runs_mtp;
+  if (local.empty() || static_cast<int>(local.size()) == n) {
+    return StageTensors(c, role.first_layer, role.end_layer, embed, head, mtp,
+                        /*routed_experts=*/!local.empty());
+  }
+  // Some layers' experts are local, some remote: the stage's tensors plus the local layers'.
+  std::vector<TensorFilter> parts = {
+      StageTensors(c, role.first_layer, role.end_layer, embed, head, mtp, false)};
+  for (const int l : local) {
+    parts.push_back(StageTensors(c, l, l + 1, false, false, false, /*routed_experts=*/true));
+  }
+  return [parts = std::move(parts)](std::string_view name) {
+    return std::any_of(parts.begin(), parts.end(),
+                       [name](const TensorFilter& p) { return p(name); });
+  };
+}
+
+}  // namespace
 
 // Standalone TP > 1: rank 0 creates the group's id and writes it to `path` (whole, by rename);
 // the other ranks wait for the file until `until`.
@@ -92,9 +129,15 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     return absl::InvalidArgumentError(
         absl::StrCat("the role's kv_block_tokens ", role.kv_block_tokens, " < 1"));
   }
-  spdlog::info("loading {}", c.model_dir);
-  ASSIGN_OR_RETURN(std::shared_ptr<const model::Model> model, model::Model::Load(c.model_dir));
-  if (role.end_layer < 0) role.end_layer = static_cast<int>(model->config().n_layers);
+  ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(c.source));
+  if (role.end_layer < 0) role.end_layer = static_cast<int>(config.n_layers);
+  // The layout before any weight is read or generated (the backend checks kv_tokens).
+  RETURN_IF_ERROR(CheckStageLayout(config, role.stage, role.num_stages, role.first_layer,
+                                   role.end_layer, /*kv_tokens=*/1));
+  spdlog::info("loading {} (--load_format {})", c.source.model_dir,
+               LoadFormatName(c.source.load_format));
+  ASSIGN_OR_RETURN(std::shared_ptr<const model::Model> model,
+                   model::Model::Load(c.source, {}, StageFilter(config, role)));
   CpuBackendOptions o;
   o.stage = role.stage;
   o.num_stages = role.num_stages;

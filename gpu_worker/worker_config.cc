@@ -89,7 +89,10 @@ absl::StatusOr<std::vector<LayerExpertsConfig>> ParseExpertsSpec(absl::string_vi
 absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   WorkerConfig c;
   if (f.model.empty()) return absl::InvalidArgumentError("--model DIR is required");
-  c.model_dir = f.model;
+  c.source.model_dir = f.model;
+  ASSIGN_OR_RETURN(c.source.load_format, ParseLoadFormat(f.load_format));
+  RETURN_IF_ERROR(ValidateHfOverrides(f.hf_overrides));
+  c.source.hf_overrides = f.hf_overrides;
   if (f.backend != "cpu" && f.backend != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend '", f.backend, "': expected cpu or cuda"));
@@ -200,7 +203,9 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("advertise = ", advertise.empty() ? "(from listen)" : advertise),
       absl::StrCat("backend = ", backend),
       absl::StrCat("fp64_sums = ", Fp64SumsName(fp64_sums)),
-      absl::StrCat("model = ", model_dir),
+      absl::StrCat("model = ", source.model_dir),
+      absl::StrCat("load_format = ", std::string(LoadFormatName(source.load_format))),
+      absl::StrCat("hf_overrides = ", source.hf_overrides.empty() ? "(none)" : source.hf_overrides),
       absl::StrCat("metrics_listen = ", metrics_listen.empty() ? "(off)" : metrics_listen),
       absl::StrCat("kv_tokens = ", kv_tokens),
       absl::StrCat("expert_deadline_ms = ", expert_deadline_ms),

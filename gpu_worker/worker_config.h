@@ -11,6 +11,10 @@
 //   --port_file PATH          write the bound port there once listening (for launchers, tests)
 //   --backend cpu|cuda        cuda needs a build with CUDA (TP > 1: with NCCL); cpu runs TP 1
 //   --model DIR               checkpoint directory (required)
+//   --load_format auto|safetensors|dummy  how the weights are obtained (vLLM's --load-format;
+//                             dummy: generated in memory, DIR needs only config.json)
+//   --hf_overrides JSON       a JSON object merged into config.json at start (vLLM's
+//                             --hf-overrides; common/weight_source.h)
 //   --metrics_listen HOST:PORT  Prometheus /metrics (empty = off)
 //   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions); with
 //                             --backend cuda 0 sizes the pool to the GPU's free memory
@@ -45,6 +49,7 @@
 #include "common/cluster_defaults.h"
 #include "common/fp64_sums.h"
 #include "common/layer_list.h"
+#include "common/weight_source.h"
 #include "gpu_worker/routed_experts_client.h"
 
 namespace ss::gpu {
@@ -58,6 +63,8 @@ struct WorkerFlags {
   std::string port_file;
   std::string backend = "cpu";
   std::string model;
+  std::string load_format = "auto";
+  std::string hf_overrides;
   std::string metrics_listen;
   int64_t kv_tokens = 16384;
   int cuda_device = 0;  // --backend cuda: the CUDA device ordinal
@@ -85,7 +92,7 @@ struct WorkerConfig {
   std::string worker_id;
   std::string listen, advertise, port_file;
   std::string backend;
-  std::string model_dir;
+  WeightSource source;  // --model, --load_format, --hf_overrides
   std::string metrics_listen;
   int64_t kv_tokens = 0;
   int cuda_device = 0;

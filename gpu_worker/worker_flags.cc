@@ -22,6 +22,12 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
 ABSL_FLAG(std::string, backend, WorkerFlags{}.backend, "cpu (the reference model) or cuda");
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
+ABSL_FLAG(std::string, load_format, WorkerFlags{}.load_format,
+          "how the weights are obtained (vLLM's --load-format): auto or safetensors read --model's "
+          "safetensors; dummy generates them in memory (--model needs only config.json)");
+ABSL_FLAG(std::string, hf_overrides, "",
+          "a JSON object merged into config.json at start (vLLM's --hf-overrides), e.g. "
+          "'{\"n_routed_experts\": 128}'; every structural check still applies");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
@@ -35,8 +41,8 @@ ABSL_FLAG(std::string, fp64_sums, WorkerFlags{}.fp64_sums,
           "an RTX 3090); auto: on where the GPU runs FP64 at 1/4 of FP32 or better");
 ABSL_FLAG(bool, plan, false,
           "print the device-memory plan (weights per GPU, KV capacity) of --plan_tp x --plan_pp "
-          "GPUs of --plan_gib GiB for --model, then exit: 0 when every GPU fits, 1 when one "
-          "does not (it says why)");
+          "GPUs of --plan_gib GiB for --model (with --hf_overrides), then exit: 0 when every GPU "
+          "fits, 1 when one does not (it says why)");
 ABSL_FLAG(int, plan_tp, PlanFlags{}.tp, "--plan: tensor-parallel size");
 ABSL_FLAG(int, plan_pp, PlanFlags{}.pp, "--plan: pipeline stages (layers split evenly)");
 ABSL_FLAG(double, plan_gib, PlanFlags{}.gib, "--plan: memory of each GPU in GiB");
@@ -98,6 +104,8 @@ WorkerFlags ReadWorkerFlags() {
   f.port_file = absl::GetFlag(FLAGS_port_file);
   f.backend = absl::GetFlag(FLAGS_backend);
   f.model = absl::GetFlag(FLAGS_model);
+  f.load_format = absl::GetFlag(FLAGS_load_format);
+  f.hf_overrides = absl::GetFlag(FLAGS_hf_overrides);
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
   f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
@@ -126,6 +134,7 @@ bool PlanRequested() { return absl::GetFlag(FLAGS_plan); }
 PlanFlags ReadPlanFlags() {
   PlanFlags p;
   p.model = absl::GetFlag(FLAGS_model);
+  p.hf_overrides = absl::GetFlag(FLAGS_hf_overrides);
   p.tp = absl::GetFlag(FLAGS_plan_tp);
   p.pp = absl::GetFlag(FLAGS_plan_pp);
   p.gib = absl::GetFlag(FLAGS_plan_gib);

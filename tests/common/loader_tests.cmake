@@ -11,3 +11,6 @@ ss_test(checkpoint_schema_test
 ss_test(file_write_test
   SRCS ${CMAKE_CURRENT_SOURCE_DIR}/file_write_test.cc
   DEPS ss_common LABELS unit)
+ss_test(weight_source_test
+  SRCS ${CMAKE_CURRENT_SOURCE_DIR}/weight_source_test.cc
+  DEPS ss_common LABELS unit)

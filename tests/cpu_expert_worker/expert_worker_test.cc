@@ -40,8 +40,7 @@ TEST(WorkerConfig, LayerLists) {
   for (const char* huge : {"0-4096", "0-2000000000", "4096"}) {
     const auto r = ParseLayerList(huge);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << huge;
-    EXPECT_NE(r.status().message().find("largest layer id 4095"), std::string::npos)
-        << r.status();
+    EXPECT_NE(r.status().message().find("largest layer id 4095"), std::string::npos) << r.status();
   }
 }
 
@@ -80,6 +79,9 @@ TEST(WorkerConfig, EveryFlagIsValidated) {
   bad([](WorkerFlags& g) { g.selftest = -3; }, "--selftest");
   bad([](WorkerFlags& g) { g.selftest_tokens = 300; }, "--selftest_tokens");
   bad([](WorkerFlags& g) { g.weight_layout = "columns"; }, "--weight_layout");
+  bad([](WorkerFlags& g) { g.load_format = "pt"; }, "--load-format 'pt'");
+  bad([](WorkerFlags& g) { g.hf_overrides = "{\"n_routed_experts\": "; }, "--hf-overrides");
+  bad([](WorkerFlags& g) { g.hf_overrides = "[128]"; }, "--hf-overrides");
   bad(
       [](WorkerFlags& g) {
         g.insecure_cluster = true;
@@ -90,6 +92,15 @@ TEST(WorkerConfig, EveryFlagIsValidated) {
   WorkerFlags rows = f;
   rows.weight_layout = "rows";
   EXPECT_FALSE(ParseWorkerConfig(rows)->tiled_weights);
+  EXPECT_EQ(c->source.model_dir, "m");
+  EXPECT_EQ(c->source.load_format, LoadFormat::kAuto);
+  WorkerFlags dummy = f;
+  dummy.load_format = "dummy";
+  dummy.hf_overrides = R"({"n_routed_experts": 8})";
+  auto d = ParseWorkerConfig(dummy);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->source.dummy());
+  EXPECT_EQ(d->source.hf_overrides, dummy.hf_overrides);
 }
 
 TEST(WorkerConfig, DashesBecomeUnderscoresInFlagNamesOnly) {

@@ -460,6 +460,20 @@ TEST(GpuWorkerConfig, FlagsAreValidated) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->worker_id, "stage0");
   EXPECT_EQ(c->end_layer, -1);
+  EXPECT_EQ(c->source.model_dir, kTinyA);
+  EXPECT_EQ(c->source.load_format, LoadFormat::kAuto);
+  f.load_format = "dummy";
+  f.hf_overrides = R"({"rope_scaling": {"factor": 4}})";
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->source.dummy());
+  EXPECT_EQ(c->source.hf_overrides, f.hf_overrides);
+  f.load_format = "pt";
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--load-format 'pt'"), std::string::npos);
+  f.load_format = "auto";
+  f.hf_overrides = "{";
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--hf-overrides"), std::string::npos);
+  f.hf_overrides = "";
   f.backend = "cuda";
 #ifdef SS_HAVE_CUDA
   EXPECT_TRUE(ParseWorkerConfig(f).ok());  // accepted; a missing device fails at start-up
