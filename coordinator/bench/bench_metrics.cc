@@ -75,29 +75,33 @@ BenchMetrics ComputeMetrics(const std::vector<RequestOutput>& outputs, double du
   } else if (!goodput_ms.empty()) {
     m.request_goodput = 0;
   }
-  // Per wall-clock second from the first request's start: output tokens (each text-bearing
-  // chunk's share of the request's tokens at its arrival time) and requests in flight.
-  std::vector<double> tokens_per_s, requests_per_s;
-  auto bump = [](std::vector<double>& v, double t, double n) {
-    const size_t s = static_cast<size_t>(std::max(0.0, t));
-    if (v.size() <= s) v.resize(s + 1, 0.0);
-    v[s] += n;
-  };
+  // Output tokens per wall-clock second from the first request's start (each text-bearing
+  // chunk carries an equal share of its request's usage tokens), and requests in flight at once
+  // (a sweep over the requests' [start, end) intervals).
+  std::vector<double> tokens_per_s;
+  std::vector<std::pair<double, int>> edges;  // (time, +1 start / -1 end)
   for (const RequestOutput& r : outputs) {
     if (!r.success) continue;
     const double start = r.start_s - t0;
     const double chunks = 1.0 + static_cast<double>(r.itl_s.size());
     const double per_chunk = static_cast<double>(r.output_tokens) / chunks;
     double t = start + r.ttft_s;
-    bump(tokens_per_s, t, per_chunk);
-    for (double gap : r.itl_s) bump(tokens_per_s, t += gap, per_chunk);
-    const size_t first = static_cast<size_t>(std::max(0.0, start));
-    const size_t last = static_cast<size_t>(std::max(0.0, start + r.latency_s));
-    for (size_t s = first; s <= last; ++s) bump(requests_per_s, static_cast<double>(s), 1);
+    auto bump = [&](double at) {
+      const size_t sec = static_cast<size_t>(std::max(0.0, at));
+      if (tokens_per_s.size() <= sec) tokens_per_s.resize(sec + 1, 0.0);
+      tokens_per_s[sec] += per_chunk;
+    };
+    bump(t);
+    for (double gap : r.itl_s) bump(t += gap);
+    edges.emplace_back(start, +1);
+    edges.emplace_back(start + r.latency_s, -1);
   }
   for (double v : tokens_per_s) m.max_output_tokens_per_s = std::max(m.max_output_tokens_per_s, v);
-  for (double v : requests_per_s) {
-    m.max_concurrent_requests = std::max(m.max_concurrent_requests, v);
+  std::sort(edges.begin(), edges.end());  // an end sorts before a start at the same time
+  int in_flight = 0;
+  for (const auto& [time, delta] : edges) {
+    in_flight += delta;
+    m.max_concurrent_requests = std::max(m.max_concurrent_requests, double(in_flight));
   }
   m.latency["ttft"] = Summarize(ttft, percentiles);
   m.latency["tpot"] = Summarize(tpot, percentiles);

@@ -101,7 +101,17 @@ TEST(BenchStatsTest, ItlPoolsEveryGapAndPeaksCountPerSecond) {
   EXPECT_EQ(m.latency.at("itl").percentiles_ms[0].second, 100);  // median of 100,100,100,200
   EXPECT_NEAR(m.latency.at("itl").mean_ms, 125, 1e-9);
   EXPECT_DOUBLE_EQ(m.max_output_tokens_per_s, 4);   // all of the first request in second 0
-  EXPECT_DOUBLE_EQ(m.max_concurrent_requests, 1);  // never two in the same second
+  EXPECT_DOUBLE_EQ(m.max_concurrent_requests, 1);  // [0, 0.4) and [1.5, 1.8): never together
+  // Back to back ([0, 1) then [1, 2)) is one at a time; [0.5, 1.5) overlaps both.
+  EXPECT_DOUBLE_EQ(
+      ComputeMetrics({Ok(0.1, 1.0, 2, {}, 0.0), Ok(0.1, 1.0, 2, {}, 1.0)}, 2.0, {50}, {})
+          .max_concurrent_requests,
+      1);
+  EXPECT_DOUBLE_EQ(ComputeMetrics({Ok(0.1, 1.0, 2, {}, 0.0), Ok(0.1, 1.0, 2, {}, 1.0),
+                                   Ok(0.1, 1.0, 2, {}, 0.5)},
+                                  2.0, {50}, {})
+                       .max_concurrent_requests,
+                   2);
 }
 
 BenchOptions Random(int64_t n, int64_t in, int64_t out, double r, uint64_t seed = 0) {
