@@ -42,6 +42,10 @@ struct StreamParse {
   Clock::time_point sent;
   Clock::time_point last_token;
   bool got_token = false;
+  // The first chunk with any choice (text or not): TTFT's fallback when no chunk carried text
+  // (a reply of one token whose bytes end mid-character decodes to nothing).
+  Clock::time_point first_choice;
+  bool got_choice = false;
   bool done = false;
   bool have_usage = false;
   std::string error;
@@ -72,6 +76,8 @@ struct StreamParse {
       return false;
     }
     if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
+      if (!got_choice) first_choice = now;
+      got_choice = true;
       const Json& c = j["choices"][0];
       if (c.is_object() && c.contains("text") && c["text"].is_string() &&
           !c["text"].get_ref<const std::string&>().empty()) {
@@ -184,6 +190,9 @@ RequestOutput CompletionClient::Send(const Turn& turn, Clock::time_point run_sta
     out.error = "the stream carried no usage (stream_options.include_usage not honoured)";
   }
   out.success = out.error.empty();
+  if (out.success && !parse.got_token) {
+    out.ttft_s = parse.got_choice ? Seconds(parse.first_choice - parse.sent) : out.latency_s;
+  }
   if (!out.success) {
     out.output_tokens = 0;
     out.itl_s.clear();

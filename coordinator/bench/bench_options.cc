@@ -360,6 +360,16 @@ std::string BenchServeUsage() {
     }
     out << "\n";
   }
+  out << "\nexamples:\n"
+         "  # decode: 64 requests, 8 at a time, 128-token prompts, 256 tokens each\n"
+         "  splitserve bench serve --port 8000 --num-prompts 64 --max-concurrency 8 \\\n"
+         "      --random-input-len 128 --random-output-len 256 --save-result\n"
+         "  # prefill: one 32K-token prompt, one output token (its TTFT; total_token_throughput)\n"
+         "  splitserve bench serve --port 8000 --num-prompts 1 --max-concurrency 1 \\\n"
+         "      --random-input-len 32768 --random-output-len 1 --save-result\n"
+         "  # prefix caching: 10 shared 4K prefixes, 3-turn conversations, 4 at a time\n"
+         "  splitserve bench serve --port 8000 --dataset-name prefix-repeat --num-prompts 40 \\\n"
+         "      --prefix-repetition-prefix-len 4096 --prefix-repetition-turns 3 --max-concurrency 4\n";
   return out.str();
 }
 

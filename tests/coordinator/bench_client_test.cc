@@ -11,6 +11,7 @@
 #include "coordinator/bench/bench_runner.h"
 #include "coordinator/openai_server.h"
 #include "coordinator/tokenizer.h"
+#include "httplib.h"
 #include "tests/coordinator/fake_engine.h"
 
 namespace ss::bench {
@@ -138,6 +139,81 @@ TEST_F(BenchClientTest, FailuresEndAsFailedRequests) {
   EXPECT_FALSE(r.success);
   EXPECT_FALSE(r.error.empty());
   EXPECT_TRUE(absl::IsUnavailable(FirstModelId("http://127.0.0.1:1", "", 5).status()));
+}
+
+TEST_F(BenchClientTest, SendsTheApiKey) {
+  TearDown();
+  engine_ = std::make_unique<FakeEngine>(FakeEngine::Options{script_, false, 1ms});
+  GatewayConfig config;
+  config.model_name = "tiny";
+  config.api_keys = {"sekrit"};
+  server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
+  auto port = server_->Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  url_ = "http://127.0.0.1:" + std::to_string(*port);
+  RequestOutput r = CompletionClient(Target()).Send(TurnOf(3, 2), Clock::now());
+  EXPECT_FALSE(r.success);
+  EXPECT_NE(r.error.find("HTTP 401"), std::string::npos) << r.error;
+  ClientTarget keyed = Target();
+  keyed.api_key = "sekrit";
+  r = CompletionClient(keyed).Send(TurnOf(3, 2), Clock::now());
+  EXPECT_TRUE(r.success) << r.error;
+  EXPECT_EQ(FirstModelId(url_, "sekrit", 5).value_or(""), "tiny");
+}
+
+// A server whose streams are broken in the ways a client must survive: each ends as a failed
+// request naming the fault.
+TEST(BenchClientBrokenServerTest, MalformedStreamsFail) {
+  httplib::Server server;
+  std::string body;
+  server.Post("/v1/completions", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(body, "text/event-stream");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread listener([&] { server.listen_after_bind(); });
+  ClientTarget t;
+  t.base_url = "http://127.0.0.1:" + std::to_string(port);
+  t.endpoint = "/v1/completions";
+  t.model = "m";
+  t.timeout_s = 5;
+  Turn turn;
+  turn.prompt_ids = {20, 21};
+  turn.output_len = 2;
+  const std::string chunk = "data: {\"choices\": [{\"text\": \"a\"}]}\n\n";
+  const std::string usage =
+      "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 2, \"completion_tokens\": 2}}\n\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {chunk + "data: {not json\n\n", "malformed stream event"},
+      {chunk + chunk + usage, "ended before data: [DONE]"},
+      {chunk + chunk + "data: [DONE]\n\n", "no usage"},
+      {chunk + "data: {\"error\": {\"message\": \"boom\"}}\n\n", "error in stream: boom"},
+  };
+  auto client = std::make_unique<CompletionClient>(t);
+  for (const auto& [b, why] : cases) {
+    body = b;
+    const RequestOutput r = client->Send(turn, Clock::now());
+    EXPECT_FALSE(r.success) << b;
+    EXPECT_NE(r.error.find(why), std::string::npos) << r.error;
+    EXPECT_EQ(r.output_tokens, 0);
+  }
+  body = chunk + chunk + usage + "data: [DONE]\n\n";  // and a good one on the same client
+  const RequestOutput ok = client->Send(turn, Clock::now());
+  EXPECT_TRUE(ok.success) << ok.error;
+  EXPECT_EQ(ok.output_tokens, 2);
+  EXPECT_EQ(ok.itl_s.size(), 1u);
+  // A reply whose only chunk has no text (a token ending mid-character): TTFT falls back to the
+  // first chunk with a choice, never 0.
+  body = "data: {\"choices\": [{\"text\": \"\", \"finish_reason\": \"length\"}]}\n\n" +
+         std::string("data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 2, ") +
+         "\"completion_tokens\": 1}}\n\ndata: [DONE]\n\n";
+  const RequestOutput one = client->Send(turn, Clock::now());
+  EXPECT_TRUE(one.success) << one.error;
+  EXPECT_GT(one.ttft_s, 0);
+  EXPECT_LE(one.ttft_s, one.latency_s);
+  client.reset();  // closes the kept-alive connection, so that the server stops at once
+  server.stop();
+  listener.join();
 }
 
 TEST_F(BenchClientTest, TurnsAreSequentialAndConcurrencyIsBounded) {
