@@ -28,7 +28,9 @@ int RunTokenize(int argc, char** argv) {
   return ss::RunTokenizeCommand(argc, argv, std::cin, std::cout, std::cerr);
 }
 
-int RunBench(int argc, char** argv) { return ss::bench::RunBenchCommand(argc, argv, std::cout, std::cerr); }
+int RunBench(int argc, char** argv) {
+  return ss::bench::RunBenchCommand(argc, argv, std::cout, std::cerr);
+}
 
 constexpr Subcommand kSubcommands[] = {
     {"up", "start the coordinator and every worker on this machine (--help for options)",

@@ -55,7 +55,7 @@ struct StreamParse {
   bool Line(std::string_view line, Clock::time_point now) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty() || line[0] == ':') return true;  // event separator or comment
-    if (line.rfind("data:", 0) != 0) return true;       // event:, id:, retry: -- not used
+    if (line.rfind("data:", 0) != 0) return true;     // event:, id:, retry: -- not used
     line.remove_prefix(5);
     while (!line.empty() && line[0] == ' ') line.remove_prefix(1);
     if (line == "[DONE]") {
@@ -158,8 +158,8 @@ RequestOutput CompletionClient::Send(const Turn& turn, Clock::time_point run_sta
       return false;
     }
     if (status != 200) {
-      error_body.append(data, std::min(n, kMaxErrorBody - std::min(kMaxErrorBody,
-                                                                   error_body.size())));
+      error_body.append(data,
+                        std::min(n, kMaxErrorBody - std::min(kMaxErrorBody, error_body.size())));
       return true;
     }
     pending.append(data, n);

@@ -3,7 +3,8 @@
 // The request carries the prompt (token ids or text), max_tokens, temperature, stream: true and
 // stream_options.include_usage: true (plus ignore_eos when asked). Timing: TTFT is the time to the
 // first chunk whose text is non-empty (when none has text, the first chunk with a choice, else
-// the end); every later text-bearing chunk adds one inter-chunk gap to `itl`. Token counts come only from the stream's `usage` chunk, never from the requested length.
+// the end); every later text-bearing chunk adds one inter-chunk gap to `itl`. Token counts come
+// only from the stream's `usage` chunk, never from the requested length.
 //
 // Failures end the request with `success` false and `error` saying why: no connection, an HTTP
 // status other than 200 (with the body), an `error` object in the stream, a malformed event, a

@@ -63,9 +63,10 @@ class ProgressBar {
     constexpr int kWidth = 30;
     const int64_t d = done_->load();
     const int filled = total_ > 0 ? static_cast<int>(kWidth * d / total_) : kWidth;
-    std::fprintf(stderr, "\r%3d%%|%s%s| %lld/%lld [%.1fs]", total_ > 0 ? int(100 * d / total_) : 100,
-                 std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(),
-                 static_cast<long long>(d), static_cast<long long>(total_), seconds);
+    std::fprintf(stderr, "\r%3d%%|%s%s| %lld/%lld [%.1fs]",
+                 total_ > 0 ? int(100 * d / total_) : 100, std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, ' ').c_str(), static_cast<long long>(d),
+                 static_cast<long long>(total_), seconds);
     std::fflush(stderr);
   }
 
@@ -78,7 +79,8 @@ class ProgressBar {
 };
 
 int RunServe(int argc, char** argv, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<BenchOptions> parsed = ParseBenchOptions(argc, argv, std::getenv("OPENAI_API_KEY"));
+  absl::StatusOr<BenchOptions> parsed =
+      ParseBenchOptions(argc, argv, std::getenv("OPENAI_API_KEY"));
   if (!parsed.ok()) {
     err << kPrefix << parsed.status().message() << " (--help lists the flags)\n";
     return 2;
@@ -133,15 +135,15 @@ int RunServe(int argc, char** argv, std::ostream& out, std::ostream& err) {
     // The first request of the dataset, num_warmups times, at the run's concurrency.
     std::vector<Conversation> warm(static_cast<size_t>(o.num_warmups));
     for (Conversation& c : warm) c.turns.push_back(dataset->front().turns.front());
-    LoadResult w = RunLoad(warm, std::vector<double>(warm.size(), 0.0), o.max_concurrency,
-                           target, nullptr);
+    LoadResult w =
+        RunLoad(warm, std::vector<double>(warm.size(), 0.0), o.max_concurrency, target, nullptr);
     int64_t failed = 0;
     for (const RequestOutput& r : w.outputs) failed += r.success ? 0 : 1;
     out << "Warm-up: " << o.num_warmups << " request(s), " << failed << " failed\n";
   }
 
-  const std::vector<double> arrivals = ArrivalTimes(static_cast<int64_t>(dataset->size()),
-                                                    o.request_rate, o.burstiness, o.seed);
+  const std::vector<double> arrivals =
+      ArrivalTimes(static_cast<int64_t>(dataset->size()), o.request_rate, o.burstiness, o.seed);
   std::atomic<int64_t> finished{0};
   LoadResult load;
   {

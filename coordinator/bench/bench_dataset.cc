@@ -148,8 +148,8 @@ absl::StatusOr<std::vector<Conversation>> CustomDataset(const BenchOptions& o) {
     lines.push_back(std::move(t));
   }
   if (lines.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--dataset-path: ", o.dataset_path,
-                                                   " holds no prompts"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dataset-path: ", o.dataset_path, " holds no prompts"));
   }
   std::vector<Conversation> out(static_cast<size_t>(o.num_prompts));
   for (size_t i = 0; i < out.size(); ++i) out[i].turns.push_back(lines[i % lines.size()]);

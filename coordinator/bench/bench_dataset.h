@@ -61,6 +61,7 @@ std::vector<Conversation> PrefixRepeatDataset(const BenchOptions& o, const Token
 absl::StatusOr<std::vector<Conversation>> CustomDataset(const BenchOptions& o);
 
 // The dataset --dataset-name names.
-absl::StatusOr<std::vector<Conversation>> BuildDataset(const BenchOptions& o, const TokenPool& pool);
+absl::StatusOr<std::vector<Conversation>> BuildDataset(const BenchOptions& o,
+                                                       const TokenPool& pool);
 
 }  // namespace ss::bench

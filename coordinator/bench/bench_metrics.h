@@ -42,8 +42,8 @@ struct BenchMetrics {
   std::optional<double> request_goodput;  // set when SLOs were given
   double output_throughput = 0;
   double total_token_throughput = 0;
-  double max_output_tokens_per_s = 0;  // most output tokens in one wall-clock second
-  double max_concurrent_requests = 0;  // most requests in flight at one instant
+  double max_output_tokens_per_s = 0;           // most output tokens in one wall-clock second
+  double max_concurrent_requests = 0;           // most requests in flight at one instant
   std::map<std::string, LatencyStats> latency;  // "ttft", "tpot", "itl", "e2el"
 };
 

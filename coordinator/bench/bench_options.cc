@@ -28,7 +28,8 @@ absl::Status Bad(const std::string& flag, const std::string& why) {
 }
 
 absl::Status ToInt(const std::string& flag, const std::string& v, int64_t min, int64_t* out) {
-  if (!absl::SimpleAtoi(v, out)) return Bad(flag, absl::StrCat("expected an integer, got '", v, "'"));
+  if (!absl::SimpleAtoi(v, out))
+    return Bad(flag, absl::StrCat("expected an integer, got '", v, "'"));
   if (*out < min) return Bad(flag, absl::StrCat("must be >= ", min, ", got ", v));
   return absl::OkStatus();
 }
@@ -44,33 +45,34 @@ absl::Status ToDouble(const std::string& flag, const std::string& v, double* out
   return absl::OkStatus();
 }
 
-#define SS_INT_FLAG(NAME, FIELD, MIN, HELP)                                          \
-  Flag {                                                                             \
+#define SS_INT_FLAG(NAME, FIELD, MIN, HELP)                                           \
+  Flag {                                                                              \
     NAME, Arity::kOne, HELP, [](BenchOptions& o, const std::vector<std::string>& v) { \
-      return ToInt(NAME, v[0], MIN, &o.FIELD);                                       \
-    }                                                                                \
+      return ToInt(NAME, v[0], MIN, &o.FIELD);                                        \
+    }                                                                                 \
   }
-#define SS_STR_FLAG(NAME, FIELD, HELP)                                               \
-  Flag {                                                                             \
+#define SS_STR_FLAG(NAME, FIELD, HELP)                                                \
+  Flag {                                                                              \
     NAME, Arity::kOne, HELP, [](BenchOptions& o, const std::vector<std::string>& v) { \
-      o.FIELD = v[0];                                                                \
-      return absl::OkStatus();                                                       \
-    }                                                                                \
+      o.FIELD = v[0];                                                                 \
+      return absl::OkStatus();                                                        \
+    }                                                                                 \
   }
-#define SS_SWITCH(NAME, FIELD, HELP)                                                    \
-  Flag {                                                                                \
+#define SS_SWITCH(NAME, FIELD, HELP)                                                   \
+  Flag {                                                                               \
     NAME, Arity::kSwitch, HELP, [](BenchOptions& o, const std::vector<std::string>&) { \
-      o.FIELD = true;                                                                   \
-      return absl::OkStatus();                                                          \
-    }                                                                                   \
+      o.FIELD = true;                                                                  \
+      return absl::OkStatus();                                                         \
+    }                                                                                  \
   }
 
 const std::vector<Flag>& Flags() {
   static const std::vector<Flag> flags = {
       SS_STR_FLAG("backend", backend,
                   "openai | vllm (default vllm): both stream OpenAI /v1/completions"),
-      SS_STR_FLAG("base-url", base_url, "server URL, e.g. http://127.0.0.1:8000 (instead of "
-                                        "--host/--port)"),
+      SS_STR_FLAG("base-url", base_url,
+                  "server URL, e.g. http://127.0.0.1:8000 (instead of "
+                  "--host/--port)"),
       SS_STR_FLAG("host", host, "server host (default 127.0.0.1)"),
       Flag{"port", Arity::kOne, "server port (default 8000)",
            [](BenchOptions& o, const std::vector<std::string>& v) {
@@ -81,8 +83,9 @@ const std::vector<Flag>& Flags() {
              return absl::OkStatus();
            }},
       SS_STR_FLAG("endpoint", endpoint, "API path (default /v1/completions)"),
-      SS_STR_FLAG("model", model, "model name sent in requests (default: the first id of GET "
-                                  "/v1/models)"),
+      SS_STR_FLAG("model", model,
+                  "model name sent in requests (default: the first id of GET "
+                  "/v1/models)"),
       SS_STR_FLAG("served-model-name", served_model_name,
                   "model name sent in requests when it differs from --model"),
       SS_STR_FLAG("tokenizer", tokenizer,
@@ -162,7 +165,8 @@ const std::vector<Flag>& Flags() {
              return absl::OkStatus();
            }},
       SS_INT_FLAG("max-concurrency", max_concurrency, 1,
-                  "most requests in flight at once (default unlimited)"),
+                  "most requests in flight at once (default unlimited; at most 1000 either way, "
+                  "a thread and a connection each)"),
       SS_INT_FLAG("num-warmups", num_warmups, 0,
                   "requests sent (and not measured) before the run (default 0)"),
       Flag{"request-timeout", Arity::kOne,
@@ -211,8 +215,8 @@ const std::vector<Flag>& Flags() {
                  return Bad("goodput", absl::StrCat("expected KEY:MS, got '", kv, "'"));
                }
                if (parts[0] != "ttft" && parts[0] != "tpot" && parts[0] != "e2el") {
-                 return Bad("goodput", absl::StrCat("unknown metric '", parts[0],
-                                                    "' (ttft, tpot or e2el)"));
+                 return Bad("goodput",
+                            absl::StrCat("unknown metric '", parts[0], "' (ttft, tpot or e2el)"));
                }
                o.goodput_ms[parts[0]] = ms;
              }
@@ -369,7 +373,8 @@ std::string BenchServeUsage() {
          "      --random-input-len 32768 --random-output-len 1 --save-result\n"
          "  # prefix caching: 10 shared 4K prefixes, 3-turn conversations, 4 at a time\n"
          "  splitserve bench serve --port 8000 --dataset-name prefix-repeat --num-prompts 40 \\\n"
-         "      --prefix-repetition-prefix-len 4096 --prefix-repetition-turns 3 --max-concurrency 4\n";
+         "      --prefix-repetition-prefix-len 4096 --prefix-repetition-turns 3 --max-concurrency "
+         "4\n";
   return out.str();
 }
 

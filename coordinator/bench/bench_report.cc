@@ -40,7 +40,13 @@ std::string Row(const std::string& name, double value) {
   return Row(name, absl::StrFormat("%.2f", value));
 }
 
-std::string RateString(double rate) { return std::isinf(rate) ? "inf" : absl::StrCat(rate); }
+// Python's str(float), as vLLM's file names spell the rate: "inf", "20.0", "2.5".
+std::string RateString(double rate) {
+  if (std::isinf(rate)) return "inf";
+  std::string s = absl::StrCat(rate);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
 
 }  // namespace
 
@@ -144,11 +150,10 @@ std::string ResultPath(const BenchOptions& o, const RunInfo& info) {
     if (const size_t slash = model.rfind('/'); slash != std::string::npos) {
       model = model.substr(slash + 1);
     }
-    name = absl::StrCat(o.label.empty() ? o.backend : o.label, "-", RateString(o.request_rate),
-                        "qps",
-                        o.max_concurrency > 0 ? absl::StrCat("-concurrency", o.max_concurrency)
-                                              : "",
-                        "-", model, "-", info.date, ".json");
+    name =
+        absl::StrCat(o.label.empty() ? o.backend : o.label, "-", RateString(o.request_rate), "qps",
+                     o.max_concurrency > 0 ? absl::StrCat("-concurrency", o.max_concurrency) : "",
+                     "-", model, "-", info.date, ".json");
   }
   if (o.result_dir.empty()) return name;
   return (std::filesystem::path(o.result_dir) / name).string();

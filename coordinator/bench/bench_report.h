@@ -29,8 +29,8 @@ std::string FormatTable(const BenchOptions& o, const BenchMetrics& m);
 
 // Every aggregate of vLLM's result (latency keys for all four metrics), the per-request arrays
 // (input_lens, output_lens, ttfts, itls, errors, start_times) and --metadata's pairs.
-nlohmann::ordered_json ResultJson(const BenchOptions& o, const RunInfo& info,
-                                  const BenchMetrics& m, const std::vector<RequestOutput>& outputs);
+nlohmann::ordered_json ResultJson(const BenchOptions& o, const RunInfo& info, const BenchMetrics& m,
+                                  const std::vector<RequestOutput>& outputs);
 
 // --result-filename, or vLLM's default name:
 // {backend}-{rate}qps[-concurrency{N}]-{model's last path part}-{date}.json.

@@ -17,10 +17,8 @@ LoadResult RunLoad(const std::vector<Conversation>& conversations,
   }
   LoadResult result;
   result.outputs.resize(first.back());
-  const size_t workers =
-      max_concurrency > 0
-          ? std::min(conversations.size(), static_cast<size_t>(max_concurrency))
-          : conversations.size();
+  const size_t limit = max_concurrency > 0 ? static_cast<size_t>(max_concurrency) : kMaxWorkers;
+  const size_t workers = std::min({conversations.size(), limit, kMaxWorkers});
   std::atomic<size_t> next{0};
   const Clock::time_point start = Clock::now();
   std::vector<std::thread> threads;
@@ -29,9 +27,8 @@ LoadResult RunLoad(const std::vector<Conversation>& conversations,
     threads.emplace_back([&] {
       CompletionClient client(target);
       for (size_t i; (i = next.fetch_add(1)) < conversations.size();) {
-        std::this_thread::sleep_until(
-            start + std::chrono::duration_cast<Clock::duration>(
-                        std::chrono::duration<double>(arrivals_s[i])));
+        std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(arrivals_s[i])));
         const std::vector<Turn>& turns = conversations[i].turns;
         for (size_t k = 0; k < turns.size(); ++k) {
           result.outputs[first[i] + k] = client.Send(turns[k], start);

@@ -1,9 +1,10 @@
 // The load of a `splitserve bench serve` run: conversations sent at their arrival times through
 // at most max_concurrency connections.
 //
-// Workers (max_concurrency of them, or one per conversation when unlimited) take conversations
-// in order; each waits for its conversation's arrival time, then sends its turns one after
-// another on its own connection, so a conversation holds one slot from its first turn to its
+// Workers (max_concurrency of them, one per conversation when unlimited, never more than
+// kMaxWorkers: a thread and a socket each, within the usual 1024-descriptor limit) take
+// conversations in order; each waits for its conversation's arrival time, then sends its turns one
+// after another on its own connection, so a conversation holds one slot from its first turn to its
 // last. A request is thus sent at max(its arrival time, when a slot frees), as in vLLM.
 #pragma once
 
@@ -15,6 +16,8 @@
 #include "coordinator/bench/bench_dataset.h"
 
 namespace ss::bench {
+
+inline constexpr size_t kMaxWorkers = 1000;
 
 struct LoadResult {
   std::vector<RequestOutput> outputs;  // conversation by conversation, turn by turn

@@ -1,12 +1,13 @@
 // `splitserve bench serve`'s client and load against the real OpenAI gateway over a FakeEngine
 // (loopback): TTFT and ITL against the engine's step delay, token counts from usage, sequential
 // turns, the concurrency limit, and every failure ending as a failed request with its reason.
+#include "coordinator/bench/bench_client.h"
+
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <memory>
 
-#include "coordinator/bench/bench_client.h"
 #include "coordinator/bench/bench_metrics.h"
 #include "coordinator/bench/bench_runner.h"
 #include "coordinator/openai_server.h"
@@ -219,8 +220,8 @@ TEST(BenchClientBrokenServerTest, MalformedStreamsFail) {
 TEST_F(BenchClientTest, TurnsAreSequentialAndConcurrencyIsBounded) {
   std::vector<Conversation> convs(3);
   for (Conversation& c : convs) c.turns = {TurnOf(4, 3), TurnOf(9, 3)};
-  LoadResult r = RunLoad(convs, std::vector<double>(3, 0.0), /*max_concurrency=*/0, Target(),
-                         nullptr);
+  LoadResult r =
+      RunLoad(convs, std::vector<double>(3, 0.0), /*max_concurrency=*/0, Target(), nullptr);
   ASSERT_EQ(r.outputs.size(), 6u);
   for (size_t i = 0; i < 6; i += 2) {
     ASSERT_TRUE(r.outputs[i].success && r.outputs[i + 1].success) << r.outputs[i].error;

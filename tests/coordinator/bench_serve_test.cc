@@ -100,18 +100,18 @@ TEST(BenchStatsTest, ItlPoolsEveryGapAndPeaksCountPerSecond) {
       {Ok(0.1, 0.4, 4, {0.1, 0.1, 0.1}, 0.0), Ok(0.1, 0.3, 2, {0.2}, 1.5)}, 2.0, {50}, {});
   EXPECT_EQ(m.latency.at("itl").percentiles_ms[0].second, 100);  // median of 100,100,100,200
   EXPECT_NEAR(m.latency.at("itl").mean_ms, 125, 1e-9);
-  EXPECT_DOUBLE_EQ(m.max_output_tokens_per_s, 4);   // all of the first request in second 0
+  EXPECT_DOUBLE_EQ(m.max_output_tokens_per_s, 4);  // all of the first request in second 0
   EXPECT_DOUBLE_EQ(m.max_concurrent_requests, 1);  // [0, 0.4) and [1.5, 1.8): never together
   // Back to back ([0, 1) then [1, 2)) is one at a time; [0.5, 1.5) overlaps both.
   EXPECT_DOUBLE_EQ(
       ComputeMetrics({Ok(0.1, 1.0, 2, {}, 0.0), Ok(0.1, 1.0, 2, {}, 1.0)}, 2.0, {50}, {})
           .max_concurrent_requests,
       1);
-  EXPECT_DOUBLE_EQ(ComputeMetrics({Ok(0.1, 1.0, 2, {}, 0.0), Ok(0.1, 1.0, 2, {}, 1.0),
-                                   Ok(0.1, 1.0, 2, {}, 0.5)},
-                                  2.0, {50}, {})
-                       .max_concurrent_requests,
-                   2);
+  EXPECT_DOUBLE_EQ(
+      ComputeMetrics({Ok(0.1, 1.0, 2, {}, 0.0), Ok(0.1, 1.0, 2, {}, 1.0), Ok(0.1, 1.0, 2, {}, 0.5)},
+                     2.0, {50}, {})
+          .max_concurrent_requests,
+      2);
 }
 
 BenchOptions Random(int64_t n, int64_t in, int64_t out, double r, uint64_t seed = 0) {
@@ -254,8 +254,8 @@ TEST(BenchArrivalsTest, PoissonRateAndSeed) {
 
 TEST(BenchOptionsTest, VllmNamesAndDefaults) {
   auto o = Parse({"--base-url", "http://127.0.0.1:9/", "--dataset-name=prefix_repetition",
-                  "--num_prompts", "3", "--goodput", "ttft:500", "tpot:50", "--metadata",
-                  "a=1", "b=x=y", "--max-concurrency", "4", "--request-rate", "2.5"});
+                  "--num_prompts", "3", "--goodput", "ttft:500", "tpot:50", "--metadata", "a=1",
+                  "b=x=y", "--max-concurrency", "4", "--request-rate", "2.5"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->BaseUrl(), "http://127.0.0.1:9");
   EXPECT_EQ(o->dataset_name, "prefix-repeat");
@@ -300,13 +300,35 @@ TEST(BenchReportTest, ResultJsonHasVllmKeys) {
   const std::vector<RequestOutput> outs = {Ok(0.1, 0.5, 5, {0.1, 0.1, 0.1, 0.1})};
   const BenchMetrics m = ComputeMetrics(outs, 1.0, o.metric_percentiles, {});
   const nlohmann::ordered_json j = ResultJson(o, info, m, outs);
-  for (const char* k :
-       {"duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-        "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-        "max_output_tokens_per_s", "max_concurrent_requests", "input_lens", "output_lens",
-        "ttfts", "itls", "errors", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
-        "p90_ttft_ms", "p99_ttft_ms", "p99.9_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
-        "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p90_e2el_ms", "machine"}) {
+  for (const char* k : {"duration",
+                        "completed",
+                        "failed",
+                        "total_input_tokens",
+                        "total_output_tokens",
+                        "request_throughput",
+                        "request_goodput",
+                        "output_throughput",
+                        "total_token_throughput",
+                        "max_output_tokens_per_s",
+                        "max_concurrent_requests",
+                        "input_lens",
+                        "output_lens",
+                        "ttfts",
+                        "itls",
+                        "errors",
+                        "mean_ttft_ms",
+                        "median_ttft_ms",
+                        "std_ttft_ms",
+                        "p90_ttft_ms",
+                        "p99_ttft_ms",
+                        "p99.9_ttft_ms",
+                        "mean_tpot_ms",
+                        "p99_tpot_ms",
+                        "mean_itl_ms",
+                        "p99_itl_ms",
+                        "mean_e2el_ms",
+                        "p90_e2el_ms",
+                        "machine"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_NEAR(j["mean_tpot_ms"].get<double>(), 100, 1e-9);
@@ -315,6 +337,8 @@ TEST(BenchReportTest, ResultJsonHasVllmKeys) {
   o.max_concurrency = 4;
   o.result_dir = "/tmp/r";
   EXPECT_EQ(ResultPath(o, info), "/tmp/r/vllm-infqps-concurrency4-tiny-20260101-000000.json");
+  o.request_rate = 20;
+  EXPECT_EQ(ResultPath(o, info), "/tmp/r/vllm-20.0qps-concurrency4-tiny-20260101-000000.json");
   const std::string table = FormatTable(o, m);
   EXPECT_NE(table.find("============ Serving Benchmark Result ============"), std::string::npos);
   EXPECT_NE(table.find("P99.9 TTFT (ms):"), std::string::npos);

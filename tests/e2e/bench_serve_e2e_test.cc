@@ -30,11 +30,27 @@ TEST(BenchServeE2eTest, EightRequestsAgainstTheBundledModel) {
   ASSERT_TRUE(testing_util::WaitReady(port, up)) << ReadLog(up_log);
 
   const std::string log = dir / "bench.log";
-  ChildProcess bench({std::string(SS_BIN_DIR) + "/splitserve", "bench", "serve", "--port",
-                      std::to_string(port), "--num-prompts", "8", "--random-input-len", "32",
-                      "--random-output-len", "8", "--max-concurrency", "4", "--save-result",
-                      "--result-dir", dir / "results", "--result-filename", "r.json",
-                      "--metadata", "suite=e2e", "--disable-tqdm"},
+  ChildProcess bench({std::string(SS_BIN_DIR) + "/splitserve",
+                      "bench",
+                      "serve",
+                      "--port",
+                      std::to_string(port),
+                      "--num-prompts",
+                      "8",
+                      "--random-input-len",
+                      "32",
+                      "--random-output-len",
+                      "8",
+                      "--max-concurrency",
+                      "4",
+                      "--save-result",
+                      "--result-dir",
+                      dir / "results",
+                      "--result-filename",
+                      "r.json",
+                      "--metadata",
+                      "suite=e2e",
+                      "--disable-tqdm"},
                      log);
   const int rc = bench.WaitExit(kBenchTimeout);
   if (rc < 0) bench.Kill();
@@ -65,11 +81,11 @@ TEST(BenchServeE2eTest, EightRequestsAgainstTheBundledModel) {
   EXPECT_EQ(r["input_lens"].size(), 8u);
   EXPECT_EQ(r["ttfts"].size(), 8u);
   EXPECT_EQ(r["itls"].size(), 8u);
-  for (const char* k : {"duration", "request_throughput", "output_throughput",
-                        "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
-                        "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-                        "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
-                        "max_output_tokens_per_s", "max_concurrent_requests"}) {
+  for (const char* k :
+       {"duration", "request_throughput", "output_throughput", "total_token_throughput",
+        "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+        "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
+        "max_output_tokens_per_s", "max_concurrent_requests"}) {
     ASSERT_TRUE(r.contains(k)) << k;
     EXPECT_TRUE(r[k].is_number()) << k;
   }
@@ -83,16 +99,16 @@ TEST(BenchServeE2eTest, NothingListeningIsAClearError) {
   testing_util::TempDir dir("bench_serve_dead");
   const int port = testing_util::FreeLoopbackPort();
   const std::string log = dir / "bench.log";
-  ChildProcess bench({std::string(SS_BIN_DIR) + "/splitserve", "bench", "serve", "--port",
-                      std::to_string(port), "--num-prompts", "2", "--save-result", "--result-dir",
-                      dir / "results", "--disable-tqdm"},
-                     log);
+  ChildProcess bench(
+      {std::string(SS_BIN_DIR) + "/splitserve", "bench", "serve", "--port", std::to_string(port),
+       "--num-prompts", "2", "--save-result", "--result-dir", dir / "results", "--disable-tqdm"},
+      log);
   const int rc = bench.WaitExit(kBenchTimeout);
   if (rc < 0) bench.Kill();
   EXPECT_EQ(rc, 1);
-  EXPECT_NE(ReadLog(log).find("cannot reach the server at http://127.0.0.1:" +
-                              std::to_string(port)),
-            std::string::npos)
+  EXPECT_NE(
+      ReadLog(log).find("cannot reach the server at http://127.0.0.1:" + std::to_string(port)),
+      std::string::npos)
       << ReadLog(log);
   EXPECT_FALSE(std::filesystem::exists(dir / "results"));
 
