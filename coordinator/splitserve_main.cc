@@ -3,6 +3,8 @@
 //   splitserve up ...         the whole system on this machine (coordinator/launcher.h)
 //   splitserve tokenize ...   the tokenizer as a JSON-lines filter (coordinator/tokenize_command.h)
 //   splitserve cpus ...       this host's CPUs for GPU and expert workers (coordinator/launcher.h)
+//   splitserve bench serve    load an OpenAI-compatible server, as `vllm bench serve`
+//                             (coordinator/bench/bench_command.h)
 //
 // Each subcommand parses its own arguments (argv from the subcommand word on), so their flags
 // stay separate.
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "coordinator/bench/bench_command.h"
 #include "coordinator/launcher.h"
 #include "coordinator/tokenize_command.h"
 
@@ -25,12 +28,18 @@ int RunTokenize(int argc, char** argv) {
   return ss::RunTokenizeCommand(argc, argv, std::cin, std::cout, std::cerr);
 }
 
+int RunBench(int argc, char** argv) {
+  return ss::bench::RunBenchCommand(argc, argv, std::cout, std::cerr);
+}
+
 constexpr Subcommand kSubcommands[] = {
     {"up", "start the coordinator and every worker on this machine (--help for options)",
      ss::RunUpCommand},
     {"tokenize", "JSON lines {\"text\"} -> {\"ids\"} (or back with --decode)", RunTokenize},
     {"cpus", "this host's CPUs for GPU workers and expert workers (--help for options)",
      ss::RunCpusCommand},
+    {"bench", "`bench serve`: throughput and latency of an OpenAI-compatible server (vLLM's flags)",
+     RunBench},
 };
 
 void Usage(FILE* f) {
