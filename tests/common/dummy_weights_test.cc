@@ -177,6 +177,29 @@ TEST(DummyWeights, ValidCodesAndSchema) {
   EXPECT_EQ(tid_tensors, c.n_hash_layers);
 }
 
+TEST(CheckpointFromMemory, IndexesViewsAndRejectsBadOnes) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(64, 7);
+  auto view = [&](std::string name, std::vector<int64_t> shape, size_t nbytes) {
+    TensorView v;
+    v.name = std::move(name);
+    v.dtype = DType::kBF16;
+    v.shape = std::move(shape);
+    v.data = bytes->data();
+    v.nbytes = nbytes;
+    return v;
+  };
+  auto ok = Checkpoint::FromMemory("mem", {view("a", {4, 2}, 16), view("b", {32}, 64)}, bytes);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_NE((*ok)->Find("b"), nullptr);
+  EXPECT_EQ((*ok)->Find("b")->file, "mem");
+  EXPECT_TRUE((*ok)->Get("a", DType::kBF16, {4, 2}).ok());
+  EXPECT_TRUE(absl::IsNotFound((*ok)->Get("c", DType::kBF16, {1}).status()));
+  auto twice = Checkpoint::FromMemory("mem", {view("a", {8}, 16), view("a", {8}, 16)}, bytes);
+  EXPECT_NE(twice.status().message().find("twice"), std::string_view::npos) << twice.status();
+  auto short_view = Checkpoint::FromMemory("mem", {view("a", {9}, 16)}, bytes);
+  EXPECT_TRUE(absl::IsInvalidArgument(short_view.status()));
+}
+
 uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
