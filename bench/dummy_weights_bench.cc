@@ -20,8 +20,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/checkpoint_schema.h"
@@ -131,8 +131,9 @@ int main(int argc, char** argv) {
     ::munmap(p, bytes);
   }
   const double gen_gbs = bytes / 1e9 / Median(gen_s), set_gbs = bytes / 1e9 / Median(set_s);
-  std::printf("checkpoint on %d thread(s): %.2f GB/s (%.3f s); fresh memset %.2f GB/s; ratio %.2f\n",
-              po.num_threads, gen_gbs, Median(gen_s), set_gbs, gen_gbs / set_gbs);
+  std::printf(
+      "checkpoint on %d thread(s): %.2f GB/s (%.3f s); fresh memset %.2f GB/s; ratio %.2f\n",
+      po.num_threads, gen_gbs, Median(gen_s), set_gbs, gen_gbs / set_gbs);
 
   // One thread, touched memory: FillDummyTensor vs memcpy.
   std::vector<uint8_t> dst(bytes, 1), src(bytes, 2);
@@ -153,8 +154,9 @@ int main(int argc, char** argv) {
   const double fill_gbs = bytes / 1e9 / Median(fill_s), copy_gbs = bytes / 1e9 / Median(copy_s);
   std::printf("per core (1 thread, touched memory): %.2f GB/s; memcpy %.2f GB/s; ratio %.2f\n",
               fill_gbs, copy_gbs, fill_gbs / copy_gbs);
-  std::printf("threads=%d bytes=%zu checkpoint_gbs=%.3f memset_gbs=%.3f fill_1t_gbs=%.3f "
-              "memcpy_1t_gbs=%.3f\n",
-              po.num_threads, bytes, gen_gbs, set_gbs, fill_gbs, copy_gbs);
+  std::printf(
+      "threads=%d bytes=%zu checkpoint_gbs=%.3f memset_gbs=%.3f fill_1t_gbs=%.3f "
+      "memcpy_1t_gbs=%.3f\n",
+      po.num_threads, bytes, gen_gbs, set_gbs, fill_gbs, copy_gbs);
   return 0;
 }

@@ -5,12 +5,27 @@
 //
 // Formats are the checkpoint's own: e4m3 codes with ue8m0 128x128 block scales, MXFP4 e2m1 nibble
 // pairs with ue8m0 1x32 scales, bf16 and fp32 tensors, int64 tid2eid rows of distinct expert
-// ids. Magnitudes follow a trained model's (and tests/tools/checkpoint_generator's init rules),
-// so activations stay finite through every layer.
+// ids. Magnitudes follow tests/tools/checkpoint_generator's init rules (FP8 linears N(0, 1/fan_in),
+// the shared expert x8 (w1/w3) and x0.25 (w2); MXFP4 experts w1/w3 N(0, 64/fan_in), w2
+// N(0, 0.0625/fan_in); embed N(0, 1), head and other bf16 matrices N(0, 1/fan_in), norms
+// 1 + N(0, 0.1^2); hc fn N(0, 0.02^2), base N(0, 0.5^2), scale U(0.5, 1.5); attn_sink N(0, 1),
+// ape N(0, 0.5^2), gate.bias N(0, 0.1^2)), so activations stay finite through every layer
+// (tests/common/dummy_weights_test.cc runs Flash's 43-layer pattern).
+//
+// How (nothing goes through fp32 and a quantiser): a quantised tensor has ONE block scale 2^e for
+// all its blocks, with e chosen so the codes' std sits where a trained tensor's does (e4m3 about
+// 48..96, e2m1 about 1.25..2.5), and its codes are drawn from a 256-entry table of the normal
+// quantiles (i + 0.5)/256 encoded to e4m3 (or, for MXFP4, two independent nibbles from the 16
+// quantiles), corrected so the decoded std is the rule's; one random byte picks an entry. bf16
+// and fp32 values come from the same quantile table (bf16 with a random last mantissa bit, fp32
+// with random low 16 mantissa bits). A `.scale` tensor depends only on its weight's rule, so
+// weights and scales are generated independently.
 //
 // Determinism: a tensor's bytes depend only on (config, seed, tensor name) — not on the thread
 // count, the order of generation or which other tensors are generated — so every process of a
-// cluster generates the same model. Generation runs on all the pool's threads at memory speed.
+// cluster generates the same model. Each tensor is cut into fixed 1 MiB chunks (whole rows for
+// tid2eid), each drawn from its own splitmix64 stream keyed by (seed, name, chunk index); chunks
+// are the unit of parallel work.
 #pragma once
 
 #include <cstddef>
@@ -34,18 +49,24 @@ using TensorFilter = std::function<bool(std::string_view name)>;
 // The tensors a pipeline stage holding blocks [first_layer, end_layer) uses: the non-expert
 // tensors of those blocks, embed.weight when `embed`, head.weight / norm.weight / hc_head_* when
 // `head`, the MTP blocks' tensors when `mtp`, and the routed experts of its blocks only when
-// `routed_experts` (they normally live in the expert workers).
+// `routed_experts` (they normally live in the expert workers). `c` is not used today (names
+// carry everything); it is there so that a stage's filter can depend on the config.
 TensorFilter StageTensors(const ModelConfig& c, int first_layer, int end_layer, bool embed,
                           bool head, bool mtp, bool routed_experts);
 
-// Writes tensor `t`'s bytes (`nbytes` == its size) into `dst`, deterministic as above.
+// Writes tensor `t`'s bytes (`nbytes` == its size) into `dst` on the calling thread: the same
+// bytes MakeDummyCheckpoint gives it (the expert store generates one expert at a time with it).
 // InvalidArgument for a size mismatch, Internal for a tensor without a rule.
 absl::Status FillDummyTensor(const ModelConfig& c, const ExpectedTensor& t, uint64_t seed,
                              uint8_t* dst, size_t nbytes);
 
 // A checkpoint of every tensor of ExpectedTensors(c), generated on `pool` (null: the calling
-// thread alone). Tensors `materialize` rejects read as zeros and take no memory (one shared
-// read-only zero mapping); null accepts all. Logs bytes generated, seconds and GB/s.
+// thread alone; it calls pool->ParallelFor, so not from inside one of its tasks) into one
+// anonymous mapping, first touched by the generating threads and read-only afterwards. Tensors
+// `materialize` rejects read as zeros and take no memory (they all point at one shared read-only
+// zero mapping as large as the largest of them); null accepts all. ValidateCheckpoint passes on
+// it. Logs bytes generated, seconds and GB/s. Errors: Internal for a tensor without a rule,
+// ResourceExhausted when the memory cannot be mapped.
 absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfig& c, uint64_t seed,
                                                                 const TensorFilter& materialize,
                                                                 ThreadPool* pool);

@@ -227,9 +227,10 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   const int64_t total = s->slice_bytes();
   const bool progress = total >= kProgressMinBytes;
   spdlog::info(
-      absl::StrFormat("expert store: copying %d layer(s) x %d experts, slice %d/%d (rows %d-%d of "
+      absl::StrFormat("expert store: %s %d layer(s) x %d experts, slice %d/%d (rows %d-%d of "
                       "I %d), %.3f GB%s",
-                      L, E, o.slice_index, o.slice_count, r0, r0 + is - 1, inter, total / 1e9,
+                      dummy ? "generating (dummy weights) and copying" : "copying", L, E,
+                      o.slice_index, o.slice_count, r0, r0 + is - 1, inter, total / 1e9,
                       s->memory_.bound() ? absl::StrCat(" bound to NUMA node ", o.numa_node)
                                          : std::string(" (not node-bound)")) +
       (o.tile_rows != 0 ? absl::StrCat(", weights in tiles of ", o.tile_rows, " rows")
@@ -242,16 +243,16 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   const auto copy = [&](int64_t unit, int worker) {
     SourceBytes src;
     if (dummy) {
-      absl::Status st = GenerateExpert(c, o.source.seed, o.layers[unit / E], unit % E,
-                                       &scratch[worker], &src);
+      absl::Status st =
+          GenerateExpert(c, o.source.seed, o.layers[unit / E], unit % E, &scratch[worker], &src);
       if (!st.ok()) {
         if (errors[worker].ok()) errors[worker] = std::move(st);
         return;
       }
     } else {
       const Source& v = sources[unit];
-      src = {v.w1->data, v.w1_scale->data, v.w3->data, v.w3_scale->data, v.w2->data,
-             v.w2_scale->data};
+      src = {v.w1->data,       v.w1_scale->data, v.w3->data,
+             v.w3_scale->data, v.w2->data,       v.w2_scale->data};
     }
     uint8_t* dst = s->memory_.data() + unit * stride;
     // The weights row-major as in the checkpoint, or tiled; the scales row-major.
@@ -302,9 +303,8 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
                   "%.2f GB/s copy; %.2f s to open the checkpoint and check %d expert tensors",
                   total / 1e9 / std::max(copy_s, 1e-9), open_s, sources.size() * 6);
   spdlog::info(absl::StrFormat(
-      "expert store: loaded %.3f GB%s in %.2f s (%s), %d MB allocated, resident %d MB",
-      total / 1e9, dummy ? " (dummy)" : "", copy_s, how, s->allocated_bytes() >> 20,
-      ResidentBytes() >> 20));
+      "expert store: loaded %.3f GB%s in %.2f s (%s), %d MB allocated, resident %d MB", total / 1e9,
+      dummy ? " (dummy)" : "", copy_s, how, s->allocated_bytes() >> 20, ResidentBytes() >> 20));
   return s;
 }
 

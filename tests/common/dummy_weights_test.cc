@@ -177,6 +177,56 @@ TEST(DummyWeights, ValidCodesAndSchema) {
   EXPECT_EQ(tid_tensors, c.n_hash_layers);
 }
 
+TEST(CheckpointFromMemory, IndexesViewsAndRejectsBadOnes) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(64, 7);
+  auto view = [&](std::string name, std::vector<int64_t> shape, size_t nbytes) {
+    TensorView v;
+    v.name = std::move(name);
+    v.dtype = DType::kBF16;
+    v.shape = std::move(shape);
+    v.data = bytes->data();
+    v.nbytes = nbytes;
+    return v;
+  };
+  auto ok = Checkpoint::FromMemory("mem", {view("a", {4, 2}, 16), view("b", {32}, 64)}, bytes);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_NE((*ok)->Find("b"), nullptr);
+  EXPECT_EQ((*ok)->Find("b")->file, "mem");
+  EXPECT_TRUE((*ok)->Get("a", DType::kBF16, {4, 2}).ok());
+  EXPECT_TRUE(absl::IsNotFound((*ok)->Get("c", DType::kBF16, {1}).status()));
+  auto twice = Checkpoint::FromMemory("mem", {view("a", {8}, 16), view("a", {8}, 16)}, bytes);
+  EXPECT_NE(twice.status().message().find("twice"), std::string_view::npos) << twice.status();
+  auto short_view = Checkpoint::FromMemory("mem", {view("a", {9}, 16)}, bytes);
+  EXPECT_TRUE(absl::IsInvalidArgument(short_view.status()));
+}
+
+uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+// The bytes are pinned: every process of a cluster (and every ISA path of the generator: the
+// vectorised code lookup must give the scalar loop's bytes) generates exactly these.
+TEST(DummyWeights, KnownBytes) {
+  const ModelConfig c = TinyA();
+  const std::pair<ExpectedTensor, uint64_t> cases[] = {
+      {{"layers.3.attn.wq_a.weight", DType::kF8E4M3, {128, 256}}, 0x70623cb316a623f9},
+      {{"layers.3.ffn.experts.2.w1.weight", DType::kI8, {128, 128}}, 0x81fcc3d46777ddd4},
+      {{"layers.3.ffn.experts.2.w2.weight", DType::kI8, {256, 40}},
+       0x1286914bedca61c1},  // 40: a short tail
+      {{"layers.3.ffn.gate.weight", DType::kBF16, {16, 256}}, 0xee12f1cdc9d88fa2},
+      {{"layers.0.ffn.gate.tid2eid", DType::kI64, {1024, 4}}, 0x4f03c674f59644c9},
+  };
+  for (const auto& [t, want] : cases) {
+    size_t n = DTypeSize(t.dtype);
+    for (int64_t d : t.shape) n *= d;
+    std::vector<uint8_t> out(n);
+    ASSERT_TRUE(FillDummyTensor(c, t, 11, out.data(), n).ok()) << t.name;
+    EXPECT_EQ(Fnv1a(out), want) << t.name;
+  }
+}
+
 TEST(DummyWeights, FillRejectsSizeMismatchAndUnknownTensors) {
   const ModelConfig c = TinyA();
   std::vector<uint8_t> buf(64);
@@ -234,7 +284,8 @@ Stats Fp8Stats(const ModelConfig& c, const std::string& p, int64_t out, int64_t 
   std::vector<double> v(out * in);
   for (int64_t r = 0; r < out; ++r) {
     for (int64_t j = 0; j < in; ++j) {
-      v[r * in + j] = E4m3ToFloat(w[r * in + j]) * Ue8m0ToFloat(s[r / 128 * ((in + 127) / 128) + j / 128]);
+      v[r * in + j] =
+          E4m3ToFloat(w[r * in + j]) * Ue8m0ToFloat(s[r / 128 * ((in + 127) / 128) + j / 128]);
     }
   }
   return Moments(v);
@@ -298,8 +349,8 @@ std::string SmallFlashJson() {
 }
 
 TEST(DummyWeights, FortyThreeLayerModelHasFiniteLogits) {
-  const std::filesystem::path dir =
-      std::filesystem::path(testing::TempDir()) / ("ss_dummy_flash43_" + std::to_string(::getpid()));
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) /
+                                    ("ss_dummy_flash43_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   { std::ofstream(dir / "config.json") << SmallFlashJson(); }
   WeightSource src;

@@ -78,10 +78,11 @@ int64_t Differences(const ExpertStore& a, const ExpertStore& b, int64_t* compare
     const ExpertSliceView* vb = b.layer_views(layer);
     for (int64_t e = 0; e < a.num_experts(); ++e) {
       const std::pair<const uint8_t*, const uint8_t*> pieces[] = {
-          {va[e].w1, vb[e].w1}, {va[e].w1_scale, vb[e].w1_scale}, {va[e].w3, vb[e].w3},
-          {va[e].w3_scale, vb[e].w3_scale}, {va[e].w2, vb[e].w2}, {va[e].w2_scale, vb[e].w2_scale}};
-      const int64_t sizes[] = {is * dim / 2, is * dim / 32, is * dim / 2,
-                               is * dim / 32, dim * is / 2, dim * is / 32};
+          {va[e].w1, vb[e].w1}, {va[e].w1_scale, vb[e].w1_scale},
+          {va[e].w3, vb[e].w3}, {va[e].w3_scale, vb[e].w3_scale},
+          {va[e].w2, vb[e].w2}, {va[e].w2_scale, vb[e].w2_scale}};
+      const int64_t sizes[] = {is * dim / 2,  is * dim / 32, is * dim / 2,
+                               is * dim / 32, dim * is / 2,  dim * is / 32};
       for (int k = 0; k < 6; ++k) {
         diff += std::memcmp(pieces[k].first, pieces[k].second, sizes[k]) != 0;
         *compared += sizes[k];
