@@ -24,12 +24,18 @@
 # Writes OUT/summary.txt (the figures) and OUT/*.json (bench serve results), OUT/up/ (logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source tests/device/env.sh
 out=${1:?usage: bench/flash_e2e.sh OUT [PHASES]}
 phases=${2:-decode,2048,8192}
 bin=${SS_BIN:-build/bin}
 experts=${SS_FLASH_EXPERTS:-160}
 port=${SS_PORT:-18000}
 decode_tokens=${SS_DECODE_TOKENS:-64}
+# Prebuilt binaries (tests/device/pack.sh) find their libraries through `run`; python3 and curl
+# keep the system's.
+binlibs=${LD_LIBRARY_PATH:-}
+if [ "$bin" != build/bin ]; then prebuilt_library_path "$bin"; binlibs=$LD_LIBRARY_PATH; unset LD_LIBRARY_PATH; fi
+run() { env LD_LIBRARY_PATH="$binlibs" "$@"; }
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
@@ -43,7 +49,7 @@ say "flash_e2e: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --
 say "model: models/flash/config.json, --load-format dummy, --hf-overrides '$overrides'"
 
 t0=$(date +%s.%N)
-"$bin/splitserve" up --backend cuda --load-format dummy --model "$model" --hf-overrides "$overrides" \
+run "$bin/splitserve" up --backend cuda --load-format dummy --model "$model" --hf-overrides "$overrides" \
   --max-model-len 40960 --port "$port" --log-dir "$out/up" --ready-timeout-s 500 >"$out/up.log" 2>&1 &
 up_pid=$!
 cleanup() {
@@ -54,7 +60,7 @@ cleanup() {
 trap cleanup EXIT
 ready=0
 for _ in $(seq 1 1000); do
-  if curl -sf "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then ready=1; break; fi
+  if http GET "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then ready=1; break; fi
   kill -0 "$up_pid" 2>/dev/null || break
   sleep 0.5
 done
@@ -70,7 +76,7 @@ grep -m1 "CPUs:" "$out/up.log" | tee -a "$summary"
 
 # The streaming-read limit on the expert workers' cores (the server idle).
 expert_cpus=$(grep -m1 -o 'expert0 on [0-9,-]*' "$out/up.log" | awk '{print $3}')
-stream_line=$(taskset -c "${expert_cpus:-0-$(($(nproc) - 1))}" "$bin/splitserve-bench-experts" --stream_only | tail -1)
+stream_line=$(run taskset -c "${expert_cpus:-0-$(($(nproc) - 1))}" "$bin/splitserve-bench-experts" --stream_only | tail -1)
 stream_gbps=$(echo "$stream_line" | sed -n 's/.*stream_read_gbps=\([0-9.]*\).*/\1/p')
 say "streaming read on the expert cores (${expert_cpus:-all}): $stream_line"
 
@@ -80,13 +86,13 @@ endpoints=("$port")
 if [ -n "$range" ]; then for p in $(seq "${range%-*}" "${range#*-}"); do endpoints+=("$p"); done; fi
 scrape() {
   mkdir -p "$1"
-  for p in "${endpoints[@]}"; do curl -s "http://127.0.0.1:$p/metrics" >"$1/$p.txt"; done
+  for p in "${endpoints[@]}"; do http GET "http://127.0.0.1:$p/metrics" >"$1/$p.txt"; done
 }
 
 # Finite logits: one greedy completion with the top-5 logprobs of every token.
-model_id=$(curl -s "http://127.0.0.1:$port/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
-curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "'"$model_id"'", "prompt": [100, 2000, 3000, 4000], "max_tokens": 8, "temperature": 0, "logprobs": 5}' \
+model_id=$(http GET "http://127.0.0.1:$port/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+http POST "http://127.0.0.1:$port/v1/completions" \
+  '{"model": "'"$model_id"'", "prompt": [100, 2000, 3000, 4000], "max_tokens": 8, "temperature": 0, "logprobs": 5}' \
   >"$out/logprobs.json"
 python3 - "$out/logprobs.json" <<'EOF' | tee -a "$summary"
 import json, math, sys
@@ -102,7 +108,7 @@ EOF
 
 bench() {  # NAME ARGS...: one bench serve run, its JSON in $out/NAME.json
   local name=$1; shift
-  "$bin/splitserve" bench serve --port "$port" --tokenizer "$model/tokenizer.json" \
+  run "$bin/splitserve" bench serve --port "$port" --tokenizer "$model/tokenizer.json" \
     --disable-tqdm --save-result --result-dir "$out" --result-filename "$name.json" "$@" \
     >"$out/$name.txt" 2>&1 || { say "$name: bench serve failed"; tail -5 "$out/$name.txt"; }
 }
