@@ -170,6 +170,62 @@ TEST_F(DummyFlashServer, ChatCompletion) {
   EXPECT_EQ(usage["total_tokens"], usage["prompt_tokens"].get<int>() + completion) << j;
 }
 
+// The acceptance run: `splitserve bench serve --num-prompts 8` against the dummy model,
+// random token-id prompts drawn from the real tokenizer's vocabulary; every request succeeds and
+// the result JSON carries vLLM's keys with the server's token counts.
+TEST_F(DummyFlashServer, BenchServeEightPrompts) {
+  const std::string log = *dir_ / "bench.log";
+  const std::string results = *dir_ / "results";
+  ChildProcess bench({Splitserve(),
+                      "bench",
+                      "serve",
+                      "--port",
+                      std::to_string(port_),
+                      "--num-prompts",
+                      "8",
+                      "--random-input-len",
+                      "48",
+                      "--random-output-len",
+                      "6",
+                      "--max-concurrency",
+                      "4",
+                      "--tokenizer",
+                      model_ + "/tokenizer.json",
+                      "--save-result",
+                      "--result-dir",
+                      results,
+                      "--result-filename",
+                      "r.json",
+                      "--disable-tqdm"},
+                     log);
+  const int rc = bench.WaitExit(std::chrono::seconds(60));
+  if (rc < 0) bench.Kill();
+  ASSERT_EQ(rc, 0) << ReadLog(log);
+  std::ifstream f(results + "/r.json");
+  ASSERT_TRUE(f) << ReadLog(log);
+  const json r = json::parse(f, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(r.is_object()) << ReadLog(log);
+  EXPECT_EQ(r["completed"], 8) << r;
+  EXPECT_EQ(r["failed"], 0) << r;
+  EXPECT_EQ(r["total_input_tokens"], 8 * 48) << r;
+  int64_t out = 0;
+  for (const json& n : r["output_lens"]) {
+    EXPECT_GE(n.get<int64_t>(), 1);
+    EXPECT_LE(n.get<int64_t>(), 6);
+    out += n.get<int64_t>();
+  }
+  EXPECT_EQ(r["total_output_tokens"], out) << r;
+  for (const json& e : r["errors"]) EXPECT_EQ(e, "") << r;
+  for (const char* k : {"duration", "request_throughput", "output_throughput",
+                        "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
+                        "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+                        "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms"}) {
+    ASSERT_TRUE(r.contains(k)) << k;
+    EXPECT_TRUE(r[k].is_number()) << k;
+  }
+  EXPECT_GT(r["output_throughput"].get<double>(), 0) << r;
+}
+
 struct Refusal {
   std::vector<std::string> args;
   int code;
