@@ -112,7 +112,8 @@ void ClusterEngine::ReportStall(const std::optional<Silence>& stall) {
         "micro-batch {} stalled: unanswered for {} and no progress for {} from the workers it "
         "waits on ({}): not ready (GET /ready 503) until it is answered or progresses; it fails "
         "after {} without progress",
-        stall->micro_batch, absl::FormatDuration(absl::Trunc(stall->unanswered, absl::Milliseconds(1))),
+        stall->micro_batch,
+        absl::FormatDuration(absl::Trunc(stall->unanswered, absl::Milliseconds(1))),
         absl::FormatDuration(absl::Trunc(stall->silent, absl::Milliseconds(1))),
         WorkerList(stall->waiting_on), absl::FormatDuration(options_.step_timeout));
   } else if (!stall && stall_reported_) {
@@ -599,10 +600,10 @@ absl::Status ClusterEngine::ServeLoop() {
       }
       ReportStall(SilentLocked(options_.stall_timeout));
       if (const std::optional<Silence> dead = SilentLocked(options_.step_timeout)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "micro-batch ", dead->micro_batch, " made no progress for ",
-            absl::FormatDuration(options_.step_timeout), " (unanswered by ",
-            WorkerList(dead->waiting_on), ")"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("micro-batch ", dead->micro_batch, " made no progress for ",
+                         absl::FormatDuration(options_.step_timeout), " (unanswered by ",
+                         WorkerList(dead->waiting_on), ")"));
       }
       PlanLocked(&plans);
       if (plans.empty()) {

@@ -12,16 +12,15 @@
 //             any worker answered it with an error; hand the sampled tokens back to the
 //             scheduler and the requests' streams.
 //   fail      a stream that breaks, a worker declared dead (missed heartbeats) or a micro-batch
-//             without progress for `step_timeout` (Stalls) ends every request in flight with
-//             kError (naming
-//             the cause; for a stream that broke after its worker answered a step with an
-//             error -- a TP rank leaves after such a step -- that error too) and closes every
-//             stream; the engine goes back to `connect` and serves again once the cluster is
-//             whole (a restarted worker registers again; the control service declares a dead TP
-//             rank's peers dead too, so a stage's group is formed anew: control_service.h). Workers
-//             start every Steps stream with no sequences, so nothing stale survives.
-//             A worker that registers again (a restarted process: control_service.h) while the
-//             engine is connecting or serving counts as a broken stream of its old process.
+//             without a sign of life for `step_timeout` (Stalls) ends every request in flight
+//             with kError (naming the cause; for a stream that broke after its worker answered a
+//             step with an error -- a TP rank leaves after such a step -- that error too) and
+//             closes every stream; the engine goes back to `connect` and serves again once the
+//             cluster is whole (a restarted worker registers again; the control service declares a
+//             dead TP rank's peers dead too, so a stage's group is formed anew: control_service.h).
+//             Workers start every Steps stream with no sequences, so nothing stale survives. A
+//             worker that registers again (a restarted process: control_service.h) while the engine
+//             is connecting or serving counts as a broken stream of its old process.
 // Ready() is true only while serving a complete pipeline: not while connecting, draining, or while
 // a micro-batch is stalled. Submit() refuses with kNotReady while not serving and with
 // kOverloaded when the waiting queue is full.
@@ -46,6 +45,7 @@
 // request's stop_token_ids kStop (neither is delivered); max_tokens finishes kLength.
 //
 // Threads: Submit, Ready and the getters from any thread. Start once, Stop from the owner.
+// The engine's mutex is taken before the control service's (it reads members' progress under it).
 #pragma once
 
 #include <atomic>
@@ -131,9 +131,9 @@ class ClusterEngine : public GenerationEngine {
     std::vector<sched::RequestId> sampling;  // the plan's sampling entries, in order
     std::vector<sched::RequestId> all;       // every sequence of the plan
     absl::Time sent;
-    absl::Time last_answer;     // `sent`, then the time of its latest answer
+    absl::Time last_answer;      // `sent`, then the time of its latest answer
     std::vector<bool> answered;  // per worker (GpuWorkerIds() order)
-    int answers = 0;  // workers that answered
+    int answers = 0;             // workers that answered
     std::optional<splitserve::v1::StepResult> sampler_result;
     std::string error;  // first error any worker reported
   };
@@ -162,8 +162,8 @@ class ClusterEngine : public GenerationEngine {
   // An in-flight micro-batch without a sign of life (Stalls).
   struct Silence {
     uint64_t micro_batch = 0;
-    absl::Duration unanswered;             // since it was sent
-    absl::Duration silent;                 // since its latest sign of life
+    absl::Duration unanswered;            // since it was sent
+    absl::Duration silent;                // since its latest sign of life
     std::vector<std::string> waiting_on;  // the workers that have not answered it
   };
   // The in-flight micro-batch silent the longest, when silent for `limit` or more.

@@ -10,7 +10,8 @@
 // died, and while a micro-batch's workers have made no progress for --stall_timeout_s:
 // cluster_engine.h "Stalls"). Every gRPC call in or out carries the cluster token
 // (--cluster_token_file or $SPLITSERVE_CLUSTER_TOKEN; proto/cluster_credential.h): without one
-// (and without --insecure_cluster) the coordinator refuses to start. --ports_file writes {"http": P, "control": Q} once both are bound.
+// (and without --insecure_cluster) the coordinator refuses to start. --ports_file writes
+// {"http": P, "control": Q} once both are bound.
 //
 // SIGTERM / SIGINT: drain — new requests get 503, running ones finish (up to --drain_timeout_s),
 // then everything stops and the process exits 0.

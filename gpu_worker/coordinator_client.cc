@@ -148,8 +148,8 @@ absl::StatusOr<RendezvousResult> CoordinatorClient::Rendezvous(
   return out;
 }
 
-absl::StatusOr<bool> CoordinatorClient::Heartbeat(const std::string& worker_id,
-                                                  uint64_t progress, absl::Duration timeout) {
+absl::StatusOr<bool> CoordinatorClient::Heartbeat(const std::string& worker_id, uint64_t progress,
+                                                  absl::Duration timeout) {
   pb::HeartbeatRequest req;
   req.set_protocol_version(kClusterProtocolVersion);
   req.set_worker_id(worker_id);
