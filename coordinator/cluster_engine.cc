@@ -598,13 +598,16 @@ absl::Status ClusterEngine::ServeLoop() {
           in_flight_.erase(it);
         }
       }
-      ReportStall(SilentLocked(options_.stall_timeout));
-      if (const std::optional<Silence> dead = SilentLocked(options_.step_timeout)) {
+      std::optional<Silence> silence =
+          SilentLocked(std::min(options_.stall_timeout, options_.step_timeout));
+      if (silence && silence->silent >= options_.step_timeout) {
         return absl::DeadlineExceededError(
-            absl::StrCat("micro-batch ", dead->micro_batch, " made no progress for ",
+            absl::StrCat("micro-batch ", silence->micro_batch, " made no progress for ",
                          absl::FormatDuration(options_.step_timeout), " (unanswered by ",
-                         WorkerList(dead->waiting_on), ")"));
+                         WorkerList(silence->waiting_on), ")"));
       }
+      if (silence && silence->silent < options_.stall_timeout) silence.reset();
+      ReportStall(silence);
       PlanLocked(&plans);
       if (plans.empty()) {
         const absl::Time wake = absl::Now() + absl::Milliseconds(in_flight_.empty() ? 20 : 2);
