@@ -37,7 +37,25 @@ int SamplerIndex(const ClusterConfig& c) {
   return index;
 }
 
+std::string WorkerList(const std::vector<std::string>& ids) {
+  std::string out;
+  for (const std::string& id : ids) absl::StrAppend(&out, out.empty() ? "" : ", ", id);
+  return out;
+}
+
 }  // namespace
+
+absl::Status CheckEngineOptions(const ClusterEngineOptions& options, const ClusterConfig& config) {
+  const absl::Duration twice = absl::Milliseconds(2 * int64_t{config.heartbeat_interval_ms});
+  if (options.stall_timeout < twice || options.step_timeout < twice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the stall timeout (", absl::FormatDuration(options.stall_timeout),
+        ") and the step timeout (", absl::FormatDuration(options.step_timeout),
+        ") must be at least twice the cluster config's heartbeat_interval_ms (",
+        config.heartbeat_interval_ms, " ms): progress reaches the coordinator with heartbeats"));
+  }
+  return absl::OkStatus();
+}
 
 ClusterEngine::ClusterEngine(ControlService& control, const ModelConfig& model,
                              ClusterEngineOptions options)
@@ -62,12 +80,46 @@ void ClusterEngine::Stop() {
 
 bool ClusterEngine::Ready() const {
   if (!serving_.load() || draining_.load()) return false;
-  const absl::Time cutoff = absl::Now() - options_.stall_timeout;
   absl::MutexLock lock(&mu_);
+  return !SilentLocked(options_.stall_timeout).has_value();
+}
+
+std::optional<ClusterEngine::Silence> ClusterEngine::SilentLocked(absl::Duration limit) const {
+  const absl::Time now = absl::Now();
+  // The members' progress is read only when some micro-batch has been quiet that long anyway.
+  bool quiet = false;
+  for (const auto& [mb, f] : in_flight_) quiet = quiet || now - f.last_answer >= limit;
+  if (!quiet) return std::nullopt;
+  const std::vector<MemberInfo> members = control_.Members();  // in GpuWorkerIds() order
+  std::optional<Silence> worst;
   for (const auto& [mb, f] : in_flight_) {
-    if (f.sent < cutoff) return false;
+    absl::Time sign = f.last_answer;
+    std::vector<std::string> waiting_on;
+    for (size_t i = 0; i < f.answered.size() && i < members.size(); ++i) {
+      if (f.answered[i]) continue;
+      waiting_on.push_back(members[i].id);
+      sign = std::max(sign, members[i].last_progress);
+    }
+    if (now - sign < limit || (worst && now - sign <= worst->silent)) continue;
+    worst = Silence{mb, now - f.sent, now - sign, std::move(waiting_on)};
   }
-  return true;
+  return worst;
+}
+
+void ClusterEngine::ReportStall(const std::optional<Silence>& stall) {
+  if (stall && !stall_reported_) {
+    spdlog::warn(
+        "micro-batch {} stalled: unanswered for {} and no progress for {} from the workers it "
+        "waits on ({}): not ready (GET /ready 503) until it is answered or progresses; it fails "
+        "after {} without progress",
+        stall->micro_batch,
+        absl::FormatDuration(absl::Trunc(stall->unanswered, absl::Milliseconds(1))),
+        absl::FormatDuration(absl::Trunc(stall->silent, absl::Milliseconds(1))),
+        WorkerList(stall->waiting_on), absl::FormatDuration(options_.step_timeout));
+  } else if (!stall && stall_reported_) {
+    spdlog::info("no micro-batch is stalled any more: ready again");
+  }
+  stall_reported_ = stall.has_value();
 }
 
 void ClusterEngine::BeginDrain() { draining_.store(true); }
@@ -208,6 +260,7 @@ void ClusterEngine::Supervise() {
       continue;
     }
     spdlog::info("cluster ready: {} GPU workers, KV pool {} blocks", workers_.size(), KvBlocks());
+    stall_reported_ = false;
     serving_.store(true);
     const absl::Status failure = ServeLoop();
     serving_.store(false);
@@ -388,6 +441,8 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
     releases_.clear();
     InFlight flight;
     flight.sent = absl::Now();
+    flight.last_answer = flight.sent;
+    flight.answered.assign(workers_.size(), false);
     auto add_chunk = [&](sched::RequestId id, int64_t start, int64_t length, bool samples)
                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                            Request& r = requests_.at(id);
@@ -523,6 +578,8 @@ absl::Status ClusterEngine::ServeLoop() {
         }
         InFlight& f = it->second;
         ++f.answers;
+        f.last_answer = absl::Now();
+        f.answered[res.worker] = true;
         if (!res.result.error().empty()) workers_[res.worker]->last_error = res.result.error();
         if (!res.result.error().empty() && f.error.empty()) {
           f.error = absl::StrCat("worker ", workers_[res.worker]->id, ": ", res.result.error());
@@ -541,12 +598,16 @@ absl::Status ClusterEngine::ServeLoop() {
           in_flight_.erase(it);
         }
       }
-      for (const auto& [mb, f] : in_flight_) {
-        if (absl::Now() - f.sent > options_.step_timeout) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "micro-batch ", mb, " unanswered for ", absl::FormatDuration(options_.step_timeout)));
-        }
+      std::optional<Silence> silence =
+          SilentLocked(std::min(options_.stall_timeout, options_.step_timeout));
+      if (silence && silence->silent >= options_.step_timeout) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("micro-batch ", silence->micro_batch, " made no progress for ",
+                         absl::FormatDuration(options_.step_timeout), " (unanswered by ",
+                         WorkerList(silence->waiting_on), ")"));
       }
+      if (silence && silence->silent < options_.stall_timeout) silence.reset();
+      ReportStall(silence);
       PlanLocked(&plans);
       if (plans.empty()) {
         const absl::Time wake = absl::Now() + absl::Milliseconds(in_flight_.empty() ? 20 : 2);

@@ -12,20 +12,31 @@
 //             any worker answered it with an error; hand the sampled tokens back to the
 //             scheduler and the requests' streams.
 //   fail      a stream that breaks, a worker declared dead (missed heartbeats) or a micro-batch
-//             unanswered for `step_timeout` ends every request in flight with kError (naming
-//             the cause; for a stream that broke after its worker answered a step with an
-//             error -- a TP rank leaves after such a step -- that error too) and closes every
-//             stream; the engine goes back to `connect` and serves again once the cluster is
-//             whole (a restarted worker registers again; the control service declares a dead TP
-//             rank's peers dead too, so a stage's group is formed anew: control_service.h). Workers
-//             start every Steps stream with no sequences, so nothing stale survives.
-//             A worker that registers again (a restarted process: control_service.h) while the
-//             engine is connecting or serving counts as a broken stream of its old process.
+//             without a sign of life for `step_timeout` (Stalls) ends every request in flight
+//             with kError (naming the cause; for a stream that broke after its worker answered a
+//             step with an error -- a TP rank leaves after such a step -- that error too) and
+//             closes every stream; the engine goes back to `connect` and serves again once the
+//             cluster is whole (a restarted worker registers again; the control service declares a
+//             dead TP rank's peers dead too, so a stage's group is formed anew: control_service.h).
+//             Workers start every Steps stream with no sequences, so nothing stale survives. A
+//             worker that registers again (a restarted process: control_service.h) while the engine
+//             is connecting or serving counts as a broken stream of its old process.
 // Ready() is true only while serving a complete pipeline: not while connecting, draining, or while
-// a micro-batch has been unanswered for `stall_timeout` (a GPU worker or an expert worker it
-// waits on is stopped or hung; the micro-batch still fails only at `step_timeout`, and Ready()
-// turns true again if it is answered). Submit() refuses with kNotReady while not serving and
-// with kOverloaded when the waiting queue is full.
+// a micro-batch is stalled. Submit() refuses with kNotReady while not serving and with
+// kOverloaded when the waiting queue is full.
+//
+// Stalls. A micro-batch's latest sign of life is the latest of: when it was sent, when a worker
+// answered it, and when any worker that has not answered it yet last made progress (its
+// heartbeats' step progress changed: control_service.h, gpu_worker/step_progress.h). A
+// micro-batch silent for `stall_timeout` is stalled (a GPU worker, or an expert worker one waits
+// on, is stopped or hung): Ready() is false, and a warning names the micro-batch and the workers
+// it waits on; Ready() turns true again once it is answered or shows progress. One silent for
+// `step_timeout` fails the cluster (above). So a micro-batch may take any time while its workers
+// keep working (a long prefill on slow expert workers), and a hung step is still noticed after
+// `stall_timeout` of silence. Progress arrives with the heartbeats, up to one heartbeat interval
+// late, so both timeouts must be at least twice the cluster config's heartbeat_interval_ms
+// (CheckEngineOptions), and longer than the longest stretch of a step without progress (one layer
+// of a micro-batch, step_progress.h).
 //
 // A failed micro-batch (a worker answered it with an error) ends only its own sequences with
 // kError; the cluster keeps serving the others.
@@ -34,6 +45,7 @@
 // request's stop_token_ids kStop (neither is delivered); max_tokens finishes kLength.
 //
 // Threads: Submit, Ready and the getters from any thread. Start once, Stop from the owner.
+// The engine's mutex is taken before the control service's (it reads members' progress under it).
 #pragma once
 
 #include <atomic>
@@ -59,13 +71,19 @@
 namespace ss::coord {
 
 struct ClusterEngineOptions {
-  absl::Duration step_timeout = absl::Seconds(120);   // a micro-batch unanswered this long fails
-  absl::Duration stall_timeout = absl::Seconds(10);   // ... this long: Ready() is false
+  // A micro-batch without a sign of life (Stalls) this long fails the cluster ...
+  absl::Duration step_timeout = absl::Seconds(120);
+  // ... and this long: it is stalled, Ready() is false.
+  absl::Duration stall_timeout = absl::Seconds(10);
   absl::Duration ready_timeout = absl::Seconds(600);  // per connect attempt: workers loading
   absl::Duration rpc_timeout = absl::Seconds(5);      // Status calls
   // Free blocks kept back at admission (fewer preemptions); see SchedulerConfig.
   int64_t admission_watermark_blocks = 0;
 };
+
+// InvalidArgument naming the values unless step_timeout and stall_timeout are at least twice the
+// cluster config's heartbeat_interval_ms (Stalls).
+absl::Status CheckEngineOptions(const ClusterEngineOptions& options, const ClusterConfig& config);
 
 class ClusterEngine : public GenerationEngine {
  public:
@@ -113,7 +131,9 @@ class ClusterEngine : public GenerationEngine {
     std::vector<sched::RequestId> sampling;  // the plan's sampling entries, in order
     std::vector<sched::RequestId> all;       // every sequence of the plan
     absl::Time sent;
-    int answers = 0;  // workers that answered
+    absl::Time last_answer;      // `sent`, then the time of its latest answer
+    std::vector<bool> answered;  // per worker (GpuWorkerIds() order)
+    int answers = 0;             // workers that answered
     std::optional<splitserve::v1::StepResult> sampler_result;
     std::string error;  // first error any worker reported
   };
@@ -139,6 +159,19 @@ class ClusterEngine : public GenerationEngine {
   void EndRequestLocked(sched::RequestId id, FinishReason reason, const std::string& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // An in-flight micro-batch without a sign of life (Stalls).
+  struct Silence {
+    uint64_t micro_batch = 0;
+    absl::Duration unanswered;            // since it was sent
+    absl::Duration silent;                // since its latest sign of life
+    std::vector<std::string> waiting_on;  // the workers that have not answered it
+  };
+  // The in-flight micro-batch silent the longest, when silent for `limit` or more.
+  std::optional<Silence> SilentLocked(absl::Duration limit) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes a stall beginning or ending (a warning naming it, or ready again). Supervisor thread.
+  void ReportStall(const std::optional<Silence>& stall);
+
   ControlService& control_;
   const ModelConfig model_;
   const ClusterEngineOptions options_;
@@ -159,6 +192,7 @@ class ClusterEngine : public GenerationEngine {
   sched::RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;           // bumped by every successful Connect
   std::vector<std::unique_ptr<WorkerConn>> workers_;  // supervisor thread only
+  bool stall_reported_ = false;                       // supervisor thread only
 };
 
 }  // namespace ss::coord

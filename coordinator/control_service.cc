@@ -95,6 +95,8 @@ grpc::Status ControlService::Register(grpc::ServerContext* context,
   m.info.registered = true;
   m.info.dead = false;
   m.info.last_heartbeat = absl::Now();
+  m.info.progress = 0;
+  m.info.last_progress = m.info.last_heartbeat;
   ++m.info.generation;
   m.met = false;
   m.joined = false;
@@ -234,7 +236,14 @@ grpc::Status ControlService::Heartbeat(grpc::ServerContext* context,
   absl::MutexLock lock(&mu_);
   auto it = members_.find(request->worker_id());
   const bool member = it != members_.end() && it->second.info.registered && !it->second.info.dead;
-  if (member) it->second.info.last_heartbeat = absl::Now();
+  if (member) {
+    MemberInfo& info = it->second.info;
+    info.last_heartbeat = absl::Now();
+    if (request->progress() != info.progress) {
+      info.progress = request->progress();
+      info.last_progress = info.last_heartbeat;
+    }
+  }
   reply->set_member(member);
   return grpc::Status::OK;
 }

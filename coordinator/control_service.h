@@ -22,6 +22,10 @@
 // Backends: a worker registering with backend "cpu" for a role of TP size > 1 is refused
 // (FAILED_PRECONDITION): the cpu backend runs TP 1 only.
 //
+// Progress: each heartbeat carries the worker's step progress; the member records when that value
+// last changed (MemberInfo::last_progress), which the engine reads to tell a busy worker from a
+// hung one (cluster_engine.h "Stalls").
+//
 // Rendezvous blocks until every GPU worker of the config has called Rendezvous since its latest
 // registration (or the call's deadline, at most `rendezvous_timeout`), then returns every peer's
 // address and every NCCL id published so far. A stage of TP size > 1 needs its group's id: its
@@ -63,6 +67,10 @@ struct MemberInfo {
   bool dead = false;        // declared dead since its latest registration
   uint64_t generation = 0;  // bumped by every Register of this id
   absl::Time last_heartbeat = absl::InfinitePast();
+  // The step progress of its latest heartbeat (HeartbeatRequest.progress) and when that value
+  // last changed; a Register resets both (0, the registration's time).
+  uint64_t progress = 0;
+  absl::Time last_progress = absl::InfinitePast();
 };
 
 class ControlService final : public splitserve::v1::Coordinator::Service {

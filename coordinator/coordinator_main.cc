@@ -7,10 +7,11 @@
 // control plane and the HTTP API at once. GET /health answers 200 while the process serves HTTP
 // (liveness); GET /ready answers 200 only while a complete pipeline serves (ClusterEngine::Ready:
 // 503 until every GPU worker is registered and ready, while the cluster re-forms after a worker
-// died, and while a micro-batch has been unanswered for --stall_timeout_s). Every gRPC call in or
-// out carries the cluster token (--cluster_token_file or $SPLITSERVE_CLUSTER_TOKEN;
-// proto/cluster_credential.h): without one (and without --insecure_cluster) the coordinator
-// refuses to start. --ports_file writes {"http": P, "control": Q} once both are bound.
+// died, and while a micro-batch's workers have made no progress for --stall_timeout_s:
+// cluster_engine.h "Stalls"). Every gRPC call in or out carries the cluster token
+// (--cluster_token_file or $SPLITSERVE_CLUSTER_TOKEN; proto/cluster_credential.h): without one
+// (and without --insecure_cluster) the coordinator refuses to start. --ports_file writes
+// {"http": P, "control": Q} once both are bound.
 //
 // SIGTERM / SIGINT: drain — new requests get 503, running ones finish (up to --drain_timeout_s),
 // then everything stops and the process exits 0.
@@ -70,10 +71,13 @@ ABSL_FLAG(bool, insecure_cluster, false,
           "register, heartbeat and read the cluster's layout (trusted single-user machines only)");
 ABSL_FLAG(std::string, ports_file, "", "write {\"http\": P, \"control\": Q} here once bound");
 ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM, seconds to let running requests finish");
-ABSL_FLAG(int, step_timeout_s, 120, "a micro-batch unanswered this long fails the cluster");
+ABSL_FLAG(int, step_timeout_s, 120,
+          "a micro-batch whose GPU workers make no progress this long fails the cluster (a "
+          "micro-batch may take longer while its workers keep working)");
 ABSL_FLAG(int, stall_timeout_s, 10,
-          "a micro-batch unanswered this long turns GET /ready 503 (a worker is stopped or hung) "
-          "until it is answered or fails at --step_timeout_s");
+          "a micro-batch whose GPU workers make no progress this long turns GET /ready 503 (a "
+          "worker is stopped or hung) until it is answered, progresses, or fails at "
+          "--step_timeout_s; both must be at least twice the cluster's heartbeat_interval_ms");
 ABSL_FLAG(int, ready_timeout_s, 600, "seconds a GPU worker may take to load before it is failed");
 
 namespace ss::coord {
@@ -162,6 +166,13 @@ int Run(int argc, char** argv) {
   }
   absl::StatusOr<ClusterConfig> cluster = LoadClusterConfig(cluster_path, *model);
   if (!cluster.ok()) return Fail(1, std::string(cluster.status().message()));
+  ClusterEngineOptions eo;
+  eo.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  eo.ready_timeout = absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
+  eo.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
+  if (absl::Status s = CheckEngineOptions(eo, *cluster); !s.ok()) {
+    return Fail(2, absl::StrCat("--stall_timeout_s, --step_timeout_s: ", s.message()));
+  }
 
   // Stop signals are taken by WaitForStopSignal below: block them before any thread starts.
   BlockStopSignals(Sigpipe::kIgnore);
@@ -182,10 +193,6 @@ int Run(int argc, char** argv) {
         1, absl::StrCat("cannot serve the control plane on ", absl::GetFlag(FLAGS_control_listen)));
   }
 
-  ClusterEngineOptions eo;
-  eo.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
-  eo.ready_timeout = absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
-  eo.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
   ClusterEngine engine(control, *model, eo);
   engine.Start();
 

@@ -43,9 +43,10 @@
 //     declared dead after missed heartbeats, which then exits);
 //   - a worker is stopped (SIGSTOP: state T in /proc) for kStoppedGrace;
 //   - the coordinator's GET /ready has answered 503 for kNotReadyGrace while serving (a worker
-//     hung otherwise: the coordinator turns /ready 503 once a micro-batch has been unanswered
-//     for its --stall_timeout_s, e.g. a GPU worker waiting on a hung expert worker, whose calls
-//     have a longer deadline).
+//     hung otherwise: the coordinator turns /ready 503 once a micro-batch's GPU workers have made
+//     no progress for its --stall_timeout_s, e.g. one waiting on a hung expert worker, whose
+//     calls have a longer deadline; a long micro-batch whose workers keep working is not a stall,
+//     cluster_engine.h "Stalls").
 // The coordinator is restarted, with the workers, when it exits, is stopped, or does not answer
 // /ready for kNotReadyGrace; it gets its previous HTTP port back. Restarts follow RestartPolicy
 // (supervisor.h): 0.5 s, doubling to 8 s while restarts do not bring the cluster back; after 5 such

@@ -148,11 +148,12 @@ absl::StatusOr<RendezvousResult> CoordinatorClient::Rendezvous(
   return out;
 }
 
-absl::StatusOr<bool> CoordinatorClient::Heartbeat(const std::string& worker_id,
+absl::StatusOr<bool> CoordinatorClient::Heartbeat(const std::string& worker_id, uint64_t progress,
                                                   absl::Duration timeout) {
   pb::HeartbeatRequest req;
   req.set_protocol_version(kClusterProtocolVersion);
   req.set_worker_id(worker_id);
+  req.set_progress(progress);
   pb::HeartbeatReply reply;
   ::grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

@@ -66,8 +66,10 @@ class CoordinatorClient {
   absl::StatusOr<RendezvousResult> Rendezvous(const std::string& worker_id,
                                               const std::map<std::string, std::string>& publish,
                                               absl::Time until, const std::atomic<bool>* stop);
-  // True while the coordinator counts this worker as a member.
-  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, absl::Duration timeout);
+  // True while the coordinator counts this worker as a member. `progress`: the worker's step
+  // progress (step_progress.h).
+  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, uint64_t progress,
+                                 absl::Duration timeout);
 
   const std::string& address() const { return address_; }
 

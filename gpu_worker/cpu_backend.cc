@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "gpu_worker/step_progress.h"
 
 namespace ss::gpu {
 namespace {
@@ -132,6 +133,7 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
       timings->moe_cpu[i] = bt.moe_cpu;
     }
     h.swap(h2);
+    NoteStepProgress();
   }
   out->rows = T;
   out->width = width;

@@ -8,7 +8,8 @@
 // unique id, which this worker creates and publishes when it is the stage's rank 0; under the nccl
 // stage transport its stage links' ids, the one to the next stage created here), heartbeat
 // every heartbeat_interval_ms; standalone: the role from the flags (TP > 1: the id through
-// --nccl_id_file). Then load the model, join the TP group (NcclComm, blocking until every rank
+// --nccl_id_file). Heartbeats carry the step progress (step_progress.h) and go on while steps
+// run. Then load the model, join the TP group (NcclComm, blocking until every rank
 // has joined) and the stage links (NcclStageLink, the outgoing one first), connect this rank's
 // expert-worker slices and build the backend: Status reports
 // ready (or the start-up error, the worker staying up to report it). Runs until SIGTERM / SIGINT
@@ -53,6 +54,7 @@
 #endif
 #include "gpu_worker/gpu_worker_service.h"
 #include "gpu_worker/stage_loader.h"
+#include "gpu_worker/step_progress.h"
 #include "gpu_worker/worker_config.h"
 #include "gpu_worker/worker_flags.h"
 #include "spdlog/spdlog.h"
@@ -229,7 +231,7 @@ int Main(int argc, char** argv) {
         heartbeat = std::thread([&, interval_ms] {
           absl::Time last_ok = absl::Now();
           while (!stop.WaitFor(absl::Milliseconds(interval_ms))) {
-            auto hb = coordinator->Heartbeat(c.worker_id,
+            auto hb = coordinator->Heartbeat(c.worker_id, StepProgress(),
                                              absl::Milliseconds(std::max(1000, interval_ms)));
             if (hb.ok() && !*hb) {
               // A TP rank (or a linked worker) exits 1 so that its supervisor restarts it: its

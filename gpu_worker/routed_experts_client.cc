@@ -9,6 +9,7 @@
 #include "common/bf16.h"
 #include "common/model/moe.h"
 #include "common/status.h"
+#include "gpu_worker/step_progress.h"
 #include "cpu_expert_worker/transport/grpc_client.h"
 #include "cpu_expert_worker/transport/shm_client.h"
 #include "spdlog/spdlog.h"
@@ -248,6 +249,7 @@ absl::Status RoutedExpertsClient::ComputeLocal(int64_t layer, int64_t T, const f
     }
   }
   model::RoutedSum(moe, c, x, r, T, out);
+  NoteStepProgress();
   return absl::OkStatus();
 }
 
@@ -303,6 +305,7 @@ absl::Status RoutedExpertsClient::Compute(int64_t layer, int64_t T, const float*
       const float* p = partial[s - 1].data();
       for (int64_t i = 0; i < rows * dim; ++i) dst[i] += p[i];
     }
+    NoteStepProgress();
   }
   return absl::OkStatus();
 }

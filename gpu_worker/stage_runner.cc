@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "common/cluster_protocol.h"
 #include "gpu_worker/sampler.h"
+#include "gpu_worker/step_progress.h"
 
 namespace ss::gpu {
 
@@ -85,7 +86,9 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   double receive_s = 0.0, send_s = 0.0;
   group_broken_ = false;
   link_broken_ = false;
+  NoteStepProgress();
   const absl::Status st = Run(plan, &result, &timings, &receive_s, &send_s);
+  NoteStepProgress();
   if (!st.ok()) {
     result.clear_samples();
     result.set_error(

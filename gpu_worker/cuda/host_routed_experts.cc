@@ -6,6 +6,7 @@
 #include "common/bf16.h"
 #include "common/status.h"
 #include "gpu_worker/cuda_status.h"
+#include "gpu_worker/step_progress.h"
 
 namespace ss::gpu::cuda_backend_internal {
 namespace {
@@ -111,6 +112,7 @@ absl::Status HostRoutedExperts::Compute(int64_t layer, int64_t rows) {
     }
   }
   model::RoutedSum(model_.weights().blocks[layer].moe, c, host_x_.data(), r, rows, acc);
+  NoteStepProgress();
   return absl::OkStatus();
 }
 

@@ -37,8 +37,10 @@ using testing_util::TinyModel;
 
 class FakeWorker final : public pb::GpuWorker::Service {
  public:
-  FakeWorker(std::string id, bool sampler, int64_t kv_blocks)
-      : id_(std::move(id)), sampler_(sampler), kv_blocks_(kv_blocks) {
+  // `progress`: the count its heartbeats carry (the fixture's), raised by its busy steps.
+  FakeWorker(std::string id, bool sampler, int64_t kv_blocks,
+             std::atomic<uint64_t>* progress = nullptr)
+      : id_(std::move(id)), sampler_(sampler), kv_blocks_(kv_blocks), progress_(progress) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(this);
@@ -99,7 +101,11 @@ class FakeWorker final : public pb::GpuWorker::Service {
         r.clear_samples();
       }
       if (die_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker died");
-      if (delay_ms_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+      // A slow step: busy (its progress rises, as a real worker's does per layer) or hung.
+      for (int ms = 0; ms < delay_ms_.load(); ms += 10) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (busy_.load() && progress_ != nullptr) ++*progress_;
+      }
       if (!stream->Write(r)) break;
       if (ctx->IsCancelled()) break;
     }
@@ -112,6 +118,7 @@ class FakeWorker final : public pb::GpuWorker::Service {
   std::atomic<int64_t> fail_micro_batch_{-1};
   std::atomic<bool> die_{false};
   std::atomic<int> delay_ms_{0};
+  std::atomic<bool> busy_{false};  // its slow steps make progress
   std::atomic<int> plans_{0};
   std::atomic<int> max_chunks_{0};
 
@@ -119,6 +126,7 @@ class FakeWorker final : public pb::GpuWorker::Service {
   std::string id_;
   bool sampler_;
   int64_t kv_blocks_;
+  std::atomic<uint64_t>* progress_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };
@@ -141,19 +149,23 @@ class ClusterFixture : public ::testing::Test {
     b.RegisterService(control_.get());
     control_server_ = b.BuildAndStart();
     stub_ = pb::Coordinator::NewStub(TestCredential().CreateChannel(ControlAddress()));
+    progress_ = std::make_unique<std::atomic<uint64_t>[]>(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) {
-      workers_.push_back(std::make_unique<FakeWorker>(ids_[i], ids_[i] == sampler,
-                                                      i + 1 == ids_.size() ? 48 : 64));
+      workers_.push_back(std::make_unique<FakeWorker>(
+          ids_[i], ids_[i] == sampler, i + 1 == ids_.size() ? 48 : 64, &progress_[i]));
     }
     for (auto& w : workers_) ASSERT_TRUE(RegisterWorker(w.get()).ok());
     heartbeats_ = std::thread([this] {
       while (!stop_.load()) {
-        for (const std::string& id : ids_) {
+        for (size_t i = 0; i < ids_.size(); ++i) {
+          const std::string& id = ids_[i];
           if (silent_.load() == id) continue;
+          if (ticking_.load() == static_cast<int>(i)) ++progress_[i];
           grpc::ClientContext ctx;
           pb::HeartbeatRequest req;
           req.set_protocol_version(kClusterProtocolVersion);
           req.set_worker_id(id);
+          req.set_progress(progress_[i].load());
           pb::HeartbeatReply rep;
           stub_->Heartbeat(&ctx, req, &rep);
         }
@@ -189,9 +201,10 @@ class ClusterFixture : public ::testing::Test {
     return (stub ? stub : stub_.get())->Register(&ctx, req, reply ? reply : &rep);
   }
 
-  void StartEngine(absl::Duration stall_timeout = absl::Seconds(10)) {
+  void StartEngine(absl::Duration stall_timeout = absl::Seconds(10),
+                   absl::Duration step_timeout = absl::Seconds(20)) {
     ClusterEngineOptions o;
-    o.step_timeout = absl::Seconds(20);
+    o.step_timeout = step_timeout;
     o.stall_timeout = stall_timeout;
     engine_ = std::make_unique<ClusterEngine>(*control_, model_, o);
     engine_->Start();
@@ -256,6 +269,11 @@ class ClusterFixture : public ::testing::Test {
   int control_port_ = 0;
   std::unique_ptr<grpc::Server> control_server_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
+  // Each worker's step progress (the initial workers raise theirs while busy), sent with its
+  // heartbeats; the worker at index ticking_ raises it with every heartbeat. Declared before the
+  // workers, which point at it.
+  std::unique_ptr<std::atomic<uint64_t>[]> progress_;
+  std::atomic<int> ticking_{-1};
   std::vector<std::unique_ptr<FakeWorker>> workers_;
   std::unique_ptr<ClusterEngine> engine_;
   std::thread heartbeats_;
@@ -316,6 +334,64 @@ TEST_F(ClusterFixture, AStalledMicroBatchMakesTheEngineNotReady) {
   Outcome o = Drain(*s);
   EXPECT_EQ(o.tokens, (std::vector<int32_t>{11}));
   EXPECT_TRUE(engine_->Ready());
+}
+
+// A micro-batch that takes longer than both timeouts while its worker keeps making progress (a
+// long prefill on slow expert workers) is no stall: the engine stays ready and it is answered.
+TEST_F(ClusterFixture, ALongMicroBatchWhoseWorkerProgressesIsNotAStall) {
+  StartEngine(absl::Milliseconds(300), absl::Milliseconds(800));
+  workers_[0]->busy_.store(true);
+  workers_[0]->delay_ms_.store(1500);
+  auto s = Submit({10}, 1);
+  Outcome o;
+  int not_ready = 0;
+  for (int i = 0; i < 400 && o.finish == FinishReason::kNone; ++i) {
+    if (!engine_->Ready()) ++not_ready;
+    if (std::optional<GenerationEvent> e = s->Next(std::chrono::milliseconds(10))) {
+      o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
+      o.finish = e->finish;
+      o.error = e->error;
+    }
+  }
+  EXPECT_EQ(not_ready, 0);
+  EXPECT_EQ(o.finish, FinishReason::kLength) << o.error;
+  EXPECT_EQ(o.tokens, (std::vector<int32_t>{11}));
+  EXPECT_TRUE(engine_->Ready());
+}
+
+// A worker hung inside a step (no progress) stalls its micro-batch after stall_timeout and fails
+// it after step_timeout, naming the worker -- even while a worker that has already answered the
+// micro-batch keeps making progress.
+TEST_F(ClusterFixture, AHungWorkerStallsAndFailsItsMicroBatchWithoutProgress) {
+  StartEngine(absl::Milliseconds(300), absl::Milliseconds(900));
+  ticking_.store(1);
+  workers_[0]->delay_ms_.store(2000);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = Submit({10}, 1);
+  bool not_ready = false;
+  for (int i = 0; i < 80 && !not_ready; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    not_ready = !engine_->Ready();
+  }
+  EXPECT_TRUE(not_ready);
+  Outcome o = Drain(*s);
+  EXPECT_EQ(o.finish, FinishReason::kError);
+  EXPECT_NE(o.error.find("made no progress"), std::string::npos) << o.error;
+  EXPECT_NE(o.error.find(ids_[0]), std::string::npos) << o.error;
+  EXPECT_EQ(o.error.find(ids_[1]), std::string::npos) << o.error;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1900));
+}
+
+TEST_F(ClusterFixture, TimeoutsMustExceedTwoHeartbeatIntervals) {
+  ClusterEngineOptions o;  // the config heartbeats every 50 ms
+  o.stall_timeout = absl::Milliseconds(100);
+  o.step_timeout = absl::Milliseconds(100);
+  EXPECT_TRUE(CheckEngineOptions(o, control_->config()).ok());
+  o.stall_timeout = absl::Milliseconds(99);
+  EXPECT_EQ(CheckEngineOptions(o, control_->config()).code(), absl::StatusCode::kInvalidArgument);
+  o.stall_timeout = absl::Seconds(10);
+  o.step_timeout = absl::Milliseconds(60);
+  EXPECT_EQ(CheckEngineOptions(o, control_->config()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Every control-plane call without the cluster token (a plain gRPC client) or with another one

@@ -276,8 +276,9 @@ class FakeCoordinator final : public pb::Coordinator::Service {
     ++rendezvous_;
     return ::grpc::Status::OK;
   }
-  ::grpc::Status Heartbeat(::grpc::ServerContext*, const pb::HeartbeatRequest*,
+  ::grpc::Status Heartbeat(::grpc::ServerContext*, const pb::HeartbeatRequest* req,
                            pb::HeartbeatReply* reply) override {
+    progress_.store(req->progress());
     ++beats_;
     reply->set_member(member_.load());
     return ::grpc::Status::OK;
@@ -288,6 +289,7 @@ class FakeCoordinator final : public pb::Coordinator::Service {
     return address_;
   }
   std::atomic<int> beats_{0};
+  std::atomic<uint64_t> progress_{0};  // of the latest heartbeat
   std::atomic<bool> member_{true};
   int rendezvous_ = 0;
   std::string backend_;
@@ -338,12 +340,20 @@ TEST(GpuWorkerControlPlane, RegistersServesAndLeavesWhenTheCoordinatorSaysSo) {
   EXPECT_EQ(coord.backend_, "cpu");
   EXPECT_EQ(coord.rendezvous_, 1);
   const std::vector<std::vector<int32_t>> prompts = {{0, 4, 8, 15, 16, 23, 42}};
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (coord.beats_.load() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(coord.progress_.load(), 0u) << "loading is no step progress";
   client.OpenSteps();
   EXPECT_EQ(testing_util::RunGreedy({&client}, prompts, 3),
             testing_util::ReferenceGreedy(**model, prompts, 3));
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (coord.beats_.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_GE(coord.beats_.load(), 2);
+  // The heartbeats carry the steps' progress: at least each step's start and end and its 7
+  // layers (cpu backend).
+  const int beats = coord.beats_.load();
+  while ((coord.beats_.load() < beats + 2 || coord.progress_.load() < 3 * (2 + 7)) &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(coord.progress_.load(), 3u * (2 + 7));
   coord.member_.store(false);
   EXPECT_EQ(worker->WaitExit(absl::Seconds(10)), 0) << "a worker that is no longer a member exits";
 }

@@ -4,6 +4,7 @@
 // order, to exactly the workers' own partials; a layer without endpoints is the reference's
 // RoutedSum; configuration and transport errors name the layer and the endpoint.
 #include "gpu_worker/routed_experts_client.h"
+#include "gpu_worker/step_progress.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -120,9 +121,12 @@ TEST(RoutedExpertsClient, SlicesSumInOrderAndLocalLayersAreTheReference) {
   for (const int layer : {1, 2}) {
     const MoeInput in = MakeInput(**m, layer, 9, 40 + layer);
     std::vector<float> got(in.T * c.dim, NAN);
+    const uint64_t progress = StepProgress();
     const absl::Status st = (*client)->Compute(layer, in.T, in.x.data(), in.r.indices.data(),
                                                in.r.weights.data(), k, got.data());
     ASSERT_TRUE(st.ok()) << st;
+    // One unit of step progress per answered chunk of rows (9 rows in chunks of 4).
+    EXPECT_EQ(StepProgress() - progress, 3u) << "layer " << layer;
     // The workers' own partials, row chunks of at most 4 (slice 1's max_tokens).
     std::vector<float> p0(in.T * c.dim), p1(in.T * c.dim);
     for (int64_t r0 = 0; r0 < in.T; r0 += 4) {
@@ -177,9 +181,11 @@ TEST(RoutedExpertsClient, SlicesSumInOrderAndLocalLayersAreTheReference) {
   direct1->reset();
   EXPECT_EQ(s1.Stop(), 0);
   const MoeInput again = MakeInput(**m, 2, 3, 5);
+  const uint64_t progress = StepProgress();
   const absl::Status dead = (*client)->Compute(2, again.T, again.x.data(), again.r.indices.data(),
                                                again.r.weights.data(), k, got.data());
   EXPECT_FALSE(dead.ok());
+  EXPECT_EQ(StepProgress(), progress);  // a call that was not answered is no progress
   EXPECT_NE(dead.message().find("layer 2"), std::string::npos) << dead;
   EXPECT_NE(dead.message().find(grpc), std::string::npos) << dead;
   client->reset();
