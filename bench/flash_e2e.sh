@@ -10,7 +10,8 @@
 #   env: SS_BIN (binaries, default build/bin), SS_FLASH_EXPERTS (routed experts per layer,
 #        default 160: Flash's 256 need ~151 GB of RAM for the experts alone; top-6 of fewer
 #        experts reads and computes the same bytes and FLOPs per token), SS_PORT (18000),
-#        SS_DECODE_TOKENS (output tokens per decode request, 64).
+#        SS_DECODE_TOKENS (output tokens per decode request, 64), SS_DECODE_CONCURRENCY ("1 4 8 16"),
+#        SS_UP_ARGS (more `splitserve up` flags, e.g. "--isa avx2").
 #
 # Limits, measured in the same run:
 #   decode:  streaming read of the expert workers' cores (splitserve-bench-experts --stream_only,
@@ -31,6 +32,8 @@ bin=${SS_BIN:-build/bin}
 experts=${SS_FLASH_EXPERTS:-160}
 port=${SS_PORT:-18000}
 decode_tokens=${SS_DECODE_TOKENS:-64}
+decode_concurrency=${SS_DECODE_CONCURRENCY:-1 4 8 16}
+up_args=${SS_UP_ARGS:-}
 # Prebuilt binaries (tests/device/pack.sh) find their libraries through `run`; python3 and curl
 # keep the system's.
 binlibs=${LD_LIBRARY_PATH:-}
@@ -46,11 +49,11 @@ cp models/flash/config.json "$model/"
 gzip -dc tests/data/tokenizer/tokenizer.json.gz >"$model/tokenizer.json"
 overrides="{\"n_routed_experts\": $experts}"
 say "flash_e2e: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1); $(nproc) CPUs; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-say "model: models/flash/config.json, --load-format dummy, --hf-overrides '$overrides'"
+say "model: models/flash/config.json, --load-format dummy, --hf-overrides '$overrides' $up_args"
 
 t0=$(date +%s.%N)
 run "$bin/splitserve" up --backend cuda --load-format dummy --model "$model" --hf-overrides "$overrides" \
-  --max-model-len 40960 --port "$port" --log-dir "$out/up" --ready-timeout-s 500 >"$out/up.log" 2>&1 &
+  --max-model-len 40960 --port "$port" --log-dir "$out/up" --ready-timeout-s 500 $up_args >"$out/up.log" 2>&1 &
 up_pid=$!
 cleanup() {
   kill -TERM "$up_pid" 2>/dev/null
@@ -117,7 +120,7 @@ field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get(sy
 IFS=, read -ra list <<<"$phases"
 for phase in "${list[@]}"; do
   if [ "$phase" = decode ]; then
-    for c in 1 4 8 16; do
+    for c in $decode_concurrency; do
       scrape "$out/m_before"
       bench "decode_c$c" --dataset-name random --random-input-len 16 --random-output-len "$decode_tokens" \
         --ignore-eos --num-prompts "$c" --max-concurrency "$c"
