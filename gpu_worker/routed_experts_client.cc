@@ -9,9 +9,9 @@
 #include "common/bf16.h"
 #include "common/model/moe.h"
 #include "common/status.h"
-#include "gpu_worker/step_progress.h"
 #include "cpu_expert_worker/transport/grpc_client.h"
 #include "cpu_expert_worker/transport/shm_client.h"
+#include "gpu_worker/step_progress.h"
 #include "spdlog/spdlog.h"
 
 namespace ss::gpu {

@@ -4,7 +4,6 @@
 // order, to exactly the workers' own partials; a layer without endpoints is the reference's
 // RoutedSum; configuration and transport errors name the layer and the endpoint.
 #include "gpu_worker/routed_experts_client.h"
-#include "gpu_worker/step_progress.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -23,6 +22,7 @@
 #include "common/model/moe.h"
 #include "cpu_expert_worker/transport/grpc_client.h"
 #include "cpu_expert_worker/transport/shm_client.h"
+#include "gpu_worker/step_progress.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_credential_util.h"
 #include "tests/cpu_expert_worker/expert_test_util.h"
