@@ -178,24 +178,42 @@ std::vector<Request> MakeRequests(int64_t T, int count, int64_t E, uint64_t seed
 
 double Us(Clock::time_point t0) { return SecondsSince(t0) * 1e6; }
 
-// --stream_only: the streaming read of 1 GiB on the node's first --threads cores (all by default).
-int StreamOnly(const Options& o) {
+// A pool on the node's first `threads` cores (all of them when threads <= 0), their ids in `cpus`;
+// exits 2 when the node has fewer cores.
+std::unique_ptr<ss::ThreadPool> NodePool(int threads, std::vector<int>* cpus) {
   auto topo = Must(ss::NumaTopology::Discover(), "topology");
   const int node = Must(topo->ResolveNode(-1), "NUMA node");
   const std::vector<int>& cores = topo->FindNode(node)->core_cpus;
-  const int threads = o.threads > 0 ? std::min<int>(o.threads, cores.size()) : cores.size();
+  if (threads <= 0) threads = static_cast<int>(cores.size());
+  if (threads > static_cast<int>(cores.size())) {
+    std::fprintf(stderr, "--threads %d exceeds the node's %zu cores\n", threads, cores.size());
+    std::exit(2);
+  }
   ss::ThreadPoolOptions po;
   po.num_threads = threads;
   po.cpus.assign(cores.begin(), cores.begin() + threads);
-  auto pool = Must(ss::ThreadPool::Create(po), "thread pool");
-  const size_t bytes = size_t{1} << 30;
+  *cpus = po.cpus;
+  return Must(ss::ThreadPool::Create(po), "thread pool");
+}
+
+// `bytes` of memory, each thread's share first touched by that thread (the streaming read's).
+std::unique_ptr<uint8_t[]> TouchedBuffer(ss::ThreadPool* pool, size_t bytes) {
   std::unique_ptr<uint8_t[]> buf(new uint8_t[bytes]);
+  const int threads = pool->size();
   const size_t part = bytes / threads;
-  (void)pool->ParallelFor(threads, [&](int64_t i, int) {
-    std::memset(buf.get() + i * part, 1, part);  // first touch by the reading thread
-  });
+  (void)pool->ParallelFor(threads,
+                          [&](int64_t i, int) { std::memset(buf.get() + i * part, 1, part); });
+  return buf;
+}
+
+// --stream_only: the streaming read of 1 GiB on the node's first --threads cores (all by default).
+int StreamOnly(const Options& o) {
+  std::vector<int> cpus;
+  auto pool = NodePool(o.threads, &cpus);
+  const size_t bytes = size_t{1} << 30;
+  const std::unique_ptr<uint8_t[]> buf = TouchedBuffer(pool.get(), bytes);
   const double gbps = StreamReadGbps(pool.get(), buf.get(), bytes, 5);
-  std::printf("stream_read_gbps=%.2f threads=%d\n", gbps, threads);
+  std::printf("stream_read_gbps=%.2f threads=%zu\n", gbps, cpus.size());
   return 0;
 }
 
@@ -292,36 +310,21 @@ int Main(int argc, char** argv) {
   }
 
   // The node, its cores and a pool like the worker's, for the baselines.
-  auto topo = Must(ss::NumaTopology::Discover(), "topology");
-  const int node = Must(topo->ResolveNode(-1), "NUMA node");
-  const std::vector<int>& cores = topo->FindNode(node)->core_cpus;
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(cores.size());
-  if (threads > static_cast<int>(cores.size())) {
-    std::fprintf(stderr, "--threads %d exceeds the node's %zu cores\n", threads, cores.size());
-    return 2;
-  }
-  ss::ThreadPoolOptions po;
-  po.num_threads = threads;
-  po.cpus.assign(cores.begin(), cores.begin() + threads);
-  auto pool = Must(ss::ThreadPool::Create(po), "thread pool");
+  std::vector<int> pool_cpus;
+  auto pool = NodePool(o.threads, &pool_cpus);
+  const int threads = static_cast<int>(pool_cpus.size());
 
   // Streaming-read baseline on the same thread count: a pass before the worker starts, then one
   // pass before each decode token (the machine is shared: the baseline is measured while the
   // decode runs, and its median is used).
   const size_t stream_bytes = size_t{1} << 30;
-  std::unique_ptr<uint8_t[]> stream_buf(new uint8_t[stream_bytes]);
-  {
-    const size_t part = stream_bytes / threads;
-    (void)pool->ParallelFor(threads, [&](int64_t i, int) {
-      std::memset(stream_buf.get() + i * part, 1, part);  // first touch by the reading thread
-    });
-  }
+  std::unique_ptr<uint8_t[]> stream_buf = TouchedBuffer(pool.get(), stream_bytes);
   std::vector<double> stream_passes{
       StreamReadGbps(pool.get(), stream_buf.get(), stream_bytes, o.quick ? 3 : 5)};
   std::printf(
       "streaming read: %.2f GB/s on %d thread(s) (cpus %s; 64-bit loads, prefetched 16 "
       "KB ahead)\n",
-      stream_passes[0], threads, absl::StrJoin(po.cpus, ",").c_str());
+      stream_passes[0], threads, absl::StrJoin(pool_cpus, ",").c_str());
 
   // The checkpoint.
   int64_t generated = 0;
