@@ -14,19 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-// vLLM's merge: a key whose value is an object on both sides merges key by key; any other value
-// replaces (null included: the parser then reports the field).
-void MergeOverrides(const json& overrides, json* config) {
-  for (auto it = overrides.begin(); it != overrides.end(); ++it) {
-    json& dst = (*config)[it.key()];
-    if (it.value().is_object() && dst.is_object()) {
-      MergeOverrides(it.value(), &dst);
-    } else {
-      dst = it.value();
-    }
-  }
-}
-
 absl::StatusOr<json> ParseOverrides(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
@@ -80,7 +67,10 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const WeightSource& source) {
     // The parser names the defect in the file itself.
     return ParseModelConfig(text.str(), path);
   }
-  MergeOverrides(overrides, &config);
+  // vLLM's merge (nlohmann's update with merge_objects): a key whose value is an object on both
+  // sides merges key by key; any other value replaces (null included: the parser then reports the
+  // field).
+  config.update(overrides, /*merge_objects=*/true);
   return ParseModelConfig(config.dump(), absl::StrCat(path, " with --hf-overrides"));
 }
 
