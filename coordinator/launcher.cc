@@ -289,6 +289,11 @@ void AddWeightSourceArgs(const Options& o, bool load_format, std::vector<std::st
   }
 }
 
+// Tokens a micro-batch carries (the cluster config's max_batch_tokens). The expert workers take
+// calls of that many tokens, so a prefill chunk's layer is one call: every expert's weights are
+// read once for all the chunk's tokens routed to it, not once per 256 of them.
+constexpr int kMaxBatchTokens = 2048;
+
 std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
   std::vector<std::string> args = {(p.bin / "splitserve-expert-worker").string(),
                                    "--model",
@@ -302,7 +307,9 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
                                    "--shm-name",
                                    p.shm_names[e],
                                    "--metrics-listen",
-                                   MetricsAddr(p, static_cast<int>(p.gpu_ids.size()) + e)};
+                                   MetricsAddr(p, static_cast<int>(p.gpu_ids.size()) + e),
+                                   "--max-tokens",
+                                   absl::StrCat(kMaxBatchTokens)};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
   if (p.experts == p.nodes && p.nodes > 1) {
     args.push_back("--numa-node");
@@ -578,7 +585,7 @@ int RunUpCommand(int argc, char** argv) {
   int64_t max_ratio = 1;
   for (int64_t r : model->compress_ratios) max_ratio = std::max(max_ratio, r);
   cluster.kv_block_tokens = static_cast<int>(std::max<int64_t>(128, max_ratio));
-  cluster.max_batch_tokens = 2048;
+  cluster.max_batch_tokens = kMaxBatchTokens;
   cluster.max_running = 64;
   cluster.max_model_len = static_cast<int>(o.max_model_len);
   cluster.stage_transport = o.stage_transport;
