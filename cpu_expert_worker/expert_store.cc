@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -31,16 +32,27 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// One expert's six source tensors inside the checkpoint's mapping.
-struct Source {
-  const TensorView *w1, *w1_scale, *w3, *w3_scale, *w2, *w2_scale;
-};
-
 std::string ExpertPrefix(const ModelConfig& c, int layer, int64_t expert) {
   return layer < c.n_layers
              ? absl::StrCat("layers.", layer, ".ffn.experts.", expert, ".")
              : absl::StrCat("mtp.", layer - c.n_layers, ".ffn.experts.", expert, ".");
 }
+
+// One expert's six tensors, in the order w1, w1.scale, w3, w3.scale, w2, w2.scale, with the dtypes
+// and shapes of the checkpoint schema.
+std::array<ExpectedTensor, 6> ExpertTensors(const ModelConfig& c, int layer, int64_t expert) {
+  const std::string p = ExpertPrefix(c, layer, expert);
+  const int64_t dim = c.dim, inter = c.moe_inter_dim;
+  return {{{p + "w1.weight", DType::kI8, {inter, dim / 2}},
+           {p + "w1.scale", DType::kF8E8M0, {inter, dim / kMxGroup}},
+           {p + "w3.weight", DType::kI8, {inter, dim / 2}},
+           {p + "w3.scale", DType::kF8E8M0, {inter, dim / kMxGroup}},
+           {p + "w2.weight", DType::kI8, {dim, inter / 2}},
+           {p + "w2.scale", DType::kF8E8M0, {dim, inter / kMxGroup}}}};
+}
+
+// One expert's six source tensors inside the checkpoint's mapping, in ExpertTensors' order.
+using Source = std::array<const TensorView*, 6>;
 
 // The same six tensors' bytes, wherever they are (the mapping, or a dummy expert's scratch).
 struct SourceBytes {
@@ -48,47 +60,39 @@ struct SourceBytes {
                 *w2 = nullptr, *w2_scale = nullptr;
 };
 
+SourceBytes BytesOf(const std::array<const uint8_t*, 6>& p) {
+  return {p[0], p[1], p[2], p[3], p[4], p[5]};
+}
+
 // Generates expert `expert` of `layer` (dummy weights, FillDummyTensor: the bytes
 // MakeDummyCheckpoint gives these tensors) into `scratch` and points `out` at them.
 absl::Status GenerateExpert(const ModelConfig& c, uint64_t seed, int layer, int64_t expert,
                             std::vector<uint8_t>* scratch, SourceBytes* out) {
-  const std::string p = ExpertPrefix(c, layer, expert);
-  const int64_t dim = c.dim, inter = c.moe_inter_dim;
-  const ExpectedTensor tensors[6] = {
-      {p + "w1.weight", DType::kI8, {inter, dim / 2}},
-      {p + "w1.scale", DType::kF8E8M0, {inter, dim / kMxGroup}},
-      {p + "w3.weight", DType::kI8, {inter, dim / 2}},
-      {p + "w3.scale", DType::kF8E8M0, {inter, dim / kMxGroup}},
-      {p + "w2.weight", DType::kI8, {dim, inter / 2}},
-      {p + "w2.scale", DType::kF8E8M0, {dim, inter / kMxGroup}},
-  };
-  size_t offsets[6], total = 0;
+  const std::array<ExpectedTensor, 6> tensors = ExpertTensors(c, layer, expert);
+  std::array<size_t, 6> offsets, sizes;
+  size_t total = 0;
   for (int i = 0; i < 6; ++i) {
     offsets[i] = total;
-    total += static_cast<size_t>(tensors[i].shape[0] * tensors[i].shape[1]);
+    sizes[i] = static_cast<size_t>(tensors[i].shape[0] * tensors[i].shape[1]);
+    total += sizes[i];
   }
   scratch->resize(total);  // first touched by the thread that uses it
-  const uint8_t* ptr[6];
+  std::array<const uint8_t*, 6> ptr;
   for (int i = 0; i < 6; ++i) {
-    const size_t n = static_cast<size_t>(tensors[i].shape[0] * tensors[i].shape[1]);
-    RETURN_IF_ERROR(FillDummyTensor(c, tensors[i], seed, scratch->data() + offsets[i], n));
+    RETURN_IF_ERROR(FillDummyTensor(c, tensors[i], seed, scratch->data() + offsets[i], sizes[i]));
     ptr[i] = scratch->data() + offsets[i];
   }
-  *out = {ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], ptr[5]};
+  *out = BytesOf(ptr);
   return absl::OkStatus();
 }
 
 absl::StatusOr<Source> FindSource(const Checkpoint& ckpt, const ModelConfig& c, int layer,
                                   int64_t expert) {
-  const std::string p = ExpertPrefix(c, layer, expert);
-  const int64_t dim = c.dim, inter = c.moe_inter_dim;
+  const std::array<ExpectedTensor, 6> tensors = ExpertTensors(c, layer, expert);
   Source s;
-  ASSIGN_OR_RETURN(s.w1, ckpt.Get(p + "w1.weight", DType::kI8, {inter, dim / 2}));
-  ASSIGN_OR_RETURN(s.w1_scale, ckpt.Get(p + "w1.scale", DType::kF8E8M0, {inter, dim / kMxGroup}));
-  ASSIGN_OR_RETURN(s.w3, ckpt.Get(p + "w3.weight", DType::kI8, {inter, dim / 2}));
-  ASSIGN_OR_RETURN(s.w3_scale, ckpt.Get(p + "w3.scale", DType::kF8E8M0, {inter, dim / kMxGroup}));
-  ASSIGN_OR_RETURN(s.w2, ckpt.Get(p + "w2.weight", DType::kI8, {dim, inter / 2}));
-  ASSIGN_OR_RETURN(s.w2_scale, ckpt.Get(p + "w2.scale", DType::kF8E8M0, {dim, inter / kMxGroup}));
+  for (int i = 0; i < 6; ++i) {
+    ASSIGN_OR_RETURN(s[i], ckpt.Get(tensors[i].name, tensors[i].dtype, tensors[i].shape));
+  }
   return s;
 }
 
@@ -250,9 +254,9 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
         return;
       }
     } else {
-      const Source& v = sources[unit];
-      src = {v.w1->data,       v.w1_scale->data, v.w3->data,
-             v.w3_scale->data, v.w2->data,       v.w2_scale->data};
+      std::array<const uint8_t*, 6> ptr;
+      for (int i = 0; i < 6; ++i) ptr[i] = sources[unit][i]->data;
+      src = BytesOf(ptr);
     }
     uint8_t* dst = s->memory_.data() + unit * stride;
     // The weights row-major as in the checkpoint, or tiled; the scales row-major.
@@ -271,10 +275,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
     weights(dst + off_w2, src.w2 + r0 / 2, dim, is / 2, inter / 2);
     CopyRows(dst + off_w2s, src.w2_scale + r0 / kMxGroup, dim, is / kMxGroup, inter / kMxGroup);
     if (!dummy) {
-      const Source& v = sources[unit];
-      for (const TensorView* t : {v.w1, v.w1_scale, v.w3, v.w3_scale, v.w2, v.w2_scale}) {
-        DropSourcePages(*t);
-      }
+      for (const TensorView* t : sources[unit]) DropSourcePages(*t);
     }
     const int64_t now_done = done.fetch_add(s->expert_slice_bytes_) + s->expert_slice_bytes_;
     const int decile = static_cast<int>(now_done * 10 / total);
