@@ -1,0 +1,94 @@
+// When a step's routed experts are streamed to the GPU instead of computed by the CPU expert
+// workers (ARCHITECTURE.md "Where the routed experts run"), and what the streamed path costs in
+// device memory. Plain C++ (no CUDA), so the memory plan, `--plan`, `splitserve up` and the tests
+// use it on any machine.
+//
+// The rule. For a step of T rows through a stage's n_layers streamable layers:
+//   cpu(T)      = T · n_layers · cpu_seconds_per_token_layer
+//   streamed(T) = n_layers · max(layer_bytes / h2d_bytes_per_second,
+//                                T · gpu_seconds_per_token_layer)
+// where layer_bytes are the bytes of one layer's routed experts this rank copies (its slices of
+// all E experts). The step streams when streamed(T) < cpu(T), i.e. from the smallest such T on
+// (Threshold). The rates are measured, never assumed from a GPU or CPU model name: the pinned
+// host-to-device bandwidth at start (on the expert store's own registered memory), the CPU
+// expert time per token and layer from the CPU path's own prefill calls (an exponential
+// average over calls of at least kMinRowsForCpuRate rows), and the GPU's from the streamed
+// path's steps. Until the CPU rate has been measured the prior below is used and the log says
+// so. `--gpu-prefill-threshold` overrides the rule: `auto` (the rule), `off` (never stream), or
+// N (stream every step of at least N rows).
+//
+// Threading: StreamedPrefillPolicy is used from the step's thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+
+namespace ss::gpu {
+
+// --gpu-prefill-threshold: auto | off | N (N >= 1 rows).
+struct GpuPrefillThreshold {
+  enum class Mode { kAuto, kOff, kRows } mode = Mode::kAuto;
+  int64_t rows = 0;  // kRows
+  std::string ToString() const;  // "auto", "off", "512"
+};
+// InvalidArgument naming the value and the accepted spellings.
+absl::StatusOr<GpuPrefillThreshold> ParseGpuPrefillThreshold(std::string_view text);
+
+// Default of --gpu-prefill-ring-mib: the staging ring's device memory, MiB.
+inline constexpr int64_t kDefaultGpuPrefillRingMiB = 1024;
+// Staging ring slots (each holds one group of experts; copies run ahead by slots − 1 groups).
+inline constexpr int kGpuPrefillRingSlots = 4;
+// Calls of fewer rows do not update the CPU rate (decode-sized calls are memory-bound).
+inline constexpr int64_t kMinRowsForCpuRate = 64;
+// The CPU expert rate assumed before the first measurement: seconds per (token, layer), the
+// figure of a 16-core AVX-512 host (bench/RESULTS.md); any measured call replaces it.
+inline constexpr double kPriorCpuSecondsPerTokenLayer = 1.0 / 1500.0;
+
+class StreamedPrefillPolicy {
+ public:
+  struct Rates {
+    double h2d_bytes_per_second = 0;         // measured at start; 0: streaming impossible
+    double cpu_seconds_per_token_layer = 0;  // 0: use kPriorCpuSecondsPerTokenLayer
+    double gpu_seconds_per_token_layer = 0;  // 0: compute assumed hidden by the copies
+  };
+  // layer_bytes: one layer's routed-expert bytes this rank copies (> 0 where any layer is
+  // streamable).
+  StreamedPrefillPolicy(GpuPrefillThreshold threshold, int64_t layer_bytes, Rates rates);
+
+  // Whether a step of `rows` rows streams its (streamable) layers' experts.
+  bool UseStreamed(int64_t rows) const;
+  // The smallest row count that streams under the current rates (kOff: INT64_MAX).
+  int64_t Threshold() const;
+  // A CPU-path call of `rows` rows through one layer took `seconds` (the host function's time).
+  void ObserveCpu(int64_t rows, double seconds);
+  // A streamed step of `rows` rows through `layers` layers whose layer loop took `seconds`.
+  void ObserveStreamed(int64_t rows, int layers, double seconds);
+  const Rates& rates() const { return rates_; }
+  bool cpu_rate_measured() const { return cpu_measured_; }
+  // One line for the start-up log and for every threshold change: the mode, the threshold, the
+  // rates and where each came from (measured / prior).
+  std::string Describe() const;
+
+ private:
+  GpuPrefillThreshold threshold_;
+  int64_t layer_bytes_ = 0;
+  Rates rates_;
+  bool cpu_measured_ = false;
+};
+
+// Device memory of the streamed path on one GPU worker (the memory plan counts both):
+//   the ring: ring_bytes (--gpu-prefill-ring-mib), at least kGpuPrefillRingSlots experts' bytes;
+//   the workspace of a step of `step_tokens` rows: routing (64·(E+1) + 8·T·K, plus T·K·12 for the
+//   sorted routes and E·8 offsets), xq T·dim bf16, h T·K·inter_rank bf16, y T·K·dim fp32, each
+//   rounded up to 256 bytes (gpu_worker/kernels/mxfp4_moe.h).
+int64_t StreamedMoeWorkspaceBytes(const ModelConfig& model, int64_t step_tokens,
+                                  int64_t inter_rank);
+// Experts of `expert_bytes` each per ring slot for a ring of ring_bytes (>= 1; 0 when one
+// expert does not fit in a slot: the streamed path is then off, with that reason logged).
+int64_t ExpertsPerRingSlot(int64_t ring_bytes, int64_t expert_bytes);
+
+}  // namespace ss::gpu
