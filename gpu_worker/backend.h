@@ -43,6 +43,16 @@ struct StageChunk {
 // Wall seconds of a stage run, per layer of the stage (index = layer - first_layer).
 struct StageTimings {
   std::vector<double> attention, moe_gpu, moe_cpu, allreduce;
+  // Where the step's routed experts ran (gpu_worker/streamed_prefill.h): streamed to the GPU
+  // (then the bytes copied host -> device, the copy engine's busy seconds -- the sum of the
+  // copies' durations -- and the seconds from the first copy's start to the last expert
+  // group's end) or on the CPU expert workers. gpu_prefill_threshold: the rows from which a
+  // step streams, as the policy stands after this step (INT64_MAX: never; 0: no streamed path).
+  bool experts_streamed = false;
+  int64_t streamed_bytes = 0;
+  double streamed_copy_seconds = 0.0;
+  double streamed_span_seconds = 0.0;
+  int64_t gpu_prefill_threshold = 0;
 };
 
 struct StageOutput {

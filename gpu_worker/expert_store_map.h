@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,6 +44,15 @@ struct StoreExpertLayout {
   int64_t w1 = 0, w1_scale = 0, w3 = 0, w3_scale = 0, w2 = 0, w2_scale = 0;  // offsets in a block
   int64_t w2_stride = 0;        // bytes between w2 rows (tile_rows 0), inter_slice/2
   int64_t w2_scale_stride = 0;  // inter_slice/32
+};
+
+// Where one layer's routed experts are served for this TP rank (the GPU worker's --experts /
+// the coordinator's Role, gpu_worker/routed_experts_client.h): its slices in slice order, each
+// the shared-memory segment name of its expert worker, or "" for a slice served over gRPC.
+// Empty `shm_names` with slice_count > 0: none of the layer's slices is this rank's.
+struct ExpertLayerStores {
+  std::vector<std::string> shm_names;
+  int slice_count = 0;
 };
 
 // "<shm_name>-store".
@@ -72,6 +82,31 @@ class ExpertStoreMap {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::vector<int64_t> layer_offset_;  // [layer id] -> offset of its expert 0, or -1
+};
+
+// The stores of one rank's layers, each distinct segment opened once (ExpertStoreMap::Open on
+// ExpertStoreSegmentName of each shm name). A layer is STREAMABLE when every slice of it that
+// is this rank's has a store that holds the layer (or the rank has none of its slices: its
+// share is zero). For a layer that is not, reason(layer) says why (a gRPC slice, a missing
+// store: the NotFound's message, a store without the layer) and slices(layer) is empty.
+// Errors other than NotFound (a corrupt or mismatching store) fail Open.
+class ExpertStoreSet {
+ public:
+  static absl::StatusOr<std::unique_ptr<ExpertStoreSet>> Open(
+      const std::map<int64_t, ExpertLayerStores>& layers, const ModelConfig& model);
+
+  bool streamable(int64_t layer) const;
+  // This rank's slices of `layer` in slice order (streamable layers; may be empty).
+  const std::vector<const ExpertStoreMap*>& slices(int64_t layer) const;
+  const std::string& reason(int64_t layer) const;  // "" when streamable
+  // Every distinct map, for registration with CUDA.
+  std::vector<const ExpertStoreMap*> maps() const;
+
+ private:
+  ExpertStoreSet() = default;
+  std::vector<std::unique_ptr<ExpertStoreMap>> maps_;
+  std::map<int64_t, std::vector<const ExpertStoreMap*>> slices_;
+  std::map<int64_t, std::string> reasons_;
 };
 
 }  // namespace ss::gpu

@@ -82,6 +82,8 @@
 #include "common/fp64_sums.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/expert_store_map.h"
+#include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
 
@@ -115,6 +117,16 @@ struct CudaBackendOptions {
   // With TP > 1 the provider gives this rank's share, and without one the rank computes its
   // range of experts (see the header comment).
   std::function<const model::RoutedExperts*(int64_t layer)> experts;
+  // The streamed path of the routed experts (streamed_prefill.h): when a step streams, and the
+  // staging ring's device bytes (counted beside the step workspace; 0: no streamed path). The
+  // experts are read from the expert stores of `expert_stores` (per layer served by expert
+  // workers: this rank's slices, expert_store_map.h ExpertStoreSet), mapped read-only and
+  // registered with CUDA; layers whose slices are not all in stores on this host keep the CPU
+  // path. Layers without an entry stream from the model's host weights (golden tests,
+  // standalone use).
+  GpuPrefillThreshold gpu_prefill_threshold;
+  int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
+  std::map<int64_t, ExpertLayerStores> expert_stores;
   // Benchmarks only (layer figures without the routed experts): take every layer's routed-expert
   // sum as zero, so a step sends nothing to the host and `experts` is not called.
   bool exclude_routed_experts = false;
