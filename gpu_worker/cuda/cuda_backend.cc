@@ -17,6 +17,7 @@
 #include "gpu_worker/memory_plan.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/step_workspace.h"
+#include "spdlog/spdlog.h"
 
 namespace ss::gpu {
 
@@ -27,6 +28,64 @@ CudaBackend::CudaBackend(std::shared_ptr<const model::Model> model,
 CudaBackend::~CudaBackend() {
   if (impl_) cudaSetDevice(impl_->device);
 }
+
+namespace {
+
+// The streamed path of the routed experts (streamed_routed_experts.h), unless the ring is 0, the
+// threshold is off or the routed experts are excluded. Its device memory is allocated here, before
+// the KV pool is fitted into what is left. With --gpu_prefill_threshold auto a path that cannot
+// be set up is logged and left off; with an explicit N it fails the start.
+absl::Status SetUpStreamedPath(const model::Model& model, const CudaBackendOptions& o,
+                               CudaBackend::Impl& im) {
+  const GpuPrefillThreshold& th = o.gpu_prefill_threshold;
+  if (o.gpu_prefill_ring_bytes <= 0 || th.mode == GpuPrefillThreshold::Mode::kOff ||
+      o.exclude_routed_experts) {
+    spdlog::info("streamed prefill: off (threshold {}, ring {})", th.ToString(),
+                 MiB(o.gpu_prefill_ring_bytes));
+    return absl::OkStatus();
+  }
+  StreamedExpertsOptions so;
+  so.first_layer = o.first_layer;
+  so.end_layer = o.end_layer;
+  so.tp = im.tp;
+  so.rank = im.rank;
+  so.ring_bytes = o.gpu_prefill_ring_bytes;
+  absl::Status st = absl::OkStatus();
+  if (!o.expert_stores.empty()) {
+    absl::StatusOr<std::unique_ptr<ExpertStoreSet>> stores =
+        ExpertStoreSet::Open(o.expert_stores, model.config());
+    if (stores.ok()) {
+      im.stores = std::move(*stores);
+      so.stores = im.stores.get();
+    } else {
+      st = stores.status();
+    }
+    for (const auto& [layer, unused] : o.expert_stores) so.remote_layers.push_back(layer);
+  }
+  if (st.ok()) {
+    absl::StatusOr<std::unique_ptr<StreamedRoutedExperts>> streamed =
+        StreamedRoutedExperts::Create(model, so);
+    if (streamed.ok()) {
+      im.streamed = std::move(*streamed);
+    } else {
+      st = streamed.status();
+    }
+  }
+  if (!st.ok()) {
+    im.streamed.reset();
+    im.stores.reset();
+    if (th.mode != GpuPrefillThreshold::Mode::kAuto) return st;
+    spdlog::warn("streamed prefill: off: {}", std::string(st.message()));
+    return absl::OkStatus();
+  }
+  im.policy = std::make_unique<StreamedPrefillPolicy>(
+      th, im.streamed->layer_bytes(),
+      StreamedPrefillPolicy::Rates{.h2d_bytes_per_second = im.streamed->h2d_bytes_per_second()});
+  spdlog::info("streamed prefill: {}; {}", im.streamed->Describe(), im.policy->Describe());
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     std::shared_ptr<const model::Model> model, const CudaBackendOptions& o) {
@@ -101,6 +160,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     im.vocab.end = std::min<int64_t>(c.vocab_size, im.vocab.begin + im.vocab_max);
     ASSIGN_OR_RETURN(im.head, im.Bf16Rows(w.head, im.vocab));
   }
+  RETURN_IF_ERROR(SetUpStreamedPath(*b->model_, o, im));
   ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
   ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
   ASSIGN_OR_RETURN(KvLayout layout,

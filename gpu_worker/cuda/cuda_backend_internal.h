@@ -22,6 +22,7 @@
 #include "gpu_worker/cuda/device_buffers.h"
 #include "gpu_worker/cuda/graph_cache.h"
 #include "gpu_worker/cuda/routed_experts_provider.h"
+#include "gpu_worker/cuda/streamed_routed_experts.h"
 #include "gpu_worker/cuda/step_timings.h"
 #include "gpu_worker/cuda_status.h"
 #include "gpu_worker/kernels/types.h"
@@ -143,6 +144,13 @@ struct CudaBackend::Impl {
   StepBranches branches;
   // Where the routed experts run (routed_experts_provider.h); set at creation.
   std::unique_ptr<RoutedExpertsProvider> routed;
+  // The streamed path (streamed_routed_experts.h), null when off: the expert stores it copies
+  // from (declared first, so they outlive it), the provider, and the policy that picks the steps
+  // that stream (streamed_prefill.h). A streamed step runs its streamable layers through
+  // `streamed` and the others through `routed`.
+  std::unique_ptr<ExpertStoreSet> stores;
+  std::unique_ptr<StreamedRoutedExperts> streamed;
+  std::unique_ptr<StreamedPrefillPolicy> policy;
   // StageTimings from events (step_timings.h).
   StepMarks marks;
   std::vector<void*> allocations;  // weights, freed at destruction

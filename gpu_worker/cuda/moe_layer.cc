@@ -38,7 +38,7 @@ absl::Status RouterAndRoutedExperts(StepState& s, int l, const DevBlock& b) {
                                    im.side));
   if (s.routed) {
     float* dst = im.tp == 1 ? sc.routed : sc.part + T * dim;
-    RETURN_IF_ERROR(im.routed->Enqueue(l, sc.xn, sc.ridx, sc.rw, T, dst, im.side));
+    RETURN_IF_ERROR(s.Provider(l)->Enqueue(l, sc.xn, sc.ridx, sc.rw, T, dst, im.side));
   }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(im.routed_back, im.side));
   return absl::OkStatus();

@@ -24,9 +24,11 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
   RETURN_IF_ERROR(PrepareStepInputs(s, streams_in, device_in));
   if (s.timings) RETURN_IF_ERROR(im.marks.Prepare(s.n_layers, s.timings));
   if (s.routed) RETURN_IF_ERROR(im.routed->PrepareStep(s.n_layers, s.T));
+  s.streamed = s.routed && im.policy != nullptr && im.policy->UseStreamed(s.T);
+  if (s.streamed) RETURN_IF_ERROR(im.streamed->PrepareStep(s.n_layers, s.T));
   s.defer_comb = cuda::HcPreDefersComb(s.T, s.hc, s.dim, s.sc.y);
 
-  if (!im.graph.enabled()) {
+  if (!im.graph.enabled() || s.streamed) {
     RETURN_IF_ERROR(RunLayers(s));
   } else {
     ASSIGN_OR_RETURN(const bool layers_ran,
@@ -45,6 +47,7 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
     im.marks.Fill(
         s.n_layers, im.tp > 1, [&](int l) { return routed ? routed->Seconds(l) : 0.0; }, s.timings);
   }
+  if (s.routed) RETURN_IF_ERROR(ObserveRoutedPath(s));
   for (size_t i = 0; i < s.nc; ++i) {
     const std::vector<int64_t>& row0 = s.plan.row0;
     im.kv.Find(s.batch[i].seq_id)->next_pos = s.batch[i].start + (row0[i + 1] - row0[i]);
@@ -53,6 +56,32 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
 }
 
 }  // namespace
+
+absl::Status ObserveRoutedPath(StepState& s) {
+  CudaBackend::Impl& im = s.im;
+  if (im.policy == nullptr) return absl::OkStatus();
+  if (s.streamed) {
+    StageTimings t;
+    RETURN_IF_ERROR(im.streamed->FillTimings(&t));
+    int streamed_layers = 0;
+    for (int l = 0; l < s.n_layers; ++l) streamed_layers += im.streamed->streams(l) ? 1 : 0;
+    im.policy->ObserveStreamed(s.T, streamed_layers, t.streamed_span_seconds);
+    if (s.timings) {
+      s.timings->experts_streamed = true;
+      s.timings->streamed_bytes = t.streamed_bytes;
+      s.timings->streamed_copy_seconds = t.streamed_copy_seconds;
+      s.timings->streamed_span_seconds = t.streamed_span_seconds;
+    }
+  }
+  // The CPU path's own calls (also a streamed step's layers that cannot stream) feed its rate.
+  for (int l = 0; l < s.n_layers; ++l) {
+    if (s.streamed && im.streamed->streams(l)) continue;
+    const double seconds = im.routed->Seconds(l);
+    if (seconds > 0) im.policy->ObserveCpu(s.T, seconds);
+  }
+  if (s.timings) s.timings->gpu_prefill_threshold = im.policy->Threshold();
+  return absl::OkStatus();
+}
 
 absl::Status RunLayers(StepState& s) {
   RETURN_IF_ERROR(EnqueueInputStreams(s));
@@ -100,6 +129,7 @@ absl::Status CudaBackend::RunImpl(std::span<const StageChunk> batch, const float
   // the zeroed scratch zeroed again (only completed calls leave it zeroed).
   cudaStreamSynchronize(im.stream);
   cudaStreamSynchronize(im.side);
+  if (im.streamed != nullptr) im.streamed->Synchronize();
   im.branches.SynchronizeAll();
   (void)cudaGetLastError();
   for (const StageChunk& ch : batch) Release(ch.seq_id);

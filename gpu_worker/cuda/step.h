@@ -99,6 +99,15 @@ struct StepState {
   bool defer_comb = false;
   // Set by the graph cache while the layers run under capture.
   bool capturing = false;
+  // The step streams its streamable layers' routed experts (set before the layers; such a step
+  // is never captured).
+  bool streamed = false;
+
+  // Where layer l's routed experts run in this step.
+  RoutedExpertsProvider* Provider(int l) const {
+    return streamed && im.streamed->streams(l) ? static_cast<RoutedExpertsProvider*>(im.streamed.get())
+                                               : im.routed.get();
+  }
 
   // Timing mark m of layer l on the step's stream (step_timings.h).
   cudaError_t Mark(int l, int m) { return im.marks.Record(l, m, st, capturing); }
@@ -107,6 +116,10 @@ struct StepState {
 // The layers' GPU work (step.cc): the input streams' conversion, then per layer the attention and
 // MoE sublayers; with graphs captured once per step shape and replayed.
 absl::Status RunLayers(StepState& s);
+
+// After the step's final wait: where the routed experts ran, into the timings (when timed) and
+// the streamed-prefill policy's rates (the CPU path's per-layer seconds, the streamed span).
+absl::Status ObserveRoutedPath(StepState& s);
 
 // TP > 1: sums sc.part[0, n) over the group, between timing marks `begin` and begin + 1 (enqueued
 // only: the step waits for its collectives once, under the deadline, after its layers).

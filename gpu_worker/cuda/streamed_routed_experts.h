@@ -1,0 +1,120 @@
+// The routed experts streamed to the GPU (StreamedRoutedExperts, a RoutedExpertsProvider;
+// ARCHITECTURE.md "Where the routed experts run"): for a large prefill step, each layer's experts
+// that this rank computes are copied host -> device into a ring of staging slots while earlier
+// groups compute, and run as a grouped MXFP4 GEMM (gpu_worker/kernels/mxfp4_moe.h).
+//
+// The pipeline. A copy stream of its own moves one GROUP of experts (a slot's worth, in the
+// layer's expert order) per slot: it waits for the slot's `free` event, copies the group
+// (expert_copy_plan.h), records `filled`. The layer's side stream builds the routing and the
+// quantised input, then per group waits for `filled`, runs Mxfp4MoeGroup on the slot and records
+// `free`; the combine ends the layer. Slots are used round-robin across layers and steps, so the
+// next layer's first groups are copied while this layer's last ones compute and while the next
+// layer's attention runs: the copy engine waits only for a free slot. No host synchronisation
+// inside the layer loop; the copies do not depend on the routing (at prefill sizes nearly every
+// expert is routed to).
+//
+// Sources: a layer's experts come from the expert stores of this rank's slices (ExpertStoreSet,
+// mapped read-only, registered with cudaHostRegister so the copies are DMA at full PCIe speed),
+// or, for a layer without expert workers, from the model's host weights (unregistered: correct,
+// slow; golden tests). With TP > 1 and host weights the rank computes experts
+// [rank·E/tp, (rank+1)·E/tp), as HostRoutedExperts does. A layer whose slices are not all in
+// stores on this host is not streamable: streams(l) is false, and the backend runs it on the CPU
+// path in every step (logged once at creation).
+//
+// Steps through this provider are never captured into graphs (events across the copy stream).
+//
+// Threading: as RoutedExpertsProvider. Owned by the backend (CudaBackend::Impl); the stores
+// (`stores`) and the model must outlive it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/cuda/device_buffers.h"
+#include "gpu_worker/cuda/routed_experts_provider.h"
+#include "gpu_worker/expert_copy_plan.h"
+#include "gpu_worker/expert_store_map.h"
+
+namespace ss::gpu::cuda_backend_internal {
+
+struct StreamedExpertsOptions {
+  int first_layer = 0, end_layer = 0;  // the stage's layers (model ids)
+  int tp = 1, rank = 0;
+  int64_t ring_bytes = 0;              // the staging ring (all slots)
+  const ExpertStoreSet* stores = nullptr;  // null: every layer from the model's host weights
+  // Layers with an entry in `stores`' configuration (served by expert workers): their sources
+  // must be stores. Other layers use the model's host weights.
+  std::vector<int64_t> remote_layers;
+};
+
+class StreamedRoutedExperts final : public RoutedExpertsProvider {
+ public:
+  // Plans every layer's sources, allocates the ring, registers the stores' memory and measures
+  // the pinned host -> device bandwidth. FailedPrecondition when the ring cannot hold
+  // kGpuPrefillRingSlots slots of one expert, or a layer's geometry is not one the kernels take.
+  static absl::StatusOr<std::unique_ptr<StreamedRoutedExperts>> Create(
+      const model::Model& model, const StreamedExpertsOptions& options);
+  ~StreamedRoutedExperts() override;
+
+  // Whether the stage's layer l (from 0) can stream; why not (for the log) otherwise.
+  bool streams(int l) const { return plans_[l].streamable; }
+  const std::string& why_not(int l) const { return plans_[l].why_not; }
+  // The bytes one (largest) layer's copies move: the policy's layer_bytes.
+  int64_t layer_bytes() const { return layer_bytes_; }
+  // Pinned host -> device bandwidth measured at creation, bytes per second.
+  double h2d_bytes_per_second() const { return h2d_; }
+  // One line for the start-up log: layers streamable, bytes per layer, ring, bandwidth.
+  std::string Describe() const;
+
+  absl::Status PrepareStep(int n_layers, int64_t rows) override;
+  absl::Status Enqueue(int l, const cuda::bf16_t* xn, const int32_t* ids, const float* weights,
+                       int64_t rows, float* sum, cudaStream_t side) override;
+  absl::Status StepStatus(int n_layers) const override { return absl::OkStatus(); }
+  double Seconds(int l) const override { return 0.0; }
+  void AppendGraphKey(std::vector<int64_t>* key) const override {}
+
+  // After the step's final wait: the bytes copied, the copy engine's busy seconds and the span
+  // from the first copy's start to the last layer's end (StageTimings' streamed fields).
+  absl::Status FillTimings(StageTimings* t) const;
+  // Waits for the copy stream (a failed step's clean-up).
+  void Synchronize();
+
+ private:
+  struct LayerPlan {
+    bool streamable = false;
+    std::string why_not;
+    LayerStreamPlan plan;
+    std::vector<std::pair<int, int>> groups;
+    std::vector<std::vector<HostCopy>> copies;  // per group
+  };
+  StreamedRoutedExperts(const model::Model& model, const StreamedExpertsOptions& options);
+  absl::Status PlanLayers();
+  absl::Status Allocate();
+  absl::Status MeasureBandwidth();
+
+  const model::Model& model_;
+  const StreamedExpertsOptions options_;
+  std::vector<LayerPlan> plans_;
+  int64_t layer_bytes_ = 0, slot_bytes_ = 0, experts_per_slot_ = 0;
+  double h2d_ = 0.0;
+  std::vector<const void*> registered_;  // host ranges registered here, unregistered at the end
+  cudaStream_t copy_ = nullptr;
+  DevBuf ring_;
+  std::vector<cudaEvent_t> free_, filled_;  // per slot
+  int64_t next_slot_ = 0;                   // round-robin, across layers and steps
+  // Per step: timing events around each group's copies and the layer ends.
+  std::vector<cudaEvent_t> copy_start_, copy_end_;
+  cudaEvent_t step_end_ = nullptr;
+  int64_t step_groups_ = 0, step_bytes_ = 0;
+  int64_t rows_ = 0;
+  DevBuf work_;  // routing, xq, h, y for `rows_` rows
+};
+
+}  // namespace ss::gpu::cuda_backend_internal
