@@ -213,20 +213,23 @@ class TpStage final : public golden::GoldenStage {
 
 class CudaGolden final : public StagedGolden {
  public:
-  CudaGolden(int device, int device_count, std::string experts, int tp, int stages,
-             Fp64Sums fp64_sums)
-      : StagedGolden(stages),
+  CudaGolden(int device, int device_count, const GoldenBackendOptions& o)
+      : StagedGolden(o.stages),
         device_(device),
         device_count_(device_count),
-        experts_spec_(std::move(experts)),
-        tp_(tp),
-        fp64_sums_(fp64_sums) {}
+        experts_spec_(o.experts),
+        tp_(o.tp),
+        fp64_sums_(o.fp64_sums),
+        threshold_(o.gpu_prefill_threshold),
+        ring_bytes_(o.gpu_prefill_ring_bytes) {}
   std::string name() const override {
     std::string n = "cuda";
     if (tp_ > 1) absl::StrAppend(&n, ", TP ", tp_);
     if (stages_ > 1) absl::StrAppend(&n, ", PP ", stages_);
     if (fp64_sums_ != Fp64Sums::kAuto)
       absl::StrAppend(&n, ", fp64_sums ", Fp64SumsName(fp64_sums_));
+    if (threshold_.mode != GpuPrefillThreshold::Mode::kOff)
+      absl::StrAppend(&n, ", routed experts streamed from ", threshold_.ToString(), " rows");
     return n;
   }
 
@@ -270,6 +273,8 @@ class CudaGolden final : public StagedGolden {
     o.tp_size = tp_;
     o.comm = comm;
     o.fp64_sums = fp64_sums_;
+    o.gpu_prefill_threshold = threshold_;
+    o.gpu_prefill_ring_bytes = ring_bytes_;
 #if SS_HAVE_CPU_BACKEND
     if (!experts_spec_.empty()) {
       // One expert-worker client per (model, rank) -- the variants' models get their own --, kept
@@ -300,6 +305,8 @@ class CudaGolden final : public StagedGolden {
   const std::string experts_spec_;
   const int tp_;
   const Fp64Sums fp64_sums_;
+  const GpuPrefillThreshold threshold_;
+  const int64_t ring_bytes_;
   std::map<std::vector<int>, std::shared_ptr<TpGroup>> groups_;  // TP > 1, by device list
 #if SS_HAVE_CPU_BACKEND
   std::map<std::pair<const model::Model*, int>,
@@ -365,7 +372,7 @@ absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
         "--backend cuda: no CUDA devices ", o.cuda_device, "..", o.cuda_device + o.tp - 1, " (",
         e == cudaSuccess ? absl::StrCat(n, " devices") : std::string(cudaGetErrorString(e)), ")"));
   }
-  return std::make_shared<CudaGolden>(o.cuda_device, n, o.experts, o.tp, o.stages, o.fp64_sums);
+  return std::make_shared<CudaGolden>(o.cuda_device, n, o);
 #else
   return absl::UnimplementedError(
       "--backend cuda: this build has no CUDA (no CUDA compiler at configure time)");

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "common/fp64_sums.h"
 #include "common/golden/golden.h"
+#include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
 
@@ -48,6 +49,11 @@ struct GoldenBackendOptions {
   int tp = 1;                            // --backend cuda: tensor-parallel ranks (GPUs)
   int stages = 1;                        // pipeline stages of the whole-model checks
   Fp64Sums fp64_sums = Fp64Sums::kAuto;  // --backend cuda: fp64_sums.h
+  // --backend cuda: the streamed path of the routed experts (streamed_prefill.h); off by default
+  // here, so the checks compare the CPU path unless asked (--gpu_prefill_threshold 1 streams
+  // every step).
+  GpuPrefillThreshold gpu_prefill_threshold{GpuPrefillThreshold::Mode::kOff, 0};
+  int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
 };
 
 inline constexpr int64_t kGoldenKvTokens = 1 << 16;

@@ -166,6 +166,8 @@ absl::Status StreamedRoutedExperts::Allocate() {
         kGpuPrefillRingSlots, " slots of one expert (", MiB(expert_bytes),
         " each): raise --gpu_prefill_ring_mib"));
   }
+  // A slot never needs more than a whole layer's experts.
+  experts_per_slot_ = std::min<int64_t>(experts_per_slot_, model_.config().n_routed_experts);
   slot_bytes_ = experts_per_slot_ * expert_bytes;
   RETURN_IF_ERROR(ring_.Reserve(static_cast<size_t>(slot_bytes_ * kGpuPrefillRingSlots)));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));

@@ -29,6 +29,11 @@ ABSL_FLAG(int, stages, 1,
 ABSL_FLAG(std::string, fp64_sums, "auto",
           "--backend cuda: the sums the reference forms in double, in double (on) or fp32 (off); "
           "auto: double where the GPU's FP64 is fast (common/fp64_sums.h)");
+ABSL_FLAG(std::string, gpu_prefill_threshold, "off",
+          "--backend cuda: steps of at least this many rows stream their routed experts to the "
+          "GPU (gpu_worker/streamed_prefill.h): off | auto | N (1: every step)");
+ABSL_FLAG(int64_t, gpu_prefill_ring_mib, ss::gpu::kDefaultGpuPrefillRingMiB,
+          "--backend cuda: the streamed path's staging ring, MiB");
 ABSL_FLAG(std::string, experts, "",
           "--backend cpu|cuda: routed experts on expert workers, in splitserve-gpu-worker's "
           "--experts syntax; empty: computed on the host by the reference");
@@ -54,9 +59,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "splitserve-golden: %s\n", std::string(fp64.status().message()).c_str());
     return 2;
   }
+  const absl::StatusOr<ss::gpu::GpuPrefillThreshold> threshold =
+      ss::gpu::ParseGpuPrefillThreshold(absl::GetFlag(FLAGS_gpu_prefill_threshold));
+  if (!threshold.ok()) {
+    std::fprintf(stderr, "splitserve-golden: %s\n",
+                 std::string(threshold.status().message()).c_str());
+    return 2;
+  }
   auto backend = ss::gpu::MakeGoldenBackend(
       {absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device), absl::GetFlag(FLAGS_experts),
-       absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages), *fp64});
+       absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages), *fp64, *threshold,
+       absl::GetFlag(FLAGS_gpu_prefill_ring_mib) << 20});
   if (!backend.ok()) {
     std::fprintf(stderr, "splitserve-golden: %s\n",
                  std::string(backend.status().message()).c_str());
