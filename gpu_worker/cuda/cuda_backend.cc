@@ -50,6 +50,7 @@ absl::Status SetUpStreamedPath(const model::Model& model, const CudaBackendOptio
   so.tp = im.tp;
   so.rank = im.rank;
   so.ring_bytes = o.gpu_prefill_ring_bytes;
+  so.max_rows = o.max_step_tokens;
   absl::Status st = absl::OkStatus();
   if (!o.expert_stores.empty()) {
     absl::StatusOr<std::unique_ptr<ExpertStoreSet>> stores =

@@ -187,6 +187,7 @@ absl::Status StreamedRoutedExperts::Allocate() {
     lp.groups = ExpertGroups(lp.plan.expert_begin, lp.plan.expert_end, experts_per_slot_);
     for (const auto& [e0, e1] : lp.groups) lp.copies.push_back(lp.plan.GroupCopies(e0, e1));
   }
+  RETURN_IF_ERROR(ReserveWork(static_cast<int>(plans_.size()), options_.max_rows));
   // The stores' memory as pinned (page-locked, DMA-able) host memory, read-only.
   if (options_.stores != nullptr) {
     for (const ExpertStoreMap* m : options_.stores->maps()) {
@@ -261,6 +262,13 @@ std::string StreamedRoutedExperts::Describe() const {
 }
 
 absl::Status StreamedRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
+  RETURN_IF_ERROR(ReserveWork(n_layers, rows));
+  step_groups_ = 0;
+  step_bytes_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status StreamedRoutedExperts::ReserveWork(int n_layers, int64_t rows) {
   const ModelConfig& c = model_.config();
   int64_t inter = 0, groups = 0;
   for (int l = 0; l < n_layers; ++l) {
@@ -280,8 +288,6 @@ absl::Status StreamedRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
       v->push_back(e);
     }
   }
-  step_groups_ = 0;
-  step_bytes_ = 0;
   return absl::OkStatus();
 }
 

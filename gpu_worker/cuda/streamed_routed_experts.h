@@ -48,6 +48,7 @@ struct StreamedExpertsOptions {
   int first_layer = 0, end_layer = 0;  // the stage's layers (model ids)
   int tp = 1, rank = 0;
   int64_t ring_bytes = 0;              // the staging ring (all slots)
+  int64_t max_rows = 0;  // the workspace is allocated for steps of this many rows at Create
   const ExpertStoreSet* stores = nullptr;  // null: every layer from the model's host weights
   // Layers with an entry in `stores`' configuration (served by expert workers): their sources
   // must be stores. Other layers use the model's host weights.
@@ -98,6 +99,8 @@ class StreamedRoutedExperts final : public RoutedExpertsProvider {
   absl::Status PlanLayers();
   absl::Status Allocate();
   absl::Status MeasureBandwidth();
+  // The step workspace and the per-group timing events for steps of `rows` rows (grow-only).
+  absl::Status ReserveWork(int n_layers, int64_t rows);
 
   const model::Model& model_;
   const StreamedExpertsOptions options_;
