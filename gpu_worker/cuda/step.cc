@@ -11,6 +11,7 @@
 #include "gpu_worker/kernels/elementwise.h"
 #include "gpu_worker/kernels/hyper_connection.h"
 #include "gpu_worker/nccl_comm.h"
+#include "spdlog/spdlog.h"
 
 namespace ss::gpu {
 namespace cuda_backend_internal {
@@ -66,6 +67,14 @@ absl::Status ObserveRoutedPath(StepState& s) {
     int streamed_layers = 0;
     for (int l = 0; l < s.n_layers; ++l) streamed_layers += im.streamed->streams(l) ? 1 : 0;
     im.policy->ObserveStreamed(s.T, streamed_layers, t.streamed_span_seconds);
+    // A streamed step lasts seconds: one line each for the operator (and bench/flash_e2e.sh).
+    const double span = t.streamed_span_seconds;
+    spdlog::info(
+        "streamed step: {} rows, {} layers, {:.2f} GB in {:.3f} s ({:.1f} GB/s of {:.1f} pinned, "
+        "copy engine busy {:.0f}%)",
+        s.T, streamed_layers, t.streamed_bytes / 1e9, span,
+        span > 0 ? t.streamed_bytes / span / 1e9 : 0.0, im.streamed->h2d_bytes_per_second() / 1e9,
+        span > 0 ? 100.0 * t.streamed_copy_seconds / span : 0.0);
     if (s.timings) {
       s.timings->experts_streamed = true;
       s.timings->streamed_bytes = t.streamed_bytes;
