@@ -74,7 +74,7 @@ if [ "$ready" != 1 ]; then
   exit 1
 fi
 say "start to ready: $(python3 -c "print(round($t1 - $t0, 1))") s ($(grep -m1 'ready in' "$out/up.log"))"
-grep -h -i "dummy\|generated" "$out"/up/*.log | head -20 | tee -a "$summary"
+grep -h -i "dummy\|generated\|streamed prefill" "$out"/up/*.log | head -20 | tee -a "$summary"
 grep -m1 "CPUs:" "$out/up.log" | tee -a "$summary"
 
 # The streaming-read limit on the expert workers' cores (the server idle).
@@ -151,6 +151,7 @@ EOF
     done
   else
     L=$phase
+    streamed_before=$(cat "$out"/up/*.log 2>/dev/null | grep -c "streamed step:")
     scrape "$out/m_before"
     bench "prefill_$L" --dataset-name random --random-input-len "$L" --random-output-len 1 \
       --num-prompts 1 --max-concurrency 1 --request-timeout 600
@@ -175,6 +176,20 @@ print(f"  per prefill chunk (ms, sum over layers; {steps:.0f} chunks): attention
       f"shared+router {kv.get('moe_gpu_ms')} routed call {kv.get('moe_cpu_ms')} (engine {kv.get('engine_ms')}, "
       f"transport {kv.get('transport_ms')})")
 EOF
+    # The streamed path's steps of this phase (the GPU worker logs one line each).
+    cat "$out"/up/*.log 2>/dev/null | grep "streamed step:" | tail -n +"$((streamed_before + 1))" |
+      python3 -c '
+import re, sys
+n = b = span = busy = 0.0; pinned = 0.0
+for line in sys.stdin:
+    m = re.search(r"([0-9.]+) GB in ([0-9.]+) s \(([0-9.]+) GB/s of ([0-9.]+) pinned, copy engine busy ([0-9]+)%", line)
+    if not m: continue
+    n += 1; b += float(m[1]); span += float(m[2]); pinned = float(m[4]); busy += float(m[5]) / 100 * float(m[2])
+if n:
+    print(f"  streamed: {n:.0f} steps, {b:.1f} GB in {span:.2f} s: {b / span:.1f} GB/s = {b / span / pinned:.2f} of the pinned {pinned:.1f} GB/s; copy engine busy {busy / span:.2f}")
+else:
+    print("  streamed: no streamed step (CPU path)")
+' | tee -a "$summary"
   fi
 done
 say "done: $(date -u +%FT%TZ)"
