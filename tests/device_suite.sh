@@ -202,6 +202,12 @@ echo "splitserve-golden --backend cuda (experts on the host): rc=$? $(tail -1 "$
 echo "splitserve-golden --backend cuda --fp64_sums off: rc=$? $(tail -1 "$out/golden_cuda_fp32.log")"
 golden_same "golden checks, --fp64_sums off vs the default" "$out/golden_cuda.log" \
   "$out/golden_cuda_fp32.log" '^(PASS|FAIL) ' 20
+# Every step's routed experts streamed to the GPU (the grouped MXFP4 GEMM) instead of the host.
+"$bin/splitserve-golden" --backend cuda --gpu_prefill_threshold 1 --model tests/data/tiny-a \
+  --golden tests/data/tiny-a >"$out/golden_cuda_streamed.log" 2>&1
+echo "splitserve-golden --backend cuda --gpu_prefill_threshold 1 (experts streamed): rc=$? $(tail -1 "$out/golden_cuda_streamed.log")"
+golden_same "golden checks, streamed experts vs the host's" "$out/golden_cuda.log" \
+  "$out/golden_cuda_streamed.log" '^(PASS|FAIL) ' 20
 if [ "$ngpu" -ge 2 ]; then
   "$bin/splitserve-golden" --backend cuda --tp 2 --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_tp2.log" 2>&1
@@ -223,6 +229,9 @@ if [ -x "$bin/splitserve-expert-worker" ]; then
   "$bin/splitserve-golden" --backend cuda --experts "0-6=shm:$seg" --model tests/data/tiny-a \
     --golden tests/data/tiny-a >"$out/golden_cuda_experts.log" 2>&1
   echo "splitserve-golden --backend cuda --experts (expert worker): rc=$? $(tail -1 "$out/golden_cuda_experts.log")"
+  "$bin/splitserve-golden" --backend cuda --experts "0-6=shm:$seg" --gpu_prefill_threshold 1 \
+    --model tests/data/tiny-a --golden tests/data/tiny-a >"$out/golden_cuda_experts_streamed.log" 2>&1
+  echo "splitserve-golden --backend cuda --experts --gpu_prefill_threshold 1 (streamed from the expert worker's store): rc=$? $(tail -1 "$out/golden_cuda_experts_streamed.log") $(grep -m1 -o 'streamed prefill: [0-9]* of [0-9]* layers streamable' "$out/golden_cuda_experts_streamed.log")"
   if [ "$ngpu" -ge 2 ]; then
     "$bin/splitserve-golden" --backend cuda --tp 2 --experts "0-6=shm:$seg" \
       --model tests/data/tiny-a --golden tests/data/tiny-a >"$out/golden_cuda_tp2_experts.log" 2>&1
