@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, plan_stage_transport, PlanFlags{}.stage_transport,
 ABSL_FLAG(int64_t, plan_context, PlanFlags{}.context,
           "--plan: the longest context the step workspace must serve (0: the model's "
           "max_position_embeddings)");
+ABSL_FLAG(int64_t, plan_gpu_prefill_ring_mib, PlanFlags{}.gpu_prefill_ring_mib,
+          "--plan: the streamed-prefill staging ring of each GPU in MiB (--gpu_prefill_ring_mib), "
+          "counted with the streamed step's workspace; 0 = no streamed path");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -142,6 +145,7 @@ PlanFlags ReadPlanFlags() {
   p.step_tokens = absl::GetFlag(FLAGS_plan_step_tokens);
   p.context = absl::GetFlag(FLAGS_plan_context);
   p.stage_transport = absl::GetFlag(FLAGS_plan_stage_transport);
+  p.gpu_prefill_ring_mib = absl::GetFlag(FLAGS_plan_gpu_prefill_ring_mib);
   return p;
 }
 
