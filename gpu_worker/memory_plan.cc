@@ -84,9 +84,9 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
     plan.link_bytes = buffers * options.step_tokens * model.hc_mult * model.dim * 2;
   }
   if (options.gpu_prefill_ring_bytes < 0 || options.streamed_inter_rank < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory plan: gpu_prefill_ring_bytes = ", options.gpu_prefill_ring_bytes,
-        " and streamed_inter_rank = ", options.streamed_inter_rank, " must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory plan: gpu_prefill_ring_bytes = ", options.gpu_prefill_ring_bytes,
+                     " and streamed_inter_rank = ", options.streamed_inter_rank, " must be >= 0"));
   }
   if (options.gpu_prefill_ring_bytes > 0) {
     const int64_t inter_rank = options.streamed_inter_rank > 0

@@ -86,9 +86,9 @@ struct MemoryPlan {
   int64_t link_bytes = 0;       // the stage links' buffers (options.stage_links)
   int64_t ring_bytes = 0;       // the streamed path's staging ring (0: off)
   int64_t streamed_workspace_bytes = 0;  // StreamedMoeWorkspaceBytes of step_tokens (ring on)
-  int64_t sequences = 0;        // options.sequences
-  int64_t state_bytes = 0;      // their compressor states: sequences x kv_cost.state_bytes
-  int64_t kv_pool_bytes = 0;    // what is left for the KV pool
+  int64_t sequences = 0;                 // options.sequences
+  int64_t state_bytes = 0;               // their compressor states: sequences x kv_cost.state_bytes
+  int64_t kv_pool_bytes = 0;             // what is left for the KV pool
   sched::KvCostModel kv_cost;
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)

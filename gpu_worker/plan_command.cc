@@ -63,8 +63,8 @@ int PrintPlan(const PlanFlags& f) {
   std::printf(
       "%s x TP %d x PP %d on %.1f GiB GPUs (routed experts on CPU expert workers, %s), "
       "steps of %lld tokens, compressor state of %lld sequences:\n",
-      model_dir.c_str(), tp, pp, gib, streamed.c_str(),
-      static_cast<long long>(options.step_tokens), static_cast<long long>(options.sequences));
+      model_dir.c_str(), tp, pp, gib, streamed.c_str(), static_cast<long long>(options.step_tokens),
+      static_cast<long long>(options.sequences));
   int failures = 0;
   // The pipeline holds its smallest pool's blocks, and a sequence needs the most window blocks
   // of any stage (common/kv_cost_model.h, KvCostModel::Pipeline).

@@ -4,11 +4,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "common/int_math.h"
 
 namespace ss::gpu {
@@ -24,39 +21,6 @@ double Average(double current, bool measured, double sample) {
 int64_t Aligned(int64_t bytes) { return RoundUp(bytes, int64_t{256}); }
 
 }  // namespace
-
-std::string GpuPrefillThreshold::ToString() const {
-  switch (mode) {
-    case Mode::kAuto:
-      return "auto";
-    case Mode::kOff:
-      return "off";
-    case Mode::kRows:
-      return absl::StrCat(rows);
-  }
-  return "?";
-}
-
-absl::StatusOr<GpuPrefillThreshold> ParseGpuPrefillThreshold(std::string_view text) {
-  const std::string given(text);
-  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(given));
-  GpuPrefillThreshold t;
-  if (v == "auto") return t;
-  if (v == "off") {
-    t.mode = GpuPrefillThreshold::Mode::kOff;
-    return t;
-  }
-  int64_t rows = 0;
-  if (absl::SimpleAtoi(v, &rows) && rows >= 1) {
-    t.mode = GpuPrefillThreshold::Mode::kRows;
-    t.rows = rows;
-    return t;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--gpu-prefill-threshold '", given,
-                   "': expected auto, off, or a row count N >= 1 (stream every step of at least "
-                   "N rows)"));
-}
 
 StreamedPrefillPolicy::StreamedPrefillPolicy(GpuPrefillThreshold threshold, int64_t layer_bytes,
                                              Rates rates)

@@ -25,21 +25,14 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/gpu_prefill_flags.h"
 #include "common/model_config.h"
 
 namespace ss::gpu {
 
-// --gpu-prefill-threshold: auto | off | N (N >= 1 rows).
-struct GpuPrefillThreshold {
-  enum class Mode { kAuto, kOff, kRows } mode = Mode::kAuto;
-  int64_t rows = 0;  // kRows
-  std::string ToString() const;  // "auto", "off", "512"
-};
-// InvalidArgument naming the value and the accepted spellings.
-absl::StatusOr<GpuPrefillThreshold> ParseGpuPrefillThreshold(std::string_view text);
+// GpuPrefillThreshold, ParseGpuPrefillThreshold and kDefaultGpuPrefillRingMiB (the flags'
+// spellings, which `splitserve up` parses too) are in common/gpu_prefill_flags.h.
 
-// Default of --gpu-prefill-ring-mib: the staging ring's device memory, MiB.
-inline constexpr int64_t kDefaultGpuPrefillRingMiB = 1024;
 // Staging ring slots (each holds one group of experts; copies run ahead by slots − 1 groups).
 inline constexpr int kGpuPrefillRingSlots = 4;
 // Calls of fewer rows do not update the CPU rate (decode-sized calls are memory-bound).

@@ -76,8 +76,8 @@ TEST(MemoryPlanTest, FlashFitsOn3090sAndReportsKvCapacity) {
   // And the streamed path's default staging ring with a 2048-row streamed step's workspace.
   EXPECT_EQ(one->ring_bytes, kDefaultGpuPrefillRingMiB << 20);
   EXPECT_EQ(one->streamed_workspace_bytes, StreamedMoeWorkspaceBytes(m, 2048, 2048));
-  EXPECT_EQ(one->reserve_bytes, kGiB + one->workspace_bytes + one->ring_bytes +
-                                    one->streamed_workspace_bytes);
+  EXPECT_EQ(one->reserve_bytes,
+            kGiB + one->workspace_bytes + one->ring_bytes + one->streamed_workspace_bytes);
   EXPECT_NE(one->Describe().find("(step workspace 3.13 GiB, streamed experts: ring 1024.0 MiB + "
                                  "workspace 256.3 MiB)"),
             std::string::npos)
@@ -148,9 +148,9 @@ TEST(MemoryPlanTest, StreamedPathSetsAsideItsRingAndWorkspace) {
   const ModelConfig m = Flash();
   MemoryPlanOptions off;
   off.gpu_prefill_ring_bytes = 0;
-  for (const StageLayout& l : {StageLayout{0, 43, 1, true, true, false},
-                               StageLayout{0, 43, 4, true, true, false},
-                               StageLayout{21, 43, 2, false, true, false}}) {
+  for (const StageLayout& l :
+       {StageLayout{0, 43, 1, true, true, false}, StageLayout{0, 43, 4, true, true, false},
+        StageLayout{21, 43, 2, false, true, false}}) {
     absl::StatusOr<MemoryPlan> on = PlanStageMemory(m, l, k3090);
     absl::StatusOr<MemoryPlan> none = PlanStageMemory(m, l, k3090, off);
     ASSERT_TRUE(on.ok() && none.ok()) << on.status() << none.status();
