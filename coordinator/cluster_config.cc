@@ -341,6 +341,11 @@ int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& dev
   return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() ? 0 : fallback;
 }
 
+int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream) {
+  if (requested > 0) return requested;
+  return may_stream ? kLaunchStreamedStepTokens : kLaunchStepTokens;
+}
+
 LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node_cores, int experts,
                           int serving, bool cuda) {
   LaunchCpus plan;

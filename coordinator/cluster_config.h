@@ -130,6 +130,17 @@ int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model);
 int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& devices,
                        int64_t fallback);
 
+// `splitserve up`'s tokens per step (the cluster config's max_batch_tokens, vLLM's
+// --max-num-batched-tokens: the scheduler's budget per step and its largest prefill chunk):
+// `requested` when > 0; for 0, kLaunchStreamedStepTokens where the cuda backend may stream a
+// prefill chunk's routed experts to the GPU (`may_stream`: the cuda backend, a non-zero staging
+// ring and a threshold other than off), since a streamed chunk reads every expert's weights once
+// however many tokens it carries; else kLaunchStepTokens (the CPU expert path gains nothing
+// from larger chunks beyond the expert workers' call size).
+inline constexpr int64_t kLaunchStepTokens = 2048;
+inline constexpr int64_t kLaunchStreamedStepTokens = 8192;
+int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream);
+
 // The CPUs `splitserve up` gives its processes on one machine. `node_cores`: per NUMA node with
 // allowed CPUs, in the launcher's node order, its physical cores, each as its allowed hardware
 // threads (common/numa_topology.h NumaNode::core_pus). An expert worker pins one thread to

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "common/cluster_defaults.h"
 #include "common/fp64_sums.h"
+#include "common/gpu_prefill_flags.h"
 #include "common/layer_list.h"
 #include "common/model_config.h"
 #include "common/numa_topology.h"
@@ -62,6 +63,8 @@ constexpr char kUsage[] =
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
     "                     [--max-model-len N] [--api-keys-file FILE]\n"
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
+    "                     [--max-num-batched-tokens N]\n"
+    "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
@@ -80,6 +83,18 @@ constexpr char kUsage[] =
     "  a shorter one leaves the GPU workers more memory for KV.\n"
     "  --fp64-sums (cuda): the sums the reference forms in double, in double (on) or fp32 (off);\n"
     "  auto (default): double on GPUs with fast FP64, fp32 on others (an RTX 3090).\n"
+    "  --max-num-batched-tokens N: tokens per scheduler step, which is also the largest\n"
+    "  prefill chunk (every step first gives each decoding sequence its one token, then fills\n"
+    "  the rest with prefill chunks). Default 8192 where the cuda backend may stream a\n"
+    "  chunk's routed experts to the GPU, else 2048. Larger steps need a larger step\n"
+    "  workspace on each GPU (at a 1M-token --max-model-len, a 24 GiB GPU holding all of\n"
+    "  DeepSeek-V4-Flash's layers fits 2048 but not 8192: use more GPUs, a shorter\n"
+    "  --max-model-len or 2048).\n"
+    "  --gpu-prefill-threshold (cuda): steps of at least this many tokens stream their routed\n"
+    "  experts host -> GPU instead of computing them on the expert workers: auto (default;\n"
+    "  from the measured H2D bandwidth and CPU expert rate), off (never), or N.\n"
+    "  --gpu-prefill-ring-mib MIB (cuda): each GPU's staging ring for the streamed experts\n"
+    "  (default %lld; 0: no streamed path).\n"
     "  --api-keys-file FILE: API keys clients must send (one a line or comma-separated); or\n"
     "  the SPLITSERVE_API_KEYS environment variable. Keys on the command line are refused.\n";
 
@@ -93,6 +108,10 @@ struct Options {
   bool help = false;          // --help / -h: nothing after it was parsed
   int64_t kv_tokens = 0;      // 0: auto (coord::LaunchKvTokens)
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  // The streamed path of the routed experts (cuda backend; gpu_worker/streamed_prefill.h).
+  std::string gpu_prefill_threshold = "auto";
+  int64_t gpu_prefill_ring_mib = ss::gpu::kDefaultGpuPrefillRingMiB;
+  int64_t max_num_batched_tokens = 0;  // 0: coord::LaunchMaxBatchTokens's default
 };
 
 constexpr char kCpusUsage[] =
@@ -109,6 +128,9 @@ constexpr char kCpusUsage[] =
 
 // --kv-tokens auto where the workers cannot each fill a GPU of their own.
 constexpr int64_t kFallbackKvTokens = 65536;
+
+// Sequences running at once (the cluster config's max_running).
+constexpr int64_t kMaxRunning = 64;
 
 bool ParseInt(const std::string& s, int64_t min, int64_t max, int64_t* out) {
   return absl::SimpleAtoi(s, out) && *out >= min && *out <= max;
@@ -199,6 +221,25 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
             absl::StrCat("--max-model-len ", value, ": expected a positive number"));
       }
       o.max_model_len = v;
+    } else if (name == "--max-num-batched-tokens") {
+      // The cluster config needs max_batch_tokens >= max_running (one decode token each).
+      if (!ParseInt(value, kMaxRunning, int64_t{1} << 20, &v)) {
+        return absl::InvalidArgumentError(absl::StrCat("--max-num-batched-tokens ", value,
+                                                       ": expected ", kMaxRunning, "..",
+                                                       int64_t{1} << 20));
+      }
+      o.max_num_batched_tokens = v;
+    } else if (name == "--gpu-prefill-threshold") {
+      const absl::StatusOr<ss::gpu::GpuPrefillThreshold> t =
+          ss::gpu::ParseGpuPrefillThreshold(value);
+      if (!t.ok()) return t.status();
+      o.gpu_prefill_threshold = t->ToString();
+    } else if (name == "--gpu-prefill-ring-mib") {
+      if (!ParseInt(value, 0, int64_t{1} << 20, &v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--gpu-prefill-ring-mib ", value, ": expected 0 (no streamed path) to 1048576 MiB"));
+      }
+      o.gpu_prefill_ring_mib = v;
     } else if (name == "--api-keys") {
       return absl::InvalidArgumentError(
           absl::StrCat("--api-keys on the command line is refused (every local user sees argv): "
@@ -289,10 +330,12 @@ void AddWeightSourceArgs(const Options& o, bool load_format, std::vector<std::st
   }
 }
 
-// Tokens a micro-batch carries (the cluster config's max_batch_tokens). The expert workers take
-// calls of that many tokens, so a prefill chunk's layer is one call: every expert's weights are
-// read once for all the chunk's tokens routed to it, not once per 256 of them.
-constexpr int kMaxBatchTokens = 2048;
+// Tokens of one expert-worker call (--max-tokens): the CPU path's step size, so that at the
+// default 2048-token steps a prefill chunk's layer is one call (every expert's weights read once
+// for all the chunk's tokens routed to it). With larger steps (coord::LaunchMaxBatchTokens) the
+// GPU worker's client cuts a CPU-path call into calls of this many rows
+// (gpu_worker/routed_experts_client.h), and the streamed path does not call the expert workers.
+constexpr int64_t kExpertCallTokens = 2048;
 
 std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
   std::vector<std::string> args = {(p.bin / "splitserve-expert-worker").string(),
@@ -309,7 +352,7 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
                                    "--metrics-listen",
                                    MetricsAddr(p, static_cast<int>(p.gpu_ids.size()) + e),
                                    "--max-tokens",
-                                   absl::StrCat(kMaxBatchTokens)};
+                                   absl::StrCat(kExpertCallTokens)};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
   if (p.experts == p.nodes && p.nodes > 1) {
     args.push_back("--numa-node");
@@ -373,6 +416,10 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
     args.push_back(absl::StrCat(p.devices[i]));
     args.push_back("--fp64-sums");
     args.push_back(p.o.fp64_sums);
+    args.push_back("--gpu-prefill-threshold");
+    args.push_back(p.o.gpu_prefill_threshold);
+    args.push_back("--gpu-prefill-ring-mib");
+    args.push_back(absl::StrCat(p.o.gpu_prefill_ring_mib));
   }
   return args;
 }
@@ -407,13 +454,13 @@ void PrintBanner(const LaunchPlan& p, const std::string& model_name, int http_po
 int RunUpCommand(int argc, char** argv) {
   absl::StatusOr<Options> parsed = ParseArgs(argc, argv);
   if (!parsed.ok()) {
-    std::fprintf(stderr, "splitserve up: %s\n%s", std::string(parsed.status().message()).c_str(),
-                 kUsage);
+    std::fprintf(stderr, "splitserve up: %s\n", std::string(parsed.status().message()).c_str());
+    std::fprintf(stderr, kUsage, static_cast<long long>(ss::gpu::kDefaultGpuPrefillRingMiB));
     return 2;
   }
   Options& o = *parsed;
   if (o.help) {
-    std::fputs(kUsage, stdout);
+    std::printf(kUsage, static_cast<long long>(ss::gpu::kDefaultGpuPrefillRingMiB));
     return 0;
   }
   const fs::path bin = SelfDir();
@@ -585,8 +632,24 @@ int RunUpCommand(int argc, char** argv) {
   int64_t max_ratio = 1;
   for (int64_t r : model->compress_ratios) max_ratio = std::max(max_ratio, r);
   cluster.kv_block_tokens = static_cast<int>(std::max<int64_t>(128, max_ratio));
-  cluster.max_batch_tokens = kMaxBatchTokens;
-  cluster.max_running = 64;
+  // A streamed prefill chunk reads every expert's weights once whatever its tokens: larger chunks
+  // where the cuda backend may stream (the GPU workers size their KV pools beside the larger
+  // step's workspace and the ring).
+  const bool may_stream =
+      backend == "cuda" && o.gpu_prefill_ring_mib > 0 && o.gpu_prefill_threshold != "off";
+  cluster.max_batch_tokens =
+      static_cast<int>(coord::LaunchMaxBatchTokens(o.max_num_batched_tokens, may_stream));
+  cluster.max_running = static_cast<int>(kMaxRunning);
+  std::printf(
+      "splitserve up: steps of up to %d tokens (prefill chunks too; --max-num-batched-tokens)%s\n",
+      cluster.max_batch_tokens,
+      backend != "cuda" ? ""
+      : may_stream
+          ? absl::StrCat("; large prefill steps stream their routed experts to the GPUs "
+                         "(--gpu-prefill-threshold ",
+                         o.gpu_prefill_threshold, ", a ", o.gpu_prefill_ring_mib, " MiB ring)")
+                .c_str()
+          : "; routed experts always on the expert workers");
   cluster.max_model_len = static_cast<int>(o.max_model_len);
   cluster.stage_transport = o.stage_transport;
   const int n_layers = static_cast<int>(model->n_layers);

@@ -18,6 +18,15 @@
 //   2. Then chunked prefill, oldest first: first the admitted sequences with prompt left, then
 //      the waiting queue in arrival order (FIFO; the queue head blocks the ones behind it). A
 //      chunk is min(prompt left, budget left, what its KV blocks can hold).
+//   Chunk policy: max_tokens_per_step (the cluster's max_batch_tokens, vLLM's
+//   --max-num-batched-tokens) is both the step's token budget and the largest prefill chunk;
+//   a prefill chunk gets whatever budget the step's decode tokens leave. Every step that finds a
+//   free micro-batch first gives each running decoding sequence that is not in flight its one
+//   token (the config requires max_tokens_per_step >= max_running, so the budget always covers
+//   them), so a long prompt's chunks never starve decoding: with 8192 tokens a step (`splitserve
+//   up` where the cuda backend may stream a chunk's routed experts to the GPU, which reads every
+//   expert's weights once per chunk however many tokens it carries), a 32K-token prompt takes
+//   four to five steps beside the decodes, each of which gets a token in every one of them.
 //   The plan is tagged with a micro-batch id. Up to `num_micro_batches` (= pipeline stages)
 //   micro-batches are in flight; a sequence is in at most one of them, so a sequence that is in
 //   flight is not planned again until its micro-batch completes.

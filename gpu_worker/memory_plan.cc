@@ -83,7 +83,21 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
     const int64_t buffers = (layout.first_stage ? 0 : 1) + (layout.last_stage ? 0 : 2);
     plan.link_bytes = buffers * options.step_tokens * model.hc_mult * model.dim * 2;
   }
-  plan.reserve_bytes = options.reserve_bytes + plan.workspace_bytes + plan.link_bytes;
+  if (options.gpu_prefill_ring_bytes < 0 || options.streamed_inter_rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory plan: gpu_prefill_ring_bytes = ", options.gpu_prefill_ring_bytes,
+                     " and streamed_inter_rank = ", options.streamed_inter_rank, " must be >= 0"));
+  }
+  if (options.gpu_prefill_ring_bytes > 0) {
+    const int64_t inter_rank = options.streamed_inter_rank > 0
+                                   ? options.streamed_inter_rank
+                                   : CeilDiv(model.moe_inter_dim, int64_t{layout.tp_size});
+    plan.ring_bytes = options.gpu_prefill_ring_bytes;
+    plan.streamed_workspace_bytes =
+        StreamedMoeWorkspaceBytes(model, options.step_tokens, inter_rank);
+  }
+  plan.reserve_bytes = options.reserve_bytes + plan.workspace_bytes + plan.link_bytes +
+                       plan.ring_bytes + plan.streamed_workspace_bytes;
   sched::KvCostOptions ko;
   ko.block_tokens = options.block_tokens;
   ko.first_layer = layout.first_layer;
@@ -129,7 +143,10 @@ std::string MemoryPlan::Describe() const {
       "weights %s + reserve %s (step workspace %s%s) + compressor state %s (%d sequences x %s), "
       "KV pool %s = %d blocks of %d tokens (%d tokens; %d window blocks per sequence)",
       GiB(weight_bytes), GiB(reserve_bytes), GiB(workspace_bytes),
-      link_bytes > 0 ? absl::StrCat(", stage links ", MiB(link_bytes)) : std::string(),
+      absl::StrCat(link_bytes > 0 ? absl::StrCat(", stage links ", MiB(link_bytes)) : "",
+                   ring_bytes > 0 ? absl::StrCat(", streamed experts: ring ", MiB(ring_bytes),
+                                                 " + workspace ", MiB(streamed_workspace_bytes))
+                                  : ""),
       GiB(state_bytes), sequences, MiB(kv_cost.state_bytes), GiB(kv_pool_bytes), kv_blocks,
       kv_cost.block_tokens, kv_tokens, kv_cost.fixed_blocks);
 }

@@ -22,9 +22,13 @@
 // the states of `sequences` sequences before sizing the pool:
 //   kv_pool_bytes = device - weights - reserve - sequences x state_bytes,
 //   reserve = options.reserve_bytes + StepWorkspaceBytes(step_tokens, context) + link_bytes
+//             + streamed_bytes
 // where link_bytes, under the nccl stage transport (options.stage_links), are the stage links'
 // streams buffers (gpu_worker/nccl_stage_link.h): step_tokens x hc·dim bf16 values, once for the
-// link in (stage > 0) and twice for the link out (non-last stage).
+// link in (stage > 0) and twice for the link out (non-last stage); and streamed_bytes, when the
+// streamed path of the routed experts is on (options.gpu_prefill_ring_bytes > 0,
+// streamed_prefill.h), are its staging ring plus the workspace of a streamed step of step_tokens
+// rows over this rank's share of each expert's intermediate dimension.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,7 @@
 #include "common/cluster_defaults.h"
 #include "common/kv_cost_model.h"
 #include "common/model_config.h"
+#include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
 
@@ -65,22 +70,32 @@ struct MemoryPlanOptions {
   int64_t sequences = 64;
   // The nccl stage transport: the stage links' buffers are set aside too.
   bool stage_links = false;
+  // The streamed path of the routed experts (streamed_prefill.h; the cuda backend's
+  // --gpu_prefill_ring_mib): the staging ring's bytes, 0 when the path is off; and this rank's
+  // rows of each expert's intermediate dimension for its workspace (0: moe_inter_dim / tp, the
+  // expert workers' slices divided over the TP ranks).
+  int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
+  int64_t streamed_inter_rank = 0;
 };
 
 struct MemoryPlan {
   int64_t weight_bytes = 0;     // resident on this GPU
   int64_t reserve_bytes = 0;    // options.reserve_bytes + workspace_bytes + link_bytes
+                                // + ring_bytes + streamed_workspace_bytes
   int64_t workspace_bytes = 0;  // StepWorkspaceBytes of options.step_tokens at options.context
   int64_t link_bytes = 0;       // the stage links' buffers (options.stage_links)
-  int64_t sequences = 0;        // options.sequences
-  int64_t state_bytes = 0;      // their compressor states: sequences x kv_cost.state_bytes
-  int64_t kv_pool_bytes = 0;    // what is left for the KV pool
+  int64_t ring_bytes = 0;       // the streamed path's staging ring (0: off)
+  int64_t streamed_workspace_bytes = 0;  // StreamedMoeWorkspaceBytes of step_tokens (ring on)
+  int64_t sequences = 0;                 // options.sequences
+  int64_t state_bytes = 0;               // their compressor states: sequences x kv_cost.state_bytes
+  int64_t kv_pool_bytes = 0;             // what is left for the KV pool
   sched::KvCostModel kv_cost;
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)
-  // "weights 8.24 GiB + reserve 4.15 GiB (step workspace 3.15 GiB) + compressor state 0.73 GiB
-  // (64 sequences x 11.6 MiB), KV pool 10.89 GiB = 25990 blocks of 128 tokens (3325696 tokens; 8
-  // window blocks per sequence)" (Flash, TP 1 x PP 1, 24 GiB)
+  // "weights 8.24 GiB + reserve 5.39 GiB (step workspace 3.13 GiB, streamed experts: ring
+  // 1024.0 MiB + workspace 256.3 MiB) + compressor state 0.73 GiB (64 sequences x 11.6 MiB), KV
+  // pool ... = ... blocks of 128 tokens (... tokens; 8 window blocks per sequence)" (Flash,
+  // TP 1 x PP 1, 24 GiB)
   std::string Describe() const;
 };
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/model_config.h"
 #include "common/weight_source.h"
 #include "gpu_worker/memory_plan.h"
@@ -27,11 +28,13 @@ int PrintPlan(const PlanFlags& f) {
   options.stage_links = transport == "nccl";
   if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0 || options.sequences < 1 ||
       options.step_tokens < 1 || options.context < 0 ||
-      (transport != "grpc" && transport != "nccl")) {
+      (transport != "grpc" && transport != "nccl") || f.gpu_prefill_ring_mib < 0 ||
+      f.gpu_prefill_ring_mib > (int64_t{1} << 30)) {
     std::fprintf(stderr,
                  "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1, "
                  "--plan_gib > 0, --plan_sequences >= 1, --plan_step_tokens >= 1, "
-                 "--plan_context >= 0 and --plan_stage_transport grpc or nccl\n",
+                 "--plan_context >= 0, --plan_stage_transport grpc or nccl and "
+                 "--plan_gpu_prefill_ring_mib >= 0\n",
                  kPlanName);
     return 2;
   }
@@ -51,10 +54,17 @@ int PrintPlan(const PlanFlags& f) {
     return 2;
   }
   const int64_t device_bytes = static_cast<int64_t>(gib * 1073741824.0);
+  options.gpu_prefill_ring_bytes = f.gpu_prefill_ring_mib << 20;
+  const std::string streamed =
+      f.gpu_prefill_ring_mib > 0
+          ? absl::StrCat("streamed to the GPU for large prefill steps through a ",
+                         f.gpu_prefill_ring_mib, " MiB staging ring")
+          : std::string("never streamed: --plan_gpu_prefill_ring_mib 0");
   std::printf(
-      "%s x TP %d x PP %d on %.1f GiB GPUs (routed experts on CPU expert workers), "
-      "compressor state of %lld sequences:\n",
-      model_dir.c_str(), tp, pp, gib, static_cast<long long>(options.sequences));
+      "%s x TP %d x PP %d on %.1f GiB GPUs (routed experts on CPU expert workers, %s), "
+      "steps of %lld tokens, compressor state of %lld sequences:\n",
+      model_dir.c_str(), tp, pp, gib, streamed.c_str(), static_cast<long long>(options.step_tokens),
+      static_cast<long long>(options.sequences));
   int failures = 0;
   // The pipeline holds its smallest pool's blocks, and a sequence needs the most window blocks
   // of any stage (common/kv_cost_model.h, KvCostModel::Pipeline).

@@ -20,6 +20,9 @@ struct PlanFlags {
   int64_t step_tokens = MemoryPlanOptions{}.step_tokens;
   std::string stage_transport = "grpc";  // or "nccl": set aside the stage links' buffers
   int64_t context = 0;                   // 0: the model's max_position_embeddings
+  // --plan_gpu_prefill_ring_mib: the streamed path's staging ring (0: off), counted with its
+  // step workspace (memory_plan.h).
+  int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
 };
 
 // Prints each stage's plan to stdout; returns the exit status: 0 when every GPU fits, 1 when one

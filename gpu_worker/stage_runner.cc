@@ -1,6 +1,7 @@
 #include "gpu_worker/stage_runner.h"
 
 #include <chrono>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,7 +24,32 @@ WorkerMetrics::WorkerMetrics(metrics::Metrics& m, const std::string& worker, int
       kv_capacity_(
           m.Gauge("gpu_worker_kv_tokens_capacity", "KV capacity in tokens", {{"worker", worker}})),
       kv_usage_(m.Gauge("gpu_worker_kv_usage_perc", "KV usage, 0..1", {{"worker", worker}})),
-      sequences_(m.Gauge("gpu_worker_sequences", "sequences holding state", {{"worker", worker}})) {
+      sequences_(m.Gauge("gpu_worker_sequences", "sequences holding state", {{"worker", worker}})),
+      streamed_steps_(m.Counter("gpu_worker_routed_experts_steps_total",
+                                "steps by where their routed experts ran",
+                                {{"path", "streamed"}, {"worker", worker}})),
+      cpu_steps_(m.Counter("gpu_worker_routed_experts_steps_total",
+                           "steps by where their routed experts ran",
+                           {{"path", "cpu"}, {"worker", worker}})),
+      streamed_rows_(m.Counter("gpu_worker_routed_experts_rows_total",
+                               "tokens of the steps by where their routed experts ran",
+                               {{"path", "streamed"}, {"worker", worker}})),
+      cpu_rows_(m.Counter("gpu_worker_routed_experts_rows_total",
+                          "tokens of the steps by where their routed experts ran",
+                          {{"path", "cpu"}, {"worker", worker}})),
+      streamed_bytes_(m.Counter("gpu_worker_streamed_bytes_total",
+                                "routed-expert bytes copied host to device by streamed steps",
+                                {{"worker", worker}})),
+      h2d_gbps_(m.Gauge("gpu_worker_streamed_h2d_gbps",
+                        "the last streamed step's achieved host-to-device GB/s (bytes / span)",
+                        {{"worker", worker}})),
+      copy_busy_(m.Gauge("gpu_worker_streamed_copy_busy_ratio",
+                         "the last streamed step's copy-engine busy fraction (copy seconds / span)",
+                         {{"worker", worker}})),
+      threshold_(m.Gauge("gpu_worker_gpu_prefill_threshold_rows",
+                         "rows from which a step's routed experts stream to the GPU (+Inf: never, "
+                         "0: no streamed path)",
+                         {{"worker", worker}})) {
   const char* help = "wall time of one part of one layer per micro-batch";
   auto hist = [&](int layer, const char* part) {
     return &m.Histogram("layer_latency_seconds", help,
@@ -39,9 +65,25 @@ WorkerMetrics::WorkerMetrics(metrics::Metrics& m, const std::string& worker, int
   pp_send_ = hist(end_layer - 1, "pp_transfer");
 }
 
-void WorkerMetrics::ObserveStep(const StageTimings& t, double receive_s, double send_s, bool ok) {
+void WorkerMetrics::ObserveStep(const StageTimings& t, int64_t rows, double receive_s,
+                                double send_s, bool ok) {
   steps_.Increment();
   if (!ok) errors_.Increment();
+  threshold_.Set(t.gpu_prefill_threshold == std::numeric_limits<int64_t>::max()
+                     ? std::numeric_limits<double>::infinity()
+                     : static_cast<double>(t.gpu_prefill_threshold));
+  if (ok && t.experts_streamed) {
+    streamed_steps_.Increment();
+    streamed_rows_.Increment(static_cast<double>(rows));
+    streamed_bytes_.Increment(static_cast<double>(t.streamed_bytes));
+    if (t.streamed_span_seconds > 0) {
+      h2d_gbps_.Set(static_cast<double>(t.streamed_bytes) / t.streamed_span_seconds / 1e9);
+      copy_busy_.Set(t.streamed_copy_seconds / t.streamed_span_seconds);
+    }
+  } else if (ok) {
+    cpu_steps_.Increment();
+    cpu_rows_.Increment(static_cast<double>(rows));
+  }
   for (size_t i = 0; i < t.attention.size() && i < attention_.size(); ++i) {
     attention_[i]->Observe(t.attention[i]);
     moe_gpu_[i]->Observe(t.moe_gpu[i]);
@@ -102,7 +144,9 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count());
   if (metrics_) {
-    metrics_->ObserveStep(timings, receive_s, send_s, st.ok());
+    int64_t rows = 0;
+    for (const pb::SeqChunk& c : plan.chunks()) rows += c.tokens_size();
+    metrics_->ObserveStep(timings, rows, receive_s, send_s, st.ok());
     metrics_->SetKv(backend_->kv_usage());
   }
   return result;

@@ -62,10 +62,20 @@ namespace ss::gpu {
 //   gpu_worker_steps_total{worker}, gpu_worker_step_errors_total{worker}
 //   gpu_worker_kv_tokens_used{worker}, gpu_worker_kv_tokens_capacity{worker},
 //   gpu_worker_kv_usage_perc{worker} (0..1), gpu_worker_sequences{worker}
+// Where the routed experts of each successful step ran (StageTimings, streamed_prefill.h):
+//   gpu_worker_routed_experts_steps_total{path, worker}, ..._rows_total{path, worker}
+//                                               path: streamed (copied to the GPU) or cpu
+//   gpu_worker_streamed_bytes_total{worker}      bytes copied host -> device by streamed steps
+//   gpu_worker_streamed_h2d_gbps{worker}         the last streamed step's bytes / span, GB/s
+//   gpu_worker_streamed_copy_busy_ratio{worker}  its copy seconds / span (0..1)
+//   gpu_worker_gpu_prefill_threshold_rows{worker}  rows from which a step streams (+Inf: never;
+//                                               0: no streamed path), as of the last step
 class WorkerMetrics {
  public:
   WorkerMetrics(metrics::Metrics& m, const std::string& worker_id, int first_layer, int end_layer);
-  void ObserveStep(const StageTimings& t, double pp_receive_s, double pp_send_s, bool ok);
+  // A step of `rows` tokens.
+  void ObserveStep(const StageTimings& t, int64_t rows, double pp_receive_s, double pp_send_s,
+                   bool ok);
   void SetKv(const KvUsage& kv);
 
  private:
@@ -79,6 +89,14 @@ class WorkerMetrics {
   prometheus::Gauge& kv_capacity_;
   prometheus::Gauge& kv_usage_;
   prometheus::Gauge& sequences_;
+  prometheus::Counter& streamed_steps_;
+  prometheus::Counter& cpu_steps_;
+  prometheus::Counter& streamed_rows_;
+  prometheus::Counter& cpu_rows_;
+  prometheus::Counter& streamed_bytes_;
+  prometheus::Gauge& h2d_gbps_;
+  prometheus::Gauge& copy_busy_;
+  prometheus::Gauge& threshold_;
 };
 
 struct RunnerOptions {

@@ -25,25 +25,21 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/gpu_prefill_flags.h"
 #include "common/model_config.h"
 
 namespace ss::gpu {
 
-// --gpu-prefill-threshold: auto | off | N (N >= 1 rows).
-struct GpuPrefillThreshold {
-  enum class Mode { kAuto, kOff, kRows } mode = Mode::kAuto;
-  int64_t rows = 0;  // kRows
-  std::string ToString() const;  // "auto", "off", "512"
-};
-// InvalidArgument naming the value and the accepted spellings.
-absl::StatusOr<GpuPrefillThreshold> ParseGpuPrefillThreshold(std::string_view text);
+// GpuPrefillThreshold, ParseGpuPrefillThreshold and kDefaultGpuPrefillRingMiB (the flags'
+// spellings, which `splitserve up` parses too) are in common/gpu_prefill_flags.h.
 
-// Default of --gpu-prefill-ring-mib: the staging ring's device memory, MiB.
-inline constexpr int64_t kDefaultGpuPrefillRingMiB = 1024;
 // Staging ring slots (each holds one group of experts; copies run ahead by slots − 1 groups).
 inline constexpr int kGpuPrefillRingSlots = 4;
 // Calls of fewer rows do not update the CPU rate (decode-sized calls are memory-bound).
 inline constexpr int64_t kMinRowsForCpuRate = 64;
+// Weight of a new sample in the rates' exponential averages (the first sample replaces the
+// prior): rate = w·sample + (1 − w)·rate.
+inline constexpr double kRateAverageWeight = 0.25;
 // The CPU expert rate assumed before the first measurement: seconds per (token, layer), the
 // figure of a 16-core AVX-512 host (bench/RESULTS.md); any measured call replaces it.
 inline constexpr double kPriorCpuSecondsPerTokenLayer = 1.0 / 1500.0;
@@ -82,9 +78,10 @@ class StreamedPrefillPolicy {
 
 // Device memory of the streamed path on one GPU worker (the memory plan counts both):
 //   the ring: ring_bytes (--gpu-prefill-ring-mib), at least kGpuPrefillRingSlots experts' bytes;
-//   the workspace of a step of `step_tokens` rows: routing (64·(E+1) + 8·T·K, plus T·K·12 for the
-//   sorted routes and E·8 offsets), xq T·dim bf16, h T·K·inter_rank bf16, y T·K·dim fp32, each
-//   rounded up to 256 bytes (gpu_worker/kernels/mxfp4_moe.h).
+//   the workspace of a step of `step_tokens` rows: routing (scratch 64·(E+1) + 8·T·K, three
+//   sorted-route arrays of T·K·4 and two offset arrays of (E+1)·4), xq T·dim bf16,
+//   h T·K·inter_rank bf16, y T·K·dim fp32, each rounded up to 256 bytes
+//   (gpu_worker/kernels/mxfp4_moe.h).
 int64_t StreamedMoeWorkspaceBytes(const ModelConfig& model, int64_t step_tokens,
                                   int64_t inter_rank);
 // Experts of `expert_bytes` each per ring slot for a ring of ring_bytes (>= 1; 0 when one

@@ -1,11 +1,13 @@
 #include "gpu_worker/worker_config.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/int_math.h"
 #include "common/layer_list.h"
 #include "common/status.h"
 
@@ -28,7 +30,34 @@ absl::Status CheckPositive(absl::string_view flag, int64_t v) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", v, " must be > 0"));
 }
 
+// A ring larger than any GPU's memory is a typo.
+constexpr int64_t kMaxGpuPrefillRingMiB = int64_t{1} << 20;
+
 }  // namespace
+
+std::map<int64_t, ExpertLayerStores> ExpertStoresOf(const std::vector<LayerExpertsConfig>& layers) {
+  std::map<int64_t, ExpertLayerStores> out;
+  for (const LayerExpertsConfig& l : layers) {
+    if (l.endpoints.empty() && l.slice_count == 0) continue;  // computed locally
+    std::vector<const ExpertEndpointConfig*> eps;
+    for (const ExpertEndpointConfig& e : l.endpoints) eps.push_back(&e);
+    std::sort(eps.begin(), eps.end(),
+              [](const ExpertEndpointConfig* a, const ExpertEndpointConfig* b) {
+                return a->slice_index < b->slice_index;
+              });
+    ExpertLayerStores& s = out[l.layer];
+    s.slice_count = l.slice_count > 0 ? l.slice_count : l.endpoints.front().slice_count;
+    for (const ExpertEndpointConfig* e : eps) s.shm_names.push_back(e->shm_name);
+  }
+  return out;
+}
+
+int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
+                                 int tp_size) {
+  if (ring_bytes <= 0) return 0;
+  return ring_bytes + StreamedMoeWorkspaceBytes(model, step_tokens,
+                                                CeilDiv(model.moe_inter_dim, int64_t{tp_size}));
+}
 
 absl::StatusOr<std::pair<int, int>> ParseLayerRange(absl::string_view spec) {
   ASSIGN_OR_RETURN(std::vector<int> layers, ParseLayerList(spec, "--layers"));
@@ -109,6 +138,17 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   }
   c.cuda_device = f.cuda_device;
   ASSIGN_OR_RETURN(c.fp64_sums, ParseFp64Sums(f.fp64_sums));
+  ASSIGN_OR_RETURN(c.gpu_prefill_threshold, ParseGpuPrefillThreshold(f.gpu_prefill_threshold));
+  if (f.gpu_prefill_ring_mib < 0 || f.gpu_prefill_ring_mib > kMaxGpuPrefillRingMiB) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu_prefill_ring_mib ",
+                                                   f.gpu_prefill_ring_mib,
+                                                   ": expected 0 (no "
+                                                   "streamed path) to ",
+                                                   kMaxGpuPrefillRingMiB, " MiB"));
+  }
+  c.gpu_prefill_ring_bytes = c.gpu_prefill_threshold.mode == GpuPrefillThreshold::Mode::kOff
+                                 ? 0
+                                 : f.gpu_prefill_ring_mib << 20;
   RETURN_IF_ERROR(CheckHostPort("listen", f.listen));
   c.listen = f.listen;
   if (!f.advertise.empty()) RETURN_IF_ERROR(CheckHostPort("advertise", f.advertise));
@@ -203,6 +243,12 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("advertise = ", advertise.empty() ? "(from listen)" : advertise),
       absl::StrCat("backend = ", backend),
       absl::StrCat("fp64_sums = ", Fp64SumsName(fp64_sums)),
+      absl::StrCat("gpu_prefill_threshold = ", gpu_prefill_threshold.ToString(),
+                   backend == "cuda" ? "" : " (cuda backend only)"),
+      absl::StrCat("gpu_prefill_ring = ",
+                   gpu_prefill_ring_bytes > 0 ? absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB")
+                                              : std::string("(none: no streamed path)"),
+                   backend == "cuda" ? "" : " (cuda backend only)"),
       absl::StrCat("model = ", source.model_dir),
       absl::StrCat("load_format = ", std::string(LoadFormatName(source.load_format))),
       absl::StrCat("hf_overrides = ", source.hf_overrides.empty() ? "(none)" : source.hf_overrides),

@@ -21,6 +21,11 @@
 //   --cuda_device N           --backend cuda: the CUDA device ordinal (default 0)
 //   --fp64_sums auto|on|off   --backend cuda: the reference's double sums in double or fp32
 //                             (fp64_sums.h; auto: double where the GPU's FP64 is fast)
+//   --gpu_prefill_threshold auto|off|N  --backend cuda: the steps whose routed experts are
+//                             streamed to the GPU (streamed_prefill.h): auto by the measured
+//                             rates, off never, N every step of at least N rows
+//   --gpu_prefill_ring_mib MIB  --backend cuda: the streamed path's staging ring (0: no
+//                             streamed path; off also leaves the ring unallocated)
 //   --expert_deadline_ms MS   deadline of one expert call
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
@@ -40,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,7 +56,9 @@
 #include "common/fp64_sums.h"
 #include "common/layer_list.h"
 #include "common/weight_source.h"
+#include "gpu_worker/expert_store_map.h"
 #include "gpu_worker/routed_experts_client.h"
+#include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
 
@@ -69,6 +77,8 @@ struct WorkerFlags {
   int64_t kv_tokens = 16384;
   int cuda_device = 0;  // --backend cuda: the CUDA device ordinal
   std::string fp64_sums = "auto";
+  std::string gpu_prefill_threshold = "auto";
+  int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
   int64_t expert_deadline_ms = 30000;
   int64_t expert_connect_timeout_ms = 60000;
   int64_t stream_wait_ms = 120000;
@@ -97,6 +107,10 @@ struct WorkerConfig {
   int64_t kv_tokens = 0;
   int cuda_device = 0;
   Fp64Sums fp64_sums = Fp64Sums::kAuto;
+  // The streamed path (cuda backend only): the threshold and the ring's bytes, 0 when the path is
+  // off (ring 0, or threshold off).
+  GpuPrefillThreshold gpu_prefill_threshold;
+  int64_t gpu_prefill_ring_bytes = 0;
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
   int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
   int64_t collective_timeout_ms = 0;
@@ -119,6 +133,19 @@ struct WorkerConfig {
 // Validates every flag (InvalidArgument naming the flag and its value). Standalone flags given
 // together with --coordinator are refused (the coordinator's role would silently win).
 absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& flags);
+
+// The expert stores of a rank's remote layers (its role's experts: this rank's slices) as the
+// cuda backend's streamed path opens them (CudaBackendOptions::expert_stores): per layer with
+// endpoints or a slice count, the shared-memory names of its slices in slice order ("" for a
+// slice served over gRPC) and the layer's slice count over the TP group. Layers computed locally
+// (no endpoints, slice count 0) have no entry.
+std::map<int64_t, ExpertLayerStores> ExpertStoresOf(const std::vector<LayerExpertsConfig>& layers);
+
+// The device bytes the streamed path sets aside on a GPU beside its KV pool: the ring plus the
+// workspace of a streamed step of step_tokens rows over this rank's share of the intermediate
+// dimension (⌈moe_inter_dim / tp_size⌉, as memory_plan.h counts it); 0 when ring_bytes is 0.
+int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
+                                 int tp_size);
 
 // "a-b" (inclusive) or "a" -> [a, b + 1).
 absl::StatusOr<std::pair<int, int>> ParseLayerRange(absl::string_view spec);

@@ -39,6 +39,13 @@ ABSL_FLAG(std::string, fp64_sums, WorkerFlags{}.fp64_sums,
           "--backend cuda: the sums the reference forms in double (the compressors, the "
           "indexer's Hadamard) in double (on) or in fp32 (off: for GPUs with slow FP64, such as "
           "an RTX 3090); auto: on where the GPU runs FP64 at 1/4 of FP32 or better");
+ABSL_FLAG(std::string, gpu_prefill_threshold, WorkerFlags{}.gpu_prefill_threshold,
+          "--backend cuda only: when a step's routed experts are streamed to the GPU instead of "
+          "computed by the CPU expert workers: auto (from the measured H2D bandwidth and CPU "
+          "expert rate), off (never), or N (every step of at least N tokens)");
+ABSL_FLAG(int64_t, gpu_prefill_ring_mib, WorkerFlags{}.gpu_prefill_ring_mib,
+          "--backend cuda only: device memory of the streamed path's staging ring in MiB, set "
+          "aside beside the KV pool with a streamed step's workspace; 0 = no streamed path");
 ABSL_FLAG(bool, plan, false,
           "print the device-memory plan (weights per GPU, KV capacity) of --plan_tp x --plan_pp "
           "GPUs of --plan_gib GiB for --model (with --hf_overrides), then exit: 0 when every GPU "
@@ -57,6 +64,9 @@ ABSL_FLAG(std::string, plan_stage_transport, PlanFlags{}.stage_transport,
 ABSL_FLAG(int64_t, plan_context, PlanFlags{}.context,
           "--plan: the longest context the step workspace must serve (0: the model's "
           "max_position_embeddings)");
+ABSL_FLAG(int64_t, plan_gpu_prefill_ring_mib, PlanFlags{}.gpu_prefill_ring_mib,
+          "--plan: the streamed-prefill staging ring of each GPU in MiB (--gpu_prefill_ring_mib), "
+          "counted with the streamed step's workspace; 0 = no streamed path");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -110,6 +120,8 @@ WorkerFlags ReadWorkerFlags() {
   f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
   f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   f.fp64_sums = absl::GetFlag(FLAGS_fp64_sums);
+  f.gpu_prefill_threshold = absl::GetFlag(FLAGS_gpu_prefill_threshold);
+  f.gpu_prefill_ring_mib = absl::GetFlag(FLAGS_gpu_prefill_ring_mib);
   f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
   f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
   f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);
@@ -142,6 +154,7 @@ PlanFlags ReadPlanFlags() {
   p.step_tokens = absl::GetFlag(FLAGS_plan_step_tokens);
   p.context = absl::GetFlag(FLAGS_plan_context);
   p.stage_transport = absl::GetFlag(FLAGS_plan_stage_transport);
+  p.gpu_prefill_ring_mib = absl::GetFlag(FLAGS_plan_gpu_prefill_ring_mib);
   return p;
 }
 

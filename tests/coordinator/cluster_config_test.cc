@@ -320,6 +320,13 @@ TEST(ClusterConfigTest, LaunchKvTokensFillsGpusOnlyWhereEachWorkerHasItsOwn) {
   EXPECT_EQ(LaunchKvTokens(0, false, {}, 65536), 65536);  // cpu backend
 }
 
+TEST(ClusterConfigTest, LaunchMaxBatchTokensIsLargerWhereChunksMayStream) {
+  EXPECT_EQ(LaunchMaxBatchTokens(0, false), 2048);    // cpu backend, or streaming off
+  EXPECT_EQ(LaunchMaxBatchTokens(0, true), 8192);     // cuda backend that may stream
+  EXPECT_EQ(LaunchMaxBatchTokens(4096, true), 4096);  // --max-num-batched-tokens: as asked
+  EXPECT_EQ(LaunchMaxBatchTokens(16384, false), 16384);
+}
+
 TEST(ClusterConfigTest, RejectsBadConfigsNamingTheField) {
   const ModelConfig model = TinyModel();
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -329,6 +329,32 @@ TEST(SchedulerTest, DecodeComesFirstPrefillGetsWhatIsLeft) {
   ExpectAllFree(d);
 }
 
+// The chunk policy at `splitserve up`'s streamed-prefill step (max_batch_tokens 8192): a 32K-token
+// prompt is prefilled in chunks of what the step has left after one decode token of each of two
+// decoding sequences, which get their token in every step (never starved).
+TEST(SchedulerTest, LongPromptPrefillsInLargeChunksBesideEveryDecode) {
+  SchedulerConfig config = Config(/*budget=*/8192, /*max_running=*/4);
+  config.max_model_len = 40000;
+  Driver d(config, Small(), 10000);
+  d.MustSubmit(A, 4, 8);
+  d.MustSubmit(B, 4, 8);
+  RunTable(d, {
+                  {{}, "mb0 prefill A[0,4)* B[0,4)*", 4},
+                  // A and B: 1 + ceil(covered/4) blocks each; C: 1 + ceil(8190 k/4).
+                  {[](Driver& d) { d.MustSubmit(C, 32768, 1); },
+                   "mb1 decode A@4 B@4 prefill C[0,8190)", 3 + 3 + 2049},
+                  {{}, "mb2 decode A@5 B@5 prefill C[8190,16380)", 3 + 3 + 4096},
+                  {{}, "mb3 decode A@6 B@6 prefill C[16380,24570)", 3 + 3 + 6144},
+                  {{}, "mb4 decode A@7 B@7 prefill C[24570,32760)", 3 + 3 + 8191},
+                  {{}, "mb5 decode A@8 B@8 prefill C[32760,32768)*", 4 + 4, "C:length"},
+                  {{}, "mb6 decode A@9 B@9", 4 + 4},
+                  // Their 8th token: the first came with the prompt's last chunk.
+                  {{}, "mb7 decode A@10 B@10", 0, "A:length B:length"},
+                  {{}, "idle", 0},
+              });
+  ExpectAllFree(d);
+}
+
 TEST(SchedulerTest, EosAndStopEndASequenceEarly) {
   Driver d(Config(8, 4), Small(), 32);
   d.MustSubmit(A, 3, 50);

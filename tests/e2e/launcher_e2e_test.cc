@@ -140,12 +140,28 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
            {"--max-model-len", "999999"},
            {"--stage-transport", "rdma"},
            {"--fp64-sums", "double"},
+           {"--gpu-prefill-threshold", "0"},
+           {"--gpu-prefill-ring-mib", "-1"},
+           {"--max-num-batched-tokens", "8"},  // fewer than max_running's 64 decode tokens
            {"--backend", "cpu", "--stages", "2", "--stage-transport", "nccl"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};
     argv.insert(argv.end(), args.begin(), args.end());
     ChildProcess p(argv, "/dev/null");
     const int code = p.Wait();
     EXPECT_TRUE(code == 1 || code == 2) << args[0] << " exit " << code;
+  }
+}
+
+// `up --help` lists the streamed-prefill and step-size flags with their defaults.
+TEST(LauncherE2eTest, HelpListsTheStepAndStreamedPrefillFlags) {
+  testing_util::TempDir dir("launcher_help");
+  const std::string log = dir / "help.log";
+  ChildProcess p({std::string(SS_BIN_DIR) + "/splitserve", "up", "--help"}, log);
+  EXPECT_EQ(p.Wait(), 0);
+  const std::string help = ReadLog(log);
+  for (const char* want : {"--max-num-batched-tokens N", "--gpu-prefill-threshold auto|off|N",
+                           "--gpu-prefill-ring-mib MIB", "Default 8192", "(default 1024; 0: no"}) {
+    EXPECT_NE(help.find(want), std::string::npos) << want << "\n" << help;
   }
 }
 

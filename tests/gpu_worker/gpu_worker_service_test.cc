@@ -6,6 +6,8 @@
 #include "gpu_worker/gpu_worker_service.h"
 
 #include <cstring>
+#include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -566,6 +568,127 @@ TEST(GpuWorkerConfig, StandaloneTpFlags) {
   f.collective_timeout_ms = 0;
   EXPECT_FALSE(ParseWorkerConfig(f).ok());
 #endif
+}
+
+// Where each step's routed experts ran (StageTimings' streamed fields) becomes the worker's
+// per-path counters and the last streamed step's H2D rate and copy-engine busy fraction.
+TEST(StageRunner, RecordsTheRoutedExpertsPathOfEachStep) {
+  metrics::Metrics m;
+  WorkerMetrics wm(m, "w0", 0, 2);
+  StageTimings cpu;
+  cpu.gpu_prefill_threshold = 58;
+  wm.ObserveStep(cpu, 3, 0, 0, true);
+  wm.ObserveStep(cpu, 1, 0, 0, true);
+  wm.ObserveStep(cpu, 100, 0, 0, false);  // a failed step counts on no path
+  StageTimings streamed;
+  streamed.experts_streamed = true;
+  streamed.streamed_bytes = 4'000'000'000;
+  streamed.streamed_copy_seconds = 0.06;
+  streamed.streamed_span_seconds = 0.08;
+  streamed.gpu_prefill_threshold = 61;
+  wm.ObserveStep(streamed, 8192, 0, 0, true);
+  std::string text = m.Serialize();
+  for (const char* want : {
+           "splitserve:gpu_worker_routed_experts_steps_total{path=\"cpu\",worker=\"w0\"} 2",
+           "splitserve:gpu_worker_routed_experts_rows_total{path=\"cpu\",worker=\"w0\"} 4",
+           "splitserve:gpu_worker_routed_experts_steps_total{path=\"streamed\",worker=\"w0\"} 1",
+           "splitserve:gpu_worker_routed_experts_rows_total{path=\"streamed\",worker=\"w0\"} 8192",
+           "splitserve:gpu_worker_streamed_bytes_total{worker=\"w0\"} 4000000000",
+           "splitserve:gpu_worker_streamed_h2d_gbps{worker=\"w0\"} 50",
+           "splitserve:gpu_worker_streamed_copy_busy_ratio{worker=\"w0\"} 0.75",
+           "splitserve:gpu_worker_gpu_prefill_threshold_rows{worker=\"w0\"} 61",
+       }) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  StageTimings never;
+  never.gpu_prefill_threshold = std::numeric_limits<int64_t>::max();
+  wm.ObserveStep(never, 1, 0, 0, true);
+  text = m.Serialize();
+  EXPECT_NE(text.find("splitserve:gpu_worker_gpu_prefill_threshold_rows{worker=\"w0\"} +Inf"),
+            std::string::npos)
+      << text;
+}
+
+TEST(GpuWorkerConfig, StreamedPrefillFlags) {
+  WorkerFlags f;
+  f.model = kTinyA;
+  absl::StatusOr<WorkerConfig> c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpu_prefill_threshold.mode, GpuPrefillThreshold::Mode::kAuto);
+  EXPECT_EQ(c->gpu_prefill_ring_bytes, kDefaultGpuPrefillRingMiB << 20);
+  auto has_line = [](const WorkerConfig& wc, const std::string& line) {
+    for (const std::string& l : wc.Describe()) {
+      if (l == line) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has_line(*c, "gpu_prefill_threshold = auto (cuda backend only)"));
+  EXPECT_TRUE(has_line(*c, absl::StrCat("gpu_prefill_ring = ", kDefaultGpuPrefillRingMiB,
+                                        " MiB (cuda backend only)")));
+  f.gpu_prefill_threshold = "512";
+  f.gpu_prefill_ring_mib = 256;
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpu_prefill_threshold.mode, GpuPrefillThreshold::Mode::kRows);
+  EXPECT_EQ(c->gpu_prefill_threshold.rows, 512);
+  EXPECT_EQ(c->gpu_prefill_ring_bytes, int64_t{256} << 20);
+  f.gpu_prefill_ring_mib = 0;  // no streamed path
+  EXPECT_EQ(ParseWorkerConfig(f)->gpu_prefill_ring_bytes, 0);
+  EXPECT_TRUE(has_line(*ParseWorkerConfig(f),
+                       "gpu_prefill_ring = (none: no streamed path) (cuda backend only)"));
+  f.gpu_prefill_ring_mib = 1024;
+  f.gpu_prefill_threshold = "off";  // never streams: no ring either
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpu_prefill_threshold.mode, GpuPrefillThreshold::Mode::kOff);
+  EXPECT_EQ(c->gpu_prefill_ring_bytes, 0);
+  f.gpu_prefill_threshold = "0";
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--gpu-prefill-threshold '0'"),
+            std::string::npos)
+      << ParseWorkerConfig(f).status();
+  f.gpu_prefill_threshold = "auto";
+  f.gpu_prefill_ring_mib = -1;
+  EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--gpu_prefill_ring_mib -1"),
+            std::string::npos);
+}
+
+// CudaBackendOptions::expert_stores from a rank's experts: per remote layer its slices'
+// shared-memory names in slice order ("" for gRPC), the layer's slice count; local layers none.
+TEST(GpuWorkerConfig, ExpertStoresOfTheRanksSlices) {
+  absl::StatusOr<std::vector<LayerExpertsConfig>> all =
+      ParseExpertsSpec("0-1=shm:a+grpc:127.0.0.1:5000+shm:c+shm:d,3=shm:e");
+  ASSERT_TRUE(all.ok()) << all.status();
+  // TP rank 1 of 2 holds slices 1 and 3 of layers 0-1 and none of layer 3's one slice.
+  std::map<int64_t, ExpertLayerStores> s = ExpertStoresOf(ExpertSlicesForRank(*all, 1, 2));
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].shm_names, (std::vector<std::string>{"", "d"}));
+  EXPECT_EQ(s[0].slice_count, 4);
+  EXPECT_EQ(s[1].shm_names, (std::vector<std::string>{"", "d"}));
+  EXPECT_TRUE(s[3].shm_names.empty());
+  EXPECT_EQ(s[3].slice_count, 1);
+  // TP 1: every slice in order; a layer computed locally has no entry.
+  std::vector<LayerExpertsConfig> one = *all;
+  one.push_back({7, {}, 0});
+  s = ExpertStoresOf(one);
+  EXPECT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].shm_names, (std::vector<std::string>{"a", "", "c", "d"}));
+  EXPECT_EQ(s[0].slice_count, 4);
+  EXPECT_EQ(s[3].shm_names, (std::vector<std::string>{"e"}));
+  EXPECT_EQ(s.count(7), 0u);
+}
+
+TEST(GpuWorkerConfig, StreamedPathReserveBytes) {
+  ModelConfig m;
+  m.dim = 4096;
+  m.n_routed_experts = 256;
+  m.n_activated_experts = 6;
+  m.moe_inter_dim = 2048;
+  EXPECT_EQ(StreamedPathReserveBytes(m, 0, 8192, 1), 0);
+  EXPECT_EQ(StreamedPathReserveBytes(m, int64_t{1} << 30, 8192, 1),
+            (int64_t{1} << 30) + StreamedMoeWorkspaceBytes(m, 8192, 2048));
+  EXPECT_EQ(StreamedPathReserveBytes(m, int64_t{1} << 30, 2048, 4),
+            (int64_t{1} << 30) + StreamedMoeWorkspaceBytes(m, 2048, 512));
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // The GPU worker's memory plan at DeepSeek-V4-Flash sizes on 24 GB cards.
 #include "gpu_worker/memory_plan.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "common/checkpoint_schema.h"
 #include "gpu_worker/step_workspace.h"
+#include "gpu_worker/streamed_prefill.h"
 #include "gtest/gtest.h"
 #include "tests/tools/test_configs.h"
 
@@ -71,8 +73,14 @@ TEST(MemoryPlanTest, FlashFitsOn3090sAndReportsKvCapacity) {
   // The reserve: 1 GiB plus what the worker keeps free at start, a 2048-token step's workspace at
   // the model's 1M positions (step_workspace.h); a shorter planned context leaves more KV.
   EXPECT_EQ(one->workspace_bytes, StepWorkspaceBytes(m, 1, 0, 43, 2048, 1 << 20));
-  EXPECT_EQ(one->reserve_bytes, kGiB + one->workspace_bytes);
-  EXPECT_NE(one->Describe().find("(step workspace 3.13 GiB)"), std::string::npos)
+  // And the streamed path's default staging ring with a 2048-row streamed step's workspace.
+  EXPECT_EQ(one->ring_bytes, kDefaultGpuPrefillRingMiB << 20);
+  EXPECT_EQ(one->streamed_workspace_bytes, StreamedMoeWorkspaceBytes(m, 2048, 2048));
+  EXPECT_EQ(one->reserve_bytes,
+            kGiB + one->workspace_bytes + one->ring_bytes + one->streamed_workspace_bytes);
+  EXPECT_NE(one->Describe().find("(step workspace 3.13 GiB, streamed experts: ring 1024.0 MiB + "
+                                 "workspace 256.3 MiB)"),
+            std::string::npos)
       << one->Describe();
   MemoryPlanOptions short_context;
   short_context.context = 131072;
@@ -132,6 +140,89 @@ TEST(MemoryPlanTest, NcclStageLinksSetAsideTheirBuffers) {
     EXPECT_EQ(plain->kv_pool_bytes - linked->kv_pool_bytes, buffers * buffer);
     EXPECT_EQ(linked->Describe().find("stage links") != std::string::npos, buffers > 0);
   }
+}
+
+// The streamed path (streamed_prefill.h): its ring and a streamed step's workspace over the
+// rank's intermediate share come out of the pool; ring 0 turns both off.
+TEST(MemoryPlanTest, StreamedPathSetsAsideItsRingAndWorkspace) {
+  const ModelConfig m = Flash();
+  MemoryPlanOptions off;
+  off.gpu_prefill_ring_bytes = 0;
+  for (const StageLayout& l :
+       {StageLayout{0, 43, 1, true, true, false}, StageLayout{0, 43, 4, true, true, false},
+        StageLayout{21, 43, 2, false, true, false}}) {
+    absl::StatusOr<MemoryPlan> on = PlanStageMemory(m, l, k3090);
+    absl::StatusOr<MemoryPlan> none = PlanStageMemory(m, l, k3090, off);
+    ASSERT_TRUE(on.ok() && none.ok()) << on.status() << none.status();
+    const int64_t ws = StreamedMoeWorkspaceBytes(m, 2048, m.moe_inter_dim / l.tp_size);
+    EXPECT_EQ(on->ring_bytes, int64_t{1024} << 20);
+    EXPECT_EQ(on->streamed_workspace_bytes, ws) << l.tp_size;
+    EXPECT_EQ(none->ring_bytes, 0);
+    EXPECT_EQ(none->streamed_workspace_bytes, 0);
+    EXPECT_EQ(on->reserve_bytes - none->reserve_bytes, (int64_t{1024} << 20) + ws);
+    EXPECT_EQ(none->kv_pool_bytes - on->kv_pool_bytes, (int64_t{1024} << 20) + ws);
+    EXPECT_EQ(none->Describe().find("streamed experts"), std::string::npos);
+    EXPECT_NE(on->Describe().find("streamed experts: ring 1024.0 MiB"), std::string::npos);
+  }
+  // The rank's share given explicitly (a slicing other than inter / tp).
+  MemoryPlanOptions share;
+  share.streamed_inter_rank = 512;
+  absl::StatusOr<MemoryPlan> p = PlanStageMemory(m, {0, 43, 1, true, true, false}, k3090, share);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->streamed_workspace_bytes, StreamedMoeWorkspaceBytes(m, 2048, 512));
+  MemoryPlanOptions bad;
+  bad.gpu_prefill_ring_bytes = -1;
+  EXPECT_EQ(PlanStageMemory(m, {0, 43, 1, true, true, false}, k3090, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 31's memory requirement: with the default ring, every TP x PP layout that --plan accepts
+// on 24 GiB without the streamed path still fits at the default 2048-token step. At 8192-token
+// steps (`splitserve up`'s step when the cuda backend may stream) every layout fits but one GPU
+// holding all 43 layers: its step workspace at 1M positions (the indexer's 8192 x 1M scores,
+// 8 GiB) leaves no KV pool beside the ring.
+TEST(MemoryPlanTest, FlashFitsWithTheDefaultRingOn24GiB) {
+  const ModelConfig m = Flash();
+  const int n = static_cast<int>(m.n_layers);
+  // The smallest stage's KV tokens of a TP x PP layout, or -1 when a stage does not fit.
+  auto kv_tokens = [&](int tp, int pp, int64_t step, int64_t ring) -> int64_t {
+    MemoryPlanOptions o;
+    o.step_tokens = step;
+    o.gpu_prefill_ring_bytes = ring;
+    int64_t least = -1;
+    for (int s = 0; s < pp; ++s) {
+      StageLayout l{n * s / pp, n * (s + 1) / pp, tp, s == 0, s == pp - 1, false};
+      absl::StatusOr<MemoryPlan> p = PlanStageMemory(m, l, k3090, o);
+      if (!p.ok()) return -1;
+      least = least < 0 ? p->kv_tokens : std::min(least, p->kv_tokens);
+    }
+    return least;
+  };
+  const int64_t ring = kDefaultGpuPrefillRingMiB << 20;
+  int accepted = 0;
+  for (int tp : {1, 2, 4}) {
+    for (int pp : {1, 2, 4}) {
+      const int64_t off = kv_tokens(tp, pp, 2048, 0);
+      if (off < 0) continue;
+      ++accepted;
+      const int64_t on = kv_tokens(tp, pp, 2048, ring);
+      const int64_t on_8k = kv_tokens(tp, pp, 8192, ring);
+      std::printf(
+          "Flash TP %d x PP %d on 24 GiB, KV tokens of the smallest stage: %lld without the "
+          "streamed path, %lld with the %lld MiB ring at 2048-token steps, %lld at 8192 (-1: does "
+          "not fit)\n",
+          tp, pp, static_cast<long long>(off), static_cast<long long>(on),
+          static_cast<long long>(kDefaultGpuPrefillRingMiB), static_cast<long long>(on_8k));
+      EXPECT_GE(on, 1'000'000) << "TP " << tp << " x PP " << pp;
+      EXPECT_LT(on, off);
+      if (tp == 1 && pp == 1) {
+        EXPECT_EQ(on_8k, -1);
+      } else {
+        EXPECT_GT(on_8k, 1'000'000) << "TP " << tp << " x PP " << pp;
+      }
+    }
+  }
+  EXPECT_EQ(accepted, 9);
 }
 
 TEST(MemoryPlanTest, FewerSequencesLeaveMoreForThePool) {
