@@ -469,6 +469,13 @@ int Main(int argc, char** argv) {
   static const std::string loading_store = so.shm_name;  // outlives the signal thread
   g_loading_store.store(&loading_store);
   auto store = ExpertStore::Load(so, pool->get());
+  if (!store.ok() && absl::IsResourceExhausted(store.status()) && c.store_segment_optional) {
+    spdlog::warn(absl::StrCat("the expert store stays in this process's memory (",
+                              store.status().message(),
+                              "); a GPU worker cannot stream this worker's experts"));
+    so.shm_name.clear();
+    store = ExpertStore::Load(so, pool->get());
+  }
   if (!store.ok()) return Fail(store.status());
 
   ExpertEngineOptions eo;

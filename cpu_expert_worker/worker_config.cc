@@ -66,6 +66,7 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   }
   if (f.store_memory != "anonymous" && !f.shm_name.empty()) {
     c.store_segment = ExpertStoreSegmentName(f.shm_name);
+    c.store_segment_optional = f.store_memory == "auto";
   }
   if (f.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--max_tokens ", f.max_tokens, " < 1"));

@@ -17,8 +17,9 @@
 //   --store_memory auto|anonymous|shared   where the expert store lives: this process's
 //                         anonymous memory, or the shared-memory segment "<NAME>-store"
 //                         (common/expert_store_format.h) that a GPU worker on the host maps to
-//                         stream experts from; auto = shared with --shm_name, else anonymous.
-//                         shared needs --shm_name.
+//                         stream experts from; auto = shared with --shm_name (anonymous, with a
+//                         warning, when /dev/shm has not the room), else anonymous. shared needs
+//                         --shm_name.
 //   --cluster_token_file PATH   with --grpc_listen: the cluster token every gRPC call must carry
 //                         (env mirror SPLITSERVE_CLUSTER_TOKEN; proto/cluster_credential.h)
 //   --insecure_cluster    with --grpc_listen: accept gRPC calls without a token (exclusive with
@@ -90,6 +91,7 @@ struct WorkerConfig {
   // The store's shared-memory segment (ExpertStoreSegmentName(shm_name)), or "" for anonymous
   // memory (--store_memory resolved).
   std::string store_segment;
+  bool store_segment_optional = false;  // --store_memory auto: anonymous when /dev/shm is too small
   int64_t max_tokens = WorkerFlags{}.max_tokens;
   int spin_us = WorkerFlags{}.spin_us;
   int64_t split_target = WorkerFlags{}.split_target;
