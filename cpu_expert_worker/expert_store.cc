@@ -321,8 +321,10 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
       total / 1e9, dummy ? " (dummy)" : "", copy_s, how, s->allocated_bytes() >> 20,
       o.shm_name.empty() ? std::string("anonymous memory")
                          : absl::StrCat("shared-memory segment ", s->shm_name()),
-      huge < 0 ? std::string("huge pages unknown")
-               : absl::StrFormat("%d MB in huge pages", huge >> 20),
+      (huge < 0 ? std::string("huge pages unknown")
+                : absl::StrFormat("%d MB in huge pages", huge >> 20)) +
+          (o.shm_name.empty() ? std::string()
+                              : absl::StrCat(" (shmem_enabled ", ShmemHugePageMode(), ")")),
       ResidentBytes() >> 20));
   return s;
 }

@@ -207,6 +207,17 @@ bool WarnOnce(Refusal kind, const std::string& message) {
 
 int64_t RefusalCount(Refusal kind) { return g_refusals[static_cast<int>(kind)].load(); }
 
+std::string ShmemHugePageMode() {
+  FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+  if (f == nullptr) return "unknown";
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  const char* open = got ? std::strchr(line, '[') : nullptr;
+  const char* close = open != nullptr ? std::strchr(open, ']') : nullptr;
+  return close != nullptr ? std::string(open + 1, close) : "unknown";
+}
+
 int64_t ResidentBytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");
   if (f == nullptr) return 0;

@@ -85,6 +85,11 @@ bool WarnOnce(Refusal kind, const std::string& message);
 // How many refusals of `kind` were reported in this process (for tests and the start-up log).
 int64_t RefusalCount(Refusal kind);
 
+// The kernel's transparent-huge-page mode for shared memory (the bracketed word of
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled: always, within_size, advise, never, ...), or
+// "unknown".
+std::string ShmemHugePageMode();
+
 // The process's resident set (VmRSS of /proc/self/statm) in bytes; 0 if unreadable.
 int64_t ResidentBytes();
 
