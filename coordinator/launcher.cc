@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/cluster_defaults.h"
+#include "common/expert_store_format.h"
 #include "common/fp64_sums.h"
 #include "common/gpu_prefill_flags.h"
 #include "common/layer_list.h"
@@ -696,7 +697,10 @@ int RunUpCommand(int argc, char** argv) {
 
   Supervisor sup;
   auto unlink_segments = [&] {
-    for (const std::string& n : plan.shm_names) shm_unlink(("/" + n).c_str());
+    for (const std::string& n : plan.shm_names) {
+      shm_unlink(("/" + n).c_str());
+      shm_unlink(absl::StrCat("/", ExpertStoreSegmentName(n)).c_str());  // a killed worker's store
+    }
   };
   // The workers: expert workers (fresh segments), then the GPU workers, which register with the
   // coordinator at `control_port` and wait for the segments.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_schema.h"
 #include "common/dummy_weights.h"
+#include "common/expert_store_format.h"
 #include "common/int_math.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -23,10 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kPieceAlign = 64;
 constexpr int64_t kProgressMinBytes = int64_t{256} << 20;  // smaller loads log the summary only
-
-int64_t AlignUp(int64_t v) { return RoundUp(v, kPieceAlign); }
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -197,15 +195,28 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
     }
   }
 
-  // Compact layout of one expert's slice; every piece 64-byte aligned.
-  const int64_t w13 = is * dim / 2, w13s = is * dim / kMxGroup;
-  const int64_t w2 = dim * is / 2, w2s = dim * is / kMxGroup;
-  s->expert_slice_bytes_ = 2 * w13 + 2 * w13s + w2 + w2s;
-  const int64_t off_w1s = AlignUp(w13), off_w3 = off_w1s + AlignUp(w13s);
-  const int64_t off_w3s = off_w3 + AlignUp(w13), off_w2 = off_w3s + AlignUp(w13s);
-  const int64_t off_w2s = off_w2 + AlignUp(w2), stride = off_w2s + AlignUp(w2s);
-  ASSIGN_OR_RETURN(s->memory_, AllocateNodeMemory(o.topology, static_cast<size_t>(stride * L * E),
-                                                  o.topology != nullptr ? o.numa_node : -1));
+  ASSIGN_OR_RETURN(const ExpertStoreGeometry g,
+                   ComputeExpertStoreGeometry(dim, inter, E, o.slice_index, o.slice_count,
+                                              o.tile_rows));
+  s->expert_slice_bytes_ = g.expert_slice_bytes;
+  const int64_t w13s = is * dim / kMxGroup;
+  const int64_t off_w1s = g.w1_scale, off_w3 = g.w3, off_w3s = g.w3_scale, off_w2 = g.w2;
+  const int64_t off_w2s = g.w2_scale, stride = g.expert_stride;
+  NodeMemoryOptions mo;
+  mo.topology = o.topology;
+  mo.node = o.topology != nullptr ? o.numa_node : -1;
+  uint8_t* data = nullptr;
+  if (o.shm_name.empty()) {
+    ASSIGN_OR_RETURN(s->memory_, AllocateNodeMemory(static_cast<size_t>(stride * L * E), mo));
+    data = s->memory_.data();
+  } else {
+    mo.shm_name = o.shm_name.front() == '/' ? o.shm_name : "/" + o.shm_name;
+    mo.shm_kind = kExpertStoreSegmentKind;
+    const uint32_t n = static_cast<uint32_t>(L);
+    ASSIGN_OR_RETURN(s->memory_, AllocateNodeMemory(ExpertStoreBytes(g, n), mo));
+    WriteExpertStoreLayout(s->memory_.data(), s->memory_.size(), g, o.layers.data(), n);
+    data = s->memory_.data() + ExpertStoreDataOffset(n);
+  }
 
   s->layer_pos_.assign(c.n_layers + c.n_mtp_layers, -1);
   s->views_.resize(L);
@@ -213,7 +224,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
     s->layer_pos_[o.layers[li]] = static_cast<int>(li);
     s->views_[li].resize(E);
     for (int64_t e = 0; e < E; ++e) {
-      const uint8_t* base = s->memory_.data() + (li * E + e) * stride;
+      const uint8_t* base = data + (li * E + e) * stride;
       ExpertSliceView& v = s->views_[li][e];
       v.w1 = base;
       v.w1_scale = base + off_w1s;
@@ -258,7 +269,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
       for (int i = 0; i < 6; ++i) ptr[i] = sources[unit][i]->data;
       src = BytesOf(ptr);
     }
-    uint8_t* dst = s->memory_.data() + unit * stride;
+    uint8_t* dst = data + unit * stride;
     // The weights row-major as in the checkpoint, or tiled; the scales row-major.
     const auto weights = [&](uint8_t* to, const uint8_t* from, int64_t rows, int64_t len,
                              int64_t from_stride) {
@@ -295,6 +306,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
   }
   for (absl::Status& st : errors) RETURN_IF_ERROR(st);
   const double copy_s = SecondsSince(t1);
+  if (!o.shm_name.empty()) PublishExpertStore(s->memory_.data());
   ckpt.reset();  // unmaps every shard: nothing of the checkpoint stays resident
   s->load_seconds_ = SecondsSince(t0);
   const std::string how =
@@ -303,9 +315,17 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
             : absl::StrFormat(
                   "%.2f GB/s copy; %.2f s to open the checkpoint and check %d expert tensors",
                   total / 1e9 / std::max(copy_s, 1e-9), open_s, sources.size() * 6);
+  const int64_t huge = s->memory_.HugePageBytes();
   spdlog::info(absl::StrFormat(
-      "expert store: loaded %.3f GB%s in %.2f s (%s), %d MB allocated, resident %d MB", total / 1e9,
-      dummy ? " (dummy)" : "", copy_s, how, s->allocated_bytes() >> 20, ResidentBytes() >> 20));
+      "expert store: loaded %.3f GB%s in %.2f s (%s), %d MB allocated in %s, %s, resident %d MB",
+      total / 1e9, dummy ? " (dummy)" : "", copy_s, how, s->allocated_bytes() >> 20,
+      o.shm_name.empty() ? std::string("anonymous memory")
+                         : absl::StrCat("shared-memory segment ", s->shm_name()),
+      (huge < 0 ? std::string("huge pages unknown")
+                : absl::StrFormat("%d MB in huge pages", huge >> 20)) +
+          (o.shm_name.empty() ? std::string()
+                              : absl::StrCat(" (shmem_enabled ", ShmemHugePageMode(), ")")),
+      ResidentBytes() >> 20));
   return s;
 }
 

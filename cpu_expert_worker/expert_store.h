@@ -20,8 +20,9 @@
 // (layer, expert) on the given pool, whose threads are pinned to the node, so each page is
 // first touched there; the destination is one NodeMemory bound to the node when asked. Source
 // pages are dropped from this process's mapping as soon as they are copied and the checkpoint
-// is closed at the end, so after Load the resident memory is about the slice's bytes. Progress
-// and the load rate (GB/s of slice bytes) are logged with spdlog.
+// is closed at the end, so after Load the resident memory is about the slice's bytes. Progress,
+// the load rate (GB/s of slice bytes), which memory holds the store and how much of it huge
+// pages back are logged with spdlog.
 //
 // Dummy weights (source.load_format dummy: only config.json is read). No checkpoint is built:
 // each (layer, expert) task generates that expert's six whole tensors (FillDummyTensor, so the
@@ -63,6 +64,14 @@ struct ExpertStoreOptions {
   // tile_rows), the order the kernel with tiles of that height reads them (ExpertKernel::
   // tile_rows), one sequential stream a call. Needs I/n and dim to be multiples of it.
   int64_t tile_rows = 0;
+  // Empty: the store lives in this process's anonymous memory. A segment name (with or without
+  // the leading '/'): in that POSIX shared-memory segment, laid out as common/
+  // expert_store_format.h (header, layer table, then the same blocks), so a GPU worker on the
+  // host can map it read-only (gpu_worker/expert_store_map.h). Created exclusively (a dead
+  // owner's leftover is reclaimed, a live owner's refused: AlreadyExists naming the PID), filled
+  // like anonymous memory, marked complete after the last byte is copied, and unlinked when the
+  // store is destroyed.
+  std::string shm_name;
 };
 
 class ExpertStore {
@@ -96,6 +105,8 @@ class ExpertStore {
   }
   int64_t allocated_bytes() const { return static_cast<int64_t>(memory_.size()); }
   bool memory_bound() const { return memory_.bound(); }  // bound to the requested node
+  // The shared-memory segment holding the store (leading '/'), or "" for anonymous memory.
+  const std::string& shm_name() const { return memory_.shm_name(); }
   double load_seconds() const { return load_seconds_; }
 
  private:

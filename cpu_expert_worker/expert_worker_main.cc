@@ -7,11 +7,18 @@
 // through the engine (0 = load only); --shm_name NAME serves expert calls over a shared-memory
 // segment and --grpc_listen ADDR over gRPC (both may be given: both are served, with one engine
 // whose calls each transport serialises) until SIGTERM or SIGINT (which unlink the segment).
+// With --shm_name the store itself lives in the segment "<NAME>-store" (--store_memory auto or
+// shared; common/expert_store_format.h), filled before the call segment is created and unlinked
+// with the store on the way out.
 // --metrics_listen HOST:PORT serves Prometheus metrics on GET /metrics (ARCHITECTURE.md):
 // splitserve:expert_worker_info{isa,slice,numa_node}, calls and errors per transport, per-layer
 // call latency, expert weight bytes streamed and the achieved GB/s over the last calls.
 //
 // Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -35,6 +42,7 @@
 #include "common/bf16.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
+#include "common/shm_segment.h"
 #include "common/stop_signals.h"
 #include "common/thread_pool.h"
 #include "cpu_expert_worker/expert_engine.h"
@@ -174,8 +182,28 @@ std::atomic<bool> g_stop_requested{false};
 // Set once Serve starts; a stop signal before that (loading, the self-test) ends the process.
 std::atomic<bool> g_serving{false};
 
+// The store's segment while it loads (Main sets it before Load): a stop signal then unlinks it
+// if this process owns it, since the store's destructor will not run.
+std::atomic<const std::string*> g_loading_store{nullptr};
+
+void RemoveLoadingStore() {
+  const std::string* store = g_loading_store.load();
+  if (store == nullptr || store->empty()) return;
+  const std::string name = "/" + *store;
+  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return;
+  ShmOwnerPrefix owner{};
+  const bool ours = ::pread(fd, &owner, sizeof(owner), 0) == static_cast<ssize_t>(sizeof(owner)) &&
+                    owner.owner_pid == static_cast<int32_t>(::getpid());
+  ::close(fd);
+  if (ours) ::shm_unlink(name.c_str());
+}
+
 void OnStopSignal(int sig) {
-  if (!g_serving.load()) DieOfSignal(sig);
+  if (!g_serving.load()) {
+    RemoveLoadingStore();
+    DieOfSignal(sig);
+  }
   g_stop_requested.store(true);
   if (shm::ShmServer* s = g_server.load()) s->RequestStop();
   if (grpc_transport::GrpcExpertServer* g = g_grpc_server.load()) g->RequestStop();
@@ -354,7 +382,8 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-expert-worker --model DIR [--layers 0-42,43] [--slice i/n] "
       "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N] "
-      "[--shm-name NAME] [--grpc-listen HOST:PORT] [--metrics-listen HOST:PORT]");
+      "[--shm-name NAME] [--store-memory auto|anonymous|shared] [--grpc-listen HOST:PORT] "
+      "[--metrics-listen HOST:PORT]");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::StrContains(file, "cpu_expert_worker/worker_flags");
@@ -433,9 +462,20 @@ int Main(int argc, char** argv) {
   so.slice_count = c.slice_count;
   so.topology = topo->get();
   so.numa_node = *node;
+  // Complete before the transport's segment exists: a GPU worker opens the store after connecting.
+  so.shm_name = c.store_segment;
   // The weights in the order this ISA's kernel reads them (one sequential stream a call).
   if (auto k = KernelFor(isa); k.ok() && c.tiled_weights) so.tile_rows = (*k)->tile_rows;
+  static const std::string loading_store = so.shm_name;  // outlives the signal thread
+  g_loading_store.store(&loading_store);
   auto store = ExpertStore::Load(so, pool->get());
+  if (!store.ok() && absl::IsResourceExhausted(store.status()) && c.store_segment_optional) {
+    spdlog::warn(absl::StrCat("the expert store stays in this process's memory (",
+                              store.status().message(),
+                              "); a GPU worker cannot stream this worker's experts"));
+    so.shm_name.clear();
+    store = ExpertStore::Load(so, pool->get());
+  }
   if (!store.ok()) return Fail(store.status());
 
   ExpertEngineOptions eo;

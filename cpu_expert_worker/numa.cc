@@ -1,7 +1,10 @@
 #include "cpu_expert_worker/numa.h"
 
 #include <hwloc.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <array>
@@ -13,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/int_math.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace ss::expert {
@@ -31,7 +35,10 @@ NodeMemory::~NodeMemory() { Release(); }
 NodeMemory::NodeMemory(NodeMemory&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
-      bound_(std::exchange(o.bound_, false)) {}
+      bound_(std::exchange(o.bound_, false)),
+      shm_name_(std::exchange(o.shm_name_, std::string())),
+      shm_dev_(std::exchange(o.shm_dev_, 0)),
+      shm_ino_(std::exchange(o.shm_ino_, 0)) {}
 
 NodeMemory& NodeMemory::operator=(NodeMemory&& o) noexcept {
   if (this != &o) {
@@ -39,19 +46,64 @@ NodeMemory& NodeMemory::operator=(NodeMemory&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     bound_ = std::exchange(o.bound_, false);
+    shm_name_ = std::exchange(o.shm_name_, std::string());
+    shm_dev_ = std::exchange(o.shm_dev_, 0);
+    shm_ino_ = std::exchange(o.shm_ino_, 0);
   }
   return *this;
 }
 
 void NodeMemory::Release() {
   if (data_ != nullptr) ::munmap(data_, size_);
+  if (!shm_name_.empty()) {
+    // Unlink only the segment we created (a reclaim elsewhere could have replaced the name).
+    const int fd = ::shm_open(shm_name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd >= 0) {
+      struct stat st;
+      const bool ours = ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == shm_ino_ &&
+                        static_cast<uint64_t>(st.st_dev) == shm_dev_;
+      ::close(fd);
+      if (ours) ::shm_unlink(shm_name_.c_str());
+    }
+  }
   data_ = nullptr;
   size_ = 0;
   bound_ = false;
+  shm_name_.clear();
+}
+
+int64_t NodeMemory::HugePageBytes() const {
+  if (data_ == nullptr) return 0;
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return -1;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  bool inside = false;
+  int64_t kb = 0;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long start = 0, end = 0;
+    long v = 0;
+    if (std::sscanf(line, "%lx-%lx ", &start, &end) == 2 && std::strchr(line, ':') != nullptr &&
+        std::strchr(line, '-') < std::strchr(line, ' ')) {
+      inside = start >= lo && end <= hi;
+    } else if (inside && (std::sscanf(line, "AnonHugePages: %ld kB", &v) == 1 ||
+                          std::sscanf(line, "ShmemPmdMapped: %ld kB", &v) == 1)) {
+      kb += v;
+    }
+  }
+  std::fclose(f);
+  return kb * 1024;
 }
 
 absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology* topology, size_t bytes,
                                               int node) {
+  NodeMemoryOptions o;
+  o.topology = topology;
+  o.node = node;
+  return AllocateNodeMemory(bytes, o);
+}
+
+absl::StatusOr<NodeMemory> AllocateNodeMemory(size_t bytes, const NodeMemoryOptions& o) {
   if (bytes == 0) return absl::InvalidArgumentError("AllocateNodeMemory: 0 bytes");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   size_t len = RoundUp(bytes, page);
@@ -59,10 +111,43 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology* topology, size
   const bool huge = len >= 2 * kHugePage;
   if (huge) len = RoundUp(len, kHugePage);
   const size_t map_len = huge ? len + kHugePage : len;
-  void* p = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  NodeMemory m;
+  int fd = -1;
+  if (!o.shm_name.empty()) {
+    ASSIGN_OR_RETURN(fd, CreateShmSegment(o.shm_name, o.shm_kind, /*reclaim_stale=*/true));
+    m.shm_name_ = o.shm_name;  // from here on, m's destructor unlinks it
+    struct stat st;
+    struct statvfs vfs;
+    if (::fstat(fd, &st) != 0 || ::fstatvfs(fd, &vfs) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrCat("fstat ", o.shm_name, ": ", std::strerror(err)));
+    }
+    m.shm_dev_ = st.st_dev;
+    m.shm_ino_ = st.st_ino;
+    // tmpfs allocates on first touch and SIGBUSes when full: refuse up front instead.
+    const uint64_t room = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (room < len) {
+      ::close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("shm segment ", o.shm_name, ": ", len, " bytes wanted, /dev/shm has ", room,
+                       " free (its tmpfs size limits shared memory)"));
+    }
+    if (::ftruncate(fd, static_cast<off_t>(len)) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::InternalError(
+          absl::StrCat("ftruncate ", o.shm_name, " to ", len, ": ", std::strerror(err)));
+    }
+  }
+  // Anonymous: the range itself. Shared: a reservation that the segment is mapped over.
+  void* p = ::mmap(nullptr, map_len, fd < 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | (fd < 0 ? 0 : MAP_NORESERVE), -1, 0);
   if (p == MAP_FAILED) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
     return absl::ResourceExhaustedError(
-        absl::StrCat("mmap of ", map_len, " bytes: ", std::strerror(errno)));
+        absl::StrCat("mmap of ", map_len, " bytes: ", std::strerror(err)));
   }
   uint8_t* base = static_cast<uint8_t*>(p);
   if (huge) {
@@ -72,16 +157,26 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology* topology, size
     const size_t tail = static_cast<size_t>(base + map_len - (aligned + len));
     if (tail > 0) ::munmap(aligned + len, tail);
     base = aligned;
-    ::madvise(base, len, MADV_HUGEPAGE);  // advisory: refused or unavailable THP is fine
   }
-  NodeMemory m;
+  if (fd >= 0) {
+    void* q = ::mmap(base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (q == MAP_FAILED) {
+      ::munmap(base, len);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("mmap of shm segment ", o.shm_name, " (", len, " bytes): ",
+                       std::strerror(err)));
+    }
+  }
   m.data_ = base;
   m.size_ = len;
-  if (topology != nullptr && node >= 0) {
+  if (huge) ::madvise(base, len, MADV_HUGEPAGE);  // advisory: refused or unavailable THP is fine
+  if (o.topology != nullptr && o.node >= 0) {
     hwloc_bitmap_t set = hwloc_bitmap_alloc();
-    hwloc_bitmap_only(set, static_cast<unsigned>(node));
+    hwloc_bitmap_only(set, static_cast<unsigned>(o.node));
     const int rc =
-        hwloc_set_area_membind(Topo(topology->hwloc()), base, len, set, HWLOC_MEMBIND_BIND,
+        hwloc_set_area_membind(Topo(o.topology->hwloc()), base, len, set, HWLOC_MEMBIND_BIND,
                                HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT);
     const int err = errno;
     hwloc_bitmap_free(set);
@@ -90,9 +185,16 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology* topology, size
     } else {
       WarnOnce(
           Refusal::kMemoryBinding,
-          absl::StrCat("binding memory to NUMA node ", node, " was refused (", std::strerror(err),
+          absl::StrCat("binding memory to NUMA node ", o.node, " was refused (",
+                       std::strerror(err),
                        "); continuing with first-touch placement by the node's threads"));
     }
+  }
+  if (fd >= 0) {
+    // The owner first, so a crash from here on leaves a reclaimable leftover (shm_segment.h).
+    auto* owner = reinterpret_cast<ShmOwnerPrefix*>(base);
+    owner->owner_pid = static_cast<int32_t>(::getpid());
+    owner->owner_start_time = ProcessStartTime(owner->owner_pid);
   }
   return m;
 }
@@ -104,6 +206,17 @@ bool WarnOnce(Refusal kind, const std::string& message) {
 }
 
 int64_t RefusalCount(Refusal kind) { return g_refusals[static_cast<int>(kind)].load(); }
+
+std::string ShmemHugePageMode() {
+  FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+  if (f == nullptr) return "unknown";
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  const char* open = got ? std::strchr(line, '[') : nullptr;
+  const char* close = open != nullptr ? std::strchr(open, ']') : nullptr;
+  return close != nullptr ? std::string(open + 1, close) : "unknown";
+}
 
 int64_t ResidentBytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");

@@ -15,16 +15,21 @@
 
 #include "absl/status/statusor.h"
 #include "common/numa_topology.h"
+#include "common/shm_segment.h"
 
 namespace ss::expert {
 
-// Anonymous, page-aligned memory (mmap) with transparent huge pages requested, optionally bound
-// to one NUMA node. Pages are not touched here: whoever writes a page first places it (the
-// kernel's first-touch rule), which is why callers fill it from that node's threads.
+struct NodeMemoryOptions;
+
+// Page-aligned memory with transparent huge pages requested, optionally bound to one NUMA node:
+// anonymous and private, or a POSIX shared-memory segment (NodeMemoryOptions::shm_name) that other
+// processes of the host may map. Pages are not touched here (but for the segment's first 24
+// bytes, below): whoever writes a page first places it (the kernel's first-touch rule), which is
+// why callers fill it from that node's threads.
 class NodeMemory {
  public:
   NodeMemory() = default;
-  ~NodeMemory();
+  ~NodeMemory();  // unmaps; a segment is also unlinked, if the name is still ours
   NodeMemory(NodeMemory&& o) noexcept;
   NodeMemory& operator=(NodeMemory&& o) noexcept;
   NodeMemory(const NodeMemory&) = delete;
@@ -34,19 +39,43 @@ class NodeMemory {
   size_t size() const { return size_; }
   // Whether the kernel accepted the binding to the requested node (false when none was asked).
   bool bound() const { return bound_; }
+  // The segment's POSIX name (leading '/'), or "" for anonymous memory.
+  const std::string& shm_name() const { return shm_name_; }
+  // Bytes of this range that huge pages back now (AnonHugePages + ShmemPmdMapped of its
+  // mappings in /proc/self/smaps; reads that file, so call it once after filling); -1 if
+  // unreadable.
+  int64_t HugePageBytes() const;
 
  private:
-  friend absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology*, size_t, int);
+  friend absl::StatusOr<NodeMemory> AllocateNodeMemory(size_t, const NodeMemoryOptions&);
   void Release();
   void* data_ = nullptr;
   size_t size_ = 0;
   bool bound_ = false;
+  std::string shm_name_;
+  uint64_t shm_dev_ = 0, shm_ino_ = 0;  // of our segment, so Release never unlinks another's
 };
 
-// `bytes` (> 0) of NodeMemory. With a topology and node >= 0 the range is bound to that node
-// (MPOL_BIND through hwloc, strict); when the kernel refuses, one warning per process is logged
-// and the memory is returned unbound (first touch then decides placement). Errors:
-// ResourceExhausted when mmap fails, InvalidArgument for bytes == 0.
+struct NodeMemoryOptions {
+  // With a topology and node >= 0 the range is bound to that node (MPOL_BIND through hwloc,
+  // strict); when the kernel refuses, one warning per process is logged and the memory is
+  // returned unbound (first touch then decides placement).
+  const NumaTopology* topology = nullptr;
+  int node = -1;
+  // Empty: anonymous private memory. Otherwise a POSIX shared-memory segment of that name
+  // (leading '/'), created exclusively with mode 0600 (CreateShmSegment with `shm_kind`, which
+  // reclaims a dead owner's leftover, common/shm_segment.h), sized to the rounded length, mapped
+  // shared read-write. Its first 24 bytes are a ShmOwnerPrefix with this process as the owner
+  // (written at once) and magic 0: the caller lays out the rest and writes the magic last.
+  std::string shm_name;
+  ShmSegmentKind shm_kind;
+};
+
+// `bytes` (> 0) of NodeMemory, rounded up to the page (to 2 MiB from 4 MiB on). Errors:
+// InvalidArgument for bytes == 0; ResourceExhausted when mmap fails or /dev/shm has not the
+// room; CreateShmSegment's errors for a segment.
+absl::StatusOr<NodeMemory> AllocateNodeMemory(size_t bytes, const NodeMemoryOptions& options);
+// Anonymous memory: AllocateNodeMemory(bytes, {topology, node}).
 absl::StatusOr<NodeMemory> AllocateNodeMemory(const NumaTopology* topology, size_t bytes, int node);
 
 // Logs `message` as a spdlog warning the first time a given `kind` is reported in this process;
@@ -55,6 +84,11 @@ enum class Refusal : int { kMemoryBinding = 0 };
 bool WarnOnce(Refusal kind, const std::string& message);
 // How many refusals of `kind` were reported in this process (for tests and the start-up log).
 int64_t RefusalCount(Refusal kind);
+
+// The kernel's transparent-huge-page mode for shared memory (the bracketed word of
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled: always, within_size, advise, never, ...), or
+// "unknown".
+std::string ShmemHugePageMode();
 
 // The process's resident set (VmRSS of /proc/self/statm) in bytes; 0 if unreadable.
 int64_t ResidentBytes();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/expert_store_format.h"
 #include "common/status.h"
 #include "cpu_expert_worker/kernels/dispatch.h"
 
@@ -55,6 +56,18 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   c.isa = f.isa;
   c.shm_name = f.shm_name;
   c.grpc_listen = f.grpc_listen;
+  if (f.store_memory != "auto" && f.store_memory != "anonymous" && f.store_memory != "shared") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store_memory ", f.store_memory, " (auto, anonymous or shared)"));
+  }
+  if (f.store_memory == "shared" && f.shm_name.empty()) {
+    return absl::InvalidArgumentError(
+        "--store_memory shared needs --shm_name (the store's segment is <shm_name>-store)");
+  }
+  if (f.store_memory != "anonymous" && !f.shm_name.empty()) {
+    c.store_segment = ExpertStoreSegmentName(f.shm_name);
+    c.store_segment_optional = f.store_memory == "auto";
+  }
   if (f.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--max_tokens ", f.max_tokens, " < 1"));
   }

@@ -14,6 +14,12 @@
 //   --threads N           pool size; 0 = the node's physical cores in the allowed CPU set
 //   --isa auto|scalar|avx2|avx512   expert kernels (auto: from CPUID)
 //   --shm_name NAME, --grpc_listen ADDR   serve expert calls over shared memory and/or gRPC
+//   --store_memory auto|anonymous|shared   where the expert store lives: this process's
+//                         anonymous memory, or the shared-memory segment "<NAME>-store"
+//                         (common/expert_store_format.h) that a GPU worker on the host maps to
+//                         stream experts from; auto = shared with --shm_name (anonymous, with a
+//                         warning, when /dev/shm has not the room), else anonymous. shared needs
+//                         --shm_name.
 //   --cluster_token_file PATH   with --grpc_listen: the cluster token every gRPC call must carry
 //                         (env mirror SPLITSERVE_CLUSTER_TOKEN; proto/cluster_credential.h)
 //   --insecure_cluster    with --grpc_listen: accept gRPC calls without a token (exclusive with
@@ -60,6 +66,7 @@ struct WorkerFlags {
   std::string isa = "auto";
   std::string shm_name;
   std::string grpc_listen;
+  std::string store_memory = "auto";
   int64_t max_tokens = 256;
   int spin_us = 200;
   int64_t split_target = 128;
@@ -81,6 +88,10 @@ struct WorkerConfig {
   int threads = 0;     // 0 = every physical core of the node
   std::string isa;     // validated name; dispatch.h's ParseIsa gives the Isa
   std::string shm_name, grpc_listen;
+  // The store's shared-memory segment (ExpertStoreSegmentName(shm_name)), or "" for anonymous
+  // memory (--store_memory resolved).
+  std::string store_segment;
+  bool store_segment_optional = false;  // --store_memory auto: anonymous when /dev/shm is too small
   int64_t max_tokens = WorkerFlags{}.max_tokens;
   int spin_us = WorkerFlags{}.spin_us;
   int64_t split_target = WorkerFlags{}.split_target;

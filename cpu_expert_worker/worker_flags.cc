@@ -28,6 +28,10 @@ ABSL_FLAG(int, threads, WorkerFlags{}.threads,
 ABSL_FLAG(std::string, isa, WorkerFlags{}.isa,
           "expert kernels: auto (CPUID), scalar, avx2 or avx512");
 ABSL_FLAG(std::string, shm_name, "", "shared-memory segment to serve expert calls on");
+ABSL_FLAG(std::string, store_memory, WorkerFlags{}.store_memory,
+          "where the expert store lives: anonymous (this process's memory) or shared (the "
+          "shared-memory segment <shm_name>-store, which a GPU worker on the host maps to stream "
+          "experts from); auto = shared when --shm_name is set, else anonymous");
 ABSL_FLAG(std::string, grpc_listen, "", "gRPC address (host:port) to serve expert calls on");
 ABSL_FLAG(std::string, cluster_token_file, "",
           "with --grpc_listen: file holding the cluster token every gRPC call must carry (0600; "
@@ -67,6 +71,7 @@ WorkerFlags ReadWorkerFlags() {
   f.isa = absl::GetFlag(FLAGS_isa);
   f.shm_name = absl::GetFlag(FLAGS_shm_name);
   f.grpc_listen = absl::GetFlag(FLAGS_grpc_listen);
+  f.store_memory = absl::GetFlag(FLAGS_store_memory);
   f.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   f.spin_us = absl::GetFlag(FLAGS_spin_us);
   f.split_target = absl::GetFlag(FLAGS_split_target);

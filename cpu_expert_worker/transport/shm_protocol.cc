@@ -18,36 +18,6 @@
 #include "common/int_math.h"
 
 namespace ss::expert::shm {
-namespace {
-
-// Reads /proc/<pid>/stat; returns false if it cannot be read. `state` and `start` are fields 3
-// and 22 (the command name in field 2 may contain spaces and parentheses: parse after the last
-// ')').
-bool ReadProcStat(int pid, char* state, uint64_t* start) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  if (p == nullptr || p[1] != ' ') return false;
-  p += 2;
-  *state = *p;
-  // Fields after ')' start at field 3 (state); field 22 is the 20th of them.
-  for (int field = 3; field < 22; ++field) {
-    p = std::strchr(p, ' ');
-    if (p == nullptr) return false;
-    ++p;
-  }
-  *start = std::strtoull(p, nullptr, 10);
-  return true;
-}
-
-}  // namespace
 
 absl::StatusOr<ShmLayout> ComputeLayout(const ShmShape& s) {
   if (s.slot_count == 0 || s.max_tokens == 0 || s.dim == 0 || s.top_k == 0) {
@@ -137,31 +107,6 @@ void SpinStep(int64_t spun_ns) {
 #elif defined(__aarch64__)
   asm volatile("yield" ::: "memory");
 #endif
-}
-
-uint64_t ProcessStartTime(int pid) {
-  char state = 0;
-  uint64_t start = 0;
-  return ReadProcStat(pid, &state, &start) ? start : 0;
-}
-
-bool ProcessAlive(int pid, uint64_t start_time) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char state = 0;
-  uint64_t start = 0;
-  if (!ReadProcStat(pid, &state, &start)) {
-    // Gone between the two checks, or /proc is hidden: trust kill().
-    return ::kill(pid, 0) == 0 || errno != ESRCH;
-  }
-  if (state == 'Z' || state == 'X' || state == 'x') return false;
-  return start_time == 0 || start == start_time;
-}
-
-uint64_t PidNamespaceId() {
-  struct stat st;
-  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
-  return static_cast<uint64_t>(st.st_ino);
 }
 
 }  // namespace internal

@@ -65,6 +65,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/shm_segment.h"
 
 namespace ss::expert::shm {
 
@@ -131,6 +132,7 @@ static_assert(offsetof(SegmentHeader, magic) == 0);
 static_assert(offsetof(SegmentHeader, protocol_version) == 8);
 static_assert(offsetof(SegmentHeader, owner_pid) == 12);
 static_assert(offsetof(SegmentHeader, owner_start_time) == 16);
+static_assert(sizeof(ShmOwnerPrefix) <= sizeof(SegmentHeader));  // the shared prefix
 static_assert(offsetof(SegmentHeader, header_bytes) == 24);
 static_assert(offsetof(SegmentHeader, slot_count) == 32);
 static_assert(offsetof(SegmentHeader, top_k) == 44);
@@ -262,12 +264,10 @@ void FutexWake(uint32_t* word, int count);
 // placement on a busy machine) gets to run instead of waiting out the whole spin.
 void SpinStep(int64_t spun_ns);
 
-// Start time of a process in clock ticks since boot (/proc/<pid>/stat field 22); 0 if unknown.
-uint64_t ProcessStartTime(int pid);
-// False when `pid` is gone, a zombie, or (start_time != 0) a different process reusing the PID.
-bool ProcessAlive(int pid, uint64_t start_time);
-// Inode of /proc/self/ns/pid, 0 if unknown.
-uint64_t PidNamespaceId();
+// Owner liveness, shared with every splitserve segment (common/shm_segment.h).
+using ::ss::PidNamespaceId;
+using ::ss::ProcessAlive;
+using ::ss::ProcessStartTime;
 
 inline std::atomic_ref<uint32_t> Word(uint32_t& w) { return std::atomic_ref<uint32_t>(w); }
 inline std::atomic_ref<int32_t> Word(int32_t& w) { return std::atomic_ref<int32_t>(w); }

@@ -43,49 +43,6 @@ void WriteResponse(SlotControl* c, uint64_t sequence, const absl::Status& status
   c->response_sequence = sequence;
 }
 
-// Removes a leftover segment whose owner is dead, or says why it must stay.
-absl::Status ReclaimStale(const std::string& name) {
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::OkStatus();  // gone meanwhile
-    return Errno("shm_open (existing)", name, errno);
-  }
-  struct stat st;
-  uint8_t prefix[24] = {};
-  const bool stat_ok = ::fstat(fd, &st) == 0;
-  const ssize_t got = stat_ok && st.st_size >= 24 ? ::pread(fd, prefix, sizeof(prefix), 0) : 0;
-  ::close(fd);
-  const std::string where = absl::StrCat("/dev/shm", name);
-  if (!stat_ok || got != static_cast<ssize_t>(sizeof(prefix))) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, " exists but is not a readable splitserve expert segment (or is being created); ",
-        "remove it if no server is starting"));
-  }
-  SegmentHeader h;  // only the stable prefix is read
-  std::memcpy(&h, prefix, sizeof(prefix));
-  if (h.magic != kShmMagic && h.magic != 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s exists and is not a splitserve expert segment (magic 0x%016x, expected 0x%016x)", where,
-        h.magic, kShmMagic));
-  }
-  if (h.owner_pid == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where,
-                     " exists with no owner recorded (being created?); remove it if no "
-                     "server is starting"));
-  }
-  if (internal::ProcessAlive(h.owner_pid, h.owner_start_time)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("shm segment ", name, " is served by live process ", h.owner_pid));
-  }
-  spdlog::warn("shm: reclaiming stale segment {} of dead process {} (protocol version {})", name,
-               h.owner_pid, h.protocol_version);
-  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-    return Errno("shm_unlink (stale)", name, errno);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmServer>> ShmServer::Create(const ShmServerOptions& options,
@@ -130,23 +87,14 @@ uint8_t* ShmServer::slot_base(uint32_t i) const {
 }
 
 absl::Status ShmServer::CreateSegment() {
-  int fd = -1;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd >= 0) break;
-    if (errno != EEXIST) return Errno("shm_open", name_, errno);
-    if (!options_.reclaim_stale || attempt == 2) {
-      return absl::AlreadyExistsError(absl::StrCat("shm segment ", name_, " already exists"));
-    }
-    RETURN_IF_ERROR(ReclaimStale(name_));
-  }
+  ASSIGN_OR_RETURN(const int fd, CreateShmSegment(name_, {kShmMagic, "splitserve expert segment"},
+                                                  options_.reclaim_stale));
   // From here on a failure must remove what we created.
   auto fail = [&](absl::string_view what, int err) {
     ::close(fd);
     ::shm_unlink(name_.c_str());
     return Errno(what, name_, err);
   };
-  if (::fchmod(fd, 0600) != 0) return fail("fchmod", errno);  // whatever the umask did
   if (::ftruncate(fd, static_cast<off_t>(layout_.segment_bytes)) != 0) {
     return fail("ftruncate", errno);
   }

@@ -1,6 +1,10 @@
 // End to end: splitserve-expert-worker processes serving slices over shared memory, a client
-// sending MoE inputs, and the sum over slices against the reference routed-expert output.
+// sending MoE inputs, and the sum over slices against the reference routed-expert output; the
+// store's own segment over the worker's life.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/bf16.h"
+#include "common/expert_store_format.h"
 #include "common/golden/golden.h"
 #include "common/model/linear.h"
 #include "common/model/moe.h"
@@ -181,6 +187,78 @@ TEST(ExpertWorkerShm, TwoSlicesSumToTheWholeExpert) {
   EXPECT_EQ(whole.Stop(), 0);
   EXPECT_EQ(s0.Stop(), 0);
   EXPECT_EQ(s1.Stop(), 0);
+}
+
+// The store's segment "<NAME>-store" (--store_memory auto with --shm_name): complete and owned
+// by the worker once it serves, removed on SIGTERM; a SIGKILLed worker's leftover is reclaimed by
+// the next worker of the name; --store_memory anonymous makes none.
+struct StoreSegment {
+  bool exists = false;
+  absl::Status parsed;  // ParseExpertStore's verdict
+  int32_t owner_pid = 0;
+};
+
+StoreSegment ReadStoreSegment(const std::string& name) {
+  StoreSegment s;
+  const int fd = shm_open(absl::StrCat("/", ExpertStoreSegmentName(name)).c_str(), O_RDONLY, 0);
+  if (fd < 0) return s;
+  s.exists = true;
+  struct stat st;
+  fstat(fd, &st);
+  void* p = mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    s.parsed = absl::InternalError("mmap");
+    return s;
+  }
+  auto h = ParseExpertStore(static_cast<const uint8_t*>(p), st.st_size);
+  s.parsed = h.status();
+  if (h.ok()) s.owner_pid = (*h)->owner_pid;
+  munmap(p, st.st_size);
+  return s;
+}
+
+TEST(ExpertWorkerShm, StoreSegmentLivesWithTheWorker) {
+  const std::string name = SegmentName("store");
+  {
+    WorkerProcess worker(kTinyA, "0/1", name);
+    auto client = worker.Connect();  // the store is complete before the call segment exists
+    ASSERT_NE(client, nullptr);
+    const StoreSegment s = ReadStoreSegment(name);
+    EXPECT_TRUE(s.exists);
+    EXPECT_TRUE(s.parsed.ok()) << s.parsed;
+    EXPECT_EQ(s.owner_pid, worker.pid());
+    client.reset();
+    EXPECT_EQ(worker.Stop(), 0);  // SIGTERM
+    EXPECT_FALSE(ReadStoreSegment(name).exists);
+  }
+  {
+    WorkerProcess killed(kTinyA, "0/1", name);
+    ASSERT_NE(killed.Connect(), nullptr);
+    const int old_pid = killed.pid();
+    killed.Kill();
+    EXPECT_EQ(ReadStoreSegment(name).owner_pid, old_pid);  // the leftover
+    WorkerProcess next(kTinyA, "0/1", name);
+    ASSERT_NE(next.Connect(), nullptr);
+    const StoreSegment s = ReadStoreSegment(name);
+    EXPECT_TRUE(s.parsed.ok()) << s.parsed;
+    EXPECT_EQ(s.owner_pid, next.pid());
+    EXPECT_EQ(next.Stop(), 0);
+    EXPECT_FALSE(ReadStoreSegment(name).exists);
+  }
+  {
+    testing_util::WorkerProcess anonymous({"--model", kTinyA, "--threads", "1", "--shm-name", name,
+                                           "--store-memory", "anonymous"});
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    bool up = false;
+    while (!up && absl::Now() < until) {
+      up = shm::ShmClient::Connect(name).ok();
+      if (!up) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(up);
+    EXPECT_FALSE(ReadStoreSegment(name).exists);
+    EXPECT_EQ(anonymous.Stop(), 0);
+  }
 }
 
 }  // namespace

@@ -88,6 +88,18 @@ TEST(WorkerConfig, EveryFlagIsValidated) {
         g.cluster_token_file = "token";
       },
       "--insecure_cluster");
+  bad([](WorkerFlags& g) { g.store_memory = "huge"; }, "--store_memory");
+  bad([](WorkerFlags& g) { g.store_memory = "shared"; }, "--store_memory shared needs --shm_name");
+  EXPECT_EQ(c->store_segment, "");  // auto without --shm_name: anonymous
+  WorkerFlags served = f;
+  served.shm_name = "seg";
+  EXPECT_EQ(ParseWorkerConfig(served)->store_segment, "seg-store");  // auto: shared
+  EXPECT_TRUE(ParseWorkerConfig(served)->store_segment_optional);   // ... where /dev/shm has room
+  served.store_memory = "anonymous";
+  EXPECT_EQ(ParseWorkerConfig(served)->store_segment, "");
+  served.store_memory = "shared";
+  EXPECT_EQ(ParseWorkerConfig(served)->store_segment, "seg-store");
+  EXPECT_FALSE(ParseWorkerConfig(served)->store_segment_optional);
   EXPECT_TRUE(c->tiled_weights);
   WorkerFlags rows = f;
   rows.weight_layout = "rows";

@@ -205,7 +205,9 @@ TEST(GpuWorkerPipeline, ExpertWorkerBehindTheLayersGivesTheReferenceGreedyTokens
   // The expert worker dies: the next step fails with an error naming the layer and endpoint,
   // on stage 0 and (from stage 0's error) on stage 1; both keep serving.
   EXPECT_EQ(experts.Kill(), 128 + SIGKILL);
-  shm_unlink(("/" + shm).c_str());  // a killed worker leaves its segment; the client keeps its map
+  // A killed worker leaves its segments (calls and store); the client keeps its map.
+  shm_unlink(("/" + shm).c_str());
+  shm_unlink(absl::StrCat("/", shm, "-store").c_str());
   StepPlan plan = testing_util::Plan(50);
   testing_util::AddChunk(&plan, 7, 0, {1, 2, 3});
   p.c0->Send(plan);
