@@ -32,7 +32,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
@@ -43,6 +45,8 @@ inline constexpr int kMxfp4MoeMaxParts = 8;
 inline constexpr int kMxfp4MoeMaxExperts = 1024;
 // Rows of one tile of routes in the grouped GEMMs: MoeRouting::tile_offsets counts tiles of it.
 inline constexpr int kMxfp4MoeTileRoutes = 64;
+// Most routes per token (K) every entry point takes.
+inline constexpr int kMxfp4MoeMaxTopK = 16;
 
 // Where the weights of the experts of one group are in device memory. Expert e of the group
 // [expert_begin, expert_end) starts at `base + (e − expert_begin)·expert_bytes`. Its rows of the
@@ -56,6 +60,9 @@ inline constexpr int kMxfp4MoeTileRoutes = 64;
 //   w2_scale[p]:              ue8m0 scales of w2: row n's group g at
 //                             w2_scale[p] + n·w2_scale_stride + w2_scale_col0 + g
 //                             (the part may be a column range of a wider slice's scales)
+// Alignment: expert_bytes and every w1/w3/w2 offset a multiple of 16, every scale offset,
+// w2_scale_stride and w2_scale_col0 a multiple of 4 (base 16-byte aligned); else
+// cudaErrorInvalidValue.
 // tile_rows 0: every matrix row-major (row r at r·row_bytes). tile_rows 8 or 16: TILED as
 // ExpertSliceView::tile_rows — tile t of tile_rows rows at t·tile_rows·row_bytes, inside it
 // K-block kb (128 elements, 64 bytes) of its row j at kb·tile_rows·64 + j·64.
@@ -83,12 +90,14 @@ struct MoeRouting {
   float* route_weight = nullptr;    // [T·K]: its routing weight
   void* scratch = nullptr;          // MoeRoutingScratchBytes(T, K, E)
 };
-// At most 64·(E + 1) + 8·T·K bytes (the memory plan counts that bound).
+// At most 64·(E + 1) + 8·T·K bytes (the memory plan counts that bound). The present kernels
+// need none (0; scratch may be null).
 int64_t MoeRoutingScratchBytes(int64_t T, int K, int E);
 
 // Sorts the routes by expert: ids [T, K] (the router's; an id outside [expert_begin, expert_end)
 // — another TP rank's expert, or −1 — is not routed here) and weights [T, K] fp32. Within an
-// expert the routes keep token order. E <= kMxfp4MoeMaxExperts.
+// expert the routes keep token order. E <= kMxfp4MoeMaxExperts, 1 <= K <= kMxfp4MoeMaxTopK,
+// T·K < 2^31. One block (a counting sort without atomics); T = 0 still writes zero offsets.
 struct MoeBuildRoutingParams {
   const int32_t* ids = nullptr;
   const float* weights = nullptr;
@@ -109,7 +118,13 @@ cudaError_t FakeQuantE4m3(const bf16_t* x, int64_t rows, int64_t n, bf16_t* y,
 // The experts [expert_begin, expert_end) of one layer for their routes: for each route i of such
 // an expert (sorted position i, MoeRouting), y[route_slot[i]] = the expert's output for token
 // route_token[i] (see Numerics), [dim] fp32. Rows of y for routes to other experts are not
-// touched. Workspace h: [T·K, parts·part_inter] bf16 (the activations a, at sorted positions).
+// touched. Workspace h: [T·K, parts·part_inter] bf16 (the activations a, at sorted positions;
+// rows of the group's routes are overwritten with bf16(a), then with their e4m3 quantisation).
+// Three kernels: the up GEMM (w1, w3, SwiGLU, routing weight; 64 routes x 64 intermediate rows a
+// work item), FakeQuantE4m3 of the group's rows of h, the down GEMM (64 routes x 128 features);
+// each a grid of at most 1024 blocks striding over the work items the routing gives. xq, h, base
+// 16-byte aligned, y 8-byte aligned; 1 <= K <= kMxfp4MoeMaxTopK. The GEMMs take 91.5 KiB of
+// dynamic shared memory: PrepareKernels (prepare.h) must have run on the device.
 // Launch sizes are fixed by T·K and the group's expert count (no host reads of the routing), so
 // the call is safe under graph capture; a group with no routes does nothing on the device
 // beyond the launch.
@@ -129,7 +144,8 @@ struct Mxfp4MoeGroupParams {
 cudaError_t Mxfp4MoeGroup(const Mxfp4MoeGroupParams& p, cudaStream_t stream);
 
 // sum[t, :] = Σ_k fp32 y[t·K + k, :] over t's routes to experts in [expert_begin, expert_end),
-// added in ascending expert-id order (ties: ascending k); a token with none gets 0.
+// added in ascending expert-id order (ties: ascending k); a token with none gets 0. dim a
+// multiple of 4, y and sum 16-byte aligned, 1 <= K <= kMxfp4MoeMaxTopK.
 struct MoeCombineRoutesParams {
   const float* y = nullptr;      // [T·K, dim]
   const int32_t* ids = nullptr;  // [T, K]
@@ -141,8 +157,11 @@ struct MoeCombineRoutesParams {
 };
 cudaError_t MoeCombineRoutes(const MoeCombineRoutesParams& p, cudaStream_t stream);
 
+// The opt-ins of Mxfp4MoeGroup's GEMM kernels, for PrepareKernels.
+std::vector<SharedMemoryOptIn> Mxfp4MoeOptIns();
+
 const void* MoeBuildRoutingKernel();
-const void* FakeQuantE4m3Kernel();
+const void* FakeQuantE4m3Kernel();     // also Mxfp4MoeGroup's quantisation of h
 const void* Mxfp4MoeGemmUpKernel();    // w1/w3, SwiGLU, routing weight
 const void* Mxfp4MoeGemmDownKernel();  // w2
 const void* MoeCombineRoutesKernel();
