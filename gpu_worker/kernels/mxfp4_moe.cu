@@ -13,8 +13,9 @@ namespace {
 // thread holds gate and up of the same element and the SwiGLU runs in registers), the down
 // kernel's are 128 rows of w2 (output features). K streams one 128-block a stage through a
 // 3-stage cp.async pipeline of the activations (bf16, gathered rows) and the raw weight bytes
-// (e2m1 pairs and the four ue8m0 scales of each row). 8 warps: 2 (32 routes each) x 4 (32 weight
-// rows each); each lane decodes its B fragment's e2m1 codes to bf16 in registers.
+// (e2m1 pairs and the four ue8m0 scales of each row). 8 warps, each all 64 routes times 16 weight
+// rows (up: 8 of w1 and the same 8 of w3); each lane decodes its B fragment's e2m1 codes to bf16
+// in registers once for the four m16 tiles.
 //
 // K order inside a 32-group. The mma's k index is permuted the same way for both operands: lane
 // t's 16 activation bytes (8 bf16) of a group and its 4 weight bytes (8 e2m1) are the group's
@@ -92,46 +93,50 @@ __device__ __forceinline__ RouteTile FindTile(const MoeRouting& r, int eb, int e
   return t;
 }
 
-// One stage's fragment loads and mmas: acc[mi][ni] += the products of K-block `st` for warp
-// (wm, wn); brow[ni] is the shared row of B tile ni's first weight row.
-__device__ __forceinline__ void ConsumeStage(const uint8_t* st, int wm, const int (&brow)[4],
-                                             int lane, float (&acc)[2][4][4]) {
+// One stage's fragment loads and mmas: acc[mi][ni] += the products of K-block `st` for a warp
+// owning all kBM routes (kMi = 4 m16 tiles) and the kNi n8 tiles of B whose first shared rows are
+// brow[ni]. Each group's partial p (exact products, summed from zero) is scaled and added as
+// fma(p, s_w, acc): p·s_w is exact (a power of two), so that is Linear4's multiply then add.
+constexpr int kMi = kBM / 16;
+constexpr int kNi = 2;
+__device__ __forceinline__ void ConsumeStage(const uint8_t* st, const int (&brow)[kNi], int lane,
+                                             float (&acc)[kMi][kNi][4]) {
   const uint8_t* a = st;
   const uint8_t* b = st + kBM * kAPitch;
   const uint32_t* s = reinterpret_cast<const uint32_t*>(st + kBM * kAPitch + kBRows * kBPitch);
   const int g = lane >> 2, t = lane & 3;
-  uint32_t sc[4][2];
+  uint32_t sc[kNi][2];
 #pragma unroll
-  for (int ni = 0; ni < 4; ++ni) {
+  for (int ni = 0; ni < kNi; ++ni) {
     sc[ni][0] = s[brow[ni] + 2 * t];
     sc[ni][1] = s[brow[ni] + 2 * t + 1];
   }
-#pragma unroll
+#pragma unroll 2  // fully unrolled, the live fragments pass 128 registers
   for (int gi = 0; gi < 4; ++gi) {
-    uint4 af[2][2];
+    uint32_t bf[kNi][4];
+    float s0[kNi], s1[kNi];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
-      const int r = wm * 32 + mi * 16 + g;
-      af[mi][0] = *reinterpret_cast<const uint4*>(a + r * kAPitch + gi * 64 + t * 16);
-      af[mi][1] = *reinterpret_cast<const uint4*>(a + (r + 8) * kAPitch + gi * 64 + t * 16);
-    }
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {
+    for (int ni = 0; ni < kNi; ++ni) {
       const uint32_t w =
           *reinterpret_cast<const uint32_t*>(b + (brow[ni] + g) * kBPitch + gi * 16 + t * 4);
-      uint32_t bf[4];
-      E2m1x8ToBf16x2(w, bf);
-      const float s0 = Ue8m0ToF32((sc[ni][0] >> (8 * gi)) & 0xffu);
-      const float s1 = Ue8m0ToF32((sc[ni][1] >> (8 * gi)) & 0xffu);
+      E2m1x8ToBf16x2(w, bf[ni]);
+      s0[ni] = Ue8m0ToF32((sc[ni][0] >> (8 * gi)) & 0xffu);
+      s1[ni] = Ue8m0ToF32((sc[ni][1] >> (8 * gi)) & 0xffu);
+    }
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
+    for (int mi = 0; mi < kMi; ++mi) {
+      const int r = mi * 16 + g;
+      const uint4 a0 = *reinterpret_cast<const uint4*>(a + r * kAPitch + gi * 64 + t * 16);
+      const uint4 a1 = *reinterpret_cast<const uint4*>(a + (r + 8) * kAPitch + gi * 64 + t * 16);
+#pragma unroll
+      for (int ni = 0; ni < kNi; ++ni) {
         float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        MmaBf16(p, af[mi][0].x, af[mi][1].x, af[mi][0].y, af[mi][1].y, bf[0], bf[1]);
-        MmaBf16(p, af[mi][0].z, af[mi][1].z, af[mi][0].w, af[mi][1].w, bf[2], bf[3]);
-        acc[mi][ni][0] = __fadd_rn(acc[mi][ni][0], __fmul_rn(p[0], s0));
-        acc[mi][ni][1] = __fadd_rn(acc[mi][ni][1], __fmul_rn(p[1], s1));
-        acc[mi][ni][2] = __fadd_rn(acc[mi][ni][2], __fmul_rn(p[2], s0));
-        acc[mi][ni][3] = __fadd_rn(acc[mi][ni][3], __fmul_rn(p[3], s1));
+        MmaBf16(p, a0.x, a1.x, a0.y, a1.y, bf[ni][0], bf[ni][1]);
+        MmaBf16(p, a0.z, a1.z, a0.w, a1.w, bf[ni][2], bf[ni][3]);
+        acc[mi][ni][0] = __fmaf_rn(p[0], s0[ni], acc[mi][ni][0]);
+        acc[mi][ni][1] = __fmaf_rn(p[1], s1[ni], acc[mi][ni][1]);
+        acc[mi][ni][2] = __fmaf_rn(p[2], s0[ni], acc[mi][ni][2]);
+        acc[mi][ni][3] = __fmaf_rn(p[3], s1[ni], acc[mi][ni][3]);
       }
     }
   }
@@ -173,10 +178,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t ntn = L.parts * (L.part_inter / kUpInter);
   const int64_t items = tiles * ntn;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wm = warp & 1, wn = warp >> 1;
   const int g = lane >> 2, t = lane & 3;
   const int64_t dim = L.dim, nk = dim / kBK, hw = L.parts * L.part_inter;
-  const int brow[4] = {wn * 16, wn * 16 + 8, 64 + wn * 16, 64 + wn * 16 + 8};
+  const int brow[kNi] = {warp * 8, 64 + warp * 8};  // gate rows, the same rows of up
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t nt = item / tiles, j = item % tiles;
     const RouteTile rt = FindTile(R, args.eb, args.ee, j);
@@ -193,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint8_t *w1 = ex + L.w1[part], *w3 = ex + L.w3[part];
     const uint8_t *s1 = ex + L.w1_scale[part], *s3 = ex + L.w3_scale[part];
     const int64_t rb = dim / 2, sb = dim / 32;
-    float acc[2][4][4] = {};
+    float acc[kMi][kNi][4] = {};
     CpAsyncPipeline<kStages>(
         nk,
         [&](int stage, int64_t kb) {
@@ -218,29 +222,26 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         },
         [&](int stage, int64_t) {
-          ConsumeStage(smem + stage * kStageBytes, wm, brow, lane, acc);
+          ConsumeStage(smem + stage * kStageBytes, brow, lane, acc);
         });
-    // Epilogue: tiles ni = 0, 1 hold gate, ni + 2 the up values of the same elements.
+    // Epilogue: tile 0 holds gate, tile 1 the up values of the same elements.
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
+    for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = wm * 32 + mi * 16 + g + hr * 8;
+        const int r = mi * 16 + g + hr * 8;
         if (r >= rt.rows) continue;
         const float wt = s_wt[r];
         uint16_t* hrow = args.h + (rt.row0 + r) * hw + part * L.part_inter + n0;
+        uint32_t packed = 0;
 #pragma unroll
-        for (int ni = 0; ni < 2; ++ni) {
-          uint32_t packed = 0;
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float gv = RoundBf16(acc[mi][ni][hr * 2 + c]);
-            const float uv = RoundBf16(acc[mi][ni + 2][hr * 2 + c]);
-            const float v = __fmul_rn(wt, SwiGluValue(gv, uv, args.limit));
-            packed |= static_cast<uint32_t>(F32ToBf16(v)) << (16 * c);
-          }
-          *reinterpret_cast<uint32_t*>(hrow + wn * 16 + ni * 8 + 2 * t) = packed;
+        for (int c = 0; c < 2; ++c) {
+          const float gv = RoundBf16(acc[mi][0][hr * 2 + c]);
+          const float uv = RoundBf16(acc[mi][1][hr * 2 + c]);
+          const float v = __fmul_rn(wt, SwiGluValue(gv, uv, args.limit));
+          packed |= static_cast<uint32_t>(F32ToBf16(v)) << (16 * c);
         }
+        *reinterpret_cast<uint32_t*>(hrow + brow[0] + 2 * t) = packed;
       }
     }
   }
@@ -259,11 +260,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t ntn = dim / kBRows;
   const int64_t items = tiles * ntn;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wm = warp & 1, wn = warp >> 1;
   const int g = lane >> 2, t = lane & 3;
   const int64_t kpp = L.part_inter / kBK, nk = L.parts * kpp, hw = L.parts * L.part_inter;
   const int64_t rb = L.part_inter / 2;
-  const int brow[4] = {wn * 32, wn * 32 + 8, wn * 32 + 16, wn * 32 + 24};
+  const int brow[kNi] = {warp * 16, warp * 16 + 8};
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t nt = item / tiles, j = item % tiles;
     const RouteTile rt = FindTile(R, args.eb, args.ee, j);
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
     const uint8_t* ex = args.base + static_cast<int64_t>(rt.expert - args.eb) * L.expert_bytes;
-    float acc[2][4][4] = {};
+    float acc[kMi][kNi][4] = {};
     CpAsyncPipeline<kStages>(
         nk,
         [&](int stage, int64_t kb) {
@@ -301,17 +301,17 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         },
         [&](int stage, int64_t) {
-          ConsumeStage(smem + stage * kStageBytes, wm, brow, lane, acc);
+          ConsumeStage(smem + stage * kStageBytes, brow, lane, acc);
         });
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
+    for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = wm * 32 + mi * 16 + g + hr * 8;
+        const int r = mi * 16 + g + hr * 8;
         if (r >= rt.rows) continue;
         float* yrow = args.y + static_cast<int64_t>(s_slot[r]) * dim + n0;
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
+        for (int ni = 0; ni < kNi; ++ni) {
           float v0 = acc[mi][ni][hr * 2], v1 = acc[mi][ni][hr * 2 + 1];
           if (args.round_output) {
             v0 = RoundBf16(v0);
