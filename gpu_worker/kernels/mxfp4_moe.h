@@ -12,17 +12,25 @@
 //   MoeCombineRoutes(y)                             sum[t] = Σ over t's routes, ascending expert
 //
 // Numerics. Linear4 (spec §5.2) is y[n] = Σ_g (Σ_{i∈g} q_i·e2m1_{n,i}) · s_act · 2^(S_w[n,g]−127)
-// with fp32 accumulation and a bf16 result. Here every e4m3 activation code times its power-of-two
-// block scale and every e2m1 weight code times its ue8m0 scale is decoded in registers to a bf16
-// holding that exact value (e4m3 has 3 mantissa bits, e2m1 1, bf16 7, with fp32's exponent range),
-// and the products are summed by m16n8k16 mma.sync bf16 with fp32 accumulation (sm_80+, no FP8
-// instructions). Every product is exact; the sums differ from Linear4's only in fp32 summation
-// order, and the outputs are rounded to bf16 where Linear4 rounds. The expert follows spec §3.11:
+// with fp32 accumulation and a bf16 result. Here the activations are the bf16 values
+// FakeQuantE4m3 gives (e4m3 code times block scale, exact in bf16), every e2m1 weight code is
+// decoded in registers to the bf16 of its value (exact), and the products are summed by m16n8k16
+// mma.sync bf16 with fp32 accumulation (sm_80+, no FP8 instructions). Every product is exact. As
+// in Linear4, each 32-wide K group's products are summed on their own (two mmas from zero: the
+// group partial, which Linear4 forms exactly and rounds once), multiplied by the weight's ue8m0
+// scale and added to the fp32 accumulator in K order (one fma: the product by a power of two is
+// exact, so that is Linear4's multiply then add unless it falls below fp32's normal range); the
+// outputs are rounded to bf16 where Linear4 rounds. The expert follows spec §3.11:
 //   g = fp32(bf16(Linear4(x; w1))), u = fp32(bf16(Linear4(x; w3))), g = min(g, limit),
 //   u = clamp(u, ±limit), a = silu(g)·u·w_route (fp32), y = Linear4(bf16(a); w2) (bf16 when
 //   round_output_bf16, else fp32: a partial of a split expert),
 // and the combine adds each token's route outputs in fp32 in ascending expert-id order (the
-// demo's order), so the only differences to the CPU reference are the GEMMs' summation orders.
+// demo's order). The differences to the CPU reference: the tensor cores' summation of a group's 32
+// products (Linear4 rounds their exact sum once; the tensor cores' internal rounding is the
+// hardware's) and silu's exp, CUDA's expf where the reference calls glibc's (as swiglu.cu).
+// Measured on the H200 (compute_86 PTX on sm_90's tensor cores) at Flash shapes (dim 4096,
+// I 2048, 512 tokens, top-6 of 16 experts): every output bit-identical to model::RoutedSum
+// (mxfp4_moe_test); an SM 8.6 card's tensor cores may round a group partial differently.
 //
 // Determinism: every route's row is computed by one fixed sequence of operations whatever the
 // other routes are (no atomics in any sum), so a step's results do not depend on the grid's
@@ -32,7 +40,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
+#include "gpu_worker/kernels/shared_memory.h"
 #include "gpu_worker/kernels/types.h"
 
 namespace ss::cuda {
@@ -43,6 +53,8 @@ inline constexpr int kMxfp4MoeMaxParts = 8;
 inline constexpr int kMxfp4MoeMaxExperts = 1024;
 // Rows of one tile of routes in the grouped GEMMs: MoeRouting::tile_offsets counts tiles of it.
 inline constexpr int kMxfp4MoeTileRoutes = 64;
+// Most routes per token (K) every entry point takes.
+inline constexpr int kMxfp4MoeMaxTopK = 16;
 
 // Where the weights of the experts of one group are in device memory. Expert e of the group
 // [expert_begin, expert_end) starts at `base + (e − expert_begin)·expert_bytes`. Its rows of the
@@ -56,6 +68,9 @@ inline constexpr int kMxfp4MoeTileRoutes = 64;
 //   w2_scale[p]:              ue8m0 scales of w2: row n's group g at
 //                             w2_scale[p] + n·w2_scale_stride + w2_scale_col0 + g
 //                             (the part may be a column range of a wider slice's scales)
+// Alignment: expert_bytes and every w1/w3/w2 offset a multiple of 16, every scale offset,
+// w2_scale_stride and w2_scale_col0 a multiple of 4 (base 16-byte aligned); else
+// cudaErrorInvalidValue.
 // tile_rows 0: every matrix row-major (row r at r·row_bytes). tile_rows 8 or 16: TILED as
 // ExpertSliceView::tile_rows — tile t of tile_rows rows at t·tile_rows·row_bytes, inside it
 // K-block kb (128 elements, 64 bytes) of its row j at kb·tile_rows·64 + j·64.
@@ -83,12 +98,14 @@ struct MoeRouting {
   float* route_weight = nullptr;    // [T·K]: its routing weight
   void* scratch = nullptr;          // MoeRoutingScratchBytes(T, K, E)
 };
-// At most 64·(E + 1) + 8·T·K bytes (the memory plan counts that bound).
+// At most 64·(E + 1) + 8·T·K bytes (the memory plan counts that bound). The present kernels
+// need none (0; scratch may be null).
 int64_t MoeRoutingScratchBytes(int64_t T, int K, int E);
 
 // Sorts the routes by expert: ids [T, K] (the router's; an id outside [expert_begin, expert_end)
 // — another TP rank's expert, or −1 — is not routed here) and weights [T, K] fp32. Within an
-// expert the routes keep token order. E <= kMxfp4MoeMaxExperts.
+// expert the routes keep token order. E <= kMxfp4MoeMaxExperts, 1 <= K <= kMxfp4MoeMaxTopK,
+// T·K < 2^31. One block (a counting sort without atomics); T = 0 still writes zero offsets.
 struct MoeBuildRoutingParams {
   const int32_t* ids = nullptr;
   const float* weights = nullptr;
@@ -109,7 +126,13 @@ cudaError_t FakeQuantE4m3(const bf16_t* x, int64_t rows, int64_t n, bf16_t* y,
 // The experts [expert_begin, expert_end) of one layer for their routes: for each route i of such
 // an expert (sorted position i, MoeRouting), y[route_slot[i]] = the expert's output for token
 // route_token[i] (see Numerics), [dim] fp32. Rows of y for routes to other experts are not
-// touched. Workspace h: [T·K, parts·part_inter] bf16 (the activations a, at sorted positions).
+// touched. Workspace h: [T·K, parts·part_inter] bf16 (the activations a, at sorted positions;
+// rows of the group's routes are overwritten with bf16(a), then with their e4m3 quantisation).
+// Three kernels: the up GEMM (w1, w3, SwiGLU, routing weight; 64 routes x 64 intermediate rows a
+// work item), FakeQuantE4m3 of the group's rows of h, the down GEMM (64 routes x 128 features);
+// each a grid of at most 1024 blocks striding over the work items the routing gives. xq, h, base
+// 16-byte aligned, y 8-byte aligned; 1 <= K <= kMxfp4MoeMaxTopK. The GEMMs take 91.5 KiB of
+// dynamic shared memory: PrepareKernels (prepare.h) must have run on the device.
 // Launch sizes are fixed by T·K and the group's expert count (no host reads of the routing), so
 // the call is safe under graph capture; a group with no routes does nothing on the device
 // beyond the launch.
@@ -129,7 +152,8 @@ struct Mxfp4MoeGroupParams {
 cudaError_t Mxfp4MoeGroup(const Mxfp4MoeGroupParams& p, cudaStream_t stream);
 
 // sum[t, :] = Σ_k fp32 y[t·K + k, :] over t's routes to experts in [expert_begin, expert_end),
-// added in ascending expert-id order (ties: ascending k); a token with none gets 0.
+// added in ascending expert-id order (ties: ascending k); a token with none gets 0. dim a
+// multiple of 4, y and sum 16-byte aligned, 1 <= K <= kMxfp4MoeMaxTopK.
 struct MoeCombineRoutesParams {
   const float* y = nullptr;      // [T·K, dim]
   const int32_t* ids = nullptr;  // [T, K]
@@ -141,8 +165,11 @@ struct MoeCombineRoutesParams {
 };
 cudaError_t MoeCombineRoutes(const MoeCombineRoutesParams& p, cudaStream_t stream);
 
+// The opt-ins of Mxfp4MoeGroup's GEMM kernels, for PrepareKernels.
+std::vector<SharedMemoryOptIn> Mxfp4MoeOptIns();
+
 const void* MoeBuildRoutingKernel();
-const void* FakeQuantE4m3Kernel();
+const void* FakeQuantE4m3Kernel();     // also Mxfp4MoeGroup's quantisation of h
 const void* Mxfp4MoeGemmUpKernel();    // w1/w3, SwiGLU, routing weight
 const void* Mxfp4MoeGemmDownKernel();  // w2
 const void* MoeCombineRoutesKernel();

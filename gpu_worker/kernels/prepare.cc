@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/kernels/fp8_gemm.h"
 #include "gpu_worker/kernels/head.h"
+#include "gpu_worker/kernels/mxfp4_moe.h"
 #include "gpu_worker/kernels/output_projection.h"
 #include "gpu_worker/kernels/paged_kv.h"
 #include "gpu_worker/kernels/shared_memory.h"
@@ -16,7 +17,7 @@ namespace ss::cuda {
 absl::Status PrepareKernels() {
   for (const std::vector<SharedMemoryOptIn>& family :
        {Fp8GemmOptIns(), GroupedOutputProjectionOptIns(), LinearBf16F32OptIns(),
-        KvSparseAttentionOptIns()}) {
+        KvSparseAttentionOptIns(), Mxfp4MoeOptIns()}) {
     for (const SharedMemoryOptIn& o : family) {
       const cudaError_t e = OptInSharedMemory(o.kernel, o.bytes);
       if (e != cudaSuccess) {

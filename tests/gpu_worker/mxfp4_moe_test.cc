@@ -1,0 +1,423 @@
+// The streamed-expert kernels (gpu_worker/kernels/mxfp4_moe.h) against the CPU reference's routed
+// sum (model::RoutedSum on the same MXFP4 experts, inputs and routing): small shapes at every
+// weight layout (row-major, tiled 8 and 16) and top-k, intermediate-dimension parts, expert-range
+// masking, groups, repeatability, and Flash shapes (dim 4096, I 2048) with rms_rel and the
+// bit-identical fraction printed. Without a CUDA device every GPU test skips with a message; the
+// argument checks run anywhere.
+#include "gpu_worker/kernels/mxfp4_moe.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/golden/golden.h"
+#include "common/model/moe.h"
+#include "common/model/weights.h"
+#include "common/model_config.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_test_util.h"
+
+namespace ss::cuda {
+namespace {
+
+using namespace testing_util;  // NOLINT: the shared GPU test helpers
+
+// A layer's experts in the checkpoint's layout on the host.
+struct HostExperts {
+  int64_t dim = 0, inter = 0;
+  int E = 0;
+  std::vector<std::vector<uint8_t>> w1, w1s, w3, w3s, w2, w2s;  // per expert
+};
+
+HostExperts RandomExperts(int64_t dim, int64_t inter, int E, uint64_t seed) {
+  HostExperts h;
+  h.dim = dim;
+  h.inter = inter;
+  h.E = E;
+  std::mt19937_64 rng(seed);
+  const auto bytes = [&](int64_t n) {
+    std::vector<uint8_t> v(n);
+    for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
+    return v;
+  };
+  // Scales 2^-10 .. 2^-6 keep the gate/up sums near 1 for unit inputs.
+  const auto scales = [&](int64_t n) {
+    std::vector<uint8_t> v(n);
+    for (uint8_t& b : v) b = static_cast<uint8_t>(117 + rng() % 5);
+    return v;
+  };
+  for (int e = 0; e < E; ++e) {
+    h.w1.push_back(bytes(inter * dim / 2));
+    h.w1s.push_back(scales(inter * dim / 32));
+    h.w3.push_back(bytes(inter * dim / 2));
+    h.w3s.push_back(scales(inter * dim / 32));
+    h.w2.push_back(bytes(dim * inter / 2));
+    h.w2s.push_back(scales(dim * inter / 32));
+  }
+  return h;
+}
+
+model::MoeWeights ReferenceWeights(const HostExperts& h) {
+  model::MoeWeights w;
+  for (int e = 0; e < h.E; ++e) {
+    model::ExpertWeights x;
+    x.w1 = {h.w1[e].data(), h.w1s[e].data(), h.inter, h.dim};
+    x.w3 = {h.w3[e].data(), h.w3s[e].data(), h.inter, h.dim};
+    x.w2 = {h.w2[e].data(), h.w2s[e].data(), h.dim, h.inter};
+    w.experts.push_back(x);
+  }
+  return w;
+}
+
+// rows x row_bytes into the tiled order of Mxfp4ExpertLayout::tile_rows (0: as is).
+std::vector<uint8_t> Tiled(const std::vector<uint8_t>& m, int64_t rows, int64_t rb, int64_t tr) {
+  if (tr == 0) return m;
+  std::vector<uint8_t> out(m.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t kb = 0; kb < rb / 64; ++kb) {
+      std::memcpy(out.data() + (r / tr) * tr * rb + kb * tr * 64 + (r % tr) * 64,
+                  m.data() + r * rb + kb * 64, 64);
+    }
+  }
+  return out;
+}
+
+// The device copy of experts [e0, e1): per expert `parts` ranges of part_inter intermediate rows
+// from row i0, tiled by tile_rows; w2's scales stay one full [dim, I/32] matrix with `pad` bytes
+// either side of each row (so the parts read it through w2_scale_stride and w2_scale_col0).
+struct DeviceStore {
+  Mxfp4ExpertLayout layout;
+  std::vector<uint8_t> bytes;
+};
+
+DeviceStore BuildStore(const HostExperts& h, int e0, int e1, int64_t i0, int64_t part_inter,
+                       int parts, int64_t tile_rows, int64_t pad) {
+  DeviceStore s;
+  Mxfp4ExpertLayout& L = s.layout;
+  L.dim = h.dim;
+  L.part_inter = part_inter;
+  L.parts = parts;
+  L.tile_rows = tile_rows;
+  L.w2_scale_stride = h.inter / 32 + 2 * pad;
+  L.w2_scale_col0 = pad + i0 / 32;
+  const int64_t dim = h.dim;
+  std::vector<uint8_t> one;  // one expert's bytes
+  const auto put = [&](const std::vector<uint8_t>& v) {
+    const int64_t off = static_cast<int64_t>(one.size());
+    one.insert(one.end(), v.begin(), v.end());
+    one.resize((one.size() + 15) / 16 * 16, 0);
+    return off;
+  };
+  for (int e = e0; e < e1; ++e) {
+    one.clear();
+    for (int p = 0; p < parts; ++p) {
+      const int64_t r0 = i0 + p * part_inter;
+      const auto rows = [&](const std::vector<uint8_t>& m, int64_t rb) {
+        return std::vector<uint8_t>(m.begin() + r0 * rb, m.begin() + (r0 + part_inter) * rb);
+      };
+      L.w1[p] = put(Tiled(rows(h.w1[e], dim / 2), part_inter, dim / 2, tile_rows));
+      L.w1_scale[p] = put(rows(h.w1s[e], dim / 32));
+      L.w3[p] = put(Tiled(rows(h.w3[e], dim / 2), part_inter, dim / 2, tile_rows));
+      L.w3_scale[p] = put(rows(h.w3s[e], dim / 32));
+      std::vector<uint8_t> w2(dim * part_inter / 2);
+      for (int64_t n = 0; n < dim; ++n) {
+        std::memcpy(w2.data() + n * part_inter / 2, h.w2[e].data() + n * h.inter / 2 + r0 / 2,
+                    part_inter / 2);
+      }
+      L.w2[p] = put(Tiled(w2, dim, part_inter / 2, tile_rows));
+    }
+    std::vector<uint8_t> s2(dim * L.w2_scale_stride, 127);
+    for (int64_t n = 0; n < dim; ++n) {
+      std::memcpy(s2.data() + n * L.w2_scale_stride + pad, h.w2s[e].data() + n * h.inter / 32,
+                  h.inter / 32);
+    }
+    const int64_t s2off = put(s2);
+    for (int p = 0; p < parts; ++p) L.w2_scale[p] = s2off + p * part_inter / 32;
+    if (e == e0) L.expert_bytes = static_cast<int64_t>(one.size());
+    EXPECT_EQ(static_cast<int64_t>(one.size()), L.expert_bytes);
+    s.bytes.insert(s.bytes.end(), one.begin(), one.end());
+  }
+  return s;
+}
+
+// Top-k of E distinct experts per token with weights in [0.2, 1.7).
+model::RouterResult RandomRouting(int64_t T, int K, int E, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  model::RouterResult r;
+  std::vector<int32_t> all(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int k = 0; k < K; ++k) {
+      r.indices.push_back(all[k]);
+      r.weights.push_back(0.2f + 1.5f * static_cast<float>(rng() % 1000) / 1000.0f);
+    }
+  }
+  return r;
+}
+
+// The reference: RoutedSum over the routes to experts in [eb, ee) (others set to −1).
+std::vector<float> Reference(const HostExperts& h, const std::vector<float>& x,
+                             model::RouterResult r, int64_t T, int K, int eb, int ee,
+                             float limit) {
+  for (int32_t& id : r.indices) {
+    if (id < eb || id >= ee) id = -1;
+  }
+  ModelConfig c;
+  c.dim = h.dim;
+  c.n_routed_experts = h.E;
+  c.n_activated_experts = K;
+  c.moe_inter_dim = h.inter;
+  c.swiglu_limit = limit;
+  std::vector<float> acc(T * h.dim);
+  model::RoutedSum(ReferenceWeights(h), c, x.data(), r, T, acc.data());
+  // The comparisons mean something only where the reference is not all zeros.
+  if (eb < ee) {
+    EXPECT_TRUE(std::any_of(acc.begin(), acc.end(), [](float v) { return v != 0.0f; }));
+  }
+  return acc;
+}
+
+// One group of the layer: experts [e0, e1) stored as `store`.
+struct GroupRun {
+  int e0, e1;
+  const DeviceStore* store;
+};
+
+// The streamed path on the device for inputs x [T, dim] and routing r: routing, the input's
+// quantisation, each group, the combine of the routes to [eb, ee); returns sum [T, dim].
+std::vector<float> RunDevice(const std::vector<float>& x, const model::RouterResult& r, int64_t T,
+                             int K, int E, int eb, int ee, const std::vector<GroupRun>& groups,
+                             float limit, bool round_output) {
+  const int64_t dim = groups.at(0).store->layout.dim;
+  const int64_t hw = groups[0].store->layout.parts * groups[0].store->layout.part_inter;
+  const int64_t TK = T * K;
+  DeviceBuffer<uint16_t> xd(ToBf16(x)), xq(T * dim), h(std::max<int64_t>(TK * hw, 1));
+  DeviceBuffer<int32_t> ids(r.indices);
+  DeviceBuffer<float> wts(r.weights), y(std::max<int64_t>(TK * dim, 1)), sum(T * dim);
+  DeviceBuffer<int32_t> offsets(E + 1), tile_offsets(E + 1), tok(std::max<int64_t>(TK, 1)),
+      slot(std::max<int64_t>(TK, 1));
+  DeviceBuffer<float> rw(std::max<int64_t>(TK, 1));
+  MoeRouting routing{offsets.get(), tile_offsets.get(), tok.get(), slot.get(), rw.get(), nullptr};
+  MoeBuildRoutingParams bp;
+  bp.ids = ids.get();
+  bp.weights = wts.get();
+  bp.T = T;
+  bp.K = K;
+  bp.E = E;
+  bp.expert_begin = eb;
+  bp.expert_end = ee;
+  bp.routing = routing;
+  EXPECT_EQ(MoeBuildRouting(bp, nullptr), cudaSuccess);
+  EXPECT_EQ(FakeQuantE4m3(AsBf16(xd.get()), T, dim, AsBf16(xq.get()), nullptr), cudaSuccess);
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> stores;
+  for (const GroupRun& g : groups) {
+    stores.push_back(std::make_unique<DeviceBuffer<uint8_t>>(g.store->bytes));
+    Mxfp4MoeGroupParams p;
+    p.routing = routing;
+    p.T = T;
+    p.K = K;
+    p.expert_begin = std::max(g.e0, eb);
+    p.expert_end = std::min(g.e1, ee);
+    if (p.expert_begin >= p.expert_end) continue;
+    p.base = stores.back()->get() + (p.expert_begin - g.e0) * g.store->layout.expert_bytes;
+    p.layout = g.store->layout;
+    p.xq = AsBf16(xq.get());
+    p.h = AsBf16(h.get());
+    p.y = y.get();
+    p.limit = limit;
+    p.round_output_bf16 = round_output;
+    EXPECT_EQ(Mxfp4MoeGroup(p, nullptr), cudaSuccess);
+  }
+  MoeCombineRoutesParams cp;
+  cp.y = y.get();
+  cp.ids = ids.get();
+  cp.T = T;
+  cp.K = K;
+  cp.dim = dim;
+  cp.expert_begin = eb;
+  cp.expert_end = ee;
+  cp.sum = sum.get();
+  EXPECT_EQ(MoeCombineRoutes(cp, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return sum.Get();
+}
+
+bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class Mxfp4MoeTest : public GpuTest {};
+
+TEST_F(Mxfp4MoeTest, KernelsRunFromCompute86Ptx) {
+  ExpectCompute86Ptx({{"MoeBuildRouting", MoeBuildRoutingKernel()},
+                      {"FakeQuantE4m3", FakeQuantE4m3Kernel()},
+                      {"Mxfp4MoeGemmUp", Mxfp4MoeGemmUpKernel()},
+                      {"Mxfp4MoeGemmDown", Mxfp4MoeGemmDownKernel()},
+                      {"MoeCombineRoutes", MoeCombineRoutesKernel()}});
+}
+
+// Small shapes: every layout, top-k and token count against the reference.
+TEST_F(Mxfp4MoeTest, SmallShapesMatchTheReference) {
+  const int64_t dim = 256, inter = 256;
+  const int E = 8;
+  const float limit = 10.0f;
+  const HostExperts hx = RandomExperts(dim, inter, E, 11);
+  std::vector<DeviceStore> stores;
+  for (int64_t tr : {0, 8, 16}) stores.push_back(BuildStore(hx, 0, E, 0, inter, 1, tr, 0));
+  for (int K : {2, 6}) {
+    for (int64_t T : {1, 5, 64, 300}) {
+      const std::vector<float> x = RandomBf16(T * dim, 1.0f, 100 + T * K);
+      const model::RouterResult r = RandomRouting(T, K, E, 200 + T * K);
+      const std::vector<float> ref = Reference(hx, x, r, T, K, 0, E, limit);
+      for (size_t s = 0; s < stores.size(); ++s) {
+        const std::vector<float> got =
+            RunDevice(x, r, T, K, E, 0, E, {{0, E, &stores[s]}}, limit, true);
+        const golden::Closeness c =
+            Report("small T=" + std::to_string(T) + " K=" + std::to_string(K) +
+                       " tile_rows=" + std::to_string(stores[s].layout.tile_rows),
+                   got, ref);
+        EXPECT_LE(c.rms_rel, 5e-3) << "T=" << T << " K=" << K << " store " << s;
+        EXPECT_GE(c.bit_identical, 0.8) << "T=" << T << " K=" << K << " store " << s;
+        if (s > 0) {
+          EXPECT_TRUE(BitIdentical(got, RunDevice(x, r, T, K, E, 0, E, {{0, E, &stores[0]}},
+                                                  limit, true)))
+              << "tiled and row-major layouts differ, T=" << T << " K=" << K;
+        }
+      }
+    }
+  }
+}
+
+// Ids outside [expert_begin, expert_end) are not routed: the sum is the reference's over the
+// routes inside; several groups give the bits one group gives; a second run repeats them.
+TEST_F(Mxfp4MoeTest, ExpertRangeGroupsAndRepeatability) {
+  const int64_t dim = 256, inter = 256, T = 300;
+  const int E = 8, K = 4;
+  const float limit = 7.0f;
+  const HostExperts hx = RandomExperts(dim, inter, E, 21);
+  const std::vector<float> x = RandomBf16(T * dim, 1.0f, 22);
+  const model::RouterResult r = RandomRouting(T, K, E, 23);
+  const DeviceStore all = BuildStore(hx, 0, E, 0, inter, 1, 16, 0);
+  const int eb = 2, ee = 7;
+  const std::vector<float> ref = Reference(hx, x, r, T, K, eb, ee, limit);
+  const std::vector<float> one = RunDevice(x, r, T, K, E, eb, ee, {{0, E, &all}}, limit, true);
+  const golden::Closeness c = Report("expert range [2, 7)", one, ref);
+  EXPECT_LE(c.rms_rel, 5e-3);
+  EXPECT_GE(c.bit_identical, 0.8);
+  const DeviceStore g0 = BuildStore(hx, 0, 3, 0, inter, 1, 16, 0);
+  const DeviceStore g1 = BuildStore(hx, 3, 4, 0, inter, 1, 16, 0);
+  const DeviceStore g2 = BuildStore(hx, 4, 8, 0, inter, 1, 16, 0);
+  const std::vector<float> several =
+      RunDevice(x, r, T, K, E, eb, ee, {{0, 3, &g0}, {3, 4, &g1}, {4, 8, &g2}}, limit, true);
+  EXPECT_TRUE(BitIdentical(one, several)) << "three groups differ from one";
+  EXPECT_TRUE(BitIdentical(one, RunDevice(x, r, T, K, E, eb, ee, {{0, E, &all}}, limit, true)))
+      << "a second run differs";
+  // A token with no route in range sums to 0.
+  const std::vector<float> none = RunDevice(x, r, T, K, E, 3, 3, {{0, E, &all}}, limit, true);
+  EXPECT_TRUE(std::all_of(none.begin(), none.end(), [](float v) { return v == 0.0f; }));
+}
+
+// Parts: the intermediate dimension as two parts in one call gives the whole expert's bits; two
+// calls on the halves (fp32 partials, the halves' w2 scales read through w2_scale_col0) sum to
+// the whole within the partials' rounding.
+TEST_F(Mxfp4MoeTest, PartsOfTheIntermediateDimension) {
+  const int64_t dim = 256, inter = 512, T = 64;
+  const int E = 4, K = 2;
+  const float limit = 10.0f;
+  const HostExperts hx = RandomExperts(dim, inter, E, 31);
+  const std::vector<float> x = RandomBf16(T * dim, 1.0f, 32);
+  const model::RouterResult r = RandomRouting(T, K, E, 33);
+  const std::vector<float> ref = Reference(hx, x, r, T, K, 0, E, limit);
+  const DeviceStore whole = BuildStore(hx, 0, E, 0, inter, 1, 0, 4);
+  const DeviceStore two = BuildStore(hx, 0, E, 0, inter / 2, 2, 8, 4);
+  const std::vector<float> w = RunDevice(x, r, T, K, E, 0, E, {{0, E, &whole}}, limit, true);
+  Report("parts=1 I=512", w, ref);
+  const std::vector<float> p2 = RunDevice(x, r, T, K, E, 0, E, {{0, E, &two}}, limit, true);
+  const golden::Closeness c = Report("parts=2 I=512 (one call)", p2, ref);
+  EXPECT_LE(c.rms_rel, 5e-3);
+  EXPECT_TRUE(BitIdentical(w, p2)) << "two parts in one call differ from the whole";
+  const DeviceStore lo = BuildStore(hx, 0, E, 0, inter / 2, 1, 16, 4);
+  const DeviceStore hi = BuildStore(hx, 0, E, inter / 2, inter / 2, 1, 0, 0);
+  const std::vector<float> wf = RunDevice(x, r, T, K, E, 0, E, {{0, E, &whole}}, limit, false);
+  const std::vector<float> a = RunDevice(x, r, T, K, E, 0, E, {{0, E, &lo}}, limit, false);
+  const std::vector<float> b = RunDevice(x, r, T, K, E, 0, E, {{0, E, &hi}}, limit, false);
+  std::vector<float> halves(a.size());
+  for (size_t i = 0; i < a.size(); ++i) halves[i] = a[i] + b[i];
+  const golden::Closeness ch = Report("two half slices (fp32 partials) vs whole fp32", halves, wf);
+  EXPECT_LE(ch.rms_rel, 1e-5);
+  const golden::Closeness cr = Report("two half slices vs reference", halves, ref);
+  EXPECT_LE(cr.rms_rel, 5e-3);
+}
+
+// Flash shapes: dim 4096, I 2048, 16 experts, top-6 of 512 tokens (about 192 routes each).
+TEST_F(Mxfp4MoeTest, FlashShapesMatchTheReference) {
+  const int64_t dim = 4096, inter = 2048, T = 512;
+  const int E = 16, K = 6;
+  const float limit = 10.0f;
+  const HostExperts hx = RandomExperts(dim, inter, E, 41);
+  const std::vector<float> x = RandomBf16(T * dim, 1.0f, 42);
+  const model::RouterResult r = RandomRouting(T, K, E, 43);
+  const std::vector<float> ref = Reference(hx, x, r, T, K, 0, E, limit);
+  const DeviceStore s = BuildStore(hx, 0, E, 0, inter, 1, 16, 0);
+  const std::vector<float> got = RunDevice(x, r, T, K, E, 0, E, {{0, E, &s}}, limit, true);
+  const golden::Closeness c = Report("Flash shapes dim=4096 I=2048 E=16 T=512 K=6", got, ref);
+  EXPECT_LE(c.rms_rel, 5e-3);
+  EXPECT_GE(c.bit_identical, 0.8);
+  const DeviceStore rm = BuildStore(hx, 0, E, 0, inter, 1, 0, 0);
+  EXPECT_TRUE(BitIdentical(got, RunDevice(x, r, T, K, E, 0, E, {{0, E, &rm}}, limit, true)))
+      << "row-major and tiled layouts differ at Flash shapes";
+}
+
+// Arguments outside the stated limits are refused before anything is launched (runs anywhere).
+TEST(Mxfp4MoeArgsTest, OutOfLimitArgumentsAreRefused) {
+  Mxfp4MoeGroupParams p;
+  p.T = 4;
+  p.K = 2;
+  p.expert_begin = 0;
+  p.expert_end = 1;
+  p.layout.dim = 256;
+  p.layout.part_inter = 256;
+  p.layout.w2_scale_stride = 8;
+  Mxfp4MoeGroupParams empty = p;  // no experts: nothing to launch
+  empty.expert_end = empty.expert_begin;
+  EXPECT_EQ(Mxfp4MoeGroup(empty, nullptr), cudaSuccess);
+  Mxfp4MoeGroupParams bad = p;
+  bad.layout.dim = 200;
+  EXPECT_EQ(Mxfp4MoeGroup(bad, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.layout.tile_rows = 4;
+  EXPECT_EQ(Mxfp4MoeGroup(bad, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.layout.parts = kMxfp4MoeMaxParts + 1;
+  EXPECT_EQ(Mxfp4MoeGroup(bad, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.layout.w2_scale_col0 = 2;
+  bad.layout.w2_scale_stride = 16;
+  EXPECT_EQ(Mxfp4MoeGroup(bad, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.K = kMxfp4MoeMaxTopK + 1;
+  EXPECT_EQ(Mxfp4MoeGroup(bad, nullptr), cudaErrorInvalidValue);
+  MoeBuildRoutingParams bp;
+  bp.T = 1;
+  bp.K = 2;
+  bp.E = kMxfp4MoeMaxExperts + 1;
+  bp.expert_end = 1;
+  EXPECT_EQ(MoeBuildRouting(bp, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(FakeQuantE4m3(nullptr, 1, 100, nullptr, nullptr), cudaErrorInvalidValue);
+  MoeCombineRoutesParams cp;
+  cp.T = 1;
+  cp.K = 2;
+  cp.dim = 6;
+  EXPECT_EQ(MoeCombineRoutes(cp, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace ss::cuda
