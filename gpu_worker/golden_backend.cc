@@ -296,6 +296,8 @@ class CudaGolden final : public StagedGolden {
       o.experts = [c](int64_t layer) -> const model::RoutedExperts* {
         return c->remote(layer) ? c : nullptr;
       };
+      ASSIGN_OR_RETURN(std::vector<LayerExpertsConfig> layers, ParseExpertsSpec(experts_spec_));
+      o.expert_stores = ExpertStoresOf(ExpertSlicesForRank(layers, rank, tp_));
     }
 #endif
     return CudaBackend::Create(std::move(m), o);

@@ -207,20 +207,11 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     co.experts = [client](int64_t layer) -> const model::RoutedExperts* {
       return client->remote(layer) ? client.get() : nullptr;
     };
-    // The streamed path: its threshold, its ring and this rank's expert stores; the ring and a
-    // streamed step's workspace are kept free beside the KV pool, as the memory plan counts them.
+    // The streamed path: its threshold, its ring and this rank's expert stores (the backend
+    // allocates the ring and a streamed step's workspace before it fits the KV pool).
     co.gpu_prefill_threshold = c.gpu_prefill_threshold;
     co.gpu_prefill_ring_bytes = c.gpu_prefill_ring_bytes;
     co.expert_stores = ExpertStoresOf(o.experts);
-    const int64_t streamed_reserve = StreamedPathReserveBytes(
-        model->config(), co.gpu_prefill_ring_bytes, co.max_step_tokens, role.tp_size);
-    co.kv_reserve_bytes += streamed_reserve;
-    spdlog::info(
-        "streamed prefill: --gpu_prefill_threshold {}, ring {} MiB; {:.1f} MiB set aside beside "
-        "the KV pool for the ring and a {}-token streamed step's workspace; {} remote expert "
-        "layer(s) may stream from their stores",
-        co.gpu_prefill_threshold.ToString(), co.gpu_prefill_ring_bytes >> 20,
-        streamed_reserve / 1048576.0, co.max_step_tokens, co.expert_stores.size());
     co.tp_rank = role.tp_rank;
     co.tp_size = role.tp_size;
     co.comm = comm_ptr;

@@ -52,13 +52,6 @@ std::map<int64_t, ExpertLayerStores> ExpertStoresOf(const std::vector<LayerExper
   return out;
 }
 
-int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
-                                 int tp_size) {
-  if (ring_bytes <= 0) return 0;
-  return ring_bytes + StreamedMoeWorkspaceBytes(model, step_tokens,
-                                                CeilDiv(model.moe_inter_dim, int64_t{tp_size}));
-}
-
 absl::StatusOr<std::pair<int, int>> ParseLayerRange(absl::string_view spec) {
   ASSIGN_OR_RETURN(std::vector<int> layers, ParseLayerList(spec, "--layers"));
   for (size_t i = 1; i < layers.size(); ++i) {
