@@ -1,6 +1,5 @@
-#include "gpu_worker/kernels/mxfp4_moe.h"
-
 #include "gpu_worker/kernels/fp8_common.cuh"
+#include "gpu_worker/kernels/mxfp4_moe.h"
 #include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
@@ -167,8 +166,7 @@ __device__ __forceinline__ float RoundBf16(float v) { return Bf16ToF32(F32ToBf16
 
 // Up: for each work item (part p, 64 intermediate rows n0.., route tile), g = bf16(xq·w1ᵀ),
 // u = bf16(xq·w3ᵀ), h[pos, p·part_inter + n] = bf16(w_route · SwiGLU(g, u)).
-__global__ void __launch_bounds__(kThreads, 2)
-    Mxfp4MoeUpKernelImpl(const GroupArgs args) {
+__global__ void __launch_bounds__(kThreads, 2) Mxfp4MoeUpKernelImpl(const GroupArgs args) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int32_t s_tok[kBM];
   __shared__ float s_wt[kBM];
@@ -221,9 +219,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                      s + (n0 + (r & 63)) * sb + kb * 4);
           }
         },
-        [&](int stage, int64_t) {
-          ConsumeStage(smem + stage * kStageBytes, brow, lane, acc);
-        });
+        [&](int stage, int64_t) { ConsumeStage(smem + stage * kStageBytes, brow, lane, acc); });
     // Epilogue: tile 0 holds gate, tile 1 the up values of the same elements.
 #pragma unroll
     for (int mi = 0; mi < kMi; ++mi) {
@@ -249,8 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // Down: for each work item (128 output features n0.., route tile), y[slot, n] = (bf16 of, when
 // round_output) Σ_p h[pos, part p]·w2[p]ᵀ.
-__global__ void __launch_bounds__(kThreads, 2)
-    Mxfp4MoeDownKernelImpl(const GroupArgs args) {
+__global__ void __launch_bounds__(kThreads, 2) Mxfp4MoeDownKernelImpl(const GroupArgs args) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int32_t s_slot[kBM];
   const MoeRouting& R = args.routing;
@@ -295,14 +290,12 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
           if (threadIdx.x < kBRows) {
             const int r = threadIdx.x;
-            CpAsync4(st + kBM * kAPitch + kBRows * kBPitch + r * 4,
-                     ex + L.w2_scale[part] + (n0 + r) * L.w2_scale_stride + L.w2_scale_col0 +
-                         kbl * 4);
+            CpAsync4(
+                st + kBM * kAPitch + kBRows * kBPitch + r * 4,
+                ex + L.w2_scale[part] + (n0 + r) * L.w2_scale_stride + L.w2_scale_col0 + kbl * 4);
           }
         },
-        [&](int stage, int64_t) {
-          ConsumeStage(smem + stage * kStageBytes, brow, lane, acc);
-        });
+        [&](int stage, int64_t) { ConsumeStage(smem + stage * kStageBytes, brow, lane, acc); });
 #pragma unroll
     for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
@@ -328,8 +321,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // (row, 128-block), lane l holding elements 4l .. 4l+3. Rows [*row_lo, *row_hi) when row_lo is
 // set (the group's sorted positions), else [0, rows); a grid-stride loop over the warps.
 __global__ void __launch_bounds__(256)
-    FakeQuantE4m3KernelImpl(const uint16_t* x, int64_t rows, int64_t n, uint16_t* y, const int32_t* row_lo,
-                            const int32_t* row_hi) {
+    FakeQuantE4m3KernelImpl(const uint16_t* x, int64_t rows, int64_t n, uint16_t* y,
+                            const int32_t* row_lo, const int32_t* row_hi) {
   const int64_t lo = row_lo ? *row_lo : 0, hi = row_lo ? *row_hi : rows;
   const int64_t nb = n / 128, total = (hi - lo) * nb;
   const int lane = threadIdx.x & 31;
@@ -353,9 +346,8 @@ __global__ void __launch_bounds__(256)
       const uint8_t c = F32ToE4m3(fminf(fmaxf(__fmul_rn(v[j], inv), -448.0f), 448.0f));
       o[j] = F32ToBf16(__fmul_rn(E4m3ToF32(c), sc));
     }
-    *reinterpret_cast<uint2*>(y + off) =
-        make_uint2(o[0] | (static_cast<uint32_t>(o[1]) << 16),
-                   o[2] | (static_cast<uint32_t>(o[3]) << 16));
+    *reinterpret_cast<uint2*>(y + off) = make_uint2(o[0] | (static_cast<uint32_t>(o[1]) << 16),
+                                                    o[2] | (static_cast<uint32_t>(o[3]) << 16));
   }
 }
 
@@ -535,16 +527,16 @@ cudaError_t FakeQuantE4m3(const bf16_t* x, int64_t rows, int64_t n, bf16_t* y,
   if (rows == 0) return cudaSuccess;
   const int64_t warps = rows * (n / 128);
   const int64_t blocks = (warps + 7) / 8;
-  FakeQuantE4m3KernelImpl<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0,
-                            stream>>>(Raw(x), rows, n, Raw(y), nullptr, nullptr);
+  FakeQuantE4m3KernelImpl<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(
+      Raw(x), rows, n, Raw(y), nullptr, nullptr);
   return cudaGetLastError();
 }
 
 cudaError_t Mxfp4MoeGroup(const Mxfp4MoeGroupParams& p, cudaStream_t stream) {
   const Mxfp4ExpertLayout& L = p.layout;
-  if (p.T < 0 || p.K < 1 || p.K > kMaxTopK || p.expert_begin < 0 ||
-      p.expert_end < p.expert_begin || p.expert_end > kMxfp4MoeMaxExperts || !LayoutOk(L) ||
-      !Aligned(p.base, 16) || !Aligned(p.xq, 16) || !Aligned(p.h, 16) || !Aligned(p.y, 8)) {
+  if (p.T < 0 || p.K < 1 || p.K > kMaxTopK || p.expert_begin < 0 || p.expert_end < p.expert_begin ||
+      p.expert_end > kMxfp4MoeMaxExperts || !LayoutOk(L) || !Aligned(p.base, 16) ||
+      !Aligned(p.xq, 16) || !Aligned(p.h, 16) || !Aligned(p.y, 8)) {
     return cudaErrorInvalidValue;
   }
   const int64_t TK = p.T * p.K;
@@ -590,15 +582,17 @@ cudaError_t MoeCombineRoutes(const MoeCombineRoutesParams& p, cudaStream_t strea
 }
 
 std::vector<SharedMemoryOptIn> Mxfp4MoeOptIns() {
-  return {{"Mxfp4MoeGroup (up)", reinterpret_cast<const void*>(&Mxfp4MoeUpKernelImpl), kGemmSmem},
-          {"Mxfp4MoeGroup (down)", reinterpret_cast<const void*>(&Mxfp4MoeDownKernelImpl),
-           kGemmSmem}};
+  return {
+      {"Mxfp4MoeGroup (up)", reinterpret_cast<const void*>(&Mxfp4MoeUpKernelImpl), kGemmSmem},
+      {"Mxfp4MoeGroup (down)", reinterpret_cast<const void*>(&Mxfp4MoeDownKernelImpl), kGemmSmem}};
 }
 
 const void* MoeBuildRoutingKernel() {
   return reinterpret_cast<const void*>(&MoeBuildRoutingKernelImpl);
 }
-const void* FakeQuantE4m3Kernel() { return reinterpret_cast<const void*>(&FakeQuantE4m3KernelImpl); }
+const void* FakeQuantE4m3Kernel() {
+  return reinterpret_cast<const void*>(&FakeQuantE4m3KernelImpl);
+}
 const void* Mxfp4MoeGemmUpKernel() { return reinterpret_cast<const void*>(&Mxfp4MoeUpKernelImpl); }
 const void* Mxfp4MoeGemmDownKernel() {
   return reinterpret_cast<const void*>(&Mxfp4MoeDownKernelImpl);

@@ -120,8 +120,7 @@ cudaError_t MoeBuildRouting(const MoeBuildRoutingParams& p, cudaStream_t stream)
 // Linear4's activation quantisation (spec §5.2, as fp8_linear.h QuantizeActE4m3) returned as the
 // values it stands for: y = bf16(e4m3(clamp(x/s, ±448))·s) per 1x128 block (exact in bf16).
 // x, y: bf16 [rows, n], n a multiple of 128; y may alias x.
-cudaError_t FakeQuantE4m3(const bf16_t* x, int64_t rows, int64_t n, bf16_t* y,
-                          cudaStream_t stream);
+cudaError_t FakeQuantE4m3(const bf16_t* x, int64_t rows, int64_t n, bf16_t* y, cudaStream_t stream);
 
 // The experts [expert_begin, expert_end) of one layer for their routes: for each route i of such
 // an expert (sorted position i, MoeRouting), y[route_slot[i]] = the expert's output for token
@@ -143,10 +142,10 @@ struct Mxfp4MoeGroupParams {
   int expert_begin = 0, expert_end = 0;
   const uint8_t* base = nullptr;  // the group's weights (Mxfp4ExpertLayout)
   Mxfp4ExpertLayout layout;
-  const bf16_t* xq = nullptr;  // [T, dim], FakeQuantE4m3 of the MoE input
-  bf16_t* h = nullptr;         // [T·K, parts·part_inter] workspace
-  float* y = nullptr;          // [T·K, dim]
-  float limit = 10.0f;         // swiglu_limit
+  const bf16_t* xq = nullptr;     // [T, dim], FakeQuantE4m3 of the MoE input
+  bf16_t* h = nullptr;            // [T·K, parts·part_inter] workspace
+  float* y = nullptr;             // [T·K, dim]
+  float limit = 10.0f;            // swiglu_limit
   bool round_output_bf16 = true;  // y = fp32(bf16(...)): the expert is whole (parts cover I)
 };
 cudaError_t Mxfp4MoeGroup(const Mxfp4MoeGroupParams& p, cudaStream_t stream);

@@ -165,8 +165,7 @@ model::RouterResult RandomRouting(int64_t T, int K, int E, uint64_t seed) {
 
 // The reference: RoutedSum over the routes to experts in [eb, ee) (others set to −1).
 std::vector<float> Reference(const HostExperts& h, const std::vector<float>& x,
-                             model::RouterResult r, int64_t T, int K, int eb, int ee,
-                             float limit) {
+                             model::RouterResult r, int64_t T, int K, int eb, int ee, float limit) {
   for (int32_t& id : r.indices) {
     if (id < eb || id >= ee) id = -1;
   }
@@ -287,8 +286,8 @@ TEST_F(Mxfp4MoeTest, SmallShapesMatchTheReference) {
         EXPECT_LE(c.rms_rel, 5e-3) << "T=" << T << " K=" << K << " store " << s;
         EXPECT_GE(c.bit_identical, 0.8) << "T=" << T << " K=" << K << " store " << s;
         if (s > 0) {
-          EXPECT_TRUE(BitIdentical(got, RunDevice(x, r, T, K, E, 0, E, {{0, E, &stores[0]}},
-                                                  limit, true)))
+          EXPECT_TRUE(
+              BitIdentical(got, RunDevice(x, r, T, K, E, 0, E, {{0, E, &stores[0]}}, limit, true)))
               << "tiled and row-major layouts differ, T=" << T << " K=" << K;
         }
       }
