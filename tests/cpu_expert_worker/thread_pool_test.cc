@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/shm_segment.h"
 #include "cpu_expert_worker/numa.h"
 
 namespace ss::expert {
@@ -295,6 +298,50 @@ TEST(NodeMemory, BoundWhereAllowedUnboundAndUsableWhereRefused) {
   NodeMemory moved = std::move(*missing);
   EXPECT_EQ(missing->data(), nullptr);
   EXPECT_EQ(moved.data()[12345], 7);
+}
+
+// A shared segment: created 0600 with this process as its owner, the same binding rules, counted
+// in the resident set once touched, unlinked by its owner alone (a move hands the name over).
+TEST(NodeMemory, SharedSegmentIsOwnedAndUnlinkedByItsHolder) {
+  const std::string name = "/ss-test-nodemem-" + std::to_string(::getpid());
+  const std::string path = "/dev/shm" + name;
+  auto topo = NumaTopology::Discover();
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  NodeMemoryOptions o;
+  o.topology = topo->get();
+  o.node = *(*topo)->ResolveNode(-1);
+  o.shm_name = name;
+  o.shm_kind = {0x5453455445444f4eull, "test segment"};
+  auto m = AllocateNodeMemory(6 << 20, o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->shm_name(), name);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data()) % (2 << 20), 0u);  // huge-page aligned
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), m->size());
+  const auto* owner = reinterpret_cast<const ShmOwnerPrefix*>(m->data());
+  EXPECT_EQ(owner->magic, 0u);  // the caller publishes
+  EXPECT_EQ(owner->owner_pid, ::getpid());
+  EXPECT_EQ(owner->owner_start_time, ProcessStartTime(::getpid()));
+  const int64_t before = ResidentBytes();
+  std::memset(m->data() + 4096, 3, m->size() - 4096);
+  EXPECT_GE(ResidentBytes() - before, 5 << 20);
+  EXPECT_GE(m->HugePageBytes(), 0);
+  // The name is taken while its owner lives.
+  EXPECT_EQ(AllocateNodeMemory(1 << 20, o).status().code(), absl::StatusCode::kAlreadyExists);
+  NodeMemory moved = std::move(*m);
+  *m = NodeMemory();  // releasing the moved-from holder unlinks nothing
+  EXPECT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(moved.data()[4096], 3);
+  moved = NodeMemory();
+  EXPECT_NE(::stat(path.c_str(), &st), 0);
+  // More than /dev/shm holds: ResourceExhausted, nothing left behind.
+  struct statvfs vfs;
+  ASSERT_EQ(::statvfs("/dev/shm", &vfs), 0);
+  auto huge = AllocateNodeMemory(static_cast<size_t>(vfs.f_blocks) * vfs.f_frsize * 2, o);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(::stat(path.c_str(), &st), 0);
 }
 
 TEST(ResidentBytes, TracksTouchedMemory) {
