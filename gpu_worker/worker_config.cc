@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/int_math.h"
 #include "common/layer_list.h"
 #include "common/status.h"
 
@@ -50,13 +49,6 @@ std::map<int64_t, ExpertLayerStores> ExpertStoresOf(const std::vector<LayerExper
     for (const ExpertEndpointConfig* e : eps) s.shm_names.push_back(e->shm_name);
   }
   return out;
-}
-
-int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
-                                 int tp_size) {
-  if (ring_bytes <= 0) return 0;
-  return ring_bytes + StreamedMoeWorkspaceBytes(model, step_tokens,
-                                                CeilDiv(model.moe_inter_dim, int64_t{tp_size}));
 }
 
 absl::StatusOr<std::pair<int, int>> ParseLayerRange(absl::string_view spec) {

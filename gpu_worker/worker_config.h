@@ -141,12 +141,6 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& flags);
 // (no endpoints, slice count 0) have no entry.
 std::map<int64_t, ExpertLayerStores> ExpertStoresOf(const std::vector<LayerExpertsConfig>& layers);
 
-// The device bytes the streamed path sets aside on a GPU beside its KV pool: the ring plus the
-// workspace of a streamed step of step_tokens rows over this rank's share of the intermediate
-// dimension (⌈moe_inter_dim / tp_size⌉, as memory_plan.h counts it); 0 when ring_bytes is 0.
-int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
-                                 int tp_size);
-
 // "a-b" (inclusive) or "a" -> [a, b + 1).
 absl::StatusOr<std::pair<int, int>> ParseLayerRange(absl::string_view spec);
 

@@ -678,18 +678,5 @@ TEST(GpuWorkerConfig, ExpertStoresOfTheRanksSlices) {
   EXPECT_EQ(s.count(7), 0u);
 }
 
-TEST(GpuWorkerConfig, StreamedPathReserveBytes) {
-  ModelConfig m;
-  m.dim = 4096;
-  m.n_routed_experts = 256;
-  m.n_activated_experts = 6;
-  m.moe_inter_dim = 2048;
-  EXPECT_EQ(StreamedPathReserveBytes(m, 0, 8192, 1), 0);
-  EXPECT_EQ(StreamedPathReserveBytes(m, int64_t{1} << 30, 8192, 1),
-            (int64_t{1} << 30) + StreamedMoeWorkspaceBytes(m, 8192, 2048));
-  EXPECT_EQ(StreamedPathReserveBytes(m, int64_t{1} << 30, 2048, 4),
-            (int64_t{1} << 30) + StreamedMoeWorkspaceBytes(m, 2048, 512));
-}
-
 }  // namespace
 }  // namespace ss::gpu
