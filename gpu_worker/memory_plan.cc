@@ -68,6 +68,17 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout) {
   return bytes;
 }
 
+int64_t StreamedInterRank(const ModelConfig& model, int tp_size) {
+  return CeilDiv(model.moe_inter_dim, int64_t{tp_size});
+}
+
+int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
+                                 int tp_size) {
+  if (ring_bytes <= 0) return 0;
+  return ring_bytes +
+         StreamedMoeWorkspaceBytes(model, step_tokens, StreamedInterRank(model, tp_size));
+}
+
 absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
                                            int64_t device_bytes, const MemoryPlanOptions& options) {
   RETURN_IF_ERROR(CheckLayout(model, layout));
@@ -91,7 +102,7 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   if (options.gpu_prefill_ring_bytes > 0) {
     const int64_t inter_rank = options.streamed_inter_rank > 0
                                    ? options.streamed_inter_rank
-                                   : CeilDiv(model.moe_inter_dim, int64_t{layout.tp_size});
+                                   : StreamedInterRank(model, layout.tp_size);
     plan.ring_bytes = options.gpu_prefill_ring_bytes;
     plan.streamed_workspace_bytes =
         StreamedMoeWorkspaceBytes(model, options.step_tokens, inter_rank);

@@ -106,6 +106,17 @@ std::string MiB(int64_t bytes);
 // The bytes of the weights `layout` keeps on one GPU (a TP rank's share).
 int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
 
+// The streamed path's rows of each expert's intermediate dimension on one rank of TP tp_size: the
+// expert workers' slices divided over the ranks, ⌈moe_inter_dim / tp_size⌉.
+int64_t StreamedInterRank(const ModelConfig& model, int tp_size);
+
+// The device bytes the streamed path keeps free beside the KV pool on one rank (what the plan's
+// ring_bytes + streamed_workspace_bytes count, and what the GPU worker adds to the cuda backend's
+// kv_reserve_bytes): ring_bytes plus the workspace of a streamed step of step_tokens rows over
+// StreamedInterRank; 0 when ring_bytes is 0 (no streamed path).
+int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
+                                 int tp_size);
+
 // The plan for a device of `device_bytes`. FailedPrecondition, with every figure, when the
 // weights and reserve do not fit, the compressor states of options.sequences sequences do not
 // fit in what is left, or the pool would hold fewer than min_kv_tokens tokens; InvalidArgument

@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/weight_source.h"
 #include "gpu_worker/cpu_backend.h"
+#include "gpu_worker/memory_plan.h"
 #ifdef SS_HAVE_CUDA
 #include "gpu_worker/cuda/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"

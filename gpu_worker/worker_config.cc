@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/int_math.h"
 #include "common/layer_list.h"
 #include "common/status.h"
 
