@@ -111,8 +111,8 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
 int64_t StreamedInterRank(const ModelConfig& model, int tp_size);
 
 // The device bytes the streamed path keeps free beside the KV pool on one rank (what the plan's
-// ring_bytes + streamed_workspace_bytes count, and what the GPU worker adds to the cuda backend's
-// kv_reserve_bytes): ring_bytes plus the workspace of a streamed step of step_tokens rows over
+// ring_bytes + streamed_workspace_bytes count, and what the cuda backend allocates before it fits
+// its pool): ring_bytes plus the workspace of a streamed step of step_tokens rows over
 // StreamedInterRank; 0 when ring_bytes is 0 (no streamed path).
 int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
                                  int tp_size);
