@@ -72,13 +72,6 @@ int64_t StreamedInterRank(const ModelConfig& model, int tp_size) {
   return CeilDiv(model.moe_inter_dim, int64_t{tp_size});
 }
 
-int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
-                                 int tp_size) {
-  if (ring_bytes <= 0) return 0;
-  return ring_bytes +
-         StreamedMoeWorkspaceBytes(model, step_tokens, StreamedInterRank(model, tp_size));
-}
-
 absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const StageLayout& layout,
                                            int64_t device_bytes, const MemoryPlanOptions& options) {
   RETURN_IF_ERROR(CheckLayout(model, layout));

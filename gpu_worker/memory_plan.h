@@ -110,13 +110,6 @@ int64_t StageWeightBytes(const ModelConfig& model, const StageLayout& layout);
 // expert workers' slices divided over the ranks, ⌈moe_inter_dim / tp_size⌉.
 int64_t StreamedInterRank(const ModelConfig& model, int tp_size);
 
-// The device bytes the streamed path keeps free beside the KV pool on one rank (what the plan's
-// ring_bytes + streamed_workspace_bytes count, and what the cuda backend allocates before it fits
-// its pool): ring_bytes plus the workspace of a streamed step of step_tokens rows over
-// StreamedInterRank; 0 when ring_bytes is 0 (no streamed path).
-int64_t StreamedPathReserveBytes(const ModelConfig& model, int64_t ring_bytes, int64_t step_tokens,
-                                 int tp_size);
-
 // The plan for a device of `device_bytes`. FailedPrecondition, with every figure, when the
 // weights and reserve do not fit, the compressor states of options.sequences sequences do not
 // fit in what is left, or the pool would hold fewer than min_kv_tokens tokens; InvalidArgument

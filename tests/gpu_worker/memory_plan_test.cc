@@ -225,25 +225,6 @@ TEST(MemoryPlanTest, FlashFitsWithTheDefaultRingOn24GiB) {
   EXPECT_EQ(accepted, 9);
 }
 
-TEST(MemoryPlanTest, StreamedPathReserveBytes) {
-  ModelConfig m;
-  m.dim = 4096;
-  m.n_routed_experts = 256;
-  m.n_activated_experts = 6;
-  m.moe_inter_dim = 2048;
-  EXPECT_EQ(StreamedPathReserveBytes(m, 0, 8192, 1), 0);
-  EXPECT_EQ(StreamedPathReserveBytes(m, int64_t{1} << 30, 8192, 1),
-            (int64_t{1} << 30) + StreamedMoeWorkspaceBytes(m, 8192, 2048));
-  EXPECT_EQ(StreamedPathReserveBytes(m, int64_t{1} << 30, 2048, 4),
-            (int64_t{1} << 30) + StreamedMoeWorkspaceBytes(m, 2048, 512));
-  // What the plan counts: the GPU worker sets aside the same bytes.
-  const ModelConfig flash = Flash();
-  absl::StatusOr<MemoryPlan> p = PlanStageMemory(flash, {0, 21, 2, true, false, false}, k3090);
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->ring_bytes + p->streamed_workspace_bytes,
-            StreamedPathReserveBytes(flash, kDefaultGpuPrefillRingMiB << 20, 2048, 2));
-}
-
 TEST(MemoryPlanTest, FewerSequencesLeaveMoreForThePool) {
   const ModelConfig m = Flash();
   const StageLayout whole{0, 43, 1, true, true, false};
