@@ -92,10 +92,10 @@ struct MemoryPlan {
   sched::KvCostModel kv_cost;
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)
-  // "weights 8.24 GiB + reserve 5.39 GiB (step workspace 3.13 GiB, streamed experts: ring
+  // "weights 8.24 GiB + reserve 5.38 GiB (step workspace 3.13 GiB, streamed experts: ring
   // 1024.0 MiB + workspace 256.3 MiB) + compressor state 0.73 GiB (64 sequences x 11.6 MiB), KV
-  // pool ... = ... blocks of 128 tokens (... tokens; 8 window blocks per sequence)" (Flash,
-  // TP 1 x PP 1, 24 GiB)
+  // pool 9.65 GiB = 23040 blocks of 128 tokens (2948096 tokens; 8 window blocks per sequence)"
+  // (Flash, TP 1 x PP 1, 24 GiB)
   std::string Describe() const;
 };
 

@@ -54,11 +54,11 @@
 #include "absl/strings/string_view.h"
 #include "common/cluster_defaults.h"
 #include "common/fp64_sums.h"
+#include "common/gpu_prefill_flags.h"
 #include "common/layer_list.h"
 #include "common/weight_source.h"
 #include "gpu_worker/expert_store_map.h"
 #include "gpu_worker/routed_experts_client.h"
-#include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
 
