@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The streamed-expert prefill path on the device, in one call (after tests/device/pack.sh):
+#   tar xJf .devpack/devbin.tar.xz && bash tests/device/streamed.sh $OUT [PHASES]
+# 1. mxfp4_moe_test (the grouped GEMM against RoutedSum), 2. splitserve-golden --backend cuda with
+# every step streamed (--gpu_prefill_threshold 1) from the host's weights and from an expert
+# worker's shared store, each beside the default run, 3. bench/flash_e2e.sh with PHASES (default
+# "8192,32768") on Flash-shaped dummy weights, the streamed path on (the default).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tests/device/env.sh
+out=${1:?usage: tests/device/streamed.sh OUT [PHASES]}
+phases=${2:-8192,32768}
+bin=.devbin
+mkdir -p "$out"
+(
+  prebuilt_library_path "$bin"
+  "$bin/mxfp4_moe_test" >"$out/mxfp4_moe_test.log" 2>&1
+  echo "mxfp4_moe_test rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) |rms_rel|ptxVersion' "$out/mxfp4_moe_test.log" | tr '\n' ' ' | cut -c1-600)"
+  m=tests/data/tiny-a
+  "$bin/splitserve-golden" --backend cuda --model $m --golden $m >"$out/g_host.log" 2>&1
+  echo "golden cuda (host experts): rc=$? $(tail -1 "$out/g_host.log")"
+  "$bin/splitserve-golden" --backend cuda --gpu_prefill_threshold 1 --model $m --golden $m >"$out/g_streamed.log" 2>&1
+  echo "golden cuda --gpu_prefill_threshold 1: rc=$? $(tail -1 "$out/g_streamed.log") | $(grep -m1 -o 'streamed prefill: [0-9]* of [0-9]* layers[^;]*' "$out/g_streamed.log")"
+  diff <(grep -E '^(PASS|FAIL) ' "$out/g_host.log") <(grep -E '^(PASS|FAIL) ' "$out/g_streamed.log") | head -12
+  seg="ss-golden-$$"
+  "$bin/splitserve-expert-worker" --model $m --layers 0-6 --slice 0/1 --shm-name "$seg" >"$out/ew.log" 2>&1 &
+  ew=$!
+  for _ in $(seq 1 50); do [ -e "/dev/shm/$seg" ] && break; sleep 0.2; done
+  "$bin/splitserve-golden" --backend cuda --experts "0-6=shm:$seg" --gpu_prefill_threshold 1 --model $m --golden $m >"$out/g_store.log" 2>&1
+  echo "golden cuda --experts shm --gpu_prefill_threshold 1: rc=$? $(tail -1 "$out/g_store.log") | $(grep -m1 -o 'streamed prefill: [0-9]* of [0-9]* layers[^;]*' "$out/g_store.log")"
+  grep -m3 -i "registered\|streamed prefill: layer\|warn" "$out/g_store.log"
+  kill -TERM $ew; wait $ew
+)
+SS_BIN=$bin bash bench/flash_e2e.sh "$out/flash" "$phases"
+grep -h "streamed prefill\|registered" "$out"/flash/up/*.log | head -6
