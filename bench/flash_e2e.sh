@@ -18,10 +18,13 @@
 #            pinned to the cores `up` gave the expert workers) / routed bytes per step, per token:
 #            a step of c sequences reads the distinct experts of c tokens, E (1 - (1 - 6/E)^c)
 #            of them per layer (random routing), 13,369,344 B each, 43 layers: 3.45 GB at c = 1.
-#   prefill: the expert FLOPs / the expert engine's GFLOP/s in the same phase, i.e. the tokens
-#            over the expert engine's seconds (its own metric, expert_call_seconds): the rate if
-#            nothing but the routed experts took time. 6 x 3 x 2 x 4096 x 2048 x 43 = 13.0 GFLOP
-#            a token.
+#   prefill, experts on the CPU: the expert FLOPs / the expert engine's GFLOP/s in the same
+#            phase, i.e. the tokens over the expert engine's seconds (its own metric,
+#            expert_call_seconds): the rate if nothing but the routed experts took time.
+#            6 x 3 x 2 x 4096 x 2048 x 43 = 13.0 GFLOP a token.
+#   prefill, experts streamed to the GPU (the GPU worker's "streamed step" log lines): the bytes
+#            streamed / the pinned H2D rate the worker measured at start: the rate if nothing but
+#            the copies took time.
 # Writes OUT/summary.txt (the figures) and OUT/*.json (bench serve results), OUT/up/ (logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -159,37 +162,49 @@ EOF
     j="$out/prefill_$L.json"
     [ -f "$j" ] || continue
     split=$(python3 bench/flash_e2e_metrics.py "$out/m_before" "$out/m_after" | tee "$out/split_prefill_$L.txt" | tail -1)
-    python3 - "$j" "$L" "$split" <<'EOF' | tee -a "$summary"
-import json, sys
-r = json.load(open(sys.argv[1])); L = int(sys.argv[2])
-kv = dict(p.split("=") for p in sys.argv[3].split())
-ttft = r.get("mean_ttft_ms", 0) / 1000
-rate = L / ttft if ttft else 0
-engine = float(kv.get("engine_s", 0))
-limit = L / engine if engine else 0
-gflops = 13.0e9 * L / engine / 1e9 if engine else 0
-print(f"prefill {L}: {rate:.1f} tok/s (TTFT {ttft:.1f} s); limit {limit:.1f} tok/s (expert engine "
-      f"{engine:.1f} s, {gflops:.0f} GFLOP/s); ratio {rate / limit if limit else 0:.2f}; "
-      f"completed {r.get('completed')} failed {r.get('failed')}")
-steps = max(float(kv.get("steps", 1)), 1)
-print(f"  per prefill chunk (ms, sum over layers; {steps:.0f} chunks): attention {kv.get('attention_ms')} "
-      f"shared+router {kv.get('moe_gpu_ms')} routed call {kv.get('moe_cpu_ms')} (engine {kv.get('engine_ms')}, "
-      f"transport {kv.get('transport_ms')})")
-EOF
-    # The streamed path's steps of this phase (the GPU worker logs one line each).
-    cat "$out"/up/*.log 2>/dev/null | grep "streamed step:" | tail -n +"$((streamed_before + 1))" |
+    # The streamed path's steps of this phase (the GPU worker logs one line each): their bytes,
+    # seconds, copy-engine busy share and the pinned H2D rate the worker measured at start.
+    streamed=$(cat "$out"/up/*.log 2>/dev/null | grep "streamed step:" | tail -n +"$((streamed_before + 1))" |
       python3 -c '
 import re, sys
-n = b = span = busy = 0.0; pinned = 0.0
+n = b = span = busy = pinned = 0.0
 for line in sys.stdin:
     m = re.search(r"([0-9.]+) GB in ([0-9.]+) s \(([0-9.]+) GB/s of ([0-9.]+) pinned, copy engine busy ([0-9]+)%", line)
     if not m: continue
     n += 1; b += float(m[1]); span += float(m[2]); pinned = float(m[4]); busy += float(m[5]) / 100 * float(m[2])
-if n:
-    print(f"  streamed: {n:.0f} steps, {b:.1f} GB in {span:.2f} s: {b / span:.1f} GB/s = {b / span / pinned:.2f} of the pinned {pinned:.1f} GB/s; copy engine busy {busy / span:.2f}")
+print(f"steps={n:.0f} gb={b:.3f} span_s={span:.3f} pinned_gbps={pinned:.1f} busy_s={busy:.3f}")
+')
+    python3 - "$j" "$L" "$split" "$streamed" <<'EOF' | tee -a "$summary"
+import json, sys
+r = json.load(open(sys.argv[1])); L = int(sys.argv[2])
+kv = dict(p.split("=") for p in sys.argv[3].split())
+st = {k: float(v) for k, v in (p.split("=") for p in sys.argv[4].split())}
+ttft = r.get("mean_ttft_ms", 0) / 1000
+rate = L / ttft if ttft else 0
+steps = max(float(kv.get("steps", 1)), 1)
+if st.get("steps", 0) > 0:
+    # Streamed: the limit is the copies alone, every streamed byte at the pinned H2D rate.
+    copy_s = st["gb"] / st["pinned_gbps"]
+    limit = L / copy_s
+    print(f"prefill {L} (experts streamed to the GPU): {rate:.1f} tok/s (TTFT {ttft:.1f} s); limit "
+          f"{limit:.1f} tok/s ({st['gb']:.1f} GB at the pinned {st['pinned_gbps']:.1f} GB/s: "
+          f"{copy_s:.2f} s); ratio {rate / limit:.2f}; completed {r.get('completed')} failed {r.get('failed')}")
+    print(f"  streamed: {st['steps']:.0f} steps, {st['gb']:.1f} GB in {st['span_s']:.2f} s: "
+          f"{st['gb'] / st['span_s']:.1f} GB/s = {st['gb'] / st['span_s'] / st['pinned_gbps']:.2f} of the "
+          f"pinned rate; copy engine busy {st['busy_s'] / st['span_s']:.2f} of the steps' span")
+    print(f"  per prefill chunk (ms, sum over layers; {steps:.0f} chunks): attention {kv.get('attention_ms')} "
+          f"MoE on the GPU (shared, router, streamed experts) {kv.get('moe_gpu_ms')}")
 else:
-    print("  streamed: no streamed step (CPU path)")
-' | tee -a "$summary"
+    engine = float(kv.get("engine_s", 0))
+    limit = L / engine if engine else 0
+    gflops = 13.0e9 * L / engine / 1e9 if engine else 0
+    print(f"prefill {L} (experts on the CPU): {rate:.1f} tok/s (TTFT {ttft:.1f} s); limit {limit:.1f} "
+          f"tok/s (expert engine {engine:.1f} s, {gflops:.0f} GFLOP/s); ratio "
+          f"{rate / limit if limit else 0:.2f}; completed {r.get('completed')} failed {r.get('failed')}")
+    print(f"  per prefill chunk (ms, sum over layers; {steps:.0f} chunks): attention {kv.get('attention_ms')} "
+          f"shared+router {kv.get('moe_gpu_ms')} routed call {kv.get('moe_cpu_ms')} (engine "
+          f"{kv.get('engine_ms')}, transport {kv.get('transport_ms')})")
+EOF
   fi
 done
 say "done: $(date -u +%FT%TZ)"
