@@ -341,9 +341,15 @@ int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& dev
   return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() ? 0 : fallback;
 }
 
-int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream) {
+int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context) {
   if (requested > 0) return requested;
-  return may_stream ? kLaunchStreamedStepTokens : kLaunchStepTokens;
+  int64_t tokens = kLaunchStepTokens;
+  if (!may_stream) return tokens;
+  const int64_t budget = kLaunchStepTokens * kLaunchStepContext;  // tokens x positions
+  while (tokens * 2 <= kLaunchStreamedStepTokens && tokens * 2 * std::max<int64_t>(context, 1) <= budget) {
+    tokens *= 2;
+  }
+  return tokens;
 }
 
 LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node_cores, int experts,

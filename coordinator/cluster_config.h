@@ -132,14 +132,19 @@ int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& dev
 
 // `splitserve up`'s tokens per step (the cluster config's max_batch_tokens, vLLM's
 // --max-num-batched-tokens: the scheduler's budget per step and its largest prefill chunk):
-// `requested` when > 0; for 0, kLaunchStreamedStepTokens where the cuda backend may stream a
-// prefill chunk's routed experts to the GPU (`may_stream`: the cuda backend, a non-zero staging
-// ring and a threshold other than off), since a streamed chunk reads every expert's weights once
-// however many tokens it carries; else kLaunchStepTokens (the CPU expert path gains nothing
-// from larger chunks beyond the expert workers' call size).
+// `requested` when > 0. For 0, where the cuda backend may stream a prefill chunk's routed
+// experts to the GPU (`may_stream`: the cuda backend, a non-zero staging ring and a threshold
+// other than off), the largest power of two up to kLaunchStreamedStepTokens whose step, at
+// `context` positions (the longest sequence served), costs no more workspace than a
+// kLaunchStepTokens step at kLaunchStepContext -- a step's workspace grows with tokens x context
+// (the indexer's scores), and that is the step the memory plan fits on 24 GiB at every layout --
+// but at least kLaunchStepTokens: a streamed chunk reads every expert's weights once however many
+// tokens it carries. Else kLaunchStepTokens (the CPU expert path gains nothing from larger
+// chunks beyond the expert workers' call size).
 inline constexpr int64_t kLaunchStepTokens = 2048;
 inline constexpr int64_t kLaunchStreamedStepTokens = 8192;
-int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream);
+inline constexpr int64_t kLaunchStepContext = int64_t{1} << 20;
+int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context);
 
 // The CPUs `splitserve up` gives its processes on one machine. `node_cores`: per NUMA node with
 // allowed CPUs, in the launcher's node order, its physical cores, each as its allowed hardware

@@ -86,11 +86,10 @@ constexpr char kUsage[] =
     "  auto (default): double on GPUs with fast FP64, fp32 on others (an RTX 3090).\n"
     "  --max-num-batched-tokens N: tokens per scheduler step, which is also the largest\n"
     "  prefill chunk (every step first gives each decoding sequence its one token, then fills\n"
-    "  the rest with prefill chunks). Default 8192 where the cuda backend may stream a\n"
-    "  chunk's routed experts to the GPU, else 2048. Larger steps need a larger step\n"
-    "  workspace on each GPU (at a 1M-token --max-model-len, a 24 GiB GPU holding all of\n"
-    "  DeepSeek-V4-Flash's layers fits 2048 but not 8192: use more GPUs, a shorter\n"
-    "  --max-model-len or 2048).\n"
+    "  the rest with prefill chunks). Default where the cuda backend may stream a chunk's\n"
+    "  routed experts to the GPU: 8192, or 4096 / 2048 when --max-model-len is past 256K /\n"
+    "  512K tokens (a step's workspace grows with tokens x context; the default keeps it at\n"
+    "  what a 2048-token step at 1M positions takes); else 2048.\n"
     "  --gpu-prefill-threshold (cuda): steps of at least this many tokens stream their routed\n"
     "  experts host -> GPU instead of computing them on the expert workers: auto (default;\n"
     "  from the measured H2D bandwidth and CPU expert rate), off (never), or N.\n"
@@ -639,7 +638,9 @@ int RunUpCommand(int argc, char** argv) {
   const bool may_stream =
       backend == "cuda" && o.gpu_prefill_ring_mib > 0 && o.gpu_prefill_threshold != "off";
   cluster.max_batch_tokens =
-      static_cast<int>(coord::LaunchMaxBatchTokens(o.max_num_batched_tokens, may_stream));
+      static_cast<int>(coord::LaunchMaxBatchTokens(
+          o.max_num_batched_tokens, may_stream,
+          o.max_model_len > 0 ? o.max_model_len : model->max_position_embeddings));
   cluster.max_running = static_cast<int>(kMaxRunning);
   std::printf(
       "splitserve up: steps of up to %d tokens (prefill chunks too; --max-num-batched-tokens)%s\n",
