@@ -160,7 +160,8 @@ TEST(LauncherE2eTest, HelpListsTheStepAndStreamedPrefillFlags) {
   EXPECT_EQ(p.Wait(), 0);
   const std::string help = ReadLog(log);
   for (const char* want : {"--max-num-batched-tokens N", "--gpu-prefill-threshold auto|off|N",
-                           "--gpu-prefill-ring-mib MIB", "Default 8192", "(default 1024; 0: no"}) {
+                           "--gpu-prefill-ring-mib MIB", "routed experts to the GPU: 8192, or 4096",
+                           "(default 1024; 0: no"}) {
     EXPECT_NE(help.find(want), std::string::npos) << want << "\n" << help;
   }
 }
