@@ -2,13 +2,13 @@
 
 #include <algorithm>
 
+#include "common/expert_store_format.h"
+#include "common/status.h"
+
 namespace ss::gpu {
 namespace {
 
-constexpr int64_t kPieceAlign = 64;  // the expert store's
 constexpr int64_t kMxGroup = 32;
-
-int64_t AlignUp(int64_t v) { return (v + kPieceAlign - 1) / kPieceAlign * kPieceAlign; }
 
 // Appends a copy, merged into the previous one when both its source and destination continue it.
 void Append(std::vector<HostCopy>* out, const uint8_t* src, int64_t dst, int64_t bytes) {
@@ -25,18 +25,16 @@ void Append(std::vector<HostCopy>* out, const uint8_t* src, int64_t dst, int64_t
 
 }  // namespace
 
-PartBlockLayout CompactPartBlockLayout(int64_t dim, int64_t part_inter) {
-  const int64_t w13 = part_inter * dim / 2, w13s = part_inter * dim / kMxGroup;
-  const int64_t w2 = dim * part_inter / 2, w2s = dim * part_inter / kMxGroup;
-  PartBlockLayout l;
-  l.w1 = 0;
-  l.w1_scale = AlignUp(w13);
-  l.w3 = l.w1_scale + AlignUp(w13s);
-  l.w3_scale = l.w3 + AlignUp(w13);
-  l.w2 = l.w3_scale + AlignUp(w13s);
-  l.w2_scale = l.w2 + AlignUp(w2);
-  l.bytes = l.w2_scale + AlignUp(w2s);
-  return l;
+absl::StatusOr<PartBlockLayout> CompactPartBlockLayout(int64_t dim, int64_t part_inter) {
+  ASSIGN_OR_RETURN(const ExpertStoreGeometry g,
+                   ComputeExpertStoreGeometry(dim, part_inter, 1, 0, 1, 0));
+  return PartBlockLayout{.w1 = g.w1,
+                         .w1_scale = g.w1_scale,
+                         .w3 = g.w3,
+                         .w3_scale = g.w3_scale,
+                         .w2 = g.w2,
+                         .w2_scale = g.w2_scale,
+                         .bytes = g.expert_stride};
 }
 
 std::vector<HostCopy> LayerStreamPlan::GroupCopies(int e0, int e1) const {

@@ -29,9 +29,10 @@ struct PartBlockLayout {
   int64_t bytes = 0;
 };
 
-// The store's layout for a slice of `part_inter` rows of experts of width `dim` (64-byte
-// aligned pieces in store order). The store's own offsets must equal it; callers check.
-PartBlockLayout CompactPartBlockLayout(int64_t dim, int64_t part_inter);
+// The expert store's block layout for a slice of `part_inter` rows of experts of width `dim`
+// (common/expert_store_format.h ComputeExpertStoreGeometry: 64-byte aligned pieces in store
+// order); its InvalidArgument for a geometry the store does not take.
+absl::StatusOr<PartBlockLayout> CompactPartBlockLayout(int64_t dim, int64_t part_inter);
 
 // Where one part of one expert is in host memory: either a whole block in the layout above
 // (`block`, from an expert store), or the six checkpoint tensors (`pieces`, row-major).

@@ -92,23 +92,11 @@ absl::StatusOr<std::unique_ptr<ExpertStoreMap>> ExpertStoreMap::Open(
     }
     m->layer_offset_[table[i].layer] = static_cast<int64_t>(table[i].offset);
   }
-  StoreExpertLayout& l = m->layout_;
-  l.dim = h.dim;
-  l.inter = h.inter;
-  l.inter_slice = h.inter_slice;
-  l.slice_index = h.slice_index;
-  l.slice_count = h.slice_count;
-  l.tile_rows = h.tile_rows;
-  l.num_experts = h.num_experts;
-  l.expert_stride = h.expert_stride;
-  l.w1 = h.w1;
-  l.w1_scale = h.w1_scale;
-  l.w3 = h.w3;
-  l.w3_scale = h.w3_scale;
-  l.w2 = h.w2;
-  l.w2_scale = h.w2_scale;
-  l.w2_stride = h.w2_stride;
-  l.w2_scale_stride = h.w2_scale_stride;
+  // The header's offsets equal the recomputed geometry (ParseExpertStore checked them).
+  absl::StatusOr<ExpertStoreGeometry> g = ComputeExpertStoreGeometry(
+      h.dim, h.inter, h.num_experts, h.slice_index, h.slice_count, h.tile_rows);
+  if (!g.ok()) return bad(std::string(g.status().message()));
+  m->layout_ = *g;
   return m;
 }
 

@@ -26,25 +26,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/expert_store_format.h"
 #include "common/model_config.h"
 
 namespace ss::gpu {
 
-// Where one expert's slice lies inside its block of the store, and the slice's geometry: the
-// layout of cpu_expert_worker/kernels/expert_kernels.h ExpertSliceView, as byte offsets.
-struct StoreExpertLayout {
-  int64_t dim = 0;
-  int64_t inter = 0;        // I, the whole expert's
-  int64_t inter_slice = 0;  // I/n, what the store holds of each expert
-  int slice_index = 0, slice_count = 1;
-  int64_t tile_rows = 0;     // 0, 8 or 16 (ExpertSliceView::tile_rows)
-  int64_t num_experts = 0;   // E
-  int64_t expert_stride = 0;  // bytes between consecutive experts' blocks (layer-major, expert
-                              // blocks of one layer consecutive)
-  int64_t w1 = 0, w1_scale = 0, w3 = 0, w3_scale = 0, w2 = 0, w2_scale = 0;  // offsets in a block
-  int64_t w2_stride = 0;        // bytes between w2 rows (tile_rows 0), inter_slice/2
-  int64_t w2_scale_stride = 0;  // inter_slice/32
-};
+// Where one expert's slice lies inside its block of the store, and the slice's geometry
+// (common/expert_store_format.h).
+using StoreExpertLayout = ExpertStoreGeometry;
 
 // Where one layer's routed experts are served for this TP rank (the GPU worker's --experts /
 // the coordinator's Role, gpu_worker/routed_experts_client.h): its slices in slice order, each

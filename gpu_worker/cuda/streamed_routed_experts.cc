@@ -95,11 +95,12 @@ absl::Status StreamedRoutedExperts::PlanLayers() {
           const StoreExpertLayout& s0 = slices[0]->layout();
           sp.part_inter = s0.inter_slice;
           sp.tile_rows = s0.tile_rows;
-          sp.part = CompactPartBlockLayout(dim, sp.part_inter);
+          absl::StatusOr<PartBlockLayout> part = CompactPartBlockLayout(dim, sp.part_inter);
+          if (part.ok()) sp.part = *part;
           for (const ExpertStoreMap* m : slices) {
             const StoreExpertLayout& s = m->layout();
-            const PartBlockLayout want = CompactPartBlockLayout(dim, s.inter_slice);
-            if (s.inter_slice != sp.part_inter || s.tile_rows != sp.tile_rows ||
+            const PartBlockLayout& want = sp.part;
+            if (!part.ok() || s.inter_slice != sp.part_inter || s.tile_rows != sp.tile_rows ||
                 s.expert_stride != want.bytes || s.w1 != want.w1 || s.w1_scale != want.w1_scale ||
                 s.w3 != want.w3 || s.w3_scale != want.w3_scale || s.w2 != want.w2 ||
                 s.w2_scale != want.w2_scale) {
@@ -118,15 +119,17 @@ absl::Status StreamedRoutedExperts::PlanLayers() {
       if (static_cast<int>(moe.experts.size()) != E || moe.experts[0].w1.w == nullptr) {
         lp.why_not = "this worker holds no routed-expert weights of the layer";
       } else {
-        lp.streamable = true;
+        absl::StatusOr<PartBlockLayout> part = CompactPartBlockLayout(dim, I);
+        lp.streamable = part.ok();
+        if (!part.ok()) lp.why_not = std::string(part.status().message());
         sp.parts = 1;
         sp.part_inter = I;
         sp.tile_rows = 0;
-        sp.part = CompactPartBlockLayout(dim, I);
+        if (part.ok()) sp.part = *part;
         const int tp = options_.tp, rank = options_.rank;
         sp.expert_begin = static_cast<int>(int64_t{rank} * E / tp);
         sp.expert_end = static_cast<int>(int64_t{rank + 1} * E / tp);
-        for (int e = sp.expert_begin; e < sp.expert_end; ++e) {
+        for (int e = sp.expert_begin; e < sp.expert_end && lp.streamable; ++e) {
           const model::ExpertWeights& x = moe.experts[e];
           sp.sources.push_back({.w1 = x.w1.w,
                                 .w1_scale = x.w1.s,

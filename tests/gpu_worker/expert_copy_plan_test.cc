@@ -31,7 +31,7 @@ TEST(ExpertCopyPlanTest, BlockLayoutIsTheExpertStores) {
       absl::StatusOr<std::unique_ptr<expert::ExpertStore>> s = expert::ExpertStore::Load(o, pool.get());
       ASSERT_TRUE(s.ok()) << s.status();
       const expert::ExpertSliceView* v = (*s)->layer_views(0);
-      const PartBlockLayout l = CompactPartBlockLayout((*s)->dim(), (*s)->inter_slice());
+      const PartBlockLayout l = *CompactPartBlockLayout((*s)->dim(), (*s)->inter_slice());
       const uint8_t* b = v[0].w1;
       EXPECT_EQ(v[0].w1_scale - b, l.w1_scale);
       EXPECT_EQ(v[0].w3 - b, l.w3);
@@ -45,7 +45,7 @@ TEST(ExpertCopyPlanTest, BlockLayoutIsTheExpertStores) {
 }
 
 TEST(ExpertCopyPlanTest, ConsecutiveStoreBlocksAreOneCopy) {
-  const PartBlockLayout l = CompactPartBlockLayout(256, 128);
+  const PartBlockLayout l = *CompactPartBlockLayout(256, 128);
   std::vector<uint8_t> store(static_cast<size_t>(l.bytes * 8));
   LayerStreamPlan p;
   p.dim = 256;
@@ -65,7 +65,7 @@ TEST(ExpertCopyPlanTest, ConsecutiveStoreBlocksAreOneCopy) {
 }
 
 TEST(ExpertCopyPlanTest, TwoSlicesAreOneCopyPerExpertAndPart) {
-  const PartBlockLayout l = CompactPartBlockLayout(256, 128);
+  const PartBlockLayout l = *CompactPartBlockLayout(256, 128);
   std::vector<uint8_t> s0(static_cast<size_t>(l.bytes * 4)), s1(static_cast<size_t>(l.bytes * 4));
   LayerStreamPlan p;
   p.dim = 256;
@@ -95,7 +95,7 @@ TEST(ExpertCopyPlanTest, TwoSlicesAreOneCopyPerExpertAndPart) {
 
 TEST(ExpertCopyPlanTest, CheckpointPiecesLandAtTheBlockOffsets) {
   const int64_t dim = 256, inter = 128;
-  const PartBlockLayout l = CompactPartBlockLayout(dim, inter);
+  const PartBlockLayout l = *CompactPartBlockLayout(dim, inter);
   const int64_t w13 = inter * dim / 2, w13s = inter * dim / 32, w2 = dim * inter / 2,
                 w2s = dim * inter / 32;
   // Two experts' tensors, each in its own buffer (no two pieces touch).
