@@ -29,13 +29,12 @@ std::string ExpertStoreSegmentName(std::string_view shm_name) {
 }
 
 absl::StatusOr<ExpertStoreGeometry> ComputeExpertStoreGeometry(int64_t dim, int64_t inter,
-                                                               int64_t num_experts,
-                                                               int slice_index, int slice_count,
-                                                               int64_t tile_rows) {
+                                                               int64_t num_experts, int slice_index,
+                                                               int slice_count, int64_t tile_rows) {
   const auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "expert store geometry (dim %d, I %d, E %d, slice %d/%d, tile_rows %d): %s", dim, inter,
-        num_experts, slice_index, slice_count, tile_rows, why));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expert store geometry (dim %d, I %d, E %d, slice %d/%d, tile_rows %d): %s",
+                        dim, inter, num_experts, slice_index, slice_count, tile_rows, why));
   };
   if (dim <= 0 || inter <= 0 || num_experts <= 0 || dim % kMxGroup != 0) {
     return bad("dim, I and E must be > 0 and dim a multiple of 32");
@@ -131,9 +130,10 @@ absl::StatusOr<const ExpertStoreHeader*> ParseExpertStore(const uint8_t* base,
                             "-byte header"));
   }
   const auto* h = reinterpret_cast<const ExpertStoreHeader*>(base);
-  const uint64_t magic = std::atomic_ref<uint64_t>(const_cast<uint64_t&>(h->magic))
-                             .load(std::memory_order_acquire);
-  if (magic == 0) return Bad("incomplete (its expert worker is still loading it, or died doing so)");
+  const uint64_t magic =
+      std::atomic_ref<uint64_t>(const_cast<uint64_t&>(h->magic)).load(std::memory_order_acquire);
+  if (magic == 0)
+    return Bad("incomplete (its expert worker is still loading it, or died doing so)");
   if (magic != kExpertStoreMagic) {
     return Bad(absl::StrFormat("not an expert store (magic 0x%016x, expected 0x%016x)", magic,
                                kExpertStoreMagic));

@@ -67,12 +67,11 @@ struct ExpertStoreGeometry {
 // InvalidArgument unless dim, I, E > 0, 0 <= i < n, n divides I into multiples of 128, dim is a
 // multiple of 32 and tile_rows is 0, 8 or 16 dividing I/n and dim.
 absl::StatusOr<ExpertStoreGeometry> ComputeExpertStoreGeometry(int64_t dim, int64_t inter,
-                                                               int64_t num_experts,
-                                                               int slice_index, int slice_count,
-                                                               int64_t tile_rows);
+                                                               int64_t num_experts, int slice_index,
+                                                               int slice_count, int64_t tile_rows);
 
 struct ExpertStoreLayerEntry {
-  int32_t layer;    // the model layer id (expert_store.h "Layers")
+  int32_t layer;  // the model layer id (expert_store.h "Layers")
   uint32_t reserved;
   uint64_t offset;  // of the layer's expert 0 block, from the segment start
 };

@@ -59,9 +59,8 @@ absl::Status ReclaimStale(const std::string& name, const ShmSegmentKind& kind) {
   struct stat st;
   ShmOwnerPrefix h{};
   const bool stat_ok = ::fstat(fd, &st) == 0;
-  const ssize_t got = stat_ok && st.st_size >= static_cast<off_t>(sizeof(h))
-                          ? ::pread(fd, &h, sizeof(h), 0)
-                          : 0;
+  const ssize_t got =
+      stat_ok && st.st_size >= static_cast<off_t>(sizeof(h)) ? ::pread(fd, &h, sizeof(h), 0) : 0;
   ::close(fd);
   const std::string where = absl::StrCat("/dev/shm", name);
   if (!stat_ok || got != static_cast<ssize_t>(sizeof(h))) {
@@ -75,9 +74,10 @@ absl::Status ReclaimStale(const std::string& name, const ShmSegmentKind& kind) {
                         kind.what, h.magic, kind.magic));
   }
   if (h.owner_pid == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, " exists with no owner recorded (being created?); remove it if no server is "
-               "starting"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where,
+                     " exists with no owner recorded (being created?); remove it if no server is "
+                     "starting"));
   }
   if (ProcessAlive(h.owner_pid, h.owner_start_time)) {
     return absl::AlreadyExistsError(

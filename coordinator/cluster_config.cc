@@ -346,7 +346,8 @@ int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context
   int64_t tokens = kLaunchStepTokens;
   if (!may_stream) return tokens;
   const int64_t budget = kLaunchStepTokens * kLaunchStepContext;  // tokens x positions
-  while (tokens * 2 <= kLaunchStreamedStepTokens && tokens * 2 * std::max<int64_t>(context, 1) <= budget) {
+  while (tokens * 2 <= kLaunchStreamedStepTokens &&
+         tokens * 2 * std::max<int64_t>(context, 1) <= budget) {
     tokens *= 2;
   }
   return tokens;

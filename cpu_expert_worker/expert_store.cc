@@ -195,9 +195,9 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
     }
   }
 
-  ASSIGN_OR_RETURN(const ExpertStoreGeometry g,
-                   ComputeExpertStoreGeometry(dim, inter, E, o.slice_index, o.slice_count,
-                                              o.tile_rows));
+  ASSIGN_OR_RETURN(
+      const ExpertStoreGeometry g,
+      ComputeExpertStoreGeometry(dim, inter, E, o.slice_index, o.slice_count, o.tile_rows));
   s->expert_slice_bytes_ = g.expert_slice_bytes;
   const int64_t w13s = is * dim / kMxGroup;
   const int64_t off_w1s = g.w1_scale, off_w3 = g.w3, off_w3s = g.w3_scale, off_w2 = g.w2;

@@ -1,7 +1,7 @@
 #include "cpu_expert_worker/numa.h"
 
-#include <hwloc.h>
 #include <fcntl.h>
+#include <hwloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -164,9 +164,8 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(size_t bytes, const NodeMemoryOpti
     ::close(fd);
     if (q == MAP_FAILED) {
       ::munmap(base, len);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("mmap of shm segment ", o.shm_name, " (", len, " bytes): ",
-                       std::strerror(err)));
+      return absl::ResourceExhaustedError(absl::StrCat("mmap of shm segment ", o.shm_name, " (",
+                                                       len, " bytes): ", std::strerror(err)));
     }
   }
   m.data_ = base;
@@ -185,8 +184,7 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(size_t bytes, const NodeMemoryOpti
     } else {
       WarnOnce(
           Refusal::kMemoryBinding,
-          absl::StrCat("binding memory to NUMA node ", o.node, " was refused (",
-                       std::strerror(err),
+          absl::StrCat("binding memory to NUMA node ", o.node, " was refused (", std::strerror(err),
                        "); continuing with first-touch placement by the node's threads"));
     }
   }

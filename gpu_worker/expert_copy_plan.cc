@@ -65,7 +65,8 @@ std::vector<std::pair<int, int>> ExpertGroups(int expert_begin, int expert_end,
   std::vector<std::pair<int, int>> groups;
   const int64_t g = std::max<int64_t>(1, experts_per_slot);
   for (int64_t e = expert_begin; e < expert_end; e += g) {
-    groups.emplace_back(static_cast<int>(e), static_cast<int>(std::min<int64_t>(expert_end, e + g)));
+    groups.emplace_back(static_cast<int>(e),
+                        static_cast<int>(std::min<int64_t>(expert_end, e + g)));
   }
   return groups;
 }

@@ -56,9 +56,9 @@ struct HostCopy {
 // A layer's experts as this GPU streams them.
 struct LayerStreamPlan {
   int64_t dim = 0, part_inter = 0;
-  int parts = 0;           // 0: this GPU computes none of the layer's experts (its share is 0)
-  int64_t tile_rows = 0;   // of every part
-  PartBlockLayout part;    // each part's block
+  int parts = 0;             // 0: this GPU computes none of the layer's experts (its share is 0)
+  int64_t tile_rows = 0;     // of every part
+  PartBlockLayout part;      // each part's block
   int64_t expert_bytes = 0;  // parts x part.bytes
   int expert_begin = 0, expert_end = 0;  // the experts this GPU computes
   // sources[(e - expert_begin) * parts + p]

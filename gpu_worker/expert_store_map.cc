@@ -26,9 +26,8 @@ ExpertStoreMap::~ExpertStoreMap() {
 
 absl::StatusOr<std::unique_ptr<ExpertStoreMap>> ExpertStoreMap::Open(
     const std::string& segment_name, const ModelConfig& model) {
-  const std::string posix = segment_name.empty() || segment_name.front() != '/'
-                                ? "/" + segment_name
-                                : segment_name;
+  const std::string posix =
+      segment_name.empty() || segment_name.front() != '/' ? "/" + segment_name : segment_name;
   const std::string where = absl::StrCat("/dev/shm", posix);
   const auto bad = [&](absl::string_view why) {
     return absl::FailedPreconditionError(absl::StrCat("expert store ", where, ": ", why));
@@ -72,15 +71,15 @@ absl::StatusOr<std::unique_ptr<ExpertStoreMap>> ExpertStoreMap::Open(
                             ", is dead (a leftover; the next expert worker of that name "
                             "reclaims it)"));
   }
-  if (const uint64_t ns = PidNamespaceId(); h.pid_namespace != 0 && ns != 0 &&
-                                            h.pid_namespace != ns) {
+  if (const uint64_t ns = PidNamespaceId();
+      h.pid_namespace != 0 && ns != 0 && h.pid_namespace != ns) {
     return bad("its owner runs in another PID namespace");
   }
   if (h.dim != model.dim || h.inter != model.moe_inter_dim ||
       h.num_experts != model.n_routed_experts) {
     return bad(absl::StrCat("holds dim ", h.dim, ", I ", h.inter, ", ", h.num_experts,
-                            " experts; the model has dim ", model.dim, ", I ",
-                            model.moe_inter_dim, ", ", model.n_routed_experts, " experts"));
+                            " experts; the model has dim ", model.dim, ", I ", model.moe_inter_dim,
+                            ", ", model.n_routed_experts, " experts"));
   }
   const int64_t n_ids = model.n_layers + model.n_mtp_layers;
   m->layer_offset_.assign(n_ids, -1);
@@ -146,15 +145,13 @@ absl::StatusOr<std::unique_ptr<ExpertStoreSet>> ExpertStoreSet::Open(
       const StoreExpertLayout& l = map->layout();
       if (stores.slice_count > 0 && l.slice_count != stores.slice_count) {
         return absl::FailedPreconditionError(
-            absl::StrCat("expert store ", seg, " holds slice ", l.slice_index, "/",
-                         l.slice_count, "; layer ", layer, " is cut into ", stores.slice_count,
-                         " slices"));
+            absl::StrCat("expert store ", seg, " holds slice ", l.slice_index, "/", l.slice_count,
+                         "; layer ", layer, " is cut into ", stores.slice_count, " slices"));
       }
       if (!slices.empty() && l.slice_index <= slices.back()->layout().slice_index) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("layer ", layer, ": expert store ", seg, " holds slice ", l.slice_index,
-                         ", not after slice ", slices.back()->layout().slice_index,
-                         " of the store before it"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "layer ", layer, ": expert store ", seg, " holds slice ", l.slice_index,
+            ", not after slice ", slices.back()->layout().slice_index, " of the store before it"));
       }
       if (map->expert(static_cast<int>(layer), 0) == nullptr) {
         reason = absl::StrCat("layer ", layer, ": expert store ", seg, " does not hold it");

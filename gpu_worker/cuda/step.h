@@ -105,8 +105,9 @@ struct StepState {
 
   // Where layer l's routed experts run in this step.
   RoutedExpertsProvider* Provider(int l) const {
-    return streamed && im.streamed->streams(l) ? static_cast<RoutedExpertsProvider*>(im.streamed.get())
-                                               : im.routed.get();
+    return streamed && im.streamed->streams(l)
+               ? static_cast<RoutedExpertsProvider*>(im.streamed.get())
+               : im.routed.get();
   }
 
   // Timing mark m of layer l on the step's stream (step_timings.h).

@@ -144,8 +144,9 @@ absl::Status StreamedRoutedExperts::PlanLayers() {
         (dim % 128 != 0 || sp.part_inter % 128 != 0 || sp.parts > cuda::kMxfp4MoeMaxParts ||
          E > cuda::kMxfp4MoeMaxExperts)) {
       lp.streamable = false;
-      lp.why_not = absl::StrFormat("dim %d, %d parts of %d rows, %d experts: outside the kernels' limits",
-                                   dim, sp.parts, sp.part_inter, E);
+      lp.why_not =
+          absl::StrFormat("dim %d, %d parts of %d rows, %d experts: outside the kernels' limits",
+                          dim, sp.parts, sp.part_inter, E);
     }
     sp.expert_bytes = sp.parts * sp.part.bytes;
     if (!lp.streamable) {
@@ -164,10 +165,10 @@ absl::Status StreamedRoutedExperts::Allocate() {
   if (expert_bytes == 0) return absl::OkStatus();  // nothing to copy
   experts_per_slot_ = options_.ring_bytes / kGpuPrefillRingSlots / expert_bytes;
   if (experts_per_slot_ < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the streamed-prefill ring of ", MiB(options_.ring_bytes), " cannot hold ",
-        kGpuPrefillRingSlots, " slots of one expert (", MiB(expert_bytes),
-        " each): raise --gpu_prefill_ring_mib"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the streamed-prefill ring of ", MiB(options_.ring_bytes), " cannot hold ",
+                     kGpuPrefillRingSlots, " slots of one expert (", MiB(expert_bytes),
+                     " each): raise --gpu_prefill_ring_mib"));
   }
   // A slot never needs more than a whole layer's experts.
   experts_per_slot_ = std::min<int64_t>(experts_per_slot_, model_.config().n_routed_experts);
@@ -195,10 +196,9 @@ absl::Status StreamedRoutedExperts::Allocate() {
   if (options_.stores != nullptr) {
     for (const ExpertStoreMap* m : options_.stores->maps()) {
       const auto t0 = std::chrono::steady_clock::now();
-      const cudaError_t e = cudaHostRegister(const_cast<uint8_t*>(m->data()), m->size(),
-                                             cudaHostRegisterReadOnly);
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const cudaError_t e =
+          cudaHostRegister(const_cast<uint8_t*>(m->data()), m->size(), cudaHostRegisterReadOnly);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
         spdlog::warn(
@@ -357,8 +357,8 @@ absl::Status StreamedRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, free_[b], 0));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_start_[step_groups_], copy_));
     for (const HostCopy& cp : lp.copies[g]) {
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot + cp.dst_offset, cp.src, cp.bytes,
-                                           cudaMemcpyHostToDevice, copy_));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(slot + cp.dst_offset, cp.src, cp.bytes, cudaMemcpyHostToDevice, copy_));
     }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_end_[step_groups_], copy_));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(filled_[b], copy_));

@@ -47,8 +47,8 @@ namespace ss::gpu::cuda_backend_internal {
 struct StreamedExpertsOptions {
   int first_layer = 0, end_layer = 0;  // the stage's layers (model ids)
   int tp = 1, rank = 0;
-  int64_t ring_bytes = 0;              // the staging ring (all slots)
-  int64_t max_rows = 0;  // the workspace is allocated for steps of this many rows at Create
+  int64_t ring_bytes = 0;  // the staging ring (all slots)
+  int64_t max_rows = 0;    // the workspace is allocated for steps of this many rows at Create
   const ExpertStoreSet* stores = nullptr;  // null: every layer from the model's host weights
   // Layers with an entry in `stores`' configuration (served by expert workers): their sources
   // must be stores. Other layers use the model's host weights.

@@ -326,7 +326,7 @@ TEST(ClusterConfigTest, LaunchMaxBatchTokensIsLargerWhereChunksMayStream) {
   EXPECT_EQ(LaunchMaxBatchTokens(0, true, 40960), 8192);
   EXPECT_EQ(LaunchMaxBatchTokens(0, true, 262144), 8192);
   EXPECT_EQ(LaunchMaxBatchTokens(0, true, 524288), 4096);
-  EXPECT_EQ(LaunchMaxBatchTokens(0, true, 1048576), 2048);  // Flash's whole context
+  EXPECT_EQ(LaunchMaxBatchTokens(0, true, 1048576), 2048);     // Flash's whole context
   EXPECT_EQ(LaunchMaxBatchTokens(4096, true, 1048576), 4096);  // --max-num-batched-tokens: as asked
   EXPECT_EQ(LaunchMaxBatchTokens(16384, false, 4096), 16384);
 }

@@ -4,8 +4,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -247,8 +247,8 @@ TEST(ExpertWorkerShm, StoreSegmentLivesWithTheWorker) {
     EXPECT_FALSE(ReadStoreSegment(name).exists);
   }
   {
-    testing_util::WorkerProcess anonymous({"--model", kTinyA, "--threads", "1", "--shm-name", name,
-                                           "--store-memory", "anonymous"});
+    testing_util::WorkerProcess anonymous(
+        {"--model", kTinyA, "--threads", "1", "--shm-name", name, "--store-memory", "anonymous"});
     const absl::Time until = absl::Now() + absl::Seconds(60);
     bool up = false;
     while (!up && absl::Now() < until) {

@@ -94,7 +94,7 @@ TEST(WorkerConfig, EveryFlagIsValidated) {
   WorkerFlags served = f;
   served.shm_name = "seg";
   EXPECT_EQ(ParseWorkerConfig(served)->store_segment, "seg-store");  // auto: shared
-  EXPECT_TRUE(ParseWorkerConfig(served)->store_segment_optional);   // ... where /dev/shm has room
+  EXPECT_TRUE(ParseWorkerConfig(served)->store_segment_optional);    // ... where /dev/shm has room
   served.store_memory = "anonymous";
   EXPECT_EQ(ParseWorkerConfig(served)->store_segment, "");
   served.store_memory = "shared";

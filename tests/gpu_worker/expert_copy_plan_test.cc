@@ -28,7 +28,8 @@ TEST(ExpertCopyPlanTest, BlockLayoutIsTheExpertStores) {
       o.slice_index = n - 1;
       o.slice_count = n;
       o.tile_rows = tile_rows;
-      absl::StatusOr<std::unique_ptr<expert::ExpertStore>> s = expert::ExpertStore::Load(o, pool.get());
+      absl::StatusOr<std::unique_ptr<expert::ExpertStore>> s =
+          expert::ExpertStore::Load(o, pool.get());
       ASSERT_TRUE(s.ok()) << s.status();
       const expert::ExpertSliceView* v = (*s)->layer_views(0);
       const PartBlockLayout l = *CompactPartBlockLayout((*s)->dim(), (*s)->inter_slice());
@@ -145,8 +146,7 @@ TEST(ExpertCopyPlanTest, CheckpointPiecesLandAtTheBlockOffsets) {
 }
 
 TEST(ExpertCopyPlanTest, GroupsCoverTheExpertsInOrder) {
-  EXPECT_EQ(ExpertGroups(0, 10, 4),
-            (std::vector<std::pair<int, int>>{{0, 4}, {4, 8}, {8, 10}}));
+  EXPECT_EQ(ExpertGroups(0, 10, 4), (std::vector<std::pair<int, int>>{{0, 4}, {4, 8}, {8, 10}}));
   EXPECT_EQ(ExpertGroups(64, 128, 64), (std::vector<std::pair<int, int>>{{64, 128}}));
   EXPECT_EQ(ExpertGroups(3, 3, 4).size(), 0u);
   EXPECT_EQ(ExpertGroups(0, 2, 0), (std::vector<std::pair<int, int>>{{0, 1}, {1, 2}}));

@@ -63,7 +63,8 @@ class SegmentEditor {
     struct stat st;
     ::fstat(fd, &st);
     size_ = st.st_size;
-    base_ = static_cast<uint8_t*>(::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    base_ =
+        static_cast<uint8_t*>(::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     ::close(fd);
   }
   ~SegmentEditor() { ::munmap(base_, size_); }
@@ -124,12 +125,12 @@ TEST(ExpertStoreMap, SharedStoreOpensWithEveryPieceEqualToTheStore) {
           ASSERT_GE(b, (*map)->data());
           ASSERT_LE(b + l.expert_stride, (*map)->data() + (*map)->size());
           const std::string at = "layer " + std::to_string(layer) + " expert " + std::to_string(e);
-          const uint8_t* pieces[6] = {b + l.w1, b + l.w1_scale, b + l.w3,
-                                      b + l.w3_scale, b + l.w2, b + l.w2_scale};
-          const uint8_t* store[6] = {sv[e].w1, sv[e].w1_scale, sv[e].w3,
-                                     sv[e].w3_scale, sv[e].w2, sv[e].w2_scale};
-          const uint8_t* anonv[6] = {av[e].w1, av[e].w1_scale, av[e].w3,
-                                     av[e].w3_scale, av[e].w2, av[e].w2_scale};
+          const uint8_t* pieces[6] = {b + l.w1,       b + l.w1_scale, b + l.w3,
+                                      b + l.w3_scale, b + l.w2,       b + l.w2_scale};
+          const uint8_t* store[6] = {sv[e].w1,       sv[e].w1_scale, sv[e].w3,
+                                     sv[e].w3_scale, sv[e].w2,       sv[e].w2_scale};
+          const uint8_t* anonv[6] = {av[e].w1,       av[e].w1_scale, av[e].w3,
+                                     av[e].w3_scale, av[e].w2,       av[e].w2_scale};
           const int64_t bytes[6] = {w13, w13s, w13, w13s, w2, w2s};
           for (int p = 0; p < 6; ++p) {
             ExpectSameBytes(pieces[p], store[p], bytes[p], at + " piece " + std::to_string(p));
@@ -163,7 +164,8 @@ TEST(ExpertStoreMap, CorruptOrMismatchingStoresAreRefused) {
   ASSERT_TRUE(ExpertStoreMap::Open(seg, c).ok());
   const auto refused = [&](const ModelConfig& model, const std::string& why) {
     auto m = ExpertStoreMap::Open(seg, model);
-    EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << why << ": " << m.status();
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
+        << why << ": " << m.status();
     EXPECT_NE(m.status().message().find(why), absl::string_view::npos) << m.status();
     EXPECT_NE(m.status().message().find("/dev/shm/" + seg), absl::string_view::npos) << m.status();
   };
@@ -237,12 +239,12 @@ TEST(ExpertStoreSet, StreamableLayersAndReasons) {
   ASSERT_TRUE(sb.ok()) << sb.status();
   const ModelConfig c = (*sa)->config();
   std::map<int64_t, ExpertLayerStores> layers;
-  layers[0] = {{a, b}, 2};                    // both slices in stores
-  layers[1] = {{a, b}, 2};                    // b does not hold layer 1
-  layers[2] = {{a, ""}, 2};                   // slice 1 over gRPC
-  layers[3] = {{Name("nobody")}, 1};          // no such store
-  layers[4] = {{}, 2};                        // none of its slices is this rank's
-  layers[5] = {{b}, 2};                       // this rank's share: slice 1 alone
+  layers[0] = {{a, b}, 2};            // both slices in stores
+  layers[1] = {{a, b}, 2};            // b does not hold layer 1
+  layers[2] = {{a, ""}, 2};           // slice 1 over gRPC
+  layers[3] = {{Name("nobody")}, 1};  // no such store
+  layers[4] = {{}, 2};                // none of its slices is this rank's
+  layers[5] = {{b}, 2};               // this rank's share: slice 1 alone
   auto set = ExpertStoreSet::Open(layers, c);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_TRUE((*set)->streamable(0));
@@ -259,7 +261,7 @@ TEST(ExpertStoreSet, StreamableLayersAndReasons) {
   EXPECT_NE((*set)->reason(3).find("no expert store"), std::string::npos) << (*set)->reason(3);
   EXPECT_TRUE((*set)->streamable(4));
   EXPECT_TRUE((*set)->slices(4).empty());
-  EXPECT_FALSE((*set)->streamable(5));  // b holds layers 0 and 2 only
+  EXPECT_FALSE((*set)->streamable(5));   // b holds layers 0 and 2 only
   EXPECT_EQ((*set)->maps().size(), 2u);  // each segment opened once
   EXPECT_FALSE((*set)->streamable(6));   // not given
   EXPECT_NE((*set)->reason(6), "");
@@ -276,8 +278,7 @@ TEST(ExpertStoreSet, StreamableLayersAndReasons) {
     SegmentEditor edit(ExpertStoreSegmentName(a));
     edit.header()->format_version += 1;
   }
-  EXPECT_EQ(ExpertStoreSet::Open(layers, c).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ExpertStoreSet::Open(layers, c).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
