@@ -341,6 +341,13 @@ int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& dev
   return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() ? 0 : fallback;
 }
 
+int LaunchExpertWorkers(int requested, int nodes, int tp, bool cuda, int64_t moe_inter_dim) {
+  int experts = requested > 0 ? requested : std::max(1, nodes);
+  if (requested <= 0 && cuda && tp > experts && tp % experts == 0) experts = tp;
+  while (experts > 1 && moe_inter_dim % (int64_t{128} * experts) != 0) --experts;
+  return experts;
+}
+
 int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context) {
   if (requested > 0) return requested;
   int64_t tokens = kLaunchStepTokens;

@@ -130,6 +130,14 @@ int64_t MaxModelLen(const ClusterConfig& c, const ModelConfig& model);
 int64_t LaunchKvTokens(int64_t requested, bool cuda, const std::vector<int>& devices,
                        int64_t fallback);
 
+// `splitserve up`'s expert workers: `requested` (> 0, --expert-workers N) or, for 0 (auto), one
+// per NUMA node (`nodes`), or one per TP rank where the cuda backend runs TP over more ranks
+// than there are nodes and tp is a multiple of them (the node's cores split between them): a
+// rank then holds its own slice of every expert, so its expert calls run beside the other
+// ranks' and a streamed prefill's copies divide across the GPUs (each rank streams its slices).
+// Then lowered until the slices split moe_inter_dim into multiples of 128.
+int LaunchExpertWorkers(int requested, int nodes, int tp, bool cuda, int64_t moe_inter_dim);
+
 // `splitserve up`'s tokens per step (the cluster config's max_batch_tokens, vLLM's
 // --max-num-batched-tokens: the scheduler's budget per step and its largest prefill chunk):
 // `requested` when > 0. For 0, where the cuda backend may stream a prefill chunk's routed

@@ -78,6 +78,8 @@ constexpr char kUsage[] =
     "  still pass every check of config.json.\n"
     "  --tp N (cuda): N tensor-parallel GPU workers per stage; stage s, rank r runs on GPU\n"
     "  (s*N + r) mod G of the machine's G GPUs (stages may share GPUs, a stage's ranks not).\n"
+    "  --expert-workers auto (default): one per NUMA node, or one per TP rank where --tp is a\n"
+    "  larger multiple of the nodes (each rank calls, and streams, its own slice of the experts).\n"
     "  --kv-tokens auto (default): with the cuda backend and one GPU worker per GPU each worker\n"
     "  fills its GPU's free memory with KV; otherwise 65536 tokens per worker.\n"
     "  --max-model-len N: the longest prompt + output served (default: the model's positions);\n"
@@ -596,10 +598,9 @@ int RunUpCommand(int argc, char** argv) {
     }
     nodes = std::max(1, static_cast<int>(node_cores.size()));
   }
-  int experts = nodes;
-  if (o.expert_workers != "auto") experts = std::atoi(o.expert_workers.c_str());
-  // Slices must split the expert width into 128-multiples.
-  while (experts > 1 && model->moe_inter_dim % (128 * experts) != 0) --experts;
+  const int experts = coord::LaunchExpertWorkers(
+      o.expert_workers == "auto" ? 0 : std::atoi(o.expert_workers.c_str()), nodes, o.tp,
+      backend == "cuda", model->moe_inter_dim);
   // The coordinator and the GPU workers on cores of their own (cluster_config.h LaunchCpus).
   const coord::LaunchCpus cpus =
       coord::PlanLaunchCpusFor(node_cores, experts, o.stages * o.tp, true, backend == "cuda");

@@ -320,6 +320,18 @@ TEST(ClusterConfigTest, LaunchKvTokensFillsGpusOnlyWhereEachWorkerHasItsOwn) {
   EXPECT_EQ(LaunchKvTokens(0, false, {}, 65536), 65536);  // cpu backend
 }
 
+TEST(ClusterConfigTest, LaunchExpertWorkersGivesEveryTpRankItsSlice) {
+  EXPECT_EQ(LaunchExpertWorkers(0, 1, 1, true, 2048), 1);   // one node, one rank
+  EXPECT_EQ(LaunchExpertWorkers(0, 2, 1, true, 2048), 2);   // one per node
+  EXPECT_EQ(LaunchExpertWorkers(0, 1, 4, true, 2048), 4);   // TP 4 on one node: one per rank
+  EXPECT_EQ(LaunchExpertWorkers(0, 2, 4, true, 2048), 4);   // two per node
+  EXPECT_EQ(LaunchExpertWorkers(0, 2, 3, true, 2048), 2);   // tp not a multiple of the nodes
+  EXPECT_EQ(LaunchExpertWorkers(0, 1, 4, false, 2048), 1);  // cpu backend: no TP ranks
+  EXPECT_EQ(LaunchExpertWorkers(0, 1, 4, true, 256), 2);    // slices of 128 rows at least
+  EXPECT_EQ(LaunchExpertWorkers(3, 1, 4, true, 2048), 2);   // --expert-workers 3: 2048/3 no
+  EXPECT_EQ(LaunchExpertWorkers(1, 1, 4, true, 2048), 1);   // --expert-workers 1: as asked
+}
+
 TEST(ClusterConfigTest, LaunchMaxBatchTokensIsLargerWhereChunksMayStream) {
   EXPECT_EQ(LaunchMaxBatchTokens(0, false, 40960), 2048);  // cpu backend, or streaming off
   // A cuda backend that may stream: as large as a 2048-token step at 1M positions costs.
