@@ -28,9 +28,7 @@
 // demo's order). The differences to the CPU reference: the tensor cores' summation of a group's 32
 // products (Linear4 rounds their exact sum once; the tensor cores' internal rounding is the
 // hardware's) and silu's exp, CUDA's expf where the reference calls glibc's (as swiglu.cu).
-// Measured on the H200 (compute_86 PTX on sm_90's tensor cores) at Flash shapes (dim 4096,
-// I 2048, 512 tokens, top-6 of 16 experts): every output bit-identical to model::RoutedSum
-// (mxfp4_moe_test); an SM 8.6 card's tensor cores may round a group partial differently.
+// The measured agreement (mxfp4_moe_test) is in bench/RESULTS.md.
 //
 // Determinism: every route's row is computed by one fixed sequence of operations whatever the
 // other routes are (no atomics in any sum), so a step's results do not depend on the grid's
