@@ -124,7 +124,8 @@ struct CudaBackendOptions {
   // registered with CUDA; layers whose slices are not all in stores on this host keep the CPU
   // path. Layers without an entry stream from the model's host weights (golden tests,
   // standalone use).
-  GpuPrefillThreshold gpu_prefill_threshold;
+  // Off unless asked: the GPU worker passes its --gpu_prefill_threshold (auto by default).
+  GpuPrefillThreshold gpu_prefill_threshold{GpuPrefillThreshold::Mode::kOff, 0};
   int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
   std::map<int64_t, ExpertLayerStores> expert_stores;
   // Benchmarks only (layer figures without the routed experts): take every layer's routed-expert
