@@ -14,11 +14,28 @@
 namespace ss::expert::internal {
 namespace {
 
-// How far ahead the weight prefetch runs, in 64-byte lines in consumption order: 16 KB, half a
-// tile at k = 4096. A whole tile ahead thrashes L1 and per-row distances fall short of the
-// stream (bench/RESULTS.md, "The weight prefetch distance"). The lines are read once, so they
-// are fetched non-temporal.
-constexpr int64_t kPrefetchLines = 256;
+// The weight prefetch: which cache level the lines go to and how far ahead of their use, in
+// 64-byte lines in consumption order. Measured per thread count on both CPU families we have
+// (bench/RESULTS.md, "Prefetch hint and distance"):
+//  - kNear: non-temporal into L1, 256 lines (16 KB, half a tile at k = 4096) ahead. On AMD
+//    (Zen 5) a whole tile ahead thrashes L1 and per-row distances fall short of the stream;
+//    NTA and T0 read alike there.
+//  - kFar: into L2 (T2), 1024 lines (64 KB) ahead. On Intel (Sapphire Rapids class) a
+//    non-temporal prefetch reads at half the rate of T0/T2 (it skips L2, and an L1 fill buffer
+//    holds each line until use), and L2 holds a long distance without touching L1.
+struct PrefetchNear {
+  static constexpr int kHint = _MM_HINT_NTA;
+  static constexpr int64_t kLines = 256;
+};
+struct PrefetchFar {
+  static constexpr int kHint = _MM_HINT_T2;
+  static constexpr int64_t kLines = 1024;
+};
+// kFar on Intel CPUs, kNear elsewhere (decided once).
+inline bool UseFarPrefetch() {
+  static const bool far = __builtin_cpu_is("intel");
+  return far;
+}
 
 // Where the weights of rows [r0, r0 + kRows) start (r0 a multiple of kRows), and the byte steps
 // between their rows and between their K blocks (64 bytes a row): row-major rows, or tiled
@@ -36,13 +53,13 @@ inline const uint8_t* TileBase(const Linear4Args& a, const uint8_t* w, int64_t r
 }
 
 // The software prefetch of one Linear4 call whose tiles are kRows rows: lines are consumed tile
-// by tile, K block by K block, row by row; at each step the line kPrefetchLines steps later is
+// by tile, K block by K block, row by row; at each step the line Policy::kLines steps later is
 // requested (running on into Linear4Args::next_w after the last tile), and one line of each
 // scale row of the next tile per K block while they last.
-template <int kRows>
+template <int kRows, class Policy>
 class Prefetch {
  public:
-  static constexpr int64_t kBlocks = kPrefetchLines / kRows;  // the distance in K-block steps
+  static constexpr int64_t kBlocks = Policy::kLines / kRows;  // the distance in K-block steps
 
   // Requests the lines the running prefetch never covers: the first kBlocks steps.
   explicit Prefetch(const Linear4Args& a) : a_(a), nkb_(a.k / 128), steps_(Steps(a)) {
@@ -70,7 +87,7 @@ class Prefetch {
 
  private:
   static void Line(const uint8_t* p) {
-    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(p), static_cast<_mm_hint>(Policy::kHint));
   }
   // Row `row` (a multiple of kRows) of these rows followed by the next ones, or null past them.
   const uint8_t* RowPtr(const uint8_t* cur, const uint8_t* next, int64_t row,

@@ -12,8 +12,9 @@
 // rounding), scaled and added in K order exactly as the scalar definition does. Several
 // activation rows share one nibble split per K block, kept in L1, and fold their signs there.
 //
-// Memory: the software prefetch runs kPrefetchLines 64-byte lines ahead in consumption order
-// (tile, K block, row; on into Linear4Args::next_w), the next tile's scale rows one tile ahead.
+// Memory: the software prefetch runs ahead in consumption order (tile, K block, row; on into
+// Linear4Args::next_w; how far and into which cache level: isa_shared.h, by CPU family), the next
+// tile's scale rows one tile ahead.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -175,7 +176,8 @@ inline __m256i Load(const uint8_t* p) {
 }
 
 // One activation row (decode): the sign is folded into the packed bytes, one XOR per chunk.
-void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, Prefetch<kRows>& pf) {
+template <class PF>
+void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
   __m256 acc = _mm256_setzero_ps();
   const uint8_t* w = TileBase(a, a.w, r0);
@@ -209,8 +211,9 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, Prefetch<kRows
 // Any number of activation rows: each K block's nibbles are split once into `nibbles`
 // ([8 rows][chunk 0: even 32 | odd 32, chunk 1: even 32 | odd 32] bytes, L1) and every
 // activation row folds its signs there.
+template <class PF>
 void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, uint8_t* nibbles,
-              Prefetch<kRows>& pf) {
+              PF& pf) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm256_set1_epi8(0x08);
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
   const uint8_t* w = TileBase(a, a.w, r0);
@@ -308,13 +311,12 @@ inline void PlaneValues(__m256i c, __m256i (&out)[3]) {
   out[0] = _mm256_and_si256(le4, _mm256_sllv_epi32(m, b));
 }
 
-}  // namespace
-
-void Linear4Avx2(const Linear4Args& a) {
+template <class Policy>
+void Linear4Tiles(const Linear4Args& a) {
   __m256i* st = reinterpret_cast<__m256i*>(a.scratch);            // [k/128] transposed scales
   float* acc = a.scratch + a.k / 128 * 16;                        // [n][8]
   uint8_t* nibbles = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [8][128] bytes
-  Prefetch<kRows> pf(a);
+  Prefetch<kRows, Policy> pf(a);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
     TransposeScales(a, r0, st);
     if (a.n == 1) {
@@ -322,6 +324,16 @@ void Linear4Avx2(const Linear4Args& a) {
     } else {
       TileMany(a, r0, st, acc, nibbles, pf);
     }
+  }
+}
+
+}  // namespace
+
+void Linear4Avx2(const Linear4Args& a) {
+  if (UseFarPrefetch()) {
+    Linear4Tiles<PrefetchFar>(a);
+  } else {
+    Linear4Tiles<PrefetchNear>(a);
   }
 }
 

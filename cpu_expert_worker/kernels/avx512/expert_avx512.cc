@@ -12,8 +12,8 @@
 // activation rows share one nibble split per K block, kept in L1, and fold their signs there.
 //
 // Memory: weights are read once per call in tile, K block, row order; a software prefetch runs
-// kPrefetchLines lines ahead in that order (and on into Linear4Args::next_w), the next tile's
-// scale rows one tile ahead.
+// ahead in that order (and on into Linear4Args::next_w; how far and into which cache level:
+// isa_shared.h, by CPU family), the next tile's scale rows one tile ahead.
 
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* placeholders) once those
 // intrinsics are inlined here; the warning is about the header, not this code.
@@ -188,7 +188,8 @@ inline void Store(Epilogue e, float* y, __m512 acc) {
 }
 
 // One activation row (decode): the sign is folded into the packed bytes, one XOR per row.
-void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, Prefetch<kRows>& pf) {
+template <class PF>
+void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, PF& pf) {
   const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table();
   __m512 acc = _mm512_setzero_ps();
   const uint8_t* w = TileBase(a, a.w, r0);
@@ -218,8 +219,9 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, Prefetch<kRows
 
 // Any number of activation rows: each K block's nibbles are split once into `nibbles`
 // ([16 rows][even 64 | odd 64] bytes, L1) and every activation row folds its signs there.
+template <class PF>
 void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, uint8_t* nibbles,
-              Prefetch<kRows>& pf) {
+              PF& pf) {
   const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm512_set1_epi8(0x08);
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
   const uint8_t* w = TileBase(a, a.w, r0);
@@ -305,13 +307,12 @@ inline __mmask16 PlaneBytes(__m512i c, uint8_t* rec, int64_t pos) {
   return _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f));
 }
 
-}  // namespace
-
-void Linear4Avx512(const Linear4Args& a) {
+template <class Policy>
+void Linear4Tiles(const Linear4Args& a) {
   __m512i* st = reinterpret_cast<__m512i*>(a.scratch);            // [k/128] transposed scales
   float* acc = a.scratch + a.k / 128 * 16;                        // [n][16]
   uint8_t* nibbles = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [16][128] bytes
-  Prefetch<kRows> pf(a);
+  Prefetch<kRows, Policy> pf(a);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
     TransposeScales(a, r0, st);
     if (a.n == 1) {
@@ -319,6 +320,16 @@ void Linear4Avx512(const Linear4Args& a) {
     } else {
       TileMany(a, r0, st, acc, nibbles, pf);
     }
+  }
+}
+
+}  // namespace
+
+void Linear4Avx512(const Linear4Args& a) {
+  if (UseFarPrefetch()) {
+    Linear4Tiles<PrefetchFar>(a);
+  } else {
+    Linear4Tiles<PrefetchNear>(a);
   }
 }
 
