@@ -10,11 +10,14 @@
 //   l2       the expert kernel's gate_up on one L2-resident 128-column unit a thread, again and
 //            again (T = 1): the kernel's per-core compute rate with every core busy, GB/s of
 //            weights;
+//   l2rows   the same unit for 64 token rows a call (the largest unit the engine makes): the
+//            prefill-sized calls' compute rate, GFLOP/s (2 x 64 x the unit's weights a call);
 //   dram     each thread runs whole experts (gate_up over all columns, then down) over its own
 //            share of --gib GiB of Flash-shaped tiled experts (T = 1): the kernel from memory
 //            with every core busy but without the engine's fork-join.
 //
-//   build/bin/cpu_rates_bench [--threads 1,2,4,8,16] [--gib 2] [--sections fma,stream,l2,dram]
+//   build/bin/cpu_rates_bench [--threads 1,2,4,8,16] [--gib 2] [--sections
+//   fma,stream,l2,l2rows,dram]
 //                             [--isa avx2,avx512] [--passes 3]
 //
 // One line a measurement: `section=... isa=... variant=... pages=... threads=N gbps=X` (or
@@ -48,7 +51,7 @@ constexpr int64_t kDim = 4096, kInter = 2048;
 struct Options {
   std::vector<int> threads = {1, 2, 4, 8, 16};
   double gib = 2.0;
-  std::vector<std::string> sections = {"fma", "stream", "l2", "dram"};
+  std::vector<std::string> sections = {"fma", "stream", "l2", "l2rows", "dram"};
   std::vector<std::string> isas = {"avx2", "avx512"};
   int passes = 3;
 };
@@ -215,49 +218,48 @@ int64_t CarvedBytes(int64_t inter) {
          r(kDim * inter / 32);
 }
 
-// Per-thread buffers of one T = 1 expert evaluation.
+// Per-thread buffers of `rows` token rows' expert evaluation (x, h and out per row).
 struct Scratch {
+  static constexpr int64_t kRowFloats = kDim + kDim / 128 + kInter + kInter / 128 + kDim + 64;
   std::vector<uint8_t> ws;
-  float* xq;
-  float* xs;
-  float* hq;
-  float* hs;
-  float* out;
   std::vector<float> storage;
-  explicit Scratch(const ss::expert::ExpertKernel& k, int64_t inter) {
+  std::vector<const float*> xq, xs, hqc, hsc;
+  std::vector<float*> hq, hs, out;
+  Scratch(const ss::expert::ExpertKernel& k, int64_t inter, int64_t rows = 1) {
     ws.resize(ss::expert::ExpertUnitWorkspaceBytes(kDim, inter) + 64);
-    storage.resize(kDim + kDim / 128 + inter + inter / 128 + kDim + 64);
+    storage.resize(rows * kRowFloats + 64);
     float* base =
         reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~63);
-    xq = base;
-    xs = xq + kDim;
-    hq = xs + kDim / 128;
-    hs = hq + inter;
-    out = hs + inter / 128;
-    const std::vector<uint16_t> x = ss::bench::RandomBf16(kDim, 5);
-    k.quantize_row(x.data(), kDim, xq, xs);
+    const std::vector<uint16_t> x = ss::bench::RandomBf16(kDim * rows, 5);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* p = base + i * kRowFloats;
+      xq.push_back(p);
+      xs.push_back(p + kDim);
+      hq.push_back(p + kDim + kDim / 128);
+      hs.push_back(hq.back() + kInter);
+      out.push_back(hs.back() + kInter / 128);
+      hqc.push_back(hq.back());
+      hsc.push_back(hs.back());
+      k.quantize_row(x.data() + i * kDim, kDim, p, p + kDim);
+    }
   }
 };
 
 bool GateUp(const ss::expert::ExpertKernel& k, Scratch& s, const ss::expert::ExpertSliceView& v,
             int64_t inter, int64_t c0, int64_t c1) {
-  const float* xq_rows[1] = {s.xq};
-  const float* xs_rows[1] = {s.xs};
-  float* hq_rows[1] = {s.hq};
-  float* hs_rows[1] = {s.hs};
-  const float weight = 0.5f;
+  const std::vector<float> weights(s.xq.size(), 0.5f);
   ss::expert::GateUpCall c;
-  c.rows = 1;
+  c.rows = static_cast<int64_t>(s.xq.size());
   c.dim = kDim;
   c.inter_slice = inter;
   c.col_begin = c0;
   c.col_end = c1;
   c.expert = &v;
-  c.xq_rows = xq_rows;
-  c.xs_rows = xs_rows;
-  c.weights = &weight;
-  c.hq_rows = hq_rows;
-  c.hs_rows = hs_rows;
+  c.xq_rows = s.xq.data();
+  c.xs_rows = s.xs.data();
+  c.weights = weights.data();
+  c.hq_rows = s.hq.data();
+  c.hs_rows = s.hs.data();
   return k.gate_up(c, s.ws.data(), s.ws.size()).ok();
 }
 
@@ -265,9 +267,6 @@ bool Down(const ss::expert::ExpertKernel& k, Scratch& s, const ss::expert::Exper
           int64_t inter) {
   const ss::expert::ExpertSliceView* experts[1] = {&v};
   const int32_t offsets[2] = {0, 1};
-  const float* hq_rows[1] = {s.hq};
-  const float* hs_rows[1] = {s.hs};
-  float* out_rows[1] = {s.out};
   ss::expert::DownCall c;
   c.dim = kDim;
   c.inter_slice = inter;
@@ -276,22 +275,25 @@ bool Down(const ss::expert::ExpertKernel& k, Scratch& s, const ss::expert::Exper
   c.num_groups = 1;
   c.experts = experts;
   c.group_offsets = offsets;
-  c.hq_rows = hq_rows;
-  c.hs_rows = hs_rows;
-  c.out_rows = out_rows;
+  c.hq_rows = s.hqc.data();
+  c.hs_rows = s.hsc.data();
+  c.out_rows = s.out.data();
   return k.down(c, s.ws.data(), s.ws.size()).ok();
 }
 
-void L2Rate(ss::ThreadPool& pool, const Options& o, const ss::expert::ExpertKernel& k) {
+// rows = 1: GB/s of weights (decode); rows > 1: GFLOP/s (2 x rows x weights a call), the
+// prefill-sized calls' compute rate.
+void L2Rate(ss::ThreadPool& pool, const Options& o, const ss::expert::ExpertKernel& k,
+            int64_t rows) {
   const int n = pool.size();
-  const int64_t inter = 128, reps = 400;
+  const int64_t inter = 128, reps = rows == 1 ? 400 : 12;
   std::vector<std::unique_ptr<Region>> mem(n);
   std::vector<std::vector<ss::expert::ExpertSliceView>> views(n);
   std::vector<std::unique_ptr<Scratch>> scratch(n);
   TimeEach(pool, [&](int w) {
     mem[w] = std::make_unique<Region>(CarvedBytes(inter), false);
     views[w] = CarveExperts(mem[w]->p, 1, inter, k.tile_rows, 11 + w);
-    scratch[w] = std::make_unique<Scratch>(k, inter);
+    scratch[w] = std::make_unique<Scratch>(k, inter, rows);
   });
   const double bytes = 2.0 * inter * (kDim / 2 + kDim / 32);  // w1 + w3 of the unit
   double best = 0;
@@ -302,8 +304,14 @@ void L2Rate(ss::ThreadPool& pool, const Options& o, const ss::expert::ExpertKern
     });
     best = std::max(best, bytes * reps * n / s / 1e9);
   }
-  std::printf("section=l2 isa=%s threads=%d gbps=%.2f per_thread=%.2f%s\n", k.name, n, best,
-              best / n, ok ? "" : " KERNEL-ERROR");
+  if (rows == 1) {
+    std::printf("section=l2 isa=%s threads=%d gbps=%.2f per_thread=%.2f%s\n", k.name, n, best,
+                best / n, ok ? "" : " KERNEL-ERROR");
+  } else {
+    const double gflops = best / bytes * 2.0 * inter * kDim * 2 * rows;
+    std::printf("section=l2rows isa=%s rows=%ld threads=%d gflops=%.1f per_thread=%.1f%s\n", k.name,
+                rows, n, gflops, gflops / n, ok ? "" : " KERNEL-ERROR");
+  }
 }
 
 void DramRate(ss::ThreadPool& pool, const Options& o, const ss::expert::ExpertKernel& k,
@@ -403,7 +411,8 @@ int main(int argc, char** argv) {
       auto isa = ss::expert::ParseIsa(isa_name);
       if (!isa.ok() || !ss::expert::IsaSupported(*isa)) continue;
       const ss::expert::ExpertKernel* k = *ss::expert::KernelFor(*isa);
-      if (Has(o.sections, "l2")) L2Rate(p, o, *k);
+      if (Has(o.sections, "l2")) L2Rate(p, o, *k, 1);
+      if (Has(o.sections, "l2rows")) L2Rate(p, o, *k, 64);
       if (Has(o.sections, "dram")) {
         DramRate(p, o, *k, true);
         DramRate(p, o, *k, false);

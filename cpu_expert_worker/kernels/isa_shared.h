@@ -53,41 +53,57 @@ inline const uint8_t* TileBase(const Linear4Args& a, const uint8_t* w, int64_t r
 }
 
 // The software prefetch of one Linear4 call whose tiles are kRows rows: lines are consumed tile
-// by tile, K block by K block, row by row; at each step the line Policy::kLines steps later is
-// requested (running on into Linear4Args::next_w after the last tile), and one line of each
-// scale row of the next tile per K block while they last.
+// by tile, K block by K block, row by row, kRows lines a (tile, K block) step. Step(r0, kb),
+// called before consuming each step in that order, requests the lines of the step
+// Policy::kLines / kRows steps later (running on into Linear4Args::next_w after the last tile)
+// and, while they last, one line of each scale row of the next tile. When the weights are tiled
+// in exactly the kernel's tile height, consumption order is memory order and a step's lines are
+// contiguous: the target is found by a running offset, without divisions.
 template <int kRows, class Policy>
 class Prefetch {
  public:
-  static constexpr int64_t kBlocks = Policy::kLines / kRows;  // the distance in K-block steps
+  static constexpr int64_t kBlocks = Policy::kLines / kRows;  // the distance in steps
 
   // Requests the lines the running prefetch never covers: the first kBlocks steps.
-  explicit Prefetch(const Linear4Args& a) : a_(a), nkb_(a.k / 128), steps_(Steps(a)) {
-    for (int64_t step = 0; step < kBlocks; ++step) {
-      const uint8_t* base = WeightRow(a.w, nullptr, step / nkb_ * kRows);
-      if (base == nullptr) break;
-      for (int r = 0; r < kRows; ++r) Line(base + r * steps_.row + step % nkb_ * steps_.kb);
-    }
+  explicit Prefetch(const Linear4Args& a)
+      : a_(a),
+        nkb_(a.k / 128),
+        steps_(Steps(a)),
+        sequential_(a.w_tile_rows == kRows),
+        len_(a.rows * a.k / 2),
+        next_len_(a.next_w != nullptr ? a.next_rows * a.k / 2 : 0) {
+    for (int64_t step = 0; step < kBlocks; ++step) Issue(step);
   }
-  // Aims at the targets of step (tile r0, K block kb); Row(r) then requests row r's.
-  void Aim(int64_t r0, int64_t kb) {
-    const int64_t step = r0 / kRows * nkb_ + kb + kBlocks;
-    base_ = WeightRow(a_.w, a_.next_w, step / nkb_ * kRows);
-    if (base_ != nullptr) base_ += step % nkb_ * steps_.kb;
-    sbase_ = nullptr;
+  // Before consuming the step (tile r0, K block kb).
+  void Step(int64_t r0, int64_t kb) {
+    Issue(r0 / kRows * nkb_ + kb + kBlocks);
     if (kb * 64 < a_.k / 32) {
-      sbase_ = RowPtr(a_.s, a_.next_s, r0 + kRows, a_.s_stride);
-      if (sbase_ != nullptr) sbase_ += kb * 64;
+      const uint8_t* s = RowPtr(a_.s, a_.next_s, r0 + kRows, a_.s_stride);
+      if (s != nullptr) {
+        for (int r = 0; r < kRows; ++r) Line(s + kb * 64 + r * a_.s_stride);
+      }
     }
-  }
-  void Row(int r) const {
-    if (base_ != nullptr) Line(base_ + r * steps_.row);
-    if (sbase_ != nullptr) Line(sbase_ + r * a_.s_stride);
   }
 
  private:
   static void Line(const uint8_t* p) {
     _mm_prefetch(reinterpret_cast<const char*>(p), static_cast<_mm_hint>(Policy::kHint));
+  }
+  // Requests the kRows weight lines of step `step` (counted from this call's first tile).
+  void Issue(int64_t step) const {
+    if (sequential_) {
+      const int64_t off = step * kRows * 64;
+      const uint8_t* p = off < len_               ? a_.w + off
+                         : off - len_ < next_len_ ? a_.next_w + (off - len_)
+                                                  : nullptr;
+      if (p == nullptr) return;
+      for (int r = 0; r < kRows; ++r) Line(p + r * 64);
+      return;
+    }
+    const uint8_t* base = WeightRow(a_.w, a_.next_w, step / nkb_ * kRows);
+    if (base == nullptr) return;
+    base += step % nkb_ * steps_.kb;
+    for (int r = 0; r < kRows; ++r) Line(base + r * steps_.row);
   }
   // Row `row` (a multiple of kRows) of these rows followed by the next ones, or null past them.
   const uint8_t* RowPtr(const uint8_t* cur, const uint8_t* next, int64_t row,
@@ -105,8 +121,8 @@ class Prefetch {
   const Linear4Args& a_;
   const int64_t nkb_;
   const WeightSteps steps_;
-  const uint8_t* base_ = nullptr;
-  const uint8_t* sbase_ = nullptr;
+  const bool sequential_;
+  const int64_t len_, next_len_;
 };
 
 // ss::QuantizeActE4m3's power-of-two scale of a block whose largest |x| (NaN skipped) is

@@ -10,7 +10,8 @@
 // by one vpmaddwd with the plane's weight (1, 32, 1024), leaving each group's exact sum in four
 // int32 lanes. Integer adds reduce the 8 rows to one vector per group, converted to fp32 (the one
 // rounding), scaled and added in K order exactly as the scalar definition does. Several
-// activation rows share one nibble split per K block, kept in L1, and fold their signs there.
+// activation rows share one lookup of a K block's weights, kept in L1, and apply their signs there
+// (vpsignb with ±1).
 //
 // Memory: the software prefetch runs ahead in consumption order (tile, K block, row; on into
 // Linear4Args::next_w; how far and into which cache level: isa_shared.h, by CPU family), the next
@@ -175,27 +176,33 @@ inline __m256i Load(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
+// The byte step between the rows of a tile: 64 when the weights are tiled (kTiled), the row
+// stride otherwise.
+template <bool kTiled>
+inline int64_t RowStep(const Linear4Args& a) {
+  return kTiled ? 64 : Steps(a).row;
+}
+
 // One activation row (decode): the sign is folded into the packed bytes, one XOR per chunk.
-template <class PF>
+template <bool kTiled, class PF>
 void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
   __m256 acc = _mm256_setzero_ps();
   const uint8_t* w = TileBase(a, a.w, r0);
-  const WeightSteps ws = Steps(a);
-  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    const uint8_t* rec = Record(a, 0, kb);
+  const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
+  const uint8_t* rec = Record(a, 0, 0);
+  for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step, rec += kRecordBytes) {
+    pf.Step(r0, kb);
     const float sa = RecordScale(rec);
     __m256 sw[4];
     GroupScales(_mm256_load_si256(st + kb), sw);
-    pf.Aim(r0, kb);
     for (int c = 0; c < 2; ++c) {
       const Planes pl(rec, c);
       const __m256i sx = Load(rec + kSignOffset + c * 32);
       __m256i res[kRows];
 #pragma GCC unroll 8
       for (int r = 0; r < kRows; ++r) {
-        if (c == 0) pf.Row(r);
-        const __m256i v = _mm256_xor_si256(Load(w + r * ws.row + kb * ws.kb + c * 32), sx);
+        const __m256i v = _mm256_xor_si256(Load(w + r * row + c * 32), sx);
         const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
         const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
         res[r] = DotPlanes(pl, we, wo);
@@ -208,26 +215,32 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   Store(a.epilogue, a.y[0] + r0, acc);
 }
 
-// Any number of activation rows: each K block's nibbles are split once into `nibbles`
-// ([8 rows][chunk 0: even 32 | odd 32, chunk 1: even 32 | odd 32] bytes, L1) and every
-// activation row folds its signs there.
-template <class PF>
-void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, uint8_t* nibbles,
+// ±1 per byte: -1 where `bits` has bit 3 set (a negative activation element), +1 elsewhere.
+inline __m256i SignOnes(__m256i bits) {
+  const __m256i bit3 = _mm256_set1_epi8(0x08);
+  return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, bit3), bit3),
+                         _mm256_set1_epi8(1));
+}
+
+// Any number of activation rows: each K block's weights are looked up once into `wvals`
+// ([8 rows][chunk 0: even 32 | odd 32, chunk 1: even 32 | odd 32] int8 2·e2m1, L1) and every
+// activation row applies its signs there (vpsignb with ±1).
+template <bool kTiled, class PF>
+void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, uint8_t* wvals,
               PF& pf) {
-  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm256_set1_epi8(0x08);
+  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
   const uint8_t* w = TileBase(a, a.w, r0);
-  const WeightSteps ws = Steps(a);
-  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    pf.Aim(r0, kb);
+  const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
+  for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step) {
+    pf.Step(r0, kb);
     for (int r = 0; r < kRows; ++r) {
-      pf.Row(r);
       for (int c = 0; c < 2; ++c) {
-        const __m256i v = Load(w + r * ws.row + kb * ws.kb + c * 32);
-        uint8_t* out = nibbles + r * 128 + c * 64;
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_and_si256(v, nib));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32),
-                           _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+        const __m256i v = Load(w + r * row + c * 32);
+        __m256i* out = reinterpret_cast<__m256i*>(wvals + r * 128 + c * 64);
+        _mm256_store_si256(out, _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib)));
+        _mm256_store_si256(
+            out + 1, _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib)));
       }
     }
     __m256 sw[4];
@@ -239,15 +252,13 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, u
       for (int c = 0; c < 2; ++c) {
         const Planes pl(rec, c);
         const __m256i sx = Load(rec + kSignOffset + c * 32);
-        const __m256i se = _mm256_and_si256(sx, bit3);
-        const __m256i so = _mm256_and_si256(_mm256_srli_epi16(sx, 4), bit3);
+        const __m256i se = SignOnes(sx), so = SignOnes(_mm256_srli_epi16(sx, 4));
         __m256i res[kRows];
 #pragma GCC unroll 8
         for (int r = 0; r < kRows; ++r) {
-          const uint8_t* nb = nibbles + r * 128 + c * 64;
-          const __m256i ne = _mm256_xor_si256(Load(nb), se);
-          const __m256i no = _mm256_xor_si256(Load(nb + 32), so);
-          res[r] = DotPlanes(pl, _mm256_shuffle_epi8(lut, ne), _mm256_shuffle_epi8(lut, no));
+          const uint8_t* wv = wvals + r * 128 + c * 64;
+          res[r] =
+              DotPlanes(pl, _mm256_sign_epi8(Load(wv), se), _mm256_sign_epi8(Load(wv + 32), so));
         }
         __m256i ga, gb;
         Reduce(res, ga, gb);
@@ -313,16 +324,18 @@ inline void PlaneValues(__m256i c, __m256i (&out)[3]) {
 
 template <class Policy>
 void Linear4Tiles(const Linear4Args& a) {
-  __m256i* st = reinterpret_cast<__m256i*>(a.scratch);            // [k/128] transposed scales
-  float* acc = a.scratch + a.k / 128 * 16;                        // [n][8]
-  uint8_t* nibbles = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [8][128] bytes
+  __m256i* st = reinterpret_cast<__m256i*>(a.scratch);          // [k/128] transposed scales
+  float* acc = a.scratch + a.k / 128 * 16;                      // [n][8]
+  uint8_t* wvals = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [8][128] bytes
   Prefetch<kRows, Policy> pf(a);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
     TransposeScales(a, r0, st);
     if (a.n == 1) {
-      TileOne(a, r0, st, pf);
+      a.w_tile_rows != 0 ? TileOne<true>(a, r0, st, pf) : TileOne<false>(a, r0, st, pf);
+    } else if (a.w_tile_rows != 0) {
+      TileMany<true>(a, r0, st, acc, wvals, pf);
     } else {
-      TileMany(a, r0, st, acc, nibbles, pf);
+      TileMany<false>(a, r0, st, acc, wvals, pf);
     }
   }
 }

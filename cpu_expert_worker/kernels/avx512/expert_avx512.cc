@@ -9,7 +9,8 @@
 // between planes, leave each group's exact sum in four int32 lanes. Integer adds reduce the 16
 // rows to one vector per group (one row per lane), which is converted to fp32 (the one
 // rounding), scaled and added in K order exactly as the scalar definition does. Several
-// activation rows share one nibble split per K block, kept in L1, and fold their signs there.
+// activation rows share one lookup of a K block's weights, kept in L1, and negate the elements
+// their signs select there (masked subtracts).
 //
 // Memory: weights are read once per call in tile, K block, row order; a software prefetch runs
 // ahead in that order (and on into Linear4Args::next_w; how far and into which cache level:
@@ -187,23 +188,29 @@ inline void Store(Epilogue e, float* y, __m512 acc) {
   }
 }
 
+// The byte step between the rows of a tile: 64 when the weights are tiled (kTiled), the row
+// stride otherwise.
+template <bool kTiled>
+inline int64_t RowStep(const Linear4Args& a) {
+  return kTiled ? 64 : Steps(a).row;
+}
+
 // One activation row (decode): the sign is folded into the packed bytes, one XOR per row.
-template <class PF>
+template <bool kTiled, class PF>
 void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, PF& pf) {
   const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table();
   __m512 acc = _mm512_setzero_ps();
   const uint8_t* w = TileBase(a, a.w, r0);
-  const WeightSteps ws = Steps(a);
-  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    const uint8_t* rec = Record(a, 0, kb);
+  const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
+  const uint8_t* rec = Record(a, 0, 0);
+  for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step, rec += kRecordBytes) {
+    pf.Step(r0, kb);
     const Planes pl(rec);
     const __m512i sx = _mm512_load_si512(rec + kSignOffset);
-    pf.Aim(r0, kb);
     __m512i res[kRows];
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
-      pf.Row(r);
-      const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + r * ws.row + kb * ws.kb), sx);
+      const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + r * row), sx);
       const __m512i we = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, nib));
       const __m512i wo = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
       res[r] = DotPlanes(pl, we, wo);
@@ -217,22 +224,23 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, PF& pf) {
   Store(a.epilogue, a.y[0] + r0, acc);
 }
 
-// Any number of activation rows: each K block's nibbles are split once into `nibbles`
-// ([16 rows][even 64 | odd 64] bytes, L1) and every activation row folds its signs there.
-template <class PF>
-void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, uint8_t* nibbles,
+// Any number of activation rows: each K block's weights are looked up once into `wvals`
+// ([16 rows][even 64 | odd 64] int8 2·e2m1, L1) and every activation row negates the elements
+// its signs select there (one masked subtract per vector).
+template <bool kTiled, class PF>
+void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, uint8_t* wvals,
               PF& pf) {
-  const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table(), bit3 = _mm512_set1_epi8(0x08);
+  const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table(), zero = _mm512_setzero_si512();
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
   const uint8_t* w = TileBase(a, a.w, r0);
-  const WeightSteps ws = Steps(a);
-  for (int64_t kb = 0; kb < a.k / 128; ++kb) {
-    pf.Aim(r0, kb);
+  const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
+  for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step) {
+    pf.Step(r0, kb);
     for (int r = 0; r < kRows; ++r) {
-      pf.Row(r);
-      const __m512i v = _mm512_loadu_si512(w + r * ws.row + kb * ws.kb);
-      _mm512_store_si512(nibbles + r * 128, _mm512_and_si512(v, nib));
-      _mm512_store_si512(nibbles + r * 128 + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
+      const __m512i v = _mm512_loadu_si512(w + r * row);
+      _mm512_store_si512(wvals + r * 128, _mm512_shuffle_epi8(lut, _mm512_and_si512(v, nib)));
+      _mm512_store_si512(wvals + r * 128 + 64,
+                         _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)));
     }
     __m512 sw[4];
     GroupScales(_mm512_load_si512(st + kb), sw);
@@ -240,14 +248,15 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, u
       const uint8_t* rec = Record(a, i, kb);
       const Planes pl(rec);
       const __m512i sx = _mm512_load_si512(rec + kSignOffset);
-      const __m512i se = _mm512_and_si512(sx, bit3);
-      const __m512i so = _mm512_and_si512(_mm512_srli_epi16(sx, 4), bit3);
+      const __mmask64 ne = _mm512_test_epi8_mask(sx, _mm512_set1_epi8(0x08));
+      const __mmask64 no = _mm512_test_epi8_mask(sx, _mm512_set1_epi8(static_cast<char>(0x80)));
       __m512i res[kRows];
 #pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
-        const __m512i ne = _mm512_xor_si512(_mm512_load_si512(nibbles + r * 128), se);
-        const __m512i no = _mm512_xor_si512(_mm512_load_si512(nibbles + r * 128 + 64), so);
-        res[r] = DotPlanes(pl, _mm512_shuffle_epi8(lut, ne), _mm512_shuffle_epi8(lut, no));
+        const __m512i we = _mm512_load_si512(wvals + r * 128);
+        const __m512i wo = _mm512_load_si512(wvals + r * 128 + 64);
+        res[r] = DotPlanes(pl, _mm512_mask_sub_epi8(we, ne, zero, we),
+                           _mm512_mask_sub_epi8(wo, no, zero, wo));
       }
       __m512i g[4];
       Reduce(res, g);
@@ -309,16 +318,18 @@ inline __mmask16 PlaneBytes(__m512i c, uint8_t* rec, int64_t pos) {
 
 template <class Policy>
 void Linear4Tiles(const Linear4Args& a) {
-  __m512i* st = reinterpret_cast<__m512i*>(a.scratch);            // [k/128] transposed scales
-  float* acc = a.scratch + a.k / 128 * 16;                        // [n][16]
-  uint8_t* nibbles = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [16][128] bytes
+  __m512i* st = reinterpret_cast<__m512i*>(a.scratch);          // [k/128] transposed scales
+  float* acc = a.scratch + a.k / 128 * 16;                      // [n][16]
+  uint8_t* wvals = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [16][128] bytes
   Prefetch<kRows, Policy> pf(a);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
     TransposeScales(a, r0, st);
     if (a.n == 1) {
-      TileOne(a, r0, st, pf);
+      a.w_tile_rows != 0 ? TileOne<true>(a, r0, st, pf) : TileOne<false>(a, r0, st, pf);
+    } else if (a.w_tile_rows != 0) {
+      TileMany<true>(a, r0, st, acc, wvals, pf);
     } else {
-      TileMany(a, r0, st, acc, nibbles, pf);
+      TileMany<false>(a, r0, st, acc, wvals, pf);
     }
   }
 }
