@@ -49,6 +49,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "bench/expert_bench_lib.h"
+#include "bench/fma_peak.h"
 #include "common/thread_pool.h"
 #include "cpu_expert_worker/expert_engine.h"
 #include "cpu_expert_worker/expert_store.h"
@@ -325,6 +326,10 @@ int Main(int argc, char** argv) {
       "streaming read: %.2f GB/s on %d thread(s) (cpus %s; 64-bit loads, prefetched 16 "
       "KB ahead)\n",
       stream_passes[0], threads, absl::StrJoin(pool_cpus, ",").c_str());
+  // The cores' FMA peak at the worker's vector width, on the same cores: what (c) is a share of.
+  const double fma_peak = FmaPeakGflops(pool.get(), worker_isa == Isa::kAvx512, 3);
+  std::printf("FMA peak: %.1f GFLOP/s on %d thread(s) (%s FMAs, register-only)\n", fma_peak,
+              threads, worker_isa == Isa::kAvx512 ? "512-bit" : "256-bit");
 
   // The checkpoint.
   int64_t generated = 0;
@@ -440,7 +445,7 @@ int Main(int argc, char** argv) {
       *std::max_element(token_eff.begin(), token_eff.end()), best_token, best);
 
   // (c) larger batches.
-  std::printf("(c) batches through the worker:\n");
+  std::printf("(c) batches through the worker (share of the FMA peak %.1f GFLOP/s):\n", fma_peak);
   std::map<int, std::pair<double, double>> batch;
   for (int64_t T : {4, 16, 64, 256}) {
     const std::vector<Request> reqs = MakeRequests(T, 4, o.experts, 100 + T);
@@ -456,8 +461,10 @@ int Main(int argc, char** argv) {
     }
     const double s = SecondsSince(t0);
     batch[T] = {bytes / s / 1e9, flops / s / 1e9};
-    std::printf("    T=%-4ld %3d calls, %8.2f ms per call, %7.2f GB/s, %7.1f GFLOP/s\n", T, calls,
-                s / calls * 1e3, batch[T].first, batch[T].second);
+    std::printf(
+        "    T=%-4ld %3d calls, %8.2f ms per call, %7.2f GB/s, %7.1f GFLOP/s = %.2f of peak\n", T,
+        calls, s / calls * 1e3, batch[T].first, batch[T].second,
+        fma_peak > 0 ? batch[T].second / fma_peak : 0.0);
   }
 
   // (d) overheads. Empty calls: a child whose handlers do nothing.
@@ -591,13 +598,15 @@ int Main(int argc, char** argv) {
       "t4_gbps=%.2f t16_gbps=%.2f t64_gbps=%.2f t256_gbps=%.2f t4_gflops=%.1f t16_gflops=%.1f "
       "t64_gflops=%.1f t256_gflops=%.1f shm_empty_us=%.1f grpc_empty_us=%.1f "
       "shm_overhead_us=%.1f grpc_overhead_us=%.1f shm_overhead_warm_us=%.1f "
-      "grpc_overhead_warm_us=%.1f rss_ratio=%.3f startup_s=%.2f\n",
+      "grpc_overhead_warm_us=%.1f rss_ratio=%.3f startup_s=%.2f fma_peak_gflops=%.1f "
+      "t256_peak_ratio=%.3f stream_ratio=%.3f\n",
       efficiency, paired, best, tokens_per_s, decode_gbps, stream, threads,
       ss::expert::IsaName(worker_isa), rate_or(Isa::kScalar), rate_or(Isa::kAvx2),
       rate_or(Isa::kAvx512), batch[4].first, batch[16].first, batch[64].first, batch[256].first,
       batch[4].second, batch[16].second, batch[64].second, batch[256].second, Median(shm_empty),
       Median(grpc_empty), shm_overhead, grpc_overhead, Median(shm_warm), Median(grpc_warm),
-      rss_ratio, startup_s);
+      rss_ratio, startup_s, fma_peak, fma_peak > 0 ? batch[256].second / fma_peak : 0.0,
+      stream > 0 ? decode_gbps / stream : 0.0);
   return worker_exit == 0 ? 0 : 1;
 }
 

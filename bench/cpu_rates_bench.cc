@@ -3,6 +3,8 @@
 //
 //   fma      the register-only FMA peak (12 independent fp32 FMA chains a thread, AVX2 8 lanes,
 //            AVX-512 16 lanes), GFLOP/s: the "cores' FMA peak" issue 30 measures prefill against;
+//   ops      register-only throughput of the kernels' instructions (vpdpbusd, vpmaddubsw, ...),
+//            12 independent chains a thread, in instructions per ns;
 //   stream   a sequential read of --gib GiB split into one contiguous part a thread, with the
 //            software prefetch variants the kernels and the baselines use (none, T0 / T2 / NTA
 //            at 4, 16 or 64 KB ahead), on memory advised MADV_HUGEPAGE and MADV_NOHUGEPAGE
@@ -39,6 +41,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/expert_bench_lib.h"
+#include "bench/fma_peak.h"
 #include "common/thread_pool.h"
 #include "cpu_expert_worker/kernels/dispatch.h"
 
@@ -97,46 +100,138 @@ double TimeEach(ss::ThreadPool& pool, const std::function<void(int)>& fn) {
 }
 
 // ---- fma ----
-__attribute__((target("avx2,fma"))) float FmaAvx2(int64_t iters) {
-  __m256 acc[12];
-  for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps(0.001f * j);
+void Fma(ss::ThreadPool& pool, const Options& o, const std::string& isa) {
+  const double best = ss::bench::FmaPeakGflops(&pool, isa == "avx512", o.passes);
+  std::printf("section=fma isa=%s threads=%d gflops=%.1f per_thread=%.1f\n", isa.c_str(),
+              pool.size(), best, best / pool.size());
+}
+
+// ---- ops ----
+// Register-only throughput of single instructions: 12 independent chains x = op(x, a).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t OpDpbusdZmm(int64_t iters) {
+  __m512i x[12];
+  for (int j = 0; j < 12; ++j) x[j] = _mm512_set1_epi32(j);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) x[j] = _mm512_dpbusd_epi32(x[j], a, b);
+  }
+  for (int j = 1; j < 12; ++j) x[0] = _mm512_add_epi32(x[0], x[j]);
+  alignas(64) int32_t out[16];
+  _mm512_store_si512(out, x[0]);
+  return out[0];
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) int32_t OpDpbusdYmm(int64_t iters) {
+  __m256i x[12];
+  for (int j = 0; j < 12; ++j) x[j] = _mm256_set1_epi32(j);
+  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(5);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) x[j] = _mm256_dpbusd_epi32(x[j], a, b);
+  }
+  for (int j = 1; j < 12; ++j) x[0] = _mm256_add_epi32(x[0], x[j]);
+  alignas(32) int32_t out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), x[0]);
+  return out[0];
+}
+__attribute__((target("avx512f,avx512bw"))) int32_t OpMaddubsZmm(int64_t iters) {
+  __m512i x[12];
+  for (int j = 0; j < 12; ++j) x[j] = _mm512_set1_epi8(j);
+  const __m512i a = _mm512_set1_epi8(3);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) x[j] = _mm512_maddubs_epi16(x[j], a);
+  }
+  for (int j = 1; j < 12; ++j) x[0] = _mm512_add_epi32(x[0], x[j]);
+  alignas(64) int32_t out[16];
+  _mm512_store_si512(out, x[0]);
+  return out[0];
+}
+__attribute__((target("avx2"))) int32_t OpMaddubsYmm(int64_t iters) {
+  __m256i x[12];
+  for (int j = 0; j < 12; ++j) x[j] = _mm256_set1_epi8(j);
+  const __m256i a = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) x[j] = _mm256_maddubs_epi16(x[j], a);
+  }
+  for (int j = 1; j < 12; ++j) x[0] = _mm256_add_epi32(x[0], x[j]);
+  alignas(32) int32_t out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), x[0]);
+  return out[0];
+}
+__attribute__((target("avx2"))) int32_t OpMaddwdYmm(int64_t iters) {
+  __m256i x[12];
+  for (int j = 0; j < 12; ++j) x[j] = _mm256_set1_epi16(j);
+  const __m256i a = _mm256_set1_epi16(3);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) x[j] = _mm256_madd_epi16(x[j], a);
+  }
+  for (int j = 1; j < 12; ++j) x[0] = _mm256_add_epi32(x[0], x[j]);
+  alignas(32) int32_t out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), x[0]);
+  return out[0];
+}
+__attribute__((target("avx2"))) int32_t OpShufbYmm(int64_t iters) {
+  __m256i x[12];
+  for (int j = 0; j < 12; ++j) x[j] = _mm256_set1_epi8(j);
+  const __m256i a = _mm256_set1_epi8(1);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) x[j] = _mm256_shuffle_epi8(a, x[j]);
+  }
+  for (int j = 1; j < 12; ++j) x[0] = _mm256_add_epi32(x[0], x[j]);
+  alignas(32) int32_t out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), x[0]);
+  return out[0];
+}
+__attribute__((target("avx2,fma"))) int32_t OpFmaYmm(int64_t iters) {
+  __m256 x[12];
+  for (int j = 0; j < 12; ++j) x[j] = _mm256_set1_ps(0.001f * j);
   const __m256 m = _mm256_set1_ps(0.9999f), a = _mm256_set1_ps(1e-6f);
   for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
-    for (int j = 0; j < 12; ++j) acc[j] = _mm256_fmadd_ps(acc[j], m, a);
+    for (int j = 0; j < 12; ++j) x[j] = _mm256_fmadd_ps(x[j], m, a);
   }
-  for (int j = 1; j < 12; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc[0]);
-  return lanes[0] + lanes[7];
+  for (int j = 1; j < 12; ++j) x[0] = _mm256_add_ps(x[0], x[j]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, x[0]);
+  return static_cast<int32_t>(out[0]);
 }
 
-__attribute__((target("avx512f"))) float FmaAvx512(int64_t iters) {
-  __m512 acc[12];
-  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(0.001f * j);
-  const __m512 m = _mm512_set1_ps(0.9999f), a = _mm512_set1_ps(1e-6f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, a);
-  }
-  for (int j = 1; j < 12; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, acc[0]);
-  return lanes[0] + lanes[15];
-}
+struct OpLoop {
+  const char* name;
+  bool (*supported)();
+  int32_t (*fn)(int64_t);
+};
+const OpLoop kOps[] = {
+    {"fma_ymm", [] { return static_cast<bool>(__builtin_cpu_supports("fma")); }, OpFmaYmm},
+    {"maddubs_ymm", [] { return static_cast<bool>(__builtin_cpu_supports("avx2")); }, OpMaddubsYmm},
+    {"maddwd_ymm", [] { return static_cast<bool>(__builtin_cpu_supports("avx2")); }, OpMaddwdYmm},
+    {"pshufb_ymm", [] { return static_cast<bool>(__builtin_cpu_supports("avx2")); }, OpShufbYmm},
+    {"maddubs_zmm", [] { return static_cast<bool>(__builtin_cpu_supports("avx512bw")); },
+     OpMaddubsZmm},
+    {"dpbusd_ymm", [] { return static_cast<bool>(__builtin_cpu_supports("avx512vnni")); },
+     OpDpbusdYmm},
+    {"dpbusd_zmm", [] { return static_cast<bool>(__builtin_cpu_supports("avx512vnni")); },
+     OpDpbusdZmm},
+};
 
-void Fma(ss::ThreadPool& pool, const Options& o, const std::string& isa) {
-  const bool wide = isa == "avx512";
-  const int64_t iters = 20'000'000;
-  std::vector<float> sink(pool.size());
-  double best = 0;
-  for (int pass = 0; pass < o.passes; ++pass) {
-    const double s =
-        TimeEach(pool, [&](int w) { sink[w] = wide ? FmaAvx512(iters) : FmaAvx2(iters); });
-    best = std::max(best, pool.size() * iters * 12.0 * (wide ? 16 : 8) * 2 / s / 1e9);
+// Instructions per ns of every thread together (12 per iteration), and per thread.
+void Ops(ss::ThreadPool& pool, const Options& o) {
+  const int64_t iters = 10'000'000;
+  std::vector<int32_t> sink(pool.size());
+  for (const OpLoop& op : kOps) {
+    if (!op.supported()) continue;
+    double best = 0;
+    for (int pass = 0; pass < o.passes; ++pass) {
+      const double s = TimeEach(pool, [&](int w) { sink[w] += op.fn(iters); });
+      best = std::max(best, pool.size() * iters * 12.0 / s / 1e9);
+    }
+    std::printf("section=ops op=%s threads=%d ginstr_per_s=%.2f per_thread=%.2f%s\n", op.name,
+                pool.size(), best, best / pool.size(), sink[0] == 42 ? " " : "");
   }
-  std::printf("section=fma isa=%s threads=%d gflops=%.1f per_thread=%.1f%s\n", isa.c_str(),
-              pool.size(), best, best / pool.size(), sink[0] == 42.0f ? " " : "");
 }
 
 // ---- stream ----
@@ -394,6 +489,7 @@ int main(int argc, char** argv) {
       if (!isa.ok() || !ss::expert::IsaSupported(*isa)) continue;
       if (Has(o.sections, "fma")) Fma(p, o, isa_name);
     }
+    if (Has(o.sections, "ops")) Ops(p, o);
     if (Has(o.sections, "stream")) {
       for (bool h : {true, false}) {
         std::unique_ptr<Region>& r = h ? huge : small;
