@@ -427,24 +427,19 @@ int Main(int argc, char** argv) {
   auto topo = NumaTopology::Discover();
   if (!topo.ok()) return Fail(topo.status());
   spdlog::info("topology: " + (*topo)->Describe());
-  auto node = (*topo)->ResolveNode(c.numa_node);
-  if (!node.ok()) return Usage(absl::StrCat("--numa_node: ", node.status().message()));
-  const std::vector<int>& cores = (*topo)->FindNode(*node)->core_cpus;
-  const int threads = c.threads == 0 ? static_cast<int>(cores.size()) : c.threads;
-  if (threads > static_cast<int>(cores.size())) {
-    return Usage(absl::StrCat("--threads ", threads, " exceeds the ", cores.size(),
-                              " physical cores of NUMA node ", *node,
-                              " in the allowed CPU set (one thread per core)"));
-  }
+  absl::StatusOr<WorkerPlacement> placed = PlaceWorker(**topo, c.numa_node, c.threads);
+  if (!placed.ok()) return Usage(std::string(placed.status().message()));
+  const int node = placed->node;
+  const int threads = static_cast<int>(placed->cpus.size());
   ThreadPoolOptions po;
   po.num_threads = threads;
-  po.cpus.assign(cores.begin(), cores.begin() + threads);
+  po.cpus = placed->cpus;
   po.spin_us = c.spin_us;
   auto pool = ThreadPool::Create(po);
   if (!pool.ok()) return Fail(pool.status());
   const bool caller_pinned = (*pool)->PinCallingThread();
   spdlog::info(
-      absl::StrCat("NUMA node ", *node, c.numa_node < 0 ? " (auto)" : "", ": ", threads,
+      absl::StrCat("NUMA node ", node, c.numa_node < 0 ? " (auto)" : "", ": ", threads,
                    " threads on cpus ", absl::StrJoin(po.cpus, ","),
                    caller_pinned && (*pool)->workers_pinned() ? " (pinned)" : " (NOT all pinned)"));
 
@@ -461,7 +456,7 @@ int Main(int argc, char** argv) {
   so.slice_index = c.slice_index;
   so.slice_count = c.slice_count;
   so.topology = topo->get();
-  so.numa_node = *node;
+  so.numa_node = node;
   // Complete before the transport's segment exists: a GPU worker opens the store after connecting.
   so.shm_name = c.store_segment;
   // The weights in the order this ISA's kernel reads them (one sequential stream a call).
@@ -484,7 +479,7 @@ int Main(int argc, char** argv) {
   eo.split_target = c.split_target;
   eo.min_split_cols = c.min_split_cols;
   eo.topology = topo->get();
-  eo.numa_node = *node;
+  eo.numa_node = node;
   auto engine = ExpertEngine::Create(**store, **pool, eo);
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info(absl::StrCat("engine ready: isa ", (*engine)->isa_name(), ", max_tokens ",
@@ -498,7 +493,7 @@ int Main(int argc, char** argv) {
   const std::string& metrics_listen = c.metrics_listen;
   if (!metrics_listen.empty()) {
     registry = std::make_unique<metrics::Metrics>();
-    worker_metrics = std::make_unique<WorkerMetrics>(*registry, **store, **engine, *node);
+    worker_metrics = std::make_unique<WorkerMetrics>(*registry, **store, **engine, node);
     const absl::Status st = registry->Listen(metrics_listen);
     if (absl::IsInvalidArgument(st)) return Usage(absl::StrCat("--metrics_listen: ", st.message()));
     if (!st.ok()) return Fail(st);

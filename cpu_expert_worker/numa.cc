@@ -30,6 +30,27 @@ std::array<std::atomic<int64_t>, 1> g_refusals{};
 
 }  // namespace
 
+absl::StatusOr<WorkerPlacement> PlaceWorker(const NumaTopology& topology, int numa_node,
+                                            int threads) {
+  absl::StatusOr<int> node = topology.ResolveNode(numa_node);
+  if (!node.ok()) {
+    return absl::Status(node.status().code(),
+                        absl::StrCat("--numa_node: ", node.status().message()));
+  }
+  const std::vector<int>& cores = topology.FindNode(*node)->core_cpus;
+  if (threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads ", threads, ": use 0 for every physical core of the node"));
+  }
+  if (threads == 0) threads = static_cast<int>(cores.size());
+  if (threads > static_cast<int>(cores.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--threads ", threads, " exceeds the ", cores.size(), " physical cores of NUMA node ",
+        *node, " in the allowed CPU set (one thread per core)"));
+  }
+  return WorkerPlacement{*node, std::vector<int>(cores.begin(), cores.begin() + threads)};
+}
+
 NodeMemory::~NodeMemory() { Release(); }
 
 NodeMemory::NodeMemory(NodeMemory&& o) noexcept
@@ -171,7 +192,12 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(size_t bytes, const NodeMemoryOpti
   m.data_ = base;
   m.size_ = len;
   if (huge) ::madvise(base, len, MADV_HUGEPAGE);  // advisory: refused or unavailable THP is fine
-  if (o.topology != nullptr && o.node >= 0) {
+  if (o.topology != nullptr && o.node >= 0 && !o.topology->this_system()) {
+    WarnOnce(Refusal::kMemoryBinding,
+             absl::StrCat("memory is not bound to NUMA node ", o.node,
+                          ": the topology is not this machine's (an hwloc synthetic or XML "
+                          "topology); continuing with first-touch placement"));
+  } else if (o.topology != nullptr && o.node >= 0) {
     hwloc_bitmap_t set = hwloc_bitmap_alloc();
     hwloc_bitmap_only(set, static_cast<unsigned>(o.node));
     const int rc =

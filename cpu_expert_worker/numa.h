@@ -1,5 +1,6 @@
-// Node-local memory for the expert worker (ARCHITECTURE.md "Processes": one expert worker per
-// NUMA node, its experts in that node's RAM), on the topology of common/numa_topology.h.
+// Node-local memory and threads for the expert worker (ARCHITECTURE.md "Processes": one expert
+// worker per NUMA node, its experts in that node's RAM, one pinned thread per physical core), on
+// the topology of common/numa_topology.h.
 //
 // Refusals are not errors. Containers commonly refuse mbind (no CAP_SYS_NICE) and sometimes
 // thread pinning; the worker then logs ONE warning per kind per process (WarnOnce here, the
@@ -12,12 +13,26 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/numa_topology.h"
 #include "common/shm_segment.h"
 
 namespace ss::expert {
+
+// Where an expert worker runs: its node and the OS CPUs its pool's threads are pinned to, one
+// per physical core (thread i on cpus[i]; common/thread_pool.h).
+struct WorkerPlacement {
+  int node = -1;          // the NUMA node's OS index
+  std::vector<int> cpus;  // the node's allowed cores' representatives (NumaNode::core_cpus)
+};
+// The placement for --numa_node `numa_node` (-1: auto, NumaTopology::ResolveNode) and --threads
+// `threads` (0: one per allowed physical core of the node, else the node's first `threads`
+// cores). Errors: InvalidArgument naming the flag (a node without allowed CPUs, more threads
+// than the node has allowed cores), FailedPrecondition when no node has an allowed CPU.
+absl::StatusOr<WorkerPlacement> PlaceWorker(const NumaTopology& topology, int numa_node,
+                                            int threads);
 
 struct NodeMemoryOptions;
 
@@ -59,7 +74,9 @@ class NodeMemory {
 struct NodeMemoryOptions {
   // With a topology and node >= 0 the range is bound to that node (MPOL_BIND through hwloc,
   // strict); when the kernel refuses, one warning per process is logged and the memory is
-  // returned unbound (first touch then decides placement).
+  // returned unbound (first touch then decides placement). A topology that is not this
+  // machine's (NumaTopology::this_system: hwloc's synthetic and XML topologies, whose binding
+  // hooks report success and do nothing) is refused the same way, without asking the kernel.
   const NumaTopology* topology = nullptr;
   int node = -1;
   // Empty: anonymous private memory. Otherwise a POSIX shared-memory segment of that name
