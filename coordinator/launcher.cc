@@ -126,7 +126,9 @@ constexpr char kCpusUsage[] =
     "  that no expert thread shares its core with a spinning one. For hosts run by the systemd\n"
     "  units (CPUAffinity=). --write-dropins DIR (e.g. /etc/systemd/system) also writes the\n"
     "  split as drop-ins of the units (<unit>.d/50-splitserve-cpus.conf; the expert workers'\n"
-    "  only with one per NUMA node); then `systemctl daemon-reload` and restart the units.\n";
+    "  only with one per NUMA node); then `systemctl daemon-reload` and restart the units.\n"
+    "  For another host: HWLOC_XMLFILE=host.xml (its `lstopo --of xml`) or HWLOC_SYNTHETIC=\n"
+    "  'pack:2 numa:1 core:32 pu:2' prints the split of that topology, all of its CPUs allowed.\n";
 
 // --kv-tokens auto where the workers cannot each fill a GPU of their own.
 constexpr int64_t kFallbackKvTokens = 65536;
