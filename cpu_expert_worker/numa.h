@@ -102,10 +102,27 @@ bool WarnOnce(Refusal kind, const std::string& message);
 // How many refusals of `kind` were reported in this process (for tests and the start-up log).
 int64_t RefusalCount(Refusal kind);
 
-// The kernel's transparent-huge-page mode for shared memory (the bracketed word of
-// /sys/kernel/mm/transparent_hugepage/shmem_enabled: always, within_size, advise, never, ...), or
-// "unknown".
-std::string ShmemHugePageMode();
+// The kernel setting that decides whether transparent huge pages may back NodeMemory of one
+// kind (its large ranges are madvise(MADV_HUGEPAGE)d), read when asked.
+struct HugePagePolicy {
+  // "transparent_hugepage/enabled=madvise", "/dev/shm huge=never", "shmem_enabled=force", or
+  // "unknown".
+  std::string setting;
+  bool allows = false;  // huge pages may back madvised memory under it (false when unknown)
+  std::string remedy;   // where !allows, the command a deployer runs to allow them
+};
+// Anonymous memory: /sys/kernel/mm/transparent_hugepage/enabled; always and madvise allow.
+HugePagePolicy AnonymousHugePagePolicy();
+// POSIX shared memory (segments in /dev/shm, a tmpfs mount): the mount's huge= option (never
+// where absent, the default; always, within_size and advise allow), unless /sys/kernel/mm/
+// transparent_hugepage/shmem_enabled says deny or force, which override every mount. Its other
+// words govern only the kernel's internal mount (SysV shm, memfd, shared anonymous mappings),
+// not /dev/shm.
+HugePagePolicy SharedHugePagePolicy();
+// The same from the files' texts (`enabled`, `shmem_enabled`: the sysfs files; `mounts`:
+// /proc/self/mounts, whose last /dev/shm line is the visible mount).
+HugePagePolicy AnonymousHugePagePolicyOf(const std::string& enabled);
+HugePagePolicy SharedHugePagePolicyOf(const std::string& shmem_enabled, const std::string& mounts);
 
 // The process's resident set (VmRSS of /proc/self/statm) in bytes; 0 if unreadable.
 int64_t ResidentBytes();
