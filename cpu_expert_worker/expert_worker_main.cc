@@ -12,7 +12,8 @@
 // with the store on the way out.
 // --metrics_listen HOST:PORT serves Prometheus metrics on GET /metrics (ARCHITECTURE.md):
 // splitserve:expert_worker_info{isa,slice,numa_node}, calls and errors per transport, per-layer
-// call latency, expert weight bytes streamed and the achieved GB/s over the last calls.
+// call latency, expert weight bytes streamed and the achieved GB/s over the last calls, and the
+// store's bytes, the bytes huge pages back and the kernel setting deciding that (AddStoreGauges).
 //
 // Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
 
@@ -209,6 +210,39 @@ void OnStopSignal(int sig) {
   if (grpc_transport::GrpcExpertServer* g = g_grpc_server.load()) g->RequestStop();
 }
 
+// The store's memory: its bytes, the bytes huge pages back (re-read from /proc/self/smaps at a
+// scrape at most every kHugePageRefresh, since khugepaged may collapse pages later; -1 when
+// unreadable) and the kernel setting deciding it, each labelled memory="anonymous|shared". The
+// scrape hook reads `store`, which must outlive `m`.
+constexpr std::chrono::seconds kHugePageRefresh{10};
+void AddStoreGauges(metrics::Metrics& m, const ExpertStore& store) {
+  const bool shared = !store.shm_name().empty();
+  const metrics::Labels memory = {{"memory", shared ? "shared" : "anonymous"}};
+  m.Gauge("expert_store_bytes", "bytes of memory holding the expert store", memory)
+      .Set(static_cast<double>(store.allocated_bytes()));
+  const HugePagePolicy policy = shared ? SharedHugePagePolicy() : AnonymousHugePagePolicy();
+  m.Gauge("expert_store_huge_page_policy_info",
+          "the kernel setting that decides whether transparent huge pages may back the expert "
+          "store (at start)",
+          {{"memory", memory.at("memory")},
+           {"setting", policy.setting},
+           {"allows", policy.allows ? "yes" : "no"}})
+      .Set(1);
+  prometheus::Gauge& huge = m.Gauge(
+      "expert_store_huge_page_bytes",
+      "bytes of the expert store backed by transparent huge pages (-1: unknown), re-read at "
+      "most every " +
+          std::to_string(kHugePageRefresh.count()) + " s",
+      memory);
+  huge.Set(static_cast<double>(store.huge_page_bytes()));
+  m.OnScrape([&store, &huge, last = std::chrono::steady_clock::now()]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < kHugePageRefresh) return;
+    last = now;
+    huge.Set(static_cast<double>(store.huge_page_bytes()));
+  });
+}
+
 // The worker's Prometheus series; every engine call of every transport goes through Observe().
 class WorkerMetrics {
  public:
@@ -235,6 +269,7 @@ class WorkerMetrics {
       latency_[layer] = &m.Histogram("expert_call_seconds", "engine time per expert call",
                                      {{"layer", std::to_string(layer)}});
     }
+    AddStoreGauges(m, store);
   }
 
   // One engine call on `transport` (a key of calls_) that took `seconds`. Called with the engine

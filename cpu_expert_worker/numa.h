@@ -57,8 +57,8 @@ class NodeMemory {
   // The segment's POSIX name (leading '/'), or "" for anonymous memory.
   const std::string& shm_name() const { return shm_name_; }
   // Bytes of this range that huge pages back now (AnonHugePages + ShmemPmdMapped of its
-  // mappings in /proc/self/smaps; reads that file, so call it once after filling); -1 if
-  // unreadable.
+  // mappings in /proc/self/smaps; reading that file walks every mapping's page tables, so call
+  // it after filling and then seldom, not on a hot path); -1 if unreadable.
   int64_t HugePageBytes() const;
 
  private:
