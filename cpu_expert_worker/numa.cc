@@ -31,6 +31,26 @@ hwloc_topology_t Topo(void* p) { return static_cast<hwloc_topology_t>(p); }
 
 std::array<std::atomic<int64_t>, 1> g_refusals{};
 
+constexpr char kThpDir[] = "/sys/kernel/mm/transparent_hugepage/";
+
+// The whole of a small text file, or "" if unreadable.
+std::string ReadSmallFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  return text;
+}
+
+// The bracketed word of a sysfs choice ("always [madvise] never" -> "madvise"), or "".
+std::string Chosen(const std::string& text) {
+  const size_t open = text.find('[');
+  const size_t close = open == std::string::npos ? open : text.find(']', open);
+  return close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
+}
+
 }  // namespace
 
 absl::StatusOr<WorkerPlacement> PlaceWorker(const NumaTopology& topology, int numa_node,
@@ -233,30 +253,6 @@ bool WarnOnce(Refusal kind, const std::string& message) {
 }
 
 int64_t RefusalCount(Refusal kind) { return g_refusals[static_cast<int>(kind)].load(); }
-
-namespace {
-
-constexpr char kThpDir[] = "/sys/kernel/mm/transparent_hugepage/";
-
-// The whole of a small text file, or "" if unreadable.
-std::string ReadSmallFile(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return "";
-  std::string text;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
-  std::fclose(f);
-  return text;
-}
-
-// The bracketed word of a sysfs choice ("always [madvise] never" -> "madvise"), or "".
-std::string Chosen(const std::string& text) {
-  const size_t open = text.find('[');
-  const size_t close = open == std::string::npos ? open : text.find(']', open);
-  return close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
-}
-
-}  // namespace
 
 HugePagePolicy AnonymousHugePagePolicyOf(const std::string& enabled) {
   const std::string word = Chosen(enabled);
