@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 
 namespace ss {
 namespace {
@@ -49,15 +50,42 @@ absl::StatusOr<std::unique_ptr<NumaTopology>> NumaTopology::Discover() {
   if (hwloc_topology_load(topo) != 0) {
     return absl::InternalError(absl::StrCat("hwloc_topology_load: ", std::strerror(errno)));
   }
-  auto allowed = AllowedCpus();
-  if (!allowed.ok()) return allowed.status();
+  std::vector<int> allowed;  // another machine's topology: all of its CPUs
+  if (t->this_system()) {
+    ASSIGN_OR_RETURN(allowed, AllowedCpus());
+  }
+  RETURN_IF_ERROR(t->Index(allowed));
+  return t;
+}
 
+absl::StatusOr<std::unique_ptr<NumaTopology>> NumaTopology::FromSynthetic(
+    const std::string& description, const std::vector<int>& allowed_cpus) {
+  std::unique_ptr<NumaTopology> t(new NumaTopology());
+  hwloc_topology_t topo;
+  if (hwloc_topology_init(&topo) != 0) return absl::InternalError("hwloc_topology_init failed");
+  t->topology_ = topo;
+  if (hwloc_topology_set_synthetic(topo, description.c_str()) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hwloc refuses the synthetic topology \"", description, "\""));
+  }
+  if (hwloc_topology_load(topo) != 0) {
+    return absl::InternalError(absl::StrCat("hwloc_topology_load: ", std::strerror(errno)));
+  }
+  RETURN_IF_ERROR(t->Index(allowed_cpus));
+  return t;
+}
+
+bool NumaTopology::this_system() const { return hwloc_topology_is_thissystem(Topo(topology_)); }
+
+absl::Status NumaTopology::Index(const std::vector<int>& allowed) {
+  hwloc_topology_t topo = Topo(topology_);
   hwloc_bitmap_t allowed_set = hwloc_bitmap_alloc();
-  for (int c : *allowed) hwloc_bitmap_set(allowed_set, static_cast<unsigned>(c));
+  for (int c : allowed) hwloc_bitmap_set(allowed_set, static_cast<unsigned>(c));
+  if (allowed.empty()) hwloc_bitmap_copy(allowed_set, hwloc_topology_get_topology_cpuset(topo));
   // Only CPUs hwloc knows (a mask may name CPUs that are offline).
   hwloc_bitmap_and(allowed_set, allowed_set, hwloc_topology_get_topology_cpuset(topo));
   for (int c = hwloc_bitmap_first(allowed_set); c >= 0; c = hwloc_bitmap_next(allowed_set, c))
-    t->allowed_cpus_.push_back(c);
+    allowed_cpus_.push_back(c);
 
   // A core's representative PU: its lowest allowed one. Machines where hwloc reports no cores
   // (some VMs) get one "core" per PU.
@@ -87,14 +115,14 @@ absl::StatusOr<std::unique_ptr<NumaTopology>> NumaTopology::Discover() {
       std::sort(n.core_pus.begin(), n.core_pus.end());  // by each core's lowest PU
       for (const std::vector<int>& pus : n.core_pus) n.core_cpus.push_back(pus.front());
     }
-    t->nodes_.push_back(std::move(n));
+    nodes_.push_back(std::move(n));
   }
   hwloc_bitmap_free(tmp);
   hwloc_bitmap_free(allowed_set);
-  if (t->nodes_.empty()) return absl::InternalError("hwloc reports no NUMA node");
-  std::sort(t->nodes_.begin(), t->nodes_.end(),
+  if (nodes_.empty()) return absl::InternalError("hwloc reports no NUMA node");
+  std::sort(nodes_.begin(), nodes_.end(),
             [](const NumaNode& a, const NumaNode& b) { return a.os_index < b.os_index; });
-  return t;
+  return absl::OkStatus();
 }
 
 NumaTopology::~NumaTopology() {

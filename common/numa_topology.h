@@ -40,7 +40,17 @@ class NumaTopology {
   // Loads the hwloc topology and restricts it to the calling thread's allowed CPU set. Call it
   // once at start, BEFORE pinning any thread (a pinned caller would see one CPU). Errors:
   // Internal when hwloc cannot load a topology or sched_getaffinity fails.
+  // hwloc honours HWLOC_SYNTHETIC and HWLOC_XMLFILE in the environment (a described machine, or
+  // another machine's `lstopo --of xml`). Such a topology is not this system's (this_system()),
+  // so this process's affinity says nothing about it: all its CPUs are allowed, and `splitserve
+  // cpus` prints the split for that machine.
   static absl::StatusOr<std::unique_ptr<NumaTopology>> Discover();
+  // The machine of hwloc's synthetic `description` (hwloc_topology_set_synthetic: "pack:2 numa:1
+  // core:32 pu:2", with "pu:2(indexes=2*64:1*2)" numbering the hyperthreads as Linux does),
+  // restricted to `allowed_cpus` (OS CPUs; empty: all of them), for testing placement on
+  // machines this one is not. Errors: InvalidArgument for a description hwloc refuses.
+  static absl::StatusOr<std::unique_ptr<NumaTopology>> FromSynthetic(
+      const std::string& description, const std::vector<int>& allowed_cpus = {});
   ~NumaTopology();
   NumaTopology(const NumaTopology&) = delete;
   NumaTopology& operator=(const NumaTopology&) = delete;
@@ -63,9 +73,15 @@ class NumaTopology {
 
   // The hwloc topology (hwloc_topology_t), for node-local memory (cpu_expert_worker/numa.h).
   void* hwloc() const { return topology_; }
+  // Whether the topology is the machine this process runs on (hwloc_topology_is_thissystem):
+  // false for synthetic and XML topologies, whose memory binding hwloc only pretends to do and
+  // whose CPUs need not exist here.
+  bool this_system() const;
 
  private:
   NumaTopology() = default;
+  // Fills nodes_ and allowed_cpus_ from the loaded topology_ and the allowed OS CPUs.
+  absl::Status Index(const std::vector<int>& allowed);
   void* topology_ = nullptr;
   std::vector<NumaNode> nodes_;
   std::vector<int> allowed_cpus_;

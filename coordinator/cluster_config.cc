@@ -360,6 +360,22 @@ int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context
   return tokens;
 }
 
+LaunchNodes LaunchNodesOf(const std::vector<NumaNode>& nodes) {
+  LaunchNodes out;
+  for (const NumaNode& n : nodes) {
+    if (n.core_cpus.empty()) continue;
+    out.ids.push_back(n.os_index);
+    out.cores.push_back(n.core_pus);
+  }
+  return out;
+}
+
+int LaunchExpertNode(int e, int experts, const std::vector<int>& node_ids) {
+  const int nodes = static_cast<int>(node_ids.size());
+  if (nodes < 2 || experts % nodes != 0 || e < 0 || e >= experts) return -1;
+  return node_ids[e / (experts / nodes)];
+}
+
 LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node_cores, int experts,
                           int serving, bool cuda) {
   LaunchCpus plan;
@@ -387,9 +403,15 @@ LaunchCpus PlanLaunchCpus(const std::vector<std::vector<std::vector<int>>>& node
     for (; first != last; ++first) out.insert(out.end(), first->begin(), first->end());
     return out;
   };
-  if (static_cast<size_t>(experts) == node_cores.size()) {
+  if (static_cast<size_t>(experts) % node_cores.size() == 0) {
+    // k workers to a node, each on an equal share of its node's cores (LaunchExpertNode).
+    const size_t k = static_cast<size_t>(experts) / node_cores.size();
     for (size_t n = 0; n < node_cores.size(); ++n) {
-      plan.experts.push_back(pus_of(node_cores[n].begin(), node_cores[n].begin() + keep[n]));
+      if (keep[n] < k) return plan;
+      for (size_t i = 0; i < k; ++i) {
+        plan.experts.push_back(pus_of(node_cores[n].begin() + keep[n] * i / k,
+                                      node_cores[n].begin() + keep[n] * (i + 1) / k));
+      }
     }
   } else {
     std::vector<std::vector<int>> left;  // the remaining cores, node after node

@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "common/cluster_defaults.h"
 #include "common/model_config.h"
+#include "common/numa_topology.h"
 
 namespace splitserve::v1 {
 class Role;
@@ -154,6 +155,20 @@ inline constexpr int64_t kLaunchStreamedStepTokens = 8192;
 inline constexpr int64_t kLaunchStepContext = int64_t{1} << 20;
 int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context);
 
+// The NUMA nodes `splitserve up` and `splitserve cpus` place processes on: those of `nodes`
+// (NumaTopology::nodes()) with allowed CPUs, in their order.
+struct LaunchNodes {
+  std::vector<int> ids;                              // each node's OS index
+  std::vector<std::vector<std::vector<int>>> cores;  // each node's NumaNode::core_pus
+};
+LaunchNodes LaunchNodesOf(const std::vector<NumaNode>& nodes);
+
+// The --numa-node of expert worker `e` of `experts` on the nodes `node_ids` (LaunchNodes::ids):
+// where there are several nodes and `experts` is a multiple of them, k = experts / nodes workers
+// to a node, worker e on node node_ids[e / k] (the node PlanLaunchCpus takes its cores from);
+// else -1, "auto" (the worker takes the node with most of its allowed cores).
+int LaunchExpertNode(int e, int experts, const std::vector<int>& node_ids);
+
 // The CPUs `splitserve up` gives its processes on one machine. `node_cores`: per NUMA node with
 // allowed CPUs, in the launcher's node order, its physical cores, each as its allowed hardware
 // threads (common/numa_topology.h NumaNode::core_pus). An expert worker pins one thread to
@@ -163,11 +178,12 @@ int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context
 // RESULTS.md, "CPUs of `splitserve up`").
 // So with `cuda` the coordinator and the GPU workers get `serving` whole cores to share, the
 // highest cores of each node taken in turn, and the expert workers the rest:
-// worker i gets node i's remaining cores when there is one worker per node, else an equal share
-// of all the remaining cores. No split (every list empty: everyone keeps the launcher's CPUs)
-// for the cpu backend, whose GPU workers compute on the experts' cores between calls, or where
-// the split would leave the expert workers fewer cores than it reserves, a node none, or a
-// worker none.
+// where the expert workers are k to a node (a multiple of the nodes), worker i gets an equal
+// share (the (i mod k)-th of k) of node i / k's remaining cores, so no worker straddles two nodes
+// (k = 1: all of them); else an equal share of all the remaining cores. No split (every list empty:
+// everyone keeps the launcher's CPUs) for the cpu backend, whose GPU workers compute on the
+// experts' cores between calls, or where the split would leave the expert workers fewer cores than
+// it reserves, a node none, or a worker none.
 struct LaunchCpus {
   std::vector<int> serving;               // the coordinator's and GPU workers' CPUs
   std::vector<std::vector<int>> experts;  // expert worker i's CPUs

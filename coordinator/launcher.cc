@@ -126,7 +126,9 @@ constexpr char kCpusUsage[] =
     "  that no expert thread shares its core with a spinning one. For hosts run by the systemd\n"
     "  units (CPUAffinity=). --write-dropins DIR (e.g. /etc/systemd/system) also writes the\n"
     "  split as drop-ins of the units (<unit>.d/50-splitserve-cpus.conf; the expert workers'\n"
-    "  only with one per NUMA node); then `systemctl daemon-reload` and restart the units.\n";
+    "  only with one per NUMA node); then `systemctl daemon-reload` and restart the units.\n"
+    "  For another host: HWLOC_XMLFILE=host.xml (its `lstopo --of xml`) or HWLOC_SYNTHETIC=\n"
+    "  'pack:2 numa:1 core:32 pu:2' prints the split of that topology, all of its CPUs allowed.\n";
 
 // --kv-tokens auto where the workers cannot each fill a GPU of their own.
 constexpr int64_t kFallbackKvTokens = 65536;
@@ -306,7 +308,8 @@ struct LaunchPlan {
   const Options& o;
   fs::path bin;
   std::string backend;
-  int n_layers = 0, experts = 0, nodes = 0;
+  int n_layers = 0, experts = 0;
+  std::vector<int> node_ids;  // the usable NUMA nodes (coord::LaunchNodes::ids)
   coord::LaunchCpus cpus;
   std::vector<std::string> shm_names, gpu_ids;
   std::string cluster_path, ports_file;
@@ -356,9 +359,9 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
                                    "--max-tokens",
                                    absl::StrCat(kExpertCallTokens)};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
-  if (p.experts == p.nodes && p.nodes > 1) {
+  if (const int node = coord::LaunchExpertNode(e, p.experts, p.node_ids); node >= 0) {
     args.push_back("--numa-node");
-    args.push_back(absl::StrCat(e));
+    args.push_back(absl::StrCat(node));
   }
   if (p.backend == "cpu") {
     // The GPU workers then compute on these same cores: an idle expert thread polls only
@@ -590,17 +593,15 @@ int RunUpCommand(int argc, char** argv) {
         "--kv-tokens N to choose)\n",
         static_cast<long long>(kv_tokens));
   }
-  int nodes = 1;
-  std::vector<std::vector<std::vector<int>>> node_cores;  // usable nodes' cores, as PU lists
+  coord::LaunchNodes nodes;  // none when the topology cannot be read
   if (absl::StatusOr<std::unique_ptr<NumaTopology>> topo = NumaTopology::Discover(); topo.ok()) {
-    for (const NumaNode& n : (*topo)->nodes()) {
-      if (!n.core_cpus.empty()) node_cores.push_back(n.core_pus);
-    }
-    nodes = std::max(1, static_cast<int>(node_cores.size()));
+    nodes = coord::LaunchNodesOf((*topo)->nodes());
   }
+  const std::vector<std::vector<std::vector<int>>>& node_cores = nodes.cores;
   const int experts = coord::LaunchExpertWorkers(
-      o.expert_workers == "auto" ? 0 : std::atoi(o.expert_workers.c_str()), nodes, o.tp,
-      backend == "cuda", model->moe_inter_dim);
+      o.expert_workers == "auto" ? 0 : std::atoi(o.expert_workers.c_str()),
+      std::max(1, static_cast<int>(nodes.ids.size())), o.tp, backend == "cuda",
+      model->moe_inter_dim);
   // The coordinator and the GPU workers on cores of their own (cluster_config.h LaunchCpus).
   const coord::LaunchCpus cpus =
       coord::PlanLaunchCpusFor(node_cores, experts, o.stages * o.tp, true, backend == "cuda");
@@ -664,7 +665,7 @@ int RunUpCommand(int argc, char** argv) {
     }
     cluster.stages.push_back(st);
   }
-  LaunchPlan plan{o,  bin, backend, n_layers, experts, nodes,    cpus,
+  LaunchPlan plan{o,  bin, backend, n_layers, experts, nodes.ids, cpus,
                   {}, {},  "",      "",       devices, kv_tokens};
   for (int e = 0; e < experts; ++e) {
     coord::ExpertWorkerSpec w;
@@ -896,13 +897,9 @@ int RunCpusCommand(int argc, char** argv) {
     std::fprintf(stderr, "splitserve cpus: %s\n", std::string(topo.status().message()).c_str());
     return 1;
   }
-  std::vector<std::vector<std::vector<int>>> node_cores;
-  std::vector<int> node_ids;
-  for (const NumaNode& n : (*topo)->nodes()) {
-    if (n.core_cpus.empty()) continue;
-    node_cores.push_back(n.core_pus);
-    node_ids.push_back(n.os_index);
-  }
+  const coord::LaunchNodes nodes = coord::LaunchNodesOf((*topo)->nodes());
+  const std::vector<std::vector<std::vector<int>>>& node_cores = nodes.cores;
+  const std::vector<int>& node_ids = nodes.ids;
   if (experts == 0) experts = static_cast<int64_t>(node_cores.size());
   std::printf("this host: %s\n", (*topo)->Describe().c_str());
   const coord::LaunchCpus plan = coord::PlanLaunchCpusFor(
@@ -920,9 +917,14 @@ int RunCpusCommand(int argc, char** argv) {
   std::printf("GPU workers%s: cpus %s\n", coordinator ? " and the coordinator" : "",
               CpuList(plan.serving).c_str());
   for (size_t e = 0; e < plan.experts.size(); ++e) {
+    const int node = coord::LaunchExpertNode(static_cast<int>(e),
+                                             static_cast<int>(plan.experts.size()), node_ids);
     if (plan.experts.size() == node_ids.size()) {
       std::printf("expert worker of NUMA node %d (--numa_node=%d): cpus %s\n", node_ids[e],
                   node_ids[e], CpuList(plan.experts[e]).c_str());
+    } else if (node >= 0) {
+      std::printf("expert worker %zu of %zu, NUMA node %d (--numa_node=%d): cpus %s\n", e,
+                  plan.experts.size(), node, node, CpuList(plan.experts[e]).c_str());
     } else {
       std::printf("expert worker %zu of %zu: cpus %s\n", e, plan.experts.size(),
                   CpuList(plan.experts[e]).c_str());

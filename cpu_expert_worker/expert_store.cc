@@ -316,6 +316,8 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
                   "%.2f GB/s copy; %.2f s to open the checkpoint and check %d expert tensors",
                   total / 1e9 / std::max(copy_s, 1e-9), open_s, sources.size() * 6);
   const int64_t huge = s->memory_.HugePageBytes();
+  const HugePagePolicy policy =
+      o.shm_name.empty() ? AnonymousHugePagePolicy() : SharedHugePagePolicy();
   spdlog::info(absl::StrFormat(
       "expert store: loaded %.3f GB%s in %.2f s (%s), %d MB allocated in %s, %s, resident %d MB",
       total / 1e9, dummy ? " (dummy)" : "", copy_s, how, s->allocated_bytes() >> 20,
@@ -323,8 +325,11 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
                          : absl::StrCat("shared-memory segment ", s->shm_name()),
       (huge < 0 ? std::string("huge pages unknown")
                 : absl::StrFormat("%d MB in huge pages", huge >> 20)) +
-          (o.shm_name.empty() ? std::string()
-                              : absl::StrCat(" (shmem_enabled ", ShmemHugePageMode(), ")")),
+          absl::StrCat(" (", policy.setting,
+                       huge == 0 && !policy.allows
+                           ? absl::StrCat(": a deployer enables them with `", policy.remedy, "`")
+                           : std::string(),
+                       ")"),
       ResidentBytes() >> 20));
   return s;
 }

@@ -21,8 +21,9 @@
 // first touched there; the destination is one NodeMemory bound to the node when asked. Source
 // pages are dropped from this process's mapping as soon as they are copied and the checkpoint
 // is closed at the end, so after Load the resident memory is about the slice's bytes. Progress,
-// the load rate (GB/s of slice bytes), which memory holds the store and how much of it huge
-// pages back are logged with spdlog.
+// the load rate (GB/s of slice bytes), which memory holds the store, how much of it huge pages
+// back and the kernel setting that decides it (HugePagePolicy, with the command that allows
+// them where it does not) are logged with spdlog.
 //
 // Dummy weights (source.load_format dummy: only config.json is read). No checkpoint is built:
 // each (layer, expert) task generates that expert's six whole tensors (FillDummyTensor, so the
@@ -105,6 +106,9 @@ class ExpertStore {
   }
   int64_t allocated_bytes() const { return static_cast<int64_t>(memory_.size()); }
   bool memory_bound() const { return memory_.bound(); }  // bound to the requested node
+  // Bytes of the store that transparent huge pages back now (NodeMemory::HugePageBytes: reads
+  // /proc/self/smaps, so not for a hot path); -1 when unreadable.
+  int64_t huge_page_bytes() const { return memory_.HugePageBytes(); }
   // The shared-memory segment holding the store (leading '/'), or "" for anonymous memory.
   const std::string& shm_name() const { return memory_.shm_name(); }
   double load_seconds() const { return load_seconds_; }

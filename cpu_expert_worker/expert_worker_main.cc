@@ -12,7 +12,8 @@
 // with the store on the way out.
 // --metrics_listen HOST:PORT serves Prometheus metrics on GET /metrics (ARCHITECTURE.md):
 // splitserve:expert_worker_info{isa,slice,numa_node}, calls and errors per transport, per-layer
-// call latency, expert weight bytes streamed and the achieved GB/s over the last calls.
+// call latency, expert weight bytes streamed and the achieved GB/s over the last calls, and the
+// store's bytes, the bytes huge pages back and the kernel setting deciding that (AddStoreGauges).
 //
 // Exit status: 0 success, 1 a runtime failure (load, engine), 2 a usage error.
 
@@ -209,6 +210,39 @@ void OnStopSignal(int sig) {
   if (grpc_transport::GrpcExpertServer* g = g_grpc_server.load()) g->RequestStop();
 }
 
+// The store's memory: its bytes, the bytes huge pages back (re-read from /proc/self/smaps at a
+// scrape at most every kHugePageRefresh, since khugepaged may collapse pages later; -1 when
+// unreadable) and the kernel setting deciding it, each labelled memory="anonymous|shared". The
+// scrape hook reads `store`, which must outlive `m`.
+constexpr std::chrono::seconds kHugePageRefresh{10};
+void AddStoreGauges(metrics::Metrics& m, const ExpertStore& store) {
+  const bool shared = !store.shm_name().empty();
+  const metrics::Labels memory = {{"memory", shared ? "shared" : "anonymous"}};
+  m.Gauge("expert_store_bytes", "bytes of memory holding the expert store", memory)
+      .Set(static_cast<double>(store.allocated_bytes()));
+  const HugePagePolicy policy = shared ? SharedHugePagePolicy() : AnonymousHugePagePolicy();
+  m.Gauge("expert_store_huge_page_policy_info",
+          "the kernel setting that decides whether transparent huge pages may back the expert "
+          "store (at start)",
+          {{"memory", memory.at("memory")},
+           {"setting", policy.setting},
+           {"allows", policy.allows ? "yes" : "no"}})
+      .Set(1);
+  prometheus::Gauge& huge = m.Gauge(
+      "expert_store_huge_page_bytes",
+      "bytes of the expert store backed by transparent huge pages (-1: unknown), re-read at "
+      "most every " +
+          std::to_string(kHugePageRefresh.count()) + " s",
+      memory);
+  huge.Set(static_cast<double>(store.huge_page_bytes()));
+  m.OnScrape([&store, &huge, last = std::chrono::steady_clock::now()]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < kHugePageRefresh) return;
+    last = now;
+    huge.Set(static_cast<double>(store.huge_page_bytes()));
+  });
+}
+
 // The worker's Prometheus series; every engine call of every transport goes through Observe().
 class WorkerMetrics {
  public:
@@ -235,6 +269,7 @@ class WorkerMetrics {
       latency_[layer] = &m.Histogram("expert_call_seconds", "engine time per expert call",
                                      {{"layer", std::to_string(layer)}});
     }
+    AddStoreGauges(m, store);
   }
 
   // One engine call on `transport` (a key of calls_) that took `seconds`. Called with the engine
@@ -427,24 +462,19 @@ int Main(int argc, char** argv) {
   auto topo = NumaTopology::Discover();
   if (!topo.ok()) return Fail(topo.status());
   spdlog::info("topology: " + (*topo)->Describe());
-  auto node = (*topo)->ResolveNode(c.numa_node);
-  if (!node.ok()) return Usage(absl::StrCat("--numa_node: ", node.status().message()));
-  const std::vector<int>& cores = (*topo)->FindNode(*node)->core_cpus;
-  const int threads = c.threads == 0 ? static_cast<int>(cores.size()) : c.threads;
-  if (threads > static_cast<int>(cores.size())) {
-    return Usage(absl::StrCat("--threads ", threads, " exceeds the ", cores.size(),
-                              " physical cores of NUMA node ", *node,
-                              " in the allowed CPU set (one thread per core)"));
-  }
+  absl::StatusOr<WorkerPlacement> placed = PlaceWorker(**topo, c.numa_node, c.threads);
+  if (!placed.ok()) return Usage(std::string(placed.status().message()));
+  const int node = placed->node;
+  const int threads = static_cast<int>(placed->cpus.size());
   ThreadPoolOptions po;
   po.num_threads = threads;
-  po.cpus.assign(cores.begin(), cores.begin() + threads);
+  po.cpus = placed->cpus;
   po.spin_us = c.spin_us;
   auto pool = ThreadPool::Create(po);
   if (!pool.ok()) return Fail(pool.status());
   const bool caller_pinned = (*pool)->PinCallingThread();
   spdlog::info(
-      absl::StrCat("NUMA node ", *node, c.numa_node < 0 ? " (auto)" : "", ": ", threads,
+      absl::StrCat("NUMA node ", node, c.numa_node < 0 ? " (auto)" : "", ": ", threads,
                    " threads on cpus ", absl::StrJoin(po.cpus, ","),
                    caller_pinned && (*pool)->workers_pinned() ? " (pinned)" : " (NOT all pinned)"));
 
@@ -461,7 +491,7 @@ int Main(int argc, char** argv) {
   so.slice_index = c.slice_index;
   so.slice_count = c.slice_count;
   so.topology = topo->get();
-  so.numa_node = *node;
+  so.numa_node = node;
   // Complete before the transport's segment exists: a GPU worker opens the store after connecting.
   so.shm_name = c.store_segment;
   // The weights in the order this ISA's kernel reads them (one sequential stream a call).
@@ -484,7 +514,7 @@ int Main(int argc, char** argv) {
   eo.split_target = c.split_target;
   eo.min_split_cols = c.min_split_cols;
   eo.topology = topo->get();
-  eo.numa_node = *node;
+  eo.numa_node = node;
   auto engine = ExpertEngine::Create(**store, **pool, eo);
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info(absl::StrCat("engine ready: isa ", (*engine)->isa_name(), ", max_tokens ",
@@ -498,7 +528,7 @@ int Main(int argc, char** argv) {
   const std::string& metrics_listen = c.metrics_listen;
   if (!metrics_listen.empty()) {
     registry = std::make_unique<metrics::Metrics>();
-    worker_metrics = std::make_unique<WorkerMetrics>(*registry, **store, **engine, *node);
+    worker_metrics = std::make_unique<WorkerMetrics>(*registry, **store, **engine, node);
     const absl::Status st = registry->Listen(metrics_listen);
     if (absl::IsInvalidArgument(st)) return Usage(absl::StrCat("--metrics_listen: ", st.message()));
     if (!st.ok()) return Fail(st);

@@ -14,7 +14,10 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/int_math.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -28,7 +31,48 @@ hwloc_topology_t Topo(void* p) { return static_cast<hwloc_topology_t>(p); }
 
 std::array<std::atomic<int64_t>, 1> g_refusals{};
 
+constexpr char kThpDir[] = "/sys/kernel/mm/transparent_hugepage/";
+
+// The whole of a small text file, or "" if unreadable.
+std::string ReadSmallFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  return text;
+}
+
+// The bracketed word of a sysfs choice ("always [madvise] never" -> "madvise"), or "".
+std::string Chosen(const std::string& text) {
+  const size_t open = text.find('[');
+  const size_t close = open == std::string::npos ? open : text.find(']', open);
+  return close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
+}
+
 }  // namespace
+
+absl::StatusOr<WorkerPlacement> PlaceWorker(const NumaTopology& topology, int numa_node,
+                                            int threads) {
+  absl::StatusOr<int> node = topology.ResolveNode(numa_node);
+  if (!node.ok()) {
+    return absl::Status(node.status().code(),
+                        absl::StrCat("--numa_node: ", node.status().message()));
+  }
+  const std::vector<int>& cores = topology.FindNode(*node)->core_cpus;
+  if (threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads ", threads, ": use 0 for every physical core of the node"));
+  }
+  if (threads == 0) threads = static_cast<int>(cores.size());
+  if (threads > static_cast<int>(cores.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--threads ", threads, " exceeds the ", cores.size(), " physical cores of NUMA node ",
+        *node, " in the allowed CPU set (one thread per core)"));
+  }
+  return WorkerPlacement{*node, std::vector<int>(cores.begin(), cores.begin() + threads)};
+}
 
 NodeMemory::~NodeMemory() { Release(); }
 
@@ -171,7 +215,12 @@ absl::StatusOr<NodeMemory> AllocateNodeMemory(size_t bytes, const NodeMemoryOpti
   m.data_ = base;
   m.size_ = len;
   if (huge) ::madvise(base, len, MADV_HUGEPAGE);  // advisory: refused or unavailable THP is fine
-  if (o.topology != nullptr && o.node >= 0) {
+  if (o.topology != nullptr && o.node >= 0 && !o.topology->this_system()) {
+    WarnOnce(Refusal::kMemoryBinding,
+             absl::StrCat("memory is not bound to NUMA node ", o.node,
+                          ": the topology is not this machine's (an hwloc synthetic or XML "
+                          "topology); continuing with first-touch placement"));
+  } else if (o.topology != nullptr && o.node >= 0) {
     hwloc_bitmap_t set = hwloc_bitmap_alloc();
     hwloc_bitmap_only(set, static_cast<unsigned>(o.node));
     const int rc =
@@ -205,15 +254,51 @@ bool WarnOnce(Refusal kind, const std::string& message) {
 
 int64_t RefusalCount(Refusal kind) { return g_refusals[static_cast<int>(kind)].load(); }
 
-std::string ShmemHugePageMode() {
-  FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
-  if (f == nullptr) return "unknown";
-  char line[256] = {};
-  const bool got = std::fgets(line, sizeof(line), f) != nullptr;
-  std::fclose(f);
-  const char* open = got ? std::strchr(line, '[') : nullptr;
-  const char* close = open != nullptr ? std::strchr(open, ']') : nullptr;
-  return close != nullptr ? std::string(open + 1, close) : "unknown";
+HugePagePolicy AnonymousHugePagePolicyOf(const std::string& enabled) {
+  const std::string word = Chosen(enabled);
+  if (word.empty()) return {"unknown", false, ""};
+  HugePagePolicy p{"transparent_hugepage/enabled=" + word, word == "always" || word == "madvise",
+                   ""};
+  if (!p.allows) p.remedy = absl::StrCat("echo madvise > ", kThpDir, "enabled");
+  return p;
+}
+
+HugePagePolicy SharedHugePagePolicyOf(const std::string& shmem_enabled, const std::string& mounts) {
+  const std::string forced = Chosen(shmem_enabled);
+  if (forced == "deny" || forced == "force") {
+    return {"shmem_enabled=" + forced, forced == "force",
+            forced == "deny" ? absl::StrCat("echo advise > ", kThpDir,
+                                            "shmem_enabled; mount -o remount,huge=advise /dev/shm")
+                             : ""};
+  }
+  // The last /dev/shm line of the mount table is the mount a path lookup reaches.
+  std::string options;
+  bool found = false;
+  for (const absl::string_view line : absl::StrSplit(mounts, '\n')) {
+    const std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+    if (f.size() >= 4 && f[1] == "/dev/shm") {
+      options = std::string(f[3]);
+      found = true;
+    }
+  }
+  if (!found) return {"unknown", false, ""};
+  std::string huge = "never";  // the kernel lists huge= only when it is not never
+  for (absl::string_view o : absl::StrSplit(options, ',')) {
+    if (absl::ConsumePrefix(&o, "huge=")) huge = std::string(o);
+  }
+  HugePagePolicy p{"/dev/shm huge=" + huge,
+                   huge == "always" || huge == "within_size" || huge == "advise", ""};
+  if (!p.allows) p.remedy = "mount -o remount,huge=advise /dev/shm";
+  return p;
+}
+
+HugePagePolicy AnonymousHugePagePolicy() {
+  return AnonymousHugePagePolicyOf(ReadSmallFile(absl::StrCat(kThpDir, "enabled")));
+}
+
+HugePagePolicy SharedHugePagePolicy() {
+  return SharedHugePagePolicyOf(ReadSmallFile(absl::StrCat(kThpDir, "shmem_enabled")),
+                                ReadSmallFile("/proc/self/mounts"));
 }
 
 int64_t ResidentBytes() {

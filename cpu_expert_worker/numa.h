@@ -1,5 +1,6 @@
-// Node-local memory for the expert worker (ARCHITECTURE.md "Processes": one expert worker per
-// NUMA node, its experts in that node's RAM), on the topology of common/numa_topology.h.
+// Node-local memory and threads for the expert worker (ARCHITECTURE.md "Processes": one expert
+// worker per NUMA node, its experts in that node's RAM, one pinned thread per physical core), on
+// the topology of common/numa_topology.h.
 //
 // Refusals are not errors. Containers commonly refuse mbind (no CAP_SYS_NICE) and sometimes
 // thread pinning; the worker then logs ONE warning per kind per process (WarnOnce here, the
@@ -12,12 +13,26 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/numa_topology.h"
 #include "common/shm_segment.h"
 
 namespace ss::expert {
+
+// Where an expert worker runs: its node and the OS CPUs its pool's threads are pinned to, one
+// per physical core (thread i on cpus[i]; common/thread_pool.h).
+struct WorkerPlacement {
+  int node = -1;          // the NUMA node's OS index
+  std::vector<int> cpus;  // the node's allowed cores' representatives (NumaNode::core_cpus)
+};
+// The placement for --numa_node `numa_node` (-1: auto, NumaTopology::ResolveNode) and --threads
+// `threads` (0: one per allowed physical core of the node, else the node's first `threads`
+// cores). Errors: InvalidArgument naming the flag (a node without allowed CPUs, more threads
+// than the node has allowed cores), FailedPrecondition when no node has an allowed CPU.
+absl::StatusOr<WorkerPlacement> PlaceWorker(const NumaTopology& topology, int numa_node,
+                                            int threads);
 
 struct NodeMemoryOptions;
 
@@ -42,8 +57,8 @@ class NodeMemory {
   // The segment's POSIX name (leading '/'), or "" for anonymous memory.
   const std::string& shm_name() const { return shm_name_; }
   // Bytes of this range that huge pages back now (AnonHugePages + ShmemPmdMapped of its
-  // mappings in /proc/self/smaps; reads that file, so call it once after filling); -1 if
-  // unreadable.
+  // mappings in /proc/self/smaps; reading that file walks every mapping's page tables, so call
+  // it after filling and then seldom, not on a hot path); -1 if unreadable.
   int64_t HugePageBytes() const;
 
  private:
@@ -59,7 +74,9 @@ class NodeMemory {
 struct NodeMemoryOptions {
   // With a topology and node >= 0 the range is bound to that node (MPOL_BIND through hwloc,
   // strict); when the kernel refuses, one warning per process is logged and the memory is
-  // returned unbound (first touch then decides placement).
+  // returned unbound (first touch then decides placement). A topology that is not this
+  // machine's (NumaTopology::this_system: hwloc's synthetic and XML topologies, whose binding
+  // hooks report success and do nothing) is refused the same way, without asking the kernel.
   const NumaTopology* topology = nullptr;
   int node = -1;
   // Empty: anonymous private memory. Otherwise a POSIX shared-memory segment of that name
@@ -85,10 +102,27 @@ bool WarnOnce(Refusal kind, const std::string& message);
 // How many refusals of `kind` were reported in this process (for tests and the start-up log).
 int64_t RefusalCount(Refusal kind);
 
-// The kernel's transparent-huge-page mode for shared memory (the bracketed word of
-// /sys/kernel/mm/transparent_hugepage/shmem_enabled: always, within_size, advise, never, ...), or
-// "unknown".
-std::string ShmemHugePageMode();
+// The kernel setting that decides whether transparent huge pages may back NodeMemory of one
+// kind (its large ranges are madvise(MADV_HUGEPAGE)d), read when asked.
+struct HugePagePolicy {
+  // "transparent_hugepage/enabled=madvise", "/dev/shm huge=never", "shmem_enabled=force", or
+  // "unknown".
+  std::string setting;
+  bool allows = false;  // huge pages may back madvised memory under it (false when unknown)
+  std::string remedy;   // where !allows, the command a deployer runs to allow them
+};
+// Anonymous memory: /sys/kernel/mm/transparent_hugepage/enabled; always and madvise allow.
+HugePagePolicy AnonymousHugePagePolicy();
+// POSIX shared memory (segments in /dev/shm, a tmpfs mount): the mount's huge= option (never
+// where absent, the default; always, within_size and advise allow), unless /sys/kernel/mm/
+// transparent_hugepage/shmem_enabled says deny or force, which override every mount. Its other
+// words govern only the kernel's internal mount (SysV shm, memfd, shared anonymous mappings),
+// not /dev/shm.
+HugePagePolicy SharedHugePagePolicy();
+// The same from the files' texts (`enabled`, `shmem_enabled`: the sysfs files; `mounts`:
+// /proc/self/mounts, whose last /dev/shm line is the visible mount).
+HugePagePolicy AnonymousHugePagePolicyOf(const std::string& enabled);
+HugePagePolicy SharedHugePagePolicyOf(const std::string& shmem_enabled, const std::string& mounts);
 
 // The process's resident set (VmRSS of /proc/self/statm) in bytes; 0 if unreadable.
 int64_t ResidentBytes();

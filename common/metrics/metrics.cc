@@ -5,7 +5,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
 
 namespace ss::metrics {
@@ -15,7 +17,26 @@ std::vector<double> LatencyBuckets() {
           2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 }
 
-Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {}
+class Metrics::ScrapeHooks : public prometheus::Collectable {
+ public:
+  void Add(std::function<void()> refresh) {
+    absl::MutexLock lock(&mu_);
+    hooks_.push_back(std::move(refresh));
+  }
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::MutexLock lock(&mu_);
+    for (const std::function<void()>& hook : hooks_) hook();
+    return {};
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);
+};
+
+Metrics::Metrics()
+    : hooks_(std::make_shared<ScrapeHooks>()),
+      registry_(std::make_shared<prometheus::Registry>()) {}
 
 Metrics::~Metrics() = default;  // the exposer stops (and lets go of the registry) first
 
@@ -33,6 +54,7 @@ absl::Status Metrics::Listen(const std::string& host_port) {
     if (ports.empty()) {
       return absl::UnavailableError(absl::StrCat("metrics: not listening on '", host_port, "'"));
     }
+    exposer->RegisterCollectable(hooks_);  // collected in order: the hooks first
     exposer->RegisterCollectable(registry_);
     port_ = ports.front();
     exposer_ = std::move(exposer);
@@ -83,7 +105,10 @@ prometheus::Histogram& Metrics::Histogram(std::string_view name, std::string_vie
   return family->Add(labels, buckets);
 }
 
+void Metrics::OnScrape(std::function<void()> refresh) { hooks_->Add(std::move(refresh)); }
+
 std::string Metrics::Serialize() const {
+  hooks_->Collect();
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

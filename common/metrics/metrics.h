@@ -16,6 +16,7 @@
 // them (creation takes the family's mutex).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,12 +67,20 @@ class Metrics {
                                    const Labels& labels = {},
                                    const std::vector<double>& buckets = LatencyBuckets());
 
+  // Runs `refresh` before every collection (each GET /metrics, each Serialize()), on the thread
+  // that collects, one collection's hooks at a time: for gauges that are cheaper to read when
+  // asked than to keep current (rate-limit the expensive ones inside `refresh`). Whatever
+  // `refresh` captures must outlive this Metrics (a scrape may run until its destructor).
+  void OnScrape(std::function<void()> refresh);
+
   // The Prometheus text exposition (format 0.0.4) of everything registered: what /metrics serves.
   std::string Serialize() const;
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
+  class ScrapeHooks;  // a collectable that runs the OnScrape hooks and collects nothing
+  std::shared_ptr<ScrapeHooks> hooks_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;

@@ -1,6 +1,7 @@
 // ss_metrics: the registry wrapper's names, labels and text exposition, and the /metrics exposer.
 #include "common/metrics/metrics.h"
 
+#include <atomic>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -27,8 +28,7 @@ TEST(Metrics, TextExpositionHasPrefixedNamesAndLabels) {
   EXPECT_NE(text.find("# TYPE splitserve:calls_total counter"), std::string::npos) << text;
   EXPECT_NE(text.find("splitserve:calls_total{transport=\"shm\"} 3"), std::string::npos) << text;
   EXPECT_NE(text.find("splitserve:calls_total{transport=\"grpc\"} 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("splitserve:info{isa=\"avx2\",slice=\"0/1\"} 1"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("splitserve:info{isa=\"avx2\",slice=\"0/1\"} 1"), std::string::npos) << text;
   EXPECT_NE(text.find("# TYPE splitserve:call_seconds histogram"), std::string::npos) << text;
   EXPECT_NE(text.find("splitserve:call_seconds_count{layer=\"3\"} 2"), std::string::npos) << text;
   EXPECT_NE(text.find("splitserve:call_seconds_bucket{layer=\"3\",le=\"0.005\"} 2"),
@@ -52,6 +52,19 @@ TEST(Metrics, ExposerServesMetricsOnLoopback) {
   // Metrics registered after the exposer started are served too.
   m.Gauge("late", "registered after Listen").Set(2);
   EXPECT_NE(HttpGet(m.port(), "/metrics").find("splitserve:late 2"), std::string::npos);
+}
+
+// OnScrape hooks run before each collection, so a gauge they set is current in that very scrape.
+TEST(Metrics, ScrapeHooksRunBeforeEachCollection) {
+  Metrics m;
+  prometheus::Gauge& g = m.Gauge("refreshed", "set by a scrape hook");
+  std::atomic<int> runs{0};
+  m.OnScrape([&] { g.Set(++runs); });
+  EXPECT_NE(m.Serialize().find("splitserve:refreshed 1\n"), std::string::npos);
+  ASSERT_TRUE(m.Listen("127.0.0.1:0").ok());
+  EXPECT_NE(HttpGet(m.port(), "/metrics").find("splitserve:refreshed 2\n"), std::string::npos);
+  EXPECT_NE(HttpGet(m.port(), "/metrics").find("splitserve:refreshed 3\n"), std::string::npos);
+  EXPECT_EQ(runs, 3);
 }
 
 TEST(Metrics, ListenRejectsBadAddresses) {

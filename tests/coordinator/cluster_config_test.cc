@@ -11,6 +11,7 @@
 
 #include "common/layer_list.h"
 #include "common/model_config.h"
+#include "common/numa_topology.h"
 #include "gtest/gtest.h"
 #include "proto/cluster.pb.h"
 #include "tests/coordinator/cluster_test_util.h"
@@ -309,6 +310,112 @@ TEST(ClusterConfigTest, LaunchCpusAreNotSplitWhereSplittingWouldHurt) {
   const LaunchCpus none = PlanLaunchCpus(Machine(1, 2, 1), 1, 2, true);
   EXPECT_TRUE(none.serving.empty());
   EXPECT_TRUE(none.experts.empty());
+}
+
+// `splitserve up` on machines this one is not: the real topology code on hwloc's synthetic
+// topologies (NumaTopology::FromSynthetic), through LaunchNodesOf, LaunchExpertWorkers,
+// PlanLaunchCpusFor and LaunchExpertNode, then each expert worker's view of the topology in the
+// cpuset it is started in (what its --numa-node resolves to, and the cores it pins).
+constexpr char kTwoSockets[] = "pack:2 numa:1 core:32 pu:2(indexes=2*64:1*2)";  // Linux numbering
+
+// The node of each of `cpus` in `t`, or -1 for a CPU no node has.
+std::set<int> NodesOf(const NumaTopology& t, const std::vector<int>& cpus) {
+  std::set<int> nodes;
+  for (int c : cpus) {
+    int node = -1;
+    for (const NumaNode& n : t.nodes()) {
+      for (const std::vector<int>& pus : n.core_pus) {
+        if (std::find(pus.begin(), pus.end(), c) != pus.end()) node = n.os_index;
+      }
+    }
+    nodes.insert(node);
+  }
+  return nodes;
+}
+
+// Checks a launch plan on synthetic `description` in the cpuset `allowed` (empty: all): every CPU
+// given at most once, each expert worker within the one node LaunchExpertNode names (both
+// hyperthreads of its cores), and that worker, started in its cpuset, resolving its --numa-node to
+// that node and pinning one thread to each of its cores. Returns the plan.
+LaunchCpus CheckLaunch(const std::string& description, int tp, int expect_experts,
+                       const std::vector<int>& allowed = {}) {
+  absl::StatusOr<std::unique_ptr<NumaTopology>> t =
+      NumaTopology::FromSynthetic(description, allowed);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return {};
+  const LaunchNodes nodes = LaunchNodesOf((*t)->nodes());
+  const int experts = LaunchExpertWorkers(0, static_cast<int>(nodes.ids.size()), tp, true, 2048);
+  EXPECT_EQ(experts, expect_experts) << description << " tp " << tp;
+  const LaunchCpus plan = PlanLaunchCpusFor(nodes.cores, experts, tp, true, true);
+  EXPECT_TRUE(plan.split()) << description << " tp " << tp;
+  EXPECT_EQ(plan.experts.size(), static_cast<size_t>(experts));
+  std::set<int> given(plan.serving.begin(), plan.serving.end());
+  EXPECT_EQ(given.size(), plan.serving.size());
+  for (size_t e = 0; e < plan.experts.size(); ++e) {
+    const std::vector<int>& cpus = plan.experts[e];
+    for (int c : cpus) EXPECT_TRUE(given.insert(c).second) << "cpu " << c << " given twice";
+    const int node = LaunchExpertNode(static_cast<int>(e), experts, nodes.ids);
+    EXPECT_EQ(NodesOf(**t, cpus), std::set<int>{node})
+        << "expert worker " << e << " of " << experts << " straddles nodes";
+    // The worker in its cpuset: --numa-node (or auto) gives that node, its cores one a thread.
+    absl::StatusOr<std::unique_ptr<NumaTopology>> own =
+        NumaTopology::FromSynthetic(description, cpus);
+    EXPECT_TRUE(own.ok()) << own.status();
+    if (!own.ok()) continue;
+    EXPECT_EQ((*own)->ResolveNode(-1).value_or(-2), node);
+    EXPECT_EQ((*own)->ResolveNode(node).value_or(-2), node) << "worker " << e;
+    if (!(*own)->ResolveNode(node).ok()) continue;
+    const std::vector<std::vector<int>>& cores = (*own)->FindNode(node)->core_pus;
+    EXPECT_EQ(cores.size() * 2, cpus.size()) << "a core of worker " << e << " lost a sibling";
+  }
+  EXPECT_EQ(given.size(), (*t)->allowed_cpus().size());  // no CPU left idle
+  return plan;
+}
+
+TEST(ClusterConfigTest, LaunchOnTwoSocketsGivesEachNodeItsExpertWorker) {
+  // One GPU worker: one expert worker per node, on all of its node's cores but the serving
+  // ones (2 for the GPU worker + 1 for the coordinator, taken from the nodes' tops in turn).
+  const LaunchCpus one = CheckLaunch(kTwoSockets, 1, 2);
+  ASSERT_EQ(one.experts.size(), 2u);
+  EXPECT_EQ(one.serving, (std::vector<int>{30, 31, 63, 94, 95, 127}));
+  EXPECT_EQ(one.experts[0].size(), 2u * 30);
+  EXPECT_EQ(one.experts[1].size(), 2u * 31);
+  EXPECT_EQ(one.experts[1].front(), 32);
+  // TP 2 and TP 4 with 2 GPU workers per node's worth of ranks: 2 expert workers, then 4 (two
+  // to a node, each on half of its node's remaining cores).
+  CheckLaunch(kTwoSockets, 2, 2);
+  const LaunchCpus four = CheckLaunch(kTwoSockets, 4, 4);
+  ASSERT_EQ(four.experts.size(), 4u);
+  for (const std::vector<int>& e : four.experts) EXPECT_GE(e.size(), 2u * 13);
+  CheckLaunch(kTwoSockets, 8, 8);
+  // Uneven nodes (a cpuset of 10 cores of node 0 and 30 of node 1): still two workers to a node.
+  std::vector<int> uneven;
+  for (int first : {0, 64}) {
+    for (int c = 0; c < 10; ++c) uneven.push_back(first + c);
+    for (int c = 32; c < 62; ++c) uneven.push_back(first + c);
+  }
+  const LaunchCpus skewed = CheckLaunch(kTwoSockets, 4, 4, uneven);
+  ASSERT_EQ(skewed.experts.size(), 4u);
+  EXPECT_EQ(skewed.experts[0].size() + skewed.experts[1].size(), 2u * 5);   // 5 serve
+  EXPECT_EQ(skewed.experts[2].size() + skewed.experts[3].size(), 2u * 26);  // 4 serve
+}
+
+TEST(ClusterConfigTest, LaunchOnFourNodesAndOnASecondSocketCpuset) {
+  CheckLaunch("pack:2 numa:2 core:16 pu:2", 1, 4);
+  CheckLaunch("pack:2 numa:2 core:16 pu:2", 8, 8);
+  // A container on the second package only: its nodes are 2 and 3, and so are the workers'.
+  std::vector<int> second;
+  for (int c = 64; c < 128; ++c) second.push_back(c);
+  absl::StatusOr<std::unique_ptr<NumaTopology>> t =
+      NumaTopology::FromSynthetic("pack:2 numa:2 core:16 pu:2", second);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const LaunchNodes nodes = LaunchNodesOf((*t)->nodes());
+  EXPECT_EQ(nodes.ids, (std::vector<int>{2, 3}));
+  EXPECT_EQ(LaunchExpertNode(0, 2, nodes.ids), 2);
+  EXPECT_EQ(LaunchExpertNode(1, 2, nodes.ids), 3);
+  EXPECT_EQ(LaunchExpertNode(3, 4, nodes.ids), 3);
+  EXPECT_EQ(LaunchExpertNode(0, 3, nodes.ids), -1);  // not a multiple: auto
+  EXPECT_EQ(LaunchExpertNode(0, 1, {0}), -1);        // one node: auto
 }
 
 TEST(ClusterConfigTest, LaunchKvTokensFillsGpusOnlyWhereEachWorkerHasItsOwn) {

@@ -52,7 +52,9 @@ inline const std::string& I256Checkpoint() {
 // dying with the test (testing_util::ChildProcess).
 class WorkerProcess : public ::ss::testing_util::ChildProcess {
  public:
-  explicit WorkerProcess(std::vector<std::string> args) : ChildProcess(WithBinary(std::move(args))) {}
+  // `log_path`: where its stdout and stderr go ("": the test's own).
+  explicit WorkerProcess(std::vector<std::string> args, const std::string& log_path = "")
+      : ChildProcess(WithBinary(std::move(args)), log_path) {}
 
  private:
   static std::vector<std::string> WithBinary(std::vector<std::string> args) {

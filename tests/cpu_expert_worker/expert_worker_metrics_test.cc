@@ -1,7 +1,10 @@
 // End to end: splitserve-expert-worker on tiny-a over shared memory with --metrics-listen on a
-// loopback port; one expert call, then GET /metrics carries the worker's ISA label and the call.
+// loopback port; one expert call, then GET /metrics carries the worker's ISA label and the call,
+// and the store's memory: its bytes (the size of its /dev/shm segment), the bytes huge pages back
+// and the kernel setting deciding that, which the start-up log names too.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/http_get.h"
 #include "tests/cpu_expert_worker/expert_test_util.h"
+#include "tests/test_util.h"
 
 namespace ss::expert {
 namespace {
@@ -29,12 +33,14 @@ using testing_util::kTinyA;
 // The worker on tiny-a with one thread and `extra` flags.
 class Worker : public testing_util::WorkerProcess {
  public:
-  explicit Worker(const std::vector<std::string>& extra)
-      : WorkerProcess([&] {
-          std::vector<std::string> a = {"--model", kTinyA, "--threads", "1"};
-          a.insert(a.end(), extra.begin(), extra.end());
-          return a;
-        }()) {}
+  explicit Worker(const std::vector<std::string>& extra, const std::string& log_path = "")
+      : WorkerProcess(
+            [&] {
+              std::vector<std::string> a = {"--model", kTinyA, "--threads", "1"};
+              a.insert(a.end(), extra.begin(), extra.end());
+              return a;
+            }(),
+            log_path) {}
 };
 
 // The value of the series line that starts with `series` (name and labels exactly), or NAN.
@@ -53,8 +59,11 @@ TEST(ExpertWorkerMetrics, ScrapeShowsIsaAndCalls) {
   const int port = FreeLoopbackPort();
   ASSERT_GT(port, 0);
   const std::string seg = "ss-e2e-metrics-" + std::to_string(getpid());
+  ::ss::testing_util::TempDir dir("ss_worker_metrics");
+  const std::string log = dir / "worker.log";
   Worker worker({"--isa", "scalar", "--shm-name", seg, "--metrics-listen",
-                 "127.0.0.1:" + std::to_string(port)});
+                 "127.0.0.1:" + std::to_string(port)},
+                log);
   std::unique_ptr<shm::ShmClient> client;
   for (const absl::Time until = absl::Now() + absl::Seconds(60); !client && absl::Now() < until;) {
     auto c = shm::ShmClient::Connect(seg);
@@ -102,6 +111,25 @@ TEST(ExpertWorkerMetrics, ScrapeShowsIsaAndCalls) {
       << resp;
   EXPECT_GT(Sample(resp, "splitserve:expert_weight_bytes_total"), 0.0) << resp;
   EXPECT_GT(Sample(resp, "splitserve:expert_achieved_gbps"), 0.0) << resp;
+
+  // The store lives in the segment "<seg>-store": its bytes are the segment's size.
+  struct stat st;
+  ASSERT_EQ(::stat(("/dev/shm/" + seg + "-store").c_str(), &st), 0);
+  EXPECT_EQ(Sample(resp, "splitserve:expert_store_bytes{memory=\"shared\"}"),
+            static_cast<double>(st.st_size))
+      << resp;
+  const double huge = Sample(resp, "splitserve:expert_store_huge_page_bytes{memory=\"shared\"}");
+  EXPECT_GE(huge, 0.0) << resp;  // /proc/self/smaps is readable here
+  EXPECT_LE(huge, static_cast<double>(st.st_size)) << resp;
+  // The setting as the start-up log names it.
+  const size_t info = resp.find("splitserve:expert_store_huge_page_policy_info{");
+  ASSERT_NE(info, std::string::npos) << resp;
+  const size_t from = resp.find("setting=\"", info);
+  ASSERT_NE(from, std::string::npos) << resp;
+  const std::string setting = resp.substr(from + 9, resp.find('"', from + 9) - from - 9);
+  const std::string text = ::ss::testing_util::ReadAll(log);
+  EXPECT_NE(text.find("MB in huge pages (" + setting), std::string::npos) << setting << "\n"
+                                                                          << text;
 
   client.reset();
   EXPECT_EQ(worker.Stop(), 0);

@@ -344,6 +344,48 @@ TEST(NodeMemory, SharedSegmentIsOwnedAndUnlinkedByItsHolder) {
   EXPECT_NE(::stat(path.c_str(), &st), 0);
 }
 
+// The kernel settings that decide huge pages: anonymous memory by transparent_hugepage/enabled,
+// /dev/shm segments by that mount's huge= option (shmem_enabled only where deny or force).
+TEST(HugePagePolicy, ReadsTheSettingThatDecidesEachKind) {
+  EXPECT_EQ(AnonymousHugePagePolicyOf("always [madvise] never\n").setting,
+            "transparent_hugepage/enabled=madvise");
+  EXPECT_TRUE(AnonymousHugePagePolicyOf("[always] madvise never\n").allows);
+  const HugePagePolicy never = AnonymousHugePagePolicyOf("always madvise [never]\n");
+  EXPECT_FALSE(never.allows);
+  EXPECT_EQ(never.remedy, "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled");
+  EXPECT_EQ(AnonymousHugePagePolicyOf("").setting, "unknown");
+
+  const std::string shmem = "always within_size advise [never] deny force\n";
+  const std::string mounts =
+      "proc /proc proc rw 0 0\n"
+      "tmpfs /dev/shm tmpfs rw,nosuid,size=1024k 0 0\n"
+      "tmpfs /dev/shm tmpfs rw,relatime,size=24683568k,huge=within_size 0 0\n";
+  // The last /dev/shm mount counts, whatever shmem_enabled says short of deny/force.
+  const HugePagePolicy within = SharedHugePagePolicyOf(shmem, mounts);
+  EXPECT_EQ(within.setting, "/dev/shm huge=within_size");
+  EXPECT_TRUE(within.allows);
+  EXPECT_TRUE(within.remedy.empty());
+  // No huge= option: never, and the remount that allows it.
+  const HugePagePolicy plain =
+      SharedHugePagePolicyOf("always within_size [advise] never deny force\n",
+                             "tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0\n");
+  EXPECT_EQ(plain.setting, "/dev/shm huge=never");
+  EXPECT_FALSE(plain.allows);
+  EXPECT_EQ(plain.remedy, "mount -o remount,huge=advise /dev/shm");
+  const HugePagePolicy forced =
+      SharedHugePagePolicyOf("always within_size advise never deny [force]\n", mounts);
+  EXPECT_EQ(forced.setting, "shmem_enabled=force");
+  EXPECT_TRUE(forced.allows);
+  const HugePagePolicy denied =
+      SharedHugePagePolicyOf("always within_size advise never [deny] force\n", mounts);
+  EXPECT_FALSE(denied.allows);
+  EXPECT_NE(denied.remedy.find("shmem_enabled"), std::string::npos);
+  EXPECT_EQ(SharedHugePagePolicyOf(shmem, "proc /proc proc rw 0 0\n").setting, "unknown");
+  // This machine's: whatever they are, they are read.
+  std::printf("here: %s; %s\n", AnonymousHugePagePolicy().setting.c_str(),
+              SharedHugePagePolicy().setting.c_str());
+}
+
 TEST(ResidentBytes, TracksTouchedMemory) {
   const int64_t before = ResidentBytes();
   ASSERT_GT(before, 0);
