@@ -23,6 +23,10 @@
 //   bytes [448, 452) fp32 sa·2^-10 (the block's scale times the unit of A·2e2m1), or NaN when
 //                    the block holds a NaN code (then every output it touches is NaN, as in the
 //                    reference; NaN payloads may differ).
+//   bytes [452, 454) AVX2 only, the PLANE MASK: byte 452 + c has bit p set if plane p holds a
+//                    nonzero value in span c (elements 64c..64c+63); the kernel skips an
+//                    all-zero plane. Not written by the AVX-512 quantiser. Bytes [454, 512):
+//                    unused.
 // With 2·e2m1 in [-12, 12] as int8 (one table lookup per nibble), a 32-group's exact partial is
 // the int32 Σ_p 2^(5p) Σ_j plane_p[j]·w[j] (u8 × s8 dot products: vpdpbusd, or vpmaddubsw +
 // vpmaddwd), |Σ| < 2^27, and its conversion to fp32 rounds once, exactly where the scalar
@@ -50,6 +54,7 @@ inline constexpr int64_t kRecordBytes = 512;
 inline constexpr int64_t kPlaneOffset[3] = {256, 128, 0};  // plane p at kPlaneOffset[p]
 inline constexpr int64_t kSignOffset = 384;
 inline constexpr int64_t kScaleOffset = 448;
+inline constexpr int64_t kPlaneMaskOffset = 452;  // AVX2: one byte per 64-span
 
 // Where element e (0..127) of a block lands in a plane, for vectors of `span` elements.
 inline constexpr int64_t PlanePosition(int64_t e, int64_t span) {

@@ -386,8 +386,9 @@ TEST_P(SimdVsScalar, NonFiniteActivationsGiveNaNWhereTheScalarDoes) {
   x[2 * dim + 200] = FloatToBf16(std::numeric_limits<float>::quiet_NaN());  // token 2
   const Routing r = MakeRouting(Route::kUniform, T, k, E, rng);
   std::vector<float> want(T * dim), got(T * dim);
-  ExpertCall call{T, dim, k, inter, x.data(), r.ids.data(), r.weights.data(), views.data(), E,
-                  10.0f, false, want.data()};
+  ExpertCall call{
+      T, dim,   k,     inter,      x.data(), r.ids.data(), r.weights.data(), views.data(),
+      E, 10.0f, false, want.data()};
   ASSERT_TRUE(RunKernel(Scalar(), call).ok());
   call.out = got.data();
   ASSERT_TRUE(RunKernel(*kernel_, call).ok());
@@ -398,6 +399,56 @@ TEST_P(SimdVsScalar, NonFiniteActivationsGiveNaNWhereTheScalarDoes) {
     }
   }
   EXPECT_TRUE(std::isnan(want[0]) && std::isnan(want[2 * dim]) && !std::isnan(want[dim]));
+}
+
+// Decode calls (one token) whose 64-element activation spans hold every combination of the
+// three planes (linear4.h: |q| >= 16, [0.5, 16), < 0.5) being nonzero: the AVX2 kernel's
+// plane-skipping paths. Each 128-block's largest |x| is 400 (scale 1, q = e4m3(x)).
+TEST_P(SimdVsScalar, DecodeEveryPlaneCombination) {
+  const int64_t dim = 512, inter = 256, E = 2;
+  const SynthLayer& layer = Layer(dim, inter, E);
+  std::vector<ExpertSliceView> views;
+  for (const SynthExpert& e : layer.experts) {
+    views.push_back(*SliceExpert(e.Matrices(), dim, inter, 0, 1));
+  }
+  std::mt19937 rng(17);
+  const float lo[3] = {0.01f, 0.6f, 20.0f}, hi[3] = {0.4f, 12.0f, 400.0f};
+  auto draw = [&](int plane) {
+    std::uniform_real_distribution<float> u(lo[plane], hi[plane]);
+    return (rng() & 1) != 0 ? u(rng) : -u(rng);
+  };
+  for (int token = 0; token < 4; ++token) {
+    std::vector<uint16_t> x(dim, 0);
+    for (int64_t span = 0; span < dim / 64; ++span) {
+      // Span 2i + 1 of token t gets mask (4t + i) % 8 (all eight over the tokens); span 2i
+      // holds the block maximum, so plane 2 and mask (4t + i) | 4.
+      const int i = static_cast<int>(span / 2);
+      int mask = (4 * token + i) % 8;
+      if (span % 2 == 0) mask |= 4;
+      std::vector<int> planes;
+      for (int p = 0; p < 3; ++p) {
+        if ((mask >> p & 1) != 0) planes.push_back(p);
+      }
+      for (int64_t j = 0; j < 64; ++j) {
+        float v = 0.0f;
+        if (!planes.empty() && (j < 3 || rng() % 4 != 0)) {
+          v = draw(planes[j < 3 ? j % planes.size() : rng() % planes.size()]);
+        }
+        x[span * 64 + j] = FloatToBf16(v);
+      }
+      if (span % 2 == 0) x[span * 64 + 5] = FloatToBf16(400.0f);
+    }
+    const int32_t id = token % 2;
+    const float weight = 1.0f;
+    std::vector<float> want(dim), got(dim);
+    ExpertCall call{1,       dim,          1, inter, x.data(), &id,
+                    &weight, views.data(), E, 0.0f,  false,    want.data()};
+    ASSERT_TRUE(RunKernel(Scalar(), call).ok());
+    call.out = got.data();
+    ASSERT_TRUE(RunKernel(*kernel_, call).ok());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "token " << token;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -781,8 +832,8 @@ class ActQuant : public IsaTest {
           << what << ": block " << b << " scale " << want_s[b] << " vs " << got_s[b];
     }
     for (size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(want_q[i], got_q[i]) << what << ": element " << i << " x = " << x[i]
-                                     << " (scale " << want_s[i / kActBlock] << ")";
+      ASSERT_EQ(want_q[i], got_q[i]) << what << ": element " << i << " x = " << x[i] << " (scale "
+                                     << want_s[i / kActBlock] << ")";
     }
     ++checked_;
   }
@@ -899,8 +950,8 @@ TEST_P(ActQuant, PreQuantisedCallIsBitIdentical) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, ActQuant,
-                         testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512), IsaParamName);
+INSTANTIATE_TEST_SUITE_P(AllIsas, ActQuant, testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+                         IsaParamName);
 
 // ---------------------------------------------------------------------------------------------
 // Dispatch and helpers.

@@ -124,6 +124,40 @@ inline __m256i DotPlanes(const Planes& pl, __m256i we, __m256i wo) {
                           _mm256_madd_epi16(m0, _mm256_set1_epi16(1)));
 }
 
+// Plane p's unit 2^(5p) in 16 int16 lanes.
+alignas(32) constexpr int16_t kPlaneUnit[3][16] = {
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32},
+    {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024,
+     1024}};
+
+// Two of a chunk's planes, a and b, and their units (kPlaneUnit): for a chunk whose third plane
+// is all zero.
+struct TwoPlanes {
+  __m256i p[2][2];
+  const __m256i* unit[2];
+  TwoPlanes(const uint8_t* rec, int c, int a, int b) {
+    const int idx[2] = {a, b};
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* pp = rec + kPlaneOffset[idx[i]] + c * 64;
+      p[i][0] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp));
+      p[i][1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + 32));
+      unit[i] = reinterpret_cast<const __m256i*>(kPlaneUnit[idx[i]]);
+    }
+  }
+};
+
+// DotPlanes for a chunk whose third plane is all zero: 4 vpmaddubsw and 2 vpmaddwd instead of 6
+// and 3.
+inline __m256i DotPlanes(const TwoPlanes& pl, __m256i we, __m256i wo) {
+  const __m256i ma =
+      _mm256_add_epi16(_mm256_maddubs_epi16(pl.p[0][0], we), _mm256_maddubs_epi16(pl.p[0][1], wo));
+  const __m256i mb =
+      _mm256_add_epi16(_mm256_maddubs_epi16(pl.p[1][0], we), _mm256_maddubs_epi16(pl.p[1][1], wo));
+  return _mm256_add_epi32(_mm256_madd_epi16(ma, _mm256_load_si256(pl.unit[0])),
+                          _mm256_madd_epi16(mb, _mm256_load_si256(pl.unit[1])));
+}
+
 // 8 rows' sums of a chunk -> ga / gb = its two groups' sums with row r in lane r.
 inline void Reduce(const __m256i (&res)[kRows], __m256i& ga, __m256i& gb) {
   __m256i t1[4], t2[2];
@@ -183,10 +217,33 @@ inline int64_t RowStep(const Linear4Args& a) {
   return kTiled ? 64 : Steps(a).row;
 }
 
-// One activation row (decode): the sign is folded into the packed bytes, one XOR per chunk.
+// One activation row's chunk c of a K block against the tile's 8 rows (w: their K block, `row`
+// bytes apart), its planes in `pl` (Planes or TwoPlanes): ga / gb as Reduce gives them. The sign
+// is folded into the packed bytes, one XOR per row.
+template <class P>
+inline void ChunkOne(const uint8_t* w, int64_t row, const uint8_t* rec, int c, const P& pl,
+                     __m256i& ga, __m256i& gb) {
+  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
+  const __m256i sx = Load(rec + kSignOffset + c * 32);
+  __m256i res[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const __m256i v = _mm256_xor_si256(Load(w + r * row + c * 32), sx);
+    const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
+    const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+    res[r] = DotPlanes(pl, we, wo);
+  }
+  Reduce(res, ga, gb);
+}
+
+// One activation row (decode). A chunk whose record marks a plane all zero (the plane mask)
+// skips it: 4 vpmaddubsw and 2 vpmaddwd per row instead of 6 and 3. The gain depends on the
+// data: plane 0 holds |q| < 0.5 (under ~2^-10 of the block's largest value) and is nonzero in
+// only ~15% of the 64-spans of a Gaussian row (measured ~1.15x on Zen 5); a span far below its
+// block's largest value may need no plane 2 instead. The branch is the same for the tile's 8
+// rows and repeats tile after tile (one token), so it predicts well.
 template <bool kTiled, class PF>
 void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
-  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
   __m256 acc = _mm256_setzero_ps();
   const uint8_t* w = TileBase(a, a.w, r0);
   const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
@@ -197,18 +254,15 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
     __m256 sw[4];
     GroupScales(_mm256_load_si256(st + kb), sw);
     for (int c = 0; c < 2; ++c) {
-      const Planes pl(rec, c);
-      const __m256i sx = Load(rec + kSignOffset + c * 32);
-      __m256i res[kRows];
-#pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
-        const __m256i v = _mm256_xor_si256(Load(w + r * row + c * 32), sx);
-        const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
-        const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-        res[r] = DotPlanes(pl, we, wo);
-      }
+      const int mask = rec[kPlaneMaskOffset + c];
       __m256i ga, gb;
-      Reduce(res, ga, gb);
+      if (mask == 7) {
+        ChunkOne(w, row, rec, c, Planes(rec, c), ga, gb);
+      } else {
+        // Two planes that include every nonzero one.
+        const int hi = (mask & 4) != 0 ? 2 : 1, lo = (mask & 1) != 0 || hi == 1 ? 0 : 1;
+        ChunkOne(w, row, rec, c, TwoPlanes(rec, c, hi, lo), ga, gb);
+      }
       acc = Accumulate(acc, ga, gb, sa, sw[2 * c], sw[2 * c + 1]);
     }
   }
@@ -384,7 +438,8 @@ void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, f
     uint8_t* rec = reinterpret_cast<uint8_t*>(q) + b / 128 * kRecordBytes;
     __m256i nan = _mm256_setzero_si256();
     for (int span = 0; span < 2; ++span) {
-      __m256i half_codes[2];  // even, odd elements of the span, as bytes
+      __m256i half_codes[2];    // even, odd elements of the span, as bytes
+      __m256i nonzero[3] = {};  // per plane: the OR of its values
       for (int h = 0; h < 2; ++h) {
         __m256i c[4], planes[3][4];
         for (int i = 0; i < 4; ++i) {
@@ -396,6 +451,7 @@ void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, f
           __m256i pl[3];
           PlaneValues(c[i], pl);
           for (int p = 0; p < 3; ++p) planes[p][i] = pl[p];
+          for (int p = 0; p < 3; ++p) nonzero[p] = _mm256_or_si256(nonzero[p], pl[p]);
           nan = _mm256_or_si256(nan,
                                 _mm256_cmpeq_epi32(_mm256_and_si256(c[i], _mm256_set1_epi32(0x7f)),
                                                    _mm256_set1_epi32(0x7f)));
@@ -411,6 +467,9 @@ void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, f
           _mm256_and_si256(_mm256_srli_epi16(half_codes[0], 4), _mm256_set1_epi8(0x08)),
           _mm256_and_si256(half_codes[1], _mm256_set1_epi8(static_cast<char>(0x80))));
       _mm256_store_si256(reinterpret_cast<__m256i*>(rec + kSignOffset + span * 32), sign);
+      int mask = 0;
+      for (int p = 0; p < 3; ++p) mask |= _mm256_testz_si256(nonzero[p], nonzero[p]) ? 0 : 1 << p;
+      rec[kPlaneMaskOffset + span] = static_cast<uint8_t>(mask);
     }
     StoreRecordScale(rec, s, !_mm256_testz_si256(nan, nan));
   }
