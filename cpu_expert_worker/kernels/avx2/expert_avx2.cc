@@ -220,14 +220,15 @@ inline int64_t RowStep(const Linear4Args& a) {
 // One activation row's chunk c of a K block against the tile's 8 rows (w: their K block, `row`
 // bytes apart), its planes in `pl` (Planes or TwoPlanes): ga / gb as Reduce gives them. The sign
 // is folded into the packed bytes, one XOR per row.
-template <class P>
+template <class P, class PF>
 inline void ChunkOne(const uint8_t* w, int64_t row, const uint8_t* rec, int c, const P& pl,
-                     __m256i& ga, __m256i& gb) {
+                     const PF* pf, __m256i& ga, __m256i& gb) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
   const __m256i sx = Load(rec + kSignOffset + c * 32);
   __m256i res[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
+    if (pf != nullptr) pf->Row(r);
     const __m256i v = _mm256_xor_si256(Load(w + r * row + c * 32), sx);
     const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
     const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
@@ -249,7 +250,7 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
   const uint8_t* rec = Record(a, 0, 0);
   for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step, rec += kRecordBytes) {
-    pf.Step(r0, kb);
+    pf.Aim(r0, kb);
     const float sa = RecordScale(rec);
     __m256 sw[4];
     GroupScales(_mm256_load_si256(st + kb), sw);
@@ -257,11 +258,11 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
       const int mask = rec[kPlaneMaskOffset + c];
       __m256i ga, gb;
       if (mask == 7) {
-        ChunkOne(w, row, rec, c, Planes(rec, c), ga, gb);
+        ChunkOne(w, row, rec, c, Planes(rec, c), c == 0 ? &pf : nullptr, ga, gb);
       } else {
         // Two planes that include every nonzero one.
         const int hi = (mask & 4) != 0 ? 2 : 1, lo = (mask & 1) != 0 || hi == 1 ? 0 : 1;
-        ChunkOne(w, row, rec, c, TwoPlanes(rec, c, hi, lo), ga, gb);
+        ChunkOne(w, row, rec, c, TwoPlanes(rec, c, hi, lo), c == 0 ? &pf : nullptr, ga, gb);
       }
       acc = Accumulate(acc, ga, gb, sa, sw[2 * c], sw[2 * c + 1]);
     }
