@@ -16,13 +16,13 @@ namespace {
 
 // The weight prefetch: which cache level the lines go to and how far ahead of their use, in
 // 64-byte lines in consumption order. Measured per thread count on both CPU families we have
-// (bench/RESULTS.md, "Prefetch hint and distance"):
+// (bench/RESULTS.md, "What limited the worker: the non-temporal prefetch"):
 //  - kNear: non-temporal into L1, 256 lines (16 KB, half a tile at k = 4096) ahead. On AMD
 //    (Zen 5) a whole tile ahead thrashes L1 and per-row distances fall short of the stream;
 //    NTA and T0 read alike there.
-//  - kFar: into L2 (T2), 1024 lines (64 KB) ahead. On Intel (Sapphire Rapids class) a
-//    non-temporal prefetch reads at half the rate of T0/T2 (it skips L2, and an L1 fill buffer
-//    holds each line until use), and L2 holds a long distance without touching L1.
+//  - kFar: into L2 (T2), 1024 lines (64 KB) ahead. On Intel (Emerald Rapids) a non-temporal
+//    prefetch read at half the rate of T0/T2 from 4 threads up, and T2 keeps a long distance out
+//    of L1.
 struct PrefetchNear {
   static constexpr int kHint = _MM_HINT_NTA;
   static constexpr int64_t kLines = 256;
