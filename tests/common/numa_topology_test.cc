@@ -16,24 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/synthetic_topology.h"
+
 namespace ss {
 namespace {
 
-constexpr char kTwoSockets[] = "pack:2 numa:1 core:32 pu:2(indexes=2*64:1*2)";
-
-std::vector<int> Range(int first, int end) {
-  std::vector<int> v;
-  for (int c = first; c < end; ++c) v.push_back(c);
-  return v;
-}
-
-std::unique_ptr<NumaTopology> Synthetic(const std::string& description,
-                                        const std::vector<int>& allowed = {}) {
-  absl::StatusOr<std::unique_ptr<NumaTopology>> t =
-      NumaTopology::FromSynthetic(description, allowed);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? std::move(*t) : nullptr;
-}
+using ::ss::synthetic_topology::kTwoSockets;
+using ::ss::synthetic_topology::Range;
+using ::ss::synthetic_topology::Synthetic;
 
 TEST(NumaTopologySynthetic, TwoSocketsGiveTwoNodesOfThirtyTwoCoresOneCpuACore) {
   const std::unique_ptr<NumaTopology> t = Synthetic(kTwoSockets);
