@@ -7,6 +7,7 @@
 #   bash tests/device/focus.sh $OUT      # backend, TP and golden tests, the layer bench, `up`
 #   bash tests/device/ncu_kernels.sh $OUT   # ncu sections of the slowest decode kernels
 #   bash tests/device/profile.sh $OUT    # ncu per-kernel times (GPU 0) beside the bench (GPU 1)
+#   bash tests/device/experts.sh $OUT decode16   # the CPU expert worker's issue-30 figures (see there)
 # A few binaries from another build tree into a folder of their own (carry that folder; it holds
 # bin/ with lib/ beside the binaries, unpacked, so no tar step is needed there):
 #   SS_PACK_BUILD=build-x SS_PACK_DIR=build-x/devmini bash tests/device/pack.sh indexer_test ...

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 30's measurements of the CPU expert worker on the device machine's host, in as few calls
+# as the device tool's 10-minute limit allows. Pack first (here):
+#   SS_PACK_DIR=.devpack/k bash tests/device/pack.sh cpu_rates_bench splitserve-bench-experts \
+#       splitserve-expert-worker expert_kernels_test
+#   bash bench/ggml_moe/pack_ggml.sh /path/to/ggml-git .devpack/k/ggml.tar.xz   # for `ggml`
+# then, with carry [".devpack/k"], one or more PARTS a call (times are rough, on 16 cores):
+#   bash tests/device/experts.sh $OUT decode16          # ~3 min
+#   bash tests/device/experts.sh $OUT rates scaling     # ~1 + ~5 min
+#   bash tests/device/experts.sh $OUT ggml              # ~5 min (ggml built twice, one repeat)
+# Parts:
+#   decode16  splitserve-bench-experts, 16 threads (or all cores), avx512 and avx2 interleaved,
+#             3 runs each: the acceptance's decode efficiency and T = 256 share of the FMA peak
+#   rates     expert_kernels_test, then cpu_rates_bench at 1, 2, 4, 8, 16 threads
+#   scaling   splitserve-bench-experts at 1, 2, 4 and 8 threads, avx512 and avx2, one run each
+#   ggml      bench/ggml_moe/ggml_compare.sh at 4, 8 and 16 threads, both builds, one repeat
+# Each run's whole output stays under $OUT/experts/ (only a few files come back: the summary is
+# $OUT/experts-summary.txt, one line a run).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: tests/device/experts.sh OUT PART...}
+shift
+bin=${SS_EXPERTS_BIN:-.devpack/k}
+export LD_LIBRARY_PATH="$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+data=/tmp/ss-bench-experts-data  # 7.9 GB: kept out of $OUT
+cores=$(nproc)
+max=$((cores < 16 ? cores : 16))
+mkdir -p "$out/experts"
+summary="$out/experts-summary.txt"
+
+bench() {  # THREADS ISA TAG
+  local f="$out/experts/be_${3}_t$1_$2.txt"
+  timeout 150 "$bin/splitserve-bench-experts" --threads "$1" --isa "$2" --tokens 10 --calls 60 \
+    --workdir "$data" --worker "$bin/splitserve-expert-worker" >"$f" 2>&1
+  echo "bench $3 threads=$1 isa=$2 rc=$? $(grep -oE 'streaming read: [0-9.]+' "$f") $(grep -oE \
+    'tokens_per_s=[^ ]+ decode_gbps=[^ ]+ stream_gbps=[^ ]+|rss_ratio=[^ ]+|fma_peak_gflops=.*' "$f" |
+    tr '\n' ' ')" | tee -a "$summary"
+}
+
+for part in "$@"; do
+  case "$part" in
+    decode16)
+      for r in 1 2 3; do for isa in avx512 avx2; do bench "$max" "$isa" "d16r$r"; done; done
+      ;;
+    rates)
+      "$bin/expert_kernels_test" >"$out/experts/kernels_test.txt" 2>&1
+      echo "expert_kernels_test rc=$? $(tail -1 "$out/experts/kernels_test.txt")" | tee -a "$summary"
+      timeout 200 "$bin/cpu_rates_bench" --threads 1,2,4,8,16 --gib 2 --passes 2 \
+        >"$out/experts/rates.txt" 2>&1
+      grep -E 'section=(fma|l2|l2rows) |variant=t0_16k pages=thp|section=dram.*pages=thp' \
+        "$out/experts/rates.txt" | cut -c1-120 | sed 's/^/rates /' | tee -a "$summary"
+      ;;
+    scaling)
+      for t in 1 2 4 8; do for isa in avx512 avx2; do bench "$t" "$isa" scale; done; done
+      ;;
+    ggml)
+      GGML_TAR="$bin/ggml.tar.xz" SS_BIN="$bin" OUT=/tmp/ss-ggml-compare THREADS="4 8 16" \
+        REPEATS=1 TOKENS=8 GGML_TOKENS=15 SS_DATA="$data" timeout 560 \
+        bash bench/ggml_moe/ggml_compare.sh >"$out/experts/ggml_compare.txt" 2>&1
+      echo "ggml_compare rc=$?" | tee -a "$summary"
+      cp /tmp/ss-ggml-compare/table.txt "$out/experts-ggml-table.txt" 2>/dev/null
+      cat "$out/experts-ggml-table.txt" 2>/dev/null
+      ;;
+    *) echo "unknown part $part (decode16, rates, scaling, ggml)" >&2; exit 2 ;;
+  esac
+done
