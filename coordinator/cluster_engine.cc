@@ -492,7 +492,7 @@ void ClusterEngine::CompleteLocked(uint64_t micro_batch, InFlight& flight) {
       auto it = requests_.find(id);
       if (it != requests_.end()) {
         const SamplingParams& sp = it->second.req.sampling;
-        if (token == model_.eos_token_id) {
+        if (token == model_.eos_token_id && !sp.ignore_eos) {
           finish = sched::FinishReason::kEos;
         } else if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) !=
                    sp.stop_token_ids.end()) {

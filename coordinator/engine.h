@@ -51,6 +51,9 @@ struct SamplingParams {
   int32_t max_tokens = 16;   // >= 1; generation stops with kLength after this many ids
   std::optional<uint64_t> seed;
   std::vector<int32_t> stop_token_ids;  // besides EOS; finish kStop
+  // EOS is an ordinary id, delivered like the others: generation runs to max_tokens, a stop id or
+  // a stop string (vLLM's ignore_eos).
+  bool ignore_eos = false;
   // Log-probabilities to return with every generated id: -1 none; k >= 0 the sampled id's
   // logprob plus the k most likely ids (k <= 20, the gateway's limit). They are the log-softmax
   // of the model's logits before temperature, top_p and top_k (vLLM's default "raw_logprobs").

@@ -151,6 +151,50 @@ absl::StatusOr<std::optional<std::string>> GetString(const Json& obj, const std:
   return v->get<std::string>();
 }
 
+namespace {
+
+// A sampling field splitserve does not implement yet, and the value that leaves output as it is.
+struct NoEffectField {
+  const char* name;
+  double neutral;       // numbers: this value is accepted
+  bool chat, complete;  // the routes that know the field
+};
+constexpr NoEffectField kNoEffectFields[] = {
+    {"frequency_penalty", 0.0, true, true},  {"presence_penalty", 0.0, true, true},
+    {"repetition_penalty", 1.0, true, true}, {"min_p", 0.0, true, true},
+    {"min_tokens", 0.0, true, true},         {"best_of", 1.0, false, true},
+    {"length_penalty", 1.0, true, true},
+};
+
+// Fields a vLLM client may send whose effect splitserve cannot honour yet (issue 28): a value
+// that would change the output is a 400 naming the field, never silently ignored; the neutral
+// value (or an empty logit_bias, echo / use_beam_search false) is accepted.
+absl::Status RefuseWithoutEffect(const Json& body, bool chat) {
+  auto refuse = [](const std::string& name, const std::string& neutral) {
+    return Invalid(name,
+                   absl::StrCat(name, ": not supported yet (it would have no effect); omit it",
+                                neutral.empty() ? "" : " or send " + neutral));
+  };
+  for (const NoEffectField& f : kNoEffectFields) {
+    if (!(chat ? f.chat : f.complete)) continue;
+    const Json* v = Field(body, f.name);
+    if (v == nullptr) continue;
+    if (!v->is_number() || v->get<double>() != f.neutral) {
+      return refuse(f.name, absl::StrCat(f.neutral));
+    }
+  }
+  if (const Json* v = Field(body, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
+    return refuse("logit_bias", "{}");
+  }
+  for (const char* name : {"use_beam_search", "echo"}) {
+    const Json* v = Field(body, name);
+    if (v != nullptr && !(v->is_boolean() && !v->get<bool>())) return refuse(name, "false");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat) {
   GenerationParams p;
   ASSIGN_OR_RETURN(const std::optional<double> temperature,
@@ -201,6 +245,24 @@ absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool ch
     ASSIGN_OR_RETURN(const std::optional<int64_t> v, GetInt(body, "logprobs", 0, kMaxTopLogprobs));
     if (v) p.sampling.top_logprobs = static_cast<int32_t>(*v);
   }
+  ASSIGN_OR_RETURN(const std::optional<bool> ignore_eos, GetBool(body, "ignore_eos"));
+  p.sampling.ignore_eos = ignore_eos.value_or(false);
+  if (const Json* ids = Field(body, "stop_token_ids")) {
+    bool ok = ids->is_array() && ids->size() <= kMaxStopTokenIds;
+    for (const auto& id : ok ? *ids : Json::array()) {
+      ok = ok && id.is_number_integer() && id.get<int64_t>() >= 0 &&
+           id.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+      if (ok) p.sampling.stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+    if (!ok) {
+      return Invalid("stop_token_ids", absl::StrCat("stop_token_ids: expected an array of up to ",
+                                                    kMaxStopTokenIds, " non-negative token ids"));
+    }
+  }
+  ASSIGN_OR_RETURN(const std::optional<bool> include_stop,
+                   GetBool(body, "include_stop_str_in_output"));
+  p.include_stop_str_in_output = include_stop.value_or(false);
+  RETURN_IF_ERROR(RefuseWithoutEffect(body, chat));
   ASSIGN_OR_RETURN(const std::optional<bool> stream, GetBool(body, "stream"));
   p.stream = stream.value_or(false);
   if (const Json* so = Field(body, "stream_options")) {

@@ -65,19 +65,25 @@ absl::StatusOr<std::optional<bool>> GetBool(const Json& obj, const std::string& 
 absl::StatusOr<std::optional<std::string>> GetString(const Json& obj, const std::string& key);
 
 inline constexpr int64_t kMaxTopLogprobs = 20;
+inline constexpr int64_t kMaxStopTokenIds = 64;
 
 // Everything a generation route reads besides its prompt.
 struct GenerationParams {
-  SamplingParams sampling;            // sampling.top_logprobs >= 0: logprobs requested
-  std::optional<int64_t> max_tokens;  // as requested
-  std::vector<std::string> stop;      // stop strings (output_text.h)
+  SamplingParams sampling;                  // sampling.top_logprobs >= 0: logprobs requested
+  std::optional<int64_t> max_tokens;        // as requested
+  std::vector<std::string> stop;            // stop strings (output_text.h)
+  bool include_stop_str_in_output = false;  // a matched stop string is returned
   bool stream = false;
   bool include_usage = false;
 };
 
 // temperature, top_p, top_k, max_tokens (and max_completion_tokens for chat), seed, n (1 only),
 // stop, logprobs (chat: a boolean with top_logprobs; completions: an integer), stream,
-// stream_options.include_usage.
+// stream_options.include_usage, and vLLM's ignore_eos, stop_token_ids (ids that end generation,
+// not returned) and include_stop_str_in_output. vLLM fields splitserve does not implement yet
+// (frequency / presence / repetition / length penalties, min_p, min_tokens, logit_bias, best_of,
+// use_beam_search, completions' echo) are accepted at their neutral values and are a 400 naming
+// the field otherwise.
 absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat);
 // Thinking mode and reasoning effort from chat_template_kwargs (thinking / enable_thinking /
 // thinking_mode / reasoning_effort) and a top-level reasoning_effort, as OpenAI spells it.

@@ -482,7 +482,7 @@ struct OpenAiServer::Impl {
       Stream(std::move(job), std::move(stream), std::move(cancel), std::move(timer), res);
       return absl::OkStatus();
     }
-    OutputText output(*tokenizer, job.params.stop);
+    OutputText output(*tokenizer, job.params.stop, job.params.include_stop_str_in_output);
     OutputText::Piece all;
     FinishReason finish = FinishReason::kNone;
     std::string error;
@@ -675,7 +675,8 @@ struct OpenAiServer::Impl {
     st->job = std::move(job);
     st->stream = std::move(stream);
     st->cancel = std::move(cancel);
-    st->output = std::make_unique<OutputText>(*tokenizer, st->job.params.stop);
+    st->output = std::make_unique<OutputText>(*tokenizer, st->job.params.stop,
+                                              st->job.params.include_stop_str_in_output);
     st->parser = std::make_unique<chat::CompletionStreamParser>(st->job.mode);
     st->created = NowSeconds();
     st->request_id = res.get_header_value(kRequestIdHeader);

@@ -5,7 +5,8 @@
 
 namespace ss {
 
-StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) {
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops, bool include_stop)
+    : include_stop_(include_stop) {
   for (auto& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));
   }
@@ -28,7 +29,7 @@ std::string StopStringMatcher::Feed(std::string_view text) {
   }
   if (best_end != std::string::npos) {
     stopped_ = true;
-    std::string out = buffer_.substr(0, best_start);
+    std::string out = buffer_.substr(0, include_stop_ ? best_end : best_start);
     buffer_.clear();
     return out;
   }
@@ -58,8 +59,9 @@ void OutputText::Piece::Append(Piece other) {
   for (auto& e : other.logprobs) logprobs.push_back(std::move(e));
 }
 
-OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings)
-    : decoder_(tokenizer), matcher_(std::move(stop_strings)) {}
+OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
+                       bool include_stop)
+    : decoder_(tokenizer), matcher_(std::move(stop_strings), include_stop) {}
 
 void OutputText::Release(Piece* out) {
   if (stopped()) {

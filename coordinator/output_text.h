@@ -30,10 +30,13 @@ namespace ss {
 // Finds stop strings in text that arrives in pieces of any size.
 class StopStringMatcher {
  public:
-  explicit StopStringMatcher(std::vector<std::string> stops);
+  // include_stop: the matched stop string is returned with the text before it (vLLM's
+  // include_stop_str_in_output).
+  explicit StopStringMatcher(std::vector<std::string> stops, bool include_stop = false);
 
   // Appends `text` and returns what became certain not to be part of a stop string. Once a stop
-  // string is found, returns the text before it and sets stopped(); later calls return "".
+  // string is found, returns the text before it (and the stop string with include_stop) and sets
+  // stopped(); later calls return "".
   std::string Feed(std::string_view text);
   // The end of the text (no more pieces): releases what was held back. Idempotent.
   std::string Finish();
@@ -43,7 +46,8 @@ class StopStringMatcher {
 
  private:
   std::vector<std::string> stops_;  // non-empty
-  std::string buffer_;              // held back: a prefix of some stop string
+  bool include_stop_ = false;
+  std::string buffer_;  // held back: a prefix of some stop string
   bool stopped_ = false;
 };
 
@@ -57,7 +61,8 @@ struct OutputLogprob {
 class OutputText {
  public:
   // The tokenizer must outlive this object.
-  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings);
+  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
+             bool include_stop = false);
 
   // What became certain with one call: text to append to the response, and the logprob entries
   // of the ids whose text is now wholly returned (an id whose text is empty, e.g. the first

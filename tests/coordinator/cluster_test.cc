@@ -548,6 +548,20 @@ TEST_F(ClusterFixture, GeneratesStopsAndFinishesLikeTheModel) {
   EXPECT_DOUBLE_EQ(engine_->KvUsage(), 0.0);
 }
 
+TEST_F(ClusterFixture, IgnoreEosRunsOnPastEos) {
+  StartEngine();
+  GenerationRequest r;
+  r.prompt = {97, 98};  // 99, 100, then EOS (id 1), 2, 3
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 5;
+  r.sampling.ignore_eos = true;
+  r.cancel = std::make_shared<CancellationToken>();
+  Outcome o = Drain(*engine_->Submit(std::move(r)).stream);
+  ASSERT_EQ(model_.eos_token_id, 1);
+  EXPECT_EQ(o.tokens, (std::vector<int32_t>{99, 100, 1, 2, 3}));
+  EXPECT_EQ(o.finish, FinishReason::kLength);
+}
+
 TEST_F(ClusterFixture, LogprobsTravelWithTheirTokens) {
   StartEngine();
   GenerationRequest r;

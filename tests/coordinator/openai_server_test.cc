@@ -864,6 +864,85 @@ TEST_F(OpenAiServerTest, StopStringStreamingNeverEmitsPartOfIt) {
   WaitCancelled(1);
 }
 
+TEST_F(OpenAiServerTest, IncludeStopStrInOutputReturnsTheStopString) {
+  Restart(Ids(LongText("this is 3, this is 4! and then more")), std::chrono::milliseconds(2));
+  for (bool stream : {false, true}) {
+    Json body = ChatBody(stream, false);
+    body["stop"] = "is 4";
+    body["include_stop_str_in_output"] = true;
+    body["max_tokens"] = 2000;
+    auto r = Post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::string content =
+        stream ? Concat(Events(r->body)).content
+               : Json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>();
+    EXPECT_EQ(content, "this is 3, this is 4") << "stream " << stream;
+  }
+}
+
+TEST_F(OpenAiServerTest, VllmStopControlsReachTheEngine) {
+  Json body = ChatBody(false, false);
+  body["ignore_eos"] = true;
+  body["stop_token_ids"] = Json::array({5, 7});
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const GenerationRequest req = engine_->last_request();
+  EXPECT_TRUE(req.sampling.ignore_eos);
+  EXPECT_EQ(req.sampling.stop_token_ids, (std::vector<int32_t>{5, 7}));
+  body = ChatBody(false, false);
+  r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(engine_->last_request().sampling.ignore_eos);
+
+  auto with = [&](const std::string& key, Json value) {
+    Json b = ChatBody(false, false);
+    b[key] = std::move(value);
+    return Post("/v1/chat/completions", b.dump());
+  };
+  ExpectError(with("ignore_eos", "yes"), 400, "ignore_eos");
+  ExpectError(with("stop_token_ids", 5), 400, "stop_token_ids");
+  ExpectError(with("stop_token_ids", Json::array({-1})), 400, "stop_token_ids");
+  ExpectError(with("stop_token_ids", Json::array({1.5})), 400, "stop_token_ids");
+  ExpectError(with("stop_token_ids", Json(std::vector<int>(65, 1))), 400, "stop_token_ids");
+  ExpectError(with("include_stop_str_in_output", 1), 400, "include_stop_str_in_output");
+}
+
+// Fields splitserve does not implement are refused unless neutral: never accepted and ignored.
+TEST_F(OpenAiServerTest, SamplingFieldsWithoutEffectAreRefusedUnlessNeutral) {
+  auto post = [&](const std::string& route, const std::string& key, Json value) {
+    Json b = route == "/v1/chat/completions" ? ChatBody(false, false)
+                                             : Json{{"model", "deepseek-v4"}, {"prompt", "hi"}};
+    b[key] = std::move(value);
+    return Post(route, b.dump());
+  };
+  for (const std::string route : {"/v1/chat/completions", "/v1/completions"}) {
+    SCOPED_TRACE(route);
+    ExpectError(post(route, "frequency_penalty", 0.5), 400, "frequency_penalty");
+    ExpectError(post(route, "presence_penalty", -1), 400, "presence_penalty");
+    ExpectError(post(route, "repetition_penalty", 1.2), 400, "repetition_penalty");
+    ExpectError(post(route, "min_p", 0.1), 400, "min_p");
+    ExpectError(post(route, "min_tokens", 8), 400, "min_tokens");
+    ExpectError(post(route, "logit_bias", Json{{"5", 100}}), 400, "logit_bias");
+    ExpectError(post(route, "echo", true), 400, "echo");
+    ExpectError(post(route, "use_beam_search", true), 400, "use_beam_search");
+    for (const auto& [key, neutral] :
+         std::vector<std::pair<std::string, Json>>{{"frequency_penalty", 0},
+                                                   {"presence_penalty", 0.0},
+                                                   {"repetition_penalty", 1},
+                                                   {"min_p", 0},
+                                                   {"min_tokens", 0},
+                                                   {"logit_bias", Json::object()},
+                                                   {"echo", false}}) {
+      auto r = post(route, key, neutral);
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 200) << key << ": " << r->body;
+    }
+  }
+  ExpectError(post("/v1/completions", "best_of", 2), 400, "best_of");
+}
+
 TEST_F(OpenAiServerTest, StopStringInReasoningAndCompletions) {
   engine_->set_script(Ids("Let me think. STOP here</think>The answer."));
   Json body = ChatBody(false, true);

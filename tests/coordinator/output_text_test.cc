@@ -49,6 +49,15 @@ TEST(StopStringMatcherTest, CutsBeforeTheStopString) {
   EXPECT_EQ(Whole({"\n\n", "。"}, "第一。第二\n\n", &stopped), "第一");
 }
 
+TEST(StopStringMatcherTest, IncludeStopReturnsTheStopStringItself) {
+  StopStringMatcher m({"is 4", "zzz"}, /*include_stop=*/true);
+  std::string out;
+  for (const char* piece : {"this is 3, th", "is i", "s 4! and more"}) out += m.Feed(piece);
+  out += m.Finish();
+  EXPECT_EQ(out, "this is 3, this is 4");
+  EXPECT_TRUE(m.stopped());
+}
+
 TEST(StopStringMatcherTest, HoldsBackWhatMayStillBecomeAStopString) {
   StopStringMatcher m({"</end>"});
   EXPECT_EQ(m.Feed("text </"), "text ");
