@@ -14,7 +14,8 @@ namespace ss {
 // 3: StageStreams.bf16 (stage transfer in bf16 when the streams are bf16-exact).
 // 4: Role.stage_transport and the stage links' ids "pp/stage<s>/rank<r>" (the nccl transport).
 // 5: HeartbeatRequest.progress (a micro-batch stalls only while its workers show no progress).
-inline constexpr uint32_t kClusterProtocolVersion = 5;
+// 6: SamplingParams.logit_bias and min_p.
+inline constexpr uint32_t kClusterProtocolVersion = 6;
 
 // Bytes of an NCCL unique id (ncclUniqueId; gpu_worker/nccl_comm.h NcclComm::kUniqueIdBytes), as
 // the coordinator checks it without NCCL.

@@ -163,11 +163,21 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
     return out;
   }
   auto stream = std::make_shared<GenerationStream>();
-  // Ids the model cannot embed would fail the whole micro-batch on the workers: refuse here.
+  // Ids the model cannot embed or bias would fail the whole micro-batch on the workers: refuse
+  // here.
   for (int32_t id : request.prompt) {
     if (id < 0 || id >= model_.vocab_size) {
       stream->Finish(FinishReason::kError,
                      absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ",
+                                  model_.vocab_size, ")"));
+      out.stream = stream;
+      return out;
+    }
+  }
+  for (const auto& [id, bias] : request.sampling.logit_bias) {
+    if (id < 0 || id >= model_.vocab_size) {
+      stream->Finish(FinishReason::kError,
+                     absl::StrCat("logit_bias token id ", id, " is outside the vocabulary [0, ",
                                   model_.vocab_size, ")"));
       out.stream = stream;
       return out;
@@ -460,6 +470,9 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
                            sp->set_has_seed(r.req.sampling.seed.has_value());
                            sp->set_seed(r.req.sampling.seed.value_or(0));
                            sp->set_top_logprobs(r.req.sampling.top_logprobs);
+                           for (const auto& [tok, bias] : r.req.sampling.logit_bias)
+                             (*sp->mutable_logit_bias())[tok] = bias;
+                           sp->set_min_p(r.req.sampling.min_p);
                            flight.all.push_back(id);
                            if (samples) flight.sampling.push_back(id);
                          };

@@ -54,6 +54,10 @@ struct SamplingParams {
   // EOS is an ordinary id, delivered like the others: generation runs to max_tokens, a stop id or
   // a stop string (vLLM's ignore_eos).
   bool ignore_eos = false;
+  // (id, bias) added to the logits before sampling (OpenAI's logit_bias; ids inside the
+  // vocabulary, which ClusterEngine::Submit checks). Logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  float min_p = 0.0f;  // [0, 1]: ids less likely than min_p x the likeliest one are not drawn
   // Log-probabilities to return with every generated id: -1 none; k >= 0 the sampled id's
   // logprob plus the k most likely ids (k <= 20, the gateway's limit). They are the log-softmax
   // of the model's logits before temperature, top_p and top_k (vLLM's default "raw_logprobs").

@@ -161,14 +161,13 @@ struct NoEffectField {
 };
 constexpr NoEffectField kNoEffectFields[] = {
     {"frequency_penalty", 0.0, true, true},  {"presence_penalty", 0.0, true, true},
-    {"repetition_penalty", 1.0, true, true}, {"min_p", 0.0, true, true},
-    {"min_tokens", 0.0, true, true},         {"best_of", 1.0, false, true},
-    {"length_penalty", 1.0, true, true},
+    {"repetition_penalty", 1.0, true, true}, {"min_tokens", 0.0, true, true},
+    {"best_of", 1.0, false, true},           {"length_penalty", 1.0, true, true},
 };
 
 // Fields a vLLM client may send whose effect splitserve cannot honour yet (issue 28): a value
 // that would change the output is a 400 naming the field, never silently ignored; the neutral
-// value (or an empty logit_bias, echo / use_beam_search false) is accepted.
+// value (echo / use_beam_search false) is accepted.
 absl::Status RefuseWithoutEffect(const Json& body, bool chat) {
   auto refuse = [](const std::string& name, const std::string& neutral) {
     return Invalid(name,
@@ -182,9 +181,6 @@ absl::Status RefuseWithoutEffect(const Json& body, bool chat) {
     if (!v->is_number() || v->get<double>() != f.neutral) {
       return refuse(f.name, absl::StrCat(f.neutral));
     }
-  }
-  if (const Json* v = Field(body, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
-    return refuse("logit_bias", "{}");
   }
   for (const char* name : {"use_beam_search", "echo"}) {
     const Json* v = Field(body, name);
@@ -262,6 +258,26 @@ absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool ch
   ASSIGN_OR_RETURN(const std::optional<bool> include_stop,
                    GetBool(body, "include_stop_str_in_output"));
   p.include_stop_str_in_output = include_stop.value_or(false);
+  ASSIGN_OR_RETURN(const std::optional<double> min_p, GetNumber(body, "min_p", 0.0, 1.0));
+  p.sampling.min_p = static_cast<float>(min_p.value_or(0.0));
+  if (const Json* lb = Field(body, "logit_bias")) {
+    bool ok = lb->is_object() && lb->size() <= kMaxLogitBias;
+    for (auto it = ok ? lb->begin() : lb->end(); ok && it != lb->end(); ++it) {
+      int64_t id = -1;
+      ok = absl::SimpleAtoi(it.key(), &id) && id >= 0 &&
+           id <= std::numeric_limits<int32_t>::max() && it->is_number() &&
+           it->get<double>() >= -100.0 && it->get<double>() <= 100.0;
+      if (ok) {
+        p.sampling.logit_bias.emplace_back(static_cast<int32_t>(id),
+                                           static_cast<float>(it->get<double>()));
+      }
+    }
+    if (!ok) {
+      return Invalid("logit_bias",
+                     absl::StrCat("logit_bias: expected an object of up to ", kMaxLogitBias,
+                                  " \"token id\": bias pairs, biases in [-100, 100]"));
+    }
+  }
   RETURN_IF_ERROR(RefuseWithoutEffect(body, chat));
   ASSIGN_OR_RETURN(const std::optional<bool> stream, GetBool(body, "stream"));
   p.stream = stream.value_or(false);

@@ -66,6 +66,7 @@ absl::StatusOr<std::optional<std::string>> GetString(const Json& obj, const std:
 
 inline constexpr int64_t kMaxTopLogprobs = 20;
 inline constexpr int64_t kMaxStopTokenIds = 64;
+inline constexpr int64_t kMaxLogitBias = 300;  // OpenAI's limit
 
 // Everything a generation route reads besides its prompt.
 struct GenerationParams {
@@ -79,11 +80,12 @@ struct GenerationParams {
 
 // temperature, top_p, top_k, max_tokens (and max_completion_tokens for chat), seed, n (1 only),
 // stop, logprobs (chat: a boolean with top_logprobs; completions: an integer), stream,
-// stream_options.include_usage, and vLLM's ignore_eos, stop_token_ids (ids that end generation,
-// not returned) and include_stop_str_in_output. vLLM fields splitserve does not implement yet
-// (frequency / presence / repetition / length penalties, min_p, min_tokens, logit_bias, best_of,
-// use_beam_search, completions' echo) are accepted at their neutral values and are a 400 naming
-// the field otherwise.
+// stream_options.include_usage, logit_bias ({"id": bias in [-100, 100]}, up to kMaxLogitBias;
+// ids past the vocabulary fail the request in the engine), and vLLM's min_p, ignore_eos,
+// stop_token_ids (ids that end generation, not returned) and include_stop_str_in_output. vLLM
+// fields splitserve does not implement yet (frequency / presence / repetition / length
+// penalties, min_tokens, best_of, use_beam_search, echo) are accepted at their neutral values and
+// are a 400 naming the field otherwise.
 absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat);
 // Thinking mode and reasoning effort from chat_template_kwargs (thinking / enable_thinking /
 // thinking_mode / reasoning_effort) and a top-level reasoning_effort, as OpenAI spells it.

@@ -389,6 +389,18 @@ struct OpenAiServer::Impl {
     return Encode(prompt->text, "messages", prompt->content);  // message content is text
   }
 
+  // logit_bias ids the tokenizer does not know are a 400 here, not a failed generation.
+  absl::Status CheckLogitBias(const GenerationParams& params) const {
+    for (const auto& [id, bias] : params.sampling.logit_bias) {
+      if (id >= tokenizer->vocab_size()) {
+        return Invalid("logit_bias",
+                       absl::StrCat("logit_bias: token id ", id, " is outside the vocabulary [0, ",
+                                    tokenizer->vocab_size(), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status HandleChat(const httplib::Request& req, httplib::Response& res) {
     ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
     RETURN_IF_ERROR(CheckModel(body));
@@ -396,6 +408,7 @@ struct OpenAiServer::Impl {
     job.arrival = Clock::now();
     job.kind = Kind::kChat;
     ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/true));
+    RETURN_IF_ERROR(CheckLogitBias(job.params));
     ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job.mode));
     job.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
     RETURN_IF_ERROR(FitContext(job, "messages"));
@@ -409,6 +422,7 @@ struct OpenAiServer::Impl {
     job.arrival = Clock::now();
     job.kind = Kind::kCompletion;
     ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/false));
+    RETURN_IF_ERROR(CheckLogitBias(job.params));
     const Json* prompt = Field(body, "prompt");
     if (!prompt) return Invalid("prompt", "prompt: required");
     if (prompt->is_string()) {

@@ -49,6 +49,15 @@ absl::Status ValidateSampling(const SamplingConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: top_logprobs ", c.top_logprobs,
                                                    " outside [-1, ", kMaxTopLogprobs, "]"));
   }
+  if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: min_p ", c.min_p, " outside [0, 1]"));
+  }
+  for (const auto& [id, bias] : c.logit_bias) {
+    if (id < 0 || !std::isfinite(bias)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling: logit_bias of token ", id, " (", bias, ") is invalid"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -61,16 +70,32 @@ uint64_t DefaultSeed(uint64_t process_seed, uint64_t seq_id) {
   return SplitMix64(process_seed ^ SplitMix64(seq_id));
 }
 
-absl::StatusOr<SampledToken> SampleToken(const float* logits, int64_t vocab,
-                                         const SamplingConfig& c, int64_t position) {
+absl::StatusOr<SampledToken> SampleToken(const float* raw, int64_t vocab, const SamplingConfig& c,
+                                         int64_t position) {
   if (absl::Status st = ValidateSampling(c); !st.ok()) return st;
   if (vocab < 1) return absl::InvalidArgumentError("sampling: empty vocabulary");
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (std::isnan(raw[i]) || raw[i] == INFINITY) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling: logit of token ", i, " is ", raw[i]));
+    }
+  }
+  // The logits the draw uses: raw, or a biased copy.
+  std::vector<float> biased;
+  const float* logits = raw;
+  if (!c.logit_bias.empty()) {
+    biased.assign(raw, raw + vocab);
+    for (const auto& [id, bias] : c.logit_bias) {
+      if (id >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sampling: logit_bias token ", id, " is outside the vocabulary"));
+      }
+      biased[id] += bias;
+    }
+    logits = biased.data();
+  }
   int32_t argmax = 0;
   for (int64_t i = 0; i < vocab; ++i) {
-    if (std::isnan(logits[i]) || logits[i] == INFINITY) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sampling: logit of token ", i, " is ", logits[i]));
-    }
     if (logits[i] > logits[argmax]) argmax = static_cast<int32_t>(i);
   }
   SampledToken out;
@@ -86,11 +111,15 @@ absl::StatusOr<SampledToken> SampleToken(const float* logits, int64_t vocab,
       cand.resize(vocab);
       std::iota(cand.begin(), cand.end(), 0);
     }
+    // Weights relative to the likeliest id (1), which every cut keeps; min_p zeroes the weights
+    // below it.
     const double m = logits[argmax], inv_t = 1.0 / static_cast<double>(c.temperature);
     std::vector<double> p(cand.size());
     double total = 0.0;
     for (size_t i = 0; i < cand.size(); ++i) {
-      total += p[i] = std::exp((static_cast<double>(logits[cand[i]]) - m) * inv_t);
+      p[i] = std::exp((static_cast<double>(logits[cand[i]]) - m) * inv_t);
+      if (p[i] < c.min_p) p[i] = 0.0;
+      total += p[i];
     }
     size_t kept = cand.size();
     if (cut_p) {
@@ -106,7 +135,6 @@ absl::StatusOr<SampledToken> SampleToken(const float* logits, int64_t vocab,
     }
     const double target = UniformDraw(c.seed, position) * total;
     double cum = 0.0;
-    out.token = cand[kept - 1];
     for (size_t i = 0; i < kept; ++i) {
       cum += p[i];
       if (target < cum) {
@@ -116,13 +144,14 @@ absl::StatusOr<SampledToken> SampleToken(const float* logits, int64_t vocab,
     }
   }
   if (c.top_logprobs >= 0) {
-    const double m = logits[argmax];
+    double m = raw[0];
+    for (int64_t i = 1; i < vocab; ++i) m = std::max(m, static_cast<double>(raw[i]));
     double sum = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(raw[i]) - m);
     const double lse = m + std::log(sum);
-    out.logprob = static_cast<float>(logits[out.token] - lse);
-    for (const int32_t id : TopIds(logits, vocab, c.top_logprobs)) {
-      out.top.emplace_back(id, static_cast<float>(logits[id] - lse));
+    out.logprob = static_cast<float>(raw[out.token] - lse);
+    for (const int32_t id : TopIds(raw, vocab, c.top_logprobs)) {
+      out.top.emplace_back(id, static_cast<float>(raw[id] - lse));
     }
   }
   return out;

@@ -1,5 +1,6 @@
 #include "gpu_worker/stage_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 
@@ -225,6 +226,9 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     s.top_k = p.top_k();
     s.seed = p.has_seed() ? p.seed() : DefaultSeed(options_.process_seed, c.seq_id());
     s.top_logprobs = p.top_logprobs();
+    for (const auto& [tok, bias] : p.logit_bias()) s.logit_bias.emplace_back(tok, bias);
+    std::sort(s.logit_bias.begin(), s.logit_bias.end());  // the map's order is unspecified
+    s.min_p = p.min_p();
     if (absl::Status st = ValidateSampling(s); !st.ok()) {
       return fail(
           absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq_id(), ": ", st.message())));

@@ -1,5 +1,5 @@
-// The host sampler (gpu_worker/sampler.h): greedy ties, temperature, top-k, top-p, seeded
-// reproducibility by (seed, position), logprobs and parameter validation.
+// The host sampler (gpu_worker/sampler.h): greedy ties, temperature, top-k, top-p, min_p,
+// logit_bias, seeded reproducibility by (seed, position), logprobs and parameter validation.
 #include "gpu_worker/sampler.h"
 
 #include <cmath>
@@ -102,6 +102,42 @@ TEST(Sampler, TopPKeepsTheSmallestPrefixReachingP) {
   seen.clear();
   for (int64_t p = 0; p < 2000; ++p) ++seen[Draw(logits, c, p)];
   EXPECT_EQ(seen.size(), 3u);
+}
+
+TEST(Sampler, LogitBiasMovesTheDrawNotTheLogprobs) {
+  std::vector<float> logits(64);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i));
+  SamplingConfig c = Temp(1.0f, 3);
+  c.logit_bias = {{17, 100.0f}};
+  c.top_logprobs = 0;
+  for (int64_t p = 0; p < 200; ++p) {
+    auto r = SampleToken(logits.data(), 64, c, p);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->token, 17);  // +100 makes it the only token with any weight
+    // The logprob is the raw distribution's: without the bias, 17 is not likely.
+    EXPECT_LT(r->logprob, -2.0f);
+  }
+  SamplingConfig g = Greedy();
+  g.logit_bias = {{5, 50.0f}, {2, -100.0f}};
+  EXPECT_EQ(Draw(logits, g, 0), 5);
+  g.logit_bias = {{64, 1.0f}};  // past the vocabulary
+  EXPECT_FALSE(SampleToken(logits.data(), 64, g, 0).ok());
+}
+
+TEST(Sampler, MinPDropsIdsBelowItsShareOfTheLikeliest) {
+  // Probabilities at temperature 1 relative to id 0: 1, e^-1 = 0.37, e^-2 = 0.14, e^-3 = 0.05.
+  const std::vector<float> logits = {3.0f, 2.0f, 1.0f, 0.0f};
+  SamplingConfig c = Temp(1.0f);
+  c.min_p = 0.3f;
+  std::map<int32_t, int> seen;
+  for (int64_t p = 0; p < 2000; ++p) ++seen[Draw(logits, c, p)];
+  EXPECT_EQ(seen.count(2) + seen.count(3), 0u);  // below 0.3 x the likeliest
+  EXPECT_GT(seen[0], 1200);                      // 1 / 1.37 of the draws
+  EXPECT_GT(seen[1], 400);
+  c.min_p = 0.0f;
+  seen.clear();
+  for (int64_t p = 0; p < 2000; ++p) ++seen[Draw(logits, c, p)];
+  EXPECT_GT(seen[2] + seen[3], 100);  // off: every id is drawn
 }
 
 TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
