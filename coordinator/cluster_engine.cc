@@ -165,23 +165,19 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
   auto stream = std::make_shared<GenerationStream>();
   // Ids the model cannot embed or bias would fail the whole micro-batch on the workers: refuse
   // here.
-  for (int32_t id : request.prompt) {
-    if (id < 0 || id >= model_.vocab_size) {
-      stream->Finish(FinishReason::kError,
-                     absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ",
-                                  model_.vocab_size, ")"));
-      out.stream = stream;
-      return out;
+  std::string bad;
+  auto check = [&](const char* what, int32_t id) {
+    if (bad.empty() && (id < 0 || id >= model_.vocab_size)) {
+      bad = absl::StrCat(what, " token id ", id, " is outside the vocabulary [0, ",
+                         model_.vocab_size, ")");
     }
-  }
-  for (const auto& [id, bias] : request.sampling.logit_bias) {
-    if (id < 0 || id >= model_.vocab_size) {
-      stream->Finish(FinishReason::kError,
-                     absl::StrCat("logit_bias token id ", id, " is outside the vocabulary [0, ",
-                                  model_.vocab_size, ")"));
-      out.stream = stream;
-      return out;
-    }
+  };
+  for (int32_t id : request.prompt) check("prompt", id);
+  for (const auto& [id, bias] : request.sampling.logit_bias) check("logit_bias", id);
+  if (!bad.empty()) {
+    stream->Finish(FinishReason::kError, bad);
+    out.stream = stream;
+    return out;
   }
   absl::MutexLock lock(&mu_);
   if (!scheduler_ || !serving_.load()) {
