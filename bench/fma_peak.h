@@ -1,4 +1,4 @@
-// The cores' FMA peak, the baseline prefill-sized expert calls are measured against (issue 30):
+// The cores' FMA peak, the baseline prefill-sized expert calls are measured against:
 // a register-only loop of 12 independent fp32 FMA chains on every worker of a pool (or the
 // calling thread alone), AVX2 (8 lanes) or AVX-512 (16 lanes), 2 FLOP per lane and FMA.
 #pragma once

@@ -15,14 +15,11 @@ namespace ss::expert::internal {
 namespace {
 
 // The weight prefetch: which cache level the lines go to and how far ahead of their use, in
-// 64-byte lines in consumption order. Measured per thread count on both CPU families we have
-// (bench/RESULTS.md, "What limited the worker: the non-temporal prefetch"):
-//  - kNear: non-temporal into L1, 256 lines (16 KB, half a tile at k = 4096) ahead. On AMD
-//    (Zen 5) a whole tile ahead thrashes L1 and per-row distances fall short of the stream;
-//    NTA and T0 read alike there.
-//  - kFar: into L2 (T2), 1024 lines (64 KB) ahead. On Intel (Emerald Rapids) a non-temporal
-//    prefetch read at half the rate of T0/T2 from 4 threads up, and T2 keeps a long distance out
-//    of L1.
+// 64-byte lines in consumption order (why each, measured per thread count: bench/RESULTS.md,
+// "What limited the worker: the non-temporal prefetch"):
+//  - kNear: non-temporal into L1, 256 lines (16 KB, half a tile at k = 4096) ahead; a longer
+//    distance into L1 evicts lines before their use.
+//  - kFar: into L2 (T2), 1024 lines (64 KB) ahead, out of L1's way.
 struct PrefetchNear {
   static constexpr int kHint = _MM_HINT_NTA;
   static constexpr int64_t kLines = 256;
@@ -76,8 +73,8 @@ class Prefetch {
     for (int64_t step = 0; step < kBlocks; ++step) Issue(step);
   }
   // Before consuming the step (tile r0, K block kb): aims at its targets; Row(r) then requests
-  // row r's lines. Interleaving the requests with the rows' loads reads faster on Zen than
-  // issuing them together (Step).
+  // row r's lines, interleaved with the rows' loads (decode tiles: issued together, as Step
+  // does, they read slower; bench/RESULTS.md).
   void Aim(int64_t r0, int64_t kb) {
     p_ = Target(r0 / kRows * nkb_ + kb + kBlocks);
     sp_ = nullptr;

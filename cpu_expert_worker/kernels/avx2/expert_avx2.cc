@@ -239,10 +239,10 @@ inline void ChunkOne(const uint8_t* w, int64_t row, const uint8_t* rec, int c, c
 
 // One activation row (decode). A chunk whose record marks a plane all zero (the plane mask)
 // skips it: 4 vpmaddubsw and 2 vpmaddwd per row instead of 6 and 3. The gain depends on the
-// data: plane 0 holds |q| < 0.5 (under ~2^-10 of the block's largest value) and is nonzero in
-// only ~15% of the 64-spans of a Gaussian row (measured ~1.15x on Zen 5); a span far below its
-// block's largest value may need no plane 2 instead. The branch is the same for the tile's 8
-// rows and repeats tile after tile (one token), so it predicts well.
+// data (bench/RESULTS.md): plane 0 holds |q| < 0.5 (under ~2^-10 of the block's largest
+// value), rare in a Gaussian row and common in a SwiGLU output; a span far below its block's
+// largest value may need no plane 2 instead. The branch is the same for the tile's 8 rows and
+// repeats tile after tile (one token), so it predicts well.
 template <bool kTiled, class PF>
 void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   __m256 acc = _mm256_setzero_ps();
