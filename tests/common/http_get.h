@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <string>
 
 namespace ss::testing_util {
@@ -52,6 +53,32 @@ inline int FreeLoopbackPort() {
   }
   close(fd);
   return port;
+}
+
+// A port for `splitserve up --port P`, which also takes P+1, P+2, ... for its children's
+// metrics: the first of a block of 32 free ports, 32-aligned, drawn from [20000, 30000) (below
+// the kernel's ephemeral range, so no socket bound to port 0 lands in it). Concurrent tests
+// draw different blocks and never get each other's derived ports, as FreeLoopbackPort's
+// neighbouring ephemeral ports could. 0 if no free block was found.
+inline int FreeLoopbackPortBlock() {
+  constexpr int kBlock = 32, kFirst = 20000, kBlocks = (30000 - kFirst) / kBlock;
+  static unsigned state = static_cast<unsigned>(getpid()) * 2654435761u;
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    state = state * 1664525u + 1013904223u;
+    const int base = kFirst + static_cast<int>(state % kBlocks) * kBlock;
+    bool free = true;
+    for (int p = base; p < base + kBlock && free; ++p) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(p));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+      close(fd);
+    }
+    if (free) return base;
+  }
+  return 0;
 }
 
 }  // namespace ss::testing_util

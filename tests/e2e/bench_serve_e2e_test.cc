@@ -22,7 +22,7 @@ constexpr auto kBenchTimeout = std::chrono::seconds(60);
 
 TEST(BenchServeE2eTest, EightRequestsAgainstTheBundledModel) {
   testing_util::TempDir dir("bench_serve");
-  const int port = testing_util::FreeLoopbackPort();
+  const int port = testing_util::FreeLoopbackPortBlock();
   const std::string up_log = dir / "up.log";
   ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
                    "--log-dir", dir / "logs", "--max-model-len", "512"},
@@ -97,7 +97,7 @@ TEST(BenchServeE2eTest, EightRequestsAgainstTheBundledModel) {
 
 TEST(BenchServeE2eTest, NothingListeningIsAClearError) {
   testing_util::TempDir dir("bench_serve_dead");
-  const int port = testing_util::FreeLoopbackPort();
+  const int port = testing_util::FreeLoopbackPortBlock();
   const std::string log = dir / "bench.log";
   ChildProcess bench(
       {std::string(SS_BIN_DIR) + "/splitserve", "bench", "serve", "--port", std::to_string(port),

@@ -51,7 +51,7 @@ std::string KindOf(int pid) {
 
 TEST(ChaosE2eTest, RandomChildKillsUnderLoad) {
   TempDir dir("up_chaos");
-  const int port = FreeLoopbackPort();
+  const int port = FreeLoopbackPortBlock();
   const std::string log = dir / "up.log";
   setenv("XDG_RUNTIME_DIR", dir.path().c_str(), 1);
   ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
@@ -125,15 +125,17 @@ TEST(ChaosE2eTest, RandomChildKillsUnderLoad) {
                 v.size(), kind.c_str(), Percentile(v, 0.5), Percentile(v, 0.99),
                 Percentile(v, 1.0));
   }
-  std::printf("chaos: %d kills; worker kills: recovery median %.2f s, p99 %.2f s; requests: %d "
-              "ok, %d failed, %d hung\n",
-              kills, Percentile(workers, 0.5), Percentile(workers, 0.99), ok.load(),
-              failed.load(), hung.load());
+  std::printf(
+      "chaos: %d kills; worker kills: recovery median %.2f s, p99 %.2f s; requests: %d "
+      "ok, %d failed, %d hung\n",
+      kills, Percentile(workers, 0.5), Percentile(workers, 0.99), ok.load(), failed.load(),
+      hung.load());
 
   const std::string run_dir = [&] {
     const int coordinator = ChildRunning(pid, "splitserve-coordinator");
-    return coordinator < 0 ? std::string()
-                           : fs::path(FlagValue(Cmdline(coordinator), "--cluster")).parent_path().string();
+    return coordinator < 0
+               ? std::string()
+               : fs::path(FlagValue(Cmdline(coordinator), "--cluster")).parent_path().string();
   }();
   for (int c : ChildrenOf(pid)) seen.insert(c);
   EXPECT_EQ(up.Stop(), 0) << ReadLog(log);

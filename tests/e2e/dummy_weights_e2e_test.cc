@@ -58,7 +58,7 @@ class DummyFlashServer : public testing::Test {
     dir_ = new testing_util::TempDir("dummy_flash");
     model_ = *dir_ / "flash";
     WriteModelDir(model_);
-    port_ = testing_util::FreeLoopbackPort();
+    port_ = testing_util::FreeLoopbackPortBlock();
     log_ = *dir_ / "up.log";
     const auto t0 = std::chrono::steady_clock::now();
     up_ = new ChildProcess(

@@ -34,7 +34,7 @@ using testing_util::WaitReady;
 
 TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
   testing_util::TempDir dir("launcher");
-  const int port = testing_util::FreeLoopbackPort();
+  const int port = testing_util::FreeLoopbackPortBlock();
   const std::string log = dir / "up.log";
   ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
                    "--log-dir", dir / "logs", "--max-model-len", "512"},
@@ -103,7 +103,7 @@ TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
 
 TEST(LauncherE2eTest, ChildrenDieWithAKilledLauncher) {
   testing_util::TempDir dir("launcher_kill");
-  const int port = testing_util::FreeLoopbackPort();
+  const int port = testing_util::FreeLoopbackPortBlock();
   ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port)},
                   dir / "up.log");
   const int pid = up.pid();
@@ -188,7 +188,7 @@ TEST(LauncherE2eTest, ApiKeysComeFromAFileNeverArgv) {
     EXPECT_NE(ReadLog(log).find(args[0]), std::string::npos) << ReadLog(log);
   }
 
-  const int port = testing_util::FreeLoopbackPort();
+  const int port = testing_util::FreeLoopbackPortBlock();
   const std::string log = dir / "up.log";
   ChildProcess up({std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port),
                    "--max-model-len", "512", "--api-keys-file", keys},

@@ -39,7 +39,8 @@ constexpr auto kRecoveryBound = std::chrono::seconds(40);
 // `splitserve up` on the bundled model, its run directory under `xdg`.
 class Up {
  public:
-  Up(const TempDir& dir, const std::string& xdg) : port_(FreeLoopbackPort()), log_(dir / "up.log") {
+  Up(const TempDir& dir, const std::string& xdg)
+      : port_(FreeLoopbackPortBlock()), log_(dir / "up.log") {
     setenv("XDG_RUNTIME_DIR", xdg.c_str(), 1);
     up_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{std::string(SS_BIN_DIR) + "/splitserve", "up", "--port",
@@ -60,8 +61,9 @@ class Up {
   // The run directory: the directory of the coordinator's --cluster file.
   std::string RunDirectory() {
     const int coordinator = ChildRunning(pid(), "splitserve-coordinator");
-    return coordinator < 0 ? ""
-                           : fs::path(FlagValue(Cmdline(coordinator), "--cluster")).parent_path().string();
+    return coordinator < 0
+               ? ""
+               : fs::path(FlagValue(Cmdline(coordinator), "--cluster")).parent_path().string();
   }
 
  private:
@@ -180,7 +182,7 @@ TEST(LauncherRecoveryE2eTest, AWorkerFailingBeforeTheFirstReadyIsRestarted) {
   TempDir dir("up_first");
   int port = 0, holder = -1;
   for (int i = 0; i < 20 && holder < 0; ++i) {
-    port = FreeLoopbackPort();
+    port = FreeLoopbackPortBlock();
     holder = Listen(port + 2);
   }
   ASSERT_GE(holder, 0);
