@@ -15,7 +15,8 @@ namespace ss {
 // 4: Role.stage_transport and the stage links' ids "pp/stage<s>/rank<r>" (the nccl transport).
 // 5: HeartbeatRequest.progress (a micro-batch stalls only while its workers show no progress).
 // 6: SamplingParams.logit_bias and min_p.
-inline constexpr uint32_t kClusterProtocolVersion = 6;
+// 7: SamplingParams penalties and prompt_tokens; SeqChunk.banned_tokens and allowed_tokens.
+inline constexpr uint32_t kClusterProtocolVersion = 7;
 
 // Bytes of an NCCL unique id (ncclUniqueId; gpu_worker/nccl_comm.h NcclComm::kUniqueIdBytes), as
 // the coordinator checks it without NCCL.

@@ -518,6 +518,7 @@ struct RenderContext {
   bool drop_thinking;
   bool effort_max;
   int last_user;
+  bool generation_prompt;  // EncodeOptions::add_generation_prompt
 };
 
 // render_message.
@@ -570,6 +571,9 @@ absl::Status RenderMessage(const RenderContext& ctx, int index, PromptWriter* ou
   const int next = index + 1;
   if (next < static_cast<int>(ctx.messages.size()) && ctx.messages[next].role != "assistant" &&
       ctx.messages[next].role != "latest_reminder") {
+    return absl::OkStatus();
+  }
+  if (next == static_cast<int>(ctx.messages.size()) && !ctx.generation_prompt) {
     return absl::OkStatus();
   }
   if (m.task) {
@@ -634,7 +638,15 @@ absl::StatusOr<Prompt> EncodePrompt(const nlohmann::ordered_json& messages,
     num_to_render = static_cast<int>(full.size()) - context_len;
   }
 
-  const RenderContext ctx{full, thinking, drop_thinking, effort_max, LastUserIndex(full)};
+  if (opts.continue_final_message) {
+    if (num_current == 0 || full.empty() || full.back().role != "assistant") {
+      return absl::InvalidArgumentError(
+          "continue_final_message: the last message must be an assistant message");
+    }
+    full.back().wo_eos = true;
+  }
+  const RenderContext ctx{
+      full, thinking, drop_thinking, effort_max, LastUserIndex(full), opts.add_generation_prompt};
   for (int i = 0; i < num_to_render; ++i) {
     const int index = context_len + i;
     if (index < 0 || index >= static_cast<int>(full.size())) break;

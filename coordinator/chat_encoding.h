@@ -95,6 +95,14 @@ struct EncodeOptions {
   // Unset or "high": nothing; "max": the maximum-effort paragraph before message 0 in thinking
   // mode. Anything else is InvalidArgument.
   std::optional<std::string> reasoning_effort;
+  // Write the transition after the last message (the generation prompt `<｜Assistant｜><think>` /
+  // `</think>` when it is a user or developer message; a task's token). Hugging Face's and vLLM's
+  // add_generation_prompt.
+  bool add_generation_prompt = true;
+  // The last message must be an assistant message (else InvalidArgument); it is rendered without
+  // its EOS, so that generation continues its content (vLLM's continue_final_message, DeepSeek's
+  // chat prefix completion).
+  bool continue_final_message = false;
   // Messages already encoded earlier (a prefix of the conversation, e.g. held in a prefix cache):
   // they take part in merging, tool-result ordering and thinking-drop decisions but are not
   // rendered, and no BOS is written. Not owned; must outlive the call. Null: no context.

@@ -427,6 +427,17 @@ void ClusterEngine::Disconnect() {
   workers_.clear();
 }
 
+void ClusterEngine::AddSampleConstraints(const Request& r, pb::SeqChunk* chunk) const {
+  const SamplingParams& sp = r.req.sampling;
+  const int64_t generated = static_cast<int64_t>(r.tokens.size()) - r.prompt_len;
+  if (generated < sp.min_tokens) {
+    if (!sp.ignore_eos) chunk->add_banned_tokens(model_.eos_token_id);
+    for (const int32_t id : sp.stop_token_ids) {
+      if (id < model_.vocab_size) chunk->add_banned_tokens(id);  // others are never drawn
+    }
+  }
+}
+
 void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
   // Requests whose client went away.
   std::vector<sched::RequestId> cancelled;
@@ -469,6 +480,11 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
                            for (const auto& [tok, bias] : r.req.sampling.logit_bias)
                              (*sp->mutable_logit_bias())[tok] = bias;
                            sp->set_min_p(r.req.sampling.min_p);
+                           sp->set_frequency_penalty(r.req.sampling.frequency_penalty);
+                           sp->set_presence_penalty(r.req.sampling.presence_penalty);
+                           sp->set_repetition_penalty(r.req.sampling.repetition_penalty);
+                           sp->set_prompt_tokens(r.prompt_len);
+                           if (samples) AddSampleConstraints(r, c);
                            flight.all.push_back(id);
                            if (samples) flight.sampling.push_back(id);
                          };

@@ -121,6 +121,8 @@ class ClusterEngine : public GenerationEngine {
     bool in_scheduler = false;
   };
   struct WorkerConn;  // one GPU worker's stub, step stream and reader thread
+  // The per-draw parts of a sampling chunk: min_tokens' banned ids.
+  void AddSampleConstraints(const Request& r, splitserve::v1::SeqChunk* chunk) const;
   struct Result {
     int worker = 0;
     bool broken = false;  // the stream ended

@@ -224,8 +224,9 @@ class ToolBlockReader {
 
 }  // namespace
 
-CompletionStreamParser::CompletionStreamParser(ThinkingMode mode)
-    : phase_(mode == ThinkingMode::kThinking ? Phase::kReasoning : Phase::kContent) {}
+CompletionStreamParser::CompletionStreamParser(ThinkingMode mode, bool tool_calls)
+    : phase_(mode == ThinkingMode::kThinking ? Phase::kReasoning : Phase::kContent),
+      tool_calls_(tool_calls) {}
 
 std::string* CompletionStreamParser::Channel(Phase phase, CompletionDelta* out) const {
   return phase == Phase::kReasoning ? &out->reasoning_content : &out->content;
@@ -274,7 +275,7 @@ void CompletionStreamParser::Process(bool final, CompletionDelta* out) {
 
     const bool reasoning = phase_ == Phase::kReasoning;
     const size_t think_end = reasoning ? buffer_.find(kThinkingEnd) : std::string::npos;
-    const size_t block = buffer_.find(kToolCallsStart);
+    const size_t block = tool_calls_ ? buffer_.find(kToolCallsStart) : std::string::npos;
     std::string* channel = Channel(phase_, out);
     if (think_end != std::string::npos && think_end < block) {
       channel->append(buffer_, 0, think_end);
@@ -295,9 +296,9 @@ void CompletionStreamParser::Process(bool final, CompletionDelta* out) {
       phase_ = Phase::kDone;
       return;
     }
-    size_t hold = reasoning
-                      ? PartialMarkerLength(buffer_, {kThinkingEnd, kToolCallsStart, kEosToken})
-                      : PartialMarkerLength(buffer_, {kToolCallsStart, kEosToken});
+    const std::string_view block_marker = tool_calls_ ? kToolCallsStart : kEosToken;
+    size_t hold = reasoning ? PartialMarkerLength(buffer_, {kThinkingEnd, block_marker, kEosToken})
+                            : PartialMarkerLength(buffer_, {block_marker, kEosToken});
     hold += IncompleteUtf8Tail(std::string_view(buffer_).substr(0, buffer_.size() - hold));
     channel->append(buffer_, 0, buffer_.size() - hold);
     buffer_.erase(0, buffer_.size() - hold);
@@ -305,8 +306,8 @@ void CompletionStreamParser::Process(bool final, CompletionDelta* out) {
   }
 }
 
-ParsedCompletion ParseCompletion(std::string_view text, ThinkingMode mode) {
-  CompletionStreamParser parser(mode);
+ParsedCompletion ParseCompletion(std::string_view text, ThinkingMode mode, bool tool_calls) {
+  CompletionStreamParser parser(mode, tool_calls);
   ParsedCompletion result;
   auto absorb = [&](CompletionDelta d) {
     result.reasoning_content += d.reasoning_content;

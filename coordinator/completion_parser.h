@@ -61,7 +61,8 @@ struct ParsedCompletion {
   bool operator==(const ParsedCompletion&) const = default;
 };
 
-ParsedCompletion ParseCompletion(std::string_view text, ThinkingMode mode);
+// `tool_calls` false (OpenAI tool_choice "none"): tool-call markup is ordinary text.
+ParsedCompletion ParseCompletion(std::string_view text, ThinkingMode mode, bool tool_calls = true);
 
 // What became certain since the previous call. Deltas concatenate to the one-shot result, and
 // the tool calls come whole, in order (their index in the message is the number emitted before).
@@ -83,7 +84,8 @@ struct CompletionDelta {
 // also never ends inside a UTF-8 sequence that the next piece may complete.
 class CompletionStreamParser {
  public:
-  explicit CompletionStreamParser(ThinkingMode mode);
+  // `tool_calls` false: tool-call markup is ordinary text (ParseCompletion).
+  explicit CompletionStreamParser(ThinkingMode mode, bool tool_calls = true);
 
   // Appends `text` and returns what became certain. After EOS has been seen, or after
   // Finish(), further text is ignored.
@@ -102,6 +104,7 @@ class CompletionStreamParser {
   std::string* Channel(Phase phase, CompletionDelta* out) const;
 
   Phase phase_;
+  bool tool_calls_ = true;
   Phase block_return_ = Phase::kContent;  // where a malformed block's text goes back to
   std::string buffer_;                    // text not yet emitted
 };

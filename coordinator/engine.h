@@ -58,6 +58,14 @@ struct SamplingParams {
   // vocabulary, which ClusterEngine::Submit checks). Logprobs stay those of the raw logits.
   std::vector<std::pair<int32_t, float>> logit_bias;
   float min_p = 0.0f;  // [0, 1]: ids less likely than min_p x the likeliest one are not drawn
+  // vLLM's penalties (gpu_worker/sampler.h has the formulas): frequency and presence in [-2, 2]
+  // on the output's ids, repetition > 0 on the prompt's and the output's (1: off).
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  // EOS (unless ignore_eos) and the stop ids cannot be drawn before this many ids were generated
+  // (vLLM's min_tokens; <= max_tokens).
+  int32_t min_tokens = 0;
   // Log-probabilities to return with every generated id: -1 none; k >= 0 the sampled id's
   // logprob plus the k most likely ids (k <= 20, the gateway's limit). They are the log-softmax
   // of the model's logits before temperature, top_p and top_k (vLLM's default "raw_logprobs").

@@ -160,9 +160,8 @@ struct NoEffectField {
   bool chat, complete;  // the routes that know the field
 };
 constexpr NoEffectField kNoEffectFields[] = {
-    {"frequency_penalty", 0.0, true, true},  {"presence_penalty", 0.0, true, true},
-    {"repetition_penalty", 1.0, true, true}, {"min_tokens", 0.0, true, true},
-    {"best_of", 1.0, false, true},           {"length_penalty", 1.0, true, true},
+    {"best_of", 1.0, false, true},
+    {"length_penalty", 1.0, true, true},
 };
 
 // Fields a vLLM client may send whose effect splitserve cannot honour yet (issue 28): a value
@@ -260,6 +259,20 @@ absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool ch
   p.include_stop_str_in_output = include_stop.value_or(false);
   ASSIGN_OR_RETURN(const std::optional<double> min_p, GetNumber(body, "min_p", 0.0, 1.0));
   p.sampling.min_p = static_cast<float>(min_p.value_or(0.0));
+  ASSIGN_OR_RETURN(const std::optional<double> frequency,
+                   GetNumber(body, "frequency_penalty", -2.0, 2.0));
+  p.sampling.frequency_penalty = static_cast<float>(frequency.value_or(0.0));
+  ASSIGN_OR_RETURN(const std::optional<double> presence,
+                   GetNumber(body, "presence_penalty", -2.0, 2.0));
+  p.sampling.presence_penalty = static_cast<float>(presence.value_or(0.0));
+  ASSIGN_OR_RETURN(const std::optional<double> repetition,
+                   GetNumber(body, "repetition_penalty", 0.0, 1e6));
+  if (repetition && *repetition <= 0.0) {
+    return Invalid("repetition_penalty", "repetition_penalty: must be > 0");
+  }
+  p.sampling.repetition_penalty = static_cast<float>(repetition.value_or(1.0));
+  ASSIGN_OR_RETURN(const std::optional<int64_t> min_tokens, GetInt(body, "min_tokens", 0, kMaxTok));
+  p.sampling.min_tokens = static_cast<int32_t>(min_tokens.value_or(0));
   if (const Json* lb = Field(body, "logit_bias")) {
     bool ok = lb->is_object() && lb->size() <= kMaxLogitBias;
     for (auto it = ok ? lb->begin() : lb->end(); ok && it != lb->end(); ++it) {
@@ -299,7 +312,21 @@ absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool ch
 
 absl::Status ParseThinking(const Json& body, chat::EncodeOptions* opts) {
   ASSIGN_OR_RETURN(std::optional<std::string> effort, GetString(body, "reasoning_effort"));
-  if (effort) opts->reasoning_effort = *std::move(effort);
+  if (effort) {
+    if (*effort == "none") {
+      opts->mode = chat::ThinkingMode::kChat;
+    } else if (*effort == "minimal" || *effort == "low" || *effort == "medium" ||
+               *effort == "high") {
+      opts->mode = chat::ThinkingMode::kThinking;
+    } else if (*effort == "xhigh" || *effort == "max") {
+      opts->mode = chat::ThinkingMode::kThinking;
+      opts->reasoning_effort = "max";
+    } else {
+      return Invalid("reasoning_effort",
+                     absl::StrCat("reasoning_effort: \"", *effort,
+                                  "\" is not one of none, minimal, low, medium, high, xhigh, max"));
+    }
+  }
   const Json* kw = Field(body, "chat_template_kwargs");
   if (!kw) return absl::OkStatus();
   if (!kw->is_object()) {
@@ -330,6 +357,82 @@ absl::Status ParseThinking(const Json& body, chat::EncodeOptions* opts) {
     opts->reasoning_effort = v->get<std::string>();
   }
   return absl::OkStatus();
+}
+
+absl::Status ParseTemplateControls(const Json& body, const Json& messages,
+                                   chat::EncodeOptions* opts) {
+  ASSIGN_OR_RETURN(const std::optional<bool> add, GetBool(body, "add_generation_prompt"));
+  ASSIGN_OR_RETURN(const std::optional<bool> cont, GetBool(body, "continue_final_message"));
+  bool prefix = false;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json* p = messages[i].is_object() ? Field(messages[i], "prefix") : nullptr;
+    if (p == nullptr) continue;
+    const std::string name = absl::StrCat("messages[", i, "].prefix");
+    if (!p->is_boolean()) return Invalid(name, absl::StrCat(name, ": expected a boolean"));
+    if (!p->get<bool>()) continue;
+    if (i + 1 != messages.size() || messages[i].value("role", Json("")) != "assistant") {
+      return Invalid(name, absl::StrCat(name, ": only the final message, an assistant message, ",
+                                        "may have prefix: true"));
+    }
+    prefix = true;
+  }
+  opts->continue_final_message = cont.value_or(false) || prefix;
+  if (opts->continue_final_message && add.value_or(false)) {
+    return Invalid("add_generation_prompt",
+                   "add_generation_prompt: cannot be true while the final message is continued "
+                   "(continue_final_message or prefix)");
+  }
+  opts->add_generation_prompt = add.value_or(!opts->continue_final_message);
+  if (opts->continue_final_message && messages.back().value("role", Json("")) != "assistant") {
+    return Invalid("continue_final_message",
+                   "continue_final_message: the last message must be an assistant message");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ToolChoice> ParseToolChoice(const Json& body, const Json* tools) {
+  ToolChoice c;
+  const Json* tc = Field(body, "tool_choice");
+  if (tc == nullptr) return c;
+  const bool have_tools = tools != nullptr && tools->is_array() && !tools->empty();
+  if (tc->is_string()) {
+    const std::string v = tc->get<std::string>();
+    if (v == "auto") return c;
+    if (v == "none") {
+      c.kind = ToolChoice::kNone;
+      return c;
+    }
+    if (v != "required") {
+      return Invalid("tool_choice",
+                     absl::StrCat("tool_choice: \"", v, "\" is not one of auto, none, required"));
+    }
+    c.kind = ToolChoice::kRequired;
+  } else if (tc->is_object()) {
+    const Json* fn = Field(*tc, "function");
+    const Json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+    if (tc->value("type", Json("")) != "function" || name == nullptr || !name->is_string()) {
+      return Invalid(
+          "tool_choice",
+          "tool_choice: expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    c.kind = ToolChoice::kNamed;
+    c.name = name->get<std::string>();
+    bool found = false;
+    for (const Json& t : have_tools ? *tools : Json::array()) {
+      const Json* f = t.is_object() ? Field(t, "function") : nullptr;
+      found = found || (f != nullptr && f->is_object() && f->value("name", Json("")) == c.name);
+    }
+    if (!found) {
+      return Invalid("tool_choice", absl::StrCat("tool_choice: the function \"", c.name,
+                                                 "\" is not among the request's tools"));
+    }
+  } else {
+    return Invalid("tool_choice", "tool_choice: expected a string or an object");
+  }
+  if (!have_tools) {
+    return Invalid("tool_choice", "tool_choice: a forced tool call needs tools");
+  }
+  return c;
 }
 
 }  // namespace ss::openai

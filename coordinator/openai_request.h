@@ -81,14 +81,38 @@ struct GenerationParams {
 // temperature, top_p, top_k, max_tokens (and max_completion_tokens for chat), seed, n (1 only),
 // stop, logprobs (chat: a boolean with top_logprobs; completions: an integer), stream,
 // stream_options.include_usage, logit_bias ({"id": bias in [-100, 100]}, up to kMaxLogitBias;
-// ids past the vocabulary fail the request in the engine), and vLLM's min_p, ignore_eos,
-// stop_token_ids (ids that end generation, not returned) and include_stop_str_in_output. vLLM
-// fields splitserve does not implement yet (frequency / presence / repetition / length
-// penalties, min_tokens, best_of, use_beam_search, echo) are accepted at their neutral values and
-// are a 400 naming the field otherwise.
+// ids past the vocabulary fail the request in the engine), frequency_penalty and
+// presence_penalty ([-2, 2]), and vLLM's repetition_penalty (> 0), min_p, min_tokens (checked
+// against max_tokens once that is known), ignore_eos, stop_token_ids (ids that end generation,
+// not returned) and include_stop_str_in_output. vLLM fields splitserve does not implement
+// (length_penalty, best_of, use_beam_search, echo) are accepted at their neutral values and are a
+// 400 naming the field otherwise.
 absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat);
-// Thinking mode and reasoning effort from chat_template_kwargs (thinking / enable_thinking /
-// thinking_mode / reasoning_effort) and a top-level reasoning_effort, as OpenAI spells it.
+// Chat template controls: add_generation_prompt (default true), continue_final_message (default
+// false; with it add_generation_prompt defaults to false, and true is a 400 as vLLM has it) and
+// DeepSeek's `prefix: true` on the final assistant message (chat prefix completion: the same as
+// continue_final_message; on any other message it is a 400).
+absl::Status ParseTemplateControls(const Json& body, const Json& messages,
+                                   chat::EncodeOptions* opts);
+
+// OpenAI's tool_choice: "auto" (the default), "none" (tools are neither rendered nor parsed),
+// "required" or {"type": "function", "function": {"name": N}} (a call is forced). `tools` is the
+// request's tools array (null: none). A named tool that is not among the tools, or required /
+// named without tools, is a 400.
+struct ToolChoice {
+  enum Kind { kAuto, kNone, kRequired, kNamed };
+  Kind kind = kAuto;
+  std::string name;  // kNamed
+};
+absl::StatusOr<ToolChoice> ParseToolChoice(const Json& body, const Json* tools);
+
+// Thinking mode and reasoning effort from a top-level reasoning_effort, as OpenAI spells it, then
+// chat_template_kwargs (thinking / enable_thinking / thinking_mode / reasoning_effort), which
+// override it. OpenAI's reasoning_effort maps onto DeepSeek-V4's modes: "none" -> chat mode (no
+// reasoning); "minimal", "low", "medium", "high" -> thinking mode at the standard effort;
+// "xhigh" and DeepSeek's "max" -> thinking mode at maximum effort (the encoder's "max"
+// paragraph). Any other value is a 400. chat_template_kwargs.reasoning_effort takes the
+// encoder's own values (unset, "high", "max").
 absl::Status ParseThinking(const Json& body, chat::EncodeOptions* opts);
 
 }  // namespace ss::openai

@@ -53,9 +53,12 @@ using openai::Invalid;
 using openai::Json;
 using openai::ParseBody;
 using openai::ParseGenerationParams;
+using openai::ParseTemplateControls;
 using openai::ParseThinking;
+using openai::ParseToolChoice;
 using openai::ToApiError;
 using openai::ToolCallJson;
+using openai::ToolChoice;
 using openai::TypeName;
 using openai::UsageJson;
 
@@ -267,6 +270,10 @@ struct OpenAiServer::Impl {
   struct Job {
     Kind kind;
     ThinkingMode mode = ThinkingMode::kChat;
+    // How the output is parsed: starting in the reasoning (thinking mode) or in the content (chat
+    // mode, or continuing a final assistant message), with or without tool calls.
+    ThinkingMode parse_mode = ThinkingMode::kChat;
+    bool parse_tool_calls = true;
     std::vector<int32_t> prompt;
     GenerationParams params;
     std::string id;
@@ -344,12 +351,17 @@ struct OpenAiServer::Impl {
                        " for the completion)."),
           param, "context_length_exceeded");
     }
+    if (job.params.sampling.min_tokens > want) {
+      return Invalid("min_tokens", absl::StrCat("min_tokens (", job.params.sampling.min_tokens,
+                                                ") must not exceed max_tokens (", want, ")"));
+    }
     job.params.sampling.max_tokens = static_cast<int32_t>(want);
     return absl::OkStatus();
   }
 
-  // Moves `messages` and `tools` out of `body` (no copy of the request's largest parts).
-  absl::StatusOr<std::vector<int32_t>> ChatPrompt(Json& body, ThinkingMode* mode) {
+  // Moves `messages` and `tools` out of `body` (no copy of the request's largest parts). Sets the
+  // job's thinking mode and how its output is parsed.
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(Json& body, Job* job) {
     if (!Field(body, "messages")) return Invalid("messages", "messages: required");
     Json msgs = std::move(body["messages"]);
     if (!msgs.is_array() || msgs.empty()) {
@@ -360,6 +372,9 @@ struct OpenAiServer::Impl {
         return Invalid("messages", absl::StrCat("messages[", i, "]: expected an object"));
       }
     }
+    chat::EncodeOptions opts;
+    RETURN_IF_ERROR(ParseThinking(body, &opts));
+    RETURN_IF_ERROR(ParseTemplateControls(body, msgs, &opts));
     // Request-level tools / response_format go on the system message (prepended if missing).
     Json* tools = body.contains("tools") && !body["tools"].is_null() ? &body["tools"] : nullptr;
     if (tools && !tools->is_array()) return Invalid("tools", "tools: expected an array");
@@ -367,9 +382,14 @@ struct OpenAiServer::Impl {
     if (rf && !rf->is_object()) {
       return Invalid("response_format", "response_format: expected an object");
     }
-    if (const Json* tc = Field(body, "tool_choice"); tc && !tc->is_string() && !tc->is_object()) {
-      return Invalid("tool_choice", "tool_choice: expected a string or an object");
+    ASSIGN_OR_RETURN(const ToolChoice choice, ParseToolChoice(body, tools));
+    if (choice.kind == ToolChoice::kRequired || choice.kind == ToolChoice::kNamed) {
+      return Invalid("tool_choice",
+                     "tool_choice: forcing a tool call is not supported yet; send \"auto\" or "
+                     "\"none\"");
     }
+    if (choice.kind == ToolChoice::kNone) tools = nullptr;  // not rendered, not parsed
+    job->parse_tool_calls = choice.kind != ToolChoice::kNone;
     const bool text_format = rf && rf->value("type", Json("text")) == "text";
     if ((tools && !tools->empty()) || (rf && !text_format)) {
       if (msgs[0].value("role", Json("")) != "system") {
@@ -381,9 +401,8 @@ struct OpenAiServer::Impl {
       if (tools && !tools->empty()) msgs[0]["tools"] = std::move(*tools);
       if (rf && !text_format) msgs[0]["response_format"] = *rf;
     }
-    chat::EncodeOptions opts;
-    RETURN_IF_ERROR(ParseThinking(body, &opts));
-    *mode = opts.mode;
+    job->mode = opts.mode;
+    job->parse_mode = opts.continue_final_message ? ThinkingMode::kChat : opts.mode;
     auto prompt = chat::EncodePrompt(msgs, opts);
     if (!prompt.ok()) return Invalid("messages", prompt.status().message());
     return Encode(prompt->text, "messages", prompt->content);  // message content is text
@@ -409,7 +428,7 @@ struct OpenAiServer::Impl {
     job.kind = Kind::kChat;
     ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/true));
     RETURN_IF_ERROR(CheckLogitBias(job.params));
-    ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job.mode));
+    ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job));
     job.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
     RETURN_IF_ERROR(FitContext(job, "messages"));
     return Run(std::move(job), req, res);
@@ -496,7 +515,8 @@ struct OpenAiServer::Impl {
       Stream(std::move(job), std::move(stream), std::move(cancel), std::move(timer), res);
       return absl::OkStatus();
     }
-    OutputText output(*tokenizer, job.params.stop, job.params.include_stop_str_in_output);
+    OutputText output(*tokenizer, job.params.stop, job.params.include_stop_str_in_output,
+                      static_cast<size_t>(job.params.sampling.min_tokens));
     OutputText::Piece all;
     FinishReason finish = FinishReason::kNone;
     std::string error;
@@ -535,7 +555,8 @@ struct OpenAiServer::Impl {
     choice["index"] = 0;
     std::string reason = FinishReasonName(finish);
     if (job.kind == Kind::kChat) {
-      chat::ParsedCompletion parsed = chat::ParseCompletion(*text, job.mode);
+      chat::ParsedCompletion parsed =
+          chat::ParseCompletion(*text, job.parse_mode, job.parse_tool_calls);
       Json msg = Json::object();
       msg["role"] = "assistant";
       msg["content"] = parsed.content.empty() && !parsed.tool_calls.empty() ? Json(nullptr)
@@ -689,9 +710,11 @@ struct OpenAiServer::Impl {
     st->job = std::move(job);
     st->stream = std::move(stream);
     st->cancel = std::move(cancel);
-    st->output = std::make_unique<OutputText>(*tokenizer, st->job.params.stop,
-                                              st->job.params.include_stop_str_in_output);
-    st->parser = std::make_unique<chat::CompletionStreamParser>(st->job.mode);
+    st->output = std::make_unique<OutputText>(
+        *tokenizer, st->job.params.stop, st->job.params.include_stop_str_in_output,
+        static_cast<size_t>(st->job.params.sampling.min_tokens));
+    st->parser = std::make_unique<chat::CompletionStreamParser>(st->job.parse_mode,
+                                                                st->job.parse_tool_calls);
     st->created = NowSeconds();
     st->request_id = res.get_header_value(kRequestIdHeader);
     res.set_header("Cache-Control", "no-cache");
@@ -714,8 +737,8 @@ struct OpenAiServer::Impl {
     if (const Json* m = Field(body, "model"); m) RETURN_IF_ERROR(CheckModel(body));
     std::vector<int32_t> ids;
     if (Field(body, "messages")) {
-      ThinkingMode mode;
-      ASSIGN_OR_RETURN(ids, ChatPrompt(body, &mode));
+      Job job;
+      ASSIGN_OR_RETURN(ids, ChatPrompt(body, &job));
     } else {
       ASSIGN_OR_RETURN(std::optional<std::string> text, GetString(body, "text"));
       if (!text) {

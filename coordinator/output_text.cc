@@ -60,8 +60,10 @@ void OutputText::Piece::Append(Piece other) {
 }
 
 OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
-                       bool include_stop)
-    : decoder_(tokenizer), matcher_(std::move(stop_strings), include_stop) {}
+                       bool include_stop, size_t min_tokens)
+    : decoder_(tokenizer),
+      matcher_(std::move(stop_strings), include_stop),
+      min_tokens_(min_tokens) {}
 
 void OutputText::Release(Piece* out) {
   if (stopped()) {
@@ -89,7 +91,7 @@ OutputText::Piece OutputText::Add(std::span<const int32_t> ids,
     const size_t start = fed_;
     if (text.ok()) {
       fed_ += text->size();
-      std::string released = matcher_.Feed(*text);
+      std::string released = tokens_ <= min_tokens_ ? *std::move(text) : matcher_.Feed(*text);
       returned_ += released.size();
       out.text += released;
     }

@@ -60,9 +60,11 @@ struct OutputLogprob {
 
 class OutputText {
  public:
-  // The tokenizer must outlive this object.
+  // The tokenizer must outlive this object. The text of the first `min_tokens` ids is returned
+  // as it is: stop strings match only in the text that follows (vLLM checks no stop string before
+  // min_tokens ids were generated).
   OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
-             bool include_stop = false);
+             bool include_stop = false, size_t min_tokens = 0);
 
   // What became certain with one call: text to append to the response, and the logprob entries
   // of the ids whose text is now wholly returned (an id whose text is empty, e.g. the first
@@ -98,6 +100,7 @@ class OutputText {
   size_t fed_ = 0;       // bytes of decoded text given to the matcher
   size_t returned_ = 0;  // bytes of text returned (released by the matcher)
   size_t tokens_ = 0;
+  size_t min_tokens_ = 0;
   bool finished_ = false;
   std::vector<PendingLogprob> pending_;
 };

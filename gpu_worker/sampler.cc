@@ -34,6 +34,47 @@ std::vector<int32_t> TopIds(const float* logits, int64_t vocab, int64_t n) {
   return ids;
 }
 
+// Applies logit_bias, the penalties, the mask and the bans to `out` (a copy of the raw logits).
+absl::Status Process(const SamplingConfig& c, const SamplingInputs& in, std::span<float> out) {
+  const int64_t vocab = static_cast<int64_t>(out.size());
+  for (const auto& [id, bias] : c.logit_bias) {
+    if (id >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling: logit_bias token ", id, " is outside the vocabulary"));
+    }
+    out[id] += bias;
+  }
+  if (c.has_penalties()) {
+    if (in.history == nullptr) {
+      return absl::InvalidArgumentError("sampling: penalties without the sequence's tokens");
+    }
+    auto repeat = [&](int32_t id) {
+      if (id < 0 || id >= vocab) return;
+      out[id] = out[id] > 0.0f ? out[id] / c.repetition_penalty : out[id] * c.repetition_penalty;
+    };
+    if (c.repetition_penalty != 1.0f) {
+      for (const int32_t id : in.history->prompt) repeat(id);
+      for (const auto& [id, n] : in.history->output) {
+        if (!in.history->prompt.contains(id)) repeat(id);
+      }
+    }
+    for (const auto& [id, n] : in.history->output) {
+      if (id < 0 || id >= vocab || n <= 0) continue;
+      out[id] -= c.frequency_penalty * static_cast<float>(n) + c.presence_penalty;
+    }
+  }
+  if (!in.allowed.empty()) {
+    for (int64_t i = 0; i < vocab; ++i) {
+      const size_t w = static_cast<size_t>(i / 32);
+      if (w >= in.allowed.size() || !((in.allowed[w] >> (i % 32)) & 1u)) out[i] = -INFINITY;
+    }
+  }
+  for (const int32_t id : in.banned) {
+    if (id >= 0 && id < vocab) out[id] = -INFINITY;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateSampling(const SamplingConfig& c) {
@@ -58,6 +99,13 @@ absl::Status ValidateSampling(const SamplingConfig& c) {
           absl::StrCat("sampling: logit_bias of token ", id, " (", bias, ") is invalid"));
     }
   }
+  if (!std::isfinite(c.frequency_penalty) || !std::isfinite(c.presence_penalty)) {
+    return absl::InvalidArgumentError("sampling: frequency and presence penalties must be finite");
+  }
+  if (!(std::isfinite(c.repetition_penalty) && c.repetition_penalty > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling: repetition_penalty ", c.repetition_penalty, " must be finite and > 0"));
+  }
   return absl::OkStatus();
 }
 
@@ -71,7 +119,7 @@ uint64_t DefaultSeed(uint64_t process_seed, uint64_t seq_id) {
 }
 
 absl::StatusOr<SampledToken> SampleToken(const float* raw, int64_t vocab, const SamplingConfig& c,
-                                         int64_t position) {
+                                         int64_t position, const SamplingInputs& in) {
   if (absl::Status st = ValidateSampling(c); !st.ok()) return st;
   if (vocab < 1) return absl::InvalidArgumentError("sampling: empty vocabulary");
   for (int64_t i = 0; i < vocab; ++i) {
@@ -80,23 +128,21 @@ absl::StatusOr<SampledToken> SampleToken(const float* raw, int64_t vocab, const 
           absl::StrCat("sampling: logit of token ", i, " is ", raw[i]));
     }
   }
-  // The logits the draw uses: raw, or a biased copy.
-  std::vector<float> biased;
+  // The logits the draw uses: raw, or a processed copy.
+  std::vector<float> processed;
   const float* logits = raw;
-  if (!c.logit_bias.empty()) {
-    biased.assign(raw, raw + vocab);
-    for (const auto& [id, bias] : c.logit_bias) {
-      if (id >= vocab) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sampling: logit_bias token ", id, " is outside the vocabulary"));
-      }
-      biased[id] += bias;
-    }
-    logits = biased.data();
+  if (!c.logit_bias.empty() || c.has_penalties() || !in.allowed.empty() || !in.banned.empty()) {
+    processed.assign(raw, raw + vocab);
+    if (absl::Status st = Process(c, in, processed); !st.ok()) return st;
+    logits = processed.data();
   }
   int32_t argmax = 0;
   for (int64_t i = 0; i < vocab; ++i) {
     if (logits[i] > logits[argmax]) argmax = static_cast<int32_t>(i);
+  }
+  if (logits[argmax] == -INFINITY) {
+    return absl::FailedPreconditionError(
+        "sampling: the allowed-token mask and the banned ids leave no token to draw");
   }
   SampledToken out;
   out.token = argmax;

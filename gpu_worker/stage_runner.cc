@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -153,7 +154,10 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   return result;
 }
 
-void StageRunner::ReleaseAll() { backend_->ReleaseAll(); }
+void StageRunner::ReleaseAll() {
+  backend_->ReleaseAll();
+  histories_.Clear();
+}
 
 absl::Status StageRunner::Send(uint64_t id, int64_t rows, int64_t width, const void* streams,
                                std::string_view failure) {
@@ -205,11 +209,15 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
         absl::StrCat("step plan protocol version ", plan.protocol_version(),
                      ", this worker speaks version ", kClusterProtocolVersion)));
   }
-  for (const uint64_t id : plan.release()) backend_->Release(id);
+  for (const uint64_t id : plan.release()) {
+    backend_->Release(id);
+    histories_.Release(id);
+  }
   if (!has_chunks) return absl::OkStatus();
 
   std::vector<StageChunk> batch;
   std::vector<SamplingConfig> sampling;
+  std::vector<std::vector<uint32_t>> allowed;  // per sampling entry; empty: unconstrained
   for (const pb::SeqChunk& c : plan.chunks()) {
     StageChunk ch;
     ch.seq_id = c.seq_id();
@@ -229,11 +237,30 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     for (const auto& [tok, bias] : p.logit_bias()) s.logit_bias.emplace_back(tok, bias);
     std::sort(s.logit_bias.begin(), s.logit_bias.end());  // the map's order is unspecified
     s.min_p = p.min_p();
-    if (absl::Status st = ValidateSampling(s); !st.ok()) {
+    s.frequency_penalty = p.frequency_penalty();
+    s.presence_penalty = p.presence_penalty();
+    s.repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+    absl::Status st = ValidateSampling(s);
+    const size_t mask_bytes = static_cast<size_t>((mc.vocab_size + 31) / 32) * 4;
+    if (st.ok() && !c.allowed_tokens().empty() && c.allowed_tokens().size() != mask_bytes) {
+      st = absl::InvalidArgumentError(absl::StrCat("allowed_tokens has ", c.allowed_tokens().size(),
+                                                   " bytes, the vocabulary needs ", mask_bytes));
+    }
+    for (const int32_t id : c.banned_tokens()) {
+      if (st.ok() && (id < 0 || id >= mc.vocab_size)) {
+        st = absl::InvalidArgumentError(
+            absl::StrCat("banned token ", id, " is not in the vocabulary"));
+      }
+    }
+    if (!st.ok()) {
       return fail(
           absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq_id(), ": ", st.message())));
     }
     sampling.push_back(s);
+    allowed.emplace_back(c.allowed_tokens().size() / 4);
+    if (!c.allowed_tokens().empty()) {
+      std::memcpy(allowed.back().data(), c.allowed_tokens().data(), c.allowed_tokens().size());
+    }
   }
   if (absl::Status st = backend_->Check(batch); !st.ok()) return fail(st);
 
@@ -262,6 +289,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     return fail(st);
   }
   auto drop = [&](const absl::Status& st) {
+    for (const StageChunk& ch : batch) histories_.Release(ch.seq_id);
     if (role_.tp_size > 1) return st;  // the ranks' states stay identical (see the header)
     for (const StageChunk& ch : batch) backend_->Release(ch.seq_id);
     return st;
@@ -283,12 +311,30 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     return st.ok() ? st : drop(st);
   }
   if (role_.tp_rank != 0) return absl::OkStatus();
+  for (int i = 0; i < plan.chunks_size(); ++i) {
+    const pb::SamplingParams& p = plan.chunks(i).sampling();
+    if (p.frequency_penalty() == 0.0f && p.presence_penalty() == 0.0f &&
+        (p.repetition_penalty() == 0.0f || p.repetition_penalty() == 1.0f)) {
+      continue;
+    }
+    const StageChunk& ch = batch[static_cast<size_t>(i)];
+    if (absl::Status st = histories_.Observe(ch.seq_id, ch.start, ch.tokens, p.prompt_tokens());
+        !st.ok()) {
+      return drop(st);
+    }
+  }
   size_t si = 0;
-  for (const StageChunk& ch : batch) {
+  for (int i = 0; i < plan.chunks_size(); ++i) {
+    const StageChunk& ch = batch[static_cast<size_t>(i)];
     if (!ch.samples) continue;
+    const pb::SeqChunk& c = plan.chunks(i);
     const SamplingConfig& s = sampling[si];
     const int64_t position = ch.start + static_cast<int64_t>(ch.tokens.size()) - 1;
-    auto sampled = SampleToken(out.logits[si].data(), mc.vocab_size, s, position);
+    SamplingInputs inputs;
+    inputs.history = histories_.Find(ch.seq_id);
+    inputs.allowed = allowed[si];
+    inputs.banned = std::span<const int32_t>(c.banned_tokens().data(), c.banned_tokens_size());
+    auto sampled = SampleToken(out.logits[si].data(), mc.vocab_size, s, position, inputs);
     ++si;
     if (!sampled.ok()) {
       return drop(absl::Status(sampled.status().code(), absl::StrCat("sequence ", ch.seq_id, ": ",

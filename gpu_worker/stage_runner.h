@@ -11,7 +11,9 @@
 //
 // Sampling positions: the draw for a chunk is made at its last position (start + n - 1), seeded
 // by SamplingParams.seed when has_seed, else by a per-process random value mixed with the
-// sequence id (sampler.h).
+// sequence id (sampler.h). The penalties read the sequence's tokens, which the last stage's rank 0
+// keeps from the chunks of every sequence whose parameters set one (token_histories.h); a chunk's
+// banned_tokens and allowed_tokens apply to its draw only.
 //
 // Tensor parallelism (role.tp_size > 1). Every rank of the stage runs every plan; only the last
 // stage's rank 0 samples. What fails before the backend runs (the plan's checks, the backend's
@@ -50,6 +52,7 @@
 #include "gpu_worker/backend.h"
 #include "gpu_worker/stage_link.h"
 #include "gpu_worker/stage_transfer.h"
+#include "gpu_worker/token_histories.h"
 #include "gpu_worker/worker_config.h"
 #include "proto/cluster.pb.h"
 
@@ -150,6 +153,7 @@ class StageRunner {
   const bool device_streams_;  // a link in device memory: the backend runs RunDevice
   bool group_broken_ = false;  // the current step's failure may have split the TP group
   bool link_broken_ = false;   // the current step broke a stage link
+  TokenHistories histories_;   // the last stage's rank 0: penalised sequences' tokens
 };
 
 }  // namespace ss::gpu

@@ -228,6 +228,30 @@ TEST(ChatEncoding, LatestReminder) {
             kBos + "<｜User｜>u<｜Assistant｜></think><｜latest_reminder｜>today");
 }
 
+TEST(ChatEncoding, GenerationPromptAndContinuedFinalMessage) {
+  EncodeOptions no_prompt;
+  no_prompt.add_generation_prompt = false;
+  EXPECT_EQ(Encode(R"([{"role": "user", "content": "u"}])", ThinkingMode::kChat, no_prompt),
+            kBos + "<｜User｜>u");
+  // Only the end loses its transition; turns before an assistant message keep theirs.
+  EXPECT_EQ(Encode(R"([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                      {"role": "user", "content": "v"}])",
+                   ThinkingMode::kChat, no_prompt),
+            kBos + "<｜User｜>u<｜Assistant｜></think>a" + kEos + "<｜User｜>v");
+  EncodeOptions cont;
+  cont.continue_final_message = true;
+  cont.add_generation_prompt = false;
+  const std::string msgs = R"([{"role": "user", "content": "u"},
+                               {"role": "assistant", "content": "The answer", "reasoning_content": "hm"}])";
+  EXPECT_EQ(Encode(msgs, ThinkingMode::kChat, cont),
+            kBos + "<｜User｜>u<｜Assistant｜></think>The answer");
+  EXPECT_EQ(Encode(msgs, ThinkingMode::kThinking, cont),
+            kBos + "<｜User｜>u<｜Assistant｜><think>hm</think>The answer");
+  EXPECT_EQ(Encode(msgs), kBos + "<｜User｜>u<｜Assistant｜></think>The answer" + kEos);
+  EXPECT_EQ(EncodeError(R"([{"role": "user", "content": "u"}])", cont).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Prompt::content holds exactly the bytes the request wrote, in order; the rest is the template.
 TEST(ChatEncoding, PromptMarksRequestContent) {
   const Json messages = Json::parse(R"([

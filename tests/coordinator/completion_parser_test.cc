@@ -123,6 +123,21 @@ TEST(CompletionParser, ToolCalls) {
   EXPECT_EQ(empty.content, "");
 }
 
+TEST(CompletionParser, WithoutToolCallsTheMarkupIsText) {
+  const std::string block = kBlock + Invoke("now", "") + kBlockEnd;
+  const std::string text = "r</think>Checking." + block + kEos + "after";
+  const ParsedCompletion p = ParseCompletion(text, ThinkingMode::kThinking, /*tool_calls=*/false);
+  EXPECT_EQ(p.reasoning_content, "r");
+  EXPECT_EQ(p.content, "Checking." + block);
+  EXPECT_TRUE(p.tool_calls.empty());
+  // Streamed in pieces of one byte: the same.
+  CompletionStreamParser s(ThinkingMode::kThinking, false);
+  std::string content;
+  for (char c : text) content += s.Feed(std::string(1, c)).content;
+  content += s.Finish().content;
+  EXPECT_EQ(content, p.content);
+}
+
 TEST(CompletionParser, ToolBlockInsideReasoningEndsIt) {
   const ParsedCompletion p =
       ParseCompletion("thinking" + kBlock + Invoke("f", Param("k", true, "v")) + kBlockEnd + kEos,

@@ -19,7 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/metrics/metrics.h"
+#include "coordinator/dsv4_format.h"
 #include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -310,6 +312,138 @@ Streamed Concat(const std::vector<std::string>& events) {
     }
   }
   return s;
+}
+
+TEST_F(OpenAiServerTest, ToolChoiceNoneHidesTheToolsAndParsesNoCall) {
+  const Json tools = Json::array({Json::parse(
+      R"({"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}})")});
+  engine_->set_script(Ids(kToolText));
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    Json body = ChatBody(stream, false);
+    body["tools"] = tools;
+    body["tool_choice"] = "none";
+    auto r = Post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto prompt_text = tokenizer_->Decode(engine_->last_request().prompt);
+    ASSERT_TRUE(prompt_text.ok());
+    EXPECT_EQ(prompt_text->find("get_weather"), std::string::npos) << *prompt_text;
+    // The model's DSML block is text, not a call.
+    std::string content, finish;
+    size_t calls = 0;
+    if (!stream) {
+      const Json j = Json::parse(r->body);
+      content = j["choices"][0]["message"]["content"];
+      calls = j["choices"][0]["message"].contains("tool_calls") ? 1 : 0;
+      finish = j["choices"][0]["finish_reason"];
+    } else {
+      Streamed st = Concat(Events(r->body));
+      content = st.content;
+      calls = st.tool_calls.size();
+      finish = st.finish;
+    }
+    EXPECT_EQ(calls, 0u);
+    EXPECT_NE(content.find("get_weather"), std::string::npos) << content;
+    EXPECT_EQ(finish, "stop");
+  }
+  auto with = [&](Json choice, bool with_tools = true) {
+    Json b = ChatBody(false, false);
+    if (with_tools) b["tools"] = tools;
+    b["tool_choice"] = std::move(choice);
+    return Post("/v1/chat/completions", b.dump());
+  };
+  ExpectError(with(Json{{"type", "function"}, {"function", {{"name", "nope"}}}}), 400,
+              "tool_choice");
+  ExpectError(with("sometimes"), 400, "tool_choice");
+  ExpectError(with(5), 400, "tool_choice");
+  ExpectError(with("required", false), 400, "tool_choice");
+  // Forcing a call needs constrained decoding: refused, never accepted and ignored.
+  ExpectError(with("required"), 400, "tool_choice");
+  ExpectError(with(Json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}), 400,
+              "tool_choice");
+  auto r = with("auto");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST_F(OpenAiServerTest, TemplateControlsShapeThePrompt) {
+  engine_->set_script(Ids(" and more"));
+  auto prompt_of = [&](Json body) -> std::string {
+    auto r = Post("/v1/chat/completions", body.dump());
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    auto text = tokenizer_->Decode(engine_->last_request().prompt);
+    return text.ok() ? *text : "";
+  };
+  const std::string assistant(chat::kAssistantToken), eos(chat::kEosToken);
+  const std::string end(chat::kThinkingEnd);
+  Json body = ChatBody(false, false);
+  EXPECT_TRUE(absl::EndsWith(prompt_of(body), assistant + end));
+  body["add_generation_prompt"] = false;
+  EXPECT_TRUE(absl::EndsWith(prompt_of(body), "What is 2+2?"));
+  // Continuing a final assistant message: no EOS after it; the reply is the continuation.
+  Json cont = ChatBody(false, false);
+  cont["messages"].push_back(Json{{"role", "assistant"}, {"content", "The answer is"}});
+  cont["continue_final_message"] = true;
+  const std::string continued = prompt_of(cont);
+  EXPECT_TRUE(absl::EndsWith(continued, assistant + end + "The answer is")) << continued;
+  Json prefix = ChatBody(false, true);  // thinking mode: the continuation is content
+  prefix["messages"].push_back(
+      Json{{"role", "assistant"}, {"content", "The answer is"}, {"prefix", true}});
+  EXPECT_EQ(prompt_of(prefix).find(eos, 1), std::string::npos);
+  auto r = Post("/v1/chat/completions", prefix.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["choices"][0]["message"]["content"], " and more");
+  // Without it the final assistant turn is closed.
+  Json closed = ChatBody(false, false);
+  closed["messages"].push_back(Json{{"role", "assistant"}, {"content", "The answer is"}});
+  EXPECT_TRUE(absl::EndsWith(prompt_of(closed), "The answer is" + eos));
+  // Contradictions and misplaced prefixes are 400s.
+  cont["add_generation_prompt"] = true;
+  ExpectError(Post("/v1/chat/completions", cont.dump()), 400, "add_generation_prompt");
+  Json not_last = ChatBody(false, false);
+  not_last["continue_final_message"] = true;
+  ExpectError(Post("/v1/chat/completions", not_last.dump()), 400, "continue_final_message");
+  Json early = ChatBody(false, false);
+  early["messages"] = Json::array({Json{{"role", "assistant"}, {"content", "x"}, {"prefix", true}},
+                                   Json{{"role", "user"}, {"content", "y"}}});
+  ExpectError(Post("/v1/chat/completions", early.dump()), 400, "messages[0].prefix");
+}
+
+TEST_F(OpenAiServerTest, ReasoningEffortMapsOntoTheThinkingModes) {
+  engine_->set_script(Ids("ok"));
+  auto prompt_of = [&](const std::string& effort) -> std::string {
+    Json b = ChatBody(false, false);
+    b.erase("chat_template_kwargs");
+    b["reasoning_effort"] = effort;
+    auto r = Post("/v1/chat/completions", b.dump());
+    EXPECT_TRUE(r && r->status == 200) << effort << ": " << (r ? r->body : "no response");
+    auto text = tokenizer_->Decode(engine_->last_request().prompt);
+    return text.ok() ? *text : "";
+  };
+  const std::string think = std::string(chat::kAssistantToken) + std::string(chat::kThinkingStart);
+  const std::string chat = std::string(chat::kAssistantToken) + std::string(chat::kThinkingEnd);
+  EXPECT_TRUE(absl::EndsWith(prompt_of("none"), chat));
+  for (const char* e : {"minimal", "low", "medium", "high"}) {
+    const std::string p = prompt_of(e);
+    EXPECT_TRUE(absl::EndsWith(p, think)) << e;
+    EXPECT_EQ(p.find("Reasoning Effort"), std::string::npos) << e;
+  }
+  for (const char* e : {"xhigh", "max"}) {
+    const std::string p = prompt_of(e);
+    EXPECT_TRUE(absl::EndsWith(p, think)) << e;
+    EXPECT_NE(p.find("Reasoning Effort"), std::string::npos) << e;
+  }
+  Json b = ChatBody(false, false);
+  b["reasoning_effort"] = "extreme";
+  ExpectError(Post("/v1/chat/completions", b.dump()), 400, "reasoning_effort");
+  // chat_template_kwargs decide over it.
+  b["reasoning_effort"] = "high";
+  auto r = Post("/v1/chat/completions", b.dump());  // kwargs: thinking false
+  ASSERT_TRUE(r && r->status == 200);
+  auto text = tokenizer_->Decode(engine_->last_request().prompt);
+  EXPECT_TRUE(absl::EndsWith(*text, chat));
 }
 
 TEST_F(OpenAiServerTest, StreamingEqualsNonStreaming) {
@@ -936,6 +1070,41 @@ TEST_F(OpenAiServerTest, LogitBiasAndMinPReachTheEngine) {
   ExpectError(with("min_p", "low"), 400, "min_p");
 }
 
+TEST_F(OpenAiServerTest, PenaltiesAndMinTokensReachTheEngineWithinVllmsRanges) {
+  for (const std::string route : {"/v1/chat/completions", "/v1/completions"}) {
+    SCOPED_TRACE(route);
+    auto post = [&](std::vector<std::pair<std::string, Json>> fields) {
+      Json b = route == "/v1/chat/completions" ? ChatBody(false, false)
+                                               : Json{{"model", "deepseek-v4"}, {"prompt", "hi"}};
+      for (auto& [k, v] : fields) b[k] = std::move(v);
+      return Post(route, b.dump());
+    };
+    auto r = post({{"frequency_penalty", 0.5},
+                   {"presence_penalty", -1.25},
+                   {"repetition_penalty", 1.3},
+                   {"min_tokens", 3},
+                   {"max_tokens", 8}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const SamplingParams sp = engine_->last_request().sampling;
+    EXPECT_FLOAT_EQ(sp.frequency_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(sp.presence_penalty, -1.25f);
+    EXPECT_FLOAT_EQ(sp.repetition_penalty, 1.3f);
+    EXPECT_EQ(sp.min_tokens, 3);
+    r = post({});
+    ASSERT_TRUE(r);
+    EXPECT_FLOAT_EQ(engine_->last_request().sampling.repetition_penalty, 1.0f);
+    EXPECT_EQ(engine_->last_request().sampling.min_tokens, 0);
+    ExpectError(post({{"frequency_penalty", 2.5}}), 400, "frequency_penalty");
+    ExpectError(post({{"presence_penalty", -3}}), 400, "presence_penalty");
+    ExpectError(post({{"presence_penalty", "x"}}), 400, "presence_penalty");
+    ExpectError(post({{"repetition_penalty", 0}}), 400, "repetition_penalty");
+    ExpectError(post({{"repetition_penalty", -1}}), 400, "repetition_penalty");
+    ExpectError(post({{"min_tokens", -1}}), 400, "min_tokens");
+    ExpectError(post({{"min_tokens", 9}, {"max_tokens", 8}}), 400, "min_tokens");
+  }
+}
+
 // Fields splitserve does not implement are refused unless neutral: never accepted and ignored.
 TEST_F(OpenAiServerTest, SamplingFieldsWithoutEffectAreRefusedUnlessNeutral) {
   auto post = [&](const std::string& route, const std::string& key, Json value) {
@@ -946,18 +1115,12 @@ TEST_F(OpenAiServerTest, SamplingFieldsWithoutEffectAreRefusedUnlessNeutral) {
   };
   for (const std::string route : {"/v1/chat/completions", "/v1/completions"}) {
     SCOPED_TRACE(route);
-    ExpectError(post(route, "frequency_penalty", 0.5), 400, "frequency_penalty");
-    ExpectError(post(route, "presence_penalty", -1), 400, "presence_penalty");
-    ExpectError(post(route, "repetition_penalty", 1.2), 400, "repetition_penalty");
-    ExpectError(post(route, "min_tokens", 8), 400, "min_tokens");
+    ExpectError(post(route, "length_penalty", 0.5), 400, "length_penalty");
     ExpectError(post(route, "echo", true), 400, "echo");
     ExpectError(post(route, "use_beam_search", true), 400, "use_beam_search");
     for (const auto& [key, neutral] :
-         std::vector<std::pair<std::string, Json>>{{"frequency_penalty", 0},
-                                                   {"presence_penalty", 0.0},
-                                                   {"repetition_penalty", 1},
+         std::vector<std::pair<std::string, Json>>{{"length_penalty", 1},
                                                    {"min_p", 0},
-                                                   {"min_tokens", 0},
                                                    {"logit_bias", Json::object()},
                                                    {"echo", false}}) {
       auto r = post(route, key, neutral);

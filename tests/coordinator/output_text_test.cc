@@ -194,6 +194,24 @@ TEST_F(OutputTextTest, StopAcrossIdsCutsTextTokensAndLogprobs) {
   EXPECT_EQ(p.logprobs.size(), all.logprobs.size());
 }
 
+TEST_F(OutputTextTest, StopStringsMatchOnlyAfterMinTokens) {
+  const std::string text = "ab. cd. ef. gh.";
+  const auto ids = Ids(text);
+  size_t first_dot_id = 0;  // the id whose text holds the first "."
+  for (std::string seen; seen.find('.') == std::string::npos; ++first_dot_id) {
+    seen += *tokenizer_->TokenBytes(ids[first_dot_id]);
+  }
+  ASSERT_LT(first_dot_id + 2, ids.size());
+  // min_tokens covering the first ".": the text up to there passes unmatched; the next "." stops.
+  OutputText out(*tokenizer_, {"."}, false, first_dot_id);
+  OutputText::Piece all = out.Add(ids, {});
+  all.Append(out.Finish());
+  EXPECT_TRUE(out.stopped());
+  EXPECT_EQ(all.text, "ab. cd");
+  OutputText plain(*tokenizer_, {"."});
+  EXPECT_EQ(plain.Add(ids, {}).text, "ab");
+}
+
 TEST_F(OutputTextTest, StreamedLogprobsWaitForTheirText) {
   // While "<" may start the stop string "<end>", the id holding it keeps its logprob entry.
   const auto a = Ids("value");

@@ -9,8 +9,11 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -40,9 +43,11 @@ const std::string kBin = SS_BIN_DIR;
 const std::string kModel = SS_TINY_A_DIR;
 const std::string kTokenizer = SS_TINY_TOKENIZER;
 
-// The reference greedy continuation of `prompt`: up to `n` ids, stopping after EOS (excluded).
-std::vector<int32_t> ReferenceGreedy(const model::Model& m, const std::vector<int32_t>& prompt,
-                                     int n) {
+// The reference continuation of `prompt`: up to `n` ids, each `pick(logits, generated so far)`,
+// stopping after EOS (excluded).
+using Pick = std::function<int32_t(std::vector<float> logits, const std::vector<int32_t>& out)>;
+std::vector<int32_t> ReferenceDecode(const model::Model& m, const std::vector<int32_t>& prompt,
+                                     int n, const Pick& pick) {
   model::SequenceState state = m.NewSequence();
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
@@ -52,14 +57,23 @@ std::vector<int32_t> ReferenceGreedy(const model::Model& m, const std::vector<in
                           start};
     auto logits = m.Forward(std::span<const model::ChunkRef>(&chunk, 1));
     EXPECT_TRUE(logits.ok()) << logits.status();
-    const std::vector<float>& l = (*logits)[0];
-    const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    const int32_t next = pick((*logits)[0], out);
     if (next == m.config().eos_token_id) break;
     out.push_back(next);
     start = static_cast<int64_t>(ids.size());
     ids.push_back(next);
   }
   return out;
+}
+
+int32_t Argmax(const std::vector<float>& l) {
+  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+// The reference greedy continuation of `prompt`: up to `n` ids, stopping after EOS (excluded).
+std::vector<int32_t> ReferenceGreedy(const model::Model& m, const std::vector<int32_t>& prompt,
+                                     int n) {
+  return ReferenceDecode(m, prompt, n, [](std::vector<float> l, const auto&) { return Argmax(l); });
 }
 
 class ClusterE2eTest : public ::testing::Test {
@@ -182,9 +196,9 @@ class ClusterE2eTest : public ::testing::Test {
   }
   // Streams a chat completion; returns the content text; checks the SSE framing.
   static std::string StreamChat(const json& messages, int max_tokens) {
-    json body = {{"model", "tiny"},       {"messages", messages}, {"max_tokens", max_tokens},
-                 {"temperature", 0},      {"stream", true},
-                 {"stream_options", {{"include_usage", true}}}};
+    json body = {{"model", "tiny"},          {"messages", messages},
+                 {"max_tokens", max_tokens}, {"temperature", 0},
+                 {"stream", true},           {"stream_options", {{"include_usage", true}}}};
     auto r = Post("/v1/chat/completions", body);
     EXPECT_TRUE(r && r->status == 200)
         << (r ? r->body : "no response: " + httplib::to_string(r.error()));
@@ -406,6 +420,64 @@ TEST_F(ClusterE2eTest, CompletionOfPromptIdsEqualsTheReference) {
   EXPECT_EQ(j["usage"]["completion_tokens"], want.size());
 }
 
+// vLLM's penalties, min_tokens and logit_bias, each computed here on the reference model's logits
+// with the sampler's formulas (gpu_worker/sampler.h), written out independently, and compared
+// with what the cluster generates; each also changes the plain greedy output, so a parameter
+// that had no effect would fail.
+TEST_F(ClusterE2eTest, PenaltiesMinTokensAndLogitBiasFollowTheirFormulasOnTheModel) {
+  const std::vector<int32_t> prompt = {0, 300, 301, 302, 303, 400, 500, 300, 301};
+  const std::vector<int32_t> plain = ReferenceGreedy(*model_, prompt, 24);
+  auto complete = [&](json extra) {
+    json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}};
+    body.update(extra);
+    auto r = Post("/v1/completions", body);
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r && r->status == 200 ? json::parse(r->body) : json();
+  };
+  const float rep = 1.5f, freq = 0.7f, pres = 0.4f;
+  const std::vector<int32_t> penalised =
+      ReferenceDecode(*model_, prompt, 24, [&](std::vector<float> l, const auto& out) {
+        std::map<int32_t, int32_t> count;
+        for (int32_t id : out) ++count[id];
+        std::vector<bool> seen(l.size(), false);
+        for (int32_t id : prompt) seen[id] = true;
+        for (int32_t id : out) seen[id] = true;
+        for (size_t i = 0; i < l.size(); ++i) {
+          if (seen[i]) l[i] = l[i] > 0.0f ? l[i] / rep : l[i] * rep;
+        }
+        for (const auto& [id, n] : count) l[id] -= freq * static_cast<float>(n) + pres;
+        return Argmax(l);
+      });
+  ASSERT_NE(penalised, plain) << "pick other penalties: these do not change the output";
+  json j = complete(
+      {{"repetition_penalty", rep}, {"frequency_penalty", freq}, {"presence_penalty", pres}});
+  EXPECT_EQ(j["choices"][0]["text"], *tokenizer_->Decode(penalised));
+
+  // min_tokens: EOS is held back for 5 ids even with +100 on it, then comes at once.
+  const int32_t eos = model_->config().eos_token_id;
+  const std::vector<int32_t> held =
+      ReferenceDecode(*model_, prompt, 24, [&](std::vector<float> l, const auto& out) {
+        if (out.size() < 5) {
+          l[eos] = -INFINITY;
+          return Argmax(l);
+        }
+        return eos;
+      });
+  ASSERT_EQ(held.size(), 5u);
+  j = complete({{"min_tokens", 5}, {"logit_bias", {{std::to_string(eos), 100}}}});
+  EXPECT_EQ(j["choices"][0]["text"], *tokenizer_->Decode(held));
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  // Without min_tokens the bias ends it at once; min_tokens above max_tokens is a 400.
+  j = complete({{"logit_bias", {{std::to_string(eos), 100}}}});
+  EXPECT_EQ(j["usage"]["completion_tokens"], 0);
+  auto r = Post("/v1/completions",
+                {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"min_tokens", 5}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("min_tokens"), std::string::npos) << r->body;
+}
+
 TEST_F(ClusterE2eTest, ConcurrentStreamsMatchTheirSoloRuns) {
   constexpr int kN = 16;
   std::vector<json> prompts;
@@ -461,7 +533,9 @@ TEST_F(ClusterE2eTest, CancelledStreamReturnsKvUsageToBaseline) {
 TEST_F(ClusterE2eTest, MalformedRequestsGetErrorsAndServingContinues) {
   httplib::Client c("127.0.0.1", http_port_);
   const std::vector<std::string> bad = {
-      "{", "[]", R"({"model": "tiny", "messages": "hi"})",
+      "{",
+      "[]",
+      R"({"model": "tiny", "messages": "hi"})",
       R"({"model": "nope", "messages": [{"role": "user", "content": "x"}]})",
       R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": -3})",
       R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000000})",

@@ -1,11 +1,13 @@
 // The host sampler (gpu_worker/sampler.h): greedy ties, temperature, top-k, top-p, min_p,
-// logit_bias, seeded reproducibility by (seed, position), logprobs and parameter validation.
+// logit_bias, penalties, the allowed mask and banned ids, seeded reproducibility by (seed,
+// position), logprobs and parameter validation; the penalties' token histories.
 #include "gpu_worker/sampler.h"
 
 #include <cmath>
 #include <map>
 #include <vector>
 
+#include "gpu_worker/token_histories.h"
 #include "gtest/gtest.h"
 
 namespace ss::gpu {
@@ -122,6 +124,124 @@ TEST(Sampler, LogitBiasMovesTheDrawNotTheLogprobs) {
   EXPECT_EQ(Draw(logits, g, 0), 5);
   g.logit_bias = {{64, 1.0f}};  // past the vocabulary
   EXPECT_FALSE(SampleToken(logits.data(), 64, g, 0).ok());
+}
+
+int32_t DrawWith(const std::vector<float>& logits, const SamplingConfig& c,
+                 const SamplingInputs& in, int64_t position = 0) {
+  auto r = SampleToken(logits.data(), static_cast<int64_t>(logits.size()), c, position, in);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->token : -1;
+}
+
+// Each case puts the penalised id just above or just below its rival, so a formula off by a sign,
+// a factor or the wrong set of ids picks the other one.
+TEST(Sampler, PenaltiesFollowVllmsFormulas) {
+  TokenHistory h;
+  h.prompt = {0};
+  h.output = {{2, 2}, {3, 5}};
+  SamplingInputs in{&h, {}, {}};
+  SamplingConfig c = Greedy();
+  // Repetition: a positive logit of a prompt id is divided, a negative one multiplied.
+  c.repetition_penalty = 2.0f;
+  EXPECT_EQ(DrawWith({2.0f, 1.5f}, c, in), 1);    // 2.0 / 2 = 1.0 < 1.5
+  EXPECT_EQ(DrawWith({-1.0f, -1.5f}, c, in), 1);  // -1.0 x 2 = -2.0 < -1.5
+  c.repetition_penalty = 1.2f;
+  EXPECT_EQ(DrawWith({-1.0f, -1.5f}, c, in), 0);      // -1.2 > -1.5
+  EXPECT_EQ(DrawWith({1.0f, 1.5f, 1.6f}, c, in), 1);  // output id 2: 1.6 / 1.2 < 1.5
+  c.repetition_penalty = 0.5f;                        // < 1 favours repeats
+  EXPECT_EQ(DrawWith({1.0f, 1.5f}, c, in), 0);        // 1.0 / 0.5 = 2.0
+  // Frequency: minus f x the output count (id 2 was generated twice); prompt ids are exempt.
+  c = Greedy();
+  c.frequency_penalty = 0.2f;
+  EXPECT_EQ(DrawWith({0.0f, 0.0f, 3.0f, 0.0f, 2.5f}, c, in), 2);  // 3.0 - 0.4 > 2.5
+  c.frequency_penalty = 0.3f;
+  EXPECT_EQ(DrawWith({0.0f, 0.0f, 3.0f, 0.0f, 2.5f}, c, in), 4);  // 3.0 - 0.6 < 2.5
+  EXPECT_EQ(DrawWith({3.0f, 2.9f}, c, in), 0);                    // id 0 is a prompt id only
+  // Presence: minus p once for any id in the output, whatever its count (id 3: five times).
+  c = Greedy();
+  c.presence_penalty = 0.4f;
+  EXPECT_EQ(DrawWith({0.0f, 0.0f, 0.0f, 3.0f, 2.5f}, c, in), 3);  // 3.0 - 0.4 > 2.5
+  c.presence_penalty = 0.6f;
+  EXPECT_EQ(DrawWith({0.0f, 0.0f, 0.0f, 3.0f, 2.5f}, c, in), 4);
+  c.presence_penalty = -1.0f;  // negative: encourages repeats
+  EXPECT_EQ(DrawWith({0.0f, 0.0f, 0.0f, 1.0f, 1.9f}, c, in), 3);
+  // Frequency and presence add up on top of repetition.
+  c = Greedy();
+  c.repetition_penalty = 2.0f;
+  c.frequency_penalty = 0.1f;
+  c.presence_penalty = 0.1f;
+  // id 2: 4.0 / 2 - 0.2 - 0.1 = 1.7 against 1.75 and 1.65.
+  EXPECT_EQ(DrawWith({0.0f, 1.75f, 4.0f}, c, in), 1);
+  EXPECT_EQ(DrawWith({0.0f, 1.65f, 4.0f}, c, in), 2);
+  // Penalties need the history.
+  EXPECT_FALSE(SampleToken(std::vector<float>{1.0f}.data(), 1, c, 0).ok());
+  c.repetition_penalty = 0.0f;
+  EXPECT_FALSE(ValidateSampling(c).ok());
+}
+
+TEST(Sampler, TheMaskAndTheBansDecideWhatMayBeDrawn) {
+  std::vector<float> logits(70);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::cos(static_cast<float>(i));
+  std::vector<uint32_t> mask(3, 0u);  // 70 ids -> 3 words
+  for (int id : {5, 33, 64}) mask[id / 32] |= 1u << (id % 32);
+  SamplingInputs in;
+  in.allowed = mask;
+  std::map<int32_t, int> seen;
+  SamplingConfig c = Temp(1.0f);
+  c.top_logprobs = 1;
+  for (int64_t p = 0; p < 600; ++p) {
+    auto r = SampleToken(logits.data(), 70, c, p, in);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ++seen[r->token];
+    EXPECT_EQ(r->top[0].first, 0);  // logprobs stay the raw distribution's
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_GT(seen[5], 0);
+  EXPECT_GT(seen[33], 0);
+  EXPECT_GT(seen[64], 0);
+  // Greedy takes the best allowed id; a ban removes it.
+  const int32_t best =
+      logits[5] >= logits[33] && logits[5] >= logits[64] ? 5 : (logits[33] >= logits[64] ? 33 : 64);
+  EXPECT_EQ(DrawWith(logits, Greedy(), in), best);
+  const std::vector<int32_t> banned = {best};
+  in.banned = banned;
+  const int32_t second = DrawWith(logits, Greedy(), in);
+  EXPECT_NE(second, best);
+  EXPECT_TRUE(second == 5 || second == 33 || second == 64);
+  // Bans without a mask; a mask shorter than the vocabulary allows nothing past its end.
+  SamplingInputs ban_only;
+  const std::vector<int32_t> top = {0};
+  ban_only.banned = top;
+  EXPECT_NE(DrawWith(logits, Greedy(), ban_only), 0);
+  // Nothing left: an error, not a draw.
+  std::vector<uint32_t> none(3, 0u);
+  SamplingInputs empty;
+  empty.allowed = none;
+  const auto st = SampleToken(logits.data(), 70, c, 0, empty).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+}
+
+TEST(TokenHistories, CountOutputAfterThePromptAndRequireContinuity) {
+  TokenHistories t;
+  const std::vector<int32_t> a = {7, 8, 7}, b = {9, 7}, c = {7};
+  ASSERT_TRUE(t.Observe(1, 0, a, 4).ok());
+  ASSERT_TRUE(t.Observe(1, 3, b, 4).ok());  // position 3 is the prompt's last, 4 the first output
+  const TokenHistory* h = t.Find(1);
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->prompt, (absl::flat_hash_set<int32_t>{7, 8, 9}));
+  EXPECT_EQ(h->output, (absl::flat_hash_map<int32_t, int32_t>{{7, 1}}));
+  ASSERT_TRUE(t.Observe(1, 5, c, 4).ok());
+  EXPECT_EQ(t.Find(1)->output.at(7), 2);
+  // A gap or a repeat is refused and changes nothing; position 0 starts over.
+  EXPECT_EQ(t.Observe(1, 7, c, 4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t.Observe(2, 3, c, 4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t.Find(2), nullptr);
+  EXPECT_EQ(t.Find(1)->output.at(7), 2);
+  ASSERT_TRUE(t.Observe(1, 0, c, 0).ok());  // recomputed after a preemption, prompt of 0
+  EXPECT_TRUE(t.Find(1)->prompt.empty());
+  EXPECT_EQ(t.Find(1)->output.at(7), 1);
+  t.Release(1);
+  EXPECT_EQ(t.Find(1), nullptr);
 }
 
 TEST(Sampler, MinPDropsIdsBelowItsShareOfTheLikeliest) {
