@@ -429,6 +429,12 @@ void ClusterEngine::Disconnect() {
 
 void ClusterEngine::AddSampleConstraints(const Request& r, pb::SeqChunk* chunk) const {
   const SamplingParams& sp = r.req.sampling;
+  if (r.req.constraint) {
+    std::vector<uint32_t> mask(static_cast<size_t>((model_.vocab_size + 31) / 32), 0u);
+    r.req.constraint->FillAllowed(mask);
+    chunk->set_allowed_tokens(
+        std::string(reinterpret_cast<const char*>(mask.data()), mask.size() * sizeof(uint32_t)));
+  }
   const int64_t generated = static_cast<int64_t>(r.tokens.size()) - r.prompt_len;
   if (generated < sp.min_tokens) {
     if (!sp.ignore_eos) chunk->add_banned_tokens(model_.eos_token_id);
@@ -551,6 +557,15 @@ void ClusterEngine::CompleteLocked(uint64_t micro_batch, InFlight& flight) {
       if (auto l = logprobs.find(e.id); l != logprobs.end()) lp[0] = std::move(l->second);
       r.stream->Push({e.token}, std::move(lp));
     };
+    const bool delivered =
+        e.finish == sched::FinishReason::kNone || e.finish == sched::FinishReason::kLength;
+    if (delivered && r.req.constraint && !r.req.constraint->Accept(e.token)) {
+      r.in_scheduler = e.finish == sched::FinishReason::kNone;  // kLength: already out of it
+      EndRequestLocked(e.id, FinishReason::kError,
+                       absl::StrCat("generated token ", e.token, " is outside the request's ",
+                                    "constraint (allowed-token mask not applied?)"));
+      continue;
+    }
     switch (e.finish) {
       case sched::FinishReason::kNone:
         r.tokens.push_back(e.token);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,11 +84,27 @@ enum class FinishReason { kNone, kEos, kLength, kStop, kCancelled, kError };
 // "stop" | "length" | "cancelled" | "error" ("" for kNone): OpenAI spells EOS as "stop".
 const char* FinishReasonName(FinishReason reason);
 
+// What may be generated next, e.g. a grammar (constrained decoding: response_format, forced tool
+// calls). The engine asks for the allowed ids before every draw of the request and reports every
+// generated id, in order, from one thread at a time; the constraint lives as long as the request.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Sets bit (id % 32) of mask[id / 32] for every id that may come next and clears the others
+  // (mask holds (vocab + 31) / 32 words; ids past the constraint's vocabulary stay clear). An
+  // end-of-sequence id is allowed only where the constraint may end.
+  virtual void FillAllowed(std::span<uint32_t> mask) = 0;
+  // Advances past a generated id. False when the id was not allowed (the engine then ends the
+  // request with an error).
+  virtual bool Accept(int32_t id) = 0;
+};
+
 struct GenerationRequest {
   std::string request_id;
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  std::shared_ptr<CancellationToken> cancel;  // never null once submitted
+  std::shared_ptr<CancellationToken> cancel;    // never null once submitted
+  std::shared_ptr<TokenConstraint> constraint;  // null: any id may be generated
 };
 
 // What the consumer receives: newly generated ids and, on the last event, the finish reason.

@@ -81,6 +81,17 @@ class FakeWorker final : public pb::GpuWorker::Service {
           const int32_t last = s.back();
           int32_t next = last == 100 ? 1 : (last + 1) % 1024;
           if (next == 1 && last != 100) next = 2;
+          // A mask or bans move the draw to the next id they allow (wrapping), as a model whose
+          // likeliest ids were removed would.
+          auto allowed = [&](int32_t id) {
+            const std::string& m = c.allowed_tokens();
+            if (!m.empty() && !((static_cast<uint8_t>(m[id / 8]) >> (id % 8)) & 1)) return false;
+            return std::find(c.banned_tokens().begin(), c.banned_tokens().end(), id) ==
+                   c.banned_tokens().end();
+          };
+          for (int k = 0; k < 1024 && !allowed(next); ++k) next = (next + 1) % 1024;
+          if (!c.allowed_tokens().empty())
+            mask_bytes_ = static_cast<int>(c.allowed_tokens().size());
           pb::Sample* smp = r.add_samples();
           smp->set_seq_id(c.seq_id());
           smp->set_token(next);
@@ -121,6 +132,7 @@ class FakeWorker final : public pb::GpuWorker::Service {
   std::atomic<bool> busy_{false};  // its slow steps make progress
   std::atomic<int> plans_{0};
   std::atomic<int> max_chunks_{0};
+  std::atomic<int> mask_bytes_{0};  // the size of the last allowed_tokens mask seen
 
  private:
   std::string id_;
@@ -560,6 +572,59 @@ TEST_F(ClusterFixture, IgnoreEosRunsOnPastEos) {
   ASSERT_EQ(model_.eos_token_id, 1);
   EXPECT_EQ(o.tokens, (std::vector<int32_t>{99, 100, 1, 2, 3}));
   EXPECT_EQ(o.finish, FinishReason::kLength);
+}
+
+// Allows exactly `script`, one id per draw, then only EOS; records what it was given.
+class ScriptedConstraint : public TokenConstraint {
+ public:
+  ScriptedConstraint(std::vector<int32_t> script, int32_t eos, bool refuse = false)
+      : script_(std::move(script)), eos_(eos), refuse_(refuse) {}
+  void FillAllowed(std::span<uint32_t> mask) override {
+    std::fill(mask.begin(), mask.end(), 0u);
+    const int32_t id = next_ < script_.size() ? script_[next_] : eos_;
+    mask[id / 32] |= 1u << (id % 32);
+    ++fills_;
+  }
+  bool Accept(int32_t id) override {
+    if (refuse_ || next_ >= script_.size() || script_[next_] != id) return false;
+    ++next_;
+    return true;
+  }
+  size_t accepted() const { return next_; }
+  int fills() const { return fills_; }
+
+ private:
+  std::vector<int32_t> script_;
+  int32_t eos_;
+  bool refuse_;
+  size_t next_ = 0;
+  int fills_ = 0;
+};
+
+TEST_F(ClusterFixture, AConstraintDecidesEveryDrawAndSeesEveryId) {
+  StartEngine();
+  auto run = [&](std::shared_ptr<ScriptedConstraint> c) {
+    GenerationRequest r;
+    r.prompt = {10};  // the model alone: 11, 12, ...
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 10;
+    r.cancel = std::make_shared<CancellationToken>();
+    r.constraint = c;
+    return Drain(*engine_->Submit(std::move(r)).stream);
+  };
+  auto c = std::make_shared<ScriptedConstraint>(std::vector<int32_t>{500, 7, 300}, 1);
+  Outcome o = run(c);
+  EXPECT_EQ(o.tokens, (std::vector<int32_t>{500, 7, 300}));
+  EXPECT_EQ(o.finish, FinishReason::kEos);
+  EXPECT_EQ(c->accepted(), 3u);
+  EXPECT_EQ(c->fills(), 4);  // three ids and the EOS
+  EXPECT_EQ(workers_[1]->mask_bytes_.load(), (model_.vocab_size + 31) / 32 * 4);
+  // An id the constraint refuses ends the request with an error.
+  o = run(std::make_shared<ScriptedConstraint>(std::vector<int32_t>{20}, 1, /*refuse=*/true));
+  EXPECT_EQ(o.finish, FinishReason::kError);
+  EXPECT_NE(o.error.find("constraint"), std::string::npos) << o.error;
+  EXPECT_TRUE(o.tokens.empty());
+  EXPECT_DOUBLE_EQ(engine_->KvUsage(), 0.0);
 }
 
 TEST_F(ClusterFixture, LogprobsTravelWithTheirTokens) {
