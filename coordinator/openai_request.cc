@@ -1,6 +1,8 @@
 #include "coordinator/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -185,6 +187,10 @@ absl::Status RefuseWithoutEffect(const Json& body, bool chat) {
     const Json* v = Field(body, name);
     if (v != nullptr && !(v->is_boolean() && !v->get<bool>())) return refuse(name, "false");
   }
+  if (const Json* v = Field(body, "suffix");
+      v != nullptr && !(v->is_string() && v->get_ref<const std::string&>().empty())) {
+    return refuse("suffix", "\"\"");
+  }
   return absl::OkStatus();
 }
 
@@ -357,6 +363,59 @@ absl::Status ParseThinking(const Json& body, chat::EncodeOptions* opts) {
     opts->reasoning_effort = v->get<std::string>();
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> IgnoredFields(const Json& body, bool chat) {
+  static constexpr const char* kCommon[] = {"model",
+                                            "max_tokens",
+                                            "temperature",
+                                            "top_p",
+                                            "top_k",
+                                            "min_p",
+                                            "seed",
+                                            "n",
+                                            "stop",
+                                            "stop_token_ids",
+                                            "logprobs",
+                                            "stream",
+                                            "stream_options",
+                                            "logit_bias",
+                                            "frequency_penalty",
+                                            "presence_penalty",
+                                            "repetition_penalty",
+                                            "min_tokens",
+                                            "ignore_eos",
+                                            "include_stop_str_in_output",
+                                            "best_of",
+                                            "length_penalty",
+                                            "use_beam_search",
+                                            "user",
+                                            "metadata",
+                                            "response_format",
+                                            "structured_outputs",
+                                            "guided_json",
+                                            "guided_regex",
+                                            "guided_choice",
+                                            "guided_grammar"};
+  static constexpr const char* kChat[] = {"messages",
+                                          "max_completion_tokens",
+                                          "top_logprobs",
+                                          "tools",
+                                          "tool_choice",
+                                          "parallel_tool_calls",
+                                          "chat_template_kwargs",
+                                          "reasoning_effort",
+                                          "add_generation_prompt",
+                                          "continue_final_message"};
+  static constexpr const char* kCompletion[] = {"prompt", "echo", "suffix"};
+  std::vector<std::string> out;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    auto is = [&](const auto& names) {
+      return std::find(std::begin(names), std::end(names), it.key()) != std::end(names);
+    };
+    if (!is(kCommon) && !(chat ? is(kChat) : is(kCompletion))) out.push_back(it.key());
+  }
+  return out;
 }
 
 absl::Status ParseTemplateControls(const Json& body, const Json& messages,

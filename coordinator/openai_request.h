@@ -88,6 +88,13 @@ struct GenerationParams {
 // (length_penalty, best_of, use_beam_search, echo) are accepted at their neutral values and are a
 // 400 naming the field otherwise.
 absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat);
+// The request's top-level fields that splitserve neither honours nor refuses, in body order:
+// anything outside the route's known fields (vLLM logs such fields as "present in the request
+// but ignored"; the gateway logs them and names them in the X-Ignored-Fields header). Known
+// fields are those this file and the gateway read, plus `user` and `metadata`, which label a
+// request and change nothing by their nature.
+std::vector<std::string> IgnoredFields(const Json& body, bool chat);
+
 // Chat template controls: add_generation_prompt (default true), continue_final_message (default
 // false; with it add_generation_prompt defaults to false, and true is a 400 as vLLM has it) and
 // DeepSeek's `prefix: true` on the final assistant message (chat prefix completion: the same as

@@ -17,6 +17,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
@@ -274,6 +275,7 @@ struct OpenAiServer::Impl {
     // mode, or continuing a final assistant message), with or without tool calls.
     ThinkingMode parse_mode = ThinkingMode::kChat;
     bool parse_tool_calls = true;
+    bool parallel_tool_calls = true;  // false: only the first tool call is returned
     std::vector<int32_t> prompt;
     GenerationParams params;
     std::string id;
@@ -383,6 +385,8 @@ struct OpenAiServer::Impl {
       return Invalid("response_format", "response_format: expected an object");
     }
     ASSIGN_OR_RETURN(const ToolChoice choice, ParseToolChoice(body, tools));
+    ASSIGN_OR_RETURN(const std::optional<bool> parallel, GetBool(body, "parallel_tool_calls"));
+    job->parallel_tool_calls = parallel.value_or(true);
     if (choice.kind == ToolChoice::kRequired || choice.kind == ToolChoice::kNamed) {
       return Invalid("tool_choice",
                      "tool_choice: forcing a tool call is not supported yet; send \"auto\" or "
@@ -420,9 +424,32 @@ struct OpenAiServer::Impl {
     return absl::OkStatus();
   }
 
+  // Logs the request's ignored fields (IgnoredFields) once and names them in X-Ignored-Fields:
+  // at most 16, each cut to 64 bytes of [A-Za-z0-9_.-] (anything else becomes '?'), so a key can
+  // never inject a header.
+  static void ReportIgnoredFields(const Json& body, bool chat, httplib::Response& res) {
+    const std::vector<std::string> ignored = openai::IgnoredFields(body, chat);
+    if (ignored.empty()) return;
+    std::string list;
+    for (size_t i = 0; i < ignored.size() && i < 16; ++i) {
+      if (i > 0) list += ", ";
+      for (const char c : ignored[i].substr(0, 64)) {
+        list +=
+            absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-'
+                ? c
+                : '?';
+      }
+    }
+    if (ignored.size() > 16) absl::StrAppend(&list, ", and ", ignored.size() - 16, " more");
+    spdlog::warn("request {}: fields present in the request but ignored: {}",
+                 res.get_header_value(kRequestIdHeader), list);
+    res.set_header("X-Ignored-Fields", list);
+  }
+
   absl::Status HandleChat(const httplib::Request& req, httplib::Response& res) {
     ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
     RETURN_IF_ERROR(CheckModel(body));
+    ReportIgnoredFields(body, /*chat=*/true, res);
     Job job;
     job.arrival = Clock::now();
     job.kind = Kind::kChat;
@@ -440,6 +467,7 @@ struct OpenAiServer::Impl {
     Job job;
     job.arrival = Clock::now();
     job.kind = Kind::kCompletion;
+    ReportIgnoredFields(body, /*chat=*/false, res);
     ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/false));
     RETURN_IF_ERROR(CheckLogitBias(job.params));
     const Json* prompt = Field(body, "prompt");
@@ -557,6 +585,7 @@ struct OpenAiServer::Impl {
     if (job.kind == Kind::kChat) {
       chat::ParsedCompletion parsed =
           chat::ParseCompletion(*text, job.parse_mode, job.parse_tool_calls);
+      if (!job.parallel_tool_calls && parsed.tool_calls.size() > 1) parsed.tool_calls.resize(1);
       Json msg = Json::object();
       msg["role"] = "assistant";
       msg["content"] = parsed.content.empty() && !parsed.tool_calls.empty() ? Json(nullptr)
@@ -627,9 +656,12 @@ struct OpenAiServer::Impl {
       if (!st.started) delta["role"] = "assistant";
       if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
       if (!d.content.empty() || !st.started) delta["content"] = d.content;
-      if (!d.tool_calls.empty()) {
+      size_t n_calls = d.tool_calls.size();
+      if (!st.job.parallel_tool_calls) n_calls = std::min<size_t>(n_calls, st.tool_calls == 0);
+      if (n_calls > 0) {
         Json calls = Json::array();
-        for (const auto& call : d.tool_calls) {
+        for (size_t k = 0; k < n_calls; ++k) {
+          const chat::ParsedToolCall& call = d.tool_calls[k];
           const size_t i = st.tool_calls++;
           calls.push_back(ToolCallJson(call, absl::StrCat("call_", st.job.id, "_", i), i,
                                        /*with_index=*/true));

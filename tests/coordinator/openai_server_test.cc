@@ -367,6 +367,60 @@ TEST_F(OpenAiServerTest, ToolChoiceNoneHidesTheToolsAndParsesNoCall) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
+TEST_F(OpenAiServerTest, ParallelToolCallsFalseReturnsTheFirstCallOnly) {
+  const std::string two =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"b\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  engine_->set_script(Ids(two));
+  const Json tools =
+      Json::array({Json::parse(R"({"type":"function","function":{"name":"a","parameters":{}}})"),
+                   Json::parse(R"({"type":"function","function":{"name":"b","parameters":{}}})")});
+  for (bool parallel : {true, false}) {
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "parallel " << parallel << " stream " << stream);
+      Json body = ChatBody(stream, false);
+      body["tools"] = tools;
+      body["parallel_tool_calls"] = parallel;
+      auto r = Post("/v1/chat/completions", body.dump());
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      const Json calls = stream ? Concat(Events(r->body)).tool_calls
+                                : Json::parse(r->body)["choices"][0]["message"]["tool_calls"];
+      ASSERT_EQ(calls.size(), parallel ? 2u : 1u) << r->body;
+      EXPECT_EQ(calls[0]["function"]["name"], "a");
+    }
+  }
+}
+
+TEST_F(OpenAiServerTest, FieldsNeitherHonouredNorRefusedAreNamedInAHeader) {
+  engine_->set_script(Ids("ok"));
+  Json body = ChatBody(false, false);
+  body["user"] = "u-1";  // a label: not reported
+  body["service_tier"] = "flex";
+  body["web_search_options"] = Json::object();
+  body["bad\r\nX-Injected: 1"] = 1;
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_FALSE(r->has_header("X-Injected"));
+  const std::string ignored = r->get_header_value("X-Ignored-Fields");
+  EXPECT_NE(ignored.find("service_tier"), std::string::npos) << ignored;
+  EXPECT_NE(ignored.find("web_search_options"), std::string::npos) << ignored;
+  EXPECT_NE(ignored.find("bad??X-Injected?"), std::string::npos) << ignored;
+  EXPECT_EQ(ignored.find("user"), std::string::npos) << ignored;
+  // A request with only known fields has no such header; `suffix` is refused unless empty.
+  r = Post("/v1/chat/completions", ChatBody(true, false).dump());
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(r->has_header("X-Ignored-Fields"));
+  Json c = Json{{"model", "deepseek-v4"}, {"prompt", "hi"}, {"suffix", "end"}};
+  ExpectError(Post("/v1/completions", c.dump()), 400, "suffix");
+  c["suffix"] = "";
+  r = Post("/v1/completions", c.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_FALSE(r->has_header("X-Ignored-Fields"));
+}
+
 TEST_F(OpenAiServerTest, TemplateControlsShapeThePrompt) {
   engine_->set_script(Ids(" and more"));
   auto prompt_of = [&](Json body) -> std::string {
