@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <string_view>
 #include <limits>
 #include <utility>
 
@@ -184,6 +185,7 @@ absl::Status RefuseWithoutEffect(const Json& body, bool chat) {
     }
   }
   for (const char* name : {"use_beam_search", "echo"}) {
+    if (!chat && std::string_view(name) == "echo") continue;  // completions: ParseEcho
     const Json* v = Field(body, name);
     if (v != nullptr && !(v->is_boolean() && !v->get<bool>())) return refuse(name, "false");
   }
@@ -363,6 +365,16 @@ absl::Status ParseThinking(const Json& body, chat::EncodeOptions* opts) {
     opts->reasoning_effort = v->get<std::string>();
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParseEcho(const Json& body, const GenerationParams& params) {
+  ASSIGN_OR_RETURN(const std::optional<bool> echo, GetBool(body, "echo"));
+  if (echo.value_or(false) && params.sampling.top_logprobs >= 0) {
+    return Invalid("echo",
+                   "echo: with logprobs it needs the prompt's logprobs, which splitserve "
+                   "does not compute; send echo or logprobs, not both");
+  }
+  return echo.value_or(false);
 }
 
 std::vector<std::string> IgnoredFields(const Json& body, bool chat) {

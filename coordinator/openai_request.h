@@ -86,8 +86,12 @@ struct GenerationParams {
 // against max_tokens once that is known), ignore_eos, stop_token_ids (ids that end generation,
 // not returned) and include_stop_str_in_output. vLLM fields splitserve does not implement
 // (length_penalty, best_of, use_beam_search, echo) are accepted at their neutral values and are a
-// 400 naming the field otherwise.
+// 400 naming the field otherwise (completions' echo: ParseEcho).
 absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool chat);
+// Completions' `echo`: the prompt's text is returned before the completion (the first streamed
+// chunk carries it). With logprobs it is a 400 (prompt logprobs are not computed).
+absl::StatusOr<bool> ParseEcho(const Json& body, const GenerationParams& params);
+
 // The request's top-level fields that splitserve neither honours nor refuses, in body order:
 // anything outside the route's known fields (vLLM logs such fields as "present in the request
 // but ignored"; the gateway logs them and names them in the X-Ignored-Fields header). Known

@@ -276,6 +276,7 @@ struct OpenAiServer::Impl {
     ThinkingMode parse_mode = ThinkingMode::kChat;
     bool parse_tool_calls = true;
     bool parallel_tool_calls = true;  // false: only the first tool call is returned
+    std::string echo;                 // completions' echo: the prompt's text, returned first
     std::vector<int32_t> prompt;
     GenerationParams params;
     std::string id;
@@ -486,6 +487,12 @@ struct OpenAiServer::Impl {
       return Invalid("prompt", "prompt: expected a string or an array of token ids");
     }
     if (job.prompt.empty()) return Invalid("prompt", "prompt: must not be empty");
+    ASSIGN_OR_RETURN(const bool echo, openai::ParseEcho(body, job.params));
+    if (echo) {
+      auto text = tokenizer->Decode(job.prompt);
+      if (!text.ok()) return Invalid("prompt", text.status().message());
+      job.echo = prompt->is_string() ? prompt->get<std::string>() : *std::move(text);
+    }
     job.id = absl::StrCat("cmpl-", next_id.fetch_add(1));
     RETURN_IF_ERROR(FitContext(job, "prompt"));
     return Run(std::move(job), req, res);
@@ -603,7 +610,7 @@ struct OpenAiServer::Impl {
       choice["message"] = std::move(msg);
       choice["logprobs"] = logprobs ? ChatLogprobs(*tokenizer, all.logprobs) : Json(nullptr);
     } else {
-      choice["text"] = *text;
+      choice["text"] = job.echo + *text;
       choice["logprobs"] = logprobs ? CompletionLogprobs(*tokenizer, all.logprobs) : Json(nullptr);
     }
     choice["finish_reason"] = reason;
@@ -703,6 +710,9 @@ struct OpenAiServer::Impl {
   bool Provide(StreamState& st, httplib::DataSink& sink) {
     if (!st.started && st.job.kind == Kind::kChat) {
       if (!WriteDelta(st, sink, {}, "", nullptr)) return false;  // the role chunk
+    }
+    if (!st.started && !st.job.echo.empty()) {
+      if (!WriteDelta(st, sink, {}, st.job.echo, nullptr)) return false;
     }
     auto ev = st.stream->Next(kPollInterval);
     if (!ev) return !st.cancel->cancelled();
