@@ -83,6 +83,13 @@ bool In(absl::string_view key, const absl::string_view (&list)[N]) {
   return std::find(std::begin(list), std::end(list), key) != std::end(list);
 }
 
+// A keyword this converter refuses (one whose value here does not constrain is fine).
+bool Unsupported(absl::string_view key, const nlohmann::ordered_json& value) {
+  if (key == "uniqueItems" && value == false) return false;
+  if (key == "minProperties" && value == 0) return false;
+  return std::find(std::begin(kUnsupported), std::end(kUnsupported), key) != std::end(kUnsupported);
+}
+
 template <size_t N>
 bool HasAny(const Json& s, const absl::string_view (&list)[N]) {
   for (absl::string_view k : list) {
@@ -350,7 +357,7 @@ std::string JsonSchemaConverter::Prim(absl::string_view name) {
     body = absl::StrCat("\"\\\"\" ", Prim("char"), "* ", Tok("\"\\\"\""));
   } else if (name == "number") {
     body = Tok(
-        "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?");
+        "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?");
   } else if (name == "integer") {
     body = Tok("\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )");
   } else if (name == "boolean") {
@@ -477,9 +484,7 @@ absl::StatusOr<std::string> JsonSchemaConverter::Visit(const Json& s, const Ctx&
     return Invalid(ctx.pointer, absl::StrCat("expected an object or a boolean, got ", TypeName(s)));
   }
   for (const auto& [key, value] : s.items()) {
-    if (!In(key, kUnsupported)) continue;
-    if (key == "uniqueItems" && value == false) continue;
-    if (key == "minProperties" && value == 0) continue;
+    if (!Unsupported(key, value)) continue;
     return Invalid(PointerJoin(ctx.pointer, key),
                    absl::StrCat("keyword \"", key, "\" is not supported"));
   }
@@ -833,7 +838,7 @@ absl::StatusOr<JsonSchemaConverter::ObjectShape> JsonSchemaConverter::Shape(cons
     const Json& part = *part_ptr;
     if (!part.is_object()) return Invalid(ptr, "allOf: expected an object schema");
     for (const auto& [key, value] : part.items()) {
-      if (In(key, kUnsupported)) {
+      if (Unsupported(key, value)) {
         return Invalid(PointerJoin(ptr, key),
                        absl::StrCat("keyword \"", key, "\" is not supported"));
       }
@@ -892,6 +897,14 @@ absl::StatusOr<JsonSchemaConverter::ObjectShape> JsonSchemaConverter::Shape(cons
       shape.properties.push_back({name, SchemaAt{}, true});
     }
   }
+  // No properties anywhere and nothing said about other keys: a free-form object ({"type":
+  // "object"}), not the empty object.
+  bool listed = false, said = false;
+  for (const auto& part : parts) {
+    listed = listed || part.first->contains("properties");
+    said = said || part.first->contains("additionalProperties");
+  }
+  if (!listed && !said) open = true;
   shape.additional = open && closed == 0;
   if (shape.additional && extra) {
     shape.additional_schema = SchemaAt{ctx.doc, extra->first, extra->second};
@@ -1138,19 +1151,24 @@ absl::Status JsonSchemaConverter::Finish() {
   absl::flat_hash_map<std::string, std::vector<std::string>> edges;
   for (const auto& [from, to] : left_edges_) edges[from].push_back(to);
   absl::flat_hash_map<std::string, int> state;  // 1 on the stack, 2 done
+  static const std::vector<std::string> kNone;
+  auto out_of = [&](const std::string& node) -> const std::vector<std::string>& {
+    auto it = edges.find(node);
+    return it == edges.end() ? kNone : it->second;
+  };
   for (const auto& [start, unused] : edges) {
     if (state[start] != 0) continue;
     std::vector<std::pair<std::string, size_t>> stack = {{start, 0}};
     state[start] = 1;
     while (!stack.empty()) {
-      auto& [node, next] = stack.back();
-      const std::vector<std::string>& out = edges[node];
-      if (next == out.size()) {
+      const std::string node = stack.back().first;
+      const std::vector<std::string>& out = out_of(node);
+      if (stack.back().second == out.size()) {
         state[node] = 2;
         stack.pop_back();
         continue;
       }
-      const std::string to = out[next++];
+      const std::string to = out[stack.back().second++];
       if (state[to] == 1) {
         return absl::InvalidArgumentError(absl::StrCat("JSON schema: $ref cycle through rule \"",
                                                        to, "\" that consumes nothing"));

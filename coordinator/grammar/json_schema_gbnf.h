@@ -22,9 +22,10 @@
 //   object           properties in schema order, each optional one may be absent; required names
 //                    that are not properties follow the properties with any value;
 //                    additionalProperties false or absent: no other keys (absent is read as false,
-//                    as vLLM's default backend XGrammar does in strict mode); true or a schema: any
-//                    number of other keys after the listed ones, with any value / that schema,
-//                    keys other than the listed ones' plain spellings
+//                    as vLLM's default backend XGrammar does in strict mode, unless the schema has
+//                    no `properties` either: {"type": "object"} is any object); true or a schema:
+//                    any number of other keys after the listed ones, with any value / that
+//                    schema, keys other than the listed ones' plain spellings
 //   array            items (a schema, or false with prefixItems), prefixItems (or draft-7 `items`
 //                    array with additionalItems), minItems, maxItems
 //   string           minLength, maxLength (code points), pattern (regex_gbnf.h, matched as a whole
@@ -48,7 +49,8 @@
 // Output text:
 //   strings  the JSON string grammar: any code point but `"`, `\` and U+0000–U+001F as itself,
 //            escapes \" \\ \/ \b \f \n \r \t \uHHHH;
-//   numbers  -? (0 | [1-9] up to 15 more digits) (. 1–16 digits)? ([eE] [+-]? 1–3 digits)?;
+//   numbers  -? (0 | [1-9] up to 15 more digits) (. 1–16 digits)? ([eE] [+-]? 1–2 digits)?
+//            (every sentence fits a double);
 //   integers -? (0 | [1-9] up to 15 more digits);
 //   lengths  minLength/maxLength/minItems/maxItems above kMaxJsonRepeat: a larger maximum is
 //            lowered to it (fewer sentences, all valid), a larger minimum is InvalidArgument;
