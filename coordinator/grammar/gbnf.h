@@ -10,7 +10,9 @@
 //   "literal"                  escapes \n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH (code points)
 //   [a-z0-9_]  [^"\\]          code point classes: ranges, negation, the same escapes
 //   .                          any one code point (U+0000..U+10FFFF except surrogates)
-//   <｜DSML｜>  <[128825]>       token terminals: an added token by content or by id
+//   <｜DSML｜>  <[128825]>       token terminals: an added token by id, or by content: the one
+//                              whose content is the whole text `<｜DSML｜>`, else the one whose
+//                              content is the text inside the brackets (`｜DSML｜`)
 //   ( )  |  * + ? {m} {m,} {m,n}
 // An empty alternative (`a ::= | "x"`) is the empty string.
 //

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "coordinator/grammar/token_walk.h"
-
 namespace ss::grammar {
 namespace {}  // namespace
 
@@ -130,7 +128,6 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) const {
   }
   // Uncertain tokens against each real stack.
   std::span<const int32_t> sorted = g.sorted_ids();
-  TokenWalker walker;
   for (int32_t f : tops_) {
     const CompiledGrammar::NodeMask* m = g.node_mask(arena_.at(f).node);
     if (m == nullptr || m->uncertain.empty()) continue;
@@ -140,10 +137,10 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) const {
     }
     if (scratch_positions_.empty()) continue;
     scratch_arena_.Clear();
-    walker.Walk(scratch_stepper_, g.vocab(), sorted, std::span<const int32_t>(&f, 1),
-                scratch_positions_, nullptr, [&](int32_t p, TokenOutcome o) {
-                  if (o == TokenOutcome::kAccepted) set(sorted[static_cast<size_t>(p)]);
-                });
+    scratch_walker_.Walk(scratch_stepper_, g.vocab(), sorted, std::span<const int32_t>(&f, 1),
+                         scratch_positions_, nullptr, [&](int32_t p, TokenOutcome o) {
+                           if (o == TokenOutcome::kAccepted) set(sorted[static_cast<size_t>(p)]);
+                         });
   }
   if (can_terminate_) {
     for (int32_t id : g.vocab().stop_ids) {

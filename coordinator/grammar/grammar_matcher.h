@@ -29,6 +29,7 @@
 
 #include "coordinator/grammar/compiled_grammar.h"
 #include "coordinator/grammar/stack_step.h"
+#include "coordinator/grammar/token_walk.h"
 
 namespace ss::grammar {
 
@@ -72,6 +73,7 @@ class GrammarMatcher {
   mutable StackStepper scratch_stepper_;
   mutable std::vector<int32_t> scratch_nodes_;
   mutable std::vector<int32_t> scratch_positions_;
+  mutable TokenWalker scratch_walker_;
 };
 
 }  // namespace ss::grammar

@@ -153,7 +153,10 @@ class Builder {
         if (v_.kind[id] == TokenVocab::Kind::kAdded) added_.emplace(v_.bytes[id], id);
       }
     }
+    // `<x>` names the added token "<x>", or else the one whose content is "x" (DeepSeek's
+    // ｜DSML｜ has no angle brackets).
     auto it = added_.find(e.text);
+    if (it == added_.end()) it = added_.find(e.text.substr(1, e.text.size() - 2));
     if (it == added_.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("token terminal ", e.text, " is not an added token of the vocabulary"));

@@ -28,6 +28,10 @@ struct TokenVocab {
   // From the tokenizer (TokenBytes / IsAddedToken for every id < vocab_size()). Defined in
   // token_vocab_tokenizer.cc, the only part of ss_grammar that needs ss_tokenizer.
   static TokenVocab FromTokenizer(const Tokenizer& tok, std::vector<int32_t> stop_ids);
+  // The same, padded with unused ids up to `padded_size` (the model's logit count, e.g. 129,280
+  // for DeepSeek-V4 whose tokenizer uses fewer ids) so masks cover every logit.
+  static TokenVocab FromTokenizer(const Tokenizer& tok, std::vector<int32_t> stop_ids,
+                                  int32_t padded_size);
 };
 
 }  // namespace ss::grammar

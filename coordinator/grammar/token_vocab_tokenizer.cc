@@ -19,4 +19,14 @@ TokenVocab TokenVocab::FromTokenizer(const Tokenizer& tok, std::vector<int32_t> 
   return v;
 }
 
+TokenVocab TokenVocab::FromTokenizer(const Tokenizer& tok, std::vector<int32_t> stop_ids,
+                                     int32_t padded_size) {
+  TokenVocab v = FromTokenizer(tok, std::move(stop_ids));
+  if (padded_size > v.size()) {
+    v.bytes.resize(padded_size);
+    v.kind.resize(padded_size, Kind::kUnused);
+  }
+  return v;
+}
+
 }  // namespace ss::grammar
