@@ -16,7 +16,22 @@ size_t CompiledGrammar::uncertain_total() const {
   return n;
 }
 
-void CompiledGrammar::BuildMaskCache() {
+void CompiledGrammar::FirstBytePositions(int32_t node, std::vector<int32_t>* positions) const {
+  const Pda::Node& nd = pda_.nodes[static_cast<size_t>(node)];
+  positions->clear();
+  int next = 0;  // byte edges are sorted by lo; visit each first byte once
+  for (uint32_t k = nd.byte_begin; k < nd.byte_end; ++k) {
+    const int lo = std::max<int>(pda_.byte_edges[k].lo, next);
+    const int hi = pda_.byte_edges[k].hi;
+    if (lo > hi) continue;
+    for (int32_t p = first_byte_begin_[lo]; p < first_byte_begin_[hi + 1]; ++p) {
+      positions->push_back(p);
+    }
+    next = hi + 1;
+  }
+}
+
+void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
   const TokenVocab& v = *vocab_;
   const int32_t nwords = bitmask_words();
   for (int32_t id = 0; id < v.size(); ++id) {
@@ -33,27 +48,29 @@ void CompiledGrammar::BuildMaskCache() {
   StackStepper stepper(pda_, &arena);
   TokenWalker walker;
   std::vector<int32_t> positions, accepted;
-  std::vector<bool> first_ok(256);
+  int64_t budget = budget_bytes;
   for (size_t n = 0; n < pda_.nodes.size(); ++n) {
     const Pda::Node& nd = pda_.nodes[n];
     if (!nd.frame || nd.byte_begin == nd.byte_end) continue;
-    std::fill(first_ok.begin(), first_ok.end(), false);
-    for (uint32_t k = nd.byte_begin; k < nd.byte_end; ++k) {
-      for (int b = pda_.byte_edges[k].lo; b <= pda_.byte_edges[k].hi; ++b) first_ok[b] = true;
+    if (nd.mask_alias >= 0 && mask_index_[nd.mask_alias] >= 0) {
+      mask_index_[n] = mask_index_[nd.mask_alias];
+      continue;
     }
-    positions.clear();
-    for (int b = 0; b < 256; ++b) {
-      if (!first_ok[b]) continue;
-      for (int32_t p = first_byte_begin_[b]; p < first_byte_begin_[b + 1]; ++p) {
-        positions.push_back(p);
-      }
+    mask_index_[n] = static_cast<int32_t>(masks_.size());
+    if (budget <= 0) {
+      NodeMask m;
+      m.uncached = true;
+      masks_.push_back(std::move(m));
+      continue;
     }
+    FirstBytePositions(static_cast<int32_t>(n), &positions);
     arena.Clear();
     const int32_t start = arena.Intern(static_cast<int32_t>(n), -1);
     NodeMask m;
     accepted.clear();
     walker.Walk(stepper, v, sorted_ids_, std::span<const int32_t>(&start, 1), positions,
                 &pda_.follow[static_cast<size_t>(nd.rule)], [&](int32_t p, TokenOutcome o) {
+                  budget -= static_cast<int64_t>(v.bytes[sorted_ids_[p]].size());
                   if (o == TokenOutcome::kAccepted) {
                     accepted.push_back(sorted_ids_[p]);
                   } else if (o == TokenOutcome::kUncertain) {
@@ -67,13 +84,17 @@ void CompiledGrammar::BuildMaskCache() {
       std::sort(accepted.begin(), accepted.end());
       m.accepted_ids = accepted;
     }
-    mask_index_[n] = static_cast<int32_t>(masks_.size());
     masks_.push_back(std::move(m));
   }
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
     std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab) {
+  return CompileGrammar(gbnf, std::move(vocab), CompileOptions());
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
+    std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab, const CompileOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   if (vocab == nullptr || vocab->kind.size() != vocab->bytes.size()) {
     return absl::InvalidArgumentError("CompileGrammar: no vocabulary or kind/bytes size mismatch");
@@ -89,7 +110,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
   for (int32_t id : cg->vocab_->stop_ids) {
     if (id >= 0 && id < cg->vocab_->size()) cg->stop_[id] = true;
   }
-  cg->BuildMaskCache();
+  cg->BuildMaskCache(options.mask_cache_budget_bytes);
   cg->compile_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::shared_ptr<const CompiledGrammar>(std::move(cg));

@@ -13,8 +13,11 @@
 //
 // Compile cost: one trie walk per node with byte edges, pruned to the tokens whose first byte the
 // node accepts; dominated by nodes inside free text (a JSON string's characters), a few tens of
-// milliseconds each at 129K tokens. bench/RESULTS.md ("Grammar token mask at 129K vocab") has the
-// figures.
+// milliseconds each at 129K tokens. Copies of a long repetition share one entry where no token
+// can tell them apart (pda.h). The walks together may step at most kMaskCacheBudgetBytes token
+// bytes; nodes after that are left uncached and checked token by token at run time (slow masks
+// for such grammars, but bounded compile time). bench/RESULTS.md ("Grammar token mask at 129K
+// vocab") has the figures.
 //
 // Immutable after CompileGrammar returns: share it between threads and matchers.
 #pragma once
@@ -37,6 +40,10 @@
 
 namespace ss::grammar {
 
+inline constexpr int64_t kMaskCacheBudgetBytes = int64_t{1} << 25;
+
+struct CompileOptions;
+
 class CompiledGrammar {
  public:
   // The cached classification of one automaton node (see the file comment).
@@ -44,6 +51,9 @@ class CompiledGrammar {
     std::vector<uint32_t> accepted_bits;  // bitset over ids, or empty (then accepted_ids)
     std::vector<int32_t> accepted_ids;
     std::vector<int32_t> uncertain;  // positions in sorted_ids(), ascending
+    // Past the compile budget: nothing cached, every token whose first byte the node takes is
+    // checked at run time.
+    bool uncached = false;
   };
 
   const TokenVocab& vocab() const { return *vocab_; }
@@ -55,6 +65,8 @@ class CompiledGrammar {
     int32_t i = mask_index_[static_cast<size_t>(node)];
     return i < 0 ? nullptr : &masks_[static_cast<size_t>(i)];
   }
+  // Positions in sorted_ids() of the tokens whose first byte `node` takes, ascending.
+  void FirstBytePositions(int32_t node, std::vector<int32_t>* positions) const;
   bool is_stop(int32_t id) const { return stop_[static_cast<size_t>(id)]; }
   int32_t bitmask_words() const { return (vocab_->size() + 31) / 32; }
 
@@ -65,9 +77,10 @@ class CompiledGrammar {
 
  private:
   friend absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
-      std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab);
+      std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab,
+      const CompileOptions& options);
   CompiledGrammar() = default;
-  void BuildMaskCache();
+  void BuildMaskCache(int64_t budget_bytes);
 
   std::shared_ptr<const TokenVocab> vocab_;
   Pda pda_;
@@ -84,6 +97,13 @@ class CompiledGrammar {
 // that name no added token).
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
     std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab);
+
+// Knobs for tests and benchmarks.
+struct CompileOptions {
+  int64_t mask_cache_budget_bytes = kMaskCacheBudgetBytes;
+};
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
+    std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab, const CompileOptions& options);
 
 // Thread-safe bounded LRU of compiled grammars keyed by the GBNF text, for one vocabulary. Errors
 // are not cached. Two threads asking for the same new grammar at once may both compile it (the

@@ -129,11 +129,16 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) const {
   // Uncertain tokens against each real stack.
   std::span<const int32_t> sorted = g.sorted_ids();
   for (int32_t f : tops_) {
-    const CompiledGrammar::NodeMask* m = g.node_mask(arena_.at(f).node);
-    if (m == nullptr || m->uncertain.empty()) continue;
-    scratch_positions_.clear();
-    for (int32_t p : m->uncertain) {
-      if (!has(sorted[static_cast<size_t>(p)])) scratch_positions_.push_back(p);
+    const int32_t node = arena_.at(f).node;
+    const CompiledGrammar::NodeMask* m = g.node_mask(node);
+    if (m == nullptr) continue;
+    if (m->uncached) {
+      g.FirstBytePositions(node, &scratch_positions_);
+    } else {
+      scratch_positions_.clear();
+      for (int32_t p : m->uncertain) {
+        if (!has(sorted[static_cast<size_t>(p)])) scratch_positions_.push_back(p);
+      }
     }
     if (scratch_positions_.empty()) continue;
     scratch_arena_.Clear();

@@ -24,6 +24,7 @@ struct RawNode {
   std::vector<std::pair<int32_t, int32_t>> calls;  // (rule, ret)
   std::vector<Pda::TokenEdge> tokens;
   int32_t rule = -1;
+  int32_t alias = -1;
   bool final = false;
 };
 
@@ -37,6 +38,12 @@ class Builder {
     const int32_t nrules = static_cast<int32_t>(g_.rule_names.size());
     ComputeWeights();
     ComputeNonRecursive();
+    ComputeMinBytes();
+    for (int32_t id = 0; id < v_.size(); ++id) {
+      if (v_.kind[id] == TokenVocab::Kind::kNormal) {
+        max_token_bytes_ = std::max<int64_t>(max_token_bytes_, v_.bytes[id].size());
+      }
+    }
     pda_.rule_names = g_.rule_names;
     pda_.rule_start.assign(nrules, -1);
     std::vector<int32_t> finals(nrules, -1);
@@ -104,6 +111,63 @@ class Builder {
       weight_[i] = std::min(w, kWeightCap);
     }
   }
+
+  // A lower bound of the bytes each expression consumes (token terminals count as one: a walk of
+  // ordinary tokens cannot pass them). Rule bounds start at 0 and only grow, so every pass gives
+  // lower bounds; a few passes settle the usual grammars.
+  void ComputeMinBytes() {
+    min_bytes_.assign(g_.exprs.size(), 0);
+    std::vector<int64_t> rule_min(g_.rule_names.size(), 0);
+    for (int pass = 0; pass < 4; ++pass) {
+      for (size_t i = 0; i < g_.exprs.size(); ++i) {
+        const GrammarExpr& e = g_.exprs[i];
+        int64_t m = 0;
+        switch (e.kind) {
+          case Kind::kSequence:
+            for (int32_t c : e.children) m += min_bytes_[c];
+            break;
+          case Kind::kAlternation:
+            m = kWeightCap;
+            for (int32_t c : e.children) m = std::min(m, min_bytes_[c]);
+            break;
+          case Kind::kLiteral:
+            m = static_cast<int64_t>(e.text.size());
+            break;
+          case Kind::kCharClass:
+          case Kind::kToken:
+            m = 1;
+            break;
+          case Kind::kRuleRef:
+            m = rule_min[e.rule];
+            break;
+          case Kind::kRepeat:
+            m = min_bytes_[e.children[0]] * e.min;
+            break;
+        }
+        min_bytes_[i] = std::min(m, kWeightCap);
+      }
+      for (size_t r = 0; r < rule_min.size(); ++r) rule_min[r] = min_bytes_[g_.rule_body[r]];
+    }
+  }
+
+  // Copies of a repetition far enough from its end that no token can reach the end behave alike
+  // for every token: the first such copy stands for the others in the token mask cache.
+  struct CopyAliaser {
+    int64_t reach;  // copies one token can span; < 0: aliasing off
+    int64_t rep_begin = -1, rep_size = 0;
+    void Copy(std::vector<RawNode>& raw, size_t begin, size_t end, int64_t remaining_after) {
+      if (reach < 0 || remaining_after <= reach) return;
+      if (rep_begin < 0) {
+        rep_begin = static_cast<int64_t>(begin);
+        rep_size = static_cast<int64_t>(end - begin);
+        return;
+      }
+      if (static_cast<int64_t>(end - begin) != rep_size) return;
+      for (int64_t k = 0; k < rep_size; ++k) {
+        raw[begin + k].alias = static_cast<int32_t>(rep_begin + k);
+      }
+    }
+  };
 
   // Rules that reach no rule that reaches them (Kahn over callee counts).
   void ComputeNonRecursive() {
@@ -257,11 +321,16 @@ class Builder {
           raw_[from].eps.push_back(to);
           return absl::OkStatus();
         }
+        const int64_t per_copy = min_bytes_[child];
+        const int64_t reach = per_copy >= 1 ? max_token_bytes_ / per_copy + 2 : -1;
+        CopyAliaser mandatory{reach};
         int32_t cur = from;
         for (uint32_t i = 0; i < e.min; ++i) {
+          const size_t begin = raw_.size();
           int32_t next = (i + 1 == e.min && e.max == e.min) ? to : New(rule);
           if (next < 0) return TooLarge();
           if (absl::Status s = Build(child, cur, next, rule, loop, inline_depth); !s.ok()) return s;
+          if (next != to) mandatory.Copy(raw_, begin, raw_.size(), e.min - 1 - i);
           cur = next;
         }
         if (e.max == e.min) return absl::OkStatus();
@@ -277,12 +346,15 @@ class Builder {
           return absl::OkStatus();
         }
         // Nested optional copies: after k copies exactly one position is live.
+        CopyAliaser optional_copies{reach};
         const uint32_t optional = e.max - e.min;
         for (uint32_t j = 0; j < optional; ++j) {
           raw_[cur].eps.push_back(to);
+          const size_t begin = raw_.size();
           int32_t next = j + 1 == optional ? to : New(rule);
           if (next < 0) return TooLarge();
           if (absl::Status s = Build(child, cur, next, rule, loop, inline_depth); !s.ok()) return s;
+          if (next != to) optional_copies.Copy(raw_, begin, raw_.size(), optional - 1 - j);
           cur = next;
         }
         return absl::OkStatus();
@@ -312,6 +384,7 @@ class Builder {
     for (size_t i = 0; i < n; ++i) {
       Pda::Node& out = pda_.nodes[i];
       out.rule = raw_[i].rule;
+      out.mask_alias = raw_[i].alias;
       out.frame = frame[i];
       out.byte_begin = out.byte_end = static_cast<uint32_t>(pda_.byte_edges.size());
       out.call_begin = out.call_end = static_cast<uint32_t>(pda_.calls.size());
@@ -508,6 +581,8 @@ class Builder {
   const TokenVocab& v_;
   std::vector<RawNode> raw_;
   std::vector<int64_t> weight_;
+  std::vector<int64_t> min_bytes_;
+  int64_t max_token_bytes_ = 1;
   std::vector<bool> nonrec_;
   std::vector<bool> nullable_node_;
   std::vector<bool> nullable_rule_;

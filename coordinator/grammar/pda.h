@@ -7,7 +7,9 @@
 // Compilation steps (BuildPda):
 //   * small non-recursive rules are inlined into their callers (always when tiny, and when the
 //     reference sits inside a repetition), so that the stack rarely has to pop inside a token;
-//   * repetitions expand to copies: x{2,4} = x x (x x?)?, x* = a loop;
+//   * repetitions expand to copies: x{2,4} = x x (x x?)?, x* = a loop; copies too far from the
+//     repetition's end for any token to reach it are marked as aliases of the first such copy
+//     (they share its token mask cache entry);
 //   * a call whose return node can only finish the caller is a tail call: it pushes nothing;
 //   * left recursion (a rule reaching itself without consuming a byte) is an error naming the
 //     rule, which makes every closure finite;
@@ -51,6 +53,9 @@ struct Pda {
     uint32_t call_begin = 0, call_end = 0;
     uint32_t token_begin = 0, token_end = 0;
     int32_t rule = -1;
+    // A node whose every token walk gives the results of this (smaller) node, or -1: the copies
+    // of a long repetition that no token can reach the end of from.
+    int32_t mask_alias = -1;
     bool final = false;
     bool frame = false;  // may be the node of a stack frame (a rule start or an edge's target)
     bool HasInput() const { return byte_begin != byte_end || token_begin != token_end; }

@@ -281,6 +281,45 @@ c ::= "c"? "]}" | "\"" [^"]* "\"")"}) {
   }
 }
 
+TEST(GrammarMatcherTest, LongRepetitionsAndUncachedNodesMatchBruteForce) {
+  // Copies of [^"]{0,60} far from its end share a mask cache entry (the longest token here is 12
+  // bytes); with no compile budget every node is checked at run time. Both must give the
+  // brute-force masks, including near the repetition's end.
+  constexpr char kGbnf[] = R"(root ::= "{\"" [^"]{0,60} "\":" ("12" | "1"){3,40} "}")";
+  std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {Compile(kGbnf)};
+  CompileOptions no_budget;
+  no_budget.mask_cache_budget_bytes = 0;
+  auto uncached = CompileGrammar(kGbnf, SmallVocab(), no_budget);
+  ASSERT_TRUE(uncached.ok()) << uncached.status();
+  grammars.push_back(*uncached);
+  // Unshared, the 60 copies of [^"] alone would need about 7 entries each.
+  EXPECT_LT(grammars[0]->cached_nodes(), 200u);
+  for (const auto& g : grammars) {
+    const int32_t n = g->vocab().size();
+    std::mt19937 rng(3);
+    for (int walk = 0; walk < 10; ++walk) {
+      GrammarMatcher m(g);
+      for (int step = 0; step < 120 && !m.IsTerminated(); ++step) {
+        std::vector<uint32_t> mask = Mask(m, n);
+        ASSERT_EQ(mask, BruteMask(m, n)) << "walk " << walk << " step " << step;
+        std::vector<int32_t> allowed;
+        for (int32_t id = 0; id < n; ++id) {
+          // Prefer the quote so that walks reach the second half.
+          if (Allowed(mask, id)) allowed.push_back(id);
+        }
+        if (allowed.empty()) break;
+        int32_t pick = allowed[rng() % allowed.size()];
+        if (step > 20 && Allowed(mask, '"')) pick = '"';
+        ASSERT_TRUE(m.AcceptToken(pick));
+      }
+    }
+  }
+  GrammarMatcher m(grammars[0]);
+  EXPECT_TRUE(m.AcceptString("{\"" + std::string(60, 'x') + "\":111}"));
+  EXPECT_TRUE(m.CanTerminate());
+  EXPECT_FALSE(GrammarMatcher(grammars[0]).AcceptString("{\"" + std::string(61, 'x')));
+}
+
 TEST(GrammarMatcherTest, Limits) {
   // Every "a" doubles the live stacks (two ways to close each); past kMaxStacks the token is
   // rejected instead of the state growing without bound.
