@@ -126,26 +126,53 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) const {
       for (int32_t id : m->accepted_ids) set(id);
     }
   }
-  // Uncertain tokens against each real stack.
+  // Uncertain tokens (and those of uncached nodes) not allowed yet, walked from the real stacks:
+  // from each stack its own node's list while there are few stacks (cheapest), else the union of
+  // the lists from all stacks at once (one walk, and exactly what AcceptToken does under the
+  // stack limits).
   std::span<const int32_t> sorted = g.sorted_ids();
-  for (int32_t f : tops_) {
-    const int32_t node = arena_.at(f).node;
-    const CompiledGrammar::NodeMask* m = g.node_mask(node);
-    if (m == nullptr) continue;
-    if (m->uncached) {
-      g.FirstBytePositions(node, &scratch_positions_);
-    } else {
-      scratch_positions_.clear();
-      for (int32_t p : m->uncertain) {
-        if (!has(sorted[static_cast<size_t>(p)])) scratch_positions_.push_back(p);
-      }
-    }
-    if (scratch_positions_.empty()) continue;
+  if (scratch_seen_.size() != sorted.size()) scratch_seen_.assign(sorted.size(), 0);
+  auto walk = [&](std::span<const int32_t> start) {
+    if (scratch_positions_.empty()) return;
     scratch_arena_.Clear();
-    scratch_walker_.Walk(scratch_stepper_, g.vocab(), sorted, std::span<const int32_t>(&f, 1),
-                         scratch_positions_, nullptr, [&](int32_t p, TokenOutcome o) {
+    scratch_walker_.Walk(scratch_stepper_, g.vocab(), sorted, start, scratch_positions_, nullptr,
+                         [&](int32_t p, TokenOutcome o) {
                            if (o == TokenOutcome::kAccepted) set(sorted[static_cast<size_t>(p)]);
                          });
+  };
+  auto add = [&](int32_t node) {
+    const CompiledGrammar::NodeMask* m = g.node_mask(node);
+    if (m == nullptr) return false;
+    std::span<const int32_t> src = m->uncertain;
+    if (m->uncached) {
+      g.FirstBytePositions(node, &scratch_first_);
+      src = scratch_first_;
+    }
+    for (int32_t p : src) {
+      if (!scratch_seen_[p] && !has(sorted[static_cast<size_t>(p)])) {
+        scratch_seen_[p] = 1;
+        scratch_positions_.push_back(p);
+      }
+    }
+    return !src.empty();
+  };
+  auto unmark = [&] {
+    for (int32_t p : scratch_positions_) scratch_seen_[p] = 0;
+  };
+  if (tops_.size() <= kPerStackWalks) {
+    for (int32_t f : tops_) {
+      scratch_positions_.clear();
+      add(arena_.at(f).node);
+      unmark();
+      walk(std::span<const int32_t>(&f, 1));
+    }
+  } else {
+    scratch_positions_.clear();
+    int lists = 0;
+    for (int32_t n : scratch_nodes_) lists += add(n);
+    unmark();
+    if (lists > 1) std::sort(scratch_positions_.begin(), scratch_positions_.end());
+    walk(tops_);
   }
   if (can_terminate_) {
     for (int32_t id : g.vocab().stop_ids) {

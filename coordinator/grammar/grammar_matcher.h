@@ -10,9 +10,15 @@
 //     (CanTerminate); once one is accepted the matcher is terminated and allows nothing.
 //   * Unused ids are never allowed.
 // Limits: a token whose step would keep more than kMaxStacks parse stacks (stack_step.h), or do
-// more than kMaxStepWork closure work, is rejected by AcceptToken. The mask checks each parse
-// stack on its own, so in that overload case the mask may allow a token AcceptToken then
-// rejects; it never forbids one AcceptToken would accept.
+// more than kMaxStepWork closure work, is rejected by AcceptToken. The mask cache classifies
+// tokens per parse stack (compiled_grammar.h), so in that overload case the mask may allow a
+// token AcceptToken then rejects; it never forbids one AcceptToken would accept.
+//
+// Mask cost: zeroing the mask, one cached accepted set OR'ed in per distinct stack-top node, and
+// a walk of the top nodes' uncertain tokens (a few hundred to a few thousand in JSON grammars)
+// from the real stacks: per stack while there are at most kPerStackWalks, else one walk of the
+// union from all stacks. Nodes left uncached by the compile budget add every token whose first
+// byte they take.
 //
 // Threading: one matcher per sequence, used from one thread at a time (FillNextTokenBitmask is
 // const but uses scratch buffers). Copyable (a copy is an independent state, e.g. for trying
@@ -64,6 +70,7 @@ class GrammarMatcher {
   bool can_terminate_ = false;
   bool terminated_ = false;
   static constexpr int32_t kCompactAbove = 1 << 16;
+  static constexpr size_t kPerStackWalks = 8;
   int32_t compact_at_ = kCompactAbove;
   StackStepper stepper_;
   std::vector<int32_t> next_;
@@ -73,6 +80,8 @@ class GrammarMatcher {
   mutable StackStepper scratch_stepper_;
   mutable std::vector<int32_t> scratch_nodes_;
   mutable std::vector<int32_t> scratch_positions_;
+  mutable std::vector<int32_t> scratch_first_;
+  mutable std::vector<uint8_t> scratch_seen_;
   mutable TokenWalker scratch_walker_;
 };
 

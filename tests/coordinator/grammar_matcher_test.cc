@@ -326,8 +326,16 @@ TEST(GrammarMatcherTest, Limits) {
   auto g = Compile(R"(root ::= s
 s ::= "a" s "b" | "a" s "c" | "")");
   GrammarMatcher m(g);
+  const int32_t n = g->vocab().size();
   int accepted = 0;
   for (int i = 0; i < 40; ++i) {
+    // Below the limit the mask is exact (from 9 stacks on, one walk from all of them); at the
+    // limit it may allow more than AcceptToken (grammar_matcher.h), never less.
+    std::vector<uint32_t> mask = Mask(m, n), brute = BruteMask(m, n);
+    if (i < 9) {
+      EXPECT_EQ(mask, brute) << i << " a, " << m.num_stacks() << " stacks";
+    }
+    for (size_t w = 0; w < mask.size(); ++w) EXPECT_EQ(brute[w] & ~mask[w], 0u);
     if (!m.AcceptToken('a')) break;
     ++accepted;
   }
