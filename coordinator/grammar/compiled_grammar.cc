@@ -1,0 +1,153 @@
+#include "coordinator/grammar/compiled_grammar.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/status/status.h"
+#include "coordinator/grammar/gbnf.h"
+#include "coordinator/grammar/stack_step.h"
+#include "coordinator/grammar/token_walk.h"
+
+namespace ss::grammar {
+
+size_t CompiledGrammar::uncertain_total() const {
+  size_t n = 0;
+  for (const NodeMask& m : masks_) n += m.uncertain.size();
+  return n;
+}
+
+void CompiledGrammar::FirstBytePositions(int32_t node, std::vector<int32_t>* positions) const {
+  const Pda::Node& nd = pda_.nodes[static_cast<size_t>(node)];
+  positions->clear();
+  int next = 0;  // byte edges are sorted by lo; visit each first byte once
+  for (uint32_t k = nd.byte_begin; k < nd.byte_end; ++k) {
+    const int lo = std::max<int>(pda_.byte_edges[k].lo, next);
+    const int hi = pda_.byte_edges[k].hi;
+    if (lo > hi) continue;
+    for (int32_t p = first_byte_begin_[lo]; p < first_byte_begin_[hi + 1]; ++p) {
+      positions->push_back(p);
+    }
+    next = hi + 1;
+  }
+}
+
+void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
+  const TokenVocab& v = *vocab_;
+  const int32_t nwords = bitmask_words();
+  for (int32_t id = 0; id < v.size(); ++id) {
+    if (v.kind[id] == TokenVocab::Kind::kNormal && !v.bytes[id].empty()) sorted_ids_.push_back(id);
+  }
+  std::sort(sorted_ids_.begin(), sorted_ids_.end(),
+            [&](int32_t a, int32_t b) { return v.bytes[a] < v.bytes[b]; });
+  first_byte_begin_.assign(257, 0);
+  for (int32_t id : sorted_ids_) ++first_byte_begin_[static_cast<uint8_t>(v.bytes[id][0]) + 1];
+  for (int b = 0; b < 256; ++b) first_byte_begin_[b + 1] += first_byte_begin_[b];
+
+  mask_index_.assign(pda_.nodes.size(), -1);
+  FrameArena arena;
+  StackStepper stepper(pda_, &arena);
+  TokenWalker walker;
+  std::vector<int32_t> positions, accepted;
+  int64_t budget = budget_bytes;
+  for (size_t n = 0; n < pda_.nodes.size(); ++n) {
+    const Pda::Node& nd = pda_.nodes[n];
+    if (!nd.frame || nd.byte_begin == nd.byte_end) continue;
+    if (nd.mask_alias >= 0 && mask_index_[nd.mask_alias] >= 0) {
+      mask_index_[n] = mask_index_[nd.mask_alias];
+      continue;
+    }
+    mask_index_[n] = static_cast<int32_t>(masks_.size());
+    if (budget <= 0) {
+      NodeMask m;
+      m.uncached = true;
+      masks_.push_back(std::move(m));
+      continue;
+    }
+    FirstBytePositions(static_cast<int32_t>(n), &positions);
+    arena.Clear();
+    const int32_t start = arena.Intern(static_cast<int32_t>(n), -1);
+    NodeMask m;
+    accepted.clear();
+    walker.Walk(stepper, v, sorted_ids_, std::span<const int32_t>(&start, 1), positions,
+                &pda_.follow[static_cast<size_t>(nd.rule)], [&](int32_t p, TokenOutcome o) {
+                  budget -= static_cast<int64_t>(v.bytes[sorted_ids_[p]].size());
+                  if (o == TokenOutcome::kAccepted) {
+                    accepted.push_back(sorted_ids_[p]);
+                  } else if (o == TokenOutcome::kUncertain) {
+                    m.uncertain.push_back(p);
+                  }
+                });
+    if (accepted.size() > static_cast<size_t>(nwords)) {
+      m.accepted_bits.assign(nwords, 0);
+      for (int32_t id : accepted) m.accepted_bits[id >> 5] |= 1u << (id & 31);
+    } else {
+      std::sort(accepted.begin(), accepted.end());
+      m.accepted_ids = accepted;
+    }
+    masks_.push_back(std::move(m));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
+    std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab) {
+  return CompileGrammar(gbnf, std::move(vocab), CompileOptions());
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
+    std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab, const CompileOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (vocab == nullptr || vocab->kind.size() != vocab->bytes.size()) {
+    return absl::InvalidArgumentError("CompileGrammar: no vocabulary or kind/bytes size mismatch");
+  }
+  absl::StatusOr<Grammar> g = ParseGbnf(gbnf);
+  if (!g.ok()) return g.status();
+  absl::StatusOr<Pda> pda = BuildPda(*g, *vocab);
+  if (!pda.ok()) return pda.status();
+  std::shared_ptr<CompiledGrammar> cg(new CompiledGrammar());
+  cg->vocab_ = std::move(vocab);
+  cg->pda_ = std::move(*pda);
+  cg->stop_.assign(cg->vocab_->size(), false);
+  for (int32_t id : cg->vocab_->stop_ids) {
+    if (id >= 0 && id < cg->vocab_->size()) cg->stop_[id] = true;
+  }
+  cg->BuildMaskCache(options.mask_cache_budget_bytes);
+  cg->compile_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::shared_ptr<const CompiledGrammar>(std::move(cg));
+}
+
+GrammarCache::GrammarCache(std::shared_ptr<const TokenVocab> vocab, size_t max_entries)
+    : vocab_(std::move(vocab)), max_entries_(std::max<size_t>(max_entries, 1)) {}
+
+size_t GrammarCache::size() const {
+  absl::MutexLock l(&mu_);
+  return lru_.size();
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(std::string_view gbnf) {
+  {
+    absl::MutexLock l(&mu_);
+    auto it = index_.find(std::string(gbnf));
+    if (it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->second;
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> cg = CompileGrammar(gbnf, vocab_);
+  if (!cg.ok()) return cg.status();
+  absl::MutexLock l(&mu_);
+  auto it = index_.find(std::string(gbnf));
+  if (it != index_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+  lru_.emplace_front(std::string(gbnf), *cg);
+  index_.emplace(lru_.front().first, lru_.begin());
+  while (lru_.size() > max_entries_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  return *cg;
+}
+
+}  // namespace ss::grammar
