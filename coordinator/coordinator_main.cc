@@ -201,6 +201,7 @@ int Run(int argc, char** argv) {
   gc.model_name = cluster->model_name;
   gc.api_keys = *std::move(api_keys);
   gc.max_context_tokens = static_cast<int32_t>(MaxModelLen(*cluster, *model));
+  gc.model_vocab_size = static_cast<int32_t>(model->vocab_size);
   gc.metrics = &registry;
   gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };
   gc.num_waiting = [&engine] { return engine.NumWaiting(); };

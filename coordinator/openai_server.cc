@@ -30,6 +30,7 @@
 #include "coordinator/openai_request.h"
 #include "coordinator/output_text.h"
 #include "coordinator/receive_deadline.h"
+#include "coordinator/structured_output.h"
 #include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -257,6 +258,7 @@ struct OpenAiServer::Impl {
   GatewayConfig config;
   const Tokenizer* tokenizer;
   GenerationEngine* engine;
+  std::unique_ptr<openai::StructuredOutput> structured;
   std::atomic<uint64_t> next_id{1};
   std::atomic<uint64_t> next_request_id{0};
   uint64_t request_id_salt = std::random_device{}() * 0x9e3779b97f4a7c15ull;
@@ -275,8 +277,10 @@ struct OpenAiServer::Impl {
     // mode, or continuing a final assistant message), with or without tool calls.
     ThinkingMode parse_mode = ThinkingMode::kChat;
     bool parse_tool_calls = true;
-    bool parallel_tool_calls = true;  // false: only the first tool call is returned
-    std::string echo;                 // completions' echo: the prompt's text, returned first
+    bool parallel_tool_calls = true;                  // false: only the first tool call is returned
+    std::optional<openai::RequestedGrammar> grammar;  // structured output (structured_output.h)
+    std::shared_ptr<TokenConstraint> constraint;      // its constraint, made by Constrain
+    std::string echo;  // completions' echo: the prompt's text, returned first
     std::vector<int32_t> prompt;
     GenerationParams params;
     std::string id;
@@ -388,11 +392,7 @@ struct OpenAiServer::Impl {
     ASSIGN_OR_RETURN(const ToolChoice choice, ParseToolChoice(body, tools));
     ASSIGN_OR_RETURN(const std::optional<bool> parallel, GetBool(body, "parallel_tool_calls"));
     job->parallel_tool_calls = parallel.value_or(true);
-    if (choice.kind == ToolChoice::kRequired || choice.kind == ToolChoice::kNamed) {
-      return Invalid("tool_choice",
-                     "tool_choice: forcing a tool call is not supported yet; send \"auto\" or "
-                     "\"none\"");
-    }
+    ASSIGN_OR_RETURN(job->grammar, structured->RequestGrammar(body, choice, tools));
     if (choice.kind == ToolChoice::kNone) tools = nullptr;  // not rendered, not parsed
     job->parse_tool_calls = choice.kind != ToolChoice::kNone;
     const bool text_format = rf && rf->value("type", Json("text")) == "text";
@@ -447,6 +447,23 @@ struct OpenAiServer::Impl {
     res.set_header("X-Ignored-Fields", list);
   }
 
+  // The job's constraint from its grammar (none without one); the sampling fields that would
+  // keep the grammar from ending are refused with it.
+  absl::Status Constrain(Job& job) {
+    if (!job.grammar) return absl::OkStatus();
+    if (job.params.sampling.ignore_eos) {
+      return Invalid("ignore_eos", absl::StrCat("ignore_eos: cannot be combined with ",
+                                                job.grammar->param, " (structured output)"));
+    }
+    if (job.params.sampling.min_tokens > 0) {
+      return Invalid("min_tokens", absl::StrCat("min_tokens: cannot be combined with ",
+                                                job.grammar->param, " (structured output)"));
+    }
+    ASSIGN_OR_RETURN(job.constraint, structured->Constraint(
+                                         *job.grammar, job.parse_mode == ThinkingMode::kThinking));
+    return absl::OkStatus();
+  }
+
   absl::Status HandleChat(const httplib::Request& req, httplib::Response& res) {
     ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
     RETURN_IF_ERROR(CheckModel(body));
@@ -457,6 +474,7 @@ struct OpenAiServer::Impl {
     ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/true));
     RETURN_IF_ERROR(CheckLogitBias(job.params));
     ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job));
+    RETURN_IF_ERROR(Constrain(job));
     job.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
     RETURN_IF_ERROR(FitContext(job, "messages"));
     return Run(std::move(job), req, res);
@@ -493,6 +511,8 @@ struct OpenAiServer::Impl {
       if (!text.ok()) return Invalid("prompt", text.status().message());
       job.echo = prompt->is_string() ? prompt->get<std::string>() : *std::move(text);
     }
+    ASSIGN_OR_RETURN(job.grammar, structured->RequestGrammar(body, ToolChoice{}, nullptr));
+    RETURN_IF_ERROR(Constrain(job));
     job.id = absl::StrCat("cmpl-", next_id.fetch_add(1));
     RETURN_IF_ERROR(FitContext(job, "prompt"));
     return Run(std::move(job), req, res);
@@ -505,6 +525,7 @@ struct OpenAiServer::Impl {
     gr.prompt = job.prompt;
     gr.sampling = job.params.sampling;
     gr.cancel = std::move(cancel);
+    gr.constraint = job.constraint;
     SubmitOutcome out = engine->Submit(std::move(gr));
     switch (out.status) {
       case SubmitStatus::kAccepted:
@@ -857,6 +878,8 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   impl_->config = std::move(config);
   impl_->tokenizer = &tokenizer;
   impl_->engine = &engine;
+  impl_->structured =
+      std::make_unique<openai::StructuredOutput>(tokenizer, impl_->config.model_vocab_size);
   if (impl_->config.metrics == nullptr) {
     impl_->owned_metrics = std::make_unique<metrics::Metrics>();
     impl_->registry = impl_->owned_metrics.get();

@@ -13,8 +13,8 @@
 //   GET  /v1/models, GET /health (live), GET /ready (engine->Ready())
 //   GET  /metrics               Prometheus text exposition (text/plain; version=0.0.4) of the
 //                               gateway's registry (see "Metrics" below)
-//   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids", "count"}
-//   POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
+//   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids",
+//   "count"} POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
 // Special tokens written in chat messages (content, reasoning, tool results, tool schemas,
 // tool-call names and arguments) are text, never control ids (chat_encoding.h, Prompt): no client
 // can forge a turn. A raw completion prompt or /tokenize "text" is the caller's own template, where
@@ -137,9 +137,11 @@ class Metrics;
 
 struct GatewayConfig {
   std::string model_name = "deepseek-v4";
-  std::vector<std::string> api_keys;       // empty: no authentication
-  int32_t max_context_tokens = 65536;      // prompt + max_tokens must fit
-  size_t max_body_bytes = 8u << 20;        // larger bodies get 413
+  std::vector<std::string> api_keys;   // empty: no authentication
+  int32_t max_context_tokens = 65536;  // prompt + max_tokens must fit
+  // The model's logit count, which constraint masks cover (0: the tokenizer's ids).
+  int32_t model_vocab_size = 0;
+  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
   // Connection threads (connection_pool.h): each open connection holds one while it is served
   // (reading a request, generating, streaming); started on demand up to this many, connections
   // beyond wait for a free one.

@@ -38,6 +38,9 @@ class OpenAiServerTest : public ::testing::Test {
     std::signal(SIGPIPE, SIG_IGN);
     auto tok = Tokenizer::Load(SS_TOKENIZER_JSON);
     ASSERT_TRUE(tok.ok()) << tok.status();
+    auto added = ReadAddedTokensFile(SS_TOKENIZER_DATA "/v4_added_tokens.json");  // ｜DSML｜ etc.
+    ASSERT_TRUE(added.ok()) << added.status();
+    ASSERT_TRUE((*tok)->AddSpecialTokens(*added).ok());
     tokenizer_ = tok->release();
   }
   static void TearDownTestSuite() { delete tokenizer_; }
@@ -358,13 +361,18 @@ TEST_F(OpenAiServerTest, ToolChoiceNoneHidesTheToolsAndParsesNoCall) {
   ExpectError(with("sometimes"), 400, "tool_choice");
   ExpectError(with(5), 400, "tool_choice");
   ExpectError(with("required", false), 400, "tool_choice");
-  // Forcing a call needs constrained decoding: refused, never accepted and ignored.
-  ExpectError(with("required"), 400, "tool_choice");
-  ExpectError(with(Json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}), 400,
-              "tool_choice");
+  // Forcing a call hands the engine a constraint.
+  for (const Json& forced :
+       {Json("required"), Json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+    auto r = with(forced);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_NE(engine_->last_request().constraint, nullptr) << forced.dump();
+  }
   auto r = with("auto");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(engine_->last_request().constraint, nullptr);
 }
 
 TEST_F(OpenAiServerTest, ParallelToolCallsFalseReturnsTheFirstCallOnly) {

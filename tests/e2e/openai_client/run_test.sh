@@ -5,7 +5,8 @@
 #   run_test.sh --up SPLITSERVE_BIN WORK_DIR     # `splitserve up` on the bundled tiny model
 #
 # With --up the model is real (random weights), so only shapes are checked, and the tool round
-# trip's second half runs only if the model happens to call the tool (the fake gateway covers it).
+# trip's second half runs only if the model happens to call the tool (the fake gateway covers it);
+# structured_test.mjs (constrained decoding, which needs the real engine) runs in this mode only.
 #
 # Installs the pinned `openai` package into WORK_DIR/node_modules (kept between runs; installed
 # again when package-lock.json changes), starts FAKE_GATEWAY_BIN on a free port, runs the client
@@ -34,7 +35,8 @@ major="$(node -p 'process.versions.node.split(".")[0]')"
 [ "$major" -ge 18 ] || skip "node $(node --version) is older than 18"
 
 mkdir -p "$work"
-cp "$here/package.json" "$here/package-lock.json" "$here/client_test.mjs" "$work/"
+cp "$here/package.json" "$here/package-lock.json" "$here/client_test.mjs" \
+  "$here/structured_test.mjs" "$work/"
 stamp="$work/node_modules/.splitserve-package-lock.json"
 if ! cmp -s "$here/package-lock.json" "$stamp"; then
   if ! (cd "$work" && npm ci --no-audit --no-fund --loglevel=error); then
@@ -66,7 +68,8 @@ if [ "$mode" = up ]; then
   fi
   echo "openai_client_test: splitserve up on port $port, openai $(node -p "require('$work/node_modules/openai/package.json').version"), node $(node --version)"
   cd "$work"
-  SPLITSERVE_BASE_URL="http://127.0.0.1:$port/v1" SPLITSERVE_MODEL=tiny node client_test.mjs
+  export SPLITSERVE_BASE_URL="http://127.0.0.1:$port/v1" SPLITSERVE_MODEL=tiny
+  node client_test.mjs && node structured_test.mjs
   exit $?
 fi
 
