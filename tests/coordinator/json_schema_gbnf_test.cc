@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/grammar_test_util.h"
 
@@ -273,7 +274,9 @@ TEST(JsonSchemaGbnf, RandomSentencesValidate) {
         nlohmann::json v = nlohmann::json::parse(*s, nullptr, /*allow_exceptions=*/false);
         ASSERT_FALSE(v.is_discarded()) << "not JSON: " << *s;
         EXPECT_TRUE(validator.Valid(v)) << *s;
-        if (!any_whitespace) EXPECT_TRUE(testing::Compact(*s)) << *s;
+        if (!any_whitespace) {
+          EXPECT_TRUE(testing::Compact(*s)) << *s;
+        }
       }
       EXPECT_GE(finished, 10);
     }
@@ -291,9 +294,10 @@ TEST(JsonSchemaGbnf, Whitespace) {
   EXPECT_FALSE(Accepts(compact, loose));
   EXPECT_TRUE(Accepts(spaced, tight));
   EXPECT_TRUE(Accepts(spaced, loose));
-  EXPECT_FALSE(Accepts(spaced, " " + tight));             // only after tokens
-  EXPECT_FALSE(Accepts(spaced, "{\"a\":  1,\"b\":[]}"));  // one space at most
-  EXPECT_FALSE(Accepts(spaced, "{\"a\":\n" + std::string(21, ' ') + "1,\"b\":[]}"));  // bounded
+  EXPECT_FALSE(Accepts(spaced, absl::StrCat(" ", tight)));  // only after tokens
+  EXPECT_FALSE(Accepts(spaced, "{\"a\":  1,\"b\":[]}"));    // one space at most
+  EXPECT_FALSE(
+      Accepts(spaced, absl::StrCat("{\"a\":\n", std::string(21, ' '), "1,\"b\":[]}")));  // bounded
 }
 
 TEST(JsonSchemaGbnf, LongMaxLengthIsLowered) {
@@ -403,8 +407,8 @@ TEST(JsonSchemaGbnf, OutputIsBounded) {
   ordered_json schema = {{"$defs", ordered_json::object()}};
   schema["$defs"]["L0"] = {{"type", "object"}, {"properties", {{"p", {{"type", "integer"}}}}}};
   for (int i = 1; i <= 40; ++i) {
-    const std::string prev = "#/$defs/L" + std::to_string(i - 1);
-    schema["$defs"]["L" + std::to_string(i)] = {
+    const std::string prev = absl::StrCat("#/$defs/L", i - 1);
+    schema["$defs"][absl::StrCat("L", i)] = {
         {"allOf", ordered_json::array({{{"$ref", prev}}, {{"$ref", prev}}})}};
   }
   schema["$ref"] = "#/$defs/L40";
