@@ -598,15 +598,7 @@ absl::StatusOr<std::string> JsonSchemaConverter::VisitType(const Json& s, absl::
   if (type == "null") return Prim("null");
   if (type == "boolean") return Prim("boolean");
   if (type == "integer") return HasAny(s, kBoundKeywords) ? IntegerRule(s, ctx) : Prim("integer");
-  if (type == "number") {
-    for (absl::string_view k : kBoundKeywords) {
-      if (s.contains(k)) {
-        return Invalid(PointerJoin(ctx.pointer, k),
-                       absl::StrCat("keyword \"", k, "\" on a number is not supported"));
-      }
-    }
-    return Prim("number");
-  }
+  if (type == "number") return HasAny(s, kBoundKeywords) ? NumberRule(s, ctx) : Prim("number");
   if (type == "string") return StringRule(s, ctx, /*raw=*/false);
   if (type == "array") return ArrayRule(s, ctx);
   absl::StatusOr<ObjectShape> shape = Shape(s, ctx);
@@ -614,40 +606,47 @@ absl::StatusOr<std::string> JsonSchemaConverter::VisitType(const Json& s, absl::
   return ObjectRule(*shape, ctx);
 }
 
-absl::StatusOr<std::string> JsonSchemaConverter::IntegerRule(const Json& s, const Ctx& ctx) {
-  int64_t lo = -kMaxIntegerMagnitude, hi = kMaxIntegerMagnitude;
-  auto bound = [&](absl::string_view key, bool lower) -> absl::Status {
-    auto it = s.find(key);
-    if (it == s.end()) return absl::OkStatus();
-    const bool exclusive = absl::StartsWith(key, "exclusive");
-    if (it->is_boolean()) {  // draft 4: modifies minimum/maximum
-      if (!exclusive) return Invalid(PointerJoin(ctx.pointer, key), "expected a number");
-      if (it->get<bool>()) {
-        auto base = s.find(lower ? "minimum" : "maximum");
-        if (base == s.end() || !base->is_number()) {
-          return Invalid(PointerJoin(ctx.pointer, key), "without a numeric bound");
-        }
-        const double b = base->get<double>();
-        if (lower) {
-          lo = std::max(lo, static_cast<int64_t>(std::max(std::floor(b) + 1, -1e17)));
-        } else {
-          hi = std::min(hi, static_cast<int64_t>(std::min(std::ceil(b) - 1, 1e17)));
-        }
-      }
-      return absl::OkStatus();
-    }
-    if (!it->is_number()) return Invalid(PointerJoin(ctx.pointer, key), "expected a number");
-    const double b = std::clamp(it->get<double>(), -1e17, 1e17);
-    if (lower) {
-      lo = std::max(lo, static_cast<int64_t>(exclusive ? std::floor(b) + 1 : std::ceil(b)));
-    } else {
-      hi = std::min(hi, static_cast<int64_t>(exclusive ? std::ceil(b) - 1 : std::floor(b)));
-    }
-    return absl::OkStatus();
-  };
+absl::Status JsonSchemaConverter::Bounds(const Json& s, const Ctx& ctx, Bound* lo,
+                                         Bound* hi) const {
   for (auto [key, lower] : {std::pair{"minimum", true}, std::pair{"exclusiveMinimum", true},
                             std::pair{"maximum", false}, std::pair{"exclusiveMaximum", false}}) {
-    if (absl::Status st = bound(key, lower); !st.ok()) return st;
+    auto it = s.find(key);
+    if (it == s.end()) continue;
+    const bool exclusive = absl::StartsWith(key, "exclusive");
+    double v = 0;
+    if (exclusive && it->is_boolean()) {  // draft 4: modifies minimum/maximum
+      if (!it->get<bool>()) continue;
+      auto base = s.find(lower ? "minimum" : "maximum");
+      if (base == s.end() || !base->is_number()) {
+        return Invalid(PointerJoin(ctx.pointer, key), "without a numeric bound");
+      }
+      v = base->get<double>();
+    } else if (it->is_number()) {
+      v = it->get<double>();
+    } else {
+      return Invalid(PointerJoin(ctx.pointer, key), "expected a number");
+    }
+    if (!std::isfinite(v)) return Invalid(PointerJoin(ctx.pointer, key), "expected a number");
+    Bound& b = lower ? *lo : *hi;
+    const bool tighter =
+        !b.has || (lower ? v > b.value : v < b.value) || (v == b.value && exclusive);
+    if (tighter) b = Bound{true, v, exclusive};
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JsonSchemaConverter::IntegerRule(const Json& s, const Ctx& ctx) {
+  Bound lower, upper;
+  if (absl::Status st = Bounds(s, ctx, &lower, &upper); !st.ok()) return st;
+  const double cap = static_cast<double>(kMaxIntegerMagnitude);
+  int64_t lo = -kMaxIntegerMagnitude, hi = kMaxIntegerMagnitude;
+  if (lower.has) {
+    const double v = lower.exclusive ? std::floor(lower.value) + 1 : std::ceil(lower.value);
+    lo = static_cast<int64_t>(std::clamp(v, -cap, cap + 1));
+  }
+  if (upper.has) {
+    const double v = upper.exclusive ? std::ceil(upper.value) - 1 : std::floor(upper.value);
+    hi = static_cast<int64_t>(std::clamp(v, -cap - 1, cap));
   }
   if (lo > hi) return Invalid(ctx.pointer, "the integer range is empty (or beyond 16 digits)");
   std::vector<std::string> alts;
@@ -657,6 +656,71 @@ absl::StatusOr<std::string> JsonSchemaConverter::IntegerRule(const Json& s, cons
   }
   if (hi >= 0) alts.push_back(UnsignedRange(std::max<int64_t>(lo, 0), hi));
   return rules_->Add(absl::StrCat(ctx.hint, "-int"), Tok(Alternatives(alts)));
+}
+
+namespace {
+
+// Decimals (no exponent) y with lo <(=) y <(=) hi, 0 <= lo, integer bounds; `hi` < 0: unbounded
+// (up to 16 integer digits). Empty when there is none.
+std::vector<std::string> NonNegativeDecimals(int64_t lo, bool lo_ex, int64_t hi, bool hi_ex) {
+  constexpr absl::string_view kAnyFraction = "( \".\" [0-9]{1,16} )?";
+  constexpr absl::string_view kZeroFraction = "( \".\" \"0\"{1,16} )?";
+  constexpr absl::string_view kNonZeroFraction = "\".\" [0-9]{0,15} [1-9] [0-9]{0,15}";
+  std::vector<std::string> alts;
+  const std::string lo_text = absl::StrCat("\"", lo, "\"");
+  if (hi >= 0 && lo == hi) {
+    if (!lo_ex && !hi_ex) alts.push_back(absl::StrCat(lo_text, " ", kZeroFraction));
+    return alts;
+  }
+  if (lo_ex) alts.push_back(absl::StrCat(lo_text, " ", kNonZeroFraction));
+  const int64_t mid_lo = lo_ex ? lo + 1 : lo;
+  const int64_t mid_hi = hi < 0 ? kMaxIntegerMagnitude : hi - 1;
+  if (mid_lo <= mid_hi) {
+    alts.push_back(absl::StrCat(UnsignedRange(mid_lo, mid_hi), " ", kAnyFraction));
+  }
+  if (hi >= 0 && !hi_ex) alts.push_back(absl::StrCat("\"", hi, "\" ", kZeroFraction));
+  return alts;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> JsonSchemaConverter::NumberRule(const Json& s, const Ctx& ctx) {
+  Bound lower, upper;
+  if (absl::Status st = Bounds(s, ctx, &lower, &upper); !st.ok()) return st;
+  const double cap = static_cast<double>(kMaxIntegerMagnitude);
+  // Bounds rounded inward to integers; beyond 16 digits a bound is no bound.
+  const bool lo_inf = !lower.has || lower.value < -cap;
+  const bool hi_inf = !upper.has || upper.value > cap;
+  int64_t lo = 0, hi = 0;
+  bool lo_ex = false, hi_ex = false;
+  if (!lo_inf) {
+    if (lower.value > cap) return Invalid(ctx.pointer, "the number range is beyond 16 digits");
+    lo = static_cast<int64_t>(std::ceil(lower.value));
+    lo_ex = lower.exclusive && std::ceil(lower.value) == lower.value;
+  }
+  if (!hi_inf) {
+    if (upper.value < -cap) return Invalid(ctx.pointer, "the number range is beyond 16 digits");
+    hi = static_cast<int64_t>(std::floor(upper.value));
+    hi_ex = upper.exclusive && std::floor(upper.value) == upper.value;
+  }
+  std::vector<std::string> alts;
+  if (hi_inf || hi > 0 || (hi == 0 && !hi_ex)) {  // y >= 0
+    const bool from_zero = lo_inf || lo < 0;
+    alts =
+        NonNegativeDecimals(from_zero ? 0 : lo, from_zero ? false : lo_ex, hi_inf ? -1 : hi, hi_ex);
+  }
+  if (lo_inf || lo < 0) {  // -y with y > 0 ("-0" is left out)
+    const bool to_zero = hi_inf || hi >= 0;
+    for (std::string& alt :
+         NonNegativeDecimals(to_zero ? 0 : -hi, to_zero ? true : hi_ex, lo_inf ? -1 : -lo, lo_ex)) {
+      alts.push_back(absl::StrCat("\"-\" ", alt));
+    }
+  }
+  if (alts.empty()) {
+    return Invalid(ctx.pointer,
+                   "the number range holds no value once its bounds are rounded to integers");
+  }
+  return rules_->Add(absl::StrCat(ctx.hint, "-num"), Tok(Alternatives(alts)));
 }
 
 absl::StatusOr<std::string> JsonSchemaConverter::StringRule(const Json& s, const Ctx& ctx,

@@ -33,18 +33,19 @@
 //                    included), uuid; pattern or format together with a length is InvalidArgument
 //   integer          minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers or draft-4
 //                    booleans), at most 16 digits
-//   no `type`        inferred from the keywords present (object, array or string ones), else any
-//                    JSON value
+//   number           the same bounds, rounded inward to integers (minimum 0.5 generates from 1
+//                    on); a bounded number is written without exponent and never as -0
+//   no `type`        inferred from the keywords present (object, array, string or number ones),
+//                    else any JSON value
 // Annotations are accepted and ignored: title, description, examples, default, $schema, $id,
 // $anchor, $comment, $defs, definitions, strict, deprecated, readOnly, writeOnly, discriminator,
 // contentEncoding, contentMediaType, and unknown keywords (JSON Schema ignores those).
 // InvalidArgument naming the keyword and its JSON pointer: multipleOf, uniqueItems: true,
 // patternProperties, propertyNames, not, if, then, else, dependentRequired, dependentSchemas,
 // dependencies, minProperties, maxProperties, contains, minContains, maxContains,
-// unevaluatedProperties, unevaluatedItems, $dynamicRef, $recursiveRef, minimum/maximum and the
-// exclusive ones on `number`, formats other than the four, remote $refs, the `false` schema where
-// a value must be generated, malformed keyword values. A schema that is not an object or a
-// boolean is InvalidArgument.
+// unevaluatedProperties, unevaluatedItems, $dynamicRef, $recursiveRef, formats other than the four,
+// remote $refs, the `false` schema where a value must be generated, malformed keyword values. A
+// schema that is not an object or a boolean is InvalidArgument.
 //
 // Output text:
 //   strings  the JSON string grammar: any code point but `"`, `\` and U+0000–U+001F as itself,
@@ -170,7 +171,15 @@ class JsonSchemaConverter {
   absl::StatusOr<std::string> ObjectRule(const ObjectShape& shape, const Ctx& ctx);
   absl::StatusOr<std::string> ArrayRule(const nlohmann::ordered_json& s, const Ctx& ctx);
   absl::StatusOr<std::string> StringRule(const nlohmann::ordered_json& s, const Ctx& ctx, bool raw);
+  struct Bound {
+    bool has = false;
+    double value = 0;
+    bool exclusive = false;
+  };
+  // The tightest lower and upper bounds among minimum, maximum and the exclusive ones.
+  absl::Status Bounds(const nlohmann::ordered_json& s, const Ctx& ctx, Bound* lo, Bound* hi) const;
   absl::StatusOr<std::string> IntegerRule(const nlohmann::ordered_json& s, const Ctx& ctx);
+  absl::StatusOr<std::string> NumberRule(const nlohmann::ordered_json& s, const Ctx& ctx);
   absl::StatusOr<ObjectShape> Shape(const nlohmann::ordered_json& s, const Ctx& ctx);
   absl::StatusOr<std::string> ExtraKey(const ObjectShape& shape, const Ctx& ctx);
   absl::StatusOr<std::string> Literal(const nlohmann::ordered_json& value);
