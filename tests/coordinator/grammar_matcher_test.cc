@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/grammar/compiled_grammar.h"
@@ -458,6 +459,29 @@ s ::= "a" s "b" | "a" s "c" | "")");
   for (int i = 0; i < 30000; ++i) ASSERT_TRUE(big.AcceptString("[1],"));
   ASSERT_TRUE(big.AcceptString("2]}"));
   EXPECT_TRUE(big.CanTerminate());
+}
+
+// Many threads share one cache (and the compiled grammars it hands out) while it evicts.
+TEST(GrammarMatcherTest, CacheAcrossThreads) {
+  GrammarCache cache(SmallVocab(), 2);
+  const std::vector<std::string> grammars = {R"(root ::= "a"+)", R"(root ::= [a-c]{2,5})", kJson};
+  const std::vector<std::string> texts = {"aaa", "abcab", R"({"k":[1,"x"]})"};
+  std::vector<int> ok(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 60; ++i) {
+        const size_t k = static_cast<size_t>(i + t) % grammars.size();
+        auto g = cache.Get(grammars[k]);
+        if (!g.ok()) continue;
+        GrammarMatcher m(*g);
+        if (m.AcceptString(texts[k]) && m.CanTerminate()) ++ok[t];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(ok, std::vector<int>(4, 60));
+  EXPECT_LE(cache.size(), 2u);
 }
 
 }  // namespace
