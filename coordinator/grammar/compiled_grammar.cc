@@ -16,6 +16,15 @@ size_t CompiledGrammar::uncertain_total() const {
   return n;
 }
 
+size_t CompiledGrammar::mask_cache_bytes() const {
+  size_t n = sorted_ids_.size() * sizeof(int32_t) + mask_index_.size() * sizeof(int32_t);
+  for (const NodeMask& m : masks_) {
+    n += sizeof(NodeMask) + m.accepted_bits.size() * sizeof(uint32_t) +
+         (m.accepted_ids.size() + m.uncertain.size()) * sizeof(int32_t);
+  }
+  return n;
+}
+
 void CompiledGrammar::FirstBytePositions(int32_t node, std::vector<int32_t>* positions) const {
   const Pda::Node& nd = pda_.nodes[static_cast<size_t>(node)];
   positions->clear();

@@ -74,6 +74,8 @@ class CompiledGrammar {
   double compile_seconds() const { return compile_seconds_; }
   size_t cached_nodes() const { return masks_.size(); }
   size_t uncertain_total() const;
+  // Bytes held by the mask cache and the sorted vocabulary (not the automaton).
+  size_t mask_cache_bytes() const;
 
  private:
   friend absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
