@@ -3,12 +3,43 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/base/const_init.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/grammar/gbnf.h"
 #include "coordinator/grammar/stack_step.h"
 #include "coordinator/grammar/token_walk.h"
 
 namespace ss::grammar {
+
+namespace {
+
+// The vocabulary's ordinary tokens sorted by bytes. The last vocabulary's order is kept while
+// that vocabulary lives (one model per process: every compile after the first reuses it).
+std::shared_ptr<const std::vector<int32_t>> SortedIds(
+    const std::shared_ptr<const TokenVocab>& vocab) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::weak_ptr<const TokenVocab>* last_vocab = new std::weak_ptr<const TokenVocab>();
+  static std::shared_ptr<const std::vector<int32_t>>* last_sorted =
+      new std::shared_ptr<const std::vector<int32_t>>();
+  {
+    absl::MutexLock l(&mu);
+    if (last_vocab->lock() == vocab) return *last_sorted;
+  }
+  const TokenVocab& v = *vocab;
+  auto sorted = std::make_shared<std::vector<int32_t>>();
+  for (int32_t id = 0; id < v.size(); ++id) {
+    if (v.kind[id] == TokenVocab::Kind::kNormal && !v.bytes[id].empty()) sorted->push_back(id);
+  }
+  std::sort(sorted->begin(), sorted->end(),
+            [&](int32_t a, int32_t b) { return v.bytes[a] < v.bytes[b]; });
+  absl::MutexLock l(&mu);
+  *last_vocab = vocab;
+  *last_sorted = sorted;
+  return sorted;
+}
+
+}  // namespace
 
 size_t CompiledGrammar::uncertain_total() const {
   size_t n = 0;
@@ -17,7 +48,7 @@ size_t CompiledGrammar::uncertain_total() const {
 }
 
 size_t CompiledGrammar::mask_cache_bytes() const {
-  size_t n = sorted_ids_.size() * sizeof(int32_t) + mask_index_.size() * sizeof(int32_t);
+  size_t n = sorted_holder_->size() * sizeof(int32_t) + mask_index_.size() * sizeof(int32_t);
   for (const NodeMask& m : masks_) {
     n += sizeof(NodeMask) + m.accepted_bits.size() * sizeof(uint32_t) +
          (m.accepted_ids.size() + m.uncertain.size()) * sizeof(int32_t);
@@ -43,11 +74,8 @@ void CompiledGrammar::FirstBytePositions(int32_t node, std::vector<int32_t>* pos
 void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
   const TokenVocab& v = *vocab_;
   const int32_t nwords = bitmask_words();
-  for (int32_t id = 0; id < v.size(); ++id) {
-    if (v.kind[id] == TokenVocab::Kind::kNormal && !v.bytes[id].empty()) sorted_ids_.push_back(id);
-  }
-  std::sort(sorted_ids_.begin(), sorted_ids_.end(),
-            [&](int32_t a, int32_t b) { return v.bytes[a] < v.bytes[b]; });
+  sorted_holder_ = SortedIds(vocab_);
+  const std::vector<int32_t>& sorted_ids_ = *sorted_holder_;
   first_byte_begin_.assign(257, 0);
   for (int32_t id : sorted_ids_) ++first_byte_begin_[static_cast<uint8_t>(v.bytes[id][0]) + 1];
   for (int b = 0; b < 256; ++b) first_byte_begin_[b + 1] += first_byte_begin_[b];

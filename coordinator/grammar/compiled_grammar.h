@@ -59,7 +59,7 @@ class CompiledGrammar {
   const TokenVocab& vocab() const { return *vocab_; }
   const Pda& pda() const { return pda_; }
   // Ordinary tokens (kNormal, non-empty), sorted by their bytes.
-  std::span<const int32_t> sorted_ids() const { return sorted_ids_; }
+  std::span<const int32_t> sorted_ids() const { return *sorted_holder_; }
   // The mask cache entry of `node`; nullptr for a node that consumes no bytes.
   const NodeMask* node_mask(int32_t node) const {
     int32_t i = mask_index_[static_cast<size_t>(node)];
@@ -86,7 +86,7 @@ class CompiledGrammar {
 
   std::shared_ptr<const TokenVocab> vocab_;
   Pda pda_;
-  std::vector<int32_t> sorted_ids_;
+  std::shared_ptr<const std::vector<int32_t>> sorted_holder_;  // shared by grammars of a vocab
   std::vector<int32_t> first_byte_begin_;  // 257 entries: positions by first byte
   std::vector<int32_t> mask_index_;        // per node
   std::vector<NodeMask> masks_;
