@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/grammar/pda.h"
 #include "coordinator/grammar/token_vocab.h"
+#include "coordinator/grammar/token_walk.h"
 
 namespace ss::grammar {
 
@@ -59,7 +60,8 @@ class CompiledGrammar {
   const TokenVocab& vocab() const { return *vocab_; }
   const Pda& pda() const { return pda_; }
   // Ordinary tokens (kNormal, non-empty), sorted by their bytes.
-  std::span<const int32_t> sorted_ids() const { return *sorted_holder_; }
+  std::span<const int32_t> sorted_ids() const { return sorted_->ids; }
+  const SortedVocab& sorted_vocab() const { return *sorted_; }
   // The mask cache entry of `node`; nullptr for a node that consumes no bytes.
   const NodeMask* node_mask(int32_t node) const {
     int32_t i = mask_index_[static_cast<size_t>(node)];
@@ -74,7 +76,7 @@ class CompiledGrammar {
   double compile_seconds() const { return compile_seconds_; }
   size_t cached_nodes() const { return masks_.size(); }
   size_t uncertain_total() const;
-  // Bytes held by the mask cache and the sorted vocabulary (not the automaton).
+  // Bytes held by the mask cache (not the automaton, nor the sorted vocabulary it shares).
   size_t mask_cache_bytes() const;
 
  private:
@@ -86,9 +88,9 @@ class CompiledGrammar {
 
   std::shared_ptr<const TokenVocab> vocab_;
   Pda pda_;
-  std::shared_ptr<const std::vector<int32_t>> sorted_holder_;  // shared by grammars of a vocab
-  std::vector<int32_t> first_byte_begin_;  // 257 entries: positions by first byte
-  std::vector<int32_t> mask_index_;        // per node
+  std::shared_ptr<const SortedVocab> sorted_;  // shared by the grammars of one vocabulary
+  std::vector<int32_t> first_byte_begin_;      // 257 entries: positions by first byte
+  std::vector<int32_t> mask_index_;            // per node
   std::vector<NodeMask> masks_;
   std::vector<bool> stop_;
   double compile_seconds_ = 0;

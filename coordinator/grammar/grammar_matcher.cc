@@ -142,7 +142,7 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) const {
   auto walk = [&](std::span<const int32_t> start) {
     if (scratch_positions_.empty()) return;
     scratch_arena_.Clear();
-    scratch_walker_.Walk(scratch_stepper_, g.vocab(), sorted, start, scratch_positions_, nullptr,
+    scratch_walker_.Walk(scratch_stepper_, g.sorted_vocab(), start, scratch_positions_, nullptr,
                          [&](int32_t p, TokenOutcome o) {
                            if (o == TokenOutcome::kAccepted) set(sorted[static_cast<size_t>(p)]);
                          });
