@@ -41,7 +41,7 @@
 
 namespace ss::grammar {
 
-inline constexpr int64_t kMaskCacheBudgetBytes = int64_t{1} << 25;
+inline constexpr int64_t kMaskCacheBudgetBytes = int64_t{1} << 27;
 
 struct CompileOptions;
 
