@@ -3,16 +3,59 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/base/const_init.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/grammar/gbnf.h"
 #include "coordinator/grammar/stack_step.h"
 #include "coordinator/grammar/token_walk.h"
 
 namespace ss::grammar {
 
+namespace {
+
+// The vocabulary's ordinary tokens sorted by bytes. The last vocabulary's order is kept while
+// that vocabulary lives (one model per process: every compile after the first reuses it).
+std::shared_ptr<const SortedVocab> Sorted(const std::shared_ptr<const TokenVocab>& vocab) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::weak_ptr<const TokenVocab>* last_vocab = new std::weak_ptr<const TokenVocab>();
+  static std::shared_ptr<const SortedVocab>* last_sorted = new std::shared_ptr<const SortedVocab>();
+  {
+    absl::MutexLock l(&mu);
+    if (last_vocab->lock() == vocab) return *last_sorted;
+  }
+  const TokenVocab& v = *vocab;
+  auto sorted = std::make_shared<SortedVocab>();
+  std::vector<int32_t>& ids = sorted->ids;
+  for (int32_t id = 0; id < v.size(); ++id) {
+    if (v.kind[id] == TokenVocab::Kind::kNormal && !v.bytes[id].empty()) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return v.bytes[a] < v.bytes[b]; });
+  sorted->offsets.push_back(0);
+  for (int32_t id : ids) {
+    sorted->bytes += v.bytes[id];
+    sorted->offsets.push_back(static_cast<uint32_t>(sorted->bytes.size()));
+  }
+  absl::MutexLock l(&mu);
+  *last_vocab = vocab;
+  *last_sorted = sorted;
+  return sorted;
+}
+
+}  // namespace
+
 size_t CompiledGrammar::uncertain_total() const {
   size_t n = 0;
   for (const NodeMask& m : masks_) n += m.uncertain.size();
+  return n;
+}
+
+size_t CompiledGrammar::mask_cache_bytes() const {
+  size_t n = mask_index_.size() * sizeof(int32_t);
+  for (const NodeMask& m : masks_) {
+    n += sizeof(NodeMask) + m.accepted_bits.size() * sizeof(uint32_t) +
+         (m.accepted_ids.size() + m.uncertain.size()) * sizeof(int32_t);
+  }
   return n;
 }
 
@@ -32,15 +75,13 @@ void CompiledGrammar::FirstBytePositions(int32_t node, std::vector<int32_t>* pos
 }
 
 void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
-  const TokenVocab& v = *vocab_;
   const int32_t nwords = bitmask_words();
-  for (int32_t id = 0; id < v.size(); ++id) {
-    if (v.kind[id] == TokenVocab::Kind::kNormal && !v.bytes[id].empty()) sorted_ids_.push_back(id);
-  }
-  std::sort(sorted_ids_.begin(), sorted_ids_.end(),
-            [&](int32_t a, int32_t b) { return v.bytes[a] < v.bytes[b]; });
+  sorted_ = Sorted(vocab_);
+  const std::vector<int32_t>& sorted_ids_ = sorted_->ids;
   first_byte_begin_.assign(257, 0);
-  for (int32_t id : sorted_ids_) ++first_byte_begin_[static_cast<uint8_t>(v.bytes[id][0]) + 1];
+  for (size_t p = 0; p < sorted_->size(); ++p) {
+    ++first_byte_begin_[static_cast<uint8_t>(sorted_->bytes[sorted_->offsets[p]]) + 1];
+  }
   for (int b = 0; b < 256; ++b) first_byte_begin_[b + 1] += first_byte_begin_[b];
 
   mask_index_.assign(pda_.nodes.size(), -1);
@@ -68,9 +109,9 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
     const int32_t start = arena.Intern(static_cast<int32_t>(n), -1);
     NodeMask m;
     accepted.clear();
-    walker.Walk(stepper, v, sorted_ids_, std::span<const int32_t>(&start, 1), positions,
+    walker.Walk(stepper, *sorted_, std::span<const int32_t>(&start, 1), positions,
                 &pda_.follow[static_cast<size_t>(nd.rule)], [&](int32_t p, TokenOutcome o) {
-                  budget -= static_cast<int64_t>(v.bytes[sorted_ids_[p]].size());
+                  budget -= static_cast<int64_t>(sorted_->offsets[p + 1] - sorted_->offsets[p]);
                   if (o == TokenOutcome::kAccepted) {
                     accepted.push_back(sorted_ids_[p]);
                   } else if (o == TokenOutcome::kUncertain) {

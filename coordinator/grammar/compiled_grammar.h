@@ -37,10 +37,11 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/grammar/pda.h"
 #include "coordinator/grammar/token_vocab.h"
+#include "coordinator/grammar/token_walk.h"
 
 namespace ss::grammar {
 
-inline constexpr int64_t kMaskCacheBudgetBytes = int64_t{1} << 25;
+inline constexpr int64_t kMaskCacheBudgetBytes = int64_t{1} << 27;
 
 struct CompileOptions;
 
@@ -59,7 +60,8 @@ class CompiledGrammar {
   const TokenVocab& vocab() const { return *vocab_; }
   const Pda& pda() const { return pda_; }
   // Ordinary tokens (kNormal, non-empty), sorted by their bytes.
-  std::span<const int32_t> sorted_ids() const { return sorted_ids_; }
+  std::span<const int32_t> sorted_ids() const { return sorted_->ids; }
+  const SortedVocab& sorted_vocab() const { return *sorted_; }
   // The mask cache entry of `node`; nullptr for a node that consumes no bytes.
   const NodeMask* node_mask(int32_t node) const {
     int32_t i = mask_index_[static_cast<size_t>(node)];
@@ -74,6 +76,8 @@ class CompiledGrammar {
   double compile_seconds() const { return compile_seconds_; }
   size_t cached_nodes() const { return masks_.size(); }
   size_t uncertain_total() const;
+  // Bytes held by the mask cache (not the automaton, nor the sorted vocabulary it shares).
+  size_t mask_cache_bytes() const;
 
  private:
   friend absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
@@ -84,9 +88,9 @@ class CompiledGrammar {
 
   std::shared_ptr<const TokenVocab> vocab_;
   Pda pda_;
-  std::vector<int32_t> sorted_ids_;
-  std::vector<int32_t> first_byte_begin_;  // 257 entries: positions by first byte
-  std::vector<int32_t> mask_index_;        // per node
+  std::shared_ptr<const SortedVocab> sorted_;  // shared by the grammars of one vocabulary
+  std::vector<int32_t> first_byte_begin_;      // 257 entries: positions by first byte
+  std::vector<int32_t> mask_index_;            // per node
   std::vector<NodeMask> masks_;
   std::vector<bool> stop_;
   double compile_seconds_ = 0;

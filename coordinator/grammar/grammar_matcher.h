@@ -57,6 +57,10 @@ class GrammarMatcher {
   // A stop token was accepted.
   bool IsTerminated() const { return terminated_; }
 
+  // Whether the last AcceptToken / AcceptString that returned false did so because of the limits
+  // above rather than the grammar (for logs and tests).
+  bool last_rejection_hit_limit() const { return last_rejection_hit_limit_; }
+
   // The number of parse stacks live now (for tests and benchmarks).
   size_t num_stacks() const { return tops_.size(); }
 
@@ -69,6 +73,7 @@ class GrammarMatcher {
   std::vector<int32_t> tops_;
   bool can_terminate_ = false;
   bool terminated_ = false;
+  bool last_rejection_hit_limit_ = false;
   static constexpr int32_t kCompactAbove = 1 << 16;
   static constexpr size_t kPerStackWalks = 8;
   int32_t compact_at_ = kCompactAbove;

@@ -44,7 +44,14 @@ class FrameArena {
 
  private:
   int32_t Find(uint64_t key) const;
+  int32_t FindBottom(int32_t node) const {
+    if (static_cast<size_t>(node) < bottom_.size() && bottom_[node] >= 0) return bottom_[node];
+    return base_ != nullptr ? base_->FindBottom(node) : -1;
+  }
   const FrameArena* base_;
+  // Frames (node, -1), the most common ones, by node: no hashing.
+  std::vector<int32_t> bottom_;
+  std::vector<int32_t> bottom_set_;
   int32_t offset_ = 0;
   std::vector<Frame> frames_;
   absl::flat_hash_map<uint64_t, int32_t> index_;
