@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
-#include <string_view>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/cord.h"
