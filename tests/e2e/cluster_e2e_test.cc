@@ -478,6 +478,50 @@ TEST_F(ClusterE2eTest, PenaltiesMinTokensAndLogitBiasFollowTheirFormulasOnTheMod
   EXPECT_NE(r->body.find("min_tokens"), std::string::npos) << r->body;
 }
 
+// ignore_eos, stop_token_ids, include_stop_str_in_output, min_p and seed on the model, each against
+// what the reference's greedy continuation says it must do.
+TEST_F(ClusterE2eTest, EosStopIdsStopStringsMinPAndSeedActOnTheModel) {
+  const std::vector<int32_t> prompt = {0, 310, 311, 312, 400, 401};
+  const std::vector<int32_t> greedy = ReferenceGreedy(*model_, prompt, 12);
+  ASSERT_GE(greedy.size(), 4u);
+  auto complete = [&](json extra) {
+    json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+    body.update(extra);
+    auto r = Post("/v1/completions", body);
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r && r->status == 200 ? json::parse(r->body) : json();
+  };
+  const int32_t eos = model_->config().eos_token_id;
+  // +100 on EOS ends generation at once; with ignore_eos EOS is an ordinary id, generated 5 times.
+  json j = complete(
+      {{"logit_bias", {{std::to_string(eos), 100}}}, {"ignore_eos", true}, {"max_tokens", 5}});
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  // A stop id: generation ends before it, the id not returned.
+  j = complete({{"stop_token_ids", {greedy[2]}}});
+  EXPECT_EQ(j["choices"][0]["text"],
+            *tokenizer_->Decode(std::vector<int32_t>(greedy.begin(), greedy.begin() + 2)));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  // A stop string (the third id's text), returned or not.
+  const std::string before =
+      *tokenizer_->Decode(std::vector<int32_t>(greedy.begin(), greedy.begin() + 2));
+  const std::string third = *tokenizer_->Decode(std::vector<int32_t>{greedy[2]});
+  ASSERT_TRUE(!third.empty() && before.find(third) == std::string::npos) << "pick another prompt";
+  j = complete({{"stop", {third}}});
+  EXPECT_EQ(j["choices"][0]["text"], before);
+  j = complete({{"stop", {third}}, {"include_stop_str_in_output", true}});
+  EXPECT_EQ(j["choices"][0]["text"], before + third);
+  // min_p 1 keeps only the likeliest id: sampling at temperature 1 becomes greedy.
+  j = complete({{"temperature", 1.0}, {"min_p", 1.0}, {"seed", 5}});
+  EXPECT_EQ(j["choices"][0]["text"], *tokenizer_->Decode(greedy));
+  // A seed replays a sampled continuation; another seed (almost surely) differs.
+  const json a = complete({{"temperature", 1.5}, {"seed", 11}});
+  const json b = complete({{"temperature", 1.5}, {"seed", 11}});
+  const json c = complete({{"temperature", 1.5}, {"seed", 12}});
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  EXPECT_NE(a["choices"][0]["text"], c["choices"][0]["text"]);
+}
+
 TEST_F(ClusterE2eTest, ConcurrentStreamsMatchTheirSoloRuns) {
   constexpr int kN = 16;
   std::vector<json> prompts;
