@@ -347,7 +347,10 @@ std::string JsonSchemaConverter::Prim(absl::string_view name) {
   }
   std::string body;
   if (name == "escape") {
-    body = "\"\\\\\" ( [\\x22/\\x5Cbfnrt] | \"u\" [0-9a-fA-F]{4} )";
+    // \uXXXX: no lone surrogates (parsers reject them); a high one only with its low one.
+    body =
+        "\"\\\\\" ( [\\x22/\\x5Cbfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] "
+        "[0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2} ) )";
   } else if (name == "char") {
     CodepointSet plain = CodepointSet::Range(0x20, CodepointSet::kMax);
     plain = plain.Minus(CodepointSet::Of('"')).Minus(CodepointSet::Of('\\'));

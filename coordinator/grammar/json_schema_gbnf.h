@@ -49,7 +49,7 @@
 //
 // Output text:
 //   strings  the JSON string grammar: any code point but `"`, `\` and U+0000–U+001F as itself,
-//            escapes \" \\ \/ \b \f \n \r \t \uHHHH;
+//            escapes \" \\ \/ \b \f \n \r \t \uHHHH (a surrogate only as a high-low pair);
 //   numbers  -? (0 | [1-9] up to 15 more digits) (. 1–16 digits)? ([eE] [+-]? 1–2 digits)?
 //            (every sentence fits a double);
 //   integers -? (0 | [1-9] up to 15 more digits);
