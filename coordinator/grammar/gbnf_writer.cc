@@ -155,8 +155,9 @@ std::string SanitizeRuleName(std::string_view hint) {
 std::string GbnfRules::FreshName(std::string_view hint) {
   const std::string base = SanitizeRuleName(hint);
   if (!index_.contains(base)) return base;
-  for (size_t i = 1;; ++i) {
-    std::string name = absl::StrCat(base, "-", i);
+  size_t& next = next_suffix_[base];
+  while (true) {
+    std::string name = absl::StrCat(base, "-", ++next);
     if (!index_.contains(name)) return name;
   }
 }

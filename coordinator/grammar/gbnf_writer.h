@@ -92,6 +92,7 @@ class GbnfRules {
   std::vector<Rule> rules_;
   absl::flat_hash_map<std::string, size_t> index_;        // name -> rules_ index
   absl::flat_hash_map<std::string, std::string> shared_;  // hint "\n" body -> name
+  absl::flat_hash_map<std::string, size_t> next_suffix_;  // base name -> last suffix tried
   size_t bytes_ = 0;
 };
 
