@@ -28,7 +28,8 @@ std::string Markup(absl::string_view before, absl::string_view after) {
 
 absl::StatusOr<std::string> DsmlToolCallGbnf(const Json& tools,
                                              const std::optional<std::string>& forced_name,
-                                             const JsonGrammarOptions& opts) {
+                                             const JsonGrammarOptions& opts,
+                                             bool parallel_tool_calls) {
   if (!tools.is_array() || tools.empty()) {
     return Invalid("tools", "expected a non-empty array");
   }
@@ -145,7 +146,9 @@ absl::StatusOr<std::string> DsmlToolCallGbnf(const Json& tools,
   if (absl::Status st = conv.Finish(); !st.ok()) return st;
   const std::string invoke = rules.Add("invoke", absl::StrJoin(invokes, " | "));
   rules.Define(root, absl::StrCat(Markup("\n\n<", "tool_calls>\n"), " ", invoke,
-                                  forced_name ? "" : absl::StrCat(" ( \"\\n\" ", invoke, " )*"),
+                                  forced_name || !parallel_tool_calls
+                                      ? ""
+                                      : absl::StrCat(" ( \"\\n\" ", invoke, " )*"),
                                   " ", Markup("\n</", "tool_calls>")));
   return rules.Render();
 }

@@ -11,8 +11,8 @@
 //         | "<｜DSML｜parameter name=\"K\" string=\"false\">" JSON "</｜DSML｜parameter>"
 // ｜DSML｜ is always the special token (the token terminal <｜DSML｜>, id 128825), never text.
 // After the closing tag the root is complete: the matcher then allows the stop tokens only.
-// tool_choice "required" (forced_name unset): one or more invokes, each of any tool; a named
-// tool: exactly one invoke of it.
+// tool_choice "required" (forced_name unset): one or more invokes, each of any tool (exactly one
+// when `parallel_tool_calls` is false); a named tool: exactly one invoke of it.
 //
 // Parameters, per tool: the properties of `parameters` (after $ref/allOf; absent = none) in
 // schema order, the required ones always, the optional ones optionally, no other keys. A property
@@ -48,6 +48,7 @@ namespace ss::grammar {
 
 absl::StatusOr<std::string> DsmlToolCallGbnf(const nlohmann::ordered_json& tools,
                                              const std::optional<std::string>& forced_name,
-                                             const JsonGrammarOptions& opts);
+                                             const JsonGrammarOptions& opts,
+                                             bool parallel_tool_calls = true);
 
 }  // namespace ss::grammar

@@ -175,6 +175,11 @@ TEST(DsmlToolGbnf, EncoderRenderingIsASentence) {
   auto g = Compile(*gbnf);
   ASSERT_NE(g, nullptr);
   EXPECT_TRUE(Accepts(g, block)) << block;
+  // Not parallel: one call only.
+  auto single =
+      Compile(*DsmlToolCallGbnf(Tools(), std::nullopt, {}, /*parallel_tool_calls=*/false));
+  ASSERT_NE(single, nullptr);
+  EXPECT_FALSE(Accepts(single, block));
   // Named: only one call of that tool.
   auto named = Compile(*DsmlToolCallGbnf(Tools(), std::string("get_weather"), {}));
   ASSERT_NE(named, nullptr);
@@ -182,6 +187,7 @@ TEST(DsmlToolGbnf, EncoderRenderingIsASentence) {
   const size_t first_end =
       block.find("</｜DSML｜invoke>") + std::string("</｜DSML｜invoke>").size();
   EXPECT_TRUE(Accepts(named, absl::StrCat(block.substr(0, first_end), "\n", close))) << block;
+  EXPECT_TRUE(Accepts(single, absl::StrCat(block.substr(0, first_end), "\n", close))) << block;
 }
 
 TEST(DsmlToolGbnf, RejectsWhatTheParserWouldNotTakeBack) {
