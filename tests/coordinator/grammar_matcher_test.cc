@@ -297,10 +297,18 @@ TEST(GrammarMatcherTest, LongRepetitionsAndUncachedNodesMatchBruteForce) {
   constexpr char kGbnf[] = R"(root ::= "{\"" [^"]{0,60} "\":" ("12" | "1"){3,40} "}")";
   std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {Compile(kGbnf)};
   CompileOptions no_budget;
-  no_budget.mask_cache_budget_bytes = 0;
+  no_budget.mask_cache_budget = 0;
   auto uncached = CompileGrammar(kGbnf, SmallVocab(), no_budget);
   ASSERT_TRUE(uncached.ok()) << uncached.status();
   grammars.push_back(*uncached);
+  // A budget that runs out part-way: some nodes cached, the one whose walk passed it and the
+  // rest not.
+  CompileOptions small_budget;
+  small_budget.mask_cache_budget = 3000;
+  auto partial = CompileGrammar(kGbnf, SmallVocab(), small_budget);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_GT((*partial)->mask_cache_work(), 3000u);
+  grammars.push_back(*partial);
   // Unshared, the 60 copies of [^"] alone would need about 7 entries each.
   EXPECT_LT(grammars[0]->cached_nodes(), 200u);
   for (const auto& g : grammars) {
