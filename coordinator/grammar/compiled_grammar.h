@@ -12,7 +12,7 @@
 //     checked against the real stack (grammar_matcher.h).
 //
 // Compile cost: one trie walk per node with byte edges, pruned to the tokens whose first byte the
-// node accepts; dominated by nodes inside free text (a JSON string's characters), a few$
+// node accepts; dominated by nodes inside free text (a JSON string's characters), a few
 // milliseconds each at 129K tokens. Copies of a long repetition share one entry where no token
 // can tell them apart (pda.h). The walks together may do at most kMaskCacheBudget units of
 // automaton work (frames and edges stepped; 2^27, about 1.7 s on the dev VM); the node whose walk
