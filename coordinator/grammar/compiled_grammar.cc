@@ -3,16 +3,59 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/base/const_init.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/grammar/gbnf.h"
 #include "coordinator/grammar/stack_step.h"
 #include "coordinator/grammar/token_walk.h"
 
 namespace ss::grammar {
 
+namespace {
+
+// The vocabulary's ordinary tokens sorted by bytes. The last vocabulary's order is kept while
+// that vocabulary lives (one model per process: every compile after the first reuses it).
+std::shared_ptr<const SortedVocab> Sorted(const std::shared_ptr<const TokenVocab>& vocab) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::weak_ptr<const TokenVocab>* last_vocab = new std::weak_ptr<const TokenVocab>();
+  static std::shared_ptr<const SortedVocab>* last_sorted = new std::shared_ptr<const SortedVocab>();
+  {
+    absl::MutexLock l(&mu);
+    if (last_vocab->lock() == vocab) return *last_sorted;
+  }
+  const TokenVocab& v = *vocab;
+  auto sorted = std::make_shared<SortedVocab>();
+  std::vector<int32_t>& ids = sorted->ids;
+  for (int32_t id = 0; id < v.size(); ++id) {
+    if (v.kind[id] == TokenVocab::Kind::kNormal && !v.bytes[id].empty()) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return v.bytes[a] < v.bytes[b]; });
+  sorted->offsets.push_back(0);
+  for (int32_t id : ids) {
+    sorted->bytes += v.bytes[id];
+    sorted->offsets.push_back(static_cast<uint32_t>(sorted->bytes.size()));
+  }
+  absl::MutexLock l(&mu);
+  *last_vocab = vocab;
+  *last_sorted = sorted;
+  return sorted;
+}
+
+}  // namespace
+
 size_t CompiledGrammar::uncertain_total() const {
   size_t n = 0;
   for (const NodeMask& m : masks_) n += m.uncertain.size();
+  return n;
+}
+
+size_t CompiledGrammar::mask_cache_bytes() const {
+  size_t n = mask_index_.size() * sizeof(int32_t);
+  for (const NodeMask& m : masks_) {
+    n += sizeof(NodeMask) + m.accepted_bits.size() * sizeof(uint32_t) +
+         (m.accepted_ids.size() + m.uncertain.size()) * sizeof(int32_t);
+  }
   return n;
 }
 
@@ -31,16 +74,14 @@ void CompiledGrammar::FirstBytePositions(int32_t node, std::vector<int32_t>* pos
   }
 }
 
-void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
-  const TokenVocab& v = *vocab_;
+void CompiledGrammar::BuildMaskCache(uint64_t budget) {
   const int32_t nwords = bitmask_words();
-  for (int32_t id = 0; id < v.size(); ++id) {
-    if (v.kind[id] == TokenVocab::Kind::kNormal && !v.bytes[id].empty()) sorted_ids_.push_back(id);
-  }
-  std::sort(sorted_ids_.begin(), sorted_ids_.end(),
-            [&](int32_t a, int32_t b) { return v.bytes[a] < v.bytes[b]; });
+  sorted_ = Sorted(vocab_);
+  const std::vector<int32_t>& sorted_ids_ = sorted_->ids;
   first_byte_begin_.assign(257, 0);
-  for (int32_t id : sorted_ids_) ++first_byte_begin_[static_cast<uint8_t>(v.bytes[id][0]) + 1];
+  for (size_t p = 0; p < sorted_->size(); ++p) {
+    ++first_byte_begin_[static_cast<uint8_t>(sorted_->bytes[sorted_->offsets[p]]) + 1];
+  }
   for (int b = 0; b < 256; ++b) first_byte_begin_[b + 1] += first_byte_begin_[b];
 
   mask_index_.assign(pda_.nodes.size(), -1);
@@ -48,7 +89,6 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
   StackStepper stepper(pda_, &arena);
   TokenWalker walker;
   std::vector<int32_t> positions, accepted;
-  int64_t budget = budget_bytes;
   for (size_t n = 0; n < pda_.nodes.size(); ++n) {
     const Pda::Node& nd = pda_.nodes[n];
     if (!nd.frame || nd.byte_begin == nd.byte_end) continue;
@@ -57,10 +97,10 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
       continue;
     }
     mask_index_[n] = static_cast<int32_t>(masks_.size());
-    if (budget <= 0) {
-      NodeMask m;
-      m.uncached = true;
-      masks_.push_back(std::move(m));
+    NodeMask uncached;
+    uncached.uncached = true;
+    if (stepper.total_work() >= budget) {
+      masks_.push_back(std::move(uncached));
       continue;
     }
     FirstBytePositions(static_cast<int32_t>(n), &positions);
@@ -68,15 +108,21 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
     const int32_t start = arena.Intern(static_cast<int32_t>(n), -1);
     NodeMask m;
     accepted.clear();
-    walker.Walk(stepper, v, sorted_ids_, std::span<const int32_t>(&start, 1), positions,
-                &pda_.follow[static_cast<size_t>(nd.rule)], [&](int32_t p, TokenOutcome o) {
-                  budget -= static_cast<int64_t>(v.bytes[sorted_ids_[p]].size());
-                  if (o == TokenOutcome::kAccepted) {
-                    accepted.push_back(sorted_ids_[p]);
-                  } else if (o == TokenOutcome::kUncertain) {
-                    m.uncertain.push_back(p);
-                  }
-                });
+    const bool complete = walker.Walk(
+        stepper, *sorted_, std::span<const int32_t>(&start, 1), positions,
+        &pda_.follow[static_cast<size_t>(nd.rule)],
+        [&](int32_t p, TokenOutcome o) {
+          if (o == TokenOutcome::kAccepted) {
+            accepted.push_back(sorted_ids_[p]);
+          } else if (o == TokenOutcome::kUncertain) {
+            m.uncertain.push_back(p);
+          }
+        },
+        budget);
+    if (!complete) {
+      masks_.push_back(std::move(uncached));
+      continue;
+    }
     if (accepted.size() > static_cast<size_t>(nwords)) {
       m.accepted_bits.assign(nwords, 0);
       for (int32_t id : accepted) m.accepted_bits[id >> 5] |= 1u << (id & 31);
@@ -86,6 +132,7 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
     }
     masks_.push_back(std::move(m));
   }
+  mask_cache_work_ = stepper.total_work();
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
@@ -110,7 +157,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
   for (int32_t id : cg->vocab_->stop_ids) {
     if (id >= 0 && id < cg->vocab_->size()) cg->stop_[id] = true;
   }
-  cg->BuildMaskCache(options.mask_cache_budget_bytes);
+  cg->BuildMaskCache(options.mask_cache_budget);
   cg->compile_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::shared_ptr<const CompiledGrammar>(std::move(cg));

@@ -24,6 +24,7 @@ GrammarMatcher::GrammarMatcher(const GrammarMatcher& o)
       tops_(o.tops_),
       can_terminate_(o.can_terminate_),
       terminated_(o.terminated_),
+      last_rejection_hit_limit_(o.last_rejection_hit_limit_),
       compact_at_(o.compact_at_),
       stepper_(g_->pda(), &arena_),
       scratch_arena_(&arena_),
@@ -36,6 +37,7 @@ GrammarMatcher& GrammarMatcher::operator=(const GrammarMatcher& o) {
   tops_ = o.tops_;
   can_terminate_ = o.can_terminate_;
   terminated_ = o.terminated_;
+  last_rejection_hit_limit_ = o.last_rejection_hit_limit_;
   compact_at_ = o.compact_at_;
   stepper_ = StackStepper(g_->pda(), &arena_);
   scratch_arena_ = FrameArena(&arena_);
@@ -46,10 +48,14 @@ GrammarMatcher& GrammarMatcher::operator=(const GrammarMatcher& o) {
 bool GrammarMatcher::AcceptBytes(std::string_view bytes) {
   cur_ = tops_;
   bool popped = false;
+  last_rejection_hit_limit_ = false;
   for (char c : bytes) {
     if (cur_.empty()) return false;
     StepResult r = stepper_.Byte(cur_, static_cast<uint8_t>(c), &next_);
-    if (!r.ok) return false;
+    if (!r.ok) {
+      last_rejection_hit_limit_ = true;
+      return false;
+    }
     popped = r.popped;
     cur_.swap(next_);
   }
@@ -82,6 +88,7 @@ bool GrammarMatcher::AcceptToken(int32_t id) {
              AcceptBytes(v.bytes[static_cast<size_t>(id)]);
     case TokenVocab::Kind::kAdded: {
       StepResult r = stepper_.Token(tops_, id, &next_);
+      last_rejection_hit_limit_ = !r.ok;
       if (!r.ok || (next_.empty() && !r.popped)) return false;
       tops_.swap(next_);
       can_terminate_ = r.popped;
@@ -135,7 +142,7 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) const {
   auto walk = [&](std::span<const int32_t> start) {
     if (scratch_positions_.empty()) return;
     scratch_arena_.Clear();
-    scratch_walker_.Walk(scratch_stepper_, g.vocab(), sorted, start, scratch_positions_, nullptr,
+    scratch_walker_.Walk(scratch_stepper_, g.sorted_vocab(), start, scratch_positions_, nullptr,
                          [&](int32_t p, TokenOutcome o) {
                            if (o == TokenOutcome::kAccepted) set(sorted[static_cast<size_t>(p)]);
                          });

@@ -57,8 +57,13 @@ class GrammarMatcher {
   // A stop token was accepted.
   bool IsTerminated() const { return terminated_; }
 
-  // The number of parse stacks live now (for tests and benchmarks).
+  // Whether the last AcceptToken / AcceptString that returned false did so because of the limits
+  // above rather than the grammar (for logs and tests).
+  bool last_rejection_hit_limit() const { return last_rejection_hit_limit_; }
+
+  // The number of parse stacks live now, and of stack frames held (for tests and benchmarks).
   size_t num_stacks() const { return tops_.size(); }
+  size_t num_frames() const { return static_cast<size_t>(arena_.size()); }
 
  private:
   bool AcceptBytes(std::string_view bytes);
@@ -69,6 +74,7 @@ class GrammarMatcher {
   std::vector<int32_t> tops_;
   bool can_terminate_ = false;
   bool terminated_ = false;
+  bool last_rejection_hit_limit_ = false;
   static constexpr int32_t kCompactAbove = 1 << 16;
   static constexpr size_t kPerStackWalks = 8;
   int32_t compact_at_ = kCompactAbove;

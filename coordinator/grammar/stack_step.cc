@@ -18,6 +18,18 @@ int32_t FrameArena::Find(uint64_t key) const {
 }
 
 int32_t FrameArena::Intern(int32_t node, int32_t parent) {
+  if (parent < 0) {
+    int32_t id = FindBottom(node);
+    if (id >= 0) return id;
+    if (static_cast<size_t>(node) >= bottom_.size()) {
+      bottom_.resize(std::max<size_t>(static_cast<size_t>(node) + 1, 2 * bottom_.size()), -1);
+    }
+    id = size();
+    frames_.push_back({node, -1});
+    bottom_[node] = id;
+    bottom_set_.push_back(node);
+    return id;
+  }
   const uint64_t key = Key(node, parent);
   if (base_ != nullptr) {
     int32_t id = base_->Find(key);
@@ -34,6 +46,8 @@ int32_t FrameArena::Intern(int32_t node, int32_t parent) {
 void FrameArena::Clear() {
   frames_.clear();
   index_.clear();
+  for (int32_t n : bottom_set_) bottom_[n] = -1;
+  bottom_set_.clear();
   offset_ = base_ != nullptr ? base_->size() : 0;
 }
 
@@ -55,8 +69,16 @@ void FrameArena::Compact(std::vector<int32_t>* roots) {
   }
   frames_ = std::move(kept);
   index_.clear();
+  for (int32_t n : bottom_set_) bottom_[n] = -1;
+  bottom_set_.clear();
   for (size_t i = 0; i < frames_.size(); ++i) {
-    index_.emplace(Key(frames_[i].node, frames_[i].parent), static_cast<int32_t>(i));
+    const Frame& f = frames_[i];
+    if (f.parent < 0) {
+      bottom_[f.node] = static_cast<int32_t>(i);
+      bottom_set_.push_back(f.node);
+    } else {
+      index_.emplace(Key(f.node, f.parent), static_cast<int32_t>(i));
+    }
   }
   for (int32_t& r : *roots) r = remap[r];
 }
@@ -82,6 +104,7 @@ StepResult StackStepper::Close(std::vector<int32_t>* out) {
     }
     if (mark_[f] == epoch_) continue;
     mark_[f] = epoch_;
+    ++total_work_;
     if (++steps > kMaxStepWork) {
       res.ok = false;
       return res;
@@ -121,6 +144,7 @@ StepResult StackStepper::Byte(std::span<const int32_t> tops, uint8_t byte,
                               std::vector<int32_t>* out) {
   out->clear();
   Begin();
+  total_work_ += tops.size();
   for (int32_t f : tops) {
     const Frame fr = arena_->at(f);
     const Pda::Node& nd = pda_->nodes[fr.node];

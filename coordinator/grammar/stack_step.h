@@ -44,7 +44,14 @@ class FrameArena {
 
  private:
   int32_t Find(uint64_t key) const;
+  int32_t FindBottom(int32_t node) const {
+    if (static_cast<size_t>(node) < bottom_.size() && bottom_[node] >= 0) return bottom_[node];
+    return base_ != nullptr ? base_->FindBottom(node) : -1;
+  }
   const FrameArena* base_;
+  // Frames (node, -1), the most common ones, by node: no hashing.
+  std::vector<int32_t> bottom_;
+  std::vector<int32_t> bottom_set_;
   int32_t offset_ = 0;
   std::vector<Frame> frames_;
   absl::flat_hash_map<uint64_t, int32_t> index_;
@@ -67,6 +74,9 @@ class StackStepper {
   StepResult Byte(std::span<const int32_t> tops, uint8_t byte, std::vector<int32_t>* out);
   StepResult Token(std::span<const int32_t> tops, int32_t token, std::vector<int32_t>* out);
 
+  // Frames and edges processed by this stepper so far (a cost measure for budgets).
+  uint64_t total_work() const { return total_work_; }
+
  private:
   void Begin();
   void Push(int32_t f);
@@ -77,6 +87,7 @@ class StackStepper {
   std::vector<uint32_t> mark_;
   uint32_t epoch_ = 0;
   std::vector<int32_t> work_;
+  uint64_t total_work_ = 0;
 };
 
 }  // namespace ss::grammar

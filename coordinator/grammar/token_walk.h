@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -15,6 +16,18 @@
 
 namespace ss::grammar {
 
+// A vocabulary's ordinary tokens (kNormal, non-empty) sorted by bytes, with their bytes laid out
+// contiguously in that order (walks read them sequentially). Position p is the p-th token.
+struct SortedVocab {
+  std::vector<int32_t> ids;
+  std::string bytes;
+  std::vector<uint32_t> offsets;  // ids.size() + 1 entries
+  std::string_view token(size_t p) const {
+    return std::string_view(bytes).substr(offsets[p], offsets[p + 1] - offsets[p]);
+  }
+  size_t size() const { return ids.size(); }
+};
+
 enum class TokenOutcome : uint8_t {
   kAccepted,   // every byte consumed
   kRejected,   // no stack can consume every byte, whatever lies below the start stacks
@@ -23,15 +36,16 @@ enum class TokenOutcome : uint8_t {
 
 class TokenWalker {
  public:
-  // Walks the tokens sorted_ids[p] for p in `positions` (ascending) from `start` (tops of one
+  // Walks the tokens at `positions` (ascending) of `sorted` from `start` (tops of one
   // state) and calls on_token(p, outcome) for each. With `follow` (the mask cache's
   // context-free mode, start frames with parent -1): a stack popping its bottom with bytes left
   // whose next byte is in *follow, or ending exactly there, makes the token kUncertain instead of
-  // rejected/accepted. Without it, popping the bottom is the root finishing.
+  // rejected/accepted. Without it, popping the bottom is the root finishing. Stops early, returning
+  // false, once the stepper's total_work() passes `work_limit`; true when every token was walked.
   template <typename OnToken>
-  void Walk(StackStepper& stepper, const TokenVocab& vocab, std::span<const int32_t> sorted_ids,
-            std::span<const int32_t> start, std::span<const int32_t> positions,
-            const ByteSet* follow, OnToken&& on_token) {
+  bool Walk(StackStepper& stepper, const SortedVocab& sorted, std::span<const int32_t> start,
+            std::span<const int32_t> positions, const ByteSet* follow, OnToken&& on_token,
+            uint64_t work_limit = ~uint64_t{0}) {
     if (tops_.empty()) Grow(64);
     tops_[0].assign(start.begin(), start.end());
     popped_[0] = 0;
@@ -39,7 +53,8 @@ class TokenWalker {
     size_t valid = 0;
     std::string_view prev;
     for (int32_t p : positions) {
-      std::string_view t = vocab.bytes[sorted_ids[p]];
+      if (stepper.total_work() > work_limit) return false;
+      std::string_view t = sorted.token(static_cast<size_t>(p));
       const size_t len = t.size();
       if (tops_.size() <= len) Grow(len + 1);
       size_t common = 0;
@@ -73,6 +88,7 @@ class TokenWalker {
       }
       on_token(p, out);
     }
+    return true;
   }
 
  private:

@@ -3,9 +3,12 @@
 // token terminals, stop tokens, limits; and masks against a brute-force reference.
 #include "coordinator/grammar/grammar_matcher.h"
 
+#include <algorithm>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/grammar/compiled_grammar.h"
@@ -151,11 +154,18 @@ int32_t Id(std::string_view bytes) {
 }
 
 // The reference: for each id, a copy of the matcher tries AcceptToken.
-std::vector<uint32_t> BruteMask(const GrammarMatcher& m, int32_t vocab_size) {
+// `limited` (optional) gets the ids AcceptToken rejected because of the stack limits.
+std::vector<uint32_t> BruteMask(const GrammarMatcher& m, int32_t vocab_size,
+                                std::vector<uint32_t>* limited = nullptr) {
   std::vector<uint32_t> mask((vocab_size + 31) / 32, 0);
+  if (limited != nullptr) limited->assign(mask.size(), 0);
   for (int32_t id = 0; id < vocab_size; ++id) {
     GrammarMatcher c = m;
-    if (c.AcceptToken(id)) mask[id / 32] |= 1u << (id % 32);
+    if (c.AcceptToken(id)) {
+      mask[id / 32] |= 1u << (id % 32);
+    } else if (limited != nullptr && c.last_rejection_hit_limit()) {
+      (*limited)[id / 32] |= 1u << (id % 32);
+    }
   }
   return mask;
 }
@@ -288,10 +298,18 @@ TEST(GrammarMatcherTest, LongRepetitionsAndUncachedNodesMatchBruteForce) {
   constexpr char kGbnf[] = R"(root ::= "{\"" [^"]{0,60} "\":" ("12" | "1"){3,40} "}")";
   std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {Compile(kGbnf)};
   CompileOptions no_budget;
-  no_budget.mask_cache_budget_bytes = 0;
+  no_budget.mask_cache_budget = 0;
   auto uncached = CompileGrammar(kGbnf, SmallVocab(), no_budget);
   ASSERT_TRUE(uncached.ok()) << uncached.status();
   grammars.push_back(*uncached);
+  // A budget that runs out part-way: some nodes cached, the one whose walk passed it and the
+  // rest not.
+  CompileOptions small_budget;
+  small_budget.mask_cache_budget = 3000;
+  auto partial = CompileGrammar(kGbnf, SmallVocab(), small_budget);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_GT((*partial)->mask_cache_work(), 3000u);
+  grammars.push_back(*partial);
   // Unshared, the 60 copies of [^"] alone would need about 7 entries each.
   EXPECT_LT(grammars[0]->cached_nodes(), 200u);
   for (const auto& g : grammars) {
@@ -318,6 +336,95 @@ TEST(GrammarMatcherTest, LongRepetitionsAndUncachedNodesMatchBruteForce) {
   EXPECT_TRUE(m.AcceptString("{\"" + std::string(60, 'x') + "\":111}"));
   EXPECT_TRUE(m.CanTerminate());
   EXPECT_FALSE(GrammarMatcher(grammars[0]).AcceptString("{\"" + std::string(61, 'x')));
+}
+
+// Concatenation without operator+ (GCC 12's -Wrestrict misfires on chains of it).
+std::string Cat(std::initializer_list<std::string> parts) {
+  std::string out;
+  for (const std::string& p : parts) out += p;
+  return out;
+}
+
+// Random grammars over a small alphabet against a vocabulary of all short strings over it: masks
+// (with inlining, tail calls, repetition copies and FOLLOW-based rejection in play) must equal the
+// brute-force reference at every state of random walks.
+TEST(GrammarMatcherTest, RandomGrammarsMatchBruteForce) {
+  auto v = std::make_shared<TokenVocab>(*SmallVocab());
+  const std::string alphabet = "abc\"";
+  for (int len = 2; len <= 4; ++len) {
+    for (int code = 0; code < (1 << (2 * len)); code += (len == 4 ? 3 : 1)) {
+      std::string t;
+      for (int i = 0, c = code; i < len; ++i, c >>= 2) t.push_back(alphabet[c & 3]);
+      v->bytes.push_back(t);
+      v->kind.push_back(TokenVocab::Kind::kNormal);
+    }
+  }
+  std::mt19937 rng(11);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  // An expression of depth <= d over rules r0..r3.
+  std::function<std::string(int)> expr = [&](int d) -> std::string {
+    switch (d <= 0 ? pick(3) : pick(8)) {
+      case 0: {
+        static const char* lits[] = {"\"a\"", "\"b\"", "\"ab\"", "\"c\\\"\"", "\"\""};
+        return lits[pick(5)];
+      }
+      case 1:
+        return pick(2) ? "[a-b]" : "[^a]";
+      case 2:
+        return Cat({"r", std::to_string(pick(4))});
+      case 3:
+        return Cat({expr(d - 1), " ", expr(d - 1)});
+      case 4:
+        return Cat({"(", expr(d - 1), " | ", expr(d - 1), ")"});
+      case 5: {
+        static const char* ops[] = {"*", "+", "?", "{2}", "{1,3}", "{0,12}", "{2,}"};
+        return Cat({"(", expr(d - 1), ")", ops[pick(7)]});
+      }
+      case 6:
+        return "<｜DSML｜>";
+      default:
+        return Cat({expr(d - 1), " ", expr(d - 1), " ", expr(d - 1)});
+    }
+  };
+  int compiled = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string gbnf = "root ::= r0 (\"c\" r1)* r2?\n";
+    for (int r = 0; r < 4; ++r) gbnf += Cat({"r", std::to_string(r), " ::= ", expr(3), "\n"});
+    auto g = CompileGrammar(gbnf, v);
+    if (!g.ok()) {
+      // Only left recursion may fail here.
+      ASSERT_NE(g.status().message().find("left recursion"), std::string_view::npos)
+          << g.status() << "\n"
+          << gbnf;
+      continue;
+    }
+    ++compiled;
+    const int32_t n = v->size();
+    for (int walk = 0; walk < 3; ++walk) {
+      GrammarMatcher m(*g);
+      for (int step = 0; step < 12 && !m.IsTerminated(); ++step) {
+        std::vector<uint32_t> mask = Mask(m, n);
+        std::vector<uint32_t> limited;
+        const std::vector<uint32_t> brute = BruteMask(m, n, &limited);
+        // Where AcceptToken hit the stack limits the mask may allow the token (grammar_matcher.h);
+        // everywhere else they agree.
+        for (size_t w = 0; w < mask.size(); ++w) {
+          ASSERT_EQ((mask[w] ^ brute[w]) & ~limited[w], 0u)
+              << gbnf << "walk " << walk << " step " << step << ", word " << w << ", "
+              << m.num_stacks() << " stacks";
+          ASSERT_EQ(brute[w] & ~mask[w], 0u);
+        }
+        mask = brute;
+        std::vector<int32_t> allowed;
+        for (int32_t id = 0; id < n; ++id) {
+          if (Allowed(mask, id)) allowed.push_back(id);
+        }
+        if (allowed.empty()) break;
+        ASSERT_TRUE(m.AcceptToken(allowed[pick(static_cast<int>(allowed.size()))]));
+      }
+    }
+  }
+  EXPECT_GE(compiled, 100);
 }
 
 TEST(GrammarMatcherTest, Limits) {
@@ -354,6 +461,31 @@ s ::= "a" s "b" | "a" s "c" | "")");
   ASSERT_TRUE(p.AcceptString("x"));
   ASSERT_TRUE(p.AcceptString(std::string(20000, ')')));
   EXPECT_TRUE(p.CanTerminate());
+  // Random bracket nesting makes new frames all the time (each level's return point differs);
+  // the dead ones are dropped once the arena grows past its threshold, and the state stays right.
+  auto brackets = Compile(R"g(root ::= item*
+item ::= "(" item* ")" | "[" item* "]" | "x")g");
+  GrammarMatcher b(brackets);
+  std::mt19937 rng(5);
+  size_t max_frames = 0;
+  for (int round = 0; round < 150; ++round) {
+    std::string open, close;
+    for (int d = 0; d < 1500; ++d) {
+      const bool paren = rng() & 1;
+      open.push_back(paren ? '(' : '[');
+      close.insert(close.begin(), paren ? ')' : ']');
+    }
+    ASSERT_TRUE(b.AcceptString(open));
+    ASSERT_FALSE(b.CanTerminate());
+    const char wrong = close[0] == ')' ? ']' : ')';
+    ASSERT_FALSE(GrammarMatcher(b).AcceptString(std::string(1, wrong)));
+    ASSERT_TRUE(b.AcceptString("x" + close));
+    ASSERT_TRUE(b.CanTerminate());
+    max_frames = std::max(max_frames, b.num_frames());
+  }
+  // About 1000 new frames a round: 150,000 without compaction; compaction at 65,536.
+  EXPECT_LT(max_frames, 70000u);
+  EXPECT_EQ(Mask(b, brackets->vocab().size()), BruteMask(b, brackets->vocab().size()));
   // A long document keeps the frame arena compacted (no crash, still correct).
   auto g2 = Compile(kJson);
   GrammarMatcher big(g2);
@@ -361,6 +493,29 @@ s ::= "a" s "b" | "a" s "c" | "")");
   for (int i = 0; i < 30000; ++i) ASSERT_TRUE(big.AcceptString("[1],"));
   ASSERT_TRUE(big.AcceptString("2]}"));
   EXPECT_TRUE(big.CanTerminate());
+}
+
+// Many threads share one cache (and the compiled grammars it hands out) while it evicts.
+TEST(GrammarMatcherTest, CacheAcrossThreads) {
+  GrammarCache cache(SmallVocab(), 2);
+  const std::vector<std::string> grammars = {R"(root ::= "a"+)", R"(root ::= [a-c]{2,5})", kJson};
+  const std::vector<std::string> texts = {"aaa", "abcab", R"({"k":[1,"x"]})"};
+  std::vector<int> ok(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 60; ++i) {
+        const size_t k = static_cast<size_t>(i + t) % grammars.size();
+        auto g = cache.Get(grammars[k]);
+        if (!g.ok()) continue;
+        GrammarMatcher m(*g);
+        if (m.AcceptString(texts[k]) && m.CanTerminate()) ++ok[t];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(ok, std::vector<int>(4, 60));
+  EXPECT_LE(cache.size(), 2u);
 }
 
 }  // namespace
