@@ -1,7 +1,8 @@
 // The grammar of a DeepSeek-V4 DSML tool-call block that forces a call (OpenAI tool_choice
 // "required" or a named function), for constrained decoding in chat mode.
 //
-// The generated text IS the block, nothing before it, written as the chat encoder writes
+// The generated text IS the block, nothing before it (in thinking mode the caller applies the
+// grammar from the text after `</think>` on), written as the chat encoder writes
 // assistant tool calls (chat_encoding.h) and as the completion parser reads them back
 // (completion_parser.h):
 //   "\n\n<｜DSML｜tool_calls>\n" INVOKE ("\n" INVOKE)* "\n</｜DSML｜tool_calls>"
