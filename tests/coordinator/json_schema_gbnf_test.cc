@@ -415,6 +415,9 @@ TEST(JsonSchemaGbnf, MalformedSchemas) {
   ExpectError(R"({"type": "string", "minLength": 5000})", {"#/minLength"});
   ExpectError(R"({"type": "string", "minLength": 3, "maxLength": 2})", {"maxLength"});
   ExpectError(R"({"type": "integer", "minimum": 5, "maximum": 4})", {"empty"});
+  ExpectError(R"({"type": "number", "minimum": 5, "maximum": 3})", {"no value"});
+  ExpectError(R"({"type": "number", "minimum": 0.2, "maximum": 0.8})", {"rounded"});
+  ExpectError(R"({"type": "number", "exclusiveMinimum": 2, "exclusiveMaximum": 2})", {"no value"});
   ExpectError(R"({"$ref": "https://example.com/s.json"})", {"$ref", "local"});
   ExpectError(R"({"$ref": "#/$defs/Missing"})", {"does not resolve"});
   ExpectError(R"({"allOf": [{"type": "string"}, {"type": "object"}]})", {"allOf", "object"});
