@@ -1,5 +1,6 @@
 #include "coordinator/grammar/dsml_tool_gbnf.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +136,12 @@ absl::StatusOr<std::string> DsmlToolCallGbnf(const Json& tools,
       const std::string param =
           rules.Add(prop_hint + "-param", absl::StrCat(alternatives(forms), " \"\\n\""));
       absl::StrAppend(&body, " ", param, prop.required ? "" : "?");
+    }
+    // With every property optional, the encoder's empty form ">\n\n</…invoke>" too.
+    if (!shape->properties.empty() &&
+        std::none_of(shape->properties.begin(), shape->properties.end(),
+                     [](const auto& p) { return p.required; })) {
+      absl::StrAppend(&body, " \"\\n\"?");
     }
     absl::StrAppend(&body, " ", Markup("</", "invoke>"));
     invokes.push_back(rules.Add(absl::StrCat("invoke-", name), std::move(body)));

@@ -7,7 +7,8 @@
 // (completion_parser.h):
 //   "\n\n<｜DSML｜tool_calls>\n" INVOKE ("\n" INVOKE)* "\n</｜DSML｜tool_calls>"
 //   INVOKE: "<｜DSML｜invoke name=\"NAME\">\n" (PARAM "\n")* "</｜DSML｜invoke>"
-//           (a tool without properties: "<｜DSML｜invoke name=\"NAME\">\n\n</｜DSML｜invoke>")
+//           (a tool without properties: "<｜DSML｜invoke name=\"NAME\">\n\n</｜DSML｜invoke>"; when
+//           all are optional, one more "\n" may precede the closing tag)
 //   PARAM:  "<｜DSML｜parameter name=\"K\" string=\"true\">" RAW "</｜DSML｜parameter>"
 //         | "<｜DSML｜parameter name=\"K\" string=\"false\">" JSON "</｜DSML｜parameter>"
 // ｜DSML｜ is always the special token (the token terminal <｜DSML｜>, id 128825), never text.

@@ -222,6 +222,26 @@ TEST(DsmlToolGbnf, RejectsWhatTheParserWouldNotTakeBack) {
   EXPECT_TRUE(Accepts(g, escaped)) << escaped;
 }
 
+// Every property optional: the call without any, as the encoder writes it (">\n\n"), or tighter.
+TEST(DsmlToolGbnf, AllOptionalWithoutParameters) {
+  const ordered_json tools = ordered_json::parse(
+      R"([{"name": "opt", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}])");
+  auto g = Compile(*DsmlToolCallGbnf(tools, std::nullopt, {}));
+  ASSERT_NE(g, nullptr);
+  const std::string head = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"opt\">\n";
+  const std::string tail = "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  EXPECT_TRUE(Accepts(g, absl::StrCat(head, "\n", tail)));
+  EXPECT_TRUE(Accepts(g, absl::StrCat(head, tail)));
+  EXPECT_FALSE(Accepts(g, absl::StrCat(head, "\n\n", tail)));
+  absl::StatusOr<std::string> prompt = chat::EncodeMessages(
+      ordered_json::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant",
+          "content": "", "tool_calls": [{"type": "function",
+          "function": {"name": "opt", "arguments": "{}"}}]}])"),
+      {});
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_NE(prompt->find(absl::StrCat(head, "\n", tail)), std::string::npos) << *prompt;
+}
+
 TEST(DsmlToolGbnf, Errors) {
   EXPECT_EQ(DsmlToolCallGbnf(Tools(), std::string("missing"), {}).status().code(),
             absl::StatusCode::kInvalidArgument);
