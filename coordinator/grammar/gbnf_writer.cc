@@ -188,10 +188,9 @@ void GbnfRules::Define(const std::string& name, std::string body) {
 }
 
 absl::Status GbnfRules::status() const {
-  if (bytes_ > kMaxConvertedGbnfBytes || rules_.size() > kMaxConvertedRules) {
-    return absl::ResourceExhaustedError(absl::StrCat("the grammar would exceed ",
-                                                     kMaxConvertedGbnfBytes, " bytes or ",
-                                                     kMaxConvertedRules, " rules"));
+  if (bytes_ > kMaxGbnfBytes || rules_.size() > static_cast<size_t>(kMaxRules)) {
+    return absl::ResourceExhaustedError(absl::StrCat("the grammar would exceed ", kMaxGbnfBytes,
+                                                     " bytes or ", kMaxRules, " rules"));
   }
   return absl::OkStatus();
 }
