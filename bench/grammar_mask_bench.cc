@@ -90,7 +90,7 @@ int Run(const char* label, const char* gbnf, const ss::Tokenizer& tok,
   double base_us = 0, fast_at_base_us = 0, trie_us = 0;
   // The sorted-vocabulary walk alone: the same grammar with no mask cache (every node uncached).
   CompileOptions no_cache;
-  no_cache.mask_cache_budget_bytes = 0;
+  no_cache.mask_cache_budget = 0;
   auto g_trie = CompileGrammar(gbnf, vocab, no_cache);
   if (!g_trie.ok()) return 1;
   GrammarMatcher trie_m(*g_trie);

@@ -74,7 +74,7 @@ void CompiledGrammar::FirstBytePositions(int32_t node, std::vector<int32_t>* pos
   }
 }
 
-void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
+void CompiledGrammar::BuildMaskCache(uint64_t budget) {
   const int32_t nwords = bitmask_words();
   sorted_ = Sorted(vocab_);
   const std::vector<int32_t>& sorted_ids_ = sorted_->ids;
@@ -89,7 +89,6 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
   StackStepper stepper(pda_, &arena);
   TokenWalker walker;
   std::vector<int32_t> positions, accepted;
-  int64_t budget = budget_bytes;
   for (size_t n = 0; n < pda_.nodes.size(); ++n) {
     const Pda::Node& nd = pda_.nodes[n];
     if (!nd.frame || nd.byte_begin == nd.byte_end) continue;
@@ -98,10 +97,10 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
       continue;
     }
     mask_index_[n] = static_cast<int32_t>(masks_.size());
-    if (budget <= 0) {
-      NodeMask m;
-      m.uncached = true;
-      masks_.push_back(std::move(m));
+    NodeMask uncached;
+    uncached.uncached = true;
+    if (stepper.total_work() >= budget) {
+      masks_.push_back(std::move(uncached));
       continue;
     }
     FirstBytePositions(static_cast<int32_t>(n), &positions);
@@ -109,15 +108,21 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
     const int32_t start = arena.Intern(static_cast<int32_t>(n), -1);
     NodeMask m;
     accepted.clear();
-    walker.Walk(stepper, *sorted_, std::span<const int32_t>(&start, 1), positions,
-                &pda_.follow[static_cast<size_t>(nd.rule)], [&](int32_t p, TokenOutcome o) {
-                  budget -= static_cast<int64_t>(sorted_->offsets[p + 1] - sorted_->offsets[p]);
-                  if (o == TokenOutcome::kAccepted) {
-                    accepted.push_back(sorted_ids_[p]);
-                  } else if (o == TokenOutcome::kUncertain) {
-                    m.uncertain.push_back(p);
-                  }
-                });
+    const bool complete = walker.Walk(
+        stepper, *sorted_, std::span<const int32_t>(&start, 1), positions,
+        &pda_.follow[static_cast<size_t>(nd.rule)],
+        [&](int32_t p, TokenOutcome o) {
+          if (o == TokenOutcome::kAccepted) {
+            accepted.push_back(sorted_ids_[p]);
+          } else if (o == TokenOutcome::kUncertain) {
+            m.uncertain.push_back(p);
+          }
+        },
+        budget);
+    if (!complete) {
+      masks_.push_back(std::move(uncached));
+      continue;
+    }
     if (accepted.size() > static_cast<size_t>(nwords)) {
       m.accepted_bits.assign(nwords, 0);
       for (int32_t id : accepted) m.accepted_bits[id >> 5] |= 1u << (id & 31);
@@ -127,6 +132,7 @@ void CompiledGrammar::BuildMaskCache(int64_t budget_bytes) {
     }
     masks_.push_back(std::move(m));
   }
+  mask_cache_work_ = stepper.total_work();
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
@@ -151,7 +157,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
   for (int32_t id : cg->vocab_->stop_ids) {
     if (id >= 0 && id < cg->vocab_->size()) cg->stop_[id] = true;
   }
-  cg->BuildMaskCache(options.mask_cache_budget_bytes);
+  cg->BuildMaskCache(options.mask_cache_budget);
   cg->compile_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::shared_ptr<const CompiledGrammar>(std::move(cg));

@@ -12,11 +12,12 @@
 //     checked against the real stack (grammar_matcher.h).
 //
 // Compile cost: one trie walk per node with byte edges, pruned to the tokens whose first byte the
-// node accepts; dominated by nodes inside free text (a JSON string's characters), a few tens of
+// node accepts; dominated by nodes inside free text (a JSON string's characters), a few
 // milliseconds each at 129K tokens. Copies of a long repetition share one entry where no token
-// can tell them apart (pda.h). The walks together may step at most kMaskCacheBudgetBytes token
-// bytes; nodes after that are left uncached and checked token by token at run time (slow masks
-// for such grammars, but bounded compile time). bench/RESULTS.md ("Grammar token mask at 129K
+// can tell them apart (pda.h). The walks together may do at most kMaskCacheBudget units of
+// automaton work (frames and edges stepped; 2^27, about 1.7 s on the dev VM); the node whose walk
+// passes it and every node after are left uncached and checked token by token at run time (slow
+// masks for such grammars, but bounded compile time). bench/RESULTS.md ("Grammar token mask at 129K
 // vocab") has the figures.
 //
 // Immutable after CompileGrammar returns: share it between threads and matchers.
@@ -41,7 +42,7 @@
 
 namespace ss::grammar {
 
-inline constexpr int64_t kMaskCacheBudgetBytes = int64_t{1} << 27;
+inline constexpr uint64_t kMaskCacheBudget = uint64_t{1} << 27;
 
 struct CompileOptions;
 
@@ -78,13 +79,15 @@ class CompiledGrammar {
   size_t uncertain_total() const;
   // Bytes held by the mask cache (not the automaton, nor the sorted vocabulary it shares).
   size_t mask_cache_bytes() const;
+  // Work the mask cache took to build, in StackStepper::total_work() units (see kMaskCacheBudget).
+  uint64_t mask_cache_work() const { return mask_cache_work_; }
 
  private:
   friend absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
       std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab,
       const CompileOptions& options);
   CompiledGrammar() = default;
-  void BuildMaskCache(int64_t budget_bytes);
+  void BuildMaskCache(uint64_t budget);
 
   std::shared_ptr<const TokenVocab> vocab_;
   Pda pda_;
@@ -94,6 +97,7 @@ class CompiledGrammar {
   std::vector<NodeMask> masks_;
   std::vector<bool> stop_;
   double compile_seconds_ = 0;
+  uint64_t mask_cache_work_ = 0;
 };
 
 // Parses (gbnf.h), builds the automaton (pda.h) and the mask cache. Errors: InvalidArgument from
@@ -104,7 +108,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
 
 // Knobs for tests and benchmarks.
 struct CompileOptions {
-  int64_t mask_cache_budget_bytes = kMaskCacheBudgetBytes;
+  uint64_t mask_cache_budget = kMaskCacheBudget;
 };
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileGrammar(
     std::string_view gbnf, std::shared_ptr<const TokenVocab> vocab, const CompileOptions& options);

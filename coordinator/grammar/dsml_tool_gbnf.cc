@@ -1,5 +1,6 @@
 #include "coordinator/grammar/dsml_tool_gbnf.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,7 +29,8 @@ std::string Markup(absl::string_view before, absl::string_view after) {
 
 absl::StatusOr<std::string> DsmlToolCallGbnf(const Json& tools,
                                              const std::optional<std::string>& forced_name,
-                                             const JsonGrammarOptions& opts) {
+                                             const JsonGrammarOptions& opts,
+                                             bool parallel_tool_calls) {
   if (!tools.is_array() || tools.empty()) {
     return Invalid("tools", "expected a non-empty array");
   }
@@ -135,6 +137,12 @@ absl::StatusOr<std::string> DsmlToolCallGbnf(const Json& tools,
           rules.Add(prop_hint + "-param", absl::StrCat(alternatives(forms), " \"\\n\""));
       absl::StrAppend(&body, " ", param, prop.required ? "" : "?");
     }
+    // With every property optional, the encoder's empty form ">\n\n</…invoke>" too.
+    if (!shape->properties.empty() &&
+        std::none_of(shape->properties.begin(), shape->properties.end(),
+                     [](const auto& p) { return p.required; })) {
+      absl::StrAppend(&body, " \"\\n\"?");
+    }
     absl::StrAppend(&body, " ", Markup("</", "invoke>"));
     invokes.push_back(rules.Add(absl::StrCat("invoke-", name), std::move(body)));
   }
@@ -145,7 +153,9 @@ absl::StatusOr<std::string> DsmlToolCallGbnf(const Json& tools,
   if (absl::Status st = conv.Finish(); !st.ok()) return st;
   const std::string invoke = rules.Add("invoke", absl::StrJoin(invokes, " | "));
   rules.Define(root, absl::StrCat(Markup("\n\n<", "tool_calls>\n"), " ", invoke,
-                                  forced_name ? "" : absl::StrCat(" ( \"\\n\" ", invoke, " )*"),
+                                  forced_name || !parallel_tool_calls
+                                      ? ""
+                                      : absl::StrCat(" ( \"\\n\" ", invoke, " )*"),
                                   " ", Markup("\n</", "tool_calls>")));
   return rules.Render();
 }

@@ -1,18 +1,20 @@
 // The grammar of a DeepSeek-V4 DSML tool-call block that forces a call (OpenAI tool_choice
 // "required" or a named function), for constrained decoding in chat mode.
 //
-// The generated text IS the block, nothing before it, written as the chat encoder writes
+// The generated text IS the block, nothing before it (in thinking mode the caller applies the
+// grammar from the text after `</think>` on), written as the chat encoder writes
 // assistant tool calls (chat_encoding.h) and as the completion parser reads them back
 // (completion_parser.h):
 //   "\n\n<｜DSML｜tool_calls>\n" INVOKE ("\n" INVOKE)* "\n</｜DSML｜tool_calls>"
 //   INVOKE: "<｜DSML｜invoke name=\"NAME\">\n" (PARAM "\n")* "</｜DSML｜invoke>"
-//           (a tool without properties: "<｜DSML｜invoke name=\"NAME\">\n\n</｜DSML｜invoke>")
+//           (a tool without properties: "<｜DSML｜invoke name=\"NAME\">\n\n</｜DSML｜invoke>"; when
+//           all are optional, one more "\n" may precede the closing tag)
 //   PARAM:  "<｜DSML｜parameter name=\"K\" string=\"true\">" RAW "</｜DSML｜parameter>"
 //         | "<｜DSML｜parameter name=\"K\" string=\"false\">" JSON "</｜DSML｜parameter>"
 // ｜DSML｜ is always the special token (the token terminal <｜DSML｜>, id 128825), never text.
 // After the closing tag the root is complete: the matcher then allows the stop tokens only.
-// tool_choice "required" (forced_name unset): one or more invokes, each of any tool; a named
-// tool: exactly one invoke of it.
+// tool_choice "required" (forced_name unset): one or more invokes, each of any tool (exactly one
+// when `parallel_tool_calls` is false); a named tool: exactly one invoke of it.
 //
 // Parameters, per tool: the properties of `parameters` (after $ref/allOf; absent = none) in
 // schema order, the required ones always, the optional ones optionally, no other keys. A property
@@ -48,6 +50,7 @@ namespace ss::grammar {
 
 absl::StatusOr<std::string> DsmlToolCallGbnf(const nlohmann::ordered_json& tools,
                                              const std::optional<std::string>& forced_name,
-                                             const JsonGrammarOptions& opts);
+                                             const JsonGrammarOptions& opts,
+                                             bool parallel_tool_calls = true);
 
 }  // namespace ss::grammar

@@ -155,8 +155,9 @@ std::string SanitizeRuleName(std::string_view hint) {
 std::string GbnfRules::FreshName(std::string_view hint) {
   const std::string base = SanitizeRuleName(hint);
   if (!index_.contains(base)) return base;
-  for (size_t i = 1;; ++i) {
-    std::string name = absl::StrCat(base, "-", i);
+  size_t& next = next_suffix_[base];
+  while (true) {
+    std::string name = absl::StrCat(base, "-", ++next);
     if (!index_.contains(name)) return name;
   }
 }
@@ -187,10 +188,9 @@ void GbnfRules::Define(const std::string& name, std::string body) {
 }
 
 absl::Status GbnfRules::status() const {
-  if (bytes_ > kMaxConvertedGbnfBytes || rules_.size() > kMaxConvertedRules) {
-    return absl::ResourceExhaustedError(absl::StrCat("the grammar would exceed ",
-                                                     kMaxConvertedGbnfBytes, " bytes or ",
-                                                     kMaxConvertedRules, " rules"));
+  if (bytes_ > kMaxGbnfBytes || rules_.size() > static_cast<size_t>(kMaxRules)) {
+    return absl::ResourceExhaustedError(absl::StrCat("the grammar would exceed ", kMaxGbnfBytes,
+                                                     " bytes or ", kMaxRules, " rules"));
   }
   return absl::OkStatus();
 }

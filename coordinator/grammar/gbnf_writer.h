@@ -17,16 +17,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/grammar/gbnf.h"
 
 namespace ss::grammar {
 
 // This absl build has its own string_view, which StrCat and the Status factories need.
 inline absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
-// A conversion's output has at most this many bytes and rules (the parser's limits, gbnf.h);
-// more is ResourceExhausted.
-inline constexpr size_t kMaxConvertedGbnfBytes = size_t{1} << 20;
-inline constexpr size_t kMaxConvertedRules = 10000;
+// A conversion's output has at most the parser's kMaxGbnfBytes bytes and kMaxRules rules
+// (gbnf.h); more is ResourceExhausted.
 
 // `utf8` as a GBNF string literal, quotes included. Printable ASCII stays as is (with `"` and `\`
 // escaped); controls and DEL become \xHH; other code points stay as UTF-8 text. InvalidArgument
@@ -75,8 +74,7 @@ class GbnfRules {
   // Takes a fresh name for a rule defined later with Define (recursive rules).
   std::string Reserve(std::string_view hint);
   void Define(const std::string& name, std::string body);
-  // OK, or ResourceExhausted once the rules together passed kMaxConvertedGbnfBytes or
-  // kMaxConvertedRules.
+  // OK, or ResourceExhausted once the rules together passed kMaxGbnfBytes or kMaxRules.
   absl::Status status() const;
   // The grammar text, one `name ::= body` line per rule. Every reserved rule must be defined.
   absl::StatusOr<std::string> Render() const;
@@ -92,6 +90,7 @@ class GbnfRules {
   std::vector<Rule> rules_;
   absl::flat_hash_map<std::string, size_t> index_;        // name -> rules_ index
   absl::flat_hash_map<std::string, std::string> shared_;  // hint "\n" body -> name
+  absl::flat_hash_map<std::string, size_t> next_suffix_;  // base name -> last suffix tried
   size_t bytes_ = 0;
 };
 

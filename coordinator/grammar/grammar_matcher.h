@@ -61,8 +61,9 @@ class GrammarMatcher {
   // above rather than the grammar (for logs and tests).
   bool last_rejection_hit_limit() const { return last_rejection_hit_limit_; }
 
-  // The number of parse stacks live now (for tests and benchmarks).
+  // The number of parse stacks live now, and of stack frames held (for tests and benchmarks).
   size_t num_stacks() const { return tops_.size(); }
+  size_t num_frames() const { return static_cast<size_t>(arena_.size()); }
 
  private:
   bool AcceptBytes(std::string_view bytes);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/grammar/number_range_gbnf.h"
 #include "coordinator/grammar/regex_gbnf.h"
 #include "coordinator/utf8.h"
 
@@ -247,54 +248,6 @@ absl::Status RepeatBounds(const Json& s, absl::string_view min_key, absl::string
   return absl::OkStatus();
 }
 
-// Decimal strings of equal length, lo <= hi: every number between them, as GBNF.
-std::string DigitRange(const std::string& lo, const std::string& hi) {
-  size_t d = 0;
-  while (d < lo.size() && lo[d] == hi[d]) ++d;
-  std::string prefix = d > 0 ? absl::StrCat("\"", lo.substr(0, d), "\"") : "";
-  if (d == lo.size()) return prefix;
-  const size_t rest = lo.size() - d - 1;
-  const std::string lo_rest = lo.substr(d + 1), hi_rest = hi.substr(d + 1);
-  const bool lo_zeros = lo_rest.find_first_not_of('0') == std::string::npos;
-  const bool hi_nines = hi_rest.find_first_not_of('9') == std::string::npos;
-  const std::string any_rest =
-      rest == 0 ? "" : absl::StrCat(" [0-9]", rest > 1 ? absl::StrCat("{", rest, "}") : "");
-  std::vector<std::string> alts;
-  if (!lo_zeros) {
-    alts.push_back(absl::StrCat("\"", std::string(1, lo[d]), "\" ",
-                                DigitRange(lo_rest, std::string(rest, '9'))));
-  }
-  const char mid_lo = lo_zeros ? lo[d] : static_cast<char>(lo[d] + 1);
-  const char mid_hi = hi_nines ? hi[d] : static_cast<char>(hi[d] - 1);
-  if (mid_lo <= mid_hi) {
-    alts.push_back(absl::StrCat("[", std::string(1, mid_lo),
-                                mid_hi > mid_lo ? absl::StrCat("-", std::string(1, mid_hi)) : "",
-                                "]", any_rest));
-  }
-  if (!hi_nines) {
-    alts.push_back(absl::StrCat("\"", std::string(1, hi[d]), "\" ",
-                                DigitRange(std::string(rest, '0'), hi_rest)));
-  }
-  return absl::StrCat(prefix, prefix.empty() ? "" : " ", Alternatives(alts));
-}
-
-// Every integer in [lo, hi] (0 <= lo <= hi), in decimal without leading zeros.
-std::string UnsignedRange(int64_t lo, int64_t hi) {
-  std::vector<std::string> alts;
-  int64_t low = lo;
-  for (int len = 1; len <= 17 && low <= hi; ++len) {
-    int64_t top = 9;
-    for (int i = 1; i < len; ++i) top = top * 10 + 9;
-    if (low > top) continue;
-    const int64_t high = std::min(hi, top);
-    alts.push_back(DigitRange(std::to_string(low), std::to_string(high)));
-    low = top + 1;
-  }
-  return Alternatives(alts);
-}
-
-constexpr int64_t kMaxIntegerMagnitude = 9999999999999999;  // 16 digits, as the integer rule
-
 }  // namespace
 
 JsonSchemaConverter::JsonSchemaConverter(const Options& opts, GbnfRules* rules)
@@ -347,7 +300,10 @@ std::string JsonSchemaConverter::Prim(absl::string_view name) {
   }
   std::string body;
   if (name == "escape") {
-    body = "\"\\\\\" ( [\\x22/\\x5Cbfnrt] | \"u\" [0-9a-fA-F]{4} )";
+    // \uXXXX: no lone surrogates (parsers reject them); a high one only with its low one.
+    body =
+        "\"\\\\\" ( [\\x22/\\x5Cbfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] "
+        "[0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2} ) )";
   } else if (name == "char") {
     CodepointSet plain = CodepointSet::Range(0x20, CodepointSet::kMax);
     plain = plain.Minus(CodepointSet::Of('"')).Minus(CodepointSet::Of('\\'));
@@ -638,8 +594,8 @@ absl::Status JsonSchemaConverter::Bounds(const Json& s, const Ctx& ctx, Bound* l
 absl::StatusOr<std::string> JsonSchemaConverter::IntegerRule(const Json& s, const Ctx& ctx) {
   Bound lower, upper;
   if (absl::Status st = Bounds(s, ctx, &lower, &upper); !st.ok()) return st;
-  const double cap = static_cast<double>(kMaxIntegerMagnitude);
-  int64_t lo = -kMaxIntegerMagnitude, hi = kMaxIntegerMagnitude;
+  const double cap = static_cast<double>(kMaxRangeMagnitude);
+  int64_t lo = -kMaxRangeMagnitude, hi = kMaxRangeMagnitude;
   if (lower.has) {
     const double v = lower.exclusive ? std::floor(lower.value) + 1 : std::ceil(lower.value);
     lo = static_cast<int64_t>(std::clamp(v, -cap, cap + 1));
@@ -649,45 +605,13 @@ absl::StatusOr<std::string> JsonSchemaConverter::IntegerRule(const Json& s, cons
     hi = static_cast<int64_t>(std::clamp(v, -cap - 1, cap));
   }
   if (lo > hi) return Invalid(ctx.pointer, "the integer range is empty (or beyond 16 digits)");
-  std::vector<std::string> alts;
-  if (lo < 0) {
-    const int64_t mag_lo = hi < 0 ? -hi : 1;
-    alts.push_back(absl::StrCat("\"-\" ", UnsignedRange(mag_lo, -lo)));
-  }
-  if (hi >= 0) alts.push_back(UnsignedRange(std::max<int64_t>(lo, 0), hi));
-  return rules_->Add(absl::StrCat(ctx.hint, "-int"), Tok(Alternatives(alts)));
+  return rules_->Add(absl::StrCat(ctx.hint, "-int"), Tok(IntegerRangeGbnf(lo, hi)));
 }
-
-namespace {
-
-// Decimals (no exponent) y with lo <(=) y <(=) hi, 0 <= lo, integer bounds; `hi` < 0: unbounded
-// (up to 16 integer digits). Empty when there is none.
-std::vector<std::string> NonNegativeDecimals(int64_t lo, bool lo_ex, int64_t hi, bool hi_ex) {
-  constexpr absl::string_view kAnyFraction = "( \".\" [0-9]{1,16} )?";
-  constexpr absl::string_view kZeroFraction = "( \".\" \"0\"{1,16} )?";
-  constexpr absl::string_view kNonZeroFraction = "\".\" [0-9]{0,15} [1-9] [0-9]{0,15}";
-  std::vector<std::string> alts;
-  const std::string lo_text = absl::StrCat("\"", lo, "\"");
-  if (hi >= 0 && lo == hi) {
-    if (!lo_ex && !hi_ex) alts.push_back(absl::StrCat(lo_text, " ", kZeroFraction));
-    return alts;
-  }
-  if (lo_ex) alts.push_back(absl::StrCat(lo_text, " ", kNonZeroFraction));
-  const int64_t mid_lo = lo_ex ? lo + 1 : lo;
-  const int64_t mid_hi = hi < 0 ? kMaxIntegerMagnitude : hi - 1;
-  if (mid_lo <= mid_hi) {
-    alts.push_back(absl::StrCat(UnsignedRange(mid_lo, mid_hi), " ", kAnyFraction));
-  }
-  if (hi >= 0 && !hi_ex) alts.push_back(absl::StrCat("\"", hi, "\" ", kZeroFraction));
-  return alts;
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> JsonSchemaConverter::NumberRule(const Json& s, const Ctx& ctx) {
   Bound lower, upper;
   if (absl::Status st = Bounds(s, ctx, &lower, &upper); !st.ok()) return st;
-  const double cap = static_cast<double>(kMaxIntegerMagnitude);
+  const double cap = static_cast<double>(kMaxRangeMagnitude);
   // Bounds rounded inward to integers; beyond 16 digits a bound is no bound.
   const bool lo_inf = !lower.has || lower.value < -cap;
   const bool hi_inf = !upper.has || upper.value > cap;
@@ -703,24 +627,14 @@ absl::StatusOr<std::string> JsonSchemaConverter::NumberRule(const Json& s, const
     hi = static_cast<int64_t>(std::floor(upper.value));
     hi_ex = upper.exclusive && std::floor(upper.value) == upper.value;
   }
-  std::vector<std::string> alts;
-  if (hi_inf || hi > 0 || (hi == 0 && !hi_ex)) {  // y >= 0
-    const bool from_zero = lo_inf || lo < 0;
-    alts =
-        NonNegativeDecimals(from_zero ? 0 : lo, from_zero ? false : lo_ex, hi_inf ? -1 : hi, hi_ex);
-  }
-  if (lo_inf || lo < 0) {  // -y with y > 0 ("-0" is left out)
-    const bool to_zero = hi_inf || hi >= 0;
-    for (std::string& alt :
-         NonNegativeDecimals(to_zero ? 0 : -hi, to_zero ? true : hi_ex, lo_inf ? -1 : -lo, lo_ex)) {
-      alts.push_back(absl::StrCat("\"-\" ", alt));
-    }
-  }
-  if (alts.empty()) {
+  const std::string range =
+      DecimalRangeGbnf(lo_inf ? std::nullopt : std::optional<int64_t>(lo), lo_ex,
+                       hi_inf ? std::nullopt : std::optional<int64_t>(hi), hi_ex);
+  if (range.empty()) {
     return Invalid(ctx.pointer,
                    "the number range holds no value once its bounds are rounded to integers");
   }
-  return rules_->Add(absl::StrCat(ctx.hint, "-num"), Tok(Alternatives(alts)));
+  return rules_->Add(absl::StrCat(ctx.hint, "-num"), Tok(range));
 }
 
 absl::StatusOr<std::string> JsonSchemaConverter::StringRule(const Json& s, const Ctx& ctx,

@@ -49,7 +49,7 @@
 //
 // Output text:
 //   strings  the JSON string grammar: any code point but `"`, `\` and U+0000–U+001F as itself,
-//            escapes \" \\ \/ \b \f \n \r \t \uHHHH;
+//            escapes \" \\ \/ \b \f \n \r \t \uHHHH (a surrogate only as a high-low pair);
 //   numbers  -? (0 | [1-9] up to 15 more digits) (. 1–16 digits)? ([eE] [+-]? 1–2 digits)?
 //            (every sentence fits a double);
 //   integers -? (0 | [1-9] up to 15 more digits);
@@ -57,8 +57,11 @@
 //            lowered to it (fewer sentences, all valid), a larger minimum is InvalidArgument;
 //   spacing  any_whitespace false: none at all (`{"a":1,"b":[1,2]}`); true: after every token
 //            one `space ::= | " " | "\n" [ \t]{0,20}` (llama.cpp's), also at the end.
-// Not exact: oneOf as anyOf; extra keys spelled with escapes may equal a listed key; a pattern's
-// ECMAScript classes (\w, \s, \d) are ASCII/ECMAScript ones, other regex engines may differ.
+// Not exact: oneOf as anyOf; an allOf merge lets one branch's properties into another branch
+// that is closed (JSON Schema would reject them there); enum/const values are not checked
+// against sibling keywords (an enum value longer than maxLength is still generated); extra keys
+// spelled with escapes may equal a listed key; a pattern's classes (\w, \s, \d) are
+// ECMAScript's, other regex engines may differ.
 //
 // Bounds: the walk recurses once per schema nesting level, at most kMaxSchemaDepth (deeper is
 // InvalidArgument); $refs are converted from a queue, not recursively; at most kMaxSchemaSteps

@@ -634,9 +634,9 @@ absl::StatusOr<std::string> ChoiceToGbnf(const std::vector<std::string>& choices
           absl::StrCat("guided_choice[", i, "]: ", lit.status().message()));
     }
     absl::StrAppend(&body, i ? " | " : "", *lit);
-    if (body.size() > kMaxConvertedGbnfBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("guided_choice: the grammar would exceed ",
-                                                       kMaxConvertedGbnfBytes, " bytes"));
+    if (body.size() > kMaxGbnfBytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("guided_choice: the grammar would exceed ", kMaxGbnfBytes, " bytes"));
     }
   }
   GbnfRules rules;

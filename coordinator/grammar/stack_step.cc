@@ -104,6 +104,7 @@ StepResult StackStepper::Close(std::vector<int32_t>* out) {
     }
     if (mark_[f] == epoch_) continue;
     mark_[f] = epoch_;
+    ++total_work_;
     if (++steps > kMaxStepWork) {
       res.ok = false;
       return res;
@@ -143,6 +144,7 @@ StepResult StackStepper::Byte(std::span<const int32_t> tops, uint8_t byte,
                               std::vector<int32_t>* out) {
   out->clear();
   Begin();
+  total_work_ += tops.size();
   for (int32_t f : tops) {
     const Frame fr = arena_->at(f);
     const Pda::Node& nd = pda_->nodes[fr.node];

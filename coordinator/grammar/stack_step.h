@@ -74,6 +74,9 @@ class StackStepper {
   StepResult Byte(std::span<const int32_t> tops, uint8_t byte, std::vector<int32_t>* out);
   StepResult Token(std::span<const int32_t> tops, int32_t token, std::vector<int32_t>* out);
 
+  // Frames and edges processed by this stepper so far (a cost measure for budgets).
+  uint64_t total_work() const { return total_work_; }
+
  private:
   void Begin();
   void Push(int32_t f);
@@ -84,6 +87,7 @@ class StackStepper {
   std::vector<uint32_t> mark_;
   uint32_t epoch_ = 0;
   std::vector<int32_t> work_;
+  uint64_t total_work_ = 0;
 };
 
 }  // namespace ss::grammar

@@ -40,10 +40,12 @@ class TokenWalker {
   // state) and calls on_token(p, outcome) for each. With `follow` (the mask cache's
   // context-free mode, start frames with parent -1): a stack popping its bottom with bytes left
   // whose next byte is in *follow, or ending exactly there, makes the token kUncertain instead of
-  // rejected/accepted. Without it, popping the bottom is the root finishing.
+  // rejected/accepted. Without it, popping the bottom is the root finishing. Stops early, returning
+  // false, once the stepper's total_work() passes `work_limit`; true when every token was walked.
   template <typename OnToken>
-  void Walk(StackStepper& stepper, const SortedVocab& sorted, std::span<const int32_t> start,
-            std::span<const int32_t> positions, const ByteSet* follow, OnToken&& on_token) {
+  bool Walk(StackStepper& stepper, const SortedVocab& sorted, std::span<const int32_t> start,
+            std::span<const int32_t> positions, const ByteSet* follow, OnToken&& on_token,
+            uint64_t work_limit = ~uint64_t{0}) {
     if (tops_.empty()) Grow(64);
     tops_[0].assign(start.begin(), start.end());
     popped_[0] = 0;
@@ -51,6 +53,7 @@ class TokenWalker {
     size_t valid = 0;
     std::string_view prev;
     for (int32_t p : positions) {
+      if (stepper.total_work() > work_limit) return false;
       std::string_view t = sorted.token(static_cast<size_t>(p));
       const size_t len = t.size();
       if (tops_.size() <= len) Grow(len + 1);
@@ -85,6 +88,7 @@ class TokenWalker {
       }
       on_token(p, out);
     }
+    return true;
   }
 
  private:

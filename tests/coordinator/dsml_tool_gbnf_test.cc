@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
 #include "gtest/gtest.h"
@@ -95,6 +96,58 @@ TEST(DsmlToolGbnf, NamedSentencesCallThatTool) {
   CheckSentences(std::string("mixed"), false);
 }
 
+// Random tools (parameters of random property schemas): sentences parse into valid calls.
+TEST(DsmlToolGbnf, RandomTools) {
+  std::mt19937 rng(17);
+  int calls = 0;
+  for (int i = 0; i < 60; ++i) {
+    ordered_json tools = ordered_json::array();
+    const int n = 1 + static_cast<int>(rng() % 3);
+    for (int t = 0; t < n; ++t) {
+      ordered_json props = ordered_json::object();
+      ordered_json required = ordered_json::array();
+      for (int p = 0; p < 3; ++p) {
+        const std::string name = absl::StrCat("p", rng() % 5);
+        if (props.contains(name)) continue;
+        props[name] = testing::RandomSchema(&rng, 2);
+        if (rng() % 2) required.push_back(name);
+      }
+      tools.push_back({{"type", "function"},
+                       {"function",
+                        {{"name", absl::StrCat("f", t)},
+                         {"parameters",
+                          {{"type", "object"}, {"properties", props}, {"required", required}}}}}});
+    }
+    SCOPED_TRACE(tools.dump());
+    absl::StatusOr<std::string> gbnf =
+        DsmlToolCallGbnf(tools, std::nullopt, JsonGrammarOptions{i % 2 == 1});
+    ASSERT_TRUE(gbnf.ok()) << gbnf.status();
+    auto g = Compile(*gbnf);
+    ASSERT_NE(g, nullptr) << *gbnf;
+    for (int k = 0; k < 4; ++k) {
+      std::optional<std::string> s = testing::RandomSentence(g, &rng, 20000);
+      if (!s) continue;
+      const chat::ParsedCompletion parsed = chat::ParseCompletion(*s, chat::ThinkingMode::kChat);
+      EXPECT_EQ(parsed.content, "") << *s;
+      ASSERT_FALSE(parsed.tool_calls.empty()) << *s;
+      for (const chat::ParsedToolCall& call : parsed.tool_calls) {
+        ++calls;
+        const ordered_json* params = nullptr;
+        for (const auto& t : tools) {
+          if (t["function"]["name"] == call.name) params = &t["function"]["parameters"];
+        }
+        ASSERT_NE(params, nullptr) << call.name;
+        nlohmann::json args = nlohmann::json::parse(call.arguments, nullptr, false);
+        ASSERT_FALSE(args.is_discarded()) << call.arguments;
+        EXPECT_TRUE(testing::MiniValidator(*params).Valid(args)) << call.arguments << "\n"
+                                                                 << *s << "\n"
+                                                                 << *gbnf;
+      }
+    }
+  }
+  EXPECT_GE(calls, 150);
+}
+
 // The block the chat encoder writes for an assistant's tool calls is a sentence.
 TEST(DsmlToolGbnf, EncoderRenderingIsASentence) {
   const ordered_json messages = ordered_json::parse(R"([
@@ -122,13 +175,19 @@ TEST(DsmlToolGbnf, EncoderRenderingIsASentence) {
   auto g = Compile(*gbnf);
   ASSERT_NE(g, nullptr);
   EXPECT_TRUE(Accepts(g, block)) << block;
+  // Not parallel: one call only.
+  auto single =
+      Compile(*DsmlToolCallGbnf(Tools(), std::nullopt, {}, /*parallel_tool_calls=*/false));
+  ASSERT_NE(single, nullptr);
+  EXPECT_FALSE(Accepts(single, block));
   // Named: only one call of that tool.
   auto named = Compile(*DsmlToolCallGbnf(Tools(), std::string("get_weather"), {}));
   ASSERT_NE(named, nullptr);
   EXPECT_FALSE(Accepts(named, block));
   const size_t first_end =
       block.find("</｜DSML｜invoke>") + std::string("</｜DSML｜invoke>").size();
-  EXPECT_TRUE(Accepts(named, block.substr(0, first_end) + "\n" + close)) << block;
+  EXPECT_TRUE(Accepts(named, absl::StrCat(block.substr(0, first_end), "\n", close))) << block;
+  EXPECT_TRUE(Accepts(single, absl::StrCat(block.substr(0, first_end), "\n", close))) << block;
 }
 
 TEST(DsmlToolGbnf, RejectsWhatTheParserWouldNotTakeBack) {
@@ -137,8 +196,8 @@ TEST(DsmlToolGbnf, RejectsWhatTheParserWouldNotTakeBack) {
   const std::string head = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
   const std::string tail = "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
   auto param = [](const std::string& name, const std::string& str, const std::string& value) {
-    return "<｜DSML｜parameter name=\"" + name + "\" string=\"" + str + "\">" + value +
-           "</｜DSML｜parameter>\n";
+    return absl::StrCat("<｜DSML｜parameter name=\"", name, "\" string=\"", str, "\">", value,
+                        "</｜DSML｜parameter>\n");
   };
   EXPECT_TRUE(Accepts(g, head + param("city", "true", "Oslo") + tail));
   EXPECT_FALSE(Accepts(g, head + tail));                                        // city required
@@ -151,8 +210,8 @@ TEST(DsmlToolGbnf, RejectsWhatTheParserWouldNotTakeBack) {
       Accepts(g, head + param("city", "true", "Oslo") + param("days", "false", "14") + tail));
   EXPECT_FALSE(Accepts(g, head + param("city", "true", "Oslo") + param("hours", "false", "1") +
                               tail));  // unknown parameter
-  EXPECT_FALSE(
-      Accepts(g, "Sure!" + head + param("city", "true", "Oslo") + tail));  // nothing before
+  EXPECT_FALSE(Accepts(
+      g, absl::StrCat("Sure!", head, param("city", "true", "Oslo"), tail)));  // nothing before
   // A JSON string value writes ｜ as an escape.
   const std::string search = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n" +
                              param("query", "true", "q") + param("filters", "false", "[\"a｜b\"]") +
@@ -161,6 +220,26 @@ TEST(DsmlToolGbnf, RejectsWhatTheParserWouldNotTakeBack) {
   std::string escaped = search;
   escaped.replace(escaped.find("a｜b"), std::string("a｜b").size(), "a\\uff5cb");
   EXPECT_TRUE(Accepts(g, escaped)) << escaped;
+}
+
+// Every property optional: the call without any, as the encoder writes it (">\n\n"), or tighter.
+TEST(DsmlToolGbnf, AllOptionalWithoutParameters) {
+  const ordered_json tools = ordered_json::parse(
+      R"([{"name": "opt", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}])");
+  auto g = Compile(*DsmlToolCallGbnf(tools, std::nullopt, {}));
+  ASSERT_NE(g, nullptr);
+  const std::string head = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"opt\">\n";
+  const std::string tail = "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  EXPECT_TRUE(Accepts(g, absl::StrCat(head, "\n", tail)));
+  EXPECT_TRUE(Accepts(g, absl::StrCat(head, tail)));
+  EXPECT_FALSE(Accepts(g, absl::StrCat(head, "\n\n", tail)));
+  absl::StatusOr<std::string> prompt = chat::EncodeMessages(
+      ordered_json::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant",
+          "content": "", "tool_calls": [{"type": "function",
+          "function": {"name": "opt", "arguments": "{}"}}]}])"),
+      {});
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_NE(prompt->find(absl::StrCat(head, "\n", tail)), std::string::npos) << *prompt;
 }
 
 TEST(DsmlToolGbnf, Errors) {

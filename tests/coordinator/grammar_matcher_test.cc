@@ -3,6 +3,7 @@
 // token terminals, stop tokens, limits; and masks against a brute-force reference.
 #include "coordinator/grammar/grammar_matcher.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <random>
@@ -297,10 +298,18 @@ TEST(GrammarMatcherTest, LongRepetitionsAndUncachedNodesMatchBruteForce) {
   constexpr char kGbnf[] = R"(root ::= "{\"" [^"]{0,60} "\":" ("12" | "1"){3,40} "}")";
   std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {Compile(kGbnf)};
   CompileOptions no_budget;
-  no_budget.mask_cache_budget_bytes = 0;
+  no_budget.mask_cache_budget = 0;
   auto uncached = CompileGrammar(kGbnf, SmallVocab(), no_budget);
   ASSERT_TRUE(uncached.ok()) << uncached.status();
   grammars.push_back(*uncached);
+  // A budget that runs out part-way: some nodes cached, the one whose walk passed it and the
+  // rest not.
+  CompileOptions small_budget;
+  small_budget.mask_cache_budget = 3000;
+  auto partial = CompileGrammar(kGbnf, SmallVocab(), small_budget);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_GT((*partial)->mask_cache_work(), 3000u);
+  grammars.push_back(*partial);
   // Unshared, the 60 copies of [^"] alone would need about 7 entries each.
   EXPECT_LT(grammars[0]->cached_nodes(), 200u);
   for (const auto& g : grammars) {
@@ -452,6 +461,31 @@ s ::= "a" s "b" | "a" s "c" | "")");
   ASSERT_TRUE(p.AcceptString("x"));
   ASSERT_TRUE(p.AcceptString(std::string(20000, ')')));
   EXPECT_TRUE(p.CanTerminate());
+  // Random bracket nesting makes new frames all the time (each level's return point differs);
+  // the dead ones are dropped once the arena grows past its threshold, and the state stays right.
+  auto brackets = Compile(R"g(root ::= item*
+item ::= "(" item* ")" | "[" item* "]" | "x")g");
+  GrammarMatcher b(brackets);
+  std::mt19937 rng(5);
+  size_t max_frames = 0;
+  for (int round = 0; round < 150; ++round) {
+    std::string open, close;
+    for (int d = 0; d < 1500; ++d) {
+      const bool paren = rng() & 1;
+      open.push_back(paren ? '(' : '[');
+      close.insert(close.begin(), paren ? ')' : ']');
+    }
+    ASSERT_TRUE(b.AcceptString(open));
+    ASSERT_FALSE(b.CanTerminate());
+    const char wrong = close[0] == ')' ? ']' : ')';
+    ASSERT_FALSE(GrammarMatcher(b).AcceptString(std::string(1, wrong)));
+    ASSERT_TRUE(b.AcceptString("x" + close));
+    ASSERT_TRUE(b.CanTerminate());
+    max_frames = std::max(max_frames, b.num_frames());
+  }
+  // About 1000 new frames a round: 150,000 without compaction; compaction at 65,536.
+  EXPECT_LT(max_frames, 70000u);
+  EXPECT_EQ(Mask(b, brackets->vocab().size()), BruteMask(b, brackets->vocab().size()));
   // A long document keeps the frame arena compacted (no crash, still correct).
   auto g2 = Compile(kJson);
   GrammarMatcher big(g2);

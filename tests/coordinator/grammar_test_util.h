@@ -127,6 +127,89 @@ inline bool Compact(std::string_view json) {
   return true;
 }
 
+// A random schema of the supported keywords, `depth` levels at most.
+inline nlohmann::ordered_json RandomSchema(std::mt19937* rng, int depth) {
+  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(*rng); };
+  const int kind = depth <= 0 ? pick(6) : pick(11);
+  nlohmann::ordered_json s = nlohmann::ordered_json::object();
+  switch (kind) {
+    case 0: {
+      s["type"] = "string";
+      const int v = pick(5);
+      if (v == 1) s["maxLength"] = pick(4);
+      if (v == 2) s["minLength"] = 1 + pick(3);
+      if (v == 3)
+        s["pattern"] = std::vector<const char*>{"^[a-c]{1,3}$", "^x|y\\d$", "ab?"}[pick(3)];
+      if (v == 4)
+        s["format"] = std::vector<const char*>{"date", "time", "date-time", "uuid"}[pick(4)];
+      break;
+    }
+    case 1:
+      s["type"] = "integer";
+      if (pick(2)) s["minimum"] = pick(50) - 25;
+      if (pick(2)) s["exclusiveMaximum"] = pick(50) + 26;
+      break;
+    case 2:
+      s["type"] = "number";
+      if (pick(2)) s["minimum"] = pick(3) - 1;
+      if (pick(2)) s["maximum"] = pick(3) + 2;
+      break;
+    case 3:
+      s["type"] = std::vector<const char*>{"boolean", "null"}[pick(2)];
+      break;
+    case 4:
+      s["enum"] =
+          nlohmann::ordered_json::array({"a", 1, nullptr, nlohmann::ordered_json::array({true})});
+      break;
+    case 5:
+      s["const"] = std::vector<const char*>{"k", "q\"x", "ü"}[pick(3)];
+      break;
+    case 6:
+    case 7: {
+      s["type"] = "object";
+      nlohmann::ordered_json props = nlohmann::ordered_json::object();
+      nlohmann::ordered_json required = nlohmann::ordered_json::array();
+      const int n = pick(5);
+      for (int i = 0; i < n; ++i) {
+        const std::string name = std::string(1, static_cast<char>('a' + pick(6)));
+        if (props.contains(name)) continue;
+        props[name] = RandomSchema(rng, depth - 1);
+        if (pick(2)) required.push_back(name);
+      }
+      s["properties"] = props;
+      s["required"] = required;
+      const int add = pick(4);
+      if (add == 1) s["additionalProperties"] = false;
+      if (add == 2) s["additionalProperties"] = true;
+      if (add == 3) s["additionalProperties"] = RandomSchema(rng, 0);
+      break;
+    }
+    case 8:
+      s["type"] = "array";
+      if (pick(2)) {
+        s["prefixItems"] =
+            nlohmann::ordered_json::array({RandomSchema(rng, depth - 1), RandomSchema(rng, 0)});
+        if (pick(2)) s["items"] = false;
+      } else {
+        s["items"] = RandomSchema(rng, depth - 1);
+      }
+      if (pick(2)) s["minItems"] = pick(3);
+      if (pick(2)) s["maxItems"] = 2 + pick(3);
+      break;
+    case 9:
+      s["anyOf"] = nlohmann::ordered_json::array(
+          {RandomSchema(rng, depth - 1), RandomSchema(rng, depth - 1)});
+      break;
+    default:
+      s = RandomSchema(rng, depth - 1);
+      if (s.contains("type") && s["type"].is_string() && s["type"] != "null") {
+        s["type"] = nlohmann::ordered_json::array({s["type"], "null"});
+      }
+      break;
+  }
+  return s;
+}
+
 // --- A JSON Schema validator for the converters' keywords (tests only; recursion unbounded). ---
 
 inline size_t CodePoints(const std::string& s) {

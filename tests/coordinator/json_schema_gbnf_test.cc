@@ -30,8 +30,9 @@ const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
       {"string",
        R"({"type": "string"})",
-       {R"("")", R"("héllo\n\u00e9\"\\\/")", R"("tab\tend")", "\"\x7f\""},
-       {"\"a\nb\"", R"("\x")", "abc", R"("unterminated)", R"("\u12")"}},
+       {R"("")", R"("héllo\n\u00e9\"\\\/")", R"("tab\tend")", R"("\ud83d\uDE00")", "\"\x7f\""},
+       {"\"a\nb\"", R"("\x")", "abc", R"("unterminated)", R"("\udaab")", R"("\ude00")",
+        R"("\u12")"}},
       {"integer",
        R"({"type": "integer"})",
        {"0", "-12", "1234567890123456"},
@@ -303,6 +304,31 @@ TEST(JsonSchemaGbnf, RandomSentencesValidate) {
   }
 }
 
+// Random schemas: each converts, compiles, and its random sentences validate.
+TEST(JsonSchemaGbnf, RandomSchemas) {
+  std::mt19937 rng(21);
+  int sentences = 0;
+  for (int i = 0; i < 150; ++i) {
+    const ordered_json schema = testing::RandomSchema(&rng, 3);
+    SCOPED_TRACE(schema.dump());
+    const bool ws = i % 2 == 1;
+    absl::StatusOr<std::string> gbnf = JsonSchemaToGbnf(schema, JsonGrammarOptions{ws});
+    ASSERT_TRUE(gbnf.ok()) << gbnf.status();
+    auto g = Compile(*gbnf);
+    ASSERT_NE(g, nullptr) << *gbnf;
+    testing::MiniValidator validator(schema);
+    for (int k = 0; k < 5; ++k) {
+      std::optional<std::string> s = testing::RandomSentence(g, &rng);
+      if (!s) continue;
+      ++sentences;
+      nlohmann::json v = nlohmann::json::parse(*s, nullptr, /*allow_exceptions=*/false);
+      ASSERT_FALSE(v.is_discarded()) << "not JSON: " << *s;
+      EXPECT_TRUE(validator.Valid(v)) << *s << "\n" << *gbnf;
+    }
+  }
+  EXPECT_GE(sentences, 500);
+}
+
 TEST(JsonSchemaGbnf, Whitespace) {
   const char* schema = R"({"type": "object", "properties": {"a": {"type": "integer"},
       "b": {"type": "array", "items": {"type": "string"}}}, "required": ["a", "b"]})";
@@ -389,6 +415,9 @@ TEST(JsonSchemaGbnf, MalformedSchemas) {
   ExpectError(R"({"type": "string", "minLength": 5000})", {"#/minLength"});
   ExpectError(R"({"type": "string", "minLength": 3, "maxLength": 2})", {"maxLength"});
   ExpectError(R"({"type": "integer", "minimum": 5, "maximum": 4})", {"empty"});
+  ExpectError(R"({"type": "number", "minimum": 5, "maximum": 3})", {"no value"});
+  ExpectError(R"({"type": "number", "minimum": 0.2, "maximum": 0.8})", {"rounded"});
+  ExpectError(R"({"type": "number", "exclusiveMinimum": 2, "exclusiveMaximum": 2})", {"no value"});
   ExpectError(R"({"$ref": "https://example.com/s.json"})", {"$ref", "local"});
   ExpectError(R"({"$ref": "#/$defs/Missing"})", {"does not resolve"});
   ExpectError(R"({"allOf": [{"type": "string"}, {"type": "object"}]})", {"allOf", "object"});

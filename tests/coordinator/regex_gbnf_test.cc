@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/grammar/json_schema_gbnf.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/grammar_test_util.h"
 
@@ -99,6 +100,42 @@ TEST(RegexGbnf, LiteralBraces) {
   ASSERT_NE(g, nullptr);
   EXPECT_TRUE(Accepts(g, "a{,2}b{x}c{"));
   EXPECT_FALSE(Accepts(g, "aab{x}c{"));
+}
+
+// A JSON Schema `pattern` matches the decoded string: the grammar writes it JSON-escaped. Random
+// strings with quotes, backslashes and controls, dumped as JSON, are accepted exactly when
+// std::regex matches the raw string.
+TEST(RegexGbnf, JsonStringContentAgreesWithStdRegex) {
+  const std::vector<std::string> patterns = {
+      "[\"\\\\]+",      "[a\\n]+b?", "[^a]*", ".\\t?",          "\\s+",
+      "[\\x00-\\x1f]+", "\\W*",      "x|\"",  "(a|\\\\)*\\x01",
+  };
+  const std::string alphabet = std::string(
+                                   "\"\\\n\t\x01\x08"
+                                   "ab x/") +
+                               '\0';
+  std::mt19937 rng(13);
+  for (const std::string& p : patterns) {
+    SCOPED_TRACE(p);
+    absl::StatusOr<std::string> gbnf = JsonSchemaToGbnf(
+        nlohmann::ordered_json{{"type", "string"}, {"pattern", "^(?:" + p + ")$"}}, {});
+    ASSERT_TRUE(gbnf.ok()) << gbnf.status();
+    auto g = Compile(*gbnf);
+    ASSERT_NE(g, nullptr) << *gbnf;
+    const std::regex re(p, std::regex::ECMAScript);
+    int matched = 0;
+    for (int i = 0; i < 400; ++i) {
+      std::string s;
+      const int len = std::uniform_int_distribution<int>(0, 5)(rng);
+      for (int k = 0; k < len; ++k) {
+        s.push_back(alphabet[std::uniform_int_distribution<size_t>(0, alphabet.size() - 1)(rng)]);
+      }
+      const bool match = std::regex_match(s, re);
+      matched += match;
+      EXPECT_EQ(Accepts(g, nlohmann::json(s).dump()), match) << nlohmann::json(s).dump();
+    }
+    EXPECT_GT(matched, 0);
+  }
 }
 
 TEST(RegexGbnf, Unicode) {
