@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, run on the accelerator machine (the `device` tool) from the repository root with
-# the Debian packages carried in .deps (../shared/device/fetch-debs.sh):
+# the Debian packages carried in .deps (../shared/device/fetch-debs.sh libbrotli-dev libbrotli1:
+# cpp-httplib's pkg-config file needs brotli's):
 #
 #   bash tests/device_suite.sh OUT_DIR [quick|services|up|tp|tpup]
 #                                    (quick: no benchmarks, no `up`; services: no layer benchmark;
@@ -163,7 +164,7 @@ if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES
   services=OFF
   rm -rf build
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSS_BUILD_SERVICES=OFF \
-    >"$out/cfg_noservices.log" 2>&1 || { tail -20 "$out/cfg_noservices.log"; exit 1; }
+    -DSS_WERROR=OFF >"$out/cfg_noservices.log" 2>&1 || { tail -20 "$out/cfg_noservices.log"; exit 1; }
 fi
 grep -h "splitserve: .*NCCL" "$out"/cfg*.log
 targets=()
