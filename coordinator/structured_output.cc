@@ -201,9 +201,10 @@ absl::StatusOr<std::optional<RequestedGrammar>> StructuredOutput::RequestGrammar
     found.emplace_back(name, std::move(g));
   }
   if (choice.kind == ToolChoice::kRequired || choice.kind == ToolChoice::kNamed) {
+    ASSIGN_OR_RETURN(const std::optional<bool> parallel, GetBool(body, "parallel_tool_calls"));
     auto g = grammar::DsmlToolCallGbnf(
         *tools, choice.kind == ToolChoice::kNamed ? std::optional(choice.name) : std::nullopt,
-        kJson);
+        kJson, parallel.value_or(true));
     if (!g.ok()) return Refused("tool_choice", g.status());
     found.emplace_back("tool_choice", *std::move(g));
   }

@@ -8,8 +8,9 @@
 //                    "grammar": GBNF, "json_object": true}
 //   guided_json, guided_regex, guided_choice, guided_grammar (vLLM's older spelling)
 //   tool_choice      "required" or a named function (chat): the output is a DSML tool-call block
-//                    calling one of the tools (the named one), its arguments valid against the
-//                    tool's parameters schema (grammar/dsml_tool_gbnf.h)
+//                    calling the tools (one or more; one with parallel_tool_calls false; the
+//                    named one once), arguments valid against each tool's parameters schema
+//                    (grammar/dsml_tool_gbnf.h)
 // Conversion: grammar/json_schema_gbnf.h (compact JSON, no whitespace between tokens),
 // grammar/regex_gbnf.h; `grammar` is GBNF (llama.cpp's dialect, grammar/gbnf.h). A schema, regex
 // or grammar that cannot be enforced is a 400 naming the field and the reason.
