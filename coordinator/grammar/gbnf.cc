@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/grammar/utf8_ranges.h"
+#include "coordinator/utf8.h"
 
 namespace ss::grammar {
 namespace {
@@ -292,7 +293,7 @@ class Parser {
         absl::StatusOr<uint32_t> cp = CodePoint();
         if (!cp.ok()) return cp.status();
         if (*cp >= 0xD800 && *cp <= 0xDFFF) return Error(cp_at, "surrogate code point in literal");
-        AppendUtf8(*cp, &e.text);
+        utf8::Append(*cp, &e.text);
       }
       ++pos_;
       return Add(std::move(e));

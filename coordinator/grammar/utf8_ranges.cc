@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "coordinator/utf8.h"
+
 namespace ss::grammar {
 
 size_t DecodeUtf8(std::string_view s, uint32_t* cp) {
@@ -30,24 +32,6 @@ size_t DecodeUtf8(std::string_view s, uint32_t* cp) {
   if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
   *cp = v;
   return len;
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 std::vector<std::pair<uint32_t, uint32_t>> NormalizeRanges(
@@ -89,8 +73,8 @@ namespace {
 
 ByteSeq Encode2(uint32_t lo, uint32_t hi) {
   std::string a, b;
-  AppendUtf8(lo, &a);
-  AppendUtf8(hi, &b);
+  utf8::Append(lo, &a);
+  utf8::Append(hi, &b);
   ByteSeq seq;
   for (size_t i = 0; i < a.size(); ++i) {
     seq.push_back({static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i])});

@@ -17,9 +17,6 @@ namespace ss::grammar {
 // above U+10FFFF): its length, or 0 when `s` does not start with one.
 size_t DecodeUtf8(std::string_view s, uint32_t* cp);
 
-// Appends `cp` (< 0x110000) as UTF-8.
-void AppendUtf8(uint32_t cp, std::string* out);
-
 // Sorted, merged, surrogate-free inclusive ranges; with `negated` the complement within
 // U+0000..U+10FFFF (surrogates excluded).
 std::vector<std::pair<uint32_t, uint32_t>> NormalizeRanges(
