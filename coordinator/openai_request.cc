@@ -222,7 +222,8 @@ absl::StatusOr<GenerationParams> ParseGenerationParams(const Json& body, bool ch
                    GetInt(body, "seed", std::numeric_limits<int64_t>::min(),
                           std::numeric_limits<int64_t>::max()));
   if (seed) p.sampling.seed = static_cast<uint64_t>(*seed);
-  RETURN_IF_ERROR(GetInt(body, "n", 1, 1).status());
+  ASSIGN_OR_RETURN(const std::optional<int64_t> n, GetInt(body, "n", 1, kMaxChoices));
+  p.n = static_cast<int>(n.value_or(1));
   if (const Json* stop = Field(body, "stop")) {
     bool ok = stop->is_string();
     if (stop->is_array()) {

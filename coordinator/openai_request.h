@@ -67,10 +67,12 @@ absl::StatusOr<std::optional<std::string>> GetString(const Json& obj, const std:
 inline constexpr int64_t kMaxTopLogprobs = 20;
 inline constexpr int64_t kMaxStopTokenIds = 64;
 inline constexpr int64_t kMaxLogitBias = 300;  // OpenAI's limit
+inline constexpr int64_t kMaxChoices = 16;     // n
 
 // Everything a generation route reads besides its prompt.
 struct GenerationParams {
   SamplingParams sampling;                  // sampling.top_logprobs >= 0: logprobs requested
+  int n = 1;                                // choices, each its own sequence (seed + i)
   std::optional<int64_t> max_tokens;        // as requested
   std::vector<std::string> stop;            // stop strings (output_text.h)
   bool include_stop_str_in_output = false;  // a matched stop string is returned
@@ -78,7 +80,8 @@ struct GenerationParams {
   bool include_usage = false;
 };
 
-// temperature, top_p, top_k, max_tokens (and max_completion_tokens for chat), seed, n (1 only),
+// temperature, top_p, top_k, max_tokens (and max_completion_tokens for chat), seed, n (up to
+// kMaxChoices),
 // stop, logprobs (chat: a boolean with top_logprobs; completions: an integer), stream,
 // stream_options.include_usage, logit_bias ({"id": bias in [-100, 100]}, up to kMaxLogitBias;
 // ids past the vocabulary fail the request in the engine), frequency_penalty and

@@ -518,101 +518,149 @@ struct OpenAiServer::Impl {
     return Run(std::move(job), req, res);
   }
 
-  absl::StatusOr<std::shared_ptr<GenerationStream>> Submit(
-      const Job& job, std::shared_ptr<CancellationToken> cancel, const httplib::Response& res) {
-    GenerationRequest gr;
-    gr.request_id = job.id;
-    gr.prompt = job.prompt;
-    gr.sampling = job.params.sampling;
-    gr.cancel = std::move(cancel);
-    gr.constraint = job.constraint;
-    SubmitOutcome out = engine->Submit(std::move(gr));
-    switch (out.status) {
-      case SubmitStatus::kAccepted:
-        if (out.stream) return out.stream;
-        break;
-      case SubmitStatus::kOverloaded:
-        return ApiStatus(absl::StatusCode::kUnavailable, "The server is overloaded; retry later",
-                         "", "overloaded", std::max(1, out.retry_after_s));
-      case SubmitStatus::kNotReady:
-        return ApiStatus(absl::StatusCode::kUnavailable, "The model is not ready yet; retry later",
-                         "", "not_ready", std::max(1, out.retry_after_s));
+  // One choice of a request: its own engine sequence (n > 1: several, seeds seed + index).
+  struct Choice {
+    int index = 0;
+    std::shared_ptr<GenerationStream> stream;
+    std::shared_ptr<CancellationToken> cancel;
+    std::unique_ptr<OutputText> output;
+    std::unique_ptr<chat::CompletionStreamParser> parser;  // streaming chat
+    OutputText::Piece all;                                 // non-streaming: everything released
+    FinishReason finish = FinishReason::kNone;
+    std::string error;
+    size_t tool_calls = 0;  // streamed so far
+    bool started = false;   // a chunk was streamed
+  };
+
+  // Submits the job's n choices; on a refusal cancels those already accepted.
+  absl::StatusOr<std::vector<Choice>> Submit(const Job& job, const httplib::Response& res) {
+    std::vector<Choice> choices(static_cast<size_t>(job.params.n));
+    for (size_t i = 0; i < choices.size(); ++i) {
+      Choice& c = choices[i];
+      c.index = static_cast<int>(i);
+      c.cancel = std::make_shared<CancellationToken>();
+      c.output = std::make_unique<OutputText>(*tokenizer, job.params.stop,
+                                              job.params.include_stop_str_in_output,
+                                              static_cast<size_t>(job.params.sampling.min_tokens));
+      c.parser =
+          std::make_unique<chat::CompletionStreamParser>(job.parse_mode, job.parse_tool_calls);
+      GenerationRequest gr;
+      gr.request_id = choices.size() == 1 ? job.id : absl::StrCat(job.id, "-", i);
+      gr.prompt = job.prompt;
+      gr.sampling = job.params.sampling;
+      if (gr.sampling.seed) *gr.sampling.seed += i;
+      gr.cancel = c.cancel;
+      gr.constraint = job.constraint;
+      if (i > 0 && job.grammar) {
+        ASSIGN_OR_RETURN(
+            gr.constraint,
+            structured->Constraint(*job.grammar, job.parse_mode == ThinkingMode::kThinking));
+      }
+      SubmitOutcome out = engine->Submit(std::move(gr));
+      absl::Status refused;
+      switch (out.status) {
+        case SubmitStatus::kAccepted:
+          if (!out.stream) {
+            refused = ServerError(res, "internal error",
+                                  "the engine accepted the request without a stream");
+          }
+          c.stream = std::move(out.stream);
+          break;
+        case SubmitStatus::kOverloaded:
+          refused =
+              ApiStatus(absl::StatusCode::kUnavailable, "The server is overloaded; retry later", "",
+                        "overloaded", std::max(1, out.retry_after_s));
+          break;
+        case SubmitStatus::kNotReady:
+          refused =
+              ApiStatus(absl::StatusCode::kUnavailable, "The model is not ready yet; retry later",
+                        "", "not_ready", std::max(1, out.retry_after_s));
+          break;
+      }
+      if (!refused.ok()) {
+        for (size_t k = 0; k < i; ++k) choices[k].cancel->Cancel();
+        return refused;
+      }
     }
-    return ServerError(res, "internal error", "the engine accepted the request without a stream");
+    return choices;
   }
 
-  // One engine event through `output`: returns the text and logprobs it releases and sets
-  // `*finish` once the request is over. A stop string ends it with kStop (whatever the engine
-  // says) and cancels the engine's request, which frees its KV.
-  static OutputText::Piece Consume(OutputText& output, const GenerationEvent& ev,
-                                   CancellationToken& cancel, RequestTimer& timer,
-                                   FinishReason* finish) {
-    const size_t before = output.tokens();
-    OutputText::Piece piece = output.Add(ev.tokens, ev.logprobs);
-    if (!output.stopped() && ev.finish != FinishReason::kNone) piece.Append(output.Finish());
-    *finish = ev.finish;
-    if (output.stopped()) {
-      *finish = FinishReason::kStop;
-      cancel.Cancel();
+  // One engine event of `c` through its output: returns the text and logprobs it releases and
+  // sets c.finish once the choice is over. A stop string ends it with kStop (whatever the engine
+  // says) and cancels the engine's sequence, which frees its KV.
+  static OutputText::Piece Consume(Choice& c, const GenerationEvent& ev) {
+    OutputText::Piece piece = c.output->Add(ev.tokens, ev.logprobs);
+    if (!c.output->stopped() && ev.finish != FinishReason::kNone) {
+      piece.Append(c.output->Finish());
     }
-    timer.Event(output.tokens() - before, *finish);
+    c.finish = ev.finish;
+    c.error = ev.error;
+    if (c.output->stopped()) {
+      c.finish = FinishReason::kStop;
+      c.cancel->Cancel();
+    }
     return piece;
   }
 
-  absl::Status Run(Job job, const httplib::Request& req, httplib::Response& res) {
-    auto cancel = std::make_shared<CancellationToken>();
-    auto timer = std::make_unique<RequestTimer>();
-    timer->gm = gm.get();
-    timer->arrival = job.arrival;
-    ASSIGN_OR_RETURN(std::shared_ptr<GenerationStream> stream, Submit(job, cancel, res));
-    timer->Accepted(job.prompt.size());
-    timer->streaming = job.params.stream;
-    if (job.params.stream) {
-      Stream(std::move(job), std::move(stream), std::move(cancel), std::move(timer), res);
-      return absl::OkStatus();
+  // The request's outcome once every choice is over (kNone before): an error or a cancel of any
+  // choice, else the first choice's reason.
+  static FinishReason Outcome(const std::vector<Choice>& choices) {
+    for (const Choice& c : choices) {
+      if (c.finish == FinishReason::kNone) return FinishReason::kNone;
     }
-    OutputText output(*tokenizer, job.params.stop, job.params.include_stop_str_in_output,
-                      static_cast<size_t>(job.params.sampling.min_tokens));
-    OutputText::Piece all;
-    FinishReason finish = FinishReason::kNone;
-    std::string error;
-    // The client's socket, looked at every poll interval: one that hung up cancels the request.
-    const int fd = FindConnectionSocket(Endpoints(req));
-    auto next_check = Clock::now() + kPollInterval;
-    while (finish == FinishReason::kNone) {
-      auto ev = stream->Next(kPollInterval);
-      if (const auto now = Clock::now(); now >= next_check) {
-        next_check = now + kPollInterval;
-        if (fd >= 0 && PeerClosed(fd)) {
-          cancel->Cancel();
-          timer->Abort();
-          spdlog::info("request {} ({}): the client went away; cancelled",
-                       res.get_header_value(kRequestIdHeader), job.id);
-          res.status = kClientClosed;
-          return absl::OkStatus();
-        }
-      }
+    for (const Choice& c : choices) {
+      if (c.finish == FinishReason::kError || c.finish == FinishReason::kCancelled) return c.finish;
+    }
+    return choices[0].finish;
+  }
+
+  // Polls every unfinished choice once (waiting up to kPollInterval in all); `on_piece` gets
+  // each released piece. Returns whether any event arrived.
+  template <typename F>
+  static bool Poll(std::vector<Choice>& choices, RequestTimer& timer, F&& on_piece) {
+    const auto wait =
+        std::max(std::chrono::milliseconds(1), kPollInterval / static_cast<int>(choices.size()));
+    bool any = false;
+    for (Choice& c : choices) {
+      if (c.finish != FinishReason::kNone) continue;
+      auto ev = c.stream->Next(wait);
       if (!ev) continue;
-      all.Append(Consume(output, *ev, *cancel, *timer, &finish));
-      error = ev->error;
+      any = true;
+      const size_t before = c.output->tokens();
+      OutputText::Piece piece = Consume(c, *ev);
+      timer.Event(c.output->tokens() - before, Outcome(choices));
+      if (!on_piece(c, std::move(piece))) return any;
     }
-    if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
-      return ServerError(res, "generation failed",
-                         absl::StrCat(job.id, ": ", error.empty() ? "cancelled" : error));
+    return any;
+  }
+
+  // A choice that failed (an engine error or a cancel), or null.
+  static const Choice* Failed(const std::vector<Choice>& choices) {
+    for (const Choice& c : choices) {
+      if (c.finish == FinishReason::kError || c.finish == FinishReason::kCancelled) return &c;
     }
-    const std::string* text = &all.text;
+    return nullptr;
+  }
+
+  static void CancelAll(std::vector<Choice>& choices) {
+    for (Choice& c : choices) c.cancel->Cancel();
+  }
+
+  static size_t GeneratedTokens(const std::vector<Choice>& choices) {
+    size_t n = 0;
+    for (const Choice& c : choices) n += c.output->tokens();
+    return n;
+  }
+
+  // A finished choice of a non-streaming response.
+  Json ChoiceJson(const Job& job, const Choice& c) const {
     const bool logprobs = job.params.sampling.top_logprobs >= 0;
-    Json resp = Json::object();
-    resp["id"] = job.id;
-    resp["object"] = job.kind == Kind::kChat ? "chat.completion" : "text_completion";
-    resp["created"] = NowSeconds();
-    resp["model"] = config.model_name;
     Json choice = Json::object();
-    choice["index"] = 0;
-    std::string reason = FinishReasonName(finish);
+    choice["index"] = c.index;
+    std::string reason = FinishReasonName(c.finish);
     if (job.kind == Kind::kChat) {
       chat::ParsedCompletion parsed =
-          chat::ParseCompletion(*text, job.parse_mode, job.parse_tool_calls);
+          chat::ParseCompletion(c.all.text, job.parse_mode, job.parse_tool_calls);
       if (!job.parallel_tool_calls && parsed.tool_calls.size() > 1) parsed.tool_calls.resize(1);
       Json msg = Json::object();
       msg["role"] = "assistant";
@@ -622,21 +670,74 @@ struct OpenAiServer::Impl {
       if (!parsed.tool_calls.empty()) {
         Json calls = Json::array();
         for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
-          calls.push_back(ToolCallJson(parsed.tool_calls[i], absl::StrCat("call_", job.id, "_", i),
-                                       i, /*with_index=*/false));
+          calls.push_back(ToolCallJson(parsed.tool_calls[i], CallId(job, c, i), i,
+                                       /*with_index=*/false));
         }
         msg["tool_calls"] = std::move(calls);
-        if (finish != FinishReason::kLength) reason = "tool_calls";
+        if (c.finish != FinishReason::kLength) reason = "tool_calls";
       }
       choice["message"] = std::move(msg);
-      choice["logprobs"] = logprobs ? ChatLogprobs(*tokenizer, all.logprobs) : Json(nullptr);
+      choice["logprobs"] = logprobs ? ChatLogprobs(*tokenizer, c.all.logprobs) : Json(nullptr);
     } else {
-      choice["text"] = job.echo + *text;
-      choice["logprobs"] = logprobs ? CompletionLogprobs(*tokenizer, all.logprobs) : Json(nullptr);
+      choice["text"] = job.echo + c.all.text;
+      choice["logprobs"] =
+          logprobs ? CompletionLogprobs(*tokenizer, c.all.logprobs) : Json(nullptr);
     }
     choice["finish_reason"] = reason;
-    resp["choices"] = Json::array({std::move(choice)});
-    resp["usage"] = UsageJson(job.prompt.size(), output.tokens());
+    return choice;
+  }
+
+  static std::string CallId(const Job& job, const Choice& c, size_t i) {
+    return c.index == 0 ? absl::StrCat("call_", job.id, "_", i)
+                        : absl::StrCat("call_", job.id, "_", c.index, "_", i);
+  }
+
+  absl::Status Run(Job job, const httplib::Request& req, httplib::Response& res) {
+    auto timer = std::make_unique<RequestTimer>();
+    timer->gm = gm.get();
+    timer->arrival = job.arrival;
+    ASSIGN_OR_RETURN(std::vector<Choice> choices, Submit(job, res));
+    timer->Accepted(job.prompt.size());
+    timer->streaming = job.params.stream;
+    if (job.params.stream) {
+      Stream(std::move(job), std::move(choices), std::move(timer), res);
+      return absl::OkStatus();
+    }
+    // The client's socket, looked at every poll interval: one that hung up cancels the request.
+    const int fd = FindConnectionSocket(Endpoints(req));
+    auto next_check = Clock::now() + kPollInterval;
+    while (Outcome(choices) == FinishReason::kNone && Failed(choices) == nullptr) {
+      Poll(choices, *timer, [](Choice& c, OutputText::Piece piece) {
+        c.all.Append(std::move(piece));
+        return true;
+      });
+      if (const auto now = Clock::now(); now >= next_check) {
+        next_check = now + kPollInterval;
+        if (fd >= 0 && PeerClosed(fd)) {
+          CancelAll(choices);
+          timer->Abort();
+          spdlog::info("request {} ({}): the client went away; cancelled",
+                       res.get_header_value(kRequestIdHeader), job.id);
+          res.status = kClientClosed;
+          return absl::OkStatus();
+        }
+      }
+    }
+    if (const Choice* failed = Failed(choices)) {
+      CancelAll(choices);
+      timer->Event(0, failed->finish);
+      return ServerError(
+          res, "generation failed",
+          absl::StrCat(job.id, ": ", failed->error.empty() ? "cancelled" : failed->error));
+    }
+    Json resp = Json::object();
+    resp["id"] = job.id;
+    resp["object"] = job.kind == Kind::kChat ? "chat.completion" : "text_completion";
+    resp["created"] = NowSeconds();
+    resp["model"] = config.model_name;
+    resp["choices"] = Json::array();
+    for (const Choice& c : choices) resp["choices"].push_back(ChoiceJson(job, c));
+    resp["usage"] = UsageJson(job.prompt.size(), GeneratedTokens(choices));
     SendJson(res, resp);
     return absl::OkStatus();
   }
@@ -645,14 +746,9 @@ struct OpenAiServer::Impl {
   struct StreamState {
     Job job;
     std::string request_id;  // X-Request-Id
-    std::shared_ptr<GenerationStream> stream;
-    std::shared_ptr<CancellationToken> cancel;
-    std::unique_ptr<OutputText> output;
-    std::unique_ptr<chat::CompletionStreamParser> parser;
+    std::vector<Choice> choices;
     std::unique_ptr<RequestTimer> timer;  // running until the response (and this) is destroyed
-    size_t tool_calls = 0;
-    bool started = false;
-    bool finished = false;
+    bool finished = false;                // [DONE] was written
     int64_t created = 0;
   };
 
@@ -670,29 +766,28 @@ struct OpenAiServer::Impl {
     return sink.write(line.data(), line.size());
   }
 
-  // One chunk carrying `delta` (chat) or `text` (completions) and the logprobs of the ids it
-  // completes (when requested); finish_reason null or given.
-  bool WriteDelta(StreamState& st, httplib::DataSink& sink, const chat::CompletionDelta& d,
-                  const std::string& text, const char* finish,
+  // One chunk of choice `ch` carrying `delta` (chat) or `text` (completions) and the logprobs of
+  // the ids it completes (when requested); finish_reason null or given.
+  bool WriteDelta(StreamState& st, Choice& ch, httplib::DataSink& sink,
+                  const chat::CompletionDelta& d, const std::string& text, const char* finish,
                   const std::vector<OutputLogprob>& logprobs = {}) {
     const bool with_logprobs = st.job.params.sampling.top_logprobs >= 0 && !logprobs.empty();
     Json c = ChunkBase(st);
     Json choice = Json::object();
-    choice["index"] = 0;
+    choice["index"] = ch.index;
     if (st.job.kind == Kind::kChat) {
       Json delta = Json::object();
-      if (!st.started) delta["role"] = "assistant";
+      if (!ch.started) delta["role"] = "assistant";
       if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
-      if (!d.content.empty() || !st.started) delta["content"] = d.content;
+      if (!d.content.empty() || !ch.started) delta["content"] = d.content;
       size_t n_calls = d.tool_calls.size();
-      if (!st.job.parallel_tool_calls) n_calls = std::min<size_t>(n_calls, st.tool_calls == 0);
+      if (!st.job.parallel_tool_calls) n_calls = std::min<size_t>(n_calls, ch.tool_calls == 0);
       if (n_calls > 0) {
         Json calls = Json::array();
         for (size_t k = 0; k < n_calls; ++k) {
-          const chat::ParsedToolCall& call = d.tool_calls[k];
-          const size_t i = st.tool_calls++;
-          calls.push_back(ToolCallJson(call, absl::StrCat("call_", st.job.id, "_", i), i,
-                                       /*with_index=*/true));
+          const size_t i = ch.tool_calls++;
+          calls.push_back(
+              ToolCallJson(d.tool_calls[k], CallId(st.job, ch, i), i, /*with_index=*/true));
         }
         delta["tool_calls"] = std::move(calls);
       }
@@ -704,80 +799,98 @@ struct OpenAiServer::Impl {
     }
     choice["finish_reason"] = finish ? Json(finish) : Json(nullptr);
     c["choices"] = Json::array({std::move(choice)});
-    st.started = true;
+    ch.started = true;
     return WriteEvent(sink, Dump(c));
   }
 
   // Released text and logprobs -> one delta chunk (nothing written when it carries nothing).
-  bool EmitText(StreamState& st, httplib::DataSink& sink, const OutputText::Piece& piece,
-                bool final) {
+  bool EmitText(StreamState& st, Choice& ch, httplib::DataSink& sink,
+                const OutputText::Piece& piece, bool final) {
     const std::string& text = piece.text;
     if (st.job.kind == Kind::kCompletion) {
       if (text.empty() && piece.logprobs.empty()) return true;
-      return WriteDelta(st, sink, {}, text, nullptr, piece.logprobs);
+      return WriteDelta(st, ch, sink, {}, text, nullptr, piece.logprobs);
     }
-    chat::CompletionDelta d = st.parser->Feed(text);
+    chat::CompletionDelta d = ch.parser->Feed(text);
     if (final) {
-      chat::CompletionDelta rest = st.parser->Finish();
+      chat::CompletionDelta rest = ch.parser->Finish();
       d.reasoning_content += rest.reasoning_content;
       d.content += rest.content;
       for (auto& call : rest.tool_calls) d.tool_calls.push_back(std::move(call));
     }
     if (d.empty() && piece.logprobs.empty()) return true;
-    return WriteDelta(st, sink, d, "", nullptr, piece.logprobs);
+    return WriteDelta(st, ch, sink, d, "", nullptr, piece.logprobs);
+  }
+
+  // A piece of choice `ch` as chunks: its text, and once the choice is over its finish chunk.
+  bool EmitPiece(StreamState& st, Choice& ch, httplib::DataSink& sink,
+                 const OutputText::Piece& piece) {
+    const bool over = ch.finish != FinishReason::kNone;
+    if (!EmitText(st, ch, sink, piece, over)) return false;
+    if (!over || ch.finish == FinishReason::kError || ch.finish == FinishReason::kCancelled) {
+      return true;
+    }
+    std::string reason = FinishReasonName(ch.finish);
+    if (ch.tool_calls > 0 && ch.finish != FinishReason::kLength) reason = "tool_calls";
+    return WriteDelta(st, ch, sink, {}, "", reason.c_str());
   }
 
   // Called repeatedly by httplib until it returns false or calls sink.done().
   bool Provide(StreamState& st, httplib::DataSink& sink) {
-    if (!st.started && st.job.kind == Kind::kChat) {
-      if (!WriteDelta(st, sink, {}, "", nullptr)) return false;  // the role chunk
-    }
-    if (!st.started && !st.job.echo.empty()) {
-      if (!WriteDelta(st, sink, {}, st.job.echo, nullptr)) return false;
-    }
-    auto ev = st.stream->Next(kPollInterval);
-    if (!ev) return !st.cancel->cancelled();
-    FinishReason finish = FinishReason::kNone;
-    OutputText::Piece piece = Consume(*st.output, *ev, *st.cancel, *st.timer, &finish);
-    if (finish == FinishReason::kNone) return EmitText(st, sink, piece, /*final=*/false);
-
-    if (!EmitText(st, sink, piece, /*final=*/true)) return false;
-    st.finished = true;
-    if (finish == FinishReason::kError || finish == FinishReason::kCancelled) {
-      spdlog::error("request {}: generation failed: {}: {}", st.request_id, st.job.id,
-                    ev->error.empty() ? "cancelled" : ev->error);
-      const ApiError e = ToApiError(absl::InternalError(
-          absl::StrCat("generation failed; see the server log for request ", st.request_id)));
-      if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
-    } else {
-      std::string reason = FinishReasonName(finish);
-      if (st.tool_calls > 0 && finish != FinishReason::kLength) reason = "tool_calls";
-      if (!WriteDelta(st, sink, {}, "", reason.c_str())) return false;
-      if (st.job.params.include_usage) {
-        Json c = ChunkBase(st);
-        c["choices"] = Json::array();
-        c["usage"] = UsageJson(st.job.prompt.size(), st.output->tokens());
-        if (!WriteEvent(sink, Dump(c))) return false;
+    for (Choice& ch : st.choices) {
+      if (!ch.started && st.job.kind == Kind::kChat) {
+        if (!WriteDelta(st, ch, sink, {}, "", nullptr)) return false;  // the role chunk
+      }
+      if (!ch.started && !st.job.echo.empty()) {
+        if (!WriteDelta(st, ch, sink, {}, st.job.echo, nullptr)) return false;
       }
     }
+    bool written = true;
+    const bool any = Poll(st.choices, *st.timer, [&](Choice& ch, OutputText::Piece piece) {
+      written = EmitPiece(st, ch, sink, piece);
+      return written;
+    });
+    if (!written) return false;
+    if (!any) {
+      for (const Choice& ch : st.choices) {
+        if (ch.finish == FinishReason::kNone && ch.cancel->cancelled()) return false;
+      }
+    }
+    if (const Choice* failed = Failed(st.choices)) return Fail(st, *failed, sink);  // at once
+    if (Outcome(st.choices) == FinishReason::kNone) return true;
+    if (st.job.params.include_usage) {
+      Json c = ChunkBase(st);
+      c["choices"] = Json::array();
+      c["usage"] = UsageJson(st.job.prompt.size(), GeneratedTokens(st.choices));
+      if (!WriteEvent(sink, Dump(c))) return false;
+    }
+    st.finished = true;
     if (!WriteEvent(sink, "[DONE]")) return false;
     sink.done();
     return true;
   }
 
-  void Stream(Job job, std::shared_ptr<GenerationStream> stream,
-              std::shared_ptr<CancellationToken> cancel, std::unique_ptr<RequestTimer> timer,
+  // Ends a stream whose choice `ch` failed: the others are cancelled, an error event, [DONE].
+  bool Fail(StreamState& st, const Choice& ch, httplib::DataSink& sink) {
+    CancelAll(st.choices);
+    st.timer->Event(0, ch.finish);
+    st.finished = true;
+    spdlog::error("request {}: generation failed: {}: {}", st.request_id, st.job.id,
+                  ch.error.empty() ? "cancelled" : ch.error);
+    const ApiError e = ToApiError(absl::InternalError(
+        absl::StrCat("generation failed; see the server log for request ", st.request_id)));
+    if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
+    if (!WriteEvent(sink, "[DONE]")) return false;
+    sink.done();
+    return true;
+  }
+
+  void Stream(Job job, std::vector<Choice> choices, std::unique_ptr<RequestTimer> timer,
               httplib::Response& res) {
     auto st = std::make_shared<StreamState>();
     st->timer = std::move(timer);
     st->job = std::move(job);
-    st->stream = std::move(stream);
-    st->cancel = std::move(cancel);
-    st->output = std::make_unique<OutputText>(
-        *tokenizer, st->job.params.stop, st->job.params.include_stop_str_in_output,
-        static_cast<size_t>(st->job.params.sampling.min_tokens));
-    st->parser = std::make_unique<chat::CompletionStreamParser>(st->job.parse_mode,
-                                                                st->job.parse_tool_calls);
+    st->choices = std::move(choices);
     st->created = NowSeconds();
     st->request_id = res.get_header_value(kRequestIdHeader);
     res.set_header("Cache-Control", "no-cache");
@@ -785,12 +898,12 @@ struct OpenAiServer::Impl {
         "text/event-stream",
         [this, st](size_t, httplib::DataSink& sink) {
           if (Provide(*st, sink)) return true;
-          st->cancel->Cancel();  // the client went away: stop generating
+          CancelAll(st->choices);  // the client went away: stop generating
           return false;
         },
         [st](bool) {
           if (st->finished) return;
-          st->cancel->Cancel();  // the client went away (or the server stops)
+          CancelAll(st->choices);  // the client went away (or the server stops)
           st->timer->Abort();
         });
   }

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -426,6 +427,64 @@ TEST_F(OpenAiServerTest, CompletionsEchoReturnsThePromptFirst) {
   }
   Json c = Json{{"model", "deepseek-v4"}, {"prompt", "Hello"}, {"echo", true}, {"logprobs", 1}};
   ExpectError(Post("/v1/completions", c.dump()), 400, "echo");
+}
+
+TEST_F(OpenAiServerTest, NChoicesAreSequencesOfTheirOwnWithSeedPlusIndex) {
+  engine_->set_script(Ids("one two"));
+  const int before = engine_->submitted_count();
+  Json body = ChatBody(false, false);
+  body["n"] = 3;
+  body["seed"] = 40;
+  auto r = Post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json j = Json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], "one two");
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "stop");
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3 * Ids("one two").size());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], engine_->last_request().prompt.size());
+  EXPECT_EQ(engine_->submitted_count() - before, 3);
+  EXPECT_EQ(engine_->last_request().sampling.seed, std::optional<uint64_t>(42));
+  // Streamed: every chunk names its choice; each choice's deltas make its text, with its own
+  // finish; one usage chunk for all; [DONE] last.
+  Json sb = ChatBody(true, false);
+  sb["n"] = 2;
+  sb["stream_options"] = Json{{"include_usage", true}};
+  r = Post("/v1/chat/completions", sb.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto events = Events(r->body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::map<int, std::string> text, finish;
+  Json usage;
+  for (const auto& ev : events) {
+    if (ev == "[DONE]") continue;
+    const Json c = Json::parse(ev);
+    if (c.contains("usage") && !c["usage"].is_null()) usage = c["usage"];
+    for (const auto& ch : c["choices"]) {
+      const int i = ch["index"];
+      if (ch["delta"].contains("content")) text[i] += ch["delta"]["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) finish[i] = ch["finish_reason"];
+    }
+  }
+  ASSERT_EQ(text.size(), 2u);
+  EXPECT_EQ(text[0], "one two");
+  EXPECT_EQ(text[1], "one two");
+  EXPECT_EQ(finish[0], "stop");
+  EXPECT_EQ(finish[1], "stop");
+  EXPECT_EQ(usage["completion_tokens"], 2 * Ids("one two").size());
+  ExpectError(Post("/v1/chat/completions",
+                   [&] {
+                     Json b = ChatBody(false, false);
+                     b["n"] = 17;
+                     return b.dump();
+                   }()),
+              400, "n");
 }
 
 TEST_F(OpenAiServerTest, FieldsNeitherHonouredNorRefusedAreNamedInAHeader) {

@@ -522,6 +522,32 @@ TEST_F(ClusterE2eTest, EosStopIdsStopStringsMinPAndSeedActOnTheModel) {
   EXPECT_NE(a["choices"][0]["text"], c["choices"][0]["text"]);
 }
 
+// n choices are n sequences: choice i is exactly the single request with seed + i.
+TEST_F(ClusterE2eTest, NChoicesEqualTheirSingleRunsWithSeedPlusIndex) {
+  const std::vector<int32_t> prompt = {0, 320, 321, 322};
+  auto complete = [&](json extra) {
+    json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 10}, {"temperature", 1.2}};
+    body.update(extra);
+    auto r = Post("/v1/completions", body);
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r && r->status == 200 ? json::parse(r->body) : json();
+  };
+  const json many = complete({{"n", 3}, {"seed", 70}});
+  ASSERT_EQ(many["choices"].size(), 3u);
+  std::set<std::string> distinct;
+  size_t tokens = 0;
+  for (int i = 0; i < 3; ++i) {
+    const json one = complete({{"seed", 70 + i}});
+    EXPECT_EQ(many["choices"][i]["text"], one["choices"][0]["text"]) << i;
+    EXPECT_EQ(many["choices"][i]["index"], i);
+    distinct.insert(many["choices"][i]["text"].get<std::string>());
+    tokens += one["usage"]["completion_tokens"].get<size_t>();
+  }
+  EXPECT_GT(distinct.size(), 1u);
+  EXPECT_EQ(many["usage"]["completion_tokens"], tokens);
+  EXPECT_EQ(many["usage"]["prompt_tokens"], prompt.size());
+}
+
 TEST_F(ClusterE2eTest, ConcurrentStreamsMatchTheirSoloRuns) {
   constexpr int kN = 16;
   std::vector<json> prompts;
