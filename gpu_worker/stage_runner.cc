@@ -15,6 +15,17 @@ namespace ss::gpu {
 
 namespace pb = ::splitserve::v1;
 
+namespace {
+
+// The penalties of `p` into `config` (an unset repetition_penalty, 0, means 1: off).
+void SetPenalties(const pb::SamplingParams& p, SamplingConfig* config) {
+  config->frequency_penalty = p.frequency_penalty();
+  config->presence_penalty = p.presence_penalty();
+  config->repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+}
+
+}  // namespace
+
 WorkerMetrics::WorkerMetrics(metrics::Metrics& m, const std::string& worker, int first_layer,
                              int end_layer)
     : first_layer_(first_layer),
@@ -237,9 +248,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     for (const auto& [tok, bias] : p.logit_bias()) s.logit_bias.emplace_back(tok, bias);
     std::sort(s.logit_bias.begin(), s.logit_bias.end());  // the map's order is unspecified
     s.min_p = p.min_p();
-    s.frequency_penalty = p.frequency_penalty();
-    s.presence_penalty = p.presence_penalty();
-    s.repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+    SetPenalties(p, &s);
     absl::Status st = ValidateSampling(s);
     const size_t mask_bytes = static_cast<size_t>((mc.vocab_size + 31) / 32) * 4;
     if (st.ok() && !c.allowed_tokens().empty() && c.allowed_tokens().size() != mask_bytes) {
@@ -313,10 +322,9 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   if (role_.tp_rank != 0) return absl::OkStatus();
   for (int i = 0; i < plan.chunks_size(); ++i) {
     const pb::SamplingParams& p = plan.chunks(i).sampling();
-    if (p.frequency_penalty() == 0.0f && p.presence_penalty() == 0.0f &&
-        (p.repetition_penalty() == 0.0f || p.repetition_penalty() == 1.0f)) {
-      continue;
-    }
+    SamplingConfig penalties;
+    SetPenalties(p, &penalties);
+    if (!penalties.has_penalties()) continue;
     const StageChunk& ch = batch[static_cast<size_t>(i)];
     if (absl::Status st = histories_.Observe(ch.seq_id, ch.start, ch.tokens, p.prompt_tokens());
         !st.ok()) {
