@@ -16,7 +16,8 @@ namespace ss {
 // 5: HeartbeatRequest.progress (a micro-batch stalls only while its workers show no progress).
 // 6: SamplingParams.logit_bias and min_p.
 // 7: SamplingParams penalties and prompt_tokens; SeqChunk.banned_tokens and allowed_tokens.
-inline constexpr uint32_t kClusterProtocolVersion = 7;
+// 8: prefix caching: SeqChunk.restore_snapshot, StepPlan.save_snapshots and drop_snapshots.
+inline constexpr uint32_t kClusterProtocolVersion = 8;
 
 // Bytes of an NCCL unique id (ncclUniqueId; gpu_worker/nccl_comm.h NcclComm::kUniqueIdBytes), as
 // the coordinator checks it without NCCL.

@@ -73,6 +73,7 @@ absl::StatusOr<KvCostModel> KvCostModel::FromModelConfig(const ModelConfig& conf
     growing += options.block_tokens / m * main_entry;
     if (m == 4) {
       model.state_bytes += CompressorStateBytes(m, config.index_head_dim);
+      model.carry_bytes += 4 * 2 * 4 * (2 * config.head_dim + 2 * config.index_head_dim);
       growing += options.block_tokens / m * index_entry;
     }
     return absl::OkStatus();
@@ -96,6 +97,7 @@ absl::StatusOr<KvCostModel> KvCostModel::FromModelConfig(const ModelConfig& conf
     model.windows_per_block = 1;
   }
   model.fixed_blocks = CeilDiv(rings, model.windows_per_block);
+  model.snapshot_blocks = model.fixed_blocks + CeilDiv(model.carry_bytes, model.block_bytes);
   return model;
 }
 
@@ -110,7 +112,11 @@ absl::StatusOr<KvCostModel> KvCostModel::Pipeline(std::span<const KvCostModel> s
     }
     if (s.fixed_blocks > out.fixed_blocks) out = s;
   }
-  for (const KvCostModel& s : stages) out.state_bytes = std::max(out.state_bytes, s.state_bytes);
+  for (const KvCostModel& s : stages) {
+    out.state_bytes = std::max(out.state_bytes, s.state_bytes);
+    out.carry_bytes = std::max(out.carry_bytes, s.carry_bytes);
+    out.snapshot_blocks = std::max(out.snapshot_blocks, s.snapshot_blocks);
+  }
   return out;
 }
 
@@ -118,7 +124,8 @@ std::string KvCostModel::DebugString() const {
   return absl::StrCat("KvCostModel{block_tokens=", block_tokens, " block_bytes=", block_bytes,
                       " entry_bytes=", entry_bytes, " index_entry_bytes=", index_entry_bytes,
                       " fixed_bytes=", fixed_bytes, " windows_per_block=", windows_per_block,
-                      " fixed_blocks=", fixed_blocks, " state_bytes=", state_bytes, "}");
+                      " fixed_blocks=", fixed_blocks, " state_bytes=", state_bytes,
+                      " carry_bytes=", carry_bytes, " snapshot_blocks=", snapshot_blocks, "}");
 }
 
 }  // namespace ss::sched

@@ -68,6 +68,13 @@ struct KvCostOptions {
 //   E_main  = nope + 2 x rope + roundup8(nope / 64) (kFp8DsMla) or 2 x head_dim (kBf16)
 //   E_index = index_head_dim / 2 + index_head_dim / 32 (kMxfp4) or index_head_dim + 4 (kFp8)
 //
+//   A resume snapshot (prefix caching; gpu_worker/backend.h "Resume snapshots"): the window
+//   rings laid out as the fixed blocks, then the ratio-4 compressors' carried slots, 4 token slots
+//   of kv + score, fp32, for the main compressor (coff*d = 2 x head_dim) and the indexer's
+//   (2 x index_head_dim) of every covered m = 4 layer:
+//     carry_bytes     = sum over m = 4 layers of 4 x 2 x 4 x (2 x head_dim + 2 x index_head_dim)
+//     snapshot_blocks = fixed_blocks + ceil(carry_bytes / block_bytes)
+//
 // A sequence that has processed n tokens holds floor(n / m) compressed entries per layer, which
 // ceil(n / B) blocks cover exactly (B is a multiple of m), so
 //   BlocksForTokens(n) = fixed_blocks + ceil(n / B)
@@ -80,6 +87,7 @@ struct KvCostOptions {
 //                       sequence's windows cost as much as 1,024 tokens of context
 //   state_bytes       = 21 x (65,536 + 16,384) + 20 x 524,288 = 12,206,080 B (11.6 MiB) per
 //                       sequence, outside the pool
+//   carry_bytes       = 21 x 40,960 = 860,160 B; snapshot_blocks = 8 + 2 = 10 (3.4 MiB)
 // Two stages, layers [0, 21) and [21, 43) (no MTP): block_bytes 213,896 and 235,928 B, 366 and
 // 403 ring entries per window block, fixed_blocks ceil(2,688 / 366) = 8 and ceil(2,816 / 403) = 7
 // (the pipeline: 8), state 5,537,792 and 6,668,288 B.
@@ -96,14 +104,16 @@ struct KvCostModel {
   int64_t index_entry_bytes = 0;  // E_index
   int64_t windows_per_block = 0;  // ring entries of one window block
   int64_t state_bytes = 0;        // compressor state of one sequence, outside the pool
+  int64_t carry_bytes = 0;        // the ratio-4 compressors' slots a snapshot carries
+  int64_t snapshot_blocks = 0;    // the blocks of one resume snapshot
 
   // Validates the options against the config: InvalidArgument names the offending value.
   static absl::StatusOr<KvCostModel> FromModelConfig(const ModelConfig& config,
                                                      const KvCostOptions& options = {});
   // The cost model of a pipeline from its stages' models (same block_tokens): fixed_blocks and
   // state_bytes are the maxima over the stages (a sequence holds both in every stage; the state
-  // figure is informational, per stage); the other fields are those of the stage that needs the
-  // most fixed blocks (informational).
+  // figure is informational, per stage), and so are snapshot_blocks and carry_bytes; the other
+  // fields are those of the stage that needs the most fixed blocks (informational).
   static absl::StatusOr<KvCostModel> Pipeline(std::span<const KvCostModel> stages);
 
   // Blocks a sequence needs to hold `tokens` processed tokens (fixed part included; 0 for 0).

@@ -7,8 +7,8 @@
 
 namespace ss::gpu {
 
-absl::Status CheckStageLayout(const ModelConfig& c, int stage, int num_stages,
-                              int64_t first_layer, int64_t end_layer, int64_t kv_tokens) {
+absl::Status CheckStageLayout(const ModelConfig& c, int stage, int num_stages, int64_t first_layer,
+                              int64_t end_layer, int64_t kv_tokens) {
   if (num_stages < 1 || stage < 0 || stage >= num_stages) {
     return absl::InvalidArgumentError(absl::StrCat("stage ", stage, " of ", num_stages, " stages"));
   }
@@ -25,7 +25,8 @@ absl::Status CheckStageLayout(const ModelConfig& c, int stage, int num_stages,
     return absl::InvalidArgumentError(
         absl::StrCat("the last stage must end at layer ", c.n_layers, ", not ", end_layer));
   }
-  if (kv_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("kv_tokens ", kv_tokens, " < 1"));
+  if (kv_tokens < 1)
+    return absl::InvalidArgumentError(absl::StrCat("kv_tokens ", kv_tokens, " < 1"));
   return absl::OkStatus();
 }
 
@@ -47,8 +48,16 @@ absl::Status CheckBatch(const ModelConfig& c, std::span<const StageChunk> batch,
       }
     }
     const int64_t pos = next_pos(ch.seq_id);
-    const int64_t held = pos < 0 ? 0 : pos;
-    if (ch.start != 0) {
+    int64_t held = pos < 0 ? 0 : pos;
+    if (!ch.restore_snapshot.empty()) {
+      if (pos >= 0 || ch.start <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(seq, ": a chunk resuming from a snapshot must start past 0 (it starts at ",
+                         ch.start, ") for a sequence this worker does not hold (",
+                         pos < 0 ? "it does not" : "it does", ")"));
+      }
+      held = ch.start;  // the shared blocks below start are the cache's, not this sequence's
+    } else if (ch.start != 0) {
       if (pos < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(seq, ": chunk starts at ", ch.start,

@@ -9,6 +9,7 @@
 //                                         layers, and leaves the next stage's input streams
 //                                         (non-last) or the sampling rows' logits (last) in out
 //   Release(seq_id)                       frees a sequence
+//   SaveSnapshot(seq_id, position, blocks) copies a sequence's resume state (prefix caching)
 //
 // Run is all-or-nothing for the sequences' positions: on success every chunk's sequence
 // advances to start + tokens; on failure the sequences of the batch are dropped (their state
@@ -16,8 +17,26 @@
 // coordinator fails a micro-batch's requests when a step fails, so none follows.
 //
 // A chunk with start == 0 begins (or restarts) its sequence; any other start must equal the
-// sequence's next position. KV capacity is counted in tokens (the sum of the live sequences'
-// positions); a batch that would exceed it is refused by Check.
+// sequence's next position, or, for a chunk with `restore_snapshot`, the sequence is new and
+// resumes at `start` from that snapshot. KV capacity is counted in tokens (the sum of the live
+// sequences' positions less what they resumed from a snapshot, which shared cached blocks hold);
+// a batch that would exceed it is refused by Check.
+//
+// Resume snapshots (prefix caching, ARCHITECTURE.md "Prefix cache"). To continue a sequence at a
+// block boundary N (a multiple of the KV block size B, itself a multiple of every compress ratio)
+// the compressed entries and indexer keys below N are in the sequence's token blocks, which the
+// coordinator shares between sequences with the same first N tokens, and two more things are
+// needed that no token block holds: the window rings (the raw KV of positions N-W .. N-1) and the
+// ratio-4 compressors' "previous group" slots (positions N-4 .. N-1, spec §3.7: the main
+// compressor's and the indexer's, kv and score). Ratio-128 compressors carry nothing across a
+// multiple of 128: every slot is written again before the next emission. Recomputing the window
+// would need the layers' inputs at those positions, i.e. everything before them, so the state is
+// snapshotted instead: SaveSnapshot copies it into KvCostModel::snapshot_blocks pool blocks
+// (laid out as the stage's window blocks, then the carried slots: for every ratio-4 layer of the
+// stage in order, main kv slots 0..3, main score slots 0..3, indexer kv 0..3, indexer score 0..3,
+// fp32, as one byte stream over the remaining blocks) and a chunk with restore_snapshot copies it
+// back into the new sequence's own window blocks and compressor state before running. The result
+// is the state a sequence computed from position 0 has at N, bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +57,9 @@ struct StageChunk {
   std::span<const int32_t> tokens;
   bool samples = false;
   std::span<const int32_t> block_table;  // unused by the cpu backend
+  // Non-empty: the sequence is new and resumes at `start` from the snapshot in these blocks (see
+  // the header comment); block_table's token blocks below `start` are shared and read only.
+  std::span<const int32_t> restore_snapshot;
 };
 
 // Wall seconds of a stage run, per layer of the stage (index = layer - first_layer).
@@ -109,6 +131,18 @@ class StageBackend {
         "backend");
   }
 
+  // Copies `seq_id`'s resume state into `blocks` (see the header comment), after a successful Run
+  // that left the sequence at `position`. InvalidArgument for an unknown sequence, a position
+  // that is not its next one or not a positive multiple of the block size, or too few blocks.
+  virtual absl::Status SaveSnapshot(uint64_t seq_id, int64_t position,
+                                    std::span<const int32_t> blocks) {
+    (void)seq_id, (void)position, (void)blocks;
+    return absl::UnimplementedError("this backend keeps no resume snapshots (prefix caching)");
+  }
+  // The snapshot whose first block is `first_block` was evicted: its blocks are reused from now
+  // on. Backends that keep snapshots in their pool have nothing to do.
+  virtual void DropSnapshot(int32_t first_block) { (void)first_block; }
+
   // Frees a sequence's state (unknown ids are ignored).
   virtual void Release(uint64_t seq_id) = 0;
   // Frees every sequence (a new step stream starts with none: cluster.proto).
@@ -123,7 +157,8 @@ absl::Status CheckStageLayout(const ModelConfig& config, int stage, int num_stag
 
 // The checks every backend's Check() makes, in the same words: `next_pos(seq_id)` is the
 // sequence's next position, or -1 for a sequence the backend holds no state for; `used_tokens`
-// the KV tokens the live sequences hold, `capacity_tokens` the backend's KV capacity.
+// the KV tokens the live sequences hold, `capacity_tokens` the backend's KV capacity. A chunk
+// with restore_snapshot must be for a sequence the backend does not hold, at start > 0.
 absl::Status CheckBatch(const ModelConfig& config, std::span<const StageChunk> batch,
                         int64_t used_tokens, int64_t capacity_tokens,
                         absl::FunctionRef<int64_t(uint64_t)> next_pos);

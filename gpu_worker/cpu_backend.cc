@@ -67,10 +67,33 @@ KvUsage CpuBackend::kv_usage() const {
   u.capacity_tokens = options_.kv_tokens;
   u.sequences = static_cast<int64_t>(sequences_.size());
   for (const auto& [id, s] : sequences_) u.used_tokens += s.next_pos;
+  for (const auto& [id, start] : resumed_) u.used_tokens -= start;
   return u;
 }
 
+absl::Status CpuBackend::SaveSnapshot(uint64_t seq_id, int64_t position,
+                                      std::span<const int32_t> blocks) {
+  auto it = sequences_.find(seq_id);
+  if (it == sequences_.end() || it->second.next_pos != position || position <= 0 ||
+      blocks.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot snapshot sequence ", seq_id, " at ", position, " into ", blocks.size(),
+        " blocks: ", it == sequences_.end() ? "unknown sequence" : "not its next position"));
+  }
+  snapshots_[blocks.front()] = it->second;
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Check(std::span<const StageChunk> batch) const {
+  for (const StageChunk& ch : batch) {
+    if (ch.restore_snapshot.empty()) continue;
+    auto it = snapshots_.find(ch.restore_snapshot.front());
+    if (it == snapshots_.end() || it->second.next_pos != ch.start) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", ch.seq_id,
+                                                     ": no snapshot at position ", ch.start,
+                                                     " in block ", ch.restore_snapshot.front()));
+    }
+  }
   return CheckBatch(model_->config(), batch, kv_usage().used_tokens, options_.kv_tokens,
                     [&](uint64_t id) -> int64_t {
                       auto it = sequences_.find(id);
@@ -96,7 +119,10 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
     const StageChunk& ch = batch[i];
     ids[i].assign(ch.tokens.begin(), ch.tokens.end());
     model::SequenceState* state =
-        ch.start == 0 ? &(fresh[ch.seq_id] = model_->NewSequence()) : &sequences_.at(ch.seq_id);
+        !ch.restore_snapshot.empty()
+            ? &(fresh[ch.seq_id] = snapshots_.at(ch.restore_snapshot.front()))
+        : ch.start == 0 ? &(fresh[ch.seq_id] = model_->NewSequence())
+                        : &sequences_.at(ch.seq_id);
     refs[i] = {state, ids[i].data(), static_cast<int64_t>(ids[i].size()), ch.start};
     T += refs[i].n;
   }
@@ -123,7 +149,7 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
                                              experts_->remote(l) ? experts_.get() : nullptr, &bt);
     if (!st.ok()) {
       // The batch's existing sequences took part of this step: drop them.
-      for (const StageChunk& ch : batch) sequences_.erase(ch.seq_id);
+      for (const StageChunk& ch : batch) Release(ch.seq_id);
       return st;
     }
     if (timings) {
@@ -151,6 +177,13 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
     out->streams = std::move(h);
   }
   for (auto& [id, s] : fresh) sequences_[id] = std::move(s);
+  for (const StageChunk& ch : batch) {
+    if (!ch.restore_snapshot.empty()) {
+      resumed_[ch.seq_id] = ch.start;
+    } else if (ch.start == 0) {
+      resumed_.erase(ch.seq_id);
+    }
+  }
   for (size_t i = 0; i < batch.size(); ++i) {
     sequences_.at(batch[i].seq_id).next_pos = batch[i].start + refs[i].n;
   }

@@ -224,6 +224,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     backend_->Release(id);
     histories_.Release(id);
   }
+  for (const int32_t first_block : plan.drop_snapshots()) backend_->DropSnapshot(first_block);
   if (!has_chunks) return absl::OkStatus();
 
   std::vector<StageChunk> batch;
@@ -236,6 +237,8 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     ch.tokens = std::span<const int32_t>(c.tokens().data(), c.tokens_size());
     ch.samples = c.samples();
     ch.block_table = std::span<const int32_t>(c.block_table().data(), c.block_table_size());
+    ch.restore_snapshot =
+        std::span<const int32_t>(c.restore_snapshot().data(), c.restore_snapshot_size());
     batch.push_back(ch);
     if (!c.samples()) continue;
     const pb::SamplingParams& p = c.sampling();
@@ -303,6 +306,17 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     for (const StageChunk& ch : batch) backend_->Release(ch.seq_id);
     return st;
   };
+  for (const pb::SnapshotSave& save : plan.save_snapshots()) {
+    const absl::Status st =
+        backend_->SaveSnapshot(save.seq_id(), save.position(),
+                               std::span<const int32_t>(save.blocks().data(), save.blocks_size()));
+    if (st.ok()) continue;
+    if (!role_.last_stage() && out_ != nullptr) {
+      (void)Send(mb, T, width, nullptr, "failed");  // the message the next stage waits for
+    }
+    return drop(absl::Status(st.code(), absl::StrCat("snapshot of sequence ", save.seq_id(), " at ",
+                                                     save.position(), ": ", st.message())));
+  }
   if (!role_.last_stage()) {
     if (out_ == nullptr) return drop(absl::InternalError("no transport to the next stage"));
     const auto s0 = std::chrono::steady_clock::now();
