@@ -1,7 +1,8 @@
 // Step-planning overhead of the coordinator's scheduler: microseconds per Step() + Complete()
 // with 64 running sequences and 1000 waiting requests, on DeepSeek-V4-Flash's KV cost model
-// (128-token blocks, 8 window blocks per sequence since 2026-11-30 (32 before), a 24 GB pool), as ratios to two baselines
-// measured in the same run: std::sort of 64 shuffled ints, and one Step() of an empty scheduler.
+// (128-token blocks, 8 window blocks per sequence since 2026-11-30 (32 before), a 24 GB pool), as
+// ratios to two baselines measured in the same run: std::sort of 64 shuffled ints, and one Step()
+// of an empty scheduler.
 //
 //   decode64        64 sequences decoding (prompt 1000), 1000 waiting behind max_running = 64
 //   decode64-pp4    the same with 4 micro-batches in flight (16 sequences each)
@@ -113,7 +114,7 @@ class Loop {
 
  private:
   void Submit() {
-    if (s_[0].Submit({next_id_++, sc_.prompt, sc_.max_new}) != SubmitOutcome::kQueued) {
+    if (s_[0].Submit({next_id_++, sc_.prompt, sc_.max_new, {}, true}) != SubmitOutcome::kQueued) {
       std::abort();
     }
   }

@@ -81,7 +81,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
   static const std::set<std::string> kKeys = {
       "model_name",     "kv_block_tokens", "max_batch_tokens",      "max_running",
       "max_waiting",    "stages",          "heartbeat_interval_ms", "heartbeat_timeout_ms",
-      "expert_workers", "max_model_len",   "stage_transport"};
+      "expert_workers", "max_model_len",   "stage_transport",       "enable_prefix_caching"};
   for (const auto& [key, value] : j.items()) {
     if (!kKeys.contains(key)) {
       return absl::InvalidArgumentError(absl::StrCat("cluster config: unknown key '", key, "'"));
@@ -115,6 +115,13 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& json_text,
                                                      c.stage_transport,
                                                      "'; expected \"grpc\" or \"nccl\""));
     }
+  }
+  if (j.contains("enable_prefix_caching")) {
+    if (!j["enable_prefix_caching"].is_boolean()) {
+      return absl::InvalidArgumentError(
+          "cluster config: 'enable_prefix_caching' must be true or false");
+    }
+    c.enable_prefix_caching = j["enable_prefix_caching"].get<bool>();
   }
   if (c.max_batch_tokens < c.max_running) {
     return absl::InvalidArgumentError(
@@ -277,6 +284,7 @@ std::string ClusterConfigToJson(const ClusterConfig& c) {
   j["heartbeat_interval_ms"] = c.heartbeat_interval_ms;
   j["heartbeat_timeout_ms"] = c.heartbeat_timeout_ms;
   j["stage_transport"] = c.stage_transport;
+  j["enable_prefix_caching"] = c.enable_prefix_caching;
   j["stages"] = json::array();
   for (const StageSpec& s : c.stages) {
     std::vector<int> layers;

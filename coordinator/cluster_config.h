@@ -81,6 +81,8 @@ struct ClusterConfig {
   int heartbeat_interval_ms = kDefaultHeartbeatIntervalMs;
   int heartbeat_timeout_ms = 10000;
   std::string stage_transport = "grpc";  // "grpc" | "nccl"
+  // Automatic prefix caching (coordinator/kv_accounting.h); vLLM's --enable-prefix-caching.
+  bool enable_prefix_caching = true;
   std::vector<StageSpec> stages;
   std::vector<ExpertWorkerSpec> expert_workers;
 

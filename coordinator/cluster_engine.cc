@@ -156,6 +156,17 @@ int64_t ClusterEngine::KvBlocks() const {
   return scheduler_ ? scheduler_->kv().total_blocks() : 0;
 }
 
+ClusterEngine::PrefixCacheCounters ClusterEngine::PrefixCache() const {
+  absl::MutexLock lock(&mu_);
+  PrefixCacheCounters c = past_pools_;
+  if (scheduler_) {
+    c.queries += scheduler_->prefix_cache_queries();
+    c.hits += scheduler_->prefix_cache_hits();
+    c.blocks = scheduler_->kv().cached_blocks();
+  }
+  return c;
+}
+
 SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
   SubmitOutcome out;
   if (!Ready()) {
@@ -185,7 +196,13 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
     return out;
   }
   const sched::RequestId id = next_id_++;
-  sched::Request sr{id, static_cast<int64_t>(request.prompt.size()), request.sampling.max_tokens};
+  // The workers' penalties need every id of the sequence, which a resumed sequence's chunks do
+  // not carry: such requests fill the cache but do not resume from it.
+  const SamplingParams& sp = request.sampling;
+  const bool penalised =
+      sp.frequency_penalty != 0.0f || sp.presence_penalty != 0.0f || sp.repetition_penalty != 1.0f;
+  sched::Request sr{id, static_cast<int64_t>(request.prompt.size()), request.sampling.max_tokens,
+                    request.prompt, !penalised};
   switch (scheduler_->Submit(sr)) {
     case sched::SubmitOutcome::kQueued:
       break;
@@ -241,8 +258,13 @@ void ClusterEngine::FailAll(FinishReason reason, const std::string& error) {
   for (auto& [id, r] : requests_) r.stream->Finish(reason, error);
   requests_.clear();
   releases_.clear();
+  dropped_snapshots_.clear();
   in_flight_.clear();
   results_.clear();
+  if (scheduler_) {
+    past_pools_.queries += scheduler_->prefix_cache_queries();
+    past_pools_.hits += scheduler_->prefix_cache_hits();
+  }
   scheduler_.reset();
   cv_.SignalAll();
 }
@@ -363,6 +385,7 @@ absl::Status ClusterEngine::Connect() {
   sc.max_waiting = config.max_waiting;
   sc.num_micro_batches = static_cast<int64_t>(config.stages.size());
   sc.admission_watermark_blocks = options_.admission_watermark_blocks;
+  sc.prefix_caching = config.enable_prefix_caching;
   absl::StatusOr<sched::Scheduler> scheduler = sched::Scheduler::Create(sc, *cost, min_blocks);
   if (!scheduler.ok()) {
     return absl::Status(scheduler.status().code(),
@@ -394,10 +417,15 @@ absl::Status ClusterEngine::Connect() {
   }
   absl::MutexLock lock(&mu_);
   ++epoch_;
+  if (scheduler_) {
+    past_pools_.queries += scheduler_->prefix_cache_queries();
+    past_pools_.hits += scheduler_->prefix_cache_hits();
+  }
   scheduler_.emplace(std::move(*scheduler));
   results_.clear();
   in_flight_.clear();
   releases_.clear();
+  dropped_snapshots_.clear();
   return absl::OkStatus();
 }
 
@@ -462,6 +490,21 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
     for (sched::RequestId id : plan.preempted) releases_.push_back(id);
     for (uint64_t id : releases_) msg.add_release(id);
     releases_.clear();
+    // Drops go one plan late: this plan may still restore a snapshot evicted while planning it.
+    for (uint64_t id : dropped_snapshots_) msg.add_drop_snapshots(id);
+    dropped_snapshots_ = std::move(plan.dropped_snapshots);
+    for (const sched::Save& save : plan.saves) {
+      pb::SnapshotSave* s = msg.add_save_snapshots();
+      s->set_seq_id(save.id);
+      s->set_position(save.position);
+      s->set_snapshot_id(save.snapshot_id);
+      for (int32_t b : save.blocks) s->add_blocks(b);
+    }
+    for (const sched::Admission& a : plan.admissions) {
+      if (auto it = requests_.find(a.id); it != requests_.end()) {
+        it->second.stream->SetCachedTokens(a.cached_tokens);
+      }
+    }
     InFlight flight;
     flight.sent = absl::Now();
     flight.last_answer = flight.sent;
@@ -476,6 +519,11 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
                              c->add_tokens(r.tokens[p]);
                            c->set_samples(samples);
                            for (int32_t b : scheduler_->BlockTable(id)) c->add_block_table(b);
+                           for (const sched::Restore& rs : plan.restores) {
+                             if (rs.id != id || rs.tokens != start) continue;
+                             c->set_restore_snapshot_id(rs.snapshot_id);
+                             for (int32_t b : rs.snapshot) c->add_restore_snapshot(b);
+                           }
                            pb::SamplingParams* sp = c->mutable_sampling();
                            sp->set_temperature(r.req.sampling.temperature);
                            sp->set_top_p(r.req.sampling.top_p);

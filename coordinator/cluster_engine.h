@@ -111,6 +111,12 @@ class ClusterEngine : public GenerationEngine {
   int64_t NumRunning() const;
   // Total KV blocks of the current pool (0 when not serving).
   int64_t KvBlocks() const;
+  // Prefix cache: prompt tokens looked up and served from the cache since start (over every
+  // pool the engine had), and the blocks the current pool's cache holds.
+  struct PrefixCacheCounters {
+    int64_t queries = 0, hits = 0, blocks = 0;
+  };
+  PrefixCacheCounters PrefixCache() const;
 
  private:
   struct Request {
@@ -188,13 +194,15 @@ class ClusterEngine : public GenerationEngine {
   absl::CondVar cv_;  // submissions, results, stop
   std::optional<sched::Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   std::map<sched::RequestId, Request> requests_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> releases_ ABSL_GUARDED_BY(mu_);  // for the next plan
+  std::vector<uint64_t> releases_ ABSL_GUARDED_BY(mu_);           // for the next plan
+  std::vector<uint64_t> dropped_snapshots_ ABSL_GUARDED_BY(mu_);  // for the next plan
   std::map<uint64_t, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   std::deque<Result> results_ ABSL_GUARDED_BY(mu_);
   sched::RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;           // bumped by every successful Connect
-  std::vector<std::unique_ptr<WorkerConn>> workers_;  // supervisor thread only
-  bool stall_reported_ = false;                       // supervisor thread only
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;              // bumped by every successful Connect
+  PrefixCacheCounters past_pools_ ABSL_GUARDED_BY(mu_);  // counters of replaced schedulers
+  std::vector<std::unique_ptr<WorkerConn>> workers_;     // supervisor thread only
+  bool stall_reported_ = false;                          // supervisor thread only
 };
 
 }  // namespace ss::coord

@@ -204,6 +204,10 @@ int Run(int argc, char** argv) {
   gc.model_vocab_size = static_cast<int32_t>(model->vocab_size);
   gc.metrics = &registry;
   gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };
+  gc.prefix_cache = [&engine] {
+    const ss::coord::ClusterEngine::PrefixCacheCounters c = engine.PrefixCache();
+    return ss::GatewayConfig::PrefixCacheStats{c.queries, c.hits, c.blocks};
+  };
   gc.num_waiting = [&engine] { return engine.NumWaiting(); };
   OpenAiServer gateway(gc, **tokenizer, engine);
   absl::StatusOr<int> http_port = gateway.Start(absl::GetFlag(FLAGS_host), port);

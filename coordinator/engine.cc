@@ -52,6 +52,11 @@ void GenerationStream::Finish(FinishReason reason, std::string error) {
   cv_.SignalAll();
 }
 
+void GenerationStream::SetCachedTokens(int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  cached_tokens_ = tokens;
+}
+
 bool GenerationStream::HasNews() const {
   return !pending_.empty() || (finish_ != FinishReason::kNone && !finish_delivered_);
 }
@@ -65,6 +70,7 @@ std::optional<GenerationEvent> GenerationStream::Next(std::chrono::milliseconds 
   GenerationEvent event;
   event.tokens.swap(pending_);
   event.logprobs.swap(pending_logprobs_);
+  event.cached_tokens = cached_tokens_;
   if (finish_ != FinishReason::kNone) {
     event.finish = finish_;
     event.error = error_;

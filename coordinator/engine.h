@@ -114,6 +114,9 @@ struct GenerationEvent {
   std::vector<TokenLogprobs> logprobs;
   FinishReason finish = FinishReason::kNone;  // != kNone: this is the last event
   std::string error;                          // with kError
+  // Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens), as
+  // the engine reported them so far: set before the first generated id.
+  int64_t cached_tokens = 0;
 };
 
 class GenerationStream {
@@ -125,6 +128,8 @@ class GenerationStream {
   // them parallel to the ids: a short `logprobs` (or a plain Push) is padded with empty entries.
   void Push(std::vector<int32_t> tokens, std::vector<TokenLogprobs> logprobs);
   void Finish(FinishReason reason, std::string error = {});
+  // The prompt tokens the engine took from its prefix cache (every later event carries it).
+  void SetCachedTokens(int64_t tokens);
 
   // Consumer side: waits up to `timeout` and returns everything queued since the last call
   // (tokens and logprobs concatenated; finish set once the engine finished). nullopt: nothing
@@ -142,6 +147,7 @@ class GenerationStream {
   FinishReason finish_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
   std::string error_ ABSL_GUARDED_BY(mu_);
   bool finish_delivered_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 enum class SubmitStatus { kAccepted, kOverloaded, kNotReady };

@@ -66,6 +66,7 @@ constexpr char kUsage[] =
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--max-num-batched-tokens N]\n"
     "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
+    "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
@@ -97,6 +98,9 @@ constexpr char kUsage[] =
     "  from the measured H2D bandwidth and CPU expert rate), off (never), or N.\n"
     "  --gpu-prefill-ring-mib MIB (cuda): each GPU's staging ring for the streamed experts\n"
     "  (default %lld; 0: no streamed path).\n"
+    "  --enable-prefix-caching (default) / --no-enable-prefix-caching: reuse the KV of prompt\n"
+    "  prefixes (whole blocks) that earlier requests computed; usage.prompt_tokens_details.\n"
+    "  cached_tokens reports the tokens a request took from the cache.\n"
     "  --api-keys-file FILE: API keys clients must send (one a line or comma-separated); or\n"
     "  the SPLITSERVE_API_KEYS environment variable. Keys on the command line are refused.\n";
 
@@ -107,6 +111,7 @@ struct Options {
   std::string hf_overrides;  // a JSON object's text (validated), or ""
   int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
+  bool prefix_caching = true;
   bool help = false;          // --help / -h: nothing after it was parsed
   int64_t kv_tokens = 0;      // 0: auto (coord::LaunchKvTokens)
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
@@ -151,6 +156,10 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
       return o;
     }
     for (char& c : name) c = c == '_' ? '-' : c;
+    if (name == "--enable-prefix-caching" || name == "--no-enable-prefix-caching") {
+      o.prefix_caching = name == "--enable-prefix-caching";  // vLLM's flags, without a value
+      continue;
+    }
     const size_t eq = name.find('=');
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
@@ -655,6 +664,7 @@ int RunUpCommand(int argc, char** argv) {
           : "; routed experts always on the expert workers");
   cluster.max_model_len = static_cast<int>(o.max_model_len);
   cluster.stage_transport = o.stage_transport;
+  cluster.enable_prefix_caching = o.prefix_caching;
   const int n_layers = static_cast<int>(model->n_layers);
   for (int s = 0; s < o.stages; ++s) {
     coord::StageSpec st;

@@ -42,11 +42,12 @@ Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_
   return j;
 }
 
-Json UsageJson(size_t prompt, size_t completion) {
+Json UsageJson(size_t prompt, size_t completion, size_t cached) {
   Json u = Json::object();
   u["prompt_tokens"] = prompt;
   u["completion_tokens"] = completion;
   u["total_tokens"] = prompt + completion;
+  u["prompt_tokens_details"] = Json{{"cached_tokens", cached}};
   return u;
 }
 

@@ -17,8 +17,9 @@ namespace ss::openai {
 // streamed deltas.
 Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_t index,
                   bool with_index);
-// {"prompt_tokens", "completion_tokens", "total_tokens"}.
-Json UsageJson(size_t prompt, size_t completion);
+// {"prompt_tokens", "completion_tokens", "total_tokens",
+//  "prompt_tokens_details": {"cached_tokens"}} (OpenAI's shape; cached: prefix-cache hits).
+Json UsageJson(size_t prompt, size_t completion, size_t cached);
 
 // Logprobs as OpenAI renders them. A token's text is its bytes as UTF-8 (lossy: an id can hold
 // half a character; `bytes` has the exact bytes). A logprob JSON cannot hold (-inf) is -9999, as

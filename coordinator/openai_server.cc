@@ -20,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
 #include "coordinator/chat_encoding.h"
@@ -93,6 +94,13 @@ class GatewayMetrics {
                        "Number of requests with an open generation in the gateway.", l);
     waiting = &m.Gauge("num_requests_waiting", "Number of requests waiting to be scheduled.", l);
     kv_usage = &m.Gauge("kv_cache_usage_perc", "KV cache usage, 0 to 1 (1 = 100 percent).", l);
+    prefix_queries = &m.Counter("prefix_cache_queries_total",
+                                "Prefix cache queries, in terms of prompt tokens looked up.", l);
+    prefix_hits =
+        &m.Counter("prefix_cache_hits_total",
+                   "Prefix cache hits, in terms of prompt tokens served from the cache.", l);
+    prefix_blocks =
+        &m.Gauge("prefix_cache_blocks", "KV blocks holding cached prefixes and snapshots.", l);
     success_stop = &Success("stop");
     success_length = &Success("length");
     success_abort = &Success("abort");
@@ -127,10 +135,24 @@ class GatewayMetrics {
 
   prometheus::Histogram *ttft, *itl, *e2e, *queue;
   prometheus::Counter *prompt_tokens, *generation_tokens;
-  prometheus::Gauge *running, *waiting, *kv_usage;
+  prometheus::Gauge *running, *waiting, *kv_usage, *prefix_blocks;
   prometheus::Counter *success_stop, *success_length, *success_abort;
+  prometheus::Counter *prefix_queries, *prefix_hits;
+
+  // The engine's cumulative prefix-cache counters, as counter increments (scrapes may overlap).
+  void SetPrefixCache(const GatewayConfig::PrefixCacheStats& s) {
+    absl::MutexLock lock(&prefix_mu_);
+    if (s.queries > prefix_seen_.queries)
+      prefix_queries->Increment(s.queries - prefix_seen_.queries);
+    if (s.hits > prefix_seen_.hits) prefix_hits->Increment(s.hits - prefix_seen_.hits);
+    prefix_seen_.queries = std::max(prefix_seen_.queries, s.queries);
+    prefix_seen_.hits = std::max(prefix_seen_.hits, s.hits);
+    prefix_blocks->Set(static_cast<double>(s.blocks));
+  }
 
  private:
+  absl::Mutex prefix_mu_;
+  GatewayConfig::PrefixCacheStats prefix_seen_ ABSL_GUARDED_BY(prefix_mu_);
   metrics::Metrics& m_;
   std::string model_;
 };
@@ -290,6 +312,7 @@ struct OpenAiServer::Impl {
   absl::Status HandleMetrics(const httplib::Request&, httplib::Response& res) {
     gm->kv_usage->Set(config.kv_cache_usage ? config.kv_cache_usage() : 0.0);
     gm->waiting->Set(config.num_waiting ? static_cast<double>(config.num_waiting()) : 0.0);
+    if (config.prefix_cache) gm->SetPrefixCache(config.prefix_cache());
     res.status = 200;
     res.set_content(registry->Serialize(), "text/plain; version=0.0.4");
     return absl::OkStatus();
@@ -528,8 +551,9 @@ struct OpenAiServer::Impl {
     OutputText::Piece all;                                 // non-streaming: everything released
     FinishReason finish = FinishReason::kNone;
     std::string error;
-    size_t tool_calls = 0;  // streamed so far
-    bool started = false;   // a chunk was streamed
+    size_t tool_calls = 0;      // streamed so far
+    bool started = false;       // a chunk was streamed
+    int64_t cached_tokens = 0;  // the engine's prefix-cache hit for this choice
   };
 
   // Submits the job's n choices; on a refusal cancels those already accepted.
@@ -626,6 +650,7 @@ struct OpenAiServer::Impl {
       auto ev = c.stream->Next(wait);
       if (!ev) continue;
       any = true;
+      c.cached_tokens = ev->cached_tokens;
       const size_t before = c.output->tokens();
       OutputText::Piece piece = Consume(c, *ev);
       timer.Event(c.output->tokens() - before, Outcome(choices));
@@ -644,6 +669,14 @@ struct OpenAiServer::Impl {
 
   static void CancelAll(std::vector<Choice>& choices) {
     for (Choice& c : choices) c.cancel->Cancel();
+  }
+
+  // The prompt's tokens served from the prefix cache: the best of the choices (the prompt is
+  // counted once in usage).
+  static size_t CachedTokens(const std::vector<Choice>& choices) {
+    int64_t n = 0;
+    for (const Choice& c : choices) n = std::max(n, c.cached_tokens);
+    return static_cast<size_t>(n);
   }
 
   static size_t GeneratedTokens(const std::vector<Choice>& choices) {
@@ -737,7 +770,7 @@ struct OpenAiServer::Impl {
     resp["model"] = config.model_name;
     resp["choices"] = Json::array();
     for (const Choice& c : choices) resp["choices"].push_back(ChoiceJson(job, c));
-    resp["usage"] = UsageJson(job.prompt.size(), GeneratedTokens(choices));
+    resp["usage"] = UsageJson(job.prompt.size(), GeneratedTokens(choices), CachedTokens(choices));
     SendJson(res, resp);
     return absl::OkStatus();
   }
@@ -861,7 +894,8 @@ struct OpenAiServer::Impl {
     if (st.job.params.include_usage) {
       Json c = ChunkBase(st);
       c["choices"] = Json::array();
-      c["usage"] = UsageJson(st.job.prompt.size(), GeneratedTokens(st.choices));
+      c["usage"] =
+          UsageJson(st.job.prompt.size(), GeneratedTokens(st.choices), CachedTokens(st.choices));
       if (!WriteEvent(sink, Dump(c))) return false;
     }
     st.finished = true;

@@ -98,6 +98,10 @@
 //                                  scheduler's waiting queue), 0 when the hook is unset
 //   kv_cache_usage_perc            gauge in [0, 1]: GatewayConfig::kv_cache_usage at scrape time,
 //                                  0 when the hook is unset
+//   prefix_cache_queries_total     counter: prompt tokens looked up in the prefix cache
+//   prefix_cache_hits_total        counter: of those, tokens served from the cache (vLLM counts
+//                                  tokens too); both from GatewayConfig::prefix_cache at scrape
+//   prefix_cache_blocks            gauge: KV blocks holding cached prefixes and snapshots
 //   request_success_total{finished_reason}  counter: finished generations, "stop" (EOS, stop
 //                                  ids, tool calls), "length", "abort" (the client went away,
 //                                  streaming or not, before the outcome / the engine cancelled),
@@ -161,6 +165,11 @@ struct GatewayConfig {
   // Optional: requests the scheduler holds waiting for admission, read at every scrape
   // (thread-safe). Unset: num_requests_waiting stays 0.
   std::function<int64_t()> num_waiting;
+  // Optional: the engine's prefix cache counters, read at every scrape (thread-safe).
+  struct PrefixCacheStats {
+    int64_t queries = 0, hits = 0, blocks = 0;
+  };
+  std::function<PrefixCacheStats()> prefix_cache;
 };
 
 class OpenAiServer {

@@ -72,6 +72,10 @@ void StepPlan::Clear() {
   decode.clear();
   prefill.clear();
   preempted.clear();
+  restores.clear();
+  saves.clear();
+  admissions.clear();
+  dropped_snapshots.clear();
 }
 
 absl::StatusOr<Scheduler> Scheduler::Create(const SchedulerConfig& config, const KvCostModel& cost,
@@ -96,7 +100,8 @@ absl::StatusOr<Scheduler> Scheduler::Create(const SchedulerConfig& config, const
         absl::StrCat("scheduler: ", total_kv_blocks, " KV blocks cannot hold one token (",
                      cost.fixed_blocks, " fixed blocks per sequence)"));
   }
-  absl::StatusOr<KvAccounting> kv = KvAccounting::Create(cost, total_kv_blocks);
+  absl::StatusOr<KvAccounting> kv =
+      KvAccounting::Create(cost, total_kv_blocks, config.prefix_caching);
   if (!kv.ok()) return kv.status();
   return Scheduler(config, *std::move(kv));
 }
@@ -122,7 +127,8 @@ bool Scheduler::GetRequestStatus(RequestId id, RequestStatus* status) const {
              .processed = s.processed,
              .prefill_target = s.prefill_target,
              .generated = s.generated,
-             .preemptions = s.preemptions};
+             .preemptions = s.preemptions,
+             .cached_tokens = s.cached_tokens};
   return true;
 }
 
@@ -181,6 +187,10 @@ SubmitOutcome Scheduler::Submit(const Request& r) {
   s.prompt_tokens = r.prompt_tokens;
   s.max_new_tokens = r.max_new_tokens;
   s.prefill_target = r.prompt_tokens;
+  if (config_.prefix_caching && static_cast<int64_t>(r.prompt.size()) == r.prompt_tokens) {
+    s.tokens.assign(r.prompt.begin(), r.prompt.end());
+    s.reuse_prefix = r.reuse_prefix;
+  }
   s.live = true;
   s.waiting = true;
   index_.emplace(r.id, slot);
@@ -271,11 +281,13 @@ StepOutcome Scheduler::Step(StepPlan* plan) {
     Seq& s = slots_[slot];
     if (s.in_flight || s.processed >= s.prefill_target) continue;
     const int64_t reach = MakeRoom(slot, plan, &budget);  // may refund budget
-    const int64_t length = std::min({s.prefill_target - s.processed, budget, reach - s.processed});
+    const int64_t length = CutAtSnapshotPoint(
+        s, s.processed, std::min({s.prefill_target - s.processed, budget, reach - s.processed}));
     if (length <= 0) continue;
     kv_.Grow(s.id, s.processed + length);
     plan->prefill.push_back({s.id, s.processed, length, s.processed + length == s.prefill_target});
     s.processed += length;
+    MaybeSave(slot, s.processed, plan);
     s.in_plan = true;
     s.plan_decode = false;
     budget -= length;
@@ -287,22 +299,42 @@ StepOutcome Scheduler::Step(StepPlan* plan) {
     const uint32_t slot = waiting_.front();
     Seq& s = slots_[slot];
     if (s.in_flight || num_running() >= config_.max_running) break;
-    int64_t free = kv_.free_blocks();
-    if (!running_.empty()) free -= config_.admission_watermark_blocks;
-    const int64_t length = std::min({s.prefill_target, budget, kv_.cost().TokensInBlocks(free)});
+    const int64_t reserve = running_.empty() ? 0 : config_.admission_watermark_blocks;
+    const PrefixHit hit = s.reuse_prefix ? kv_.Lookup(s.tokens, s.prefill_target - 1) : PrefixHit{};
+    const int64_t start = hit.tokens;
+    const int64_t length =
+        CutAtSnapshotPoint(s, start,
+                           std::min({s.prefill_target - start, budget,
+                                     kv_.TokensReachableWith(hit, reserve) - start}));
     if (length <= 0) break;
-    kv_.Grow(s.id, length);
+    SnapshotTicket restore;
+    kv_.Admit(s.id, hit, start + length, &restore);
+    if (start > 0) plan->restores.push_back({s.id, start, restore.id, std::move(restore.blocks)});
+    if (!s.admitted_once) {
+      s.admitted_once = true;
+      s.cached_tokens = start;
+      plan->admissions.push_back({s.id, start});
+      if (!s.tokens.empty()) {
+        prefix_queries_ += s.prefill_target;
+        prefix_hits_ += start;
+      }
+    }
     waiting_.pop_front();
     s.waiting = false;
     running_.push_back(slot);
-    plan->prefill.push_back({s.id, 0, length, length == s.prefill_target});
-    s.processed = length;
+    plan->prefill.push_back({s.id, start, length, start + length == s.prefill_target});
+    s.processed = start + length;
+    MaybeSave(slot, s.processed, plan);
     s.in_plan = true;
     s.plan_decode = false;
     budget -= length;
   }
 
-  if (plan->decode.empty() && plan->prefill.empty()) return StepOutcome::kIdle;
+  if (plan->decode.empty() && plan->prefill.empty()) {
+    for (PendingSave& p : planned_saves_) kv_.AbortSnapshot(p.ticket);  // none: nothing planned
+    planned_saves_.clear();
+    return StepOutcome::kIdle;
+  }
 
   // Commit: entries in plan order (decode, then prefill; each oldest first = running_ order).
   mb->busy = true;
@@ -317,11 +349,14 @@ StepOutcome Scheduler::Step(StepPlan* plan) {
       assert(decode_pass || plan->prefill[k].id == s.id);
       const bool samples = decode_pass || plan->prefill[k++].samples;
       if (!decode_pass && samples) ++mb->num_sampling;
-      mb->entries.push_back({slot, s.occupancy, s.incarnation, s.id, samples});
+      mb->entries.push_back({slot, s.occupancy, s.incarnation, s.id, samples, s.processed});
       s.in_flight = true;
     }
   }
   for (const uint32_t slot : running_) slots_[slot].in_plan = false;
+  mb->saves = std::move(planned_saves_);
+  planned_saves_.clear();
+  plan->dropped_snapshots = kv_.TakeEvictedSnapshots();
   plan->micro_batch_id = mb->id;
   return StepOutcome::kPlanned;
 }
@@ -352,6 +387,7 @@ absl::Status Scheduler::Complete(uint64_t micro_batch_id, std::span<const Sample
     ++k;
   }
 
+  CompleteCache(*mb);
   k = 0;
   for (const FlightEntry& e : mb->entries) {
     const SampledToken* r = e.samples ? &results[k++] : nullptr;
@@ -363,6 +399,7 @@ absl::Status Scheduler::Complete(uint64_t micro_batch_id, std::span<const Sample
     s.in_flight = false;
     if (s.incarnation != e.incarnation || r == nullptr) continue;  // preempted, or mid-prompt
     ++s.generated;
+    if (!s.tokens.empty()) s.tokens.push_back(r->token);
     FinishReason finish = r->finish;
     if (finish == FinishReason::kNone && s.generated >= s.max_new_tokens) {
       finish = FinishReason::kLength;
@@ -373,6 +410,46 @@ absl::Status Scheduler::Complete(uint64_t micro_batch_id, std::span<const Sample
   mb->busy = false;
   mb->entries.clear();
   return absl::OkStatus();
+}
+
+int64_t Scheduler::CutAtSnapshotPoint(const Seq& s, int64_t start, int64_t length) const {
+  if (s.tokens.empty()) return length;
+  const int64_t B = kv_.cost().block_tokens;
+  const int64_t point = s.prefill_target / B * B;
+  return start < point && start + length > point ? point - start : length;
+}
+
+void Scheduler::MaybeSave(uint32_t slot, int64_t end, StepPlan* plan) {
+  const Seq& s = slots_[slot];
+  if (s.tokens.empty() ||
+      end != s.prefill_target / kv_.cost().block_tokens * kv_.cost().block_tokens) {
+    return;
+  }
+  PendingSave p{slot, s.occupancy, s.incarnation, s.id, end, {}};
+  if (!kv_.BeginSnapshot(s.id, end, config_.admission_watermark_blocks, &p.ticket)) return;
+  plan->saves.push_back({s.id, end, p.ticket.id, p.ticket.blocks});
+  planned_saves_.push_back(std::move(p));
+}
+
+void Scheduler::CompleteCache(MicroBatch& mb) {
+  auto valid = [&](uint32_t slot, uint32_t occupancy, uint32_t incarnation) {
+    const Seq& s = slots_[slot];
+    return s.live && s.occupancy == occupancy && s.incarnation == incarnation;
+  };
+  for (const FlightEntry& e : mb.entries) {
+    const Seq& s = slots_[e.slot];
+    if (s.tokens.empty() || !valid(e.slot, e.occupancy, e.incarnation)) continue;
+    kv_.Register(s.id, std::span<const int32_t>(s.tokens).first(
+                           static_cast<size_t>(std::min<int64_t>(e.end, s.tokens.size()))));
+  }
+  for (const PendingSave& p : mb.saves) {
+    if (valid(p.slot, p.occupancy, p.incarnation)) {
+      kv_.CommitSnapshot(p.id, p.position, p.ticket);
+    } else {
+      kv_.AbortSnapshot(p.ticket);
+    }
+  }
+  mb.saves.clear();
 }
 
 }  // namespace ss::sched

@@ -62,6 +62,20 @@
 //   schedulings; then the next oldest is the oldest, and by induction every request finishes.
 //   The randomized stress test checks the claim at every step.
 //
+// Prefix caching (kv_accounting.h; SchedulerConfig::prefix_caching)
+//   At admission a request's prompt (after a preemption: prompt and generated tokens) is looked
+//   up in the cache: the longest cached prefix of whole blocks with a resume snapshot, at most
+//   prefill_target - 1 tokens (the last one is computed to sample), is shared instead of
+//   computed, and the first chunk starts there with a restore (StepPlan::restores). Admission
+//   counts only the blocks the hit does not bring. Each sequence's prefill is cut so that a chunk
+//   ends at its last block boundary S = floor(prefill_target / B) x B, and after that chunk the
+//   workers save a snapshot at S (StepPlan::saves), when no snapshot exists there yet and the pool
+//   has the blocks to spare (beyond the admission watermark). When a micro-batch completes, the
+//   blocks its sequences filled are registered in the cache and its snapshots committed, so the
+//   cache only ever holds state that a successful step wrote. Sequences cancelled or preempted
+//   in flight register nothing; their snapshots are freed. prefix_cache_queries / hits count the
+//   prompt tokens and the cached tokens of every request's first admission (vLLM counts tokens).
+//
 // In-flight micro-batches and freed blocks
 //   Cancel and preemption free a sequence's blocks even when it is in flight, and a later
 //   micro-batch may hand those blocks to another sequence. That is safe because every stage
@@ -107,12 +121,20 @@ struct SchedulerConfig {
   // A new request is admitted only if this many blocks stay free after its first chunk (fewer
   // preemptions when decoding sequences grow), unless no sequence holds KV.
   int64_t admission_watermark_blocks = 0;
+  // Automatic prefix caching (see the header comment).
+  bool prefix_caching = false;
 };
 
 struct Request {
   RequestId id = 0;
   int64_t prompt_tokens = 0;
   int64_t max_new_tokens = 0;
+  // The prompt's ids (prompt_tokens of them) for prefix caching; empty: this request neither
+  // uses nor fills the cache.
+  std::span<const int32_t> prompt;
+  // False: the request fills the cache but never resumes from it (e.g. its sampler needs the
+  // whole prompt's ids on the workers).
+  bool reuse_prefix = true;
 };
 
 enum class SubmitOutcome {
@@ -165,12 +187,44 @@ struct PrefillChunk {
   bool operator==(const PrefillChunk&) const = default;
 };
 
+// A prefill chunk's sequence resumes from a cached prefix: the workers restore the snapshot in
+// `snapshot` (its blocks) before running the chunk, which starts at `tokens`.
+struct Restore {
+  RequestId id = 0;
+  int64_t tokens = 0;
+  uint64_t snapshot_id = 0;
+  std::vector<int32_t> snapshot;
+  bool operator==(const Restore&) const = default;
+};
+
+// After the micro-batch ran, the workers save `id`'s resume snapshot at `position` into `blocks`
+// under the name `snapshot_id`.
+struct Save {
+  RequestId id = 0;
+  int64_t position = 0;
+  uint64_t snapshot_id = 0;
+  std::vector<int32_t> blocks;
+  bool operator==(const Save&) const = default;
+};
+
+// A request admitted in this step for the first time, and its cache hit (0: none).
+struct Admission {
+  RequestId id = 0;
+  int64_t cached_tokens = 0;
+  bool operator==(const Admission&) const = default;
+};
+
 struct StepPlan {
   uint64_t micro_batch_id = 0;        // consecutive from 0
   std::vector<DecodeEntry> decode;    // oldest first
   std::vector<PrefillChunk> prefill;  // oldest first
   // Sequences preempted while planning this step; their KV is gone (see the header comment).
   std::vector<RequestId> preempted;
+  std::vector<Restore> restores;      // prefix caching: chunks that resume from the cache
+  std::vector<Save> saves;            // prefix caching: snapshots to save after the chunks
+  std::vector<Admission> admissions;  // first admissions
+  // Snapshots evicted or abandoned since the previous plan: the workers may forget them.
+  std::vector<uint64_t> dropped_snapshots;
 
   int64_t num_tokens() const;
   void Clear();
@@ -201,6 +255,7 @@ struct RequestStatus {
   int64_t prefill_target = 0;  // prompt + tokens generated before the last preemption
   int64_t generated = 0;       // tokens reported by Complete
   int64_t preemptions = 0;
+  int64_t cached_tokens = 0;  // the prefix cache's hit at the first admission
 };
 
 class Scheduler {
@@ -235,6 +290,9 @@ class Scheduler {
   bool Contains(RequestId id) const { return index_.contains(id); }
   // False for an unknown id.
   bool GetRequestStatus(RequestId id, RequestStatus* status) const;
+  // Prefix cache counters (see the header comment), in tokens.
+  int64_t prefix_cache_queries() const { return prefix_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_hits_; }
 
  private:
   struct Seq {
@@ -246,8 +304,12 @@ class Scheduler {
     int64_t processed = 0;
     int64_t generated = 0;
     int64_t preemptions = 0;
-    uint32_t occupancy = 0;    // bumped when the slot is freed: tells stale in-flight entries
-    uint32_t incarnation = 0;  // bumped on preemption: its in-flight results are dropped
+    int64_t cached_tokens = 0;
+    bool admitted_once = false;
+    bool reuse_prefix = false;
+    std::vector<int32_t> tokens;  // prompt + generated ids, when prefix caching applies
+    uint32_t occupancy = 0;       // bumped when the slot is freed: tells stale in-flight entries
+    uint32_t incarnation = 0;     // bumped on preemption: its in-flight results are dropped
     bool live = false;
     bool waiting = false;
     bool in_flight = false;
@@ -260,12 +322,22 @@ class Scheduler {
     uint32_t incarnation = 0;
     RequestId id = 0;
     bool samples = false;
+    int64_t end = 0;  // the sequence's processed positions once this entry ran
+  };
+  struct PendingSave {
+    uint32_t slot = 0;
+    uint32_t occupancy = 0;
+    uint32_t incarnation = 0;
+    RequestId id = 0;
+    int64_t position = 0;
+    SnapshotTicket ticket;
   };
   struct MicroBatch {
     bool busy = false;
     uint64_t id = 0;
     int64_t num_sampling = 0;
     std::vector<FlightEntry> entries;  // plan order: decode entries, then prefill chunks
+    std::vector<PendingSave> saves;
   };
 
   Scheduler(const SchedulerConfig& config, KvAccounting kv);
@@ -278,6 +350,12 @@ class Scheduler {
   void PreemptYoungest(StepPlan* plan, int64_t* budget);
   void RemoveRunning(uint32_t slot);
   void Finish(uint32_t slot);
+  // Prefix caching: a chunk of `s` from `start` cut to end at its snapshot point, and the save
+  // after a chunk that ends there.
+  int64_t CutAtSnapshotPoint(const Seq& s, int64_t start, int64_t length) const;
+  void MaybeSave(uint32_t slot, int64_t end, StepPlan* plan);
+  // Registers a completed micro-batch's blocks and commits or aborts its snapshots.
+  void CompleteCache(MicroBatch& mb);
 
   SchedulerConfig config_;
   KvAccounting kv_;
@@ -291,6 +369,8 @@ class Scheduler {
   std::vector<MicroBatch> micro_batches_;
   uint64_t next_arrival_ = 0;
   uint64_t next_micro_batch_ = 0;
+  std::vector<PendingSave> planned_saves_;  // this Step's, moved to its micro-batch
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };
 
 }  // namespace ss::sched

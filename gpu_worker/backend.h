@@ -60,6 +60,7 @@ struct StageChunk {
   // Non-empty: the sequence is new and resumes at `start` from the snapshot in these blocks (see
   // the header comment); block_table's token blocks below `start` are shared and read only.
   std::span<const int32_t> restore_snapshot;
+  uint64_t restore_snapshot_id = 0;  // its name (SaveSnapshot's snapshot_id)
 };
 
 // Wall seconds of a stage run, per layer of the stage (index = layer - first_layer).
@@ -134,14 +135,15 @@ class StageBackend {
   // Copies `seq_id`'s resume state into `blocks` (see the header comment), after a successful Run
   // that left the sequence at `position`. InvalidArgument for an unknown sequence, a position
   // that is not its next one or not a positive multiple of the block size, or too few blocks.
-  virtual absl::Status SaveSnapshot(uint64_t seq_id, int64_t position,
+  // `snapshot_id` names it for a later restore (StageChunk::restore_snapshot_id) or drop.
+  virtual absl::Status SaveSnapshot(uint64_t seq_id, int64_t position, uint64_t snapshot_id,
                                     std::span<const int32_t> blocks) {
-    (void)seq_id, (void)position, (void)blocks;
+    (void)seq_id, (void)position, (void)snapshot_id, (void)blocks;
     return absl::UnimplementedError("this backend keeps no resume snapshots (prefix caching)");
   }
-  // The snapshot whose first block is `first_block` was evicted: its blocks are reused from now
-  // on. Backends that keep snapshots in their pool have nothing to do.
-  virtual void DropSnapshot(int32_t first_block) { (void)first_block; }
+  // Snapshot `snapshot_id` will not be restored again. Backends that keep snapshots in their pool
+  // have nothing to do.
+  virtual void DropSnapshot(uint64_t snapshot_id) { (void)snapshot_id; }
 
   // Frees a sequence's state (unknown ids are ignored).
   virtual void Release(uint64_t seq_id) = 0;

@@ -71,7 +71,7 @@ KvUsage CpuBackend::kv_usage() const {
   return u;
 }
 
-absl::Status CpuBackend::SaveSnapshot(uint64_t seq_id, int64_t position,
+absl::Status CpuBackend::SaveSnapshot(uint64_t seq_id, int64_t position, uint64_t snapshot_id,
                                       std::span<const int32_t> blocks) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end() || it->second.next_pos != position || position <= 0 ||
@@ -80,18 +80,18 @@ absl::Status CpuBackend::SaveSnapshot(uint64_t seq_id, int64_t position,
         "cannot snapshot sequence ", seq_id, " at ", position, " into ", blocks.size(),
         " blocks: ", it == sequences_.end() ? "unknown sequence" : "not its next position"));
   }
-  snapshots_[blocks.front()] = it->second;
+  snapshots_[snapshot_id] = it->second;
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Check(std::span<const StageChunk> batch) const {
   for (const StageChunk& ch : batch) {
     if (ch.restore_snapshot.empty()) continue;
-    auto it = snapshots_.find(ch.restore_snapshot.front());
+    auto it = snapshots_.find(ch.restore_snapshot_id);
     if (it == snapshots_.end() || it->second.next_pos != ch.start) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", ch.seq_id,
                                                      ": no snapshot at position ", ch.start,
-                                                     " in block ", ch.restore_snapshot.front()));
+                                                     " named ", ch.restore_snapshot_id));
     }
   }
   return CheckBatch(model_->config(), batch, kv_usage().used_tokens, options_.kv_tokens,
@@ -118,11 +118,10 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
   for (size_t i = 0; i < batch.size(); ++i) {
     const StageChunk& ch = batch[i];
     ids[i].assign(ch.tokens.begin(), ch.tokens.end());
-    model::SequenceState* state =
-        !ch.restore_snapshot.empty()
-            ? &(fresh[ch.seq_id] = snapshots_.at(ch.restore_snapshot.front()))
-        : ch.start == 0 ? &(fresh[ch.seq_id] = model_->NewSequence())
-                        : &sequences_.at(ch.seq_id);
+    model::SequenceState* state = !ch.restore_snapshot.empty()
+                                      ? &(fresh[ch.seq_id] = snapshots_.at(ch.restore_snapshot_id))
+                                  : ch.start == 0 ? &(fresh[ch.seq_id] = model_->NewSequence())
+                                                  : &sequences_.at(ch.seq_id);
     refs[i] = {state, ids[i].data(), static_cast<int64_t>(ids[i].size()), ch.start};
     T += refs[i].n;
   }

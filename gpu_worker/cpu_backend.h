@@ -8,8 +8,8 @@
 // are ignored); only the stage's layers are touched. Capacity is `kv_tokens` positions summed
 // over the live sequences; `kv_bytes` is an estimate of what the stage's compressed KV and
 // indexer keys take at that capacity. A resume snapshot (backend.h) is kept as a copy of the
-// whole sequence state at its position, keyed by its first block (this backend has no paged pool
-// to hold it in), until DropSnapshot or a later snapshot in the same blocks.
+// whole sequence state at its position, by snapshot id (this backend has no paged pool to hold it
+// in), until DropSnapshot.
 //
 // Threads: the StageBackend methods from one thread at a time (the stage runner's); the model
 // parallelises each block internally with OpenMP.
@@ -50,9 +50,9 @@ class CpuBackend final : public StageBackend {
   absl::Status Check(std::span<const StageChunk> batch) const override;
   absl::Status Run(std::span<const StageChunk> batch, const float* streams_in, StageOutput* out,
                    StageTimings* timings) override;
-  absl::Status SaveSnapshot(uint64_t seq_id, int64_t position,
+  absl::Status SaveSnapshot(uint64_t seq_id, int64_t position, uint64_t snapshot_id,
                             std::span<const int32_t> blocks) override;
-  void DropSnapshot(int32_t first_block) override { snapshots_.erase(first_block); }
+  void DropSnapshot(uint64_t snapshot_id) override { snapshots_.erase(snapshot_id); }
   void Release(uint64_t seq_id) override {
     sequences_.erase(seq_id);
     resumed_.erase(seq_id);
@@ -70,8 +70,8 @@ class CpuBackend final : public StageBackend {
   std::unique_ptr<RoutedExpertsClient> experts_;
   BackendInfo info_;
   std::map<uint64_t, model::SequenceState> sequences_;
-  std::map<uint64_t, int64_t> resumed_;                // sequence -> the position it resumed at
-  std::map<int32_t, model::SequenceState> snapshots_;  // by first block
+  std::map<uint64_t, int64_t> resumed_;                 // sequence -> the position it resumed at
+  std::map<uint64_t, model::SequenceState> snapshots_;  // by snapshot id
 };
 
 }  // namespace ss::gpu

@@ -224,7 +224,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     backend_->Release(id);
     histories_.Release(id);
   }
-  for (const int32_t first_block : plan.drop_snapshots()) backend_->DropSnapshot(first_block);
+  for (const uint64_t id : plan.drop_snapshots()) backend_->DropSnapshot(id);
   if (!has_chunks) return absl::OkStatus();
 
   std::vector<StageChunk> batch;
@@ -239,6 +239,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     ch.block_table = std::span<const int32_t>(c.block_table().data(), c.block_table_size());
     ch.restore_snapshot =
         std::span<const int32_t>(c.restore_snapshot().data(), c.restore_snapshot_size());
+    ch.restore_snapshot_id = c.restore_snapshot_id();
     batch.push_back(ch);
     if (!c.samples()) continue;
     const pb::SamplingParams& p = c.sampling();
@@ -308,7 +309,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   };
   for (const pb::SnapshotSave& save : plan.save_snapshots()) {
     const absl::Status st =
-        backend_->SaveSnapshot(save.seq_id(), save.position(),
+        backend_->SaveSnapshot(save.seq_id(), save.position(), save.snapshot_id(),
                                std::span<const int32_t>(save.blocks().data(), save.blocks_size()));
     if (st.ok()) continue;
     if (!role_.last_stage() && out_ != nullptr) {

@@ -73,7 +73,7 @@ class Driver {
   Scheduler& s() { return s_; }
 
   SubmitOutcome Submit(RequestId id, int64_t prompt, int64_t max_new) {
-    const SubmitOutcome o = s_.Submit({id, prompt, max_new});
+    const SubmitOutcome o = s_.Submit({id, prompt, max_new, {}, true});
     if (o == SubmitOutcome::kQueued) shadow_[id] = {.prompt = prompt, .max_new = max_new};
     return o;
   }
@@ -619,8 +619,8 @@ TEST(SchedulerTest, FourStagePipelineNeverPlansASequenceTwice) {
 TEST(SchedulerTest, BusyWhenEveryMicroBatchIsInFlight) {
   auto s = Scheduler::Create(Config(4, 4, 2), Small(), 16);
   ASSERT_TRUE(s.ok());
-  ASSERT_EQ(s->Submit({A, 4, 2}), SubmitOutcome::kQueued);
-  ASSERT_EQ(s->Submit({B, 4, 2}), SubmitOutcome::kQueued);
+  ASSERT_EQ(s->Submit({A, 4, 2, {}, true}), SubmitOutcome::kQueued);
+  ASSERT_EQ(s->Submit({B, 4, 2, {}, true}), SubmitOutcome::kQueued);
   StepPlan p0, p1, p2;
   EXPECT_EQ(s->Step(&p0), StepOutcome::kPlanned);
   EXPECT_EQ(s->Step(&p1), StepOutcome::kPlanned);
@@ -639,8 +639,8 @@ TEST(SchedulerTest, BusyWhenEveryMicroBatchIsInFlight) {
 TEST(SchedulerTest, CompleteRejectsResultsThatDoNotMatchThePlanAndChangesNothing) {
   auto s = Scheduler::Create(Config(8, 4), Small(), 16);
   ASSERT_TRUE(s.ok());
-  ASSERT_EQ(s->Submit({A, 2, 2}), SubmitOutcome::kQueued);
-  ASSERT_EQ(s->Submit({B, 8, 2}), SubmitOutcome::kQueued);
+  ASSERT_EQ(s->Submit({A, 2, 2, {}, true}), SubmitOutcome::kQueued);
+  ASSERT_EQ(s->Submit({B, 8, 2, {}, true}), SubmitOutcome::kQueued);
   StepPlan plan;
   ASSERT_EQ(s->Step(&plan), StepOutcome::kPlanned);
   ASSERT_EQ(Render(plan), "mb0 prefill A[0,2)* B[0,6)");  // only A samples
