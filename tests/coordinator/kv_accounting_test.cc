@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
@@ -281,6 +282,202 @@ TEST(KvAccountingTest, RandomizedNoLeakNoSharing) {
   }
   for (KvSequenceId s = 0; s < tokens.size(); ++s) kv->Release(s);
   EXPECT_EQ(kv->free_blocks(), 64);
+}
+
+// 4 tokens per block, 1 fixed block, snapshots of 2 blocks.
+KvCostModel Snap() {
+  KvCostModel m = Small();
+  m.snapshot_blocks = 2;
+  return m;
+}
+
+std::vector<int32_t> Ids(int64_t n, int32_t first) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = first + static_cast<int32_t>(i);
+  return v;
+}
+
+std::vector<int32_t> Table(const KvAccounting& kv, KvSequenceId s) {
+  return {kv.BlockTable(s).begin(), kv.BlockTable(s).end()};
+}
+
+// A sequence's full blocks become cached once registered; a snapshot at a block boundary makes
+// them a hit; a new sequence shares them by reference and owns the rest of its table.
+TEST(KvPrefixCacheTest, HitSharesTheRegisteredBlocksUpToASnapshot) {
+  auto kv = KvAccounting::Create(Snap(), 32, /*prefix_caching=*/true);
+  ASSERT_TRUE(kv.ok());
+  const std::vector<int32_t> prompt = Ids(11, 100);
+  SnapshotTicket none;
+  ASSERT_EQ(kv->Admit(1, {}, 11, &none), KvGrow::kOk);
+  EXPECT_TRUE(none.blocks.empty());
+  EXPECT_EQ(Table(*kv, 1), (std::vector<int32_t>{0, 1, 2, 3}));  // fixed + 3 token blocks
+  kv->Register(1, prompt);
+  EXPECT_EQ(kv->cached_blocks(), 2);  // blocks [0, 4) and [4, 8); [8, 11) is not full
+  EXPECT_EQ(kv->Lookup(prompt, 10).tokens, 0) << "no snapshot yet";
+  SnapshotTicket t;
+  ASSERT_TRUE(kv->BeginSnapshot(1, 8, 0, &t));
+  EXPECT_EQ(t.blocks.size(), 2u);
+  EXPECT_EQ(kv->used_blocks(), 6);  // the ticket's blocks are reserved
+  kv->CommitSnapshot(1, 8, t);
+  EXPECT_EQ(kv->cached_blocks(), 4);
+  EXPECT_EQ(kv->evictable_blocks(), 2);  // the snapshot (its blocks are referenced by nobody)
+  EXPECT_FALSE(kv->BeginSnapshot(1, 8, 0, &t)) << "one snapshot per boundary";
+
+  std::vector<int32_t> other = prompt;
+  other[9] = 7;  // differs after the hit
+  PrefixHit hit = kv->Lookup(other, static_cast<int64_t>(other.size()) - 1);
+  EXPECT_EQ(hit.tokens, 8);
+  EXPECT_EQ(hit.blocks, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(kv->Lookup(other, 7).tokens, 0) << "the hit must fit in max_tokens";
+  std::vector<int32_t> early = prompt;
+  early[5] = 7;  // differs inside the second block
+  EXPECT_EQ(kv->Lookup(early, 10).tokens, 0);
+
+  EXPECT_EQ(kv->TokensReachableWith(hit, 0), 8 + (kv->free_blocks() - 2 - 1) * 4);
+  SnapshotTicket restore;
+  ASSERT_EQ(kv->Admit(2, hit, 11, &restore), KvGrow::kOk);
+  EXPECT_EQ(restore.id, t.id);
+  EXPECT_EQ(restore.blocks, t.blocks);
+  const std::vector<int32_t> table = Table(*kv, 2);
+  ASSERT_EQ(table.size(), 4u);
+  EXPECT_EQ(std::vector<int32_t>(table.begin() + 1, table.begin() + 3), hit.blocks);
+  for (const int32_t b : {table[0], table[3]}) {
+    EXPECT_TRUE(b != 0 && b != 1 && b != 2 && b != 3) << "own blocks are fresh: " << b;
+  }
+  kv->Release(1);
+  EXPECT_EQ(kv->evictable_blocks(), 2) << "blocks 1, 2 are still shared by sequence 2";
+  kv->Release(2);
+  EXPECT_EQ(kv->evictable_blocks(), 4);
+  EXPECT_EQ(kv->free_blocks(), 32);
+  EXPECT_EQ(kv->Lookup(prompt, 10).tokens, 8) << "cached after every sequence ended";
+}
+
+// Eviction: least recently used first, a released sequence's tail before its head; an evicted
+// block takes its snapshot and its descendants out of reach, and its id serves new content.
+TEST(KvPrefixCacheTest, EvictionIsLruAndNeverServesEvictedContent) {
+  auto kv = KvAccounting::Create(Snap(), 12, true);
+  ASSERT_TRUE(kv.ok());
+  const std::vector<int32_t> a = Ids(9, 100), b = Ids(9, 500);
+  SnapshotTicket r, t;
+  for (const auto& [seq, prompt] : {std::pair{1, a}, std::pair{2, b}}) {
+    ASSERT_EQ(kv->Admit(seq, {}, 8, &r), KvGrow::kOk);
+    kv->Register(seq, prompt);
+    ASSERT_TRUE(kv->BeginSnapshot(seq, 8, 0, &t));
+    kv->CommitSnapshot(seq, 8, t);
+    kv->Release(seq);
+  }
+  EXPECT_EQ(kv->free_blocks(), 12);
+  EXPECT_EQ(kv->cached_blocks(), 8);
+  EXPECT_EQ(kv->Lookup(a, 8).tokens, 8);
+  EXPECT_EQ(kv->Lookup(b, 8).tokens, 8);
+  EXPECT_TRUE(kv->TakeEvictedSnapshots().empty());
+  // 4 free blocks, then the least recently used unit goes first: a's snapshot (committed
+  // before a's release put its blocks in the order).
+  ASSERT_EQ(kv->Grow(3, 4 * 4), KvGrow::kOk);  // 1 + 4 blocks
+  EXPECT_EQ(kv->Lookup(a, 8).tokens, 0);
+  EXPECT_EQ(kv->Lookup(b, 8).tokens, 8);
+  EXPECT_EQ(kv->TakeEvictedSnapshots().size(), 1u);
+  ASSERT_EQ(kv->Grow(3, 7 * 4), KvGrow::kOk);  // 3 more: the free one, then a's two blocks
+  EXPECT_EQ(kv->cached_blocks(), 4);
+  EXPECT_EQ(kv->Lookup(b, 8).tokens, 8);
+  ASSERT_EQ(kv->Grow(3, 11 * 4), KvGrow::kOk);  // 4 more: b's snapshot and blocks
+  EXPECT_EQ(kv->Lookup(b, 8).tokens, 0);
+  EXPECT_EQ(kv->cached_blocks(), 0);
+  EXPECT_EQ(kv->free_blocks(), 0);
+  EXPECT_EQ(kv->Grow(3, 12 * 4), KvGrow::kOutOfBlocks);
+  // The freed ids now hold sequence 3's content: a lookup of a or b never reaches them.
+  kv->Release(3);
+  EXPECT_EQ(kv->free_blocks(), 12);
+  EXPECT_EQ(kv->Lookup(b, 8).tokens, 0);
+  EXPECT_EQ(kv->Lookup(a, 8).tokens, 0);
+}
+
+// A block whose content another sequence cached first stays private; the path continues through
+// the cached twin, so the next block and the snapshot still attach.
+TEST(KvPrefixCacheTest, ConcurrentTwinsShareOnePath) {
+  auto kv = KvAccounting::Create(Snap(), 32, true);
+  ASSERT_TRUE(kv.ok());
+  const std::vector<int32_t> p = Ids(9, 100);
+  SnapshotTicket r, t;
+  ASSERT_EQ(kv->Admit(1, {}, 9, &r), KvGrow::kOk);
+  ASSERT_EQ(kv->Admit(2, {}, 9, &r), KvGrow::kOk);
+  kv->Register(1, std::span<const int32_t>(p).first(4));
+  kv->Register(2, p);  // block 0 is a twin of sequence 1's; block 1 is new
+  EXPECT_EQ(kv->cached_blocks(), 2);
+  ASSERT_TRUE(kv->BeginSnapshot(2, 8, 0, &t));
+  kv->CommitSnapshot(2, 8, t);
+  const PrefixHit hit = kv->Lookup(p, 8);
+  EXPECT_EQ(hit.tokens, 8);
+  EXPECT_EQ(hit.blocks[0], Table(*kv, 1)[1]);
+  EXPECT_EQ(hit.blocks[1], Table(*kv, 2)[2]);
+  kv->Release(1);
+  kv->Release(2);
+  EXPECT_EQ(kv->free_blocks(), 32);
+}
+
+// Random admissions with hits, registrations, snapshots and releases: a block is in two tables
+// only when it is a cached block both share, referenced blocks and reserved tickets are exactly
+// the used ones, and everything comes back.
+TEST(KvPrefixCacheTest, RandomizedAccountingIsExact) {
+  std::mt19937_64 rng(11);
+  const int64_t kBlocks = 40;
+  auto kv = KvAccounting::Create(Snap(), kBlocks, true);
+  ASSERT_TRUE(kv.ok());
+  // Prompts from a few shared stems, so hits happen.
+  auto prompt = [&](uint64_t stem, int64_t len) {
+    std::vector<int32_t> v;
+    for (int64_t i = 0; i < len; ++i)
+      v.push_back(static_cast<int32_t>(stem * 1000 + (i < 12 ? i : rng() % 3)));
+    return v;
+  };
+  std::map<KvSequenceId, std::vector<int32_t>> live;
+  std::vector<std::pair<KvSequenceId, SnapshotTicket>> tickets;
+  KvSequenceId next = 1;
+  for (int it = 0; it < 5000; ++it) {
+    const int op = static_cast<int>(rng() % 4);
+    if (op == 0 && live.size() < 6) {
+      const std::vector<int32_t> p = prompt(rng() % 3, 5 + static_cast<int64_t>(rng() % 14));
+      const PrefixHit hit = kv->Lookup(p, static_cast<int64_t>(p.size()) - 1);
+      const int64_t len = static_cast<int64_t>(p.size());
+      SnapshotTicket r;
+      const bool fits = kv->TokensReachableWith(hit, 0) >= len;
+      ASSERT_EQ(kv->Admit(next, hit, len, &r) == KvGrow::kOk, fits);
+      if (fits) live[next] = p;
+      ++next;
+    } else if (op == 1 && !live.empty()) {
+      auto s = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      kv->Register(s->first, s->second);
+      SnapshotTicket t;
+      const int64_t at = static_cast<int64_t>(s->second.size()) / 4 * 4;
+      if (at > 0 && kv->BeginSnapshot(s->first, at, 0, &t)) tickets.emplace_back(s->first, t);
+    } else if (op == 2 && !tickets.empty()) {
+      auto [seq, t] = tickets.front();
+      tickets.erase(tickets.begin());
+      if (live.contains(seq) && rng() % 2 == 0) {
+        kv->CommitSnapshot(seq, static_cast<int64_t>(live[seq].size()) / 4 * 4, t);
+      } else {
+        kv->AbortSnapshot(t);
+      }
+    } else if (op == 3 && !live.empty()) {
+      auto s = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      kv->Release(s->first);
+      live.erase(s);
+    }
+    std::map<int32_t, int> owners;
+    for (const auto& [seq, p] : live) {
+      for (const int32_t b : kv->BlockTable(seq)) ASSERT_TRUE(b >= 0 && b < kBlocks);
+      for (const int32_t b : kv->BlockTable(seq)) ++owners[b];
+    }
+    for (const auto& [seq, t] : tickets) {
+      for (const int32_t b : t.blocks) ASSERT_EQ(owners[b]++, 0) << "ticket block in a table";
+    }
+    ASSERT_EQ(static_cast<int64_t>(owners.size()), kv->used_blocks()) << "iteration " << it;
+    ASSERT_LE(kv->cached_blocks(), kBlocks);
+    ASSERT_GE(kv->free_blocks(), kv->evictable_blocks());
+  }
+  for (const auto& [seq, t] : tickets) kv->AbortSnapshot(t);
+  for (const auto& [seq, p] : live) kv->Release(seq);
+  EXPECT_EQ(kv->free_blocks(), kBlocks);
 }
 
 }  // namespace

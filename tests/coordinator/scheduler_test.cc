@@ -680,6 +680,110 @@ TEST(SchedulerTest, CreateRejectsConfigsThatBreakTheGuarantees) {
 // it is in flight, and it is never preempted. Every request must end (by length, EOS or a
 // cancellation) within a bounded number of steps, with exactly its tokens, and the pool must be
 // all free at the end.
+// Prefix caching: the first request's prefill is cut at its last block boundary, a snapshot is
+// saved there, and once that micro-batch completed a request with the same first blocks starts
+// at the boundary with a restore; a request cancelled in flight registers nothing and its
+// snapshot is dropped.
+TEST(SchedulerTest, PrefixCacheCutsSavesAndResumes) {
+  KvCostModel cost = Small();
+  cost.snapshot_blocks = 2;
+  SchedulerConfig config = Config(16, 4);
+  config.prefix_caching = true;
+  auto s = Scheduler::Create(config, cost, 32);
+  ASSERT_TRUE(s.ok());
+  std::vector<int32_t> prompt(10);
+  for (int i = 0; i < 10; ++i) prompt[static_cast<size_t>(i)] = 100 + i;
+  ASSERT_EQ(s->Submit({A, 10, 2, prompt, true}), SubmitOutcome::kQueued);
+  StepPlan p;
+  std::vector<TokenEvent> events;
+  ASSERT_EQ(s->Step(&p), StepOutcome::kPlanned);
+  EXPECT_EQ(Render(p), "mb0 prefill A[0,8)") << "cut at the last block boundary, 8";
+  ASSERT_EQ(p.saves.size(), 1u);
+  EXPECT_EQ(p.saves[0].id, A);
+  EXPECT_EQ(p.saves[0].position, 8);
+  EXPECT_EQ(p.saves[0].blocks.size(), 2u);
+  EXPECT_EQ(p.admissions, (std::vector<Admission>{{A, 0}}));
+  const uint64_t snapshot = p.saves[0].snapshot_id;
+  // B shares A's first 9 ids; while A's micro-batch is in flight nothing is cached yet.
+  std::vector<int32_t> other = prompt;
+  other[9] = 7;
+  ASSERT_EQ(s->Submit({B, 10, 2, other, true}), SubmitOutcome::kQueued);
+  ASSERT_TRUE(s->Complete(p.micro_batch_id, {}, &events).ok());
+  EXPECT_EQ(s->kv().cached_blocks(), 2 + 2);
+  ASSERT_EQ(s->Step(&p), StepOutcome::kPlanned);
+  EXPECT_EQ(Render(p), "mb1 prefill A[8,10)* B[8,10)*");
+  EXPECT_TRUE(p.saves.empty());
+  ASSERT_EQ(p.restores.size(), 1u);
+  EXPECT_EQ(p.restores[0].id, B);
+  EXPECT_EQ(p.restores[0].tokens, 8);
+  EXPECT_EQ(p.restores[0].snapshot_id, snapshot);
+  EXPECT_EQ(p.admissions, (std::vector<Admission>{{B, 8}}));
+  RequestStatus st;
+  ASSERT_TRUE(s->GetRequestStatus(B, &st));
+  EXPECT_EQ(st.cached_tokens, 8);
+  // B's table shares A's token blocks and owns its fixed block and its last block.
+  const std::vector<int32_t> ta(s->BlockTable(A).begin(), s->BlockTable(A).end());
+  const std::vector<int32_t> tb(s->BlockTable(B).begin(), s->BlockTable(B).end());
+  ASSERT_EQ(ta.size(), 4u);
+  ASSERT_EQ(tb.size(), 4u);
+  EXPECT_EQ(tb[1], ta[1]);
+  EXPECT_EQ(tb[2], ta[2]);
+  EXPECT_NE(tb[0], ta[0]);
+  EXPECT_NE(tb[3], ta[3]);
+  EXPECT_EQ(s->prefix_cache_queries(), 20);
+  EXPECT_EQ(s->prefix_cache_hits(), 8);
+  ASSERT_TRUE(
+      s->Complete(p.micro_batch_id, std::vector<SampledToken>{{A, 1}, {B, 1}}, &events).ok());
+  EXPECT_TRUE(s->Cancel(A) == CancelOutcome::kCancelled &&
+              s->Cancel(B) == CancelOutcome::kCancelled);
+
+  // C is cancelled while its first chunk is in flight: nothing of it is cached, its snapshot goes.
+  std::vector<int32_t> third(10, 5);
+  ASSERT_EQ(s->Submit({C, 10, 2, third, true}), SubmitOutcome::kQueued);
+  ASSERT_EQ(s->Step(&p), StepOutcome::kPlanned);
+  ASSERT_EQ(p.saves.size(), 1u);
+  const uint64_t dropped = p.saves[0].snapshot_id;
+  EXPECT_EQ(s->Cancel(C), CancelOutcome::kCancelled);
+  ASSERT_TRUE(s->Complete(p.micro_batch_id, {}, &events).ok());
+  ASSERT_EQ(s->Submit({D, 10, 2, third, true}), SubmitOutcome::kQueued);
+  ASSERT_EQ(s->Step(&p), StepOutcome::kPlanned);
+  EXPECT_EQ(Render(p), "mb3 prefill D[0,8)") << "no hit";
+  EXPECT_NE(std::find(p.dropped_snapshots.begin(), p.dropped_snapshots.end(), dropped),
+            p.dropped_snapshots.end());
+}
+
+// Requests that may not resume (reuse_prefix false) or carry no ids are planned as without a
+// cache, and with prefix caching off nothing is cut or saved.
+TEST(SchedulerTest, PrefixCacheOffOrNotReusedPlansFromZero) {
+  KvCostModel cost = Small();
+  cost.snapshot_blocks = 2;
+  for (const bool caching : {false, true}) {
+    SchedulerConfig config = Config(16, 4);
+    config.prefix_caching = caching;
+    auto s = Scheduler::Create(config, cost, 32);
+    ASSERT_TRUE(s.ok());
+    const std::vector<int32_t> prompt(10, 9);
+    ASSERT_EQ(s->Submit({A, 10, 1, prompt, true}), SubmitOutcome::kQueued);
+    StepPlan p;
+    std::vector<TokenEvent> events;
+    ASSERT_EQ(s->Step(&p), StepOutcome::kPlanned);
+    EXPECT_EQ(Render(p), caching ? "mb0 prefill A[0,8)" : "mb0 prefill A[0,10)*");
+    EXPECT_EQ(p.saves.size(), caching ? 1u : 0u);
+    ASSERT_TRUE(
+        s->Complete(p.micro_batch_id,
+                    caching ? std::vector<SampledToken>{} : std::vector<SampledToken>{{A, 1}},
+                    &events)
+            .ok());
+    ASSERT_EQ(s->Submit({B, 10, 1, prompt, false}), SubmitOutcome::kQueued);
+    ASSERT_EQ(s->Submit({C, 10, 1, {}, true}), SubmitOutcome::kQueued);
+    ASSERT_EQ(s->Step(&p), StepOutcome::kPlanned);
+    EXPECT_TRUE(p.restores.empty());
+    for (const PrefillChunk& c : p.prefill) {
+      EXPECT_TRUE(c.id == A || c.start == 0) << Name(c.id);
+    }
+  }
+}
+
 TEST(SchedulerStressTest, PreemptionNeverLivelocksAndNothingLeaks) {
   int64_t total_preemptions = 0;
   for (uint64_t seed = 1; seed <= 300; ++seed) {
