@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -480,6 +481,59 @@ TEST_F(ClusterE2eTest, PenaltiesMinTokensAndLogitBiasFollowTheirFormulasOnTheMod
 
 // ignore_eos, stop_token_ids, include_stop_str_in_output, min_p and seed on the model, each against
 // what the reference's greedy continuation says it must do.
+// Prefix caching through the whole cluster (two pipeline stages, cpu backend): prompts that are
+// prefixes of one another resume from the snapshots earlier prompts left at their last block
+// boundary (B = 128), at prompt ends inside a group of 4, inside a group of 128 and inside the
+// window; each reports its cached tokens, continues exactly as the reference model computing
+// from position 0, and the prefix-cache metrics add up to what the API reported.
+TEST_F(ClusterE2eTest, PrefixCacheHitsContinueAsComputedFromScratch) {
+  std::mt19937 rng(2026);
+  std::vector<int32_t> base(760);
+  for (int32_t& t : base) t = static_cast<int32_t>(16 + rng() % 984);
+  auto metric = [](const std::string& name) {
+    const std::string m = testing_util::HttpGet(http_port_, "/metrics");
+    const size_t at = m.find("\nsplitserve:" + name + "{");
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(m.find('}', at) + 1));
+  };
+  const double queries0 = metric("prefix_cache_queries_total");
+  const double hits0 = metric("prefix_cache_hits_total");
+  int64_t prompt_sum = 0, cached_sum = 0;
+  // {prompt length, the cached tokens it must report}
+  const std::vector<std::pair<int, int>> cases = {{130, 0},   {131, 128}, {300, 128}, {258, 256},
+                                                  {317, 256}, {700, 256}, {740, 640}};
+  for (const auto& [len, want_cached] : cases) {
+    SCOPED_TRACE(absl::StrCat("prompt of ", len));
+    const std::vector<int32_t> prompt(base.begin(), base.begin() + len);
+    std::vector<float> first_logits;
+    const std::vector<int32_t> want =
+        ReferenceDecode(*model_, prompt, 6, [&](std::vector<float> l, const auto& out) {
+          if (out.empty()) first_logits = l;
+          return Argmax(l);
+        });
+    auto r = Post("/v1/completions", {{"model", "tiny"},
+                                      {"prompt", prompt},
+                                      {"max_tokens", 6},
+                                      {"temperature", 0},
+                                      {"logprobs", 1}});
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], want_cached);
+    prompt_sum += len;
+    cached_sum += j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    EXPECT_EQ(j["choices"][0]["text"], *tokenizer_->Decode(want));
+    // The first token's logprob against the reference's log-softmax from position 0.
+    ASSERT_FALSE(want.empty());
+    const float mx = *std::max_element(first_logits.begin(), first_logits.end());
+    double z = 0;
+    for (const float v : first_logits) z += std::exp(static_cast<double>(v - mx));
+    const double ref = static_cast<double>(first_logits[want[0]] - mx) - std::log(z);
+    EXPECT_NEAR(j["choices"][0]["logprobs"]["token_logprobs"][0].get<double>(), ref, 1e-4);
+  }
+  EXPECT_EQ(metric("prefix_cache_queries_total") - queries0, static_cast<double>(prompt_sum));
+  EXPECT_EQ(metric("prefix_cache_hits_total") - hits0, static_cast<double>(cached_sum));
+  EXPECT_GT(metric("prefix_cache_blocks"), 0);
+}
+
 TEST_F(ClusterE2eTest, EosStopIdsStopStringsMinPAndSeedActOnTheModel) {
   const std::vector<int32_t> prompt = {0, 310, 311, 312, 400, 401};
   const std::vector<int32_t> greedy = ReferenceGreedy(*model_, prompt, 12);
