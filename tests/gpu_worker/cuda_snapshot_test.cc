@@ -1,0 +1,248 @@
+// Resume snapshots in the cuda backend (gpu_worker/cuda/cuda_backend_kv.h "Resume snapshots";
+// prefix caching) on tiny-a (label gpu; every test skips with a message without a CUDA device).
+//
+// Exactness: block tables as the coordinator builds them (the test hands out the block ids).
+// Sequence A runs a prompt of P tokens in chunks [0, N/2), [N/2, N), [N, P), with a snapshot saved
+// at N (a multiple of the 128-token block) into blocks of its own, then greedy decode steps; A is
+// then released, so that sequence B takes A's compressor-state allocation with A's later state in
+// it. B's table shares A's token blocks below N and has its own window blocks and blocks from N
+// on; its first chunk is [N, P) resuming from the snapshot, then the same decode tokens. Every
+// logit of B's steps must be bit-identical to A's (memcmp): prompts that end inside a ratio-4
+// group, inside a ratio-128 group and inside the window after N, with N one and two blocks, on
+// one stage [0, 7) and on two stages [0, 5) + [5, 7) (stage 0 streaming into stage 1).
+//
+// Validation: SaveSnapshot and Check refuse what backend.h lists (InvalidArgument), and a
+// resumed sequence's shared prefix is not counted in kv_usage().
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu_worker/cuda/cuda_backend.h"
+#include "gpu_worker/cuda/cuda_backend_kv.h"
+#include "gtest/gtest.h"
+#include "tests/gpu_worker/gpu_test_util.h"
+#include "tests/gpu_worker/tiny_schedule.h"
+
+namespace ss::gpu {
+namespace {
+
+using cuda::testing_util::GpuTest;
+using namespace testing_util;  // NOLINT: the shared tiny-a model and options
+
+constexpr int64_t kBlockTokens = 128;
+constexpr int kDecodeSteps = 6;
+
+// The stages of a pipeline on one GPU, and the coordinator's figures for their tables: the
+// fixed (window) blocks a table starts with and the blocks of one snapshot (maxima over stages).
+struct Pipeline {
+  std::vector<std::unique_ptr<CudaBackend>> stages;
+  int64_t fixed_blocks = 0, snapshot_blocks = 0, pool_blocks = 0;
+};
+
+Pipeline MakePipeline(const std::vector<int>& bounds) {
+  Pipeline p;
+  const int n = static_cast<int>(bounds.size()) - 1;
+  p.pool_blocks = INT64_MAX;
+  for (int s = 0; s < n; ++s) {
+    auto b = CudaBackend::Create(TinyModel(), StageOptions(s, n, bounds[s], bounds[s + 1]));
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!b.ok()) return {};
+    p.stages.push_back(std::move(*b));
+    absl::StatusOr<KvLayout> k =
+        KvLayout::Create(TinyModel()->config(), bounds[s], bounds[s + 1], kBlockTokens);
+    EXPECT_TRUE(k.ok()) << k.status();
+    if (!k.ok()) return {};
+    // The worker addresses token block j at table[window_blocks + j]: the test's tables share
+    // token blocks at table[fixed_blocks + j], so the stages' window blocks must agree.
+    EXPECT_TRUE(s == 0 || k->window_blocks == p.fixed_blocks) << "stage " << s;
+    p.fixed_blocks = std::max(p.fixed_blocks, k->window_blocks);
+    p.snapshot_blocks = std::max(p.snapshot_blocks, k->snapshot_blocks);
+    p.pool_blocks = std::min(p.pool_blocks, k->PoolBlocks(4096, 8));
+  }
+  return p;
+}
+
+// Runs a batch through every stage (stage 0's output streams into stage 1, ...); the last
+// stage's logits.
+absl::Status RunPipeline(Pipeline& p, const std::vector<StageChunk>& batch,
+                         std::vector<std::vector<float>>* logits) {
+  std::vector<float> streams;
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    StageOutput out;
+    const absl::Status st =
+        p.stages[s]->Run(batch, s == 0 ? nullptr : streams.data(), &out, nullptr);
+    if (!st.ok()) return st;
+    streams = std::move(out.streams);
+    if (s + 1 == p.stages.size()) *logits = std::move(out.logits);
+  }
+  return absl::OkStatus();
+}
+
+class CudaSnapshotTest : public GpuTest {};
+
+// One case: A from 0 with a snapshot at N, B resumed from it; logits compared bit for bit.
+void ExpectResumeIsExact(const std::vector<int>& bounds, int64_t N, int64_t P) {
+  SCOPED_TRACE(testing::Message() << "stages " << bounds.size() - 1 << ", N " << N << ", P " << P);
+  Pipeline pipe = MakePipeline(bounds);
+  ASSERT_FALSE(pipe.stages.empty());
+  const int64_t F = pipe.fixed_blocks, end = P + kDecodeSteps;
+  const int64_t token_blocks = (end + kBlockTokens - 1) / kBlockTokens;
+  int32_t next_id = static_cast<int32_t>(pipe.pool_blocks) - 1;  // handed out from the top down
+  auto fresh = [&](int64_t n) {
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < n; ++i) ids.push_back(next_id--);
+    return ids;
+  };
+  const std::vector<int32_t> table_a = fresh(F + token_blocks);
+  const std::vector<int32_t> snapshot = fresh(pipe.snapshot_blocks);
+  std::vector<int32_t> table_b = fresh(F);
+  for (int64_t j = 0; j < N / kBlockTokens; ++j) table_b.push_back(table_a[F + j]);
+  for (int32_t b : fresh(token_blocks - N / kBlockTokens)) table_b.push_back(b);
+  ASSERT_GE(next_id, 0) << "the pool's blocks";
+
+  std::vector<int32_t> prompt(P);
+  for (int64_t i = 0; i < P; ++i) prompt[i] = static_cast<int32_t>(2 + (i * 53 + 7) % 1000);
+  const std::span<const int32_t> all(prompt);
+  const uint64_t kA = 1, kB = 2;
+
+  // A: [0, N/2), [N/2, N), the snapshot at N, [N, P), greedy decode steps.
+  std::vector<std::vector<float>> logits;
+  ASSERT_TRUE(
+      RunPipeline(pipe, {{kA, 0, all.subspan(0, N / 2), false, table_a, {}}}, &logits).ok());
+  ASSERT_TRUE(
+      RunPipeline(pipe, {{kA, N / 2, all.subspan(N / 2, N - N / 2), false, table_a, {}}}, &logits)
+          .ok());
+  for (auto& stage : pipe.stages) {
+    const absl::Status st = stage->SaveSnapshot(kA, N, snapshot);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  std::vector<std::vector<float>> want;  // A's logits: [N, P)'s last token, then each decode step
+  std::vector<int32_t> decode;
+  ASSERT_TRUE(RunPipeline(pipe, {{kA, N, all.subspan(N), true, table_a, {}}}, &logits).ok());
+  for (int k = 0;; ++k) {
+    ASSERT_EQ(logits.size(), 1u);
+    want.push_back(logits[0]);
+    if (k == kDecodeSteps) break;
+    decode.push_back(Argmax(logits[0]));
+    ASSERT_TRUE(
+        RunPipeline(pipe, {{kA, P + k, std::span<const int32_t>(&decode[k], 1), true, table_a, {}}},
+                    &logits)
+            .ok());
+  }
+  // A's state allocation (its state at P + kDecodeSteps) goes to B.
+  for (auto& stage : pipe.stages) stage->Release(kA);
+
+  // B: [N, P) resuming from the snapshot, then A's decode tokens.
+  int64_t values = 0, identical = 0;
+  for (int k = 0; k <= kDecodeSteps; ++k) {
+    const std::vector<StageChunk> batch =
+        k == 0
+            ? std::vector<StageChunk>{{kB, N, all.subspan(N), true, table_b, snapshot}}
+            : std::vector<StageChunk>{
+                  {kB, P + k - 1, std::span<const int32_t>(&decode[k - 1], 1), true, table_b, {}}};
+    const absl::Status st = RunPipeline(pipe, batch, &logits);
+    ASSERT_TRUE(st.ok()) << "step " << k << ": " << st;
+    ASSERT_EQ(logits.size(), 1u);
+    ASSERT_EQ(logits[0].size(), want[k].size());
+    for (size_t j = 0; j < want[k].size(); ++j) {
+      ++values;
+      identical += std::memcmp(&logits[0][j], &want[k][j], 4) == 0;
+    }
+    if (k == 0) {
+      for (auto& stage : pipe.stages) {
+        const KvUsage u = stage->kv_usage();
+        EXPECT_EQ(u.sequences, 1);
+        EXPECT_EQ(u.used_tokens, P - N) << "the shared prefix is not B's";
+      }
+    }
+  }
+  std::printf(
+      "resume: %zu stage(s), N %lld, P %lld, %d decode steps: %lld of %lld logits "
+      "bit-identical\n",
+      pipe.stages.size(), static_cast<long long>(N), static_cast<long long>(P), kDecodeSteps,
+      static_cast<long long>(identical), static_cast<long long>(values));
+  EXPECT_EQ(identical, values);
+}
+
+// tiny-a: window 16, ratios 4 and 128, blocks of 128 tokens. P ends: inside a ratio-4 group and
+// the window (133), on a group of 4 inside a ratio-128 group (200), inside a group of 4 further
+// on (301), on a group of 4 inside the window (268).
+TEST_F(CudaSnapshotTest, ResumedSequenceIsBitIdenticalOnOneStage) {
+  ASSERT_NE(TinyModel(), nullptr);
+  for (auto [N, P] : {std::pair<int64_t, int64_t>{128, 133}, {128, 200}, {256, 301}, {256, 268}}) {
+    ExpectResumeIsExact({0, 7}, N, P);
+  }
+}
+
+// Two stages [0, 5) + [5, 7) (both with one window block, as the tables' fixed blocks).
+TEST_F(CudaSnapshotTest, ResumedSequenceIsBitIdenticalOnTwoStages) {
+  ASSERT_NE(TinyModel(), nullptr);
+  for (auto [N, P] : {std::pair<int64_t, int64_t>{128, 203}, {256, 262}}) {
+    ExpectResumeIsExact({0, 5, 7}, N, P);
+  }
+}
+
+TEST_F(CudaSnapshotTest, RefusesBadSnapshotsAndResumes) {
+  ASSERT_NE(TinyModel(), nullptr);
+  Pipeline pipe = MakePipeline({0, 7});
+  ASSERT_EQ(pipe.stages.size(), 1u);
+  CudaBackend& b = *pipe.stages[0];
+  const int32_t top = static_cast<int32_t>(pipe.pool_blocks);
+  std::vector<int32_t> table = {0, 1, 2, 3};  // window block + 3 token blocks
+  std::vector<int32_t> snapshot;
+  for (int64_t i = 0; i < pipe.snapshot_blocks; ++i) snapshot.push_back(10 + i);
+  const std::vector<int32_t> tokens(130, 5), one(1, 7);
+  std::vector<std::vector<float>> logits;
+  ASSERT_TRUE(RunPipeline(pipe, {{1, 0, tokens, false, table, {}}}, &logits).ok());
+  auto code = [](const absl::Status& s) { return s.code(); };
+  constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(code(b.SaveSnapshot(9, 128, snapshot)), kInvalid);  // unknown sequence
+  EXPECT_EQ(code(b.SaveSnapshot(1, 128, snapshot)), kInvalid);  // not its next position (130)
+  ASSERT_TRUE(RunPipeline(pipe, {{1, 130, one, false, table, {}}}, &logits).ok());
+  EXPECT_EQ(code(b.SaveSnapshot(1, 131, snapshot)), kInvalid);  // not a multiple of the block
+  // A sequence at 128.
+  ASSERT_TRUE(
+      RunPipeline(
+          pipe,
+          {{2, 0, std::span(tokens).subspan(0, 128), false, std::vector<int32_t>{20, 21}, {}}},
+          &logits)
+          .ok());
+  EXPECT_EQ(code(b.SaveSnapshot(2, 128, std::span(snapshot).first(snapshot.size() - 1))),
+            kInvalid);  // too few blocks
+  std::vector<int32_t> outside = snapshot;
+  outside.back() = top;
+  EXPECT_EQ(code(b.SaveSnapshot(2, 128, outside)), kInvalid);
+  const absl::Status saved = b.SaveSnapshot(2, 128, snapshot);
+  EXPECT_TRUE(saved.ok()) << saved;
+  EXPECT_TRUE(b.SaveSnapshot(2, 128, std::vector<int32_t>(snapshot.begin(), snapshot.end())).ok());
+
+  // Resumes: start not a multiple of the block, too few snapshot blocks, one outside the pool, no
+  // block table, a known sequence; then a valid one.
+  const std::vector<int32_t> table_b = {30, 20, 31};
+  EXPECT_EQ(code(b.Check(std::vector<StageChunk>{{3, 64, one, true, table_b, snapshot}})),
+            kInvalid);
+  EXPECT_EQ(code(b.Check(std::vector<StageChunk>{
+                {3, 128, one, true, table_b, std::span(snapshot).first(snapshot.size() - 1)}})),
+            kInvalid);
+  EXPECT_EQ(code(b.Check(std::vector<StageChunk>{{3, 128, one, true, table_b, outside}})),
+            kInvalid);
+  EXPECT_EQ(code(b.Check(std::vector<StageChunk>{{3, 128, one, true, {}, snapshot}})), kInvalid);
+  EXPECT_EQ(code(b.Check(std::vector<StageChunk>{{2, 128, one, true, table_b, snapshot}})),
+            kInvalid);
+  const KvUsage before = b.kv_usage();
+  ASSERT_TRUE(RunPipeline(pipe, {{3, 128, one, true, table_b, snapshot}}, &logits).ok());
+  ASSERT_EQ(logits.size(), 1u);
+  EXPECT_EQ(b.kv_usage().used_tokens, before.used_tokens + 1);
+  EXPECT_EQ(b.kv_usage().sequences, before.sequences + 1);
+  b.DropSnapshot(snapshot.front());  // nothing to do: the blocks are the coordinator's
+  b.Release(3);
+  EXPECT_EQ(b.kv_usage().used_tokens, before.used_tokens);
+}
+
+}  // namespace
+}  // namespace ss::gpu
