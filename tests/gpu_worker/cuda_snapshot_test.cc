@@ -11,6 +11,9 @@
 // group, inside a ratio-128 group and inside the window after N, with N one and two blocks, on
 // one stage [0, 7) and on two stages [0, 5) + [5, 7) (stage 0 streaming into stage 1).
 //
+// Control: a snapshot mixed from two sequences' (window blocks of one, carried slots of the
+// other) gives other logits, so both parts are read.
+//
 // Validation: SaveSnapshot and Check refuse what backend.h lists (InvalidArgument), and a
 // resumed sequence's shared prefix is not counted in kv_usage().
 #include <cuda_runtime.h>
@@ -184,6 +187,66 @@ TEST_F(CudaSnapshotTest, ResumedSequenceIsBitIdenticalOnTwoStages) {
   ASSERT_NE(TinyModel(), nullptr);
   for (auto [N, P] : {std::pair<int64_t, int64_t>{128, 203}, {256, 262}}) {
     ExpectResumeIsExact({0, 5, 7}, N, P);
+  }
+}
+
+// The control: both parts of a snapshot are read. Sequences A and E (different prompts) save
+// snapshots at N; a sequence resumed on A's token blocks from A's window blocks with E's carried
+// slots, or from E's window blocks with A's carried slots, gives logits that differ from A's,
+// while A's whole snapshot gives A's bits.
+TEST_F(CudaSnapshotTest, EveryPartOfTheSnapshotIsRead) {
+  ASSERT_NE(TinyModel(), nullptr);
+  Pipeline pipe = MakePipeline({0, 7});
+  ASSERT_EQ(pipe.stages.size(), 1u);
+  const int64_t N = 128, P = 200, F = pipe.fixed_blocks, S = pipe.snapshot_blocks;
+  int32_t next_id = 0;
+  auto fresh = [&](int64_t n) {
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < n; ++i) ids.push_back(next_id++);
+    return ids;
+  };
+  std::vector<int32_t> prompt_a(P), prompt_e(N);
+  for (int64_t i = 0; i < P; ++i) prompt_a[i] = static_cast<int32_t>(2 + (i * 53 + 7) % 1000);
+  for (int64_t i = 0; i < N; ++i) prompt_e[i] = static_cast<int32_t>(2 + (i * 29 + 3) % 1000);
+  const std::vector<int32_t> table_a = fresh(F + 2), table_e = fresh(F + 1);
+  const std::vector<int32_t> snap_a = fresh(S), snap_e = fresh(S);
+  const std::span<const int32_t> a(prompt_a);
+  std::vector<std::vector<float>> logits;
+  ASSERT_TRUE(RunPipeline(pipe, {{1, 0, a.first(N), false, table_a, {}}}, &logits).ok());
+  ASSERT_TRUE(RunPipeline(pipe, {{2, 0, prompt_e, false, table_e, {}}}, &logits).ok());
+  ASSERT_TRUE(pipe.stages[0]->SaveSnapshot(1, N, snap_a).ok());
+  ASSERT_TRUE(pipe.stages[0]->SaveSnapshot(2, N, snap_e).ok());
+  ASSERT_TRUE(RunPipeline(pipe, {{1, N, a.subspan(N), true, table_a, {}}}, &logits).ok());
+  ASSERT_EQ(logits.size(), 1u);
+  const std::vector<float> want = logits[0];
+  // (window blocks from, carried slots from, expected identical)
+  struct Mix {
+    const std::vector<int32_t>* window;
+    const std::vector<int32_t>* carry;
+    bool identical;
+    const char* what;
+  };
+  uint64_t id = 10;
+  for (const Mix& m : {Mix{&snap_a, &snap_a, true, "A's snapshot"},
+                       Mix{&snap_a, &snap_e, false, "A's window, E's carried slots"},
+                       Mix{&snap_e, &snap_a, false, "E's window, A's carried slots"}}) {
+    std::vector<int32_t> snapshot(m.window->begin(), m.window->begin() + F);
+    snapshot.insert(snapshot.end(), m.carry->begin() + F, m.carry->end());
+    std::vector<int32_t> table = fresh(F);
+    table.push_back(table_a[F]);
+    table.push_back(fresh(1)[0]);
+    ASSERT_TRUE(RunPipeline(pipe, {{id++, N, a.subspan(N), true, table, snapshot}}, &logits).ok());
+    ASSERT_EQ(logits.size(), 1u);
+    ASSERT_EQ(logits[0].size(), want.size());
+    int64_t same = 0;
+    for (size_t j = 0; j < want.size(); ++j) same += std::memcmp(&logits[0][j], &want[j], 4) == 0;
+    std::printf("resumed from %s: %lld of %zu logits bit-identical to A's\n", m.what,
+                static_cast<long long>(same), want.size());
+    if (m.identical) {
+      EXPECT_EQ(same, static_cast<int64_t>(want.size())) << m.what;
+    } else {
+      EXPECT_LT(same, static_cast<int64_t>(want.size())) << m.what;
+    }
   }
 }
 
