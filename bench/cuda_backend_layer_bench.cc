@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
         const double t0 = Now();
         all_ranks([&](int r) {
           ranks[r]->ReleaseAll();
-          ss::gpu::StageChunk ch{1000, 0, tokens, false, {}};
+          ss::gpu::StageChunk ch{1000, 0, tokens, false, {}, {}, 0};
           ss::gpu::StageOutput out;
           Die(ranks[r]->Run(std::vector<ss::gpu::StageChunk>{ch}, streams.data(), &out,
                             r == 0 && rep == 2 ? &prefill_tm : nullptr),
@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
         auto run_step = [&](ss::gpu::StageTimings* tm) {
           for (int s = 0; s < batch; ++s) {
             one[s] = tokens[next % kChunk];
-            step[s] = {static_cast<uint64_t>(s), next, std::span(&one[s], 1), true, {}};
+            step[s] = {static_cast<uint64_t>(s), next, std::span(&one[s], 1), true, {}, {}, 0};
           }
           const double t0 = Now();
           all_ranks([&](int r) {

@@ -229,7 +229,7 @@ int RunPipelineStack(const std::shared_ptr<const model::Model>& model, int tp, i
       auto run_step = [&](std::vector<gpu::StageTimings>* timings) {
         for (int q = 0; q < batch; ++q) {
           one[q] = static_cast<int32_t>(2 + (next * 7 + q) % 1000);
-          step[q] = {static_cast<uint64_t>(q), next, std::span(&one[q], 1), true, {}};
+          step[q] = {static_cast<uint64_t>(q), next, std::span(&one[q], 1), true, {}, {}, 0};
         }
         const uint64_t id = micro_batch++;
         const bool ok = all([&](Rank& k) {

@@ -42,7 +42,7 @@ std::vector<StageChunk> ToBatch(std::span<const golden::GoldenChunk> chunks,
   std::vector<StageChunk> batch;
   for (size_t i = 0; i < chunks.size(); ++i) {
     (*ids)[i].assign(chunks[i].tokens, chunks[i].tokens + chunks[i].n);
-    batch.push_back({chunks[i].seq_id, chunks[i].start, (*ids)[i], /*samples=*/true, {}});
+    batch.push_back({chunks[i].seq_id, chunks[i].start, (*ids)[i], /*samples=*/true, {}, {}, 0});
   }
   return batch;
 }

@@ -200,8 +200,35 @@ KvUsage CudaBackend::kv_usage() const {
   KvUsage u;
   u.capacity_tokens = options_.kv_tokens;
   u.sequences = static_cast<int64_t>(impl_->kv.seqs().size());
-  for (const auto& [id, s] : impl_->kv.seqs()) u.used_tokens += s.next_pos;
+  // A resumed sequence's token blocks below its resume position are the prefix cache's.
+  for (const auto& [id, s] : impl_->kv.seqs()) u.used_tokens += s.next_pos - s.resumed;
   return u;
+}
+
+absl::Status CudaBackend::SaveSnapshot(uint64_t seq_id, int64_t position, uint64_t snapshot_id,
+                                       std::span<const int32_t> blocks) {
+  (void)snapshot_id;  // the blocks are the snapshot's name here
+  Impl& im = *impl_;
+  const KvSeq* s = im.kv.Find(seq_id);
+  const int64_t B = im.kv.layout().block_tokens;
+  const std::string what = absl::StrCat("snapshot of sequence ", seq_id, " at ", position);
+  if (s == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": this worker holds no such sequence"));
+  }
+  if (position != s->next_pos || position <= 0 || position % B != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the position must be the sequence's next one (", s->next_pos,
+                     ") and a positive multiple of the KV block size ", B));
+  }
+  if (!s->external) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": the sequence's blocks are the pool's own (no step-plan block tables), whose "
+        "allocator may hand out the snapshot's blocks"));
+  }
+  RETURN_IF_ERROR(im.kv.CheckSnapshot(blocks, what));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(im.device));
+  return im.kv.SaveSnapshot(*s, blocks, im.stream);
 }
 
 void CudaBackend::Release(uint64_t seq_id) {
@@ -223,6 +250,17 @@ absl::Status CudaBackend::Check(std::span<const StageChunk> batch) const {
                                const KvSeq* s = impl_->kv.Find(id);
                                return s == nullptr ? -1 : s->next_pos;
                              }));
+  const int64_t B = impl_->kv.layout().block_tokens;
+  for (const StageChunk& ch : batch) {
+    if (ch.restore_snapshot.empty()) continue;
+    const std::string what = absl::StrCat("sequence ", ch.seq_id, " resuming at ", ch.start);
+    if (ch.start % B != 0 || ch.block_table.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a resume position must be a multiple of the KV block size ", B,
+                       " and the chunk must bring the step plan's block table"));
+    }
+    RETURN_IF_ERROR(impl_->kv.CheckSnapshot(ch.restore_snapshot, what));
+  }
   std::vector<uint64_t> ids;
   std::vector<int64_t> ends;
   std::vector<std::span<const int32_t>> tables;
@@ -259,7 +297,7 @@ absl::Status CudaBackend::FillSequenceForBenchmark(uint64_t seq_id, int64_t next
   const int64_t ends[] = {next_pos};
   const std::span<const int32_t> tables[] = {{}};
   RETURN_IF_ERROR(im.kv.Check(ids, ends, tables));
-  RETURN_IF_ERROR(im.kv.Prepare(seq_id, 0, next_pos, {}, im.stream));
+  RETURN_IF_ERROR(im.kv.Prepare(seq_id, 0, next_pos, {}, {}, im.stream));
   KvSeq* s = im.kv.Find(seq_id);
   for (KvSeq::Layer& k : s->layers) {
     if (k.comp_state) {

@@ -29,8 +29,10 @@
 // and compressed entry an fp8_ds_mla record (kernels/paged_kv.h), indexer keys MXFP4, addressed
 // through the step plan's block tables (StageChunk::block_table), or, where a chunk brings none,
 // through tables the pool allocates itself; compressor states fp32 per sequence. Capacity is
-// accounted like the cpu backend: `kv_tokens` positions summed over the live sequences;
-// info().kv_bytes is the pool's.
+// accounted like the cpu backend: `kv_tokens` positions summed over the live sequences, less
+// the positions they resumed at from a snapshot; info().kv_bytes is the pool's. Resume snapshots
+// (backend.h) live in the pool's blocks, written and read by device-to-device copies on the step
+// stream (cuda_backend_kv.h "Resume snapshots").
 //
 // Tensor parallelism (tp_size > 1; one CudaBackend per rank, each on its own GPU, joined by an
 // NcclComm, nccl_comm.h). Attention is split over heads and the MoE's shared expert over its
@@ -168,6 +170,14 @@ class CudaBackend final : public StageBackend {
   // their fp32 form back to the host.
   absl::Status RunDevice(std::span<const StageChunk> batch, const void* streams_in,
                          StageOutput* out, StageTimings* timings) override;
+  // Copies the sequence's resume state into `blocks` of the pool (cuda_backend_kv.h "Resume
+  // snapshots"), enqueued on the step stream after the step that left the sequence at `position`
+  // (no host wait). InvalidArgument for an unknown sequence, a position other than its next one
+  // or not a positive multiple of kv_block_tokens, a sequence on the pool's own allocator (no
+  // step-plan tables), fewer blocks than the snapshot takes or a block outside the pool.
+  // Snapshots live in the coordinator's blocks: DropSnapshot has nothing to do.
+  absl::Status SaveSnapshot(uint64_t seq_id, int64_t position, uint64_t snapshot_id,
+                            std::span<const int32_t> blocks) override;
   void Release(uint64_t seq_id) override;
   void ReleaseAll() override;
 

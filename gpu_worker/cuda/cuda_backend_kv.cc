@@ -87,14 +87,30 @@ absl::StatusOr<KvLayout> KvLayout::Create(const ModelConfig& c, int first_layer,
     if (y.ratio > 0) carve(y.ratio, c.head_dim, y.comp_state_off, y.comp_n);
     if (y.has_indexer) carve(y.ratio, k.key_dim, y.index_state_off, y.index_n);
   }
+  // A resume snapshot's carried slots: of every ratio-4 layer's compressors (kv and score each
+  // [8, 2·d], slot-major), slots 0..3, the first half of kv and of score.
+  for (const Layer& y : k.layers) {
+    if (y.ratio != 4) continue;
+    for (auto [at, half] :
+         {std::pair{y.comp_state_off, y.comp_n}, {y.index_state_off, y.index_n}}) {
+      if (at < 0) continue;
+      k.carry.push_back({at, half / 2 * 4});
+      k.carry.push_back({at + half, half / 2 * 4});
+      k.carry_bytes += half * 4;
+    }
+  }
+  k.snapshot_blocks = k.window_blocks + (k.carry_bytes + k.block_bytes - 1) / k.block_bytes;
   if (cost.entry_bytes != k.record_bytes || cost.index_entry_bytes != k.key_bytes ||
-      cost.state_bytes != state_bytes || (off > 0 && (off + 7) / 8 * 8 != k.block_bytes) ||
+      cost.state_bytes != state_bytes || cost.carry_bytes != k.carry_bytes ||
+      cost.snapshot_blocks != k.snapshot_blocks ||
+      (off > 0 && (off + 7) / 8 * 8 != k.block_bytes) ||
       k.win_per_block * k.record_bytes > k.block_bytes ||
       k.window_blocks * k.win_per_block < static_cast<int64_t>(k.layers.size()) * k.window) {
     return absl::InternalError(absl::StrCat(
         "paged KV: the pool's layout (records of ", k.record_bytes, " B, keys of ", k.key_bytes,
-        " B, ", off, " B of entries per block, ", state_bytes,
-        " B of compressor state) disagrees with the KV cost model ", cost.DebugString()));
+        " B, ", off, " B of entries per block, ", state_bytes, " B of compressor state, ",
+        k.carry_bytes, " B carried by a snapshot in ", k.snapshot_blocks,
+        " blocks) disagrees with the KV cost model ", cost.DebugString()));
   }
   return k;
 }
@@ -233,8 +249,59 @@ absl::Status KvPool::Check(std::span<const uint64_t> seq_ids, std::span<const in
   return absl::OkStatus();
 }
 
+absl::Status KvPool::CheckSnapshot(std::span<const int32_t> blocks, const std::string& what) const {
+  if (static_cast<int64_t>(blocks.size()) < layout_.snapshot_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a snapshot takes ", layout_.snapshot_blocks, " blocks (",
+                     layout_.window_blocks, " window blocks + ", layout_.carry_bytes,
+                     " B of compressor slots), ", blocks.size(), " given"));
+  }
+  for (int64_t k = 0; k < layout_.snapshot_blocks; ++k) {
+    if (blocks[k] < 0 || blocks[k] >= n_blocks_) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": snapshot block ", blocks[k],
+                                                     " is outside the KV pool's ", n_blocks_,
+                                                     " blocks"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::CopyCarry(float* states, std::span<const int32_t> blocks, bool to_snapshot,
+                               cudaStream_t stream) {
+  const int64_t bb = layout_.block_bytes;
+  int64_t at = 0;  // the byte stream's offset
+  for (const KvLayout::CarryPiece& p : layout_.carry) {
+    char* state = reinterpret_cast<char*>(states + p.state_off);
+    for (int64_t done = 0; done < p.bytes;) {
+      const int64_t k = layout_.window_blocks + at / bb, in = at % bb;
+      const int64_t n = std::min(p.bytes - done, bb - in);
+      char* block = reinterpret_cast<char*>(pool_) + blocks[k] * bb + in;
+      RETURN_IF_ERROR(CudaCheck(
+          cudaMemcpyAsync(to_snapshot ? block : state + done, to_snapshot ? state + done : block,
+                          static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync(snapshot carried slots)"));
+      done += n;
+      at += n;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::SaveSnapshot(const KvSeq& seq, std::span<const int32_t> blocks,
+                                  cudaStream_t stream) {
+  const int64_t bb = layout_.block_bytes;
+  for (int64_t k = 0; k < layout_.window_blocks; ++k) {
+    RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpyAsync(pool_ + blocks[k] * bb, pool_ + seq.table[k] * bb,
+                                  static_cast<size_t>(bb), cudaMemcpyDeviceToDevice, stream),
+                  "cudaMemcpyAsync(snapshot window block)"));
+  }
+  return CopyCarry(seq.states, blocks, true, stream);
+}
+
 absl::Status KvPool::Prepare(uint64_t seq_id, int64_t start, int64_t end,
-                             std::span<const int32_t> table, cudaStream_t stream) {
+                             std::span<const int32_t> table, std::span<const int32_t> restore,
+                             cudaStream_t stream) {
   KvSeq& s = seqs_[seq_id];
   const int64_t need = layout_.BlocksFor(end);
   if (!table.empty()) {
@@ -273,7 +340,22 @@ absl::Status KvPool::Prepare(uint64_t seq_id, int64_t start, int64_t end,
       k.index_n = y.index_n;
     }
   }
-  if (start == 0) {
+  if (!restore.empty()) {
+    if (!s.external) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", seq_id, ": resuming from a snapshot needs the step plan's block table"));
+    }
+    const int64_t bb = layout_.block_bytes;
+    for (int64_t k = 0; k < layout_.window_blocks; ++k) {
+      RETURN_IF_ERROR(
+          CudaCheck(cudaMemcpyAsync(pool_ + s.table[k] * bb, pool_ + restore[k] * bb,
+                                    static_cast<size_t>(bb), cudaMemcpyDeviceToDevice, stream),
+                    "cudaMemcpyAsync(restore window block)"));
+    }
+    RETURN_IF_ERROR(CopyCarry(s.states, restore, false, stream));
+    s.resumed = start;
+  } else if (start == 0) {
+    s.resumed = 0;
     for (KvSeq::Layer& k : s.layers) {
       if (k.comp_state != nullptr) {
         RETURN_IF_ERROR(CudaCheck(

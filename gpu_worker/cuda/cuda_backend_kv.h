@@ -31,6 +31,22 @@
 // states), so ending a sequence frees no device memory and synchronises nothing; ReleaseAll and
 // the destructor free them all.
 //
+// Resume snapshots (backend.h "Resume snapshots"; prefix caching). A sequence's state at a
+// position N (a positive multiple of B) beyond its token blocks is its window blocks and the
+// ratio-4 compressors' "previous group" slots. In a state allocation a compressor's kv and score
+// are each [slots, width] fp32, slot-major (kernels/compressor.h), and at a position that is a
+// multiple of 4 slots 0..3 hold the group N-4 .. N-1 (the last emitted one), so the carried part
+// of one compressor is the first 4·width floats of its kv and of its score. A snapshot takes
+// KvCostModel::snapshot_blocks pool blocks: the first window_blocks are copies of the sequence's
+// window blocks, block for block; the next ⌈carry_bytes / block_bytes⌉ hold the carried slots as
+// one byte stream, for every ratio-4 layer in order: main kv slots 0..3, main score slots 0..3,
+// indexer kv slots 0..3, indexer score slots 0..3 (KvLayout::carry, in that order), split at the
+// block boundaries. Everything else in the state allocation is rewritten before it is read when a
+// sequence continues at N (the current group's slots 4..7 and the ratio-128 slots: B is a
+// multiple of 128 where a layer compresses by 128), so a restore copies the carried slots back
+// and leaves the rest as it is. Saving and restoring are device-to-device copies on the
+// backend's stream, in its order with the steps, with no host wait.
+//
 // Standalone use (golden, tests, benchmarks: no coordinator, empty block tables): the pool hands
 // out blocks itself (a free list). A pool serves either kind of table at a time, never both
 // (their block ids would collide): the first chunk after the pool was empty decides.
@@ -68,6 +84,14 @@ struct KvLayout {
   int64_t window = 0, block_bytes = 0, win_per_block = 0, window_blocks = 0;
   int64_t state_floats = 0;   // one sequence's state allocation (each piece 256-byte aligned)
   std::vector<Layer> layers;  // index = layer − first_layer
+  // A resume snapshot's carried slots: pieces of the state allocation (float offset, bytes) in
+  // the snapshot's byte-stream order; their bytes sum to carry_bytes. snapshot_blocks =
+  // window_blocks + ⌈carry_bytes / block_bytes⌉ (the cost model's figures, checked at Create).
+  struct CarryPiece {
+    int64_t state_off = 0, bytes = 0;
+  };
+  std::vector<CarryPiece> carry;
+  int64_t carry_bytes = 0, snapshot_blocks = 0;
 
   // fp8_records false: entries stored as bf16 (2·head_dim bytes, nope = 0 in paged_kv.h's
   // terms), for numerics whose nope dims are not FP8-rounded (kv_fp8_sim_rounds off).
@@ -107,6 +131,9 @@ absl::StatusOr<KvFit> FitKvPool(const KvLayout& layout, int64_t kv_tokens, int64
 // One sequence's state outside the records: its table and compressor states.
 struct KvSeq {
   int64_t next_pos = 0;
+  // The position it resumed at from a snapshot (0: it started at 0): its token blocks below are
+  // shared, the prefix cache's, and not counted as its KV use.
+  int64_t resumed = 0;
   bool external = false;
   std::vector<int32_t> table;  // the table in use (the chunk's, or the pool's own blocks)
   struct Layer {
@@ -139,11 +166,23 @@ class KvPool {
   absl::Status Check(std::span<const uint64_t> seq_ids, std::span<const int64_t> ends,
                      std::span<const std::span<const int32_t>> tables) const;
 
+  // A resume snapshot's blocks against the pool (no change): InvalidArgument for fewer than
+  // snapshot_blocks blocks or one outside the pool. `what` names the caller's subject.
+  absl::Status CheckSnapshot(std::span<const int32_t> blocks, const std::string& what) const;
+
   // Makes `seq` ready for a chunk ending at `end` (Check passed): its table (the given one, or
   // grown from the free list), its compressor states (a new sequence takes an allocation from
-  // the state free list, or allocates one; reset for start == 0).
+  // the state free list, or allocates one; reset for start == 0). `restore` non-empty (a new
+  // sequence resuming at `start`, CheckSnapshot passed, the coordinator's table): the snapshot's
+  // window blocks are copied into the table's window blocks and its carried slots into the
+  // states (not reset), enqueued on `stream`.
   absl::Status Prepare(uint64_t seq_id, int64_t start, int64_t end, std::span<const int32_t> table,
-                       cudaStream_t stream);
+                       std::span<const int32_t> restore, cudaStream_t stream);
+
+  // Copies `seq`'s window blocks and carried slots into the snapshot `blocks` (CheckSnapshot
+  // passed; the caller checked the position), enqueued on `stream` after the steps that wrote
+  // them.
+  absl::Status SaveSnapshot(const KvSeq& seq, std::span<const int32_t> blocks, cudaStream_t stream);
 
   KvSeq* Find(uint64_t seq_id);
   const KvSeq* Find(uint64_t seq_id) const;
@@ -159,6 +198,10 @@ class KvPool {
 
  private:
   void Free(KvSeq& s);
+  // The carried slots between a state allocation and a snapshot's blocks (the byte stream of the
+  // header comment), one copy per piece and block boundary.
+  absl::Status CopyCarry(float* states, std::span<const int32_t> blocks, bool to_snapshot,
+                         cudaStream_t stream);
 
   KvLayout layout_;
   uint8_t* pool_ = nullptr;

@@ -24,11 +24,11 @@ absl::Status PlanStepBuffers(StepState& s) {
   const size_t nc = s.nc;
   cudaStream_t st = s.st;
   // Sequence state: tables (the plan's, or the pool's own blocks), compressor states (start 0
-  // resets them).
+  // resets them; a resume snapshot is copied in).
   for (const StageChunk& ch : batch) {
     RETURN_IF_ERROR(im.kv.Prepare(ch.seq_id, ch.start,
                                   ch.start + static_cast<int64_t>(ch.tokens.size()), ch.block_table,
-                                  st));
+                                  ch.restore_snapshot, st));
   }
   const KvLayout& kvl = im.kv.layout();
   s.seq.resize(nc);

@@ -24,6 +24,8 @@ ModelConfig Parse(const char* json) {
   return *c;
 }
 
+void ExpectSnapshotAgrees(const ModelConfig& c, const KvLayout& k, const sched::KvCostModel& m);
+
 // Checks the layout of layers [first, end) against the cost model the coordinator builds for
 // the same stage.
 void ExpectAgree(const ModelConfig& c, int first, int end, int64_t block_tokens, bool fp8_records) {
@@ -77,6 +79,37 @@ void ExpectAgree(const ModelConfig& c, int first, int end, int64_t block_tokens,
   }
   EXPECT_LE(next, k->state_floats);
   EXPECT_EQ(bytes, m->state_bytes);
+  ExpectSnapshotAgrees(c, *k, *m);
+}
+
+// A resume snapshot's carried slots (cuda_backend_kv.h "Resume snapshots") against the cost
+// model: the same bytes and blocks; per ratio-4 layer in order the first half (slots 0..3 of 8)
+// of the main compressor's kv, its score, the indexer's kv, its score, each 4 x 2 x d floats.
+void ExpectSnapshotAgrees(const ModelConfig& c, const KvLayout& k, const sched::KvCostModel& m) {
+  EXPECT_EQ(k.carry_bytes, m.carry_bytes);
+  EXPECT_EQ(k.snapshot_blocks, m.snapshot_blocks);
+  EXPECT_EQ(k.snapshot_blocks,
+            k.window_blocks + (k.carry_bytes + k.block_bytes - 1) / k.block_bytes);
+  std::vector<KvLayout::CarryPiece> want;
+  for (const KvLayout::Layer& y : k.layers) {
+    if (y.ratio != 4) continue;
+    const int64_t main_half = 4 * 2 * c.head_dim, index_half = 4 * 2 * c.index_head_dim;
+    EXPECT_EQ(y.comp_n, 2 * main_half);
+    EXPECT_EQ(y.index_n, 2 * index_half);
+    want.push_back({y.comp_state_off, main_half * 4});
+    want.push_back({y.comp_state_off + y.comp_n, main_half * 4});
+    want.push_back({y.index_state_off, index_half * 4});
+    want.push_back({y.index_state_off + y.index_n, index_half * 4});
+  }
+  ASSERT_EQ(k.carry.size(), want.size());
+  int64_t sum = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(k.carry[i].state_off, want[i].state_off) << i;
+    EXPECT_EQ(k.carry[i].bytes, want[i].bytes) << i;
+    EXPECT_LE(k.carry[i].state_off * 4 + k.carry[i].bytes, k.state_floats * 4) << i;
+    sum += k.carry[i].bytes;
+  }
+  EXPECT_EQ(sum, k.carry_bytes);
 }
 
 TEST(KvLayoutTest, FlashMatchesTheCostModel) {
@@ -105,6 +138,31 @@ TEST(KvLayoutTest, OtherShapesMatchTheCostModel) {
     ExpectAgree(wide, 2, 5, 256, fp8);
     ExpectAgree(wide, 4, 5, 128, fp8);  // one SWA layer
   }
+}
+
+// The snapshot figures of Flash (cost model: 860,160 carried bytes, 10 blocks) and of tiny-a,
+// whole and split in two stages; ExpectAgree checks them against the cost model too.
+TEST(KvLayoutTest, SnapshotsMatchTheCostModel) {
+  const ModelConfig flash = Parse(testing_util::kFlashConfig);
+  absl::StatusOr<KvLayout> k = KvLayout::Create(flash, 0, 43, 128);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->carry_bytes, 860'160);
+  EXPECT_EQ(k->snapshot_blocks, 10);
+  EXPECT_EQ(k->carry.size(), 21u * 4);
+  for (auto [first, end] : {std::pair{0, 43}, {0, 21}, {21, 43}, {0, 2}, {2, 3}}) {
+    ExpectAgree(flash, first, end, 128, true);
+  }
+  absl::StatusOr<ModelConfig> tiny = LoadModelConfig("tests/data/tiny-a");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  for (auto [first, end] : {std::pair{0, 7}, {0, 4}, {4, 7}, {0, 3}, {3, 7}, {0, 2}}) {
+    ExpectAgree(*tiny, first, end, 128, true);
+    ExpectAgree(*tiny, first, end, 256, false);
+  }
+  k = KvLayout::Create(*tiny, 0, 7, 128);
+  ASSERT_TRUE(k.ok()) << k.status();
+  // 3 ratio-4 layers x 64 x (128 + 128) B over 26,128-byte blocks, after 1 window block.
+  EXPECT_EQ(k->carry_bytes, 3 * 64 * 256);
+  EXPECT_EQ(k->snapshot_blocks, 1 + 2);
 }
 
 TEST(KvLayoutTest, RejectsWhatTheCostModelRejects) {
@@ -171,8 +229,8 @@ TEST(KvPoolTest, ReusesReleasedStateAllocations) {
   ASSERT_TRUE(k.ok()) << k.status();
   KvPool pool;
   ASSERT_TRUE(pool.Init(*k, 1024, 4).ok());
-  ASSERT_TRUE(pool.Prepare(1, 0, 10, {}, nullptr).ok());
-  ASSERT_TRUE(pool.Prepare(2, 0, 10, {}, nullptr).ok());
+  ASSERT_TRUE(pool.Prepare(1, 0, 10, {}, {}, nullptr).ok());
+  ASSERT_TRUE(pool.Prepare(2, 0, 10, {}, {}, nullptr).ok());
   EXPECT_EQ(pool.state_allocations(), 2);
   const KvSeq* s1 = pool.Find(1);
   ASSERT_NE(s1, nullptr);
@@ -190,7 +248,7 @@ TEST(KvPoolTest, ReusesReleasedStateAllocations) {
   // Sequence 1 leaves garbage behind; sequence 3 gets its allocation, reset.
   ASSERT_EQ(cudaMemset(states, 0x7f, k->state_floats * 4), cudaSuccess);
   pool.Release(1);
-  ASSERT_TRUE(pool.Prepare(3, 0, 10, {}, nullptr).ok());
+  ASSERT_TRUE(pool.Prepare(3, 0, 10, {}, {}, nullptr).ok());
   EXPECT_EQ(pool.state_allocations(), 2);
   const KvSeq* s3 = pool.Find(3);
   ASSERT_EQ(s3->states, states);

@@ -203,12 +203,13 @@ std::vector<StageChunk> DecodeBatch(int step, const std::vector<int32_t>& prompt
     const uint64_t id = first_id + static_cast<uint64_t>(s);
     if (step == 0) {
       batch.push_back(
-          {id, 0, std::span<const int32_t>(prompt.data(), prompt.size() - s), true, {}});
+          {id, 0, std::span<const int32_t>(prompt.data(), prompt.size() - s), true, {}, {}, 0});
     } else {
       batch.push_back({id,
                        static_cast<int64_t>(prompt.size()) - s + step - 1,
                        std::span<const int32_t>(&next[s], 1),
                        true,
+                       {},
                        {}});
     }
   }
@@ -336,16 +337,17 @@ TEST_F(CudaBackendTest, ChecksReleaseAndCapacity) {
   const std::vector<int32_t> t30(30, 5), t1(1, 7), t20(20, 9);
   StageOutput out;
   ASSERT_TRUE(
-      (*b)->Run(std::vector<StageChunk>{{1, 0, t30, true, {}}}, nullptr, &out, nullptr).ok());
+      (*b)->Run(std::vector<StageChunk>{{1, 0, t30, true, {}, {}, 0}}, nullptr, &out, nullptr)
+          .ok());
   EXPECT_EQ(out.logits.size(), 1u);
-  EXPECT_EQ((*b)->Check(std::vector<StageChunk>{{1, 29, t1, true, {}}}).code(),
+  EXPECT_EQ((*b)->Check(std::vector<StageChunk>{{1, 29, t1, true, {}, {}, 0}}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*b)->Check(std::vector<StageChunk>{{2, 0, t20, true, {}}}).code(),
+  EXPECT_EQ((*b)->Check(std::vector<StageChunk>{{2, 0, t20, true, {}, {}, 0}}).code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE((*b)->Check(std::vector<StageChunk>{{1, 30, t1, true, {}}}).ok());
+  EXPECT_TRUE((*b)->Check(std::vector<StageChunk>{{1, 30, t1, true, {}, {}, 0}}).ok());
   (*b)->Release(1);
   EXPECT_EQ((*b)->kv_usage().sequences, 0);
-  EXPECT_TRUE((*b)->Check(std::vector<StageChunk>{{2, 0, t20, true, {}}}).ok());
+  EXPECT_TRUE((*b)->Check(std::vector<StageChunk>{{2, 0, t20, true, {}, {}, 0}}).ok());
   EXPECT_GT((*b)->info().weight_bytes, 0);
 }
 
@@ -375,7 +377,8 @@ TEST_F(CudaBackendTest, SizesTheKvPoolToTheDevice) {
     const std::vector<int32_t> t30(30, 5);
     StageOutput out;
     EXPECT_TRUE(
-        (*b)->Run(std::vector<StageChunk>{{1, 0, t30, true, {}}}, nullptr, &out, nullptr).ok());
+        (*b)->Run(std::vector<StageChunk>{{1, 0, t30, true, {}, {}, 0}}, nullptr, &out, nullptr)
+            .ok());
   }
   o.kv_tokens = int64_t{1} << 40;
   o.kv_reserve_bytes = int64_t{3} << 29;

@@ -143,7 +143,7 @@ inline CudaBackendOptions WholeModelOptions(int64_t kv_tokens = 4096) {
 
 inline std::vector<StageChunk> Chunks(const std::vector<Feed>& feeds) {
   std::vector<StageChunk> b;
-  for (const Feed& f : feeds) b.push_back({f.seq, f.start, f.tokens, f.samples, {}});
+  for (const Feed& f : feeds) b.push_back({f.seq, f.start, f.tokens, f.samples, {}, {}, 0});
   return b;
 }
 
