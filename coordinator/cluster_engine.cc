@@ -487,6 +487,7 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
     pb::StepPlan msg;
     msg.set_protocol_version(kClusterProtocolVersion);
     msg.set_micro_batch_id((epoch_ << kEpochShift) | plan.micro_batch_id);
+    msg.set_kv_fixed_blocks(static_cast<uint32_t>(scheduler_->kv().cost().fixed_blocks));
     for (sched::RequestId id : plan.preempted) releases_.push_back(id);
     for (uint64_t id : releases_) msg.add_release(id);
     releases_.clear();

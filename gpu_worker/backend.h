@@ -61,6 +61,9 @@ struct StageChunk {
   // the header comment); block_table's token blocks below `start` are shared and read only.
   std::span<const int32_t> restore_snapshot;
   uint64_t restore_snapshot_id = 0;  // its name (SaveSnapshot's snapshot_id)
+  // The fixed blocks at the head of block_table (the pipeline's: at least this stage's window
+  // blocks); token block j is block_table[table_fixed_blocks + j]. 0: exactly this stage's.
+  int64_t table_fixed_blocks = 0;
 };
 
 // Wall seconds of a stage run, per layer of the stage (index = layer - first_layer).

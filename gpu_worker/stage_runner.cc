@@ -240,6 +240,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     ch.restore_snapshot =
         std::span<const int32_t>(c.restore_snapshot().data(), c.restore_snapshot_size());
     ch.restore_snapshot_id = c.restore_snapshot_id();
+    ch.table_fixed_blocks = plan.kv_fixed_blocks();
     batch.push_back(ch);
     if (!c.samples()) continue;
     const pb::SamplingParams& p = c.sampling();

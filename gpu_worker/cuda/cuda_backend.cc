@@ -263,11 +263,21 @@ absl::Status CudaBackend::Check(std::span<const StageChunk> batch) const {
   }
   std::vector<uint64_t> ids;
   std::vector<int64_t> ends;
+  std::vector<std::vector<int32_t>> stage_tables;
   std::vector<std::span<const int32_t>> tables;
+  stage_tables.reserve(batch.size());
   for (const StageChunk& ch : batch) {
     ids.push_back(ch.seq_id);
     ends.push_back(ch.start + static_cast<int64_t>(ch.tokens.size()));
-    tables.push_back(ch.block_table);
+    std::string error;
+    stage_tables.push_back(
+        ch.block_table.empty()
+            ? std::vector<int32_t>{}
+            : impl_->kv.layout().StageTable(ch.block_table, ch.table_fixed_blocks, &error));
+    if (!error.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", ch.seq_id, ": ", error));
+    }
+    tables.push_back(stage_tables.back());
   }
   return impl_->kv.Check(ids, ends, tables);
 }

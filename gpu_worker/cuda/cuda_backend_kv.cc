@@ -115,6 +115,20 @@ absl::StatusOr<KvLayout> KvLayout::Create(const ModelConfig& c, int first_layer,
   return k;
 }
 
+std::vector<int32_t> KvLayout::StageTable(std::span<const int32_t> table, int64_t table_fixed,
+                                          std::string* error) const {
+  const int64_t fixed = table_fixed == 0 ? window_blocks : table_fixed;
+  if (fixed < window_blocks || static_cast<int64_t>(table.size()) < fixed) {
+    *error =
+        absl::StrCat("a block table of ", table.size(), " blocks with ", fixed,
+                     " fixed blocks does not hold this stage's ", window_blocks, " window blocks");
+    return {};
+  }
+  std::vector<int32_t> out(table.begin(), table.begin() + window_blocks);
+  out.insert(out.end(), table.begin() + fixed, table.end());
+  return out;
+}
+
 cuda::KvGeom KvLayout::Geom(int l, const uint8_t* pool) const {
   cuda::KvGeom g;
   const Layer& y = layers[l];

@@ -20,8 +20,10 @@
 // A sequence's table: [window_blocks window blocks | token block 0, 1, ...]; a chunk ending at
 // position e needs window_blocks + ⌈e/B⌉ entries. The coordinator's tables (StageChunk::
 // block_table) start with its fixed blocks (the maximum of the stages' window_blocks over the
-// pipeline), at least window_blocks of them, so the worker's layout fits the tables it is given;
-// a shorter table is an InvalidArgument, never an out-of-bounds write.
+// pipeline, StageChunk::table_fixed_blocks), at least window_blocks of them: the stage uses the
+// first window_blocks and takes token block j from block_table[table_fixed_blocks + j]
+// (KvLayout::StageTable), so every stage and the coordinator's prefix cache agree on which block
+// holds which tokens. A shorter table is an InvalidArgument, never an out-of-bounds write.
 //
 // Compressor states (fp32 kv | score per compressor, the cost model's state_bytes per sequence)
 // are not in the pool: each sequence has ONE device allocation of all its layers' states, carved
@@ -101,6 +103,11 @@ struct KvLayout {
     return window_blocks + (tokens + block_tokens - 1) / block_tokens;
   }
   cuda::KvGeom Geom(int l, const uint8_t* pool) const;
+  // The stage's view of a step plan's table whose first `table_fixed` blocks are fixed blocks
+  // (the pipeline's, 0: window_blocks): its first window_blocks, then its token blocks. Empty,
+  // with `*error` set, when table_fixed is below window_blocks or the table is shorter.
+  std::vector<int32_t> StageTable(std::span<const int32_t> table, int64_t table_fixed,
+                                  std::string* error) const;
   // The blocks KvPool::Init allocates for kv_tokens: the coordinator's kv_tokens / block_tokens
   // (rounded up) plus extra_sequences' window blocks (and one more each) for the built-in
   // allocator.

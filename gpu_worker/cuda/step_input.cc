@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gpu_worker/kernels/elementwise.h"
 #include "gpu_worker/kernels/hyper_connection.h"
@@ -26,8 +28,16 @@ absl::Status PlanStepBuffers(StepState& s) {
   // Sequence state: tables (the plan's, or the pool's own blocks), compressor states (start 0
   // resets them; a resume snapshot is copied in).
   for (const StageChunk& ch : batch) {
+    std::string error;
+    const std::vector<int32_t> table =
+        ch.block_table.empty()
+            ? std::vector<int32_t>{}
+            : im.kv.layout().StageTable(ch.block_table, ch.table_fixed_blocks, &error);
+    if (!error.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", ch.seq_id, ": ", error));
+    }
     RETURN_IF_ERROR(im.kv.Prepare(ch.seq_id, ch.start,
-                                  ch.start + static_cast<int64_t>(ch.tokens.size()), ch.block_table,
+                                  ch.start + static_cast<int64_t>(ch.tokens.size()), table,
                                   ch.restore_snapshot, st));
   }
   const KvLayout& kvl = im.kv.layout();
