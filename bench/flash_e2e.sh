@@ -5,8 +5,9 @@
 # same run. For the H200 machine (one call, well inside 10 minutes with the default phases).
 #
 #   bash bench/flash_e2e.sh OUT [PHASES]
-#     PHASES: comma-separated, default "decode,2048,8192": `decode` (concurrency 1, 4, 8, 16) and
-#             prompt lengths for prefill (one request, 1 output token).
+#     PHASES: comma-separated, default "decode,2048,8192": `decode` (concurrency 1, 4, 8, 16),
+#             prompt lengths for prefill (one request, 1 output token), and followup:CONTEXT:NEW
+#             (bench/prefix_followup.py: a conversation's next turn against the prefix cache).
 #   env: SS_BIN (binaries, default build/bin), SS_FLASH_EXPERTS (routed experts per layer,
 #        default 160: Flash's 256 need ~151 GB of RAM for the experts alone; top-6 of fewer
 #        experts reads and computes the same bytes and FLOPs per token), SS_PORT (18000),
@@ -122,6 +123,12 @@ field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get(sy
 
 IFS=, read -ra list <<<"$phases"
 for phase in "${list[@]}"; do
+  if [ "${phase%%:*}" = followup ]; then
+    # followup:CONTEXT:NEW -- a conversation's follow-up turn against the prefix cache.
+    IFS=: read -r _ ctx new <<<"$phase"
+    run python3 bench/prefix_followup.py "$port" "$model_id" "${ctx:-32768}" "${new:-500}" | tee -a "$summary"
+    continue
+  fi
   if [ "$phase" = decode ]; then
     for c in $decode_concurrency; do
       scrape "$out/m_before"
