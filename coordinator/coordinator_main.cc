@@ -204,6 +204,7 @@ int Run(int argc, char** argv) {
   gc.model_vocab_size = static_cast<int32_t>(model->vocab_size);
   gc.metrics = &registry;
   gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };
+  gc.share_prompt_prefill = cluster->enable_prefix_caching;
   gc.prefix_cache = [&engine] {
     const ss::coord::ClusterEngine::PrefixCacheCounters c = engine.PrefixCache();
     return ss::GatewayConfig::PrefixCacheStats{c.queries, c.hits, c.blocks};

@@ -554,11 +554,19 @@ struct OpenAiServer::Impl {
     size_t tool_calls = 0;      // streamed so far
     bool started = false;       // a chunk was streamed
     int64_t cached_tokens = 0;  // the engine's prefix-cache hit for this choice
+    // Not submitted yet (GatewayConfig::share_prompt_prefill): no stream until SubmitPending.
+    std::optional<GenerationRequest> pending;
   };
 
-  // Submits the job's n choices; on a refusal cancels those already accepted.
+  // Submits the job's n choices (with share_prompt_prefill and no penalties -- which need the
+  // whole prompt on the workers, so such a request never resumes from the cache -- only choice
+  // 0; the others wait in `pending`); on a refusal cancels those already accepted.
   absl::StatusOr<std::vector<Choice>> Submit(const Job& job, const httplib::Response& res) {
     std::vector<Choice> choices(static_cast<size_t>(job.params.n));
+    const SamplingParams& sp = job.params.sampling;
+    const bool defer = config.share_prompt_prefill && choices.size() > 1 &&
+                       sp.frequency_penalty == 0.0f && sp.presence_penalty == 0.0f &&
+                       sp.repetition_penalty == 1.0f;
     for (size_t i = 0; i < choices.size(); ++i) {
       Choice& c = choices[i];
       c.index = static_cast<int>(i);
@@ -579,6 +587,10 @@ struct OpenAiServer::Impl {
         ASSIGN_OR_RETURN(
             gr.constraint,
             structured->Constraint(*job.grammar, job.parse_mode == ThinkingMode::kThinking));
+      }
+      if (defer && i > 0) {
+        c.pending = std::move(gr);
+        continue;
       }
       SubmitOutcome out = engine->Submit(std::move(gr));
       absl::Status refused;
@@ -607,6 +619,25 @@ struct OpenAiServer::Impl {
       }
     }
     return choices;
+  }
+
+  // Submits the pending choices once choice 0 has had an event; a choice the engine refuses now
+  // fails with the reason (and with it the request).
+  void SubmitPending(std::vector<Choice>& choices) {
+    const Choice& first = choices[0];
+    if (first.output->tokens() == 0 && first.finish == FinishReason::kNone) return;
+    for (Choice& c : choices) {
+      if (!c.pending) continue;
+      SubmitOutcome out = engine->Submit(*std::move(c.pending));
+      c.pending.reset();
+      if (out.status == SubmitStatus::kAccepted && out.stream) {
+        c.stream = std::move(out.stream);
+        continue;
+      }
+      c.finish = FinishReason::kError;
+      c.error = out.status == SubmitStatus::kOverloaded ? "the server is overloaded; retry later"
+                                                        : "the model is not ready; retry later";
+    }
   }
 
   // One engine event of `c` through its output: returns the text and logprobs it releases and
@@ -646,7 +677,7 @@ struct OpenAiServer::Impl {
         std::max(std::chrono::milliseconds(1), kPollInterval / static_cast<int>(choices.size()));
     bool any = false;
     for (Choice& c : choices) {
-      if (c.finish != FinishReason::kNone) continue;
+      if (c.finish != FinishReason::kNone || !c.stream) continue;
       auto ev = c.stream->Next(wait);
       if (!ev) continue;
       any = true;
@@ -744,6 +775,7 @@ struct OpenAiServer::Impl {
         c.all.Append(std::move(piece));
         return true;
       });
+      SubmitPending(choices);
       if (const auto now = Clock::now(); now >= next_check) {
         next_check = now + kPollInterval;
         if (fd >= 0 && PeerClosed(fd)) {
@@ -884,6 +916,7 @@ struct OpenAiServer::Impl {
       return written;
     });
     if (!written) return false;
+    SubmitPending(st.choices);
     if (!any) {
       for (const Choice& ch : st.choices) {
         if (ch.finish == FinishReason::kNone && ch.cancel->cancelled()) return false;

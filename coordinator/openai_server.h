@@ -170,6 +170,10 @@ struct GatewayConfig {
     int64_t queries = 0, hits = 0, blocks = 0;
   };
   std::function<PrefixCacheStats()> prefix_cache;
+  // n > 1: submit choice 0 first and the other choices once it produced its first event (its
+  // prompt is done), so that they resume from the engine's prefix cache instead of prefilling
+  // the same prompt n times. Set where the engine caches prefixes.
+  bool share_prompt_prefill = false;
 };
 
 class OpenAiServer {

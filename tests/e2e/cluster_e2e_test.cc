@@ -602,6 +602,35 @@ TEST_F(ClusterE2eTest, NChoicesEqualTheirSingleRunsWithSeedPlusIndex) {
   EXPECT_EQ(many["usage"]["prompt_tokens"], prompt.size());
 }
 
+// n > 1 prefills the prompt once: choice 0 computes it and the other choices resume from the
+// snapshot it left at its last block boundary (the engine's prefix-cache hits grow by that much
+// per extra choice), and each choice still equals its single run with seed + index.
+TEST_F(ClusterE2eTest, NChoicesPrefillThePromptOnce) {
+  std::vector<int32_t> prompt(300);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(16 + (i * 37) % 900);
+  auto hits = [] {
+    const std::string m = testing_util::HttpGet(http_port_, "/metrics");
+    const size_t at = m.find("\nsplitserve:prefix_cache_hits_total{");
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(m.find('}', at) + 1));
+  };
+  auto complete = [&](json extra) {
+    json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 1.0}};
+    body.update(extra);
+    auto r = Post("/v1/completions", body);
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r && r->status == 200 ? json::parse(r->body) : json();
+  };
+  const double before = hits();
+  const json many = complete({{"n", 3}, {"seed", 90}});
+  ASSERT_EQ(many["choices"].size(), 3u);
+  EXPECT_EQ(hits() - before, 2 * 256) << "choices 1 and 2 resume at 256 (B = 128)";
+  EXPECT_EQ(many["usage"]["prompt_tokens_details"]["cached_tokens"], 256);
+  for (int i = 0; i < 3; ++i) {
+    const json one = complete({{"seed", 90 + i}});
+    EXPECT_EQ(many["choices"][i]["text"], one["choices"][0]["text"]) << i;
+  }
+}
+
 TEST_F(ClusterE2eTest, ConcurrentStreamsMatchTheirSoloRuns) {
   constexpr int kN = 16;
   std::vector<json> prompts;
