@@ -99,6 +99,12 @@ struct StreamParse {
         out->output_tokens = u["completion_tokens"].get<int64_t>();
         have_usage = true;
       }
+      if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
+        const Json& d = u["prompt_tokens_details"];
+        if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer()) {
+          out->cached_tokens = d["cached_tokens"].get<int64_t>();
+        }
+      }
     }
     return true;
   }
@@ -195,6 +201,7 @@ RequestOutput CompletionClient::Send(const Turn& turn, Clock::time_point run_sta
   }
   if (!out.success) {
     out.output_tokens = 0;
+    out.cached_tokens = 0;
     out.itl_s.clear();
     out.ttft_s = 0;
     http_->stop();  // the connection may be mid-stream: start the next request on a new one

@@ -4,7 +4,9 @@
 // stream_options.include_usage: true (plus ignore_eos when asked). Timing: TTFT is the time to the
 // first chunk whose text is non-empty (when none has text, the first chunk with a choice, else
 // the end); every later text-bearing chunk adds one inter-chunk gap to `itl`. Token counts come
-// only from the stream's `usage` chunk, never from the requested length.
+// only from the stream's `usage` chunk, never from the requested length. `cached_tokens` (a
+// splitserve addition, not in vLLM's client) is the usage's prompt_tokens_details.cached_tokens,
+// 0 when the server leaves it out or sends null (vLLM without --enable-prompt-tokens-details).
 //
 // Failures end the request with `success` false and `error` saying why: no connection, an HTTP
 // status other than 200 (with the body), an `error` object in the stream, a malformed event, a
@@ -35,6 +37,10 @@ struct RequestOutput {
   std::vector<double> itl_s;  // gaps between text-bearing chunks after the first
   int64_t prompt_len = 0;     // usage.prompt_tokens (the ids sent, when the request failed)
   int64_t output_tokens = 0;  // usage.completion_tokens (0 when the request failed)
+  // usage.prompt_tokens_details.cached_tokens: prompt tokens the server took from its prefix
+  // cache (0 when absent or the request failed).
+  int64_t cached_tokens = 0;
+  int64_t turn = 0;  // 0-based index within its conversation (set by RunLoad, not by Send)
 };
 
 struct ClientTarget {

@@ -55,6 +55,7 @@ BenchMetrics ComputeMetrics(const std::vector<RequestOutput>& outputs, double du
     ++m.completed;
     m.total_input += r.prompt_len;
     m.total_output += r.output_tokens;
+    m.total_cached_tokens += r.cached_tokens;
     ttft.push_back(r.ttft_s);
     const std::optional<double> t = Tpot(r);
     if (t) tpot.push_back(*t);
@@ -107,6 +108,33 @@ BenchMetrics ComputeMetrics(const std::vector<RequestOutput>& outputs, double du
   m.latency["tpot"] = Summarize(tpot, percentiles);
   m.latency["itl"] = Summarize(itl, percentiles);
   m.latency["e2el"] = Summarize(e2el, percentiles);
+
+  // Per turn: the turn count is the largest index among all requests (failed ones too, so that a
+  // turn whose requests all failed still shows with 0 completed).
+  int64_t num_turns = 0;
+  for (const RequestOutput& r : outputs) num_turns = std::max(num_turns, r.turn + 1);
+  if (num_turns > 1) {
+    const size_t n = static_cast<size_t>(num_turns);
+    std::vector<std::vector<double>> turn_ttft(n);
+    std::vector<double> prompt(n, 0.0), cached(n, 0.0);
+    m.turns.resize(n);
+    for (const RequestOutput& r : outputs) {
+      if (!r.success || r.turn < 0) continue;
+      const size_t k = static_cast<size_t>(r.turn);
+      ++m.turns[k].completed;
+      turn_ttft[k].push_back(r.ttft_s);
+      prompt[k] += static_cast<double>(r.prompt_len);
+      cached[k] += static_cast<double>(r.cached_tokens);
+    }
+    for (size_t k = 0; k < n; ++k) {
+      TurnMetrics& t = m.turns[k];
+      t.ttft = Summarize(turn_ttft[k], percentiles);
+      if (t.completed > 0) {
+        t.mean_prompt_tokens = prompt[k] / static_cast<double>(t.completed);
+        t.mean_cached_tokens = cached[k] / static_cast<double>(t.completed);
+      }
+    }
+  }
   return m;
 }
 

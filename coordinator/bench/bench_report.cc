@@ -64,6 +64,7 @@ std::string FormatTable(const BenchOptions& o, const BenchMetrics& m) {
   if (!std::isinf(o.request_rate)) t += Row("Request rate configured (RPS):", o.request_rate);
   t += Row("Benchmark duration (s):", m.duration_s);
   t += Row("Total input tokens:", absl::StrCat(m.total_input));
+  t += Row("Total cached input tokens:", absl::StrCat(m.total_cached_tokens));
   t += Row("Total generated tokens:", absl::StrCat(m.total_output));
   t += Row("Request throughput (req/s):", m.request_throughput);
   if (m.request_goodput) t += Row("Request goodput (req/s):", *m.request_goodput);
@@ -82,6 +83,21 @@ std::string FormatTable(const BenchOptions& o, const BenchMetrics& m) {
     t += Row(absl::StrCat("Median ", n.abbrev, " (ms):"), s.median_ms);
     for (const auto& [p, v] : s.percentiles_ms) {
       t += Row(absl::StrCat("P", PercentileWord(p), " ", n.abbrev, " (ms):"), v);
+    }
+  }
+  if (!m.turns.empty()) {
+    t += Centered("Time to First Token by turn", '-') + "\n";
+    for (size_t k = 0; k < m.turns.size(); ++k) {
+      const TurnMetrics& tm = m.turns[k];
+      const std::string turn = absl::StrCat("turn ", k + 1);
+      t += Row(absl::StrCat("Successful requests ", turn, ":"), absl::StrCat(tm.completed));
+      t += Row(absl::StrCat("Mean TTFT ", turn, " (ms):"), tm.ttft.mean_ms);
+      t += Row(absl::StrCat("Median TTFT ", turn, " (ms):"), tm.ttft.median_ms);
+      for (const auto& [p, v] : tm.ttft.percentiles_ms) {
+        t += Row(absl::StrCat("P", PercentileWord(p), " TTFT ", turn, " (ms):"), v);
+      }
+      t += Row(absl::StrCat("Mean input tokens ", turn, ":"), tm.mean_prompt_tokens);
+      t += Row(absl::StrCat("Mean cached tokens ", turn, ":"), tm.mean_cached_tokens);
     }
   }
   t += std::string(50, '=') + "\n";
@@ -109,6 +125,7 @@ OJson ResultJson(const BenchOptions& o, const RunInfo& info, const BenchMetrics&
   j["failed"] = m.failed;
   j["total_input_tokens"] = m.total_input;
   j["total_output_tokens"] = m.total_output;
+  j["total_cached_tokens"] = m.total_cached_tokens;
   j["request_throughput"] = m.request_throughput;
   j["request_goodput"] = m.request_goodput ? OJson(*m.request_goodput) : OJson(nullptr);
   j["output_throughput"] = m.output_throughput;
@@ -139,6 +156,25 @@ OJson ResultJson(const BenchOptions& o, const RunInfo& info, const BenchMetrics&
     for (const auto& [p, v] : s.percentiles_ms) {
       j[absl::StrCat("p", PercentileWord(p), "_", n.key, "_ms")] = v;
     }
+  }
+  if (!m.turns.empty()) {
+    OJson turns = OJson::array();
+    for (size_t k = 0; k < m.turns.size(); ++k) {
+      const TurnMetrics& tm = m.turns[k];
+      OJson t;
+      t["turn"] = k + 1;
+      t["completed"] = tm.completed;
+      t["mean_ttft_ms"] = tm.ttft.mean_ms;
+      t["median_ttft_ms"] = tm.ttft.median_ms;
+      t["std_ttft_ms"] = tm.ttft.std_ms;
+      for (const auto& [p, v] : tm.ttft.percentiles_ms) {
+        t[absl::StrCat("p", PercentileWord(p), "_ttft_ms")] = v;
+      }
+      t["mean_prompt_tokens"] = tm.mean_prompt_tokens;
+      t["mean_cached_tokens"] = tm.mean_cached_tokens;
+      turns.push_back(std::move(t));
+    }
+    j["turns"] = std::move(turns);
   }
   return j;
 }

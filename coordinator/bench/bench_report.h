@@ -2,6 +2,13 @@
 // ("============ Serving Benchmark Result ============") and the result JSON, whose keys are
 // `vllm bench serve`'s (completed, request_throughput, mean_ttft_ms, p99_itl_ms, input_lens, ...)
 // so that scripts read either tool's files.
+//
+// splitserve additions, beside vLLM's keys and rows (which stay as they are): the table's
+// "Total cached input tokens:" row and the JSON's `total_cached_tokens` (always), and when the
+// run had conversations of more than one turn, the table's "Time to First Token by turn" section
+// and the JSON's `turns`: one object per turn, {"turn": 1-based, "completed", "mean_ttft_ms",
+// "median_ttft_ms", "std_ttft_ms", "p{P}_ttft_ms" for each --metric-percentiles P,
+// "mean_prompt_tokens", "mean_cached_tokens"}.
 #pragma once
 
 #include <string>

@@ -31,7 +31,9 @@ LoadResult RunLoad(const std::vector<Conversation>& conversations,
                                                   std::chrono::duration<double>(arrivals_s[i])));
         const std::vector<Turn>& turns = conversations[i].turns;
         for (size_t k = 0; k < turns.size(); ++k) {
-          result.outputs[first[i] + k] = client.Send(turns[k], start);
+          RequestOutput& out = result.outputs[first[i] + k];
+          out = client.Send(turns[k], start);
+          out.turn = static_cast<int64_t>(k);
           if (finished) finished->fetch_add(1);
         }
       }

@@ -1,6 +1,7 @@
 // `splitserve bench serve`'s client and load against the real OpenAI gateway over a FakeEngine
-// (loopback): TTFT and ITL against the engine's step delay, token counts from usage, sequential
-// turns, the concurrency limit, and every failure ending as a failed request with its reason.
+// (loopback): TTFT and ITL against the engine's step delay, token counts from usage (cached
+// tokens too, present or absent), sequential turns and their indices, the concurrency limit, and
+// every failure ending as a failed request with its reason.
 #include "coordinator/bench/bench_client.h"
 
 #include <gtest/gtest.h>
@@ -217,6 +218,59 @@ TEST(BenchClientBrokenServerTest, MalformedStreamsFail) {
   listener.join();
 }
 
+// usage.prompt_tokens_details.cached_tokens is read when there; a server that leaves it out or
+// sends null (vLLM without --enable-prompt-tokens-details) still works, with 0 cached.
+TEST(BenchClientBrokenServerTest, CachedTokensFromUsageWhenPresent) {
+  httplib::Server server;
+  std::string body;
+  server.Post("/v1/completions", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(body, "text/event-stream");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread listener([&] { server.listen_after_bind(); });
+  ClientTarget t;
+  t.base_url = "http://127.0.0.1:" + std::to_string(port);
+  t.endpoint = "/v1/completions";
+  t.model = "m";
+  t.timeout_s = 5;
+  Turn turn;
+  turn.prompt_ids = {20, 21, 22, 23};
+  turn.output_len = 2;
+  auto stream = [](const std::string& details) {
+    return "data: {\"choices\": [{\"text\": \"a\"}]}\n\n"
+           "data: {\"choices\": [{\"text\": \"b\"}]}\n\n"
+           "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 4, "
+           "\"completion_tokens\": 2, \"total_tokens\": 6" +
+           details + "}}\n\ndata: [DONE]\n\n";
+  };
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {", \"prompt_tokens_details\": {\"cached_tokens\": 3}", 3},
+      {"", 0},
+      {", \"prompt_tokens_details\": null", 0},
+      {", \"prompt_tokens_details\": {}", 0},
+      {", \"prompt_tokens_details\": {\"cached_tokens\": null}", 0},
+  };
+  auto client = std::make_unique<CompletionClient>(t);
+  for (const auto& [details, cached] : cases) {
+    body = stream(details);
+    const RequestOutput r = client->Send(turn, Clock::now());
+    ASSERT_TRUE(r.success) << details << ": " << r.error;
+    EXPECT_EQ(r.prompt_len, 4) << details;
+    EXPECT_EQ(r.output_tokens, 2) << details;
+    EXPECT_EQ(r.cached_tokens, cached) << details;
+  }
+  // A failed request reports no cached tokens even when its usage carried some.
+  body = stream(", \"prompt_tokens_details\": {\"cached_tokens\": 3}");
+  body.resize(body.size() - std::string("data: [DONE]\n\n").size());
+  const RequestOutput cut = client->Send(turn, Clock::now());
+  EXPECT_FALSE(cut.success);
+  EXPECT_EQ(cut.cached_tokens, 0);
+  client.reset();
+  server.stop();
+  listener.join();
+}
+
 TEST_F(BenchClientTest, TurnsAreSequentialAndConcurrencyIsBounded) {
   std::vector<Conversation> convs(3);
   for (Conversation& c : convs) c.turns = {TurnOf(4, 3), TurnOf(9, 3)};
@@ -227,6 +281,9 @@ TEST_F(BenchClientTest, TurnsAreSequentialAndConcurrencyIsBounded) {
     ASSERT_TRUE(r.outputs[i].success && r.outputs[i + 1].success) << r.outputs[i].error;
     EXPECT_GE(r.outputs[i + 1].start_s, r.outputs[i].start_s + r.outputs[i].latency_s);
     EXPECT_EQ(r.outputs[i + 1].prompt_len, 9);
+    EXPECT_EQ(r.outputs[i].turn, 0);
+    EXPECT_EQ(r.outputs[i + 1].turn, 1);
+    EXPECT_EQ(r.outputs[i].cached_tokens, 0);  // the gateway's usage says 0 for a FakeEngine
   }
   // One slot: the three conversations (6 requests of >= 3 steps) run one after another.
   std::atomic<int64_t> finished{0};

@@ -1,6 +1,7 @@
 // `splitserve bench serve`'s pure parts: statistics (numpy's percentiles, TPOT, goodput, peaks),
 // datasets (lengths, range ratio, seeds, prefix sharing, turns, JSONL), arrivals (Poisson rate,
-// seeds), options (vLLM's names, refusals) and the result JSON's keys.
+// seeds), options (vLLM's names, refusals), per-turn statistics and cached tokens, and the result
+// JSON's keys.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,8 +27,10 @@ absl::StatusOr<BenchOptions> Parse(std::vector<std::string> args) {
 }
 
 RequestOutput Ok(double ttft, double latency, int64_t out, std::vector<double> itl = {},
-                 double start = 0, int64_t in = 10) {
+                 double start = 0, int64_t in = 10, int64_t turn = 0, int64_t cached = 0) {
   RequestOutput r;
+  r.turn = turn;
+  r.cached_tokens = cached;
   r.success = true;
   r.ttft_s = ttft;
   r.latency_s = latency;
@@ -112,6 +115,53 @@ TEST(BenchStatsTest, ItlPoolsEveryGapAndPeaksCountPerSecond) {
                      2.0, {50}, {})
           .max_concurrent_requests,
       2);
+}
+
+// Two conversations of three turns (outputs in the runner's order: conversation by conversation),
+// one failed request in turn 3. TTFTs in s: turn 1 {0.4, 0.6}, turn 2 {0.1, 0.3}, turn 3 {0.2}.
+std::vector<RequestOutput> TwoConversations() {
+  RequestOutput failed;
+  failed.error = "HTTP 500: boom";
+  failed.turn = 2;
+  failed.prompt_len = 500;
+  return {Ok(0.4, 1.0, 4, {}, 0.0, 100, 0, 0),   Ok(0.1, 1.0, 4, {}, 1.0, 200, 1, 96),
+          Ok(0.2, 1.0, 4, {}, 2.0, 300, 2, 192), Ok(0.6, 1.0, 4, {}, 0.0, 100, 0, 32),
+          Ok(0.3, 1.0, 4, {}, 1.0, 220, 1, 64),  failed};
+}
+
+TEST(BenchStatsTest, CachedTokensAndPerTurnStatistics) {
+  const BenchMetrics m = ComputeMetrics(TwoConversations(), 3.0, {50, 99}, {});
+  EXPECT_EQ(m.completed, 5);
+  EXPECT_EQ(m.total_cached_tokens, 0 + 96 + 192 + 32 + 64);  // not the failed request's
+  ASSERT_EQ(m.turns.size(), 3u);
+  EXPECT_EQ(m.turns[0].completed, 2);
+  EXPECT_NEAR(m.turns[0].ttft.mean_ms, 500, 1e-9);
+  EXPECT_NEAR(m.turns[0].ttft.median_ms, 500, 1e-9);
+  EXPECT_NEAR(m.turns[0].ttft.std_ms, 100, 1e-9);
+  ASSERT_EQ(m.turns[0].ttft.percentiles_ms.size(), 2u);
+  EXPECT_NEAR(m.turns[0].ttft.percentiles_ms[1].second, 598, 1e-9);  // 400 + 0.99 * 200
+  EXPECT_DOUBLE_EQ(m.turns[0].mean_prompt_tokens, 100);
+  EXPECT_DOUBLE_EQ(m.turns[0].mean_cached_tokens, 16);
+  EXPECT_EQ(m.turns[1].completed, 2);
+  EXPECT_NEAR(m.turns[1].ttft.mean_ms, 200, 1e-9);
+  EXPECT_DOUBLE_EQ(m.turns[1].mean_prompt_tokens, 210);
+  EXPECT_DOUBLE_EQ(m.turns[1].mean_cached_tokens, 80);
+  EXPECT_EQ(m.turns[2].completed, 1);  // the failed one is left out
+  EXPECT_NEAR(m.turns[2].ttft.mean_ms, 200, 1e-9);
+  EXPECT_DOUBLE_EQ(m.turns[2].mean_prompt_tokens, 300);
+  EXPECT_DOUBLE_EQ(m.turns[2].mean_cached_tokens, 192);
+  // The aggregate is unchanged by the split: every successful TTFT together.
+  EXPECT_NEAR(m.latency.at("ttft").mean_ms, 320, 1e-9);
+  // A turn whose every request failed still shows, with zeros.
+  std::vector<RequestOutput> outs = TwoConversations();
+  outs[2].success = false;
+  const BenchMetrics f = ComputeMetrics(outs, 3.0, {99}, {});
+  ASSERT_EQ(f.turns.size(), 3u);
+  EXPECT_EQ(f.turns[2].completed, 0);
+  EXPECT_EQ(f.turns[2].ttft.mean_ms, 0);
+  EXPECT_EQ(f.turns[2].mean_cached_tokens, 0);
+  // One turn per conversation: no per-turn statistics.
+  EXPECT_TRUE(ComputeMetrics({Ok(0.1, 1.0, 4), Ok(0.2, 1.0, 4)}, 1.0, {99}, {}).turns.empty());
 }
 
 BenchOptions Random(int64_t n, int64_t in, int64_t out, double r, uint64_t seed = 0) {
@@ -343,6 +393,50 @@ TEST(BenchReportTest, ResultJsonHasVllmKeys) {
   EXPECT_NE(table.find("============ Serving Benchmark Result ============"), std::string::npos);
   EXPECT_NE(table.find("P99.9 TTFT (ms):"), std::string::npos);
   EXPECT_NE(table.find("Output token throughput (tok/s):"), std::string::npos);
+  EXPECT_NE(table.find("Total cached input tokens:"), std::string::npos);
+  // Single-turn runs: the splitserve total is there, the per-turn parts are not.
+  EXPECT_EQ(j["total_cached_tokens"], 0);
+  EXPECT_FALSE(j.contains("turns"));
+  EXPECT_EQ(table.find("by turn"), std::string::npos);
+}
+
+TEST(BenchReportTest, TurnsAppearOnlyWithMoreThanOneTurn) {
+  BenchOptions o;
+  o.metric_percentiles = {90, 99.9};
+  RunInfo info;
+  const std::vector<RequestOutput> outs = TwoConversations();
+  const BenchMetrics m = ComputeMetrics(outs, 3.0, o.metric_percentiles, {});
+  const nlohmann::ordered_json j = ResultJson(o, info, m, outs);
+  EXPECT_EQ(j["total_cached_tokens"], 384);
+  EXPECT_TRUE(j.contains("mean_ttft_ms"));  // vLLM's keys stay
+  EXPECT_TRUE(j.contains("p99.9_ttft_ms"));
+  ASSERT_TRUE(j.contains("turns"));
+  ASSERT_EQ(j["turns"].size(), 3u);
+  const nlohmann::ordered_json& t1 = j["turns"][0];
+  for (const char* k :
+       {"turn", "completed", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms",
+        "p99.9_ttft_ms", "mean_prompt_tokens", "mean_cached_tokens"}) {
+    EXPECT_TRUE(t1.contains(k)) << k;
+  }
+  EXPECT_FALSE(t1.contains("p99_ttft_ms"));  // only the requested percentiles
+  EXPECT_EQ(t1["turn"], 1);
+  EXPECT_EQ(j["turns"][2]["turn"], 3);
+  EXPECT_EQ(j["turns"][1]["completed"], 2);
+  EXPECT_NEAR(j["turns"][1]["mean_ttft_ms"].get<double>(), 200, 1e-9);
+  EXPECT_DOUBLE_EQ(j["turns"][1]["mean_cached_tokens"].get<double>(), 80);
+  EXPECT_DOUBLE_EQ(j["turns"][2]["mean_prompt_tokens"].get<double>(), 300);
+  const std::string table = FormatTable(o, m);
+  EXPECT_NE(table.find("Time to First Token by turn"), std::string::npos);
+  for (const char* row :
+       {"Mean TTFT turn 1 (ms):", "Median TTFT turn 1 (ms):", "P99.9 TTFT turn 3 (ms):",
+        "Mean cached tokens turn 2:", "Mean input tokens turn 3:", "Successful requests turn 3:"}) {
+    EXPECT_NE(table.find(row), std::string::npos) << row;
+  }
+  EXPECT_EQ(table.find("turn 4"), std::string::npos);
+  // The row's value: turn 2's mean TTFT is 200 ms.
+  const size_t at = table.find("Mean TTFT turn 2 (ms):");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(table.substr(at + 41, 6), "200.00");
 }
 
 }  // namespace
