@@ -183,6 +183,20 @@ TEST(ClusterConfigTest, NcclStageLinksGetGpusOfTheirOwnAndShareOneFate) {
           R"({"stage_transport": "rdma", "stages": [{"layers": "0-6", "workers": ["a"]}]})", model)
           .status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  // Prefix caching: on unless the config says false; anything but a boolean is refused.
+  EXPECT_TRUE(g->enable_prefix_caching);
+  absl::StatusOr<ClusterConfig> off = ParseClusterConfig(
+      R"({"enable_prefix_caching": false, "stages": [{"layers": "0-6", "workers": ["a"]}]})",
+      model);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->enable_prefix_caching);
+  EXPECT_FALSE(ParseClusterConfig(ClusterConfigToJson(*off), model)->enable_prefix_caching);
+  EXPECT_EQ(
+      ParseClusterConfig(
+          R"({"enable_prefix_caching": 0, "stages": [{"layers": "0-6", "workers": ["a"]}]})", model)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("'stage_transport'"), std::string::npos) << bad;
 }
 

@@ -13,8 +13,8 @@
 #include "common/model_config.h"
 #include "coordinator/cluster_config.h"
 #include "nlohmann/json.hpp"
-#include "tests/tools/test_configs.h"
 #include "tests/test_util.h"
+#include "tests/tools/test_configs.h"
 
 namespace ss {
 namespace {
@@ -28,7 +28,7 @@ TEST(DeployFilesTest, ClusterExampleParses) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->num_gpu_workers(), 4);
   EXPECT_EQ(c->expert_workers.size(), 4u);
-  EXPECT_EQ(c->max_model_len, 131072);  // 128K: the workers keep ~2 GiB less workspace than at 1M
+  EXPECT_EQ(c->max_model_len, 131072);    // 128K: the workers keep ~2 GiB less workspace than at 1M
   EXPECT_EQ(c->stage_transport, "grpc");  // two hosts: stages fail alone (deploy/README.md)
 }
 
@@ -83,7 +83,8 @@ TEST(DeployFilesTest, DashboardUsesExportedSeries) {
       "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
       "request_queue_time_seconds", "prompt_tokens_total", "generation_tokens_total",
       "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-      "request_success_total", "http_request_errors_total",
+      "request_success_total", "http_request_errors_total", "prefix_cache_queries_total",
+      "prefix_cache_hits_total", "prefix_cache_blocks",
       // gpu_worker/stage_runner.cc
       "layer_latency_seconds", "gpu_worker_steps_total", "gpu_worker_step_errors_total",
       "gpu_worker_kv_usage_perc", "gpu_worker_kv_tokens_used", "gpu_worker_kv_tokens_capacity",
