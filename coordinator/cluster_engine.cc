@@ -151,6 +151,11 @@ int64_t ClusterEngine::NumRunning() const {
   return scheduler_ ? scheduler_->num_running() : 0;
 }
 
+int64_t ClusterEngine::NumPreemptions() const {
+  absl::MutexLock lock(&mu_);
+  return preemptions_;
+}
+
 int64_t ClusterEngine::KvBlocks() const {
   absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->kv().total_blocks() : 0;
@@ -489,6 +494,12 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
     msg.set_micro_batch_id((epoch_ << kEpochShift) | plan.micro_batch_id);
     msg.set_kv_fixed_blocks(static_cast<uint32_t>(scheduler_->kv().cost().fixed_blocks));
     for (sched::RequestId id : plan.preempted) releases_.push_back(id);
+    preemptions_ += static_cast<int64_t>(plan.preempted.size());
+    if (options_.on_step_tokens) {
+      int64_t tokens = static_cast<int64_t>(plan.decode.size());
+      for (const sched::PrefillChunk& c : plan.prefill) tokens += c.length;
+      options_.on_step_tokens(tokens);
+    }
     for (uint64_t id : releases_) msg.add_release(id);
     releases_.clear();
     // Drops go one plan late: this plan may still restore a snapshot evicted while planning it.
@@ -504,6 +515,7 @@ void ClusterEngine::PlanLocked(std::vector<pb::StepPlan>* out) {
     for (const sched::Admission& a : plan.admissions) {
       if (auto it = requests_.find(a.id); it != requests_.end()) {
         it->second.stream->SetCachedTokens(a.cached_tokens);
+        it->second.stream->MarkScheduled();
       }
     }
     InFlight flight;

@@ -51,6 +51,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -77,6 +78,9 @@ struct ClusterEngineOptions {
   absl::Duration stall_timeout = absl::Seconds(10);
   absl::Duration ready_timeout = absl::Seconds(600);  // per connect attempt: workers loading
   absl::Duration rpc_timeout = absl::Seconds(5);      // Status calls
+  // Called with each planned step's token count (decode ids + prefill chunk tokens), under the
+  // engine's lock: must be cheap and thread-safe (vLLM's iteration_tokens_total histogram).
+  std::function<void(int64_t)> on_step_tokens;
   // Free blocks kept back at admission (fewer preemptions); see SchedulerConfig.
   int64_t admission_watermark_blocks = 0;
 };
@@ -109,6 +113,8 @@ class ClusterEngine : public GenerationEngine {
   double KvUsage() const;
   int64_t NumWaiting() const;
   int64_t NumRunning() const;
+  // Sequences preempted (their KV freed, to be recomputed) since start.
+  int64_t NumPreemptions() const;
   // Total KV blocks of the current pool (0 when not serving).
   int64_t KvBlocks() const;
   // Prefix cache: prompt tokens looked up and served from the cache since start (over every
@@ -199,10 +205,11 @@ class ClusterEngine : public GenerationEngine {
   std::map<uint64_t, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   std::deque<Result> results_ ABSL_GUARDED_BY(mu_);
   sched::RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;              // bumped by every successful Connect
-  PrefixCacheCounters past_pools_ ABSL_GUARDED_BY(mu_);  // counters of replaced schedulers
-  std::vector<std::unique_ptr<WorkerConn>> workers_;     // supervisor thread only
-  bool stall_reported_ = false;                          // supervisor thread only
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by every successful Connect
+  PrefixCacheCounters past_pools_ ABSL_GUARDED_BY(mu_);
+  int64_t preemptions_ ABSL_GUARDED_BY(mu_) = 0;      // counters of replaced schedulers
+  std::vector<std::unique_ptr<WorkerConn>> workers_;  // supervisor thread only
+  bool stall_reported_ = false;                       // supervisor thread only
 };
 
 }  // namespace ss::coord

@@ -79,6 +79,14 @@ ABSL_FLAG(int, stall_timeout_s, 10,
           "worker is stopped or hung) until it is answered, progresses, or fails at "
           "--step_timeout_s; both must be at least twice the cluster's heartbeat_interval_ms");
 ABSL_FLAG(int, ready_timeout_s, 600, "seconds a GPU worker may take to load before it is failed");
+ABSL_FLAG(std::vector<std::string>, allowed_origins, {},
+          "CORS: origins browsers may call the API from (comma-separated; * = any). Default none "
+          "(vLLM's is *: any web page the user opens could then call a local server)");
+ABSL_FLAG(bool, allow_credentials, false, "CORS: allow credentials (cookies, Authorization)");
+ABSL_FLAG(std::vector<std::string>, allowed_methods, {"*"}, "CORS: allowed methods");
+ABSL_FLAG(std::vector<std::string>, allowed_headers, {"*"}, "CORS: allowed request headers");
+ABSL_FLAG(bool, disable_log_stats, false,
+          "no periodic engine statistics in the log (by default a line every 10 s while busy)");
 
 namespace ss::coord {
 namespace {
@@ -166,7 +174,16 @@ int Run(int argc, char** argv) {
   }
   absl::StatusOr<ClusterConfig> cluster = LoadClusterConfig(cluster_path, *model);
   if (!cluster.ok()) return Fail(1, std::string(cluster.status().message()));
+  metrics::Metrics registry;
+  const int64_t max_model_len = MaxModelLen(*cluster, *model);
+  prometheus::Histogram& iteration_tokens =
+      registry.Histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                         {{"model_name", cluster->model_name}},
+                         metrics::Buckets125(static_cast<double>(max_model_len)));
   ClusterEngineOptions eo;
+  eo.on_step_tokens = [&iteration_tokens](int64_t n) {
+    iteration_tokens.Observe(static_cast<double>(n));
+  };
   eo.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   eo.ready_timeout = absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
   eo.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
@@ -196,20 +213,30 @@ int Run(int argc, char** argv) {
   ClusterEngine engine(control, *model, eo);
   engine.Start();
 
-  metrics::Metrics registry;
   GatewayConfig gc;
   gc.model_name = cluster->model_name;
   gc.api_keys = *std::move(api_keys);
-  gc.max_context_tokens = static_cast<int32_t>(MaxModelLen(*cluster, *model));
+  gc.max_context_tokens = static_cast<int32_t>(max_model_len);
   gc.model_vocab_size = static_cast<int32_t>(model->vocab_size);
   gc.metrics = &registry;
-  gc.kv_cache_usage = [&engine] { return engine.KvUsage(); };
   gc.share_prompt_prefill = cluster->enable_prefix_caching;
-  gc.prefix_cache = [&engine] {
+  gc.allowed_origins = absl::GetFlag(FLAGS_allowed_origins);
+  gc.allow_credentials = absl::GetFlag(FLAGS_allow_credentials);
+  gc.allowed_methods = absl::GetFlag(FLAGS_allowed_methods);
+  gc.allowed_headers = absl::GetFlag(FLAGS_allowed_headers);
+  gc.log_stats_interval_s = absl::GetFlag(FLAGS_disable_log_stats) ? 0 : 10;
+  gc.engine_gauges = [&engine] {
     const ss::coord::ClusterEngine::PrefixCacheCounters c = engine.PrefixCache();
-    return ss::GatewayConfig::PrefixCacheStats{c.queries, c.hits, c.blocks};
+    EngineGauges g;
+    g.kv_usage = engine.KvUsage();
+    g.running = engine.NumRunning();
+    g.waiting = engine.NumWaiting();
+    g.preemptions = engine.NumPreemptions();
+    g.prefix_queries = c.queries;
+    g.prefix_hits = c.hits;
+    g.prefix_blocks = c.blocks;
+    return g;
   };
-  gc.num_waiting = [&engine] { return engine.NumWaiting(); };
   OpenAiServer gateway(gc, **tokenizer, engine);
   absl::StatusOr<int> http_port = gateway.Start(absl::GetFlag(FLAGS_host), port);
   if (!http_port.ok()) {

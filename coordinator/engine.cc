@@ -57,6 +57,11 @@ void GenerationStream::SetCachedTokens(int64_t tokens) {
   cached_tokens_ = tokens;
 }
 
+void GenerationStream::MarkScheduled() {
+  absl::MutexLock lock(&mu_);
+  if (!scheduled_) scheduled_ = std::chrono::steady_clock::now();
+}
+
 bool GenerationStream::HasNews() const {
   return !pending_.empty() || (finish_ != FinishReason::kNone && !finish_delivered_);
 }
@@ -71,6 +76,7 @@ std::optional<GenerationEvent> GenerationStream::Next(std::chrono::milliseconds 
   event.tokens.swap(pending_);
   event.logprobs.swap(pending_logprobs_);
   event.cached_tokens = cached_tokens_;
+  event.scheduled = scheduled_;
   if (finish_ != FinishReason::kNone) {
     event.finish = finish_;
     event.error = error_;

@@ -117,6 +117,9 @@ struct GenerationEvent {
   // Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens), as
   // the engine reported them so far: set before the first generated id.
   int64_t cached_tokens = 0;
+  // When the engine first scheduled the request (its queue time ends there: vLLM's
+  // request_queue_time_seconds); unset until then, or when the engine does not report it.
+  std::optional<std::chrono::steady_clock::time_point> scheduled;
 };
 
 class GenerationStream {
@@ -130,6 +133,8 @@ class GenerationStream {
   void Finish(FinishReason reason, std::string error = {});
   // The prompt tokens the engine took from its prefix cache (every later event carries it).
   void SetCachedTokens(int64_t tokens);
+  // The engine scheduled the request (admitted it to a step) now; only the first call counts.
+  void MarkScheduled();
 
   // Consumer side: waits up to `timeout` and returns everything queued since the last call
   // (tokens and logprobs concatenated; finish set once the engine finished). nullopt: nothing
@@ -148,6 +153,7 @@ class GenerationStream {
   std::string error_ ABSL_GUARDED_BY(mu_);
   bool finish_delivered_ ABSL_GUARDED_BY(mu_) = false;
   int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<std::chrono::steady_clock::time_point> scheduled_ ABSL_GUARDED_BY(mu_);
 };
 
 enum class SubmitStatus { kAccepted, kOverloaded, kNotReady };

@@ -27,7 +27,35 @@ Json ChatLogprobEntry(const Tokenizer& tok, int32_t id, float lp) {
   return j;
 }
 
+// GPT-2's bytes_to_unicode: the code point byte `b` is written as.
+uint32_t ByteLevelCodePoint(unsigned char b) {
+  const auto printable = [](unsigned c) {
+    return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
+  };
+  if (printable(b)) return b;
+  uint32_t n = 0;  // the rank of b among the non-printable bytes
+  for (unsigned c = 0; c < b; ++c) n += printable(c) ? 0 : 1;
+  return 0x100 + n;
+}
+
+void AppendUtf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
 }  // namespace
+
+std::string TokenString(const Tokenizer& tok, int32_t id) {
+  const std::string_view b = IdBytes(tok, id);
+  if (tok.IsAddedToken(id)) return utf8::Lossy(b);
+  std::string out;
+  for (unsigned char c : b) AppendUtf8(ByteLevelCodePoint(c), out);
+  return out;
+}
 
 Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_t index,
                   bool with_index) {

@@ -21,6 +21,12 @@ Json ToolCallJson(const chat::ParsedToolCall& call, const std::string& id, size_
 //  "prompt_tokens_details": {"cached_tokens"}} (OpenAI's shape; cached: prefix-cache hits).
 Json UsageJson(size_t prompt, size_t completion, size_t cached);
 
+// A token as its vocabulary spells it (what Hugging Face's convert_ids_to_tokens returns, vLLM's
+// /tokenize token_strs): an added token's text; otherwise its bytes in byte-level BPE's
+// byte-to-character mapping (GPT-2's: printable Latin-1 as itself, the other bytes as U+0100 on,
+// so a space is "Ġ").
+std::string TokenString(const Tokenizer& tok, int32_t id);
+
 // Logprobs as OpenAI renders them. A token's text is its bytes as UTF-8 (lossy: an id can hold
 // half a character; `bytes` has the exact bytes). A logprob JSON cannot hold (-inf) is -9999, as
 // vLLM writes it.

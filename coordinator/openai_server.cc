@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -23,14 +24,17 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
+#include "coordinator/access_log.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
 #include "coordinator/connection_pool.h"
 #include "coordinator/connection_socket.h"
+#include "coordinator/cors.h"
 #include "coordinator/openai_render.h"
 #include "coordinator/openai_request.h"
 #include "coordinator/output_text.h"
 #include "coordinator/receive_deadline.h"
+#include "coordinator/stats_log.h"
 #include "coordinator/structured_output.h"
 #include "coordinator/utf8.h"
 #include "httplib.h"
@@ -71,143 +75,6 @@ constexpr auto kPollInterval = std::chrono::milliseconds(50);
 constexpr uint64_t kHeadBytesAllowance = 1u << 20;
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// The gateway's vLLM-compatible series (openai_server.h, "Metrics"), created up front.
-class GatewayMetrics {
- public:
-  GatewayMetrics(metrics::Metrics& m, const std::string& model) : m_(m), model_(model) {
-    const metrics::Labels l{{"model_name", model}};
-    ttft = &m.Histogram("time_to_first_token_seconds",
-                        "Time from arrival to the first generated token, in seconds.", l);
-    itl = &m.Histogram("inter_token_latency_seconds",
-                       "Latency between successive generated tokens, in seconds.", l);
-    e2e = &m.Histogram("e2e_request_latency_seconds",
-                       "Time from arrival to the end of generation, in seconds.", l);
-    queue = &m.Histogram("request_queue_time_seconds",
-                         "Time from arrival until the engine accepted the request, in seconds.", l);
-    prompt_tokens = &m.Counter("prompt_tokens_total", "Number of prefill tokens processed.", l);
-    generation_tokens =
-        &m.Counter("generation_tokens_total", "Number of generation tokens processed.", l);
-    running = &m.Gauge("num_requests_running",
-                       "Number of requests with an open generation in the gateway.", l);
-    waiting = &m.Gauge("num_requests_waiting", "Number of requests waiting to be scheduled.", l);
-    kv_usage = &m.Gauge("kv_cache_usage_perc", "KV cache usage, 0 to 1 (1 = 100 percent).", l);
-    prefix_queries = &m.Counter("prefix_cache_queries_total",
-                                "Prefix cache queries, in terms of prompt tokens looked up.", l);
-    prefix_hits =
-        &m.Counter("prefix_cache_hits_total",
-                   "Prefix cache hits, in terms of prompt tokens served from the cache.", l);
-    prefix_blocks =
-        &m.Gauge("prefix_cache_blocks", "KV blocks holding cached prefixes and snapshots.", l);
-    success_stop = &Success("stop");
-    success_length = &Success("length");
-    success_abort = &Success("abort");
-  }
-
-  prometheus::Counter& Success(const std::string& reason) {
-    return m_.Counter("request_success_total", "Count of successfully processed requests.",
-                      {{"model_name", model_}, {"finished_reason", reason}});
-  }
-  prometheus::Counter& Error(int status) {
-    return m_.Counter("http_request_errors_total",
-                      "Count of responses with an HTTP error status (or a failed stream).",
-                      {{"model_name", model_}, {"status_code", std::to_string(status)}});
-  }
-  void Finished(FinishReason reason) {
-    switch (reason) {
-      case FinishReason::kEos:
-      case FinishReason::kStop:
-        success_stop->Increment();
-        break;
-      case FinishReason::kLength:
-        success_length->Increment();
-        break;
-      case FinishReason::kCancelled:
-        success_abort->Increment();
-        break;
-      case FinishReason::kNone:
-      case FinishReason::kError:
-        break;
-    }
-  }
-
-  prometheus::Histogram *ttft, *itl, *e2e, *queue;
-  prometheus::Counter *prompt_tokens, *generation_tokens;
-  prometheus::Gauge *running, *waiting, *kv_usage, *prefix_blocks;
-  prometheus::Counter *success_stop, *success_length, *success_abort;
-  prometheus::Counter *prefix_queries, *prefix_hits;
-
-  // The engine's cumulative prefix-cache counters, as counter increments (scrapes may overlap).
-  void SetPrefixCache(const GatewayConfig::PrefixCacheStats& s) {
-    absl::MutexLock lock(&prefix_mu_);
-    if (s.queries > prefix_seen_.queries)
-      prefix_queries->Increment(s.queries - prefix_seen_.queries);
-    if (s.hits > prefix_seen_.hits) prefix_hits->Increment(s.hits - prefix_seen_.hits);
-    prefix_seen_.queries = std::max(prefix_seen_.queries, s.queries);
-    prefix_seen_.hits = std::max(prefix_seen_.hits, s.hits);
-    prefix_blocks->Set(static_cast<double>(s.blocks));
-  }
-
- private:
-  absl::Mutex prefix_mu_;
-  GatewayConfig::PrefixCacheStats prefix_seen_ ABSL_GUARDED_BY(prefix_mu_);
-  metrics::Metrics& m_;
-  std::string model_;
-};
-
-// Timing of one accepted request, fed from the consumer thread as its events arrive.
-struct RequestTimer {
-  GatewayMetrics* gm = nullptr;
-  Clock::time_point arrival;
-  Clock::time_point last_token;
-  bool first_seen = false;
-  bool finished = false;  // the outcome was counted
-  bool running = false;
-  bool streaming = false;  // a failure is then an in-band event after a 200, not an HTTP 500
-
-  void Accepted(size_t prompt_tokens) {
-    gm->queue->Observe(Seconds(Clock::now() - arrival));
-    gm->prompt_tokens->Increment(static_cast<double>(prompt_tokens));
-    gm->running->Increment();
-    running = true;
-  }
-  // `n` generated ids arrived (those the gateway took: none past a stop string); `finish` is the
-  // request's outcome once known.
-  void Event(size_t n, FinishReason finish) {
-    const auto now = Clock::now();
-    if (n > 0) {
-      gm->generation_tokens->Increment(static_cast<double>(n));
-      if (!first_seen) {
-        gm->ttft->Observe(Seconds(now - arrival));
-        first_seen = true;
-      } else {
-        const double each = Seconds(now - last_token) / static_cast<double>(n);
-        for (size_t i = 0; i < n; ++i) gm->itl->Observe(each);
-      }
-      last_token = now;
-    }
-    if (finish != FinishReason::kNone && !finished) {
-      finished = true;
-      gm->e2e->Observe(Seconds(now - arrival));
-      gm->Finished(finish);
-      // A non-streaming failure becomes an HTTP 500 that the server's logger counts.
-      if (finish == FinishReason::kError && streaming) gm->Error(500).Increment();
-    }
-  }
-  // The client went away before the outcome: counted as "abort" (as vLLM counts aborted
-  // requests), once.
-  void Abort() {
-    if (finished) return;
-    finished = true;
-    gm->e2e->Observe(Seconds(Clock::now() - arrival));
-    gm->Finished(FinishReason::kCancelled);
-  }
-  ~RequestTimer() {
-    if (running) gm->running->Decrement();
-  }
-};
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -270,6 +137,11 @@ void SendJson(httplib::Response& res, const Json& j) {
   res.set_content(Dump(j), "application/json");
 }
 
+// Health probes and scrapes: open without a key, not counted as errors, logged at debug level.
+bool IsProbe(const std::string& path) {
+  return path == "/health" || path == "/ready" || path == "/metrics" || path == "/ping";
+}
+
 int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 
 }  // namespace
@@ -281,13 +153,28 @@ struct OpenAiServer::Impl {
   const Tokenizer* tokenizer;
   GenerationEngine* engine;
   std::unique_ptr<openai::StructuredOutput> structured;
-  std::atomic<uint64_t> next_id{1};
   std::atomic<uint64_t> next_request_id{0};
-  uint64_t request_id_salt = std::random_device{}() * 0x9e3779b97f4a7c15ull;
+  const std::array<uint64_t, 2> request_id_salt = RandomSalt();
   std::unique_ptr<ReceiveDeadline> deadline;
   std::unique_ptr<metrics::Metrics> owned_metrics;  // when config.metrics is null
   metrics::Metrics* registry = nullptr;
   std::unique_ptr<GatewayMetrics> gm;
+  AccessLog access;
+  CorsPolicy cors;
+  std::unique_ptr<StatsLogger> stats_log;
+
+  StatsSample Stats() const {
+    StatsSample s;
+    s.prompt_tokens = gm->prompt_tokens_total();
+    s.generation_tokens = gm->generation_tokens_total();
+    const EngineGauges g = config.engine_gauges ? config.engine_gauges() : EngineGauges{};
+    s.running = g.running.value_or(gm->open_requests());
+    s.waiting = g.waiting.value_or(0);
+    s.kv_usage = g.kv_usage.value_or(0.0);
+    s.prefix_queries = g.prefix_queries.value_or(0);
+    s.prefix_hits = g.prefix_hits.value_or(0);
+    return s;
+  }
 
   enum class Kind { kChat, kCompletion };
 
@@ -310,23 +197,33 @@ struct OpenAiServer::Impl {
   };
 
   absl::Status HandleMetrics(const httplib::Request&, httplib::Response& res) {
-    gm->kv_usage->Set(config.kv_cache_usage ? config.kv_cache_usage() : 0.0);
-    gm->waiting->Set(config.num_waiting ? static_cast<double>(config.num_waiting()) : 0.0);
-    if (config.prefix_cache) gm->SetPrefixCache(config.prefix_cache());
+    gm->Scrape(config.engine_gauges ? config.engine_gauges() : EngineGauges{});
     res.status = 200;
     res.set_content(registry->Serialize(), "text/plain; version=0.0.4");
     return absl::OkStatus();
   }
 
-  // A fresh request id: 16 hex digits, distinct for every request of this process.
+  // A fresh id: 32 hex digits, distinct for every request of this process (a bijective mix of a
+  // counter) and, with a 128-bit random salt per process, across restarts and replicas.
   std::string NewRequestId() {
-    uint64_t z = request_id_salt + 0x9e3779b97f4a7c15ull * ++next_request_id;  // splitmix64
+    const uint64_t n = ++next_request_id;
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx",
+                  static_cast<unsigned long long>(Mix(request_id_salt[0] + kGolden * n)),
+                  static_cast<unsigned long long>(Mix(request_id_salt[1] + kGolden * n)));
+    return buf;
+  }
+  static constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+  static uint64_t Mix(uint64_t z) {  // splitmix64's finaliser
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(z));
-    return buf;
+    return z ^ (z >> 31);
+  }
+  static std::array<uint64_t, 2> RandomSalt() {
+    std::random_device rd;  // the kernel's entropy (getrandom)
+    std::array<uint64_t, 2> salt{};
+    for (uint64_t& s : salt) s = (uint64_t{rd()} << 32) ^ rd();
+    return salt;
   }
 
   // A 500 for the client: a generic message naming the request id; `detail` (engine errors,
@@ -498,7 +395,7 @@ struct OpenAiServer::Impl {
     RETURN_IF_ERROR(CheckLogitBias(job.params));
     ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job));
     RETURN_IF_ERROR(Constrain(job));
-    job.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
+    job.id = absl::StrCat("chatcmpl-", NewRequestId());
     RETURN_IF_ERROR(FitContext(job, "messages"));
     return Run(std::move(job), req, res);
   }
@@ -536,7 +433,7 @@ struct OpenAiServer::Impl {
     }
     ASSIGN_OR_RETURN(job.grammar, structured->RequestGrammar(body, ToolChoice{}, nullptr));
     RETURN_IF_ERROR(Constrain(job));
-    job.id = absl::StrCat("cmpl-", next_id.fetch_add(1));
+    job.id = absl::StrCat("cmpl-", NewRequestId());
     RETURN_IF_ERROR(FitContext(job, "prompt"));
     return Run(std::move(job), req, res);
   }
@@ -684,7 +581,7 @@ struct OpenAiServer::Impl {
       c.cached_tokens = ev->cached_tokens;
       const size_t before = c.output->tokens();
       OutputText::Piece piece = Consume(c, *ev);
-      timer.Event(c.output->tokens() - before, Outcome(choices));
+      timer.Event(c.output->tokens() - before, Outcome(choices), ev->scheduled, ev->cached_tokens);
       if (!on_piece(c, std::move(piece))) return any;
     }
     return any;
@@ -757,12 +654,10 @@ struct OpenAiServer::Impl {
   }
 
   absl::Status Run(Job job, const httplib::Request& req, httplib::Response& res) {
-    auto timer = std::make_unique<RequestTimer>();
-    timer->gm = gm.get();
-    timer->arrival = job.arrival;
+    auto timer = std::make_unique<RequestTimer>(*gm, job.arrival);
     ASSIGN_OR_RETURN(std::vector<Choice> choices, Submit(job, res));
-    timer->Accepted(job.prompt.size());
-    timer->streaming = job.params.stream;
+    timer->Accepted(job.prompt.size(), job.params.n, job.params.sampling.max_tokens,
+                    job.params.stream);
     if (job.params.stream) {
       Stream(std::move(job), std::move(choices), std::move(timer), res);
       return absl::OkStatus();
@@ -784,6 +679,7 @@ struct OpenAiServer::Impl {
           spdlog::info("request {} ({}): the client went away; cancelled",
                        res.get_header_value(kRequestIdHeader), job.id);
           res.status = kClientClosed;
+          RecordAccess(res, job, *timer);
           return absl::OkStatus();
         }
       }
@@ -791,6 +687,7 @@ struct OpenAiServer::Impl {
     if (const Choice* failed = Failed(choices)) {
       CancelAll(choices);
       timer->Event(0, failed->finish);
+      RecordAccess(res, job, *timer);
       return ServerError(
           res, "generation failed",
           absl::StrCat(job.id, ": ", failed->error.empty() ? "cancelled" : failed->error));
@@ -804,7 +701,12 @@ struct OpenAiServer::Impl {
     for (const Choice& c : choices) resp["choices"].push_back(ChoiceJson(job, c));
     resp["usage"] = UsageJson(job.prompt.size(), GeneratedTokens(choices), CachedTokens(choices));
     SendJson(res, resp);
+    RecordAccess(res, job, *timer);
     return absl::OkStatus();
+  }
+
+  void RecordAccess(const httplib::Response& res, const Job& job, const RequestTimer& timer) {
+    access.Record(&res, {res.get_header_value(kRequestIdHeader), job.id, timer.Summary()});
   }
 
   // Per-stream state shared by httplib's content provider and releaser.
@@ -814,6 +716,8 @@ struct OpenAiServer::Impl {
     std::vector<Choice> choices;
     std::unique_ptr<RequestTimer> timer;  // running until the response (and this) is destroyed
     bool finished = false;                // [DONE] was written
+    bool logged = false;                  // its access record was made
+    const void* response = nullptr;       // the access log's key
     int64_t created = 0;
   };
 
@@ -960,13 +864,21 @@ struct OpenAiServer::Impl {
     st->choices = std::move(choices);
     st->created = NowSeconds();
     st->request_id = res.get_header_value(kRequestIdHeader);
+    st->response = &res;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, st](size_t, httplib::DataSink& sink) {
-          if (Provide(*st, sink)) return true;
-          CancelAll(st->choices);  // the client went away: stop generating
-          return false;
+          const bool more = Provide(*st, sink);
+          if (!more) {
+            CancelAll(st->choices);  // the client went away: stop generating
+            st->timer->Abort();
+          }
+          if ((!more || st->finished) && !st->logged) {
+            st->logged = true;
+            access.Record(st->response, {st->request_id, st->job.id, st->timer->Summary()});
+          }
+          return more;
         },
         [st](bool) {
           if (st->finished) return;
@@ -975,34 +887,51 @@ struct OpenAiServer::Impl {
         });
   }
 
+  // vLLM's shapes: {"prompt"} or {"messages", chat template controls} -> {"count",
+  // "max_model_len", "tokens", "token_strs"}; {"tokens"} -> {"prompt"}.
   absl::Status HandleTokenize(const httplib::Request& req, httplib::Response& res) {
     ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
     if (const Json* m = Field(body, "model"); m) RETURN_IF_ERROR(CheckModel(body));
+    ASSIGN_OR_RETURN(std::optional<bool> special, GetBool(body, "add_special_tokens"));
+    if (special.value_or(false)) {
+      return Invalid("add_special_tokens",
+                     "add_special_tokens: true is not supported: a prompt is tokenized as given "
+                     "(the completions endpoint adds no BOS either); the chat template adds its "
+                     "own");
+    }
+    ASSIGN_OR_RETURN(std::optional<bool> strs, GetBool(body, "return_token_strs"));
     std::vector<int32_t> ids;
     if (Field(body, "messages")) {
       Job job;
       ASSIGN_OR_RETURN(ids, ChatPrompt(body, &job));
     } else {
-      ASSIGN_OR_RETURN(std::optional<std::string> text, GetString(body, "text"));
+      ASSIGN_OR_RETURN(std::optional<std::string> text, GetString(body, "prompt"));
       if (!text) {
-        ASSIGN_OR_RETURN(text, GetString(body, "prompt"));
+        ASSIGN_OR_RETURN(text, GetString(body, "text"));
       }
-      if (!text) return Invalid("text", "text: required (a string), or messages");
-      ASSIGN_OR_RETURN(ids, Encode(*text, "text"));
+      if (!text) return Invalid("prompt", "prompt: required (a string), or messages");
+      ASSIGN_OR_RETURN(ids, Encode(*text, "prompt"));
     }
     Json resp = Json::object();
-    resp["ids"] = ids;
     resp["count"] = ids.size();
     resp["max_model_len"] = config.max_context_tokens;
+    resp["tokens"] = ids;
+    resp["token_strs"] = nullptr;
+    if (strs.value_or(false)) {
+      Json t = Json::array();
+      for (const int32_t id : ids) t.push_back(openai::TokenString(*tokenizer, id));
+      resp["token_strs"] = std::move(t);
+    }
     SendJson(res, resp);
     return absl::OkStatus();
   }
 
   absl::Status HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
     ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
-    const char* key = Field(body, "ids") ? "ids" : "tokens";
+    if (const Json* m = Field(body, "model"); m) RETURN_IF_ERROR(CheckModel(body));
+    const char* key = Field(body, "tokens") ? "tokens" : "ids";
     const Json* ids = Field(body, key);
-    if (!ids) return Invalid("ids", "ids: required (an array of token ids)");
+    if (!ids) return Invalid("tokens", "tokens: required (an array of token ids)");
     if (!ids->is_array()) return Invalid(key, absl::StrCat(key, ": expected an array"));
     std::vector<int32_t> v;
     for (size_t i = 0; i < ids->size(); ++i) {
@@ -1016,8 +945,24 @@ struct OpenAiServer::Impl {
     auto text = tokenizer->Decode(v);
     if (!text.ok()) return Invalid(key, text.status().message());
     Json resp = Json::object();
-    resp["text"] = *text;
+    resp["prompt"] = *text;
     SendJson(res, resp);
+    return absl::OkStatus();
+  }
+
+  absl::Status HandlePing(const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content("{}", "application/json");
+    return absl::OkStatus();
+  }
+
+  absl::Status HandleVersion(const httplib::Request&, httplib::Response& res) {
+    SendJson(res, Json{{"version", config.version}});
+    return absl::OkStatus();
+  }
+
+  absl::Status HandleLoad(const httplib::Request&, httplib::Response& res) {
+    SendJson(res, Json{{"server_load", gm->open_requests()}});
     return absl::OkStatus();
   }
 
@@ -1033,6 +978,19 @@ struct OpenAiServer::Impl {
     resp["data"] = Json::array({std::move(m)});
     SendJson(res, resp);
     return absl::OkStatus();
+  }
+
+  void LogAccess(const httplib::Request& req, const httplib::Response& res) {
+    const std::string id = res.get_header_value(kRequestIdHeader);
+    const std::optional<AccessRecord> record = access.Take(&res, id);
+    const std::string line =
+        AccessLine(absl::StrCat(req.remote_addr, ":", req.remote_port), req.method, req.path,
+                   res.status, id, record ? &*record : nullptr);
+    if (IsProbe(req.path)) {
+      spdlog::debug("{}", line);
+    } else {
+      spdlog::info("{}", line);
+    }
   }
 
   bool Authorized(const httplib::Request& req) const {
@@ -1066,7 +1024,10 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   } else {
     impl_->registry = impl_->config.metrics;
   }
-  impl_->gm = std::make_unique<GatewayMetrics>(*impl_->registry, impl_->config.model_name);
+  impl_->cors = CorsPolicy{impl_->config.allowed_origins, impl_->config.allow_credentials,
+                           impl_->config.allowed_methods, impl_->config.allowed_headers};
+  impl_->gm = std::make_unique<GatewayMetrics>(*impl_->registry, impl_->config.model_name,
+                                               impl_->config.max_context_tokens);
   impl_->deadline = std::make_unique<ReceiveDeadline>(
       std::chrono::milliseconds(std::max(1, impl_->config.head_timeout_ms)),
       std::chrono::milliseconds(std::max(1, impl_->config.body_timeout_ms)),
@@ -1079,6 +1040,10 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
     impl->deadline->HeadReceived(Endpoints(req));
     std::string id = req.get_header_value(kRequestIdHeader);
     res.set_header(kRequestIdHeader, UsableRequestId(id) ? id : impl->NewRequestId());
+    if (!HasBody(req) && HandlePreflight(impl->cors, req, res)) {
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    AddCorsHeaders(impl->cors, req, res);
     // Only GET and POST have routes. httplib reads the body of any other method that may carry
     // one into memory without a limit before routing, and a body left unread would be parsed as
     // the next request: both are refused here, before any body is read.
@@ -1094,8 +1059,7 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
                                  "invalid_request_error", "", "", 0});
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (req.path == "/health" || req.path == "/ready" || req.path == "/metrics" ||
-        impl->Authorized(req)) {
+    if (IsProbe(req.path) || impl->Authorized(req)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     SendErrorAndClose(req, res,
@@ -1125,8 +1089,9 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   // count the errors (probes, scrapes and clients that went away excepted).
   s.set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
     impl->deadline->Done(Endpoints(req));
+    impl->LogAccess(req, res);
     if (res.status < 400 || res.status == kClientClosed) return;
-    if (req.path == "/health" || req.path == "/ready" || req.path == "/metrics") return;
+    if (IsProbe(req.path)) return;
     impl->gm->Error(res.status).Increment();
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
@@ -1192,6 +1157,7 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   s.Post("/v1/completions", post(&Impl::HandleCompletion));
   s.Post("/tokenize", post(&Impl::HandleTokenize));
   s.Post("/detokenize", post(&Impl::HandleDetokenize));
+  s.Post("/ping", post(&Impl::HandlePing));
   // Any other POST: 404 without reading its body (httplib would read it without a limit).
   s.Post(".*",
          [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
@@ -1200,6 +1166,9 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
                                       "invalid_request_error", "", "", 0});
          });
   s.Get("/v1/models", get(&Impl::HandleModels));
+  s.Get("/ping", get(&Impl::HandlePing));
+  s.Get("/version", get(&Impl::HandleVersion));
+  s.Get("/load", get(&Impl::HandleLoad));
   s.Get("/metrics", get(&Impl::HandleMetrics));
   s.Get("/health", [impl](const httplib::Request& req, httplib::Response& res) {
     impl->deadline->Received(Endpoints(req));
@@ -1241,6 +1210,12 @@ absl::StatusOr<int> OpenAiServer::Start(const std::string& host, int port) {
   const size_t threads = static_cast<size_t>(std::max(1, impl_->config.http_threads));
   server_->new_task_queue = [threads] { return new ConnectionPool(threads); };
   impl_->deadline->Start(bound);
+  if (impl_->config.log_stats_interval_s > 0) {
+    Impl* impl = impl_.get();
+    impl_->stats_log = std::make_unique<StatsLogger>(
+        absl::Seconds(impl_->config.log_stats_interval_s), [impl] { return impl->Stats(); });
+    impl_->stats_log->Start();
+  }
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return bound;
@@ -1251,6 +1226,7 @@ void OpenAiServer::Stop() {
   server_->stop();
   thread_.join();
   impl_->deadline->Stop();
+  if (impl_->stats_log) impl_->stats_log->Stop();
 }
 
 }  // namespace ss

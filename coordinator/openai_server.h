@@ -10,11 +10,17 @@
 //                               enable_thinking | thinking_mode, reasoning_effort},
 //                               reasoning_effort
 //   POST /v1/completions        prompt (string or array of ids) -> text; logprobs (0..20)
-//   GET  /v1/models, GET /health (live), GET /ready (engine->Ready())
+//   GET  /v1/models, GET /health (live), GET /ready (engine->Ready()), GET|POST /ping (200 while
+//                               live, SageMaker's probe, open like /health), GET /version
+//                               {"version"}, GET /load {"server_load": requests in flight}
 //   GET  /metrics               Prometheus text exposition (text/plain; version=0.0.4) of the
 //                               gateway's registry (see "Metrics" below)
-//   POST /tokenize              {"text"|"prompt": string} or {"messages": [...]} -> {"ids",
-//   "count"} POST /detokenize            {"ids"|"tokens": [int]} -> {"text"}
+//   POST /tokenize              vLLM's shapes: {"prompt": string (or "text"), return_token_strs}
+//                               or {"messages": [...], chat template controls} -> {"count",
+//                               "max_model_len", "tokens", "token_strs" (null unless asked)};
+//                               add_special_tokens: true is a 400 (prompts are taken as given)
+//   POST /detokenize            {"tokens"|"ids": [int]} -> {"prompt"}
+//   OPTIONS (any path)          a CORS preflight (GatewayConfig::allowed_origins), else 405
 // Special tokens written in chat messages (content, reasoning, tool results, tool schemas,
 // tool-call names and arguments) are text, never control ids (chat_encoding.h, Prompt): no client
 // can forge a turn. A raw completion prompt or /tokenize "text" is the caller's own template, where
@@ -30,10 +36,11 @@
 // Request ids: every response carries `X-Request-Id` (as vLLM with --enable-request-id-headers
 // and OpenAI do): the client's own X-Request-Id when it is 1..128 characters of [A-Za-z0-9._:-]
 // (so that it goes into the log verbatim; a proxy's id then follows the request through), else one
-// the gateway makes (16 hex digits). A 500 tells the client only "generation failed" or
-// "internal error" and "see the server log for request <id>": engine errors name workers, PIDs
-// and shared-memory segments, so the detail goes to the log (spdlog, error level) under the id.
-// 4xx messages stay specific: they describe the client's own input.
+// the gateway makes (32 hex digits, unique across restarts and replicas: a per-process random
+// 128-bit salt; completion ids are chatcmpl-/cmpl- and another such id). A 500 tells the client
+// only "generation failed" or "internal error" and "see the server log for request <id>": engine
+// errors name workers, PIDs and shared-memory segments, so the detail goes to the log (spdlog,
+// error level) under the id. 4xx messages stay specific: they describe the client's own input.
 //
 // Request bodies: POST bodies are read by the gateway, not by httplib (whose limit covers only a
 // Content-Length body), and counted as they arrive whatever the transfer or content encoding
@@ -79,37 +86,8 @@
 // closed socket must not raise SIGPIPE: the process should ignore SIGPIPE (the server does not
 // change signal dispositions itself).
 //
-// Metrics (vLLM-compatible names under `splitserve:`, every series labelled model_name):
-//   time_to_first_token_seconds    histogram: arrival -> first generated ids seen by the gateway
-//   inter_token_latency_seconds    histogram: gap between successive token events, divided evenly
-//                                  over the ids the later event carries (one observation per id
-//                                  after the first event, so ids coalesced into the first event
-//                                  are not observed)
-//   e2e_request_latency_seconds    histogram: arrival -> the engine's finish event
-//   request_queue_time_seconds     histogram: arrival -> Submit() accepted. The gateway cannot see
-//                                  when a scheduler behind the engine first schedules the
-//                                  sequence, so this is the gateway-side wait only (it includes
-//                                  validation, chat encoding and tokenisation).
-//   prompt_tokens_total            counter: prompt ids of every accepted request
-//   generation_tokens_total        counter: generated ids delivered by the engine (= usage)
-//   num_requests_running           gauge: accepted requests whose stream is still open in the
-//                                  gateway (non-streaming: until the response is rendered)
-//   num_requests_waiting           gauge: GatewayConfig::num_waiting at scrape time (the
-//                                  scheduler's waiting queue), 0 when the hook is unset
-//   kv_cache_usage_perc            gauge in [0, 1]: GatewayConfig::kv_cache_usage at scrape time,
-//                                  0 when the hook is unset
-//   prefix_cache_queries_total     counter: prompt tokens looked up in the prefix cache
-//   prefix_cache_hits_total        counter: of those, tokens served from the cache (vLLM counts
-//                                  tokens too); both from GatewayConfig::prefix_cache at scrape
-//   prefix_cache_blocks            gauge: KV blocks holding cached prefixes and snapshots
-//   request_success_total{finished_reason}  counter: finished generations, "stop" (EOS, stop
-//                                  ids, tool calls), "length", "abort" (the client went away,
-//                                  streaming or not, before the outcome / the engine cancelled),
-//                                  as vLLM spells them
-//   http_request_errors_total{status_code}  counter: responses with status >= 400 on every route
-//                                  but /health, /ready and /metrics, plus streams that fail after
-//                                  their 200 header (in-band error event: counted as "500"); not
-//                                  requests whose client went away (those are aborts)
+// Metrics: vLLM's series under `splitserve:` (gateway_metrics.h lists them), with the engine's
+// gauges from GatewayConfig::engine_gauges, and the process_* series.
 // Arrival is when the route handler starts (the body has been read).
 //
 // Threading: Start() and Stop() from one owner thread; requests run on the connection threads,
@@ -127,6 +105,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/engine.h"
+#include "coordinator/gateway_metrics.h"
 #include "coordinator/tokenizer.h"
 
 namespace httplib {
@@ -160,16 +139,21 @@ struct GatewayConfig {
   // The registry the gateway's series go into and GET /metrics serves; not owned, must outlive
   // the server. Null: the server owns a private one.
   metrics::Metrics* metrics = nullptr;
-  // Optional: the engine's KV cache usage in [0, 1], read at every scrape (thread-safe).
-  std::function<double()> kv_cache_usage;
-  // Optional: requests the scheduler holds waiting for admission, read at every scrape
-  // (thread-safe). Unset: num_requests_waiting stays 0.
-  std::function<int64_t()> num_waiting;
-  // Optional: the engine's prefix cache counters, read at every scrape (thread-safe).
-  struct PrefixCacheStats {
-    int64_t queries = 0, hits = 0, blocks = 0;
-  };
-  std::function<PrefixCacheStats()> prefix_cache;
+  // Optional: the engine's gauges and cumulative counters (running / waiting requests, KV usage,
+  // preemptions, prefix cache), read at every scrape and by the stats log (thread-safe).
+  std::function<EngineGauges()> engine_gauges;
+  // Every this many seconds, one log line of the engine's throughput and state (vLLM's
+  // "Avg prompt throughput ..."), while there is activity; 0: none.
+  double log_stats_interval_s = 10;
+  // The server's version string, answered by GET /version.
+  std::string version = "unknown";
+  // CORS (browser front-ends; vLLM's --allowed-origins, --allow-credentials, --allowed-methods,
+  // --allowed-headers, with Starlette's semantics): no origin allowed by default (vLLM allows
+  // "*", which lets any web page the user opens call a local server); "*" allows every origin.
+  std::vector<std::string> allowed_origins;
+  bool allow_credentials = false;
+  std::vector<std::string> allowed_methods = {"*"};
+  std::vector<std::string> allowed_headers = {"*"};
   // n > 1: submit choice 0 first and the other choices once it produced its first event (its
   // prompt is done), so that they resume from the engine's prefix cache instead of prefilling
   // the same prompt n times. Set where the engine caches prefixes.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics/process_metrics.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
@@ -13,8 +14,18 @@
 namespace ss::metrics {
 
 std::vector<double> LatencyBuckets() {
-  return {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
-          2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
+  return {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,  2.5e-2, 5e-2,
+          0.1,  0.25,   0.5,  1.0,  2.5,    5.0,  10.0, 25.0,   50.0, 100.0, 250.0,  1000.0};
+}
+
+std::vector<double> Buckets125(double max) {
+  std::vector<double> out;
+  for (double scale = 1; out.empty() || scale <= max; scale *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * scale <= max || out.empty()) out.push_back(m * scale);
+    }
+  }
+  return out;
 }
 
 class Metrics::ScrapeHooks : public prometheus::Collectable {
@@ -36,6 +47,7 @@ class Metrics::ScrapeHooks : public prometheus::Collectable {
 
 Metrics::Metrics()
     : hooks_(std::make_shared<ScrapeHooks>()),
+      process_(std::make_shared<ProcessMetrics>()),
       registry_(std::make_shared<prometheus::Registry>()) {}
 
 Metrics::~Metrics() = default;  // the exposer stops (and lets go of the registry) first
@@ -56,6 +68,7 @@ absl::Status Metrics::Listen(const std::string& host_port) {
     }
     exposer->RegisterCollectable(hooks_);  // collected in order: the hooks first
     exposer->RegisterCollectable(registry_);
+    exposer->RegisterCollectable(process_);
     port_ = ports.front();
     exposer_ = std::move(exposer);
   } catch (const std::exception& e) {
@@ -110,7 +123,9 @@ void Metrics::OnScrape(std::function<void()> refresh) { hooks_->Add(std::move(re
 std::string Metrics::Serialize() const {
   hooks_->Collect();
   std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
+  prometheus::TextSerializer().Serialize(out, families);
   return out.str();
 }
 

@@ -3,7 +3,8 @@
 //
 // A Metrics owns one prometheus::Registry and, once Listen() succeeds, an HTTP exposer (civetweb,
 // owned privately: its headers stay out of this one) serving the registry's text exposition on
-// GET /metrics. Every metric name is put under the `splitserve:` prefix:
+// GET /metrics. Every metric name is put under the `splitserve:` prefix, and the standard
+// `process_*` series (process_metrics.h) come with every registry:
 //
 //   ss::metrics::Metrics m;
 //   prometheus::Counter& calls = m.Counter("expert_calls_total", "calls", {{"transport", "shm"}});
@@ -39,12 +40,17 @@ class Exposer;
 
 namespace ss::metrics {
 
+class ProcessMetrics;
+
 inline constexpr char kPrefix[] = "splitserve:";
 
 using Labels = prometheus::Labels;  // std::map<std::string, std::string>
 
-// Latency buckets in seconds, 10 us .. 10 s, roughly x2.5 per step.
+// Latency buckets in seconds, 10 us .. 1,000 s, roughly x2.5 per step.
 std::vector<double> LatencyBuckets();
+// 1, 2, 5, 10, 20, 50, ... up to and including the last one <= `max` (vLLM's build_1_2_5_buckets,
+// for token counts). At least {1}.
+std::vector<double> Buckets125(double max);
 
 class Metrics {
  public:
@@ -81,6 +87,7 @@ class Metrics {
  private:
   class ScrapeHooks;  // a collectable that runs the OnScrape hooks and collects nothing
   std::shared_ptr<ScrapeHooks> hooks_;
+  std::shared_ptr<ProcessMetrics> process_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;

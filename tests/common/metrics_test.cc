@@ -2,7 +2,9 @@
 #include "common/metrics/metrics.h"
 
 #include <atomic>
+#include <ctime>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/common/http_get.h"
@@ -52,6 +54,38 @@ TEST(Metrics, ExposerServesMetricsOnLoopback) {
   // Metrics registered after the exposer started are served too.
   m.Gauge("late", "registered after Listen").Set(2);
   EXPECT_NE(HttpGet(m.port(), "/metrics").find("splitserve:late 2"), std::string::npos);
+}
+
+// Every registry carries the standard process_* series, read from /proc/self when collected; the
+// exposer serves them too.
+TEST(Metrics, ProcessSeriesComeWithEveryRegistry) {
+  Metrics m;
+  const std::string text = m.Serialize();
+  for (const char* name :
+       {"process_cpu_seconds_total", "process_resident_memory_bytes",
+        "process_virtual_memory_bytes", "process_start_time_seconds", "process_open_fds"}) {
+    EXPECT_NE(text.find(std::string("\n") + name + " "), std::string::npos) << name << text;
+  }
+  EXPECT_NE(text.find("# TYPE process_cpu_seconds_total counter"), std::string::npos) << text;
+  // The values are this process's: started within the last day, some memory resident.
+  const auto value = [&](const std::string& name) {
+    const size_t at = text.find("\n" + name + " ");
+    return std::stod(text.substr(at + name.size() + 2));
+  };
+  const double now = static_cast<double>(std::time(nullptr));
+  EXPECT_LE(value("process_start_time_seconds"), now + 2);
+  EXPECT_GT(value("process_start_time_seconds"), now - 86400);
+  EXPECT_GT(value("process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GE(value("process_open_fds"), 3);
+  ASSERT_TRUE(m.Listen("127.0.0.1:0").ok());
+  EXPECT_NE(HttpGet(m.port(), "/metrics").find("\nprocess_open_fds "), std::string::npos);
+}
+
+TEST(Metrics, BucketsReachPastTenSecondsAndTokenBucketsAreOneTwoFive) {
+  EXPECT_GE(LatencyBuckets().back(), 600.0);
+  EXPECT_EQ(Buckets125(1024), (std::vector<double>{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}));
+  EXPECT_EQ(Buckets125(0), std::vector<double>{1});
+  EXPECT_EQ(Buckets125(5), (std::vector<double>{1, 2, 5}));
 }
 
 // OnScrape hooks run before each collection, so a gauge they set is current in that very scrape.

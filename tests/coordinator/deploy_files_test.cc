@@ -79,12 +79,17 @@ TEST(DeployFilesTest, UnitFlagsExist) {
 // Every series the dashboard queries is one the processes register (without _bucket/_sum/_count).
 TEST(DeployFilesTest, DashboardUsesExportedSeries) {
   const std::set<std::string> exported = {
-      // coordinator/openai_server.h "Metrics"
+      // coordinator/gateway_metrics.h
       "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-      "request_queue_time_seconds", "prompt_tokens_total", "generation_tokens_total",
+      "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+      "request_inference_time_seconds", "request_time_per_output_token_seconds",
+      "request_prompt_tokens", "request_generation_tokens", "request_params_n",
+      "request_params_max_tokens", "prompt_tokens_total", "generation_tokens_total",
       "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-      "request_success_total", "http_request_errors_total", "prefix_cache_queries_total",
-      "prefix_cache_hits_total", "prefix_cache_blocks",
+      "num_preemptions_total", "request_success_total", "http_request_errors_total",
+      "prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_blocks",
+      // coordinator/coordinator_main.cc
+      "iteration_tokens_total",
       // gpu_worker/stage_runner.cc
       "layer_latency_seconds", "gpu_worker_steps_total", "gpu_worker_step_errors_total",
       "gpu_worker_kv_usage_perc", "gpu_worker_kv_tokens_used", "gpu_worker_kv_tokens_capacity",

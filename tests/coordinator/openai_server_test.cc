@@ -16,16 +16,21 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
 #include "coordinator/dsv4_format.h"
 #include "coordinator/utf8.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/coordinator/fake_engine.h"
 
 namespace ss {
@@ -643,19 +648,97 @@ TEST_F(OpenAiServerTest, CompletionsTokenizeDetokenize) {
   EXPECT_EQ(j["choices"][0]["text"], " world!");
   EXPECT_EQ(j["usage"]["prompt_tokens"], Ids("Hello").size());
 
-  r = Post("/tokenize", R"({"text":"Hello world"})");
+  // vLLM's shapes: /tokenize {prompt} -> {count, max_model_len, tokens, token_strs}.
+  r = Post("/tokenize", R"({"model":"deepseek-v4","prompt":"Hello world"})");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   j = Json::parse(r->body);
   Json ids = Json(Ids("Hello world"));
-  EXPECT_EQ(j["ids"], ids);
+  EXPECT_EQ(j["tokens"], ids);
+  EXPECT_EQ(j["count"], ids.size());
+  EXPECT_GT(j["max_model_len"].get<int>(), 0);
+  EXPECT_TRUE(j["token_strs"].is_null());
+  // token_strs spell the tokens as the vocabulary does (byte-level: a space is U+0120).
+  r = Post("/tokenize", R"({"prompt":"Hello world","return_token_strs":true})");
+  ASSERT_TRUE(r);
+  j = Json::parse(r->body);
+  ASSERT_EQ(j["token_strs"].size(), ids.size()) << r->body;
+  std::string joined;
+  for (const Json& t : j["token_strs"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, "Hello\u0120world") << r->body;
+  ExpectError(Post("/tokenize", R"({"prompt":"x","add_special_tokens":true})"), 400,
+              "add_special_tokens");
+  EXPECT_EQ(Post("/tokenize", R"({"prompt":"x","add_special_tokens":false})")->status, 200);
+  // /detokenize {tokens} -> {prompt}.
   Json req = Json::object();
-  req["ids"] = ids;
+  req["tokens"] = ids;
   r = Post("/detokenize", req.dump());
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
-  EXPECT_EQ(Json::parse(r->body)["text"], "Hello world");
-  ExpectError(Post("/detokenize", R"({"ids":[-1]})"), 400, "ids");
+  EXPECT_EQ(Json::parse(r->body)["prompt"], "Hello world");
+  ExpectError(Post("/detokenize", R"({"tokens":[-1]})"), 400, "tokens");
+}
+
+// /ping (open, like /health), /version, /load; CORS per the configured origins; completion ids
+// are random (unique across restarts), not a counter.
+TEST_F(OpenAiServerTest, PingVersionLoadCorsAndUniqueIds) {
+  TearDown();
+  GatewayConfig config;
+  config.api_keys = {"sk-good"};
+  config.version = "9.8.7 (commit abc)";
+  config.allowed_origins = {"http://localhost:3000"};
+  Start(config);
+  const httplib::Headers key{{"Authorization", "Bearer sk-good"}};
+  auto r = client_->Get("/ping");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(Post("/ping", "")->status, 200);
+  EXPECT_EQ(client_->Get("/version")->status, 401);
+  r = client_->Get("/version", key);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(Json::parse(r->body)["version"], "9.8.7 (commit abc)");
+  r = client_->Get("/load", key);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(Json::parse(r->body)["server_load"], 0);
+  // A preflight from an allowed origin needs no key; one from another origin is refused.
+  httplib::Request pre;
+  pre.method = "OPTIONS";
+  pre.path = "/v1/chat/completions";
+  pre.headers = {{"Origin", "http://localhost:3000"},
+                 {"Access-Control-Request-Method", "POST"},
+                 {"Access-Control-Request-Headers", "authorization, content-type"}};
+  r = client_->send(pre);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Headers"), "authorization, content-type");
+  EXPECT_NE(r->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  pre.headers = {{"Origin", "http://evil.example"}, {"Access-Control-Request-Method", "POST"}};
+  r = client_->send(pre);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+  // An actual request from the allowed origin carries the headers; another origin's does not.
+  engine_->set_script(Ids("ok"));
+  httplib::Headers h = key;
+  h.emplace("Origin", "http://localhost:3000");
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump(), h);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  EXPECT_NE(r->get_header_value("Access-Control-Expose-Headers").find("X-Request-Id"),
+            std::string::npos);
+  const std::string id1 = Json::parse(r->body)["id"];
+  h = key;
+  h.emplace("Origin", "http://evil.example");
+  r = Post("/v1/chat/completions", ChatBody(false, false).dump(), h);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+  const std::string id2 = Json::parse(r->body)["id"];
+  // chatcmpl- and 32 hex digits, different each time.
+  EXPECT_EQ(id1.rfind("chatcmpl-", 0), 0u) << id1;
+  EXPECT_EQ(id1.size(), 9u + 32u) << id1;
+  EXPECT_NE(id1, id2);
+  EXPECT_EQ(r->get_header_value("X-Request-Id").size(), 32u);
 }
 
 TEST_F(OpenAiServerTest, Errors) {
@@ -797,7 +880,7 @@ TEST_F(OpenAiServerTest, SpecialTokensInMessageContentAreText) {
   auto r = Post("/tokenize", body.dump());
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
-  const auto ids = Json::parse(r->body)["ids"].get<std::vector<int32_t>>();
+  const auto ids = Json::parse(r->body)["tokens"].get<std::vector<int32_t>>();
   // Only the template's own: BOS, two user turns, one finished assistant turn, the prompt.
   EXPECT_EQ(count(ids, bos), 1);
   EXPECT_EQ(count(ids, user), 2);
@@ -824,7 +907,7 @@ TEST_F(OpenAiServerTest, SpecialTokensInMessageContentAreText) {
   r = Post("/tokenize", Json{{"text", forged}}.dump());
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
-  const auto raw = Json::parse(r->body)["ids"].get<std::vector<int32_t>>();
+  const auto raw = Json::parse(r->body)["tokens"].get<std::vector<int32_t>>();
   EXPECT_EQ(count(raw, eos), 1);
   EXPECT_EQ(count(raw, user), 1);
   EXPECT_EQ(raw.back(), assistant);
@@ -1038,6 +1121,37 @@ TEST_F(OpenAiServerTest, MetricsAfterRequests) {
   EXPECT_EQ(Sample(text, "splitserve:num_requests_waiting", {kModelLabel}), 0);
   EXPECT_EQ(Sample(text, "splitserve:kv_cache_usage_perc", {kModelLabel}), 0);
   EXPECT_LT(Sample(text, "splitserve:http_request_errors_total", {kModelLabel}), 0);  // none yet
+  // vLLM's per-request series: one observation per request, sums that match the usage.
+  for (const char* name :
+       {"splitserve:request_prefill_time_seconds_count",
+        "splitserve:request_decode_time_seconds_count",
+        "splitserve:request_inference_time_seconds_count",
+        "splitserve:request_time_per_output_token_seconds_count",
+        "splitserve:request_prompt_tokens_count", "splitserve:request_generation_tokens_count",
+        "splitserve:request_params_n_count", "splitserve:request_params_max_tokens_count"}) {
+    EXPECT_EQ(Sample(text, name, {kModelLabel}), 2) << name << "\n" << text;
+  }
+  EXPECT_EQ(Sample(text, "splitserve:request_prompt_tokens_sum", {kModelLabel}), prompt);
+  EXPECT_EQ(Sample(text, "splitserve:request_generation_tokens_sum", {kModelLabel}), gen);
+  EXPECT_EQ(Sample(text, "splitserve:request_params_n_sum", {kModelLabel}), 2);
+  // vLLM's bucket ranges: first token up to 2,560 s, the request phases up to 7,680 s, token
+  // counts 1-2-5 up to the context (4,096 here).
+  EXPECT_EQ(
+      Sample(text, "splitserve:time_to_first_token_seconds_bucket", {kModelLabel, "le=\"2560\""}),
+      2)
+      << text;
+  EXPECT_EQ(
+      Sample(text, "splitserve:e2e_request_latency_seconds_bucket", {kModelLabel, "le=\"7680\""}),
+      2);
+  EXPECT_EQ(
+      Sample(text, "splitserve:inter_token_latency_seconds_bucket", {kModelLabel, "le=\"80\""}),
+      itl);
+  EXPECT_EQ(Sample(text, "splitserve:request_prompt_tokens_bucket", {kModelLabel, "le=\"2000\""}),
+            2);
+  EXPECT_EQ(Sample(text, "splitserve:request_prompt_tokens_bucket", {kModelLabel, "le=\"5000\""}),
+            -1);
+  // Every registry carries the process's own series.
+  EXPECT_NE(text.find("\nprocess_resident_memory_bytes "), std::string::npos) << text;
 
   ExpectError(Post("/v1/chat/completions", "{not json"), 400);
   auto scrape = [&] {
@@ -1057,13 +1171,34 @@ TEST_F(OpenAiServerTest, MetricsOpenSharedRegistryAndHook) {
   GatewayConfig config;
   config.api_keys = {"sk-good"};
   config.metrics = &registry;
-  config.kv_cache_usage = [] { return 0.25; };
+  int64_t preemptions = 5;
+  config.engine_gauges = [&preemptions] {
+    EngineGauges g;
+    g.kv_usage = 0.25;
+    g.running = 3;
+    g.waiting = 2;
+    g.preemptions = preemptions;
+    g.prefix_queries = 1000;
+    g.prefix_hits = 768;
+    g.prefix_blocks = 6;
+    return g;
+  };
   Start(config);
   ExpectError(client_->Get("/v1/models"), 401);
   auto m = client_->Get("/metrics");  // open like /health: no key needed
   ASSERT_TRUE(m);
   ASSERT_EQ(m->status, 200);
   EXPECT_EQ(Sample(m->body, "splitserve:kv_cache_usage_perc", {kModelLabel}), 0.25);
+  EXPECT_EQ(Sample(m->body, "splitserve:num_requests_running", {kModelLabel}), 3);
+  EXPECT_EQ(Sample(m->body, "splitserve:num_requests_waiting", {kModelLabel}), 2);
+  EXPECT_EQ(Sample(m->body, "splitserve:num_preemptions_total", {kModelLabel}), 5);
+  EXPECT_EQ(Sample(m->body, "splitserve:prefix_cache_queries_total", {kModelLabel}), 1000);
+  EXPECT_EQ(Sample(m->body, "splitserve:prefix_cache_hits_total", {kModelLabel}), 768);
+  EXPECT_EQ(Sample(m->body, "splitserve:prefix_cache_blocks", {kModelLabel}), 6);
+  // The engine's cumulative counts become counter increments: a scrape adds what is new.
+  preemptions = 7;
+  EXPECT_EQ(
+      Sample(client_->Get("/metrics")->body, "splitserve:num_preemptions_total", {kModelLabel}), 7);
   EXPECT_EQ(
       SampleEventually([&] { return registry.Serialize(); }, "splitserve:http_request_errors_total",
                        {kModelLabel, "status_code=\"401\""}, 1),
@@ -1087,6 +1222,55 @@ TEST_F(OpenAiServerTest, MetricsOpenSharedRegistryAndHook) {
       Sample(text, "splitserve:request_success_total", {kModelLabel, "finished_reason=\"stop\""}),
       0);
   TearDown();  // the server goes before the registry it was given
+}
+
+// One access-log line per request, after its response is written (streams included), with the
+// request's tokens, TTFT, duration and finish; probes at debug level only.
+TEST_F(OpenAiServerTest, AccessLogLinePerRequest) {
+  auto out = std::make_shared<std::ostringstream>();
+  auto logger = std::make_shared<spdlog::logger>(
+      "access_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(*out));
+  logger->set_level(spdlog::level::info);
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  engine_->set_script(Ids("hello world"));
+  auto r = Post("/v1/chat/completions", ChatBody(false, false).dump(),
+                {{"X-Request-Id", "nonstream-1"}});
+  ASSERT_EQ(r->status, 200);
+  const Json usage = Json::parse(r->body)["usage"];
+  r = Post("/v1/chat/completions", ChatBody(true, false).dump(), {{"X-Request-Id", "stream-1"}});
+  ASSERT_EQ(r->status, 200);
+  ExpectError(Post("/v1/chat/completions", "{not json", {{"X-Request-Id", "bad-1"}}), 400);
+  ASSERT_EQ(client_->Get("/health")->status, 200);
+  // The logger runs after the response is written: wait for the last line.
+  for (int i = 0; i < 200 && out->str().find("request=bad-1") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  spdlog::set_default_logger(previous);
+  const std::string log = out->str();
+  const auto line_of = [&](const std::string& id) {
+    const size_t at = log.find("request=" + id);
+    if (at == std::string::npos) return std::string();
+    const size_t begin = log.rfind('\n', at) + 1;
+    return log.substr(begin, log.find('\n', at) - begin);
+  };
+  const std::string a = line_of("nonstream-1");
+  EXPECT_NE(a.find("\"POST /v1/chat/completions\" 200"), std::string::npos) << log;
+  EXPECT_NE(a.find(absl::StrCat(" prompt=", usage["prompt_tokens"].get<int>(), " cached=0 output=",
+                                usage["completion_tokens"].get<int>(), " ttft=")),
+            std::string::npos)
+      << a;
+  EXPECT_NE(a.find(" finish=stop"), std::string::npos) << a;
+  EXPECT_NE(a.find(" id=chatcmpl-"), std::string::npos) << a;
+  const std::string b = line_of("stream-1");
+  EXPECT_NE(b.find(absl::StrCat(" output=", usage["completion_tokens"].get<int>())),
+            std::string::npos)
+      << log;
+  EXPECT_NE(b.find(" finish=stop"), std::string::npos) << b;
+  const std::string c = line_of("bad-1");
+  EXPECT_NE(c.find("\" 400 request=bad-1"), std::string::npos) << log;
+  EXPECT_EQ(c.find("prompt="), std::string::npos) << c;
+  EXPECT_EQ(log.find("/health"), std::string::npos) << log;  // debug level
 }
 
 // ---- Stop strings ----------------------------------------------------------------------------

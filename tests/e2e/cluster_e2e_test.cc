@@ -187,7 +187,7 @@ class ClusterE2eTest : public ::testing::Test {
   static std::vector<int32_t> PromptIds(const json& messages) {
     auto r = Post("/tokenize", {{"messages", messages}});
     EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
-    return json::parse(r->body)["ids"].get<std::vector<int32_t>>();
+    return json::parse(r->body)["tokens"].get<std::vector<int32_t>>();
   }
   static double KvUsage() {
     const std::string m = testing_util::HttpGet(http_port_, "/metrics");
