@@ -25,6 +25,7 @@
 #include "common/metrics/metrics.h"
 #include "common/status.h"
 #include "coordinator/access_log.h"
+#include "coordinator/anthropic_api.h"
 #include "coordinator/chat_encoding.h"
 #include "coordinator/completion_parser.h"
 #include "coordinator/connection_pool.h"
@@ -76,6 +77,18 @@ constexpr uint64_t kHeadBytesAllowance = 1u << 20;
 
 using Clock = std::chrono::steady_clock;
 
+// Routes answered in Anthropic's shapes (errors included).
+bool IsAnthropic(const httplib::Request& req) { return req.path == "/v1/messages"; }
+
+// An error response of an Anthropic route in Anthropic's shape (the handlers write OpenAI's).
+void AnthropicError(httplib::Response& res) {
+  if (res.status < 400 || res.body.empty()) return;
+  const Json body = Json::parse(res.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_object() && body.contains("error") && !body.contains("type")) {
+    res.set_content(Dump(anthropic::ToErrorBody(res.status, body)), "application/json");
+  }
+}
+
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
@@ -100,7 +113,8 @@ bool HasBody(const httplib::Request& req) {
 void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_header("Connection", "close");
-  auto body = std::make_shared<std::string>(Dump(ErrorBody(e)));
+  auto body = std::make_shared<std::string>(
+      Dump(IsAnthropic(req) ? anthropic::ToErrorBody(e.status, ErrorBody(e)) : ErrorBody(e)));
   res.set_chunked_content_provider(
       "application/json",
       [body, ep = Endpoints(req), linger = HasBody(req)](size_t, httplib::DataSink& sink) {
@@ -189,7 +203,8 @@ struct OpenAiServer::Impl {
     bool parallel_tool_calls = true;                  // false: only the first tool call is returned
     std::optional<openai::RequestedGrammar> grammar;  // structured output (structured_output.h)
     std::shared_ptr<TokenConstraint> constraint;      // its constraint, made by Constrain
-    std::string echo;  // completions' echo: the prompt's text, returned first
+    std::string echo;        // completions' echo: the prompt's text, returned first
+    bool anthropic = false;  // /v1/messages: rendered as Anthropic's message or events
     std::vector<int32_t> prompt;
     GenerationParams params;
     std::string id;
@@ -348,8 +363,7 @@ struct OpenAiServer::Impl {
   // Logs the request's ignored fields (IgnoredFields) once and names them in X-Ignored-Fields:
   // at most 16, each cut to 64 bytes of [A-Za-z0-9_.-] (anything else becomes '?'), so a key can
   // never inject a header.
-  static void ReportIgnoredFields(const Json& body, bool chat, httplib::Response& res) {
-    const std::vector<std::string> ignored = openai::IgnoredFields(body, chat);
+  static void ReportIgnoredFields(const std::vector<std::string>& ignored, httplib::Response& res) {
     if (ignored.empty()) return;
     std::string list;
     for (size_t i = 0; i < ignored.size() && i < 16; ++i) {
@@ -387,17 +401,36 @@ struct OpenAiServer::Impl {
   absl::Status HandleChat(const httplib::Request& req, httplib::Response& res) {
     ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
     RETURN_IF_ERROR(CheckModel(body));
-    ReportIgnoredFields(body, /*chat=*/true, res);
+    ReportIgnoredFields(openai::IgnoredFields(body, /*chat=*/true), res);
     Job job;
     job.arrival = Clock::now();
+    job.id = absl::StrCat("chatcmpl-", NewRequestId());
+    RETURN_IF_ERROR(PrepareChat(body, job));
+    return Run(std::move(job), req, res);
+  }
+
+  // POST /v1/messages (anthropic_api.h): the request as a chat request, answered in Anthropic's
+  // shapes.
+  absl::Status HandleMessages(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
+    RETURN_IF_ERROR(CheckModel(body));
+    ASSIGN_OR_RETURN(anthropic::ChatRequest chat, anthropic::ToChatRequest(body));
+    ReportIgnoredFields(chat.ignored, res);
+    Job job;
+    job.arrival = Clock::now();
+    job.id = absl::StrCat("msg_", NewRequestId());
+    job.anthropic = true;
+    RETURN_IF_ERROR(PrepareChat(chat.body, job));
+    return Run(std::move(job), req, res);
+  }
+
+  absl::Status PrepareChat(Json& body, Job& job) {
     job.kind = Kind::kChat;
     ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/true));
     RETURN_IF_ERROR(CheckLogitBias(job.params));
     ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job));
     RETURN_IF_ERROR(Constrain(job));
-    job.id = absl::StrCat("chatcmpl-", NewRequestId());
-    RETURN_IF_ERROR(FitContext(job, "messages"));
-    return Run(std::move(job), req, res);
+    return FitContext(job, "messages");
   }
 
   absl::Status HandleCompletion(const httplib::Request& req, httplib::Response& res) {
@@ -406,7 +439,7 @@ struct OpenAiServer::Impl {
     Job job;
     job.arrival = Clock::now();
     job.kind = Kind::kCompletion;
-    ReportIgnoredFields(body, /*chat=*/false, res);
+    ReportIgnoredFields(openai::IgnoredFields(body, /*chat=*/false), res);
     ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/false));
     RETURN_IF_ERROR(CheckLogitBias(job.params));
     const Json* prompt = Field(body, "prompt");
@@ -645,6 +678,7 @@ struct OpenAiServer::Impl {
           logprobs ? CompletionLogprobs(*tokenizer, c.all.logprobs) : Json(nullptr);
     }
     choice["finish_reason"] = reason;
+    choice["stop_reason"] = c.output->stopped() ? Json(c.output->stop_string()) : Json(nullptr);
     return choice;
   }
 
@@ -700,7 +734,7 @@ struct OpenAiServer::Impl {
     resp["choices"] = Json::array();
     for (const Choice& c : choices) resp["choices"].push_back(ChoiceJson(job, c));
     resp["usage"] = UsageJson(job.prompt.size(), GeneratedTokens(choices), CachedTokens(choices));
-    SendJson(res, resp);
+    SendJson(res, job.anthropic ? anthropic::ToMessage(resp, job.id) : resp);
     RecordAccess(res, job, *timer);
     return absl::OkStatus();
   }
@@ -719,6 +753,7 @@ struct OpenAiServer::Impl {
     bool logged = false;                  // its access record was made
     const void* response = nullptr;       // the access log's key
     int64_t created = 0;
+    std::unique_ptr<anthropic::MessageStream> anthropic;  // /v1/messages: Anthropic's events
   };
 
   Json ChunkBase(const StreamState& st) const {
@@ -728,6 +763,18 @@ struct OpenAiServer::Impl {
     c["created"] = st.created;
     c["model"] = config.model_name;
     return c;
+  }
+
+  // One chunk to the client: an OpenAI `data:` event, or Anthropic's events for it.
+  static bool Write(StreamState& st, httplib::DataSink& sink, const Json& chunk) {
+    if (!st.anthropic) return WriteEvent(sink, Dump(chunk));
+    const std::string text = st.anthropic->Chunk(chunk);
+    return text.empty() || sink.write(text.data(), text.size());
+  }
+  static bool WriteDone(StreamState& st, httplib::DataSink& sink) {
+    if (!st.anthropic) return WriteEvent(sink, "[DONE]");
+    const std::string text = st.anthropic->Done();
+    return text.empty() || sink.write(text.data(), text.size());
   }
 
   static bool WriteEvent(httplib::DataSink& sink, const std::string& data) {
@@ -767,9 +814,12 @@ struct OpenAiServer::Impl {
       choice["logprobs"] = with_logprobs ? CompletionLogprobs(*tokenizer, logprobs) : Json(nullptr);
     }
     choice["finish_reason"] = finish ? Json(finish) : Json(nullptr);
+    if (finish) {
+      choice["stop_reason"] = ch.output->stopped() ? Json(ch.output->stop_string()) : Json(nullptr);
+    }
     c["choices"] = Json::array({std::move(choice)});
     ch.started = true;
-    return WriteEvent(sink, Dump(c));
+    return Write(st, sink, c);
   }
 
   // Released text and logprobs -> one delta chunk (nothing written when it carries nothing).
@@ -833,10 +883,10 @@ struct OpenAiServer::Impl {
       c["choices"] = Json::array();
       c["usage"] =
           UsageJson(st.job.prompt.size(), GeneratedTokens(st.choices), CachedTokens(st.choices));
-      if (!WriteEvent(sink, Dump(c))) return false;
+      if (!Write(st, sink, c)) return false;
     }
     st.finished = true;
-    if (!WriteEvent(sink, "[DONE]")) return false;
+    if (!WriteDone(st, sink)) return false;
     sink.done();
     return true;
   }
@@ -850,8 +900,13 @@ struct OpenAiServer::Impl {
                   ch.error.empty() ? "cancelled" : ch.error);
     const ApiError e = ToApiError(absl::InternalError(
         absl::StrCat("generation failed; see the server log for request ", st.request_id)));
-    if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
-    if (!WriteEvent(sink, "[DONE]")) return false;
+    if (st.anthropic) {
+      const std::string text = st.anthropic->Error(e.message);
+      if (!sink.write(text.data(), text.size())) return false;
+    } else {
+      if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
+      if (!WriteEvent(sink, "[DONE]")) return false;
+    }
     sink.done();
     return true;
   }
@@ -865,6 +920,10 @@ struct OpenAiServer::Impl {
     st->created = NowSeconds();
     st->request_id = res.get_header_value(kRequestIdHeader);
     st->response = &res;
+    if (st->job.anthropic) {
+      st->anthropic = std::make_unique<anthropic::MessageStream>(st->job.id, config.model_name,
+                                                                 st->job.prompt.size());
+    }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -995,6 +1054,12 @@ struct OpenAiServer::Impl {
 
   bool Authorized(const httplib::Request& req) const {
     if (config.api_keys.empty()) return true;
+    // Anthropic's clients send the key as x-api-key.
+    if (const std::string key = req.get_header_value("x-api-key"); !key.empty()) {
+      for (const auto& k : config.api_keys) {
+        if (k == key) return true;
+      }
+    }
     const std::string auth = req.get_header_value("Authorization");
     constexpr std::string_view kBearer = "Bearer ";
     if (auth.size() <= kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) {
@@ -1151,10 +1216,12 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
       impl->Guard(with_body, res, [&](const httplib::Request& q, httplib::Response& r) {
         return (impl->*fn)(q, r);
       });
+      if (IsAnthropic(req)) AnthropicError(res);
     };
   };
   s.Post("/v1/chat/completions", post(&Impl::HandleChat));
   s.Post("/v1/completions", post(&Impl::HandleCompletion));
+  s.Post("/v1/messages", post(&Impl::HandleMessages));
   s.Post("/tokenize", post(&Impl::HandleTokenize));
   s.Post("/detokenize", post(&Impl::HandleDetokenize));
   s.Post("/ping", post(&Impl::HandlePing));

@@ -29,6 +29,7 @@ std::string StopStringMatcher::Feed(std::string_view text) {
   }
   if (best_end != std::string::npos) {
     stopped_ = true;
+    matched_ = buffer_.substr(best_start, best_end - best_start);
     std::string out = buffer_.substr(0, include_stop_ ? best_end : best_start);
     buffer_.clear();
     return out;

@@ -42,12 +42,15 @@ class StopStringMatcher {
   std::string Finish();
 
   bool stopped() const { return stopped_; }
+  // The stop string that matched, once stopped().
+  const std::string& matched() const { return matched_; }
   size_t held_bytes() const { return buffer_.size(); }
 
  private:
   std::vector<std::string> stops_;  // non-empty
   bool include_stop_ = false;
   std::string buffer_;  // held back: a prefix of some stop string
+  std::string matched_;
   bool stopped_ = false;
 };
 
@@ -84,6 +87,8 @@ class OutputText {
   Piece Finish();
 
   bool stopped() const { return matcher_.stopped(); }
+  // The stop string that ended the text, once stopped().
+  const std::string& stop_string() const { return matcher_.matched(); }
   // Ids taken: all of them, or up to and including the one that completed a stop string.
   size_t tokens() const { return tokens_; }
 
