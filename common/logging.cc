@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
