@@ -32,6 +32,7 @@
 #include "common/cluster_defaults.h"
 #include "common/file_write.h"
 #include "common/layer_list.h"
+#include "common/main_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
 #include "common/stop_signals.h"
@@ -131,8 +132,10 @@ int Run(int argc, char** argv) {
                                 kApiKeysEnv, " environment variable"));
   }
   absl::SetProgramUsageMessage("the splitserve coordinator: OpenAI API + cluster control plane");
+  InitFlagsUsage(kName);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) return Fail(2, absl::StrCat("unexpected argument '", rest[1], "'"));
+  if (absl::Status s = ApplyLogFlags(kName); !s.ok()) return Fail(2, std::string(s.message()));
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string cluster_path = absl::GetFlag(FLAGS_cluster);
   if (model_dir.empty()) return Fail(2, "--model DIR is required");

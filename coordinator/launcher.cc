@@ -28,11 +28,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/build_info.h"
 #include "common/cluster_defaults.h"
 #include "common/expert_store_format.h"
 #include "common/fp64_sums.h"
 #include "common/gpu_prefill_flags.h"
 #include "common/layer_list.h"
+#include "common/logging.h"
 #include "common/model_config.h"
 #include "common/numa_topology.h"
 #include "common/safetensors.h"
@@ -68,6 +70,7 @@ constexpr char kUsage[] =
     "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
     "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
+    "                     [--log-level LEVEL] [--log-format text|json] [--version]\n"
     "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
     "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
     "  Without --model: the bundled tiny model (random weights: its text is noise).\n"
@@ -102,7 +105,36 @@ constexpr char kUsage[] =
     "  prefixes (whole blocks) that earlier requests computed; usage.prompt_tokens_details.\n"
     "  cached_tokens reports the tokens a request took from the cache.\n"
     "  --api-keys-file FILE: API keys clients must send (one a line or comma-separated); or\n"
-    "  the SPLITSERVE_API_KEYS environment variable. Keys on the command line are refused.\n";
+    "  the SPLITSERVE_API_KEYS environment variable. Keys on the command line are refused.\n"
+    "  --log-level trace|debug|info|warning|error|critical|off, --log-format text|json: the\n"
+    "  started processes' logs (json: one object a line); default info, text.\n";
+
+// The options of `up` that take a value, each handled by ParseArgs's chain: any other name is an
+// unknown option, whether or not a value follows it.
+constexpr absl::string_view kValueOptions[] = {"--model",
+                                               "--tokenizer",
+                                               "--load-format",
+                                               "--hf-overrides",
+                                               "--host",
+                                               "--port",
+                                               "--backend",
+                                               "--stages",
+                                               "--tp",
+                                               "--stage-transport",
+                                               "--fp64-sums",
+                                               "--expert-workers",
+                                               "--isa",
+                                               "--kv-tokens",
+                                               "--max-model-len",
+                                               "--max-num-batched-tokens",
+                                               "--gpu-prefill-threshold",
+                                               "--gpu-prefill-ring-mib",
+                                               "--api-keys",
+                                               "--api-keys-file",
+                                               "--ready-timeout-s",
+                                               "--log-dir",
+                                               "--log-level",
+                                               "--log-format"};
 
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
@@ -112,9 +144,11 @@ struct Options {
   int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   bool prefix_caching = true;
-  bool help = false;          // --help / -h: nothing after it was parsed
-  int64_t kv_tokens = 0;      // 0: auto (coord::LaunchKvTokens)
-  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  bool help = false;                  // --help / -h: nothing after it was parsed
+  bool version = false;               // --version: nothing after it was parsed
+  std::string log_level, log_format;  // validated; "": not given (the children's defaults)
+  int64_t kv_tokens = 0;              // 0: auto (coord::LaunchKvTokens)
+  int64_t max_model_len = 0;          // 0: the model's max_position_embeddings
   // The streamed path of the routed experts (cuda backend; gpu_worker/streamed_prefill.h).
   std::string gpu_prefill_threshold = "auto";
   int64_t gpu_prefill_ring_mib = ss::gpu::kDefaultGpuPrefillRingMiB;
@@ -155,6 +189,10 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
       o.help = true;
       return o;
     }
+    if (name == "--version") {
+      o.version = true;
+      return o;
+    }
     for (char& c : name) c = c == '_' ? '-' : c;
     if (name == "--enable-prefix-caching" || name == "--no-enable-prefix-caching") {
       o.prefix_caching = name == "--enable-prefix-caching";  // vLLM's flags, without a value
@@ -164,7 +202,12 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
-    } else {
+    }
+    if (std::find(std::begin(kValueOptions), std::end(kValueOptions), name) ==
+        std::end(kValueOptions)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown option '", name, "'"));
+    }
+    if (eq == std::string::npos) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
       value = argv[++i];
     }
@@ -268,8 +311,18 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
       o.ready_timeout_s = static_cast<int>(v);
     } else if (name == "--log-dir") {
       o.log_dir = value;
+    } else if (name == "--log-level") {
+      if (absl::Status s = ParseLogLevel(value).status(); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--log-level ", s.message()));
+      }
+      o.log_level = value;
+    } else if (name == "--log-format") {
+      if (absl::Status s = ParseLogFormat(value).status(); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--log-format ", s.message()));
+      }
+      o.log_format = value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown option ", name));
+      return absl::InvalidArgumentError(absl::StrCat("unknown option '", name, "'"));
     }
   }
   return o;
@@ -344,6 +397,12 @@ void AddWeightSourceArgs(const Options& o, bool load_format, std::vector<std::st
   }
 }
 
+// --log-level / --log-format as given to `up`, for every child.
+void AddLogArgs(const Options& o, std::vector<std::string>* args) {
+  if (!o.log_level.empty()) args->insert(args->end(), {"--log-level", o.log_level});
+  if (!o.log_format.empty()) args->insert(args->end(), {"--log-format", o.log_format});
+}
+
 // Tokens of one expert-worker call (--max-tokens): the CPU path's step size, so that at the
 // default 2048-token steps a prefill chunk's layer is one call (every expert's weights read once
 // for all the chunk's tokens routed to it). With larger steps (coord::LaunchMaxBatchTokens) the
@@ -368,6 +427,7 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
                                    "--max-tokens",
                                    absl::StrCat(kExpertCallTokens)};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
+  AddLogArgs(p.o, &args);
   if (const int node = coord::LaunchExpertNode(e, p.experts, p.node_ids); node >= 0) {
     args.push_back("--numa-node");
     args.push_back(absl::StrCat(node));
@@ -401,6 +461,7 @@ std::vector<std::string> CoordinatorArgs(const LaunchPlan& p, int http_port) {
                                     "--ports-file",
                                     p.ports_file};
   AddWeightSourceArgs(o, /*load_format=*/false, &cargs);
+  AddLogArgs(o, &cargs);
   if (!o.api_keys_file.empty()) {  // the path, never the keys (argv is public); or the env
     cargs.push_back("--api-keys-file");
     cargs.push_back(o.api_keys_file);
@@ -425,6 +486,7 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
                                    "--metrics-listen",
                                    MetricsAddr(p, static_cast<int>(i))};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
+  AddLogArgs(p.o, &args);
   if (p.backend == "cuda") {
     args.push_back("--cuda-device");
     args.push_back(absl::StrCat(p.devices[i]));
@@ -468,8 +530,8 @@ void PrintBanner(const LaunchPlan& p, const std::string& model_name, int http_po
 int RunUpCommand(int argc, char** argv) {
   absl::StatusOr<Options> parsed = ParseArgs(argc, argv);
   if (!parsed.ok()) {
-    std::fprintf(stderr, "splitserve up: %s\n", std::string(parsed.status().message()).c_str());
-    std::fprintf(stderr, kUsage, static_cast<long long>(ss::gpu::kDefaultGpuPrefillRingMiB));
+    std::fprintf(stderr, "splitserve up: %s (see --help)\n",
+                 std::string(parsed.status().message()).c_str());
     return 2;
   }
   Options& o = *parsed;
@@ -477,6 +539,13 @@ int RunUpCommand(int argc, char** argv) {
     std::printf(kUsage, static_cast<long long>(ss::gpu::kDefaultGpuPrefillRingMiB));
     return 0;
   }
+  if (o.version) {
+    std::printf("%s\n", VersionLine("splitserve").c_str());
+    return 0;
+  }
+  ConfigureLogging("splitserve", o.log_level.empty() ? "info" : o.log_level,
+                   o.log_format.empty() ? "text" : o.log_format)
+      .IgnoreError();  // validated by ParseArgs
   const fs::path bin = SelfDir();
   if (o.model.empty()) {
     o.model = (bin.parent_path() / "share/splitserve/tiny").string();
@@ -872,6 +941,11 @@ int RunCpusCommand(int argc, char** argv) {
       std::fputs(kCpusUsage, stdout);
       return 0;
     }
+    if (name != "--gpu-workers" && name != "--expert-workers" && name != "--coordinator" &&
+        name != "--write-dropins") {
+      std::fprintf(stderr, "splitserve cpus: unknown option '%s' (see --help)\n", name.c_str());
+      return 2;
+    }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "splitserve cpus: %s needs a value\n%s", name.c_str(), kCpusUsage);
       return 2;
@@ -889,7 +963,7 @@ int RunCpusCommand(int argc, char** argv) {
       ok = !value.empty();
       dropins = value;
     } else {
-      std::fprintf(stderr, "splitserve cpus: unknown flag %s\n%s", name.c_str(), kCpusUsage);
+      std::fprintf(stderr, "splitserve cpus: unknown option '%s' (see --help)\n", name.c_str());
       return 2;
     }
     if (!ok) {

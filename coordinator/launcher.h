@@ -62,6 +62,10 @@
 //
 // Without --model it serves the bundled tiny model (tiny-a's random weights with the project's
 // generated tokenizer: its text is noise) found in <binary dir>/../share/splitserve/tiny.
+//
+// Flags: an unknown option is a usage error naming it (exit 2), whether or not a value follows;
+// --log-level / --log-format (common/logging.h) are validated here and passed on to every child;
+// --version prints the version line (common/build_info.h).
 #pragma once
 
 namespace ss {

@@ -7,11 +7,13 @@
 //                             (coordinator/bench/bench_command.h)
 //
 // Each subcommand parses its own arguments (argv from the subcommand word on), so their flags
-// stay separate.
+// stay separate. `splitserve --version` (and `splitserve up --version`) prints the version line
+// (common/build_info.h).
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 
+#include "common/build_info.h"
 #include "coordinator/bench/bench_command.h"
 #include "coordinator/launcher.h"
 #include "coordinator/tokenize_command.h"
@@ -43,7 +45,7 @@ constexpr Subcommand kSubcommands[] = {
 };
 
 void Usage(FILE* f) {
-  std::fprintf(f, "usage: splitserve <command> [args]\ncommands:\n");
+  std::fprintf(f, "usage: splitserve <command> [args] | --version\ncommands:\n");
   for (const Subcommand& c : kSubcommands) std::fprintf(f, "  %-10s %s\n", c.name, c.help);
 }
 
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     Usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::printf("%s\n", ss::VersionLine("splitserve").c_str());
+    return 0;
   }
   for (const Subcommand& c : kSubcommands) {
     if (!std::strcmp(argv[1], c.name)) return c.run(argc - 1, argv + 1);

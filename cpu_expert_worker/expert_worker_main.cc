@@ -35,12 +35,11 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bf16.h"
+#include "common/main_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
 #include "common/shm_segment.h"
@@ -419,12 +418,7 @@ int Main(int argc, char** argv) {
       "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N] "
       "[--shm-name NAME] [--store-memory auto|anonymous|shared] [--grpc-listen HOST:PORT] "
       "[--metrics-listen HOST:PORT]");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "cpu_expert_worker/worker_flags");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
+  InitFlagsUsage(kName);
   // Stop signals are taken by one thread (OnStopSignal); every other thread, the pool's and
   // gRPC's included, is started after this mask and inherits it.
   BlockStopSignals(Sigpipe::kDefault);
@@ -432,6 +426,7 @@ int Main(int argc, char** argv) {
   NormalizeFlagDashes(argc, argv);
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) return Usage(absl::StrCat("unexpected argument '", rest[1], "'"));
+  if (absl::Status s = ApplyLogFlags(kName); !s.ok()) return Usage(std::string(s.message()));
   const WorkerFlags f = ReadWorkerFlags();
   auto parsed = ParseWorkerConfig(f);
   if (!parsed.ok()) return Usage(std::string(parsed.status().message()));

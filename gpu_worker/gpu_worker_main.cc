@@ -36,8 +36,6 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -45,6 +43,7 @@
 #include "absl/time/time.h"
 #include "common/cluster_protocol.h"
 #include "common/file_write.h"
+#include "common/main_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
 #include "common/stop_signals.h"
@@ -129,16 +128,15 @@ int Main(int argc, char** argv) {
       "[--listen HOST:PORT] [--backend cpu|cuda] [--kv-tokens N] [--metrics-listen HOST:PORT] | "
       "standalone: [--stage S --num-stages N --layers a-b --next-stage HOST:PORT] "
       "[--experts a-b=shm:NAME|grpc:HOST:PORT,...]");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "gpu_worker/worker_flags");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
+  InitFlagsUsage(kName);
   NormalizeFlagDashes(argc, argv);
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::fprintf(stderr, "%s: unexpected argument '%s'\n", kName, rest[1]);
+    return 2;
+  }
+  if (absl::Status s = ApplyLogFlags(kName); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kName, std::string(s.message()).c_str());
     return 2;
   }
   if (PlanRequested()) return PrintPlan(ReadPlanFlags());

@@ -11,6 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/layer_list.h"
+#include "common/main_flags.h"
 #include "common/model/model.h"
 
 ABSL_FLAG(std::string, model, "tests/data/tiny-a", "checkpoint directory");
@@ -22,7 +24,13 @@ ABSL_FLAG(bool, stop_at_eos, true, "stop when the model's eos token is generated
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-generate [--model DIR] [--prompt_ids 1,2,3] [--max_new_tokens N]");
+  ss::InitFlagsUsage("splitserve-generate");
+  ss::NormalizeFlagDashes(argc, argv);
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = ss::ApplyLogFlags("splitserve-generate"); !s.ok()) {
+    std::fprintf(stderr, "splitserve-generate: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   std::vector<int64_t> prompt;
   for (absl::string_view s :
        absl::StrSplit(absl::GetFlag(FLAGS_prompt_ids), ',', absl::SkipWhitespace())) {

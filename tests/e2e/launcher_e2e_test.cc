@@ -152,6 +152,47 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
   }
 }
 
+// `up --log-level / --log-format` reach every child (issue 29): each is started with them, and
+// with json every line of every child's log (--log-dir) is one JSON object naming that child.
+TEST(LauncherE2eTest, LogFlagsReachEveryChild) {
+  testing_util::TempDir dir("launcher_logs");
+  const int port = testing_util::FreeLoopbackPortBlock();
+  const std::string log = dir / "up.log";
+  ChildProcess up(
+      {std::string(SS_BIN_DIR) + "/splitserve", "up", "--port", std::to_string(port), "--log-dir",
+       dir / "logs", "--max-model-len", "512", "--log-level", "info", "--log-format", "json"},
+      log);
+  ASSERT_TRUE(WaitReady(port, up)) << ReadLog(log);
+  int children = 0;
+  for (int child : ChildrenOf(up.pid())) {
+    const std::vector<std::string> args = Cmdline(child);
+    if (args.empty()) continue;
+    ++children;
+    // The children rewrite "--log-level" to "--log_level" in place (NormalizeFlagDashes).
+    EXPECT_EQ(FlagValue(args, "--log_level"), "info") << args[0];
+    EXPECT_EQ(FlagValue(args, "--log_format"), "json") << args[0];
+  }
+  EXPECT_GE(children, 3);
+  EXPECT_EQ(up.Stop(), 0) << ReadLog(log);
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "logs")) {
+    ++files;
+    std::ifstream in(e.path());
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++lines;
+      const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(j.is_object()) << e.path() << ": " << line;
+      EXPECT_TRUE(j["logger"].get<std::string>().starts_with("splitserve-")) << line;
+      EXPECT_TRUE(j.contains("time") && j.contains("level") && j.contains("pid") &&
+                  j.contains("message"))
+          << line;
+    }
+    EXPECT_GT(lines, 0) << e.path();
+  }
+  EXPECT_GE(files, 3);
+}
+
 // `up --help` lists the streamed-prefill and step-size flags with their defaults.
 TEST(LauncherE2eTest, HelpListsTheStepAndStreamedPrefillFlags) {
   testing_util::TempDir dir("launcher_help");

@@ -11,6 +11,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "common/golden/golden.h"
+#include "common/layer_list.h"
+#include "common/main_flags.h"
 #include "gpu_worker/golden_backend.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json + model*.safetensors)");
@@ -42,7 +44,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-golden --model DIR --golden DIR [--filter a,b] [--backend reference|cpu|cuda] "
       "[--tp N] [--stages N]");
+  ss::InitFlagsUsage("splitserve-golden");
+  ss::NormalizeFlagDashes(argc, argv);
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = ss::ApplyLogFlags("splitserve-golden"); !s.ok()) {
+    std::fprintf(stderr, "splitserve-golden: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   ss::golden::GoldenOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
   o.golden_dir = absl::GetFlag(FLAGS_golden);
