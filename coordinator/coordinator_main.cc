@@ -29,6 +29,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "common/cluster_defaults.h"
 #include "common/file_write.h"
 #include "common/layer_list.h"
@@ -223,6 +224,7 @@ int Run(int argc, char** argv) {
   gc.model_vocab_size = static_cast<int32_t>(model->vocab_size);
   gc.metrics = &registry;
   gc.share_prompt_prefill = cluster->enable_prefix_caching;
+  gc.version = absl::StrCat(GetBuildInfo().version, " (commit ", GetBuildInfo().commit, ")");
   gc.allowed_origins = absl::GetFlag(FLAGS_allowed_origins);
   gc.allow_credentials = absl::GetFlag(FLAGS_allow_credentials);
   gc.allowed_methods = absl::GetFlag(FLAGS_allowed_methods);

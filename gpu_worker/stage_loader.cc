@@ -24,6 +24,10 @@
 #include "gpu_worker/cuda/cuda_backend.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/nccl_stage_link.h"
+#else
+namespace ss::gpu {
+class NcclComm;  // only a pointer without CUDA: never set
+}  // namespace ss::gpu
 #endif
 #include "spdlog/spdlog.h"
 
