@@ -35,6 +35,7 @@
 #include "coordinator/openai_request.h"
 #include "coordinator/output_text.h"
 #include "coordinator/receive_deadline.h"
+#include "coordinator/responses_api.h"
 #include "coordinator/stats_log.h"
 #include "coordinator/structured_output.h"
 #include "coordinator/utf8.h"
@@ -176,6 +177,8 @@ struct OpenAiServer::Impl {
   AccessLog access;
   CorsPolicy cors;
   std::unique_ptr<StatsLogger> stats_log;
+  static constexpr size_t kStoredResponses = 1024;
+  responses::ResponseStore response_store{kStoredResponses, size_t{256} << 20};
 
   StatsSample Stats() const {
     StatsSample s;
@@ -205,6 +208,11 @@ struct OpenAiServer::Impl {
     std::shared_ptr<TokenConstraint> constraint;      // its constraint, made by Constrain
     std::string echo;        // completions' echo: the prompt's text, returned first
     bool anthropic = false;  // /v1/messages: rendered as Anthropic's message or events
+    // /v1/responses: rendered as a response object or its events; its conversation (messages,
+    // then the reply) is stored under its id unless `store` is false.
+    std::optional<responses::ResponseMeta> response;
+    Json conversation;
+    bool store = true;
     std::vector<int32_t> prompt;
     GenerationParams params;
     std::string id;
@@ -422,6 +430,52 @@ struct OpenAiServer::Impl {
     job.anthropic = true;
     RETURN_IF_ERROR(PrepareChat(chat.body, job));
     return Run(std::move(job), req, res);
+  }
+
+  // POST /v1/responses (responses_api.h).
+  absl::Status HandleResponses(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(Json body, ParseBody(req.body));
+    RETURN_IF_ERROR(CheckModel(body));
+    Json previous;
+    if (const Json* prev = Field(body, "previous_response_id"); prev && !prev->is_null()) {
+      if (!prev->is_string()) {
+        return Invalid("previous_response_id", "previous_response_id: expected a string");
+      }
+      previous = response_store.Get(prev->get<std::string>());
+      if (previous.is_null()) {
+        return ApiStatus(absl::StatusCode::kNotFound,
+                         absl::StrCat("Previous response with id '", prev->get<std::string>(),
+                                      "' not found (responses are kept in memory, ",
+                                      kStoredResponses, " at most, and not across restarts)"),
+                         "previous_response_id", "previous_response_not_found");
+      }
+    }
+    ASSIGN_OR_RETURN(responses::ChatRequest chat,
+                     responses::ToChatRequest(body, previous.is_null() ? nullptr : &previous));
+    ReportIgnoredFields(chat.ignored, res);
+    Job job;
+    job.arrival = Clock::now();
+    job.id = absl::StrCat("resp_", NewRequestId());
+    ASSIGN_OR_RETURN(std::optional<bool> store, GetBool(body, "store"));
+    job.store = store.value_or(true);
+    if (job.store) job.conversation = chat.body["messages"];
+    Json echo = Json::object();
+    for (const char* k : {"instructions", "max_output_tokens", "parallel_tool_calls",
+                          "previous_response_id", "reasoning", "store", "temperature", "text",
+                          "tool_choice", "tools", "top_p", "user", "metadata"}) {
+      if (body.contains(k)) echo[k] = std::move(body[k]);
+    }
+    job.response =
+        responses::ResponseMeta{job.id, NowSeconds(), config.model_name, std::move(echo)};
+    RETURN_IF_ERROR(PrepareChat(chat.body, job));
+    return Run(std::move(job), req, res);
+  }
+
+  void StoreResponse(const Job& job, const Json& completion) {
+    if (!job.store) return;
+    Json conversation = job.conversation;
+    conversation.push_back(responses::AssistantMessage(completion));
+    response_store.Put(job.id, std::move(conversation));
   }
 
   absl::Status PrepareChat(Json& body, Job& job) {
@@ -734,7 +788,12 @@ struct OpenAiServer::Impl {
     resp["choices"] = Json::array();
     for (const Choice& c : choices) resp["choices"].push_back(ChoiceJson(job, c));
     resp["usage"] = UsageJson(job.prompt.size(), GeneratedTokens(choices), CachedTokens(choices));
-    SendJson(res, job.anthropic ? anthropic::ToMessage(resp, job.id) : resp);
+    if (job.response) {
+      StoreResponse(job, resp);
+      SendJson(res, responses::ToResponse(resp, *job.response));
+    } else {
+      SendJson(res, job.anthropic ? anthropic::ToMessage(resp, job.id) : resp);
+    }
     RecordAccess(res, job, *timer);
     return absl::OkStatus();
   }
@@ -753,7 +812,8 @@ struct OpenAiServer::Impl {
     bool logged = false;                  // its access record was made
     const void* response = nullptr;       // the access log's key
     int64_t created = 0;
-    std::unique_ptr<anthropic::MessageStream> anthropic;  // /v1/messages: Anthropic's events
+    std::unique_ptr<anthropic::MessageStream> anthropic;   // /v1/messages: Anthropic's events
+    std::unique_ptr<responses::ResponseStream> responses;  // /v1/responses: its events
   };
 
   Json ChunkBase(const StreamState& st) const {
@@ -767,13 +827,19 @@ struct OpenAiServer::Impl {
 
   // One chunk to the client: an OpenAI `data:` event, or Anthropic's events for it.
   static bool Write(StreamState& st, httplib::DataSink& sink, const Json& chunk) {
-    if (!st.anthropic) return WriteEvent(sink, Dump(chunk));
-    const std::string text = st.anthropic->Chunk(chunk);
+    if (!st.anthropic && !st.responses) return WriteEvent(sink, Dump(chunk));
+    const std::string text = st.anthropic ? st.anthropic->Chunk(chunk) : st.responses->Chunk(chunk);
     return text.empty() || sink.write(text.data(), text.size());
   }
-  static bool WriteDone(StreamState& st, httplib::DataSink& sink) {
-    if (!st.anthropic) return WriteEvent(sink, "[DONE]");
-    const std::string text = st.anthropic->Done();
+  bool WriteDone(StreamState& st, httplib::DataSink& sink) {
+    if (!st.anthropic && !st.responses) return WriteEvent(sink, "[DONE]");
+    std::string text;
+    if (st.anthropic) {
+      text = st.anthropic->Done();
+    } else {
+      text = st.responses->Done();
+      StoreResponse(st.job, st.responses->completion());
+    }
     return text.empty() || sink.write(text.data(), text.size());
   }
 
@@ -900,8 +966,9 @@ struct OpenAiServer::Impl {
                   ch.error.empty() ? "cancelled" : ch.error);
     const ApiError e = ToApiError(absl::InternalError(
         absl::StrCat("generation failed; see the server log for request ", st.request_id)));
-    if (st.anthropic) {
-      const std::string text = st.anthropic->Error(e.message);
+    if (st.anthropic || st.responses) {
+      const std::string text =
+          st.anthropic ? st.anthropic->Error(e.message) : st.responses->Error(e.message);
       if (!sink.write(text.data(), text.size())) return false;
     } else {
       if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
@@ -920,6 +987,9 @@ struct OpenAiServer::Impl {
     st->created = NowSeconds();
     st->request_id = res.get_header_value(kRequestIdHeader);
     st->response = &res;
+    if (st->job.response) {
+      st->responses = std::make_unique<responses::ResponseStream>(*st->job.response);
+    }
     if (st->job.anthropic) {
       st->anthropic = std::make_unique<anthropic::MessageStream>(st->job.id, config.model_name,
                                                                  st->job.prompt.size());
@@ -1222,6 +1292,7 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
   s.Post("/v1/chat/completions", post(&Impl::HandleChat));
   s.Post("/v1/completions", post(&Impl::HandleCompletion));
   s.Post("/v1/messages", post(&Impl::HandleMessages));
+  s.Post("/v1/responses", post(&Impl::HandleResponses));
   s.Post("/tokenize", post(&Impl::HandleTokenize));
   s.Post("/detokenize", post(&Impl::HandleDetokenize));
   s.Post("/ping", post(&Impl::HandlePing));

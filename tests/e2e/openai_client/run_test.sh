@@ -8,7 +8,8 @@
 # trip's second half runs only if the model happens to call the tool (the fake gateway covers it);
 # structured_test.mjs (constrained decoding, which needs the real engine) runs in this mode only.
 #
-# messages_test.mjs drives /v1/messages with the official @anthropic-ai/sdk in both modes.
+# messages_test.mjs drives /v1/messages with the official @anthropic-ai/sdk, responses_test.mjs
+# /v1/responses with the openai package, in both modes.
 #
 # Installs the pinned `openai` package into WORK_DIR/node_modules (kept between runs; installed
 # again when package-lock.json changes), starts FAKE_GATEWAY_BIN on a free port, runs the client
@@ -38,7 +39,7 @@ major="$(node -p 'process.versions.node.split(".")[0]')"
 
 mkdir -p "$work"
 cp "$here/package.json" "$here/package-lock.json" "$here/client_test.mjs" \
-  "$here/structured_test.mjs" "$here/messages_test.mjs" "$work/"
+  "$here/structured_test.mjs" "$here/messages_test.mjs" "$here/responses_test.mjs" "$work/"
 stamp="$work/node_modules/.splitserve-package-lock.json"
 if ! cmp -s "$here/package-lock.json" "$stamp"; then
   if ! (cd "$work" && npm ci --no-audit --no-fund --loglevel=error); then
@@ -72,7 +73,7 @@ if [ "$mode" = up ]; then
   cd "$work"
   export SPLITSERVE_BASE_URL="http://127.0.0.1:$port/v1" SPLITSERVE_ROOT="http://127.0.0.1:$port" \
     SPLITSERVE_MODEL=tiny
-  node client_test.mjs && node structured_test.mjs && node messages_test.mjs
+  node client_test.mjs && node structured_test.mjs && node messages_test.mjs && node responses_test.mjs
   exit $?
 fi
 
@@ -97,3 +98,5 @@ cd "$work"
 SPLITSERVE_BASE_URL="http://127.0.0.1:$port/v1" SPLITSERVE_FAKE=1 node client_test.mjs
 SPLITSERVE_ROOT="http://127.0.0.1:$port" SPLITSERVE_MODEL=deepseek-v4 SPLITSERVE_FAKE=1 \
   node messages_test.mjs
+SPLITSERVE_BASE_URL="http://127.0.0.1:$port/v1" SPLITSERVE_MODEL=deepseek-v4 SPLITSERVE_FAKE=1 \
+  node responses_test.mjs
