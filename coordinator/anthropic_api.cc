@@ -15,9 +15,10 @@ using openai::TypeName;
 
 // Fields this mapping reads, and labels that change nothing.
 const std::set<std::string>& KnownFields() {
-  static const std::set<std::string> k{
-      "model",  "messages", "system",      "max_tokens", "temperature",    "top_p",   "top_k",
-      "stream", "tools",    "tool_choice", "thinking",   "stop_sequences", "metadata"};
+  static const std::set<std::string> k{"model",       "messages",     "system",   "max_tokens",
+                                       "temperature", "top_p",        "top_k",    "stream",
+                                       "tools",       "tool_choice",  "thinking", "stop_sequences",
+                                       "metadata",    "output_config"};
   return k;
 }
 
@@ -44,8 +45,26 @@ absl::Status AddMessage(const Json& m, size_t i, Json& out) {
   const std::string where = absl::StrCat("messages[", i, "]");
   if (!m.is_object()) return Invalid("messages", absl::StrCat(where, ": expected an object"));
   const Json* role = m.contains("role") ? &m["role"] : nullptr;
-  if (!role || !role->is_string() || (*role != "user" && *role != "assistant")) {
-    return Invalid("messages", absl::StrCat(where, ".role: expected \"user\" or \"assistant\""));
+  if (!role || !role->is_string() ||
+      (*role != "user" && *role != "assistant" && *role != "system")) {
+    return Invalid("messages", absl::StrCat(where, ".role: expected \"user\", \"assistant\" or ",
+                                            "\"system\", got ", role ? Dump(*role) : "nothing"));
+  }
+  if (*role == "system") {
+    // Claude Code sends system messages between the turns. DeepSeek-V4's template has a system
+    // prompt only at the start and answers only after a user turn, so the text joins the user
+    // turn it follows (or starts one), where it stays for every later request: the prefix the
+    // cache holds does not change.
+    if (!m.contains("content"))
+      return Invalid("messages", absl::StrCat(where, ".content: required"));
+    auto text = TextOf(m["content"], absl::StrCat(where, ".content"));
+    if (!text.ok()) return Invalid("messages", text.status().message());
+    if (!out.empty() && out.back()["role"] == "user" && out.back()["content"].is_string()) {
+      out.back()["content"] = absl::StrCat(out.back()["content"].get<std::string>(), "\n\n", *text);
+    } else {
+      out.push_back(Json{{"role", "user"}, {"content", *text}});
+    }
+    return absl::OkStatus();
   }
   const bool user = *role == "user";
   if (!m.contains("content")) return Invalid("messages", absl::StrCat(where, ".content: required"));
@@ -179,11 +198,30 @@ absl::Status MapThinking(const Json& body, ChatRequest& r) {
         return Invalid("thinking", "thinking.budget_tokens: a positive integer is required");
       }
       r.ignored.push_back("thinking.budget_tokens");
+    } else if (t["type"] == "adaptive") {
+      thinking = true;  // the model decides how much to think: DeepSeek-V4's thinking mode
     } else if (t["type"] != "disabled") {
       return Invalid("thinking", absl::StrCat("thinking.type: unknown value ", Dump(t["type"])));
     }
   }
-  r.body["chat_template_kwargs"] = Json{{"thinking", thinking}};
+  Json kwargs{{"thinking", thinking}};
+  // output_config.effort: low | medium | high -> the standard effort, max -> DeepSeek-V4's max.
+  if (body.contains("output_config")) {
+    const Json& oc = body["output_config"];
+    if (!oc.is_object()) return Invalid("output_config", "output_config: expected an object");
+    for (const auto& [key, value] : oc.items()) {
+      if (key != "effort") r.ignored.push_back(absl::StrCat("output_config.", key));
+    }
+    if (oc.contains("effort")) {
+      const Json& e = oc["effort"];
+      if (!e.is_string() || (e != "low" && e != "medium" && e != "high" && e != "max")) {
+        return Invalid("output_config",
+                       "output_config.effort: expected \"low\", \"medium\", \"high\" or \"max\"");
+      }
+      if (thinking && e == "max") kwargs["reasoning_effort"] = "max";
+    }
+  }
+  r.body["chat_template_kwargs"] = std::move(kwargs);
   return absl::OkStatus();
 }
 

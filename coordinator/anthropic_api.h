@@ -5,6 +5,8 @@
 //
 // Request mapping:
 //   system (string or text blocks)     -> a system message
+//   messages[] with role system (Claude Code sends them between turns) -> appended to the user
+//     turn they follow (or a user turn of their own): the template answers only after a user turn
 //   messages[].content string | blocks: text -> content; tool_use (assistant) -> tool_calls
 //     (arguments = the input as JSON); tool_result (user) -> a tool message each, before the
 //     user's text; thinking / redacted_thinking (assistant) -> reasoning_content (dropped from
@@ -13,10 +15,13 @@
 //     than "custom") -> 400
 //   tool_choice {type auto|any|tool|none, name, disable_parallel_tool_use} -> auto | required |
 //     the named function | none, parallel_tool_calls
-//   thinking {type: enabled, budget_tokens} -> thinking mode (DeepSeek-V4 has no token budget:
-//     budget_tokens must be a positive integer and is reported as ignored); disabled or absent
-//     -> chat mode
-//   max_tokens (required), temperature, top_p, top_k, stop_sequences (<= 4), stream -> the same
+//   thinking {type: enabled, budget_tokens} or {type: adaptive} -> thinking mode (DeepSeek-V4 has
+//     no token budget: budget_tokens must be a positive integer and is reported as ignored);
+//     disabled or absent -> chat mode; output_config.effort low | medium | high -> the standard
+//     effort, max -> DeepSeek-V4's max effort
+//   max_tokens (required; lowered to the context the prompt leaves, as Claude Code asks for
+//     32,000 whatever the server's context), temperature, top_p, top_k, stop_sequences (<= 4),
+//     stream -> the same
 //   metadata -> a label; any other field is reported as ignored (X-Ignored-Fields)
 // Response mapping: content blocks thinking (reasoning), text, tool_use (input parsed from the
 // arguments); stop_reason end_turn | max_tokens | stop_sequence (with stop_sequence) | tool_use;

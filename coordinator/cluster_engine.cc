@@ -151,6 +151,25 @@ int64_t ClusterEngine::NumRunning() const {
   return scheduler_ ? scheduler_->num_running() : 0;
 }
 
+int64_t ClusterEngine::MaxSequenceTokens() const {
+  absl::MutexLock lock(&mu_);
+  return scheduler_ ? MaxSequenceTokensLocked() : 0;
+}
+
+int64_t ClusterEngine::MaxSequenceTokensLocked() const {
+  // The largest prompt + max_tokens the scheduler admits into an empty pool (Scheduler::Submit).
+  int64_t lo = 0, hi = scheduler_->config().max_model_len;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (scheduler_->kv().cost().BlocksForTokens(mid - 1) <= scheduler_->kv().total_blocks()) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 int64_t ClusterEngine::NumPreemptions() const {
   absl::MutexLock lock(&mu_);
   return preemptions_;
@@ -220,17 +239,17 @@ SubmitOutcome ClusterEngine::Submit(GenerationRequest request) {
       out.stream = stream;
       return out;
     case sched::SubmitOutcome::kTooLong:
-      stream->Finish(FinishReason::kError,
-                     absl::StrCat("prompt + max_tokens exceeds the model's context of ",
-                                  scheduler_->config().max_model_len, " tokens"));
-      out.stream = stream;
+      out.status = SubmitStatus::kRejected;
+      out.error = absl::StrCat("prompt + max_tokens exceeds the model's context of ",
+                               scheduler_->config().max_model_len, " tokens");
       return out;
     case sched::SubmitOutcome::kExceedsKvCapacity:
-      stream->Finish(FinishReason::kError,
-                     absl::StrCat("prompt + max_tokens needs more KV cache than the cluster has (",
-                                  scheduler_->kv().total_blocks(), " blocks of ",
-                                  scheduler_->kv().cost().block_tokens, " tokens)"));
-      out.stream = stream;
+      out.status = SubmitStatus::kRejected;
+      out.error =
+          absl::StrCat("prompt + max_tokens (", request.prompt.size() + request.sampling.max_tokens,
+                       " tokens) needs more KV cache than the cluster has: at most ",
+                       MaxSequenceTokensLocked(), " tokens fit (", scheduler_->kv().total_blocks(),
+                       " blocks of ", scheduler_->kv().cost().block_tokens, " tokens)");
       return out;
     case sched::SubmitOutcome::kDuplicateId:
       stream->Finish(FinishReason::kError, "internal: duplicate request id");

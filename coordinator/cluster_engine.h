@@ -113,6 +113,9 @@ class ClusterEngine : public GenerationEngine {
   double KvUsage() const;
   int64_t NumWaiting() const;
   int64_t NumRunning() const;
+  // The largest prompt + max_tokens a request may ask for: the model's context, or less where
+  // the KV pool holds less (0 when not serving).
+  int64_t MaxSequenceTokens() const;
   // Sequences preempted (their KV freed, to be recomputed) since start.
   int64_t NumPreemptions() const;
   // Total KV blocks of the current pool (0 when not serving).
@@ -206,6 +209,7 @@ class ClusterEngine : public GenerationEngine {
   std::deque<Result> results_ ABSL_GUARDED_BY(mu_);
   sched::RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by every successful Connect
+  int64_t MaxSequenceTokensLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PrefixCacheCounters past_pools_ ABSL_GUARDED_BY(mu_);
   int64_t preemptions_ ABSL_GUARDED_BY(mu_) = 0;      // counters of replaced schedulers
   std::vector<std::unique_ptr<WorkerConn>> workers_;  // supervisor thread only

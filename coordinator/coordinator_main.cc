@@ -230,6 +230,7 @@ int Run(int argc, char** argv) {
   gc.allowed_methods = absl::GetFlag(FLAGS_allowed_methods);
   gc.allowed_headers = absl::GetFlag(FLAGS_allowed_headers);
   gc.log_stats_interval_s = absl::GetFlag(FLAGS_disable_log_stats) ? 0 : 10;
+  gc.max_sequence_tokens = [&engine] { return engine.MaxSequenceTokens(); };
   gc.engine_gauges = [&engine] {
     const ss::coord::ClusterEngine::PrefixCacheCounters c = engine.PrefixCache();
     EngineGauges g;

@@ -156,12 +156,15 @@ class GenerationStream {
   std::optional<std::chrono::steady_clock::time_point> scheduled_ ABSL_GUARDED_BY(mu_);
 };
 
-enum class SubmitStatus { kAccepted, kOverloaded, kNotReady };
+// kRejected: the request can never be served as asked (e.g. prompt + max_tokens is more than
+// the KV cache holds): a client error, `error` says why.
+enum class SubmitStatus { kAccepted, kOverloaded, kNotReady, kRejected };
 
 struct SubmitOutcome {
   SubmitStatus status = SubmitStatus::kAccepted;
   std::shared_ptr<GenerationStream> stream;  // set iff kAccepted
   int retry_after_s = 1;                     // a hint for kOverloaded
+  std::string error;                         // with kRejected
 };
 
 class GenerationEngine {

@@ -290,8 +290,14 @@ struct OpenAiServer::Impl {
   // Fills sampling.max_tokens and rejects what cannot fit the context.
   absl::Status FitContext(Job& job, const char* param) {
     const int64_t prompt = static_cast<int64_t>(job.prompt.size());
-    const int64_t ctx = config.max_context_tokens;
-    const int64_t want = job.params.max_tokens.value_or(ctx - prompt);
+    int64_t ctx = config.max_context_tokens;
+    if (const int64_t kv = config.max_sequence_tokens ? config.max_sequence_tokens() : 0; kv > 0) {
+      ctx = std::min(ctx, kv);  // the KV cache holds less than the model's context
+    }
+    int64_t want = job.params.max_tokens.value_or(ctx - prompt);
+    // Anthropic's clients ask for a fixed max_tokens (Claude Code: 32,000) whatever the context:
+    // /v1/messages lowers it to the context left instead of refusing the request.
+    if (job.anthropic && prompt < ctx) want = std::min(want, ctx - prompt);
     if (prompt + want > ctx || want < 1) {
       return ApiStatus(
           absl::StatusCode::kInvalidArgument,
@@ -596,6 +602,11 @@ struct OpenAiServer::Impl {
               ApiStatus(absl::StatusCode::kUnavailable, "The model is not ready yet; retry later",
                         "", "not_ready", std::max(1, out.retry_after_s));
           break;
+        case SubmitStatus::kRejected:
+          refused =
+              ApiStatus(absl::StatusCode::kInvalidArgument, out.error,
+                        job.kind == Kind::kChat ? "messages" : "prompt", "context_length_exceeded");
+          break;
       }
       if (!refused.ok()) {
         for (size_t k = 0; k < i; ++k) choices[k].cancel->Cancel();
@@ -620,6 +631,7 @@ struct OpenAiServer::Impl {
       }
       c.finish = FinishReason::kError;
       c.error = out.status == SubmitStatus::kOverloaded ? "the server is overloaded; retry later"
+                : out.status == SubmitStatus::kRejected ? out.error
                                                         : "the model is not ready; retry later";
     }
   }

@@ -142,6 +142,10 @@ struct GatewayConfig {
   // Optional: the engine's gauges and cumulative counters (running / waiting requests, KV usage,
   // preemptions, prefix cache), read at every scrape and by the stats log (thread-safe).
   std::function<EngineGauges()> engine_gauges;
+  // Optional: the largest prompt + max_tokens the engine can hold now (its KV cache), when less
+  // than max_context_tokens; 0 = unknown. Requests past it are 400s (context_length_exceeded),
+  // and /v1/messages lowers its max_tokens to fit.
+  std::function<int64_t()> max_sequence_tokens;
   // Every this many seconds, one log line of the engine's throughput and state (vLLM's
   // "Avg prompt throughput ..."), while there is activity; 0: none.
   double log_stats_interval_s = 10;

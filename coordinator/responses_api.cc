@@ -133,7 +133,21 @@ absl::Status AddItems(const Json& input, Json& messages) {
   return absl::OkStatus();
 }
 
-absl::Status MapTools(const Json& body, Json& chat) {
+// A function tool in chat's shape, or a 400 naming `at`.
+absl::StatusOr<Json> FunctionTool(const Json& t, const std::string& at) {
+  if (!t.contains("name") || !t["name"].is_string()) {
+    return Invalid("tools", absl::StrCat(at, ".name: expected a string"));
+  }
+  Json fn{{"name", t["name"]}};
+  if (t.contains("description")) fn["description"] = t["description"];
+  fn["parameters"] = t.contains("parameters") ? t["parameters"] : Json::object();
+  return Json{{"type", "function"}, {"function", std::move(fn)}};
+}
+
+// Function tools are mapped, a namespace's function tools are mapped by their own names, and
+// built-in tools (web_search, file_search, ...: Codex always sends web_search) are dropped and
+// reported as ignored.
+absl::Status MapTools(const Json& body, Json& chat, std::vector<std::string>& ignored) {
   if (body.contains("tools")) {
     const Json& tools = body["tools"];
     if (!tools.is_array()) return Invalid("tools", "tools: expected an array");
@@ -141,18 +155,22 @@ absl::Status MapTools(const Json& body, Json& chat) {
     for (size_t i = 0; i < tools.size(); ++i) {
       const Json& t = tools[i];
       const std::string at = absl::StrCat("tools[", i, "]");
-      if (!t.is_object() || t.value("type", "") != "function") {
-        return Invalid("tools",
-                       absl::StrCat(at, ": only function tools are supported (type ",
-                                    t.is_object() ? Dump(t.value("type", Json())) : "?", ")"));
+      const std::string type = t.is_object() ? t.value("type", "") : "";
+      if (type == "function") {
+        auto fn = FunctionTool(t, at);
+        if (!fn.ok()) return fn.status();
+        out.push_back(*std::move(fn));
+      } else if (type == "namespace" && t.contains("tools") && t["tools"].is_array()) {
+        for (size_t k = 0; k < t["tools"].size(); ++k) {
+          const Json& inner = t["tools"][k];
+          if (!inner.is_object() || inner.value("type", "") != "function") continue;
+          auto fn = FunctionTool(inner, absl::StrCat(at, ".tools[", k, "]"));
+          if (!fn.ok()) return fn.status();
+          out.push_back(*std::move(fn));
+        }
+      } else {
+        ignored.push_back(absl::StrCat("tools.", type.empty() ? "untyped" : type));
       }
-      if (!t.contains("name") || !t["name"].is_string()) {
-        return Invalid("tools", absl::StrCat(at, ".name: expected a string"));
-      }
-      Json fn{{"name", t["name"]}};
-      if (t.contains("description")) fn["description"] = t["description"];
-      fn["parameters"] = t.contains("parameters") ? t["parameters"] : Json::object();
-      out.push_back(Json{{"type", "function"}, {"function", std::move(fn)}});
     }
     chat["tools"] = std::move(out);
   }
@@ -282,8 +300,12 @@ absl::StatusOr<ChatRequest> ToChatRequest(const Json& body, const Json* previous
   if (body.contains("truncation") && body["truncation"] != "disabled") {
     return Invalid("truncation", "truncation: only \"disabled\" is supported");
   }
-  if (body.contains("include") && (!body["include"].is_array() || !body["include"].empty())) {
-    return Invalid("include", "include: nothing can be included (an empty array only)");
+  if (body.contains("include")) {
+    if (!body["include"].is_array()) return Invalid("include", "include: expected an array");
+    for (const Json& v : body["include"]) {
+      // Reasoning is returned in the clear (reasoning_text), never encrypted.
+      r.ignored.push_back(absl::StrCat("include.", v.is_string() ? v.get<std::string>() : "?"));
+    }
   }
   Json& chat = r.body;
   chat = Json::object();
@@ -315,7 +337,7 @@ absl::StatusOr<ChatRequest> ToChatRequest(const Json& body, const Json* previous
     return Invalid("input", "input: expected a string or an array of items");
   }
   chat["messages"] = std::move(messages);
-  if (absl::Status s = MapTools(body, chat); !s.ok()) return s;
+  if (absl::Status s = MapTools(body, chat, r.ignored); !s.ok()) return s;
   if (absl::Status s = MapText(body, chat); !s.ok()) return s;
   if (body.contains("reasoning")) {
     const Json& re = body["reasoning"];

@@ -10,15 +10,18 @@
 //     calls join one message); function_call_output {call_id, output} -> a tool message;
 //     reasoning {content: [reasoning_text] | summary: [summary_text]} -> the next assistant
 //     message's reasoning_content; input_image, input_file and other items -> 400
-//   tools [{type: function, name, description, parameters}] -> function tools; built-in tools
-//     (web_search, file_search, ...) -> 400
+//   tools [{type: function, name, description, parameters}] -> function tools; a namespace's
+//     function tools by their own names; built-in tools (web_search, file_search, ...: Codex
+//     always sends web_search) are dropped and reported as ignored
 //   tool_choice auto | none | required | {type: function, name}; parallel_tool_calls
 //   reasoning {effort} -> reasoning_effort (the chat mapping: none -> chat, else thinking);
 //     reasoning.summary is reported as ignored (the reasoning is returned as reasoning_text)
 //   text.format {type: text | json_object | json_schema (name, schema, strict)} ->
 //     response_format (constrained decoding)
 //   max_output_tokens, temperature, top_p, stream -> the same; metadata, user -> labels;
-//     store, truncation "disabled", include [] -> accepted; any other field is reported as ignored
+//     store, truncation "disabled" -> accepted; include's values are reported as ignored (reasoning
+//     comes in the clear); any other field (prompt_cache_key: the cache is automatic) is reported
+//     as ignored
 //   previous_response_id -> the stored conversation of that response (ResponseStore) comes first
 // Response: {id "resp_...", object "response", status completed | incomplete (max_output_tokens),
 // output: [reasoning {content: [reasoning_text]}, message {content: [output_text]},

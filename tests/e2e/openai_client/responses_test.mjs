@@ -163,8 +163,13 @@ test('errors', async () => {
     client.responses.create({ model, input: 'x', previous_response_id: 'resp_unknown' }),
     (e) => e instanceof OpenAI.NotFoundError && e.param === 'previous_response_id');
   await assert.rejects(
-    client.responses.create({ model, input: 'x', tools: [{ type: 'web_search' }] }),
-    (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools');
+    client.responses.create({ model, input: [{ type: 'input_image', image_url: 'x' }] }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'input');
+  // A built-in tool (Codex always sends web_search) is dropped and named as ignored.
+  const { response } = await client.responses.create({
+    model, input: 'x', max_output_tokens: 4, tools: [{ type: 'web_search' }],
+  }).withResponse();
+  assert.equal(response.headers.get('x-ignored-fields'), 'tools.web_search');
 });
 
 test('the SDK logged no warnings', () => {
