@@ -1273,6 +1273,44 @@ TEST_F(OpenAiServerTest, AccessLogLinePerRequest) {
   EXPECT_EQ(log.find("/health"), std::string::npos) << log;  // debug level
 }
 
+// What Claude Code sends (2.1.x): system messages between the turns, thinking "adaptive",
+// output_config.effort, context_management (reported as ignored) and max_tokens 32,000 whatever the
+// context: /v1/messages lowers max_tokens to what the KV cache leaves, chat completions refuse.
+TEST_F(OpenAiServerTest, MessagesTakeWhatClaudeCodeSends) {
+  TearDown();
+  GatewayConfig config;
+  config.max_sequence_tokens = [] { return int64_t{600}; };
+  Start(config);
+  engine_->set_script(Ids("ok"));
+  Json body = {{"model", "deepseek-v4"},
+               {"max_tokens", 32000},
+               {"system", Json::array({Json{{"type", "text"}, {"text", "SYS-A"}},
+                                       Json{{"type", "text"},
+                                            {"text", "SYS-B"},
+                                            {"cache_control", {{"type", "ephemeral"}}}}})},
+               {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}},
+                                         Json{{"role", "system"}, {"content", "SYS-C"}}})},
+               {"thinking", {{"type", "adaptive"}}},
+               {"output_config", {{"effort", "high"}}},
+               {"context_management", Json::object()},
+               {"stream", false}};
+  auto r = Post("/v1/messages", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("X-Ignored-Fields"), "context_management");
+  const auto& req = engine_->last_request();
+  EXPECT_EQ(static_cast<int64_t>(req.prompt.size()) + req.sampling.max_tokens, 600);
+  const std::string prompt = *tokenizer_->Decode(req.prompt);
+  for (const char* part : {"SYS-A", "SYS-B", "SYS-C", "hi"}) {
+    EXPECT_NE(prompt.find(part), std::string::npos) << part << " in " << prompt;
+  }
+  EXPECT_EQ(req.prompt.back(), *tokenizer_->TokenId("<think>"));  // thinking mode
+  // Chat completions refuse what does not fit, naming the limit.
+  Json chat = ChatBody(false, false);
+  chat["max_tokens"] = 1000;
+  ExpectError(Post("/v1/chat/completions", chat.dump()), 400, "messages");
+}
+
 // ---- Stop strings ----------------------------------------------------------------------------
 
 // Long enough that the engine is still generating when the stop string shows up.
