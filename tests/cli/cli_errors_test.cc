@@ -12,6 +12,7 @@
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/run_command.h"
 #include "tests/test_util.h"
 
 namespace ss {
@@ -22,21 +23,9 @@ using testing_util::TempDir;
 
 constexpr char kTiny[] = "tests/data/tiny-a";
 
-struct Run {
-  int status = -1;  // exit status, or 128 + signal
-  std::string output;
-};
+using Run = testing_util::CommandResult;
 
-Run RunCommand(const std::string& cmd) {
-  Run r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+Run RunCommand(const std::string& cmd) { return testing_util::RunCommand(cmd + " 2>&1"); }
 
 std::vector<uint8_t> ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -15,27 +15,17 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/run_command.h"
 
 namespace ss {
 namespace {
 
-struct CmdResult {
-  int status = -1;  // exit status, or 128 + signal
-  std::string output;
-};
+using CmdResult = testing_util::CommandResult;
 
-// `args` after the binary, through the shell; `streams` "2>&1" (both) or "2>/dev/null" (stdout).
 CmdResult RunBinary(const std::string& binary, const std::string& args,
                     const std::string& streams = "2>&1") {
-  CmdResult r;
-  const std::string cmd = std::string(SS_BIN_DIR "/") + binary + " " + args + " " + streams;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  return testing_util::RunCommand(std::string(SS_BIN_DIR "/") + binary + " " + args + " " +
+                                  streams);
 }
 
 // The binaries of this build (tests/cli/CMakeLists.txt).

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/run_command.h"
 #include "tests/test_util.h"
 
 namespace ss {
@@ -26,16 +27,10 @@ struct CliRun {
 // Runs `args` after the binary with `input` on stdin; stderr goes to `dir`/stderr.
 CliRun Splitserve(const TempDir& dir, const std::string& args, const std::string& input) {
   std::ofstream(dir / "stdin") << input;
-  const std::string cmd = std::string(SS_BIN_DIR "/splitserve ") + args + " < " + dir / "stdin" +
-                          " 2> " + dir / "stderr";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  const testing_util::CommandResult r =
+      testing_util::RunCommand(std::string(SS_BIN_DIR "/splitserve ") + args + " < " +
+                               dir / "stdin" + " 2> " + dir / "stderr");
+  return CliRun{r.status, r.output};
 }
 
 std::string Stderr(const TempDir& dir) {
