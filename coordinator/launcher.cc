@@ -64,7 +64,7 @@ constexpr char kUsage[] =
     "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
-    "                     [--max-model-len N] [--api-keys-file FILE]\n"
+    "                     [--max-model-len N] [--api-keys-file FILE] [--allowed-origins LIST]\n"
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--max-num-batched-tokens N]\n"
     "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
@@ -106,6 +106,8 @@ constexpr char kUsage[] =
     "  cached_tokens reports the tokens a request took from the cache.\n"
     "  --api-keys-file FILE: API keys clients must send (one a line or comma-separated); or\n"
     "  the SPLITSERVE_API_KEYS environment variable. Keys on the command line are refused.\n"
+    "  --allowed-origins LIST: CORS, the origins (comma-separated, * for any) browser pages may\n"
+    "  call the API from; default none.\n"
     "  --log-level trace|debug|info|warning|error|critical|off, --log-format text|json: the\n"
     "  started processes' logs (json: one object a line); default info, text.\n";
 
@@ -131,6 +133,7 @@ constexpr absl::string_view kValueOptions[] = {"--model",
                                                "--gpu-prefill-ring-mib",
                                                "--api-keys",
                                                "--api-keys-file",
+                                               "--allowed-origins",
                                                "--ready-timeout-s",
                                                "--log-dir",
                                                "--log-level",
@@ -139,6 +142,7 @@ constexpr absl::string_view kValueOptions[] = {"--model",
 struct Options {
   std::string model, tokenizer, host = "127.0.0.1", backend = "auto", expert_workers = "auto";
   std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
+  std::string allowed_origins;  // the coordinator's --allowed_origins (CORS); "" = none
   LoadFormat load_format = LoadFormat::kAuto;
   std::string hf_overrides;  // a JSON object's text (validated), or ""
   int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
@@ -309,6 +313,8 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
       if (!ParseInt(value, 1, 86400, &v))
         return absl::InvalidArgumentError(absl::StrCat("--ready-timeout-s ", value));
       o.ready_timeout_s = static_cast<int>(v);
+    } else if (name == "--allowed-origins") {
+      o.allowed_origins = value;
     } else if (name == "--log-dir") {
       o.log_dir = value;
     } else if (name == "--log-level") {
@@ -465,6 +471,10 @@ std::vector<std::string> CoordinatorArgs(const LaunchPlan& p, int http_port) {
   if (!o.api_keys_file.empty()) {  // the path, never the keys (argv is public); or the env
     cargs.push_back("--api-keys-file");
     cargs.push_back(o.api_keys_file);
+  }
+  if (!o.allowed_origins.empty()) {
+    cargs.push_back("--allowed-origins");
+    cargs.push_back(o.allowed_origins);
   }
   return cargs;
 }
