@@ -149,6 +149,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   im.routed = std::make_unique<HostRoutedExperts>(*b->model_, b->options_.experts, o.first_layer,
                                                   tp, o.tp_rank);
   const model::ModelWeights& w = b->model_->weights();
+  const StageLayout stage{o.first_layer, o.end_layer, tp, o.stage == 0, o.stage == o.num_stages - 1,
+                          false};
+  im.load_progress = std::make_unique<LoadProgress>(
+      absl::StrCat("loading weights to CUDA device ", o.device), StageWeightBytes(c, stage));
   for (int l = o.first_layer; l < o.end_layer; ++l) {
     ASSIGN_OR_RETURN(DevBlock d, im.Block(c, w.blocks[l]));
     im.blocks.push_back(d);
@@ -164,6 +168,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   RETURN_IF_ERROR(SetUpStreamedPath(*b->model_, o, im));
   ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
   ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
+  im.load_progress->Done();
+  im.load_progress.reset();
   ASSIGN_OR_RETURN(KvLayout layout,
                    KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
                                     b->model_->options().kv_fp8_sim_rounds));

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/load_progress.h"
 #include "common/model/model.h"
 #include "gpu_worker/cuda/branches.h"
 #include "gpu_worker/cuda/cuda_backend.h"
@@ -155,7 +156,8 @@ struct CudaBackend::Impl {
   StepMarks marks;
   std::vector<void*> allocations;  // weights, freed at destruction
   int64_t weight_bytes = 0;
-  std::vector<DevBlock> blocks;  // index = layer − first_layer
+  std::unique_ptr<LoadProgress> load_progress;  // while the weights upload (Create)
+  std::vector<DevBlock> blocks;                 // index = layer − first_layer
   DevHc hc_head;
   const float* final_norm = nullptr;
   DevBf16 head;

@@ -14,6 +14,7 @@ absl::StatusOr<void*> CudaBackend::Impl::Upload(const void* src, size_t bytes) {
   allocations.push_back(p);
   CUDA_RETURN_IF_ERROR(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice));
   weight_bytes += static_cast<int64_t>(bytes);
+  if (load_progress) load_progress->Add(static_cast<int64_t>(bytes));
   return p;
 }
 absl::StatusOr<const float*> CudaBackend::Impl::F32(const std::vector<float>& v) {
