@@ -61,9 +61,10 @@ absl::StatusOr<std::string> ContentText(const Json& content, const std::string& 
 
 absl::Status AddItems(const Json& input, Json& messages) {
   std::string reasoning;  // for the next assistant message
+  // The assistant message a function_call joins: the one just before it (its text, or the calls
+  // before it), else a new one.
   auto assistant = [&]() -> Json& {
-    if (messages.empty() || messages.back()["role"] != "assistant" ||
-        messages.back().contains("tool_calls")) {
+    if (messages.empty() || messages.back()["role"] != "assistant") {
       messages.push_back(Json{{"role", "assistant"}, {"content", ""}});
     }
     Json& m = messages.back();

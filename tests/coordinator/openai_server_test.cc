@@ -1311,6 +1311,33 @@ TEST_F(OpenAiServerTest, MessagesTakeWhatClaudeCodeSends) {
   ExpectError(Post("/v1/chat/completions", chat.dump()), 400, "messages");
 }
 
+// Responses input items: consecutive function_call items (parallel calls) are one assistant turn
+// with both calls, as the model wrote them; their outputs follow as tool results.
+TEST_F(OpenAiServerTest, ResponsesJoinConsecutiveFunctionCallsIntoOneTurn) {
+  engine_->set_script(Ids("ok"));
+  const Json call_a = {
+      {"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", "{\"x\":1}"}};
+  const Json call_b = {
+      {"type", "function_call"}, {"call_id", "c2"}, {"name", "g"}, {"arguments", "{}"}};
+  Json body = {
+      {"model", "deepseek-v4"},
+      {"max_output_tokens", 8},
+      {"input",
+       Json::array({Json{{"role", "user"}, {"content", "go"}}, call_a, call_b,
+                    Json{{"type", "function_call_output"}, {"call_id", "c1"}, {"output", "R1"}},
+                    Json{{"type", "function_call_output"}, {"call_id", "c2"}, {"output", "R2"}}})}};
+  auto r = Post("/v1/responses", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<int32_t> prompt = engine_->last_request().prompt;
+  // One assistant turn holds both calls: one end-of-sentence closes it (two would mean two turns).
+  const int32_t eos = *tokenizer_->TokenId("<｜end▁of▁sentence｜>");
+  EXPECT_EQ(std::count(prompt.begin(), prompt.end(), eos), 1);
+  const std::string text = *tokenizer_->Decode(prompt);
+  EXPECT_LT(text.find("R1"), text.find("R2")) << text;
+  EXPECT_EQ(Json::parse(r->body)["object"], "response");
+}
+
 // ---- Stop strings ----------------------------------------------------------------------------
 
 // Long enough that the engine is still generating when the stop string shows up.
