@@ -316,7 +316,7 @@ Json ToMessage(const Json& completion, const std::string& id) {
               {"usage", Usage(completion["usage"])}};
 }
 
-Json ToErrorBody(int status, const Json& openai_error) {
+Json ErrorBody(int status, const std::string& message) {
   std::string type = "api_error";
   switch (status) {
     case 400:
@@ -345,11 +345,6 @@ Json ToErrorBody(int status, const Json& openai_error) {
       break;
     default:
       break;
-  }
-  std::string message = "error";
-  if (openai_error.is_object() && openai_error.contains("error") &&
-      openai_error["error"].is_object()) {
-    message = openai_error["error"].value("message", message);
   }
   return Json{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/event_translator.h"
 #include "nlohmann/json.hpp"
 
 namespace ss::anthropic {
@@ -53,20 +54,17 @@ absl::StatusOr<ChatRequest> ToChatRequest(const Json& messages_request);
 // The gateway's chat.completion (one choice) as an Anthropic message with id `id`.
 Json ToMessage(const Json& chat_completion, const std::string& id);
 
-// An OpenAI-shaped error body as Anthropic's, by HTTP status.
-Json ToErrorBody(int status, const Json& openai_error_body);
+// Anthropic's error body for an HTTP status: {"type": "error", "error": {"type", "message"}}.
+Json ErrorBody(int status, const std::string& message);
 
 // Translates the gateway's chat.completion.chunk stream into Anthropic's events (SSE text with
-// `event:` lines). One per stream; not thread-safe.
-class MessageStream {
+// `event:` lines). Done: message_delta / message_stop unless already sent.
+class MessageStream final : public EventTranslator {
  public:
   MessageStream(std::string id, std::string model, size_t input_tokens);
-  // The SSE text for one chat chunk (a role chunk, deltas, the finish chunk, the usage chunk).
-  std::string Chunk(const Json& chunk);
-  // The end of the stream ([DONE]): message_delta / message_stop unless already sent.
-  std::string Done();
-  // A failure after the 200 header.
-  std::string Error(const std::string& message);
+  std::string Chunk(const Json& chunk) override;
+  std::string Done() override;
+  std::string Error(const std::string& message) override;
 
  private:
   std::string Event(const char* type, const Json& data);

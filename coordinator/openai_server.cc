@@ -81,20 +81,17 @@ using Clock = std::chrono::steady_clock;
 // Routes answered in Anthropic's shapes (errors included).
 bool IsAnthropic(const httplib::Request& req) { return req.path == "/v1/messages"; }
 
-// An error response of an Anthropic route in Anthropic's shape (the handlers write OpenAI's).
-void AnthropicError(httplib::Response& res) {
-  if (res.status < 400 || res.body.empty()) return;
-  const Json body = Json::parse(res.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_object() && body.contains("error") && !body.contains("type")) {
-    res.set_content(Dump(anthropic::ToErrorBody(res.status, body)), "application/json");
-  }
+// The error's body in the shape of the request's API.
+std::string ErrorText(const httplib::Request& req, const ApiError& e) {
+  return Dump(IsAnthropic(req) ? anthropic::ErrorBody(e.status, e.message) : ErrorBody(e));
 }
 
-void SendError(httplib::Response& res, const ApiError& e) {
+void SendError(httplib::Response& res, const ApiError& e, const std::string& body) {
   res.status = e.status;
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
-  res.set_content(Dump(ErrorBody(e)), "application/json");
+  res.set_content(body, "application/json");
 }
+void SendError(httplib::Response& res, const ApiError& e) { SendError(res, e, Dump(ErrorBody(e))); }
 
 ConnectionEndpoints Endpoints(const httplib::Request& req) {
   return ConnectionEndpoints{req.local_port, req.remote_addr, req.remote_port};
@@ -114,8 +111,7 @@ bool HasBody(const httplib::Request& req) {
 void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_header("Connection", "close");
-  auto body = std::make_shared<std::string>(
-      Dump(IsAnthropic(req) ? anthropic::ToErrorBody(e.status, ErrorBody(e)) : ErrorBody(e)));
+  auto body = std::make_shared<std::string>(ErrorText(req, e));
   res.set_chunked_content_provider(
       "application/json",
       [body, ep = Endpoints(req), linger = HasBody(req)](size_t, httplib::DataSink& sink) {
@@ -261,7 +257,10 @@ struct OpenAiServer::Impl {
   // Runs a handler and renders the error it returns (a handler that fails writes nothing).
   template <typename F>
   void Guard(const httplib::Request& req, httplib::Response& res, F&& f) {
-    if (absl::Status s = f(req, res); !s.ok()) SendError(res, ToApiError(s));
+    if (absl::Status s = f(req, res); !s.ok()) {
+      const ApiError e = ToApiError(s);
+      SendError(res, e, ErrorText(req, e));
+    }
   }
 
   absl::Status CheckModel(const Json& body) {
@@ -824,8 +823,8 @@ struct OpenAiServer::Impl {
     bool logged = false;                  // its access record was made
     const void* response = nullptr;       // the access log's key
     int64_t created = 0;
-    std::unique_ptr<anthropic::MessageStream> anthropic;   // /v1/messages: Anthropic's events
-    std::unique_ptr<responses::ResponseStream> responses;  // /v1/responses: its events
+    // /v1/messages and /v1/responses: their API's events (null: chat completions' own).
+    std::unique_ptr<EventTranslator> events;
   };
 
   Json ChunkBase(const StreamState& st) const {
@@ -837,21 +836,16 @@ struct OpenAiServer::Impl {
     return c;
   }
 
-  // One chunk to the client: an OpenAI `data:` event, or Anthropic's events for it.
+  // One chunk to the client: an OpenAI `data:` event, or the route's API's events for it.
   static bool Write(StreamState& st, httplib::DataSink& sink, const Json& chunk) {
-    if (!st.anthropic && !st.responses) return WriteEvent(sink, Dump(chunk));
-    const std::string text = st.anthropic ? st.anthropic->Chunk(chunk) : st.responses->Chunk(chunk);
-    return text.empty() || sink.write(text.data(), text.size());
+    if (!st.events) return WriteEvent(sink, Dump(chunk));
+    return WriteText(sink, st.events->Chunk(chunk));
   }
-  bool WriteDone(StreamState& st, httplib::DataSink& sink) {
-    if (!st.anthropic && !st.responses) return WriteEvent(sink, "[DONE]");
-    std::string text;
-    if (st.anthropic) {
-      text = st.anthropic->Done();
-    } else {
-      text = st.responses->Done();
-      StoreResponse(st.job, st.responses->completion());
-    }
+  static bool WriteDone(StreamState& st, httplib::DataSink& sink) {
+    if (!st.events) return WriteEvent(sink, "[DONE]");
+    return WriteText(sink, st.events->Done());
+  }
+  static bool WriteText(httplib::DataSink& sink, const std::string& text) {
     return text.empty() || sink.write(text.data(), text.size());
   }
 
@@ -978,10 +972,8 @@ struct OpenAiServer::Impl {
                   ch.error.empty() ? "cancelled" : ch.error);
     const ApiError e = ToApiError(absl::InternalError(
         absl::StrCat("generation failed; see the server log for request ", st.request_id)));
-    if (st.anthropic || st.responses) {
-      const std::string text =
-          st.anthropic ? st.anthropic->Error(e.message) : st.responses->Error(e.message);
-      if (!sink.write(text.data(), text.size())) return false;
+    if (st.events) {
+      if (!WriteText(sink, st.events->Error(e.message))) return false;
     } else {
       if (!WriteEvent(sink, Dump(ErrorBody(e)))) return false;
       if (!WriteEvent(sink, "[DONE]")) return false;
@@ -1000,11 +992,11 @@ struct OpenAiServer::Impl {
     st->request_id = res.get_header_value(kRequestIdHeader);
     st->response = &res;
     if (st->job.response) {
-      st->responses = std::make_unique<responses::ResponseStream>(*st->job.response);
-    }
-    if (st->job.anthropic) {
-      st->anthropic = std::make_unique<anthropic::MessageStream>(st->job.id, config.model_name,
-                                                                 st->job.prompt.size());
+      st->events = std::make_unique<responses::ResponseStream>(
+          *st->job.response, [this, st = st.get()](const Json& c) { StoreResponse(st->job, c); });
+    } else if (st->job.anthropic) {
+      st->events = std::make_unique<anthropic::MessageStream>(st->job.id, config.model_name,
+                                                              st->job.prompt.size());
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -1298,7 +1290,6 @@ OpenAiServer::OpenAiServer(GatewayConfig config, const Tokenizer& tokenizer,
       impl->Guard(with_body, res, [&](const httplib::Request& q, httplib::Response& r) {
         return (impl->*fn)(q, r);
       });
-      if (IsAnthropic(req)) AnthropicError(res);
     };
   };
   s.Post("/v1/chat/completions", post(&Impl::HandleChat));

@@ -383,7 +383,8 @@ Json ToResponse(const Json& completion, const ResponseMeta& meta) {
                   completion.value("usage", Json()), incomplete);
 }
 
-ResponseStream::ResponseStream(ResponseMeta meta) : meta_(std::move(meta)) {
+ResponseStream::ResponseStream(ResponseMeta meta, std::function<void(const Json&)> on_done)
+    : meta_(std::move(meta)), on_done_(std::move(on_done)) {
   completion_ =
       Json{{"model", meta_.model},
            {"choices",
@@ -534,6 +535,7 @@ std::string ResponseStream::Done() {
                            completion_["usage"], incomplete);
   out += Event(incomplete ? "response.incomplete" : "response.completed",
                {{"response", std::move(response)}});
+  if (on_done_) on_done_(completion_);
   return out;
 }
 

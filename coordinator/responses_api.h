@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <string>
 #include <unordered_map>
@@ -44,6 +45,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/event_translator.h"
 #include "nlohmann/json.hpp"
 
 namespace ss::responses {
@@ -72,17 +74,15 @@ Json ToResponse(const Json& chat_completion, const ResponseMeta& meta);
 // The assistant message of a chat.completion, as a chat message to store for a later turn.
 Json AssistantMessage(const Json& chat_completion);
 
-// Translates the gateway's chat.completion.chunk stream into the Responses API's events. One per
-// stream; not thread-safe.
-class ResponseStream {
+// Translates the gateway's chat.completion.chunk stream into the Responses API's events. Done:
+// the open item's done events and response.completed, then `on_done` gets the chat.completion the
+// stream amounted to (for the store).
+class ResponseStream final : public EventTranslator {
  public:
-  explicit ResponseStream(ResponseMeta meta);
-  std::string Chunk(const Json& chunk);
-  // The end of the stream: the open item's done events and response.completed.
-  std::string Done();
-  std::string Error(const std::string& message);
-  // The chat.completion the stream amounted to (for the store), valid after Done().
-  const Json& completion() const { return completion_; }
+  ResponseStream(ResponseMeta meta, std::function<void(const Json& completion)> on_done);
+  std::string Chunk(const Json& chunk) override;
+  std::string Done() override;
+  std::string Error(const std::string& message) override;
 
  private:
   std::string Event(const std::string& type, Json data);
@@ -98,6 +98,7 @@ class ResponseStream {
   int output_index_ = -1;
   Json output_ = Json::array();
   Json completion_;  // choices[0].message / finish_reason / usage, accumulated
+  std::function<void(const Json&)> on_done_;
 };
 
 // The conversations of stored responses, for previous_response_id: at most `capacity`, least
