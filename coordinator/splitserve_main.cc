@@ -15,6 +15,7 @@
 
 #include "common/build_info.h"
 #include "coordinator/bench/bench_command.h"
+#include "coordinator/cpus_command.h"
 #include "coordinator/launcher.h"
 #include "coordinator/tokenize_command.h"
 
