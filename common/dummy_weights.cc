@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "common/bf16.h"
 #include "common/codecs.h"
+#include "common/load_progress.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "spdlog/spdlog.h"
@@ -533,7 +534,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
   std::vector<Tables> tables;
   std::map<std::tuple<int, double, double, int>, size_t> table_of_rule;
   std::vector<Item> items(expected.size());
-  size_t data_len = 0, zeros_len = 0, skipped = 0;
+  size_t data_len = 0, zeros_len = 0, skipped = 0, to_generate = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
     const size_t n = NumBytes(expected[i]);
     Item& it = items[i];
@@ -543,6 +544,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
       ++skipped;
       continue;
     }
+    to_generate += n;
     ASSIGN_OR_RETURN(it.rule, RuleFor(c, expected[i]));
     const auto key =
         std::make_tuple(static_cast<int>(it.rule.kind), it.rule.mean, it.rule.std, it.rule.exp);
@@ -572,11 +574,15 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
     const size_t chunks = NumChunks(items[i].rule, NumBytes(expected[i]));
     for (size_t k = 0; k < chunks; ++k) units.emplace_back(i, k);
   }
+  LoadProgress progress("generating dummy weights", static_cast<int64_t>(to_generate),
+                        {.log_summary = false});
   const auto gen = [&](int64_t u, int) {
     const auto [i, k] = units[u];
     const Item& it = items[i];
+    const size_t n = NumBytes(expected[i]), per = ChunkElems(it.rule) * it.rule.elem;
     FillChunk(expected[i], it.rule, tables[it.table], c.n_routed_experts, seed, k, data + it.offset,
-              NumBytes(expected[i]));
+              n);
+    progress.Add(static_cast<int64_t>(std::min(n, (k + 1) * per) - std::min(n, k * per)));
   };
   const auto t1 = std::chrono::steady_clock::now();
   if (pool != nullptr) {
@@ -585,6 +591,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
     for (size_t u = 0; u < units.size(); ++u) gen(static_cast<int64_t>(u), 0);
   }
   const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  progress.Done();
   if (data_len > 0) ::mprotect(maps->data, data_len, PROT_READ);
 
   std::vector<TensorView> views;

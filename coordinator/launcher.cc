@@ -43,6 +43,8 @@
 #include "common/weight_source.h"
 #include "coordinator/api_keys.h"
 #include "coordinator/cluster_config.h"
+#include "coordinator/console.h"
+#include "coordinator/load_display.h"
 #include "coordinator/run_dir.h"
 #include "coordinator/supervisor.h"
 #include "httplib.h"
@@ -369,6 +371,8 @@ struct LaunchPlan {
   std::string cluster_path, ports_file;
   std::vector<int> devices;  // per GPU worker (cuda)
   int64_t kv_tokens = 0;
+  // Child i's --load-progress-file (GPU workers first, then expert workers; LoadDisplay).
+  std::vector<std::string> load_files;
 };
 
 // Metrics port of child `i` (GPU workers first, then expert workers): the ones after --port.
@@ -417,7 +421,9 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
                                    "--metrics-listen",
                                    MetricsAddr(p, static_cast<int>(p.gpu_ids.size()) + e),
                                    "--max-tokens",
-                                   absl::StrCat(kExpertCallTokens)};
+                                   absl::StrCat(kExpertCallTokens),
+                                   "--load-progress-file",
+                                   p.load_files[p.gpu_ids.size() + e]};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
   AddLogArgs(p.o, &args);
   if (const int node = coord::LaunchExpertNode(e, p.experts, p.node_ids); node >= 0) {
@@ -480,7 +486,9 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
                                    "--kv-tokens",
                                    absl::StrCat(p.kv_tokens),
                                    "--metrics-listen",
-                                   MetricsAddr(p, static_cast<int>(i))};
+                                   MetricsAddr(p, static_cast<int>(i)),
+                                   "--load-progress-file",
+                                   p.load_files[i]};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
   AddLogArgs(p.o, &args);
   if (p.backend == "cuda") {
@@ -741,7 +749,7 @@ int RunUpCommand(int argc, char** argv) {
     cluster.stages.push_back(st);
   }
   LaunchPlan plan{o,  bin, backend, n_layers, experts, nodes.ids, cpus,
-                  {}, {},  "",      "",       devices, kv_tokens};
+                  {}, {},  "",      "",       devices, kv_tokens, {}};
   for (int e = 0; e < experts; ++e) {
     coord::ExpertWorkerSpec w;
     w.id = absl::StrCat("expert", e);
@@ -755,6 +763,13 @@ int RunUpCommand(int argc, char** argv) {
   plan.gpu_ids = cluster.GpuWorkerIds();
   plan.cluster_path = run_dir->File("cluster.json");
   plan.ports_file = run_dir->File("ports.json");
+  std::vector<std::pair<std::string, std::string>> load_files;  // (child, file)
+  for (const std::string& id : plan.gpu_ids) load_files.emplace_back(id, "");
+  for (const coord::ExpertWorkerSpec& w : cluster.expert_workers) load_files.emplace_back(w.id, "");
+  for (auto& [name, file] : load_files) {
+    file = run_dir->File(absl::StrCat(name, ".load.json"));
+    plan.load_files.push_back(file);
+  }
   if (absl::Status st =
           run_dir->WriteNew("cluster.json", coord::ClusterConfigToJson(cluster) + "\n");
       !st.ok()) {
@@ -772,6 +787,20 @@ int RunUpCommand(int argc, char** argv) {
   // Stop signals: taken with WaitForStopSignal in the loop below.
   BlockStopSignals(Sigpipe::kDefault);
 
+  // On a terminal: the load bar below the children's output, which passes through `console`
+  // (unless it goes to --log-dir). Its relay thread starts after the mask above.
+  std::unique_ptr<Console> console;
+  if (isatty(fileno(stdout)) != 0) {
+    absl::StatusOr<std::unique_ptr<Console>> c = Console::Create(stdout, o.log_dir.empty());
+    if (!c.ok()) {
+      std::fprintf(stderr, "splitserve up: %s\n", std::string(c.status().message()).c_str());
+      return 1;
+    }
+    console = *std::move(c);
+  }
+  const int child_out = console != nullptr ? console->child_fd() : -1;
+  LoadDisplay load_display(load_files, stdout, console.get());
+
   Supervisor sup;
   auto unlink_segments = [&] {
     for (const std::string& n : plan.shm_names) {
@@ -783,15 +812,16 @@ int RunUpCommand(int argc, char** argv) {
   // coordinator at `control_port` and wait for the segments.
   auto start_workers = [&](int control_port) {
     unlink_segments();
+    load_display.Restart(std::chrono::steady_clock::now());
     for (int e = 0; e < experts; ++e) {
       if (!sup.Start(absl::StrCat("expert", e), ExpertArgs(plan, e), o.log_dir,
-                     cpus.split() ? cpus.experts[e] : std::vector<int>{})) {
+                     cpus.split() ? cpus.experts[e] : std::vector<int>{}, child_out)) {
         return false;
       }
     }
     for (size_t i = 0; i < plan.gpu_ids.size(); ++i) {
-      if (!sup.Start(plan.gpu_ids[i], GpuWorkerArgs(plan, i, control_port), o.log_dir,
-                     cpus.serving)) {
+      if (!sup.Start(plan.gpu_ids[i], GpuWorkerArgs(plan, i, control_port), o.log_dir, cpus.serving,
+                     child_out)) {
         return false;
       }
     }
@@ -799,7 +829,8 @@ int RunUpCommand(int argc, char** argv) {
   };
   auto start_coordinator = [&](int http_port) {
     unlink(plan.ports_file.c_str());
-    return sup.Start("coordinator", CoordinatorArgs(plan, http_port), o.log_dir, cpus.serving);
+    return sup.Start("coordinator", CoordinatorArgs(plan, http_port), o.log_dir, cpus.serving,
+                     child_out);
   };
 
   // Supervision (launcher.h): one loop, one phase at a time.
@@ -821,6 +852,7 @@ int RunUpCommand(int argc, char** argv) {
   }
   while (true) {
     if (WaitForStopSignal(absl::Milliseconds(100)) != 0) {
+      load_display.Stop(std::chrono::steady_clock::now(), false);
       if (served) {
         std::printf("splitserve up: stopping (draining running requests)\n");
         std::fflush(stdout);
@@ -859,7 +891,9 @@ int RunUpCommand(int argc, char** argv) {
         failure = "the coordinator did not start in time";
       }
     } else if (phase == Phase::kReady) {
+      load_display.Poll(now);
       if (auto res = client->Get("/ready"); res && res->status == 200) {
+        load_display.Stop(now, true);
         phase = Phase::kServing;
         not_ready_since = {};
         if (!served) {
@@ -890,6 +924,7 @@ int RunUpCommand(int argc, char** argv) {
       }
     }
     if (failure.empty()) continue;
+    load_display.Stop(now, false);
     // Before the first ready only a worker that died or stopped is restarted (under the same
     // backoff and burst limit): the coordinator failing to start, or nothing getting ready in
     // time, is a setup error to report at once.
@@ -922,6 +957,7 @@ int RunUpCommand(int argc, char** argv) {
     restart_at = now + delay;
   }
   sup.StopAll();
+  if (console != nullptr) console->Stop();  // every child has ended: the relay copies the rest
   unlink_segments();
   if (served) std::printf("splitserve up: stopped\n");
   return exit_code;

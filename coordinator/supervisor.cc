@@ -18,7 +18,7 @@ namespace ss {
 namespace {
 
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
-            const std::vector<int>& cpus) {
+            const std::vector<int>& cpus, int output_fd) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -45,6 +45,9 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
       dup2(fd, 1);
       dup2(fd, 2);
     }
+  } else if (output_fd >= 0) {
+    dup2(output_fd, 1);
+    dup2(output_fd, 2);
   }
   execv(argv[0], argv.data());
   _exit(127);
@@ -72,9 +75,9 @@ std::string DescribeExit(int status) {
 }
 
 bool Supervisor::Start(const std::string& name, const std::vector<std::string>& args,
-                       const std::string& log_dir, const std::vector<int>& cpus) {
+                       const std::string& log_dir, const std::vector<int>& cpus, int output_fd) {
   const std::string log = log_dir.empty() ? "" : absl::StrCat(log_dir, "/", name, ".log");
-  const pid_t pid = Spawn(args, log, cpus);
+  const pid_t pid = Spawn(args, log, cpus, output_fd);
   if (pid < 0) {
     std::fprintf(stderr, "splitserve up: cannot start %s\n", name.c_str());
     return false;

@@ -28,7 +28,7 @@ class Supervisor {
     std::string name;
     pid_t pid = -1;
     bool exited = false;
-    int status = 0;  // waitpid's, once exited
+    int status = 0;                                         // waitpid's, once exited
     std::chrono::steady_clock::time_point stopped_since{};  // first seen stopped (SIGSTOP)
   };
 
@@ -38,10 +38,11 @@ class Supervisor {
   Supervisor& operator=(const Supervisor&) = delete;
 
   // Starts `args` as child `name` (replacing an exited child of that name); its stdout and stderr
-  // are appended to `log_dir`/name.log when `log_dir` is set. `cpus` non-empty: it runs on those
-  // CPUs only. False when fork fails.
+  // are appended to `log_dir`/name.log when `log_dir` is set, else go to `output_fd` when it is
+  // >= 0 (console.h's pipe), else are this process's. `cpus` non-empty: it runs on those CPUs
+  // only. False when fork fails.
   bool Start(const std::string& name, const std::vector<std::string>& args,
-             const std::string& log_dir, const std::vector<int>& cpus = {});
+             const std::string& log_dir, const std::vector<int>& cpus = {}, int output_fd = -1);
 
   // Reaps exited children; returns the first one that exited since the last call, or null.
   const Child* Reap();

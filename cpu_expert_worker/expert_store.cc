@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -15,6 +14,7 @@
 #include "common/dummy_weights.h"
 #include "common/expert_store_format.h"
 #include "common/int_math.h"
+#include "common/load_progress.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -23,8 +23,6 @@ namespace ss::expert {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr int64_t kProgressMinBytes = int64_t{256} << 20;  // smaller loads log the summary only
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -240,7 +238,6 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
 
   const double open_s = SecondsSince(t0);
   const int64_t total = s->slice_bytes();
-  const bool progress = total >= kProgressMinBytes;
   spdlog::info(
       absl::StrFormat("expert store: %s %d layer(s) x %d experts, slice %d/%d (rows %d-%d of "
                       "I %d), %.3f GB%s",
@@ -250,8 +247,8 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
                                          : std::string(" (not node-bound)")) +
       (o.tile_rows != 0 ? absl::StrCat(", weights in tiles of ", o.tile_rows, " rows")
                         : std::string(", weights row-major")));
-  std::atomic<int64_t> done{0};
-  std::atomic<int> logged_decile{0};
+  LoadProgress progress(dummy ? "expert store: generating and copying" : "expert store: copying",
+                        total, {.log_summary = false});
   const Clock::time_point t1 = Clock::now();
   std::vector<std::vector<uint8_t>> scratch(pool != nullptr ? pool->size() : 1);
   std::vector<absl::Status> errors(scratch.size());
@@ -288,16 +285,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
     if (!dummy) {
       for (const TensorView* t : sources[unit]) DropSourcePages(*t);
     }
-    const int64_t now_done = done.fetch_add(s->expert_slice_bytes_) + s->expert_slice_bytes_;
-    const int decile = static_cast<int>(now_done * 10 / total);
-    int prev = logged_decile.load();
-    if (progress && decile > prev && decile < 10 &&
-        logged_decile.compare_exchange_strong(prev, decile)) {
-      const double secs = SecondsSince(t1);
-      spdlog::info(absl::StrFormat("expert store: %d%% (%.2f of %.2f GB, %.2f GB/s)", decile * 10,
-                                   now_done / 1e9, total / 1e9,
-                                   now_done / 1e9 / std::max(secs, 1e-9)));
-    }
+    progress.Add(s->expert_slice_bytes_);
   };
   if (pool != nullptr) {
     RETURN_IF_ERROR(pool->ParallelFor(L * E, copy));
@@ -305,6 +293,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Load(const ExpertStore
     for (int64_t u = 0; u < L * E; ++u) copy(u, 0);
   }
   for (absl::Status& st : errors) RETURN_IF_ERROR(st);
+  progress.Done();
   const double copy_s = SecondsSince(t1);
   if (!o.shm_name.empty()) PublishExpertStore(s->memory_.data());
   ckpt.reset();  // unmaps every shard: nothing of the checkpoint stays resident

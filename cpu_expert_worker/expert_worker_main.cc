@@ -39,6 +39,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bf16.h"
+#include "common/load_progress.h"
 #include "common/main_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/model_config.h"
@@ -491,6 +492,7 @@ int Main(int argc, char** argv) {
   so.shm_name = c.store_segment;
   // The weights in the order this ISA's kernel reads them (one sequential stream a call).
   if (auto k = KernelFor(isa); k.ok() && c.tiled_weights) so.tile_rows = (*k)->tile_rows;
+  SetLoadProgressFile(c.load_progress_file);
   static const std::string loading_store = so.shm_name;  // outlives the signal thread
   g_loading_store.store(&loading_store);
   auto store = ExpertStore::Load(so, pool->get());

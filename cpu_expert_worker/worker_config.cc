@@ -104,6 +104,7 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   }
   c.cluster_token_file = f.cluster_token_file;
   c.metrics_listen = f.metrics_listen;
+  c.load_progress_file = f.load_progress_file;
   c.insecure_cluster = f.insecure_cluster;
   return c;
 }

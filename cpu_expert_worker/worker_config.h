@@ -77,6 +77,7 @@ struct WorkerFlags {
   std::string cluster_token_file;
   bool insecure_cluster = false;
   std::string metrics_listen;  // HOST:PORT; empty = no metrics
+  std::string load_progress_file;
 };
 
 struct WorkerConfig {
@@ -102,7 +103,8 @@ struct WorkerConfig {
   // The credential's source, for ClusterCredential::Load (which reads the file or environment).
   std::string cluster_token_file;
   bool insecure_cluster = false;
-  std::string metrics_listen;  // HOST:PORT; empty = no metrics
+  std::string metrics_listen;      // HOST:PORT; empty = no metrics
+  std::string load_progress_file;  // SetLoadProgressFile's path; empty = none
 };
 
 // Validates every flag (InvalidArgument naming the flag and its value).

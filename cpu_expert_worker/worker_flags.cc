@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, cluster_token_file, "",
 ABSL_FLAG(bool, insecure_cluster, WorkerFlags{}.insecure_cluster,
           "with --grpc_listen: accept gRPC calls without a cluster token (trusted single-user "
           "machines only)");
+ABSL_FLAG(std::string, load_progress_file, "",
+          "a file the load's progress is written to (JSON, rewritten whole; common/"
+          "load_progress.h), for a launcher to show; empty = none");
 ABSL_FLAG(std::string, metrics_listen, "",
           "address (host:port) to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, max_tokens, WorkerFlags{}.max_tokens, "largest number of tokens per call");
@@ -82,6 +85,7 @@ WorkerFlags ReadWorkerFlags() {
   f.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
   f.insecure_cluster = absl::GetFlag(FLAGS_insecure_cluster);
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  f.load_progress_file = absl::GetFlag(FLAGS_load_progress_file);
   return f;
 }
 

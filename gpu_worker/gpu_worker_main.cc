@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "common/cluster_protocol.h"
 #include "common/file_write.h"
+#include "common/load_progress.h"
 #include "common/main_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
@@ -155,6 +156,7 @@ int Main(int argc, char** argv) {
   }
   spdlog::info("{} (cluster protocol version {})", kName, kClusterProtocolVersion);
   for (const std::string& line : c.Describe()) spdlog::info("  {}", line);
+  SetLoadProgressFile(c.load_progress_file);
   if (credential->insecure()) {
     spdlog::warn("--insecure_cluster: the GpuWorker service accepts unauthenticated calls");
   }

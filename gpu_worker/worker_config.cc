@@ -148,6 +148,7 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   c.port_file = f.port_file;
   if (!f.metrics_listen.empty()) RETURN_IF_ERROR(CheckHostPort("metrics_listen", f.metrics_listen));
   c.metrics_listen = f.metrics_listen;
+  c.load_progress_file = f.load_progress_file;
   // --backend cuda: 0 sizes the KV pool to the device's free memory (cuda_backend.h).
   if (!(f.backend == "cuda" && f.kv_tokens == 0)) {
     RETURN_IF_ERROR(CheckPositive("kv_tokens", f.kv_tokens));
@@ -245,6 +246,8 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("load_format = ", std::string(LoadFormatName(source.load_format))),
       absl::StrCat("hf_overrides = ", source.hf_overrides.empty() ? "(none)" : source.hf_overrides),
       absl::StrCat("metrics_listen = ", metrics_listen.empty() ? "(off)" : metrics_listen),
+      absl::StrCat("load_progress_file = ",
+                   load_progress_file.empty() ? "(none)" : load_progress_file),
       absl::StrCat("kv_tokens = ", kv_tokens),
       absl::StrCat("expert_deadline_ms = ", expert_deadline_ms),
       absl::StrCat("expert_connect_timeout_ms = ", expert_connect_timeout_ms),

@@ -16,6 +16,7 @@
 //   --hf_overrides JSON       a JSON object merged into config.json at start (vLLM's
 //                             --hf-overrides; common/weight_source.h)
 //   --metrics_listen HOST:PORT  Prometheus /metrics (empty = off)
+//   --load_progress_file PATH the load's progress as JSON (common/load_progress.h), for launchers
 //   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions); with
 //                             --backend cuda 0 sizes the pool to the GPU's free memory
 //   --cuda_device N           --backend cuda: the CUDA device ordinal (default 0)
@@ -74,6 +75,7 @@ struct WorkerFlags {
   std::string load_format = "auto";
   std::string hf_overrides;
   std::string metrics_listen;
+  std::string load_progress_file;
   int64_t kv_tokens = 16384;
   int cuda_device = 0;  // --backend cuda: the CUDA device ordinal
   std::string fp64_sums = "auto";
@@ -104,6 +106,7 @@ struct WorkerConfig {
   std::string backend;
   WeightSource source;  // --model, --load_format, --hf_overrides
   std::string metrics_listen;
+  std::string load_progress_file;  // SetLoadProgressFile's path; empty = none
   int64_t kv_tokens = 0;
   int cuda_device = 0;
   Fp64Sums fp64_sums = Fp64Sums::kAuto;

@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, load_format, WorkerFlags{}.load_format,
 ABSL_FLAG(std::string, hf_overrides, "",
           "a JSON object merged into config.json at start (vLLM's --hf-overrides), e.g. "
           "'{\"n_routed_experts\": 128}'; every structural check still applies");
+ABSL_FLAG(std::string, load_progress_file, "",
+          "a file the load's progress is written to (JSON, rewritten whole; common/"
+          "load_progress.h), for a launcher to show; empty = none");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, kv_tokens, WorkerFlags{}.kv_tokens,
@@ -117,6 +120,7 @@ WorkerFlags ReadWorkerFlags() {
   f.load_format = absl::GetFlag(FLAGS_load_format);
   f.hf_overrides = absl::GetFlag(FLAGS_hf_overrides);
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  f.load_progress_file = absl::GetFlag(FLAGS_load_progress_file);
   f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
   f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   f.fp64_sums = absl::GetFlag(FLAGS_fp64_sums);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -27,6 +28,16 @@ inline std::string ReadAll(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// What was written to `f` (a std::tmpfile) so far, from its start.
+inline std::string ReadAll(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) s.append(buf, n);
+  return s;
 }
 
 // A fresh directory under the test temp dir, removed when the object goes away.

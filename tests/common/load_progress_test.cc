@@ -1,6 +1,8 @@
-// LoadProgress (common/load_progress.h): its lines, and when it logs.
+// LoadProgress (common/load_progress.h): its lines, when it logs, and its progress file.
 #include "common/load_progress.h"
 
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -36,7 +38,7 @@ TEST(LoadProgress, LogsAtMostEveryIntervalAndOnceAtTheEnd) {
   spdlog::set_default_logger(logger);
   absl::Time now = absl::UnixEpoch();
   {
-    LoadProgress p("w", 4 * kGiB, absl::Seconds(5), [&] { return now; });
+    LoadProgress p("w", 4 * kGiB, {.now = [&] { return now; }});
     p.Add(kGiB);  // at 0 s: no line
     now += absl::Seconds(3);
     p.Add(kGiB);  // 3 s: still none
@@ -53,6 +55,58 @@ TEST(LoadProgress, LogsAtMostEveryIntervalAndOnceAtTheEnd) {
   EXPECT_EQ(out->str(),
             "w: 3.00 of 4.00 GiB (75%), 0.54 GB/s, about 2 s left\n"
             "w: 4.00 GiB in 7.0 s (0.61 GB/s)\n");
+}
+
+TEST(LoadProgressFile, ListsEveryLoadBegunWhileSetAndMarksTheFinishedOnes) {
+  const std::string path = ::testing::TempDir() + "/load_progress_test.json";
+  std::remove(path.c_str());
+  const auto read = [&] {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ParseLoadProgress(ss.str());
+  };
+  LoadProgress before("before", kGiB, {.log_summary = false});  // not listed: no file yet
+  SetLoadProgressFile(path);
+  absl::Time now = absl::UnixEpoch();
+  {
+    LoadProgress a("a", 2 * kGiB, {.log_summary = false, .now = [&] { return now; }});
+    absl::StatusOr<std::vector<LoadPhase>> p = read();  // listed when it begins
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->size(), 1u);
+    EXPECT_EQ((*p)[0].what, "a");
+    EXPECT_EQ((*p)[0].total, 2 * kGiB);
+    EXPECT_EQ((*p)[0].done, 0);
+    now += absl::Milliseconds(100);
+    a.Add(kGiB);  // 100 ms after the last write: not written
+    EXPECT_EQ((*read())[0].done, 0);
+    now += absl::Milliseconds(150);
+    a.Add(kGiB / 2);  // 250 ms: written
+    p = read();
+    EXPECT_EQ((*p)[0].done, kGiB + kGiB / 2);
+    EXPECT_DOUBLE_EQ((*p)[0].seconds, 0.25);
+    EXPECT_FALSE((*p)[0].finished);
+    a.Done();
+    LoadProgress b("b", 0, {.log_summary = false, .now = [&] { return now; }});
+    p = read();
+    ASSERT_EQ(p->size(), 2u);
+    EXPECT_TRUE((*p)[0].finished);
+    EXPECT_EQ((*p)[0].done, kGiB + kGiB / 2);
+    EXPECT_EQ((*p)[1].what, "b");
+    EXPECT_FALSE((*p)[1].finished);
+  }
+  SetLoadProgressFile("");
+  before.Done();
+  std::remove(path.c_str());
+}
+
+TEST(LoadProgressFile, ParseRefusesWhatIsNotAProgressFile) {
+  EXPECT_FALSE(ParseLoadProgress("").ok());
+  EXPECT_FALSE(ParseLoadProgress("{\"phases\": 3}").ok());
+  EXPECT_FALSE(ParseLoadProgress("{\"phases\": [{\"what\": \"a\", \"done\": 1}]}").ok());
+  absl::StatusOr<std::vector<LoadPhase>> p = ParseLoadProgress("{\"phases\": []}");
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->empty());
 }
 
 }  // namespace
