@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/int_math.h"
+#include "common/model/moe.h"
 #include "common/status.h"
 
 namespace ss::expert {
@@ -129,6 +130,7 @@ absl::Status ExpertEngine::Validate(int layer, int64_t T, const uint16_t* x, con
   }
   const int64_t E = store_.num_experts(), dim = store_.dim();
   for (int64_t i = 0; i < T * top_k; ++i) {
+    if (ids[i] == model::kSkippedExpert) continue;
     if (ids[i] < 0 || ids[i] >= E) {
       return absl::InvalidArgumentError(absl::StrCat("expert id ", ids[i], " (token ", i / top_k,
                                                      ", choice ", i % top_k, ") is outside [0, ", E,
@@ -155,7 +157,9 @@ void ExpertEngine::Plan(int64_t T, const int32_t* ids, const float* weights, int
   const int64_t I = store_.inter_slice(), C = I / kActBlock;  // 128-column chunks
   const int64_t max_s = std::max<int64_t>(1, I / options_.min_split_cols);
   std::fill(expert_count_.begin(), expert_count_.end(), 0);
-  for (int64_t i = 0; i < entries; ++i) ++expert_count_[ids[i]];
+  for (int64_t i = 0; i < entries; ++i) {
+    if (ids[i] != model::kSkippedExpert) ++expert_count_[ids[i]];
+  }
   int64_t P = 0, groups = 0;
   expert_offset_[0] = 0;
   group_offsets_[0] = 0;
@@ -169,6 +173,7 @@ void ExpertEngine::Plan(int64_t T, const int32_t* ids, const float* weights, int
   }
   std::copy(expert_offset_.begin(), expert_offset_.end() - 1, expert_cursor_.begin());
   for (int64_t i = 0; i < entries; ++i) {  // token-major within an expert
+    if (ids[i] == model::kSkippedExpert) continue;
     const int32_t pos = expert_cursor_[ids[i]]++;
     const int64_t t = i / top_k;
     entry_token_[pos] = static_cast<int32_t>(t);
@@ -179,7 +184,7 @@ void ExpertEngine::Plan(int64_t T, const int32_t* ids, const float* weights, int
   }
   num_groups_ = groups;
 
-  int64_t s = std::min(max_s, CeilDiv(options_.split_target, P));
+  int64_t s = P > 0 ? std::min(max_s, CeilDiv(options_.split_target, P)) : 1;  // P 0: all skipped
   if (options_.max_splits > 0) s = std::min(s, options_.max_splits);
   s = std::max<int64_t>(s, 1);
   // Sub-range j of s covers the 128-column chunks [j·C/s, (j+1)·C/s) (at least min_split_cols).

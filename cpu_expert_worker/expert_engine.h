@@ -75,8 +75,9 @@ class ExpertEngine {
   // Every field is validated before anything runs; on error `out` is untouched and the engine
   // keeps serving. Errors: NotFound for a layer this worker does not hold; InvalidArgument for
   // T < 0, top_k outside [1, max_top_k], a null pointer, an expert id outside
-  // [0, n_routed_experts) or a non-finite weight (naming the token and choice);
-  // ResourceExhausted for T > max_tokens. T = 0 is a no-op.
+  // [0, n_routed_experts) or a non-finite weight (naming the token and choice); ResourceExhausted
+  // for T > max_tokens. T = 0 is a no-op. An id of model::kSkippedExpert (common/model/moe.h) is
+  // a skipped choice: it adds nothing and reads no expert's weights.
   absl::Status Compute(int layer, int64_t T, const uint16_t* x_bf16, const int32_t* ids,
                        const float* weights, int top_k, float* out_fp32);
 

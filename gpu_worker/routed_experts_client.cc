@@ -244,7 +244,7 @@ absl::Status RoutedExpertsClient::ComputeLocal(int64_t layer, int64_t T, const f
   r.indices.assign(ids, ids + T * top_k);
   r.weights.assign(weights, weights + T * top_k);
   for (const int32_t e : r.indices) {
-    if (e < 0 || e >= c.n_routed_experts) {
+    if (e != model::kSkippedExpert && (e < 0 || e >= c.n_routed_experts)) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": expert id ", e));
     }
   }

@@ -32,8 +32,14 @@ void RoutedExpert(const ExpertWeights& e, const float* x, const float* row_weigh
 // The shared expert (FP8 weights, routing weight 1).
 void SharedExpert(const MoeWeights& w, const float* x, int64_t n, float limit, float* y);
 
+// An expert id that stands for no expert: the choice is skipped (an expert computed elsewhere,
+// e.g. resident on the GPU, or another TP rank's). RoutedSum, RoutedExperts and the expert
+// workers' calls take it; the row's other choices are summed as if it were absent.
+inline constexpr int32_t kSkippedExpert = -1;
+
 // The routed half of the MoE sublayer for the routing `r`: acc [T, dim] (fp32, overwritten) =
-// Σ over each row's chosen experts, in ascending expert id, of that expert's bf16 output.
+// Σ over each row's chosen experts, in ascending expert id, of that expert's bf16 output
+// (kSkippedExpert choices, and any id matching no expert, add nothing).
 void RoutedSum(const MoeWeights& w, const ModelConfig& c, const float* x, const RouterResult& r,
                int64_t T, float* acc);
 
@@ -43,7 +49,8 @@ void RoutedSum(const MoeWeights& w, const ModelConfig& c, const float* x, const 
 // (which equals it up to fp32 summation order):
 //   layer    block id (n_layers + k for MTP block k)
 //   x        [T, dim] the MoE input, every value bf16-representable
-//   ids      [T, top_k] expert ids in the router's order; weights [T, top_k] with route_scale
+//   ids      [T, top_k] expert ids in the router's order (kSkippedExpert: none); weights
+//            [T, top_k] with route_scale
 // An error (a dead worker, a deadline) fails the block; the caller's state is then not valid.
 // Thread-safety: implementations must allow concurrent calls from several threads.
 class RoutedExperts {

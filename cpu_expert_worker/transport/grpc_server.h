@@ -47,7 +47,8 @@
 namespace ss::expert::grpc_transport {
 
 // The version of proto/expert.proto's semantics. Bump on any change of a field's meaning.
-inline constexpr uint32_t kGrpcProtocolVersion = 1;
+// 2: ids may hold model::kSkippedExpert (-1), a skipped choice.
+inline constexpr uint32_t kGrpcProtocolVersion = 2;
 
 struct GrpcServerOptions {
   // "host:port"; port 0 picks a free port (see port()). Plaintext: use loopback or a trusted

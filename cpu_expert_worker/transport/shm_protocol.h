@@ -53,7 +53,8 @@
 //
 // Versioning. The first 24 bytes (magic, protocol_version, owner_pid, owner_start_time) keep
 // their offsets in every version, so any build can tell a foreign, an incompatible and a stale
-// segment apart. Any change to the layout below bumps kShmProtocolVersion.
+// segment apart. Any change to the layout below, or to a field's meaning, bumps
+// kShmProtocolVersion. 2: ids may hold model::kSkippedExpert (-1), a skipped choice.
 #pragma once
 
 #include <atomic>
@@ -70,7 +71,7 @@
 namespace ss::expert::shm {
 
 inline constexpr uint64_t kShmMagic = 0x4d48535850455353ull;  // "SSEXPSHM" little-endian
-inline constexpr uint32_t kShmProtocolVersion = 1;
+inline constexpr uint32_t kShmProtocolVersion = 2;
 inline constexpr size_t kShmPageBytes = 4096;    // alignment of header, slots and payloads
 inline constexpr size_t kShmMessageBytes = 256;  // status message capacity, incl. the NUL
 inline constexpr uint32_t kShmMaxSlots = 1024;

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
+#include "common/model/moe.h"
 #include "cpu_expert_worker/kernels/dispatch.h"
 #include "tests/cpu_expert_worker/expert_test_util.h"
 
@@ -292,6 +293,39 @@ TEST(ExpertEngine, SplitPlanDependsOnTheRequestOnly) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A skipped choice (model::kSkippedExpert) adds exactly nothing: the same values as the choice
+// with routing weight 0 (an expert output of ±0), on whole experts and on slices; a token whose
+// every choice is skipped gets 0, and the skipped experts are not planned.
+TEST(ExpertEngine, SkippedChoicesAddNothing) {
+  auto pool = Pool(2);
+  for (int n : {1, 2}) {
+    auto store = Store(I256Checkpoint(), 0, n);
+    ASSERT_NE(store, nullptr);
+    for (Isa isa : Isas()) {
+      auto e = Engine(*store, *pool, isa);
+      Request skipped = MakeRequest(9, 3, 8, 384, false, 21);
+      Request zero = skipped;
+      for (int64_t i = 0; i < skipped.T * skipped.k; ++i) {
+        if (i % 4 == 1 || i / skipped.k == 5) {  // token 5: every choice
+          skipped.ids[i] = model::kSkippedExpert;
+          zero.w[i] = 0.0f;
+        }
+      }
+      const std::vector<float> got = RunEngine(*e, *store, 0, skipped);
+      const std::vector<float> want = RunEngine(*e, *store, 0, zero);
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0) << "slices " << n << " isa " << IsaName(isa);
+      for (int64_t d = 0; d < store->dim(); ++d) ASSERT_EQ(got[5 * store->dim() + d], 0.0f);
+      Request none = skipped;
+      std::fill(none.ids.begin(), none.ids.end(), model::kSkippedExpert);
+      const std::vector<float> zeros = RunEngine(*e, *store, 0, none);
+      EXPECT_EQ(e->last_units(), 0);
+      for (float v : zeros) ASSERT_EQ(v, 0.0f);
+    }
+  }
+}
+
 class EngineErrors : public testing::Test {
  protected:
   void SetUp() override {
@@ -342,7 +376,7 @@ TEST_F(EngineErrors, UnknownLayer) {
 }
 
 TEST_F(EngineErrors, ExpertIdOutOfRange) {
-  for (int32_t bad : {8, -1, 1 << 30}) {
+  for (int32_t bad : {8, -2, 1 << 30}) {  // -1 is model::kSkippedExpert
     Request r = req_;
     r.ids[2 * 3 + 1] = bad;
     const absl::Status st = Call(r);
