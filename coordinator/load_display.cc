@@ -35,7 +35,7 @@ LoadSummary SummarizeLoads(const std::vector<ChildLoad>& children) {
     bool finished = true, unknown = false;
     for (const LoadPhase& p : c.phases) {
       done += p.done;
-      total += p.total;
+      total += p.finished ? p.done : p.total;  // an estimate ends as what was loaded
       finished = finished && p.finished;
       unknown = unknown || p.total <= 0;
     }

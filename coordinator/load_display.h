@@ -6,7 +6,8 @@
 //     7 s left (gpu0 100%, expert0 40%)
 //
 // The total is what the children have announced so far (a GPU worker generating dummy weights
-// announces its upload when the generation is done), so the percentage may step back once.
+// announces its upload when the generation is done), so the percentage may step back once; a
+// finished load counts what it loaded, whatever its estimate was.
 // Nothing is shown before loading has run for a second (a small model shows nothing).
 #pragma once
 

@@ -58,6 +58,8 @@ struct LoadedStage {
   // The nccl stage transport's links (stage_link.h; null under gRPC, and at the first / last
   // stage).
   std::unique_ptr<StageLink> link_in, link_out;
+  // The routing counts the backend's expert client adds to (shared with the metrics' scrape).
+  std::shared_ptr<ExpertHeat> heat;
   std::unique_ptr<StageBackend> backend;
   std::unique_ptr<StreamSender> sender;    // non-last stage
   std::unique_ptr<WorkerMetrics> metrics;  // optional

@@ -261,6 +261,7 @@ absl::Status RoutedExpertsClient::Compute(int64_t layer, int64_t T, const float*
     return absl::InvalidArgumentError(absl::StrCat("expert call for layer ", layer));
   }
   if (T <= 0) return absl::OkStatus();
+  if (options_.heat != nullptr) options_.heat->Count(layer, ids, T * top_k);
   auto it = layers_.find(layer);
   if (it == layers_.end()) return ComputeLocal(layer, T, x, ids, weights, top_k, out);
   const Layer& l = it->second;

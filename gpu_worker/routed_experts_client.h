@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model/model.h"
+#include "gpu_worker/expert_heat.h"
 #include "proto/cluster_credential.h"
 
 namespace ss::gpu {
@@ -89,6 +90,7 @@ struct ExpertClientOptions {
   int tp_rank = 0;  // the layers' endpoints are this rank's slices (ValidateLayerExperts)
   int tp_size = 1;
   ClusterCredential credential;  // carried by the calls to gRPC endpoints
+  ExpertHeat* heat = nullptr;    // optional, borrowed: every call's choices are counted there
 };
 
 class RoutedExpertsClient final : public model::RoutedExperts {

@@ -159,6 +159,9 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
   o.expert_client.tp_size = role.tp_size;
   o.expert_client.credential = credential;
   LoadedStage stage;
+  stage.heat = std::make_shared<ExpertHeat>(role.first_layer, role.end_layer,
+                                            static_cast<int>(config.n_routed_experts));
+  o.expert_client.heat = stage.heat.get();
   NcclComm* comm_ptr = nullptr;
   if (c.backend == "cuda") {
 #ifdef SS_HAVE_CUDA
@@ -244,6 +247,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
   if (metrics != nullptr) {
     stage.metrics =
         std::make_unique<WorkerMetrics>(*metrics, role.worker_id, role.first_layer, role.end_layer);
+    ExportExpertHeat(*metrics, role.worker_id, stage.heat);
     stage.metrics->SetKv(stage.backend->kv_usage());
   }
   RunnerOptions ro;

@@ -26,6 +26,34 @@ void SetPenalties(const pb::SamplingParams& p, SamplingConfig* config) {
 
 }  // namespace
 
+void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
+                      std::shared_ptr<const ExpertHeat> heat) {
+  struct Exported {
+    std::shared_ptr<const ExpertHeat> heat;
+    std::vector<prometheus::Counter*> counters;  // layer-major, as ExpertHeat::Snapshot
+    std::vector<uint64_t> done;                  // what the counters hold
+  };
+  auto e = std::make_shared<Exported>();
+  e->heat = std::move(heat);
+  const ExpertHeat& h = *e->heat;
+  for (int l = h.first_layer(); l < h.end_layer(); ++l) {
+    for (int x = 0; x < h.n_experts(); ++x) {
+      e->counters.push_back(&m.Counter(
+          "gpu_worker_expert_routed_total",
+          "routed choices of each expert on the expert path (decode, CPU-path prefill)",
+          {{"layer", std::to_string(l)}, {"expert", std::to_string(x)}, {"worker", worker}}));
+    }
+  }
+  e->done.assign(e->counters.size(), 0);
+  m.OnScrape([e] {
+    const std::vector<uint64_t> now = e->heat->Snapshot();
+    for (size_t i = 0; i < now.size() && i < e->counters.size(); ++i) {
+      if (now[i] > e->done[i]) e->counters[i]->Increment(static_cast<double>(now[i] - e->done[i]));
+      e->done[i] = now[i];
+    }
+  });
+}
+
 WorkerMetrics::WorkerMetrics(metrics::Metrics& m, const std::string& worker, int first_layer,
                              int end_layer)
     : first_layer_(first_layer),

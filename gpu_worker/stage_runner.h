@@ -50,6 +50,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/expert_heat.h"
 #include "gpu_worker/stage_link.h"
 #include "gpu_worker/stage_transfer.h"
 #include "gpu_worker/token_histories.h"
@@ -73,6 +74,12 @@ namespace ss::gpu {
 //   gpu_worker_streamed_copy_busy_ratio{worker}  its copy seconds / span (0..1)
 //   gpu_worker_gpu_prefill_threshold_rows{worker}  rows from which a step streams (+Inf: never;
 //                                               0: no streamed path), as of the last step
+// The routing counts as counters brought up to date at each scrape (created up front, one per
+// layer and expert of the stage):
+//   gpu_worker_expert_routed_total{layer, expert, worker}  choices of that expert (expert_heat.h)
+void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
+                      std::shared_ptr<const ExpertHeat> heat);
+
 class WorkerMetrics {
  public:
   WorkerMetrics(metrics::Metrics& m, const std::string& worker_id, int first_layer, int end_layer);

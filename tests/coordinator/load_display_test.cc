@@ -26,7 +26,7 @@ TEST(LoadDisplay, SumsEveryChildsPhasesAndNamesEachChild) {
       {"gpu0", {Phase(2 * kGiB, 2 * kGiB, true), Phase(kGiB, 4 * kGiB, false)}},
       {"gpu1", {}},  // no file yet: left out
       {"expert0", {Phase(3 * kGiB, 12 * kGiB, false)}},
-      {"expert1", {Phase(kGiB, kGiB, true)}},
+      {"expert1", {Phase(kGiB, 2 * kGiB, true)}},  // done: what it loaded is its total
   });
   EXPECT_TRUE(s.any);
   EXPECT_FALSE(s.finished);

@@ -9,7 +9,8 @@
 #     relabel rule, the same under vllm: (job splitserve-coordinator-vllm);
 #   - vLLM's bucket ranges: time to first token up to 2,560 s, e2e and the request phases up to
 #     7,680 s, inter-token latency up to 80 s;
-#   - every splitserve: series the Grafana dashboard (deploy/grafana) queries.
+#   - every splitserve: series the Grafana dashboard (deploy/grafana) queries, and each of its
+#     queries evaluating (its variables set to match anything, one layer, 2 hot experts).
 #
 #   prometheus_scrape_test.sh SOURCE_DIR SPLITSERVE_BIN WORK_DIR
 #
@@ -77,6 +78,7 @@ import re, sys
 src, dst, port, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 workers = ", ".join(f'"127.0.0.1:{p}"' for p in range(first, last + 1))
 job = None
+filled = set()
 out = []
 for line in open(src):
     m = re.match(r"\s*- job_name:\s*(\S+)", line)
@@ -85,9 +87,10 @@ for line in open(src):
     if re.match(r"\s*scrape_interval:", line):
         line = re.sub(r"scrape_interval:.*", "scrape_interval: 1s", line)
     m = re.match(r"(\s*- targets:\s*)\[.*\]", line)
-    if m:
+    if m:  # a job's first target group gets this machine's processes, its other groups none
         targets = f'"127.0.0.1:{port}"' if job.startswith("splitserve-coordinator") else workers
-        line = f"{m.group(1)}[{targets}]\n"
+        line = f"{m.group(1)}[{targets if job not in filled else ''}]\n"
+        filled.add(job)
     out.append(line)
 open(dst, "w").write("".join(out))
 PY
@@ -100,7 +103,7 @@ pids+=($!)
 # Checked every 2 s until it holds, for up to 40 s (Prometheus starting and scraping on a busy
 # machine); the last round's problems are printed.
 python3 - "$prom_port" "$src/deploy/grafana/splitserve-dashboard.json" <<'PY' || fail "the queries above"
-import json, re, sys, time, urllib.parse, urllib.request
+import json, re, sys, time, urllib.error, urllib.parse, urllib.request
 base = f"http://127.0.0.1:{sys.argv[1]}/api/v1/"
 def query(q):
     try:
@@ -119,8 +122,18 @@ vllm = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
         "request_inference_time_seconds_bucket", "request_prefill_time_seconds_bucket",
         "request_decode_time_seconds_bucket"]
 dashboard = json.load(open(sys.argv[2]))
-dashboard_series = {m for p in dashboard["panels"] for t in p.get("targets", [])
-                     for m in re.findall(r"splitserve:[a-z0-9_]+", t["expr"])}
+dashboard_exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+dashboard_series = {m for e in dashboard_exprs for m in re.findall(r"splitserve:[a-z0-9_]+", e)}
+variables = {"$__rate_interval": "1m", "$expert_layer": "0", "$hot_experts": "2"}
+def query_error(q):
+    """None when `q` evaluates, else Prometheus's error."""
+    try:
+        with urllib.request.urlopen(base + "query?query=" + urllib.parse.quote(q), timeout=10) as r:
+            return None if json.load(r).get("status") == "success" else "no success"
+    except urllib.error.HTTPError as e:
+        return e.read().decode(errors="replace")[:300]
+    except OSError as e:
+        return str(e)
 def check():
   problems = []
   down = [s["metric"] for s in query("up") if s["value"][1] != "1"]
@@ -148,6 +161,13 @@ def check():
   for name in sorted(dashboard_series):
       if not query(f'count({{__name__="{name}"}})'):
           problems.append(f"the dashboard queries {name}, which no process exports")
+  for e in dashboard_exprs:
+      q = e
+      for k, v in variables.items():
+          q = q.replace(k, v)
+      q = re.sub(r"\$[a-z_]+", ".*", q)
+      if (err := query_error(q)) is not None:
+          problems.append(f"the dashboard query {q} does not evaluate: {err}")
   ttft = query('vllm:time_to_first_token_seconds_count')
   if not ttft or float(ttft[0]["value"][1]) < 1:
       problems.append(f"the request is not counted: {ttft}")

@@ -17,7 +17,10 @@
 #include "common/bf16.h"
 #include "common/metrics/metrics.h"
 #include "common/model/model.h"
+#include "common/model/moe.h"
 #include "gpu_worker/cpu_backend.h"
+#include "gpu_worker/expert_heat.h"
+#include "gpu_worker/routed_experts_client.h"
 #include "gpu_worker/worker_config.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_worker_test_util.h"
@@ -452,6 +455,60 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
         "splitserve:gpu_worker_kv_usage_perc{worker=\"w0\"} 0.05"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
+}
+
+TEST(ExpertHeat, CountsEveryChoiceOfItsLayersAndNothingElse) {
+  ExpertHeat h(2, 5, 16);
+  const int32_t ids[] = {3, 7, 3, model::kSkippedExpert, 16, -2, 0, 15};
+  h.Count(2, ids, 8);
+  h.Count(4, ids, 2);
+  h.Count(1, ids, 8);  // outside the stage's layers
+  h.Count(5, ids, 8);
+  EXPECT_EQ(h.count(2, 3), 2u);
+  EXPECT_EQ(h.count(2, 7), 1u);
+  EXPECT_EQ(h.count(2, 0), 1u);
+  EXPECT_EQ(h.count(2, 15), 1u);
+  EXPECT_EQ(h.count(4, 3), 1u);
+  EXPECT_EQ(h.count(4, 7), 1u);
+  EXPECT_EQ(h.count(1, 3), 0u);
+  EXPECT_EQ(h.count(2, 16), 0u);
+  const std::vector<uint64_t> all = h.Snapshot();
+  ASSERT_EQ(all.size(), 3u * 16u);
+  uint64_t sum = 0;
+  for (uint64_t v : all) sum += v;
+  EXPECT_EQ(sum, 5u + 2u);
+  EXPECT_EQ(all[2 * 16 + 7], 1u);  // layer 4, expert 7
+}
+
+// The expert client counts each call's choices (here a layer it computes locally), and the
+// counters follow the counts at each scrape.
+TEST(ExpertHeat, TheClientCountsAndTheMetricsFollow) {
+  auto heat = std::make_shared<ExpertHeat>(0, 7, 16);
+  ExpertClientOptions o;
+  o.heat = heat.get();
+  auto client = RoutedExpertsClient::Connect(*TinyA(), {}, o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const int64_t T = 2, dim = 256;
+  std::vector<float> x(T * dim, 0.5f), out(T * dim);
+  const std::vector<int32_t> ids = {1, 5, 9, 5, 5, 2, model::kSkippedExpert, 14};
+  const std::vector<float> w(8, 0.25f);
+  ASSERT_TRUE((*client)->Compute(3, T, x.data(), ids.data(), w.data(), 4, out.data()).ok());
+  EXPECT_EQ(heat->count(3, 5), 3u);
+  EXPECT_EQ(heat->count(3, 14), 1u);
+  metrics::Metrics m;
+  ExportExpertHeat(m, "w0", heat);
+  EXPECT_NE(
+      m.Serialize().find(
+          "splitserve:gpu_worker_expert_routed_total{expert=\"5\",layer=\"3\",worker=\"w0\"} 3"),
+      std::string::npos);
+  ASSERT_TRUE((*client)->Compute(3, T, x.data(), ids.data(), w.data(), 4, out.data()).ok());
+  const std::string text = m.Serialize();
+  EXPECT_NE(text.find("splitserve:gpu_worker_expert_routed_total{expert=\"5\",layer=\"3\","
+                      "worker=\"w0\"} 6"),
+            std::string::npos);
+  EXPECT_NE(text.find("splitserve:gpu_worker_expert_routed_total{expert=\"0\",layer=\"6\","
+                      "worker=\"w0\"} 0"),
+            std::string::npos);
 }
 
 TEST(GpuWorkerConfig, FlagsAreValidated) {

@@ -1,0 +1,33 @@
+#include "gpu_worker/expert_heat.h"
+
+#include <algorithm>
+
+namespace ss::gpu {
+
+ExpertHeat::ExpertHeat(int first_layer, int end_layer, int n_experts)
+    : first_layer_(first_layer),
+      end_layer_(std::max(first_layer, end_layer)),
+      n_experts_(std::max(0, n_experts)),
+      counts_(new std::atomic<uint64_t>[static_cast<size_t>(end_layer_ - first_layer_) *
+                                        static_cast<size_t>(n_experts_)]()) {}
+
+void ExpertHeat::Count(int64_t layer, const int32_t* ids, int64_t n) {
+  if (layer < first_layer_ || layer >= end_layer_) return;
+  std::atomic<uint64_t>* row = counts_.get() + (layer - first_layer_) * n_experts_;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= 0 && ids[i] < n_experts_) row[ids[i]].fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+uint64_t ExpertHeat::count(int64_t layer, int expert) const {
+  if (layer < first_layer_ || layer >= end_layer_ || expert < 0 || expert >= n_experts_) return 0;
+  return counts_[(layer - first_layer_) * n_experts_ + expert].load(std::memory_order_relaxed);
+}
+
+std::vector<uint64_t> ExpertHeat::Snapshot() const {
+  std::vector<uint64_t> out(static_cast<size_t>(end_layer_ - first_layer_) * n_experts_);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = counts_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+}  // namespace ss::gpu
