@@ -221,7 +221,8 @@ class CudaGolden final : public StagedGolden {
         tp_(o.tp),
         fp64_sums_(o.fp64_sums),
         threshold_(o.gpu_prefill_threshold),
-        ring_bytes_(o.gpu_prefill_ring_bytes) {}
+        ring_bytes_(o.gpu_prefill_ring_bytes),
+        gpu_experts_(o.gpu_experts) {}
   std::string name() const override {
     std::string n = "cuda";
     if (tp_ > 1) absl::StrAppend(&n, ", TP ", tp_);
@@ -230,6 +231,7 @@ class CudaGolden final : public StagedGolden {
       absl::StrAppend(&n, ", fp64_sums ", Fp64SumsName(fp64_sums_));
     if (threshold_.mode != GpuPrefillThreshold::Mode::kOff)
       absl::StrAppend(&n, ", routed experts streamed from ", threshold_.ToString(), " rows");
+    if (gpu_experts_ > 0) absl::StrAppend(&n, ", ", gpu_experts_, " experts a layer resident");
     return n;
   }
 
@@ -275,6 +277,13 @@ class CudaGolden final : public StagedGolden {
     o.fp64_sums = fp64_sums_;
     o.gpu_prefill_threshold = threshold_;
     o.gpu_prefill_ring_bytes = ring_bytes_;
+    const int E = static_cast<int>(m->config().n_routed_experts);
+    const int n = std::min(gpu_experts_, E);
+    for (int layer = l.first_layer; layer < l.end_layer && n > 0; ++layer) {
+      std::vector<int32_t> ids;
+      for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(int64_t{i} * E / n));
+      o.resident_experts.push_back(std::move(ids));
+    }
 #if SS_HAVE_CPU_BACKEND
     if (!experts_spec_.empty()) {
       // One expert-worker client per (model, rank) -- the variants' models get their own --, kept
@@ -309,6 +318,7 @@ class CudaGolden final : public StagedGolden {
   const Fp64Sums fp64_sums_;
   const GpuPrefillThreshold threshold_;
   const int64_t ring_bytes_;
+  const int gpu_experts_;
   std::map<std::vector<int>, std::shared_ptr<TpGroup>> groups_;  // TP > 1, by device list
 #if SS_HAVE_CPU_BACKEND
   std::map<std::pair<const model::Model*, int>,
@@ -340,6 +350,10 @@ absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(
   }
   if (o.stages < 1 || o.stages > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, ": expected 1..64"));
+  }
+  if (o.gpu_experts < 0 || (o.gpu_experts > 0 && o.backend != "cuda")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_experts ", o.gpu_experts, ": expected 0, or > 0 with --backend cuda"));
   }
 #if SS_HAVE_CPU_BACKEND
   std::vector<LayerExpertsConfig> experts;

@@ -54,13 +54,16 @@ struct GoldenBackendOptions {
   // every step).
   GpuPrefillThreshold gpu_prefill_threshold{GpuPrefillThreshold::Mode::kOff, 0};
   int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
+  // --backend cuda: this many routed experts of every layer resident on the GPU
+  // (resident_routed_experts.h), ids spread evenly over [0, E); 0: none.
+  int gpu_experts = 0;
 };
 
 inline constexpr int64_t kGoldenKvTokens = 1 << 16;
 
 // Null for "reference" (the runner then uses the model directly). InvalidArgument for an unknown
-// backend, a malformed --experts, --tp outside [1, 8] (above 1 only with cuda) or --stages outside
-// [1, 64]; Unimplemented
+// backend, a malformed --experts, --tp outside [1, 8] (above 1 only with cuda), --stages outside
+// [1, 64] or --gpu_experts below 0 (above 0 only with cuda); Unimplemented
 // for a backend (or --experts, or --tp > 1 without NCCL) this build lacks; FailedPrecondition for
 // --backend cuda with too few CUDA devices.
 absl::StatusOr<std::shared_ptr<golden::GoldenBackend>> MakeGoldenBackend(

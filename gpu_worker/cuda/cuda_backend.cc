@@ -12,6 +12,7 @@
 #include "common/tensor_parallel.h"
 #include "gpu_worker/cuda/cuda_backend_internal.h"
 #include "gpu_worker/cuda/host_routed_experts.h"
+#include "gpu_worker/cuda/resident_routed_experts.h"
 #include "gpu_worker/kernels/kernel_limits.h"
 #include "gpu_worker/kernels/prepare.h"
 #include "gpu_worker/memory_plan.h"
@@ -31,6 +32,20 @@ CudaBackend::~CudaBackend() {
 
 namespace {
 
+// Where the GPU takes the routed experts from (expert_sources.h): the stage's layers, this rank,
+// and the expert stores of o.expert_stores, opened on first use (im.stores).
+absl::StatusOr<ExpertSourcesOptions> SourcesOf(const model::Model& model,
+                                               const CudaBackendOptions& o, CudaBackend::Impl& im) {
+  ExpertSourcesOptions s{o.first_layer, o.end_layer, im.tp, im.rank, nullptr, {}};
+  if (o.expert_stores.empty()) return s;
+  if (im.stores == nullptr) {
+    ASSIGN_OR_RETURN(im.stores, ExpertStoreSet::Open(o.expert_stores, model.config()));
+  }
+  s.stores = im.stores.get();
+  for (const auto& [layer, unused] : o.expert_stores) s.remote_layers.push_back(layer);
+  return s;
+}
+
 // The streamed path of the routed experts (streamed_routed_experts.h), unless the ring is 0, the
 // threshold is off or the routed experts are excluded. Its device memory is allocated here, before
 // the KV pool is fitted into what is left. With --gpu_prefill_threshold auto a path that cannot
@@ -45,25 +60,12 @@ absl::Status SetUpStreamedPath(const model::Model& model, const CudaBackendOptio
     return absl::OkStatus();
   }
   StreamedExpertsOptions so;
-  so.first_layer = o.first_layer;
-  so.end_layer = o.end_layer;
-  so.tp = im.tp;
-  so.rank = im.rank;
   so.ring_bytes = o.gpu_prefill_ring_bytes;
   so.max_rows = o.max_step_tokens;
-  absl::Status st = absl::OkStatus();
-  if (!o.expert_stores.empty()) {
-    absl::StatusOr<std::unique_ptr<ExpertStoreSet>> stores =
-        ExpertStoreSet::Open(o.expert_stores, model.config());
-    if (stores.ok()) {
-      im.stores = std::move(*stores);
-      so.stores = im.stores.get();
-    } else {
-      st = stores.status();
-    }
-    for (const auto& [layer, unused] : o.expert_stores) so.remote_layers.push_back(layer);
-  }
+  absl::StatusOr<ExpertSourcesOptions> sources = SourcesOf(model, o, im);
+  absl::Status st = sources.status();
   if (st.ok()) {
+    so.sources = *std::move(sources);
     absl::StatusOr<std::unique_ptr<StreamedRoutedExperts>> streamed =
         StreamedRoutedExperts::Create(model, so);
     if (streamed.ok()) {
@@ -83,6 +85,25 @@ absl::Status SetUpStreamedPath(const model::Model& model, const CudaBackendOptio
       th, im.streamed->layer_bytes(),
       StreamedPrefillPolicy::Rates{.h2d_bytes_per_second = im.streamed->h2d_bytes_per_second()});
   spdlog::info("streamed prefill: {}; {}", im.streamed->Describe(), im.policy->Describe());
+  return absl::OkStatus();
+}
+
+// The resident experts (o.resident_experts), wrapping the host path; their weights are copied
+// before the KV pool is fitted.
+absl::Status SetUpResidentExperts(const model::Model& model, const CudaBackendOptions& o,
+                                  CudaBackend::Impl& im) {
+  bool any = false;
+  for (const std::vector<int32_t>& l : o.resident_experts) any = any || !l.empty();
+  if (!any || o.exclude_routed_experts) return absl::OkStatus();
+  ResidentExpertsOptions ro;
+  ASSIGN_OR_RETURN(ro.sources, SourcesOf(model, o, im));
+  ro.resident = o.resident_experts;
+  ro.max_rows = o.resident_max_rows;
+  ASSIGN_OR_RETURN(std::unique_ptr<ResidentRoutedExperts> r,
+                   ResidentRoutedExperts::Create(model, ro, std::move(im.routed)));
+  spdlog::info("resident experts: {} on CUDA device {} ({}), for steps of up to {} rows",
+               r->experts(), o.device, GiB(r->bytes()), o.resident_max_rows);
+  im.routed = std::move(r);
   return absl::OkStatus();
 }
 
@@ -166,6 +187,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     ASSIGN_OR_RETURN(im.head, im.Bf16Rows(w.head, im.vocab));
   }
   RETURN_IF_ERROR(SetUpStreamedPath(*b->model_, o, im));
+  RETURN_IF_ERROR(SetUpResidentExperts(*b->model_, o, im));
   ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
   ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
   im.load_progress->Done();

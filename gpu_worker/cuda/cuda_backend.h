@@ -130,6 +130,11 @@ struct CudaBackendOptions {
   GpuPrefillThreshold gpu_prefill_threshold{GpuPrefillThreshold::Mode::kOff, 0};
   int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
   std::map<int64_t, ExpertLayerStores> expert_stores;
+  // Routed experts resident on this GPU (resident_routed_experts.h): per stage layer, the expert
+  // ids whose weights stay on the device, computed here for steps of at most resident_max_rows
+  // rows (the other choices: `experts` / the host). Empty: none.
+  std::vector<std::vector<int32_t>> resident_experts;
+  int64_t resident_max_rows = 256;
   // Benchmarks only (layer figures without the routed experts): take every layer's routed-expert
   // sum as zero, so a step sends nothing to the host and `experts` is not called.
   bool exclude_routed_experts = false;

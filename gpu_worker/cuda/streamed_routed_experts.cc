@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "gpu_worker/cuda/expert_sources.h"
 #include "gpu_worker/cuda_status.h"
 #include "gpu_worker/kernels/mxfp4_moe.h"
 #include "gpu_worker/memory_plan.h"
@@ -14,38 +15,7 @@
 #include "spdlog/spdlog.h"
 
 namespace ss::gpu::cuda_backend_internal {
-namespace {
-
-constexpr int64_t kAlign = 256;
-int64_t Up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-// The step workspace's parts for T rows (one arena, work_).
-struct WorkLayout {
-  int64_t offsets, tile_offsets, route_token, route_slot, route_weight, scratch, xq, h, y, bytes;
-};
-WorkLayout LayoutWork(int64_t T, int K, int E, int64_t dim, int64_t inter) {
-  const int64_t R = T * K;
-  WorkLayout w{};
-  int64_t at = 0;
-  auto take = [&at](int64_t bytes) {
-    const int64_t o = at;
-    at += Up(std::max<int64_t>(bytes, 1));
-    return o;
-  };
-  w.offsets = take((E + 1) * 4);
-  w.tile_offsets = take((E + 1) * 4);
-  w.route_token = take(R * 4);
-  w.route_slot = take(R * 4);
-  w.route_weight = take(R * 4);
-  w.scratch = take(cuda::MoeRoutingScratchBytes(T, K, E));
-  w.xq = take(T * dim * 2);
-  w.h = take(R * inter * 2);
-  w.y = take(R * dim * 4);
-  w.bytes = at;
-  return w;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 StreamedRoutedExperts::StreamedRoutedExperts(const model::Model& model,
                                              const StreamedExpertsOptions& options)
@@ -71,86 +41,14 @@ absl::StatusOr<std::unique_ptr<StreamedRoutedExperts>> StreamedRoutedExperts::Cr
 }
 
 absl::Status StreamedRoutedExperts::PlanLayers() {
-  const ModelConfig& c = model_.config();
-  const int E = static_cast<int>(c.n_routed_experts);
-  const int64_t dim = c.dim, I = c.moe_inter_dim;
-  for (int L = options_.first_layer; L < options_.end_layer; ++L) {
+  for (LayerSources& ls : PlanLayerSources(model_, options_.sources)) {
     LayerPlan lp;
-    LayerStreamPlan& sp = lp.plan;
-    sp.dim = dim;
-    const bool remote = std::find(options_.remote_layers.begin(), options_.remote_layers.end(),
-                                  L) != options_.remote_layers.end();
-    if (remote) {
-      if (options_.stores == nullptr) {
-        lp.why_not = "no expert stores are mapped";
-      } else if (!options_.stores->streamable(L)) {
-        lp.why_not = options_.stores->reason(L);
-      } else {
-        const std::vector<const ExpertStoreMap*>& slices = options_.stores->slices(L);
-        sp.parts = static_cast<int>(slices.size());
-        sp.expert_begin = 0;
-        sp.expert_end = E;
-        lp.streamable = true;
-        if (sp.parts > 0) {
-          const StoreExpertLayout& s0 = slices[0]->layout();
-          sp.part_inter = s0.inter_slice;
-          sp.tile_rows = s0.tile_rows;
-          absl::StatusOr<PartBlockLayout> part = CompactPartBlockLayout(dim, sp.part_inter);
-          if (part.ok()) sp.part = *part;
-          for (const ExpertStoreMap* m : slices) {
-            const StoreExpertLayout& s = m->layout();
-            const PartBlockLayout& want = sp.part;
-            if (!part.ok() || s.inter_slice != sp.part_inter || s.tile_rows != sp.tile_rows ||
-                s.expert_stride != want.bytes || s.w1 != want.w1 || s.w1_scale != want.w1_scale ||
-                s.w3 != want.w3 || s.w3_scale != want.w3_scale || s.w2 != want.w2 ||
-                s.w2_scale != want.w2_scale) {
-              lp.streamable = false;
-              lp.why_not = absl::StrCat("store ", m->name(),
-                                        " has a slice layout the streamed path does not take");
-            }
-          }
-          for (int e = 0; e < E && lp.streamable; ++e) {
-            for (const ExpertStoreMap* m : slices) sp.sources.push_back({.block = m->expert(L, e)});
-          }
-        }
-      }
-    } else {
-      const model::MoeWeights& moe = model_.weights().blocks[L].moe;
-      if (static_cast<int>(moe.experts.size()) != E || moe.experts[0].w1.w == nullptr) {
-        lp.why_not = "this worker holds no routed-expert weights of the layer";
-      } else {
-        absl::StatusOr<PartBlockLayout> part = CompactPartBlockLayout(dim, I);
-        lp.streamable = part.ok();
-        if (!part.ok()) lp.why_not = std::string(part.status().message());
-        sp.parts = 1;
-        sp.part_inter = I;
-        sp.tile_rows = 0;
-        if (part.ok()) sp.part = *part;
-        const int tp = options_.tp, rank = options_.rank;
-        sp.expert_begin = static_cast<int>(int64_t{rank} * E / tp);
-        sp.expert_end = static_cast<int>(int64_t{rank + 1} * E / tp);
-        for (int e = sp.expert_begin; e < sp.expert_end && lp.streamable; ++e) {
-          const model::ExpertWeights& x = moe.experts[e];
-          sp.sources.push_back({.w1 = x.w1.w,
-                                .w1_scale = x.w1.s,
-                                .w3 = x.w3.w,
-                                .w3_scale = x.w3.s,
-                                .w2 = x.w2.w,
-                                .w2_scale = x.w2.s});
-        }
-      }
-    }
-    if (lp.streamable && sp.parts > 0 &&
-        (dim % 128 != 0 || sp.part_inter % 128 != 0 || sp.parts > cuda::kMxfp4MoeMaxParts ||
-         E > cuda::kMxfp4MoeMaxExperts)) {
-      lp.streamable = false;
-      lp.why_not =
-          absl::StrFormat("dim %d, %d parts of %d rows, %d experts: outside the kernels' limits",
-                          dim, sp.parts, sp.part_inter, E);
-    }
-    sp.expert_bytes = sp.parts * sp.part.bytes;
+    lp.streamable = ls.usable;
+    lp.why_not = std::move(ls.why_not);
+    lp.plan = std::move(ls.plan);
     if (!lp.streamable) {
-      spdlog::warn("streamed prefill: layer {} keeps the CPU path: {}", L, lp.why_not);
+      spdlog::warn("streamed prefill: layer {} keeps the CPU path: {}",
+                   options_.sources.first_layer + static_cast<int>(plans_.size()), lp.why_not);
     }
     plans_.push_back(std::move(lp));
   }
@@ -193,8 +91,8 @@ absl::Status StreamedRoutedExperts::Allocate() {
   }
   RETURN_IF_ERROR(ReserveWork(static_cast<int>(plans_.size()), options_.max_rows));
   // The stores' memory as pinned (page-locked, DMA-able) host memory, read-only.
-  if (options_.stores != nullptr) {
-    for (const ExpertStoreMap* m : options_.stores->maps()) {
+  if (options_.sources.stores != nullptr) {
+    for (const ExpertStoreMap* m : options_.sources.stores->maps()) {
       const auto t0 = std::chrono::steady_clock::now();
       const cudaError_t e =
           cudaHostRegister(const_cast<uint8_t*>(m->data()), m->size(), cudaHostRegisterReadOnly);
@@ -222,8 +120,8 @@ absl::Status StreamedRoutedExperts::MeasureBandwidth() {
   int64_t bytes = std::min<int64_t>(slot_bytes_ * kGpuPrefillRingSlots, int64_t{256} << 20);
   PinnedBuf pinned;
   if (!registered_.empty()) {
-    const ExpertStoreMap* m = options_.stores->maps()[0];
-    for (const ExpertStoreMap* x : options_.stores->maps()) {
+    const ExpertStoreMap* m = options_.sources.stores->maps()[0];
+    for (const ExpertStoreMap* x : options_.sources.stores->maps()) {
       if (x->data() == registered_[0]) m = x;
     }
     src = m->data();
@@ -261,7 +159,7 @@ std::string StreamedRoutedExperts::Describe() const {
       "%.1f GB/s%s",
       streamable, static_cast<int>(plans_.size()), MiB(layer_bytes_), kGpuPrefillRingSlots,
       MiB(slot_bytes_), experts_per_slot_, h2d_ / 1e9,
-      registered_.empty() && options_.stores != nullptr ? " (stores NOT registered)" : "");
+      registered_.empty() && options_.sources.stores != nullptr ? " (stores NOT registered)" : "");
 }
 
 absl::Status StreamedRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
@@ -280,9 +178,9 @@ absl::Status StreamedRoutedExperts::ReserveWork(int n_layers, int64_t rows) {
     inter = std::max(inter, lp.plan.parts * lp.plan.part_inter);
     groups += static_cast<int64_t>(lp.groups.size());
   }
-  const WorkLayout w = LayoutWork(rows, static_cast<int>(c.n_activated_experts),
-                                  static_cast<int>(c.n_routed_experts), c.dim, inter);
-  RETURN_IF_ERROR(work_.Reserve(static_cast<size_t>(w.bytes)));
+  const int64_t bytes = MoeWorkspaceBytes(rows, static_cast<int>(c.n_activated_experts),
+                                          static_cast<int>(c.n_routed_experts), c.dim, inter, 0);
+  RETURN_IF_ERROR(work_.Reserve(static_cast<size_t>(bytes)));
   rows_ = rows;
   while (static_cast<int64_t>(copy_start_.size()) < groups) {
     for (auto* v : {&copy_start_, &copy_end_}) {
@@ -310,18 +208,11 @@ absl::Status StreamedRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
     return absl::OkStatus();
   }
   const int64_t inter = sp.parts * sp.part_inter;
-  const WorkLayout w = LayoutWork(T, K, E, dim, inter);
-  auto* base = work_.as<uint8_t>();
-  cuda::MoeRouting routing;
-  routing.offsets = reinterpret_cast<int32_t*>(base + w.offsets);
-  routing.tile_offsets = reinterpret_cast<int32_t*>(base + w.tile_offsets);
-  routing.route_token = reinterpret_cast<int32_t*>(base + w.route_token);
-  routing.route_slot = reinterpret_cast<int32_t*>(base + w.route_slot);
-  routing.route_weight = reinterpret_cast<float*>(base + w.route_weight);
-  routing.scratch = base + w.scratch;
-  auto* xq = reinterpret_cast<cuda::bf16_t*>(base + w.xq);
-  auto* h = reinterpret_cast<cuda::bf16_t*>(base + w.h);
-  auto* y = reinterpret_cast<float*>(base + w.y);
+  const MoeWorkspace w = CarveMoeWorkspace(work_.p, T, K, E, dim, inter, 0);
+  const cuda::MoeRouting& routing = w.routing;
+  cuda::bf16_t* const xq = w.xq;
+  cuda::bf16_t* const h = w.h;
+  float* const y = w.y;
   CUDA_RETURN_IF_ERROR(cuda::MoeBuildRouting({.ids = ids,
                                               .weights = weights,
                                               .T = T,
@@ -333,23 +224,7 @@ absl::Status StreamedRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
                                              side));
   CUDA_RETURN_IF_ERROR(cuda::FakeQuantE4m3(xn, T, dim, xq, side));
 
-  cuda::Mxfp4ExpertLayout layout;
-  layout.dim = dim;
-  layout.part_inter = sp.part_inter;
-  layout.parts = sp.parts;
-  layout.tile_rows = sp.tile_rows;
-  layout.expert_bytes = sp.expert_bytes;
-  layout.w2_scale_stride = sp.part_inter / 32;
-  layout.w2_scale_col0 = 0;
-  for (int p = 0; p < sp.parts; ++p) {
-    const int64_t o = p * sp.part.bytes;
-    layout.w1[p] = o + sp.part.w1;
-    layout.w1_scale[p] = o + sp.part.w1_scale;
-    layout.w3[p] = o + sp.part.w3;
-    layout.w3_scale[p] = o + sp.part.w3_scale;
-    layout.w2[p] = o + sp.part.w2;
-    layout.w2_scale[p] = o + sp.part.w2_scale;
-  }
+  const cuda::Mxfp4ExpertLayout layout = DeviceExpertLayout(sp);
   for (size_t g = 0; g < lp.groups.size(); ++g) {
     const auto [e0, e1] = lp.groups[g];
     const int b = static_cast<int>(next_slot_++ % kGpuPrefillRingSlots);

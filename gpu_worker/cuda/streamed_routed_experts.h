@@ -38,6 +38,7 @@
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/cuda/device_buffers.h"
+#include "gpu_worker/cuda/expert_sources.h"
 #include "gpu_worker/cuda/routed_experts_provider.h"
 #include "gpu_worker/expert_copy_plan.h"
 #include "gpu_worker/expert_store_map.h"
@@ -45,14 +46,9 @@
 namespace ss::gpu::cuda_backend_internal {
 
 struct StreamedExpertsOptions {
-  int first_layer = 0, end_layer = 0;  // the stage's layers (model ids)
-  int tp = 1, rank = 0;
-  int64_t ring_bytes = 0;  // the staging ring (all slots)
-  int64_t max_rows = 0;    // the workspace is allocated for steps of this many rows at Create
-  const ExpertStoreSet* stores = nullptr;  // null: every layer from the model's host weights
-  // Layers with an entry in `stores`' configuration (served by expert workers): their sources
-  // must be stores. Other layers use the model's host weights.
-  std::vector<int64_t> remote_layers;
+  ExpertSourcesOptions sources;  // the stage's layers, the rank, the stores (expert_sources.h)
+  int64_t ring_bytes = 0;        // the staging ring (all slots)
+  int64_t max_rows = 0;          // the workspace is allocated for steps of this many rows at Create
 };
 
 class StreamedRoutedExperts final : public RoutedExpertsProvider {

@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 // sum[t, 4c .. 4c+3]: t's routes in ascending (expert id, k), added in fp32 from 0.
 __global__ void __launch_bounds__(256)
     MoeCombineRoutesKernelImpl(const float* __restrict__ y, const int32_t* __restrict__ ids,
-                               int64_t T, int K, int64_t dim, int eb, int ee,
+                               int64_t T, int K, int64_t dim, int eb, int ee, bool accumulate,
                                float* __restrict__ sum) {
   const int64_t d4 = dim / 4;
   GridStride(T * d4, [&](int64_t i) {
@@ -471,7 +471,8 @@ __global__ void __launch_bounds__(256)
       }
       order[m] = k;
     }
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 acc = accumulate ? reinterpret_cast<const float4*>(sum + t * dim)[c]
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int q = 0; q < n; ++q) {
       const float4 v = reinterpret_cast<const float4*>(y + (t * K + order[q]) * dim)[c];
       acc.x = __fadd_rn(acc.x, v.x);
@@ -577,7 +578,32 @@ cudaError_t MoeCombineRoutes(const MoeCombineRoutesParams& p, cudaStream_t strea
   }
   if (p.T == 0) return cudaSuccess;
   MoeCombineRoutesKernelImpl<<<GridStrideBlocks(p.T * p.dim / 4, 256), 256, 0, stream>>>(
-      p.y, p.ids, p.T, p.K, p.dim, p.expert_begin, p.expert_end, p.sum);
+      p.y, p.ids, p.T, p.K, p.dim, p.expert_begin, p.expert_end, p.accumulate, p.sum);
+  return cudaGetLastError();
+}
+
+__global__ void __launch_bounds__(256)
+    SplitResidentRoutesKernelImpl(const int32_t* __restrict__ ids, int64_t n,
+                                  const int32_t* __restrict__ slot_of, int E,
+                                  int32_t* __restrict__ resident, int32_t* __restrict__ host,
+                                  unsigned long long* __restrict__ counts) {
+  GridStride(n, [&](int64_t i) {
+    const int32_t e = ids[i];
+    const int32_t slot = e >= 0 && e < E ? slot_of[e] : -1;
+    resident[i] = slot;
+    host[i] = slot >= 0 ? -1 : e;
+    if (counts != nullptr && e >= 0 && e < E) {
+      atomicAdd(&counts[0], 1ull);
+      if (slot >= 0) atomicAdd(&counts[1], 1ull);
+    }
+  });
+}
+
+cudaError_t SplitResidentRoutes(const SplitResidentRoutesParams& p, cudaStream_t stream) {
+  if (p.n < 0 || p.E < 0 || p.E > kMxfp4MoeMaxExperts) return cudaErrorInvalidValue;
+  if (p.n == 0) return cudaSuccess;
+  SplitResidentRoutesKernelImpl<<<GridStrideBlocks(p.n, 256), 256, 0, stream>>>(
+      p.ids, p.n, p.slot_of, p.E, p.resident, p.host, p.counts);
   return cudaGetLastError();
 }
 
@@ -599,6 +625,9 @@ const void* Mxfp4MoeGemmDownKernel() {
 }
 const void* MoeCombineRoutesKernel() {
   return reinterpret_cast<const void*>(&MoeCombineRoutesKernelImpl);
+}
+const void* SplitResidentRoutesKernel() {
+  return reinterpret_cast<const void*>(&SplitResidentRoutesKernelImpl);
 }
 
 }  // namespace ss::cuda

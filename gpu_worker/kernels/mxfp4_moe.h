@@ -149,8 +149,9 @@ struct Mxfp4MoeGroupParams {
 cudaError_t Mxfp4MoeGroup(const Mxfp4MoeGroupParams& p, cudaStream_t stream);
 
 // sum[t, :] = Σ_k fp32 y[t·K + k, :] over t's routes to experts in [expert_begin, expert_end),
-// added in ascending expert-id order (ties: ascending k); a token with none gets 0. dim a
-// multiple of 4, y and sum 16-byte aligned, 1 <= K <= kMxfp4MoeMaxTopK.
+// added in ascending expert-id order (ties: ascending k); a token with none gets 0. With
+// `accumulate` the sum starts from sum[t, :] as it is (a partial of other experts) instead of 0.
+// dim a multiple of 4, y and sum 16-byte aligned, 1 <= K <= kMxfp4MoeMaxTopK.
 struct MoeCombineRoutesParams {
   const float* y = nullptr;      // [T·K, dim]
   const int32_t* ids = nullptr;  // [T, K]
@@ -159,8 +160,28 @@ struct MoeCombineRoutesParams {
   int64_t dim = 0;
   int expert_begin = 0, expert_end = 0;
   float* sum = nullptr;  // [T, dim]
+  bool accumulate = false;
 };
 cudaError_t MoeCombineRoutes(const MoeCombineRoutesParams& p, cudaStream_t stream);
+
+// A chunk's routes split between the experts resident on the GPU and the rest
+// (resident_routed_experts.h): for each of the n ids (the router's [T, K]), slot = slot_of[id]
+// (the expert's place among the layer's resident experts, −1 when not resident; an id outside
+// [0, E) has none): resident[i] = slot, host[i] = −1 where slot >= 0, else ids[i]
+// (model::kSkippedExpert, −1, is a skipped choice for the expert workers). With `counts`, adds
+// the choices of an id in [0, E) to counts[0] and the resident ones to counts[1] (atomics: the
+// split itself does not depend on them). E <= kMxfp4MoeMaxExperts. Fixed launch size: safe
+// under graph capture.
+struct SplitResidentRoutesParams {
+  const int32_t* ids = nullptr;
+  int64_t n = 0;
+  const int32_t* slot_of = nullptr;  // [E]
+  int E = 0;
+  int32_t* resident = nullptr;           // [n]
+  int32_t* host = nullptr;               // [n]
+  unsigned long long* counts = nullptr;  // optional: [2] choices, resident choices
+};
+cudaError_t SplitResidentRoutes(const SplitResidentRoutesParams& p, cudaStream_t stream);
 
 // The opt-ins of Mxfp4MoeGroup's GEMM kernels, for PrepareKernels.
 std::vector<SharedMemoryOptIn> Mxfp4MoeOptIns();
@@ -170,5 +191,6 @@ const void* FakeQuantE4m3Kernel();     // also Mxfp4MoeGroup's quantisation of h
 const void* Mxfp4MoeGemmUpKernel();    // w1/w3, SwiGLU, routing weight
 const void* Mxfp4MoeGemmDownKernel();  // w2
 const void* MoeCombineRoutesKernel();
+const void* SplitResidentRoutesKernel();
 
 }  // namespace ss::cuda

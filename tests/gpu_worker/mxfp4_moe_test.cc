@@ -260,7 +260,54 @@ TEST_F(Mxfp4MoeTest, KernelsRunFromCompute86Ptx) {
                       {"FakeQuantE4m3", FakeQuantE4m3Kernel()},
                       {"Mxfp4MoeGemmUp", Mxfp4MoeGemmUpKernel()},
                       {"Mxfp4MoeGemmDown", Mxfp4MoeGemmDownKernel()},
-                      {"MoeCombineRoutes", MoeCombineRoutesKernel()}});
+                      {"MoeCombineRoutes", MoeCombineRoutesKernel()},
+                      {"SplitResidentRoutes", SplitResidentRoutesKernel()}});
+}
+
+// The resident experts' split of a chunk's routes (each choice's slot, the host's ids with the
+// resident ones skipped), and the combine adding to a partial sum already there.
+TEST_F(Mxfp4MoeTest, SplitResidentRoutesAndTheAccumulatingCombine) {
+  const std::vector<int32_t> slot_of = {-1, 0, -1, 1, -1, -1, 2, -1};  // experts 1, 3, 6
+  const std::vector<int32_t> ids = {1, 2, 3, 6, -1, 9, 0, 3};
+  DeviceBuffer<int32_t> slots_d(slot_of), ids_d(ids), resident(ids.size()), host(ids.size());
+  DeviceBuffer<unsigned long long> counts(std::vector<unsigned long long>{5, 1});
+  SplitResidentRoutesParams sp{.ids = ids_d.get(),
+                               .n = static_cast<int64_t>(ids.size()),
+                               .slot_of = slots_d.get(),
+                               .E = 8,
+                               .resident = resident.get(),
+                               .host = host.get(),
+                               .counts = counts.get()};
+  ASSERT_EQ(SplitResidentRoutes(sp, nullptr), cudaSuccess);
+  EXPECT_EQ(resident.Get(), (std::vector<int32_t>{0, -1, 1, 2, -1, -1, -1, 1}));
+  EXPECT_EQ(host.Get(), (std::vector<int32_t>{-1, 2, -1, -1, -1, 9, 0, -1}));
+  EXPECT_EQ(counts.Get(), (std::vector<unsigned long long>{5 + 6, 1 + 4}));  // added to
+  sp.E = kMxfp4MoeMaxExperts + 1;
+  EXPECT_EQ(SplitResidentRoutes(sp, nullptr), cudaErrorInvalidValue);
+
+  // Two tokens, K = 2, dim 4; small integers, so every sum is exact.
+  const int64_t T = 2, dim = 4;
+  const int K = 2;
+  const std::vector<int32_t> route_ids = {1, 0, -1, 1};
+  std::vector<float> y(T * K * dim);
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<float>(i + 1);
+  const std::vector<float> partial = {100, 200, 300, 400, 500, 600, 700, 800};
+  DeviceBuffer<float> y_d(y), sum(partial);
+  DeviceBuffer<int32_t> rid(route_ids);
+  ASSERT_EQ(MoeCombineRoutes({.y = y_d.get(),
+                              .ids = rid.get(),
+                              .T = T,
+                              .K = K,
+                              .dim = dim,
+                              .expert_begin = 0,
+                              .expert_end = 2,
+                              .sum = sum.get(),
+                              .accumulate = true},
+                             nullptr),
+            cudaSuccess);
+  // Token 0: routes to 1 (y rows 0) and 0 (row 1); token 1: row 3 only.
+  EXPECT_EQ(sum.Get(), (std::vector<float>{100 + 1 + 5, 200 + 2 + 6, 300 + 3 + 7, 400 + 4 + 8,
+                                           500 + 13, 600 + 14, 700 + 15, 800 + 16}));
 }
 
 // Small shapes: every layout, top-k and token count against the reference.

@@ -36,6 +36,10 @@ ABSL_FLAG(std::string, gpu_prefill_threshold, "off",
           "GPU (gpu_worker/streamed_prefill.h): off | auto | N (1: every step)");
 ABSL_FLAG(int64_t, gpu_prefill_ring_mib, ss::gpu::kDefaultGpuPrefillRingMiB,
           "--backend cuda: the streamed path's staging ring, MiB");
+ABSL_FLAG(int, gpu_experts, 0,
+          "--backend cuda: this many routed experts of every layer resident on the GPU "
+          "(gpu_worker/cuda/resident_routed_experts.h; ids spread evenly), the others on the "
+          "host path; 0: none");
 ABSL_FLAG(std::string, experts, "",
           "--backend cpu|cuda: routed experts on expert workers, in splitserve-gpu-worker's "
           "--experts syntax; empty: computed on the host by the reference");
@@ -77,7 +81,7 @@ int main(int argc, char** argv) {
   auto backend = ss::gpu::MakeGoldenBackend(
       {absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device), absl::GetFlag(FLAGS_experts),
        absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages), *fp64, *threshold,
-       absl::GetFlag(FLAGS_gpu_prefill_ring_mib) << 20});
+       absl::GetFlag(FLAGS_gpu_prefill_ring_mib) << 20, absl::GetFlag(FLAGS_gpu_experts)});
   if (!backend.ok()) {
     std::fprintf(stderr, "splitserve-golden: %s\n",
                  std::string(backend.status().message()).c_str());

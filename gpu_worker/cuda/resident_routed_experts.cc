@@ -1,0 +1,230 @@
+#include "gpu_worker/cuda/resident_routed_experts.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/load_progress.h"
+#include "common/status.h"
+#include "gpu_worker/cuda_status.h"
+#include "gpu_worker/kernels/mxfp4_moe.h"
+#include "spdlog/spdlog.h"
+
+namespace ss::gpu::cuda_backend_internal {
+namespace {}  // namespace
+
+ResidentRoutedExperts::ResidentRoutedExperts(const model::Model& model,
+                                             std::unique_ptr<RoutedExpertsProvider> host)
+    : model_(model), host_(std::move(host)) {}
+
+ResidentRoutedExperts::~ResidentRoutedExperts() {
+  if (gpu_ != nullptr) cudaStreamSynchronize(gpu_);
+  if (absl::StatusOr<std::vector<LayerHits>> h = Hits(); h.ok() && experts_ > 0) {
+    uint64_t all = 0, gpu = 0;
+    for (const LayerHits& l : *h) {
+      all += l.choices;
+      gpu += l.resident;
+    }
+    spdlog::info(
+        "resident experts: {} of {} routed choices of the resident path's steps served "
+        "on the GPU ({:.1f}%)",
+        gpu, all, all > 0 ? 100.0 * static_cast<double>(gpu) / all : 0.0);
+  }
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
+  if (join_ != nullptr) cudaEventDestroy(join_);
+  if (gpu_ != nullptr) cudaStreamDestroy(gpu_);
+}
+
+absl::StatusOr<std::unique_ptr<ResidentRoutedExperts>> ResidentRoutedExperts::Create(
+    const model::Model& model, const ResidentExpertsOptions& options,
+    std::unique_ptr<RoutedExpertsProvider> host) {
+  std::unique_ptr<ResidentRoutedExperts> p(new ResidentRoutedExperts(model, std::move(host)));
+  p->max_rows_ = options.max_rows;
+  RETURN_IF_ERROR(p->Load(options));
+  int least = 0, greatest = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&p->gpu_, cudaStreamNonBlocking, least));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&p->fork_, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&p->join_, cudaEventDisableTiming));
+  RETURN_IF_ERROR(p->ReserveWork(std::max<int64_t>(options.max_rows, 1)));
+  return p;
+}
+
+absl::Status ResidentRoutedExperts::Load(const ResidentExpertsOptions& o) {
+  const int E = static_cast<int>(model_.config().n_routed_experts);
+  std::vector<LayerSources> sources = PlanLayerSources(model_, o.sources);
+  const int n = o.sources.end_layer - o.sources.first_layer;
+  std::vector<int32_t> slot_of(static_cast<size_t>(n) * E, -1);
+  std::vector<std::vector<int32_t>> sets(n);
+  int64_t total = 0;
+  for (int l = 0; l < n; ++l) {
+    const int L = o.sources.first_layer + l;
+    std::vector<int32_t> set =
+        l < static_cast<int>(o.resident.size()) ? o.resident[l] : std::vector<int32_t>{};
+    std::sort(set.begin(), set.end());
+    if (std::adjacent_find(set.begin(), set.end()) != set.end() ||
+        (!set.empty() && (set.front() < 0 || set.back() >= E))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resident experts of layer ", L, ": ids must be distinct, in [0, ", E, ")"));
+    }
+    Layer layer;
+    layer.plan = std::move(sources[l].plan);
+    if (!set.empty() && !sources[l].usable) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resident experts of layer ", L, ": the GPU cannot compute them: ", sources[l].why_not));
+    }
+    if (layer.plan.parts > 0) {  // this rank's experts only
+      std::erase_if(set, [&](int32_t e) {
+        return e < layer.plan.expert_begin || e >= layer.plan.expert_end;
+      });
+    } else {
+      set.clear();
+    }
+    layer.count = static_cast<int>(set.size());
+    layer.offset = total;
+    total += layer.count * layer.plan.expert_bytes;
+    for (int j = 0; j < layer.count; ++j) slot_of[static_cast<size_t>(l) * E + set[j]] = j;
+    experts_ += layer.count;
+    sets[l] = std::move(set);
+    layers_.push_back(std::move(layer));
+  }
+  RETURN_IF_ERROR(weights_.Reserve(static_cast<size_t>(total)));
+  RETURN_IF_ERROR(hits_.Reserve(static_cast<size_t>(n) * 2 * sizeof(unsigned long long)));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemset(hits_.p, 0, static_cast<size_t>(n) * 2 * sizeof(unsigned long long)));
+  RETURN_IF_ERROR(slot_of_.Reserve(slot_of.size() * 4));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(slot_of_.p, slot_of.data(), slot_of.size() * 4, cudaMemcpyHostToDevice));
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  LoadProgress progress(absl::StrCat("copying resident experts to CUDA device ", device), total);
+  for (int l = 0; l < n; ++l) {
+    const Layer& layer = layers_[l];
+    for (int j = 0; j < layer.count; ++j) {
+      uint8_t* slot = weights_.as<uint8_t>() + layer.offset + j * layer.plan.expert_bytes;
+      for (const HostCopy& cp : layer.plan.GroupCopies(sets[l][j], sets[l][j] + 1)) {
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(slot + cp.dst_offset, cp.src, cp.bytes, cudaMemcpyHostToDevice));
+      }
+      progress.Add(layer.plan.expert_bytes);
+    }
+  }
+  progress.Done();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ResidentRoutedExperts::LayerHits>> ResidentRoutedExperts::Hits() const {
+  std::vector<unsigned long long> raw(layers_.size() * 2);
+  if (!raw.empty()) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(raw.data(), hits_.p, raw.size() * sizeof(raw[0]), cudaMemcpyDeviceToHost));
+  }
+  std::vector<LayerHits> out(layers_.size());
+  for (size_t l = 0; l < out.size(); ++l) out[l] = {raw[2 * l], raw[2 * l + 1]};
+  return out;
+}
+
+int ResidentRoutedExperts::max_count() const {
+  int r = 0;
+  for (const Layer& l : layers_) r = std::max(r, l.count);
+  return r;
+}
+
+int64_t ResidentRoutedExperts::max_inter() const {
+  int64_t inter = 1;
+  for (const Layer& l : layers_) inter = std::max(inter, l.plan.parts * l.plan.part_inter);
+  return inter;
+}
+
+// The extra int32 values: each choice's slot, then the host's ids.
+absl::Status ResidentRoutedExperts::ReserveWork(int64_t rows) {
+  const ModelConfig& c = model_.config();
+  const int K = static_cast<int>(c.n_activated_experts);
+  RETURN_IF_ERROR(work_.Reserve(static_cast<size_t>(
+      MoeWorkspaceBytes(rows, K, max_count(), c.dim, max_inter(), 2 * rows * K))));
+  rows_ = std::max(rows_, rows);
+  return absl::OkStatus();
+}
+
+absl::Status ResidentRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
+  RETURN_IF_ERROR(host_->PrepareStep(n_layers, rows));
+  step_resident_ = experts_ > 0 && rows <= max_rows_;
+  if (step_resident_ && rows > rows_) RETURN_IF_ERROR(ReserveWork(rows));
+  return absl::OkStatus();
+}
+
+void ResidentRoutedExperts::AppendGraphKey(std::vector<int64_t>* key) const {
+  host_->AppendGraphKey(key);
+  key->push_back(step_resident_ ? 1 : 0);
+  key->push_back(reinterpret_cast<int64_t>(work_.p));
+}
+
+absl::Status ResidentRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const int32_t* ids,
+                                            const float* weights, int64_t rows, float* sum,
+                                            cudaStream_t side) {
+  const Layer& layer = layers_[l];
+  if (!step_resident_ || layer.count == 0) {
+    return host_->Enqueue(l, xn, ids, weights, rows, sum, side);
+  }
+  const ModelConfig& c = model_.config();
+  const int64_t T = rows, dim = c.dim;
+  const int K = static_cast<int>(c.n_activated_experts), E = static_cast<int>(c.n_routed_experts);
+  const MoeWorkspace w = CarveMoeWorkspace(work_.p, T, K, max_count(), dim, max_inter(), 2 * T * K);
+  int32_t* const slots = w.extra;
+  int32_t* const host_ids = w.extra + T * K;
+  const cuda::MoeRouting& routing = w.routing;
+  cuda::bf16_t* const xq = w.xq;
+  cuda::bf16_t* const h = w.h;
+  float* const y = w.y;
+
+  CUDA_RETURN_IF_ERROR(cuda::SplitResidentRoutes({.ids = ids,
+                                                  .n = T * K,
+                                                  .slot_of = slot_of_.as<int32_t>() + l * E,
+                                                  .E = E,
+                                                  .resident = slots,
+                                                  .host = host_ids,
+                                                  .counts = hits_.as<unsigned long long>() + 2 * l},
+                                                 side));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, side));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gpu_, fork_, 0));
+  CUDA_RETURN_IF_ERROR(cuda::FakeQuantE4m3(xn, T, dim, xq, gpu_));
+  CUDA_RETURN_IF_ERROR(cuda::MoeBuildRouting({.ids = slots,
+                                              .weights = weights,
+                                              .T = T,
+                                              .K = K,
+                                              .E = layer.count,
+                                              .expert_begin = 0,
+                                              .expert_end = layer.count,
+                                              .routing = routing},
+                                             gpu_));
+  const int64_t inter = layer.plan.parts * layer.plan.part_inter;
+  CUDA_RETURN_IF_ERROR(cuda::Mxfp4MoeGroup({.routing = routing,
+                                            .T = T,
+                                            .K = K,
+                                            .expert_begin = 0,
+                                            .expert_end = layer.count,
+                                            .base = weights_.as<uint8_t>() + layer.offset,
+                                            .layout = DeviceExpertLayout(layer.plan),
+                                            .xq = xq,
+                                            .h = h,
+                                            .y = y,
+                                            .limit = static_cast<float>(c.swiglu_limit),
+                                            .round_output_bf16 = inter == c.moe_inter_dim},
+                                           gpu_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, gpu_));
+  RETURN_IF_ERROR(host_->Enqueue(l, xn, host_ids, weights, rows, sum, side));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, join_, 0));
+  CUDA_RETURN_IF_ERROR(cuda::MoeCombineRoutes({.y = y,
+                                               .ids = slots,
+                                               .T = T,
+                                               .K = K,
+                                               .dim = dim,
+                                               .expert_begin = 0,
+                                               .expert_end = layer.count,
+                                               .sum = sum,
+                                               .accumulate = true},
+                                              side));
+  return absl::OkStatus();
+}
+
+}  // namespace ss::gpu::cuda_backend_internal
