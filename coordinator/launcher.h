@@ -66,6 +66,10 @@
 // Flags: an unknown option is a usage error naming it (exit 2), whether or not a value follows;
 // --log-level / --log-format (common/logging.h) are validated here and passed on to every child;
 // --version prints the version line (common/build_info.h).
+//
+// Its parts: the flags (up_options.h), each child's command line (up_plan.h) and the supervision
+// loop (up_supervision.h); launcher.cc checks the inputs, resolves the layout and writes the
+// cluster config.
 #pragma once
 
 namespace ss {

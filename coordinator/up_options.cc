@@ -1,0 +1,282 @@
+#include "coordinator/up_options.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <initializer_list>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "common/fp64_sums.h"
+#include "common/logging.h"
+#include "coordinator/api_keys.h"
+
+namespace ss {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: splitserve up [--model DIR] [--tokenizer FILE] [--host H] [--port P]\n"
+    "                     [--load-format auto|safetensors|dummy] [--hf-overrides JSON]\n"
+    "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
+    "                     [--expert-workers N|auto]\n"
+    "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
+    "                     [--max-model-len N] [--api-keys-file FILE] [--allowed-origins LIST]\n"
+    "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
+    "                     [--max-num-batched-tokens N]\n"
+    "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
+    "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
+    "                     [--ready-timeout-s S] [--log-dir DIR]\n"
+    "                     [--log-level LEVEL] [--log-format text|json] [--version]\n"
+    "  Starts the coordinator, the GPU workers and one expert worker per NUMA node on this\n"
+    "  machine, waits until the API is ready and serves until Ctrl-C / SIGTERM.\n"
+    "  Without --model: the bundled tiny model (random weights: its text is noise).\n"
+    "  --load-format dummy: every weight generated in memory (deterministic random values);\n"
+    "  DIR needs only config.json (and tokenizer.json). auto (default) and safetensors read\n"
+    "  DIR's safetensors.\n"
+    "  --hf-overrides JSON: a JSON object merged into config.json in every process, e.g.\n"
+    "  '{\"n_routed_experts\": 128}' (nested objects merge key by key); the result must\n"
+    "  still pass every check of config.json.\n"
+    "  --tp N (cuda): N tensor-parallel GPU workers per stage; stage s, rank r runs on GPU\n"
+    "  (s*N + r) mod G of the machine's G GPUs (stages may share GPUs, a stage's ranks not).\n"
+    "  --expert-workers auto (default): one per NUMA node, or one per TP rank where --tp is a\n"
+    "  larger multiple of the nodes (each rank calls, and streams, its own slice of the experts).\n"
+    "  --kv-tokens auto (default): with the cuda backend and one GPU worker per GPU each worker\n"
+    "  fills its GPU's free memory with KV; otherwise 65536 tokens per worker.\n"
+    "  --max-model-len N: the longest prompt + output served (default: the model's positions);\n"
+    "  a shorter one leaves the GPU workers more memory for KV.\n"
+    "  --fp64-sums (cuda): the sums the reference forms in double, in double (on) or fp32 (off);\n"
+    "  auto (default): double on GPUs with fast FP64, fp32 on others (an RTX 3090).\n"
+    "  --max-num-batched-tokens N: tokens per scheduler step, which is also the largest\n"
+    "  prefill chunk (every step first gives each decoding sequence its one token, then fills\n"
+    "  the rest with prefill chunks). Default where the cuda backend may stream a chunk's\n"
+    "  routed experts to the GPU: 8192, or 4096 / 2048 when --max-model-len is past 256K /\n"
+    "  512K tokens (a step's workspace grows with tokens x context; the default keeps it at\n"
+    "  what a 2048-token step at 1M positions takes); else 2048.\n"
+    "  --gpu-prefill-threshold (cuda): steps of at least this many tokens stream their routed\n"
+    "  experts host -> GPU instead of computing them on the expert workers: auto (default;\n"
+    "  from the measured H2D bandwidth and CPU expert rate), off (never), or N.\n"
+    "  --gpu-prefill-ring-mib MIB (cuda): each GPU's staging ring for the streamed experts\n"
+    "  (default %lld; 0: no streamed path).\n"
+    "  --enable-prefix-caching (default) / --no-enable-prefix-caching: reuse the KV of prompt\n"
+    "  prefixes (whole blocks) that earlier requests computed; usage.prompt_tokens_details.\n"
+    "  cached_tokens reports the tokens a request took from the cache.\n"
+    "  --api-keys-file FILE: API keys clients must send (one a line or comma-separated); or\n"
+    "  the SPLITSERVE_API_KEYS environment variable. Keys on the command line are refused.\n"
+    "  --allowed-origins LIST: CORS, the origins (comma-separated, * for any) browser pages may\n"
+    "  call the API from; default none.\n"
+    "  --log-level trace|debug|info|warning|error|critical|off, --log-format text|json: the\n"
+    "  started processes' logs (json: one object a line); default info, text.\n";
+
+// Sets `*field` to `value` when it is an integer in [min, max], else InvalidArgument
+// "<flag> <value><expected>".
+template <typename T>
+absl::Status SetIntIn(absl::string_view flag, const std::string& value, int64_t min, int64_t max,
+                      absl::string_view expected, T* field) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", value, expected));
+  }
+  *field = static_cast<T>(v);
+  return absl::OkStatus();
+}
+
+// Sets `*field` to `value` when it is one of `choices`, else InvalidArgument
+// "<flag> <value>: expected <expected>".
+absl::Status SetChoice(absl::string_view flag, const std::string& value,
+                       std::initializer_list<absl::string_view> choices, absl::string_view expected,
+                       std::string* field) {
+  if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", value, ": expected ", expected));
+  }
+  *field = value;
+  return absl::OkStatus();
+}
+
+// --log-level / --log-format: sets `*field` to `value` when `parsed` (common/logging.h's verdict on
+// it) is OK, else InvalidArgument "<flag> <its message>".
+absl::Status SetLogOption(absl::string_view flag, const absl::Status& parsed,
+                          const std::string& value, std::string* field) {
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, " ", parsed.message()));
+  *field = value;
+  return absl::OkStatus();
+}
+
+// Sets the option's text as given.
+template <std::string UpOptions::*field>
+absl::Status SetText(const std::string& value, UpOptions& o) {
+  o.*field = value;
+  return absl::OkStatus();
+}
+
+// An option of `up` that takes a value: its name and what sets it from the value.
+struct ValueOption {
+  absl::string_view name;
+  absl::Status (*set)(const std::string& value, UpOptions& o);
+};
+
+// Every option that takes a value: any other name is an unknown option, whether or not a value
+// follows it.
+constexpr ValueOption kValueOptions[] = {
+    {"--model", SetText<&UpOptions::model>},
+    {"--tokenizer", SetText<&UpOptions::tokenizer>},
+    {"--load-format",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       absl::StatusOr<LoadFormat> f = ParseLoadFormat(v);
+       if (!f.ok()) return f.status();
+       o.load_format = *f;
+       return absl::OkStatus();
+     }},
+    {"--hf-overrides",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       if (absl::Status s = ValidateHfOverrides(v); !s.ok()) return s;
+       o.hf_overrides = v;
+       return absl::OkStatus();
+     }},
+    {"--host", SetText<&UpOptions::host>},
+    {"--port",
+     [](const std::string& v, UpOptions& o) {
+       return SetIntIn("--port", v, 0, 65535, " is not a port", &o.port);
+     }},
+    {"--backend",
+     [](const std::string& v, UpOptions& o) {
+       return SetChoice("--backend", v, {"auto", "cpu", "cuda"}, "auto, cpu or cuda", &o.backend);
+     }},
+    {"--stages",
+     [](const std::string& v, UpOptions& o) {
+       o.stages_given = true;  // an error fails the whole parse
+       return SetIntIn("--stages", v, 1, 64, ": expected 1..64", &o.stages);
+     }},
+    {"--tp", [](const std::string& v,
+                UpOptions& o) { return SetIntIn("--tp", v, 1, 64, ": expected 1..64", &o.tp); }},
+    {"--stage-transport",
+     [](const std::string& v, UpOptions& o) {
+       return SetChoice("--stage-transport", v, {"auto", "grpc", "nccl"}, "auto, grpc or nccl",
+                        &o.stage_transport);
+     }},
+    {"--fp64-sums",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       if (absl::Status s = ss::gpu::ParseFp64Sums(v).status(); !s.ok()) return s;
+       o.fp64_sums = v;
+       return absl::OkStatus();
+     }},
+    {"--expert-workers",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       int64_t n = 0;
+       if (v != "auto") {
+         absl::Status s = SetIntIn("--expert-workers", v, 0, 64, ": expected auto or 0..64", &n);
+         if (!s.ok()) return s;
+       }
+       o.expert_workers = v;
+       return absl::OkStatus();
+     }},
+    {"--isa", SetText<&UpOptions::isa>},
+    {"--kv-tokens",
+     [](const std::string& v, UpOptions& o) {
+       if (v == "auto") {
+         o.kv_tokens = 0;
+         return absl::OkStatus();
+       }
+       return SetIntIn("--kv-tokens", v, 1, int64_t{1} << 40,
+                       ": expected a positive number or auto", &o.kv_tokens);
+     }},
+    {"--max-model-len",
+     [](const std::string& v, UpOptions& o) {
+       return SetIntIn("--max-model-len", v, 1, int64_t{1} << 30, ": expected a positive number",
+                       &o.max_model_len);
+     }},
+    {"--max-num-batched-tokens",
+     [](const std::string& v, UpOptions& o) {
+       // The cluster config needs max_batch_tokens >= max_running (one decode token each).
+       return SetIntIn("--max-num-batched-tokens", v, kUpMaxRunning, int64_t{1} << 20,
+                       absl::StrCat(": expected ", kUpMaxRunning, "..", int64_t{1} << 20),
+                       &o.max_num_batched_tokens);
+     }},
+    {"--gpu-prefill-threshold",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       const absl::StatusOr<ss::gpu::GpuPrefillThreshold> t = ss::gpu::ParseGpuPrefillThreshold(v);
+       if (!t.ok()) return t.status();
+       o.gpu_prefill_threshold = t->ToString();
+       return absl::OkStatus();
+     }},
+    {"--gpu-prefill-ring-mib",
+     [](const std::string& v, UpOptions& o) {
+       return SetIntIn("--gpu-prefill-ring-mib", v, 0, int64_t{1} << 20,
+                       ": expected 0 (no streamed path) to 1048576 MiB", &o.gpu_prefill_ring_mib);
+     }},
+    {"--api-keys",
+     [](const std::string&, UpOptions&) {
+       return absl::InvalidArgumentError(
+           absl::StrCat("--api-keys on the command line is refused (every local user sees argv): "
+                        "put the keys in a file for --api-keys-file FILE or in the ",
+                        kApiKeysEnv, " environment variable"));
+     }},
+    {"--api-keys-file",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       if (absl::Status s = ReadApiKeysFile(v).status(); !s.ok()) return s;
+       o.api_keys_file = std::filesystem::absolute(v).string();
+       return absl::OkStatus();
+     }},
+    {"--allowed-origins", SetText<&UpOptions::allowed_origins>},
+    {"--ready-timeout-s",
+     [](const std::string& v, UpOptions& o) {
+       return SetIntIn("--ready-timeout-s", v, 1, 86400, "", &o.ready_timeout_s);
+     }},
+    {"--log-dir", SetText<&UpOptions::log_dir>},
+    {"--log-level",
+     [](const std::string& v, UpOptions& o) {
+       return SetLogOption("--log-level", ParseLogLevel(v).status(), v, &o.log_level);
+     }},
+    {"--log-format",
+     [](const std::string& v, UpOptions& o) {
+       return SetLogOption("--log-format", ParseLogFormat(v).status(), v, &o.log_format);
+     }},
+};
+
+}  // namespace
+
+absl::StatusOr<UpOptions> ParseUpOptions(int argc, char** argv) {
+  UpOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i], value;
+    if (name == "--help" || name == "-h") {
+      o.help = true;
+      return o;
+    }
+    if (name == "--version") {
+      o.version = true;
+      return o;
+    }
+    for (char& c : name) c = c == '_' ? '-' : c;  // in a --name=value's value too
+    if (name == "--enable-prefix-caching" || name == "--no-enable-prefix-caching") {
+      o.prefix_caching = name == "--enable-prefix-caching";  // vLLM's flags, without a value
+      continue;
+    }
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const ValueOption* option = std::find_if(std::begin(kValueOptions), std::end(kValueOptions),
+                                             [&](const ValueOption& v) { return v.name == name; });
+    if (option == std::end(kValueOptions)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown option '", name, "'"));
+    }
+    if (eq == std::string::npos) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
+      value = argv[++i];
+    }
+    if (absl::Status s = option->set(value, o); !s.ok()) return s;
+  }
+  return o;
+}
+
+std::string UpUsage() {
+  return absl::StrFormat(kUsage, static_cast<long long>(ss::gpu::kDefaultGpuPrefillRingMiB));
+}
+
+}  // namespace ss
