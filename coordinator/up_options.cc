@@ -251,15 +251,18 @@ absl::StatusOr<UpOptions> ParseUpOptions(int argc, char** argv) {
       o.version = true;
       return o;
     }
-    for (char& c : name) c = c == '_' ? '-' : c;  // in a --name=value's value too
-    if (name == "--enable-prefix-caching" || name == "--no-enable-prefix-caching") {
-      o.prefix_caching = name == "--enable-prefix-caching";  // vLLM's flags, without a value
-      continue;
-    }
     const size_t eq = name.find('=');
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
+    }
+    for (char& c : name) c = c == '_' ? '-' : c;  // --kv_tokens is --kv-tokens; values stay
+    if (name == "--enable-prefix-caching" || name == "--no-enable-prefix-caching") {
+      if (eq != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(name, " takes no value"));
+      }
+      o.prefix_caching = name == "--enable-prefix-caching";  // vLLM's flags, without a value
+      continue;
     }
     const ValueOption* option = std::find_if(std::begin(kValueOptions), std::end(kValueOptions),
                                              [&](const ValueOption& v) { return v.name == name; });

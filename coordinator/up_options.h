@@ -4,7 +4,7 @@
 // --help), the one place that says it; the fields below are the parsed values.
 //
 // Parsing rules: "--name value" and "--name=value" are the same, and '_' in a name reads as '-'
-// (--max_model_len is --max-model-len; in "--name=value" the value's '_' become '-' too). --help /
+// (--max_model_len is --max-model-len; a value is taken as given). --help /
 // -h and --version stop the parse (the flag's field is set, nothing after it is read). An unknown
 // option is an error naming it whether or not a value follows; so is a missing or bad value, and
 // --api-keys (keys on the command line are refused: every local user sees argv). --log-level and

@@ -304,11 +304,17 @@ std::string JsonSchemaConverter::Prim(absl::string_view name) {
     body =
         "\"\\\\\" ( [\\x22/\\x5Cbfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] "
         "[0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2} ) )";
-  } else if (name == "char") {
-    CodepointSet plain = CodepointSet::Range(0x20, CodepointSet::kMax);
+  } else if (name == "escape-bmp") {
+    // As escape, without the surrogate pair (a character outside the BMP).
+    body =
+        "\"\\\\\" ( [\\x22/\\x5Cbfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] "
+        "[0-9a-fA-F]{2} ) )";
+  } else if (name == "char" || name == "char-bmp") {
+    const bool bmp = name == "char-bmp";
+    CodepointSet plain = CodepointSet::Range(0x20, bmp ? 0xFFFF : CodepointSet::kMax);
     plain = plain.Minus(CodepointSet::Of('"')).Minus(CodepointSet::Of('\\'));
     if (opts_.avoid != 0) plain = plain.Minus(CodepointSet::Of(opts_.avoid));
-    body = absl::StrCat(GbnfClass(plain), " | ", Prim("escape"));
+    body = absl::StrCat(GbnfClass(plain), " | ", Prim(bmp ? "escape-bmp" : "escape"));
   } else if (name == "string") {
     body = absl::StrCat("\"\\\"\" ", Prim("char"), "* ", Tok("\"\\\"\""));
   } else if (name == "number") {
@@ -675,7 +681,7 @@ absl::StatusOr<std::string> JsonSchemaConverter::StringRule(const Json& s, const
       if (opts_.avoid != 0) any = any.Minus(CodepointSet::Of(opts_.avoid));
       ch = GbnfClass(any);
     } else {
-      ch = Prim("char");
+      ch = Prim(has_length ? "char-bmp" : "char");
     }
     content = Repeat(ch, min, max);
   }

@@ -28,7 +28,10 @@
 //                    schema, keys other than the listed ones' plain spellings
 //   array            items (a schema, or false with prefixItems), prefixItems (or draft-7 `items`
 //                    array with additionalItems), minItems, maxItems
-//   string           minLength, maxLength (code points), pattern (regex_gbnf.h, matched as a whole
+//   string           minLength, maxLength (code points; a string with either holds characters of
+//                    the BMP only, so that its length is the same in UTF-16 units, JavaScript's
+//                    String.length, which zod and other clients check), pattern (regex_gbnf.h,
+//                    matched as a whole
 //                    string), format date, time, date-time (RFC 3339; dates month-aware, leap years
 //                    included), uuid; pattern or format together with a length is InvalidArgument
 //   integer          minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers or draft-4

@@ -145,6 +145,13 @@ TEST(CliFlagsTest, UnknownOptionsAreNamed) {
   CmdResult r = RunBinary("splitserve", "up --port");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("splitserve up: --port needs a value"), std::string::npos) << r.output;
+  // '_' reads as '-' in a name, never in its value.
+  r = RunBinary("splitserve", "up --model=/no_such_dir_here");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("/no_such_dir_here/config.json"), std::string::npos) << r.output;
+  r = RunBinary("splitserve", "up --enable_prefix_caching=1");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--enable-prefix-caching takes no value"), std::string::npos) << r.output;
   r = RunBinary("splitserve", "cpus --bogus");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.output, "splitserve cpus: unknown option '--bogus' (see --help)\n");

@@ -149,8 +149,14 @@ const std::vector<Case>& Cases() {
        {"[1,2,3]", "[2]"}},
       {"string_lengths",
        R"({"type": "string", "minLength": 2, "maxLength": 4})",
-       {R"("ab")", R"("abcd")", R"("é€")", R"("\n\t")"},
-       {R"("a")", R"("abcde")"}},
+       {R"("ab")", R"("abcd")", R"("é€")", R"("\n\t")", R"("\u00e9x")"},
+       // A bounded string holds BMP characters only: its length is the same in code points and
+       // in UTF-16 units (JavaScript's String.length, zod's max()).
+       {R"("a")", R"("abcde")", "\"a\U0001F600\"", R"("a\ud83d\ude00")"}},
+      {"string_unbounded_astral",
+       R"({"type": "string"})",
+       {"\"a\U0001F600\"", R"("a\ud83d\ude00")"},
+       {}},
       {"pattern",
        R"({"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"})",
        {R"("AB-123")"},
