@@ -159,6 +159,10 @@ bool ResolveBackend(const ModelConfig& model, UpOptions& o, Layout* layout) {
                  o.tp);
     return false;
   }
+  if ((o.gpu_experts != "0" || !o.gpu_experts_profile.empty()) && backend != "cuda") {
+    std::fprintf(stderr, "splitserve up: --gpu-experts needs the cuda backend\n");
+    return false;
+  }
   if (o.stage_transport == "nccl" && backend != "cuda") {
     std::fprintf(stderr, "splitserve up: --stage-transport nccl needs the cuda backend\n");
     return false;

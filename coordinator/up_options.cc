@@ -1,6 +1,7 @@
 #include "coordinator/up_options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <initializer_list>
 #include <iterator>
@@ -29,6 +30,7 @@ constexpr char kUsage[] =
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--max-num-batched-tokens N]\n"
     "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
+    "                     [--gpu-experts N|FRACTION] [--gpu-experts-profile FILE]\n"
     "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "                     [--log-level LEVEL] [--log-format text|json] [--version]\n"
@@ -62,6 +64,10 @@ constexpr char kUsage[] =
     "  from the measured H2D bandwidth and CPU expert rate), off (never), or N.\n"
     "  --gpu-prefill-ring-mib MIB (cuda): each GPU's staging ring for the streamed experts\n"
     "  (default %lld; 0: no streamed path).\n"
+    "  --gpu-experts N|FRACTION (cuda): routed experts each GPU worker keeps resident for decode,\n"
+    "  over its stage's layers (a fraction in (0, 1) of them), computed there instead of on the\n"
+    "  expert workers; --gpu-experts-profile FILE: routing counts (JSON) that pick the hottest,\n"
+    "  else each layer keeps an equal share. Default 0 (none).\n"
     "  --enable-prefix-caching (default) / --no-enable-prefix-caching: reuse the KV of prompt\n"
     "  prefixes (whole blocks) that earlier requests computed; usage.prompt_tokens_details.\n"
     "  cached_tokens reports the tokens a request took from the cache.\n"
@@ -207,6 +213,23 @@ constexpr ValueOption kValueOptions[] = {
      [](const std::string& v, UpOptions& o) {
        return SetIntIn("--gpu-prefill-ring-mib", v, 0, int64_t{1} << 20,
                        ": expected 0 (no streamed path) to 1048576 MiB", &o.gpu_prefill_ring_mib);
+     }},
+    {"--gpu-experts",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       double x = 0;
+       if (!absl::SimpleAtod(v, &x) || !(x >= 0) || (x >= 1 && x != std::floor(x))) {
+         return absl::InvalidArgumentError(
+             absl::StrCat("--gpu-experts ", v,
+                          ": expected a number of experts or a fraction in "
+                          "(0, 1)"));
+       }
+       o.gpu_experts = v;
+       return absl::OkStatus();
+     }},
+    {"--gpu-experts-profile",
+     [](const std::string& v, UpOptions& o) {
+       o.gpu_experts_profile = v;
+       return absl::OkStatus();
      }},
     {"--api-keys",
      [](const std::string&, UpOptions&) {

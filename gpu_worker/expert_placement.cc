@@ -68,6 +68,20 @@ ResidentSet PlaceByCounts(const LayerCounts& counts, int64_t budget) {
   return set;
 }
 
+ResidentSet SpreadEvenly(int first_layer, int n_layers, int n_experts, int64_t budget) {
+  ResidentSet set;
+  set.first_layer = first_layer;
+  set.layers.resize(std::max(0, n_layers));
+  budget = std::clamp<int64_t>(budget, 0, int64_t{std::max(0, n_layers)} * n_experts);
+  for (int l = 0; l < n_layers; ++l) {
+    const int64_t share = budget / n_layers + (l < budget % n_layers ? 1 : 0);
+    for (int64_t i = 0; i < share; ++i) {
+      set.layers[l].push_back(static_cast<int32_t>(i * n_experts / share));
+    }
+  }
+  return set;
+}
+
 double HitRate(const ResidentSet& set, const LayerCounts& counts) {
   uint64_t all = 0, hit = 0;
   for (const Pair& p : AllPairs(counts)) {

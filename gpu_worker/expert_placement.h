@@ -51,6 +51,10 @@ struct ResidentSet {
 // exceeds the pairs ever chosen, lowest layer and id first).
 ResidentSet PlaceByCounts(const LayerCounts& counts, int64_t budget);
 
+// Without counts: `budget` experts shared equally by the layers (the first budget % n_layers
+// layers one more), each layer's ids spread evenly over [0, n_experts) (i·E/share).
+ResidentSet SpreadEvenly(int first_layer, int n_layers, int n_experts, int64_t budget);
+
 // Σ of the resident pairs' counts / Σ of all counts: the share of choices the set serves on the
 // GPU (0 without counts).
 double HitRate(const ResidentSet& set, const LayerCounts& counts);

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "common/status.h"
 #include "common/weight_source.h"
 #include "gpu_worker/cpu_backend.h"
+#include "gpu_worker/expert_placement.h"
 #include "gpu_worker/memory_plan.h"
 #ifdef SS_HAVE_CUDA
 #include "gpu_worker/cuda/cuda_backend.h"
@@ -109,6 +112,31 @@ absl::StatusOr<std::string> StandaloneNcclId(const WorkerConfig& c, absl::Time u
   return absl::UnimplementedError(
       absl::StrCat("--tp_size ", c.tp_size, ": this build has no CUDA"));
 #endif
+}
+
+// The stage's resident experts (--gpu_experts): the budget's hottest by the profile's counts, or
+// an equal share of each layer with ids spread evenly. Empty: none.
+absl::StatusOr<std::vector<std::vector<int32_t>>> ResidentSets(const WorkerConfig& c,
+                                                               const ModelConfig& config,
+                                                               int first_layer, int end_layer) {
+  const int n = end_layer - first_layer, E = static_cast<int>(config.n_routed_experts);
+  const int64_t all = int64_t{n} * E;
+  const int64_t budget = c.gpu_experts > 0
+                             ? std::min(c.gpu_experts, all)
+                             : std::llround(c.gpu_experts_fraction * static_cast<double>(all));
+  if (budget <= 0 || n <= 0) return std::vector<std::vector<int32_t>>{};
+  if (!c.gpu_experts_profile.empty()) {
+    std::ifstream in(c.gpu_experts_profile);
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrCat("--gpu_experts_profile ", c.gpu_experts_profile, ": cannot open"));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    ASSIGN_OR_RETURN(LayerCounts counts, HeatProfileFromJson(text.str(), first_layer, n, E));
+    return PlaceByCounts(counts, budget).layers;
+  }
+  return SpreadEvenly(first_layer, n, E, budget).layers;
 }
 
 // Loads the model and builds the stage (TP group, stage links, backend, sender, runner, metrics).
@@ -220,6 +248,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     co.gpu_prefill_threshold = c.gpu_prefill_threshold;
     co.gpu_prefill_ring_bytes = c.gpu_prefill_ring_bytes;
     co.expert_stores = ExpertStoresOf(o.experts);
+    ASSIGN_OR_RETURN(co.resident_experts, ResidentSets(c, config, o.first_layer, o.end_layer));
     co.tp_rank = role.tp_rank;
     co.tp_size = role.tp_size;
     co.comm = comm_ptr;

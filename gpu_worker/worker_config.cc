@@ -1,9 +1,11 @@
 #include "gpu_worker/worker_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -141,6 +143,24 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   c.gpu_prefill_ring_bytes = c.gpu_prefill_threshold.mode == GpuPrefillThreshold::Mode::kOff
                                  ? 0
                                  : f.gpu_prefill_ring_mib << 20;
+  {
+    double v = 0;
+    if (!absl::SimpleAtod(f.gpu_experts, &v) || !(v >= 0) || (v >= 1 && v != std::floor(v))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--gpu_experts ", f.gpu_experts,
+          ": expected a number of experts (0 = none) or a fraction in (0, 1) (auto, from the "
+          "memory plan, is not built)"));
+    }
+    if (v > 0 && f.backend != "cuda") {
+      return absl::InvalidArgumentError("--gpu_experts needs --backend cuda");
+    }
+    if (v >= 1) c.gpu_experts = static_cast<int64_t>(v);
+    if (v > 0 && v < 1) c.gpu_experts_fraction = v;
+    if (!f.gpu_experts_profile.empty() && v == 0) {
+      return absl::InvalidArgumentError("--gpu_experts_profile needs --gpu_experts");
+    }
+    c.gpu_experts_profile = f.gpu_experts_profile;
+  }
   RETURN_IF_ERROR(CheckHostPort("listen", f.listen));
   c.listen = f.listen;
   if (!f.advertise.empty()) RETURN_IF_ERROR(CheckHostPort("advertise", f.advertise));
@@ -238,6 +258,12 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("fp64_sums = ", Fp64SumsName(fp64_sums)),
       absl::StrCat("gpu_prefill_threshold = ", gpu_prefill_threshold.ToString(),
                    backend == "cuda" ? "" : " (cuda backend only)"),
+      absl::StrCat(
+          "gpu_experts = ",
+          gpu_experts > 0            ? absl::StrCat(gpu_experts)
+          : gpu_experts_fraction > 0 ? absl::StrCat(gpu_experts_fraction, " of the stage's")
+                                     : std::string("(none)"),
+          gpu_experts_profile.empty() ? "" : absl::StrCat(", placed by ", gpu_experts_profile)),
       absl::StrCat("gpu_prefill_ring = ",
                    gpu_prefill_ring_bytes > 0 ? absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB")
                                               : std::string("(none: no streamed path)"),

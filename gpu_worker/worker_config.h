@@ -81,6 +81,8 @@ struct WorkerFlags {
   std::string fp64_sums = "auto";
   std::string gpu_prefill_threshold = "auto";
   int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
+  std::string gpu_experts = "0";
+  std::string gpu_experts_profile;
   int64_t expert_deadline_ms = 30000;
   int64_t expert_connect_timeout_ms = 60000;
   int64_t stream_wait_ms = 120000;
@@ -114,6 +116,11 @@ struct WorkerConfig {
   // off (ring 0, or threshold off).
   GpuPrefillThreshold gpu_prefill_threshold;
   int64_t gpu_prefill_ring_bytes = 0;
+  // Resident experts (cuda backend only): a count over the stage's layers, or a fraction of them
+  // (one of the two is 0), and the profile that places them (empty: an even spread).
+  int64_t gpu_experts = 0;
+  double gpu_experts_fraction = 0;
+  std::string gpu_experts_profile;
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
   int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
   int64_t collective_timeout_ms = 0;

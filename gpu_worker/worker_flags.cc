@@ -49,6 +49,13 @@ ABSL_FLAG(std::string, gpu_prefill_threshold, WorkerFlags{}.gpu_prefill_threshol
 ABSL_FLAG(int64_t, gpu_prefill_ring_mib, WorkerFlags{}.gpu_prefill_ring_mib,
           "--backend cuda only: device memory of the streamed path's staging ring in MiB, set "
           "aside beside the KV pool with a streamed step's workspace; 0 = no streamed path");
+ABSL_FLAG(std::string, gpu_experts, WorkerFlags{}.gpu_experts,
+          "--backend cuda only: routed experts kept resident on the GPU for decode "
+          "(gpu_worker/cuda/resident_routed_experts.h): N experts over the stage's layers, or a "
+          "fraction in (0, 1) of them; 0 = none");
+ABSL_FLAG(std::string, gpu_experts_profile, "",
+          "--gpu_experts: routing counts saved as JSON (gpu_worker/expert_placement.h) that pick "
+          "the hottest experts; without one each layer keeps an equal share, ids spread evenly");
 ABSL_FLAG(bool, plan, false,
           "print the device-memory plan (weights per GPU, KV capacity) of --plan_tp x --plan_pp "
           "GPUs of --plan_gib GiB for --model (with --hf_overrides), then exit: 0 when every GPU "
@@ -126,6 +133,8 @@ WorkerFlags ReadWorkerFlags() {
   f.fp64_sums = absl::GetFlag(FLAGS_fp64_sums);
   f.gpu_prefill_threshold = absl::GetFlag(FLAGS_gpu_prefill_threshold);
   f.gpu_prefill_ring_mib = absl::GetFlag(FLAGS_gpu_prefill_ring_mib);
+  f.gpu_experts = absl::GetFlag(FLAGS_gpu_experts);
+  f.gpu_experts_profile = absl::GetFlag(FLAGS_gpu_experts_profile);
   f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
   f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
   f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);

@@ -35,6 +35,17 @@ TEST(ExpertPlacement, TheHottestPairsOverAllLayersWithDeterministicTies) {
   EXPECT_DOUBLE_EQ(HitRate(s, Counts(3, 4, {{0, 0, 0, 0}, {0, 0, 0, 0}})), 0.0);
 }
 
+TEST(ExpertPlacement, WithoutCountsEachLayerAnEqualShareSpreadEvenly) {
+  const ResidentSet s = SpreadEvenly(5, 3, 8, 7);  // 3 + 2 + 2
+  ASSERT_EQ(s.layers.size(), 3u);
+  EXPECT_EQ(s.layers[0], (std::vector<int32_t>{0, 2, 5}));
+  EXPECT_EQ(s.layers[1], (std::vector<int32_t>{0, 4}));
+  EXPECT_EQ(s.layers[2], (std::vector<int32_t>{0, 4}));
+  EXPECT_TRUE(s.contains(5, 5));
+  EXPECT_EQ(SpreadEvenly(0, 2, 4, 100).size(), 8);  // at most every expert
+  EXPECT_EQ(SpreadEvenly(0, 2, 4, 0).size(), 0);
+}
+
 TEST(ExpertPlacement, RebalanceFillsFreeSlotsThenSwapsOnlyPastTheMargin) {
   const LayerCounts c = Counts(0, 4, {{100, 10, 50, 0}, {0, 80, 5, 30}});
   ResidentSet s{0, {{1}, {}}};  // expert 1 of layer 0 (count 10)

@@ -511,6 +511,34 @@ TEST(ExpertHeat, TheClientCountsAndTheMetricsFollow) {
             std::string::npos);
 }
 
+TEST(GpuWorkerConfig, GpuExpertsAreACountOrAFractionOnTheCudaBackend) {
+  WorkerFlags f;
+  f.model = kTinyA;
+  for (const char* bad : {"-1", "1.5", "x", "nan"}) {
+    f.gpu_experts = bad;
+    EXPECT_FALSE(ParseWorkerConfig(f).ok()) << bad;
+  }
+  f.gpu_experts = "4";
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());  // the cpu backend has no GPU
+  f.gpu_experts = "0";
+  f.gpu_experts_profile = "/p.json";
+  EXPECT_FALSE(ParseWorkerConfig(f).ok());  // a profile without experts to place
+#ifdef SS_HAVE_CUDA
+  f.backend = "cuda";
+  f.gpu_experts = "4";
+  absl::StatusOr<WorkerConfig> c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpu_experts, 4);
+  EXPECT_EQ(c->gpu_experts_fraction, 0.0);
+  EXPECT_EQ(c->gpu_experts_profile, "/p.json");
+  f.gpu_experts = "0.25";
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpu_experts, 0);
+  EXPECT_EQ(c->gpu_experts_fraction, 0.25);
+#endif
+}
+
 TEST(GpuWorkerConfig, FlagsAreValidated) {
   WorkerFlags f;
   EXPECT_FALSE(ParseWorkerConfig(f).ok());  // --model missing
