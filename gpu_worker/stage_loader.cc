@@ -249,6 +249,9 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     co.gpu_prefill_ring_bytes = c.gpu_prefill_ring_bytes;
     co.expert_stores = ExpertStoresOf(o.experts);
     ASSIGN_OR_RETURN(co.resident_experts, ResidentSets(c, config, o.first_layer, o.end_layer));
+    co.count_resident = [heat = stage.heat](int64_t layer, const int32_t* ids, int64_t n) {
+      heat->Count(layer, ids, n);
+    };
     co.tp_rank = role.tp_rank;
     co.tp_size = role.tp_size;
     co.comm = comm_ptr;

@@ -99,6 +99,7 @@ absl::Status SetUpResidentExperts(const model::Model& model, const CudaBackendOp
   ASSIGN_OR_RETURN(ro.sources, SourcesOf(model, o, im));
   ro.resident = o.resident_experts;
   ro.max_rows = o.resident_max_rows;
+  ro.count_resident = o.count_resident;
   ASSIGN_OR_RETURN(std::unique_ptr<ResidentRoutedExperts> r,
                    ResidentRoutedExperts::Create(model, ro, std::move(im.routed)));
   spdlog::info("resident experts: {} on CUDA device {} ({}), for steps of up to {} rows",

@@ -135,6 +135,8 @@ struct CudaBackendOptions {
   // rows (the other choices: `experts` / the host). Empty: none.
   std::vector<std::vector<int32_t>> resident_experts;
   int64_t resident_max_rows = 256;
+  // Optional: the choices the resident experts served, per layer (ResidentExpertsOptions).
+  std::function<void(int64_t layer, const int32_t* ids, int64_t n)> count_resident;
   // Benchmarks only (layer figures without the routed experts): take every layer's routed-expert
   // sum as zero, so a step sends nothing to the host and `experts` is not called.
   bool exclude_routed_experts = false;

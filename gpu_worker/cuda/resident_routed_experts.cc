@@ -40,7 +40,17 @@ absl::StatusOr<std::unique_ptr<ResidentRoutedExperts>> ResidentRoutedExperts::Cr
     std::unique_ptr<RoutedExpertsProvider> host) {
   std::unique_ptr<ResidentRoutedExperts> p(new ResidentRoutedExperts(model, std::move(host)));
   p->max_rows_ = options.max_rows;
+  p->count_resident_ = options.count_resident;
   RETURN_IF_ERROR(p->Load(options));
+  if (p->count_resident_) {
+    const int64_t n = std::max<int64_t>(options.max_rows, 1) * model.config().n_activated_experts;
+    RETURN_IF_ERROR(p->count_ids_.Reserve(static_cast<size_t>(n) * 4));
+    RETURN_IF_ERROR(p->count_host_.Reserve(static_cast<size_t>(n) * 4));
+    for (size_t l = 0; l < p->layers_.size(); ++l) {
+      p->count_calls_.push_back(std::make_unique<CountCall>(
+          CountCall{p.get(), options.sources.first_layer + static_cast<int64_t>(l), 0}));
+    }
+  }
   int least = 0, greatest = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&p->gpu_, cudaStreamNonBlocking, least));
@@ -146,9 +156,25 @@ absl::Status ResidentRoutedExperts::ReserveWork(int64_t rows) {
   return absl::OkStatus();
 }
 
+void CUDART_CB ResidentRoutedExperts::CountResident(void* p) {
+  const auto* call = static_cast<const CountCall*>(p);
+  ResidentRoutedExperts& self = *call->self;
+  const int32_t* ids = self.count_ids_.as<int32_t>();
+  const int32_t* host = self.count_host_.as<int32_t>();
+  self.counted_.clear();
+  for (int64_t i = 0; i < call->n; ++i) {
+    if (host[i] < 0 && ids[i] >= 0) self.counted_.push_back(ids[i]);
+  }
+  self.count_resident_(call->layer, self.counted_.data(),
+                       static_cast<int64_t>(self.counted_.size()));
+}
+
 absl::Status ResidentRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
   RETURN_IF_ERROR(host_->PrepareStep(n_layers, rows));
   step_resident_ = experts_ > 0 && rows <= max_rows_;
+  for (std::unique_ptr<CountCall>& c : count_calls_) {
+    c->n = rows * model_.config().n_activated_experts;
+  }
   if (step_resident_ && rows > rows_) RETURN_IF_ERROR(ReserveWork(rows));
   return absl::OkStatus();
 }
@@ -185,6 +211,13 @@ absl::Status ResidentRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
                                                   .host = host_ids,
                                                   .counts = hits_.as<unsigned long long>() + 2 * l},
                                                  side));
+  if (count_resident_) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(count_ids_.p, ids, T * K * 4, cudaMemcpyDeviceToHost, side));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(count_host_.p, host_ids, T * K * 4, cudaMemcpyDeviceToHost, side));
+    CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(side, CountResident, count_calls_[l].get()));
+  }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, side));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gpu_, fork_, 0));
   CUDA_RETURN_IF_ERROR(cuda::FakeQuantE4m3(xn, T, dim, xq, gpu_));

@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct ResidentExpertsOptions {
   // [0, E) are refused).
   std::vector<std::vector<int32_t>> resident;
   int64_t max_rows = 256;  // larger steps take the host path whole
+  // Optional: called (from a host function on the side stream, one layer at a time) with the
+  // choices of `layer` that the resident experts served, so that routing counts (expert_heat.h)
+  // see them as the host path's client sees the others.
+  std::function<void(int64_t layer, const int32_t* ids, int64_t n)> count_resident;
 };
 
 class ResidentRoutedExperts final : public RoutedExpertsProvider {
@@ -85,6 +90,12 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider {
   ResidentRoutedExperts(const model::Model& model, std::unique_ptr<RoutedExpertsProvider> host);
   absl::Status Load(const ResidentExpertsOptions& o);
   absl::Status ReserveWork(int64_t rows);
+  // count_resident's host function: the resident choices of the layer's copied ids.
+  struct CountCall {
+    ResidentRoutedExperts* self = nullptr;
+    int64_t layer = 0, n = 0;
+  };
+  static void CUDART_CB CountResident(void* call);
   // The workspace's dimensions: the most resident experts of a layer, the widest expert here.
   int max_count() const;
   int64_t max_inter() const;
@@ -99,6 +110,10 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider {
   DevBuf work_;     // slots, host ids, routing, xq, h, y for rows_ rows
   int64_t rows_ = 0;
   bool step_resident_ = false;  // this step's rows <= max_rows_
+  std::function<void(int64_t, const int32_t*, int64_t)> count_resident_;
+  std::vector<std::unique_ptr<CountCall>> count_calls_;  // per layer; fixed addresses (graphs)
+  PinnedBuf count_ids_, count_host_;  // a layer's ids and host ids, [max_rows, K]
+  std::vector<int32_t> counted_;      // the host function's scratch
   cudaStream_t gpu_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
 };
