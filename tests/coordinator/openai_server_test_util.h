@@ -46,15 +46,8 @@ class OpenAiServerTest : public ::testing::Test {
   static void TearDownTestSuite() { delete tokenizer_; }
 
   void Start(GatewayConfig config = {}) {
-    config.max_context_tokens = 4096;
     config.max_body_bytes = 1 << 20;
-    engine_ = std::make_unique<FakeEngine>(FakeEngine::Options{});
-    server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
-    auto port = server_->Start("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok()) << port.status();
-    port_ = *port;
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
-    client_->set_read_timeout(10, 0);
+    Launch(config, FakeEngine::Options{});
   }
   void SetUp() override { Start(); }
   // Restarts with `config` (its max_context_tokens set to 4096) and an engine that delivers
@@ -62,8 +55,12 @@ class OpenAiServerTest : public ::testing::Test {
   void StartWith(GatewayConfig config, std::vector<int32_t> script,
                  std::chrono::milliseconds delay) {
     TearDown();
+    Launch(config, FakeEngine::Options{std::move(script), false, delay});
+  }
+  // The gateway with `config` (max_context_tokens 4096) over a fake engine of `engine`.
+  void Launch(GatewayConfig config, FakeEngine::Options engine) {
     config.max_context_tokens = 4096;
-    engine_ = std::make_unique<FakeEngine>(FakeEngine::Options{std::move(script), false, delay});
+    engine_ = std::make_unique<FakeEngine>(std::move(engine));
     server_ = std::make_unique<OpenAiServer>(config, *tokenizer_, *engine_);
     auto port = server_->Start("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status();
