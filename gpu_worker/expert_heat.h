@@ -1,5 +1,5 @@
 // How often each routed expert of a stage's layers is chosen: the input of the resident-expert
-// placement (issue 27) and the dashboard's heat map (gpu_worker_expert_routed_total,
+// placement (expert_placement.h) and the dashboard's heat map (gpu_worker_expert_routed_total,
 // stage_runner.h). RoutedExpertsClient::Compute counts every choice it is given, so the counts
 // cover decode steps and prefill chunks on the CPU path; a streamed prefill chunk's routing stays
 // on the GPU and is not counted. Under TP every rank counts the same choices.

@@ -1,4 +1,4 @@
-// Which routed experts each layer of a stage keeps resident on its GPU (issue 27), chosen from
+// Which routed experts each layer of a stage keeps resident on its GPU, chosen from
 // measured routing counts (expert_heat.h) under a budget of experts, and how a running placement
 // moves toward a better one a few experts at a time.
 //

@@ -1,4 +1,4 @@
-// Routed experts resident on the GPU (ResidentRoutedExperts, a RoutedExpertsProvider; issue 27):
+// Routed experts resident on the GPU (ResidentRoutedExperts, a RoutedExpertsProvider):
 // per layer, the chosen experts that are resident in this GPU's memory run on the GPU with the
 // grouped MXFP4 kernels (gpu_worker/kernels/mxfp4_moe.h), the other choices go to the host path
 // (HostRoutedExperts: the expert workers, which skip the resident ones as model::kSkippedExpert
