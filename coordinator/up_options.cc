@@ -31,6 +31,7 @@ constexpr char kUsage[] =
     "                     [--max-num-batched-tokens N]\n"
     "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
     "                     [--gpu-experts N|FRACTION] [--gpu-experts-profile FILE]\n"
+    "                     [--gpu-experts-rebalance-s S]\n"
     "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "                     [--log-level LEVEL] [--log-format text|json] [--version]\n"
@@ -67,7 +68,9 @@ constexpr char kUsage[] =
     "  --gpu-experts N|FRACTION (cuda): routed experts each GPU worker keeps resident for decode,\n"
     "  over its stage's layers (a fraction in (0, 1) of them), computed there instead of on the\n"
     "  expert workers; --gpu-experts-profile FILE: routing counts (JSON) that pick the hottest,\n"
-    "  else each layer keeps an equal share. Default 0 (none).\n"
+    "  else each layer keeps an equal share. Default 0 (none). --gpu-experts-rebalance-s S:\n"
+    "  every S seconds (default 10; 0: never) up to 8 resident experts are replaced by ones the\n"
+    "  recent routing chose more often, within their layer, while serving.\n"
     "  --enable-prefix-caching (default) / --no-enable-prefix-caching: reuse the KV of prompt\n"
     "  prefixes (whole blocks) that earlier requests computed; usage.prompt_tokens_details.\n"
     "  cached_tokens reports the tokens a request took from the cache.\n"
@@ -229,6 +232,16 @@ constexpr ValueOption kValueOptions[] = {
     {"--gpu-experts-profile",
      [](const std::string& v, UpOptions& o) {
        o.gpu_experts_profile = v;
+       return absl::OkStatus();
+     }},
+    {"--gpu-experts-rebalance-s",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       double x = 0;
+       if (!absl::SimpleAtod(v, &x) || !(x >= 0) || x > 86400) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             "--gpu-experts-rebalance-s ", v, ": expected seconds in [0, 86400] (0: never)"));
+       }
+       o.gpu_experts_rebalance_s = x;
        return absl::OkStatus();
      }},
     {"--api-keys",

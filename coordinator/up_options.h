@@ -52,7 +52,8 @@ struct UpOptions {
   int64_t gpu_prefill_ring_mib = ss::gpu::kDefaultGpuPrefillRingMiB;
   std::string gpu_experts = "0";  // validated: a count or a fraction in (0, 1)
   std::string gpu_experts_profile;
-  int64_t max_num_batched_tokens = 0;  // 0: coord::LaunchMaxBatchTokens's default
+  double gpu_experts_rebalance_s = 10;  // validated: seconds in [0, 86400]
+  int64_t max_num_batched_tokens = 0;   // 0: coord::LaunchMaxBatchTokens's default
 };
 
 // argv[0] is the command ("up"); the options follow.

@@ -1,6 +1,7 @@
 #include "gpu_worker/expert_placement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -115,6 +116,41 @@ std::vector<ExpertSwap> PlanRebalance(const ResidentSet& current, const LayerCou
     if (static_cast<double>(p.count) <= static_cast<double>(e.count) * (1.0 + margin)) break;
     swaps.push_back({e.layer, e.expert, p.layer, p.expert});
     ++next_evict;
+  }
+  return swaps;
+}
+
+std::vector<ExpertSwap> PlanLayerRebalance(const ResidentSet& current, const LayerCounts& counts,
+                                           double margin, int max_swaps) {
+  struct Gain {
+    int64_t gain = 0;
+    ExpertSwap swap;
+  };
+  std::vector<Gain> all;
+  for (int l = 0; l < counts.n_layers; ++l) {
+    const int layer = counts.first_layer + l;
+    const int cl = layer - current.first_layer;
+    if (cl < 0 || cl >= static_cast<int>(current.layers.size()) || current.layers[cl].empty()) {
+      continue;
+    }
+    LayerCounts one{layer, 1, counts.n_experts, {}};
+    one.at.assign(counts.at.begin() + static_cast<ptrdiff_t>(l) * counts.n_experts,
+                  counts.at.begin() + static_cast<ptrdiff_t>(l + 1) * counts.n_experts);
+    ResidentSet mine{layer, {current.layers[cl]}};
+    for (const ExpertSwap& s :
+         PlanRebalance(mine, one, mine.size(), margin, std::max(0, max_swaps))) {
+      const uint64_t cp = counts.count(layer, s.promote), ce = counts.count(layer, s.evict);
+      const int64_t gain = static_cast<int64_t>(cp) - static_cast<int64_t>(ce);
+      // Counting noise: two counts of one rate differ by ~sqrt(cp + ce).
+      if (static_cast<double>(gain) <= 2.0 * std::sqrt(static_cast<double>(cp + ce))) continue;
+      all.push_back({gain, s});
+    }
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Gain& a, const Gain& b) { return a.gain > b.gain; });
+  std::vector<ExpertSwap> swaps;
+  for (size_t i = 0; i < all.size() && static_cast<int>(swaps.size()) < max_swaps; ++i) {
+    swaps.push_back(all[i].swap);
   }
   return swaps;
 }

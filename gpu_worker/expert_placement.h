@@ -74,6 +74,13 @@ struct ExpertSwap {
 // shrunk by nothing here (the caller evicts). Deterministic.
 std::vector<ExpertSwap> PlanRebalance(const ResidentSet& current, const LayerCounts& counts,
                                       int64_t budget, double margin, int max_swaps);
+// Swaps that keep each layer's number of residents (a running placement's device buffers are per
+// layer): PlanRebalance's rule within each layer that has residents, less the swaps whose gain
+// (promoted count c_p − evicted count c_e) is within the counts' noise, 2·sqrt(c_p + c_e) (two
+// Poisson counts of one rate), at most `max_swaps` over all layers, the largest gains first, ties
+// by layer then id.
+std::vector<ExpertSwap> PlanLayerRebalance(const ResidentSet& current, const LayerCounts& counts,
+                                           double margin, int max_swaps);
 // `set` after `swaps` (each layer's ids kept ascending).
 void ApplySwaps(const std::vector<ExpertSwap>& swaps, ResidentSet* set);
 

@@ -1,6 +1,7 @@
 #include "gpu_worker/routed_experts_client.h"
 
 #include <algorithm>
+#include <cmath>
 #include <future>
 #include <set>
 
@@ -219,6 +220,8 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient>> RoutedExpertsClient::Connec
     }
     std::sort(held.begin(), held.end());
     for (const auto& [slice, ep] : held) dst.slices.push_back(ep);
+    dst.share = static_cast<double>(held.size()) /
+                (l.slice_count > 0 ? l.slice_count : l.endpoints.front().slice_count);
     dst.max_tokens = dst.slices.front()->max_tokens;
     for (const Endpoint* ep : dst.slices) dst.max_tokens = std::min(dst.max_tokens, ep->max_tokens);
     if (dst.max_tokens < 1) {
@@ -253,6 +256,23 @@ absl::Status RoutedExpertsClient::ComputeLocal(int64_t layer, int64_t T, const f
   return absl::OkStatus();
 }
 
+void RoutedExpertsClient::CountCall(int64_t layer, const int32_t* ids, int64_t n,
+                                    double share) const {
+  if (options_.heat == nullptr) return;
+  options_.heat->Count(layer, ids, n, ChoicePath::kCpu);
+  const ModelConfig& c = model_.config();
+  std::vector<bool> read(static_cast<size_t>(c.n_routed_experts), false);
+  int64_t distinct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= 0 && ids[i] < c.n_routed_experts && !read[ids[i]]) {
+      read[ids[i]] = true;
+      ++distinct;
+    }
+  }
+  options_.heat->AddCpuRead(
+      std::llround(static_cast<double>(distinct * model::Mxfp4ExpertBytes(c)) * share));
+}
+
 absl::Status RoutedExpertsClient::Compute(int64_t layer, int64_t T, const float* x,
                                           const int32_t* ids, const float* weights, int top_k,
                                           float* out) const {
@@ -261,8 +281,8 @@ absl::Status RoutedExpertsClient::Compute(int64_t layer, int64_t T, const float*
     return absl::InvalidArgumentError(absl::StrCat("expert call for layer ", layer));
   }
   if (T <= 0) return absl::OkStatus();
-  if (options_.heat != nullptr) options_.heat->Count(layer, ids, T * top_k);
   auto it = layers_.find(layer);
+  CountCall(layer, ids, T * top_k, it == layers_.end() ? 1.0 : it->second.share);
   if (it == layers_.end()) return ComputeLocal(layer, T, x, ids, weights, top_k, out);
   const Layer& l = it->second;
   const int64_t dim = c.dim;

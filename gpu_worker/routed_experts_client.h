@@ -115,7 +115,10 @@ class RoutedExpertsClient final : public model::RoutedExperts {
   struct Layer {
     std::vector<const Endpoint*> slices;  // this rank's, in slice order; empty: it adds zero
     int64_t max_tokens = 0;
+    double share = 0;  // this rank's slices ÷ the layer's: its share of each expert's bytes
   };
+  // Counts a call's choices and the bytes of the distinct experts it reads (options_.heat).
+  void CountCall(int64_t layer, const int32_t* ids, int64_t n, double share) const;
   RoutedExpertsClient(const model::Model& model, const ExpertClientOptions& options);
   absl::Status ComputeLocal(int64_t layer, int64_t T, const float* x, const int32_t* ids,
                             const float* weights, int top_k, float* out) const;

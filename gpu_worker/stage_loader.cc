@@ -250,8 +250,10 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     co.expert_stores = ExpertStoresOf(o.experts);
     ASSIGN_OR_RETURN(co.resident_experts, ResidentSets(c, config, o.first_layer, o.end_layer));
     co.count_resident = [heat = stage.heat](int64_t layer, const int32_t* ids, int64_t n) {
-      heat->Count(layer, ids, n);
+      heat->Count(layer, ids, n, ChoicePath::kGpu);
     };
+    co.expert_heat = stage.heat;
+    co.resident_rebalance.interval = absl::Seconds(c.gpu_experts_rebalance_s);
     co.tp_rank = role.tp_rank;
     co.tp_size = role.tp_size;
     co.comm = comm_ptr;

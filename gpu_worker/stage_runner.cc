@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -28,10 +29,17 @@ void SetPenalties(const pb::SamplingParams& p, SamplingConfig* config) {
 
 void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
                       std::shared_ptr<const ExpertHeat> heat) {
+  // Each counter with the value it should hold: the counters follow at each scrape.
+  struct Follower {
+    prometheus::Counter* counter = nullptr;
+    std::function<uint64_t(const ExpertHeat&)> value;
+    uint64_t done = 0;
+  };
   struct Exported {
     std::shared_ptr<const ExpertHeat> heat;
+    std::vector<uint64_t> done;                  // what the expert counters hold
     std::vector<prometheus::Counter*> counters;  // layer-major, as ExpertHeat::Snapshot
-    std::vector<uint64_t> done;                  // what the counters hold
+    std::vector<Follower> followers;
   };
   auto e = std::make_shared<Exported>();
   e->heat = std::move(heat);
@@ -43,13 +51,40 @@ void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
           "routed choices of each expert on the expert path (decode, CPU-path prefill)",
           {{"layer", std::to_string(l)}, {"expert", std::to_string(x)}, {"worker", worker}}));
     }
+    for (ChoicePath p : {ChoicePath::kCpu, ChoicePath::kGpu}) {
+      e->followers.push_back(
+          {&m.Counter("gpu_worker_routed_choices_total",
+                      "routed choices computed on the GPU (resident experts) or the CPU",
+                      {{"layer", std::to_string(l)},
+                       {"path", p == ChoicePath::kGpu ? "gpu" : "cpu"},
+                       {"worker", worker}}),
+           [l, p](const ExpertHeat& s) { return s.choices(l, p); }});
+    }
   }
+  e->followers.push_back(
+      {&m.Counter("gpu_worker_expert_cpu_read_bytes_total",
+                  "bytes of routed-expert weights the CPU read for this worker's choices",
+                  {{"worker", worker}}),
+       [](const ExpertHeat& s) { return s.cpu_read_bytes(); }});
+  e->followers.push_back(
+      {&m.Counter("gpu_worker_expert_rebalances_total",
+                  "resident experts replaced by hotter ones while serving", {{"worker", worker}}),
+       [](const ExpertHeat& s) { return s.rebalance_swaps(); }});
+  e->followers.push_back({&m.Counter("gpu_worker_expert_rebalance_bytes_total",
+                                     "bytes copied to the GPU by the resident experts' rebalance",
+                                     {{"worker", worker}}),
+                          [](const ExpertHeat& s) { return s.rebalance_bytes(); }});
   e->done.assign(e->counters.size(), 0);
   m.OnScrape([e] {
     const std::vector<uint64_t> now = e->heat->Snapshot();
     for (size_t i = 0; i < now.size() && i < e->counters.size(); ++i) {
       if (now[i] > e->done[i]) e->counters[i]->Increment(static_cast<double>(now[i] - e->done[i]));
       e->done[i] = now[i];
+    }
+    for (Follower& f : e->followers) {
+      const uint64_t v = f.value(*e->heat);
+      if (v > f.done) f.counter->Increment(static_cast<double>(v - f.done));
+      f.done = v;
     }
   });
 }

@@ -74,9 +74,14 @@ namespace ss::gpu {
 //   gpu_worker_streamed_copy_busy_ratio{worker}  its copy seconds / span (0..1)
 //   gpu_worker_gpu_prefill_threshold_rows{worker}  rows from which a step streams (+Inf: never;
 //                                               0: no streamed path), as of the last step
-// The routing counts as counters brought up to date at each scrape (created up front, one per
-// layer and expert of the stage):
-//   gpu_worker_expert_routed_total{layer, expert, worker}  choices of that expert (expert_heat.h)
+// The expert path's statistics (expert_heat.h) as counters brought up to date at each scrape
+// (created up front, per layer and expert of the stage):
+//   gpu_worker_expert_routed_total{layer, expert, worker}  choices of that expert
+//   gpu_worker_routed_choices_total{layer, path, worker}   choices computed on path gpu (resident
+//                                               experts) or cpu; the hit rate is gpu ÷ (gpu + cpu)
+//   gpu_worker_expert_cpu_read_bytes_total{worker}  expert bytes the CPU read for the choices
+//   gpu_worker_expert_rebalances_total{worker}      resident experts replaced by hotter ones
+//   gpu_worker_expert_rebalance_bytes_total{worker} bytes copied to the GPU for them
 void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
                       std::shared_ptr<const ExpertHeat> heat);
 

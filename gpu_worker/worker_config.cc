@@ -160,6 +160,12 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
       return absl::InvalidArgumentError("--gpu_experts_profile needs --gpu_experts");
     }
     c.gpu_experts_profile = f.gpu_experts_profile;
+    if (!(f.gpu_experts_rebalance_s >= 0) || f.gpu_experts_rebalance_s > 86400) {
+      return absl::InvalidArgumentError(absl::StrCat("--gpu_experts_rebalance_s ",
+                                                     f.gpu_experts_rebalance_s,
+                                                     ": expected seconds in [0, 86400]"));
+    }
+    c.gpu_experts_rebalance_s = f.gpu_experts_rebalance_s;
   }
   RETURN_IF_ERROR(CheckHostPort("listen", f.listen));
   c.listen = f.listen;
@@ -263,7 +269,12 @@ std::vector<std::string> WorkerConfig::Describe() const {
           gpu_experts > 0            ? absl::StrCat(gpu_experts)
           : gpu_experts_fraction > 0 ? absl::StrCat(gpu_experts_fraction, " of the stage's")
                                      : std::string("(none)"),
-          gpu_experts_profile.empty() ? "" : absl::StrCat(", placed by ", gpu_experts_profile)),
+          gpu_experts_profile.empty() ? "" : absl::StrCat(", placed by ", gpu_experts_profile),
+          gpu_experts > 0 || gpu_experts_fraction > 0
+              ? (gpu_experts_rebalance_s > 0
+                     ? absl::StrCat(", rebalanced every ", gpu_experts_rebalance_s, " s")
+                     : std::string(", never rebalanced"))
+              : std::string()),
       absl::StrCat("gpu_prefill_ring = ",
                    gpu_prefill_ring_bytes > 0 ? absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB")
                                               : std::string("(none: no streamed path)"),

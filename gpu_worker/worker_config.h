@@ -83,6 +83,7 @@ struct WorkerFlags {
   int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
   std::string gpu_experts = "0";
   std::string gpu_experts_profile;
+  double gpu_experts_rebalance_s = 10;
   int64_t expert_deadline_ms = 30000;
   int64_t expert_connect_timeout_ms = 60000;
   int64_t stream_wait_ms = 120000;
@@ -121,6 +122,7 @@ struct WorkerConfig {
   int64_t gpu_experts = 0;
   double gpu_experts_fraction = 0;
   std::string gpu_experts_profile;
+  double gpu_experts_rebalance_s = 10;  // 0: the resident set stays as placed at start
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
   int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
   int64_t collective_timeout_ms = 0;

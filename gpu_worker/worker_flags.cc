@@ -56,6 +56,10 @@ ABSL_FLAG(std::string, gpu_experts, WorkerFlags{}.gpu_experts,
 ABSL_FLAG(std::string, gpu_experts_profile, "",
           "--gpu_experts: routing counts saved as JSON (gpu_worker/expert_placement.h) that pick "
           "the hottest experts; without one each layer keeps an equal share, ids spread evenly");
+ABSL_FLAG(double, gpu_experts_rebalance_s, WorkerFlags{}.gpu_experts_rebalance_s,
+          "--gpu_experts: every this many seconds, replace up to 8 resident experts of a layer by "
+          "ones the recent routing chose more often (copied in the background, swapped between "
+          "steps); 0 = the set stays as placed at start");
 ABSL_FLAG(bool, plan, false,
           "print the device-memory plan (weights per GPU, KV capacity) of --plan_tp x --plan_pp "
           "GPUs of --plan_gib GiB for --model (with --hf_overrides), then exit: 0 when every GPU "
@@ -114,7 +118,6 @@ ABSL_FLAG(std::string, experts, "",
           "(the i-th endpoint of a range is slice i); layers not listed run locally");
 
 namespace ss::gpu {
-
 WorkerFlags ReadWorkerFlags() {
   WorkerFlags f;
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -135,6 +138,7 @@ WorkerFlags ReadWorkerFlags() {
   f.gpu_prefill_ring_mib = absl::GetFlag(FLAGS_gpu_prefill_ring_mib);
   f.gpu_experts = absl::GetFlag(FLAGS_gpu_experts);
   f.gpu_experts_profile = absl::GetFlag(FLAGS_gpu_experts_profile);
+  f.gpu_experts_rebalance_s = absl::GetFlag(FLAGS_gpu_experts_rebalance_s);
   f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
   f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
   f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);

@@ -37,6 +37,12 @@ void SharedExpert(const MoeWeights& w, const float* x, int64_t n, float limit, f
 // workers' calls take it; the row's other choices are summed as if it were absent.
 inline constexpr int32_t kSkippedExpert = -1;
 
+// Bytes of one routed expert's MXFP4 weights, all of w1, w3 [inter, dim] and w2 [dim, inter]:
+// e2m1 codes (half a byte) and one ue8m0 scale per 32 values, 3·dim·inter·17/32.
+inline int64_t Mxfp4ExpertBytes(const ModelConfig& c) {
+  return 3 * c.dim * c.moe_inter_dim / 32 * 17;
+}
+
 // The routed half of the MoE sublayer for the routing `r`: acc [T, dim] (fp32, overwritten) =
 // Σ over each row's chosen experts, in ascending expert id, of that expert's bf16 output
 // (kSkippedExpert choices, and any id matching no expert, add nothing).

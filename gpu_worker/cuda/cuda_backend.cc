@@ -100,6 +100,8 @@ absl::Status SetUpResidentExperts(const model::Model& model, const CudaBackendOp
   ro.resident = o.resident_experts;
   ro.max_rows = o.resident_max_rows;
   ro.count_resident = o.count_resident;
+  ro.heat = o.expert_heat;
+  ro.rebalance = o.resident_rebalance;
   ASSIGN_OR_RETURN(std::unique_ptr<ResidentRoutedExperts> r,
                    ResidentRoutedExperts::Create(model, ro, std::move(im.routed)));
   spdlog::info("resident experts: {} on CUDA device {} ({}), for steps of up to {} rows",

@@ -84,6 +84,8 @@
 #include "common/fp64_sums.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/expert_heat.h"
+#include "gpu_worker/expert_rebalancer.h"
 #include "gpu_worker/expert_store_map.h"
 #include "gpu_worker/streamed_prefill.h"
 
@@ -137,6 +139,10 @@ struct CudaBackendOptions {
   int64_t resident_max_rows = 256;
   // Optional: the choices the resident experts served, per layer (ResidentExpertsOptions).
   std::function<void(int64_t layer, const int32_t* ids, int64_t n)> count_resident;
+  // The resident set's rebalance while serving (expert_rebalancer.h): on when the interval is
+  // positive and the expert path's statistics are given (the counts that drive it).
+  std::shared_ptr<ExpertHeat> expert_heat;
+  RebalanceOptions resident_rebalance;
   // Benchmarks only (layer figures without the routed experts): take every layer's routed-expert
   // sum as zero, so a step sends nothing to the host and `experts` is not called.
   bool exclude_routed_experts = false;

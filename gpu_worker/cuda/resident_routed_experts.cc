@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "gpu_worker/cuda_status.h"
 #include "gpu_worker/kernels/mxfp4_moe.h"
+#include "gpu_worker/memory_plan.h"
 #include "spdlog/spdlog.h"
 
 namespace ss::gpu::cuda_backend_internal {
@@ -18,6 +19,8 @@ ResidentRoutedExperts::ResidentRoutedExperts(const model::Model& model,
     : model_(model), host_(std::move(host)) {}
 
 ResidentRoutedExperts::~ResidentRoutedExperts() {
+  rebalancer_.reset();
+  if (copy_ != nullptr) cudaStreamSynchronize(copy_);
   if (gpu_ != nullptr) cudaStreamSynchronize(gpu_);
   if (absl::StatusOr<std::vector<LayerHits>> h = Hits(); h.ok() && experts_ > 0) {
     uint64_t all = 0, gpu = 0;
@@ -32,7 +35,9 @@ ResidentRoutedExperts::~ResidentRoutedExperts() {
   }
   if (fork_ != nullptr) cudaEventDestroy(fork_);
   if (join_ != nullptr) cudaEventDestroy(join_);
+  if (staged_ != nullptr) cudaEventDestroy(staged_);
   if (gpu_ != nullptr) cudaStreamDestroy(gpu_);
+  if (copy_ != nullptr) cudaStreamDestroy(copy_);
 }
 
 absl::StatusOr<std::unique_ptr<ResidentRoutedExperts>> ResidentRoutedExperts::Create(
@@ -57,7 +62,30 @@ absl::StatusOr<std::unique_ptr<ResidentRoutedExperts>> ResidentRoutedExperts::Cr
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&p->fork_, cudaEventDisableTiming));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&p->join_, cudaEventDisableTiming));
   RETURN_IF_ERROR(p->ReserveWork(std::max<int64_t>(options.max_rows, 1)));
+  RETURN_IF_ERROR(p->SetUpRebalance(options));
   return p;
+}
+
+absl::Status ResidentRoutedExperts::SetUpRebalance(const ResidentExpertsOptions& o) {
+  if (o.heat == nullptr || o.rebalance.interval <= absl::ZeroDuration() || experts_ == 0 ||
+      o.max_swaps < 1) {
+    return absl::OkStatus();
+  }
+  max_swaps_ = o.max_swaps;
+  heat_ = o.heat;
+  RETURN_IF_ERROR(staging_.Reserve(static_cast<size_t>(max_swaps_ * max_expert_bytes_)));
+  int least = 0, greatest = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, least));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+  rebalancer_ = std::make_unique<ExpertRebalancer>(o.heat, this, o.rebalance);
+  rebalancer_->Start();
+  spdlog::info(
+      "resident experts: rebalanced every {} while serving, up to {} experts a round (staging "
+      "{}), promoted past a {:.0f}% margin",
+      absl::FormatDuration(o.rebalance.interval), max_swaps_, MiB(staging_.cap),
+      100.0 * o.rebalance.margin);
+  return absl::OkStatus();
 }
 
 absl::Status ResidentRoutedExperts::Load(const ResidentExpertsOptions& o) {
@@ -98,16 +126,23 @@ absl::Status ResidentRoutedExperts::Load(const ResidentExpertsOptions& o) {
     sets[l] = std::move(set);
     layers_.push_back(std::move(layer));
   }
+  first_layer_ = o.sources.first_layer;
+  for (const Layer& layer : layers_) {
+    max_count_ = std::max(max_count_, layer.count);
+    max_inter_ = std::max(max_inter_, layer.plan.parts * layer.plan.part_inter);
+    max_expert_bytes_ = std::max(max_expert_bytes_, layer.plan.expert_bytes);
+  }
   RETURN_IF_ERROR(weights_.Reserve(static_cast<size_t>(total)));
   RETURN_IF_ERROR(hits_.Reserve(static_cast<size_t>(n) * 2 * sizeof(unsigned long long)));
   CUDA_RETURN_IF_ERROR(
       cudaMemset(hits_.p, 0, static_cast<size_t>(n) * 2 * sizeof(unsigned long long)));
   RETURN_IF_ERROR(slot_of_.Reserve(slot_of.size() * 4));
+  RETURN_IF_ERROR(slot_host_.Reserve(slot_of.size() * 4));
+  std::copy(slot_of.begin(), slot_of.end(), slot_host_.as<int32_t>());
   CUDA_RETURN_IF_ERROR(
       cudaMemcpy(slot_of_.p, slot_of.data(), slot_of.size() * 4, cudaMemcpyHostToDevice));
-  int device = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  LoadProgress progress(absl::StrCat("copying resident experts to CUDA device ", device), total);
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
+  LoadProgress progress(absl::StrCat("copying resident experts to CUDA device ", device_), total);
   for (int l = 0; l < n; ++l) {
     const Layer& layer = layers_[l];
     for (int j = 0; j < layer.count; ++j) {
@@ -120,6 +155,7 @@ absl::Status ResidentRoutedExperts::Load(const ResidentExpertsOptions& o) {
     }
   }
   progress.Done();
+  sets_ = std::move(sets);
   return absl::OkStatus();
 }
 
@@ -134,24 +170,12 @@ absl::StatusOr<std::vector<ResidentRoutedExperts::LayerHits>> ResidentRoutedExpe
   return out;
 }
 
-int ResidentRoutedExperts::max_count() const {
-  int r = 0;
-  for (const Layer& l : layers_) r = std::max(r, l.count);
-  return r;
-}
-
-int64_t ResidentRoutedExperts::max_inter() const {
-  int64_t inter = 1;
-  for (const Layer& l : layers_) inter = std::max(inter, l.plan.parts * l.plan.part_inter);
-  return inter;
-}
-
 // The extra int32 values: each choice's slot, then the host's ids.
 absl::Status ResidentRoutedExperts::ReserveWork(int64_t rows) {
   const ModelConfig& c = model_.config();
   const int K = static_cast<int>(c.n_activated_experts);
   RETURN_IF_ERROR(work_.Reserve(static_cast<size_t>(
-      MoeWorkspaceBytes(rows, K, max_count(), c.dim, max_inter(), 2 * rows * K))));
+      MoeWorkspaceBytes(rows, K, max_count_, c.dim, max_inter_, 2 * rows * K))));
   rows_ = std::max(rows_, rows);
   return absl::OkStatus();
 }
@@ -171,6 +195,7 @@ void CUDART_CB ResidentRoutedExperts::CountResident(void* p) {
 
 absl::Status ResidentRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
   RETURN_IF_ERROR(host_->PrepareStep(n_layers, rows));
+  RETURN_IF_ERROR(ApplyStaged());
   step_resident_ = experts_ > 0 && rows <= max_rows_;
   for (std::unique_ptr<CountCall>& c : count_calls_) {
     c->n = rows * model_.config().n_activated_experts;
@@ -195,7 +220,7 @@ absl::Status ResidentRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
   const ModelConfig& c = model_.config();
   const int64_t T = rows, dim = c.dim;
   const int K = static_cast<int>(c.n_activated_experts), E = static_cast<int>(c.n_routed_experts);
-  const MoeWorkspace w = CarveMoeWorkspace(work_.p, T, K, max_count(), dim, max_inter(), 2 * T * K);
+  const MoeWorkspace w = CarveMoeWorkspace(work_.p, T, K, max_count_, dim, max_inter_, 2 * T * K);
   int32_t* const slots = w.extra;
   int32_t* const host_ids = w.extra + T * K;
   const cuda::MoeRouting& routing = w.routing;
@@ -257,6 +282,103 @@ absl::Status ResidentRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
                                                .sum = sum,
                                                .accumulate = true},
                                               side));
+  return absl::OkStatus();
+}
+
+ResidentSet ResidentRoutedExperts::Current() const {
+  std::lock_guard<std::mutex> lock(move_mu_);
+  ResidentSet set{first_layer_, sets_};
+  for (std::vector<int32_t>& l : set.layers) std::sort(l.begin(), l.end());
+  return set;
+}
+
+std::pair<int32_t, int32_t> ResidentRoutedExperts::Range(int layer) const {
+  const int l = layer - first_layer_;
+  if (l < 0 || l >= static_cast<int>(layers_.size()) || layers_[l].plan.parts == 0) return {0, 0};
+  return {layers_[l].plan.expert_begin, layers_[l].plan.expert_end};
+}
+
+absl::Status ResidentRoutedExperts::CheckSwaps(const std::vector<ExpertSwap>& swaps) const {
+  const int E = static_cast<int>(model_.config().n_routed_experts);
+  std::vector<int32_t> table(slot_host_.as<int32_t>(),
+                             slot_host_.as<int32_t>() + layers_.size() * E);
+  for (const ExpertSwap& s : swaps) {
+    const int l = s.promote_layer - first_layer_;
+    const auto [begin, end] = Range(s.promote_layer);
+    if (s.evict_layer != s.promote_layer || l < 0 || l >= static_cast<int>(layers_.size()) ||
+        s.evict < 0 || s.evict >= E || s.promote < begin || s.promote >= end ||
+        table[static_cast<size_t>(l) * E + s.evict] < 0 ||
+        table[static_cast<size_t>(l) * E + s.promote] >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resident experts: swap of layer ", s.evict_layer, " expert ", s.evict, " for layer ",
+          s.promote_layer, " expert ", s.promote,
+          ": must be within one layer, evict a resident expert and promote one this rank may hold "
+          "that is not resident"));
+    }
+    std::swap(table[static_cast<size_t>(l) * E + s.evict],
+              table[static_cast<size_t>(l) * E + s.promote]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ResidentRoutedExperts::Stage(const std::vector<ExpertSwap>& swaps) {
+  std::lock_guard<std::mutex> lock(move_mu_);
+  if (!pending_.empty()) return false;
+  if (static_cast<int>(swaps.size()) > max_swaps_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resident experts: ", swaps.size(), " swaps, at most ", max_swaps_));
+  }
+  RETURN_IF_ERROR(CheckSwaps(swaps));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  for (size_t i = 0; i < swaps.size(); ++i) {
+    const Layer& layer = layers_[swaps[i].promote_layer - first_layer_];
+    uint8_t* dst = staging_.as<uint8_t>() + i * max_expert_bytes_;
+    for (const HostCopy& cp : layer.plan.GroupCopies(swaps[i].promote, swaps[i].promote + 1)) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst + cp.dst_offset, cp.src, cp.bytes, cudaMemcpyHostToDevice, copy_));
+    }
+    pending_.push_back({swaps[i].promote_layer - first_layer_, swaps[i].evict, swaps[i].promote});
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_, copy_));
+  return true;
+}
+
+absl::Status ResidentRoutedExperts::ApplyStaged() {
+  std::lock_guard<std::mutex> lock(move_mu_);
+  if (pending_.empty()) return absl::OkStatus();
+  const cudaError_t ready = cudaEventQuery(staged_);
+  if (ready == cudaErrorNotReady) return absl::OkStatus();
+  if (ready != cudaSuccess) {
+    pending_.clear();
+    CUDA_RETURN_IF_ERROR(ready);
+  }
+  const int E = static_cast<int>(model_.config().n_routed_experts);
+  int32_t* table = slot_host_.as<int32_t>();
+  std::vector<bool> changed(layers_.size(), false);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const Pending& p = pending_[i];
+    const Layer& layer = layers_[p.layer];
+    int32_t* row = table + static_cast<size_t>(p.layer) * E;
+    const int32_t slot = row[p.evict];
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(weights_.as<uint8_t>() + layer.offset + slot * layer.plan.expert_bytes,
+                        staging_.as<uint8_t>() + i * max_expert_bytes_, layer.plan.expert_bytes,
+                        cudaMemcpyDeviceToDevice, gpu_));
+    row[p.evict] = -1;
+    row[p.promote] = slot;
+    sets_[p.layer][slot] = p.promote;
+    changed[p.layer] = true;
+    bytes += layer.plan.expert_bytes;
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!changed[l]) continue;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot_of_.as<int32_t>() + l * E, table + l * E, E * 4,
+                                         cudaMemcpyHostToDevice, gpu_));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(gpu_));
+  heat_->AddRebalance(static_cast<int64_t>(pending_.size()), bytes);
+  pending_.clear();
   return absl::OkStatus();
 }
 

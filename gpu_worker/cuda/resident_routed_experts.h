@@ -19,12 +19,19 @@
 // experts' slices (expert_sources.h: its parts of each expert from the stores; from host weights
 // only the experts of its range, the others dropped from its set).
 //
-// The weights are copied at Create, before the KV pool is fitted; the set is fixed for the
-// object's life. Everything Enqueue enqueues is stream work with an event fork and join, so steps
-// are captured into graphs like the host path's.
+// The weights are copied at Create, before the KV pool is fitted. With a rebalance interval
+// (options.rebalance) an ExpertRebalancer (expert_rebalancer.h) moves the set while serving: Stage
+// copies the promoted experts' weights host -> staging buffer on a low-priority stream of their
+// own (the steps go on meanwhile); the next PrepareStep after the copies finished, between steps,
+// copies each one device-to-device into its evicted expert's slot and updates the layer's slot
+// table, on the resident stream, and waits for that (tens of microseconds a swap). A layer keeps
+// its number of residents; its slots are then no longer in ascending id order, which changes only
+// the fp32 order in which MoeCombineRoutes adds the resident routes. Everything Enqueue enqueues
+// is stream work with an event fork and join, so steps are captured into graphs like the host
+// path's (the slot table and the weights keep their addresses).
 //
-// Threading: as RoutedExpertsProvider. Owned by the backend; the model and the stores must
-// outlive it.
+// Threading: as RoutedExpertsProvider; the ResidentExpertMover methods from any thread (the
+// rebalancer's). Owned by the backend; the model, the stores and the heat must outlive it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +39,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +48,8 @@
 #include "gpu_worker/cuda/device_buffers.h"
 #include "gpu_worker/cuda/expert_sources.h"
 #include "gpu_worker/cuda/routed_experts_provider.h"
+#include "gpu_worker/expert_heat.h"
+#include "gpu_worker/expert_rebalancer.h"
 
 namespace ss::gpu::cuda_backend_internal {
 
@@ -52,9 +63,15 @@ struct ResidentExpertsOptions {
   // choices of `layer` that the resident experts served, so that routing counts (expert_heat.h)
   // see them as the host path's client sees the others.
   std::function<void(int64_t layer, const int32_t* ids, int64_t n)> count_resident;
+  // The rebalance while serving: on when rebalance.interval > 0 and `heat` is given (its counts
+  // drive the moves; the moves are added to its rebalance counters). `max_swaps` experts per round
+  // (a staging buffer of that many experts on the device).
+  std::shared_ptr<ExpertHeat> heat;
+  RebalanceOptions rebalance;
+  int max_swaps = 8;
 };
 
-class ResidentRoutedExperts final : public RoutedExpertsProvider {
+class ResidentRoutedExperts final : public RoutedExpertsProvider, public ResidentExpertMover {
  public:
   // Copies the resident experts' weights to the device. `host` takes every choice that is not
   // resident. InvalidArgument for a bad set; FailedPrecondition for a layer with resident
@@ -64,9 +81,10 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider {
       std::unique_ptr<RoutedExpertsProvider> host);
   ~ResidentRoutedExperts() override;
 
-  // Resident experts of this rank in all, and their device bytes.
+  // Resident experts of this rank in all, and their device bytes (with the rebalance's staging
+  // buffer).
   int64_t experts() const { return experts_; }
-  int64_t bytes() const { return static_cast<int64_t>(weights_.cap); }
+  int64_t bytes() const { return static_cast<int64_t>(weights_.cap + staging_.cap); }
   // Per stage layer, the choices the resident path has seen and those it served on the GPU
   // (its steps only; read after a step's final wait: a synchronous copy). Logged at the end.
   struct LayerHits {
@@ -81,6 +99,12 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider {
   double Seconds(int l) const override { return host_->Seconds(l); }
   void AppendGraphKey(std::vector<int64_t>* key) const override;
 
+  // ResidentExpertMover (the rebalance).
+  ResidentSet Current() const override;
+  std::pair<int32_t, int32_t> Range(int layer) const override;
+  int max_swaps() const override { return max_swaps_; }
+  absl::StatusOr<bool> Stage(const std::vector<ExpertSwap>& swaps) override;
+
  private:
   struct Layer {
     int count = 0;         // resident experts on this rank
@@ -90,19 +114,24 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider {
   ResidentRoutedExperts(const model::Model& model, std::unique_ptr<RoutedExpertsProvider> host);
   absl::Status Load(const ResidentExpertsOptions& o);
   absl::Status ReserveWork(int64_t rows);
+  absl::Status SetUpRebalance(const ResidentExpertsOptions& o);
+  absl::Status CheckSwaps(const std::vector<ExpertSwap>& swaps) const;  // under move_mu_
+  // Between steps: the staged swaps whose copies finished take their slots.
+  absl::Status ApplyStaged();
   // count_resident's host function: the resident choices of the layer's copied ids.
   struct CountCall {
     ResidentRoutedExperts* self = nullptr;
     int64_t layer = 0, n = 0;
   };
   static void CUDART_CB CountResident(void* call);
-  // The workspace's dimensions: the most resident experts of a layer, the widest expert here.
-  int max_count() const;
-  int64_t max_inter() const;
 
   const model::Model& model_;
   std::unique_ptr<RoutedExpertsProvider> host_;
   int64_t max_rows_ = 0, experts_ = 0;
+  int first_layer_ = 0, device_ = 0;
+  // The workspace's dimensions: the most resident experts of a layer, the widest expert here.
+  int max_count_ = 0;
+  int64_t max_inter_ = 1, max_expert_bytes_ = 0;
   std::vector<Layer> layers_;
   DevBuf weights_;  // every layer's resident experts
   DevBuf slot_of_;  // [layers, E] int32
@@ -116,6 +145,22 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider {
   std::vector<int32_t> counted_;      // the host function's scratch
   cudaStream_t gpu_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
+
+  // The rebalance. move_mu_ guards the slot tables, sets_ and pending_.
+  struct Pending {
+    int layer = 0;  // stage layer index
+    int32_t evict = 0, promote = 0;
+  };
+  mutable std::mutex move_mu_;
+  std::vector<std::vector<int32_t>> sets_;  // per stage layer, the expert in each slot
+  PinnedBuf slot_host_;                     // the host's copy of slot_of_
+  std::vector<Pending> pending_;            // staged, copies on copy_ until staged_
+  std::shared_ptr<ExpertHeat> heat_;
+  int max_swaps_ = 0;
+  DevBuf staging_;  // max_swaps_ experts of max_expert_bytes_
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t staged_ = nullptr;
+  std::unique_ptr<ExpertRebalancer> rebalancer_;  // stopped first at destruction
 };
 
 }  // namespace ss::gpu::cuda_backend_internal

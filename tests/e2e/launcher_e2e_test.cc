@@ -142,6 +142,9 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
            {"--fp64-sums", "double"},
            {"--gpu-prefill-threshold", "0"},
            {"--gpu-prefill-ring-mib", "-1"},
+           {"--gpu-experts", "1.5"},
+           {"--gpu-experts-rebalance-s", "-1"},
+           {"--gpu-experts-rebalance-s", "soon"},
            {"--max-num-batched-tokens", "8"},  // fewer than max_running's 64 decode tokens
            {"--backend", "cpu", "--stages", "2", "--stage-transport", "nccl"}}) {
     std::vector<std::string> argv = {std::string(SS_BIN_DIR) + "/splitserve", "up"};

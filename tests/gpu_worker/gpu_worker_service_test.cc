@@ -5,6 +5,7 @@
 // worker's flag table.
 #include "gpu_worker/gpu_worker_service.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -472,12 +473,27 @@ TEST(ExpertHeat, CountsEveryChoiceOfItsLayersAndNothingElse) {
   EXPECT_EQ(h.count(4, 7), 1u);
   EXPECT_EQ(h.count(1, 3), 0u);
   EXPECT_EQ(h.count(2, 16), 0u);
+  EXPECT_EQ(h.choices(2, ChoicePath::kCpu), 5u);
+  EXPECT_EQ(h.choices(4, ChoicePath::kCpu), 2u);
+  EXPECT_EQ(h.choices(2, ChoicePath::kGpu), 0u);
+  EXPECT_EQ(h.choices(1, ChoicePath::kCpu), 0u);
+  h.Count(3, ids, 3, ChoicePath::kGpu);  // 3, 7, 3 served on the GPU
+  EXPECT_EQ(h.choices(3, ChoicePath::kGpu), 3u);
+  EXPECT_EQ(h.choices(3, ChoicePath::kCpu), 0u);
+  EXPECT_EQ(h.count(3, 3), 2u);
+  h.Count(3, ids, 3, ChoicePath::kGpu);
   const std::vector<uint64_t> all = h.Snapshot();
   ASSERT_EQ(all.size(), 3u * 16u);
   uint64_t sum = 0;
   for (uint64_t v : all) sum += v;
-  EXPECT_EQ(sum, 5u + 2u);
+  EXPECT_EQ(sum, 5u + 2u + 6u);
   EXPECT_EQ(all[2 * 16 + 7], 1u);  // layer 4, expert 7
+  h.AddRebalance(2, 100);
+  h.AddRebalance(1, 50);
+  h.AddCpuRead(7);
+  EXPECT_EQ(h.rebalance_swaps(), 3u);
+  EXPECT_EQ(h.rebalance_bytes(), 150u);
+  EXPECT_EQ(h.cpu_read_bytes(), 7u);
 }
 
 // The expert client counts each call's choices (here a layer it computes locally), and the
@@ -495,19 +511,36 @@ TEST(ExpertHeat, TheClientCountsAndTheMetricsFollow) {
   ASSERT_TRUE((*client)->Compute(3, T, x.data(), ids.data(), w.data(), 4, out.data()).ok());
   EXPECT_EQ(heat->count(3, 5), 3u);
   EXPECT_EQ(heat->count(3, 14), 1u);
+  // The CPU read the call's 5 distinct experts (1, 5, 9, 2, 14) whole: the layer is local.
+  const int64_t expert_bytes = model::Mxfp4ExpertBytes(TinyA()->config());
+  EXPECT_EQ(heat->cpu_read_bytes(), static_cast<uint64_t>(5 * expert_bytes));
+  heat->Count(3, ids.data(), 2, ChoicePath::kGpu);  // 1 and 5, as the resident path counts
   metrics::Metrics m;
   ExportExpertHeat(m, "w0", heat);
   EXPECT_NE(
       m.Serialize().find(
-          "splitserve:gpu_worker_expert_routed_total{expert=\"5\",layer=\"3\",worker=\"w0\"} 3"),
+          "splitserve:gpu_worker_expert_routed_total{expert=\"5\",layer=\"3\",worker=\"w0\"} 4"),
       std::string::npos);
   ASSERT_TRUE((*client)->Compute(3, T, x.data(), ids.data(), w.data(), 4, out.data()).ok());
   const std::string text = m.Serialize();
   EXPECT_NE(text.find("splitserve:gpu_worker_expert_routed_total{expert=\"5\",layer=\"3\","
-                      "worker=\"w0\"} 6"),
+                      "worker=\"w0\"} 7"),
             std::string::npos);
   EXPECT_NE(text.find("splitserve:gpu_worker_expert_routed_total{expert=\"0\",layer=\"6\","
                       "worker=\"w0\"} 0"),
+            std::string::npos);
+  EXPECT_NE(text.find("splitserve:gpu_worker_routed_choices_total{layer=\"3\",path=\"cpu\","
+                      "worker=\"w0\"} 14"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("splitserve:gpu_worker_routed_choices_total{layer=\"3\",path=\"gpu\","
+                      "worker=\"w0\"} 2"),
+            std::string::npos);
+  EXPECT_NE(
+      text.find(absl::StrCat("splitserve:gpu_worker_expert_cpu_read_bytes_total{worker=\"w0\"} ",
+                             10 * expert_bytes)),
+      std::string::npos);
+  EXPECT_NE(text.find("splitserve:gpu_worker_expert_rebalances_total{worker=\"w0\"} 0"),
             std::string::npos);
 }
 
@@ -536,7 +569,19 @@ TEST(GpuWorkerConfig, GpuExpertsAreACountOrAFractionOnTheCudaBackend) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->gpu_experts, 0);
   EXPECT_EQ(c->gpu_experts_fraction, 0.25);
+  EXPECT_EQ(c->gpu_experts_rebalance_s, 10.0);  // on by default
+  f.gpu_experts_rebalance_s = 0;                // never
+  ASSERT_TRUE(ParseWorkerConfig(f).ok());
 #endif
+  f.backend = "cpu";
+  f.gpu_experts = "0";
+  f.gpu_experts_profile.clear();
+  f.gpu_experts_rebalance_s = 30;
+  ASSERT_TRUE(ParseWorkerConfig(f).ok());
+  for (double bad : {-1.0, 1e9, std::nan("")}) {
+    f.gpu_experts_rebalance_s = bad;
+    EXPECT_FALSE(ParseWorkerConfig(f).ok()) << bad;
+  }
 }
 
 TEST(GpuWorkerConfig, FlagsAreValidated) {
