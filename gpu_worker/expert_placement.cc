@@ -155,6 +155,21 @@ std::vector<ExpertSwap> PlanLayerRebalance(const ResidentSet& current, const Lay
   return swaps;
 }
 
+std::pair<int32_t, int32_t> HostWeightsRange(int n_experts, int tp, int rank) {
+  return {static_cast<int32_t>(int64_t{rank} * n_experts / tp),
+          static_cast<int32_t>(int64_t{rank + 1} * n_experts / tp)};
+}
+
+ResidentSet RankShare(const ResidentSet& set,
+                      const std::function<std::pair<int32_t, int32_t>(int layer)>& range) {
+  ResidentSet mine = set;
+  for (size_t l = 0; l < mine.layers.size(); ++l) {
+    const auto [begin, end] = range(set.first_layer + static_cast<int>(l));
+    std::erase_if(mine.layers[l], [&](int32_t e) { return e < begin || e >= end; });
+  }
+  return mine;
+}
+
 void ApplySwaps(const std::vector<ExpertSwap>& swaps, ResidentSet* set) {
   for (const ExpertSwap& s : swaps) {
     if (s.evict >= 0) {

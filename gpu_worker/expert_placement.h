@@ -24,7 +24,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -81,6 +83,15 @@ std::vector<ExpertSwap> PlanRebalance(const ResidentSet& current, const LayerCou
 // by layer then id.
 std::vector<ExpertSwap> PlanLayerRebalance(const ResidentSet& current, const LayerCounts& counts,
                                            double margin, int max_swaps);
+// Under TP: the experts rank `rank` of `tp` computes from whole experts in the model's host
+// weights, [rank·E/tp, (rank+1)·E/tp) (with the expert workers' stores every rank computes its
+// slices of every expert instead: [0, E)).
+std::pair<int32_t, int32_t> HostWeightsRange(int n_experts, int tp, int rank);
+// A rank's part of a resident set, which is all it keeps: per layer the ids within
+// range(model layer) = [first, second).
+ResidentSet RankShare(const ResidentSet& set,
+                      const std::function<std::pair<int32_t, int32_t>(int layer)>& range);
+
 // `set` after `swaps` (each layer's ids kept ascending).
 void ApplySwaps(const std::vector<ExpertSwap>& swaps, ResidentSet* set);
 

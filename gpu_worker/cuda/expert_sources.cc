@@ -1,9 +1,11 @@
 #include "gpu_worker/cuda/expert_sources.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "gpu_worker/expert_placement.h"
 
 namespace ss::gpu::cuda_backend_internal {
 namespace {
@@ -94,8 +96,7 @@ void FromHostWeights(const model::Model& model, int L, int E, int tp, int rank, 
   sp.part_inter = model.config().moe_inter_dim;
   sp.tile_rows = 0;
   if (part.ok()) sp.part = *part;
-  sp.expert_begin = static_cast<int>(int64_t{rank} * E / tp);
-  sp.expert_end = static_cast<int>(int64_t{rank + 1} * E / tp);
+  std::tie(sp.expert_begin, sp.expert_end) = HostWeightsRange(E, tp, rank);
   for (int e = sp.expert_begin; e < sp.expert_end && ls.usable; ++e) {
     const model::ExpertWeights& x = moe.experts[e];
     sp.sources.push_back({.w1 = x.w1.w,

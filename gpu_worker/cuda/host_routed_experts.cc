@@ -6,6 +6,7 @@
 #include "common/bf16.h"
 #include "common/status.h"
 #include "gpu_worker/cuda_status.h"
+#include "gpu_worker/expert_placement.h"
 #include "gpu_worker/step_progress.h"
 
 namespace ss::gpu::cuda_backend_internal {
@@ -106,7 +107,7 @@ absl::Status HostRoutedExperts::Compute(int64_t layer, int64_t rows) {
   r.weights.assign(rw, rw + rows * K);
   if (tp_ > 1) {
     // This rank's experts only (RoutedSum skips ids matching no expert).
-    const int64_t e0 = rank_ * E / tp_, e1 = (rank_ + 1) * E / tp_;
+    const auto [e0, e1] = HostWeightsRange(static_cast<int>(E), tp_, rank_);
     for (int32_t& e : r.indices) {
       if (e < e0 || e >= e1) e = -1;
     }

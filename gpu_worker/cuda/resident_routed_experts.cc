@@ -111,13 +111,14 @@ absl::Status ResidentRoutedExperts::Load(const ResidentExpertsOptions& o) {
       return absl::FailedPreconditionError(absl::StrCat(
           "resident experts of layer ", L, ": the GPU cannot compute them: ", sources[l].why_not));
     }
-    if (layer.plan.parts > 0) {  // this rank's experts only
-      std::erase_if(set, [&](int32_t e) {
-        return e < layer.plan.expert_begin || e >= layer.plan.expert_end;
-      });
-    } else {
-      set.clear();
-    }
+    const LayerStreamPlan& plan = layer.plan;
+    set = RankShare({L, {set}},
+                    [&](int) {  // this rank's experts only
+                      return plan.parts > 0
+                                 ? std::pair<int32_t, int32_t>{plan.expert_begin, plan.expert_end}
+                                 : std::pair<int32_t, int32_t>{0, 0};
+                    })
+              .layers[0];
     layer.count = static_cast<int>(set.size());
     layer.offset = total;
     total += layer.count * layer.plan.expert_bytes;
@@ -295,7 +296,7 @@ ResidentSet ResidentRoutedExperts::Current() const {
 std::pair<int32_t, int32_t> ResidentRoutedExperts::Range(int layer) const {
   const int l = layer - first_layer_;
   if (l < 0 || l >= static_cast<int>(layers_.size()) || layers_[l].plan.parts == 0) return {0, 0};
-  return {layers_[l].plan.expert_begin, layers_[l].plan.expert_end};
+  return {layers_[l].plan.expert_begin, layers_[l].plan.expert_end};  // as Load's RankShare
 }
 
 absl::Status ResidentRoutedExperts::CheckSwaps(const std::vector<ExpertSwap>& swaps) const {

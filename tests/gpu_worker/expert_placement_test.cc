@@ -2,6 +2,7 @@
 // hit rate, rebalancing toward it under a margin, and the saved profile.
 #include "gpu_worker/expert_placement.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -134,6 +135,53 @@ TEST(ExpertPlacement, ProfileRoundTripAndRefusals) {
     absl::StatusOr<LayerCounts> r = HeatProfileFromJson(bad, 2, 2, 3);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+// Under TP: with whole experts from host weights the ranks' ranges partition [0, E), so each
+// resident expert lives on exactly one rank (the others send its choices to their host path,
+// which computes only their own range: it adds zero); with the expert workers' stores every rank
+// keeps its slices of every resident expert (range [0, E)).
+TEST(ExpertPlacement, TpRanksShareTheResidentSetOnceEach) {
+  for (int E : {16, 10, 256}) {
+    for (int tp : {1, 2, 3, 4, 8}) {
+      const ResidentSet set = SpreadEvenly(3, 4, E, 4 * E / 3);
+      std::vector<std::vector<int>> held(4, std::vector<int>(E, 0));
+      int32_t next = 0;
+      for (int rank = 0; rank < tp; ++rank) {
+        const auto range = HostWeightsRange(E, tp, rank);
+        EXPECT_EQ(range.first, next) << E << " " << tp << " " << rank;  // contiguous, in order
+        next = range.second;
+        const ResidentSet mine = RankShare(set, [&](int) { return range; });
+        ASSERT_EQ(mine.layers.size(), set.layers.size());
+        for (size_t l = 0; l < mine.layers.size(); ++l) {
+          EXPECT_TRUE(std::is_sorted(mine.layers[l].begin(), mine.layers[l].end()));
+          for (int32_t e : mine.layers[l]) {
+            EXPECT_GE(e, range.first);
+            EXPECT_LT(e, range.second);
+            ++held[l][e];
+          }
+        }
+      }
+      EXPECT_EQ(next, E);
+      for (size_t l = 0; l < set.layers.size(); ++l) {
+        for (int e = 0; e < E; ++e) {
+          EXPECT_EQ(held[l][e], set.contains(3 + static_cast<int>(l), e) ? 1 : 0)
+              << "E " << E << " tp " << tp << " layer " << l << " expert " << e;
+        }
+      }
+      // Stores: every rank keeps the whole set (its slices of each expert).
+      const ResidentSet all = RankShare(set, [&](int) {
+        return std::pair<int32_t, int32_t>{0, E};
+      });
+      EXPECT_EQ(all.layers, set.layers);
+    }
+  }
+  // A layer the rank cannot compute keeps nothing.
+  const ResidentSet none = RankShare(SpreadEvenly(0, 2, 8, 4), [](int layer) {
+    return layer == 1 ? std::pair<int32_t, int32_t>{0, 0} : std::pair<int32_t, int32_t>{0, 8};
+  });
+  EXPECT_EQ(none.layers[0].size(), 2u);
+  EXPECT_TRUE(none.layers[1].empty());
 }
 
 }  // namespace
