@@ -117,7 +117,7 @@ struct MemoryPlan {
   // 1024.0 MiB + workspace 256.3 MiB) + compressor state 0.73 GiB (64 sequences x 11.6 MiB), KV
   // pool 9.65 GiB = 23040 blocks of 128 tokens (2948096 tokens; 8 window blocks per sequence)"
   // (Flash, TP 1 x PP 1, 24 GiB), then "; resident experts (--gpu-experts auto, KV kept for
-  // 1048576 tokens): 437 of 11008 (4.0 %), 5.44 GiB"
+  // 1048576 tokens): 496 of 11008 (4.5 %), 6.18 GiB"
   std::string Describe() const;
 };
 

@@ -72,8 +72,9 @@ struct ResidentBudget {
   int64_t left_bytes = 0;  // free - reserve - states - kv - workspace (negative: short)
   int64_t experts = 0;
   int64_t bytes() const { return experts * in.expert_bytes; }
-  // "512 experts (6.38 GiB) = free 15.00 GiB - reserve 1.50 GiB - compressor states 0.73 GiB -
-  // KV for 1048576 tokens 3.50 GiB - workspace 12.3 MiB, / 12.8 MiB per expert (of 11008)"
+  // "496 experts (6.18 GiB) = free 15.76 GiB - reserve 5.38 GiB - compressor states 0.73 GiB -
+  // KV for 1048576 tokens 3.44 GiB - workspace 32.1 MiB, / 12.8 MiB per expert (of 11008)"
+  // (the plan's figures at Flash, TP 1 x PP 1, 24 GiB)
   std::string Describe() const;
 };
 

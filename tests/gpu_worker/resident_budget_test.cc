@@ -5,6 +5,7 @@
 // and a K the card cannot hold places none while the plan still fits.
 #include "gpu_worker/resident_budget.h"
 
+#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -109,6 +110,19 @@ TEST(ResidentBudgetTest, FlashPlanCountsTheExpertsAutoPlaces) {
                   std::min(left / p->resident_expert_bytes, p->stage_experts))
             << at;
         EXPECT_GT(p->resident_experts_fit, 0) << at;
+        // The same figure through the function the cuda backend calls with cudaMemGetInfo's.
+        ResidentBudgetInputs in;
+        in.free_bytes = k24GiB - p->weight_bytes;
+        in.reserve_bytes = p->reserve_bytes;
+        in.state_bytes = p->state_bytes;
+        in.kv_tokens = k;
+        in.kv_bytes = p->resident_kv_bytes;
+        in.workspace_bytes = p->resident_workspace_bytes;
+        in.expert_bytes = p->resident_expert_bytes;
+        in.max_experts = p->stage_experts;
+        const ResidentBudget b = ComputeResidentBudget(in);
+        EXPECT_EQ(b.experts, p->resident_experts_fit) << at;
+        if (tp == 1 && pp == 1) std::printf("Flash TP 1 on 24 GiB: %s\n", b.Describe().c_str());
         // What the experts leave still holds K tokens.
         EXPECT_GE(p->kv_pool_bytes - p->resident_experts_fit * p->resident_expert_bytes -
                       p->resident_workspace_bytes,
