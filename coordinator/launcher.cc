@@ -201,6 +201,18 @@ bool ResolveBackend(const ModelConfig& model, UpOptions& o, Layout* layout) {
       return false;
     }
     layout->devices = *d;
+    // auto fills the free memory a worker sees at its start: GPU workers that share a GPU would
+    // each take what the others left, in start order.
+    std::vector<int> sorted = *d;
+    std::sort(sorted.begin(), sorted.end());
+    if (o.gpu_experts == "auto" &&
+        std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      std::fprintf(stderr,
+                   "splitserve up: --gpu-experts auto needs one GPU worker per GPU (these %d "
+                   "stages x TP %d share %d GPU(s)); give N or a fraction\n",
+                   o.stages, o.tp, gpus);
+      return false;
+    }
   }
   if (o.stages > model.n_layers) {
     std::fprintf(stderr, "splitserve up: --stages %d exceeds the model's %lld layers\n", o.stages,

@@ -30,7 +30,7 @@ constexpr char kUsage[] =
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--max-num-batched-tokens N]\n"
     "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
-    "                     [--gpu-experts N|FRACTION] [--gpu-experts-profile FILE]\n"
+    "                     [--gpu-experts auto|N|FRACTION] [--gpu-experts-profile FILE]\n"
     "                     [--gpu-experts-rebalance-s S]\n"
     "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
@@ -65,12 +65,16 @@ constexpr char kUsage[] =
     "  from the measured H2D bandwidth and CPU expert rate), off (never), or N.\n"
     "  --gpu-prefill-ring-mib MIB (cuda): each GPU's staging ring for the streamed experts\n"
     "  (default %lld; 0: no streamed path).\n"
-    "  --gpu-experts N|FRACTION (cuda): routed experts each GPU worker keeps resident for decode,\n"
-    "  over its stage's layers (a fraction in (0, 1) of them), computed there instead of on the\n"
-    "  expert workers; --gpu-experts-profile FILE: routing counts (JSON) that pick the hottest,\n"
-    "  else each layer keeps an equal share. Default 0 (none). --gpu-experts-rebalance-s S:\n"
-    "  every S seconds (default 10; 0: never) up to 8 resident experts are replaced by ones the\n"
-    "  recent routing chose more often, within their layer, while serving.\n"
+    "  --gpu-experts auto|N|FRACTION (cuda): routed experts each GPU worker keeps resident for\n"
+    "  decode, over its stage's layers (a fraction in (0, 1) of them), computed there instead of\n"
+    "  on the expert workers; auto: as many as fit once each GPU's KV pool keeps room for\n"
+    "  --max-model-len tokens (or --kv-tokens N) beside the compressor states, the workspaces,\n"
+    "  the streamed ring and the reserve (splitserve-gpu-worker --plan prints the count; one\n"
+    "  GPU worker per GPU);\n"
+    "  --gpu-experts-profile FILE: routing counts (JSON) that pick the hottest, else each layer\n"
+    "  keeps an equal share. Default 0 (none). --gpu-experts-rebalance-s S: every S seconds\n"
+    "  (default 10; 0: never) up to 8 resident experts are replaced by ones the recent routing\n"
+    "  chose more often, within their layer, while serving.\n"
     "  --enable-prefix-caching (default) / --no-enable-prefix-caching: reuse the KV of prompt\n"
     "  prefixes (whole blocks) that earlier requests computed; usage.prompt_tokens_details.\n"
     "  cached_tokens reports the tokens a request took from the cache.\n"
@@ -220,11 +224,10 @@ constexpr ValueOption kValueOptions[] = {
     {"--gpu-experts",
      [](const std::string& v, UpOptions& o) -> absl::Status {
        double x = 0;
-       if (!absl::SimpleAtod(v, &x) || !(x >= 0) || (x >= 1 && x != std::floor(x))) {
-         return absl::InvalidArgumentError(
-             absl::StrCat("--gpu-experts ", v,
-                          ": expected a number of experts or a fraction in "
-                          "(0, 1)"));
+       if (v != "auto" && (!absl::SimpleAtod(v, &x) || !(x >= 0) || !std::isfinite(x) ||
+                           (x >= 1 && x != std::floor(x)))) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             "--gpu-experts ", v, ": expected auto, a number of experts or a fraction in (0, 1)"));
        }
        o.gpu_experts = v;
        return absl::OkStatus();

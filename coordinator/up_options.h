@@ -50,7 +50,7 @@ struct UpOptions {
   // The streamed path of the routed experts (cuda backend; gpu_worker/streamed_prefill.h).
   std::string gpu_prefill_threshold = "auto";
   int64_t gpu_prefill_ring_mib = ss::gpu::kDefaultGpuPrefillRingMiB;
-  std::string gpu_experts = "0";  // validated: a count or a fraction in (0, 1)
+  std::string gpu_experts = "0";  // validated: auto, a count or a fraction in (0, 1)
   std::string gpu_experts_profile;
   double gpu_experts_rebalance_s = 10;  // validated: seconds in [0, 86400]
   int64_t max_num_batched_tokens = 0;   // 0: coord::LaunchMaxBatchTokens's default

@@ -10,6 +10,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/tensor_parallel.h"
+#include "gpu_worker/resident_budget.h"
 #include "gpu_worker/step_workspace.h"
 
 namespace ss::gpu {
@@ -139,20 +140,44 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
                      " for the KV cache: ", plan.kv_tokens, " tokens, fewer than the minimum of ",
                      options.min_kv_tokens, "; use more pipeline stages or a larger TP size"));
   }
+  plan.stage_experts = int64_t{layout.end_layer - layout.first_layer} * model.n_routed_experts;
+  plan.resident_expert_bytes = ResidentExpertBytesPerRank(model, layout.tp_size);
+  plan.resident_kv_tokens =
+      ResidentKvTokens(model, options.resident_kv_tokens, options.context, options.min_kv_tokens);
+  plan.resident_kv_bytes =
+      plan.kv_cost.BlocksForTokens(plan.resident_kv_tokens) * plan.kv_cost.block_bytes;
+  plan.resident_workspace_bytes = ResidentWorkspaceBytes(model, options.resident_max_rows,
+                                                         StreamedInterRank(model, layout.tp_size)) +
+                                  kRebalanceSwaps * plan.resident_expert_bytes;
+  ResidentBudgetInputs in;
+  in.free_bytes = device_bytes - plan.weight_bytes;
+  in.reserve_bytes = plan.reserve_bytes;
+  in.state_bytes = plan.state_bytes;
+  in.kv_tokens = plan.resident_kv_tokens;
+  in.kv_bytes = plan.resident_kv_bytes;
+  in.workspace_bytes = plan.resident_workspace_bytes;
+  in.expert_bytes = plan.resident_expert_bytes;
+  in.max_experts = plan.stage_experts;
+  plan.resident_experts_fit = ComputeResidentBudget(in).experts;
   return plan;
 }
 
 std::string MemoryPlan::Describe() const {
   return absl::StrFormat(
       "weights %s + reserve %s (step workspace %s%s) + compressor state %s (%d sequences x %s), "
-      "KV pool %s = %d blocks of %d tokens (%d tokens; %d window blocks per sequence)",
+      "KV pool %s = %d blocks of %d tokens (%d tokens; %d window blocks per sequence)%s",
       GiB(weight_bytes), GiB(reserve_bytes), GiB(workspace_bytes),
       absl::StrCat(link_bytes > 0 ? absl::StrCat(", stage links ", MiB(link_bytes)) : "",
                    ring_bytes > 0 ? absl::StrCat(", streamed experts: ring ", MiB(ring_bytes),
                                                  " + workspace ", MiB(streamed_workspace_bytes))
                                   : ""),
       GiB(state_bytes), sequences, MiB(kv_cost.state_bytes), GiB(kv_pool_bytes), kv_blocks,
-      kv_cost.block_tokens, kv_tokens, kv_cost.fixed_blocks);
+      kv_cost.block_tokens, kv_tokens, kv_cost.fixed_blocks,
+      absl::StrFormat("; resident experts (--gpu-experts auto, KV kept for %d tokens): %d of %d "
+                      "(%.1f %%), %s",
+                      resident_kv_tokens, resident_experts_fit, stage_experts,
+                      stage_experts > 0 ? 100.0 * resident_experts_fit / stage_experts : 0.0,
+                      GiB(resident_experts_fit * resident_expert_bytes)));
 }
 
 }  // namespace ss::gpu

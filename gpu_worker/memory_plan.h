@@ -29,6 +29,12 @@
 // streamed path of the routed experts is on (options.gpu_prefill_ring_bytes > 0,
 // streamed_prefill.h), are its staging ring plus the workspace of a streamed step of step_tokens
 // rows over this rank's share of each expert's intermediate dimension.
+//
+// Resident experts: the plan also reports how many routed experts `--gpu-experts auto` would keep
+// resident on this GPU (resident_budget.h): what the pool leaves beyond the KV of
+// options.resident_kv_tokens tokens (0: the context), after the resident path's workspace for
+// steps of options.resident_max_rows rows, divided by one expert's bytes on this rank. The pool
+// figures above are those without resident experts; with auto the pool shrinks to that K.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +82,12 @@ struct MemoryPlanOptions {
   // expert workers' slices divided over the TP ranks).
   int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
   int64_t streamed_inter_rank = 0;
+  // --gpu-experts auto (resident_budget.h): the KV tokens it keeps (the worker's --kv_tokens;
+  // 0: `context`, i.e. the model's max_position_embeddings where that is 0 too; at least
+  // min_kv_tokens), and the resident path's rows per step (CudaBackendOptions::
+  // resident_max_rows).
+  int64_t resident_kv_tokens = 0;
+  int64_t resident_max_rows = 256;
 };
 
 struct MemoryPlan {
@@ -92,10 +104,21 @@ struct MemoryPlan {
   sched::KvCostModel kv_cost;
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;  // tokens of ONE sequence the whole pool holds (fixed part excluded)
+  // --gpu-experts auto on this GPU (resident_budget.h): one expert's bytes on this rank, the
+  // experts auto would place (of stage_experts = layers x n_routed_experts), the KV tokens it
+  // keeps and its figures.
+  int64_t resident_expert_bytes = 0;
+  int64_t resident_experts_fit = 0;
+  int64_t stage_experts = 0;
+  int64_t resident_kv_tokens = 0;
+  int64_t resident_kv_bytes = 0;         // the pool of resident_kv_tokens tokens
+  int64_t resident_workspace_bytes = 0;  // ResidentWorkspaceBytes of resident_max_rows rows
+                                         // + the rebalance staging of kRebalanceSwaps experts
   // "weights 8.24 GiB + reserve 5.38 GiB (step workspace 3.13 GiB, streamed experts: ring
   // 1024.0 MiB + workspace 256.3 MiB) + compressor state 0.73 GiB (64 sequences x 11.6 MiB), KV
   // pool 9.65 GiB = 23040 blocks of 128 tokens (2948096 tokens; 8 window blocks per sequence)"
-  // (Flash, TP 1 x PP 1, 24 GiB)
+  // (Flash, TP 1 x PP 1, 24 GiB), then "; resident experts (--gpu-experts auto, KV kept for
+  // 1048576 tokens): 496 of 11008 (4.5 %), 6.18 GiB"
   std::string Describe() const;
 };
 

@@ -24,17 +24,18 @@ int PrintPlan(const PlanFlags& f) {
   options.sequences = f.sequences;
   options.step_tokens = f.step_tokens;
   options.context = f.context;
+  options.resident_kv_tokens = f.resident_kv_tokens;
   const std::string& transport = f.stage_transport;
   options.stage_links = transport == "nccl";
   if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0 || options.sequences < 1 ||
-      options.step_tokens < 1 || options.context < 0 ||
+      options.step_tokens < 1 || options.context < 0 || options.resident_kv_tokens < 0 ||
       (transport != "grpc" && transport != "nccl") || f.gpu_prefill_ring_mib < 0 ||
       f.gpu_prefill_ring_mib > (int64_t{1} << 30)) {
     std::fprintf(stderr,
                  "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1, "
                  "--plan_gib > 0, --plan_sequences >= 1, --plan_step_tokens >= 1, "
-                 "--plan_context >= 0, --plan_stage_transport grpc or nccl and "
-                 "--plan_gpu_prefill_ring_mib >= 0\n",
+                 "--plan_context >= 0, --plan_resident_kv_tokens >= 0, --plan_stage_transport grpc "
+                 "or nccl and --plan_gpu_prefill_ring_mib >= 0\n",
                  kPlanName);
     return 2;
   }
@@ -69,6 +70,7 @@ int PrintPlan(const PlanFlags& f) {
   // The pipeline holds its smallest pool's blocks, and a sequence needs the most window blocks
   // of any stage (common/kv_cost_model.h, KvCostModel::Pipeline).
   int64_t min_blocks = -1, max_fixed = 0, block_tokens = 0;
+  int64_t resident = 0, resident_kv_tokens = 0;
   for (int s = 0; s < pp; ++s) {
     StageLayout l{n * s / pp, n * (s + 1) / pp, tp, s == 0, s == pp - 1, false};
     absl::StatusOr<MemoryPlan> plan = PlanStageMemory(*model, l, device_bytes, options);
@@ -81,6 +83,8 @@ int PrintPlan(const PlanFlags& f) {
     min_blocks = min_blocks < 0 ? plan->kv_blocks : std::min(min_blocks, plan->kv_blocks);
     max_fixed = std::max(max_fixed, plan->kv_cost.fixed_blocks);
     block_tokens = plan->kv_cost.block_tokens;
+    resident += plan->resident_experts_fit;
+    resident_kv_tokens = plan->resident_kv_tokens;
     std::printf("  stage %d (layers %d-%d), each of %d GPU(s): %s\n", s, l.first_layer,
                 l.end_layer - 1, tp, plan->Describe().c_str());
   }
@@ -92,6 +96,13 @@ int PrintPlan(const PlanFlags& f) {
       "fits: the pipeline holds %lld tokens of KV (its smallest stage pool, less the most window "
       "blocks a stage needs per sequence)\n",
       static_cast<long long>(std::max<int64_t>(0, min_blocks - max_fixed) * block_tokens));
+  const int64_t all = model->n_layers * model->n_routed_experts;
+  std::printf(
+      "resident experts with --gpu-experts auto: %lld of %lld (%.1f %%) over the layout's %d "
+      "GPUs (each keeping KV for %lld tokens)\n",
+      static_cast<long long>(resident), static_cast<long long>(all),
+      all > 0 ? 100.0 * static_cast<double>(resident) / static_cast<double>(all) : 0.0, tp * pp,
+      static_cast<long long>(resident_kv_tokens));
   return 0;
 }
 

@@ -1,5 +1,7 @@
 // splitserve-gpu-worker --plan: the device-memory plan of every GPU of a TP x PP layout
-// (memory_plan.h), printed without loading weights or touching a GPU.
+// (memory_plan.h), printed without loading weights or touching a GPU, with the routed experts
+// `--gpu-experts auto` would keep resident on each stage's GPUs and over the whole layout
+// (resident_budget.h).
 #pragma once
 
 #include <cstdint>
@@ -23,10 +25,17 @@ struct PlanFlags {
   // --plan_gpu_prefill_ring_mib: the streamed path's staging ring (0: off), counted with its
   // step workspace (memory_plan.h).
   int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
+  // --plan_resident_kv_tokens: the KV tokens --gpu-experts auto keeps (the worker's --kv_tokens;
+  // 0: the context).
+  int64_t resident_kv_tokens = 0;
 };
 
-// Prints each stage's plan to stdout; returns the exit status: 0 when every GPU fits, 1 when one
-// does not (each says why) or the model cannot be read, 2 for invalid flags (on stderr).
+// Prints each stage's plan to stdout (its line ends with the resident experts auto places on each
+// of its GPUs), then, when every GPU fits, the pipeline's KV and "resident experts with
+// --gpu-experts auto: N of M (x %) over the layout's G GPUs" (M: the model's layers x routed
+// experts; a stage's TP ranks hold slices of the same experts). Returns the exit status: 0 when
+// every GPU fits, 1 when one does not (each says why) or the model cannot be read, 2 for invalid
+// flags (on stderr).
 int PrintPlan(const PlanFlags& flags);
 
 }  // namespace ss::gpu

@@ -114,16 +114,25 @@ absl::StatusOr<std::string> StandaloneNcclId(const WorkerConfig& c, absl::Time u
 #endif
 }
 
-// The stage's resident experts (--gpu_experts): the budget's hottest by the profile's counts, or
-// an equal share of each layer with ids spread evenly. Empty: none.
+// The budget of an explicit --gpu_experts (a count or a fraction of the stage's experts); 0 for
+// none or auto (the cuda backend computes auto's, resident_budget.h).
+int64_t ExplicitResidentBudget(const WorkerConfig& c, const ModelConfig& config, int first_layer,
+                               int end_layer) {
+  const int64_t all = int64_t{end_layer - first_layer} * config.n_routed_experts;
+  if (c.gpu_experts_auto || all <= 0) return 0;
+  return c.gpu_experts > 0 ? std::min(c.gpu_experts, all)
+                           : std::llround(c.gpu_experts_fraction * static_cast<double>(all));
+}
+
+// The stage's resident experts for `budget` experts over its layers: the budget's hottest by
+// --gpu_experts_profile's counts, or an equal share of each layer with ids spread evenly.
+// Empty: none.
 absl::StatusOr<std::vector<std::vector<int32_t>>> ResidentSets(const WorkerConfig& c,
                                                                const ModelConfig& config,
-                                                               int first_layer, int end_layer) {
+                                                               int first_layer, int end_layer,
+                                                               int64_t budget) {
   const int n = end_layer - first_layer, E = static_cast<int>(config.n_routed_experts);
-  const int64_t all = int64_t{n} * E;
-  const int64_t budget = c.gpu_experts > 0
-                             ? std::min(c.gpu_experts, all)
-                             : std::llround(c.gpu_experts_fraction * static_cast<double>(all));
+  budget = std::min(budget, int64_t{n} * E);
   if (budget <= 0 || n <= 0) return std::vector<std::vector<int32_t>>{};
   if (!c.gpu_experts_profile.empty()) {
     std::ifstream in(c.gpu_experts_profile);
@@ -248,7 +257,15 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     co.gpu_prefill_threshold = c.gpu_prefill_threshold;
     co.gpu_prefill_ring_bytes = c.gpu_prefill_ring_bytes;
     co.expert_stores = ExpertStoresOf(o.experts);
-    ASSIGN_OR_RETURN(co.resident_experts, ResidentSets(c, config, o.first_layer, o.end_layer));
+    ASSIGN_OR_RETURN(co.resident_experts,
+                     ResidentSets(c, config, o.first_layer, o.end_layer,
+                                  ExplicitResidentBudget(c, config, o.first_layer, o.end_layer)));
+    if (c.gpu_experts_auto) {
+      // The backend computes the budget from the device's free memory (resident_budget.h).
+      co.place_resident = [c, config, first = o.first_layer, end = o.end_layer](int64_t budget) {
+        return ResidentSets(c, config, first, end, budget);
+      };
+    }
     co.count_resident = [heat = stage.heat](int64_t layer, const int32_t* ids, int64_t n) {
       heat->Count(layer, ids, n, ChoicePath::kGpu);
     };

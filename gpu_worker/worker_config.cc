@@ -145,18 +145,21 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
                                  : f.gpu_prefill_ring_mib << 20;
   {
     double v = 0;
-    if (!absl::SimpleAtod(f.gpu_experts, &v) || !(v >= 0) || (v >= 1 && v != std::floor(v))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--gpu_experts ", f.gpu_experts,
-          ": expected a number of experts (0 = none) or a fraction in (0, 1) (auto, from the "
-          "memory plan, is not built)"));
+    const bool is_auto = f.gpu_experts == "auto";
+    if (!is_auto && (!absl::SimpleAtod(f.gpu_experts, &v) || !(v >= 0) || !std::isfinite(v) ||
+                     (v >= 1 && v != std::floor(v)))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpu_experts ", f.gpu_experts,
+                       ": expected auto, a number of experts (0 = none) or a fraction in (0, 1)"));
     }
-    if (v > 0 && f.backend != "cuda") {
+    const bool any = is_auto || v > 0;
+    if (any && f.backend != "cuda") {
       return absl::InvalidArgumentError("--gpu_experts needs --backend cuda");
     }
+    c.gpu_experts_auto = is_auto;
     if (v >= 1) c.gpu_experts = static_cast<int64_t>(v);
     if (v > 0 && v < 1) c.gpu_experts_fraction = v;
-    if (!f.gpu_experts_profile.empty() && v == 0) {
+    if (!f.gpu_experts_profile.empty() && !any) {
       return absl::InvalidArgumentError("--gpu_experts_profile needs --gpu_experts");
     }
     c.gpu_experts_profile = f.gpu_experts_profile;
@@ -266,11 +269,12 @@ std::vector<std::string> WorkerConfig::Describe() const {
                    backend == "cuda" ? "" : " (cuda backend only)"),
       absl::StrCat(
           "gpu_experts = ",
-          gpu_experts > 0            ? absl::StrCat(gpu_experts)
+          gpu_experts_auto           ? std::string("auto (what the KV pool leaves)")
+          : gpu_experts > 0          ? absl::StrCat(gpu_experts)
           : gpu_experts_fraction > 0 ? absl::StrCat(gpu_experts_fraction, " of the stage's")
                                      : std::string("(none)"),
           gpu_experts_profile.empty() ? "" : absl::StrCat(", placed by ", gpu_experts_profile),
-          gpu_experts > 0 || gpu_experts_fraction > 0
+          gpu_experts_auto || gpu_experts > 0 || gpu_experts_fraction > 0
               ? (gpu_experts_rebalance_s > 0
                      ? absl::StrCat(", rebalanced every ", gpu_experts_rebalance_s, " s")
                      : std::string(", never rebalanced"))

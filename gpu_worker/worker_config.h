@@ -27,6 +27,11 @@
 //                             rates, off never, N every step of at least N rows
 //   --gpu_prefill_ring_mib MIB  --backend cuda: the streamed path's staging ring (0: no
 //                             streamed path; off also leaves the ring unallocated)
+//   --gpu_experts auto|N|FRACTION  --backend cuda: routed experts resident on the GPU over the
+//                             stage's layers (0: none); auto: as many as the device holds once
+//                             the KV pool keeps room for --kv_tokens tokens (0: the longest
+//                             sequence served), resident_budget.h
+//   --gpu_experts_profile PATH  routing counts that place them (needs --gpu_experts, auto too)
 //   --expert_deadline_ms MS   deadline of one expert call
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
@@ -117,10 +122,13 @@ struct WorkerConfig {
   // off (ring 0, or threshold off).
   GpuPrefillThreshold gpu_prefill_threshold;
   int64_t gpu_prefill_ring_bytes = 0;
-  // Resident experts (cuda backend only): a count over the stage's layers, or a fraction of them
-  // (one of the two is 0), and the profile that places them (empty: an even spread).
+  // Resident experts (cuda backend only): a count over the stage's layers, a fraction of them, or
+  // auto (at most one of the three is set; auto: the budget the cuda backend computes from the
+  // device's free memory, resident_budget.h), and the profile that places them (empty: an even
+  // spread).
   int64_t gpu_experts = 0;
   double gpu_experts_fraction = 0;
+  bool gpu_experts_auto = false;
   std::string gpu_experts_profile;
   double gpu_experts_rebalance_s = 10;  // 0: the resident set stays as placed at start
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;

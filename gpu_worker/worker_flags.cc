@@ -51,8 +51,11 @@ ABSL_FLAG(int64_t, gpu_prefill_ring_mib, WorkerFlags{}.gpu_prefill_ring_mib,
           "aside beside the KV pool with a streamed step's workspace; 0 = no streamed path");
 ABSL_FLAG(std::string, gpu_experts, WorkerFlags{}.gpu_experts,
           "--backend cuda only: routed experts kept resident on the GPU for decode "
-          "(gpu_worker/cuda/resident_routed_experts.h): N experts over the stage's layers, or a "
-          "fraction in (0, 1) of them; 0 = none");
+          "(gpu_worker/cuda/resident_routed_experts.h): N experts over the stage's layers, a "
+          "fraction in (0, 1) of them, or auto: as many as fit once the KV pool keeps room for "
+          "--kv_tokens tokens (0: the longest sequence served, at least 8192) beside the "
+          "compressor states, the step and resident workspaces, the streamed ring and the "
+          "reserve (gpu_worker/resident_budget.h; --plan prints the figure); 0 = none");
 ABSL_FLAG(std::string, gpu_experts_profile, "",
           "--gpu_experts: routing counts saved as JSON (gpu_worker/expert_placement.h) that pick "
           "the hottest experts; without one each layer keeps an equal share, ids spread evenly");
@@ -81,6 +84,10 @@ ABSL_FLAG(int64_t, plan_context, PlanFlags{}.context,
 ABSL_FLAG(int64_t, plan_gpu_prefill_ring_mib, PlanFlags{}.gpu_prefill_ring_mib,
           "--plan: the streamed-prefill staging ring of each GPU in MiB (--gpu_prefill_ring_mib), "
           "counted with the streamed step's workspace; 0 = no streamed path");
+ABSL_FLAG(int64_t, plan_resident_kv_tokens, PlanFlags{}.resident_kv_tokens,
+          "--plan: the KV tokens each GPU keeps with --gpu_experts auto (the worker's "
+          "--kv_tokens; 0: --plan_context, i.e. the model's max_position_embeddings when that is "
+          "0 too); the rest of the memory the plan leaves is counted as resident experts");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -172,6 +179,7 @@ PlanFlags ReadPlanFlags() {
   p.context = absl::GetFlag(FLAGS_plan_context);
   p.stage_transport = absl::GetFlag(FLAGS_plan_stage_transport);
   p.gpu_prefill_ring_mib = absl::GetFlag(FLAGS_plan_gpu_prefill_ring_mib);
+  p.resident_kv_tokens = absl::GetFlag(FLAGS_plan_resident_kv_tokens);
   return p;
 }
 

@@ -17,6 +17,7 @@
 #include "gpu_worker/kernels/prepare.h"
 #include "gpu_worker/memory_plan.h"
 #include "gpu_worker/nccl_comm.h"
+#include "gpu_worker/resident_budget.h"
 #include "gpu_worker/step_workspace.h"
 #include "spdlog/spdlog.h"
 
@@ -110,6 +111,44 @@ absl::Status SetUpResidentExperts(const model::Model& model, const CudaBackendOp
   return absl::OkStatus();
 }
 
+// --gpu_experts auto (o.place_resident): the budget of resident_budget.h from the device's free
+// memory now (the trunk's weights and the streamed path are on it) and the KV pool's cost model,
+// then the sets place_resident gives for it, into o.resident_experts.
+absl::Status PlaceResidentAuto(const model::Model& model, CudaBackendOptions& o) {
+  if (!o.place_resident) return absl::OkStatus();
+  o.resident_experts.clear();
+  if (o.exclude_routed_experts) return absl::OkStatus();
+  const ModelConfig& c = model.config();
+  ASSIGN_OR_RETURN(const KvLayout layout,
+                   KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
+                                    model.options().kv_fp8_sim_rounds));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t layers = o.end_layer - o.first_layer;
+  // A layer without expert stores computes whole experts from the host weights (one part of
+  // moe_inter_dim rows: the resident path's workspace is the larger).
+  const bool whole = static_cast<int64_t>(o.expert_stores.size()) < layers;
+  ResidentBudgetInputs in;
+  in.free_bytes = static_cast<int64_t>(free_bytes);
+  in.reserve_bytes = StepWorkspaceBytes(c, o.tp_size, o.first_layer, o.end_layer, o.max_step_tokens,
+                                        o.max_context) +
+                     o.kv_reserve_bytes;
+  in.state_bytes = o.kv_sequences * layout.state_floats * 4;
+  in.kv_tokens = ResidentKvTokens(c, o.kv_tokens, o.max_context, o.resident_min_kv_tokens);
+  in.kv_bytes = layout.PoolBlocks(in.kv_tokens, o.kv_extra_sequences) * layout.block_bytes;
+  in.expert_bytes = ResidentExpertBytesPerRank(c, o.tp_size);
+  in.workspace_bytes =
+      ResidentWorkspaceBytes(c, o.resident_max_rows,
+                             whole ? c.moe_inter_dim : StreamedInterRank(c, o.tp_size)) +
+      kRebalanceSwaps * in.expert_bytes;  // the rebalance's staging buffer
+  in.max_experts = layers * c.n_routed_experts;
+  const ResidentBudget budget = ComputeResidentBudget(in);
+  spdlog::info("resident experts auto on CUDA device {}: {}", o.device, budget.Describe());
+  if (budget.experts == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(o.resident_experts, o.place_resident(budget.experts));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -190,7 +229,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     ASSIGN_OR_RETURN(im.head, im.Bf16Rows(w.head, im.vocab));
   }
   RETURN_IF_ERROR(SetUpStreamedPath(*b->model_, o, im));
-  RETURN_IF_ERROR(SetUpResidentExperts(*b->model_, o, im));
+  RETURN_IF_ERROR(PlaceResidentAuto(*b->model_, b->options_));
+  RETURN_IF_ERROR(SetUpResidentExperts(*b->model_, b->options_, im));
   ASSIGN_OR_RETURN(im.freqs_plain, im.F32(LayerRopeFrequencies(c, 0)));
   ASSIGN_OR_RETURN(im.freqs_comp, im.F32(LayerRopeFrequencies(c, 4)));
   im.load_progress->Done();

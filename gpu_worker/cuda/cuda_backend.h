@@ -137,6 +137,16 @@ struct CudaBackendOptions {
   // rows (the other choices: `experts` / the host). Empty: none.
   std::vector<std::vector<int32_t>> resident_experts;
   int64_t resident_max_rows = 256;
+  // --gpu_experts auto (resident_budget.h): when place_resident is set (resident_experts is then
+  // ignored), Create computes the budget once the trunk's weights and the streamed path are on
+  // the device: cudaMemGetInfo's free bytes less the KV pool of K tokens (K = kv_tokens when > 0,
+  // else max_context or the model's max_position_embeddings, at least resident_min_kv_tokens),
+  // kv_sequences sequences' compressor states, the step workspace, kv_reserve_bytes and the
+  // resident path's workspace, divided by one expert's bytes on this rank and capped at the
+  // stage's layers x n_routed_experts; then calls place_resident(budget) for the per-layer sets
+  // (budget 0: none, not called) and logs the figures. The KV pool is fitted to what is left.
+  std::function<absl::StatusOr<std::vector<std::vector<int32_t>>>(int64_t budget)> place_resident;
+  int64_t resident_min_kv_tokens = 8192;
   // Optional: the choices the resident experts served, per layer (ResidentExpertsOptions).
   std::function<void(int64_t layer, const int32_t* ids, int64_t n)> count_resident;
   // The resident set's rebalance while serving (expert_rebalancer.h): on when the interval is

@@ -50,6 +50,7 @@
 #include "gpu_worker/cuda/routed_experts_provider.h"
 #include "gpu_worker/expert_heat.h"
 #include "gpu_worker/expert_rebalancer.h"
+#include "gpu_worker/resident_budget.h"
 
 namespace ss::gpu::cuda_backend_internal {
 
@@ -68,7 +69,7 @@ struct ResidentExpertsOptions {
   // (a staging buffer of that many experts on the device).
   std::shared_ptr<ExpertHeat> heat;
   RebalanceOptions rebalance;
-  int max_swaps = 8;
+  int max_swaps = kRebalanceSwaps;
 };
 
 class ResidentRoutedExperts final : public RoutedExpertsProvider, public ResidentExpertMover {

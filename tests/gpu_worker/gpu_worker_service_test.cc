@@ -544,15 +544,22 @@ TEST(ExpertHeat, TheClientCountsAndTheMetricsFollow) {
             std::string::npos);
 }
 
-TEST(GpuWorkerConfig, GpuExpertsAreACountOrAFractionOnTheCudaBackend) {
+TEST(GpuWorkerConfig, GpuExpertsAreAutoACountOrAFractionOnTheCudaBackend) {
   WorkerFlags f;
   f.model = kTinyA;
-  for (const char* bad : {"-1", "1.5", "x", "nan"}) {
+  for (const char* bad : {"-1", "1.5", "x", "nan", "inf", "AUTO", "auto4"}) {
     f.gpu_experts = bad;
-    EXPECT_FALSE(ParseWorkerConfig(f).ok()) << bad;
+    absl::StatusOr<WorkerConfig> r = ParseWorkerConfig(f);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("expected auto, a number"), std::string::npos)
+        << r.status();
   }
-  f.gpu_experts = "4";
-  EXPECT_FALSE(ParseWorkerConfig(f).ok());  // the cpu backend has no GPU
+  for (const char* gpu_only : {"4", "auto"}) {
+    f.gpu_experts = gpu_only;
+    absl::StatusOr<WorkerConfig> r = ParseWorkerConfig(f);
+    ASSERT_FALSE(r.ok()) << gpu_only;  // the cpu backend has no GPU
+    EXPECT_NE(r.status().message().find("needs --backend cuda"), std::string::npos) << r.status();
+  }
   f.gpu_experts = "0";
   f.gpu_experts_profile = "/p.json";
   EXPECT_FALSE(ParseWorkerConfig(f).ok());  // a profile without experts to place
@@ -570,7 +577,22 @@ TEST(GpuWorkerConfig, GpuExpertsAreACountOrAFractionOnTheCudaBackend) {
   EXPECT_EQ(c->gpu_experts, 0);
   EXPECT_EQ(c->gpu_experts_fraction, 0.25);
   EXPECT_EQ(c->gpu_experts_rebalance_s, 10.0);  // on by default
-  f.gpu_experts_rebalance_s = 0;                // never
+  EXPECT_FALSE(c->gpu_experts_auto);
+  f.gpu_experts = "auto";  // with the profile: it places auto's budget
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->gpu_experts_auto);
+  EXPECT_EQ(c->gpu_experts, 0);
+  EXPECT_EQ(c->gpu_experts_fraction, 0.0);
+  EXPECT_EQ(c->gpu_experts_profile, "/p.json");
+  bool described = false;
+  for (const std::string& line : c->Describe()) {
+    described = described || line ==
+                                 "gpu_experts = auto (what the KV pool leaves), placed by "
+                                 "/p.json, rebalanced every 10 s";
+  }
+  EXPECT_TRUE(described);
+  f.gpu_experts_rebalance_s = 0;  // never
   ASSERT_TRUE(ParseWorkerConfig(f).ok());
 #endif
   f.backend = "cpu";
