@@ -107,7 +107,7 @@ start_up() {
     return 1
   fi
   say "$(basename "$dir"): ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s ($*)"
-  grep -h -i "resident experts\|router skew" "$dir"/up/*.log | head -4 | tee -a "$summary"
+  grep -h -i "resident experts\|router skew" "$dir"/up/*.log 2>/dev/null | head -4 | tee -a "$summary"
   local range
   range=$(grep -m1 -o 'workers: 127.0.0.1:[0-9]*-[0-9]*' "$dir/up.log" | sed 's/.*://')
   endpoints=("$up_port")
