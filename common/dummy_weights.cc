@@ -652,8 +652,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info(absl::StrFormat(
       "dummy weights (seed %d, router skew %g): generated %.3f GB (%d tensors; %d left as zeros) "
-      "in %.2f s on %d "
-      "thread(s): %.2f GB/s (%.2f s in all)",
+      "in %.2f s on %d thread(s): %.2f GB/s (%.2f s in all)",
       seed, router_skew, generated / 1e9, expected.size() - skipped, skipped, gen_s,
       pool != nullptr ? pool->size() : 1, generated / 1e9 / std::max(gen_s, 1e-9), total_s));
   return Checkpoint::FromMemory(absl::StrCat("dummy weights (seed ", seed, ")"), std::move(views),
