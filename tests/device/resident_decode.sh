@@ -17,7 +17,10 @@
 #                 0.25 and --gpu-experts-rebalance-s SS_REBALANCE_S (5); decode at concurrency 8 for
 #                 SS_SKEW_SECONDS (120), scraped every SS_WINDOW_S (10): each window's hit rate,
 #                 the rebalances and GB moved so far, tok/s. The placement converging shows as the
-#                 window hit rate rising from about 0.25 towards the hot quarter's share.
+#                 window hit rate rising from about 0.25 towards the hot quarter's share (S = 0.2
+#                 at these shapes: about 0.68 on unit-RMS router inputs, dummy_router_skew_test);
+#                 the hash-routed layers 0-2 are not skewed and stay near 0.25, so the table also
+#                 shows the learned layers' hit rate alone.
 #       skewbase  the same with the rebalance off (--gpu-experts-rebalance-s 0) for SS_BASE_SECONDS
 #                 (30): the hit rate of the even spread under the skew (about 0.25).
 #   env: SS_BIN (binaries, default build/bin), SS_PORT (first `up` port, default 18400; every `up`

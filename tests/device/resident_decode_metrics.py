@@ -10,6 +10,7 @@ tests/device/resident_decode.sh.
         gpu, cpu      splitserve:gpu_worker_routed_choices_total{path="gpu"|"cpu"}, summed
         hit           gpu / (gpu + cpu); null without choices
         layers        {layer: hit} per layer
+        hit_learned   the hit rate of the learned-routing layers (layer >= SS_HASH_LAYERS, 3)
         cpu_bytes     splitserve:gpu_worker_expert_cpu_read_bytes_total
         bytes_per_token  cpu_bytes / tokens
         rebalances, rebalance_bytes  splitserve:gpu_worker_expert_rebalance{s,_bytes}_total
@@ -19,7 +20,8 @@ tests/device/resident_decode.sh.
       (rows with keys frac, c, tpot_ms): tok/s = c x 1000 / mean TPOT, hit rate, CPU bytes per
       token, and both ratios against the row of fraction 0 at the same concurrency
   resident_decode_metrics.py skew-table JSONL     the convergence table (rows with key t):
-      time, window hit rate, rebalances (cumulative), GB moved (cumulative), tok/s
+      time, window hit rate (all layers; the learned-routing ones), rebalances and GB moved
+      (cumulative), tok/s
 """
 
 import collections
@@ -37,6 +39,9 @@ CHOICES = 'splitserve:gpu_worker_routed_choices_total'
 CPU_BYTES = 'splitserve:gpu_worker_expert_cpu_read_bytes_total'
 REBALANCES = 'splitserve:gpu_worker_expert_rebalances_total'
 REBALANCE_BYTES = 'splitserve:gpu_worker_expert_rebalance_bytes_total'
+# Layers below this route by the token id (tid2eid; Flash: num_hash_layers 3), which the router
+# skew does not change: hit_learned leaves them out.
+HASH_LAYERS = int(os.environ.get('SS_HASH_LAYERS', '3'))
 
 
 def parse(path):
@@ -94,12 +99,16 @@ def delta(before_dir, after_dir, extra):
     r['cpu'] = a.total(CHOICES, path='cpu') - b.total(CHOICES, path='cpu')
     r['hit'] = ratio(r['gpu'], r['gpu'] + r['cpu'])
     ga, gb, ca, cb = a.by_layer('gpu'), b.by_layer('gpu'), a.by_layer('cpu'), b.by_layer('cpu')
-    layers = {}
+    layers, learned = {}, [0.0, 0.0]
     for layer in sorted(set(ga) | set(ca)):
         g = ga[layer] - gb.get(layer, 0.0)
         c = ca[layer] - cb.get(layer, 0.0)
         layers[str(layer)] = ratio(g, g + c)
+        if layer >= HASH_LAYERS:
+            learned[0] += g
+            learned[1] += g + c
     r['layers'] = layers
+    r['hit_learned'] = ratio(*learned)
     r['cpu_bytes'] = a.total(CPU_BYTES) - b.total(CPU_BYTES)
     r['bytes_per_token'] = ratio(r['cpu_bytes'], r['tokens'])
     r['rebalances'] = a.total(REBALANCES) - b.total(REBALANCES)
@@ -160,10 +169,11 @@ def decode_table(path):
 
 def skew_table(path):
     rs = sorted(rows(path), key=lambda r: r['t'])
-    print('| time s | window hit rate (layers) | rebalances | GB moved | tok/s |')
-    print('|---|---|---|---|---|')
+    print('| time s | window hit rate (layers) | learned layers | rebalances | GB moved | tok/s |')
+    print('|---|---|---|---|---|---|')
     for r in rs:
         print(f"| {r['t']:.0f} | {fmt(r['hit'], '.3f')} ({layer_span(r)}) | "
+              f"{fmt(r.get('hit_learned'), '.3f')} | "
               f"{r['total_rebalances']:g} | {r['total_rebalance_bytes'] / 1e9:.2f} | "
               f"{fmt(r['tok_s'], '.2f')} |")
 
