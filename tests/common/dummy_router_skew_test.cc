@@ -3,7 +3,8 @@
 // gate.bias by exactly -S ln(1 + rank) and nothing else (hash tables, gate weights); and the
 // router (model::Route) run on unit-RMS inputs sends the hottest quarter of each layer's experts
 // well above a quarter of its choices for S > 0 and about a quarter for S = 0, at tiny-a's shapes
-// with 64 experts and at Flash's (dim 4096, 64 and 256 experts, top-6). The shares are printed.
+// with 64 experts (on unit-RMS inputs, and on the hidden states of the dummy model's own forward)
+// and at Flash's (dim 4096, 64 and 256 experts, top-6). The shares are printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -167,6 +168,50 @@ TEST(DummyRouterSkew, TinyModelHottestQuarterTakesMostChoices) {
     EXPECT_GT(share_plain, 0.15) << names[i];
   }
   EXPECT_EQ(learned, static_cast<int>(sb.size()) - static_cast<int>(c.n_hash_layers));
+}
+
+// The same through the whole dummy model: the router's inputs are the hidden states of random
+// prompts after each block (not the unit-RMS stand-ins above), the choices the blocks' own.
+TEST(DummyRouterSkew, ForwardOfTheTinyModelPrefersTheHotQuarter) {
+  const double kSkew = 0.2;
+  for (double skew : {0.0, kSkew}) {
+    auto m = model::Model::Load(TinyA64(skew));
+    ASSERT_TRUE(m.ok()) << m.status();
+    const model::Model& model = **m;
+    const ModelConfig& c = model.config();
+    const int64_t E = c.n_routed_experts, n = 128, width = c.hc_mult * c.dim;
+    std::mt19937 rng(11);
+    std::vector<int64_t> hot_choices(c.n_layers, 0), choices(c.n_layers, 0);
+    for (int prompt = 0; prompt < 3; ++prompt) {
+      std::vector<int64_t> tokens(n);
+      for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % c.vocab_size);
+      model::SequenceState st = model.NewSequence();
+      const model::ChunkRef chunk{&st, tokens.data(), n, 0};
+      std::vector<float> h(n * width), next(n * width);
+      model.EmbedStreams(tokens.data(), n, h.data());
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        model::BlockTrace trace;
+        model.RunBlock(l, {&chunk, 1}, h.data(), next.data(), &trace);
+        h.swap(next);
+        const std::vector<int32_t> ranking =
+            DummyRouterRanking("layers." + std::to_string(l) + ".ffn.gate.bias", E);
+        std::vector<bool> hot(E, false);
+        for (int64_t r = 0; r < E / 4; ++r) hot[ranking[r]] = true;
+        for (int32_t e : trace.router.indices) hot_choices[l] += hot[e] ? 1 : 0;
+        choices[l] += static_cast<int64_t>(trace.router.indices.size());
+      }
+    }
+    for (int64_t l = c.n_hash_layers; l < c.n_layers; ++l) {
+      const double share = static_cast<double>(hot_choices[l]) / static_cast<double>(choices[l]);
+      std::printf("tiny-a E=%lld forward, layer %lld, S=%.2f: hottest quarter's share %.3f\n",
+                  static_cast<long long>(E), static_cast<long long>(l), skew, share);
+      if (skew > 0) {
+        EXPECT_GT(share, 0.45) << "layer " << l;
+      } else {
+        EXPECT_LT(share, 0.4) << "layer " << l;
+      }
+    }
+  }
 }
 
 // Flash's router shapes (dim 4096, top-6) with 64 and 256 experts, one layer, the gate and bias
