@@ -12,19 +12,23 @@
 #                 and after each concurrency give the hit rate (routed choices served on the GPU /
 #                 all, overall and per layer) and the CPU expert bytes per generated token. Prints
 #                 tok/s (c x 1000 / mean TPOT), both against the 0 % row of the same concurrency.
-#       skew      `up` with --dummy-router-skew SS_SKEW (0.2: the hottest quarter of each layer's
-#                 experts takes about 2/3 of its choices, common/dummy_weights.h), --gpu-experts
-#                 0.25 and --gpu-experts-rebalance-s SS_REBALANCE_S (5); decode at concurrency 8 for
-#                 SS_SKEW_SECONDS (120), scraped every SS_WINDOW_S (10): each window's hit rate,
-#                 the rebalances and GB moved so far, tok/s. The placement converging shows as the
-#                 window hit rate rising from about 0.25 towards the hot quarter's share (S = 0.2
-#                 at these shapes: about 0.68 on unit-RMS router inputs, dummy_router_skew_test);
-#                 the hash-routed layers 0-2 are not skewed and stay near 0.25, so the table also
-#                 shows the learned layers' hit rate alone.
+#       skew      `up` with --dummy-router-skew SS_SKEW (0.2: the hottest quarter of each learned
+#                 layer's experts takes about 2/3 of its choices, common/dummy_weights.h),
+#                 --gpu-experts 0.25 and --gpu-experts-rebalance-s SS_REBALANCE_S (5); decode at
+#                 concurrency 8 for SS_SKEW_SECONDS (120), scraped every SS_WINDOW_S (10). Per
+#                 window: the hit rate (all layers, and the learned-routing layers alone: the
+#                 hash-routed layers 0-2 are not skewed and stay near 0.25), the hottest quarter's
+#                 share (the learned layers' choices that went to the quarter of their experts
+#                 chosen most in the window, splitserve:gpu_worker_expert_routed_total: what a
+#                 quarter placed by frequency can serve at best), the rebalances and GB moved so
+#                 far, tok/s. The placement converging shows as the learned layers' hit rate rising
+#                 from about 0.25 to that share.
 #       skewbase  the same with the rebalance off (--gpu-experts-rebalance-s 0) for SS_BASE_SECONDS
 #                 (30): the hit rate of the even spread under the skew (about 0.25).
 #   env: SS_BIN (binaries, default build/bin), SS_PORT (first `up` port, default 18400; every `up`
-#        takes its own, 10 apart), SS_UP_ARGS (more `up` flags for every run).
+#        takes its own, 10 apart), SS_UP_ARGS (more `up` flags for every run), SS_REBALANCE_S=none
+#        (pass no --gpu-experts-rebalance-s: for a build without it, both skew phases then keep
+#        the even placement).
 # Writes OUT/summary.txt (the tables), OUT/<run>/ (up's logs, scrapes, bench results), OUT/*.jsonl
 # (one JSON line per measured interval, tests/device/resident_decode_metrics.py).
 set -uo pipefail
@@ -175,8 +179,9 @@ phase_skew() {
   local name=$1 seconds=$2 rebalance=$3
   local dir="$out/$name" rows="$out/$name.jsonl"
   : >"$rows"
-  start_up "$dir" --dummy-router-skew "$skew" --gpu-experts 0.25 \
-    --gpu-experts-rebalance-s "$rebalance" || return
+  local rebalance_args=(--gpu-experts-rebalance-s "$rebalance")
+  [ "$rebalance_s" = none ] && rebalance_args=()
+  start_up "$dir" --dummy-router-skew "$skew" --gpu-experts 0.25 "${rebalance_args[@]}" || return
   # More requests than the time can finish; stopped by its PID when the time is up.
   env LD_LIBRARY_PATH="$binlibs" "$bin/splitserve" bench serve --port "$up_port" \
     --tokenizer "$model/tokenizer.json" --disable-tqdm --dataset-name random \

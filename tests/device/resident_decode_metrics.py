@@ -11,6 +11,9 @@ tests/device/resident_decode.sh.
         hit           gpu / (gpu + cpu); null without choices
         layers        {layer: hit} per layer
         hit_learned   the hit rate of the learned-routing layers (layer >= SS_HASH_LAYERS, 3)
+        top_quarter   the learned layers' choices that went to the hottest quarter of their
+                      experts in the interval (splitserve:gpu_worker_expert_routed_total): what a
+                      quarter placed by frequency could serve at best
         cpu_bytes     splitserve:gpu_worker_expert_cpu_read_bytes_total
         bytes_per_token  cpu_bytes / tokens
         rebalances, rebalance_bytes  splitserve:gpu_worker_expert_rebalance{s,_bytes}_total
@@ -39,6 +42,7 @@ CHOICES = 'splitserve:gpu_worker_routed_choices_total'
 CPU_BYTES = 'splitserve:gpu_worker_expert_cpu_read_bytes_total'
 REBALANCES = 'splitserve:gpu_worker_expert_rebalances_total'
 REBALANCE_BYTES = 'splitserve:gpu_worker_expert_rebalance_bytes_total'
+ROUTED = 'splitserve:gpu_worker_expert_routed_total'  # {layer, expert}: choices of that expert
 # Layers below this route by the token id (tid2eid; Flash: num_hash_layers 3), which the router
 # skew does not change: hit_learned leaves them out.
 HASH_LAYERS = int(os.environ.get('SS_HASH_LAYERS', '3'))
@@ -79,6 +83,13 @@ class Scrape:
         return sum(v for n, lab, v in self.samples
                    if n in names and all(lab.get(k) == w for k, w in match.items()))
 
+    def routed(self):
+        out = collections.defaultdict(float)
+        for n, lab, v in self.samples:
+            if n == ROUTED and 'layer' in lab and 'expert' in lab:
+                out[(int(lab['layer']), int(lab['expert']))] += v
+        return out
+
     def by_layer(self, path):
         out = collections.defaultdict(float)
         for n, lab, v in self.samples:
@@ -109,6 +120,19 @@ def delta(before_dir, after_dir, extra):
             learned[1] += g + c
     r['layers'] = layers
     r['hit_learned'] = ratio(*learned)
+    # The hottest quarter of each learned layer's experts by this interval's choices: the share
+    # of the choices a placement of a quarter of the experts by frequency could serve.
+    ra, rb = a.routed(), b.routed()
+    per_layer = collections.defaultdict(list)
+    for (layer, expert), v in ra.items():
+        if layer >= HASH_LAYERS:
+            per_layer[layer].append(v - rb.get((layer, expert), 0.0))
+    top = total = 0.0
+    for counts in per_layer.values():
+        counts.sort(reverse=True)
+        top += sum(counts[:len(counts) // 4])
+        total += sum(counts)
+    r['top_quarter'] = ratio(top, total)
     r['cpu_bytes'] = a.total(CPU_BYTES) - b.total(CPU_BYTES)
     r['bytes_per_token'] = ratio(r['cpu_bytes'], r['tokens'])
     r['rebalances'] = a.total(REBALANCES) - b.total(REBALANCES)
@@ -169,11 +193,12 @@ def decode_table(path):
 
 def skew_table(path):
     rs = sorted(rows(path), key=lambda r: r['t'])
-    print('| time s | window hit rate (layers) | learned layers | rebalances | GB moved | tok/s |')
-    print('|---|---|---|---|---|---|')
+    print('| time s | window hit rate (layers) | learned layers | hottest quarter\'s share | '
+          'rebalances | GB moved | tok/s |')
+    print('|---|---|---|---|---|---|---|')
     for r in rs:
         print(f"| {r['t']:.0f} | {fmt(r['hit'], '.3f')} ({layer_span(r)}) | "
-              f"{fmt(r.get('hit_learned'), '.3f')} | "
+              f"{fmt(r.get('hit_learned'), '.3f')} | {fmt(r.get('top_quarter'), '.3f')} | "
               f"{r['total_rebalances']:g} | {r['total_rebalance_bytes'] / 1e9:.2f} | "
               f"{fmt(r['tok_s'], '.2f')} |")
 
