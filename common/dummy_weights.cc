@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -351,9 +352,26 @@ size_t NumChunks(const Rule& r, size_t nbytes) {
   return std::max<size_t>(1, (elems + per - 1) / per);
 }
 
+bool IsGateBias(const ExpectedTensor& t) {
+  return std::string_view(t.name).ends_with("ffn.gate.bias") && t.shape.size() == 1;
+}
+
+// Elements [e0, e1) of gate.bias `t` (p: element e0) += -skew * ln(1 + rank of the expert).
+void AddRouterSkew(const ExpectedTensor& t, double skew, size_t e0, size_t e1, uint8_t* p) {
+  const std::vector<int32_t> ranking = DummyRouterRanking(t.name, t.shape[0]);
+  for (size_t r = 0; r < ranking.size(); ++r) {
+    const size_t e = static_cast<size_t>(ranking[r]);
+    if (e < e0 || e >= e1) continue;
+    float v;
+    std::memcpy(&v, p + 4 * (e - e0), 4);
+    v += static_cast<float>(-skew * std::log1p(static_cast<double>(r)));
+    std::memcpy(p + 4 * (e - e0), &v, 4);
+  }
+}
+
 // Chunk `chunk` of tensor `t` into dst (the tensor's first byte).
 void FillChunk(const ExpectedTensor& t, const Rule& r, const Tables& tab, int64_t n_routed,
-               uint64_t seed, size_t chunk, uint8_t* dst, size_t nbytes) {
+               uint64_t seed, double router_skew, size_t chunk, uint8_t* dst, size_t nbytes) {
   const size_t per = ChunkElems(r), total = nbytes / r.elem;
   const size_t e0 = std::min(total, chunk * per), e1 = std::min(total, e0 + per);
   Stream st{ChunkKey(seed, t.name, chunk)};
@@ -407,6 +425,7 @@ void FillChunk(const ExpectedTensor& t, const Rule& r, const Tables& tab, int64_
         b = (b & 0xffff0000u) | static_cast<uint32_t>((x >> 8) & 0xffff);
         std::memcpy(p + 4 * i, &b, 4);
       }
+      if (router_skew > 0 && IsGateBias(t)) AddRouterSkew(t, router_skew, e0, e1, p);
       break;
     case Kind::kF32Uniform:
       for (size_t i = 0; i < n; ++i) {
@@ -506,8 +525,27 @@ TensorFilter StageTensors(const ModelConfig& c, int first_layer, int end_layer, 
   };
 }
 
+std::vector<int32_t> DummyRouterRanking(std::string_view gate_bias_name, int64_t n_experts) {
+  if (n_experts <= 0) return {};
+  std::vector<int32_t> ranking(static_cast<size_t>(n_experts));
+  std::iota(ranking.begin(), ranking.end(), 0);
+  // Fisher-Yates from a stream keyed by the name alone (not the seed).
+  Stream st{Mix(Fnv1a(gate_bias_name) ^ 0x5bd1e9955bd1e995ull)};
+  for (int64_t i = n_experts - 1; i > 0; --i) {
+    std::swap(ranking[i], ranking[st.Below(static_cast<uint64_t>(i) + 1)]);
+  }
+  return ranking;
+}
+
+absl::Status ValidateDummyRouterSkew(double router_skew) {
+  if (std::isfinite(router_skew) && router_skew >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dummy-router-skew ", router_skew, ": must be a finite number >= 0"));
+}
+
 absl::Status FillDummyTensor(const ModelConfig& c, const ExpectedTensor& t, uint64_t seed,
-                             uint8_t* dst, size_t nbytes) {
+                             uint8_t* dst, size_t nbytes, double router_skew) {
+  RETURN_IF_ERROR(ValidateDummyRouterSkew(router_skew));
   if (nbytes != NumBytes(t)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dummy weights: ", t.name, " needs ", NumBytes(t), " bytes, given ", nbytes));
@@ -516,13 +554,15 @@ absl::Status FillDummyTensor(const ModelConfig& c, const ExpectedTensor& t, uint
   const Tables tab = MakeTables(r);
   const size_t chunks = NumChunks(r, nbytes);
   for (size_t k = 0; k < chunks; ++k)
-    FillChunk(t, r, tab, c.n_routed_experts, seed, k, dst, nbytes);
+    FillChunk(t, r, tab, c.n_routed_experts, seed, router_skew, k, dst, nbytes);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfig& c, uint64_t seed,
                                                                 const TensorFilter& materialize,
-                                                                ThreadPool* pool) {
+                                                                ThreadPool* pool,
+                                                                double router_skew) {
+  RETURN_IF_ERROR(ValidateDummyRouterSkew(router_skew));
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<ExpectedTensor> expected = ExpectedTensors(c);
   struct Item {
@@ -580,8 +620,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
     const auto [i, k] = units[u];
     const Item& it = items[i];
     const size_t n = NumBytes(expected[i]), per = ChunkElems(it.rule) * it.rule.elem;
-    FillChunk(expected[i], it.rule, tables[it.table], c.n_routed_experts, seed, k, data + it.offset,
-              n);
+    FillChunk(expected[i], it.rule, tables[it.table], c.n_routed_experts, seed, router_skew, k,
+              data + it.offset, n);
     progress.Add(static_cast<int64_t>(std::min(n, (k + 1) * per) - std::min(n, k * per)));
   };
   const auto t1 = std::chrono::steady_clock::now();
@@ -611,9 +651,9 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> MakeDummyCheckpoint(const ModelConfi
   const double total_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info(absl::StrFormat(
-      "dummy weights (seed %d): generated %.3f GB (%d tensors; %d left as zeros) in %.2f s on %d "
-      "thread(s): %.2f GB/s (%.2f s in all)",
-      seed, generated / 1e9, expected.size() - skipped, skipped, gen_s,
+      "dummy weights (seed %d, router skew %g): generated %.3f GB (%d tensors; %d left as zeros) "
+      "in %.2f s on %d thread(s): %.2f GB/s (%.2f s in all)",
+      seed, router_skew, generated / 1e9, expected.size() - skipped, skipped, gen_s,
       pool != nullptr ? pool->size() : 1, generated / 1e9 / std::max(gen_s, 1e-9), total_s));
   return Checkpoint::FromMemory(absl::StrCat("dummy weights (seed ", seed, ")"), std::move(views),
                                 std::move(maps));

@@ -31,6 +31,9 @@ struct WeightSource {
   LoadFormat load_format = LoadFormat::kAuto;
   std::string hf_overrides;  // a JSON object's text; "" = none
   uint64_t seed = 0;         // dummy weights only
+  // Dummy weights only: the router skew S of common/dummy_weights.h (`--dummy-router-skew`;
+  // 0 = none). Only the processes that run the router (the GPU workers) need it.
+  double router_skew = 0.0;
 
   bool dummy() const { return load_format == LoadFormat::kDummy; }
 };

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/dummy_weights.h"
 #include "common/fp64_sums.h"
 #include "common/logging.h"
 #include "coordinator/api_keys.h"
@@ -23,6 +24,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: splitserve up [--model DIR] [--tokenizer FILE] [--host H] [--port P]\n"
     "                     [--load-format auto|safetensors|dummy] [--hf-overrides JSON]\n"
+    "                     [--dummy-router-skew S]\n"
     "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
     "                     [--expert-workers N|auto]\n"
     "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
@@ -41,6 +43,10 @@ constexpr char kUsage[] =
     "  --load-format dummy: every weight generated in memory (deterministic random values);\n"
     "  DIR needs only config.json (and tokenizer.json). auto (default) and safetensors read\n"
     "  DIR's safetensors.\n"
+    "  --dummy-router-skew S (--load-format dummy only): S >= 0 adds -S*ln(1+r) to the gate\n"
+    "  bias of the expert of rank r in a fixed pseudo-random order per layer, so each\n"
+    "  learned-routing layer (not the hash-routed first layers) prefers its own hot experts;\n"
+    "  S = 0.2 gives the hottest quarter about 2/3 of the choices with 64 experts. Default 0.\n"
     "  --hf-overrides JSON: a JSON object merged into config.json in every process, e.g.\n"
     "  '{\"n_routed_experts\": 128}' (nested objects merge key by key); the result must\n"
     "  still pass every check of config.json.\n"
@@ -148,6 +154,17 @@ constexpr ValueOption kValueOptions[] = {
      [](const std::string& v, UpOptions& o) -> absl::Status {
        if (absl::Status s = ValidateHfOverrides(v); !s.ok()) return s;
        o.hf_overrides = v;
+       return absl::OkStatus();
+     }},
+    {"--dummy-router-skew",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       double x = 0;
+       if (!absl::SimpleAtod(v, &x)) {
+         return absl::InvalidArgumentError(
+             absl::StrCat("--dummy-router-skew ", v, ": must be a finite number >= 0"));
+       }
+       if (absl::Status s = ValidateDummyRouterSkew(x); !s.ok()) return s;
+       o.dummy_router_skew = x;
        return absl::OkStatus();
      }},
     {"--host", SetText<&UpOptions::host>},
@@ -313,6 +330,9 @@ absl::StatusOr<UpOptions> ParseUpOptions(int argc, char** argv) {
       value = argv[++i];
     }
     if (absl::Status s = option->set(value, o); !s.ok()) return s;
+  }
+  if (o.dummy_router_skew > 0 && o.load_format != LoadFormat::kDummy) {
+    return absl::InvalidArgumentError("--dummy-router-skew needs --load-format dummy");
   }
   return o;
 }

@@ -38,7 +38,8 @@ struct UpOptions {
   std::string isa = "auto", api_keys_file, log_dir, stage_transport = "auto", fp64_sums = "auto";
   std::string allowed_origins;  // the coordinator's --allowed_origins (CORS); "" = none
   LoadFormat load_format = LoadFormat::kAuto;
-  std::string hf_overrides;  // a JSON object's text (validated), or ""
+  std::string hf_overrides;      // a JSON object's text (validated), or ""
+  double dummy_router_skew = 0;  // validated: finite, >= 0, > 0 only with dummy weights
   int port = kDefaultHttpPort, stages = 1, tp = 1, ready_timeout_s = 600;
   bool stages_given = false;
   bool prefix_caching = true;

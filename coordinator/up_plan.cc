@@ -129,6 +129,10 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
                                    "--load-progress-file",
                                    p.load_files[i].second};
   AddWeightSourceArgs(p.o, /*load_format=*/true, &args);
+  if (p.o.dummy_router_skew > 0) {  // only the GPU workers run the router
+    args.push_back("--dummy-router-skew");
+    args.push_back(absl::StrCat(p.o.dummy_router_skew));
+  }
   AddLogArgs(p.o, &args);
   if (p.backend == "cuda") {
     args.push_back("--cuda-device");

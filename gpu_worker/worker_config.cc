@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/dummy_weights.h"
 #include "common/layer_list.h"
 #include "common/status.h"
 
@@ -116,6 +117,11 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   ASSIGN_OR_RETURN(c.source.load_format, ParseLoadFormat(f.load_format));
   RETURN_IF_ERROR(ValidateHfOverrides(f.hf_overrides));
   c.source.hf_overrides = f.hf_overrides;
+  RETURN_IF_ERROR(ValidateDummyRouterSkew(f.dummy_router_skew));
+  if (f.dummy_router_skew > 0 && !c.source.dummy()) {
+    return absl::InvalidArgumentError("--dummy_router_skew needs --load_format dummy");
+  }
+  c.source.router_skew = f.dummy_router_skew;
   if (f.backend != "cpu" && f.backend != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend '", f.backend, "': expected cpu or cuda"));
@@ -286,6 +292,7 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("model = ", source.model_dir),
       absl::StrCat("load_format = ", std::string(LoadFormatName(source.load_format))),
       absl::StrCat("hf_overrides = ", source.hf_overrides.empty() ? "(none)" : source.hf_overrides),
+      absl::StrCat("dummy_router_skew = ", source.router_skew),
       absl::StrCat("metrics_listen = ", metrics_listen.empty() ? "(off)" : metrics_listen),
       absl::StrCat("load_progress_file = ",
                    load_progress_file.empty() ? "(none)" : load_progress_file),

@@ -15,6 +15,8 @@
 //                             dummy: generated in memory, DIR needs only config.json)
 //   --hf_overrides JSON       a JSON object merged into config.json at start (vLLM's
 //                             --hf-overrides; common/weight_source.h)
+//   --dummy_router_skew S     --load_format dummy only: the router skew of common/dummy_weights.h
+//                             on the learned-routing layers' gate.bias (0 = none; S >= 0)
 //   --metrics_listen HOST:PORT  Prometheus /metrics (empty = off)
 //   --load_progress_file PATH the load's progress as JSON (common/load_progress.h), for launchers
 //   --kv_tokens N             KV capacity in tokens (cpu backend: sum of live positions); with
@@ -79,6 +81,7 @@ struct WorkerFlags {
   std::string model;
   std::string load_format = "auto";
   std::string hf_overrides;
+  double dummy_router_skew = 0.0;
   std::string metrics_listen;
   std::string load_progress_file;
   int64_t kv_tokens = 16384;
@@ -112,7 +115,7 @@ struct WorkerConfig {
   std::string worker_id;
   std::string listen, advertise, port_file;
   std::string backend;
-  WeightSource source;  // --model, --load_format, --hf_overrides
+  WeightSource source;  // --model, --load_format, --hf_overrides, --dummy_router_skew
   std::string metrics_listen;
   std::string load_progress_file;  // SetLoadProgressFile's path; empty = none
   int64_t kv_tokens = 0;

@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, load_format, WorkerFlags{}.load_format,
 ABSL_FLAG(std::string, hf_overrides, "",
           "a JSON object merged into config.json at start (vLLM's --hf-overrides), e.g. "
           "'{\"n_routed_experts\": 128}'; every structural check still applies");
+ABSL_FLAG(double, dummy_router_skew, WorkerFlags{}.dummy_router_skew,
+          "--load_format dummy only: S >= 0 adds -S*ln(1+rank) to each learned-routing layer's "
+          "gate.bias, ranks from a fixed per-layer permutation (common/dummy_weights.h), so the "
+          "router prefers a hot set of experts; hash-routed layers are unchanged; 0 = none");
 ABSL_FLAG(std::string, load_progress_file, "",
           "a file the load's progress is written to (JSON, rewritten whole; common/"
           "load_progress.h), for a launcher to show; empty = none");
@@ -136,6 +140,7 @@ WorkerFlags ReadWorkerFlags() {
   f.model = absl::GetFlag(FLAGS_model);
   f.load_format = absl::GetFlag(FLAGS_load_format);
   f.hf_overrides = absl::GetFlag(FLAGS_hf_overrides);
+  f.dummy_router_skew = absl::GetFlag(FLAGS_dummy_router_skew);
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   f.load_progress_file = absl::GetFlag(FLAGS_load_progress_file);
   f.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);

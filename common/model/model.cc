@@ -42,7 +42,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source, M
       po.name = "ss-dummy";
       ASSIGN_OR_RETURN(pool, ThreadPool::Create(po));
     }
-    ASSIGN_OR_RETURN(ckpt, MakeDummyCheckpoint(config, source.seed, materialize, pool.get()));
+    ASSIGN_OR_RETURN(ckpt, MakeDummyCheckpoint(config, source.seed, materialize, pool.get(),
+                                               source.router_skew));
   } else {
     ASSIGN_OR_RETURN(ckpt, Checkpoint::Open(source.model_dir));
   }

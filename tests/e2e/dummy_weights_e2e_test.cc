@@ -250,6 +250,13 @@ TEST(DummyFlashFlags, BadValuesAreRefusedAtStart) {
       {{"--load-format", "dummy", "--hf-overrides", "{\"num_hidden_layers\": 4}"},
        1,
        "field 'compress_ratios' has 44 entries"},
+      {{"--dummy-router-skew", "0.2"}, 2, "--dummy-router-skew needs --load-format dummy"},
+      {{"--load-format", "dummy", "--dummy-router-skew", "-1"},
+       2,
+       "--dummy-router-skew -1: must be a finite number >= 0"},
+      {{"--load-format", "dummy", "--dummy-router-skew", "hot"},
+       2,
+       "--dummy-router-skew hot: must be a finite number >= 0"},
       {{}, 1, "--load-format dummy generates the weights instead"},
       {{"--load-format", "safetensors"}, 1, "safetensors"},
   };

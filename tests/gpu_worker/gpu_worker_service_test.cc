@@ -606,6 +606,32 @@ TEST(GpuWorkerConfig, GpuExpertsAreAutoACountOrAFractionOnTheCudaBackend) {
   }
 }
 
+// --dummy_router_skew (common/dummy_weights.h): carried into the weight source with --load_format
+// dummy; refused with real weights, and when negative or not finite.
+TEST(GpuWorkerConfig, DummyRouterSkewNeedsDummyWeights) {
+  WorkerFlags f;
+  f.model = kTinyA;
+  f.dummy_router_skew = 0.2;
+  absl::Status st = ParseWorkerConfig(f).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("--dummy_router_skew needs --load_format dummy"), std::string::npos)
+      << st;
+  f.load_format = "dummy";
+  absl::StatusOr<WorkerConfig> c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->source.router_skew, 0.2);
+  f.dummy_router_skew = -1;
+  st = ParseWorkerConfig(f).status();
+  EXPECT_NE(st.message().find("--dummy-router-skew -1"), std::string::npos) << st;
+  f.dummy_router_skew = std::nan("");
+  EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument);
+  f.load_format = "auto";
+  f.dummy_router_skew = 0;
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->source.router_skew, 0.0);
+}
+
 TEST(GpuWorkerConfig, FlagsAreValidated) {
   WorkerFlags f;
   EXPECT_FALSE(ParseWorkerConfig(f).ok());  // --model missing
