@@ -75,7 +75,7 @@ constexpr char kUsage[] =
     "  decode, over its stage's layers (a fraction in (0, 1) of them), computed there instead of\n"
     "  on the expert workers; auto: as many as fit once each GPU's KV pool keeps room for\n"
     "  --max-model-len tokens (or --kv-tokens N) beside the compressor states, the workspaces,\n"
-    "  the streamed ring and the reserve (splitserve-gpu-worker --plan prints the count; one\n"
+    "  the streamed ring and the reserve (the GPU worker's memory plan prints the count; one\n"
     "  GPU worker per GPU);\n"
     "  --gpu-experts-profile FILE: routing counts (JSON) that pick the hottest, else each layer\n"
     "  keeps an equal share. Default 0 (none). --gpu-experts-rebalance-s S: every S seconds\n"
