@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Resident routed experts (issue 27) on the device, in one call:
 #   SS_PACK_DIR=.devpack/r bash tests/device/pack.sh splitserve-golden splitserve-expert-worker \
-#       mxfp4_moe_test cuda_backend_test golden_cuda_test      # here; carry .devpack
+#       mxfp4_moe_test resident_experts_test cuda_backend_test golden_cuda_test  # here; carry .devpack
 #   bash tests/device/resident.sh $OUT [.devpack/r]             # there
-# 1. mxfp4_moe_test (the split of the routes and the accumulating combine among the kernels),
+#   env: SS_RESIDENT_TESTS, the backend tests of step 3 (default "cuda_backend_test golden_cuda_test")
+# 1. mxfp4_moe_test (the split of the routes and the accumulating combine among the kernels) and
+# resident_experts_test (the resident path against the reference sum, before and after swaps),
 # 2. splitserve-golden --backend cuda with half and all of tiny-a's 16 experts a layer resident,
 # at one stage and at two (sharing the GPU), and with the other experts on an expert worker's
 # shared store (its calls skip the resident choices), each beside the run without; and the
@@ -17,9 +19,11 @@ bin=${2:-.devpack/r}
 mkdir -p "$out"
 prebuilt_library_path "$bin"
 m=tests/data/tiny-a
-"$bin/mxfp4_moe_test" >"$out/mxfp4_moe_test.log" 2>&1
-echo "mxfp4_moe_test rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/mxfp4_moe_test.log" | tr '\n' ' ')"
-grep -A3 "FAILED\b" "$out/mxfp4_moe_test.log" | head -20
+for t in mxfp4_moe_test resident_experts_test; do
+  "$bin/$t" >"$out/$t.log" 2>&1
+  echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ')"
+  grep -A3 "FAILED\b" "$out/$t.log" | head -20
+done
 golden() {  # TAG ARGS...
   local tag=$1
   shift
@@ -45,7 +49,7 @@ golden store_streamed --experts "0-6=shm:$seg" --gpu_prefill_threshold 1
 kill -TERM $ew
 wait $ew
 grep -E "calls|skipp|error" "$out/ew.log" | tail -3
-for t in cuda_backend_test golden_cuda_test; do
+for t in ${SS_RESIDENT_TESTS-cuda_backend_test golden_cuda_test}; do
   timeout 400 "$bin/$t" >"$out/$t.log" 2>&1
   echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ')"
 done
