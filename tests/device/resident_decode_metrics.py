@@ -19,6 +19,9 @@ tests/device/resident_decode.sh.
         rebalances, rebalance_bytes  splitserve:gpu_worker_expert_rebalance{s,_bytes}_total
         seconds, tok_s   the time between the scrapes, tokens / seconds
         total_rebalances, total_rebalance_bytes  the AFTER scrape's own values (cumulative)
+        steps         splitserve:gpu_worker_steps_total
+        engine_ms     the expert workers' engine time a step (expert_call_seconds, all layers)
+        part_ms       {part: ms a step} of layer_latency_seconds summed over the layers
   resident_decode_metrics.py decode-table JSONL   the resident-fraction x concurrency table
       (rows with keys frac, c, tpot_ms): tok/s = c x 1000 / mean TPOT, hit rate, CPU bytes per
       token, and both ratios against the row of fraction 0 at the same concurrency
@@ -42,6 +45,9 @@ CHOICES = 'splitserve:gpu_worker_routed_choices_total'
 CPU_BYTES = 'splitserve:gpu_worker_expert_cpu_read_bytes_total'
 REBALANCES = 'splitserve:gpu_worker_expert_rebalances_total'
 REBALANCE_BYTES = 'splitserve:gpu_worker_expert_rebalance_bytes_total'
+STEPS = 'splitserve:gpu_worker_steps_total'
+ENGINE = 'splitserve:expert_call_seconds_sum'
+LATENCY = 'splitserve:layer_latency_seconds_sum'  # {layer, part}
 ROUTED = 'splitserve:gpu_worker_expert_routed_total'  # {layer, expert}: choices of that expert
 # Layers below this route by the token id (tid2eid; Flash: num_hash_layers 3), which the router
 # skew does not change: hit_learned leaves them out.
@@ -142,6 +148,11 @@ def delta(before_dir, after_dir, extra):
     r['seconds'] = a.time - b.time if a.time is not None and b.time is not None else None
     r['tok_s'] = ratio(r['tokens'], r['seconds'])
     r['have_choices'] = any(n == CHOICES for n, _, _ in a.samples)
+    r['steps'] = a.total(STEPS) - b.total(STEPS)
+    r['engine_ms'] = ratio(1e3 * (a.total(ENGINE) - b.total(ENGINE)), r['steps'])
+    parts = {lab.get('part') for n, lab, _ in a.samples if n == LATENCY}
+    r['part_ms'] = {p: ratio(1e3 * (a.total(LATENCY, part=p) - b.total(LATENCY, part=p)),
+                             r['steps']) for p in sorted(x for x in parts if x)}
     for kv in extra:
         k, _, v = kv.partition('=')
         try:
@@ -165,6 +176,9 @@ def layer_span(r):
     return f'{min(vals):.2f}-{max(vals):.2f}' if vals else 'n/a'
 
 
+PARTS = ('attention', 'moe_gpu', 'moe_cpu')
+
+
 def decode_table(path):
     rs = rows(path)
     for r in rs:
@@ -185,6 +199,22 @@ def decode_table(path):
               f"{fmt(r['hit'], '.3f')} "
               f"({layer_span(r)}) | {fmt(bpt, '.3f')} | {fmt(bytes_x, '.2f')}{'x' if bytes_x else ''} | "
               f"{r['rebalances']:g} |")
+    # The step predicted from the bytes removed: the 0 % row's TPOT less the engine time those
+    # bytes took, TPOT' = TPOT_0 - engine_0 x (1 - bytes' / bytes_0).
+    print()
+    print('| resident | concurrency | per step ms: engine, ' + ', '.join(PARTS) +
+          ' | TPOT predicted from the bytes | measured | measured / predicted |')
+    print('|---|---|---|---|---|---|')
+    for r in sorted(rs, key=lambda r: (r['c'], r['frac'])):
+        b = base.get(r['c'])
+        pm = r.get('part_ms') or {}
+        pred = None
+        if b and b.get('engine_ms') and b.get('bytes_per_token') and r.get('bytes_per_token'):
+            pred = b['tpot_ms'] - b['engine_ms'] * (1 - r['bytes_per_token'] / b['bytes_per_token'])
+        print(f"| {r['frac'] * 100:g} % | {r['c']:g} | {fmt(r.get('engine_ms'), '.1f')}, " +
+              ', '.join(fmt(pm.get(p), '.1f') for p in PARTS) +
+              f" | {fmt(pred, '.1f')} | {fmt(r.get('tpot_ms'), '.1f')} | "
+              f"{fmt(ratio(r.get('tpot_ms'), pred), '.2f')} |")
     for r in sorted(rs, key=lambda r: (r['c'], r['frac'])):
         per = ' '.join(f"{k}:{fmt(v, '.2f')}" for k, v in sorted(
             (r.get('layers') or {}).items(), key=lambda kv: int(kv[0])))
