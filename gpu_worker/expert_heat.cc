@@ -1,6 +1,7 @@
 #include "gpu_worker/expert_heat.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace ss::gpu {
 
@@ -24,6 +25,23 @@ void ExpertHeat::Count(int64_t layer, const int32_t* ids, int64_t n, ChoicePath 
   }
   paths_[(layer - first_layer_) * 2 + static_cast<int>(path)].fetch_add(counted,
                                                                         std::memory_order_relaxed);
+}
+
+void ExpertHeat::Add(int64_t layer, int expert, uint64_t n, ChoicePath path) {
+  if (layer < first_layer_ || layer >= end_layer_ || expert < 0 || expert >= n_experts_) return;
+  counts_[(layer - first_layer_) * n_experts_ + expert].fetch_add(n, std::memory_order_relaxed);
+  paths_[(layer - first_layer_) * 2 + static_cast<int>(path)].fetch_add(n,
+                                                                        std::memory_order_relaxed);
+}
+
+void ExpertHeat::SetSource(std::function<void()> source) {
+  std::lock_guard<std::mutex> lock(source_mu_);
+  source_ = std::move(source);
+}
+
+void ExpertHeat::Refresh() const {
+  std::lock_guard<std::mutex> lock(source_mu_);
+  if (source_) source_();
 }
 
 void ExpertHeat::AddCpuRead(int64_t bytes) {

@@ -52,6 +52,7 @@ LayerCounts ExpertRebalancer::decayed() const {
 }
 
 absl::StatusOr<std::vector<ExpertSwap>> ExpertRebalancer::RunOnce() {
+  heat_->Refresh();
   const std::vector<uint64_t> now = heat_->Snapshot();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -286,7 +286,9 @@ absl::Status RoutedExpertsClient::Compute(int64_t layer, int64_t T, const float*
   if (it == layers_.end()) return ComputeLocal(layer, T, x, ids, weights, top_k, out);
   const Layer& l = it->second;
   const int64_t dim = c.dim;
-  if (l.slices.empty()) {
+  // Nothing to compute here: no slice of this rank, or every choice skipped (resident on the GPU).
+  if (l.slices.empty() ||
+      std::all_of(ids, ids + T * top_k, [](int32_t e) { return e == model::kSkippedExpert; })) {
     std::fill_n(out, T * dim, 0.0f);
     return absl::OkStatus();
   }

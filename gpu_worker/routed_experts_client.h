@@ -14,8 +14,9 @@
 //   4. out = partial_0, then out += partial_i for i = 1..n-1 (fp32, slice order).
 // With one slice the worker's partial is the answer unchanged: an expert worker that returns
 // RoutedSum's values (one whole-expert slice, scalar ISA) gives results bit-identical to local
-// experts. A layer with no endpoints is computed here by the reference (model::RoutedSum).
-// Every error names the layer and the endpoint.
+// experts. A layer with no endpoints is computed here by the reference (model::RoutedSum). A call
+// whose choices are all model::kSkippedExpert (computed elsewhere: resident on the GPU) returns
+// zeros without calling the workers. Every error names the layer and the endpoint.
 //
 // Tensor parallelism (ARCHITECTURE.md "The MoE call"): slice i of a layer's n belongs to TP rank
 // i mod tp_size, and each rank's client holds and calls only its own slices (ExpertSlicesForRank

@@ -266,9 +266,6 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
         return ResidentSets(c, config, first, end, budget);
       };
     }
-    co.count_resident = [heat = stage.heat](int64_t layer, const int32_t* ids, int64_t n) {
-      heat->Count(layer, ids, n, ChoicePath::kGpu);
-    };
     co.expert_heat = stage.heat;
     co.resident_rebalance.interval = absl::Seconds(c.gpu_experts_rebalance_s);
     co.tp_rank = role.tp_rank;

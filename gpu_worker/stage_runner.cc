@@ -76,6 +76,7 @@ void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
                           [](const ExpertHeat& s) { return s.rebalance_bytes(); }});
   e->done.assign(e->counters.size(), 0);
   m.OnScrape([e] {
+    e->heat->Refresh();
     const std::vector<uint64_t> now = e->heat->Snapshot();
     for (size_t i = 0; i < now.size() && i < e->counters.size(); ++i) {
       if (now[i] > e->done[i]) e->counters[i]->Increment(static_cast<double>(now[i] - e->done[i]));

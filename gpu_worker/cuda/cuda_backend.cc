@@ -100,7 +100,6 @@ absl::Status SetUpResidentExperts(const model::Model& model, const CudaBackendOp
   ASSIGN_OR_RETURN(ro.sources, SourcesOf(model, o, im));
   ro.resident = o.resident_experts;
   ro.max_rows = o.resident_max_rows;
-  ro.count_resident = o.count_resident;
   ro.heat = o.expert_heat;
   ro.rebalance = o.resident_rebalance;
   ASSIGN_OR_RETURN(std::unique_ptr<ResidentRoutedExperts> r,

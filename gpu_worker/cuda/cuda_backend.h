@@ -147,10 +147,9 @@ struct CudaBackendOptions {
   // (budget 0: none, not called) and logs the figures. The KV pool is fitted to what is left.
   std::function<absl::StatusOr<std::vector<std::vector<int32_t>>>(int64_t budget)> place_resident;
   int64_t resident_min_kv_tokens = 8192;
-  // Optional: the choices the resident experts served, per layer (ResidentExpertsOptions).
-  std::function<void(int64_t layer, const int32_t* ids, int64_t n)> count_resident;
-  // The resident set's rebalance while serving (expert_rebalancer.h): on when the interval is
-  // positive and the expert path's statistics are given (the counts that drive it).
+  // Optional: the expert path's statistics, where the resident experts add the choices they
+  // served (ResidentExpertsOptions::heat); and the resident set's rebalance while serving
+  // (expert_rebalancer.h), on when the interval is positive and the statistics are given.
   std::shared_ptr<ExpertHeat> expert_heat;
   RebalanceOptions resident_rebalance;
   // Benchmarks only (layer figures without the routed experts): take every layer's routed-expert

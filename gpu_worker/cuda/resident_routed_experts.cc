@@ -20,6 +20,10 @@ ResidentRoutedExperts::ResidentRoutedExperts(const model::Model& model,
 
 ResidentRoutedExperts::~ResidentRoutedExperts() {
   rebalancer_.reset();
+  if (heat_ != nullptr) {
+    heat_->SetSource(nullptr);
+    if (pull_ != nullptr) PullCounts();  // the last steps' counts
+  }
   if (copy_ != nullptr) cudaStreamSynchronize(copy_);
   if (gpu_ != nullptr) cudaStreamSynchronize(gpu_);
   if (absl::StatusOr<std::vector<LayerHits>> h = Hits(); h.ok() && experts_ > 0) {
@@ -38,6 +42,7 @@ ResidentRoutedExperts::~ResidentRoutedExperts() {
   if (staged_ != nullptr) cudaEventDestroy(staged_);
   if (gpu_ != nullptr) cudaStreamDestroy(gpu_);
   if (copy_ != nullptr) cudaStreamDestroy(copy_);
+  if (pull_ != nullptr) cudaStreamDestroy(pull_);
 }
 
 absl::StatusOr<std::unique_ptr<ResidentRoutedExperts>> ResidentRoutedExperts::Create(
@@ -45,25 +50,50 @@ absl::StatusOr<std::unique_ptr<ResidentRoutedExperts>> ResidentRoutedExperts::Cr
     std::unique_ptr<RoutedExpertsProvider> host) {
   std::unique_ptr<ResidentRoutedExperts> p(new ResidentRoutedExperts(model, std::move(host)));
   p->max_rows_ = options.max_rows;
-  p->count_resident_ = options.count_resident;
   RETURN_IF_ERROR(p->Load(options));
-  if (p->count_resident_) {
-    const int64_t n = std::max<int64_t>(options.max_rows, 1) * model.config().n_activated_experts;
-    RETURN_IF_ERROR(p->count_ids_.Reserve(static_cast<size_t>(n) * 4));
-    RETURN_IF_ERROR(p->count_host_.Reserve(static_cast<size_t>(n) * 4));
-    for (size_t l = 0; l < p->layers_.size(); ++l) {
-      p->count_calls_.push_back(std::make_unique<CountCall>(
-          CountCall{p.get(), options.sources.first_layer + static_cast<int64_t>(l), 0}));
-    }
-  }
   int least = 0, greatest = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&p->gpu_, cudaStreamNonBlocking, least));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&p->fork_, cudaEventDisableTiming));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&p->join_, cudaEventDisableTiming));
   RETURN_IF_ERROR(p->ReserveWork(std::max<int64_t>(options.max_rows, 1)));
+  RETURN_IF_ERROR(p->SetUpCounts(options));
   RETURN_IF_ERROR(p->SetUpRebalance(options));
   return p;
+}
+
+absl::Status ResidentRoutedExperts::SetUpCounts(const ResidentExpertsOptions& o) {
+  if (o.heat == nullptr || experts_ == 0) return absl::OkStatus();
+  const size_t n = layers_.size() * static_cast<size_t>(model_.config().n_routed_experts);
+  RETURN_IF_ERROR(expert_counts_.Reserve(n * sizeof(unsigned long long)));
+  CUDA_RETURN_IF_ERROR(cudaMemset(expert_counts_.p, 0, n * sizeof(unsigned long long)));
+  RETURN_IF_ERROR(pulled_host_.Reserve(n * sizeof(unsigned long long)));
+  pulled_.assign(n, 0);
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&pull_, cudaStreamNonBlocking));
+  heat_ = o.heat;
+  heat_->SetSource([this] { PullCounts(); });
+  return absl::OkStatus();
+}
+
+void ResidentRoutedExperts::PullCounts() {
+  std::lock_guard<std::mutex> lock(pull_mu_);
+  const size_t n = pulled_.size();
+  const auto* now = pulled_host_.as<unsigned long long>();
+  if (cudaSetDevice(device_) != cudaSuccess ||
+      cudaMemcpyAsync(pulled_host_.p, expert_counts_.p, n * sizeof(unsigned long long),
+                      cudaMemcpyDeviceToHost, pull_) != cudaSuccess ||
+      cudaStreamSynchronize(pull_) != cudaSuccess) {
+    spdlog::warn("resident experts: reading the routing counts from the device failed: {}",
+                 cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  const int E = static_cast<int>(model_.config().n_routed_experts);
+  for (size_t i = 0; i < n; ++i) {
+    if (now[i] <= pulled_[i]) continue;
+    heat_->Add(first_layer_ + static_cast<int64_t>(i / E), static_cast<int>(i % E),
+               now[i] - pulled_[i], ChoicePath::kGpu);
+    pulled_[i] = now[i];
+  }
 }
 
 absl::Status ResidentRoutedExperts::SetUpRebalance(const ResidentExpertsOptions& o) {
@@ -72,7 +102,6 @@ absl::Status ResidentRoutedExperts::SetUpRebalance(const ResidentExpertsOptions&
     return absl::OkStatus();
   }
   max_swaps_ = o.max_swaps;
-  heat_ = o.heat;
   RETURN_IF_ERROR(staging_.Reserve(static_cast<size_t>(max_swaps_ * max_expert_bytes_)));
   int least = 0, greatest = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -181,26 +210,10 @@ absl::Status ResidentRoutedExperts::ReserveWork(int64_t rows) {
   return absl::OkStatus();
 }
 
-void CUDART_CB ResidentRoutedExperts::CountResident(void* p) {
-  const auto* call = static_cast<const CountCall*>(p);
-  ResidentRoutedExperts& self = *call->self;
-  const int32_t* ids = self.count_ids_.as<int32_t>();
-  const int32_t* host = self.count_host_.as<int32_t>();
-  self.counted_.clear();
-  for (int64_t i = 0; i < call->n; ++i) {
-    if (host[i] < 0 && ids[i] >= 0) self.counted_.push_back(ids[i]);
-  }
-  self.count_resident_(call->layer, self.counted_.data(),
-                       static_cast<int64_t>(self.counted_.size()));
-}
-
 absl::Status ResidentRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
   RETURN_IF_ERROR(host_->PrepareStep(n_layers, rows));
   RETURN_IF_ERROR(ApplyStaged());
   step_resident_ = experts_ > 0 && rows <= max_rows_;
-  for (std::unique_ptr<CountCall>& c : count_calls_) {
-    c->n = rows * model_.config().n_activated_experts;
-  }
   if (step_resident_ && rows > rows_) RETURN_IF_ERROR(ReserveWork(rows));
   return absl::OkStatus();
 }
@@ -229,21 +242,18 @@ absl::Status ResidentRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
   cuda::bf16_t* const h = w.h;
   float* const y = w.y;
 
-  CUDA_RETURN_IF_ERROR(cuda::SplitResidentRoutes({.ids = ids,
-                                                  .n = T * K,
-                                                  .slot_of = slot_of_.as<int32_t>() + l * E,
-                                                  .E = E,
-                                                  .resident = slots,
-                                                  .host = host_ids,
-                                                  .counts = hits_.as<unsigned long long>() + 2 * l},
-                                                 side));
-  if (count_resident_) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(count_ids_.p, ids, T * K * 4, cudaMemcpyDeviceToHost, side));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(count_host_.p, host_ids, T * K * 4, cudaMemcpyDeviceToHost, side));
-    CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(side, CountResident, count_calls_[l].get()));
-  }
+  CUDA_RETURN_IF_ERROR(cuda::SplitResidentRoutes(
+      {.ids = ids,
+       .n = T * K,
+       .slot_of = slot_of_.as<int32_t>() + l * E,
+       .E = E,
+       .resident = slots,
+       .host = host_ids,
+       .counts = hits_.as<unsigned long long>() + 2 * l,
+       .expert_counts = heat_ != nullptr
+                            ? expert_counts_.as<unsigned long long>() + static_cast<int64_t>(l) * E
+                            : nullptr},
+      side));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, side));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gpu_, fork_, 0));
   CUDA_RETURN_IF_ERROR(cuda::FakeQuantE4m3(xn, T, dim, xq, gpu_));

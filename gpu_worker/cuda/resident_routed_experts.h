@@ -60,12 +60,10 @@ struct ResidentExpertsOptions {
   // [0, E) are refused).
   std::vector<std::vector<int32_t>> resident;
   int64_t max_rows = 256;  // larger steps take the host path whole
-  // Optional: called (from a host function on the side stream, one layer at a time) with the
-  // choices of `layer` that the resident experts served, so that routing counts (expert_heat.h)
-  // see them as the host path's client sees the others.
-  std::function<void(int64_t layer, const int32_t* ids, int64_t n)> count_resident;
-  // The rebalance while serving: on when rebalance.interval > 0 and `heat` is given (its counts
-  // drive the moves; the moves are added to its rebalance counters). `max_swaps` experts per round
+  // Optional: the expert path's statistics. The resident path counts the choices it serves by
+  // expert on the device (SplitResidentRoutes) and adds them to `heat` (path kGpu) whenever
+  // heat->Refresh() is called; with rebalance.interval > 0 those counts also drive the rebalance
+  // while serving, whose moves are added to its rebalance counters. `max_swaps` experts per round
   // (a staging buffer of that many experts on the device).
   std::shared_ptr<ExpertHeat> heat;
   RebalanceOptions rebalance;
@@ -115,16 +113,13 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider, public Residen
   ResidentRoutedExperts(const model::Model& model, std::unique_ptr<RoutedExpertsProvider> host);
   absl::Status Load(const ResidentExpertsOptions& o);
   absl::Status ReserveWork(int64_t rows);
+  absl::Status SetUpCounts(const ResidentExpertsOptions& o);
   absl::Status SetUpRebalance(const ResidentExpertsOptions& o);
   absl::Status CheckSwaps(const std::vector<ExpertSwap>& swaps) const;  // under move_mu_
   // Between steps: the staged swaps whose copies finished take their slots.
   absl::Status ApplyStaged();
-  // count_resident's host function: the resident choices of the layer's copied ids.
-  struct CountCall {
-    ResidentRoutedExperts* self = nullptr;
-    int64_t layer = 0, n = 0;
-  };
-  static void CUDART_CB CountResident(void* call);
+  // heat_'s source: adds the device's per-expert counts since the last call.
+  void PullCounts();
 
   const model::Model& model_;
   std::unique_ptr<RoutedExpertsProvider> host_;
@@ -139,11 +134,12 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider, public Residen
   DevBuf hits_;     // [layers, 2] unsigned long long: SplitResidentRoutes' counts
   DevBuf work_;     // slots, host ids, routing, xq, h, y for rows_ rows
   int64_t rows_ = 0;
-  bool step_resident_ = false;  // this step's rows <= max_rows_
-  std::function<void(int64_t, const int32_t*, int64_t)> count_resident_;
-  std::vector<std::unique_ptr<CountCall>> count_calls_;  // per layer; fixed addresses (graphs)
-  PinnedBuf count_ids_, count_host_;  // a layer's ids and host ids, [max_rows, K]
-  std::vector<int32_t> counted_;      // the host function's scratch
+  bool step_resident_ = false;    // this step's rows <= max_rows_
+  DevBuf expert_counts_;          // [layers, E] unsigned long long: resident choices
+  PinnedBuf pulled_host_;         // PullCounts' copy of them
+  std::vector<uint64_t> pulled_;  // what heat_ has of them
+  cudaStream_t pull_ = nullptr;   // PullCounts' copies
+  std::mutex pull_mu_;
   cudaStream_t gpu_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
 

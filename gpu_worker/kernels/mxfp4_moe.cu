@@ -586,7 +586,8 @@ __global__ void __launch_bounds__(256)
     SplitResidentRoutesKernelImpl(const int32_t* __restrict__ ids, int64_t n,
                                   const int32_t* __restrict__ slot_of, int E,
                                   int32_t* __restrict__ resident, int32_t* __restrict__ host,
-                                  unsigned long long* __restrict__ counts) {
+                                  unsigned long long* __restrict__ counts,
+                                  unsigned long long* __restrict__ expert_counts) {
   GridStride(n, [&](int64_t i) {
     const int32_t e = ids[i];
     const int32_t slot = e >= 0 && e < E ? slot_of[e] : -1;
@@ -596,6 +597,7 @@ __global__ void __launch_bounds__(256)
       atomicAdd(&counts[0], 1ull);
       if (slot >= 0) atomicAdd(&counts[1], 1ull);
     }
+    if (expert_counts != nullptr && slot >= 0) atomicAdd(&expert_counts[e], 1ull);
   });
 }
 
@@ -603,7 +605,7 @@ cudaError_t SplitResidentRoutes(const SplitResidentRoutesParams& p, cudaStream_t
   if (p.n < 0 || p.E < 0 || p.E > kMxfp4MoeMaxExperts) return cudaErrorInvalidValue;
   if (p.n == 0) return cudaSuccess;
   SplitResidentRoutesKernelImpl<<<GridStrideBlocks(p.n, 256), 256, 0, stream>>>(
-      p.ids, p.n, p.slot_of, p.E, p.resident, p.host, p.counts);
+      p.ids, p.n, p.slot_of, p.E, p.resident, p.host, p.counts, p.expert_counts);
   return cudaGetLastError();
 }
 

@@ -169,17 +169,18 @@ cudaError_t MoeCombineRoutes(const MoeCombineRoutesParams& p, cudaStream_t strea
 // (the expert's place among the layer's resident experts, −1 when not resident; an id outside
 // [0, E) has none): resident[i] = slot, host[i] = −1 where slot >= 0, else ids[i]
 // (model::kSkippedExpert, −1, is a skipped choice for the expert workers). With `counts`, adds
-// the choices of an id in [0, E) to counts[0] and the resident ones to counts[1] (atomics: the
-// split itself does not depend on them). E <= kMxfp4MoeMaxExperts. Fixed launch size: safe
-// under graph capture.
+// the choices of an id in [0, E) to counts[0] and the resident ones to counts[1], and with
+// `expert_counts` each resident choice to expert_counts[id] (atomics: the split itself does not
+// depend on them). E <= kMxfp4MoeMaxExperts. Fixed launch size: safe under graph capture.
 struct SplitResidentRoutesParams {
   const int32_t* ids = nullptr;
   int64_t n = 0;
   const int32_t* slot_of = nullptr;  // [E]
   int E = 0;
-  int32_t* resident = nullptr;           // [n]
-  int32_t* host = nullptr;               // [n]
-  unsigned long long* counts = nullptr;  // optional: [2] choices, resident choices
+  int32_t* resident = nullptr;                  // [n]
+  int32_t* host = nullptr;                      // [n]
+  unsigned long long* counts = nullptr;         // optional: [2] choices, resident choices
+  unsigned long long* expert_counts = nullptr;  // optional: [E] resident choices by expert
 };
 cudaError_t SplitResidentRoutes(const SplitResidentRoutesParams& p, cudaStream_t stream);
 

@@ -179,6 +179,17 @@ def layer_span(r):
 PARTS = ('attention', 'moe_gpu', 'moe_cpu')
 
 
+def frac_key(r):
+    """Sorts a numeric --gpu-experts fraction before a named one (auto)."""
+    f = r.get('frac')
+    return (0, f, '') if isinstance(f, (int, float)) else (1, 0, str(f))
+
+
+def frac_name(r):
+    f = r.get('frac')
+    return f'{f * 100:g} %' if isinstance(f, (int, float)) else str(f)
+
+
 def decode_table(path):
     rs = rows(path)
     for r in rs:
@@ -188,13 +199,13 @@ def decode_table(path):
     print('| resident | concurrency | tok/s (TPOT ms) | x 0 % | hit rate (layers) | '
           'CPU GB / token | x 0 % | rebalances |')
     print('|---|---|---|---|---|---|---|---|')
-    for r in sorted(rs, key=lambda r: (r['c'], r['frac'])):
+    for r in sorted(rs, key=lambda r: (r['c'], frac_key(r))):
         b = base.get(r['c'])
         speed = ratio(r['rate'], b['rate']) if b and r['rate'] and b['rate'] else None
         bytes_x = (ratio(r['bytes_per_token'], b['bytes_per_token'])
                    if b and r['bytes_per_token'] is not None and b['bytes_per_token'] else None)
         bpt = r['bytes_per_token'] / 1e9 if r['bytes_per_token'] is not None else None
-        print(f"| {r['frac'] * 100:g} % | {r['c']:g} | {fmt(r['rate'], '.2f')} "
+        print(f"| {frac_name(r)} | {r['c']:g} | {fmt(r['rate'], '.2f')} "
               f"({fmt(r.get('tpot_ms'), '.1f')}) | {fmt(speed, '.2f')}{'x' if speed else ''} | "
               f"{fmt(r['hit'], '.3f')} "
               f"({layer_span(r)}) | {fmt(bpt, '.3f')} | {fmt(bytes_x, '.2f')}{'x' if bytes_x else ''} | "
@@ -205,20 +216,20 @@ def decode_table(path):
     print('| resident | concurrency | per step ms: engine, ' + ', '.join(PARTS) +
           ' | TPOT predicted from the bytes | measured | measured / predicted |')
     print('|---|---|---|---|---|---|')
-    for r in sorted(rs, key=lambda r: (r['c'], r['frac'])):
+    for r in sorted(rs, key=lambda r: (r['c'], frac_key(r))):
         b = base.get(r['c'])
         pm = r.get('part_ms') or {}
         pred = None
         if b and b.get('engine_ms') and b.get('bytes_per_token') and r.get('bytes_per_token'):
             pred = b['tpot_ms'] - b['engine_ms'] * (1 - r['bytes_per_token'] / b['bytes_per_token'])
-        print(f"| {r['frac'] * 100:g} % | {r['c']:g} | {fmt(r.get('engine_ms'), '.1f')}, " +
+        print(f"| {frac_name(r)} | {r['c']:g} | {fmt(r.get('engine_ms'), '.1f')}, " +
               ', '.join(fmt(pm.get(p), '.1f') for p in PARTS) +
               f" | {fmt(pred, '.1f')} | {fmt(r.get('tpot_ms'), '.1f')} | "
               f"{fmt(ratio(r.get('tpot_ms'), pred), '.2f')} |")
-    for r in sorted(rs, key=lambda r: (r['c'], r['frac'])):
+    for r in sorted(rs, key=lambda r: (r['c'], frac_key(r))):
         per = ' '.join(f"{k}:{fmt(v, '.2f')}" for k, v in sorted(
             (r.get('layers') or {}).items(), key=lambda kv: int(kv[0])))
-        print(f"hit by layer, {r['frac'] * 100:g} % resident, c={r['c']:g}: {per or 'n/a'}")
+        print(f"hit by layer, {frac_name(r)} resident, c={r['c']:g}: {per or 'n/a'}")
 
 
 def skew_table(path):

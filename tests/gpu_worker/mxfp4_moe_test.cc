@@ -271,17 +271,21 @@ TEST_F(Mxfp4MoeTest, SplitResidentRoutesAndTheAccumulatingCombine) {
   const std::vector<int32_t> ids = {1, 2, 3, 6, -1, 9, 0, 3};
   DeviceBuffer<int32_t> slots_d(slot_of), ids_d(ids), resident(ids.size()), host(ids.size());
   DeviceBuffer<unsigned long long> counts(std::vector<unsigned long long>{5, 1});
+  DeviceBuffer<unsigned long long> by_expert(std::vector<unsigned long long>(8, 1));
   SplitResidentRoutesParams sp{.ids = ids_d.get(),
                                .n = static_cast<int64_t>(ids.size()),
                                .slot_of = slots_d.get(),
                                .E = 8,
                                .resident = resident.get(),
                                .host = host.get(),
-                               .counts = counts.get()};
+                               .counts = counts.get(),
+                               .expert_counts = by_expert.get()};
   ASSERT_EQ(SplitResidentRoutes(sp, nullptr), cudaSuccess);
   EXPECT_EQ(resident.Get(), (std::vector<int32_t>{0, -1, 1, 2, -1, -1, -1, 1}));
   EXPECT_EQ(host.Get(), (std::vector<int32_t>{-1, 2, -1, -1, -1, 9, 0, -1}));
   EXPECT_EQ(counts.Get(), (std::vector<unsigned long long>{5 + 6, 1 + 4}));  // added to
+  // The resident choices by expert (1 once, 3 twice, 6 once), added to what was there.
+  EXPECT_EQ(by_expert.Get(), (std::vector<unsigned long long>{1, 2, 1, 3, 1, 1, 2, 1}));
   sp.E = kMxfp4MoeMaxExperts + 1;
   EXPECT_EQ(SplitResidentRoutes(sp, nullptr), cudaErrorInvalidValue);
 

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -188,6 +189,14 @@ TEST(RoutedExpertsClient, SlicesSumInOrderAndLocalLayersAreTheReference) {
   EXPECT_EQ(StepProgress(), progress);  // a call that was not answered is no progress
   EXPECT_NE(dead.message().find("layer 2"), std::string::npos) << dead;
   EXPECT_NE(dead.message().find(grpc), std::string::npos) << dead;
+  // Every choice skipped (resident on the GPU): zeros, without calling the workers (the dead one
+  // would fail the call).
+  const std::vector<int32_t> skipped(again.T * k, model::kSkippedExpert);
+  std::fill(got.begin(), got.end(), NAN);
+  const absl::Status none = (*client)->Compute(2, again.T, again.x.data(), skipped.data(),
+                                               again.r.weights.data(), k, got.data());
+  EXPECT_TRUE(none.ok()) << none;
+  for (int64_t i = 0; i < again.T * c.dim; ++i) ASSERT_EQ(got[i], 0.0f) << i;
   client->reset();
   direct0->reset();
   EXPECT_EQ(s0.Stop(), 0);
