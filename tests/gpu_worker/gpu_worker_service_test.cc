@@ -496,6 +496,29 @@ TEST(ExpertHeat, CountsEveryChoiceOfItsLayersAndNothingElse) {
   EXPECT_EQ(h.cpu_read_bytes(), 7u);
 }
 
+// Counts kept elsewhere (the resident path's device counters) arrive through the source at
+// Refresh, and a detached source is not called.
+TEST(ExpertHeat, ASourceAddsItsCountsAtRefresh) {
+  ExpertHeat h(2, 4, 8);
+  int calls = 0;
+  h.SetSource([&] {
+    ++calls;
+    h.Add(3, 5, 4, ChoicePath::kGpu);
+    h.Add(9, 5, 4, ChoicePath::kGpu);  // outside the layers: ignored
+    h.Add(3, 8, 4, ChoicePath::kGpu);  // outside the experts: ignored
+  });
+  EXPECT_EQ(h.count(3, 5), 0u);
+  h.Refresh();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(h.count(3, 5), 4u);
+  EXPECT_EQ(h.choices(3, ChoicePath::kGpu), 4u);
+  EXPECT_EQ(h.choices(3, ChoicePath::kCpu), 0u);
+  h.SetSource(nullptr);
+  h.Refresh();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(h.count(3, 5), 4u);
+}
+
 // The expert client counts each call's choices (here a layer it computes locally), and the
 // counters follow the counts at each scrape.
 TEST(ExpertHeat, TheClientCountsAndTheMetricsFollow) {
