@@ -44,7 +44,7 @@ if [ ! -x "$prom" ]; then
 fi
 "$promtool" check config "$src/deploy/prometheus.yml" >/dev/null || fail "promtool check config"
 
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+port="$(python3 "$src/tests/common/free_port_block.py")"  # up takes port+1, ... too
 prom_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 pids=()
 cleanup() {

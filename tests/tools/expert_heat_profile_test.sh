@@ -12,7 +12,7 @@ fail() {
   echo "expert_heat_profile_test: FAILED: $*" >&2
   exit 1
 }
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+port="$(python3 "$src/tests/common/free_port_block.py")"  # up takes port+1, ... too
 "$splitserve" up --port "$port" --log-dir "$work/up-logs" >"$work/up.out" 2>&1 &
 up=$!
 trap 'kill "$up" 2>/dev/null || true; wait "$up" 2>/dev/null || true' EXIT

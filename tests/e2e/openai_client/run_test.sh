@@ -51,7 +51,9 @@ if ! cmp -s "$here/package-lock.json" "$stamp"; then
 fi
 
 if [ "$mode" = up ]; then
-  port="$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+  # `up --port P` also takes P+1, P+2, ...: a free block of ports, not a single one.
+  port="$(python3 "$here/../../common/free_port_block.py")" ||
+    { echo "openai_client_test: no free block of ports"; exit 1; }
   "$gateway" up --port "$port" >"$work/up.out" 2>&1 &
   up_pid=$!
   trap 'kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true' EXIT
