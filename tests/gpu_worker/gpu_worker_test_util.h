@@ -23,6 +23,16 @@ namespace pb = ::splitserve::v1;
 
 inline constexpr char kTinyA[] = "tests/data/tiny-a";
 
+// tiny-a's model, loaded once per test binary.
+inline std::shared_ptr<const model::Model> TinyA() {
+  static const std::shared_ptr<const model::Model> m = [] {
+    auto l = model::Model::Load(kTinyA);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? std::shared_ptr<const model::Model>(std::move(*l)) : nullptr;
+  }();
+  return m;
+}
+
 // The coordinator's view of one worker; its calls carry `credential` (the tests' cluster token
 // by default).
 class WorkerClient {

@@ -19,14 +19,7 @@ namespace {
 
 using testing_util::kTinyA;
 
-std::shared_ptr<const model::Model> TinyA() {
-  static std::shared_ptr<const model::Model> m = [] {
-    auto l = model::Model::Load(kTinyA);
-    EXPECT_TRUE(l.ok()) << l.status();
-    return std::shared_ptr<const model::Model>(std::move(*l));
-  }();
-  return m;
-}
+using testing_util::TinyA;
 
 // The tiny model's layers as one stage, or as two (0-3, 4-6).
 class Pipeline {

@@ -27,14 +27,7 @@ using testing_util::AddChunk;
 using testing_util::Plan;
 namespace pb = testing_util::pb;
 
-std::shared_ptr<const model::Model> TinyA() {
-  static std::shared_ptr<const model::Model> m = [] {
-    auto l = model::Model::Load(testing_util::kTinyA);
-    EXPECT_TRUE(l.ok()) << l.status();
-    return std::shared_ptr<const model::Model>(std::move(*l));
-  }();
-  return m;
-}
+using testing_util::TinyA;
 
 // One link's two ends over a queue.
 struct HostLinkState {
