@@ -163,6 +163,12 @@ bool ResolveBackend(const ModelConfig& model, UpOptions& o, Layout* layout) {
     std::fprintf(stderr, "splitserve up: --gpu-experts needs the cuda backend\n");
     return false;
   }
+  if (o.gpu_experts_rebalance_s.has_value() && o.gpu_experts == "0") {
+    std::fprintf(stderr,
+                 "splitserve up: --gpu-experts-rebalance-s needs --gpu-experts (no expert is "
+                 "resident to rebalance)\n");
+    return false;
+  }
   if (o.stage_transport == "nccl" && backend != "cuda") {
     std::fprintf(stderr, "splitserve up: --stage-transport nccl needs the cuda backend\n");
     return false;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -53,8 +54,9 @@ struct UpOptions {
   int64_t gpu_prefill_ring_mib = ss::gpu::kDefaultGpuPrefillRingMiB;
   std::string gpu_experts = "0";  // validated: auto, a count or a fraction in (0, 1)
   std::string gpu_experts_profile;
-  double gpu_experts_rebalance_s = 10;  // validated: seconds in [0, 86400]
-  int64_t max_num_batched_tokens = 0;   // 0: coord::LaunchMaxBatchTokens's default
+  // Validated: seconds in [0, 86400]; unset: the GPU workers' default (10 s). Needs --gpu-experts.
+  std::optional<double> gpu_experts_rebalance_s;
+  int64_t max_num_batched_tokens = 0;  // 0: coord::LaunchMaxBatchTokens's default
 };
 
 // argv[0] is the command ("up"); the options follow.

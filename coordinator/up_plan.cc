@@ -149,8 +149,10 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
       args.push_back("--gpu-experts-profile");
       args.push_back(std::filesystem::absolute(p.o.gpu_experts_profile).string());
     }
-    args.push_back("--gpu-experts-rebalance-s");
-    args.push_back(absl::StrCat(p.o.gpu_experts_rebalance_s));
+    if (p.o.gpu_experts_rebalance_s.has_value()) {
+      args.push_back("--gpu-experts-rebalance-s");
+      args.push_back(absl::StrCat(*p.o.gpu_experts_rebalance_s));
+    }
   }
   return args;
 }

@@ -144,6 +144,7 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
            {"--gpu-prefill-ring-mib", "-1"},
            {"--gpu-experts", "1.5"},
            {"--gpu-experts-rebalance-s", "-1"},
+           {"--gpu-experts-rebalance-s", "5"},  // without --gpu-experts: nothing to rebalance
            {"--gpu-experts-rebalance-s", "soon"},
            {"--max-num-batched-tokens", "8"},  // fewer than max_running's 64 decode tokens
            {"--backend", "cpu", "--stages", "2", "--stage-transport", "nccl"}}) {
