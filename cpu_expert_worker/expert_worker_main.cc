@@ -386,8 +386,10 @@ int Serve(const WorkerConfig& c, const ClusterCredential& credential, const Expe
   so.max_tokens = static_cast<uint32_t>(engine.max_tokens());
   so.dim = static_cast<uint32_t>(store.dim());
   so.top_k = static_cast<uint32_t>(engine.max_top_k());
-  // The engine serialises calls and parallelises each one over the pool: one serving thread.
+  // The engine serialises calls and parallelises each one over the pool: one serving thread,
+  // which polls for the next call as long as an idle pool thread does.
   so.serving_threads = 1;
+  so.spin = absl::Microseconds(c.spin_us);
   auto server = shm::ShmServer::Create(so, handler_for("shm"));
   if (!server.ok()) {
     if (grpc_server != nullptr) {

@@ -26,7 +26,8 @@
 //                         a token; without either a gRPC-serving worker refuses to start). The
 //                         shared-memory segment is guarded by its 0600 mode instead.
 //   --max_tokens T        largest T per call (sizes the engine's preallocated memory)
-//   --spin_us US          how long idle pool threads spin before sleeping
+//   --spin_us US          how long idle pool threads (and the shm serving thread) spin before
+//                         sleeping
 //   --split_target U, --min_split_cols W   how the engine cuts a call (expert_engine.h)
 //   --weight_layout tiled|rows   expert weights in RAM: in the kernel's reading order (default;
 //                         ExpertSliceView::tile_rows) or the checkpoint's row-major rows

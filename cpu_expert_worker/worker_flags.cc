@@ -46,7 +46,8 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "address (host:port) to serve Prometheus metrics on GET /metrics; empty = off");
 ABSL_FLAG(int64_t, max_tokens, WorkerFlags{}.max_tokens, "largest number of tokens per call");
 ABSL_FLAG(int, spin_us, WorkerFlags{}.spin_us,
-          "microseconds an idle pool thread spins before it sleeps");
+          "microseconds an idle pool thread, and the shared-memory serving thread, spins before "
+          "it sleeps");
 ABSL_FLAG(int64_t, split_target, WorkerFlags{}.split_target,
           "engine: work units a call aims for (more: finer parallelism, more re-quantisation)");
 ABSL_FLAG(int64_t, min_split_cols, WorkerFlags{}.min_split_cols,

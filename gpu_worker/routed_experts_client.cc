@@ -116,8 +116,10 @@ bool Retryable(const absl::Status& st) {
 }
 
 absl::StatusOr<std::unique_ptr<RoutedExpertsClient::Endpoint>> ConnectEndpoint(
-    const ExpertEndpointConfig& e, const ModelConfig& c, absl::Duration timeout,
-    const std::atomic<bool>* cancel, const ClusterCredential& credential) {
+    const ExpertEndpointConfig& e, const ModelConfig& c, const ExpertClientOptions& options) {
+  const absl::Duration timeout = options.connect_timeout;
+  const std::atomic<bool>* cancel = options.cancel;
+  const ClusterCredential& credential = options.credential;
   auto ep = std::make_unique<RoutedExpertsClient::Endpoint>();
   ep->label = e.Describe();
   const absl::Time until = absl::Now() + timeout;
@@ -128,6 +130,7 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient::Endpoint>> ConnectEndpoint(
       shm::ShmClientOptions o;
       o.expect_dim = static_cast<uint32_t>(c.dim);
       o.expect_top_k = static_cast<uint32_t>(c.n_activated_experts);
+      o.spin = options.shm_answer_spin;
       auto client = shm::ShmClient::Connect(e.shm_name, o);
       if (client.ok()) {
         ep->max_tokens = (*client)->layout().shape.max_tokens;
@@ -201,8 +204,7 @@ absl::StatusOr<std::unique_ptr<RoutedExpertsClient>> RoutedExpertsClient::Connec
       key.worker_id.clear();
       auto it = client->endpoints_.find(key.Describe());
       if (it == client->endpoints_.end()) {
-        auto ep =
-            ConnectEndpoint(e, c, options.connect_timeout, options.cancel, options.credential);
+        auto ep = ConnectEndpoint(e, c, options);
         if (!ep.ok()) {
           return absl::Status(ep.status().code(),
                               absl::StrCat("layer ", l.layer, ": ", ep.status().message()));

@@ -92,6 +92,11 @@ struct ExpertClientOptions {
   int tp_size = 1;
   ClusterCredential credential;  // carried by the calls to gRPC endpoints
   ExpertHeat* heat = nullptr;    // optional, borrowed: every call's choices are counted there
+  // How long a call to a shared-memory endpoint busy-polls for the answer before it sleeps
+  // (shm::ShmClientOptions::spin): short where the caller shares cores with the expert workers'
+  // compute (the cpu backend), long where it runs on a thread with nothing else to do (the cuda
+  // backend's host call server), so a decode call's answer does not wait for a wake-up.
+  absl::Duration shm_answer_spin = absl::Microseconds(20);
 };
 
 class RoutedExpertsClient final : public model::RoutedExperts {

@@ -37,6 +37,10 @@ class NcclComm;  // only a pointer without CUDA: never set
 namespace ss::gpu {
 namespace {
 
+// How long the cuda backend's expert calls busy-poll for the answer: past a decode call's
+// ~1-2 ms, so its answer is read at once instead of after a futex wake-up.
+constexpr absl::Duration kCudaShmAnswerSpin = absl::Milliseconds(5);
+
 // The tensors of the checkpoint this stage reads (dummy weights generate only these): its
 // blocks, the embedding on stage 0, the head on the last stage (with the MTP blocks where the
 // role holds them, as memory_plan.h counts them), and the routed experts of the layers computed
@@ -195,6 +199,9 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
   o.expert_client.tp_rank = role.tp_rank;
   o.expert_client.tp_size = role.tp_size;
   o.expert_client.credential = credential;
+  // The cuda backend calls the expert workers from its host call server's thread, which has
+  // nothing else to do meanwhile; the cpu backend from the step's thread, which shares the cores.
+  if (c.backend == "cuda") o.expert_client.shm_answer_spin = kCudaShmAnswerSpin;
   LoadedStage stage;
   stage.heat = std::make_shared<ExpertHeat>(role.first_layer, role.end_layer,
                                             static_cast<int>(config.n_routed_experts));

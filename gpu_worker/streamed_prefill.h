@@ -59,7 +59,7 @@ class StreamedPrefillPolicy {
   bool UseStreamed(int64_t rows) const;
   // The smallest row count that streams under the current rates (kOff: INT64_MAX).
   int64_t Threshold() const;
-  // A CPU-path call of `rows` rows through one layer took `seconds` (the host function's time).
+  // A CPU-path call of `rows` rows through one layer took `seconds` (the host call's time).
   void ObserveCpu(int64_t rows, double seconds);
   // A streamed step of `rows` rows through `layers` layers whose layer loop took `seconds`.
   void ObserveStreamed(int64_t rows, int layers, double seconds);

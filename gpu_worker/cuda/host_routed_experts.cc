@@ -3,28 +3,20 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/status.h"
 #include "gpu_worker/cuda_status.h"
 #include "gpu_worker/expert_placement.h"
+#include "gpu_worker/kernels/host_call.h"
 #include "gpu_worker/step_progress.h"
 
 namespace ss::gpu::cuda_backend_internal {
 namespace {
 
-// The host function of a layer's routed experts (HostExpertsCall): skipped once an earlier layer
-// of the step failed (the step fails with that error; the rest of it only has to finish).
-void CUDART_CB RunHostExpertsCall(void* p) {
-  auto* call = static_cast<HostExpertsCall*>(p);
-  if (call->step_failed->load()) {
-    call->status = absl::CancelledError("an earlier layer's routed experts failed");
-    return;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  call->status = (*call->run)(call->layer, call->rows);
-  call->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!call->status.ok()) call->step_failed->store(true);
-}
+// How long a layer's HostCallAwait waits for the host before it fails the step: far beyond any
+// expert call (those have deadlines of their own), so only a wedged host thread reaches it.
+constexpr uint64_t kHostCallTimeoutNs = uint64_t{600} * 1000 * 1000 * 1000;
 
 }  // namespace
 
@@ -34,6 +26,20 @@ HostRoutedExperts::HostRoutedExperts(
     int tp, int rank)
     : model_(model), experts_(experts), first_layer_(first_layer), tp_(tp), rank_(rank) {
   run_ = [this](int64_t layer, int64_t rows) { return Compute(layer, rows); };
+}
+
+// A layer's host call (HostExpertsCall), on the server's thread: skipped once an earlier layer of
+// the step failed (the step fails with that error; the rest of it only has to finish).
+void HostRoutedExperts::Serve(int l) {
+  HostExpertsCall* call = calls_[l].get();
+  if (call->step_failed->load()) {
+    call->status = absl::CancelledError("an earlier layer's routed experts failed");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  call->status = (*call->run)(call->layer, call->rows);
+  call->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!call->status.ok()) call->step_failed->store(true);
 }
 
 absl::Status HostRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
@@ -59,7 +65,12 @@ absl::Status HostRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
     hcall.status = absl::OkStatus();
     hcall.seconds = 0.0;
   }
-  return absl::OkStatus();
+  if (server_ == nullptr) {
+    RETURN_IF_ERROR(arrivals_.Reserve(sizeof(unsigned)));
+    CUDA_RETURN_IF_ERROR(cudaMemset(arrivals_.p, 0, sizeof(unsigned)));
+    ASSIGN_OR_RETURN(server_, HostCallServer::Create(kMaxHostCalls, [this](int l) { Serve(l); }));
+  }
+  return server_->Arm(n_layers);
 }
 
 absl::Status HostRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const int32_t* ids,
@@ -67,15 +78,36 @@ absl::Status HostRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const int
                                         cudaStream_t side) {
   const ModelConfig& c = model_.config();
   const int64_t T = rows, dim = c.dim, K = c.n_activated_experts;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_x_.p, xn, T * dim * 2, cudaMemcpyDeviceToHost, side));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_ids_.p, ids, T * K * 4, cudaMemcpyDeviceToHost, side));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_w_.p, weights, T * K * 4, cudaMemcpyDeviceToHost, side));
-  CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(side, RunHostExpertsCall, calls_[l].get()));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sum, moe_sum_.p, T * dim * 4, cudaMemcpyHostToDevice, side));
+  const int64_t sum_bytes = T * dim * 4;
+  const bool await_copies = sum_bytes <= cuda::kHostCallAwaitCopyMax;
+  cuda::HostCallPublishParams pub{.segments = {{xn, moe_x_.p, T * dim * 2},
+                                               {ids, moe_ids_.p, T * K * 4},
+                                               {weights, moe_w_.p, T * K * 4}},
+                                  .n_segments = 3,
+                                  .seq = server_->seq(),
+                                  .req = server_->req(l),
+                                  .arrivals = arrivals_.as<unsigned>()};
+  CUDA_RETURN_IF_ERROR(cuda::HostCallPublish(pub, side));
+  CUDA_RETURN_IF_ERROR(cuda::HostCallAwait({.seq = server_->seq(),
+                                            .done = server_->done(l),
+                                            .src = moe_sum_.p,
+                                            .dst = sum,
+                                            .bytes = await_copies ? sum_bytes : 0,
+                                            .timeout_ns = kHostCallTimeoutNs,
+                                            .timed_out = server_->timed_out_flag()},
+                                           side));
+  if (!await_copies) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sum, moe_sum_.p, sum_bytes, cudaMemcpyHostToDevice, side));
+  }
   return absl::OkStatus();
 }
 
 absl::Status HostRoutedExperts::StepStatus(int n_layers) const {
+  if (server_ != nullptr && server_->timed_out()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("routed experts: the host thread did not answer a layer's call within ",
+                     kHostCallTimeoutNs / 1000000000, " s"));
+  }
   for (int l = 0; l < n_layers; ++l) {
     const HostExpertsCall& hcall = *calls_[l];
     if (!hcall.status.ok() && !absl::IsCancelled(hcall.status)) return hcall.status;
@@ -84,7 +116,7 @@ absl::Status HostRoutedExperts::StepStatus(int n_layers) const {
 }
 
 void HostRoutedExperts::AppendGraphKey(std::vector<int64_t>* key) const {
-  for (const void* p : {moe_x_.p, moe_ids_.p, moe_w_.p, moe_sum_.p}) {
+  for (const void* p : {moe_x_.p, moe_ids_.p, moe_w_.p, moe_sum_.p, arrivals_.p}) {
     key->push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)));
   }
 }

@@ -1,16 +1,19 @@
 // The routed experts on the host (HostRoutedExperts, a RoutedExpertsProvider): per MoE layer, on
-// the side stream, one D2H each of the normed MoE input rows (bf16), the router's ids and weights
-// into pinned buffers, a host function (cudaLaunchHostFunc, so a captured graph replays it too)
-// that gives them to the layer's model::RoutedExperts (`experts(layer)`: the expert-worker
-// client) or, where that is absent, sums them with model::RoutedSum on the host's reference
-// weights, and one H2D of the fp32 sum. With TP > 1 and no `experts`, the rank computes experts
+// the side stream, a HostCallPublish (kernels/host_call.h) that writes the normed MoE input rows
+// (bf16), the router's ids and weights into pinned buffers and rings the layer's flag; the
+// HostCallServer's thread (host_call_server.h) gives them to the layer's model::RoutedExperts
+// (`experts(layer)`: the expert-worker client) or, where that is absent, sums them with
+// model::RoutedSum on the host's reference weights, and answers; a HostCallAwait waits for that
+// answer and reads the fp32 sum back (a large sum: a copy after it). All of it is stream work, so
+// a captured graph replays it too. With TP > 1 and no `experts`, the rank computes experts
 // [rank·E/TP, (rank+1)·E/TP) of every token (the router's other choices masked).
 //
-// A failed layer fails the step with its error; the step's later host functions are skipped
-// (Cancelled) and its kernels run to the end.
+// A failed layer fails the step with its error; the step's later host calls are skipped
+// (Cancelled) and its kernels run to the end. A host call unanswered for 600 s fails the step
+// (DeadlineExceeded) instead of hanging the GPU.
 //
-// Ownership: the model and `experts` must outlive the object; the host functions hold the
-// addresses of the per-layer call records, which stay fixed for the object's life.
+// Ownership: the model and `experts` must outlive the object; the per-layer call records and the
+// flags and buffers the kernels take stay at fixed addresses for the object's life.
 #pragma once
 
 #include <atomic>
@@ -21,14 +24,15 @@
 
 #include "common/model/model.h"
 #include "gpu_worker/cuda/device_buffers.h"
+#include "gpu_worker/cuda/host_call_server.h"
 #include "gpu_worker/cuda/routed_experts_provider.h"
 
 namespace ss::gpu::cuda_backend_internal {
 
-// One MoE layer's host call, the argument of its host function: `run` is called with the layer
+// One MoE layer's host call, run on the host call server's thread: `run` is called with the layer
 // and the step's rows; the step reads `status` and `seconds` after its final wait. run,
 // step_failed and layer are set when the record is created; rows, status and seconds before
-// every step's launch. The object's address is fixed (graphs hold it).
+// every step's launch.
 struct HostExpertsCall {
   const std::function<absl::Status(int64_t layer, int64_t rows)>* run = nullptr;
   std::atomic<bool>* step_failed = nullptr;  // an earlier layer of this step failed
@@ -53,8 +57,11 @@ class HostRoutedExperts final : public RoutedExpertsProvider {
 
  private:
   // The host half of one layer for `rows` rows: the pinned MoE input, ids and weights to the
-  // pinned fp32 sum. Runs from the side stream (a host function: no CUDA calls).
+  // pinned fp32 sum. Runs on the server's thread (no CUDA calls).
   absl::Status Compute(int64_t layer, int64_t rows);
+  void Serve(int l);  // the server's work for stage layer l: calls_[l]
+
+  static constexpr int kMaxHostCalls = 1024;  // stage layers
 
   const model::Model& model_;
   const std::function<const model::RoutedExperts*(int64_t layer)>& experts_;
@@ -65,6 +72,8 @@ class HostRoutedExperts final : public RoutedExpertsProvider {
   std::vector<float> host_x_;  // the MoE input rows as fp32, for the provider
   // [T, dim] bf16 rows, [T, k] ids and weights, [T, dim] fp32 sum.
   PinnedBuf moe_x_, moe_ids_, moe_w_, moe_sum_;
+  DevBuf arrivals_;                         // HostCallPublish's block counter
+  std::unique_ptr<HostCallServer> server_;  // created at the first step; stopped first
 };
 
 }  // namespace ss::gpu::cuda_backend_internal

@@ -6,7 +6,7 @@
 // like the rest of the step, so Enqueue must enqueue the same work for the same arguments.
 //
 // Implementations: HostRoutedExperts (host_routed_experts.h: the rows to the host, the
-// expert-worker client or the host's reference weights in a host function, the sum back).
+// expert-worker client or the host's reference weights on a host thread, the sum back).
 //
 // Threading: PrepareStep, Enqueue, StepStatus and Seconds from the step's thread, one step at a
 // time; what Enqueue enqueues runs in stream order. Owned by the backend (CudaBackend::Impl).
