@@ -136,10 +136,17 @@ __device__ void QuantizeRows(const RowOf& row_of, int rows, int64_t k, uint8_t* 
 }
 
 // Eight e2m1 codes (a word: element 2j the low nibble of byte j) as four f16x2 holding each
-// code's value times 2^-14: (e0, e4), (e1, e5), (e2, e6), (e3, e7). A half's top nibble (sign,
-// 3 magnitude bits) gives its sign and, 3 bits lower, exponent bits 1..0 and the top mantissa bit.
-__device__ __forceinline__ uint32_t E2m1TopNibbles(uint32_t v) {
-  return (v & 0x80008000u) | ((v >> 3) & 0x0e000e00u);
+// code's value times 2^-14: p = (e0, e4), (e1, e5), (e2, e6), (e3, e7). An f16 whose low byte is 0
+// and whose high byte is sign << 7 | magnitude << 1 (the code's 3 magnitude bits as exponent bits
+// 1..0 and the top mantissa bit) is that value; the bytes are formed for the low and the high
+// nibbles of all four bytes at once.
+__device__ __forceinline__ void E2m1x8ToF16x2(uint32_t w, uint32_t (&p)[4]) {
+  const uint32_t even = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);  // e0, e2, e4, e6
+  const uint32_t odd = (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);          // e1, e3, e5, e7
+  p[0] = __byte_perm(even, 0u, 0x2404);
+  p[1] = __byte_perm(odd, 0u, 0x2404);
+  p[2] = even & 0xff00ff00u;
+  p[3] = odd & 0xff00ff00u;
 }
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
@@ -166,10 +173,11 @@ __device__ __forceinline__ void ConsumeKBlock(const uint8_t* stage, const uint8_
     uint4 b = *reinterpret_cast<const uint4*>(act_row + (kb * 16 + gi * 4 + t) * 16);
     if (!route_g) b = make_uint4(0u, 0u, 0u, 0u);  // a select: the mmas stay converged
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    MmaF16(p, E2m1TopNibbles(lo[gi] << 12), E2m1TopNibbles(hi[gi] << 12),
-           E2m1TopNibbles(lo[gi] << 8), E2m1TopNibbles(hi[gi] << 8), b.x, b.y);
-    MmaF16(p, E2m1TopNibbles(lo[gi] << 4), E2m1TopNibbles(hi[gi] << 4), E2m1TopNibbles(lo[gi]),
-           E2m1TopNibbles(hi[gi]), b.z, b.w);
+    uint32_t wl[4], wh[4];
+    E2m1x8ToF16x2(lo[gi], wl);
+    E2m1x8ToF16x2(hi[gi], wh);
+    MmaF16(p, wl[0], wh[0], wl[1], wh[1], b.x, b.y);
+    MmaF16(p, wl[2], wh[2], wl[3], wh[3], b.z, b.w);
     const float w_lo = Ue8m0ToF32((s_lo >> (8 * gi)) & 0xffu);
     const float w_hi = Ue8m0ToF32((s_hi >> (8 * gi)) & 0xffu);
     acc[0] = __fmaf_rn(p[0], __fmul_rn(w_lo, sa0), acc[0]);
