@@ -335,9 +335,10 @@ __global__ void __launch_bounds__(kThreads) Mxfp4MoeDecodeDownKernelImpl(const D
 
 cudaError_t Mxfp4MoeDecode(const Mxfp4MoeDecodeParams& p, cudaStream_t stream) {
   const Mxfp4ExpertLayout& L = p.layout;
-  if (p.T < 0 || p.K < 1 || p.K > kMxfp4MoeMaxTopK || p.T * p.K > kMxfp4MoeDecodeMaxRoutes ||
-      p.n_slots < 0 || p.n_slots > kMxfp4MoeMaxExperts || !Mxfp4LayoutOk(L) ||
-      !AlignedTo(p.x, 16) || !AlignedTo(p.h, 16) || !AlignedTo(p.base, 16) || !AlignedTo(p.y, 4)) {
+  if (p.T < 0 || p.T > kMxfp4MoeDecodeMaxRoutes || p.K < 1 || p.K > kMxfp4MoeMaxTopK ||
+      p.T * p.K > kMxfp4MoeDecodeMaxRoutes || p.n_slots < 0 || p.n_slots > kMxfp4MoeMaxExperts ||
+      !Mxfp4LayoutOk(L) || !AlignedTo(p.x, 16) || !AlignedTo(p.h, 16) || !AlignedTo(p.base, 16) ||
+      !AlignedTo(p.y, 4)) {
     return cudaErrorInvalidValue;
   }
   const int TK = static_cast<int>(p.T * p.K);
