@@ -4,18 +4,30 @@
 // and 8192 tokens, top-6, dim 4096, I 2048. Prints ms per layer and TFLOP/s counting
 // 2·3·dim·I FLOP per route. Weights are random codes with moderate scales; tokens pick 6
 // distinct uniform experts. Usage: mxfp4_moe_bench [T ...]
+//
+// mxfp4_moe_bench --decode: the resident experts at decode (mxfp4_moe_decode.h). 64 Flash-shaped
+// experts at slots (tile_rows 16, about 12.8 MB each, 0.8 GB: far more than any L2), T = 1 and
+// T = 8 tokens with K = 6 distinct random slots each, 32 such routings rotated call after call.
+// Times Mxfp4MoeDecode against what it replaces (FakeQuantE4m3 + MoeBuildRouting +
+// Mxfp4MoeGroup over the 64 slots) and a device-to-device copy in the same run; prints us per
+// call (median of 7 runs of 200 back-to-back calls), GB/s of expert bytes read (distinct experts
+// of the call x their bytes), the fraction of the copy's bandwidth and the speed-up.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "gpu_worker/kernels/mxfp4_moe.h"
+#include "gpu_worker/kernels/mxfp4_moe_decode.h"
 #include "gpu_worker/kernels/prepare.h"
 
 namespace {
@@ -151,6 +163,161 @@ int Run(int64_t T, const uint8_t* weights, const ss::cuda::Mxfp4ExpertLayout& L)
   return 0;
 }
 
+// Microseconds per call of fn(i) (i the call's number): the median over `runs` of the mean of
+// `calls` back-to-back calls on stream s.
+double MedianMicros(cudaStream_t s, int runs, int calls, const std::function<void(int)>& fn) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < calls; ++i) fn(i);  // warm-up
+  std::vector<double> us;
+  for (int r = 0; r < runs; ++r) {
+    CHECK_CUDA(cudaEventRecord(a, s));
+    for (int i = 0; i < calls; ++i) fn(r * calls + i);
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(1000.0 * ms / calls);
+  }
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+int RunDecode(const uint8_t* weights, const ss::cuda::Mxfp4ExpertLayout& L) {
+  using namespace ss::cuda;
+  constexpr int kSlots = 64, kRoutings = 32, kRuns = 7, kCalls = 200;
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  // The copy: 1 GiB device to device (read and write counted).
+  const int64_t copy_bytes = int64_t{1} << 30;
+  uint8_t *src = nullptr, *dst = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
+  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
+  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
+  const double copy_us = MedianMicros(s, kRuns, 5, [&](int) {
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, s));
+  });
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(dst));
+  const double copy_gbs = 2.0 * copy_bytes / copy_us * 1e-3;
+  std::printf(
+      "decode bench: dim=%ld I=%ld, %d resident experts at slots (tile_rows 16, %.2f MB each), "
+      "K=%d distinct random slots per token, %d routings rotated\n",
+      static_cast<long>(kDim), static_cast<long>(kInter), kSlots, L.expert_bytes * 1e-6, kK,
+      kRoutings);
+  std::printf("device-to-device copy: %.0f GB/s (bytes read + written per second, 1 GiB)\n",
+              copy_gbs);
+  for (int64_t T : {int64_t{1}, int64_t{8}}) {
+    const int64_t TK = T * kK;
+    std::mt19937_64 rng(100 + T);
+    std::vector<int32_t*> slots(kRoutings);
+    std::vector<float*> wts(kRoutings);
+    double distinct = 0;
+    for (int r = 0; r < kRoutings; ++r) {
+      std::vector<int32_t> ids(TK);
+      std::vector<float> w(TK);
+      std::vector<int32_t> all(kSlots);
+      std::set<int32_t> used;
+      for (int64_t t = 0; t < T; ++t) {
+        std::iota(all.begin(), all.end(), 0);
+        for (int k = 0; k < kK; ++k) {
+          std::swap(all[k], all[k + rng() % (kSlots - k)]);
+          ids[t * kK + k] = all[k];
+          used.insert(all[k]);
+          w[t * kK + k] = 0.3f + static_cast<float>(rng() % 100) / 100.0f;
+        }
+      }
+      distinct += static_cast<double>(used.size()) / kRoutings;
+      CHECK_CUDA(cudaMalloc(&slots[r], TK * 4));
+      CHECK_CUDA(cudaMalloc(&wts[r], TK * 4));
+      CHECK_CUDA(cudaMemcpy(slots[r], ids.data(), TK * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(wts[r], w.data(), TK * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<uint16_t> x(T * kDim);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (uint16_t& v : x) {
+      float f = nd(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      v = static_cast<uint16_t>(u >> 16);
+    }
+    uint16_t *d_x, *xq, *h;
+    float *y, *rw;
+    int32_t *offs, *toffs, *tok, *slot;
+    CHECK_CUDA(cudaMalloc(&d_x, T * kDim * 2));
+    CHECK_CUDA(cudaMalloc(&xq, T * kDim * 2));
+    CHECK_CUDA(cudaMalloc(&h, TK * kInter * 2));
+    CHECK_CUDA(cudaMalloc(&y, TK * kDim * 4));
+    CHECK_CUDA(cudaMalloc(&rw, TK * 4));
+    CHECK_CUDA(cudaMalloc(&offs, (kSlots + 1) * 4));
+    CHECK_CUDA(cudaMalloc(&toffs, (kSlots + 1) * 4));
+    CHECK_CUDA(cudaMalloc(&tok, TK * 4));
+    CHECK_CUDA(cudaMalloc(&slot, TK * 4));
+    CHECK_CUDA(cudaMemcpy(d_x, x.data(), T * kDim * 2, cudaMemcpyHostToDevice));
+    const auto decode = [&](int i) {
+      Mxfp4MoeDecodeParams p;
+      p.x = AsBf16(d_x);
+      p.slots = slots[i % kRoutings];
+      p.weights = wts[i % kRoutings];
+      p.T = T;
+      p.K = kK;
+      p.n_slots = kSlots;
+      p.base = weights;
+      p.layout = L;
+      p.h = AsBf16(h);
+      p.y = y;
+      CHECK_CUDA(Mxfp4MoeDecode(p, s));
+    };
+    MoeRouting routing{offs, toffs, tok, slot, rw, nullptr};
+    const auto grouped = [&](int i) {
+      CHECK_CUDA(FakeQuantE4m3(AsBf16(d_x), T, kDim, AsBf16(xq), s));
+      MoeBuildRoutingParams bp;
+      bp.ids = slots[i % kRoutings];
+      bp.weights = wts[i % kRoutings];
+      bp.T = T;
+      bp.K = kK;
+      bp.E = kSlots;
+      bp.expert_begin = 0;
+      bp.expert_end = kSlots;
+      bp.routing = routing;
+      CHECK_CUDA(MoeBuildRouting(bp, s));
+      Mxfp4MoeGroupParams p;
+      p.routing = routing;
+      p.T = T;
+      p.K = kK;
+      p.expert_begin = 0;
+      p.expert_end = kSlots;
+      p.base = weights;
+      p.layout = L;
+      p.xq = AsBf16(xq);
+      p.h = AsBf16(h);
+      p.y = y;
+      CHECK_CUDA(Mxfp4MoeGroup(p, s));
+    };
+    const double dec_us = MedianMicros(s, kRuns, kCalls, decode);
+    const double grp_us = MedianMicros(s, kRuns, kCalls, grouped);
+    const double bytes = distinct * static_cast<double>(L.expert_bytes);
+    const double dec_gbs = bytes / dec_us * 1e-3, grp_gbs = bytes / grp_us * 1e-3;
+    std::printf(
+        "T=%ld K=%d: %.2f distinct experts a call = %.1f MB of weights read\n"
+        "  Mxfp4MoeDecode                              %8.1f us = %6.0f GB/s = %.2f of the copy\n"
+        "  FakeQuantE4m3+MoeBuildRouting+Mxfp4MoeGroup %8.1f us = %6.0f GB/s = %.2f of the copy\n"
+        "  speed-up of the decode path: %.2fx\n",
+        static_cast<long>(T), kK, distinct, bytes * 1e-6, dec_us, dec_gbs, dec_gbs / copy_gbs,
+        grp_us, grp_gbs, grp_gbs / copy_gbs, grp_us / dec_us);
+    for (void* p : std::vector<void*>{d_x, xq, h, y, rw, offs, toffs, tok, slot}) cudaFree(p);
+    for (int r = 0; r < kRoutings; ++r) {
+      cudaFree(slots[r]);
+      cudaFree(wts[r]);
+    }
+  }
+  cudaStreamDestroy(s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -175,8 +342,10 @@ int main(int argc, char** argv) {
   L.w2_scale[0] = 3 * wb + 2 * sb;
   L.w2_scale_stride = kInter / 32;
   L.expert_bytes = 3 * wb + 3 * sb;
+  const bool decode = argc > 1 && std::string(argv[1]) == "--decode";
+  const int experts = decode ? 64 : kE;
   uint8_t* weights = nullptr;
-  CHECK_CUDA(cudaMalloc(&weights, L.expert_bytes * kE));
+  CHECK_CUDA(cudaMalloc(&weights, L.expert_bytes * experts));
   {
     std::vector<uint8_t> chunk(L.expert_bytes);
     std::mt19937_64 rng(7);
@@ -184,10 +353,15 @@ int main(int argc, char** argv) {
     for (int64_t off : {wb, 2 * wb + sb, 3 * wb + 2 * sb}) {
       for (int64_t i = 0; i < sb; ++i) chunk[off + i] = static_cast<uint8_t>(117 + rng() % 5);
     }
-    for (int e = 0; e < kE; ++e) {
+    for (int e = 0; e < experts; ++e) {
       CHECK_CUDA(cudaMemcpy(weights + e * L.expert_bytes, chunk.data(), L.expert_bytes,
                             cudaMemcpyHostToDevice));
     }
+  }
+  if (decode) {
+    const int rc = RunDecode(weights, L);
+    cudaFree(weights);
+    return rc;
   }
   std::vector<int64_t> Ts;
   for (int i = 1; i < argc; ++i) Ts.push_back(std::atoll(argv[i]));

@@ -1,5 +1,6 @@
 #include "gpu_worker/kernels/fp8_common.cuh"
 #include "gpu_worker/kernels/mxfp4_moe.h"
+#include "gpu_worker/kernels/mxfp4_moe_common.cuh"
 #include "gpu_worker/kernels/shared_memory.h"
 
 namespace ss::cuda {
@@ -40,13 +41,6 @@ constexpr int kMaxTopK = kMxfp4MoeMaxTopK;
 
 // Rows of the routing kernel's per-warp histograms.
 constexpr int kRouteWarps = 8;
-
-// The byte offset of K-block kb (64 bytes) of weight row r in a matrix of rb-byte rows, row-major
-// (tr = 0) or tiled in tr-row tiles (Mxfp4ExpertLayout).
-__device__ __forceinline__ int64_t RowBlockOffset(int64_t r, int64_t kb, int64_t rb, int64_t tr) {
-  if (tr == 0) return r * rb + kb * 64;
-  return (r / tr) * tr * rb + kb * tr * 64 + (r % tr) * 64;
-}
 
 // Eight e2m1 codes (a word, element 2j in the low nibble of byte j) as four bf16 pairs holding
 // their exact values: out[j] = (element 2j, element 2j+1). The magnitude's 3 bits select the bf16's
@@ -152,17 +146,6 @@ struct GroupArgs {
   float limit;
   bool round_output;
 };
-
-// The demo's clamped SwiGLU of one element (before the row weight), as swiglu.cu's.
-__device__ __forceinline__ float SwiGluValue(float g, float u, float limit) {
-  if (limit > 0.0f) {
-    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
-    g = limit < g ? limit : g;                          // std::min
-  }
-  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-}
-
-__device__ __forceinline__ float RoundBf16(float v) { return Bf16ToF32(F32ToBf16(v)); }
 
 // Up: for each work item (part p, 64 intermediate rows n0.., route tile), g = bf16(xq·w1ᵀ),
 // u = bf16(xq·w3ᵀ), h[pos, p·part_inter + n] = bf16(w_route · SwiGLU(g, u)).
@@ -484,23 +467,6 @@ __global__ void __launch_bounds__(256)
   });
 }
 
-bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-
-bool LayoutOk(const Mxfp4ExpertLayout& L) {
-  if (L.dim <= 0 || L.dim % 128 != 0 || L.part_inter <= 0 || L.part_inter % 128 != 0) return false;
-  if (L.parts < 1 || L.parts > kMxfp4MoeMaxParts) return false;
-  if (L.tile_rows != 0 && L.tile_rows != 8 && L.tile_rows != 16) return false;
-  if (L.expert_bytes % 16 != 0 || L.w2_scale_stride % 4 != 0 || L.w2_scale_col0 % 4 != 0) {
-    return false;
-  }
-  if (L.w2_scale_stride < L.w2_scale_col0 + L.part_inter / 32) return false;
-  for (int p = 0; p < L.parts; ++p) {
-    if (L.w1[p] % 16 != 0 || L.w3[p] % 16 != 0 || L.w2[p] % 16 != 0) return false;
-    if (L.w1_scale[p] % 4 != 0 || L.w3_scale[p] % 4 != 0 || L.w2_scale[p] % 4 != 0) return false;
-  }
-  return true;
-}
-
 unsigned GemmGrid(int64_t items) {
   return static_cast<unsigned>(items < kMaxCtas ? (items > 0 ? items : 1) : kMaxCtas);
 }
@@ -522,7 +488,7 @@ cudaError_t MoeBuildRouting(const MoeBuildRoutingParams& p, cudaStream_t stream)
 
 cudaError_t FakeQuantE4m3(const bf16_t* x, int64_t rows, int64_t n, bf16_t* y,
                           cudaStream_t stream) {
-  if (rows < 0 || n <= 0 || n % 128 != 0 || !Aligned(x, 8) || !Aligned(y, 8)) {
+  if (rows < 0 || n <= 0 || n % 128 != 0 || !AlignedTo(x, 8) || !AlignedTo(y, 8)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
@@ -536,8 +502,8 @@ cudaError_t FakeQuantE4m3(const bf16_t* x, int64_t rows, int64_t n, bf16_t* y,
 cudaError_t Mxfp4MoeGroup(const Mxfp4MoeGroupParams& p, cudaStream_t stream) {
   const Mxfp4ExpertLayout& L = p.layout;
   if (p.T < 0 || p.K < 1 || p.K > kMaxTopK || p.expert_begin < 0 || p.expert_end < p.expert_begin ||
-      p.expert_end > kMxfp4MoeMaxExperts || !LayoutOk(L) || !Aligned(p.base, 16) ||
-      !Aligned(p.xq, 16) || !Aligned(p.h, 16) || !Aligned(p.y, 8)) {
+      p.expert_end > kMxfp4MoeMaxExperts || !Mxfp4LayoutOk(L) || !AlignedTo(p.base, 16) ||
+      !AlignedTo(p.xq, 16) || !AlignedTo(p.h, 16) || !AlignedTo(p.y, 8)) {
     return cudaErrorInvalidValue;
   }
   const int64_t TK = p.T * p.K;
@@ -572,8 +538,8 @@ cudaError_t Mxfp4MoeGroup(const Mxfp4MoeGroupParams& p, cudaStream_t stream) {
 }
 
 cudaError_t MoeCombineRoutes(const MoeCombineRoutesParams& p, cudaStream_t stream) {
-  if (p.T < 0 || p.K < 1 || p.K > kMaxTopK || p.dim <= 0 || p.dim % 4 != 0 || !Aligned(p.y, 16) ||
-      !Aligned(p.sum, 16)) {
+  if (p.T < 0 || p.K < 1 || p.K > kMaxTopK || p.dim <= 0 || p.dim % 4 != 0 || !AlignedTo(p.y, 16) ||
+      !AlignedTo(p.sum, 16)) {
     return cudaErrorInvalidValue;
   }
   if (p.T == 0) return cudaSuccess;

@@ -8,6 +8,7 @@
 #include "gpu_worker/kernels/fp8_gemm.h"
 #include "gpu_worker/kernels/head.h"
 #include "gpu_worker/kernels/mxfp4_moe.h"
+#include "gpu_worker/kernels/mxfp4_moe_decode.h"
 #include "gpu_worker/kernels/output_projection.h"
 #include "gpu_worker/kernels/paged_kv.h"
 #include "gpu_worker/kernels/shared_memory.h"
@@ -17,7 +18,7 @@ namespace ss::cuda {
 absl::Status PrepareKernels() {
   for (const std::vector<SharedMemoryOptIn>& family :
        {Fp8GemmOptIns(), GroupedOutputProjectionOptIns(), LinearBf16F32OptIns(),
-        KvSparseAttentionOptIns(), Mxfp4MoeOptIns()}) {
+        KvSparseAttentionOptIns(), Mxfp4MoeOptIns(), Mxfp4MoeDecodeOptIns()}) {
     for (const SharedMemoryOptIn& o : family) {
       const cudaError_t e = OptInSharedMemory(o.kernel, o.bytes);
       if (e != cudaSuccess) {
