@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "gpu_worker/cuda_status.h"
 #include "gpu_worker/kernels/mxfp4_moe.h"
+#include "gpu_worker/kernels/mxfp4_moe_decode.h"
 #include "gpu_worker/memory_plan.h"
 #include "spdlog/spdlog.h"
 
@@ -256,30 +257,48 @@ absl::Status ResidentRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
       side));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, side));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gpu_, fork_, 0));
-  CUDA_RETURN_IF_ERROR(cuda::FakeQuantE4m3(xn, T, dim, xq, gpu_));
-  CUDA_RETURN_IF_ERROR(cuda::MoeBuildRouting({.ids = slots,
-                                              .weights = weights,
+  const int64_t inter = layer.plan.parts * layer.plan.part_inter;
+  const bool round_output = inter == c.moe_inter_dim;
+  if (T * K <= cuda::kMxfp4MoeDecodeMaxRoutes) {
+    // Decode: each chosen expert's weights read once (mxfp4_moe_decode.h).
+    CUDA_RETURN_IF_ERROR(cuda::Mxfp4MoeDecode({.x = xn,
+                                               .slots = slots,
+                                               .weights = weights,
+                                               .T = T,
+                                               .K = K,
+                                               .n_slots = layer.count,
+                                               .base = weights_.as<uint8_t>() + layer.offset,
+                                               .layout = DeviceExpertLayout(layer.plan),
+                                               .h = h,
+                                               .y = y,
+                                               .limit = static_cast<float>(c.swiglu_limit),
+                                               .round_output_bf16 = round_output},
+                                              gpu_));
+  } else {
+    CUDA_RETURN_IF_ERROR(cuda::FakeQuantE4m3(xn, T, dim, xq, gpu_));
+    CUDA_RETURN_IF_ERROR(cuda::MoeBuildRouting({.ids = slots,
+                                                .weights = weights,
+                                                .T = T,
+                                                .K = K,
+                                                .E = layer.count,
+                                                .expert_begin = 0,
+                                                .expert_end = layer.count,
+                                                .routing = routing},
+                                               gpu_));
+    CUDA_RETURN_IF_ERROR(cuda::Mxfp4MoeGroup({.routing = routing,
                                               .T = T,
                                               .K = K,
-                                              .E = layer.count,
                                               .expert_begin = 0,
                                               .expert_end = layer.count,
-                                              .routing = routing},
+                                              .base = weights_.as<uint8_t>() + layer.offset,
+                                              .layout = DeviceExpertLayout(layer.plan),
+                                              .xq = xq,
+                                              .h = h,
+                                              .y = y,
+                                              .limit = static_cast<float>(c.swiglu_limit),
+                                              .round_output_bf16 = round_output},
                                              gpu_));
-  const int64_t inter = layer.plan.parts * layer.plan.part_inter;
-  CUDA_RETURN_IF_ERROR(cuda::Mxfp4MoeGroup({.routing = routing,
-                                            .T = T,
-                                            .K = K,
-                                            .expert_begin = 0,
-                                            .expert_end = layer.count,
-                                            .base = weights_.as<uint8_t>() + layer.offset,
-                                            .layout = DeviceExpertLayout(layer.plan),
-                                            .xq = xq,
-                                            .h = h,
-                                            .y = y,
-                                            .limit = static_cast<float>(c.swiglu_limit),
-                                            .round_output_bf16 = inter == c.moe_inter_dim},
-                                           gpu_));
+  }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, gpu_));
   RETURN_IF_ERROR(host_->Enqueue(l, xn, host_ids, weights, rows, sum, side));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, join_, 0));

@@ -8,8 +8,9 @@
 // each laid out as DeviceExpertLayout of its sources, expert_sources.h), in the side stream's
 // order:
 //   SplitResidentRoutes(ids) -> each choice's slot (−1: not resident) and the host's ids
-//   fork to a stream of its own: FakeQuantE4m3, MoeBuildRouting over the slots,
-//     Mxfp4MoeGroup over slots [0, r) -> per-route outputs
+//   fork to a stream of its own: at decode (T·K <= kMxfp4MoeDecodeMaxRoutes) Mxfp4MoeDecode over
+//     the slots, else FakeQuantE4m3, MoeBuildRouting over the slots and Mxfp4MoeGroup over slots
+//     [0, r) -> per-route outputs
 //   the host path with the host's ids -> sum (its D2H, host call and H2D, meanwhile)
 //   join: MoeCombineRoutes(accumulate) adds the resident routes to sum in ascending id
 // So sum is the host experts' sum plus the resident ones' in ascending id: the reference's
