@@ -14,8 +14,9 @@
 #                 tok/s (c x 1000 / mean TPOT), both against the 0 % row of the same concurrency.
 #       skew      `up` with --dummy-router-skew SS_SKEW (0.2: the hottest quarter of each learned
 #                 layer's experts takes about 2/3 of its choices, common/dummy_weights.h),
-#                 --gpu-experts 0.25 and --gpu-experts-rebalance-s SS_REBALANCE_S (5); decode at
-#                 concurrency 8 for SS_SKEW_SECONDS (120), scraped every SS_WINDOW_S (10). Per
+#                 --gpu-experts SS_SKEW_FRACTION (0.25) and --gpu-experts-rebalance-s
+#                 SS_REBALANCE_S (5); decode at concurrency SS_SKEW_CONCURRENCY (8) for
+#                 SS_SKEW_SECONDS (120), scraped every SS_WINDOW_S (10). Per
 #                 window: the hit rate (all layers, and the learned-routing layers alone: the
 #                 hash-routed layers 0-2 are not skewed and stay near 0.25), the hottest quarter's
 #                 share (the learned layers' choices that went to the quarter of their experts
@@ -25,6 +26,12 @@
 #                 from about 0.25 to that share.
 #       skewbase  the same with the rebalance off (--gpu-experts-rebalance-s 0) for SS_BASE_SECONDS
 #                 (30): the hit rate of the even spread under the skew (about 0.25).
+#       window    for each fraction of SS_FRACTIONS one `up` and one request at concurrency 1 long
+#                 enough (SS_WINDOW_TOKENS, one count per fraction, default 1200 each) that two
+#                 scrapes SS_WINDOW_WARM_S (4) and SS_WINDOW_LEN_S (8) s into it see decode steps
+#                 only (no prefill): per step, the step's time, the expert engine's time and the
+#                 rest, G = step - engine (the GPU's step and the calls' overheads), with the
+#                 per-step parts.
 #   env: SS_BIN (binaries, default build/bin), SS_PORT (first `up` port, default 18400; every `up`
 #        takes its own, 10 apart), SS_UP_ARGS (more `up` flags for every run), SS_REBALANCE_S=none
 #        (pass no --gpu-experts-rebalance-s: for a build without it, both skew phases then keep
@@ -46,6 +53,8 @@ rebalance_s=${SS_REBALANCE_S:-5}
 skew_seconds=${SS_SKEW_SECONDS:-120}
 base_seconds=${SS_BASE_SECONDS:-30}
 window=${SS_WINDOW_S:-10}
+skew_fraction=${SS_SKEW_FRACTION:-0.25}
+skew_concurrency=${SS_SKEW_CONCURRENCY:-8}
 up_args=${SS_UP_ARGS:-}
 metrics="python3 tests/device/resident_decode_metrics.py"
 # Prebuilt binaries (tests/device/pack.sh) find their libraries through `run`; python3 and curl
@@ -151,6 +160,30 @@ bench() {  # DIR NAME ARGS...: one bench serve run, its JSON in DIR/NAME.json
 }
 field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$1" "$2"; }
 
+# phase_window: decode-only windows at concurrency 1 (see the header).
+phase_window() {
+  local rows="$out/window.jsonl" i=0
+  : >"$rows"
+  local counts=(${SS_WINDOW_TOKENS:-})
+  for f in $fractions; do
+    local dir="$out/window_$f" n=${counts[$i]:-1200}
+    i=$((i + 1))
+    start_up "$dir" --gpu-experts "$f" || continue
+    bench "$dir" window --random-output-len "$n" --num-prompts 1 --max-concurrency 1 &
+    local load_pid=$!
+    sleep "${SS_WINDOW_WARM_S:-4}"
+    scrape "$dir/w_a"
+    sleep "${SS_WINDOW_LEN_S:-8}"
+    scrape "$dir/w_b"
+    wait "$load_pid"
+    $metrics delta "$dir/w_a" "$dir/w_b" "frac=$f" "c=1" >>"$rows"
+    stop_up
+  done
+  say ""
+  say "decode-only windows at concurrency 1 (per step; G = step - engine)"
+  $metrics window-table "$rows" | tee -a "$summary"
+}
+
 phase_table() {
   local rows="$out/table.jsonl"
   : >"$rows"
@@ -181,12 +214,13 @@ phase_skew() {
   : >"$rows"
   local rebalance_args=(--gpu-experts-rebalance-s "$rebalance")
   [ "$rebalance_s" = none ] && rebalance_args=()
-  start_up "$dir" --dummy-router-skew "$skew" --gpu-experts 0.25 "${rebalance_args[@]}" || return
+  start_up "$dir" --dummy-router-skew "$skew" --gpu-experts "$skew_fraction" "${rebalance_args[@]}" ||
+    return
   # More requests than the time can finish; stopped by its PID when the time is up.
   env LD_LIBRARY_PATH="$binlibs" "$bin/splitserve" bench serve --port "$up_port" \
     --tokenizer "$model/tokenizer.json" --disable-tqdm --dataset-name random \
     --random-input-len 16 --random-output-len 256 --ignore-eos --num-prompts 2000 \
-    --max-concurrency 8 >"$dir/load.txt" 2>&1 &
+    --max-concurrency "$skew_concurrency" >"$dir/load.txt" 2>&1 &
   local load_pid=$!
   scrape "$dir/m_0"
   local t0 i=0 prev="$dir/m_0"
@@ -209,7 +243,7 @@ phase_skew() {
   wait "$load_pid" 2>/dev/null
   stop_up
   say ""
-  say "$name: --dummy-router-skew $skew, --gpu-experts 0.25, --gpu-experts-rebalance-s $rebalance, decode at concurrency 8 ($window s windows; rebalances and GB moved cumulative)"
+  say "$name: --dummy-router-skew $skew, --gpu-experts $skew_fraction, --gpu-experts-rebalance-s $rebalance, decode at concurrency $skew_concurrency ($window s windows; rebalances and GB moved cumulative)"
   $metrics skew-table "$rows" | tee -a "$summary"
 }
 
@@ -219,7 +253,8 @@ for phase in "${list[@]}"; do
     table) phase_table ;;
     skew) phase_skew skew "$skew_seconds" "$rebalance_s" ;;
     skewbase) phase_skew skewbase "$base_seconds" 0 ;;
-    *) say "unknown phase '$phase' (table, skew, skewbase)" ;;
+    window) phase_window ;;
+    *) say "unknown phase '$phase' (table, skew, skewbase, window)" ;;
   esac
 done
 say "done: $(date -u +%FT%TZ)"

@@ -25,6 +25,9 @@ tests/device/resident_decode.sh.
   resident_decode_metrics.py decode-table JSONL   the resident-fraction x concurrency table
       (rows with keys frac, c, tpot_ms): tok/s = c x 1000 / mean TPOT, hit rate, CPU bytes per
       token, and both ratios against the row of fraction 0 at the same concurrency
+  resident_decode_metrics.py window-table JSONL   decode-only windows (rows with key frac): per
+      step the step's time (seconds / steps), the engine's, G = step - engine, the parts, the
+      hit rate and tok/s
   resident_decode_metrics.py skew-table JSONL     the convergence table (rows with key t):
       time, window hit rate (all layers; the learned-routing ones), rebalances and GB moved
       (cumulative), tok/s
@@ -244,11 +247,27 @@ def skew_table(path):
               f"{fmt(r['tok_s'], '.2f')} |")
 
 
+def window_table(path):
+    rs = sorted(rows(path), key=frac_key)
+    print('| resident | hit rate | tok/s | step ms | engine ms | G = step - engine ms | '
+          'per step ms: ' + ', '.join(PARTS) + ' |')
+    print('|---|---|---|---|---|---|---|')
+    for r in rs:
+        step = ratio(1e3 * r['seconds'], r['steps']) if r.get('seconds') else None
+        g = step - r['engine_ms'] if step is not None and r.get('engine_ms') is not None else None
+        pm = r.get('part_ms') or {}
+        print(f"| {frac_name(r)} | {fmt(r['hit'], '.3f')} | {fmt(r['tok_s'], '.2f')} | "
+              f"{fmt(step, '.2f')} | {fmt(r.get('engine_ms'), '.2f')} | {fmt(g, '.2f')} | " +
+              ', '.join(fmt(pm.get(p), '.2f') for p in PARTS) + ' |')
+
+
 def main(argv):
     if len(argv) >= 3 and argv[0] == 'delta':
         print(json.dumps(delta(argv[1], argv[2], argv[3:])))
     elif len(argv) == 2 and argv[0] == 'decode-table':
         decode_table(argv[1])
+    elif len(argv) == 2 and argv[0] == 'window-table':
+        window_table(argv[1])
     elif len(argv) == 2 and argv[0] == 'skew-table':
         skew_table(argv[1])
     else:
