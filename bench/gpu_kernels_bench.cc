@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_check.h"
 #include "bench/persistent_layer.h"
 #include "bench/stream_read.h"
 #include "bench/sync_cost.h"
@@ -57,15 +58,6 @@
 #include "gpu_worker/kernels/prepare.h"
 
 namespace {
-
-#define CHECK_CUDA(expr)                                               \
-  do {                                                                 \
-    const cudaError_t e_ = (expr);                                     \
-    if (e_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                    \
-    }                                                                  \
-  } while (0)
 
 // Mean milliseconds per call of f(i) over `iters` calls after one warm-up call, launched one by
 // one from the host.

@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench/cuda_check.h"
 #include "gpu_worker/cuda/device_buffers.h"
 #include "gpu_worker/cuda/host_call_server.h"
 #include "gpu_worker/kernels/host_call.h"
@@ -27,15 +28,6 @@ namespace {
 using ss::gpu::cuda_backend_internal::DevBuf;
 using ss::gpu::cuda_backend_internal::HostCallServer;
 using ss::gpu::cuda_backend_internal::PinnedBuf;
-
-#define CHECK_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    const cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 constexpr int kLayers = 43, kDim = 4096, kK = 6, kReplays = 300;
 

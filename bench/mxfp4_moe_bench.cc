@@ -26,23 +26,28 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_check.h"
 #include "gpu_worker/kernels/mxfp4_moe.h"
 #include "gpu_worker/kernels/mxfp4_moe_decode.h"
 #include "gpu_worker/kernels/prepare.h"
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    const cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
 constexpr int64_t kDim = 4096, kInter = 2048;
 constexpr int kE = 256, kK = 6, kGroups = 8;
+
+// n standard-normal activations as bf16 bits (truncated).
+std::vector<uint16_t> RandomBf16(int64_t n, std::mt19937_64& rng) {
+  std::vector<uint16_t> x(n);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (uint16_t& v : x) {
+    float f = nd(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    v = static_cast<uint16_t>(u >> 16);
+  }
+  return x;
+}
 
 int Run(int64_t T, const uint8_t* weights, const ss::cuda::Mxfp4ExpertLayout& L) {
   using namespace ss::cuda;
@@ -59,14 +64,7 @@ int Run(int64_t T, const uint8_t* weights, const ss::cuda::Mxfp4ExpertLayout& L)
       wts[t * kK + k] = 0.3f + static_cast<float>(rng() % 100) / 100.0f;
     }
   }
-  std::vector<uint16_t> x(T * kDim);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (uint16_t& v : x) {
-    float f = nd(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    v = static_cast<uint16_t>(u >> 16);
-  }
+  const std::vector<uint16_t> x = RandomBf16(T * kDim, rng);
   int32_t *d_ids, *offs, *toffs, *tok, *slot;
   float *d_wts, *rw, *y, *sum;
   uint16_t *d_x, *xq, *h;
@@ -236,14 +234,7 @@ int RunDecode(const uint8_t* weights, const ss::cuda::Mxfp4ExpertLayout& L) {
       CHECK_CUDA(cudaMemcpy(slots[r], ids.data(), TK * 4, cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMemcpy(wts[r], w.data(), TK * 4, cudaMemcpyHostToDevice));
     }
-    std::vector<uint16_t> x(T * kDim);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (uint16_t& v : x) {
-      float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      v = static_cast<uint16_t>(u >> 16);
-    }
+    const std::vector<uint16_t> x = RandomBf16(T * kDim, rng);
     uint16_t *d_x, *xq, *h;
     float *y, *rw;
     int32_t *offs, *toffs, *tok, *slot;
