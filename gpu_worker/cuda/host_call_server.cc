@@ -14,8 +14,13 @@
 namespace ss::gpu::cuda_backend_internal {
 namespace {
 
+// A wait for a call's ring: busy for kSpinFor, then sleeps that grow with the wait.
 constexpr auto kSpinFor = std::chrono::milliseconds(2);
-constexpr auto kSleepFor = std::chrono::microseconds(50);
+constexpr auto kShortSleepsFor = std::chrono::milliseconds(100);
+constexpr auto kShortSleep = std::chrono::microseconds(50);
+constexpr auto kMediumSleepsFor = std::chrono::seconds(1);
+constexpr auto kMediumSleep = std::chrono::milliseconds(1);
+constexpr auto kLongSleep = std::chrono::milliseconds(10);
 
 uint32_t Load(const uint32_t* f) {
   return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(f)).load(std::memory_order_acquire);
@@ -78,18 +83,23 @@ bool HostCallServer::timed_out() const { return Load(Flag(kTimedOut)) != 0; }
 
 int HostCallServer::WaitRing(int next, int n, uint32_t seq, uint64_t generation) const {
   const auto t0 = std::chrono::steady_clock::now();
-  bool sleeping = false;
+  auto waited = std::chrono::steady_clock::duration::zero();
   for (uint64_t polls = 1;; ++polls) {
     for (int i = next; i < n; ++i) {
       if (Load(req(i)) == seq) return i;
     }
     if (generation_.load(std::memory_order_relaxed) != generation || stop_.load()) return -1;
-    if (!sleeping && polls % 256 == 0) sleeping = std::chrono::steady_clock::now() - t0 > kSpinFor;
-    if (sleeping) {
-      std::this_thread::sleep_for(kSleepFor);
-    } else {
+    if (waited < kSpinFor) {
       _mm_pause();
+      if (polls % 256 == 0) waited = std::chrono::steady_clock::now() - t0;
+      continue;
     }
+    // Longer waits poll less often: a prefill chunk's layers ring tens of ms apart, and a step
+    // whose last calls never ring (their layers streamed) waits here until the next Arm.
+    std::this_thread::sleep_for(waited < kShortSleepsFor    ? kShortSleep
+                                : waited < kMediumSleepsFor ? kMediumSleep
+                                                            : kLongSleep);
+    waited = std::chrono::steady_clock::now() - t0;
   }
 }
 

@@ -2,8 +2,8 @@
 // serves a step's host calls in order, each as soon as its HostCallPublish rings, and answers
 // through the flag its HostCallAwait watches. It replaces a cudaLaunchHostFunc node per call
 // whose wake-up goes through the driver's callback thread, by a thread that spins on a flag in
-// pinned memory while a step runs (busy for the first 2 ms of a wait, then polling every 50 us)
-// and sleeps between steps.
+// pinned memory while a step runs (busy for the first 2 ms of a wait, then polling every 50 us,
+// every 1 ms after 100 ms and every 10 ms after 1 s) and sleeps between steps.
 //
 // Flags (pinned host memory, fixed addresses for the object's life, so graphs may hold them): the
 // step's sequence number seq(), and per call i < max_calls a request req(i) and an answer
