@@ -714,6 +714,10 @@ absl::Status ClusterEngine::ServeLoop() {
           }
         }
         if (f.answers == static_cast<int>(workers_.size())) {
+          if (options_.on_step_done && f.error.empty() && f.sampler_result) {
+            options_.on_step_done(absl::ToDoubleSeconds(absl::Now() - f.sent),
+                                  static_cast<double>(f.sampler_result->compute_us()) * 1e-6);
+          }
           CompleteLocked(it->first, f);
           in_flight_.erase(it);
         }

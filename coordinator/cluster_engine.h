@@ -81,6 +81,11 @@ struct ClusterEngineOptions {
   // Called with each planned step's token count (decode ids + prefill chunk tokens), under the
   // engine's lock: must be cheap and thread-safe (vLLM's iteration_tokens_total histogram).
   std::function<void(int64_t)> on_step_tokens;
+  // Called with each micro-batch answered without error by every worker, under the engine's lock
+  // (cheap, thread-safe): the seconds from its plan to its last answer, and the seconds the
+  // sampling worker reported spending on it (StepResult.compute_us). The difference is the
+  // step's transport and queueing.
+  std::function<void(double round_trip_s, double worker_s)> on_step_done;
   // Free blocks kept back at admission (fewer preemptions); see SchedulerConfig.
   int64_t admission_watermark_blocks = 0;
 };

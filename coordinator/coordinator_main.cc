@@ -184,9 +184,21 @@ int Run(int argc, char** argv) {
       registry.Histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.",
                          {{"model_name", cluster->model_name}},
                          metrics::Buckets125(static_cast<double>(max_model_len)));
+  const char* step_help =
+      "Histogram of a micro-batch's seconds: from its plan to the workers' last answer "
+      "(round_trip), and the sampling worker's own time on it (worker).";
+  prometheus::Histogram& step_round_trip =
+      registry.Histogram("engine_step_seconds", step_help,
+                         {{"model_name", cluster->model_name}, {"part", "round_trip"}});
+  prometheus::Histogram& step_worker = registry.Histogram(
+      "engine_step_seconds", step_help, {{"model_name", cluster->model_name}, {"part", "worker"}});
   ClusterEngineOptions eo;
   eo.on_step_tokens = [&iteration_tokens](int64_t n) {
     iteration_tokens.Observe(static_cast<double>(n));
+  };
+  eo.on_step_done = [&step_round_trip, &step_worker](double round_trip_s, double worker_s) {
+    step_round_trip.Observe(round_trip_s);
+    step_worker.Observe(worker_s);
   };
   eo.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   eo.ready_timeout = absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));

@@ -140,10 +140,19 @@ WorkerMetrics::WorkerMetrics(metrics::Metrics& m, const std::string& worker, int
   }
   pp_receive_ = hist(first_layer, "pp_transfer");
   pp_send_ = hist(end_layer - 1, "pp_transfer");
+  auto step = [&](const char* part) {
+    return &m.Histogram("gpu_worker_step_seconds",
+                        "wall time of a step plan on this worker, whole (total) and its backend "
+                        "run (layers, head, logits to the host) and sampling",
+                        {{"part", part}, {"worker", worker}});
+  };
+  step_total_ = step("total");
+  step_backend_ = step("backend");
+  step_sample_ = step("sample");
 }
 
-void WorkerMetrics::ObserveStep(const StageTimings& t, int64_t rows, double receive_s,
-                                double send_s, bool ok) {
+void WorkerMetrics::ObserveStep(const StageTimings& t, int64_t rows, const StepSeconds& s,
+                                bool ok) {
   steps_.Increment();
   if (!ok) errors_.Increment();
   threshold_.Set(t.gpu_prefill_threshold == std::numeric_limits<int64_t>::max()
@@ -167,8 +176,11 @@ void WorkerMetrics::ObserveStep(const StageTimings& t, int64_t rows, double rece
     moe_cpu_[i]->Observe(t.moe_cpu[i]);
     if (i < t.allreduce.size() && i < allreduce_.size()) allreduce_[i]->Observe(t.allreduce[i]);
   }
-  if (receive_s > 0) pp_receive_->Observe(receive_s);
-  if (send_s > 0) pp_send_->Observe(send_s);
+  if (s.receive > 0) pp_receive_->Observe(s.receive);
+  if (s.send > 0) pp_send_->Observe(s.send);
+  step_total_->Observe(s.total);
+  if (s.backend > 0) step_backend_->Observe(s.backend);
+  if (s.sample > 0) step_sample_->Observe(s.sample);
 }
 
 void WorkerMetrics::SetKv(const KvUsage& kv) {
@@ -202,11 +214,11 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   pb::StepResult result;
   result.set_micro_batch_id(plan.micro_batch_id());
   StageTimings timings;
-  double receive_s = 0.0, send_s = 0.0;
+  StepSeconds seconds;
   group_broken_ = false;
   link_broken_ = false;
   NoteStepProgress();
-  const absl::Status st = Run(plan, &result, &timings, &receive_s, &send_s);
+  const absl::Status st = Run(plan, &result, &timings, &seconds);
   NoteStepProgress();
   if (!st.ok()) {
     result.clear_samples();
@@ -217,13 +229,13 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
     }
     if (link_broken_ && options_.on_link_broken) options_.on_link_broken(result.error());
   }
-  result.set_compute_us(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
-          .count());
+  const auto t1 = std::chrono::steady_clock::now();
+  result.set_compute_us(std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
   if (metrics_) {
     int64_t rows = 0;
     for (const pb::SeqChunk& c : plan.chunks()) rows += c.tokens_size();
-    metrics_->ObserveStep(timings, rows, receive_s, send_s, st.ok());
+    seconds.total = std::chrono::duration<double>(t1 - t0).count();
+    metrics_->ObserveStep(timings, rows, seconds, st.ok());
     metrics_->SetKv(backend_->kv_usage());
   }
   return result;
@@ -251,7 +263,7 @@ void StageRunner::PushError(uint64_t id, const std::string& error, int64_t rows)
 }
 
 absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
-                              StageTimings* timings, double* receive_s, double* send_s) {
+                              StageTimings* timings, StepSeconds* seconds) {
   const uint64_t mb = plan.micro_batch_id();
   const bool has_chunks = plan.chunks_size() > 0;
   const ModelConfig& mc = backend_->config();
@@ -271,7 +283,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   if (has_chunks && paired_in) {
     const auto r0 = std::chrono::steady_clock::now();
     auto got = in_->Receive(mb, T, width, absl::Now() + options_.stream_wait);
-    *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    seconds->receive = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     if (!got.ok()) {
       link_broken_ = true;
       group_broken_ = true;
@@ -345,7 +357,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   if (in_ != nullptr && !paired_in) {
     const auto r0 = std::chrono::steady_clock::now();
     auto got = in_->Receive(mb, T, width, absl::Now() + options_.stream_wait);
-    *receive_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    seconds->receive = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     if (!got.ok()) {
       group_broken_ = true;  // the peers may have received theirs and run
       return fail(got.status());
@@ -358,6 +370,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
                                         received.failure.empty() ? "" : ": ", received.failure)));
   }
   StageOutput out;
+  const auto b0 = std::chrono::steady_clock::now();
   if (absl::Status st =
           device_streams_
               ? backend_->RunDevice(batch, received.streams, &out, timings)
@@ -366,6 +379,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     group_broken_ = true;
     return fail(st);
   }
+  seconds->backend = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
   auto drop = [&](const absl::Status& st) {
     for (const StageChunk& ch : batch) histories_.Release(ch.seq_id);
     if (role_.tp_size > 1) return st;  // the ranks' states stay identical (see the header)
@@ -396,7 +410,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     }
     const absl::Status st =
         Send(mb, out.rows, out.width, device ? out.device_streams : out.streams.data(), {});
-    *send_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    seconds->send = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     return st.ok() ? st : drop(st);
   }
   if (role_.tp_rank != 0) return absl::OkStatus();
@@ -411,6 +425,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
       return drop(st);
     }
   }
+  const auto sample0 = std::chrono::steady_clock::now();
   size_t si = 0;
   for (int i = 0; i < plan.chunks_size(); ++i) {
     const StageChunk& ch = batch[static_cast<size_t>(i)];
@@ -440,6 +455,8 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
       }
     }
   }
+  seconds->sample =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sample0).count();
   return absl::OkStatus();
 }
 

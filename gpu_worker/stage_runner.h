@@ -85,12 +85,20 @@ namespace ss::gpu {
 void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
                       std::shared_ptr<const ExpertHeat> heat);
 
+// One step's wall time on this worker, by part (seconds): the previous stage's streams received,
+// the backend's Run (the layers, the head and the logits on the host), the sampling, the streams
+// sent to the next stage, and the whole step plan.
+struct StepSeconds {
+  double receive = 0, backend = 0, sample = 0, send = 0, total = 0;
+};
+
 class WorkerMetrics {
  public:
   WorkerMetrics(metrics::Metrics& m, const std::string& worker_id, int first_layer, int end_layer);
-  // A step of `rows` tokens.
-  void ObserveStep(const StageTimings& t, int64_t rows, double pp_receive_s, double pp_send_s,
-                   bool ok);
+  // A step of `rows` tokens: the layers' parts from `t`, the step's own parts from `s`
+  // (gpu_worker_step_seconds{part="total"|"backend"|"sample"}; receive and send as the first and
+  // last layer's pp_transfer).
+  void ObserveStep(const StageTimings& t, int64_t rows, const StepSeconds& s, bool ok);
   void SetKv(const KvUsage& kv);
 
  private:
@@ -98,6 +106,9 @@ class WorkerMetrics {
   std::vector<prometheus::Histogram*> attention_, moe_gpu_, moe_cpu_, allreduce_;
   prometheus::Histogram* pp_receive_;
   prometheus::Histogram* pp_send_;
+  prometheus::Histogram* step_total_;
+  prometheus::Histogram* step_backend_;
+  prometheus::Histogram* step_sample_;
   prometheus::Counter& steps_;
   prometheus::Counter& errors_;
   prometheus::Gauge& kv_used_;
@@ -147,7 +158,7 @@ class StageRunner {
 
  private:
   absl::Status Run(const ::splitserve::v1::StepPlan& plan, ::splitserve::v1::StepResult* result,
-                   StageTimings* timings, double* receive_s, double* send_s);
+                   StageTimings* timings, StepSeconds* seconds);
   // `rows`: the plan's tokens (a paired link's message has the plan's size, failed or not).
   void PushError(uint64_t micro_batch_id, const std::string& error, int64_t rows);
   // Sends on out_ (`streams` null with a failure), noting a broken paired link.

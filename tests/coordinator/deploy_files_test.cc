@@ -89,13 +89,13 @@ TEST(DeployFilesTest, DashboardUsesExportedSeries) {
       "num_preemptions_total", "request_success_total", "http_request_errors_total",
       "prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_blocks",
       // coordinator/coordinator_main.cc
-      "iteration_tokens_total",
+      "iteration_tokens_total", "engine_step_seconds",
       // gpu_worker/stage_runner.cc
       "layer_latency_seconds", "gpu_worker_steps_total", "gpu_worker_step_errors_total",
-      "gpu_worker_kv_usage_perc", "gpu_worker_kv_tokens_used", "gpu_worker_kv_tokens_capacity",
-      "gpu_worker_sequences", "gpu_worker_expert_routed_total", "gpu_worker_routed_choices_total",
-      "gpu_worker_expert_cpu_read_bytes_total", "gpu_worker_expert_rebalances_total",
-      "gpu_worker_expert_rebalance_bytes_total",
+      "gpu_worker_step_seconds", "gpu_worker_kv_usage_perc", "gpu_worker_kv_tokens_used",
+      "gpu_worker_kv_tokens_capacity", "gpu_worker_sequences", "gpu_worker_expert_routed_total",
+      "gpu_worker_routed_choices_total", "gpu_worker_expert_cpu_read_bytes_total",
+      "gpu_worker_expert_rebalances_total", "gpu_worker_expert_rebalance_bytes_total",
       // cpu_expert_worker/expert_worker_main.cc
       "expert_achieved_gbps", "expert_worker_info", "expert_call_seconds", "expert_calls_total",
       "expert_call_errors_total", "expert_weight_bytes_total"};

@@ -439,7 +439,11 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
         "splitserve:gpu_worker_steps_total{worker=\"w0\"} 2",
         "splitserve:gpu_worker_step_errors_total{worker=\"w0\"} 1",
         "splitserve:gpu_worker_kv_tokens_used{worker=\"w0\"} 5",
-        "splitserve:gpu_worker_kv_usage_perc{worker=\"w0\"} 0.05"}) {
+        "splitserve:gpu_worker_kv_usage_perc{worker=\"w0\"} 0.05",
+        // Both plans' wall time; the backend run and the sampling of the one that ran.
+        "splitserve:gpu_worker_step_seconds_count{part=\"total\",worker=\"w0\"} 2",
+        "splitserve:gpu_worker_step_seconds_count{part=\"backend\",worker=\"w0\"} 1",
+        "splitserve:gpu_worker_step_seconds_count{part=\"sample\",worker=\"w0\"} 1"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
 }
@@ -451,16 +455,16 @@ TEST(StageRunner, RecordsTheRoutedExpertsPathOfEachStep) {
   WorkerMetrics wm(m, "w0", 0, 2);
   StageTimings cpu;
   cpu.gpu_prefill_threshold = 58;
-  wm.ObserveStep(cpu, 3, 0, 0, true);
-  wm.ObserveStep(cpu, 1, 0, 0, true);
-  wm.ObserveStep(cpu, 100, 0, 0, false);  // a failed step counts on no path
+  wm.ObserveStep(cpu, 3, {}, true);
+  wm.ObserveStep(cpu, 1, {}, true);
+  wm.ObserveStep(cpu, 100, {}, false);  // a failed step counts on no path
   StageTimings streamed;
   streamed.experts_streamed = true;
   streamed.streamed_bytes = 4'000'000'000;
   streamed.streamed_copy_seconds = 0.06;
   streamed.streamed_span_seconds = 0.08;
   streamed.gpu_prefill_threshold = 61;
-  wm.ObserveStep(streamed, 8192, 0, 0, true);
+  wm.ObserveStep(streamed, 8192, {}, true);
   std::string text = m.Serialize();
   for (const char* want : {
            "splitserve:gpu_worker_routed_experts_steps_total{path=\"cpu\",worker=\"w0\"} 2",
@@ -476,7 +480,7 @@ TEST(StageRunner, RecordsTheRoutedExpertsPathOfEachStep) {
   }
   StageTimings never;
   never.gpu_prefill_threshold = std::numeric_limits<int64_t>::max();
-  wm.ObserveStep(never, 1, 0, 0, true);
+  wm.ObserveStep(never, 1, {}, true);
   text = m.Serialize();
   EXPECT_NE(text.find("splitserve:gpu_worker_gpu_prefill_threshold_rows{worker=\"w0\"} +Inf"),
             std::string::npos)
