@@ -24,22 +24,20 @@ HostRoutedExperts::HostRoutedExperts(
     const model::Model& model,
     const std::function<const model::RoutedExperts*(int64_t layer)>& experts, int first_layer,
     int tp, int rank)
-    : model_(model), experts_(experts), first_layer_(first_layer), tp_(tp), rank_(rank) {
-  run_ = [this](int64_t layer, int64_t rows) { return Compute(layer, rows); };
-}
+    : model_(model), experts_(experts), first_layer_(first_layer), tp_(tp), rank_(rank) {}
 
 // A layer's host call (HostExpertsCall), on the server's thread: skipped once an earlier layer of
 // the step failed (the step fails with that error; the rest of it only has to finish).
 void HostRoutedExperts::Serve(int l) {
-  HostExpertsCall* call = calls_[l].get();
-  if (call->step_failed->load()) {
-    call->status = absl::CancelledError("an earlier layer's routed experts failed");
+  HostExpertsCall& call = *calls_[l];
+  if (failed_.load()) {
+    call.status = absl::CancelledError("an earlier layer's routed experts failed");
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  call->status = (*call->run)(call->layer, call->rows);
-  call->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!call->status.ok()) call->step_failed->store(true);
+  call.status = Compute(call.layer, call.rows);
+  call.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!call.status.ok()) failed_.store(true);
 }
 
 absl::Status HostRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
@@ -53,8 +51,6 @@ absl::Status HostRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
   }
   while (calls_.size() < static_cast<size_t>(n_layers)) {
     auto call = std::make_unique<HostExpertsCall>();
-    call->run = &run_;
-    call->step_failed = &failed_;
     call->layer = first_layer_ + static_cast<int64_t>(calls_.size());
     calls_.push_back(std::move(call));
   }

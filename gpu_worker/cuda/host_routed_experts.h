@@ -29,13 +29,10 @@
 
 namespace ss::gpu::cuda_backend_internal {
 
-// One MoE layer's host call, run on the host call server's thread: `run` is called with the layer
-// and the step's rows; the step reads `status` and `seconds` after its final wait. run,
-// step_failed and layer are set when the record is created; rows, status and seconds before
-// every step's launch.
+// One MoE layer's host call, served on the host call server's thread: the layer and the step's
+// rows in (set before every step's launch), its outcome and host seconds out (read after the
+// step's final wait).
 struct HostExpertsCall {
-  const std::function<absl::Status(int64_t layer, int64_t rows)>* run = nullptr;
-  std::atomic<bool>* step_failed = nullptr;  // an earlier layer of this step failed
   int64_t layer = 0, rows = 0;
   absl::Status status;
   double seconds = 0.0;
@@ -66,9 +63,8 @@ class HostRoutedExperts final : public RoutedExpertsProvider {
   const model::Model& model_;
   const std::function<const model::RoutedExperts*(int64_t layer)>& experts_;
   const int first_layer_, tp_, rank_;
-  std::function<absl::Status(int64_t layer, int64_t rows)> run_;  // Compute
-  std::vector<std::unique_ptr<HostExpertsCall>> calls_;           // one per layer, grow-only
-  std::atomic<bool> failed_{false};
+  std::vector<std::unique_ptr<HostExpertsCall>> calls_;  // one per layer, grow-only
+  std::atomic<bool> failed_{false};                      // a layer of this step failed
   std::vector<float> host_x_;  // the MoE input rows as fp32, for the provider
   // [T, dim] bf16 rows, [T, k] ids and weights, [T, dim] fp32 sum.
   PinnedBuf moe_x_, moe_ids_, moe_w_, moe_sum_;
