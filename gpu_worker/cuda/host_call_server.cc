@@ -67,10 +67,10 @@ absl::Status HostCallServer::Arm(int n) {
     std::lock_guard<std::mutex> lock(mu_);
     for (int i = 0; i < n; ++i) {
       Store(req(i), 0);
-      Store(const_cast<uint32_t*>(done(i)), 0);
+      Store(DoneFlag(i), 0);
     }
     Store(timed_out_flag(), 0);
-    Store(const_cast<uint32_t*>(seq()), next_seq_);
+    Store(Flag(kSeq), next_seq_);
     armed_n_ = n;
     armed_seq_ = next_seq_;
     generation_.fetch_add(1);
@@ -120,7 +120,7 @@ void HostCallServer::Loop() {
       const int i = WaitRing(next, n, seq, served);
       if (i < 0) break;
       serve_(i);
-      Store(const_cast<uint32_t*>(done(i)), seq);
+      Store(DoneFlag(i), seq);
       next = i + 1;
     }
   }

@@ -50,7 +50,7 @@ class HostCallServer {
 
   const uint32_t* seq() const { return Flag(kSeq); }
   uint32_t* req(int i) const { return Flag(kFirstCall + 2 * i); }
-  const uint32_t* done(int i) const { return Flag(kFirstCall + 2 * i + 1); }
+  const uint32_t* done(int i) const { return DoneFlag(i); }
   uint32_t* timed_out_flag() const { return Flag(kTimedOut); }
   int max_calls() const { return max_calls_; }
 
@@ -58,6 +58,7 @@ class HostCallServer {
   enum : int { kSeq = 0, kTimedOut = 1, kFirstCall = 2 };
   HostCallServer(int max_calls, std::function<void(int)> serve, uint32_t* flags);
   uint32_t* Flag(int k) const { return flags_ + static_cast<int64_t>(k) * kFlagStride; }
+  uint32_t* DoneFlag(int i) const { return Flag(kFirstCall + 2 * i + 1); }
   void Loop();
   // The first call i in [next, n) with req(i) == seq, once one rings; −1 when the step was
   // abandoned (a newer Arm) or the server stops.
