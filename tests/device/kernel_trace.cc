@@ -1,7 +1,10 @@
 // A CUDA injection library (CUDA_INJECTION64_PATH) that records every kernel's start, end and
 // stream through CUPTI's activity API (concurrent kernels, CUDA-graph nodes included) and writes
 // them at exit to $SS_TRACE_OUT as "start_ns,end_ns,stream,name" lines, for tests/device/
-// timeline.sh on a GPU machine without Nsight Systems. Built here by timeline.sh's instructions
+// timeline.sh on a GPU machine without Nsight Systems. With SS_TRACE_API=1 also every memcpy
+// ("memcpy:<copy kind>:<bytes>", its stream) and every CUDA runtime call on the host
+// ("api:<function>", the calling thread's id in the stream column), for tests/device/
+// step_trace.py. Built here by timeline.sh's instructions
 // (not part of the product build):
 //   g++ -O2 -shared -fPIC -I/usr/local/cuda/include tests/device/kernel_trace.cc \
 //     -L/usr/local/cuda/lib -lcupti -o .devpack/libss_kernel_trace.so
@@ -36,6 +39,23 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   CUpti_Activity* r = nullptr;
   std::lock_guard<std::mutex> lock(mu);
   while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
+    if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
+      records->push_back(
+          {m->start, m->end, m->streamId,
+           "memcpy:" + std::to_string(m->copyKind) + ":" + std::to_string(m->bytes)});
+      continue;
+    }
+    if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(r);
+      const char* name = nullptr;
+      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS) {
+        name = nullptr;
+      }
+      records->push_back(
+          {a->start, a->end, a->threadId, std::string("api:") + (name ? name : "?")});
+      continue;
+    }
     if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
       continue;
     }
@@ -66,6 +86,12 @@ extern "C" int InitializeInjection(void) {
       cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
     std::fprintf(stderr, "kernel_trace: CUPTI activity setup failed\n");
     return 0;
+  }
+  const char* api = std::getenv("SS_TRACE_API");
+  if (api != nullptr && std::string(api) == "1" &&
+      (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS ||
+       cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS)) {
+    std::fprintf(stderr, "kernel_trace: CUPTI memcpy / runtime activity setup failed\n");
   }
   std::atexit(Flush);
   return 1;

@@ -22,6 +22,9 @@ tests/device/resident_decode.sh.
         steps         splitserve:gpu_worker_steps_total
         engine_ms     the expert workers' engine time a step (expert_call_seconds, all layers)
         part_ms       {part: ms a step} of layer_latency_seconds summed over the layers
+        step_ms       {name: ms a step} of the step-time histograms: round_trip and worker
+                      (the coordinator's engine_step_seconds), total, backend and sample (the
+                      GPU workers' gpu_worker_step_seconds), each over its own count
   resident_decode_metrics.py decode-table JSONL   the resident-fraction x concurrency table
       (rows with keys frac, c, tpot_ms): tok/s = c x 1000 / mean TPOT, hit rate, CPU bytes per
       token, and both ratios against the row of fraction 0 at the same concurrency
@@ -51,6 +54,11 @@ REBALANCE_BYTES = 'splitserve:gpu_worker_expert_rebalance_bytes_total'
 STEPS = 'splitserve:gpu_worker_steps_total'
 ENGINE = 'splitserve:expert_call_seconds_sum'
 LATENCY = 'splitserve:layer_latency_seconds_sum'  # {layer, part}
+STEP_TIMES = (('round_trip', 'splitserve:engine_step_seconds', 'round_trip'),
+              ('worker', 'splitserve:engine_step_seconds', 'worker'),
+              ('gw_total', 'splitserve:gpu_worker_step_seconds', 'total'),
+              ('gw_backend', 'splitserve:gpu_worker_step_seconds', 'backend'),
+              ('gw_sample', 'splitserve:gpu_worker_step_seconds', 'sample'))
 ROUTED = 'splitserve:gpu_worker_expert_routed_total'  # {layer, expert}: choices of that expert
 # Layers below this route by the token id (tid2eid; Flash: num_hash_layers 3), which the router
 # skew does not change: hit_learned leaves them out.
@@ -156,6 +164,11 @@ def delta(before_dir, after_dir, extra):
     parts = {lab.get('part') for n, lab, _ in a.samples if n == LATENCY}
     r['part_ms'] = {p: ratio(1e3 * (a.total(LATENCY, part=p) - b.total(LATENCY, part=p)),
                              r['steps']) for p in sorted(x for x in parts if x)}
+    r['step_ms'] = {}
+    for key, name, part in STEP_TIMES:
+        n = a.total(name + '_count', part=part) - b.total(name + '_count', part=part)
+        t = a.total(name + '_sum', part=part) - b.total(name + '_sum', part=part)
+        r['step_ms'][key] = ratio(1e3 * t, n)
     for kv in extra:
         k, _, v = kv.partition('=')
         try:
@@ -249,16 +262,19 @@ def skew_table(path):
 
 def window_table(path):
     rs = sorted(rows(path), key=frac_key)
+    keys = [k for k, _, _ in STEP_TIMES]
     print('| resident | hit rate | tok/s | step ms | engine ms | G = step - engine ms | '
-          'per step ms: ' + ', '.join(PARTS) + ' |')
-    print('|---|---|---|---|---|---|---|')
+          'per step ms: ' + ', '.join(PARTS) + ' | step times ms: ' + ', '.join(keys) + ' |')
+    print('|---|---|---|---|---|---|---|---|')
     for r in rs:
         step = ratio(1e3 * r['seconds'], r['steps']) if r.get('seconds') else None
         g = step - r['engine_ms'] if step is not None and r.get('engine_ms') is not None else None
         pm = r.get('part_ms') or {}
+        sm = r.get('step_ms') or {}
         print(f"| {frac_name(r)} | {fmt(r['hit'], '.3f')} | {fmt(r['tok_s'], '.2f')} | "
               f"{fmt(step, '.2f')} | {fmt(r.get('engine_ms'), '.2f')} | {fmt(g, '.2f')} | " +
-              ', '.join(fmt(pm.get(p), '.2f') for p in PARTS) + ' |')
+              ', '.join(fmt(pm.get(p), '.2f') for p in PARTS) + ' | ' +
+              ', '.join(fmt(sm.get(k), '.3f') for k in keys) + ' |')
 
 
 def main(argv):
