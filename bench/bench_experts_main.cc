@@ -21,13 +21,17 @@
 // one file per layer, reused by later runs; --quick uses its first layers). The last line
 // printed is name=value pairs.
 //
+// --cpu_choices K (1..6, default 6): in (b), only the first K of a token's six choices reach the
+// worker, the rest as skipped ids, as a GPU worker with resident experts sends them; the
+// efficiency then counts K experts a layer.
+//
 // --stream_only prints the streaming-read baseline alone (5 passes on the node's cores or
 // --threads; last line `stream_read_gbps=X threads=N`), for scripts that need the host's limit.
 //
 //   build/bin/splitserve-bench-experts [--quick] [--stream_only] [--workdir DIR] [--layers L]
 //   [--experts E]
 //       [--threads N] [--isa auto|scalar|avx2|avx512] [--tokens N] [--calls N]
-//       [--client_spin_us US] [--worker PATH]
+//       [--client_spin_us US] [--cpu_choices K] [--worker PATH]
 #include <signal.h>
 #include <unistd.h>
 
@@ -50,6 +54,7 @@
 #include "absl/time/clock.h"
 #include "bench/expert_bench_lib.h"
 #include "bench/fma_peak.h"
+#include "common/model/moe.h"
 #include "common/thread_pool.h"
 #include "cpu_expert_worker/expert_engine.h"
 #include "cpu_expert_worker/expert_store.h"
@@ -75,6 +80,7 @@ struct Options {
   std::string workdir, worker, isa = "auto";
   int layers = 0, experts = 16, threads = 0, tokens = 0, calls = 0;
   int client_spin_us = 20;  // ShmClientOptions::spin of the bench's client (the default)
+  int cpu_choices = 6;      // (b): choices of a token the worker computes; the rest skipped
 };
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& st) {
@@ -256,12 +262,14 @@ int Main(int argc, char** argv) {
       o.calls = std::atoi(value().c_str());
     } else if (a == "--client_spin_us") {
       o.client_spin_us = std::atoi(value().c_str());
+    } else if (a == "--cpu_choices") {
+      o.cpu_choices = std::atoi(value().c_str());
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--stream_only] [--workdir DIR] [--layers L] [--experts E] "
                    "[--threads N] "
                    "[--isa auto|scalar|avx2|avx512] [--tokens N] [--calls N] [--client_spin_us US] "
-                   "[--worker PATH]\n",
+                   "[--cpu_choices K] [--worker PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -272,8 +280,9 @@ int Main(int argc, char** argv) {
   if (o.workdir.empty())
     o.workdir = (fs::path(SelfDir()).parent_path() / "bench-experts-data").string();
   if (o.worker.empty()) o.worker = (fs::path(SelfDir()) / "splitserve-expert-worker").string();
-  if (o.experts < kTopK || o.layers < 1 || o.layers > 43) {
-    std::fprintf(stderr, "need --experts >= 6 and --layers in 1..43\n");
+  if (o.experts < kTopK || o.layers < 1 || o.layers > 43 || o.cpu_choices < 1 ||
+      o.cpu_choices > kTopK) {
+    std::fprintf(stderr, "need --experts >= 6, --layers in 1..43 and --cpu_choices in 1..6\n");
     return 2;
   }
   const Isa worker_isa = Must(ss::expert::ParseIsa(o.isa), "--isa");
@@ -393,12 +402,16 @@ int Main(int argc, char** argv) {
     const absl::Status st = shm->Call(r.Input(layer), out.data(), absl::Now() + absl::Seconds(60));
     if (!st.ok()) Die("shm call", st);
   };
-  const std::vector<Request> decode = MakeRequests(1, 64, o.experts, 1);
+  std::vector<Request> decode = MakeRequests(1, 64, o.experts, 1);
+  // The choices a GPU serves (resident experts) reach the worker as skipped ids.
+  for (Request& r : decode) {
+    for (int64_t j = o.cpu_choices; j < kTopK; ++j) r.routing.ids[j] = ss::model::kSkippedExpert;
+  }
   for (int l = 0; l < o.layers; ++l) call(decode[l % decode.size()], l);  // warm-up token
   std::vector<double> decode_us, token_eff;
   double decode_s = 0.0;
   const double kernel_bound = threads * rate[worker_isa];
-  const double token_bytes = static_cast<double>(o.layers) * kTopK * expert_bytes;
+  const double token_bytes = static_cast<double>(o.layers) * o.cpu_choices * expert_bytes;
   for (int t = 0; t < o.tokens; ++t) {
     const double read = StreamReadGbps(pool.get(), stream_buf.get(), stream_bytes, 1);
     stream_passes.push_back(read);
@@ -429,10 +442,10 @@ int Main(int argc, char** argv) {
   const double best_read = *std::max_element(stream_passes.begin(), stream_passes.end());
   const double best = best_token / std::min(best_read, kernel_bound);
   std::printf(
-      "(b) decode through the worker (isa %s, %d threads): %d tokens x %d layers, %.2f tokens/s, "
-      "%.2f GB/s, median call %.0f us\n",
-      ss::expert::IsaName(worker_isa), threads, o.tokens, o.layers, tokens_per_s, decode_gbps,
-      Median(decode_us));
+      "(b) decode through the worker (isa %s, %d threads): %d tokens x %d layers x %d of 6 "
+      "choices, %.2f tokens/s, %.2f GB/s, median call %.0f us\n",
+      ss::expert::IsaName(worker_isa), threads, o.tokens, o.layers, o.cpu_choices, tokens_per_s,
+      decode_gbps, Median(decode_us));
   std::printf(
       "    efficiency %.3f = %.2f GB/s / min(median read %.2f, %d x %.2f); read passes (one before "
       "each token) min %.2f, max %.2f GB/s\n",
@@ -599,14 +612,14 @@ int Main(int argc, char** argv) {
       "t64_gflops=%.1f t256_gflops=%.1f shm_empty_us=%.1f grpc_empty_us=%.1f "
       "shm_overhead_us=%.1f grpc_overhead_us=%.1f shm_overhead_warm_us=%.1f "
       "grpc_overhead_warm_us=%.1f rss_ratio=%.3f startup_s=%.2f fma_peak_gflops=%.1f "
-      "t256_peak_ratio=%.3f stream_ratio=%.3f\n",
+      "t256_peak_ratio=%.3f stream_ratio=%.3f cpu_choices=%d\n",
       efficiency, paired, best, tokens_per_s, decode_gbps, stream, threads,
       ss::expert::IsaName(worker_isa), rate_or(Isa::kScalar), rate_or(Isa::kAvx2),
       rate_or(Isa::kAvx512), batch[4].first, batch[16].first, batch[64].first, batch[256].first,
       batch[4].second, batch[16].second, batch[64].second, batch[256].second, Median(shm_empty),
       Median(grpc_empty), shm_overhead, grpc_overhead, Median(shm_warm), Median(grpc_warm),
       rss_ratio, startup_s, fma_peak, fma_peak > 0 ? batch[256].second / fma_peak : 0.0,
-      stream > 0 ? decode_gbps / stream : 0.0);
+      stream > 0 ? decode_gbps / stream : 0.0, o.cpu_choices);
   return worker_exit == 0 ? 0 : 1;
 }
 
