@@ -10,9 +10,14 @@
 namespace ss {
 namespace {
 
-// Expert workers' idle spin (--spin_us) when the GPU workers run the cpu backend on the same cores
-// (the worker's own default, 200 us, suits a machine whose GPU workers wait on GPUs).
+// Expert workers' idle spin (--spin_us). When the GPU workers run the cpu backend on the same
+// cores, an idle expert thread polls only briefly, so it does not take a core from a decode step
+// while the step runs. Otherwise the expert workers have cores of their own (up splits them): a
+// decode step calls them once a layer, a few hundred microseconds apart, and a spin that outlasts
+// the gap (and the gap between two tokens) saves the pool's and the serving thread's futex
+// wake-up on every call (bench/RESULTS.md, "Session 27").
 constexpr int kSharedCoresSpinUs = 20;
+constexpr int kOwnCoresSpinUs = 5000;
 
 // Metrics port of child `i` (GPU workers first, then expert workers): the ones after --port.
 std::string MetricsAddr(const LaunchPlan& p, int i) {
@@ -71,12 +76,8 @@ std::vector<std::string> ExpertArgs(const LaunchPlan& p, int e) {
     args.push_back("--numa-node");
     args.push_back(absl::StrCat(node));
   }
-  if (p.backend == "cpu") {
-    // The GPU workers then compute on these same cores: an idle expert thread polls only
-    // briefly, so it does not take a core from a decode step while the step runs.
-    args.push_back("--spin_us");
-    args.push_back(absl::StrCat(kSharedCoresSpinUs));
-  }
+  args.push_back("--spin_us");
+  args.push_back(absl::StrCat(p.backend == "cpu" ? kSharedCoresSpinUs : kOwnCoresSpinUs));
   return args;
 }
 

@@ -54,7 +54,8 @@ TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
   EXPECT_GE(children.size(), 3u);  // coordinator, GPU worker, expert worker(s)
   EXPECT_FALSE(ShmSegmentsOf(pid).empty());
   // With the cpu backend the GPU worker computes on the expert workers' cores, so they are started
-  // with a short idle spin; with the cuda backend they keep their own default.
+  // with a short idle spin; with the cuda backend, whose expert workers have cores of their own, a
+  // long one.
   std::string backend;
   int expert_workers = 0;
   for (int child : children) {
@@ -66,7 +67,8 @@ TEST(LauncherE2eTest, ServesTheBundledModelAndStopsCleanly) {
     const std::vector<std::string> args = Cmdline(child);
     if (args.empty() || !args[0].ends_with("splitserve-expert-worker")) continue;
     ++expert_workers;
-    EXPECT_EQ(FlagValue(args, "--spin_us"), backend == "cpu" ? "20" : "") << "backend " << backend;
+    EXPECT_EQ(FlagValue(args, "--spin_us"), backend == "cpu" ? "20" : "5000")
+        << "backend " << backend;
   }
   EXPECT_GE(expert_workers, 1);
   EXPECT_FALSE(backend.empty());
