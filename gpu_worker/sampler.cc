@@ -1,6 +1,7 @@
 #include "gpu_worker/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -32,6 +33,129 @@ std::vector<int32_t> TopIds(const float* logits, int64_t vocab, int64_t n) {
   std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), ByLogit{logits});
   ids.resize(n);
   return ids;
+}
+
+// A float's order as an integer: a < b (neither NaN) iff OrderKey(a) < OrderKey(b), and -0 has
+// +0's key (they compare equal as floats).
+int32_t OrderKey(float f) {
+  uint32_t b = std::bit_cast<uint32_t>(f);
+  b = b == 0x80000000u ? 0u : b;
+  const int32_t k = static_cast<int32_t>(b);
+  return k ^ ((k >> 31) & 0x7fffffff);
+}
+
+// The first id whose logit is NaN or +inf, or -1. One branch-free pass the compiler vectorises,
+// then a search only when one is there.
+int64_t FirstNonFinite(const float* logits, int64_t vocab) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const uint32_t b = std::bit_cast<uint32_t>(logits[i]) & 0x7fffffffu;
+    bad |= static_cast<uint32_t>(b > 0x7f800000u) |
+           static_cast<uint32_t>(std::bit_cast<uint32_t>(logits[i]) == 0x7f800000u);
+  }
+  if (bad == 0) return -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (std::isnan(logits[i]) || logits[i] == INFINITY) return i;
+  }
+  return -1;
+}
+
+// The lowest id of the largest logit (no NaN among them): the largest key in one vectorised
+// pass, then its first id.
+int32_t Argmax(const float* logits, int64_t vocab) {
+  int32_t best = OrderKey(logits[0]);
+  for (int64_t i = 1; i < vocab; ++i) best = std::max(best, OrderKey(logits[i]));
+  int64_t i = 0;
+  while (OrderKey(logits[i]) != best) ++i;
+  return static_cast<int32_t>(i);
+}
+
+// The draw's candidates, their weights (relative to the likeliest id's 1; min_p zeroes those
+// below it) and `total`, what the draw is scaled to.
+struct Candidates {
+  std::vector<int32_t> ids;
+  std::vector<double> weights;
+  double total = 0.0;
+};
+
+// Keeps the smallest prefix of `c` whose weight, summed in order, reaches `target` (all of it
+// when the sum never does), and sets its total to that sum.
+void CutPrefix(double target, Candidates& c) {
+  double cum = 0.0;
+  for (size_t i = 0; i < c.ids.size(); ++i) {
+    cum += c.weights[i];
+    if (cum >= target) {
+      c.ids.resize(i + 1);
+      c.weights.resize(i + 1);
+      break;
+    }
+  }
+  c.total = cum;
+}
+
+// A weight's band: 0 for 1, b for [2^-b, 2^-b+1) (a weight is at most 1), the subnormals in the
+// last band.
+int WeightBand(double w) {
+  return 1023 - static_cast<int>((std::bit_cast<uint64_t>(w) >> 52) & 0x7ff);
+}
+
+// top_p over the whole vocabulary without sorting it. The weight of each band (a power of two)
+// gives the lowest band whose heavier ids reach `target`; those ids lead the ByLogit order (a
+// weight is monotone in the logit), so they are sorted alone. Then CutPrefix. Ids of weight 0
+// are left out: they can be neither where the prefix ends nor drawn.
+Candidates TopPPrefix(const float* logits, const std::vector<double>& w, double target) {
+  std::vector<double> band_weight(1024, 0.0);
+  for (const double x : w) {
+    if (x > 0.0) band_weight[WeightBand(x)] += x;
+  }
+  int last = 1023;
+  double sum = 0.0;
+  for (int b = 0; b < 1024; ++b) {
+    sum += band_weight[b];
+    if (sum >= target * (1.0 + 0x1.0p-40)) {  // margin: the sorted sum below must reach it too
+      last = b;
+      break;
+    }
+  }
+  Candidates c;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] > 0.0 && WeightBand(w[i]) <= last) c.ids.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(c.ids.begin(), c.ids.end(), ByLogit{logits});
+  for (const int32_t id : c.ids) c.weights.push_back(w[id]);
+  CutPrefix(target, c);
+  return c;
+}
+
+// With top_k, the k most likely ids in ByLogit order (then top_p's prefix of them); else with
+// top_p, the prefix of the whole vocabulary's ByLogit order whose weight reaches top_p of the
+// vocabulary's; else every id in id order.
+Candidates DrawCandidates(const float* logits, int64_t vocab, int32_t argmax,
+                          const SamplingConfig& c) {
+  const double m = logits[argmax], inv_t = 1.0 / static_cast<double>(c.temperature);
+  auto weight = [&](int64_t id) {
+    const double w = std::exp((static_cast<double>(logits[id]) - m) * inv_t);
+    return w < c.min_p ? 0.0 : w;
+  };
+  const bool cut_p = c.top_p > 0.0f && c.top_p < 1.0f;
+  Candidates out;
+  if (c.top_k > 0 && c.top_k < vocab) {
+    out.ids = TopIds(logits, vocab, c.top_k);
+    for (const int32_t id : out.ids) out.weights.push_back(weight(id));
+    double total = 0.0;
+    for (const double w : out.weights) total += w;
+    CutPrefix(cut_p ? c.top_p * total : INFINITY, out);
+    return out;
+  }
+  std::vector<double> w(vocab);
+  double total = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) total += w[i] = weight(i);
+  if (cut_p) return TopPPrefix(logits, w, c.top_p * total);
+  out.ids.resize(vocab);
+  std::iota(out.ids.begin(), out.ids.end(), 0);
+  out.weights = std::move(w);
+  out.total = total;
+  return out;
 }
 
 // Applies logit_bias, the penalties, the mask and the bans to `out` (a copy of the raw logits).
@@ -122,11 +246,9 @@ absl::StatusOr<SampledToken> SampleToken(const float* raw, int64_t vocab, const 
                                          int64_t position, const SamplingInputs& in) {
   if (absl::Status st = ValidateSampling(c); !st.ok()) return st;
   if (vocab < 1) return absl::InvalidArgumentError("sampling: empty vocabulary");
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (std::isnan(raw[i]) || raw[i] == INFINITY) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sampling: logit of token ", i, " is ", raw[i]));
-    }
+  if (const int64_t bad = FirstNonFinite(raw, vocab); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling: logit of token ", bad, " is ", raw[bad]));
   }
   // The logits the draw uses: raw, or a processed copy.
   std::vector<float> processed;
@@ -136,10 +258,7 @@ absl::StatusOr<SampledToken> SampleToken(const float* raw, int64_t vocab, const 
     if (absl::Status st = Process(c, in, processed); !st.ok()) return st;
     logits = processed.data();
   }
-  int32_t argmax = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (logits[i] > logits[argmax]) argmax = static_cast<int32_t>(i);
-  }
+  const int32_t argmax = Argmax(logits, vocab);
   if (logits[argmax] == -INFINITY) {
     return absl::FailedPreconditionError(
         "sampling: the allowed-token mask and the banned ids leave no token to draw");
@@ -147,44 +266,13 @@ absl::StatusOr<SampledToken> SampleToken(const float* raw, int64_t vocab, const 
   SampledToken out;
   out.token = argmax;
   if (c.temperature > 0.0f) {
-    // Candidates in ByLogit order when a cut needs the order; else all ids in id order.
-    const bool cut_k = c.top_k > 0 && c.top_k < vocab;
-    const bool cut_p = c.top_p > 0.0f && c.top_p < 1.0f;
-    std::vector<int32_t> cand;
-    if (cut_k || cut_p) {
-      cand = TopIds(logits, vocab, cut_k ? c.top_k : vocab);
-    } else {
-      cand.resize(vocab);
-      std::iota(cand.begin(), cand.end(), 0);
-    }
-    // Weights relative to the likeliest id (1), which every cut keeps; min_p zeroes the weights
-    // below it.
-    const double m = logits[argmax], inv_t = 1.0 / static_cast<double>(c.temperature);
-    std::vector<double> p(cand.size());
-    double total = 0.0;
-    for (size_t i = 0; i < cand.size(); ++i) {
-      p[i] = std::exp((static_cast<double>(logits[cand[i]]) - m) * inv_t);
-      if (p[i] < c.min_p) p[i] = 0.0;
-      total += p[i];
-    }
-    size_t kept = cand.size();
-    if (cut_p) {
-      double cum = 0.0;
-      for (size_t i = 0; i < cand.size(); ++i) {
-        cum += p[i];
-        if (cum >= c.top_p * total) {
-          kept = i + 1;
-          total = cum;
-          break;
-        }
-      }
-    }
-    const double target = UniformDraw(c.seed, position) * total;
+    const Candidates cand = DrawCandidates(logits, vocab, argmax, c);
+    const double target = UniformDraw(c.seed, position) * cand.total;
     double cum = 0.0;
-    for (size_t i = 0; i < kept; ++i) {
-      cum += p[i];
+    for (size_t i = 0; i < cand.ids.size(); ++i) {
+      cum += cand.weights[i];
       if (target < cum) {
-        out.token = cand[i];
+        out.token = cand.ids[i];
         break;
       }
     }

@@ -3,12 +3,15 @@
 // position), logprobs and parameter validation; the penalties' token histories.
 #include "gpu_worker/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "gpu_worker/token_histories.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_worker/sampler_reference.h"
 
 namespace ss::gpu {
 namespace {
@@ -288,6 +291,45 @@ TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
   EXPECT_EQ(rn->logprob, 0.0f);
 }
 
+// The sampler's fast paths (one-pass argmax, top_p without sorting the vocabulary) draw what the
+// plain rule draws, over random vocabularies with ties, -inf logits and every cut.
+TEST(Sampler, DrawsWhatThePlainRuleDraws) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  int64_t cases = 0;
+  for (int64_t vocab : {1, 2, 7, 300, 5000}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      std::vector<float> logits(vocab);
+      for (float& v : logits) v = std::round(nd(rng) * 4.0f) / 4.0f;  // many equal values
+      if (vocab > 2) logits[vocab / 2] = -INFINITY;
+      if (trial % 3 == 0) logits[vocab - 1] = -0.0f;
+      for (float t : {0.0f, 0.3f, 1.0f, 2.5f}) {
+        for (float top_p : {1.0f, 0.9f, 0.5f, 0.05f}) {
+          for (int top_k : {0, 3, 40}) {
+            SamplingConfig c = Temp(t, 1000 + trial);
+            c.top_p = top_p;
+            c.top_k = top_k;
+            c.min_p = trial % 4 == 1 ? 0.05f : 0.0f;
+            for (int64_t pos : {0, 9}) {
+              ASSERT_EQ(Draw(logits, c, pos), testing_util::ReferenceDraw(logits, c, pos))
+                  << "vocab " << vocab << " trial " << trial << " t " << t << " top_p " << top_p
+                  << " top_k " << top_k << " position " << pos;
+              ++cases;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 5 * 12 * 4 * 4 * 3 * 2);
+}
+
+TEST(Sampler, GreedyTreatsMinusZeroAsZero) {
+  EXPECT_EQ(Draw({-1.0f, -0.0f, 0.0f}, Greedy(), 0), 1);
+  EXPECT_EQ(Draw({-1.0f, 0.0f, -0.0f}, Greedy(), 0), 1);
+  EXPECT_EQ(Draw({-INFINITY, -3.0f}, Greedy(), 0), 1);
+}
+
 TEST(Sampler, RefusesBadParametersAndLogits) {
   const std::vector<float> logits = {0.0f, 1.0f};
   SamplingConfig c;
@@ -308,6 +350,12 @@ TEST(Sampler, RefusesBadParametersAndLogits) {
   const auto st = SampleToken(nan.data(), 2, SamplingConfig{}, 0).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("token 1"), std::string::npos) << st;
+  std::vector<float> wide(1000, 0.5f);
+  wide[777] = INFINITY;
+  wide[901] = NAN;
+  const auto inf = SampleToken(wide.data(), 1000, SamplingConfig{}, 0).status();
+  EXPECT_EQ(inf.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(inf.message().find("token 777 is inf"), std::string::npos) << inf;
   EXPECT_FALSE(SampleToken(logits.data(), 0, SamplingConfig{}, 0).ok());
 }
 
