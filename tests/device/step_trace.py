@@ -18,7 +18,8 @@ two of the trace left out. Prints, as medians over those steps:
   - the step's period, the GPU's busy time (the union of kernels and memcpys) and its idle rest;
   - the runtime calls of every thread, by name: count and host time a step;
   - the memcpys by kind (1 HtoD, 2 DtoH, 8 DtoD) and size: count and time a step;
-then the median-period step as a timeline: runtime calls of the stepping thread, memcpys, and
+the GPU's idle gaps inside steps longer than 5 us, by the kernels on either side (count a step
+and median length), so a recurring wait can be named; then the median-period step as a timeline: runtime calls of the stepping thread, memcpys, and
 runs of kernels (merged while the GPU idles less than 5 us between them), each with its start
 offset from the graph launch and its duration, so the GPU's idle stretches and what the host was
 doing then can be read off.
@@ -125,6 +126,22 @@ def main(argv):
     for name in sorted(keys):
         print(f"  {name:24s} {med([s['copies'].get(name, 0) for s in steps]) * us:9.1f}  "
               f"x{med([s['copy_counts'].get(name, 0) for s in steps]):g}")
+    print('\nGPU idle gaps > 5 us inside a step, by the kernels around them (a step: count, '
+          'total us; median gap us):')
+    gaps = collections.defaultdict(list)
+    for st in steps:
+        acts = sorted([(s, e, n) for s, e, _, n in within(kernels, st['a'], st['b'])] +
+                      [(s, e, 'memcpy:' + n) for s, e, _, n in within(copies, st['a'], st['b'])])
+        end, last = None, None
+        for s, e, n in acts:
+            if end is not None and s - end > MERGE_NS:
+                gaps[(last[:50], n[:50])].append(s - end)
+            if end is None or e > end:
+                end, last = e, n
+    rows = sorted(gaps.items(), key=lambda kv: -sum(kv[1]))
+    for (before, after), g in rows[:15]:
+        print(f'  {len(g) / len(steps):6.1f} x {sum(g) / len(steps) * us:8.1f}  '
+              f'{statistics.median(g) * us:7.1f}  {before} -> {after}')
     # The median step's timeline.
     order = sorted(steps, key=lambda s: s['period'])
     st = order[len(order) // 2]
