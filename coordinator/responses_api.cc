@@ -352,8 +352,10 @@ absl::StatusOr<ChatRequest> ToChatRequest(const Json& body, const Json* previous
 
 Json AssistantMessage(const Json& completion) {
   const Json& msg = completion["choices"][0]["message"];
-  Json m{{"role", "assistant"},
-         {"content", msg.value("content", Json("")).is_string() ? msg["content"] : Json("")}};
+  // A streamed message of reasoning or tool calls only has no "content" (a const operator[] on a
+  // missing key is undefined behaviour): value() only.
+  Json content = msg.value("content", Json(""));
+  Json m{{"role", "assistant"}, {"content", content.is_string() ? std::move(content) : Json("")}};
   if (msg.contains("reasoning_content")) m["reasoning_content"] = msg["reasoning_content"];
   if (msg.contains("tool_calls")) m["tool_calls"] = msg["tool_calls"];
   return m;

@@ -71,7 +71,9 @@ struct ResponseMeta {
 
 // The gateway's chat.completion (one choice) as a response object.
 Json ToResponse(const Json& chat_completion, const ResponseMeta& meta);
-// The assistant message of a chat.completion, as a chat message to store for a later turn.
+// The assistant message of a chat.completion, as a chat message to store for a later turn; its
+// content is "" when the message has none (null, or absent: a stream of reasoning or tool calls
+// only).
 Json AssistantMessage(const Json& chat_completion);
 
 // Translates the gateway's chat.completion.chunk stream into the Responses API's events. Done:
