@@ -324,6 +324,31 @@ TEST(Sampler, DrawsWhatThePlainRuleDraws) {
   EXPECT_EQ(cases, 5 * 12 * 4 * 4 * 3 * 2);
 }
 
+// The logprob list is the most likely ids in ByLogit order (ties to the lower id), over
+// vocabularies large enough for the one-pass selection and small enough for the sort.
+TEST(Sampler, TopLogprobsAreTheMostLikelyInOrder) {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int64_t vocab : {3, 40, 1000, 20000}) {
+    std::vector<float> logits(vocab);
+    for (float& v : logits) v = std::round(nd(rng) * 2.0f) / 2.0f;
+    std::vector<int32_t> ids(vocab);
+    for (int64_t i = 0; i < vocab; ++i) ids[i] = static_cast<int32_t>(i);
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    for (int n : {1, 5, kMaxTopLogprobs}) {
+      SamplingConfig c;
+      c.top_logprobs = n;
+      auto r = SampleToken(logits.data(), vocab, c, 0);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(static_cast<int64_t>(r->top.size()), std::min<int64_t>(n, vocab));
+      for (size_t i = 0; i < r->top.size(); ++i) {
+        EXPECT_EQ(r->top[i].first, ids[i]) << "vocab " << vocab << " n " << n << " rank " << i;
+      }
+    }
+  }
+}
+
 TEST(Sampler, GreedyTreatsMinusZeroAsZero) {
   EXPECT_EQ(Draw({-1.0f, -0.0f, 0.0f}, Greedy(), 0), 1);
   EXPECT_EQ(Draw({-1.0f, 0.0f, -0.0f}, Greedy(), 0), 1);
