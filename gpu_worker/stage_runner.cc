@@ -25,6 +25,10 @@ void SetPenalties(const pb::SamplingParams& p, SamplingConfig* config) {
   config->repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 void ExportExpertHeat(metrics::Metrics& m, const std::string& worker,
@@ -283,7 +287,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   if (has_chunks && paired_in) {
     const auto r0 = std::chrono::steady_clock::now();
     auto got = in_->Receive(mb, T, width, absl::Now() + options_.stream_wait);
-    seconds->receive = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    seconds->receive = SecondsSince(r0);
     if (!got.ok()) {
       link_broken_ = true;
       group_broken_ = true;
@@ -357,7 +361,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
   if (in_ != nullptr && !paired_in) {
     const auto r0 = std::chrono::steady_clock::now();
     auto got = in_->Receive(mb, T, width, absl::Now() + options_.stream_wait);
-    seconds->receive = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    seconds->receive = SecondsSince(r0);
     if (!got.ok()) {
       group_broken_ = true;  // the peers may have received theirs and run
       return fail(got.status());
@@ -379,7 +383,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     group_broken_ = true;
     return fail(st);
   }
-  seconds->backend = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
+  seconds->backend = SecondsSince(b0);
   auto drop = [&](const absl::Status& st) {
     for (const StageChunk& ch : batch) histories_.Release(ch.seq_id);
     if (role_.tp_size > 1) return st;  // the ranks' states stay identical (see the header)
@@ -410,7 +414,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     }
     const absl::Status st =
         Send(mb, out.rows, out.width, device ? out.device_streams : out.streams.data(), {});
-    seconds->send = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    seconds->send = SecondsSince(s0);
     return st.ok() ? st : drop(st);
   }
   if (role_.tp_rank != 0) return absl::OkStatus();
@@ -455,8 +459,7 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
       }
     }
   }
-  seconds->sample =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - sample0).count();
+  seconds->sample = SecondsSince(sample0);
   return absl::OkStatus();
 }
 
