@@ -25,6 +25,7 @@ offset from the graph launch and its duration, so the GPU's idle stretches and w
 doing then can be read off.
 """
 
+import bisect
 import collections
 import statistics
 import sys
@@ -66,7 +67,8 @@ def union(intervals):
 
 
 def within(records, a, b):
-    return [r for r in records if a <= r[0] < b]
+    """The records (sorted by start) that start in [a, b)."""
+    return records[bisect.bisect_left(records, (a,)):bisect.bisect_left(records, (b,))]
 
 
 def med(values):
