@@ -33,7 +33,7 @@ constexpr char kUsage[] =
     "                     [--max-num-batched-tokens N]\n"
     "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
     "                     [--gpu-experts auto|N|FRACTION] [--gpu-experts-profile FILE]\n"
-    "                     [--gpu-experts-rebalance-s S]\n"
+    "                     [--gpu-experts-rebalance-s S] [--layer-timing-every N]\n"
     "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
     "                     [--ready-timeout-s S] [--log-dir DIR]\n"
     "                     [--log-level LEVEL] [--log-format text|json] [--version]\n"
@@ -81,6 +81,8 @@ constexpr char kUsage[] =
     "  keeps an equal share. Default 0 (none). --gpu-experts-rebalance-s S: every S seconds\n"
     "  (default 10; 0: never) up to 8 resident experts are replaced by ones the recent routing\n"
     "  chose more often, within their layer, while serving.\n"
+    "  --layer-timing-every N: the GPU workers time the layers of every Nth step for\n"
+    "  splitserve:layer_latency_seconds (default 16; 1: every step; 0: none).\n"
     "  --enable-prefix-caching (default) / --no-enable-prefix-caching: reuse the KV of prompt\n"
     "  prefixes (whole blocks) that earlier requests computed; usage.prompt_tokens_details.\n"
     "  cached_tokens reports the tokens a request took from the cache.\n"
@@ -262,6 +264,16 @@ constexpr ValueOption kValueOptions[] = {
              "--gpu-experts-rebalance-s ", v, ": expected seconds in [0, 86400] (0: never)"));
        }
        o.gpu_experts_rebalance_s = x;
+       return absl::OkStatus();
+     }},
+    {"--layer-timing-every",
+     [](const std::string& v, UpOptions& o) -> absl::Status {
+       int x = 0;
+       if (!absl::SimpleAtoi(v, &x) || x < 0) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             "--layer-timing-every ", v, ": expected N >= 0 (1: every step; 0: none)"));
+       }
+       o.layer_timing_every = x;
        return absl::OkStatus();
      }},
     {"--api-keys",

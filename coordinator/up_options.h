@@ -56,6 +56,8 @@ struct UpOptions {
   std::string gpu_experts_profile;
   // Validated: seconds in [0, 86400]; unset: the GPU workers' default (10 s). Needs --gpu-experts.
   std::optional<double> gpu_experts_rebalance_s;
+  // Validated: N >= 0; unset: the GPU workers' default (gpu_worker/worker_config.h).
+  std::optional<int> layer_timing_every;
   int64_t max_num_batched_tokens = 0;  // 0: coord::LaunchMaxBatchTokens's default
 };
 

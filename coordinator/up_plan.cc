@@ -135,6 +135,10 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
     args.push_back(absl::StrCat(p.o.dummy_router_skew));
   }
   AddLogArgs(p.o, &args);
+  if (p.o.layer_timing_every.has_value()) {
+    args.push_back("--layer-timing-every");
+    args.push_back(absl::StrCat(*p.o.layer_timing_every));
+  }
   if (p.backend == "cuda") {
     args.push_back("--cuda-device");
     args.push_back(absl::StrCat(p.devices[i]));

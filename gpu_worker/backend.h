@@ -64,10 +64,25 @@ struct StageChunk {
   // The fixed blocks at the head of block_table (the pipeline's: at least this stage's window
   // blocks); token block j is block_table[table_fixed_blocks + j]. 0: exactly this stage's.
   int64_t table_fixed_blocks = 0;
+  // With `samples`: the chunk's token is the plain argmax of its logits (sampler.h
+  // IsPlainGreedy, no allowed mask, no banned ids), so the last stage may return that token
+  // (StageOutput::tokens) instead of the logits. Backends may ignore it.
+  bool greedy = false;
+};
+
+// How a step's layers ran on the device (StageTimings::graph).
+enum class StepGraph {
+  kNone,      // not under CUDA graphs (the cpu backend, graphs off, a streamed step)
+  kLaunched,  // launched one by one: a step shape seen for the first time
+  kCaptured,  // captured (its second sight), then launched as a graph
+  kReplayed,  // the captured graph launched again
 };
 
 // Wall seconds of a stage run, per layer of the stage (index = layer - first_layer).
 struct StageTimings {
+  // Set by the caller: false leaves the per-layer vectors empty, and the backend records no
+  // per-layer timing marks (the cuda backend's marks are event nodes inside the step's graph).
+  bool layers = true;
   std::vector<double> attention, moe_gpu, moe_cpu, allreduce;
   // Where the step's routed experts ran (gpu_worker/streamed_prefill.h): streamed to the GPU
   // (then the bytes copied host -> device, the copy engine's busy seconds -- the sum of the
@@ -79,6 +94,7 @@ struct StageTimings {
   double streamed_copy_seconds = 0.0;
   double streamed_span_seconds = 0.0;
   int64_t gpu_prefill_threshold = 0;
+  StepGraph graph = StepGraph::kNone;
 };
 
 struct StageOutput {
@@ -89,6 +105,10 @@ struct StageOutput {
   // device memory, valid until its next Run (`streams` is then left empty).
   const void* device_streams = nullptr;
   std::vector<std::vector<float>> logits;  // last stage: [vocab] per chunk with `samples`
+  // Last stage, optional (empty, or one per chunk with `samples`): the token of a `greedy`
+  // chunk whose logits are all finite and not all -inf, the lowest id of the largest logit --
+  // its logits row may then be empty --, else -1 (its logits are given).
+  std::vector<int32_t> tokens;
 };
 
 struct BackendInfo {

@@ -136,7 +136,8 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
     std::copy_n(streams_in, T * width, h.data());
   }
   const int n_layers = options_.end_layer - options_.first_layer;
-  if (timings) {
+  const bool per_layer = timings != nullptr && timings->layers;
+  if (per_layer) {
     for (auto* v :
          {&timings->attention, &timings->moe_gpu, &timings->moe_cpu, &timings->allreduce}) {
       v->assign(n_layers, 0.0);
@@ -151,7 +152,7 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
       for (const StageChunk& ch : batch) Release(ch.seq_id);
       return st;
     }
-    if (timings) {
+    if (per_layer) {
       const int i = l - options_.first_layer;
       timings->attention[i] = bt.attention;
       timings->moe_gpu[i] = bt.moe;
@@ -164,6 +165,7 @@ absl::Status CpuBackend::Run(std::span<const StageChunk> batch, const float* str
   out->width = width;
   out->streams.clear();
   out->logits.clear();
+  out->tokens.clear();
   if (last) {
     std::vector<const float*> last;  // the sampled chunks' last rows, logits in one pass
     int64_t row = 0;

@@ -55,6 +55,14 @@ struct SamplingConfig {
   }
 };
 
+// Whether SampleToken's token is the raw logits' argmax and nothing else is asked (greedy, no
+// logit_bias, no penalties, no logprobs): with an empty allowed mask and no banned ids, the
+// token is the lowest id of the largest logit, unless a logit is NaN or +inf or every logit is
+// -inf (SampleToken's refusals). A backend may compute that token itself (StageChunk::greedy).
+inline bool IsPlainGreedy(const SamplingConfig& c) {
+  return c.temperature == 0.0f && c.logit_bias.empty() && !c.has_penalties() && c.top_logprobs < 0;
+}
+
 // A sequence's tokens as the penalties see them: the distinct ids of its prompt and how often
 // each id occurs in its output.
 struct TokenHistory {

@@ -307,6 +307,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
   }
   RunnerOptions ro;
   ro.stream_wait = absl::Milliseconds(c.stream_wait_ms);
+  ro.layer_timing_every = c.layer_timing_every;
   ro.process_seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 #ifdef SS_HAVE_CUDA
   if (comm_ptr != nullptr) {

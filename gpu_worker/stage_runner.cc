@@ -153,6 +153,18 @@ WorkerMetrics::WorkerMetrics(metrics::Metrics& m, const std::string& worker, int
   step_total_ = step("total");
   step_backend_ = step("backend");
   step_sample_ = step("sample");
+  for (const char* how : {"none", "launched", "captured", "replayed"}) {
+    graph_steps_.push_back(&m.Counter(
+        "gpu_worker_graph_steps_total",
+        "steps by how their layers ran: none (no CUDA graphs: cpu backend, streamed step), "
+        "launched (kernel by kernel, a new step shape), captured (a shape's second sight), "
+        "replayed",
+        {{"how", how}, {"worker", worker}}));
+    graph_seconds_.push_back(&m.Histogram("gpu_worker_graph_step_seconds",
+                                          "wall time of a step's backend run, by how its layers "
+                                          "ran (gpu_worker_graph_steps_total)",
+                                          {{"how", how}, {"worker", worker}}));
+  }
 }
 
 void WorkerMetrics::ObserveStep(const StageTimings& t, int64_t rows, const StepSeconds& s,
@@ -183,7 +195,14 @@ void WorkerMetrics::ObserveStep(const StageTimings& t, int64_t rows, const StepS
   if (s.receive > 0) pp_receive_->Observe(s.receive);
   if (s.send > 0) pp_send_->Observe(s.send);
   step_total_->Observe(s.total);
-  if (s.backend > 0) step_backend_->Observe(s.backend);
+  if (s.backend > 0) {
+    step_backend_->Observe(s.backend);
+    const auto how = static_cast<size_t>(t.graph);
+    if (ok && how < graph_steps_.size()) {
+      graph_steps_[how]->Increment();
+      graph_seconds_[how]->Observe(s.backend);
+    }
+  }
   if (s.sample > 0) step_sample_->Observe(s.sample);
 }
 
@@ -218,6 +237,11 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   pb::StepResult result;
   result.set_micro_batch_id(plan.micro_batch_id());
   StageTimings timings;
+  if (plan.chunks_size() > 0) {
+    const int every = options_.layer_timing_every;
+    timings.layers = every > 0 && chunk_plans_ % every == 0;
+    ++chunk_plans_;
+  }
   StepSeconds seconds;
   group_broken_ = false;
   link_broken_ = false;
@@ -350,6 +374,8 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
       return fail(
           absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq_id(), ": ", st.message())));
     }
+    batch.back().greedy =
+        IsPlainGreedy(s) && c.allowed_tokens().empty() && c.banned_tokens().empty();
     sampling.push_back(s);
     allowed.emplace_back(c.allowed_tokens().size() / 4);
     if (!c.allowed_tokens().empty()) {
@@ -436,11 +462,22 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     if (!ch.samples) continue;
     const pb::SeqChunk& c = plan.chunks(i);
     const SamplingConfig& s = sampling[si];
+    if (si < out.tokens.size() && out.tokens[si] >= 0) {  // the backend's greedy token
+      pb::Sample* sample = result->add_samples();
+      sample->set_seq_id(ch.seq_id);
+      sample->set_token(out.tokens[si]);
+      ++si;
+      continue;
+    }
     const int64_t position = ch.start + static_cast<int64_t>(ch.tokens.size()) - 1;
     SamplingInputs inputs;
     inputs.history = histories_.Find(ch.seq_id);
     inputs.allowed = allowed[si];
     inputs.banned = std::span<const int32_t>(c.banned_tokens().data(), c.banned_tokens_size());
+    if (si >= out.logits.size() || static_cast<int64_t>(out.logits[si].size()) != mc.vocab_size) {
+      return drop(absl::InternalError(
+          absl::StrCat("sequence ", ch.seq_id, ": the backend returned no logits to sample")));
+    }
     auto sampled = SampleToken(out.logits[si].data(), mc.vocab_size, s, position, inputs);
     ++si;
     if (!sampled.ok()) {

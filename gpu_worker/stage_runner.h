@@ -97,7 +97,7 @@ class WorkerMetrics {
   WorkerMetrics(metrics::Metrics& m, const std::string& worker_id, int first_layer, int end_layer);
   // A step of `rows` tokens: the layers' parts from `t`, the step's own parts from `s`
   // (gpu_worker_step_seconds{part="total"|"backend"|"sample"}; receive and send as the first and
-  // last layer's pp_transfer).
+  // last layer's pp_transfer); per-layer parts only where `t` has them (StageTimings::layers).
   void ObserveStep(const StageTimings& t, int64_t rows, const StepSeconds& s, bool ok);
   void SetKv(const KvUsage& kv);
 
@@ -109,6 +109,10 @@ class WorkerMetrics {
   prometheus::Histogram* step_total_;
   prometheus::Histogram* step_backend_;
   prometheus::Histogram* step_sample_;
+  // By StepGraph (backend.h): steps, and their backend runs' seconds
+  // (gpu_worker_graph_steps_total / gpu_worker_graph_step_seconds{how}).
+  std::vector<prometheus::Counter*> graph_steps_;
+  std::vector<prometheus::Histogram*> graph_seconds_;
   prometheus::Counter& steps_;
   prometheus::Counter& errors_;
   prometheus::Gauge& kv_used_;
@@ -129,6 +133,9 @@ struct RunnerOptions {
   absl::Duration stream_wait = absl::Seconds(120);  // stage > 0: for the previous stage's streams
   absl::Duration push_deadline = absl::Seconds(60);
   uint64_t process_seed = 0;  // unseeded sampling
+  // The per-layer timings (WorkerMetrics' layer_latency_seconds) of every Nth step plan with
+  // chunks, from the first: 1 every one, 0 none. The step's other metrics count every step.
+  int layer_timing_every = 1;
   // TP > 1: called (on the runner's thread, before RunPlan returns) with the error of a step that
   // may have left the TP group's collectives out of step. Optional.
   std::function<void(const std::string& why)> on_group_broken;
@@ -176,6 +183,7 @@ class StageRunner {
   const bool device_streams_;  // a link in device memory: the backend runs RunDevice
   bool group_broken_ = false;  // the current step's failure may have split the TP group
   bool link_broken_ = false;   // the current step broke a stage link
+  int64_t chunk_plans_ = 0;    // plans with chunks run so far (layer_timing_every)
   TokenHistories histories_;   // the last stage's rank 0: penalised sequences' tokens
 };
 

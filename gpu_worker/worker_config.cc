@@ -188,6 +188,11 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   if (!(f.backend == "cuda" && f.kv_tokens == 0)) {
     RETURN_IF_ERROR(CheckPositive("kv_tokens", f.kv_tokens));
   }
+  if (f.layer_timing_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--layer_timing_every ", f.layer_timing_every,
+                                                   ": expected N >= 0 (0: no step is timed)"));
+  }
+  c.layer_timing_every = f.layer_timing_every;
   RETURN_IF_ERROR(CheckPositive("expert_deadline_ms", f.expert_deadline_ms));
   RETURN_IF_ERROR(CheckPositive("expert_connect_timeout_ms", f.expert_connect_timeout_ms));
   RETURN_IF_ERROR(CheckPositive("stream_wait_ms", f.stream_wait_ms));
@@ -297,6 +302,8 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("load_progress_file = ",
                    load_progress_file.empty() ? "(none)" : load_progress_file),
       absl::StrCat("kv_tokens = ", kv_tokens),
+      absl::StrCat("layer_timing_every = ", layer_timing_every,
+                   layer_timing_every == 0 ? " (no per-layer timing)" : ""),
       absl::StrCat("expert_deadline_ms = ", expert_deadline_ms),
       absl::StrCat("expert_connect_timeout_ms = ", expert_connect_timeout_ms),
       absl::StrCat("stream_wait_ms = ", stream_wait_ms),

@@ -34,6 +34,8 @@
 //                             the KV pool keeps room for --kv_tokens tokens (0: the longest
 //                             sequence served), resident_budget.h
 //   --gpu_experts_profile PATH  routing counts that place them (needs --gpu_experts, auto too)
+//   --layer_timing_every N    the per-layer latency metrics time every Nth step (default 16;
+//                             1: every step; 0: none), StageRunner
 //   --expert_deadline_ms MS   deadline of one expert call
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams
@@ -92,6 +94,7 @@ struct WorkerFlags {
   std::string gpu_experts = "0";
   std::string gpu_experts_profile;
   double gpu_experts_rebalance_s = 10;
+  int layer_timing_every = 16;
   int64_t expert_deadline_ms = 30000;
   int64_t expert_connect_timeout_ms = 60000;
   int64_t stream_wait_ms = 120000;
@@ -134,6 +137,7 @@ struct WorkerConfig {
   bool gpu_experts_auto = false;
   std::string gpu_experts_profile;
   double gpu_experts_rebalance_s = 10;  // 0: the resident set stays as placed at start
+  int layer_timing_every = 1;           // RunnerOptions::layer_timing_every
   int64_t expert_deadline_ms = 0, expert_connect_timeout_ms = 0;
   int64_t stream_wait_ms = 0, coordinator_timeout_ms = 0;
   int64_t collective_timeout_ms = 0;

@@ -92,6 +92,10 @@ ABSL_FLAG(int64_t, plan_resident_kv_tokens, PlanFlags{}.resident_kv_tokens,
           "--plan: the KV tokens each GPU keeps with --gpu_experts auto (the worker's "
           "--kv_tokens; 0: --plan_context, i.e. the model's max_position_embeddings when that is "
           "0 too); the rest of the memory the plan leaves is counted as resident experts");
+ABSL_FLAG(int, layer_timing_every, WorkerFlags{}.layer_timing_every,
+          "the per-layer latency metrics (layer_latency_seconds) time every Nth step: 1 every "
+          "step, 0 none (with the cuda backend a timed step's graph carries event nodes between "
+          "the layers, which idle the GPU between them)");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,
           "deadline of one expert-worker call");
 ABSL_FLAG(int64_t, expert_connect_timeout_ms, WorkerFlags{}.expert_connect_timeout_ms,
@@ -151,6 +155,7 @@ WorkerFlags ReadWorkerFlags() {
   f.gpu_experts = absl::GetFlag(FLAGS_gpu_experts);
   f.gpu_experts_profile = absl::GetFlag(FLAGS_gpu_experts_profile);
   f.gpu_experts_rebalance_s = absl::GetFlag(FLAGS_gpu_experts_rebalance_s);
+  f.layer_timing_every = absl::GetFlag(FLAGS_layer_timing_every);
   f.expert_deadline_ms = absl::GetFlag(FLAGS_expert_deadline_ms);
   f.expert_connect_timeout_ms = absl::GetFlag(FLAGS_expert_connect_timeout_ms);
   f.stream_wait_ms = absl::GetFlag(FLAGS_stream_wait_ms);

@@ -89,6 +89,10 @@ inline Share ShareOf(int64_t n, int64_t unit, int parts, int rank) {
 // Steps of at most this many tokens run the indexer's scores and top-k for all their chunks in
 // one launch each (StepPlan::index_one_launch); the split top-k takes up to 8 rows.
 inline constexpr int64_t kIndexerOneLaunchTokens = 8;
+// A decode step's (index_one_launch) sizes that grow with the sequences are rounded up to a
+// multiple of this, so its launches, and its CUDA graph, stay the same over many positions
+// (StepPlan: index_k, n_cand, table_cap).
+inline constexpr int64_t kDecodeSizeStep = 64;
 
 // The host side of one step (cuda_backend_plan.cc), from the batch's sizes, positions and block
 // tables alone: what the step's launches take per chunk, per (layer, token) and per layer, and
@@ -104,17 +108,23 @@ struct StepPlan {
   std::vector<int64_t> n_sel, sel_base, n_cols, table_off;
   // A step of at most kIndexerOneLaunchTokens tokens (decode) scores and selects every chunk's
   // rows in one launch each (index_one_launch): rows of index_cols columns (the widest chunk's),
-  // index_k selections each (the most any chunk takes), token t's at t · index_k; a chunk reads
-  // the first n_sel of its rows' (the top-k's order is total, so they are its own top n_sel).
+  // index_k selections each (the most any chunk takes, rounded up to kDecodeSizeStep, at most
+  // index_cols), token t's at t · index_k; a chunk reads the first n_sel of its rows' (the
+  // top-k's order is total, so they are its own top n_sel, whatever k).
   // Longer steps score and select chunk by chunk, with each chunk's own widths.
   bool index_one_launch = false;
   int64_t index_cols = 0, index_k = 0;
   std::vector<cuda::KvToken> tokens;  // [layer, T]; table and staging set by FillUpload
-  std::vector<int64_t> n_cand;        // per layer: the longest candidate list
-  std::vector<int64_t> ebase;         // [layer, chunk]: the scratch row of its first new entry
+  // Per layer: the longest candidate list; in a decode step rounded up to kDecodeSizeStep (the
+  // tail slots are masked, which changes no bit of the attention: paged_kv.h).
+  std::vector<int64_t> n_cand;
+  std::vector<int64_t> ebase;  // [layer, chunk]: the scratch row of its first new entry
   std::vector<uint64_t> dst_main, dst_key;  // [layer, T]: record / key address of scratch row
   size_t cb_stride = 0;                     // int64s per (layer, kind) compressor array
   std::vector<int64_t> params;              // [layer, kind: main, indexer] compressor arrays
+  // The tables' room in the upload (int32s): table_off[nc], in a decode step rounded up to
+  // kDecodeSizeStep.
+  int64_t table_cap = 0;
   size_t tokens_at = 0, tables_at = 0, dst_at = 0, ids_at = 0, streams_at = 0;
 
   // The upload's bytes before the streams, into `host`, for the upload's device address `dev`
@@ -175,6 +185,8 @@ struct CudaBackend::Impl {
   // pinned memory so the copy is one asynchronous DMA; a middle stage's output streams come back
   // through it.
   PinnedBuf up_host;
+  // The greedy rows' argmax records, back from the device (step_output.cc).
+  PinnedBuf greedy_host;
   // The step's layers under CUDA graphs (graph_cache.h).
   StepGraphCache graph;
 

@@ -7,6 +7,15 @@
 
 namespace ss::gpu::cuda_backend_internal {
 
+namespace {
+
+// A decode step's size rounded up (kDecodeSizeStep); any other step's as it is.
+int64_t DecodeSize(const StepPlan& p, int64_t n) {
+  return p.index_one_launch ? (n + kDecodeSizeStep - 1) / kDecodeSizeStep * kDecodeSizeStep : n;
+}
+
+}  // namespace
+
 StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
                   std::span<const DevBlock> blocks, const KvLayout& kvl,
                   std::span<const KvSeq* const> seq, const uint8_t* pool) {
@@ -43,6 +52,7 @@ StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
     p.index_cols = std::max(p.index_cols, p.n_cols[i]);
     p.index_k = std::max(p.index_k, p.n_sel[i]);
   }
+  p.index_k = std::min(DecodeSize(p, p.index_k), p.index_cols);  // n_cols[i] >= n_sel[i]
   for (size_t i = 0; i < nc; ++i) {
     const int64_t S = p.row0[i + 1] - p.row0[i];
     p.sel_base[i + 1] = p.sel_base[i] + S * (p.index_one_launch ? p.index_k : p.n_sel[i]);
@@ -53,6 +63,7 @@ StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
   for (size_t i = 0; i < nc; ++i) {
     p.table_off[i + 1] = p.table_off[i] + static_cast<int64_t>(seq[i]->table.size());
   }
+  p.table_cap = DecodeSize(p, p.table_off[nc]);
   // Per (layer, token) a KvToken; per layer the longest candidate list.
   p.tokens.assign(static_cast<size_t>(n_layers * T), cuda::KvToken{});
   p.n_cand.assign(n_layers, 1);
@@ -78,6 +89,7 @@ StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
       }
     }
   }
+  for (int64_t& n : p.n_cand) n = DecodeSize(p, n);
   p.max_cand = *std::max_element(p.n_cand.begin(), p.n_cand.end());
   // Per (layer, chunk): the scratch row of the chunk's first new compressed entry (ebase), and per
   // layer the record / key address of every scratch row (0: unused), for the encoders.
@@ -130,7 +142,7 @@ StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
   // The upload's layout.
   p.tokens_at = p.params.size() * sizeof(int64_t);
   p.tables_at = p.tokens_at + p.tokens.size() * sizeof(cuda::KvToken);
-  p.dst_at = p.tables_at + (p.table_off[nc] * 4 + 7) / 8 * 8;
+  p.dst_at = p.tables_at + (p.table_cap * 4 + 7) / 8 * 8;
   p.ids_at = p.dst_at + 2 * p.dst_main.size() * 8;
   p.streams_at = (p.ids_at + 2 * T * 8 + 255) / 256 * 256;
   return p;

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gpu_worker/cuda/step.h"
 #include "gpu_worker/cuda_status.h"
@@ -15,10 +16,13 @@ std::vector<int64_t> GraphKeyOf(const StepState& s) {
   const std::vector<int64_t>&row0 = plan.row0, &n_sel = plan.n_sel, &n_cols = plan.n_cols,
         &table_off = plan.table_off, &n_cand = plan.n_cand;
   const size_t nc = s.nc;
-  std::vector<int64_t> key = {s.T,      static_cast<int64_t>(nc), plan.max_rows, s.attn_rows,
-                              s.routed, s.timings != nullptr};
+  std::vector<int64_t> key = {
+      s.T,     static_cast<int64_t>(nc), plan.max_rows,   s.attn_rows,  s.routed,
+      s.marks, plan.index_one_launch,    plan.index_cols, plan.index_k, plan.table_cap};
   for (size_t i = 0; i < nc; ++i) {
-    key.insert(key.end(), {row0[i + 1] - row0[i], n_sel[i], n_cols[i], table_off[i + 1]});
+    key.push_back(row0[i + 1] - row0[i]);
+    // A decode step's launches take no chunk's own widths (index_one_launch).
+    if (!plan.index_one_launch) key.insert(key.end(), {n_sel[i], n_cols[i], table_off[i + 1]});
   }
   key.insert(key.end(), n_cand.begin(), n_cand.end());
   for (const void* p : {static_cast<const void*>(im.arena.p), static_cast<const void*>(im.params.p),
@@ -31,20 +35,24 @@ std::vector<int64_t> GraphKeyOf(const StepState& s) {
   return key;
 }
 
-absl::StatusOr<bool> StepGraphCache::Run(std::vector<int64_t> key, cudaStream_t stream,
+absl::StatusOr<bool> StepGraphCache::Run(std::vector<int64_t> key, int slot, cudaStream_t stream,
                                          bool* capturing,
                                          absl::FunctionRef<absl::Status()> layers) {
-  if (exec_ != nullptr && key == key_) {
-    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+  if (slot < 0 || slot >= kSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("graph slot ", slot, " of ", kSlots));
+  }
+  Slot& sl = slots_[slot];
+  if (sl.exec != nullptr && key == sl.key) {
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(sl.exec, stream));
     ++replays_;
     return false;
   }
-  if (key != pending_key_) {
-    pending_key_ = std::move(key);
+  if (key != sl.pending_key) {
+    sl.pending_key = std::move(key);
     RETURN_IF_ERROR(layers());
     return true;
   }
-  key_.clear();
+  sl.key.clear();
   CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   *capturing = true;
   const absl::Status e = layers();
@@ -57,30 +65,33 @@ absl::StatusOr<bool> StepGraphCache::Run(std::vector<int64_t> key, cudaStream_t 
   }
   if (ce != cudaSuccess) return CudaStatus(ce, "cudaStreamEndCapture");
   cudaGraphExecUpdateResultInfo info;
-  if (exec_ != nullptr && cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
+  if (sl.exec != nullptr && cudaGraphExecUpdate(sl.exec, graph, &info) != cudaSuccess) {
     (void)cudaGetLastError();  // a different topology: instantiate anew
-    cudaGraphExecDestroy(exec_);
-    exec_ = nullptr;
+    cudaGraphExecDestroy(sl.exec);
+    sl.exec = nullptr;
   }
   cudaError_t ie = cudaSuccess;
-  if (exec_ == nullptr) {
-    ie = cudaGraphInstantiate(&exec_, graph, cudaGraphInstantiateFlagUseNodePriority);
+  if (sl.exec == nullptr) {
+    ie = cudaGraphInstantiate(&sl.exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   }
   cudaGraphDestroy(graph);
   if (ie != cudaSuccess) {
-    exec_ = nullptr;
+    sl.exec = nullptr;
     return CudaStatus(ie, "cudaGraphInstantiate");
   }
-  key_ = std::move(key);
+  sl.key = std::move(key);
   ++captures_;
-  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(sl.exec, stream));
   ++replays_;
   return true;
 }
 
 void StepGraphCache::Reset() {
-  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-  exec_ = nullptr;
+  for (Slot& sl : slots_) {
+    if (sl.exec != nullptr) cudaGraphExecDestroy(sl.exec);
+    sl.exec = nullptr;
+    sl.key.clear();
+  }
 }
 
 }  // namespace ss::gpu::cuda_backend_internal

@@ -23,27 +23,34 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
                      StageOutput* out) {
   CudaBackend::Impl& im = s.im;
   RETURN_IF_ERROR(PrepareStepInputs(s, streams_in, device_in));
-  if (s.timings) RETURN_IF_ERROR(im.marks.Prepare(s.n_layers, s.timings));
+  if (s.marks) RETURN_IF_ERROR(im.marks.Prepare(s.n_layers, s.timings));
   if (s.routed) RETURN_IF_ERROR(im.routed->PrepareStep(s.n_layers, s.T));
   s.streamed = s.routed && im.policy != nullptr && im.policy->UseStreamed(s.T);
   if (s.streamed) RETURN_IF_ERROR(im.streamed->PrepareStep(s.n_layers, s.T));
   s.defer_comb = cuda::HcPreDefersComb(s.T, s.hc, s.dim, s.sc.y);
 
+  StepGraph graph = StepGraph::kNone;
   if (!im.graph.enabled() || s.streamed) {
     RETURN_IF_ERROR(RunLayers(s));
   } else {
+    const int64_t captures = im.graph.captures();
     ASSIGN_OR_RETURN(const bool layers_ran,
-                     im.graph.Run(GraphKeyOf(s), s.st, &s.capturing, [&] { return RunLayers(s); }));
+                     im.graph.Run(GraphKeyOf(s), s.marks ? 1 : 0, s.st, &s.capturing,
+                                  [&] { return RunLayers(s); }));
     // A replay leaves the host's view of the ping-pong stream buffers as the loop would.
     if (!layers_ran && s.n_layers % 2 != 0) std::swap(s.sc.h, s.sc.h2);
+    graph = !layers_ran                      ? StepGraph::kReplayed
+            : im.graph.captures() > captures ? StepGraph::kCaptured
+                                             : StepGraph::kLaunched;
   }
+  if (s.timings) s.timings->graph = graph;
   // TP > 1: the step's collectives, waited for once under the deadline (nccl_comm.h "Failure").
   if (im.tp > 1) RETURN_IF_ERROR(im.comm->Synchronize(s.st, s.options.collective_timeout));
 
   RETURN_IF_ERROR(ReadStepOutput(s, out));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s.st));
   if (s.routed) RETURN_IF_ERROR(im.routed->StepStatus(s.n_layers));
-  if (s.timings) {
+  if (s.marks) {
     const RoutedExpertsProvider* routed = s.routed ? im.routed.get() : nullptr;
     im.marks.Fill(
         s.n_layers, im.tp > 1, [&](int l) { return routed ? routed->Seconds(l) : 0.0; }, s.timings);
@@ -95,12 +102,12 @@ absl::Status ObserveRoutedPath(StepState& s) {
 absl::Status RunLayers(StepState& s) {
   RETURN_IF_ERROR(EnqueueInputStreams(s));
   for (int l = 0; l < s.n_layers; ++l) {
-    if (s.timings) CUDA_RETURN_IF_ERROR(s.Mark(l, kLayerStart));
+    if (s.marks) CUDA_RETURN_IF_ERROR(s.Mark(l, kLayerStart));
     RETURN_IF_ERROR(LaunchAttentionSublayer(s, l));
-    if (s.timings) CUDA_RETURN_IF_ERROR(s.Mark(l, kAttnEnd));
+    if (s.marks) CUDA_RETURN_IF_ERROR(s.Mark(l, kAttnEnd));
     RETURN_IF_ERROR(LaunchMoeSublayer(s, l));
     std::swap(s.sc.h, s.sc.h2);
-    if (s.timings) CUDA_RETURN_IF_ERROR(s.Mark(l, kLayerEnd));
+    if (s.marks) CUDA_RETURN_IF_ERROR(s.Mark(l, kLayerEnd));
   }
   // The last layer's ring writes; the output streams as fp32 (a middle stage's output; its last
   // layer's HcPost wrote them).
@@ -112,9 +119,9 @@ absl::Status RunLayers(StepState& s) {
 }
 
 absl::Status AllReduceParts(StepState& s, int l, int64_t n, int begin) {
-  if (s.timings) RETURN_IF_ERROR(CudaCheck(s.Mark(l, begin), "timing mark"));
+  if (s.marks) RETURN_IF_ERROR(CudaCheck(s.Mark(l, begin), "timing mark"));
   RETURN_IF_ERROR(s.im.comm->AllReduceSum(s.sc.part, n, s.st));
-  if (s.timings) RETURN_IF_ERROR(CudaCheck(s.Mark(l, begin + 1), "timing mark"));
+  if (s.marks) RETURN_IF_ERROR(CudaCheck(s.Mark(l, begin + 1), "timing mark"));
   return absl::OkStatus();
 }
 

@@ -41,6 +41,7 @@ struct StepState {
         fp64(fp64_sums),
         batch(chunks),
         timings(t),
+        marks(t != nullptr && t->layers),
         first(o.stage == 0),
         last(o.stage == o.num_stages - 1),
         device_out(dev_out),
@@ -57,6 +58,7 @@ struct StepState {
   const bool fp64;  // the reference's double sums in double (fp64_sums.h)
   const std::span<const StageChunk> batch;
   StageTimings* const timings;  // null: the step is not timed
+  const bool marks;             // per-layer timing marks (timings->layers)
   const bool first, last;       // the first / last pipeline stage
   const bool device_out;        // RunDevice: the output streams stay on the device
   const bool routed;            // the routed experts run (not exclude_routed_experts)

@@ -1,9 +1,12 @@
 // A step's output (ReadStepOutput), after its layers and collectives are enqueued:
 //   * the last stage: the logits of every chunk that samples (its last row): the rows' hc streams
-//     gathered, HcHead, the final norm and the LM head, read back to out->logits. TP > 1: each
-//     rank computes its vocabulary rows [rank·⌈V/TP⌉, ...) (the same computation per row as
-//     TP = 1's), gathered with one all-gather (waited for under collective_timeout), so every
-//     rank returns every logit;
+//     gathered, HcHead, the final norm and the LM head. TP > 1: each rank computes its vocabulary
+//     rows [rank·⌈V/TP⌉, ...) (the same computation per row as TP = 1's). Where chunks are
+//     `greedy`, their argmax on the device first (per rank, the records all-gathered):
+//     out->tokens. Only when a row still needs its logits (not greedy, or non-finite) are they
+//     read back to out->logits (TP > 1: gathered with one all-gather, so every rank returns every
+//     logit); else out->logits holds empty rows. Collectives are waited for under
+//     collective_timeout;
 //   * RunDevice (device_out): out->device_streams, the last HcPost's bf16 streams (or the input's
 //     where the stage has no layers), on the device;
 //   * otherwise: the fp32 output streams to out->streams, back through the pinned staging (its

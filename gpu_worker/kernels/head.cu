@@ -200,20 +200,24 @@ __device__ __forceinline__ bool Beats(float v, int64_t i, float bv, int64_t bi) 
 // One block per row.
 __global__ void __launch_bounds__(kThreads)
     ArgmaxKernelImpl(const float* __restrict__ logits, int64_t n, int64_t ld, int64_t id_base,
-                     int32_t* __restrict__ ids, float* __restrict__ max_vals) {
+                     int32_t* __restrict__ ids, float* __restrict__ max_vals,
+                     int32_t* __restrict__ nonfinite) {
   __shared__ float sv[kWarps];
   __shared__ int64_t si[kWarps];
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * ld;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   float bv = 0.0f;
   int64_t bi = -1;
+  int bad = 0;
   for (int64_t i = tid; i < n; i += kThreads) {
     const float v = row[i];
+    bad |= (v != v) | (v == __int_as_float(0x7f800000));
     if (v == v && Beats(v, i, bv, bi)) {
       bv = v;
       bi = i;
     }
   }
+  bad = __syncthreads_or(bad);
   for (int off = 16; off > 0; off >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
     const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
@@ -236,6 +240,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     ids[blockIdx.x] = bi < 0 ? -1 : static_cast<int32_t>(id_base + bi);
     if (max_vals != nullptr) max_vals[blockIdx.x] = bi < 0 ? __uint_as_float(0x7fc00000u) : bv;
+    if (nonfinite != nullptr) nonfinite[blockIdx.x] = bad;
   }
 }
 
@@ -289,13 +294,13 @@ cudaError_t LmHead(const bf16_t* u, int64_t T, int64_t dim, const bf16_t* head, 
 }
 
 cudaError_t ArgmaxRows(const float* logits, int64_t T, int64_t n, int64_t ld, int64_t id_base,
-                       int32_t* ids, float* max_vals, cudaStream_t stream) {
+                       int32_t* ids, float* max_vals, int32_t* nonfinite, cudaStream_t stream) {
   if (n < 1 || ld < n || T < 0 || T > INT32_MAX || id_base < 0 || id_base + n > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
   if (T == 0) return cudaSuccess;
   ArgmaxKernelImpl<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(logits, n, ld, id_base, ids,
-                                                                      max_vals);
+                                                                      max_vals, nonfinite);
   return cudaGetLastError();
 }
 

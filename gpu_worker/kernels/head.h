@@ -50,9 +50,11 @@ cudaError_t LmHead(const bf16_t* u, int64_t T, int64_t dim, const bf16_t* head, 
 
 // Greedy sampling: ids[t] = id_base + argmax_j logits[t·ld + j] over j < n, equal values to the
 // lower id, NaN ignored (−1 when a row has no non-NaN value); max_vals[t] (fp32, optional) gets
-// the maximum, so per-shard results combine by (larger value, then lower id). One block per row.
+// the maximum, so per-shard results combine by (larger value, then lower id); nonfinite[t]
+// (optional) is 1 when the row holds a NaN or +inf, else 0 (the host sampler refuses such a row:
+// sampler.h). One block per row.
 cudaError_t ArgmaxRows(const float* logits, int64_t T, int64_t n, int64_t ld, int64_t id_base,
-                       int32_t* ids, float* max_vals, cudaStream_t stream);
+                       int32_t* ids, float* max_vals, int32_t* nonfinite, cudaStream_t stream);
 
 // The opt-in of the GEMM kernel (more than 8 rows: LinearBf16F32, LinearBf16F32Pair, LmHead), for
 // PrepareKernels (prepare.h).

@@ -1,4 +1,4 @@
-// `splitserve up`'s command line: the values --gpu-experts takes.
+// `splitserve up`'s command line: the values --gpu-experts and --layer-timing-every take.
 #include "coordinator/up_options.h"
 
 #include <string>
@@ -33,6 +33,19 @@ TEST(UpOptionsTest, GpuExpertsTakesAutoACountOrAFraction) {
     EXPECT_NE(r.status().message().find("--gpu-experts"), std::string::npos) << r.status();
   }
   EXPECT_NE(UpUsage().find("--gpu-experts auto|N|FRACTION"), std::string::npos);
+}
+
+TEST(UpOptionsTest, LayerTimingEveryTakesACount) {
+  EXPECT_FALSE(Parse({})->layer_timing_every.has_value());  // the GPU workers' default
+  absl::StatusOr<UpOptions> o = Parse({"--layer-timing-every", "1"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->layer_timing_every, 1);
+  EXPECT_EQ(Parse({"--layer-timing-every=0"})->layer_timing_every, 0);
+  for (const char* bad : {"-1", "x", "1.5", ""}) {
+    absl::StatusOr<UpOptions> r = Parse({"--layer-timing-every", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--layer-timing-every"), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace

@@ -128,6 +128,52 @@ TEST_F(CudaBackendTest, WholeModelGreedyAndPipelineSplitIsBitIdentical) {
   EXPECT_EQ(pp_identical, pp_values);
 }
 
+// Greedy chunks (StageChunk::greedy) get their token from the device's argmax: over the
+// schedule, with every sampling chunk greedy the tokens equal the host's greedy rule (lowest id of
+// the largest logit) on the logits the same steps return without the flag, and no logits come
+// back; with one chunk greedy a step returns that chunk's token and every chunk's logits.
+TEST_F(CudaBackendTest, GreedyChunksGetTheDevicesArgmax) {
+  ASSERT_NE(TinyModel(), nullptr);
+  const RefRun& ref = Reference();
+  std::unique_ptr<CudaBackend> plain = Make(0, 1, 0, 7), all = Make(0, 1, 0, 7),
+                               first = Make(0, 1, 0, 7);
+  ASSERT_TRUE(plain && all && first);
+  int tokens = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<StageChunk> batch = Chunks(ref.steps[step]);
+    std::vector<StageChunk> greedy = batch, one = batch;
+    for (StageChunk& ch : greedy) ch.greedy = ch.samples;
+    bool flagged = false;
+    for (StageChunk& ch : one) {
+      ch.greedy = ch.samples && !flagged;
+      flagged = flagged || ch.samples;
+    }
+    StageOutput op, og, oo;
+    ASSERT_TRUE(plain->Run(batch, nullptr, &op, nullptr).ok());
+    ASSERT_TRUE(all->Run(greedy, nullptr, &og, nullptr).ok());
+    ASSERT_TRUE(first->Run(one, nullptr, &oo, nullptr).ok());
+    EXPECT_TRUE(op.tokens.empty());
+    ASSERT_EQ(og.tokens.size(), op.logits.size());
+    ASSERT_EQ(og.logits.size(), op.logits.size());
+    ASSERT_EQ(oo.tokens.size(), op.logits.size());
+    for (size_t i = 0; i < op.logits.size(); ++i) {
+      const int32_t want = Argmax(op.logits[i]);
+      EXPECT_EQ(og.tokens[i], want) << "step " << step << " chunk " << i;
+      EXPECT_TRUE(og.logits[i].empty()) << "step " << step << " chunk " << i;
+      EXPECT_EQ(oo.tokens[i], i == 0 ? want : -1) << "step " << step << " chunk " << i;
+      // Logits come back when some row needs them (here: a second sampling chunk).
+      if (op.logits.size() > 1) {
+        EXPECT_EQ(oo.logits[i], op.logits[i]) << "step " << step << " chunk " << i;
+      } else {
+        EXPECT_TRUE(oo.logits[i].empty()) << "step " << step;
+      }
+      ++tokens;
+    }
+  }
+  std::printf("greedy tokens from the device equal to the host's: %d checked\n", tokens);
+  EXPECT_GT(tokens, 0);
+}
+
 // The reference's double sums in fp32 (Fp64Sums::kOff, for GPUs with slow FP64) against double
 // (kOn) over the tiny-a schedule (a ratio-128 block completes in its prefill, ratio-4 blocks in
 // prefill and decode, the indexer's Hadamard every step): every logit bit-identical. And auto

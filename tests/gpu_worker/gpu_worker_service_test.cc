@@ -443,8 +443,52 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
         // Both plans' wall time; the backend run and the sampling of the one that ran.
         "splitserve:gpu_worker_step_seconds_count{part=\"total\",worker=\"w0\"} 2",
         "splitserve:gpu_worker_step_seconds_count{part=\"backend\",worker=\"w0\"} 1",
-        "splitserve:gpu_worker_step_seconds_count{part=\"sample\",worker=\"w0\"} 1"}) {
+        "splitserve:gpu_worker_step_seconds_count{part=\"sample\",worker=\"w0\"} 1",
+        // The cpu backend runs no CUDA graphs.
+        "splitserve:gpu_worker_graph_steps_total{how=\"none\",worker=\"w0\"} 1",
+        "splitserve:gpu_worker_graph_steps_total{how=\"replayed\",worker=\"w0\"} 0"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
+// layer_timing_every N: the layers of plans 0, N, 2N, ... (those with chunks) are timed; every
+// step counts in the step metrics; 0 times none.
+TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
+  for (const int every : {0, 1, 3}) {
+    SCOPED_TRACE(every);
+    metrics::Metrics m;
+    CpuBackendOptions o;
+    o.end_layer = 7;
+    o.kv_tokens = 100;
+    auto backend = CpuBackend::Create(TinyA(), o);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    StageRole role;
+    role.worker_id = "w0";
+    role.end_layer = 7;
+    WorkerMetrics wm(m, "w0", 0, 7);
+    RunnerOptions ro;
+    ro.layer_timing_every = every;
+    StageRunner runner(backend->get(), role, nullptr, nullptr, &wm, ro);
+    int32_t next = 0;
+    for (int s = 0; s < 7; ++s) {
+      pb::StepPlan plan = Plan(s + 1);
+      AddChunk(&plan, 1, s == 0 ? 0 : 2 + s,
+               s == 0 ? std::vector<int32_t>{0, 1, 2} : std::vector<int32_t>{next});
+      const pb::StepResult r = runner.RunPlan(plan);
+      ASSERT_EQ(r.error(), "");
+      next = r.samples(0).token();
+      if (s == 2) runner.RunPlan(Plan(100));  // no chunks: not a step that counts
+    }
+    const int timed = every == 0 ? 0 : (7 + every - 1) / every;
+    const std::string text = m.Serialize();
+    for (const std::string& want :
+         {absl::StrCat("splitserve:layer_latency_seconds_count{layer=\"0\",part=\"attention\","
+                       "worker=\"w0\"} ",
+                       timed),
+          std::string(
+              "splitserve:gpu_worker_step_seconds_count{part=\"backend\",worker=\"w0\"} 7")}) {
+      EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+    }
   }
 }
 

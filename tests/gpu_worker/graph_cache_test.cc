@@ -30,17 +30,17 @@ TEST(StepGraphCacheTest, ANewKeyRunsLaunchedAndItsSecondSightCaptures) {
   layers.capturing = &capturing;
   const std::vector<int64_t> a = {1, 2, 3}, b = {1, 2, 4};
 
-  absl::StatusOr<bool> ran = cache.Run(a, nullptr, &capturing, [&] { return layers(); });
+  absl::StatusOr<bool> ran = cache.Run(a, 0, nullptr, &capturing, [&] { return layers(); });
   ASSERT_TRUE(ran.ok()) << ran.status();
   EXPECT_TRUE(*ran);
-  ran = cache.Run(b, nullptr, &capturing, [&] { return layers(); });
+  ran = cache.Run(b, 0, nullptr, &capturing, [&] { return layers(); });
   ASSERT_TRUE(ran.ok()) << ran.status();
   EXPECT_TRUE(*ran);
   EXPECT_EQ(layers.runs, 2);
   EXPECT_FALSE(layers.saw_capturing);
 
   // b again: the capture is attempted (and refused on the legacy stream, or without a device).
-  ran = cache.Run(b, nullptr, &capturing, [&] { return layers(); });
+  ran = cache.Run(b, 0, nullptr, &capturing, [&] { return layers(); });
   EXPECT_FALSE(ran.ok());
   EXPECT_EQ(layers.runs, 2);
   EXPECT_FALSE(capturing);
@@ -55,9 +55,9 @@ TEST(StepGraphCacheTest, SetEnabledForgetsThePendingKey) {
   Layers layers;
   layers.capturing = &capturing;
   const std::vector<int64_t> a = {7};
-  ASSERT_TRUE(cache.Run(a, nullptr, &capturing, [&] { return layers(); }).ok());
+  ASSERT_TRUE(cache.Run(a, 0, nullptr, &capturing, [&] { return layers(); }).ok());
   cache.set_enabled(true);
-  absl::StatusOr<bool> ran = cache.Run(a, nullptr, &capturing, [&] { return layers(); });
+  absl::StatusOr<bool> ran = cache.Run(a, 0, nullptr, &capturing, [&] { return layers(); });
   ASSERT_TRUE(ran.ok()) << ran.status();
   EXPECT_TRUE(*ran);
   EXPECT_EQ(layers.runs, 2);
@@ -66,11 +66,37 @@ TEST(StepGraphCacheTest, SetEnabledForgetsThePendingKey) {
   EXPECT_FALSE(cache.enabled());
 }
 
+TEST(StepGraphCacheTest, EachSlotKeepsItsOwnPendingKey) {
+  StepGraphCache cache;
+  bool capturing = false;
+  Layers layers;
+  layers.capturing = &capturing;
+  const std::vector<int64_t> a = {1, 2, 3};
+  // a in slot 0, then in slot 1: a first sight in each, both launched.
+  for (const int slot : {0, 1}) {
+    absl::StatusOr<bool> ran = cache.Run(a, slot, nullptr, &capturing, [&] { return layers(); });
+    ASSERT_TRUE(ran.ok()) << ran.status();
+    EXPECT_TRUE(*ran);
+  }
+  EXPECT_EQ(layers.runs, 2);
+  // a in slot 0 again: its second sight there, so a capture (refused here).
+  EXPECT_FALSE(cache.Run(a, 0, nullptr, &capturing, [&] { return layers(); }).ok());
+  EXPECT_EQ(layers.runs, 2);
+  (void)cudaGetLastError();
+  EXPECT_EQ(cache.Run(a, StepGraphCache::kSlots, nullptr, &capturing, [&] { return layers(); })
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Run(a, -1, nullptr, &capturing, [&] { return layers(); }).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(layers.runs, 2);
+}
+
 TEST(StepGraphCacheTest, ALaunchedStepsErrorIsReturned) {
   StepGraphCache cache;
   bool capturing = false;
   absl::StatusOr<bool> ran =
-      cache.Run({5}, nullptr, &capturing, [] { return absl::InternalError("layer 3 failed"); });
+      cache.Run({5}, 0, nullptr, &capturing, [] { return absl::InternalError("layer 3 failed"); });
   EXPECT_EQ(ran.status(), absl::InternalError("layer 3 failed"));
 }
 

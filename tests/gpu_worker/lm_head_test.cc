@@ -61,7 +61,7 @@ void CheckLmHead(const std::string& label, const std::vector<float>& u,
   }
   ASSERT_EQ(begin, V);
   DeviceBuffer<int32_t> dids(T);
-  CUDA_ASSERT_OK(ArgmaxRows(dl.get(), T, V, V, 0, dids.get(), nullptr, nullptr));
+  CUDA_ASSERT_OK(ArgmaxRows(dl.get(), T, V, V, 0, dids.get(), nullptr, nullptr, nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   const std::vector<float> logits = dl.Get();
   const golden::Closeness c = Report(label + " logits", logits, ref);
@@ -85,7 +85,7 @@ void CheckLmHead(const std::string& label, const std::vector<float>& u,
   begin = 0;
   for (int64_t s = 0; s < n_shards; ++s) {
     CUDA_ASSERT_OK(ArgmaxRows(dl.get() + begin, T, shard_ends[s] - begin, V, begin,
-                              sid.get() + s * T, sval.get() + s * T, nullptr));
+                              sid.get() + s * T, sval.get() + s * T, nullptr, nullptr));
     begin = shard_ends[s];
   }
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
@@ -120,7 +120,7 @@ TEST(LmHeadLimits, OutOfRangeSizesAreRejectedWithoutLaunching) {
   constexpr cudaError_t kBad = cudaErrorInvalidValue;
   EXPECT_EQ(LinearBf16F32(nullptr, 1, 6, nullptr, 4, nullptr, 4, nullptr), kBad);
   EXPECT_EQ(LinearBf16F32(nullptr, 1, 8, nullptr, 4, nullptr, 3, nullptr), kBad);
-  EXPECT_EQ(ArgmaxRows(nullptr, 1, 0, 0, 0, nullptr, nullptr, nullptr), kBad);
+  EXPECT_EQ(ArgmaxRows(nullptr, 1, 0, 0, 0, nullptr, nullptr, nullptr, nullptr), kBad);
   // Nothing to do.
   EXPECT_EQ(LinearBf16F32(nullptr, 0, 8, nullptr, 4, nullptr, 4, nullptr), cudaSuccess);
 }
@@ -193,23 +193,27 @@ TEST_F(LmHeadTest, LmHeadAndArgmaxMatchReferenceAtFlashShapes) {
 }
 
 TEST_F(LmHeadTest, ArgmaxTiesNanAndEmptyRows) {
-  const int64_t n = 50000, T = 4;
+  const int64_t n = 50000, T = 6;
   std::vector<float> l = RandomF32(T * n, 1.0f, 131);
   l[0 * n + 12345] = l[0 * n + 7] = 100.0f;  // tie: the lower id
   l[1 * n + 3] = NAN;                        // ignored
   l[1 * n + 40000] = 50.0f;
   for (int64_t i = 0; i < n; ++i) l[2 * n + i] = NAN;        // no value: −1
   for (int64_t i = 0; i < n; ++i) l[3 * n + i] = -INFINITY;  // all −inf: id 0
+  l[4 * n + 49999] = INFINITY;                               // +inf: its id, flagged
+  l[5 * n + 0] = -INFINITY;                                  // −inf alone: finite
   DeviceBuffer<float> dl(l), dv(T);
-  DeviceBuffer<int32_t> di(T);
-  CUDA_ASSERT_OK(ArgmaxRows(dl.get(), T, n, n, 0, di.get(), dv.get(), nullptr));
+  DeviceBuffer<int32_t> di(T), dbad(T);
+  CUDA_ASSERT_OK(ArgmaxRows(dl.get(), T, n, n, 0, di.get(), dv.get(), dbad.get(), nullptr));
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
-  const std::vector<int32_t> ids = di.Get();
+  const std::vector<int32_t> ids = di.Get(), bad = dbad.Get();
   EXPECT_EQ(ids[0], 7);
   EXPECT_EQ(ids[1], 40000);
   EXPECT_EQ(ids[2], -1);
   EXPECT_EQ(ids[3], 0);
+  EXPECT_EQ(ids[4], 49999);
   for (int64_t t = 0; t < T; ++t) EXPECT_EQ(ids[t], HostArgmax(l.data() + t * n, n)) << t;
+  EXPECT_EQ(bad, (std::vector<int32_t>{0, 1, 1, 0, 1, 0}));
 }
 
 // Timings at Flash shapes, for information (not run by ctest; run with
@@ -230,9 +234,10 @@ TEST_F(LmHeadTest, DISABLED_TimingsAtFlashShapes) {
              },
              10));
   }
-  line("ArgmaxRows T=8 x 129280",
-       MicrosPerCall([&] { ArgmaxRows(logits.get(), 8, V, V, 0, ids.get(), nullptr, nullptr); },
-                     20));
+  line(
+      "ArgmaxRows T=8 x 129280",
+      MicrosPerCall(
+          [&] { ArgmaxRows(logits.get(), 8, V, V, 0, ids.get(), nullptr, nullptr, nullptr); }, 20));
 }
 
 }  // namespace

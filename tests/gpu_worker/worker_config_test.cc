@@ -117,6 +117,15 @@ TEST(GpuWorkerConfig, FlagsAreValidated) {
   EXPECT_EQ(c->end_layer, -1);
   EXPECT_EQ(c->source.model_dir, kTinyA);
   EXPECT_EQ(c->source.load_format, LoadFormat::kAuto);
+  EXPECT_EQ(c->layer_timing_every, 16);
+  f.layer_timing_every = -1;
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--layer_timing_every -1"),
+            std::string::npos);
+  f.layer_timing_every = 0;
+  c = ParseWorkerConfig(f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->layer_timing_every, 0);
+  f.layer_timing_every = 16;
   f.load_format = "dummy";
   f.hf_overrides = R"({"rope_scaling": {"factor": 4}})";
   c = ParseWorkerConfig(f);
