@@ -33,7 +33,8 @@
 #                 rest, G = step - engine (the GPU's step and the calls' overheads), with the
 #                 per-step parts.
 #   env: SS_BIN (binaries, default build/bin), SS_PORT (first `up` port, default 18400; every `up`
-#        takes its own, 10 apart), SS_UP_ARGS (more `up` flags for every run), SS_REBALANCE_S=none
+#        takes its own, 10 apart), SS_INPUT_LEN (the prompts' tokens, default 16: a window at a
+#        longer context), SS_UP_ARGS (more `up` flags for every run), SS_REBALANCE_S=none
 #        (pass no --gpu-experts-rebalance-s: for a build without it, both skew phases then keep
 #        the even placement).
 # Writes OUT/summary.txt (the tables), OUT/<run>/ (up's logs, scrapes, bench results), OUT/*.jsonl
@@ -48,6 +49,7 @@ port=${SS_PORT:-18400}
 fractions=${SS_FRACTIONS:-0 0.25 0.5}
 concurrency=${SS_DECODE_CONCURRENCY:-1 8}
 decode_tokens=${SS_DECODE_TOKENS:-32}
+input_len=${SS_INPUT_LEN:-16}
 skew=${SS_SKEW:-0.2}
 rebalance_s=${SS_REBALANCE_S:-5}
 skew_seconds=${SS_SKEW_SECONDS:-120}
@@ -152,7 +154,7 @@ bench() {  # DIR NAME ARGS...: one bench serve run, its JSON in DIR/NAME.json
   shift 2
   env LD_LIBRARY_PATH="$binlibs" "$bin/splitserve" bench serve --port "$up_port" \
     --tokenizer "$model/tokenizer.json" --disable-tqdm --save-result --result-dir "$dir" \
-    --result-filename "$name.json" --dataset-name random --random-input-len 16 --ignore-eos "$@" \
+    --result-filename "$name.json" --dataset-name random --random-input-len "$input_len" --ignore-eos "$@" \
     >"$dir/$name.txt" 2>&1 || {
     say "$name: bench serve failed"
     tail -5 "$dir/$name.txt"

@@ -21,7 +21,11 @@ tests/device/resident_decode.sh.
         total_rebalances, total_rebalance_bytes  the AFTER scrape's own values (cumulative)
         steps         splitserve:gpu_worker_steps_total
         engine_ms     the expert workers' engine time a step (expert_call_seconds, all layers)
-        part_ms       {part: ms a step} of layer_latency_seconds summed over the layers
+        part_ms       {part: ms a step} of layer_latency_seconds summed over the layers, a
+                      step being a timed one (the lowest layer's attention count: the GPU
+                      workers' --layer_timing_every times every Nth step)
+        graph         {how: [steps, ms each]} of gpu_worker_graph_steps_total and
+                      gpu_worker_graph_step_seconds (launched, captured, replayed, none)
         step_ms       {name: ms a step} of the step-time histograms: round_trip and worker
                       (the coordinator's engine_step_seconds), total, backend and sample (the
                       GPU workers' gpu_worker_step_seconds), each over its own count
@@ -59,6 +63,8 @@ STEP_TIMES = (('round_trip', 'splitserve:engine_step_seconds', 'round_trip'),
               ('gw_total', 'splitserve:gpu_worker_step_seconds', 'total'),
               ('gw_backend', 'splitserve:gpu_worker_step_seconds', 'backend'),
               ('gw_sample', 'splitserve:gpu_worker_step_seconds', 'sample'))
+GRAPH_STEPS = 'splitserve:gpu_worker_graph_steps_total'  # {how}
+GRAPH_SECONDS = 'splitserve:gpu_worker_graph_step_seconds'  # {how}
 ROUTED = 'splitserve:gpu_worker_expert_routed_total'  # {layer, expert}: choices of that expert
 # Layers below this route by the token id (tid2eid; Flash: num_hash_layers 3), which the router
 # skew does not change: hit_learned leaves them out.
@@ -162,8 +168,22 @@ def delta(before_dir, after_dir, extra):
     r['steps'] = a.total(STEPS) - b.total(STEPS)
     r['engine_ms'] = ratio(1e3 * (a.total(ENGINE) - b.total(ENGINE)), r['steps'])
     parts = {lab.get('part') for n, lab, _ in a.samples if n == LATENCY}
+    count = LATENCY.replace('_sum', '_count')
+    layers = [int(lab['layer']) for n, lab, _ in a.samples if n == count and 'layer' in lab]
+    timed = r['steps']
+    if layers:
+        low = str(min(layers))
+        timed = (a.total(count, part='attention', layer=low) -
+                 b.total(count, part='attention', layer=low))
+    r['timed_steps'] = timed
     r['part_ms'] = {p: ratio(1e3 * (a.total(LATENCY, part=p) - b.total(LATENCY, part=p)),
-                             r['steps']) for p in sorted(x for x in parts if x)}
+                             timed) for p in sorted(x for x in parts if x)}
+    r['graph'] = {}
+    for how in ('launched', 'captured', 'replayed', 'none'):
+        n = a.total(GRAPH_STEPS, how=how) - b.total(GRAPH_STEPS, how=how)
+        t = a.total(GRAPH_SECONDS + '_sum', how=how) - b.total(GRAPH_SECONDS + '_sum', how=how)
+        if n:
+            r['graph'][how] = [n, 1e3 * t / n]
     r['step_ms'] = {}
     for key, name, part in STEP_TIMES:
         n = a.total(name + '_count', part=part) - b.total(name + '_count', part=part)
@@ -264,8 +284,9 @@ def window_table(path):
     rs = sorted(rows(path), key=frac_key)
     keys = [k for k, _, _ in STEP_TIMES]
     print('| resident | hit rate | tok/s | step ms | engine ms | G = step - engine ms | '
-          'per step ms: ' + ', '.join(PARTS) + ' | step times ms: ' + ', '.join(keys) + ' |')
-    print('|---|---|---|---|---|---|---|---|')
+          'per step ms: ' + ', '.join(PARTS) + ' | step times ms: ' + ', '.join(keys) +
+          ' | graph steps: how steps (backend ms each) |')
+    print('|---|---|---|---|---|---|---|---|---|')
     for r in rs:
         step = ratio(1e3 * r['seconds'], r['steps']) if r.get('seconds') else None
         g = step - r['engine_ms'] if step is not None and r.get('engine_ms') is not None else None
@@ -274,7 +295,9 @@ def window_table(path):
         print(f"| {frac_name(r)} | {fmt(r['hit'], '.3f')} | {fmt(r['tok_s'], '.2f')} | "
               f"{fmt(step, '.2f')} | {fmt(r.get('engine_ms'), '.2f')} | {fmt(g, '.2f')} | " +
               ', '.join(fmt(pm.get(p), '.2f') for p in PARTS) + ' | ' +
-              ', '.join(fmt(sm.get(k), '.3f') for k in keys) + ' |')
+              ', '.join(fmt(sm.get(k), '.3f') for k in keys) + ' | ' +
+              ', '.join(f"{h} {int(v[0])} ({v[1]:.2f})" for h, v in (r.get('graph') or {}).items())
+              + ' |')
 
 
 def main(argv):
