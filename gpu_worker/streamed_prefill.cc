@@ -1,5 +1,6 @@
 #include "gpu_worker/streamed_prefill.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -38,8 +39,11 @@ int64_t StreamedPrefillPolicy::Threshold() const {
     case GpuPrefillThreshold::Mode::kAuto:
       break;
   }
-  const double cpu = rates_.cpu_seconds_per_token_layer;
-  if (rates_.h2d_bytes_per_second <= 0 || layer_bytes_ <= 0 || cpu <= 0) return kNever;
+  return AutoThreshold(rates_.cpu_seconds_per_token_layer);
+}
+
+int64_t StreamedPrefillPolicy::AutoThreshold(double cpu) const {
+  if (rates_.h2d_bytes_per_second <= 0 || layer_bytes_ <= 0 || !(cpu > 0)) return kNever;
   // streamed(T) < cpu(T)  <=>  layer_bytes / h2d < T·cpu  and  gpu < cpu.
   if (rates_.gpu_seconds_per_token_layer >= cpu) return kNever;
   const double copy_rows =
@@ -48,8 +52,11 @@ int64_t StreamedPrefillPolicy::Threshold() const {
   return static_cast<int64_t>(std::floor(copy_rows)) + 1;
 }
 
-bool StreamedPrefillPolicy::UseStreamed(int64_t rows) const {
-  return rows >= 1 && rows >= Threshold();
+bool StreamedPrefillPolicy::UseStreamed(int64_t rows, double host_share) const {
+  if (rows < 1) return false;
+  if (threshold_.mode != GpuPrefillThreshold::Mode::kAuto) return rows >= Threshold();
+  const double share = std::clamp(host_share, 0.0, 1.0);
+  return rows >= AutoThreshold(rates_.cpu_seconds_per_token_layer * share);
 }
 
 void StreamedPrefillPolicy::ObserveCpu(int64_t rows, double seconds) {

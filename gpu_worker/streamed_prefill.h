@@ -9,13 +9,15 @@
 //                                T · gpu_seconds_per_token_layer)
 // where layer_bytes are the bytes of one layer's routed experts this rank copies (its slices of
 // all E experts). The step streams when streamed(T) < cpu(T), i.e. from the smallest such T on
-// (Threshold). The rates are measured, never assumed from a GPU or CPU model name: the pinned
-// host-to-device bandwidth at start (on the expert store's own registered memory), the CPU
-// expert time per token and layer from the CPU path's own prefill calls (an exponential
-// average over calls of at least kMinRowsForCpuRate rows), and the GPU's from the streamed
-// path's steps. Until the CPU rate has been measured the prior below is used and the log says
-// so. `--gpu-prefill-threshold` overrides the rule: `auto` (the rule), `off` (never stream), or
-// N (stream every step of at least N rows).
+// (Threshold). Where resident experts (resident_routed_experts.h) would serve a share of the
+// step's choices on the GPU, cpu(T) counts only the host's share of them (UseStreamed's
+// host_share): with every expert resident a step they serve never streams. The rates are measured,
+// never assumed from a GPU or CPU model name: the pinned host-to-device bandwidth at start (on the
+// expert store's own registered memory), the CPU expert time per token and layer from the CPU
+// path's own prefill calls (an exponential average over calls of at least kMinRowsForCpuRate rows),
+// and the GPU's from the streamed path's steps. Until the CPU rate has been measured the prior
+// below is used and the log says so. `--gpu-prefill-threshold` overrides the rule: `auto` (the
+// rule), `off` (never stream), or N (stream every step of at least N rows).
 //
 // Threading: StreamedPrefillPolicy is used from the step's thread only.
 #pragma once
@@ -55,9 +57,13 @@ class StreamedPrefillPolicy {
   // streamable).
   StreamedPrefillPolicy(GpuPrefillThreshold threshold, int64_t layer_bytes, Rates rates);
 
-  // Whether a step of `rows` rows streams its (streamable) layers' experts.
-  bool UseStreamed(int64_t rows) const;
-  // The smallest row count that streams under the current rates (kOff: INT64_MAX).
+  // Whether a step of `rows` rows streams its (streamable) layers' experts. host_share: the share
+  // of the step's routed choices the CPU path would compute (resident experts on the GPU take
+  // the rest), which scales cpu(T) in the rule; 0 never streams under auto. An explicit
+  // threshold (N, off) ignores it.
+  bool UseStreamed(int64_t rows, double host_share = 1.0) const;
+  // The smallest row count that streams under the current rates, for a step whose choices all
+  // go to the CPU path (kOff: INT64_MAX).
   int64_t Threshold() const;
   // A CPU-path call of `rows` rows through one layer took `seconds` (the host call's time).
   void ObserveCpu(int64_t rows, double seconds);
@@ -70,6 +76,9 @@ class StreamedPrefillPolicy {
   std::string Describe() const;
 
  private:
+  // The rule's smallest streaming row count at a CPU rate of `cpu` seconds per (token, layer).
+  int64_t AutoThreshold(double cpu) const;
+
   GpuPrefillThreshold threshold_;
   int64_t layer_bytes_ = 0;
   Rates rates_;

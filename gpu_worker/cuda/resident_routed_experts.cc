@@ -211,6 +211,13 @@ absl::Status ResidentRoutedExperts::ReserveWork(int64_t rows) {
   return absl::OkStatus();
 }
 
+double ResidentRoutedExperts::HostShare(int64_t rows) const {
+  const double all =
+      static_cast<double>(layers_.size()) * static_cast<double>(model_.config().n_routed_experts);
+  if (rows > max_rows_ || !(all > 0)) return 1.0;
+  return std::max(0.0, 1.0 - static_cast<double>(experts_) / all);
+}
+
 absl::Status ResidentRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
   RETURN_IF_ERROR(host_->PrepareStep(n_layers, rows));
   RETURN_IF_ERROR(ApplyStaged());

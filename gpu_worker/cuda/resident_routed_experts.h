@@ -97,6 +97,10 @@ class ResidentRoutedExperts final : public RoutedExpertsProvider, public Residen
                        int64_t rows, float* sum, cudaStream_t side) override;
   absl::Status StepStatus(int n_layers) const override { return host_->StepStatus(n_layers); }
   double Seconds(int l) const override { return host_->Seconds(l); }
+  // For a step it serves (rows <= max_rows): 1 - its resident experts' share of the stage's,
+  // the share an even router leaves to the host (a skewed one, placed by frequency, leaves less);
+  // else 1.
+  double HostShare(int64_t rows) const override;
   void AppendGraphKey(std::vector<int64_t>* key) const override;
 
   // ResidentExpertMover (the rebalance).

@@ -40,6 +40,13 @@ class RoutedExpertsProvider {
   virtual absl::Status StepStatus(int n_layers) const = 0;
   // After the step's final wait: the host seconds layer l's experts took (StageTimings::moe_cpu).
   virtual double Seconds(int l) const = 0;
+  // The share of a step of `rows` rows' routed choices that this provider sends to the host (the
+  // rest it computes on the GPU), as the streamed path's rule and its CPU rate take it: 1 for the
+  // host path.
+  virtual double HostShare(int64_t rows) const {
+    (void)rows;
+    return 1.0;
+  }
   // The addresses Enqueue's launches take from the provider (its buffers), appended to the step's
   // graph key (graph_cache.h) in a fixed order.
   virtual void AppendGraphKey(std::vector<int64_t>* key) const = 0;

@@ -25,7 +25,8 @@ absl::Status RunStep(StepState& s, const float* streams_in, const void* device_i
   RETURN_IF_ERROR(PrepareStepInputs(s, streams_in, device_in));
   if (s.marks) RETURN_IF_ERROR(im.marks.Prepare(s.n_layers, s.timings));
   if (s.routed) RETURN_IF_ERROR(im.routed->PrepareStep(s.n_layers, s.T));
-  s.streamed = s.routed && im.policy != nullptr && im.policy->UseStreamed(s.T);
+  s.streamed =
+      s.routed && im.policy != nullptr && im.policy->UseStreamed(s.T, im.routed->HostShare(s.T));
   if (s.streamed) RETURN_IF_ERROR(im.streamed->PrepareStep(s.n_layers, s.T));
   s.defer_comb = cuda::HcPreDefersComb(s.T, s.hc, s.dim, s.sc.y);
 
@@ -89,8 +90,10 @@ absl::Status ObserveRoutedPath(StepState& s) {
       s.timings->streamed_span_seconds = t.streamed_span_seconds;
     }
   }
-  // The CPU path's own calls (also a streamed step's layers that cannot stream) feed its rate.
-  for (int l = 0; l < s.n_layers; ++l) {
+  // The CPU path's own calls (also a streamed step's layers that cannot stream) feed its rate;
+  // not where resident experts took part of the choices (the calls carried fewer).
+  const bool whole = im.routed->HostShare(s.T) >= 1.0;
+  for (int l = 0; l < s.n_layers && whole; ++l) {
     if (s.streamed && im.streamed->streams(l)) continue;
     const double seconds = im.routed->Seconds(l);
     if (seconds > 0) im.policy->ObserveCpu(s.T, seconds);

@@ -47,6 +47,25 @@ TEST(StreamedPrefillTest, ThresholdFromTheRates) {
       StreamedPrefillPolicy(Auto(), 0, {.h2d_bytes_per_second = 55e9}).UseStreamed(1 << 20));
 }
 
+// Resident experts serving part of a step's choices (host_share < 1) scale the CPU side of the
+// rule: the H200 case above with half of the choices on the GPU streams from 2·57.3 -> 115
+// rows, with every expert resident (share 0) never; an override ignores the share.
+TEST(StreamedPrefillTest, ResidentExpertsRaiseTheAutoThreshold) {
+  StreamedPrefillPolicy h200(Auto(), 2'100'000'000, {.h2d_bytes_per_second = 55e9});
+  EXPECT_TRUE(h200.UseStreamed(58, 1.0));
+  EXPECT_FALSE(h200.UseStreamed(114, 0.5));
+  EXPECT_TRUE(h200.UseStreamed(115, 0.5));
+  EXPECT_FALSE(h200.UseStreamed(int64_t{1} << 40, 0.0));
+  EXPECT_FALSE(h200.UseStreamed(int64_t{1} << 40, -1.0));  // clamped to 0
+  EXPECT_TRUE(h200.UseStreamed(58, 7.0));                  // clamped to 1
+  EXPECT_EQ(h200.Threshold(), 58);  // the threshold reported is the whole-host one
+  StreamedPrefillPolicy forced({.mode = Mode::kRows, .rows = 1}, 2'100'000'000,
+                               {.h2d_bytes_per_second = 55e9});
+  EXPECT_TRUE(forced.UseStreamed(1, 0.0));
+  StreamedPrefillPolicy off({.mode = Mode::kOff}, 2'100'000'000, {.h2d_bytes_per_second = 55e9});
+  EXPECT_FALSE(off.UseStreamed(1 << 20, 1.0));
+}
+
 TEST(StreamedPrefillTest, OffAndRowOverrides) {
   const Rates rates{.h2d_bytes_per_second = 55e9};
   StreamedPrefillPolicy off({.mode = Mode::kOff}, 2'100'000'000, rates);
