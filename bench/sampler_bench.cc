@@ -4,7 +4,11 @@
 // the same token. (top_k and logprobs are left out: the rule sorts where the sampler selects
 // the few it needs, so the ratio would say nothing.) Logits: normal with standard deviation 3 (a
 // synthetic row; a model's rows are more peaked, which only shortens top_p's candidates).
+// Then 8 rows at temperature 1 (a step of 8 sampled sequences): one after another, and in
+// parallel over the rows as the stage runner draws them (OpenMP, this process's threads).
 //   build/bin/sampler_bench [repeats, default 20]
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -71,5 +75,29 @@ int main(int argc, char** argv) {
                 same ? "yes" : "NO");
     if (!same) status = 1;
   }
+  constexpr int kRows = 8;
+  SamplingConfig c;
+  c.temperature = 1.0f;
+  c.seed = 11;
+  std::vector<int32_t> serial(kRows), parallel(kRows, -1);
+  const double one_by_one = BestMicros(repeats, [&](int) {
+    for (int i = 0; i < kRows; ++i) {
+      auto t = ss::gpu::SampleToken(logits.data(), kVocab, c, i);
+      serial[i] = t.ok() ? t->token : -1;
+    }
+  });
+  const double rows = BestMicros(repeats, [&](int) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < kRows; ++i) {
+      auto t = ss::gpu::SampleToken(logits.data(), kVocab, c, i);
+      parallel[i] = t.ok() ? t->token : -1;
+    }
+  });
+  std::printf(
+      "%d rows, temperature 1: one after another %.1f us, over the rows on %d threads "
+      "%.1f us (%.1fx), same tokens %s\n",
+      kRows, one_by_one, omp_get_max_threads(), rows, one_by_one / rows,
+      serial == parallel ? "yes" : "NO");
+  if (serial != parallel) status = 1;
   return status;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,6 +24,75 @@ void SetPenalties(const pb::SamplingParams& p, SamplingConfig* config) {
   config->frequency_penalty = p.frequency_penalty();
   config->presence_penalty = p.presence_penalty();
   config->repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+}
+
+// The sampling chunks' tokens into `result`, in the plan's order: the backend's where it gave one
+// (StageOutput::tokens), else SampleToken on the chunk's logits -- those in parallel over the
+// chunks (OpenMP on the worker's cores; SampleToken is pure, and each draw depends only on its
+// chunk), so a step of many sampled sequences does not sample them one after another. The
+// first failing chunk's error (in the plan's order), naming its sequence.
+absl::Status SampleChunks(const pb::StepPlan& plan, std::span<const StageChunk> batch,
+                          const std::vector<SamplingConfig>& sampling,
+                          const std::vector<std::vector<uint32_t>>& allowed,
+                          const TokenHistories& histories, const StageOutput& out, int64_t vocab,
+                          pb::StepResult* result) {
+  struct Draw {
+    size_t chunk = 0, si = 0;
+    absl::StatusOr<SampledToken> token = absl::UnknownError("not drawn");
+  };
+  std::vector<Draw> draws;  // the chunks sampled here
+  size_t si = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].samples) continue;
+    const bool given = si < out.tokens.size() && out.tokens[si] >= 0;
+    if (!given &&
+        (si >= out.logits.size() || static_cast<int64_t>(out.logits[si].size()) != vocab)) {
+      return absl::InternalError(
+          absl::StrCat("sequence ", batch[i].seq_id, ": the backend returned no logits to sample"));
+    }
+    if (!given) draws.push_back({.chunk = i, .si = si});
+    ++si;
+  }
+  const int64_t n = static_cast<int64_t>(draws.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t d = 0; d < n; ++d) {
+    Draw& w = draws[static_cast<size_t>(d)];
+    const StageChunk& ch = batch[w.chunk];
+    const pb::SeqChunk& c = plan.chunks(static_cast<int>(w.chunk));
+    SamplingInputs inputs;
+    inputs.history = histories.Find(ch.seq_id);
+    inputs.allowed = allowed[w.si];
+    inputs.banned = std::span<const int32_t>(c.banned_tokens().data(), c.banned_tokens_size());
+    const int64_t position = ch.start + static_cast<int64_t>(ch.tokens.size()) - 1;
+    w.token = SampleToken(out.logits[w.si].data(), vocab, sampling[w.si], position, inputs);
+  }
+  size_t next = 0;  // the next draw, in chunk order
+  si = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].samples) continue;
+    pb::Sample* sample = result->add_samples();
+    sample->set_seq_id(batch[i].seq_id);
+    if (next >= draws.size() || draws[next].chunk != i) {  // the backend's greedy token
+      sample->set_token(out.tokens[si++]);
+      continue;
+    }
+    const absl::StatusOr<SampledToken>& t = draws[next++].token;
+    const SamplingConfig& s = sampling[si++];
+    if (!t.ok()) {
+      return absl::Status(t.status().code(),
+                          absl::StrCat("sequence ", batch[i].seq_id, ": ", t.status().message()));
+    }
+    sample->set_token(t->token);
+    if (s.top_logprobs >= 0) {
+      sample->set_logprob(t->logprob);
+      for (const auto& [id, lp] : t->top) {
+        pb::TokenLogprob* tl = sample->add_top();
+        tl->set_token(id);
+        tl->set_logprob(lp);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
@@ -456,45 +526,11 @@ absl::Status StageRunner::Run(const pb::StepPlan& plan, pb::StepResult* result,
     }
   }
   const auto sample0 = std::chrono::steady_clock::now();
-  size_t si = 0;
-  for (int i = 0; i < plan.chunks_size(); ++i) {
-    const StageChunk& ch = batch[static_cast<size_t>(i)];
-    if (!ch.samples) continue;
-    const pb::SeqChunk& c = plan.chunks(i);
-    const SamplingConfig& s = sampling[si];
-    if (si < out.tokens.size() && out.tokens[si] >= 0) {  // the backend's greedy token
-      pb::Sample* sample = result->add_samples();
-      sample->set_seq_id(ch.seq_id);
-      sample->set_token(out.tokens[si]);
-      ++si;
-      continue;
-    }
-    const int64_t position = ch.start + static_cast<int64_t>(ch.tokens.size()) - 1;
-    SamplingInputs inputs;
-    inputs.history = histories_.Find(ch.seq_id);
-    inputs.allowed = allowed[si];
-    inputs.banned = std::span<const int32_t>(c.banned_tokens().data(), c.banned_tokens_size());
-    if (si >= out.logits.size() || static_cast<int64_t>(out.logits[si].size()) != mc.vocab_size) {
-      return drop(absl::InternalError(
-          absl::StrCat("sequence ", ch.seq_id, ": the backend returned no logits to sample")));
-    }
-    auto sampled = SampleToken(out.logits[si].data(), mc.vocab_size, s, position, inputs);
-    ++si;
-    if (!sampled.ok()) {
-      return drop(absl::Status(sampled.status().code(), absl::StrCat("sequence ", ch.seq_id, ": ",
-                                                                     sampled.status().message())));
-    }
-    pb::Sample* sample = result->add_samples();
-    sample->set_seq_id(ch.seq_id);
-    sample->set_token(sampled->token);
-    if (s.top_logprobs >= 0) {
-      sample->set_logprob(sampled->logprob);
-      for (const auto& [id, lp] : sampled->top) {
-        pb::TokenLogprob* t = sample->add_top();
-        t->set_token(id);
-        t->set_logprob(lp);
-      }
-    }
+  if (absl::Status st =
+          SampleChunks(plan, batch, sampling, allowed, histories_, out, mc.vocab_size, result);
+      !st.ok()) {
+    result->clear_samples();
+    return drop(st);
   }
   seconds->sample = SecondsSince(sample0);
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 
 #include "common/status.h"
 #include "gpu_worker/cpu_backend.h"
+#include "gpu_worker/sampler.h"
 #include "gpu_worker/stage_runner.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_worker/gpu_worker_test_util.h"
@@ -21,7 +22,7 @@ using testing_util::Plan;
 using testing_util::TinyA;
 namespace pb = testing_util::pb;
 
-enum class Answer { kToken, kShiftedToken, kNothing };
+enum class Answer { kToken, kShiftedToken, kNothing, kRecord };
 
 // One stage of every tiny-a layer.
 CpuBackendOptions Options() {
@@ -32,7 +33,8 @@ CpuBackendOptions Options() {
 }
 
 // The cpu backend; its greedy chunks answered per `answer`: the argmax (kToken), the argmax + 1
-// (kShiftedToken: shows whose token the runner takes), or -1 without logits (kNothing).
+// (kShiftedToken: shows whose token the runner takes), or -1 without logits (kNothing); or no
+// chunk answered and the logits kept (kRecord).
 class GreedyTokensBackend : public StageBackend {
  public:
   explicit GreedyTokensBackend(Answer answer) : answer_(answer) {
@@ -48,6 +50,10 @@ class GreedyTokensBackend : public StageBackend {
                    StageTimings* t) override {
     RETURN_IF_ERROR(inner_->Run(batch, in, out, t));
     flags_.clear();
+    if (answer_ == Answer::kRecord) {
+      logits_ = out->logits;
+      return absl::OkStatus();
+    }
     size_t row = 0;
     for (const StageChunk& ch : batch) {
       if (!ch.samples) continue;
@@ -72,7 +78,8 @@ class GreedyTokensBackend : public StageBackend {
   }
   void DropSnapshot(uint64_t id) override { inner_->DropSnapshot(id); }
 
-  std::vector<bool> flags_;  // the last Run's `greedy` per sampling chunk
+  std::vector<bool> flags_;                 // the last Run's `greedy` per sampling chunk
+  std::vector<std::vector<float>> logits_;  // kRecord: the last Run's logits
 
  private:
   Answer answer_;
@@ -88,6 +95,7 @@ pb::StepPlan MixedPlan(uint64_t mb) {
   pb::SeqChunk* c = AddChunk(&plan, 4, 0, {9});
   c->mutable_sampling()->set_temperature(0.7f);
   c->mutable_sampling()->set_seed(11);
+  c->mutable_sampling()->set_has_seed(true);
   return plan;
 }
 
@@ -135,6 +143,43 @@ TEST(GreedyTokensRunner, ABackendWithNeitherTokenNorLogitsFailsTheStep) {
   const pb::StepResult res = r.runner.RunPlan(MixedPlan(1));
   EXPECT_NE(res.error().find("returned no logits"), std::string::npos) << res.error();
   EXPECT_EQ(res.samples_size(), 0);
+}
+
+// Many sampled chunks in one step (drawn in parallel over the chunks): each token and logprob
+// is SampleToken's on that chunk's logits, in the plan's order.
+TEST(GreedyTokensRunner, ManySampledChunksDrawWhatEachDrawsAlone) {
+  Runner r(Answer::kRecord);
+  pb::StepPlan plan = Plan(1);
+  constexpr int kChunks = 12;
+  for (int i = 0; i < kChunks; ++i) {
+    pb::SeqChunk* c = AddChunk(&plan, 10 + i, 0, {i % 7, (3 * i) % 11, 5});
+    c->mutable_sampling()->set_temperature(0.5f + 0.1f * static_cast<float>(i));
+    c->mutable_sampling()->set_seed(1000 + i);
+    c->mutable_sampling()->set_has_seed(true);
+    if (i % 3 == 0) c->mutable_sampling()->set_top_p(0.9f);
+    if (i % 4 == 1) c->mutable_sampling()->set_top_logprobs(3);
+  }
+  const pb::StepResult res = r.runner.RunPlan(plan);
+  ASSERT_EQ(res.error(), "");
+  ASSERT_EQ(res.samples_size(), kChunks);
+  ASSERT_EQ(r.backend.logits_.size(), static_cast<size_t>(kChunks));
+  for (int i = 0; i < kChunks; ++i) {
+    const pb::SamplingParams& p = plan.chunks(i).sampling();
+    SamplingConfig cfg;
+    cfg.temperature = p.temperature();
+    cfg.top_p = p.top_p();
+    cfg.seed = p.seed();
+    cfg.top_logprobs = p.top_logprobs();
+    const auto want = SampleToken(r.backend.logits_[i].data(),
+                                  static_cast<int64_t>(r.backend.logits_[i].size()), cfg, 2, {});
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(res.samples(i).seq_id(), static_cast<uint64_t>(10 + i));
+    EXPECT_EQ(res.samples(i).token(), want->token) << "chunk " << i;
+    ASSERT_EQ(res.samples(i).top_size(), static_cast<int>(want->top.size())) << "chunk " << i;
+    if (cfg.top_logprobs >= 0) {
+      EXPECT_EQ(res.samples(i).logprob(), want->logprob);
+    }
+  }
 }
 
 }  // namespace
