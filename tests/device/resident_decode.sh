@@ -34,7 +34,8 @@
 #                 per-step parts.
 #   env: SS_BIN (binaries, default build/bin), SS_PORT (first `up` port, default 18400; every `up`
 #        takes its own, 10 apart), SS_INPUT_LEN (the prompts' tokens, default 16: a window at a
-#        longer context), SS_UP_ARGS (more `up` flags for every run), SS_REBALANCE_S=none
+#        longer context), SS_BENCH_ARGS (more `bench serve` flags for every run, e.g.
+#        "--temperature 0.7"), SS_UP_ARGS (more `up` flags for every run), SS_REBALANCE_S=none
 #        (pass no --gpu-experts-rebalance-s: for a build without it, both skew phases then keep
 #        the even placement).
 # Writes OUT/summary.txt (the tables), OUT/<run>/ (up's logs, scrapes, bench results), OUT/*.jsonl
@@ -50,6 +51,7 @@ fractions=${SS_FRACTIONS:-0 0.25 0.5}
 concurrency=${SS_DECODE_CONCURRENCY:-1 8}
 decode_tokens=${SS_DECODE_TOKENS:-32}
 input_len=${SS_INPUT_LEN:-16}
+bench_args=${SS_BENCH_ARGS:-}
 skew=${SS_SKEW:-0.2}
 rebalance_s=${SS_REBALANCE_S:-5}
 skew_seconds=${SS_SKEW_SECONDS:-120}
@@ -152,9 +154,11 @@ scrape() {  # DIR: every endpoint's /metrics and the epoch time
 bench() {  # DIR NAME ARGS...: one bench serve run, its JSON in DIR/NAME.json
   local dir=$1 name=$2
   shift 2
+  # shellcheck disable=SC2086  # SS_BENCH_ARGS splits into flags
   env LD_LIBRARY_PATH="$binlibs" "$bin/splitserve" bench serve --port "$up_port" \
     --tokenizer "$model/tokenizer.json" --disable-tqdm --save-result --result-dir "$dir" \
-    --result-filename "$name.json" --dataset-name random --random-input-len "$input_len" --ignore-eos "$@" \
+    --result-filename "$name.json" --dataset-name random --random-input-len "$input_len" \
+    --ignore-eos $bench_args "$@" \
     >"$dir/$name.txt" 2>&1 || {
     say "$name: bench serve failed"
     tail -5 "$dir/$name.txt"
