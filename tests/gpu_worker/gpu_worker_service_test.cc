@@ -414,18 +414,38 @@ TEST(GpuWorkerService, TwoInProcessStagesMatchTheReference) {
   EXPECT_TRUE(s1.client->CloseSteps().ok());
 }
 
-TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
+// A stage runner of all tiny-a's layers ("w0", KV for 100 tokens) on the cpu backend, with its
+// metrics.
+struct MeteredRunner {
+  explicit MeteredRunner(const RunnerOptions& ro)
+      : backend(Backend()),
+        wm(m, "w0", 0, 7),
+        runner(backend.get(), Role(), nullptr, nullptr, &wm, ro) {}
+  static std::unique_ptr<CpuBackend> Backend() {
+    CpuBackendOptions o;
+    o.end_layer = 7;
+    o.kv_tokens = 100;
+    auto b = CpuBackend::Create(TinyA(), o);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? std::move(*b) : nullptr;
+  }
+  static StageRole Role() {
+    StageRole role;
+    role.worker_id = "w0";
+    role.end_layer = 7;
+    return role;
+  }
   metrics::Metrics m;
-  CpuBackendOptions o;
-  o.end_layer = 7;
-  o.kv_tokens = 100;
-  auto backend = CpuBackend::Create(TinyA(), o);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  StageRole role;
-  role.worker_id = "w0";
-  role.end_layer = 7;
-  WorkerMetrics wm(m, "w0", 0, 7);
-  StageRunner runner(backend->get(), role, nullptr, nullptr, &wm, RunnerOptions{});
+  std::unique_ptr<CpuBackend> backend;
+  WorkerMetrics wm;
+  StageRunner runner;
+};
+
+TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
+  MeteredRunner r{RunnerOptions{}};
+  ASSERT_NE(r.backend, nullptr);
+  metrics::Metrics& m = r.m;
+  StageRunner& runner = r.runner;
   pb::StepPlan plan = Plan(1);
   AddChunk(&plan, 1, 0, {0, 1, 2, 3, 4});
   EXPECT_EQ(runner.RunPlan(plan).error(), "");
@@ -456,19 +476,12 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
 TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
   for (const int every : {0, 1, 3}) {
     SCOPED_TRACE(every);
-    metrics::Metrics m;
-    CpuBackendOptions o;
-    o.end_layer = 7;
-    o.kv_tokens = 100;
-    auto backend = CpuBackend::Create(TinyA(), o);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    StageRole role;
-    role.worker_id = "w0";
-    role.end_layer = 7;
-    WorkerMetrics wm(m, "w0", 0, 7);
     RunnerOptions ro;
     ro.layer_timing_every = every;
-    StageRunner runner(backend->get(), role, nullptr, nullptr, &wm, ro);
+    MeteredRunner r(ro);
+    ASSERT_NE(r.backend, nullptr);
+    metrics::Metrics& m = r.m;
+    StageRunner& runner = r.runner;
     int32_t next = 0;
     for (int s = 0; s < 7; ++s) {
       pb::StepPlan plan = Plan(s + 1);
