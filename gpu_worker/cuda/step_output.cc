@@ -45,23 +45,7 @@ absl::Status GreedyTokens(StepState& s, const std::vector<bool>& greedy, const f
   auto* host = im.greedy_host.as<float>();
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, all, tp * rec * 4, cudaMemcpyDeviceToHost, st));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
-  out->tokens.assign(n, -1);
-  for (int64_t r = 0; r < n; ++r) {
-    if (!greedy[r]) continue;
-    int32_t bi = -1, any_bad = 0;
-    float bv = 0.0f;
-    for (int64_t q = 0; q < tp; ++q) {
-      const float* block = host + q * rec;
-      const float v = block[r];
-      const auto id = std::bit_cast<int32_t>(block[n + r]);
-      any_bad |= std::bit_cast<int32_t>(block[2 * n + r]);
-      if (id >= 0 && (bi < 0 || v > bv || (v == bv && id < bi))) {
-        bi = id;
-        bv = v;
-      }
-    }
-    if (any_bad == 0 && bi >= 0 && bv != -INFINITY) out->tokens[r] = bi;
-  }
+  out->tokens = CombineGreedyRecords(host, tp, greedy);
   return absl::OkStatus();
 }
 
@@ -140,6 +124,29 @@ absl::Status ReadLogits(StepState& s, StageOutput* out) {
   return CopyLogits(s, n, shard, shard + n * vm, out);
 }
 }  // namespace
+
+std::vector<int32_t> CombineGreedyRecords(const float* records, int64_t tp,
+                                          const std::vector<bool>& greedy) {
+  const int64_t n = static_cast<int64_t>(greedy.size()), rec = 3 * n;
+  std::vector<int32_t> tokens(n, -1);
+  for (int64_t r = 0; r < n; ++r) {
+    if (!greedy[r]) continue;
+    int32_t bi = -1, any_bad = 0;
+    float bv = 0.0f;
+    for (int64_t q = 0; q < tp; ++q) {
+      const float* block = records + q * rec;
+      const float v = block[r];
+      const auto id = std::bit_cast<int32_t>(block[n + r]);
+      any_bad |= std::bit_cast<int32_t>(block[2 * n + r]);
+      if (id >= 0 && (bi < 0 || v > bv || (v == bv && id < bi))) {
+        bi = id;
+        bv = v;
+      }
+    }
+    if (any_bad == 0 && bi >= 0 && bv != -INFINITY) tokens[r] = bi;
+  }
+  return tokens;
+}
 
 absl::Status ReadStepOutput(StepState& s, StageOutput* out) {
   CudaBackend::Impl& im = s.im;

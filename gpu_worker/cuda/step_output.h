@@ -15,11 +15,22 @@
 // The caller waits for the step's stream afterwards. Returns the first failure.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "gpu_worker/cuda/step.h"
 
 namespace ss::gpu::cuda_backend_internal {
 
 absl::Status ReadStepOutput(StepState& s, StageOutput* out);
+
+// The greedy rows' tokens from the ranks' argmax records (ReadStepOutput), `tp` blocks of 3n
+// floats, rank-major: per row r its maximum at [r], its id (int32 bits, -1: none) at [n + r] and
+// its nonfinite flag (int32 bits) at [2n + r], n = greedy.size(). A greedy row gets the id of the
+// largest maximum over the ranks (equal maxima: the lower id), or -1 where a rank flagged the row
+// or no rank has an id or the maximum is -inf (the host sampler judges those); other rows -1.
+std::vector<int32_t> CombineGreedyRecords(const float* records, int64_t tp,
+                                          const std::vector<bool>& greedy);
 
 }  // namespace ss::gpu::cuda_backend_internal
