@@ -72,7 +72,7 @@ absl::Status SampleChunks(const pb::StepPlan& plan, std::span<const StageChunk> 
     if (!batch[i].samples) continue;
     pb::Sample* sample = result->add_samples();
     sample->set_seq_id(batch[i].seq_id);
-    if (next >= draws.size() || draws[next].chunk != i) {  // the backend's greedy token
+    if (si < out.tokens.size() && out.tokens[si] >= 0) {  // the backend's greedy token
       sample->set_token(out.tokens[si++]);
       continue;
     }

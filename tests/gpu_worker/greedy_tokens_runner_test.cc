@@ -12,6 +12,7 @@
 #include "gpu_worker/sampler.h"
 #include "gpu_worker/stage_runner.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_worker/forwarding_cpu_backend.h"
 #include "tests/gpu_worker/gpu_worker_test_util.h"
 
 namespace ss::gpu {
@@ -35,17 +36,14 @@ CpuBackendOptions Options() {
 // The cpu backend; its greedy chunks answered per `answer`: the argmax (kToken), the argmax + 1
 // (kShiftedToken: shows whose token the runner takes), or -1 without logits (kNothing); or no
 // chunk answered and the logits kept (kRecord).
-class GreedyTokensBackend : public StageBackend {
+class GreedyTokensBackend : public testing_util::ForwardingCpuBackend {
  public:
-  explicit GreedyTokensBackend(Answer answer) : answer_(answer) {
+  explicit GreedyTokensBackend(Answer answer) : ForwardingCpuBackend(Cpu()), answer_(answer) {}
+  static std::unique_ptr<CpuBackend> Cpu() {
     auto b = CpuBackend::Create(TinyA(), Options());
     EXPECT_TRUE(b.ok()) << b.status();
-    inner_ = std::move(*b);
+    return b.ok() ? std::move(*b) : nullptr;
   }
-  const ModelConfig& config() const override { return inner_->config(); }
-  BackendInfo info() const override { return inner_->info(); }
-  KvUsage kv_usage() const override { return inner_->kv_usage(); }
-  absl::Status Check(std::span<const StageChunk> b) const override { return inner_->Check(b); }
   absl::Status Run(std::span<const StageChunk> batch, const float* in, StageOutput* out,
                    StageTimings* t) override {
     RETURN_IF_ERROR(inner_->Run(batch, in, out, t));
@@ -70,20 +68,11 @@ class GreedyTokensBackend : public StageBackend {
     }
     return absl::OkStatus();
   }
-  void Release(uint64_t id) override { inner_->Release(id); }
-  void ReleaseAll() override { inner_->ReleaseAll(); }
-  absl::Status SaveSnapshot(uint64_t seq, int64_t pos, uint64_t id,
-                            std::span<const int32_t> blocks) override {
-    return inner_->SaveSnapshot(seq, pos, id, blocks);
-  }
-  void DropSnapshot(uint64_t id) override { inner_->DropSnapshot(id); }
-
   std::vector<bool> flags_;                 // the last Run's `greedy` per sampling chunk
   std::vector<std::vector<float>> logits_;  // kRecord: the last Run's logits
 
  private:
   Answer answer_;
-  std::unique_ptr<CpuBackend> inner_;
 };
 
 // Four sampling chunks: plain greedy; greedy with logprobs; greedy with a banned id; temperature.

@@ -18,6 +18,7 @@
 #include "gpu_worker/stage_link.h"
 #include "gpu_worker/stage_runner.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_worker/forwarding_cpu_backend.h"
 #include "tests/gpu_worker/gpu_worker_test_util.h"
 
 namespace ss::gpu {
@@ -100,7 +101,7 @@ class HostLink : public StageLink {
 };
 
 // The cpu backend with its streams as bf16 in "device" memory (host memory here).
-class DeviceStreamsCpuBackend : public StageBackend {
+class DeviceStreamsCpuBackend : public testing_util::ForwardingCpuBackend {
  public:
   static std::unique_ptr<DeviceStreamsCpuBackend> Make(int stage, int64_t kv_tokens) {
     CpuBackendOptions o;
@@ -112,14 +113,6 @@ class DeviceStreamsCpuBackend : public StageBackend {
     auto b = CpuBackend::Create(TinyA(), o);
     EXPECT_TRUE(b.ok()) << b.status();
     return std::unique_ptr<DeviceStreamsCpuBackend>(new DeviceStreamsCpuBackend(std::move(*b)));
-  }
-  const ModelConfig& config() const override { return inner_->config(); }
-  BackendInfo info() const override { return inner_->info(); }
-  KvUsage kv_usage() const override { return inner_->kv_usage(); }
-  absl::Status Check(std::span<const StageChunk> b) const override { return inner_->Check(b); }
-  absl::Status Run(std::span<const StageChunk> b, const float* in, StageOutput* out,
-                   StageTimings* t) override {
-    return inner_->Run(b, in, out, t);
   }
   absl::Status RunDevice(std::span<const StageChunk> batch, const void* streams_in,
                          StageOutput* out, StageTimings* t) override {
@@ -145,12 +138,10 @@ class DeviceStreamsCpuBackend : public StageBackend {
     }
     return absl::OkStatus();
   }
-  void Release(uint64_t id) override { inner_->Release(id); }
-  void ReleaseAll() override { inner_->ReleaseAll(); }
 
  private:
-  explicit DeviceStreamsCpuBackend(std::unique_ptr<CpuBackend> inner) : inner_(std::move(inner)) {}
-  std::unique_ptr<CpuBackend> inner_;
+  explicit DeviceStreamsCpuBackend(std::unique_ptr<CpuBackend> inner)
+      : ForwardingCpuBackend(std::move(inner)) {}
   std::vector<uint16_t> device_;
 };
 
