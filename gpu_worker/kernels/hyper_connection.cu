@@ -181,6 +181,150 @@ __device__ void SplitSinkhornWarp(const float* mixes, const float* base, const f
   if (own) c[lane] = v;
 }
 
+// The block collapse for many tokens (HcPre's chunks past the decode split; hc ≤ 4): the same
+// chains as HcCollapseKernelImpl<false>, so the same bits, with kTileTokens tokens a block, so that
+// each element of fn is read once a tile instead of once a token (fn is mix·hc·dim fp32, 1.5 MiB
+// at Flash's shape, against the token's 32 KiB of streams). Each kTileChunk of the hc·dim values
+// is staged in shared memory for the tile's tokens and fn's rows; thread (warp w, lane l) carries
+// the mix chains of lane l for tokens 4·(w % 4) .. +3 and mix rows kTileMixHalf·(w / 4) ..
+// +kTileMixHalf − 1 (elements i ≡ l mod 32, in order), and thread u the squares chains of every
+// tile token over i ≡ u mod kThreads (one element a chunk, in order). The reductions are BlockSum's
+// and WarpSum's, then a warp's Sinkhorn per token (SplitSinkhornWarp: the same bits) and y as
+// HcCollapseKernelImpl forms them.
+constexpr int kTileTokens = 16;
+constexpr int kTileChunk = kThreads;  // one element of each squares chain a chunk
+constexpr int kTileMixHalf = 12;      // mix rows a warp carries: (2 + 4)·4 / 2
+constexpr int kTileTokW = 4;          // tokens a warp carries
+static_assert(kWarps == 2 * (kTileTokens / kTileTokW), "warps = token groups x mix halves");
+
+__global__ void __launch_bounds__(kThreads, 2)
+    HcCollapseTiledKernelImpl(const uint16_t* __restrict__ streams, const float* __restrict__ fn,
+                              const float* __restrict__ base, const float* __restrict__ scale,
+                              int64_t T, int hc, int64_t dim, int iters, float hc_eps,
+                              float norm_eps, uint16_t* __restrict__ y, float* __restrict__ pre_out,
+                              float* __restrict__ post_out, float* __restrict__ comb_out) {
+  __shared__ __align__(16) float fs[kTileMixHalf * 2][kTileChunk];
+  __shared__ __align__(16) uint16_t xs[kTileTokens][kTileChunk];
+  __shared__ float sq_w[kTileTokens][kWarps];
+  __shared__ float rs[kTileTokens];
+  __shared__ float mixes[kTileTokens][kTileMixHalf * 2];
+  __shared__ float pre[kTileTokens][4], post[kTileTokens][4], comb[kTileTokens][16];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  const int nt = static_cast<int>(T - t0 < kTileTokens ? T - t0 : kTileTokens);
+  const int64_t n = hc * dim;
+  const int mix = (2 + hc) * hc;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  // 16-byte staging loads where every row of streams and fn starts 16-byte aligned.
+  const bool vec = n % 8 == 0 && reinterpret_cast<uintptr_t>(streams) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(fn) % 16 == 0;
+  const int tb = (warp % (kTileTokens / kTileTokW)) * kTileTokW;
+  const int mb = (warp / (kTileTokens / kTileTokW)) * kTileMixHalf;
+  float acc[kTileTokW][kTileMixHalf];
+  float sq[kTileTokens];
+#pragma unroll
+  for (int a = 0; a < kTileTokW; ++a) {
+#pragma unroll
+    for (int m = 0; m < kTileMixHalf; ++m) acc[a][m] = 0.0f;
+  }
+#pragma unroll
+  for (int a = 0; a < kTileTokens; ++a) sq[a] = 0.0f;
+  for (int64_t i0 = 0; i0 < n; i0 += kTileChunk) {
+    const int len = static_cast<int>(n - i0 < kTileChunk ? n - i0 : kTileChunk);
+    __syncthreads();                 // the previous chunk's readers are done
+    if (vec && len == kTileChunk) {  // 16-byte copies, all in flight at once
+      for (int k = tid; k < kTileTokens * kTileChunk / 8; k += kThreads) {
+        const int a = k / (kTileChunk / 8), c = (k % (kTileChunk / 8)) * 8;
+        if (a < nt) {
+          CpAsync16(&xs[a][c], streams + (t0 + a) * n + i0 + c);
+        } else {
+          *reinterpret_cast<uint4*>(&xs[a][c]) = make_uint4(0, 0, 0, 0);
+        }
+      }
+      for (int k = tid; k < mix * kTileChunk / 4; k += kThreads) {
+        const int m = k / (kTileChunk / 4), c = (k % (kTileChunk / 4)) * 4;
+        CpAsync16(&fs[m][c], fn + m * n + i0 + c);
+      }
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+    } else {
+      for (int k = tid; k < kTileTokens * kTileChunk; k += kThreads) {
+        const int a = k / kTileChunk, c = k % kTileChunk;
+        xs[a][c] = a < nt && c < len ? streams[(t0 + a) * n + i0 + c] : uint16_t{0};
+      }
+      for (int k = tid; k < mix * kTileChunk; k += kThreads) {
+        const int m = k / kTileChunk, c = k % kTileChunk;
+        fs[m][c] = c < len ? fn[m * n + i0 + c] : 0.0f;
+      }
+    }
+    __syncthreads();
+    if (tid < len) {
+#pragma unroll
+      for (int a = 0; a < kTileTokens; ++a) {
+        const float v = Bf16ToF32(xs[a][tid]);
+        sq[a] = __fadd_rn(sq[a], __fmul_rn(v, v));
+      }
+    }
+    for (int c = lane; c < len; c += 32) {
+      float xv[kTileTokW];
+#pragma unroll
+      for (int a = 0; a < kTileTokW; ++a) xv[a] = Bf16ToF32(xs[tb + a][c]);
+#pragma unroll
+      for (int m = 0; m < kTileMixHalf; ++m) {
+        if (mb + m >= mix) break;
+        const float f = fs[mb + m][c];
+#pragma unroll
+        for (int a = 0; a < kTileTokW; ++a) acc[a][m] = __fadd_rn(acc[a][m], __fmul_rn(xv[a], f));
+      }
+    }
+  }
+  // r per token: BlockSum's order (the warp's butterfly, then the warps in order from 0).
+#pragma unroll
+  for (int a = 0; a < kTileTokens; ++a) {
+    const float v = WarpSum(sq[a]);
+    if (lane == 0) sq_w[a][warp] = v;
+  }
+  __syncthreads();
+  if (tid < kTileTokens) {
+    float s = 0.0f;
+    for (int w = 0; w < kWarps; ++w) s = __fadd_rn(s, sq_w[tid][w]);
+    const float mean = __fmul_rn(s, __frcp_rn(static_cast<float>(n)));
+    rs[tid] = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, norm_eps)));
+  }
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < kTileTokW; ++a) {
+#pragma unroll
+    for (int m = 0; m < kTileMixHalf; ++m) {
+      if (mb + m >= mix) break;
+      const float v = WarpSum(acc[a][m]);
+      if (lane == 0) mixes[tb + a][mb + m] = __fmul_rn(v, rs[tb + a]);
+    }
+  }
+  __syncthreads();
+  for (int a = warp; a < nt; a += kWarps) {
+    SplitSinkhornWarp(mixes[a], base, scale, hc, iters, hc_eps, pre[a], post[a], comb[a]);
+  }
+  __syncthreads();
+  if (tid < nt) {
+    const int64_t t = t0 + tid;
+    for (int s = 0; s < hc; ++s) {
+      pre_out[t * hc + s] = pre[tid][s];
+      post_out[t * hc + s] = post[tid][s];
+    }
+    for (int s = 0; s < hc * hc; ++s) comb_out[t * hc * hc + s] = comb[tid][s];
+  }
+  __syncthreads();
+  for (int a = 0; a < nt; ++a) {
+    const uint16_t* X = streams + (t0 + a) * n;
+    for (int64_t i = tid; i < dim; i += kThreads) {
+      float v = __fmul_rn(pre[a][0], Bf16ToF32(X[i]));
+      for (int s = 1; s < hc; ++s)
+        v = __fadd_rn(v, __fmul_rn(pre[a][s], Bf16ToF32(X[s * dim + i])));
+      y[(t0 + a) * dim + i] = F32ToBf16(v);
+    }
+  }
+}
+
 // SplitSinkhornWarp for hc = 4 with everything unrolled, and pre/post in the same warp's spare
 // lanes: lanes 0..15 own comb element (lane / 4, lane % 4), lanes 16..19 pre[lane − 16], lanes
 // 20..23 post[lane − 20] (their logit is mixes[lane − 16], as in SplitSinkhorn), so the three
@@ -731,6 +875,13 @@ cudaError_t HcPreImpl(const uint16_t* streams, const float* fn, const float* bas
         norm_eps, y, pre, post, comb, NormQuantArgs{});
     return norm(cudaGetLastError());
   }
+  if (hc <= 4) {
+    HcCollapseTiledKernelImpl<<<static_cast<unsigned>((T + kTileTokens - 1) / kTileTokens),
+                                kThreads, 0, stream>>>(
+        streams, fn, base, scale, T, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters),
+        hc_eps, norm_eps, y, pre, post, comb);
+    return norm(cudaGetLastError());
+  }
   HcCollapseKernelImpl<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
       streams, fn, base, scale, static_cast<int>(hc), dim, static_cast<int>(sinkhorn_iters), hc_eps,
       norm_eps, y, pre, post, comb);
@@ -826,6 +977,7 @@ const void* HcEmbedStreamsKernel() {
   return reinterpret_cast<const void*>(&HcEmbedStreamsKernelImpl<true>);
 }
 const void* HcPreKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<false>); }
+const void* HcPreTiledKernel() { return reinterpret_cast<const void*>(&HcCollapseTiledKernelImpl); }
 const void* HcPostKernel() { return reinterpret_cast<const void*>(&HcPostKernelImpl<HcXBf16>); }
 const void* HcHeadKernel() { return reinterpret_cast<const void*>(&HcCollapseKernelImpl<true>); }
 const void* HcPreMixKernel() { return reinterpret_cast<const void*>(&HcMixKernelImpl); }

@@ -21,14 +21,16 @@ namespace ss::cuda {
 // [T, hc, dim]. HC parameters are the checkpoint's fp32 tensors: fn [mix, hc·dim], base [mix],
 // scale [3] for blocks (mix = (2 + hc)·hc), and fn [hc, hc·dim], base [hc], scale [1] for the head.
 
-// Collapse before a sublayer, one block per token (model::HcPre):
+// Collapse before a sublayer (model::HcPre):
 //   r = 1/sqrt(mean(X²) + norm_eps) over all hc·dim values, mix = (X·fnᵀ)·r,
 //   pre = sigmoid(mix·scale[0] + base) + hc_eps, post = 2·sigmoid(...), comb = Sinkhorn of
 //   mix·scale[2] + base (row softmax + hc_eps, column normalisation, then sinkhorn_iters − 1
 //   row/column rounds; one thread, the reference's loop order), y = bf16(Σ_s pre[s]·X_s).
 // Outputs: y bf16 [T, dim]; pre, post fp32 [T, hc]; comb fp32 [T, hc, hc] with comb[t][j][k] the
 // weight of old stream j in new stream k (the reference's HcSplit layout), for the HcPost below.
-// hc ≤ kHcMaxMult. Up to 64 tokens (decode) it runs as two kernels, the mixes' sums spread over
+// hc ≤ kHcMaxMult. Past 64 tokens at hc ≤ 4 a block takes 16 tokens (fn read once a tile), with
+// every sum's chain and order as the one-block-per-token kernel's: the same bits. Up to 64 tokens
+// (decode) it runs as two kernels, the mixes' sums spread over
 // blocks per token and parked in y's row, then Sinkhorn and y: the same arithmetic, so the same
 // bits as the one-block-per-token kernel used for longer chunks. Where y's row holds them
 // ((mix·32 + 256)·4 ≤ dim·2 bytes, hc·dim % 32 == 0: Flash's 4 × 4096) each of a mix row's 32
@@ -143,6 +145,7 @@ struct HcHeadParams {
 cudaError_t HcHead(const HcHeadParams& p, cudaStream_t stream);
 
 const void* HcPreKernel();
+const void* HcPreTiledKernel();  // HcPre past the decode split at hc <= 4: 16 tokens a block
 const void* HcPostKernel();
 const void* HcHeadKernel();
 const void* HcPreMixKernel();          // HcPre's decode split

@@ -508,6 +508,7 @@ void CheckSwiGlu(const std::string& label, bool bf16_in, bool fused, float limit
 
 TEST_F(BlockKernelsTest, KernelsRunFromCompute86Ptx) {
   ExpectCompute86Ptx({{"HcPre", HcPreKernel()},
+                      {"HcPreTiled", HcPreTiledKernel()},
                       {"HcPreMix", HcPreMixKernel()},
                       {"HcPreFinish", HcPreFinishKernel()},
                       {"HcPreMixLanes", HcPreMixLanesKernel()},
@@ -639,8 +640,8 @@ TEST_F(BlockKernelsTest, HyperConnectionsMatchReferenceAtFlashShapes) {
       RandomF32(mix * n, 1.0f / 128.0f, 12), RandomF32(mix, 0.5f, 13), {0.7f, 0.4f, 2.0f}};
   const std::vector<float> x = RandomBf16(T * s.dim, 2.0f, 14);
   CheckHc("flash hc 4x4096", w, streams, x, T, s);
-  // The decode split (T ≤ 64: lane sums over blocks) against the one-block-per-token kernel (65
-  // tokens, the first T the same): the same bits.
+  // The decode split (T ≤ 64: lane sums over blocks) against the 16-token tiles (65 tokens, the
+  // first T the same): the same bits.
   {
     std::vector<float> more = streams;
     const std::vector<float> extra = RandomBf16((65 - T) * n, 1.0f, 17);
@@ -653,7 +654,20 @@ TEST_F(BlockKernelsTest, HyperConnectionsMatchReferenceAtFlashShapes) {
           std::tuple{"post", &split.post, &whole.post, s.hc},
           std::tuple{"comb", &split.comb, &whole.comb, s.hc * s.hc}}) {
       EXPECT_EQ(std::memcmp(a->data(), b->data(), T * per * sizeof(float)), 0)
-          << "HcPre split vs one block per token: " << part;
+          << "HcPre split vs 16-token tiles: " << part;
+    }
+    // Tokens 150 .. 155 of a 200-token call (a tile's middle, a partial last tile) against the
+    // split over those six alone.
+    std::vector<float> longer = RandomBf16(200 * n, 1.0f, 18);
+    std::copy(streams.begin(), streams.end(), longer.begin() + 150 * n);
+    const HcOut tiled = DeviceHcPre(w, longer, 200, s);
+    for (const auto& [part, a, b, per] :
+         {std::tuple{"y", &split.y, &tiled.y, s.dim},
+          std::tuple{"pre", &split.pre, &tiled.pre, s.hc},
+          std::tuple{"post", &split.post, &tiled.post, s.hc},
+          std::tuple{"comb", &split.comb, &tiled.comb, s.hc * s.hc}}) {
+      EXPECT_EQ(std::memcmp(a->data(), b->data() + 150 * per, T * per * sizeof(float)), 0)
+          << "HcPre split vs tokens 150.. of 200: " << part;
     }
   }
   model::HcWeights head{RandomF32(s.hc * n, 1.0f / 128.0f, 15), RandomF32(s.hc, 0.5f, 16), {0.8f}};
