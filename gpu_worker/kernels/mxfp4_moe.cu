@@ -15,7 +15,9 @@ namespace {
 // 3-stage cp.async pipeline of the activations (bf16, gathered rows) and the raw weight bytes
 // (e2m1 pairs and the four ue8m0 scales of each row). 8 warps, each all 64 routes times 16 weight
 // rows (up: 8 of w1 and the same 8 of w3); each lane decodes its B fragment's e2m1 codes to bf16
-// in registers once for the four m16 tiles.
+// in registers once for the four m16 tiles. Work items are taken route tile by route tile (a
+// tile's weight-row items consecutive), so that the blocks running at once share a few route
+// tiles' activations and one or two experts' weights in L2 rather than each reading its own.
 //
 // K order inside a 32-group. The mma's k index is permuted the same way for both operands: lane
 // t's 16 activation bytes (8 bf16) of a group and its 4 weight bytes (8 e2m1) are the group's
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 2) Mxfp4MoeUpKernelImpl(const GroupA
   const int64_t dim = L.dim, nk = dim / kBK, hw = L.parts * L.part_inter;
   const int brow[kNi] = {warp * 8, 64 + warp * 8};  // gate rows, the same rows of up
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t nt = item / tiles, j = item % tiles;
+    const int64_t j = item / ntn, nt = item % ntn;
     const RouteTile rt = FindTile(R, args.eb, args.ee, j);
     const int part = static_cast<int>(nt / (L.part_inter / kUpInter));
     const int64_t n0 = (nt % (L.part_inter / kUpInter)) * kUpInter;
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2) Mxfp4MoeDownKernelImpl(const Grou
   const int64_t rb = L.part_inter / 2;
   const int brow[kNi] = {warp * 16, warp * 16 + 8};
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t nt = item / tiles, j = item % tiles;
+    const int64_t j = item / ntn, nt = item % ntn;
     const RouteTile rt = FindTile(R, args.eb, args.ee, j);
     const int64_t n0 = nt * kBRows;
     __syncthreads();
