@@ -3,7 +3,8 @@
 // experts (8 groups of 32, every expert's weights on the device) + MoeCombineRoutes, at T = 2048
 // and 8192 tokens, top-6, dim 4096, I 2048. Prints ms per layer and TFLOP/s counting
 // 2·3·dim·I FLOP per route. Weights are random codes with moderate scales; tokens pick 6
-// distinct uniform experts. Usage: mxfp4_moe_bench [T ...]
+// distinct uniform experts. Usage: mxfp4_moe_bench [--sm86-smem] [T ...]; --sm86-smem limits the
+// multiprocessors' shared memory to SM 8.6's 100 KiB (the blocks resident per SM as on a 3090).
 //
 // mxfp4_moe_bench --decode: the resident experts at decode (mxfp4_moe_decode.h). 64 Flash-shaped
 // experts at slots (tile_rows 16, about 12.8 MB each, 0.8 GB: far more than any L2), T = 1 and
@@ -355,7 +356,21 @@ int main(int argc, char** argv) {
     return rc;
   }
   std::vector<int64_t> Ts;
-  for (int i = 1; i < argc; ++i) Ts.push_back(std::atoll(argv[i]));
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--sm86-smem") {
+      // The grouped GEMMs with at most SM 8.6's 100 KiB of shared memory a multiprocessor (the
+      // preferred carveout of the device's maximum): the blocks resident per SM as on an RTX 3090.
+      int per_sm = 0;
+      CHECK_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+      const int pct = (100 * 1024 * 100 + per_sm - 1) / per_sm;
+      for (const void* k : {Mxfp4MoeGemmUpKernel(), Mxfp4MoeGemmDownKernel()}) {
+        CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, pct));
+      }
+      std::printf("shared memory carveout %d%% of %d KiB a multiprocessor\n", pct, per_sm / 1024);
+      continue;
+    }
+    Ts.push_back(std::atoll(argv[i]));
+  }
   if (Ts.empty()) Ts = {2048, 8192};
   for (int64_t T : Ts) Run(T, weights, L);
   cudaFree(weights);

@@ -471,8 +471,8 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
   }
 }
 
-// layer_timing_every N: the layers of plans 0, N, 2N, ... (those with chunks) are timed; every
-// step counts in the step metrics; 0 times none.
+// layer_timing_every N: the layers of plans 0, N, 2N, ... (those with chunks) and of every plan
+// of kAlwaysTimedRows rows or more are timed; every step counts in the step metrics; 0 times none.
 TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
   for (const int every : {0, 1, 3}) {
     SCOPED_TRACE(every);
@@ -492,14 +492,18 @@ TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
       next = r.samples(0).token();
       if (s == 2) runner.RunPlan(Plan(100));  // no chunks: not a step that counts
     }
-    const int timed = every == 0 ? 0 : (7 + every - 1) / every;
+    // A prefill chunk of kAlwaysTimedRows rows (plan 7: not a multiple of 3) is timed too.
+    pb::StepPlan prefill = Plan(8);
+    AddChunk(&prefill, 2, 0, std::vector<int32_t>(kAlwaysTimedRows, 1));
+    ASSERT_EQ(runner.RunPlan(prefill).error(), "");
+    const int timed = every == 0 ? 0 : (7 + every - 1) / every + 1;
     const std::string text = m.Serialize();
     for (const std::string& want :
          {absl::StrCat("splitserve:layer_latency_seconds_count{layer=\"0\",part=\"attention\","
                        "worker=\"w0\"} ",
                        timed),
           std::string(
-              "splitserve:gpu_worker_step_seconds_count{part=\"backend\",worker=\"w0\"} 7")}) {
+              "splitserve:gpu_worker_step_seconds_count{part=\"backend\",worker=\"w0\"} 8")}) {
       EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
     }
   }
