@@ -56,8 +56,11 @@ say "flash_e2e: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --
 say "model: models/flash/config.json, --load-format dummy, --hf-overrides '$overrides' $up_args"
 
 t0=$(date +%s.%N)
-run "$bin/splitserve" up --backend cuda --load-format dummy --model "$model" --hf-overrides "$overrides" \
-  --max-model-len 40960 --port "$port" --log-dir "$out/up" --ready-timeout-s 500 $up_args >"$out/up.log" 2>&1 &
+# Started by env directly, not through run(): a backgrounded function is a subshell, whose PID would
+# take the SIGTERM below while `up` itself kept running (and held its store and the GPU).
+env LD_LIBRARY_PATH="$binlibs" "$bin/splitserve" up --backend cuda --load-format dummy --model "$model" \
+  --hf-overrides "$overrides" --max-model-len 40960 --port "$port" --log-dir "$out/up" \
+  --ready-timeout-s 500 $up_args >"$out/up.log" 2>&1 &
 up_pid=$!
 cleanup() {
   kill -TERM "$up_pid" 2>/dev/null
