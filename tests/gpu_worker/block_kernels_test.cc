@@ -647,28 +647,23 @@ TEST_F(BlockKernelsTest, HyperConnectionsMatchReferenceAtFlashShapes) {
     const std::vector<float> extra = RandomBf16((65 - T) * n, 1.0f, 17);
     more.insert(more.end(), extra.begin(), extra.end());
     const HcOut split = DeviceHcPre(w, streams, T, s);
-    const HcOut whole = DeviceHcPre(w, more, 65, s);
-    for (const auto& [part, a, b, per] :
-         {std::tuple{"y", &split.y, &whole.y, s.dim},
-          std::tuple{"pre", &split.pre, &whole.pre, s.hc},
-          std::tuple{"post", &split.post, &whole.post, s.hc},
-          std::tuple{"comb", &split.comb, &whole.comb, s.hc * s.hc}}) {
-      EXPECT_EQ(std::memcmp(a->data(), b->data(), T * per * sizeof(float)), 0)
-          << "HcPre split vs 16-token tiles: " << part;
-    }
+    // `other`'s tokens from `first` on hold the split's T tokens' bits.
+    const auto expect_split_bits = [&](const HcOut& other, int64_t first, const std::string& what) {
+      for (const auto& [part, a, b, per] :
+           {std::tuple{"y", &split.y, &other.y, s.dim},
+            std::tuple{"pre", &split.pre, &other.pre, s.hc},
+            std::tuple{"post", &split.post, &other.post, s.hc},
+            std::tuple{"comb", &split.comb, &other.comb, s.hc * s.hc}}) {
+        EXPECT_EQ(std::memcmp(a->data(), b->data() + first * per, T * per * sizeof(float)), 0)
+            << "HcPre split vs " << what << ": " << part;
+      }
+    };
+    expect_split_bits(DeviceHcPre(w, more, 65, s), 0, "16-token tiles");
     // Tokens 150 .. 155 of a 200-token call (a tile's middle, a partial last tile) against the
     // split over those six alone.
     std::vector<float> longer = RandomBf16(200 * n, 1.0f, 18);
     std::copy(streams.begin(), streams.end(), longer.begin() + 150 * n);
-    const HcOut tiled = DeviceHcPre(w, longer, 200, s);
-    for (const auto& [part, a, b, per] :
-         {std::tuple{"y", &split.y, &tiled.y, s.dim},
-          std::tuple{"pre", &split.pre, &tiled.pre, s.hc},
-          std::tuple{"post", &split.post, &tiled.post, s.hc},
-          std::tuple{"comb", &split.comb, &tiled.comb, s.hc * s.hc}}) {
-      EXPECT_EQ(std::memcmp(a->data(), b->data() + 150 * per, T * per * sizeof(float)), 0)
-          << "HcPre split vs tokens 150.. of 200: " << part;
-    }
+    expect_split_bits(DeviceHcPre(w, longer, 200, s), 150, "tokens 150.. of 200");
   }
   model::HcWeights head{RandomF32(s.hc * n, 1.0f / 128.0f, 15), RandomF32(s.hc, 0.5f, 16), {0.8f}};
   CheckHcHead("flash hc 4x4096", head, streams, T, s);
