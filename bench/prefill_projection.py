@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Projection of an 8K prefill chunk of DeepSeek-V4-Flash with streamed experts onto RTX 3090s
+(issue 31), from what the H200 machine measured. Projected, not measured: print it as such.
+
+Inputs (all from one device session; bench/RESULTS.md, "Projection to RTX 3090s from the measured
+counters", has the commands):
+  --timeline  tests/device/timeline.sh's output for `--profile_prefill --fp64_sums off`: the
+              traced 8K chunk of one ratio-4 and one ratio-128 layer (their spans and kernels).
+  --moe-ncu   ncu --csv --page raw of `mxfp4_moe_bench --sm86-smem 8192`, one group's up and down
+              GEMM (metrics sm__cycles_elapsed.max, sm__inst_executed_pipe_tensor_op_hmma.sum,
+              dram__bytes_read.sum, lts__t_bytes.sum).
+  --trunk-ncu (optional) ncu of the layer bench's prefill with the same metrics: the trunk's mma
+              counts per launch, for its tensor bound.
+
+A kernel's 3090 time is the largest of
+  t_sm     = its H200 cycles x H200 SMs / 82 / 1.695 GHz (the same work a cycle an SM); from a
+             traced time, x R with R = 132 x f_H200 / (82 x 1.695 GHz);
+  t_tensor = its mma.m16n8k16 count x 32 cycles / (4 x 82 x 1.695 GHz)   (71 TFLOP/s);
+  t_dram   = its DRAM bytes / 936 GB/s;
+a chunk takes overlap x max(C, G) (the ring's measured overlap where copies and compute balance),
+C = layers x layer bytes / PCIe rate. TP n: a rank's trunk keeps the replicated kernels whole and
+a 1/n share of the rest, a 1/n share of the routed experts, plus the fp32 all-reduces (3 x T x dim
+values a layer, a ring moving 2(n-1)/n of them a rank) at --allreduce-gbps, not overlapped.
+"""
+import argparse
+import csv
+import io
+import re
+
+GA102_SMS, GA102_HZ, GA102_DRAM = 82, 1.695e9, 936e9
+MMA_CYCLES = 32  # m16n8k16 with fp32 accumulation, per SM sub-partition
+REPLICATED = ("LinearBf16F32", "IndexerScores", "IndexerTopK", "Hadamard", "HcCollapse", "HcPost",
+              "KvDecodeRows", "RouterLogits", "RouterSelect", "RmsNorm", "Compressor")
+
+
+def parse_timeline(path):
+    """{'ratio4'|'ratio128': {'span': us, 'kernels': {name: [launches, us]}}} of the last steps."""
+    spans, steps, cur = {}, {}, None
+    for line in open(path):
+        m = re.match(r"step (\d+): \d+ kernels, span ([\d.]+) us", line)
+        if m:
+            spans[m.group(1)] = float(m.group(2))
+            continue
+        m = re.match(r"--- step (\d+) kernels", line)
+        if m:
+            cur = m.group(1)
+            steps[cur] = {}
+            continue
+        p = line.split(None, 3)
+        if cur and len(p) == 4 and p[2].startswith("s"):
+            name = re.sub(r"[<(].*", "", p[3]).replace("void ", "").strip()
+            k = steps[cur].setdefault(name, [0, 0.0])
+            k[0] += 1
+            k[1] += float(p[1])
+    out = {}
+    for s, kernels in steps.items():
+        kind = "ratio4" if any(n.startswith("IndexerScores") for n in kernels) else "ratio128"
+        out[kind] = {"span": spans[s], "kernels": kernels}
+    return out
+
+
+def parse_ncu(path):
+    lines = [l for l in open(path) if l.startswith('"')]
+    rows = list(csv.reader(io.StringIO("".join(lines))))
+    hdr, body = rows[0], rows[2:]
+    out = []
+    for r in body:
+        d = {"name": re.sub(r"[<(].*", "", r[hdr.index("Kernel Name")]).replace("void ", "")}
+        d["name"] = d["name"].replace("(anonymous namespace)::", "").split("::")[-1].strip()
+        for k in ("sm__cycles_elapsed.max", "sm__inst_executed_pipe_tensor_op_hmma.sum",
+                  "dram__bytes_read.sum", "lts__t_bytes.sum"):
+            d[k] = float(r[hdr.index(k)].replace(",", "")) if k in hdr else 0.0
+        out.append(d)
+    return out
+
+
+def t_tensor(mma):
+    return mma * MMA_CYCLES / (4 * GA102_SMS * GA102_HZ)
+
+
+def main():
+    a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    a.add_argument("--timeline", required=True)
+    a.add_argument("--moe-ncu", required=True)
+    a.add_argument("--trunk-ncu")
+    a.add_argument("--moe-groups", type=int, default=8, help="groups the bench's 256 experts form")
+    a.add_argument("--h200-sms", type=int, default=132)
+    a.add_argument("--h200-hz", type=float, default=1.98e9, help="the traced run's SM clock")
+    a.add_argument("--layers", default="21,20,2", help="ratio-4, ratio-128, window-only layers")
+    a.add_argument("--layer-gb", type=float, default=3.43, help="one layer's 256 MXFP4 experts")
+    a.add_argument("--pcie-gbps", type=float, default=25.0)
+    a.add_argument("--overlap", type=float, default=1.31)
+    a.add_argument("--tp", type=int, default=4)
+    a.add_argument("--allreduce-gbps", type=float, default=10.0)
+    a.add_argument("--tokens", type=int, default=8192)
+    a.add_argument("--dim", type=int, default=4096)
+    o = a.parse_args()
+    r = o.h200_sms * o.h200_hz / (GA102_SMS * GA102_HZ)
+    n4, n128, nswa = (int(x) for x in o.layers.split(","))
+    layers = n4 + n128 + nswa
+    tl = parse_timeline(o.timeline)
+    mma_per_launch = {}
+    if o.trunk_ncu:
+        for d in parse_ncu(o.trunk_ncu):
+            c = mma_per_launch.setdefault(d["name"], [0, 0.0])
+            c[0] += 1
+            c[1] += d["sm__inst_executed_pipe_tensor_op_hmma.sum"]
+    print(f"R = {o.h200_sms} x {o.h200_hz / 1e9:.2f} GHz / ({GA102_SMS} x {GA102_HZ / 1e9:.3f} GHz)"
+          f" = {r:.2f}")
+    trunk = {}
+    for kind in ("ratio4", "ratio128"):
+        k = tl[kind]
+        mma = sum(n * mma_per_launch[name][1] / mma_per_launch[name][0]
+                  for name, (n, _) in k["kernels"].items() if name in mma_per_launch)
+        total = sum(us for _, us in k["kernels"].values())
+        repl = sum(us for name, (_, us) in k["kernels"].items() if name.startswith(REPLICATED))
+        tp_share = (repl + (total - repl) / o.tp) / total
+        trunk[kind] = (max(k["span"] * 1e-6 * r, t_tensor(mma)), k["span"] * 1e-6, tp_share)
+        print(f"{kind}: span {k['span'] / 1e3:.1f} ms (kernels {total / 1e3:.1f} ms, replicated "
+              f"under TP {repl / 1e3:.1f}); 3090: t_sm {k['span'] * 1e-3 * r:.1f} ms, t_tensor "
+              f"{t_tensor(mma) * 1e3:.1f} ms{'' if mma else ' (no trunk ncu)'}; "
+              f"a TP {o.tp} rank's share {tp_share:.2f}")
+    counts = {"ratio4": n4, "ratio128": n128 + nswa}
+    trunk_h200 = sum(counts[k] * trunk[k][1] for k in trunk)
+    trunk_3090 = sum(counts[k] * trunk[k][0] for k in trunk)
+    trunk_tp = sum(counts[k] * trunk[k][0] * trunk[k][2] for k in trunk)
+    moe = parse_ncu(o.moe_ncu)
+    cyc = sum(d["sm__cycles_elapsed.max"] for d in moe) * o.moe_groups
+    mma = sum(d["sm__inst_executed_pipe_tensor_op_hmma.sum"] for d in moe) * o.moe_groups
+    dram = sum(d["dram__bytes_read.sum"] for d in moe) * o.moe_groups
+    l2 = sum(d["lts__t_bytes.sum"] for d in moe) * o.moe_groups
+    t_sm = cyc * o.h200_sms / GA102_SMS / GA102_HZ
+    moe_layer = max(t_sm, t_tensor(mma), dram / GA102_DRAM)
+    print(f"routed experts a layer: t_sm {t_sm * 1e3:.1f} ms ({cyc / 1e6:.1f} M H200 cycles), "
+          f"t_tensor {t_tensor(mma) * 1e3:.1f} ms, t_dram {dram / GA102_DRAM * 1e3:.1f} ms "
+          f"({l2 / GA102_DRAM * 1e3:.0f} ms with no L2 hits)")
+    routed = layers * moe_layer
+    g1 = trunk_3090 + routed
+    c1 = layers * o.layer_gb / o.pcie_gbps
+    t1 = o.overlap * max(c1, g1)
+    print(f"trunk: H200 {trunk_h200:.2f} s -> 3090 {trunk_3090:.2f} s; routed {routed:.2f} s; "
+          f"G {g1:.2f} s; C {c1:.2f} s")
+    print(f"1x RTX 3090: {o.overlap} x max(C, G) = {t1:.2f} s: {o.tokens / t1:,.0f} tok/s "
+          f"({o.tokens / max(c1, g1):,.0f} with full overlap)")
+    ar = layers * 2 * (o.tp - 1) / o.tp * 3 * o.tokens * o.dim * 4 / (o.allreduce_gbps * 1e9)
+    g_tp = trunk_tp + routed / o.tp + ar
+    c_tp = c1 / o.tp
+    t_tp = (o.overlap if abs(g_tp - c_tp) < 0.25 * max(g_tp, c_tp) else 1.0) * max(c_tp, g_tp)
+    print(f"{o.tp}x RTX 3090, TP {o.tp}: G = {trunk_tp:.2f} + {routed / o.tp:.2f} + all-reduce "
+          f"{ar:.2f} = {g_tp:.2f} s, C {c_tp:.2f} s: {o.tokens / t_tp:,.0f} tok/s "
+          f"({o.tokens / max(c_tp, g_tp - ar):,.0f} without the all-reduces)")
+
+
+if __name__ == "__main__":
+    main()
