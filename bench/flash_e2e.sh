@@ -166,8 +166,10 @@ EOF
     L=$phase
     streamed_before=$(cat "$out"/up/*.log 2>/dev/null | grep -c "streamed step:")
     scrape "$out/m_before"
+    # --seed L: each length draws its own tokens, so no phase's prompt is a prefix-cache hit on an
+    # earlier one's (the same seed makes the 8K prompt the 32K prompt's first 8K tokens).
     bench "prefill_$L" --dataset-name random --random-input-len "$L" --random-output-len 1 \
-      --num-prompts 1 --max-concurrency 1 --request-timeout 600
+      --num-prompts 1 --max-concurrency 1 --request-timeout 600 --seed "$L"
     scrape "$out/m_after"
     j="$out/prefill_$L.json"
     [ -f "$j" ] || continue
