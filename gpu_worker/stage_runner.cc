@@ -309,9 +309,9 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   StageTimings timings;
   if (plan.chunks_size() > 0) {
     const int every = options_.layer_timing_every;
-    int64_t rows = 0;
-    for (const pb::SeqChunk& c : plan.chunks()) rows += c.tokens_size();
-    timings.layers = every > 0 && (chunk_plans_ % every == 0 || rows >= kAlwaysTimedRows);
+    bool prefill = false;
+    for (const pb::SeqChunk& c : plan.chunks()) prefill |= c.tokens_size() >= kAlwaysTimedRows;
+    timings.layers = every > 0 && (chunk_plans_ % every == 0 || prefill);
     ++chunk_plans_;
   }
   StepSeconds seconds;

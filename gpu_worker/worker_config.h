@@ -35,8 +35,8 @@
 //                             sequence served), resident_budget.h
 //   --gpu_experts_profile PATH  routing counts that place them (needs --gpu_experts, auto too)
 //   --layer_timing_every N    the per-layer latency metrics time every Nth step and every step
-//                             of 64 or more tokens (default 16; 1: every step; 0: none),
-//                             StageRunner
+//                             with a chunk of 64 or more tokens (default 16; 1: every step;
+//                             0: none), StageRunner
 //   --expert_deadline_ms MS   deadline of one expert call
 //   --expert_connect_timeout_ms MS  how long to wait for expert workers that are loading
 //   --stream_wait_ms MS       how long a stage > 0 waits for the previous stage's streams

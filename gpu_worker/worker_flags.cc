@@ -94,7 +94,8 @@ ABSL_FLAG(int64_t, plan_resident_kv_tokens, PlanFlags{}.resident_kv_tokens,
           "0 too); the rest of the memory the plan leaves is counted as resident experts");
 ABSL_FLAG(int, layer_timing_every, WorkerFlags{}.layer_timing_every,
           "the per-layer latency metrics (layer_latency_seconds) time every Nth step and every "
-          "step of 64 or more tokens: 1 every step, 0 none (with the cuda backend a timed step's "
+          "step with a chunk of 64 or more tokens: 1 every step, 0 none (with the cuda backend a "
+          "timed step's "
           "graph carries event nodes between "
           "the layers, which idle the GPU between them)");
 ABSL_FLAG(int64_t, expert_deadline_ms, WorkerFlags{}.expert_deadline_ms,

@@ -472,7 +472,8 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
 }
 
 // layer_timing_every N: the layers of plans 0, N, 2N, ... (those with chunks) and of every plan
-// of kAlwaysTimedRows rows or more are timed; every step counts in the step metrics; 0 times none.
+// with a chunk of kAlwaysTimedRows tokens or more are timed; every step counts in the step
+// metrics; 0 times none.
 TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
   for (const int every : {0, 1, 3}) {
     SCOPED_TRACE(every);
@@ -496,14 +497,20 @@ TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
     pb::StepPlan prefill = Plan(8);
     AddChunk(&prefill, 2, 0, std::vector<int32_t>(kAlwaysTimedRows, 1));
     ASSERT_EQ(runner.RunPlan(prefill).error(), "");
-    const int timed = every == 0 ? 0 : (7 + every - 1) / every + 1;
+    // A decode batch of kAlwaysTimedRows one-token chunks (plan 8) is timed only when sampled.
+    pb::StepPlan batch = Plan(9);
+    batch.add_release(1);
+    batch.add_release(2);
+    for (int q = 0; q < kAlwaysTimedRows; ++q) AddChunk(&batch, 10 + q, 0, {1});
+    ASSERT_EQ(runner.RunPlan(batch).error(), "");
+    const int timed = every == 0 ? 0 : (7 + every - 1) / every + 1 + (8 % every == 0 ? 1 : 0);
     const std::string text = m.Serialize();
     for (const std::string& want :
          {absl::StrCat("splitserve:layer_latency_seconds_count{layer=\"0\",part=\"attention\","
                        "worker=\"w0\"} ",
                        timed),
           std::string(
-              "splitserve:gpu_worker_step_seconds_count{part=\"backend\",worker=\"w0\"} 8")}) {
+              "splitserve:gpu_worker_step_seconds_count{part=\"backend\",worker=\"w0\"} 9")}) {
       EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
     }
   }
