@@ -310,7 +310,8 @@ pb::StepResult StageRunner::RunPlan(const pb::StepPlan& plan) {
   if (plan.chunks_size() > 0) {
     const int every = options_.layer_timing_every;
     bool prefill = false;
-    for (const pb::SeqChunk& c : plan.chunks()) prefill |= c.tokens_size() >= kAlwaysTimedRows;
+    for (const pb::SeqChunk& c : plan.chunks())
+      prefill |= c.tokens_size() >= kAlwaysTimedChunkTokens;
     timings.layers = every > 0 && (chunk_plans_ % every == 0 || prefill);
     ++chunk_plans_;
   }

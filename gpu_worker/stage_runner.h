@@ -131,17 +131,17 @@ class WorkerMetrics {
 
 // Steps with a chunk of at least this many tokens have their layers timed whenever
 // layer_timing_every > 0.
-inline constexpr int64_t kAlwaysTimedRows = 64;
+inline constexpr int64_t kAlwaysTimedChunkTokens = 64;
 
 struct RunnerOptions {
   absl::Duration stream_wait = absl::Seconds(120);  // stage > 0: for the previous stage's streams
   absl::Duration push_deadline = absl::Seconds(60);
   uint64_t process_seed = 0;  // unseeded sampling
   // The per-layer timings (WorkerMetrics' layer_latency_seconds) of every Nth step plan with
-  // chunks, from the first, and of every plan with a chunk of at least kAlwaysTimedRows tokens
-  // (prefill: the timing marks cost nothing measurable there, and sampling would miss most of a
-  // prompt's chunks; a decode batch of many one-token chunks stays sampled): 1 every one, 0 none.
-  // The step's other metrics count every step.
+  // chunks, from the first, and of every plan with a chunk of at least kAlwaysTimedChunkTokens
+  // tokens (prefill: the timing marks cost nothing measurable there, and sampling would miss most
+  // of a prompt's chunks; a decode batch of many one-token chunks stays sampled): 1 every one, 0
+  // none. The step's other metrics count every step.
   int layer_timing_every = 1;
   // TP > 1: called (on the runner's thread, before RunPlan returns) with the error of a step that
   // may have left the TP group's collectives out of step. Optional.

@@ -472,7 +472,7 @@ TEST(StageRunner, RecordsLayerLatencyStepsAndKvUsage) {
 }
 
 // layer_timing_every N: the layers of plans 0, N, 2N, ... (those with chunks) and of every plan
-// with a chunk of kAlwaysTimedRows tokens or more are timed; every step counts in the step
+// with a chunk of kAlwaysTimedChunkTokens tokens or more are timed; every step counts in the step
 // metrics; 0 times none.
 TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
   for (const int every : {0, 1, 3}) {
@@ -493,15 +493,16 @@ TEST(StageRunner, TimesTheLayersOfEveryNthStep) {
       next = r.samples(0).token();
       if (s == 2) runner.RunPlan(Plan(100));  // no chunks: not a step that counts
     }
-    // A prefill chunk of kAlwaysTimedRows rows (plan 7: not a multiple of 3) is timed too.
+    // A prefill chunk of kAlwaysTimedChunkTokens tokens (plan 7: not a multiple of 3) is timed too.
     pb::StepPlan prefill = Plan(8);
-    AddChunk(&prefill, 2, 0, std::vector<int32_t>(kAlwaysTimedRows, 1));
+    AddChunk(&prefill, 2, 0, std::vector<int32_t>(kAlwaysTimedChunkTokens, 1));
     ASSERT_EQ(runner.RunPlan(prefill).error(), "");
-    // A decode batch of kAlwaysTimedRows one-token chunks (plan 8) is timed only when sampled.
+    // A decode batch of kAlwaysTimedChunkTokens one-token chunks (plan 8) is timed only when
+    // sampled.
     pb::StepPlan batch = Plan(9);
     batch.add_release(1);
     batch.add_release(2);
-    for (int q = 0; q < kAlwaysTimedRows; ++q) AddChunk(&batch, 10 + q, 0, {1});
+    for (int q = 0; q < kAlwaysTimedChunkTokens; ++q) AddChunk(&batch, 10 + q, 0, {1});
     ASSERT_EQ(runner.RunPlan(batch).error(), "");
     const int timed = every == 0 ? 0 : (7 + every - 1) / every + 1 + (8 % every == 0 ? 1 : 0);
     const std::string text = m.Serialize();
