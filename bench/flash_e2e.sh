@@ -12,7 +12,9 @@
 #        default 160: Flash's 256 need ~151 GB of RAM for the experts alone; top-6 of fewer
 #        experts reads and computes the same bytes and FLOPs per token), SS_PORT (18000),
 #        SS_DECODE_TOKENS (output tokens per decode request, 64), SS_DECODE_CONCURRENCY ("1 4 8 16"),
-#        SS_UP_ARGS (more `splitserve up` flags, e.g. "--isa avx2").
+#        SS_UP_ARGS (more `splitserve up` flags, e.g. "--isa avx2"), SS_PHASE_HOOK (a command run
+#        after each phase with the phase as its argument, while `up` still runs: e.g. to have a
+#        tracer write its records, tests/device/streamed_trace.py).
 #
 # Limits, measured in the same run:
 #   decode:  streaming read of the expert workers' cores (splitserve-bench-experts --stream_only,
@@ -218,5 +220,6 @@ else:
           f"{kv.get('engine_ms')}, transport {kv.get('transport_ms')})")
 EOF
   fi
+  if [ -n "${SS_PHASE_HOOK:-}" ]; then $SS_PHASE_HOOK "$phase"; fi
 done
 say "done: $(date -u +%FT%TZ)"

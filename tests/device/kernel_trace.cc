@@ -4,17 +4,23 @@
 // timeline.sh on a GPU machine without Nsight Systems. With SS_TRACE_API=1 also every memcpy
 // ("memcpy:<copy kind>:<bytes>", its stream) and every CUDA runtime call on the host
 // ("api:<function>", the calling thread's id in the stream column), for tests/device/
-// step_trace.py. Built here by timeline.sh's instructions
+// step_trace.py. With SS_TRACE_CORR=1 a memcpy's and a runtime call's name end in "@<correlation
+// id>", which pairs a copy with the call that enqueued it (tests/device/streamed_trace.py). With
+// SS_TRACE_TRIGGER=PATH the records so far are written as soon as PATH exists (checked every
+// 100 ms; the file is written to SS_TRACE_OUT.tmp and renamed), for a process that may be killed
+// rather than exit. Built here by timeline.sh's instructions
 // (not part of the product build):
 //   g++ -O2 -shared -fPIC -I/usr/local/cuda/include tests/device/kernel_trace.cc \
 //     -L/usr/local/cuda/lib -lcupti -o .devpack/libss_kernel_trace.so
 #include <cupti.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -27,6 +33,9 @@ struct KernelRecord {
 
 std::mutex mu;
 std::vector<KernelRecord>* records = nullptr;
+bool with_corr = false;
+
+std::string Corr(uint32_t id) { return with_corr ? "@" + std::to_string(id) : std::string(); }
 
 void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
   constexpr size_t kBytes = 8 << 20;
@@ -41,9 +50,9 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
     if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-      records->push_back(
-          {m->start, m->end, m->streamId,
-           "memcpy:" + std::to_string(m->copyKind) + ":" + std::to_string(m->bytes)});
+      records->push_back({m->start, m->end, m->streamId,
+                          "memcpy:" + std::to_string(m->copyKind) + ":" + std::to_string(m->bytes) +
+                              Corr(m->correlationId)});
       continue;
     }
     if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
@@ -52,8 +61,8 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
       if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS) {
         name = nullptr;
       }
-      records->push_back(
-          {a->start, a->end, a->threadId, std::string("api:") + (name ? name : "?")});
+      records->push_back({a->start, a->end, a->threadId,
+                          std::string("api:") + (name ? name : "?") + Corr(a->correlationId)});
       continue;
     }
     if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
@@ -67,8 +76,9 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
 
 void Flush() {
   cuptiActivityFlushAll(1);
-  const char* path = std::getenv("SS_TRACE_OUT");
-  FILE* f = std::fopen(path ? path : "kernel_trace.csv", "w");
+  const char* env = std::getenv("SS_TRACE_OUT");
+  const std::string path = env ? env : "kernel_trace.csv", tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) return;
   std::lock_guard<std::mutex> lock(mu);
   for (const KernelRecord& k : *records) {
@@ -76,6 +86,13 @@ void Flush() {
                  static_cast<unsigned long long>(k.end), k.stream, k.name.c_str());
   }
   std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// Flushes once when `trigger` exists.
+void WatchTrigger(std::string trigger) {
+  while (access(trigger.c_str(), F_OK) != 0) usleep(100000);
+  Flush();
 }
 
 }  // namespace
@@ -92,6 +109,11 @@ extern "C" int InitializeInjection(void) {
       (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS ||
        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS)) {
     std::fprintf(stderr, "kernel_trace: CUPTI memcpy / runtime activity setup failed\n");
+  }
+  const char* corr = std::getenv("SS_TRACE_CORR");
+  with_corr = corr != nullptr && std::string(corr) == "1";
+  if (const char* trigger = std::getenv("SS_TRACE_TRIGGER")) {
+    std::thread(WatchTrigger, std::string(trigger)).detach();
   }
   std::atexit(Flush);
   return 1;
