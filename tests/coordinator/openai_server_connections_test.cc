@@ -329,8 +329,16 @@ TEST_F(OpenAiServerTest, AccessLogLinePerRequest) {
   ASSERT_EQ(r->status, 200);
   ExpectError(Post("/v1/chat/completions", "{not json", {{"X-Request-Id", "bad-1"}}), 400);
   ASSERT_EQ(client_->Get("/health")->status, 200);
-  // The logger runs after the response is written: wait for the last line.
-  for (int i = 0; i < 200 && out->str().find("request=bad-1") == std::string::npos; ++i) {
+  // The logger runs after the response is written, on each connection's own thread: wait for all
+  // three lines (a stream's may come after a later request's).
+  const auto logged = [&] {
+    const std::string s = out->str();
+    for (const char* id : {"request=nonstream-1", "request=stream-1", "request=bad-1"}) {
+      if (s.find(id) == std::string::npos) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 200 && !logged(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   spdlog::set_default_logger(previous);
