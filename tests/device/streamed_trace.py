@@ -15,7 +15,9 @@ experts' groups) whose gaps are under 60 ms. For each step of at least 20 such c
     copies waited for;
   - the enqueueing thread's runtime calls in the step (count and host time by name) and its calls
     longer than 1 ms (a host stall);
-  - the host's lead: how long before its start each copy was enqueued (min / median).
+  - the host's lead: how long before its start each copy was enqueued (min / median);
+  - the GPU's kernel-busy time in the span (the union of kernel intervals) and the kernel launches'
+    host time (median, and the share spent in launches over 1 ms: a full launch queue).
 """
 
 import bisect
@@ -59,6 +61,20 @@ def overlap(a0, a1, b0, b1):
     return max(0, min(a1, b1) - max(a0, b0))
 
 
+def union(intervals):
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
 def short(name, n=70):
     return name if len(name) <= n else name[:n - 3] + '...'
 
@@ -92,11 +108,16 @@ def report(step, kernels, calls, call_list):
               f'{statistics.median(leads) / 1e6:.2f} ms')
     by_kernel = collections.Counter()
     i0 = bisect.bisect_left(kernels, (first - 200_000_000,))
+    spans = []
     for k in kernels[i0:]:
         if k[0] > last:
             break
+        if k[1] > first:
+            spans.append((max(k[0], first), min(k[1], last)))
         for a, b in waits:
             by_kernel[k[3]] += overlap(k[0], k[1], a, b)
+    gpu = union(spans)
+    print(f'  GPU kernels busy {gpu / 1e6:.1f} ms of the span ({gpu / span:.2f}), {len(spans)} kernels')
     wait_total = sum(b - a for a, b in waits)
     if wait_total:
         print('  kernels running during the waits (overlap ms, share of the wait time):')
@@ -119,6 +140,13 @@ def report(step, kernels, calls, call_list):
         per[c[3]][1] += c[1] - c[0]
         if c[1] - c[0] > 1_000_000:
             stalls.append(c)
+    launches = sorted(c[1] - c[0] for c in call_list[i0:] if first <= c[0] <= last and c[2] == tid
+                      and c[3].startswith('cudaLaunchKernel'))
+    if launches:
+        long_t = sum(t for t in launches if t > 1_000_000)
+        print(f'  launches in the span: {len(launches)}, median {launches[len(launches) // 2] / 1e3:.1f} us, '
+              f'p90 {launches[len(launches) * 9 // 10] / 1e3:.1f} us, total {sum(launches) / 1e6:.1f} ms '
+              f'({long_t / 1e6:.1f} ms in calls over 1 ms)')
     print(f'  enqueueing thread {tid}: runtime calls from 100 ms before the first copy to the last copy:')
     for name, (n, t) in sorted(per.items(), key=lambda x: -x[1][1])[:10]:
         print(f'    {name:32s} {n:7d} calls {t / 1e6:9.1f} ms')
