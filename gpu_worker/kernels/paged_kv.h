@@ -129,7 +129,7 @@ cudaError_t KvGatherKeys(const KvGeom& g, const int32_t* table, int64_t n_table,
 //
 // Split path (rows given): the rows scratch also holds a split workspace for kKvSplitMaxTokens
 // tokens and the attention runs as flash-decoding in two launches per slice of at most that many
-// tokens (decode: one slice; a prefill chunk: T / 8; q 16-byte aligned): one block per
+// tokens (decode: one slice; a prefill chunk: T / 64; q 16-byte aligned): one block per
 // (64-candidate chunk, token, 16 heads) scores its chunk on the tensor cores (bf16 products, fp32
 // accumulation), takes the chunk's own max m, p = exp(s − m) and Σp, and sums bf16(p)·v (tensor
 // cores again); then one combine per (token, head) merges the chunks with exp(m − M) for the
