@@ -118,9 +118,16 @@ int64_t StreamedMoeWorkspaceBytes(const ModelConfig& model, int64_t step_tokens,
   return bytes;
 }
 
-int64_t ExpertsPerRingSlot(int64_t ring_bytes, int64_t expert_bytes) {
-  if (ring_bytes <= 0 || expert_bytes <= 0) return 0;
-  return ring_bytes / kGpuPrefillRingSlots / expert_bytes;
+RingPlan PlanRing(int64_t ring_bytes, int64_t expert_bytes, int64_t layer_experts) {
+  if (ring_bytes <= 0 || expert_bytes <= 0 || layer_experts <= 0) return {};
+  const int64_t most = ring_bytes / kGpuPrefillMinRingSlots / expert_bytes;
+  if (most < 1) return {};
+  const int64_t per_slot =
+      std::min({most, layer_experts, std::max<int64_t>(1, kGpuPrefillSlotBytes / expert_bytes)});
+  const int64_t groups = (layer_experts + per_slot - 1) / per_slot;
+  const int64_t slots = std::min(ring_bytes / (per_slot * expert_bytes),
+                                 std::max<int64_t>(kGpuPrefillMinRingSlots, 2 * groups));
+  return {.experts_per_slot = per_slot, .slots = static_cast<int>(slots)};
 }
 
 }  // namespace ss::gpu

@@ -35,8 +35,12 @@ namespace ss::gpu {
 // GpuPrefillThreshold, ParseGpuPrefillThreshold and kDefaultGpuPrefillRingMiB (the flags'
 // spellings, which `splitserve up` parses too) are in common/gpu_prefill_flags.h.
 
-// Staging ring slots (each holds one group of experts; copies run ahead by slots − 1 groups).
-inline constexpr int kGpuPrefillRingSlots = 4;
+// Staging ring slots: each holds one group of experts, and the copies run ahead of the compute by
+// up to a ring's worth (RingPlan below). At least kGpuPrefillMinRingSlots slots, of about
+// kGpuPrefillSlotBytes each where the ring allows more slots: a layer's attention frees no slot,
+// so only a ring of many slots keeps copying through it while its groups stay small.
+inline constexpr int kGpuPrefillMinRingSlots = 4;
+inline constexpr int64_t kGpuPrefillSlotBytes = int64_t{256} << 20;
 // Calls of fewer rows do not update the CPU rate (decode-sized calls are memory-bound).
 inline constexpr int64_t kMinRowsForCpuRate = 64;
 // Weight of a new sample in the rates' exponential averages (the first sample replaces the
@@ -86,15 +90,23 @@ class StreamedPrefillPolicy {
 };
 
 // Device memory of the streamed path on one GPU worker (the memory plan counts both):
-//   the ring: ring_bytes (--gpu-prefill-ring-mib), at least kGpuPrefillRingSlots experts' bytes;
+//   the ring: ring_bytes (--gpu-prefill-ring-mib), at least kGpuPrefillMinRingSlots experts' bytes;
 //   the workspace of a step of `step_tokens` rows: routing (scratch 64·(E+1) + 8·T·K, three
 //   sorted-route arrays of T·K·4 and two offset arrays of (E+1)·4), xq T·dim bf16,
 //   h T·K·inter_rank bf16, y T·K·dim fp32, each rounded up to 256 bytes
 //   (gpu_worker/kernels/mxfp4_moe.h).
 int64_t StreamedMoeWorkspaceBytes(const ModelConfig& model, int64_t step_tokens,
                                   int64_t inter_rank);
-// Experts of `expert_bytes` each per ring slot for a ring of ring_bytes (>= 1; 0 when one
-// expert does not fit in a slot: the streamed path is then off, with that reason logged).
-int64_t ExpertsPerRingSlot(int64_t ring_bytes, int64_t expert_bytes);
+// The ring of ring_bytes cut into slots for a layer of `layer_experts` experts of `expert_bytes`
+// each: experts_per_slot the largest count that fits kGpuPrefillSlotBytes (at least 1, at most
+// the layer's) and leaves room for kGpuPrefillMinRingSlots slots, then as many slots of that size
+// as the ring holds, up to two layers' groups (more would never fill). Both 0 when
+// kGpuPrefillMinRingSlots experts do not fit (the streamed path is then off, with that reason
+// logged).
+struct RingPlan {
+  int64_t experts_per_slot = 0;
+  int slots = 0;
+};
+RingPlan PlanRing(int64_t ring_bytes, int64_t expert_bytes, int64_t layer_experts);
 
 }  // namespace ss::gpu

@@ -61,19 +61,20 @@ absl::Status StreamedRoutedExperts::Allocate() {
     if (lp.streamable) expert_bytes = std::max(expert_bytes, lp.plan.expert_bytes);
   }
   if (expert_bytes == 0) return absl::OkStatus();  // nothing to copy
-  experts_per_slot_ = options_.ring_bytes / kGpuPrefillRingSlots / expert_bytes;
-  if (experts_per_slot_ < 1) {
+  const RingPlan ring =
+      PlanRing(options_.ring_bytes, expert_bytes, model_.config().n_routed_experts);
+  if (ring.slots == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("the streamed-prefill ring of ", MiB(options_.ring_bytes), " cannot hold ",
-                     kGpuPrefillRingSlots, " slots of one expert (", MiB(expert_bytes),
+                     kGpuPrefillMinRingSlots, " slots of one expert (", MiB(expert_bytes),
                      " each): raise --gpu_prefill_ring_mib"));
   }
-  // A slot never needs more than a whole layer's experts.
-  experts_per_slot_ = std::min<int64_t>(experts_per_slot_, model_.config().n_routed_experts);
+  experts_per_slot_ = ring.experts_per_slot;
+  slots_ = ring.slots;
   slot_bytes_ = experts_per_slot_ * expert_bytes;
-  RETURN_IF_ERROR(ring_.Reserve(static_cast<size_t>(slot_bytes_ * kGpuPrefillRingSlots)));
+  RETURN_IF_ERROR(ring_.Reserve(static_cast<size_t>(slot_bytes_ * slots_)));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  for (int b = 0; b < kGpuPrefillRingSlots; ++b) {
+  for (int b = 0; b < slots_; ++b) {
     for (auto* v : {&free_, &filled_}) {
       cudaEvent_t e = nullptr;
       CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -117,7 +118,7 @@ absl::Status StreamedRoutedExperts::MeasureBandwidth() {
   if (slot_bytes_ == 0) return absl::OkStatus();
   // From a registered store (what the copies read) or, without one, from pinned memory.
   const uint8_t* src = nullptr;
-  int64_t bytes = std::min<int64_t>(slot_bytes_ * kGpuPrefillRingSlots, int64_t{256} << 20);
+  int64_t bytes = std::min<int64_t>(slot_bytes_ * slots_, int64_t{256} << 20);
   PinnedBuf pinned;
   if (!registered_.empty()) {
     const ExpertStoreMap* m = options_.sources.stores->maps()[0];
@@ -157,15 +158,42 @@ std::string StreamedRoutedExperts::Describe() const {
   return absl::StrFormat(
       "%d of %d layers streamable, %s per layer, ring %d x %s (%d experts a slot), pinned H2D "
       "%.1f GB/s%s",
-      streamable, static_cast<int>(plans_.size()), MiB(layer_bytes_), kGpuPrefillRingSlots,
-      MiB(slot_bytes_), experts_per_slot_, h2d_ / 1e9,
+      streamable, static_cast<int>(plans_.size()), MiB(layer_bytes_), slots_, MiB(slot_bytes_),
+      experts_per_slot_, h2d_ / 1e9,
       registered_.empty() && options_.sources.stores != nullptr ? " (stores NOT registered)" : "");
 }
 
 absl::Status StreamedRoutedExperts::PrepareStep(int n_layers, int64_t rows) {
   RETURN_IF_ERROR(ReserveWork(n_layers, rows));
-  step_groups_ = 0;
+  // Copies of an earlier step that never computed (a failed step) still took their slots.
+  slot0_ = (slot0_ + copied_) % std::max(slots_, 1);
+  seq_.clear();
+  copied_ = computed_ = 0;
   step_bytes_ = 0;
+  for (int l = 0; l < n_layers; ++l) {
+    if (!plans_[l].streamable) continue;
+    for (size_t g = 0; g < plans_[l].groups.size(); ++g) seq_.emplace_back(l, static_cast<int>(g));
+  }
+  return EnqueueCopies();
+}
+
+absl::Status StreamedRoutedExperts::EnqueueCopies() {
+  const int64_t n = static_cast<int64_t>(seq_.size());
+  for (; copied_ < n && copied_ < computed_ + slots_; ++copied_) {
+    const auto [l, g] = seq_[copied_];
+    const LayerPlan& lp = plans_[l];
+    const int b = Slot(copied_);
+    uint8_t* slot = ring_.as<uint8_t>() + b * slot_bytes_;
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, free_[b], 0));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_start_[copied_], copy_));
+    for (const HostCopy& cp : lp.copies[g]) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(slot + cp.dst_offset, cp.src, cp.bytes, cudaMemcpyHostToDevice, copy_));
+    }
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_end_[copied_], copy_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(filled_[b], copy_));
+    step_bytes_ += lp.plan.GroupBytes(lp.groups[g].first, lp.groups[g].second);
+  }
   return absl::OkStatus();
 }
 
@@ -227,19 +255,13 @@ absl::Status StreamedRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
   const cuda::Mxfp4ExpertLayout layout = DeviceExpertLayout(sp);
   for (size_t g = 0; g < lp.groups.size(); ++g) {
     const auto [e0, e1] = lp.groups[g];
-    const int b = static_cast<int>(next_slot_++ % kGpuPrefillRingSlots);
-    uint8_t* slot = ring_.as<uint8_t>() + b * slot_bytes_;
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, free_[b], 0));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_start_[step_groups_], copy_));
-    for (const HostCopy& cp : lp.copies[g]) {
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(slot + cp.dst_offset, cp.src, cp.bytes, cudaMemcpyHostToDevice, copy_));
+    if (computed_ >= static_cast<int64_t>(seq_.size()) ||
+        seq_[computed_] != std::make_pair(l, static_cast<int>(g))) {
+      return absl::InternalError(absl::StrCat("streamed prefill: layer ", l, " group ", g,
+                                              " is not the step's next planned group"));
     }
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_end_[step_groups_], copy_));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(filled_[b], copy_));
-    ++step_groups_;
-    step_bytes_ += sp.GroupBytes(e0, e1);
-
+    const int b = Slot(computed_);
+    uint8_t* slot = ring_.as<uint8_t>() + b * slot_bytes_;
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, filled_[b], 0));
     CUDA_RETURN_IF_ERROR(cuda::Mxfp4MoeGroup({.routing = routing,
                                               .T = T,
@@ -255,6 +277,8 @@ absl::Status StreamedRoutedExperts::Enqueue(int l, const cuda::bf16_t* xn, const
                                               .round_output_bf16 = inter == c.moe_inter_dim},
                                              side));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[b], side));
+    ++computed_;
+    RETURN_IF_ERROR(EnqueueCopies());
   }
   CUDA_RETURN_IF_ERROR(cuda::MoeCombineRoutes({.y = y,
                                                .ids = ids,
@@ -274,9 +298,9 @@ absl::Status StreamedRoutedExperts::FillTimings(StageTimings* t) const {
   t->streamed_bytes = step_bytes_;
   t->streamed_copy_seconds = 0.0;
   t->streamed_span_seconds = 0.0;
-  if (step_groups_ == 0) return absl::OkStatus();
+  if (copied_ == 0) return absl::OkStatus();
   double copy = 0.0;
-  for (int64_t g = 0; g < step_groups_; ++g) {
+  for (int64_t g = 0; g < copied_; ++g) {
     float ms = 0;
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, copy_start_[g], copy_end_[g]));
     copy += ms * 1e-3;

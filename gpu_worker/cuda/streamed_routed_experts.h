@@ -7,11 +7,16 @@
 // layer's expert order) per slot: it waits for the slot's `free` event, copies the group
 // (expert_copy_plan.h), records `filled`. The layer's side stream builds the routing and the
 // quantised input, then per group waits for `filled`, runs Mxfp4MoeGroup on the slot and records
-// `free`; the combine ends the layer. Slots are used round-robin across layers and steps, so the
-// next layer's first groups are copied while this layer's last ones compute and while the next
-// layer's attention runs: the copy engine waits only for a free slot. No host synchronisation
-// inside the layer loop; the copies do not depend on the routing (at prefill sizes nearly every
-// expert is routed to).
+// `free`; the combine ends the layer. The slots (PlanRing: ~256 MiB each, at least 4, as many as
+// the ring holds) are used round-robin across layers and steps. The step's groups form one
+// sequence (every streamed layer's, in layer order), and copy i is enqueued as soon as its slot's
+// previous user, group i − slots, has its compute enqueued: the first slots' copies at
+// PrepareStep, the next layer's first groups' right after this layer's last compute, so they run
+// while the next layer's attention does (the host enqueues the attention's kernels after them,
+// and is often only a launch queue's depth ahead of the GPU). The copy engine waits only for a
+// free slot, which a layer's attention never releases: a ring of more slots copies further
+// through it. No host synchronisation inside the layer loop; the copies do not depend on the
+// routing (at prefill sizes nearly every expert is routed to).
 //
 // Sources: a layer's experts come from the expert stores of this rank's slices (ExpertStoreSet,
 // mapped read-only, registered with cudaHostRegister so the copies are DMA at full PCIe speed),
@@ -42,6 +47,7 @@
 #include "gpu_worker/cuda/routed_experts_provider.h"
 #include "gpu_worker/expert_copy_plan.h"
 #include "gpu_worker/expert_store_map.h"
+#include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu::cuda_backend_internal {
 
@@ -55,7 +61,7 @@ class StreamedRoutedExperts final : public RoutedExpertsProvider {
  public:
   // Plans every layer's sources, allocates the ring, registers the stores' memory and measures
   // the pinned host -> device bandwidth. FailedPrecondition when the ring cannot hold
-  // kGpuPrefillRingSlots slots of one expert, or a layer's geometry is not one the kernels take.
+  // kGpuPrefillMinRingSlots slots of one expert, or a layer's geometry is not one the kernels take.
   static absl::StatusOr<std::unique_ptr<StreamedRoutedExperts>> Create(
       const model::Model& model, const StreamedExpertsOptions& options);
   ~StreamedRoutedExperts() override;
@@ -70,7 +76,10 @@ class StreamedRoutedExperts final : public RoutedExpertsProvider {
   // One line for the start-up log: layers streamable, bytes per layer, ring, bandwidth.
   std::string Describe() const;
 
+  // Plans the step's group sequence (its n_layers layers that stream) and enqueues the first
+  // slots' copies.
   absl::Status PrepareStep(int n_layers, int64_t rows) override;
+  // Layer l must be the next streamed layer of the step's sequence (InternalError otherwise).
   absl::Status Enqueue(int l, const cuda::bf16_t* xn, const int32_t* ids, const float* weights,
                        int64_t rows, float* sum, cudaStream_t side) override;
   absl::Status StepStatus(int n_layers) const override { return absl::OkStatus(); }
@@ -97,21 +106,28 @@ class StreamedRoutedExperts final : public RoutedExpertsProvider {
   absl::Status MeasureBandwidth();
   // The step workspace and the per-group timing events for steps of `rows` rows (grow-only).
   absl::Status ReserveWork(int n_layers, int64_t rows);
+  // Enqueues the step's next copies whose slots' previous users have their compute enqueued.
+  absl::Status EnqueueCopies();
+  int Slot(int64_t i) const { return static_cast<int>((slot0_ + i) % slots_); }
 
   const model::Model& model_;
   const StreamedExpertsOptions options_;
   std::vector<LayerPlan> plans_;
   int64_t layer_bytes_ = 0, slot_bytes_ = 0, experts_per_slot_ = 0;
+  int slots_ = 0;
   double h2d_ = 0.0;
   std::vector<const void*> registered_;  // host ranges registered here, unregistered at the end
   cudaStream_t copy_ = nullptr;
   DevBuf ring_;
   std::vector<cudaEvent_t> free_, filled_;  // per slot
-  int64_t next_slot_ = 0;                   // round-robin, across layers and steps
+  int64_t slot0_ = 0;  // the slot of the step's first copy (round-robin across steps)
+  // The step's groups in order, (layer, group of that layer); copies and computes enqueued.
+  std::vector<std::pair<int, int>> seq_;
+  int64_t copied_ = 0, computed_ = 0;
   // Per step: timing events around each group's copies and the layer ends.
   std::vector<cudaEvent_t> copy_start_, copy_end_;
   cudaEvent_t step_end_ = nullptr;
-  int64_t step_groups_ = 0, step_bytes_ = 0;
+  int64_t step_bytes_ = 0;
   int64_t rows_ = 0;
   DevBuf work_;  // routing, xq, h, y for `rows_` rows
 };

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -194,17 +195,31 @@ TEST(StreamedPrefillTest, WorkspaceBytes) {
       50331648 - 12582912);
 }
 
-TEST(StreamedPrefillTest, ExpertsPerRingSlot) {
+TEST(StreamedPrefillTest, PlanRing) {
   // A Flash expert: w1, w3 [2048, 2048] and w2 [4096, 1024] e2m1 bytes plus their ue8m0 scales.
   const int64_t flash_expert = 3 * 4194304 + 3 * 262144;
-  EXPECT_EQ(ExpertsPerRingSlot(kDefaultGpuPrefillRingMiB << 20, flash_expert),
-            (kDefaultGpuPrefillRingMiB << 20) / kGpuPrefillRingSlots / flash_expert);
-  EXPECT_EQ(ExpertsPerRingSlot(int64_t{1} << 30, flash_expert), 20);      // 256 MiB slots
-  EXPECT_EQ(ExpertsPerRingSlot(int64_t{1} << 30, flash_expert / 4), 80);  // a TP-4 slice
-  EXPECT_EQ(ExpertsPerRingSlot(4 * flash_expert, flash_expert), 1);
-  EXPECT_EQ(ExpertsPerRingSlot(4 * flash_expert - 1, flash_expert), 0);  // off: too small
-  EXPECT_EQ(ExpertsPerRingSlot(0, flash_expert), 0);
-  EXPECT_EQ(ExpertsPerRingSlot(int64_t{1} << 30, 0), 0);
+  const auto plan = [](int64_t ring, int64_t expert) {
+    const RingPlan p = PlanRing(ring, expert, 256);
+    return std::make_pair(p.experts_per_slot, p.slots);
+  };
+  const int64_t gib = int64_t{1} << 30;
+  EXPECT_EQ(plan(kDefaultGpuPrefillRingMiB << 20, flash_expert), std::make_pair(int64_t{20}, 4));
+  // A larger ring: more slots of the same ~256 MiB, so copies run further ahead in small groups.
+  EXPECT_EQ(plan(4 * gib, flash_expert), std::make_pair(int64_t{20}, 16));
+  EXPECT_EQ(plan(gib + 3 * flash_expert, flash_expert), std::make_pair(int64_t{20}, 4));
+  EXPECT_EQ(plan(gib, flash_expert / 4), std::make_pair(int64_t{80}, 4));  // a TP-4 slice
+  EXPECT_EQ(plan(gib / 2, flash_expert), std::make_pair(int64_t{10}, 4));  // at least 4 slots
+  EXPECT_EQ(plan(4 * flash_expert, flash_expert), std::make_pair(int64_t{1}, 4));
+  EXPECT_EQ(plan(4 * flash_expert - 1, flash_expert), std::make_pair(int64_t{0}, 0));  // off
+  EXPECT_EQ(plan(gib, 400 << 20), std::make_pair(int64_t{0}, 0));      // off: 4 do not fit
+  EXPECT_EQ(plan(2 * gib, 400 << 20), std::make_pair(int64_t{1}, 5));  // experts over a slot
+  EXPECT_EQ(plan(0, flash_expert), std::make_pair(int64_t{0}, 0));
+  EXPECT_EQ(plan(gib, 0), std::make_pair(int64_t{0}, 0));
+  // A slot holds at most a layer, and the ring at most two layers' groups.
+  EXPECT_EQ(PlanRing(gib, flash_expert, 16).experts_per_slot, 16);
+  EXPECT_EQ(PlanRing(gib, flash_expert, 16).slots, 4);
+  EXPECT_EQ(PlanRing(16 * gib, flash_expert, 256).slots, 26);  // 13 groups of 20 a layer
+  EXPECT_EQ(PlanRing(gib, flash_expert, 0).slots, 0);
 }
 
 }  // namespace
