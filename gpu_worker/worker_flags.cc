@@ -52,7 +52,8 @@ ABSL_FLAG(std::string, gpu_prefill_threshold, WorkerFlags{}.gpu_prefill_threshol
           "expert rate), off (never), or N (every step of at least N tokens)");
 ABSL_FLAG(int64_t, gpu_prefill_ring_mib, WorkerFlags{}.gpu_prefill_ring_mib,
           "--backend cuda only: device memory of the streamed path's staging ring in MiB, set "
-          "aside beside the KV pool with a streamed step's workspace; 0 = no streamed path");
+          "aside beside the KV pool with a streamed step's workspace, cut into slots of ~256 MiB "
+          "(at least 4); 0 = no streamed path");
 ABSL_FLAG(std::string, gpu_experts, WorkerFlags{}.gpu_experts,
           "--backend cuda only: routed experts kept resident on the GPU for decode "
           "(gpu_worker/cuda/resident_routed_experts.h): N experts over the stage's layers, a "
