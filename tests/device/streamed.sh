@@ -4,7 +4,10 @@
 # 1. mxfp4_moe_test (the grouped GEMM against RoutedSum), 2. splitserve-golden --backend cuda with
 # every step streamed (--gpu_prefill_threshold 1) from the host's weights and from an expert
 # worker's shared store, each beside the default run, 3. bench/flash_e2e.sh with PHASES (default
-# "8192,32768") on Flash-shaped dummy weights, the streamed path on (the default).
+# "8192,32768") on Flash-shaped dummy weights, the streamed path on (the default); with
+# SS_STREAMED_VARIANTS="CHUNK:RING_MIB ..." (e.g. "8192:1024 8192:3072 4096:3072") once per
+# variant instead, each `up` started with --max-num-batched-tokens CHUNK --gpu-prefill-ring-mib
+# RING_MIB, its prefill lines printed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/device/env.sh
@@ -31,5 +34,18 @@ mkdir -p "$out"
   grep -m3 -i "registered\|streamed prefill: layer\|warn" "$out/g_store.log"
   kill -TERM $ew; wait $ew
 )
-SS_BIN=$bin bash bench/flash_e2e.sh "$out/flash" "$phases"
-grep -h "streamed prefill\|registered" "$out"/flash/up/*.log | head -6
+if [ -z "${SS_STREAMED_VARIANTS:-}" ]; then
+  SS_BIN=$bin bash bench/flash_e2e.sh "$out/flash" "$phases"
+  grep -h "streamed prefill\|registered" "$out"/flash/up/*.log | head -6
+  exit 0
+fi
+for v in $SS_STREAMED_VARIANTS; do
+  chunk=${v%%:*} ring=${v#*:}
+  # The previous `up`'s store leaves /dev/shm as it exits.
+  for _ in $(seq 1 60); do ls /dev/shm | grep -q . || break; sleep 1; done
+  SS_BIN=$bin SS_UP_ARGS="--max-num-batched-tokens $chunk --gpu-prefill-ring-mib $ring" \
+    bash bench/flash_e2e.sh "$out/flash_${chunk}_$ring" "$phases" >"$out/flash_${chunk}_$ring.log" 2>&1
+  echo "== chunks $chunk, ring $ring MiB: rc=$?"
+  grep -h -m1 -o "streamed prefill: [0-9]* of [0-9]* layers.*GB/s" "$out/flash_${chunk}_$ring"/up/*.log
+  grep -E "^prefill|streamed:|per prefill" "$out/flash_${chunk}_$ring/summary.txt"
+done
