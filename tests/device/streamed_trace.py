@@ -25,54 +25,31 @@ import collections
 import statistics
 import sys
 
+import step_trace  # this folder's decode-step reader: its trace loader and interval union
+from step_trace import union
+
 GAP_NS = 50_000
 STEP_GAP_NS = 60_000_000
 
 
 def load(path):
-    kernels, copies, calls = [], [], {}
-    call_list = []
-    with open(path) as f:
-        for line in f:
-            parts = line.rstrip('\n').split(',', 3)
-            if len(parts) != 4:
-                continue
-            s, e, stream, name = int(parts[0]), int(parts[1]), int(parts[2]), parts[3]
-            corr = None
-            if '@' in name:
-                name, c = name.rsplit('@', 1)
-                corr = int(c)
-            if name.startswith('api:'):
-                call_list.append((s, e, stream, name[4:]))
-                if corr is not None:
-                    calls[corr] = (s, e, stream, name[4:])
-            elif name.startswith('memcpy:'):
-                kind, nbytes = name[7:].split(':')[:2]
-                copies.append((s, e, stream, int(kind), int(nbytes), corr))
-            else:
-                kernels.append((s, e, stream, name))
-    kernels.sort()
-    copies.sort()
-    call_list.sort()
+    """step_trace.load's records with each copy's and call's correlation id split off its name."""
+    kernels, raw_copies, raw_calls = step_trace.load(path)
+    copies, calls, call_list = [], {}, []
+    for s, e, stream, name in raw_calls:
+        name, _, corr = name.partition('@')
+        call_list.append((s, e, stream, name))
+        if corr:
+            calls[int(corr)] = (s, e, stream, name)
+    for s, e, stream, name in raw_copies:
+        name, _, corr = name.partition('@')
+        kind, nbytes = name.split(':')[:2]
+        copies.append((s, e, stream, int(kind), int(nbytes), int(corr) if corr else None))
     return kernels, copies, calls, call_list
 
 
 def overlap(a0, a1, b0, b1):
     return max(0, min(a1, b1) - max(a0, b0))
-
-
-def union(intervals):
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def short(name, n=70):
