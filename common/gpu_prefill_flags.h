@@ -50,5 +50,8 @@ inline absl::StatusOr<GpuPrefillThreshold> ParseGpuPrefillThreshold(std::string_
 
 // Default of --gpu-prefill-ring-mib: the staging ring's device memory, MiB (0: no streamed path).
 inline constexpr int64_t kDefaultGpuPrefillRingMiB = 1024;
+// Default of --gpu_prefill_slot_kib: the size each slot of the ring aims at (gpu_worker/
+// streamed_prefill.h PlanRing).
+inline constexpr int64_t kGpuPrefillSlotBytes = int64_t{256} << 20;
 
 }  // namespace ss::gpu

@@ -57,6 +57,8 @@ struct GoldenBackendOptions {
   // --backend cuda: this many routed experts of every layer resident on the GPU
   // (resident_routed_experts.h), ids spread evenly over [0, E); 0: none.
   int gpu_experts = 0;
+  // --backend cuda: the streamed ring's slot size (PlanRing; small slots give tiny models many).
+  int64_t gpu_prefill_slot_bytes = kGpuPrefillSlotBytes;
 };
 
 inline constexpr int64_t kGoldenKvTokens = 1 << 16;

@@ -263,6 +263,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     // allocates the ring and a streamed step's workspace before it fits the KV pool).
     co.gpu_prefill_threshold = c.gpu_prefill_threshold;
     co.gpu_prefill_ring_bytes = c.gpu_prefill_ring_bytes;
+    co.gpu_prefill_slot_bytes = c.gpu_prefill_slot_bytes;
     co.expert_stores = ExpertStoresOf(o.experts);
     ASSIGN_OR_RETURN(co.resident_experts,
                      ResidentSets(c, config, o.first_layer, o.end_layer,

@@ -118,12 +118,13 @@ int64_t StreamedMoeWorkspaceBytes(const ModelConfig& model, int64_t step_tokens,
   return bytes;
 }
 
-RingPlan PlanRing(int64_t ring_bytes, int64_t expert_bytes, int64_t layer_experts) {
+RingPlan PlanRing(int64_t ring_bytes, int64_t expert_bytes, int64_t layer_experts,
+                  int64_t slot_bytes) {
   if (ring_bytes <= 0 || expert_bytes <= 0 || layer_experts <= 0) return {};
   const int64_t most = ring_bytes / kGpuPrefillMinRingSlots / expert_bytes;
   if (most < 1) return {};
   const int64_t per_slot =
-      std::min({most, layer_experts, std::max<int64_t>(1, kGpuPrefillSlotBytes / expert_bytes)});
+      std::min({most, layer_experts, std::max<int64_t>(1, slot_bytes / expert_bytes)});
   const int64_t groups = (layer_experts + per_slot - 1) / per_slot;
   const int64_t slots = std::min(ring_bytes / (per_slot * expert_bytes),
                                  std::max<int64_t>(kGpuPrefillMinRingSlots, 2 * groups));

@@ -37,10 +37,10 @@ namespace ss::gpu {
 
 // Staging ring slots: each holds one group of experts, and the copies run ahead of the compute by
 // up to a ring's worth (RingPlan below). At least kGpuPrefillMinRingSlots slots, of about
-// kGpuPrefillSlotBytes each where the ring allows more slots: a layer's attention frees no slot,
-// so only a ring of many slots keeps copying through it while its groups stay small.
+// kGpuPrefillSlotBytes (common/gpu_prefill_flags.h) each where the ring allows more slots: a
+// layer's attention frees no slot, so only a ring of many slots keeps copying through it while its
+// groups stay small.
 inline constexpr int kGpuPrefillMinRingSlots = 4;
-inline constexpr int64_t kGpuPrefillSlotBytes = int64_t{256} << 20;
 // Calls of fewer rows do not update the CPU rate (decode-sized calls are memory-bound).
 inline constexpr int64_t kMinRowsForCpuRate = 64;
 // Weight of a new sample in the rates' exponential averages (the first sample replaces the
@@ -98,7 +98,7 @@ class StreamedPrefillPolicy {
 int64_t StreamedMoeWorkspaceBytes(const ModelConfig& model, int64_t step_tokens,
                                   int64_t inter_rank);
 // The ring of ring_bytes cut into slots for a layer of `layer_experts` experts of `expert_bytes`
-// each: experts_per_slot the largest count that fits kGpuPrefillSlotBytes (at least 1, at most
+// each: experts_per_slot the largest count that fits slot_bytes (at least 1, at most
 // the layer's) and leaves room for kGpuPrefillMinRingSlots slots, then as many slots of that size
 // as the ring holds, up to two layers' groups (more would never fill). Both 0 when
 // kGpuPrefillMinRingSlots experts do not fit (the streamed path is then off, with that reason
@@ -107,6 +107,7 @@ struct RingPlan {
   int64_t experts_per_slot = 0;
   int slots = 0;
 };
-RingPlan PlanRing(int64_t ring_bytes, int64_t expert_bytes, int64_t layer_experts);
+RingPlan PlanRing(int64_t ring_bytes, int64_t expert_bytes, int64_t layer_experts,
+                  int64_t slot_bytes = kGpuPrefillSlotBytes);
 
 }  // namespace ss::gpu

@@ -146,6 +146,12 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
                                                    "streamed path) to ",
                                                    kMaxGpuPrefillRingMiB, " MiB"));
   }
+  if (f.gpu_prefill_slot_kib < 1 || f.gpu_prefill_slot_kib > (kMaxGpuPrefillRingMiB << 10)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu_prefill_slot_kib ",
+                                                   f.gpu_prefill_slot_kib, ": expected 1 to ",
+                                                   kMaxGpuPrefillRingMiB << 10, " KiB"));
+  }
+  c.gpu_prefill_slot_bytes = f.gpu_prefill_slot_kib << 10;
   c.gpu_prefill_ring_bytes = c.gpu_prefill_threshold.mode == GpuPrefillThreshold::Mode::kOff
                                  ? 0
                                  : f.gpu_prefill_ring_mib << 20;
@@ -291,8 +297,10 @@ std::vector<std::string> WorkerConfig::Describe() const {
                      : std::string(", never rebalanced"))
               : std::string()),
       absl::StrCat("gpu_prefill_ring = ",
-                   gpu_prefill_ring_bytes > 0 ? absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB")
-                                              : std::string("(none: no streamed path)"),
+                   gpu_prefill_ring_bytes > 0
+                       ? absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB in slots of ~",
+                                      gpu_prefill_slot_bytes >> 10, " KiB")
+                       : std::string("(none: no streamed path)"),
                    backend == "cuda" ? "" : " (cuda backend only)"),
       absl::StrCat("model = ", source.model_dir),
       absl::StrCat("load_format = ", std::string(LoadFormatName(source.load_format))),

@@ -29,6 +29,8 @@
 //                             rates, off never, N every step of at least N rows
 //   --gpu_prefill_ring_mib MIB  --backend cuda: the streamed path's staging ring (0: no
 //                             streamed path; off also leaves the ring unallocated)
+//   --gpu_prefill_slot_kib KIB  --backend cuda: the size the ring's slots aim at (at least 4
+//                             slots, as many as the ring holds; streamed_prefill.h PlanRing)
 //   --gpu_experts auto|N|FRACTION  --backend cuda: routed experts resident on the GPU over the
 //                             stage's layers (0: none); auto: as many as the device holds once
 //                             the KV pool keeps room for --kv_tokens tokens (0: the longest
@@ -92,6 +94,7 @@ struct WorkerFlags {
   std::string fp64_sums = "auto";
   std::string gpu_prefill_threshold = "auto";
   int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
+  int64_t gpu_prefill_slot_kib = kGpuPrefillSlotBytes >> 10;
   std::string gpu_experts = "0";
   std::string gpu_experts_profile;
   double gpu_experts_rebalance_s = 10;
@@ -129,6 +132,7 @@ struct WorkerConfig {
   // off (ring 0, or threshold off).
   GpuPrefillThreshold gpu_prefill_threshold;
   int64_t gpu_prefill_ring_bytes = 0;
+  int64_t gpu_prefill_slot_bytes = kGpuPrefillSlotBytes;
   // Resident experts (cuda backend only): a count over the stage's layers, a fraction of them, or
   // auto (at most one of the three is set; auto: the budget the cuda backend computes from the
   // device's free memory, resident_budget.h), and the profile that places them (empty: an even

@@ -54,6 +54,9 @@ ABSL_FLAG(int64_t, gpu_prefill_ring_mib, WorkerFlags{}.gpu_prefill_ring_mib,
           "--backend cuda only: device memory of the streamed path's staging ring in MiB, set "
           "aside beside the KV pool with a streamed step's workspace, cut into slots of ~256 MiB "
           "(at least 4); 0 = no streamed path");
+ABSL_FLAG(int64_t, gpu_prefill_slot_kib, WorkerFlags{}.gpu_prefill_slot_kib,
+          "--backend cuda only: the size each slot of the streamed path's ring aims at, KiB: at "
+          "least 4 slots, as many as the ring holds (gpu_worker/streamed_prefill.h PlanRing)");
 ABSL_FLAG(std::string, gpu_experts, WorkerFlags{}.gpu_experts,
           "--backend cuda only: routed experts kept resident on the GPU for decode "
           "(gpu_worker/cuda/resident_routed_experts.h): N experts over the stage's layers, a "
@@ -155,6 +158,7 @@ WorkerFlags ReadWorkerFlags() {
   f.fp64_sums = absl::GetFlag(FLAGS_fp64_sums);
   f.gpu_prefill_threshold = absl::GetFlag(FLAGS_gpu_prefill_threshold);
   f.gpu_prefill_ring_mib = absl::GetFlag(FLAGS_gpu_prefill_ring_mib);
+  f.gpu_prefill_slot_kib = absl::GetFlag(FLAGS_gpu_prefill_slot_kib);
   f.gpu_experts = absl::GetFlag(FLAGS_gpu_experts);
   f.gpu_experts_profile = absl::GetFlag(FLAGS_gpu_experts_profile);
   f.gpu_experts_rebalance_s = absl::GetFlag(FLAGS_gpu_experts_rebalance_s);

@@ -62,6 +62,7 @@ absl::Status SetUpStreamedPath(const model::Model& model, const CudaBackendOptio
   }
   StreamedExpertsOptions so;
   so.ring_bytes = o.gpu_prefill_ring_bytes;
+  so.slot_bytes = o.gpu_prefill_slot_bytes;
   so.max_rows = o.max_step_tokens;
   absl::StatusOr<ExpertSourcesOptions> sources = SourcesOf(model, o, im);
   absl::Status st = sources.status();

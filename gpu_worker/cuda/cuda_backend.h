@@ -131,6 +131,7 @@ struct CudaBackendOptions {
   // Off unless asked: the GPU worker passes its --gpu_prefill_threshold (auto by default).
   GpuPrefillThreshold gpu_prefill_threshold{GpuPrefillThreshold::Mode::kOff, 0};
   int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
+  int64_t gpu_prefill_slot_bytes = kGpuPrefillSlotBytes;  // the ring's slots (PlanRing)
   std::map<int64_t, ExpertLayerStores> expert_stores;
   // Routed experts resident on this GPU (resident_routed_experts.h): per stage layer, the expert
   // ids whose weights stay on the device, computed here for steps of at most resident_max_rows

@@ -61,8 +61,8 @@ absl::Status StreamedRoutedExperts::Allocate() {
     if (lp.streamable) expert_bytes = std::max(expert_bytes, lp.plan.expert_bytes);
   }
   if (expert_bytes == 0) return absl::OkStatus();  // nothing to copy
-  const RingPlan ring =
-      PlanRing(options_.ring_bytes, expert_bytes, model_.config().n_routed_experts);
+  const RingPlan ring = PlanRing(options_.ring_bytes, expert_bytes,
+                                 model_.config().n_routed_experts, options_.slot_bytes);
   if (ring.slots == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("the streamed-prefill ring of ", MiB(options_.ring_bytes), " cannot hold ",

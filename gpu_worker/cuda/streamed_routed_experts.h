@@ -54,7 +54,8 @@ namespace ss::gpu::cuda_backend_internal {
 struct StreamedExpertsOptions {
   ExpertSourcesOptions sources;  // the stage's layers, the rank, the stores (expert_sources.h)
   int64_t ring_bytes = 0;        // the staging ring (all slots)
-  int64_t max_rows = 0;          // the workspace is allocated for steps of this many rows at Create
+  int64_t slot_bytes = kGpuPrefillSlotBytes;  // a slot's target size (PlanRing)
+  int64_t max_rows = 0;  // the workspace is allocated for steps of this many rows at Create
 };
 
 class StreamedRoutedExperts final : public RoutedExpertsProvider {

@@ -220,6 +220,10 @@ TEST(StreamedPrefillTest, PlanRing) {
   EXPECT_EQ(PlanRing(gib, flash_expert, 16).slots, 4);
   EXPECT_EQ(PlanRing(16 * gib, flash_expert, 256).slots, 26);  // 13 groups of 20 a layer
   EXPECT_EQ(PlanRing(gib, flash_expert, 0).slots, 0);
+  // Smaller slots (--gpu_prefill_slot_kib): a tiny model's 16 experts of 64 KiB in slots of 2.
+  EXPECT_EQ(PlanRing(gib, 64 << 10, 16, 128 << 10).experts_per_slot, 2);
+  EXPECT_EQ(PlanRing(gib, 64 << 10, 16, 128 << 10).slots, 16);
+  EXPECT_EQ(PlanRing(gib, flash_expert, 256, 1).experts_per_slot, 1);  // at least one expert
 }
 
 }  // namespace

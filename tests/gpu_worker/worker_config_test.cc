@@ -246,8 +246,10 @@ TEST(GpuWorkerConfig, StreamedPrefillFlags) {
     return false;
   };
   EXPECT_TRUE(has_line(*c, "gpu_prefill_threshold = auto (cuda backend only)"));
-  EXPECT_TRUE(has_line(*c, absl::StrCat("gpu_prefill_ring = ", kDefaultGpuPrefillRingMiB,
-                                        " MiB (cuda backend only)")));
+  EXPECT_EQ(c->gpu_prefill_slot_bytes, kGpuPrefillSlotBytes);
+  EXPECT_TRUE(has_line(
+      *c, absl::StrCat("gpu_prefill_ring = ", kDefaultGpuPrefillRingMiB, " MiB in slots of ~",
+                       kGpuPrefillSlotBytes >> 10, " KiB (cuda backend only)")));
   f.gpu_prefill_threshold = "512";
   f.gpu_prefill_ring_mib = 256;
   c = ParseWorkerConfig(f);
@@ -274,6 +276,14 @@ TEST(GpuWorkerConfig, StreamedPrefillFlags) {
   EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ParseWorkerConfig(f).status().message().find("--gpu_prefill_ring_mib -1"),
             std::string::npos);
+  f.gpu_prefill_ring_mib = 1024;
+  f.gpu_prefill_slot_kib = 64;  // small slots (a tiny model's golden run gets many)
+  ASSERT_TRUE(ParseWorkerConfig(f).ok()) << ParseWorkerConfig(f).status();
+  EXPECT_EQ(ParseWorkerConfig(f)->gpu_prefill_slot_bytes, 64 << 10);
+  f.gpu_prefill_slot_kib = 0;
+  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--gpu_prefill_slot_kib 0"),
+            std::string::npos)
+      << ParseWorkerConfig(f).status();
 }
 
 // CudaBackendOptions::expert_stores from a rank's experts: per remote layer its slices'

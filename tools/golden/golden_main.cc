@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, gpu_prefill_threshold, "off",
           "GPU (gpu_worker/streamed_prefill.h): off | auto | N (1: every step)");
 ABSL_FLAG(int64_t, gpu_prefill_ring_mib, ss::gpu::kDefaultGpuPrefillRingMiB,
           "--backend cuda: the streamed path's staging ring, MiB");
+ABSL_FLAG(int64_t, gpu_prefill_slot_kib, ss::gpu::kGpuPrefillSlotBytes >> 10,
+          "--backend cuda: the size each slot of the streamed path's ring aims at, KiB (at least "
+          "4 slots, as many as the ring holds: gpu_worker/streamed_prefill.h PlanRing)");
 ABSL_FLAG(int, gpu_experts, 0,
           "--backend cuda: this many routed experts of every layer resident on the GPU "
           "(gpu_worker/cuda/resident_routed_experts.h; ids spread evenly), the others on the "
@@ -78,10 +81,16 @@ int main(int argc, char** argv) {
                  std::string(threshold.status().message()).c_str());
     return 2;
   }
+  if (absl::GetFlag(FLAGS_gpu_prefill_slot_kib) < 1) {
+    std::fprintf(stderr, "splitserve-golden: --gpu_prefill_slot_kib %lld: expected at least 1\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_gpu_prefill_slot_kib)));
+    return 2;
+  }
   auto backend = ss::gpu::MakeGoldenBackend(
       {absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device), absl::GetFlag(FLAGS_experts),
        absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages), *fp64, *threshold,
-       absl::GetFlag(FLAGS_gpu_prefill_ring_mib) << 20, absl::GetFlag(FLAGS_gpu_experts)});
+       absl::GetFlag(FLAGS_gpu_prefill_ring_mib) << 20, absl::GetFlag(FLAGS_gpu_experts),
+       absl::GetFlag(FLAGS_gpu_prefill_slot_kib) << 10});
   if (!backend.ok()) {
     std::fprintf(stderr, "splitserve-golden: %s\n",
                  std::string(backend.status().message()).c_str());
