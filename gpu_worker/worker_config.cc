@@ -299,7 +299,9 @@ std::vector<std::string> WorkerConfig::Describe() const {
       absl::StrCat("gpu_prefill_ring = ",
                    gpu_prefill_ring_bytes > 0
                        ? absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB in slots of ~",
-                                      gpu_prefill_slot_bytes >> 10, " KiB")
+                                      gpu_prefill_slot_bytes % (1 << 20) == 0
+                                          ? absl::StrCat(gpu_prefill_slot_bytes >> 20, " MiB")
+                                          : absl::StrCat(gpu_prefill_slot_bytes >> 10, " KiB"))
                        : std::string("(none: no streamed path)"),
                    backend == "cuda" ? "" : " (cuda backend only)"),
       absl::StrCat("model = ", source.model_dir),

@@ -249,7 +249,7 @@ TEST(GpuWorkerConfig, StreamedPrefillFlags) {
   EXPECT_EQ(c->gpu_prefill_slot_bytes, kGpuPrefillSlotBytes);
   EXPECT_TRUE(has_line(
       *c, absl::StrCat("gpu_prefill_ring = ", kDefaultGpuPrefillRingMiB, " MiB in slots of ~",
-                       kGpuPrefillSlotBytes >> 10, " KiB (cuda backend only)")));
+                       kGpuPrefillSlotBytes >> 20, " MiB (cuda backend only)")));
   f.gpu_prefill_threshold = "512";
   f.gpu_prefill_ring_mib = 256;
   c = ParseWorkerConfig(f);
@@ -280,6 +280,8 @@ TEST(GpuWorkerConfig, StreamedPrefillFlags) {
   f.gpu_prefill_slot_kib = 64;  // small slots (a tiny model's golden run gets many)
   ASSERT_TRUE(ParseWorkerConfig(f).ok()) << ParseWorkerConfig(f).status();
   EXPECT_EQ(ParseWorkerConfig(f)->gpu_prefill_slot_bytes, 64 << 10);
+  EXPECT_TRUE(has_line(*ParseWorkerConfig(f),
+                       "gpu_prefill_ring = 1024 MiB in slots of ~64 KiB (cuda backend only)"));
   f.gpu_prefill_slot_kib = 0;
   EXPECT_NE(ParseWorkerConfig(f).status().message().find("--gpu_prefill_slot_kib 0"),
             std::string::npos)
