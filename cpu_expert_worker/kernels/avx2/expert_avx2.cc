@@ -301,6 +301,7 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, u
     __m256 sw[4];
     GroupScales(_mm256_load_si256(st + kb), sw);
     for (int64_t i = 0; i < a.n; ++i) {
+      if (a.n > kRecordPrefetchRows) PrefetchRecord(a, i + kRecordAhead, kb);
       const uint8_t* rec = Record(a, i, kb);
       float* at = acc + i * kRows;
       __m256 ai = _mm256_load_ps(at);

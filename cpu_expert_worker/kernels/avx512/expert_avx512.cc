@@ -246,6 +246,7 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, u
     __m512 sw[4];
     GroupScales(_mm512_load_si512(st + kb), sw);
     for (int64_t i = 0; i < a.n; ++i) {
+      if (a.n > kRecordPrefetchRows) PrefetchRecord(a, i + kRecordAhead, kb);
       const uint8_t* rec = Record(a, i, kb);
       const Planes pl(rec);
       const __m512i sx = _mm512_load_si512(rec + kSignOffset);
