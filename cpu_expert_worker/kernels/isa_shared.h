@@ -173,7 +173,7 @@ inline const uint8_t* Record(const Linear4Args& a, int64_t i, int64_t kb) {
 
 // Activation rows a multi-row tile runs ahead of its records, in tiles of more than
 // kRecordPrefetchRows rows: each K block walks every row's record (kRecordBytes, a row's K span
-// apart), more streams than a core's prefetcher tracks (bench/RESULTS.md, session 30).
+// apart), more streams than a core's prefetcher tracks.
 inline constexpr int64_t kRecordAhead = 4;
 inline constexpr int64_t kRecordPrefetchRows = 16;
 // Requests record (i, kb), or, past the last row, the next K block's record of row i − n.

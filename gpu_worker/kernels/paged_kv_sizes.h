@@ -6,9 +6,8 @@
 
 namespace ss::cuda {
 
-// Tokens a split-path slice takes: its workspace (KvSplitBytes) is ~2x a token's decoded rows per
-// token at 64 heads, and 64-token slices launch 8x fewer kernels than 8-token ones at prefill
-// (bench/RESULTS.md, session 30: an 8K chunk's attention 1.75 -> 1.44 s on the H200).
+// Tokens a split-path slice takes: a prefill chunk launches two kernels per slice, and the slice's
+// workspace (KvSplitBytes) is ~2x its tokens' decoded rows at 64 heads.
 inline constexpr int64_t kKvSplitMaxTokens = 64;
 inline constexpr int64_t kKvSplitChunk = 64;  // kSparseChunk, the candidates of a split block
 // Per (token, head, chunk): the p·V partial (head_dim fp32), the chunk's max and its p sum.
