@@ -16,17 +16,10 @@
 // ahead in that order (and on into Linear4Args::next_w; how far and into which cache level:
 // isa_shared.h, by CPU family), the next tile's scale rows one tile ahead.
 
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* placeholders) once those
-// intrinsics are inlined here; the warning is about the header, not this code.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_expert_worker/kernels/avx512/avx512_shared.h"
 #include "cpu_expert_worker/kernels/isa_shared.h"
 #include "cpu_expert_worker/kernels/linear4.h"
 
@@ -34,16 +27,6 @@ namespace ss::expert::internal {
 namespace {
 
 constexpr int kRows = 16;
-
-// ue8m0 bytes in dword lanes -> 2^(b-127) as fp32 bits (b = 0: the subnormal 2^-127,
-// b = 255: NaN).
-inline __m512i Ue8m0Bits(__m512i b) {
-  __m512i bits = _mm512_slli_epi32(b, 23);
-  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()),
-                               _mm512_set1_epi32(0x00400000));
-  return _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)),
-                               _mm512_set1_epi32(0x7fc00000));
-}
 
 // st[kb] = the 4 ue8m0 scale bytes of K block kb of each of the tile's 16 rows (dword r = row
 // r0 + r), for every K block: 16 K blocks at a time, one masked load per row and a 16x16 dword
@@ -80,32 +63,6 @@ void TransposeScales(const Linear4Args& a, int64_t r0, __m512i* st) {
       }
     }
   }
-}
-
-// The four groups' scales of one K block (st[kb]) as fp32, one vector per group (lane = row).
-// Bytes 1..254 are 2^(b-127) by a shift alone; a 0 (the subnormal 2^-127) or 255 (NaN) takes
-// the full decode.
-inline void GroupScales(__m512i v, __m512 (&sw)[4]) {
-  const __mmask64 special = _mm512_cmpeq_epi8_mask(v, _mm512_setzero_si512()) |
-                            _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-1));
-  if (special == 0) {
-    const __m512i exp = _mm512_set1_epi32(0x7f800000);
-    sw[0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 23), exp));
-    sw[1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 15), exp));
-    sw[2] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 7), exp));
-    sw[3] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_srli_epi32(v, 1), exp));
-    return;
-  }
-  for (int i = 0; i < 4; ++i) {
-    sw[i] = _mm512_castsi512_ps(
-        Ue8m0Bits(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xff))));
-  }
-}
-
-// 2·e2m1(code) as int8, in every 128-bit lane.
-inline __m512i E2m1Table() {
-  return _mm512_broadcast_i32x4(
-      _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
 }
 
 // One activation record's planes for a K block: [plane][even, odd].
@@ -161,31 +118,6 @@ inline __m512 Accumulate(__m512 acc, const __m512i (&g)[4], float sa, const __m5
     acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(g[q]), s), sw[q]));
   }
   return acc;
-}
-
-// ss::RoundBf16 on 16 lanes (round to nearest even; NaN -> quiet NaN).
-inline __m512 RoundBf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v), top = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r =
-      _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), top);
-  const __m512i nan = _mm512_or_si512(_mm512_and_si512(u, top), _mm512_set1_epi32(0x00400000));
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(r),
-                              _mm512_castsi512_ps(nan));
-}
-
-inline void Store(Epilogue e, float* y, __m512 acc) {
-  switch (e) {
-    case Epilogue::kStoreBf16:
-      _mm512_storeu_ps(y, RoundBf16(acc));
-      break;
-    case Epilogue::kAddF32:
-      _mm512_storeu_ps(y, _mm512_add_ps(_mm512_loadu_ps(y), acc));
-      break;
-    case Epilogue::kAddBf16:
-      _mm512_storeu_ps(y, _mm512_add_ps(_mm512_loadu_ps(y), RoundBf16(acc)));
-      break;
-  }
 }
 
 // The byte step between the rows of a tile: 64 when the weights are tiled (kTiled), the row
