@@ -30,7 +30,7 @@
 //
 //   build/bin/splitserve-bench-experts [--quick] [--stream_only] [--workdir DIR] [--layers L]
 //   [--experts E]
-//       [--threads N] [--isa auto|scalar|avx2|avx512] [--tokens N] [--calls N]
+//       [--threads N] [--isa auto|scalar|avx2|avx512|amx] [--tokens N] [--calls N]
 //       [--client_spin_us US] [--cpu_choices K] [--worker PATH]
 #include <signal.h>
 #include <unistd.h>
@@ -265,12 +265,13 @@ int Main(int argc, char** argv) {
     } else if (a == "--cpu_choices") {
       o.cpu_choices = std::atoi(value().c_str());
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--quick] [--stream_only] [--workdir DIR] [--layers L] [--experts E] "
-                   "[--threads N] "
-                   "[--isa auto|scalar|avx2|avx512] [--tokens N] [--calls N] [--client_spin_us US] "
-                   "[--cpu_choices K] [--worker PATH]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--quick] [--stream_only] [--workdir DIR] [--layers L] [--experts E] "
+          "[--threads N] "
+          "[--isa auto|scalar|avx2|avx512|amx] [--tokens N] [--calls N] [--client_spin_us US] "
+          "[--cpu_choices K] [--worker PATH]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -298,10 +299,11 @@ int Main(int argc, char** argv) {
       Must(ChildProcess::Start({self, "--serve_empty", empty_shm, std::to_string(empty_port)}, ""),
            "empty-call server");
 
-  std::printf("splitserve-bench-experts%s: %s; avx2 %s, avx512 (F/BW/VL/DQ/VNNI) %s\n",
+  std::printf("splitserve-bench-experts%s: %s; avx2 %s, avx512 (F/BW/VL/DQ/VNNI) %s, amx %s\n",
               o.quick ? " --quick" : "", CpuModel().c_str(),
               ss::expert::IsaSupported(Isa::kAvx2) ? "yes" : "no",
-              ss::expert::IsaSupported(Isa::kAvx512) ? "yes" : "no");
+              ss::expert::IsaSupported(Isa::kAvx512) ? "yes" : "no",
+              ss::expert::IsaSupported(Isa::kAmx) ? "yes" : "no");
 
   // (a)
   std::map<Isa, double> rate;
@@ -309,7 +311,7 @@ int Main(int argc, char** argv) {
       "(a) kernel rate, T=1, one %.1f MB Flash expert (dim %ld, I %ld) cache-resident, "
       "one thread:\n",
       ExpertBytes(kDim, kInter) / 1e6, kDim, kInter);
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
     const auto k = ss::expert::KernelFor(isa);
     if (!k.ok()) {
       std::printf("    %-7s not supported by this CPU\n", ss::expert::IsaName(isa));
@@ -335,10 +337,12 @@ int Main(int argc, char** argv) {
       "streaming read: %.2f GB/s on %d thread(s) (cpus %s; 64-bit loads, prefetched 16 "
       "KB ahead)\n",
       stream_passes[0], threads, absl::StrJoin(pool_cpus, ",").c_str());
-  // The cores' FMA peak at the worker's vector width, on the same cores: what (c) is a share of.
-  const double fma_peak = FmaPeakGflops(pool.get(), worker_isa == Isa::kAvx512, 3);
+  // The cores' FMA peak at the worker's vector width (amx: AVX-512's), on the same cores: what
+  // (c) is a share of.
+  const bool wide = worker_isa == Isa::kAvx512 || worker_isa == Isa::kAmx;
+  const double fma_peak = FmaPeakGflops(pool.get(), wide, 3);
   std::printf("FMA peak: %.1f GFLOP/s on %d thread(s) (%s FMAs, register-only)\n", fma_peak,
-              threads, worker_isa == Isa::kAvx512 ? "512-bit" : "256-bit");
+              threads, wide ? "512-bit" : "256-bit");
 
   // The checkpoint.
   int64_t generated = 0;

@@ -12,15 +12,16 @@
 //   l2       the expert kernel's gate_up on one L2-resident 128-column unit a thread, again and
 //            again (T = 1): the kernel's per-core compute rate with every core busy, GB/s of
 //            weights;
-//   l2rows   the same unit for 64 token rows a call (the largest unit the engine makes): the
-//            prefill-sized calls' compute rate, GFLOP/s (2 x 64 x the unit's weights a call);
+//   l2rows   the same unit for 64 token rows a call (the largest unit the engine makes; other
+//            counts with --rows): the prefill-sized calls' compute rate, GFLOP/s (2 x rows x
+//            the unit's weights a call);
 //   dram     each thread runs whole experts (gate_up over all columns, then down) over its own
 //            share of --gib GiB of Flash-shaped tiled experts (T = 1): the kernel from memory
 //            with every core busy but without the engine's fork-join.
 //
 //   build/bin/cpu_rates_bench [--threads 1,2,4,8,16] [--gib 2] [--sections
 //   fma,stream,l2,l2rows,dram]
-//                             [--isa avx2,avx512] [--passes 3]
+//                             [--isa avx2,avx512,amx] [--passes 3] [--rows 64]
 //
 // One line a measurement: `section=... isa=... variant=... pages=... threads=N gbps=X` (or
 // gflops=X), the best of --passes passes (for dram: of passes over the thread's experts).
@@ -57,6 +58,7 @@ struct Options {
   std::vector<std::string> sections = {"fma", "stream", "l2", "l2rows", "dram"};
   std::vector<std::string> isas = {"avx2", "avx512"};
   int passes = 3;
+  std::vector<int64_t> rows = {64};  // l2rows' token rows a call, 2..kMaxUnitRows
 };
 
 // Anonymous memory, advised for or against transparent huge pages, first touched by the pool.
@@ -100,8 +102,9 @@ double TimeEach(ss::ThreadPool& pool, const std::function<void(int)>& fn) {
 }
 
 // ---- fma ----
+// The FMA peak at the ISA's vector width (amx: AVX-512's).
 void Fma(ss::ThreadPool& pool, const Options& o, const std::string& isa) {
-  const double best = ss::bench::FmaPeakGflops(&pool, isa == "avx512", o.passes);
+  const double best = ss::bench::FmaPeakGflops(&pool, isa == "avx512" || isa == "amx", o.passes);
   std::printf("section=fma isa=%s threads=%d gflops=%.1f per_thread=%.1f\n", isa.c_str(),
               pool.size(), best, best / pool.size());
 }
@@ -465,6 +468,17 @@ int main(int argc, char** argv) {
       o.isas = absl::StrSplit(v, ',');
     } else if (a == "--passes") {
       o.passes = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--rows") {
+      o.rows.clear();
+      for (const auto& r : absl::StrSplit(v, ',')) {
+        const int64_t n = std::atoll(std::string(r).c_str());
+        if (n < 2 || n > ss::expert::kMaxUnitRows) {
+          std::fprintf(stderr, "--rows: %lld is outside 2..%lld\n", static_cast<long long>(n),
+                       static_cast<long long>(ss::expert::kMaxUnitRows));
+          return 2;
+        }
+        o.rows.push_back(n);
+      }
     } else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -508,7 +522,9 @@ int main(int argc, char** argv) {
       if (!isa.ok() || !ss::expert::IsaSupported(*isa)) continue;
       const ss::expert::ExpertKernel* k = *ss::expert::KernelFor(*isa);
       if (Has(o.sections, "l2")) L2Rate(p, o, *k, 1);
-      if (Has(o.sections, "l2rows")) L2Rate(p, o, *k, 64);
+      if (Has(o.sections, "l2rows")) {
+        for (int64_t rows : o.rows) L2Rate(p, o, *k, rows);
+      }
       if (Has(o.sections, "dram")) {
         DramRate(p, o, *k, true);
         DramRate(p, o, *k, false);

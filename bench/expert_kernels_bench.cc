@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
   std::printf("baseline: sequential uint64 read of %.1f MB in %.3f ms = %.2f GB/s\n",
               bytes_per_call / 1e6, base * 1e3, base_gbs);
 
-  for (ss::expert::Isa isa :
-       {ss::expert::Isa::kScalar, ss::expert::Isa::kAvx2, ss::expert::Isa::kAvx512}) {
+  for (ss::expert::Isa isa : {ss::expert::Isa::kScalar, ss::expert::Isa::kAvx2,
+                              ss::expert::Isa::kAvx512, ss::expert::Isa::kAmx}) {
     if (only && std::strcmp(only, ss::expert::IsaName(isa)) != 0) continue;
     const auto kernel = ss::expert::KernelFor(isa);
     if (!kernel.ok()) {

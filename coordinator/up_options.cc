@@ -27,7 +27,7 @@ constexpr char kUsage[] =
     "                     [--dummy-router-skew S]\n"
     "                     [--backend auto|cpu|cuda] [--stages N] [--tp N]\n"
     "                     [--expert-workers N|auto]\n"
-    "                     [--isa auto|scalar|avx2|avx512] [--kv-tokens N|auto]\n"
+    "                     [--isa auto|scalar|avx2|avx512|amx] [--kv-tokens N|auto]\n"
     "                     [--max-model-len N] [--api-keys-file FILE] [--allowed-origins LIST]\n"
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--max-num-batched-tokens N]\n"

@@ -418,7 +418,7 @@ int Serve(const WorkerConfig& c, const ClusterCredential& credential, const Expe
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "splitserve-expert-worker --model DIR [--layers 0-42,43] [--slice i/n] "
-      "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512] [--selftest N] "
+      "[--numa-node k|auto] [--threads N] [--isa auto|scalar|avx2|avx512|amx] [--selftest N] "
       "[--shm-name NAME] [--store-memory auto|anonymous|shared] [--grpc-listen HOST:PORT] "
       "[--metrics-listen HOST:PORT]");
   InitFlagsUsage(kName);
@@ -455,7 +455,8 @@ int Main(int argc, char** argv) {
   if (!kernel.ok()) return Usage(absl::StrCat("--isa ", c.isa, ": ", kernel.status().message()));
   spdlog::info(absl::StrCat("expert kernels: ", (*kernel)->name, " (--isa ", c.isa, "; CPU: avx2 ",
                             IsaSupported(Isa::kAvx2) ? "yes" : "no", ", avx512 ",
-                            IsaSupported(Isa::kAvx512) ? "yes" : "no", ")"));
+                            IsaSupported(Isa::kAvx512) ? "yes" : "no", ", amx ",
+                            IsaSupported(Isa::kAmx) ? "yes" : "no", ")"));
 
   auto topo = NumaTopology::Discover();
   if (!topo.ok()) return Fail(topo.status());

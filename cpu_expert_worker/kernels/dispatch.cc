@@ -1,5 +1,8 @@
 #include "cpu_expert_worker/kernels/dispatch.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +15,7 @@ namespace {
 constexpr internal::IsaOps kScalarOps{&internal::Linear4Scalar, &internal::QuantizeActScalar, 0};
 constexpr internal::IsaOps kAvx2Ops{&internal::Linear4Avx2, &internal::QuantizeActAvx2, 8};
 constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, &internal::QuantizeActAvx512, 16};
+constexpr internal::IsaOps kAmxOps{&internal::Linear4Amx, &internal::QuantizeActAvx512, 16};
 
 template <const internal::IsaOps& kOps>
 absl::Status Run(const ExpertCall& c, void* ws, size_t bytes) {
@@ -42,7 +46,19 @@ constexpr ExpertKernel kKernels[] = {
      &GateUp<kAvx2Ops>, &Down<kAvx2Ops>},
     {"avx512", kAvx512Ops.tile_rows, &Run<kAvx512Ops>, &QuantizeAct<kAvx512Ops>,
      &QuantizeRow<kAvx512Ops>, &GateUp<kAvx512Ops>, &Down<kAvx512Ops>},
+    {"amx", kAmxOps.tile_rows, &Run<kAmxOps>, &QuantizeAct<kAmxOps>, &QuantizeRow<kAmxOps>,
+     &GateUp<kAmxOps>, &Down<kAmxOps>},
 };
+
+// Linux's permission for this process to use AMX's tile data state (XTILEDATA), asked once.
+bool AmxPermitted() {
+  static const bool permitted = [] {
+    constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long kXtiledata = 18;         // XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return permitted;
+}
 
 }  // namespace
 
@@ -54,6 +70,8 @@ const char* IsaName(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAmx:
+      return "amx";
   }
   return "unknown";
 }
@@ -68,6 +86,9 @@ bool IsaSupported(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni");
+    case Isa::kAmx:
+      return IsaSupported(Isa::kAvx512) && __builtin_cpu_supports("amx-tile") &&
+             __builtin_cpu_supports("amx-int8") && AmxPermitted();
   }
   return false;
 }
@@ -83,8 +104,9 @@ absl::StatusOr<Isa> ParseIsa(std::string_view name) {
   if (name == "scalar") return Isa::kScalar;
   if (name == "avx2") return Isa::kAvx2;
   if (name == "avx512") return Isa::kAvx512;
-  return absl::InvalidArgumentError(absl::StrCat("unknown ISA \"", std::string(name),
-                                                 "\" (expected auto, scalar, avx2 or avx512)"));
+  if (name == "amx") return Isa::kAmx;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown ISA \"", std::string(name), "\" (expected auto, scalar, avx2, avx512 or amx)"));
 }
 
 absl::StatusOr<const ExpertKernel*> KernelFor(Isa isa) {
@@ -92,6 +114,7 @@ absl::StatusOr<const ExpertKernel*> KernelFor(Isa isa) {
     case Isa::kScalar:
     case Isa::kAvx2:
     case Isa::kAvx512:
+    case Isa::kAmx:
       if (!IsaSupported(isa)) {
         return absl::FailedPreconditionError(
             absl::StrCat("this CPU does not support the ", IsaName(isa), " expert kernels"));

@@ -18,20 +18,24 @@ enum class Isa {
   kAvx2 = 1,    // AVX2 + FMA (Zen 2, Haswell and later)
   kAvx512 = 2,  // AVX-512 F + BW + VL + DQ + VNNI (Cascade Lake, Ice Lake, Zen 4 and later;
                 //   Skylake-SP, without VNNI, runs the AVX2 kernels)
+  kAmx = 3,     // avx512 plus AMX-TILE + AMX-INT8 tiles for calls of several activation rows
+                //   (Sapphire Rapids and later; Linux 5.16+, which grants the tile state)
 };
 
-// "scalar", "avx2", "avx512"; "unknown" for a value outside the enum.
+// "scalar", "avx2", "avx512", "amx"; "unknown" for a value outside the enum.
 const char* IsaName(Isa isa);
 
 // Whether this CPU and OS can run `isa` (CPUID feature bits with OS-enabled register state,
-// via __builtin_cpu_supports).
+// via __builtin_cpu_supports; for amx also the kernel's permission to use the tile data state,
+// requested for the process on the first call: arch_prctl ARCH_REQ_XCOMP_PERM).
 bool IsaSupported(Isa isa);
 
 // The best supported ISA: avx512 if F, BW, VL, DQ and VNNI are present, else avx2 if AVX2 and
 // FMA are, else scalar.
 Isa DetectIsa();
 
-// "auto" (= DetectIsa()), "scalar", "avx2" or "avx512". Does not check support; KernelFor does.
+// "auto" (= DetectIsa()), "scalar", "avx2", "avx512" or "amx". Does not check support; KernelFor
+// does.
 absl::StatusOr<Isa> ParseIsa(std::string_view name);
 
 // The kernel for `isa`: InvalidArgument for a value outside the enum, FailedPrecondition if

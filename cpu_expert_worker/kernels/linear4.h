@@ -88,10 +88,24 @@ struct Linear4Args {
   int64_t next_rows = 0;
 };
 
+// The AMX variant's row block: the weight rows whose K blocks it decodes together.
+inline constexpr int64_t kAmxRowBlock = 128;
+
+// Scratch of the AMX variant's tile path for n activation rows (padded to 16): decoded weight
+// tiles [row tile][group] 1 KB each, activation tile rows [group][plane][row] 64 bytes each,
+// three int32 result tiles, the weight scales [row tile][group][16] and activation scales of
+// one K block, accumulators [n][kAmxRowBlock].
+inline constexpr int64_t Linear4AmxScratchFloats(int64_t n) {
+  const int64_t padded = (n + 15) / 16 * 16, tiles = kAmxRowBlock / 16;
+  return tiles * 4 * 256 + padded * 3 * 4 * 16 + 3 * 256 + tiles * 4 * 16 + padded +
+         n * kAmxRowBlock;
+}
+
 // Scratch every variant may use: transposed weight scales [k/32][16], accumulators [n][16],
-// one decoded tile [16][128], one decoded row [k].
+// one decoded tile [16][128], one decoded row [k]; or the AMX tile path's.
 inline constexpr int64_t Linear4ScratchFloats(int64_t k, int64_t n) {
-  return (k / 32) * 16 + n * 16 + 16 * 128 + k;
+  const int64_t simd = (k / 32) * 16 + n * 16 + 16 * 128 + k, amx = Linear4AmxScratchFloats(n);
+  return simd > amx ? simd : amx;
 }
 
 using Linear4Fn = void (*)(const Linear4Args&);
@@ -99,6 +113,10 @@ using Linear4Fn = void (*)(const Linear4Args&);
 void Linear4Scalar(const Linear4Args& a);  // ref/expert_ref.cc: the definition
 void Linear4Avx2(const Linear4Args& a);    // avx2/expert_avx2.cc (AVX2 + FMA)
 void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL, DQ, VNNI)
+// amx/expert_amx.cc (the AVX-512 set + AMX-TILE, AMX-INT8): AVX-512 records and weight tiles;
+// calls of few activation rows run Linear4Avx512. The calling thread must have permission to use
+// the tile data state (dispatch.cc requests it for the process).
+void Linear4Amx(const Linear4Args& a);
 
 // The activation quantiser of every variant: exactly ss::QuantizeActE4m3(x, n, 128, codes,
 // scales) (codes and scales bit-identical) for n a multiple of 128; `scales` gets n/128 floats,

@@ -146,9 +146,12 @@ int64_t BitsDiffer(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
+// The scalar definition and every SIMD variant this CPU runs.
 std::vector<Isa> Isas() {
   std::vector<Isa> v{Isa::kScalar};
-  if (DetectIsa() != Isa::kScalar) v.push_back(DetectIsa());
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
+    if (IsaSupported(isa)) v.push_back(isa);
+  }
   return v;
 }
 
@@ -466,7 +469,7 @@ TEST(ExpertEngineCreate, RejectsBadOptions) {
   o = {};
   o.isa = static_cast<Isa>(9);
   EXPECT_FALSE(ExpertEngine::Create(*store, *pool, o).ok());
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
     o = {};
     o.isa = isa;
     auto e = ExpertEngine::Create(*store, *pool, o);

@@ -806,11 +806,13 @@ TEST_P(Errors, NoTokensIsANoOp) {
   EXPECT_TRUE(OutUntouched());
 }
 
-INSTANTIATE_TEST_SUITE_P(Simd, SimdVsScalar, testing::Values(Isa::kAvx2, Isa::kAvx512),
+INSTANTIATE_TEST_SUITE_P(Simd, SimdVsScalar, testing::Values(Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
                          IsaParamName);
 INSTANTIATE_TEST_SUITE_P(AllIsas, AgainstModel,
-                         testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512), IsaParamName);
-INSTANTIATE_TEST_SUITE_P(AllIsas, Errors, testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+                         testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
+                         IsaParamName);
+INSTANTIATE_TEST_SUITE_P(AllIsas, Errors,
+                         testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
                          IsaParamName);
 
 // ---------------------------------------------------------------------------------------------
@@ -950,7 +952,8 @@ TEST_P(ActQuant, PreQuantisedCallIsBitIdentical) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, ActQuant, testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+INSTANTIATE_TEST_SUITE_P(AllIsas, ActQuant,
+                         testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
                          IsaParamName);
 
 // ---------------------------------------------------------------------------------------------
@@ -960,17 +963,19 @@ TEST(Dispatch, ParseAndDetect) {
   EXPECT_EQ(*ParseIsa("scalar"), Isa::kScalar);
   EXPECT_EQ(*ParseIsa("avx2"), Isa::kAvx2);
   EXPECT_EQ(*ParseIsa("avx512"), Isa::kAvx512);
+  EXPECT_EQ(*ParseIsa("amx"), Isa::kAmx);
   EXPECT_EQ(*ParseIsa("auto"), DetectIsa());
   const auto bad = ParseIsa("sse4");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("sse4"), std::string::npos);
   EXPECT_TRUE(IsaSupported(DetectIsa()));
-  std::printf("DetectIsa: %s (avx2 %s, avx512 %s)\n", IsaName(DetectIsa()),
-              IsaSupported(Isa::kAvx2) ? "yes" : "no", IsaSupported(Isa::kAvx512) ? "yes" : "no");
+  std::printf("DetectIsa: %s (avx2 %s, avx512 %s, amx %s)\n", IsaName(DetectIsa()),
+              IsaSupported(Isa::kAvx2) ? "yes" : "no", IsaSupported(Isa::kAvx512) ? "yes" : "no",
+              IsaSupported(Isa::kAmx) ? "yes" : "no");
 }
 
 TEST(Dispatch, KernelForRefusesWhatTheCpuLacks) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
     const auto k = KernelFor(isa);
     if (IsaSupported(isa)) {
       ASSERT_TRUE(k.ok()) << k.status();
