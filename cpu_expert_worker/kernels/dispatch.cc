@@ -94,6 +94,7 @@ bool IsaSupported(Isa isa) {
 }
 
 Isa DetectIsa() {
+  if (IsaSupported(Isa::kAmx)) return Isa::kAmx;
   if (IsaSupported(Isa::kAvx512)) return Isa::kAvx512;
   if (IsaSupported(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;

@@ -30,8 +30,9 @@ const char* IsaName(Isa isa);
 // requested for the process on the first call: arch_prctl ARCH_REQ_XCOMP_PERM).
 bool IsaSupported(Isa isa);
 
-// The best supported ISA: avx512 if F, BW, VL, DQ and VNNI are present, else avx2 if AVX2 and
-// FMA are, else scalar.
+// The best supported ISA: amx if avx512 and AMX-TILE, AMX-INT8 are present and the OS grants the
+// tile state, else avx512 if F, BW, VL, DQ and VNNI are present, else avx2 if AVX2 and FMA are,
+// else scalar. (Every variant gives the scalar definition's bits.)
 Isa DetectIsa();
 
 // "auto" (= DetectIsa()), "scalar", "avx2", "avx512" or "amx". Does not check support; KernelFor
