@@ -87,8 +87,9 @@ bool IsaSupported(Isa isa) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni");
     case Isa::kAmx:
-      return IsaSupported(Isa::kAvx512) && __builtin_cpu_supports("amx-tile") &&
-             __builtin_cpu_supports("amx-int8") && AmxPermitted();
+      return IsaSupported(Isa::kAvx512) && __builtin_cpu_supports("avx512vbmi") &&
+             __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
+             AmxPermitted();
   }
   return false;
 }

@@ -18,7 +18,7 @@ enum class Isa {
   kAvx2 = 1,    // AVX2 + FMA (Zen 2, Haswell and later)
   kAvx512 = 2,  // AVX-512 F + BW + VL + DQ + VNNI (Cascade Lake, Ice Lake, Zen 4 and later;
                 //   Skylake-SP, without VNNI, runs the AVX2 kernels)
-  kAmx = 3,     // avx512 plus AMX-TILE + AMX-INT8 tiles for calls of several activation rows
+  kAmx = 3,     // avx512 plus VBMI, AMX-TILE, AMX-INT8: tiles for calls of several activation rows
                 //   (Sapphire Rapids and later; Linux 5.16+, which grants the tile state)
 };
 
@@ -30,8 +30,8 @@ const char* IsaName(Isa isa);
 // requested for the process on the first call: arch_prctl ARCH_REQ_XCOMP_PERM).
 bool IsaSupported(Isa isa);
 
-// The best supported ISA: amx if avx512 and AMX-TILE, AMX-INT8 are present and the OS grants the
-// tile state, else avx512 if F, BW, VL, DQ and VNNI are present, else avx2 if AVX2 and FMA are,
+// The best supported ISA: amx if avx512 and VBMI, AMX-TILE, AMX-INT8 are present and the OS grants
+// the tile state, else avx512 if F, BW, VL, DQ and VNNI are present, else avx2 if AVX2 and FMA are,
 // else scalar. (Every variant gives the scalar definition's bits.)
 Isa DetectIsa();
 

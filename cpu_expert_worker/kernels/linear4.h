@@ -92,12 +92,12 @@ struct Linear4Args {
 inline constexpr int64_t kAmxRowBlock = 128;
 
 // Scratch of the AMX variant's tile path for n activation rows (padded to 16): decoded weight
-// tiles [row tile][group] 1 KB each, activation tile rows [group][plane][row] 64 bytes each,
-// three int32 result tiles, the weight scales [row tile][group][16] and activation scales of
-// one K block, accumulators [n][kAmxRowBlock].
+// tiles [row tile][group] 1 KB each, the tokens' X and Y tile rows [row][group] 64 bytes each,
+// two int32 result tiles, the weight scales [row tile][group][16] and activation scales of one
+// K block, accumulators [n][kAmxRowBlock].
 inline constexpr int64_t Linear4AmxScratchFloats(int64_t n) {
   const int64_t padded = (n + 15) / 16 * 16, tiles = kAmxRowBlock / 16;
-  return tiles * 4 * 256 + padded * 3 * 4 * 16 + 3 * 256 + tiles * 4 * 16 + padded +
+  return tiles * 4 * 256 + padded * 2 * 4 * 16 + 2 * 256 + tiles * 4 * 16 + padded +
          n * kAmxRowBlock;
 }
 
@@ -113,7 +113,7 @@ using Linear4Fn = void (*)(const Linear4Args&);
 void Linear4Scalar(const Linear4Args& a);  // ref/expert_ref.cc: the definition
 void Linear4Avx2(const Linear4Args& a);    // avx2/expert_avx2.cc (AVX2 + FMA)
 void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL, DQ, VNNI)
-// amx/expert_amx.cc (the AVX-512 set + AMX-TILE, AMX-INT8): AVX-512 records and weight tiles;
+// amx/expert_amx.cc (the AVX-512 set + VBMI, AMX-TILE, AMX-INT8): AVX-512 records and weight tiles;
 // calls of few activation rows run Linear4Avx512. The calling thread must have permission to use
 // the tile data state (dispatch.cc requests it for the process).
 void Linear4Amx(const Linear4Args& a);

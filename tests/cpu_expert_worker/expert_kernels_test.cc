@@ -806,6 +806,41 @@ TEST_P(Errors, NoTokensIsANoOp) {
   EXPECT_TRUE(OutUntouched());
 }
 
+// Every e4m3 code with both signs in the activations of a multi-row call (32 tokens on one
+// expert: the AMX variant's tile path), each 128-block scaled so its codes are exactly the chosen
+// ones (block maximum 448·s with s a power of two).
+TEST_P(SimdVsScalar, ManyRowsSeeEveryActivationCode) {
+  const int64_t dim = 512, inter = 256, E = 2, T = 32;
+  const SynthLayer& layer = Layer(dim, inter, E);
+  std::vector<ExpertSliceView> views;
+  for (const SynthExpert& e : layer.experts) {
+    views.push_back(*SliceExpert(e.Matrices(), dim, inter, 0, 1));
+  }
+  std::vector<uint16_t> x(T * dim);
+  std::vector<int> seen(0x7f, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < dim / 128; ++b) {
+      const float s = std::ldexp(1.0f, static_cast<int>((t + b) % 7) - 3);
+      for (int64_t j = 0; j < 128; ++j) {
+        const int code = j == 0 ? 0x7e : static_cast<int>((t * 37 + j * 11 + b * 5) % 0x7f);
+        ++seen[code];
+        const float v = s * E4m3ToFloat(static_cast<uint8_t>(code));
+        x[t * dim + b * 128 + j] = FloatToBf16((t + j + b) % 2 != 0 ? -v : v);
+      }
+    }
+  }
+  for (int c = 0; c < 0x7f; ++c) ASSERT_GT(seen[c], 0) << c;
+  const std::vector<int32_t> ids(T, 1);
+  const std::vector<float> weights(T, 1.0f);
+  std::vector<float> want(T * dim), got(T * dim);
+  ExpertCall call{T, dim,  1,     inter,      x.data(), ids.data(), weights.data(), views.data(),
+                  E, 0.0f, false, want.data()};
+  ASSERT_TRUE(RunKernel(Scalar(), call).ok());
+  call.out = got.data();
+  ASSERT_TRUE(RunKernel(*kernel_, call).ok());
+  EXPECT_EQ(Compare(got, want).bits_differ, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Simd, SimdVsScalar, testing::Values(Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
                          IsaParamName);
 INSTANTIATE_TEST_SUITE_P(AllIsas, AgainstModel,
