@@ -1,7 +1,8 @@
 // Linear4Rows on AMX-INT8 tiles (Sapphire Rapids and later) for calls of several activation
 // rows; calls of fewer rows run the AVX-512 kernel, whose records (QuantizeActAvx512) and weight
 // tiles (16 rows) this variant reads. Compiled with the AVX-512 flags plus -mavx512vbmi
-// -mamx-tile -mamx-int8; see linear4.h for the contract and why this file includes no library header.
+// -mamx-tile -mamx-int8; see linear4.h for the contract and why this file includes no library
+// header.
 //
 // Exact sums on tiles (linear4.h): TDPBSSD multiplies the s8 bytes of A's rows by the s8 bytes of
 // B's columns and adds them into int32 lanes without saturation. A token's signed activation value
