@@ -13,7 +13,7 @@
 //   --numa_node k|auto    the node whose cores and memory the worker uses (default auto)
 //   --threads N           pool size; 0 = the node's physical cores in the allowed CPU set
 //   --isa auto|scalar|avx2|avx512|amx   expert kernels (auto: the best the CPU and OS run;
-//                         amx = avx512 with AMX-INT8 tiles for calls of 10+ rows an expert)
+//                         amx = avx512 with AMX-INT8 tiles for calls of 8+ rows an expert)
 //   --shm_name NAME, --grpc_listen ADDR   serve expert calls over shared memory and/or gRPC
 //   --store_memory auto|anonymous|shared   where the expert store lives: this process's
 //                         anonymous memory, or the shared-memory segment "<NAME>-store"

@@ -93,11 +93,11 @@ inline constexpr int64_t kAmxRowBlock = 128;
 
 // Scratch of the AMX variant's tile path for n activation rows (padded to 16): decoded weight
 // tiles [row tile][group] 1 KB each, the tokens' X and Y tile rows [row][group] 64 bytes each,
-// two int32 result tiles, the weight scales [row tile][group][16] and activation scales of one
-// K block, accumulators [n][kAmxRowBlock].
+// two pairs of int32 result tiles, the weight scales [row tile][group][16] and activation scales of
+// one K block, accumulators [n][kAmxRowBlock].
 inline constexpr int64_t Linear4AmxScratchFloats(int64_t n) {
   const int64_t padded = (n + 15) / 16 * 16, tiles = kAmxRowBlock / 16;
-  return tiles * 4 * 256 + padded * 2 * 4 * 16 + 2 * 256 + tiles * 4 * 16 + padded +
+  return tiles * 4 * 256 + padded * 2 * 4 * 16 + 4 * 256 + tiles * 4 * 16 + padded +
          n * kAmxRowBlock;
 }
 

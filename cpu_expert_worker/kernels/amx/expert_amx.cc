@@ -19,7 +19,7 @@
 // split into A rows and the block's weights are decoded into B tiles (a 16x16 dword transpose
 // per tile and nibble half) once; then per group, in K order, each token tile's two A tiles are
 // loaded and every weight tile runs two TDPBSSD and adds its 16 x 16 results to fp32
-// accumulators (scratch).
+// accumulators (scratch), one weight tile behind.
 #include <cstdint>
 #include <cstring>
 
@@ -35,12 +35,13 @@ constexpr int kTileBytes = 1024;     // 16 rows of 64 bytes
 constexpr int64_t kWeightAhead = 2;  // K blocks the weight prefetch runs ahead
 // Calls of fewer activation rows run the AVX-512 kernel: a tile of 16 rows would be mostly
 // padding (bench/RESULTS.md, the AMX rows by call size).
-constexpr int64_t kMinTileRows = 10;
+constexpr int64_t kMinTileRows = 8;
 
 // Tile registers (GCC's tile intrinsics paste the number into the instruction, so the code
-// writes literals): tmm0 = C_X, tmm1 = C_Y, tmm2 = the B tile, tmm3 = the X rows, tmm4 = the Y
-// rows.
-constexpr int kTilesUsed = 5;
+// writes literals): tmm3 = the X rows, tmm4 = the Y rows; for even weight tiles tmm0 = C_X,
+// tmm1 = C_Y, tmm2 = the B tile, for odd ones tmm5, tmm6, tmm7 (a tile's epilogue runs while the
+// next tile's instructions do).
+constexpr int kTilesUsed = 8;
 
 // Plane 1's split: for r = plane1 − 64·round(plane1 / 64) in [−32, 31], at index r mod 64,
 // X = 32·r = xl + 10·xh.
@@ -225,8 +226,8 @@ void RowBlock(const Linear4Args& a, int64_t r0, int64_t rows) {
   uint8_t* bt = reinterpret_cast<uint8_t*>(a.scratch);             // [tile][group] B tiles
   uint8_t* xt = bt + kAmxRowBlock / kRows * 4 * kTileBytes;        // [token][group] X rows
   uint8_t* yt = xt + padded * 4 * 64;                              // [token][group] Y rows
-  int32_t* ct = reinterpret_cast<int32_t*>(yt + padded * 4 * 64);  // C_X, C_Y [16][16]
-  float* sw = reinterpret_cast<float*>(ct + 2 * 256);              // [tile][group][16]
+  int32_t* ct = reinterpret_cast<int32_t*>(yt + padded * 4 * 64);  // 2 x C_X, C_Y [16][16]
+  float* sw = reinterpret_cast<float*>(ct + 4 * 256);              // [tile][group][16]
   float* sa = sw + kAmxRowBlock / kRows * 64;                      // [padded]
   float* acc = sa + padded;                                        // [n][kAmxRowBlock]
   for (int64_t i = 0; i < a.n * kAmxRowBlock; ++i) acc[i] = 0.0f;
@@ -257,16 +258,33 @@ void RowBlock(const Linear4Args& a, int64_t r0, int64_t rows) {
         _tile_loadd(3, xt + (j0 * 4 + g) * 64, 4 * 64);
         _tile_loadd(4, yt + (j0 * 4 + g) * 64, 4 * 64);
         const int64_t count = a.n - j0 < kRows ? a.n - j0 : kRows;
-        for (int64_t t = 0; t < tiles; ++t) {
-          _tile_loadd(2, bt + (t * 4 + g) * kTileBytes, 64);
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_dpbssd(0, 3, 2);
-          _tile_dpbssd(1, 4, 2);
-          _tile_stored(0, ct, 64);
-          _tile_stored(1, ct + 256, 64);
-          AddGroup(ct, sa + j0, sw + (t * 4 + g) * 16, acc + j0 * kAmxRowBlock + t * kRows,
-                   kAmxRowBlock, count);
+        // Software-pipelined: weight tile t's tile work, then tile t - 1's epilogue.
+        for (int64_t t = 0; t <= tiles; ++t) {
+          if (t < tiles) {
+            int32_t* c = ct + (t & 1) * 512;
+            if ((t & 1) == 0) {
+              _tile_loadd(2, bt + (t * 4 + g) * kTileBytes, 64);
+              _tile_zero(0);
+              _tile_zero(1);
+              _tile_dpbssd(0, 3, 2);
+              _tile_dpbssd(1, 4, 2);
+              _tile_stored(0, c, 64);
+              _tile_stored(1, c + 256, 64);
+            } else {
+              _tile_loadd(7, bt + (t * 4 + g) * kTileBytes, 64);
+              _tile_zero(5);
+              _tile_zero(6);
+              _tile_dpbssd(5, 3, 7);
+              _tile_dpbssd(6, 4, 7);
+              _tile_stored(5, c, 64);
+              _tile_stored(6, c + 256, 64);
+            }
+          }
+          if (t > 0) {
+            const int64_t u = t - 1;
+            AddGroup(ct + (u & 1) * 512, sa + j0, sw + (u * 4 + g) * 16,
+                     acc + j0 * kAmxRowBlock + u * kRows, kAmxRowBlock, count);
+          }
         }
       }
     }
