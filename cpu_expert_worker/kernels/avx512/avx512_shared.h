@@ -77,5 +77,31 @@ inline void Store(Epilogue e, float* y, __m512 acc) {
   }
 }
 
+// out[c] dword r = x[r] dword c (16x16 dwords; x is clobbered).
+inline void Transpose16(__m512i (&x)[16], __m512i (&out)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+  }
+  // x[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
+  for (int i = 0; i < 16; i += 4) {
+    x[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    x[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    x[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    x[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i p0 = _mm512_shuffle_i32x4(x[c], x[4 + c], 0x44);
+    const __m512i p1 = _mm512_shuffle_i32x4(x[c], x[4 + c], 0xee);
+    const __m512i p2 = _mm512_shuffle_i32x4(x[8 + c], x[12 + c], 0x44);
+    const __m512i p3 = _mm512_shuffle_i32x4(x[8 + c], x[12 + c], 0xee);
+    out[c] = _mm512_shuffle_i32x4(p0, p2, 0x88);
+    out[4 + c] = _mm512_shuffle_i32x4(p0, p2, 0xdd);
+    out[8 + c] = _mm512_shuffle_i32x4(p1, p3, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(p1, p3, 0xdd);
+  }
+}
+
 }  // namespace
 }  // namespace ss::expert::internal

@@ -30,7 +30,7 @@ constexpr int kRows = 16;
 
 // st[kb] = the 4 ue8m0 scale bytes of K block kb of each of the tile's 16 rows (dword r = row
 // r0 + r), for every K block: 16 K blocks at a time, one masked load per row and a 16x16 dword
-// transpose (64 shuffles).
+// transpose.
 void TransposeScales(const Linear4Args& a, int64_t r0, __m512i* st) {
   const int64_t nkb = a.k / 128;
   const uint8_t* s = a.s + r0 * a.s_stride;
@@ -39,29 +39,8 @@ void TransposeScales(const Linear4Args& a, int64_t r0, __m512i* st) {
     const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
     __m512i x[16], t[16];
     for (int r = 0; r < 16; ++r) x[r] = _mm512_maskz_loadu_epi32(m, s + r * a.s_stride + kb0 * 4);
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
-      t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
-    }
-    // x[4i + c], 128-bit lane L: rows 4i..4i+3 of K block kb0 + 4L + c.
-    for (int i = 0; i < 16; i += 4) {
-      x[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-      x[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-      x[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-      x[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    // A 4x4 transpose of 128-bit lanes per c: lane L of the four row quads -> K block 4L + c.
-    for (int c = 0; c < 4; ++c) {
-      const __m512i p0 = _mm512_shuffle_i32x4(x[c], x[4 + c], 0x44);
-      const __m512i p1 = _mm512_shuffle_i32x4(x[c], x[4 + c], 0xee);
-      const __m512i p2 = _mm512_shuffle_i32x4(x[8 + c], x[12 + c], 0x44);
-      const __m512i p3 = _mm512_shuffle_i32x4(x[8 + c], x[12 + c], 0xee);
-      const __m512i o[4] = {_mm512_shuffle_i32x4(p0, p2, 0x88), _mm512_shuffle_i32x4(p0, p2, 0xdd),
-                            _mm512_shuffle_i32x4(p1, p3, 0x88), _mm512_shuffle_i32x4(p1, p3, 0xdd)};
-      for (int L = 0; L < 4; ++L) {
-        if (4 * L + c < n) _mm512_store_si512(st + kb0 + 4 * L + c, o[L]);
-      }
-    }
+    Transpose16(x, t);  // t[c]: K block kb0 + c of the 16 rows
+    for (int c = 0; c < n; ++c) _mm512_store_si512(st + kb0 + c, t[c]);
   }
 }
 
