@@ -404,7 +404,7 @@ TEST_P(SimdVsScalar, NonFiniteActivationsGiveNaNWhereTheScalarDoes) {
 // Decode calls (one token) whose 64-element activation spans hold every combination of the
 // three planes (linear4.h: |q| >= 16, [0.5, 16), < 0.5) being nonzero: the AVX2 kernel's
 // plane-skipping paths. Each 128-block's largest |x| is 400 (scale 1, q = e4m3(x)).
-TEST_P(SimdVsScalar, DecodeEveryPlaneCombination) {
+TEST_P(SimdVsScalar, EveryPlaneCombination) {
   const int64_t dim = 512, inter = 256, E = 2;
   const SynthLayer& layer = Layer(dim, inter, E);
   std::vector<ExpertSliceView> views;
@@ -417,6 +417,7 @@ TEST_P(SimdVsScalar, DecodeEveryPlaneCombination) {
     std::uniform_real_distribution<float> u(lo[plane], hi[plane]);
     return (rng() & 1) != 0 ? u(rng) : -u(rng);
   };
+  std::vector<uint16_t> all;  // every token's row, for one multi-row call at the end
   for (int token = 0; token < 4; ++token) {
     std::vector<uint16_t> x(dim, 0);
     for (int64_t span = 0; span < dim / 64; ++span) {
@@ -448,7 +449,18 @@ TEST_P(SimdVsScalar, DecodeEveryPlaneCombination) {
     ASSERT_TRUE(RunKernel(*kernel_, call).ok());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
         << "token " << token;
+    all.insert(all.end(), x.begin(), x.end());
   }
+  // The same rows in one call on one expert: the multi-row path sees every combination too.
+  const std::vector<int32_t> ids(4, 1);
+  const std::vector<float> weights(4, 1.0f);
+  std::vector<float> want(4 * dim), got(4 * dim);
+  ExpertCall call{4, dim,  1,     inter,      all.data(), ids.data(), weights.data(), views.data(),
+                  E, 0.0f, false, want.data()};
+  ASSERT_TRUE(RunKernel(Scalar(), call).ok());
+  call.out = got.data();
+  ASSERT_TRUE(RunKernel(*kernel_, call).ok());
+  EXPECT_EQ(Compare(got, want).bits_differ, 0) << "four rows";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -277,9 +277,27 @@ inline __m256i SignOnes(__m256i bits) {
                          _mm256_set1_epi8(1));
 }
 
+// One activation row's chunk c of a K block against the tile's 8 looked-up weight rows (`wvals`,
+// see TileMany), its planes in `pl` (Planes or TwoPlanes), its signs applied there (vpsignb):
+// ga / gb as Reduce gives them.
+template <class P>
+inline void ChunkMany(const uint8_t* wvals, const uint8_t* rec, int c, const P& pl, __m256i& ga,
+                      __m256i& gb) {
+  const __m256i sx = Load(rec + kSignOffset + c * 32);
+  const __m256i se = SignOnes(sx), so = SignOnes(_mm256_srli_epi16(sx, 4));
+  __m256i res[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const uint8_t* wv = wvals + r * 128 + c * 64;
+    res[r] = DotPlanes(pl, _mm256_sign_epi8(Load(wv), se), _mm256_sign_epi8(Load(wv + 32), so));
+  }
+  Reduce(res, ga, gb);
+}
+
 // Any number of activation rows: each K block's weights are looked up once into `wvals`
 // ([8 rows][chunk 0: even 32 | odd 32, chunk 1: even 32 | odd 32] int8 2·e2m1, L1) and every
-// activation row applies its signs there (vpsignb with ±1).
+// activation row applies its signs there (vpsignb with ±1), skipping a chunk's all-zero plane as
+// TileOne does.
 template <bool kTiled, class PF>
 void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, uint8_t* wvals,
               PF& pf) {
@@ -306,18 +324,15 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, u
       float* at = acc + i * kRows;
       __m256 ai = _mm256_load_ps(at);
       for (int c = 0; c < 2; ++c) {
-        const Planes pl(rec, c);
-        const __m256i sx = Load(rec + kSignOffset + c * 32);
-        const __m256i se = SignOnes(sx), so = SignOnes(_mm256_srli_epi16(sx, 4));
-        __m256i res[kRows];
-#pragma GCC unroll 8
-        for (int r = 0; r < kRows; ++r) {
-          const uint8_t* wv = wvals + r * 128 + c * 64;
-          res[r] =
-              DotPlanes(pl, _mm256_sign_epi8(Load(wv), se), _mm256_sign_epi8(Load(wv + 32), so));
-        }
+        const int mask = rec[kPlaneMaskOffset + c];
         __m256i ga, gb;
-        Reduce(res, ga, gb);
+        if (mask == 7) {
+          ChunkMany(wvals, rec, c, Planes(rec, c), ga, gb);
+        } else {
+          // Two planes that include every nonzero one.
+          const int hi = (mask & 4) != 0 ? 2 : 1, lo = (mask & 1) != 0 || hi == 1 ? 0 : 1;
+          ChunkMany(wvals, rec, c, TwoPlanes(rec, c, hi, lo), ga, gb);
+        }
         ai = Accumulate(ai, ga, gb, RecordScale(rec), sw[2 * c], sw[2 * c + 1]);
       }
       _mm256_store_ps(at, ai);
