@@ -17,7 +17,8 @@ namespace ss::expert::internal {
 struct IsaOps {
   Linear4Fn linear4;
   QuantizeActFn quantize;
-  int64_t tile_rows;  // the kernel's weight tile (ExpertKernel::tile_rows)
+  int64_t tile_rows;                     // the kernel's weight tile (ExpertKernel::tile_rows)
+  Linear4PairFn linear4_pair = nullptr;  // null: two linear4 calls
 };
 
 absl::Status RunExperts(const IsaOps& ops, const ExpertCall& call, void* workspace,

@@ -45,6 +45,7 @@ struct UnitSpace {
   const float** qp;   // [B] Linear4 activation rows
   const float** sap;  // [B] their scales
   float** yp;         // [B] outputs
+  float** yp2;        // [B] the second outputs of a pair of calls
   float* scratch;     // Linear4ScratchFloats(max(dim, I), B)
   UnitSpace(Carver& c, int64_t dim, int64_t I) {
     const size_t B = kMaxUnitRows;
@@ -54,6 +55,7 @@ struct UnitSpace {
     qp = c.Take<const float*>(B);
     sap = c.Take<const float*>(B);
     yp = c.Take<float*>(B);
+    yp2 = c.Take<float*>(B);
     scratch = c.Take<float>(internal::Linear4ScratchFloats(std::max(dim, I), B));
   }
 };
@@ -275,18 +277,24 @@ void GateUpRows(const IsaOps& ops, const GateUpCall& c, const UnitSpace& ws) {
   a.w_tile_rows = v.tile_rows;
   a.s_stride = dim / kMxGroup;
   for (int64_t i = 0; i < n; ++i) ws.yp[i] = ws.g + i * cols;
+  for (int64_t i = 0; i < n; ++i) ws.yp2[i] = ws.u + i * cols;
   a.w = v.w1 + c0 * a.w_stride;
   a.s = v.w1_scale + c0 * a.s_stride;
   a.next_w = v.w3 + c0 * a.w_stride;  // the w3 rows come next
   a.next_s = v.w3_scale + c0 * a.s_stride;
   a.next_rows = cols;
-  ops.linear4(a);
-  for (int64_t i = 0; i < n; ++i) ws.yp[i] = ws.u + i * cols;
-  a.w = a.next_w;
-  a.s = a.next_s;
-  a.next_w = a.next_s = nullptr;
-  a.next_rows = 0;
-  ops.linear4(a);
+  Linear4Args b = a;
+  b.y = ws.yp2;
+  b.w = a.next_w;
+  b.s = a.next_s;
+  b.next_w = b.next_s = nullptr;
+  b.next_rows = 0;
+  if (ops.linear4_pair != nullptr) {
+    ops.linear4_pair(a, b);
+  } else {
+    ops.linear4(a);
+    ops.linear4(b);
+  }
   const float* e4m3 = E4m3Table();
   for (int64_t i = 0; i < n; ++i) {
     SwiGlu(ws.g + i * cols, ws.u + i * cols, cols, c.swiglu_limit, c.weights[i], ws.xf);

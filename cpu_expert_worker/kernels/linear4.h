@@ -89,7 +89,7 @@ struct Linear4Args {
 };
 
 // The AMX variant's row block: the weight rows whose K blocks it decodes together.
-inline constexpr int64_t kAmxRowBlock = 128;
+inline constexpr int64_t kAmxRowBlock = 256;
 
 // Scratch of the AMX variant's tile path for n activation rows (padded to 16): decoded weight
 // tiles [row tile][group] 1 KB each, the tokens' X and Y tile rows [row][group] 64 bytes each,
@@ -109,6 +109,9 @@ inline constexpr int64_t Linear4ScratchFloats(int64_t k, int64_t n) {
 }
 
 using Linear4Fn = void (*)(const Linear4Args&);
+// Two calls whose activations are the same (q, sa, n, k; the first's scratch serves both):
+// exactly Linear4(a) then Linear4(b). A variant may share work between them (gate_up's w1 and w3).
+using Linear4PairFn = void (*)(const Linear4Args& a, const Linear4Args& b);
 
 void Linear4Scalar(const Linear4Args& a);  // ref/expert_ref.cc: the definition
 void Linear4Avx2(const Linear4Args& a);    // avx2/expert_avx2.cc (AVX2 + FMA)
@@ -117,6 +120,7 @@ void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL
 // calls of few activation rows run Linear4Avx512. The calling thread must have permission to use
 // the tile data state (dispatch.cc requests it for the process).
 void Linear4Amx(const Linear4Args& a);
+void Linear4PairAmx(const Linear4Args& a, const Linear4Args& b);  // splits the records once
 
 // The activation quantiser of every variant: exactly ss::QuantizeActE4m3(x, n, 128, codes,
 // scales) (codes and scales bit-identical) for n a multiple of 128; `scales` gets n/128 floats,

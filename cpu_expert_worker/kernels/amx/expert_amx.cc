@@ -193,10 +193,27 @@ inline void PrefetchLine(const uint8_t* p) {
   asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p)));
 }
 
-// Weight rows [r0, r0 + rows) (rows a multiple of 16, at most kAmxRowBlock) for every token.
-void RowBlock(const Linear4Args& a, int64_t r0, int64_t rows) {
-  const int64_t tiles = rows / kRows, nkb = a.k / 128, padded = (a.n + 15) / 16 * 16;
-  const int64_t step = a.w_tile_rows != 0 ? 64 : Steps(a).row, kb_step = Steps(a).kb;
+// Weight rows of one or two calls sharing their activations (q, sa, n, k; the first's scratch):
+// `rows` rows from r0 of each, at most kAmxRowBlock together.
+struct Segment {
+  const Linear4Args* a;
+  int64_t r0, rows;
+};
+
+// The segments' weight rows (multiples of 16) for every token: each K block's records are split
+// once for all of them.
+void RowBlock(const Segment* seg, int nseg) {
+  const Linear4Args& a = *seg[0].a;             // the activations, shared
+  const Linear4Args* ta[kAmxRowBlock / kRows];  // per weight tile: its call and first row
+  int64_t tr[kAmxRowBlock / kRows];
+  int64_t tiles = 0;
+  for (int s = 0; s < nseg; ++s) {
+    for (int64_t r = 0; r < seg[s].rows; r += kRows, ++tiles) {
+      ta[tiles] = seg[s].a;
+      tr[tiles] = seg[s].r0 + r;
+    }
+  }
+  const int64_t nkb = a.k / 128, padded = (a.n + 15) / 16 * 16;
   uint8_t* bt = reinterpret_cast<uint8_t*>(a.scratch);             // [tile][group] B tiles
   uint8_t* xt = bt + kAmxRowBlock / kRows * 4 * kTileBytes;        // [token][group] X rows
   uint8_t* yt = xt + padded * 4 * 64;                              // [token][group] Y rows
@@ -219,12 +236,15 @@ void RowBlock(const Linear4Args& a, int64_t r0, int64_t rows) {
       sa[i] = RecordScale(rec);
     }
     for (int64_t t = 0; t < tiles; ++t) {
-      const uint8_t* w = TileBase(a, a.w, r0 + t * kRows) + kb * kb_step;
+      const Linear4Args& w_args = *ta[t];
+      const int64_t step = w_args.w_tile_rows != 0 ? 64 : Steps(w_args).row;
+      const int64_t kb_step = Steps(w_args).kb;
+      const uint8_t* w = TileBase(w_args, w_args.w, tr[t]) + kb * kb_step;
       if (kb + kWeightAhead < nkb) {
         for (int r = 0; r < kRows; ++r) PrefetchLine(w + kWeightAhead * kb_step + r * step);
       }
       DecodeWeights(w, step, bt + t * 4 * kTileBytes);
-      WeightScales(a, r0 + t * kRows, kb, sw + t * 64);
+      WeightScales(w_args, tr[t], kb, sw + t * 64);
     }
     // Groups in K order; each token tile's A tiles stay loaded across the weight tiles.
     for (int g = 0; g < 4; ++g) {
@@ -265,7 +285,7 @@ void RowBlock(const Linear4Args& a, int64_t r0, int64_t rows) {
   }
   for (int64_t i = 0; i < a.n; ++i) {
     for (int64_t t = 0; t < tiles; ++t) {
-      Store(a.epilogue, a.y[i] + r0 + t * kRows,
+      Store(ta[t]->epilogue, ta[t]->y[i] + tr[t],
             _mm512_load_ps(acc + i * kAmxRowBlock + t * kRows));
     }
   }
@@ -281,8 +301,22 @@ void Linear4Amx(const Linear4Args& a) {
   const TileConfig config;
   _tile_loadconfig(&config);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kAmxRowBlock) {
-    RowBlock(a, r0, a.rows - r0 < kAmxRowBlock ? a.rows - r0 : kAmxRowBlock);
+    const Segment seg{&a, r0, a.rows - r0 < kAmxRowBlock ? a.rows - r0 : kAmxRowBlock};
+    RowBlock(&seg, 1);
   }
+  _tile_release();
+}
+
+void Linear4PairAmx(const Linear4Args& a, const Linear4Args& b) {
+  if (a.n < kMinTileRows || a.rows + b.rows > kAmxRowBlock) {
+    Linear4Amx(a);
+    Linear4Amx(b);
+    return;
+  }
+  const TileConfig config;
+  _tile_loadconfig(&config);
+  const Segment seg[2] = {{&a, 0, a.rows}, {&b, 0, b.rows}};
+  RowBlock(seg, 2);
   _tile_release();
 }
 
