@@ -6,9 +6,10 @@
 # and with slots of one expert: many slots) and from an expert worker's shared store, each beside
 # the default run, 3. bench/flash_e2e.sh with PHASES (default
 # "8192,32768") on Flash-shaped dummy weights, the streamed path on (the default); with
-# SS_STREAMED_VARIANTS="CHUNK:RING_MIB ..." (e.g. "8192:1024 8192:3072 4096:3072") once per
-# variant instead, each `up` started with --max-num-batched-tokens CHUNK --gpu-prefill-ring-mib
-# RING_MIB, its prefill lines printed.
+# SS_STREAMED_VARIANTS="CHUNK:RING_MIB[:THRESHOLD[:PHASES]] ..." (e.g. "8192:1024 8192:3072
+# 8192:1024:off:8192") once per variant instead, each `up` started with --max-num-batched-tokens
+# CHUNK --gpu-prefill-ring-mib RING_MIB [--gpu-prefill-threshold THRESHOLD] (`off`: the CPU path,
+# the baseline), over PHASES (default the argument), its prefill lines printed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/device/env.sh
@@ -44,12 +45,14 @@ if [ -z "${SS_STREAMED_VARIANTS:-}" ]; then
   exit 0
 fi
 for v in $SS_STREAMED_VARIANTS; do
-  chunk=${v%%:*} ring=${v#*:}
+  IFS=: read -r chunk ring thr vphases <<<"$v"
+  args="--max-num-batched-tokens $chunk --gpu-prefill-ring-mib $ring${thr:+ --gpu-prefill-threshold $thr}"
+  tag=${chunk}_$ring${thr:+_$thr}
   # The previous `up`'s store leaves /dev/shm as it exits.
   for _ in $(seq 1 60); do ls /dev/shm | grep -q . || break; sleep 1; done
-  SS_BIN=$bin SS_UP_ARGS="--max-num-batched-tokens $chunk --gpu-prefill-ring-mib $ring" \
-    bash bench/flash_e2e.sh "$out/flash_${chunk}_$ring" "$phases" >"$out/flash_${chunk}_$ring.log" 2>&1
-  echo "== chunks $chunk, ring $ring MiB: rc=$?"
-  grep -h -m1 -o "streamed prefill: [0-9]* of [0-9]* layers.*GB/s" "$out/flash_${chunk}_$ring"/up/*.log
-  grep -E "^prefill|streamed:|per prefill" "$out/flash_${chunk}_$ring/summary.txt"
+  SS_BIN=$bin SS_UP_ARGS="$args" \
+    bash bench/flash_e2e.sh "$out/flash_$tag" "${vphases:-$phases}" >"$out/flash_$tag.log" 2>&1
+  echo "== $args: rc=$?"
+  grep -h -m1 -o "streamed prefill: [0-9]* of [0-9]* layers.*GB/s" "$out/flash_$tag"/up/*.log
+  grep -E "^prefill|streamed:|per prefill|experts on the CPU" "$out/flash_$tag/summary.txt"
 done
