@@ -102,9 +102,11 @@ inline constexpr int64_t Linear4AmxScratchFloats(int64_t n) {
 }
 
 // Scratch every variant may use: transposed weight scales [k/32][16], accumulators [n][16],
-// one decoded tile [16][128], one decoded row [k]; or the AMX tile path's.
+// one decoded tile [16][128], one decoded row [k], the AVX2 multi-row path's wide records
+// (512 bytes) and their 8-byte meta per row and K block; or the AMX tile path's.
 inline constexpr int64_t Linear4ScratchFloats(int64_t k, int64_t n) {
-  const int64_t simd = (k / 32) * 16 + n * 16 + 16 * 128 + k, amx = Linear4AmxScratchFloats(n);
+  const int64_t simd = (k / 32) * 16 + n * 16 + 16 * 128 + k + n * k + n * (k / 128) * 2,
+                amx = Linear4AmxScratchFloats(n);
   return simd > amx ? simd : amx;
 }
 
@@ -115,6 +117,7 @@ using Linear4PairFn = void (*)(const Linear4Args& a, const Linear4Args& b);
 
 void Linear4Scalar(const Linear4Args& a);  // ref/expert_ref.cc: the definition
 void Linear4Avx2(const Linear4Args& a);    // avx2/expert_avx2.cc (AVX2 + FMA)
+void Linear4PairAvx2(const Linear4Args& a, const Linear4Args& b);  // widens the records once
 void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL, DQ, VNNI)
 // amx/expert_amx.cc (the AVX-512 set + VBMI, AMX-TILE, AMX-INT8): AVX-512 records and weight tiles;
 // calls of few activation rows run Linear4Avx512. The calling thread must have permission to use

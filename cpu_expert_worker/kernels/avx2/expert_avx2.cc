@@ -4,14 +4,21 @@
 //
 // Integer dot products (linear4.h) without VNNI: a tile is 8 weight rows; a 128-wide K block of
 // a row is two 32-byte chunks of packed nibbles, each holding two 32-groups (one per 128-bit
-// lane). For one activation row the record's sign mask is XORed into the packed bytes, the low
+// lane).
+//
+// One activation row (decode): the record's sign mask is XORed into the packed bytes, the low
 // and high nibbles are looked up (vpshufb) as 2·e2m1 in int8, and per plane two vpmaddubsw
 // (u8 × s8, pairs summed in int16 without saturation: <= 2·240·12 each) are added and widened
 // by one vpmaddwd with the plane's weight (1, 32, 1024), leaving each group's exact sum in four
-// int32 lanes. Integer adds reduce the 8 rows to one vector per group, converted to fp32 (the one
-// rounding), scaled and added in K order exactly as the scalar definition does. Several
-// activation rows share one lookup of a K block's weights, kept in L1, and apply their signs there
-// (vpsignb with ±1).
+// int32 lanes.
+//
+// Several activation rows: the call's records are first widened into int16 (WidenRecords: two
+// signed planes, H for all but the smallest values and L for those, mostly all zero), and
+// each K block's weights into int16 2·e2m1 once per tile, in L1; a row's chunk then costs 4
+// vpmaddwd per weight row (8 where its span holds a plane-0 value) and no sign or plane work.
+//
+// Either way integer adds reduce the 8 rows to one vector per group, converted to fp32 (the one
+// rounding), scaled and added in K order exactly as the scalar definition does.
 //
 // Memory: the software prefetch runs ahead in consumption order (tile, K block, row; on into
 // Linear4Args::next_w; how far and into which cache level: isa_shared.h, by CPU family), the next
@@ -270,70 +277,144 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   Store(a.epilogue, a.y[0] + r0, acc);
 }
 
-// ±1 per byte: -1 where `bits` has bit 3 set (a negative activation element), +1 elsewhere.
-inline __m256i SignOnes(__m256i bits) {
-  const __m256i bit3 = _mm256_set1_epi8(0x08);
-  return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, bit3), bit3),
-                         _mm256_set1_epi8(1));
+// The multi-row path reads WIDE RECORDS, built per call from the activation records (WidenRecords):
+// per row and K block, for chunk c (elements 64c..64c+63, in the record's plane order) the int16
+// vectors H[4] then L[4] (256 bytes), vector v = 2·(odd) + (high 8 of each 128-bit lane), i.e.
+// the order _mm256_unpack{lo,hi}_epi8 gives the plane bytes. With A = M·2^b as in linear4.h,
+// H = ±A/8 for b >= 3 (A/8 <= 15·2^11, exact) and L = ±A for b <= 2 (<= 60), so ±A = 8·H + L;
+// one vpmaddwd then takes 16 weights at once, signs included, and L's four only where the span
+// holds a value below 2^-11 or so of its block's largest (bit c of WideMeta::low).
+// Records [kb][i]: a K block's rows are one sequential stream.
+constexpr int64_t kWideBytes = 512;
+constexpr int kWideShift = 3;  // ±A = H·2^kWideShift + L
+struct WideMeta {
+  float scale;  // RecordScale
+  int32_t low;  // bit c: span c's L is not all zero
+};
+
+// One record's chunk c -> its wide H and L vectors; returns whether L is not all zero. A plane-0
+// value (b <= 4) of at least 64 has b >= 3 (M >= 8 unless b = 0), so it belongs to H.
+inline bool WidenChunk(const uint8_t* rec, int c, __m256i* out) {
+  const __m256i zero = _mm256_setzero_si256(), sx = Load(rec + kSignOffset + c * 32);
+  const __m256i neg[2] = {
+      _mm256_cmpeq_epi8(_mm256_and_si256(sx, _mm256_set1_epi8(0x08)), _mm256_set1_epi8(0x08)),
+      _mm256_cmpeq_epi8(_mm256_and_si256(sx, _mm256_set1_epi8(static_cast<char>(0x80))),
+                        _mm256_set1_epi8(static_cast<char>(0x80)))};
+  __m256i any_low = zero;
+  for (int h = 0; h < 2; ++h) {
+    __m256i p[3];
+    for (int i = 0; i < 3; ++i) p[i] = Load(rec + kPlaneOffset[i] + c * 64 + h * 32);
+    const __m256i small =
+        _mm256_cmpeq_epi8(_mm256_and_si256(p[0], _mm256_set1_epi8(static_cast<char>(0xc0))), zero);
+    const __m256i low = _mm256_and_si256(small, p[0]), high0 = _mm256_andnot_si256(small, p[0]);
+    any_low = _mm256_or_si256(any_low, low);
+    for (int half = 0; half < 2; ++half) {
+      const auto widen = [&](__m256i b, __m256i hi) {
+        return half == 0 ? _mm256_unpacklo_epi8(b, hi) : _mm256_unpackhi_epi8(b, hi);
+      };
+      const __m256i m = widen(neg[h], neg[h]);
+      const __m256i hv =
+          _mm256_add_epi16(_mm256_add_epi16(_mm256_srli_epi16(widen(high0, zero), kWideShift),
+                                            _mm256_slli_epi16(widen(p[1], zero), 5 - kWideShift)),
+                           _mm256_slli_epi16(widen(p[2], zero), 10 - kWideShift));
+      out[2 * h + half] = _mm256_sub_epi16(_mm256_xor_si256(hv, m), m);
+      out[4 + 2 * h + half] = _mm256_sub_epi16(_mm256_xor_si256(widen(low, zero), m), m);
+    }
+  }
+  return !_mm256_testz_si256(any_low, any_low);
 }
 
-// One activation row's chunk c of a K block against the tile's 8 looked-up weight rows (`wvals`,
-// see TileMany), its planes in `pl` (Planes or TwoPlanes), its signs applied there (vpsignb):
-// ga / gb as Reduce gives them.
-template <class P>
-inline void ChunkMany(const uint8_t* wvals, const uint8_t* rec, int c, const P& pl, __m256i& ga,
-                      __m256i& gb) {
-  const __m256i sx = Load(rec + kSignOffset + c * 32);
-  const __m256i se = SignOnes(sx), so = SignOnes(_mm256_srli_epi16(sx, 4));
+// Every record of the call into wide records ([kb][i], kWideBytes each) and their meta.
+void WidenRecords(const Linear4Args& a, uint8_t* wide, WideMeta* meta) {
+  for (int64_t i = 0; i < a.n; ++i) {
+    for (int64_t kb = 0; kb < a.k / 128; ++kb) {
+      const uint8_t* rec = Record(a, i, kb);
+      __m256i* out = reinterpret_cast<__m256i*>(wide + (kb * a.n + i) * kWideBytes);
+      WideMeta& m = meta[kb * a.n + i];
+      m.scale = RecordScale(rec);
+      m.low = 0;
+      for (int c = 0; c < 2; ++c) m.low |= (WidenChunk(rec, c, out + 8 * c) ? 1 : 0) << c;
+    }
+  }
+}
+
+// A K block of the tile's 8 weight rows as int16 2·e2m1 in the wide order: [row][chunk][4].
+inline void WidenWeights(const uint8_t* w, int64_t row, __m256i* wv) {
+  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table(), zero = _mm256_setzero_si256();
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < 2; ++c) {
+      const __m256i v = Load(w + r * row + c * 32);
+      const __m256i e[2] = {
+          _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib)),
+          _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib))};
+      __m256i* out = wv + (r * 2 + c) * 4;
+      for (int h = 0; h < 2; ++h) {
+        const __m256i sign = _mm256_cmpgt_epi8(zero, e[h]);
+        _mm256_store_si256(out + 2 * h, _mm256_unpacklo_epi8(e[h], sign));
+        _mm256_store_si256(out + 2 * h + 1, _mm256_unpackhi_epi8(e[h], sign));
+      }
+    }
+  }
+}
+
+// Σ_v x[v]·w[v] over a chunk's four int16 vectors (vpmaddwd): 4 int32 lanes per group.
+inline __m256i Madd4(const __m256i (&x)[4], const __m256i* w) {
+  return _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(x[0], _mm256_load_si256(w)),
+                                           _mm256_madd_epi16(x[1], _mm256_load_si256(w + 1))),
+                          _mm256_add_epi32(_mm256_madd_epi16(x[2], _mm256_load_si256(w + 2)),
+                                           _mm256_madd_epi16(x[3], _mm256_load_si256(w + 3))));
+}
+
+// One activation row's chunk c (its wide vectors at x) against the tile's 8 widened weight rows:
+// ga / gb as Reduce gives them; L only if kLow.
+template <bool kLow>
+inline void ChunkWide(const __m256i* wv, const __m256i* x, int c, __m256i& ga, __m256i& gb) {
+  const __m256i h[4] = {_mm256_load_si256(x), _mm256_load_si256(x + 1), _mm256_load_si256(x + 2),
+                        _mm256_load_si256(x + 3)};
   __m256i res[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
-    const uint8_t* wv = wvals + r * 128 + c * 64;
-    res[r] = DotPlanes(pl, _mm256_sign_epi8(Load(wv), se), _mm256_sign_epi8(Load(wv + 32), so));
+    const __m256i* w = wv + (r * 2 + c) * 4;
+    res[r] = Madd4(h, w);
+    if (kLow) {
+      const __m256i l[4] = {_mm256_load_si256(x + 4), _mm256_load_si256(x + 5),
+                            _mm256_load_si256(x + 6), _mm256_load_si256(x + 7)};
+      res[r] = _mm256_add_epi32(_mm256_slli_epi32(res[r], kWideShift), Madd4(l, w));
+    }
   }
   Reduce(res, ga, gb);
+  if (!kLow) {  // the units of H, after the (linear) reduction
+    ga = _mm256_slli_epi32(ga, kWideShift);
+    gb = _mm256_slli_epi32(gb, kWideShift);
+  }
 }
 
-// Any number of activation rows: each K block's weights are looked up once into `wvals`
-// ([8 rows][chunk 0: even 32 | odd 32, chunk 1: even 32 | odd 32] int8 2·e2m1, L1) and every
-// activation row applies its signs there (vpsignb with ±1), skipping a chunk's all-zero plane as
-// TileOne does.
+// Any number of activation rows, from their wide records: each K block's weights are widened
+// once into `wv` (L1) and every activation row runs against them.
 template <bool kTiled, class PF>
-void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, uint8_t* wvals,
-              PF& pf) {
-  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
+void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, __m256i* wv,
+              const uint8_t* wide, const WideMeta* meta, PF& pf) {
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
   const uint8_t* w = TileBase(a, a.w, r0);
   const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
   for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step) {
     pf.Step(r0, kb);
-    for (int r = 0; r < kRows; ++r) {
-      for (int c = 0; c < 2; ++c) {
-        const __m256i v = Load(w + r * row + c * 32);
-        __m256i* out = reinterpret_cast<__m256i*>(wvals + r * 128 + c * 64);
-        _mm256_store_si256(out, _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib)));
-        _mm256_store_si256(
-            out + 1, _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib)));
-      }
-    }
+    WidenWeights(w, row, wv);
     __m256 sw[4];
     GroupScales(_mm256_load_si256(st + kb), sw);
-    for (int64_t i = 0; i < a.n; ++i) {
-      if (a.n > kRecordPrefetchRows) PrefetchRecord(a, i + kRecordAhead, kb);
-      const uint8_t* rec = Record(a, i, kb);
+    const __m256i* x = reinterpret_cast<const __m256i*>(wide + kb * a.n * kWideBytes);
+    const WideMeta* m = meta + kb * a.n;
+    for (int64_t i = 0; i < a.n; ++i, x += kWideBytes / 32) {
       float* at = acc + i * kRows;
       __m256 ai = _mm256_load_ps(at);
       for (int c = 0; c < 2; ++c) {
-        const int mask = rec[kPlaneMaskOffset + c];
         __m256i ga, gb;
-        if (mask == 7) {
-          ChunkMany(wvals, rec, c, Planes(rec, c), ga, gb);
+        if ((m[i].low >> c & 1) != 0) {
+          ChunkWide<true>(wv, x + 8 * c, c, ga, gb);
         } else {
-          // Two planes that include every nonzero one.
-          const int hi = (mask & 4) != 0 ? 2 : 1, lo = (mask & 1) != 0 || hi == 1 ? 0 : 1;
-          ChunkMany(wvals, rec, c, TwoPlanes(rec, c, hi, lo), ga, gb);
+          ChunkWide<false>(wv, x + 8 * c, c, ga, gb);
         }
-        ai = Accumulate(ai, ga, gb, RecordScale(rec), sw[2 * c], sw[2 * c + 1]);
+        ai = Accumulate(ai, ga, gb, m[i].scale, sw[2 * c], sw[2 * c + 1]);
       }
       _mm256_store_ps(at, ai);
     }
@@ -393,33 +474,51 @@ inline void PlaneValues(__m256i c, __m256i (&out)[3]) {
   out[0] = _mm256_and_si256(le4, _mm256_sllv_epi32(m, b));
 }
 
+// The scratch of a call (see linear4.h): its transposed scales, accumulators, widened weights,
+// and wide records with their meta.
+struct Scratch {
+  __m256i* st;    // [k/128] transposed scales
+  float* acc;     // [n][8]
+  __m256i* wv;    // [8][2][4] widened weights
+  uint8_t* wide;  // [k/128][n] wide records
+  WideMeta* meta;
+  explicit Scratch(const Linear4Args& a)
+      : st(reinterpret_cast<__m256i*>(a.scratch)),
+        acc(a.scratch + a.k / 128 * 16),
+        wv(reinterpret_cast<__m256i*>(acc + a.n * 16)),
+        wide(reinterpret_cast<uint8_t*>(wv + kRows * 2 * 4)),
+        meta(reinterpret_cast<WideMeta*>(wide + a.k / 128 * a.n * kWideBytes)) {}
+};
+
+// The rows of a, its records already widened into x.wide when it has several activation rows.
 template <class Policy>
-void Linear4Tiles(const Linear4Args& a) {
-  __m256i* st = reinterpret_cast<__m256i*>(a.scratch);          // [k/128] transposed scales
-  float* acc = a.scratch + a.k / 128 * 16;                      // [n][8]
-  uint8_t* wvals = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [8][128] bytes
+void Linear4Tiles(const Linear4Args& a, const Scratch& x) {
   Prefetch<kRows, Policy> pf(a);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
-    TransposeScales(a, r0, st);
+    TransposeScales(a, r0, x.st);
     if (a.n == 1) {
-      a.w_tile_rows != 0 ? TileOne<true>(a, r0, st, pf) : TileOne<false>(a, r0, st, pf);
+      a.w_tile_rows != 0 ? TileOne<true>(a, r0, x.st, pf) : TileOne<false>(a, r0, x.st, pf);
     } else if (a.w_tile_rows != 0) {
-      TileMany<true>(a, r0, st, acc, wvals, pf);
+      TileMany<true>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
     } else {
-      TileMany<false>(a, r0, st, acc, wvals, pf);
+      TileMany<false>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
     }
   }
 }
 
+void Linear4Pair(const Linear4Args& a, const Linear4Args* b) {
+  const Scratch x(a);
+  if (a.n > 1) WidenRecords(a, x.wide, x.meta);
+  const bool far = UseFarPrefetch();
+  far ? Linear4Tiles<PrefetchFar>(a, x) : Linear4Tiles<PrefetchNear>(a, x);
+  if (b != nullptr) far ? Linear4Tiles<PrefetchFar>(*b, x) : Linear4Tiles<PrefetchNear>(*b, x);
+}
+
 }  // namespace
 
-void Linear4Avx2(const Linear4Args& a) {
-  if (UseFarPrefetch()) {
-    Linear4Tiles<PrefetchFar>(a);
-  } else {
-    Linear4Tiles<PrefetchNear>(a);
-  }
-}
+void Linear4Avx2(const Linear4Args& a) { Linear4Pair(a, nullptr); }
+
+void Linear4PairAvx2(const Linear4Args& a, const Linear4Args& b) { Linear4Pair(a, &b); }
 
 // ss::QuantizeActE4m3 for one 128-block, 8 lanes at a time: the power-of-two scale from the
 // fp32 bits of max(amax, 1e-4) · fp32(1/448); e4m3 RNE by integer rounding of the fp32 bits
