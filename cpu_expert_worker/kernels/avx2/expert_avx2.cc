@@ -12,10 +12,11 @@
 // by one vpmaddwd with the plane's weight (1, 32, 1024), leaving each group's exact sum in four
 // int32 lanes.
 //
-// Several activation rows: the call's records are first widened into int16 (WidenRecords: two
-// signed planes, H for all but the smallest values and L for those, mostly all zero), and
-// each K block's weights into int16 2·e2m1 once per tile, in L1; a row's chunk then costs 4
-// vpmaddwd per weight row (8 where its span holds a plane-0 value) and no sign or plane work.
+// Several activation rows: the call's records are first widened (WidenRecords: a signed int16
+// plane H for all but the smallest values, and where a span holds those, an offset u8 plane L'),
+// and each K block's weights into 2·e2m1 (int16 and int8) once per tile, in L1; a row's chunk then
+// costs 4 vpmaddwd per weight row (plus 2 vpmaddubsw and a vpmaddwd where the span holds small
+// values) and no sign or plane work.
 //
 // Either way integer adds reduce the 8 rows to one vector per group, converted to fp32 (the one
 // rounding), scaled and added in K order exactly as the scalar definition does.
@@ -277,51 +278,60 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   Store(a.epilogue, a.y[0] + r0, acc);
 }
 
-// The multi-row path reads WIDE RECORDS, built per call from the activation records (WidenRecords):
-// per row and K block, for chunk c (elements 64c..64c+63, in the record's plane order) the int16
-// vectors H[4] then L[4] (256 bytes), vector v = 2·(odd) + (high 8 of each 128-bit lane), i.e.
-// the order _mm256_unpack{lo,hi}_epi8 gives the plane bytes. With A = M·2^b as in linear4.h,
-// H = ±A/8 for b >= 3 (A/8 <= 15·2^11, exact) and L = ±A for b <= 2 (<= 60), so ±A = 8·H + L;
-// one vpmaddwd then takes 16 weights at once, signs included, and L's four only where the span
-// holds a value below 2^-11 or so of its block's largest (bit c of WideMeta::low).
+// The multi-row path reads WIDE RECORDS, built per call from the activation records (WidenRecords).
+// With A = M·2^b as in linear4.h: H = ±A/8 for b >= 3 (<= 15·2^11, exact), L = ±A for b <= 2
+// (<= 60), so ±A = 8·H + L. Per row and K block, for chunk c (elements 64c..64c+63, in the
+// record's plane order): int16 H[4], vector v = 2·(odd) + (high 8 of each 128-bit lane), i.e. the
+// order _mm256_unpack{lo,hi}_epi8 gives the plane bytes; then u8 L'[2] (even, odd: plane order).
+// A span with no L value stores H and no L'; one with an L value (bit c of WideMeta::low) stores
+// H - 8 and L' = L + 64 (4..124): 8·(H - 8) + (L + 64) = ±A element by element, and L' is
+// unsigned, for vpmaddubsw against the signed weights. So one vpmaddwd takes 16 weights, signs
+// included, and the rare small values cost one vpmaddubsw per 32.
 // Records [kb][i]: a K block's rows are one sequential stream.
-constexpr int64_t kWideBytes = 512;
+constexpr int64_t kWideChunk = 192, kWideBytes = 2 * kWideChunk;
 constexpr int kWideShift = 3;  // ±A = H·2^kWideShift + L
 struct WideMeta {
   float scale;  // RecordScale
-  int32_t low;  // bit c: span c's L is not all zero
+  int32_t low;  // bit c: span c holds an L value
 };
 
-// One record's chunk c -> its wide H and L vectors; returns whether L is not all zero. A plane-0
-// value (b <= 4) of at least 64 has b >= 3 (M >= 8 unless b = 0), so it belongs to H.
+// One record's chunk c -> its wide vectors (H[4], L'[2]); returns whether it holds an L value. A
+// plane-0 value (b <= 4) of at least 64 has b >= 3 (M >= 8 unless b = 0), so it belongs to H.
 inline bool WidenChunk(const uint8_t* rec, int c, __m256i* out) {
   const __m256i zero = _mm256_setzero_si256(), sx = Load(rec + kSignOffset + c * 32);
   const __m256i neg[2] = {
       _mm256_cmpeq_epi8(_mm256_and_si256(sx, _mm256_set1_epi8(0x08)), _mm256_set1_epi8(0x08)),
       _mm256_cmpeq_epi8(_mm256_and_si256(sx, _mm256_set1_epi8(static_cast<char>(0x80))),
                         _mm256_set1_epi8(static_cast<char>(0x80)))};
-  __m256i any_low = zero;
+  __m256i p[2][3], low[2];
   for (int h = 0; h < 2; ++h) {
-    __m256i p[3];
-    for (int i = 0; i < 3; ++i) p[i] = Load(rec + kPlaneOffset[i] + c * 64 + h * 32);
-    const __m256i small =
-        _mm256_cmpeq_epi8(_mm256_and_si256(p[0], _mm256_set1_epi8(static_cast<char>(0xc0))), zero);
-    const __m256i low = _mm256_and_si256(small, p[0]), high0 = _mm256_andnot_si256(small, p[0]);
-    any_low = _mm256_or_si256(any_low, low);
+    for (int i = 0; i < 3; ++i) p[h][i] = Load(rec + kPlaneOffset[i] + c * 64 + h * 32);
+    const __m256i small = _mm256_cmpeq_epi8(
+        _mm256_and_si256(p[h][0], _mm256_set1_epi8(static_cast<char>(0xc0))), zero);
+    low[h] = _mm256_and_si256(small, p[h][0]);
+    p[h][0] = _mm256_andnot_si256(small, p[h][0]);
+  }
+  const __m256i any = _mm256_or_si256(low[0], low[1]);
+  const bool has_low = !_mm256_testz_si256(any, any);
+  const __m256i offset = _mm256_set1_epi16(has_low ? 8 : 0);
+  for (int h = 0; h < 2; ++h) {
     for (int half = 0; half < 2; ++half) {
       const auto widen = [&](__m256i b, __m256i hi) {
         return half == 0 ? _mm256_unpacklo_epi8(b, hi) : _mm256_unpackhi_epi8(b, hi);
       };
       const __m256i m = widen(neg[h], neg[h]);
-      const __m256i hv =
-          _mm256_add_epi16(_mm256_add_epi16(_mm256_srli_epi16(widen(high0, zero), kWideShift),
-                                            _mm256_slli_epi16(widen(p[1], zero), 5 - kWideShift)),
-                           _mm256_slli_epi16(widen(p[2], zero), 10 - kWideShift));
-      out[2 * h + half] = _mm256_sub_epi16(_mm256_xor_si256(hv, m), m);
-      out[4 + 2 * h + half] = _mm256_sub_epi16(_mm256_xor_si256(widen(low, zero), m), m);
+      const __m256i hv = _mm256_add_epi16(
+          _mm256_add_epi16(_mm256_srli_epi16(widen(p[h][0], zero), kWideShift),
+                           _mm256_slli_epi16(widen(p[h][1], zero), 5 - kWideShift)),
+          _mm256_slli_epi16(widen(p[h][2], zero), 10 - kWideShift));
+      out[2 * h + half] = _mm256_sub_epi16(_mm256_sub_epi16(_mm256_xor_si256(hv, m), m), offset);
+    }
+    if (has_low) {
+      out[4 + h] = _mm256_add_epi8(_mm256_sub_epi8(_mm256_xor_si256(low[h], neg[h]), neg[h]),
+                                   _mm256_set1_epi8(64));
     }
   }
-  return !_mm256_testz_si256(any_low, any_low);
+  return has_low;
 }
 
 // Every record of the call into wide records ([kb][i], kWideBytes each) and their meta.
@@ -329,16 +339,21 @@ void WidenRecords(const Linear4Args& a, uint8_t* wide, WideMeta* meta) {
   for (int64_t i = 0; i < a.n; ++i) {
     for (int64_t kb = 0; kb < a.k / 128; ++kb) {
       const uint8_t* rec = Record(a, i, kb);
-      __m256i* out = reinterpret_cast<__m256i*>(wide + (kb * a.n + i) * kWideBytes);
+      uint8_t* out = wide + (kb * a.n + i) * kWideBytes;
       WideMeta& m = meta[kb * a.n + i];
       m.scale = RecordScale(rec);
       m.low = 0;
-      for (int c = 0; c < 2; ++c) m.low |= (WidenChunk(rec, c, out + 8 * c) ? 1 : 0) << c;
+      for (int c = 0; c < 2; ++c) {
+        m.low |= (WidenChunk(rec, c, reinterpret_cast<__m256i*>(out + c * kWideChunk)) ? 1 : 0)
+                 << c;
+      }
     }
   }
 }
 
-// A K block of the tile's 8 weight rows as int16 2·e2m1 in the wide order: [row][chunk][4].
+// A K block of the tile's 8 weight rows, 2·e2m1 in the wide orders: [row][chunk][6], the int16
+// vectors W[4] as H's, then the int8 vectors (even, odd) as L''s.
+constexpr int kWideVecs = 6;
 inline void WidenWeights(const uint8_t* w, int64_t row, __m256i* wv) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table(), zero = _mm256_setzero_si256();
   for (int r = 0; r < kRows; ++r) {
@@ -347,11 +362,12 @@ inline void WidenWeights(const uint8_t* w, int64_t row, __m256i* wv) {
       const __m256i e[2] = {
           _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib)),
           _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib))};
-      __m256i* out = wv + (r * 2 + c) * 4;
+      __m256i* out = wv + (r * 2 + c) * kWideVecs;
       for (int h = 0; h < 2; ++h) {
         const __m256i sign = _mm256_cmpgt_epi8(zero, e[h]);
         _mm256_store_si256(out + 2 * h, _mm256_unpacklo_epi8(e[h], sign));
         _mm256_store_si256(out + 2 * h + 1, _mm256_unpackhi_epi8(e[h], sign));
+        _mm256_store_si256(out + 4 + h, e[h]);
       }
     }
   }
@@ -366,7 +382,7 @@ inline __m256i Madd4(const __m256i (&x)[4], const __m256i* w) {
 }
 
 // One activation row's chunk c (its wide vectors at x) against the tile's 8 widened weight rows:
-// ga / gb as Reduce gives them; L only if kLow.
+// ga / gb as Reduce gives them; L' only if kLow.
 template <bool kLow>
 inline void ChunkWide(const __m256i* wv, const __m256i* x, int c, __m256i& ga, __m256i& gb) {
   const __m256i h[4] = {_mm256_load_si256(x), _mm256_load_si256(x + 1), _mm256_load_si256(x + 2),
@@ -374,12 +390,14 @@ inline void ChunkWide(const __m256i* wv, const __m256i* x, int c, __m256i& ga, _
   __m256i res[kRows];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
-    const __m256i* w = wv + (r * 2 + c) * 4;
+    const __m256i* w = wv + (r * 2 + c) * kWideVecs;
     res[r] = Madd4(h, w);
     if (kLow) {
-      const __m256i l[4] = {_mm256_load_si256(x + 4), _mm256_load_si256(x + 5),
-                            _mm256_load_si256(x + 6), _mm256_load_si256(x + 7)};
-      res[r] = _mm256_add_epi32(_mm256_slli_epi32(res[r], kWideShift), Madd4(l, w));
+      const __m256i l = _mm256_add_epi16(
+          _mm256_maddubs_epi16(_mm256_load_si256(x + 4), _mm256_load_si256(w + 4)),
+          _mm256_maddubs_epi16(_mm256_load_si256(x + 5), _mm256_load_si256(w + 5)));
+      res[r] = _mm256_add_epi32(_mm256_slli_epi32(res[r], kWideShift),
+                                _mm256_madd_epi16(l, _mm256_set1_epi16(1)));
     }
   }
   Reduce(res, ga, gb);
@@ -402,17 +420,18 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, _
     WidenWeights(w, row, wv);
     __m256 sw[4];
     GroupScales(_mm256_load_si256(st + kb), sw);
-    const __m256i* x = reinterpret_cast<const __m256i*>(wide + kb * a.n * kWideBytes);
+    const uint8_t* x = wide + kb * a.n * kWideBytes;
     const WideMeta* m = meta + kb * a.n;
-    for (int64_t i = 0; i < a.n; ++i, x += kWideBytes / 32) {
+    for (int64_t i = 0; i < a.n; ++i, x += kWideBytes) {
       float* at = acc + i * kRows;
       __m256 ai = _mm256_load_ps(at);
       for (int c = 0; c < 2; ++c) {
+        const __m256i* xc = reinterpret_cast<const __m256i*>(x + c * kWideChunk);
         __m256i ga, gb;
         if ((m[i].low >> c & 1) != 0) {
-          ChunkWide<true>(wv, x + 8 * c, c, ga, gb);
+          ChunkWide<true>(wv, xc, c, ga, gb);
         } else {
-          ChunkWide<false>(wv, x + 8 * c, c, ga, gb);
+          ChunkWide<false>(wv, xc, c, ga, gb);
         }
         ai = Accumulate(ai, ga, gb, m[i].scale, sw[2 * c], sw[2 * c + 1]);
       }
@@ -479,14 +498,14 @@ inline void PlaneValues(__m256i c, __m256i (&out)[3]) {
 struct Scratch {
   __m256i* st;    // [k/128] transposed scales
   float* acc;     // [n][8]
-  __m256i* wv;    // [8][2][4] widened weights
+  __m256i* wv;    // [8][2][kWideVecs] widened weights
   uint8_t* wide;  // [k/128][n] wide records
   WideMeta* meta;
   explicit Scratch(const Linear4Args& a)
       : st(reinterpret_cast<__m256i*>(a.scratch)),
         acc(a.scratch + a.k / 128 * 16),
         wv(reinterpret_cast<__m256i*>(acc + a.n * 16)),
-        wide(reinterpret_cast<uint8_t*>(wv + kRows * 2 * 4)),
+        wide(reinterpret_cast<uint8_t*>(wv + kRows * 2 * kWideVecs)),
         meta(reinterpret_cast<WideMeta*>(wide + a.k / 128 * a.n * kWideBytes)) {}
 };
 
