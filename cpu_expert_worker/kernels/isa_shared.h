@@ -171,25 +171,5 @@ inline const uint8_t* Record(const Linear4Args& a, int64_t i, int64_t kb) {
   return reinterpret_cast<const uint8_t*>(a.q[i]) + kb * kRecordBytes;
 }
 
-// Activation rows a multi-row tile runs ahead of its records, in tiles of more than
-// kRecordPrefetchRows rows: each K block walks every row's record (kRecordBytes, a row's K span
-// apart), more streams than a core's prefetcher tracks.
-inline constexpr int64_t kRecordAhead = 4;
-inline constexpr int64_t kRecordPrefetchRows = 16;
-// Requests record (i, kb), or, past the last row, the next K block's record of row i − n.
-inline void PrefetchRecord(const Linear4Args& a, int64_t i, int64_t kb) {
-  if (i >= a.n) {
-    i -= a.n;
-    ++kb;
-    if (kb >= a.k / 128 || i >= a.n) return;
-  }
-  const char* p = reinterpret_cast<const char*>(Record(a, i, kb));
-  // As inline assembly: GCC 12 drops __builtin_prefetch / _mm_prefetch of an address loaded
-  // from a.q here.
-  for (int64_t off = 0; off < kRecordBytes; off += 64) {
-    asm volatile("prefetcht0 %0" : : "m"(*(p + off)));
-  }
-}
-
 }  // namespace
 }  // namespace ss::expert::internal

@@ -102,7 +102,7 @@ inline constexpr int64_t Linear4AmxScratchFloats(int64_t n) {
 }
 
 // Scratch every variant may use: transposed weight scales [k/32][16], accumulators [n][16],
-// one decoded tile [16][128], one decoded row [k], the AVX2 multi-row path's wide records
+// one decoded tile [16][128], one decoded row [k], the multi-row paths' wide records
 // (384 bytes, 512 reserved) and their 8-byte meta per row and K block; or the AMX tile path's.
 inline constexpr int64_t Linear4ScratchFloats(int64_t k, int64_t n) {
   const int64_t simd = (k / 32) * 16 + n * 16 + 16 * 128 + k + n * k + n * (k / 128) * 2,

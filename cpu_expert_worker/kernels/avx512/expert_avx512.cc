@@ -8,9 +8,12 @@
 // up (vpshufb) as 2·e2m1 in int8, and six vpdpbusd against the three u8 planes, shifted by 5
 // between planes, leave each group's exact sum in four int32 lanes. Integer adds reduce the 16
 // rows to one vector per group (one row per lane), which is converted to fp32 (the one
-// rounding), scaled and added in K order exactly as the scalar definition does. Several
-// activation rows share one lookup of a K block's weights, kept in L1, and negate the elements
-// their signs select there (masked subtracts).
+// rounding), scaled and added in K order exactly as the scalar definition does.
+//
+// Several activation rows: as in the AVX2 kernel, the call's records are first widened into a
+// signed int16 plane (and where a block holds its smallest values, an offset u8 plane), each K
+// block's weights into 2·e2m1 int16 and int8 once per tile, in L1; a row's K block then costs 4
+// vpdpwssd per weight row (plus 2 vpdpbusd where the block holds small values) and no sign work.
 //
 // Memory: weights are read once per call in tile, K block, row order; a software prefetch runs
 // ahead in that order (and on into Linear4Args::next_w; how far and into which cache level:
@@ -136,45 +139,132 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, PF& pf) {
   Store(a.epilogue, a.y[0] + r0, acc);
 }
 
-// Any number of activation rows: each K block's weights are looked up once into `wvals`
-// ([16 rows][even 64 | odd 64] int8 2·e2m1, L1) and every activation row negates the elements
-// its signs select there (one masked subtract per vector).
+// Wide records for calls of several activation rows, as the AVX2 kernel's (see there): per row
+// and K block int16 H[4] (vector v = 2·(odd) + (high 8 of each 128-bit lane), the plane bytes
+// widened by _mm512_unpack{lo,hi}_epi8, each 128-bit lane one group) and, where the block holds
+// a value with b <= 2, u8 L'[2] (even, odd) against H - 8. Records [kb][i].
+constexpr int64_t kWideBytes = 384;
+constexpr int kWideShift = 3;
+struct WideMeta {
+  float scale;  // RecordScale
+  int32_t low;  // the block holds an L value
+};
+
+inline bool WidenBlock(const uint8_t* rec, __m512i* out) {
+  const __m512i zero = _mm512_setzero_si512(), sx = _mm512_load_si512(rec + kSignOffset);
+  const __m512i neg[2] = {
+      _mm512_movm_epi8(_mm512_test_epi8_mask(sx, _mm512_set1_epi8(0x08))),
+      _mm512_movm_epi8(_mm512_test_epi8_mask(sx, _mm512_set1_epi8(static_cast<char>(0x80))))};
+  __m512i p[2][3], low[2];
+  __mmask64 any = 0;
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 3; ++i) p[h][i] = _mm512_load_si512(rec + kPlaneOffset[i] + h * 64);
+    const __mmask64 small =
+        _mm512_testn_epi8_mask(p[h][0], _mm512_set1_epi8(static_cast<char>(0xc0)));
+    low[h] = _mm512_maskz_mov_epi8(small, p[h][0]);
+    p[h][0] = _mm512_maskz_mov_epi8(~small, p[h][0]);
+    any |= _mm512_test_epi8_mask(low[h], low[h]);
+  }
+  const bool has_low = any != 0;
+  const __m512i offset = _mm512_set1_epi16(has_low ? 8 : 0);
+  for (int h = 0; h < 2; ++h) {
+    for (int half = 0; half < 2; ++half) {
+      const auto widen = [&](__m512i b, __m512i hi) {
+        return half == 0 ? _mm512_unpacklo_epi8(b, hi) : _mm512_unpackhi_epi8(b, hi);
+      };
+      const __m512i m = widen(neg[h], neg[h]);
+      const __m512i hv = _mm512_add_epi16(
+          _mm512_add_epi16(_mm512_srli_epi16(widen(p[h][0], zero), kWideShift),
+                           _mm512_slli_epi16(widen(p[h][1], zero), 5 - kWideShift)),
+          _mm512_slli_epi16(widen(p[h][2], zero), 10 - kWideShift));
+      out[2 * h + half] = _mm512_sub_epi16(_mm512_sub_epi16(_mm512_xor_si512(hv, m), m), offset);
+    }
+    if (has_low) {
+      out[4 + h] = _mm512_add_epi8(_mm512_sub_epi8(_mm512_xor_si512(low[h], neg[h]), neg[h]),
+                                   _mm512_set1_epi8(64));
+    }
+  }
+  return has_low;
+}
+
+void WidenRecords(const Linear4Args& a, uint8_t* wide, WideMeta* meta) {
+  for (int64_t i = 0; i < a.n; ++i) {
+    for (int64_t kb = 0; kb < a.k / 128; ++kb) {
+      const uint8_t* rec = Record(a, i, kb);
+      WideMeta& m = meta[kb * a.n + i];
+      m.scale = RecordScale(rec);
+      m.low = WidenBlock(rec, reinterpret_cast<__m512i*>(wide + (kb * a.n + i) * kWideBytes));
+    }
+  }
+}
+
+// A K block of the tile's 16 weight rows, 2·e2m1 in the wide orders: [row][6], int16 W[4] as H's,
+// then int8 (even, odd) as L''s.
+constexpr int kWideVecs = 6;
+inline void WidenWeights(const uint8_t* w, int64_t row, __m512i* wv) {
+  const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table();
+  for (int r = 0; r < kRows; ++r) {
+    const __m512i v = _mm512_loadu_si512(w + r * row);
+    const __m512i e[2] = {_mm512_shuffle_epi8(lut, _mm512_and_si512(v, nib)),
+                          _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib))};
+    __m512i* out = wv + r * kWideVecs;
+    for (int h = 0; h < 2; ++h) {
+      const __m512i sign = _mm512_movm_epi8(_mm512_movepi8_mask(e[h]));
+      _mm512_store_si512(out + 2 * h, _mm512_unpacklo_epi8(e[h], sign));
+      _mm512_store_si512(out + 2 * h + 1, _mm512_unpackhi_epi8(e[h], sign));
+      _mm512_store_si512(out + 4 + h, e[h]);
+    }
+  }
+}
+
+// One activation row's K block (its wide vectors at x) against the tile's 16 widened rows: g as
+// Reduce gives it; L' only if kLow.
+template <bool kLow>
+inline void BlockWide(const __m512i* wv, const __m512i* x, __m512i (&g)[4]) {
+  const __m512i h[4] = {_mm512_load_si512(x), _mm512_load_si512(x + 1), _mm512_load_si512(x + 2),
+                        _mm512_load_si512(x + 3)};
+  __m512i res[kRows];
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    const __m512i* w = wv + r * kWideVecs;
+    __m512i c = _mm512_dpwssd_epi32(_mm512_setzero_si512(), h[0], _mm512_load_si512(w));
+    c = _mm512_dpwssd_epi32(c, h[1], _mm512_load_si512(w + 1));
+    c = _mm512_dpwssd_epi32(c, h[2], _mm512_load_si512(w + 2));
+    c = _mm512_dpwssd_epi32(c, h[3], _mm512_load_si512(w + 3));
+    if (kLow) {
+      c = _mm512_slli_epi32(c, kWideShift);
+      c = _mm512_dpbusd_epi32(c, _mm512_load_si512(x + 4), _mm512_load_si512(w + 4));
+      c = _mm512_dpbusd_epi32(c, _mm512_load_si512(x + 5), _mm512_load_si512(w + 5));
+    }
+    res[r] = c;
+  }
+  Reduce(res, g);
+  if (!kLow) {
+    for (int q = 0; q < 4; ++q) g[q] = _mm512_slli_epi32(g[q], kWideShift);
+  }
+}
+
+// Any number of activation rows, from their wide records: each K block's weights are widened
+// once into `wv` (L1) and every activation row runs against them.
 template <bool kTiled, class PF>
-void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, uint8_t* wvals,
-              PF& pf) {
-  const __m512i nib = _mm512_set1_epi8(0x0f), lut = E2m1Table(), zero = _mm512_setzero_si512();
+void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, __m512i* wv,
+              const uint8_t* wide, const WideMeta* meta, PF& pf) {
   for (int64_t i = 0; i < a.n * kRows; ++i) acc[i] = 0.0f;
   const uint8_t* w = TileBase(a, a.w, r0);
   const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
   for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step) {
     pf.Step(r0, kb);
-    for (int r = 0; r < kRows; ++r) {
-      const __m512i v = _mm512_loadu_si512(w + r * row);
-      _mm512_store_si512(wvals + r * 128, _mm512_shuffle_epi8(lut, _mm512_and_si512(v, nib)));
-      _mm512_store_si512(wvals + r * 128 + 64,
-                         _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)));
-    }
+    WidenWeights(w, row, wv);
     __m512 sw[4];
     GroupScales(_mm512_load_si512(st + kb), sw);
-    for (int64_t i = 0; i < a.n; ++i) {
-      if (a.n > kRecordPrefetchRows) PrefetchRecord(a, i + kRecordAhead, kb);
-      const uint8_t* rec = Record(a, i, kb);
-      const Planes pl(rec);
-      const __m512i sx = _mm512_load_si512(rec + kSignOffset);
-      const __mmask64 ne = _mm512_test_epi8_mask(sx, _mm512_set1_epi8(0x08));
-      const __mmask64 no = _mm512_test_epi8_mask(sx, _mm512_set1_epi8(static_cast<char>(0x80)));
-      __m512i res[kRows];
-#pragma GCC unroll 16
-      for (int r = 0; r < kRows; ++r) {
-        const __m512i we = _mm512_load_si512(wvals + r * 128);
-        const __m512i wo = _mm512_load_si512(wvals + r * 128 + 64);
-        res[r] = DotPlanes(pl, _mm512_mask_sub_epi8(we, ne, zero, we),
-                           _mm512_mask_sub_epi8(wo, no, zero, wo));
-      }
+    const uint8_t* x = wide + kb * a.n * kWideBytes;
+    const WideMeta* m = meta + kb * a.n;
+    for (int64_t i = 0; i < a.n; ++i, x += kWideBytes) {
+      const __m512i* xv = reinterpret_cast<const __m512i*>(x);
       __m512i g[4];
-      Reduce(res, g);
+      m[i].low != 0 ? BlockWide<true>(wv, xv, g) : BlockWide<false>(wv, xv, g);
       float* at = acc + i * kRows;
-      _mm512_store_ps(at, Accumulate(_mm512_load_ps(at), g, RecordScale(rec), sw));
+      _mm512_store_ps(at, Accumulate(_mm512_load_ps(at), g, m[i].scale, sw));
     }
   }
   for (int64_t i = 0; i < a.n; ++i) Store(a.epilogue, a.y[i] + r0, _mm512_load_ps(acc + i * kRows));
@@ -231,18 +321,21 @@ inline __mmask16 PlaneBytes(__m512i c, uint8_t* rec, int64_t pos) {
 
 template <class Policy>
 void Linear4Tiles(const Linear4Args& a) {
-  __m512i* st = reinterpret_cast<__m512i*>(a.scratch);          // [k/128] transposed scales
-  float* acc = a.scratch + a.k / 128 * 16;                      // [n][16]
-  uint8_t* wvals = reinterpret_cast<uint8_t*>(acc + a.n * 16);  // [16][128] bytes
+  __m512i* st = reinterpret_cast<__m512i*>(a.scratch);                 // [k/128] transposed scales
+  float* acc = a.scratch + a.k / 128 * 16;                             // [n][16]
+  __m512i* wv = reinterpret_cast<__m512i*>(acc + a.n * 16);            // [16][kWideVecs]
+  uint8_t* wide = reinterpret_cast<uint8_t*>(wv + kRows * kWideVecs);  // [k/128][n]
+  WideMeta* meta = reinterpret_cast<WideMeta*>(wide + a.k / 128 * a.n * kWideBytes);
   Prefetch<kRows, Policy> pf(a);
+  if (a.n > 1) WidenRecords(a, wide, meta);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
     TransposeScales(a, r0, st);
     if (a.n == 1) {
       a.w_tile_rows != 0 ? TileOne<true>(a, r0, st, pf) : TileOne<false>(a, r0, st, pf);
     } else if (a.w_tile_rows != 0) {
-      TileMany<true>(a, r0, st, acc, wvals, pf);
+      TileMany<true>(a, r0, st, acc, wv, wide, meta, pf);
     } else {
-      TileMany<false>(a, r0, st, acc, wvals, pf);
+      TileMany<false>(a, r0, st, acc, wv, wide, meta, pf);
     }
   }
 }
