@@ -17,7 +17,7 @@ out=${1:?usage: tests/device/streamed.sh OUT [PHASES]}
 phases=${2:-8192,32768}
 bin=.devbin
 mkdir -p "$out"
-(
+[ -n "${SS_STREAMED_NO_CHECKS:-}" ] || (
   prebuilt_library_path "$bin"
   "$bin/mxfp4_moe_test" >"$out/mxfp4_moe_test.log" 2>&1
   echo "mxfp4_moe_test rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) |rms_rel|ptxVersion' "$out/mxfp4_moe_test.log" | tr '\n' ' ' | cut -c1-600)"
