@@ -10,6 +10,7 @@
 # 8192:1024:off:8192") once per variant instead, each `up` started with --max-num-batched-tokens
 # CHUNK --gpu-prefill-ring-mib RING_MIB [--gpu-prefill-threshold THRESHOLD] (`off`: the CPU path,
 # the baseline), over PHASES (default the argument), its prefill lines printed.
+# SS_STREAMED_NO_CHECKS=1 skips 1. and 2.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/device/env.sh
