@@ -15,7 +15,8 @@ namespace {
 constexpr internal::IsaOps kScalarOps{&internal::Linear4Scalar, &internal::QuantizeActScalar, 0};
 constexpr internal::IsaOps kAvx2Ops{&internal::Linear4Avx2, &internal::QuantizeActAvx2, 8,
                                     &internal::Linear4PairAvx2};
-constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, &internal::QuantizeActAvx512, 16};
+constexpr internal::IsaOps kAvx512Ops{&internal::Linear4Avx512, &internal::QuantizeActAvx512, 16,
+                                      &internal::Linear4PairAvx512};
 constexpr internal::IsaOps kAmxOps{&internal::Linear4Amx, &internal::QuantizeActAvx512, 16,
                                    &internal::Linear4PairAmx};
 

@@ -119,6 +119,7 @@ void Linear4Scalar(const Linear4Args& a);  // ref/expert_ref.cc: the definition
 void Linear4Avx2(const Linear4Args& a);    // avx2/expert_avx2.cc (AVX2 + FMA)
 void Linear4PairAvx2(const Linear4Args& a, const Linear4Args& b);  // widens the records once
 void Linear4Avx512(const Linear4Args& a);  // avx512/expert_avx512.cc (F, BW, VL, DQ, VNNI)
+void Linear4PairAvx512(const Linear4Args& a, const Linear4Args& b);  // widens the records once
 // amx/expert_amx.cc (the AVX-512 set + VBMI, AMX-TILE, AMX-INT8): AVX-512 records and weight tiles;
 // calls of few activation rows run Linear4Avx512. The calling thread must have permission to use
 // the tile data state (dispatch.cc requests it for the process).

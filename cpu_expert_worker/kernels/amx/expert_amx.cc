@@ -308,7 +308,11 @@ void Linear4Amx(const Linear4Args& a) {
 }
 
 void Linear4PairAmx(const Linear4Args& a, const Linear4Args& b) {
-  if (a.n < kMinTileRows || a.rows + b.rows > kAmxRowBlock) {
+  if (a.n < kMinTileRows) {
+    Linear4PairAvx512(a, b);
+    return;
+  }
+  if (a.rows + b.rows > kAmxRowBlock) {
     Linear4Amx(a);
     Linear4Amx(b);
     return;

@@ -319,36 +319,51 @@ inline __mmask16 PlaneBytes(__m512i c, uint8_t* rec, int64_t pos) {
   return _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f));
 }
 
+// The scratch of a call (see linear4.h): its transposed scales, accumulators, widened weights,
+// and wide records with their meta.
+struct Scratch {
+  __m512i* st;    // [k/128] transposed scales
+  float* acc;     // [n][16]
+  __m512i* wv;    // [16][kWideVecs] widened weights
+  uint8_t* wide;  // [k/128][n] wide records
+  WideMeta* meta;
+  explicit Scratch(const Linear4Args& a)
+      : st(reinterpret_cast<__m512i*>(a.scratch)),
+        acc(a.scratch + a.k / 128 * 16),
+        wv(reinterpret_cast<__m512i*>(acc + a.n * 16)),
+        wide(reinterpret_cast<uint8_t*>(wv + kRows * kWideVecs)),
+        meta(reinterpret_cast<WideMeta*>(wide + a.k / 128 * a.n * kWideBytes)) {}
+};
+
+// The rows of a, its records already widened into x.wide when it has several activation rows.
 template <class Policy>
-void Linear4Tiles(const Linear4Args& a) {
-  __m512i* st = reinterpret_cast<__m512i*>(a.scratch);                 // [k/128] transposed scales
-  float* acc = a.scratch + a.k / 128 * 16;                             // [n][16]
-  __m512i* wv = reinterpret_cast<__m512i*>(acc + a.n * 16);            // [16][kWideVecs]
-  uint8_t* wide = reinterpret_cast<uint8_t*>(wv + kRows * kWideVecs);  // [k/128][n]
-  WideMeta* meta = reinterpret_cast<WideMeta*>(wide + a.k / 128 * a.n * kWideBytes);
+void Linear4Tiles(const Linear4Args& a, const Scratch& x) {
   Prefetch<kRows, Policy> pf(a);
-  if (a.n > 1) WidenRecords(a, wide, meta);
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
-    TransposeScales(a, r0, st);
+    TransposeScales(a, r0, x.st);
     if (a.n == 1) {
-      a.w_tile_rows != 0 ? TileOne<true>(a, r0, st, pf) : TileOne<false>(a, r0, st, pf);
+      a.w_tile_rows != 0 ? TileOne<true>(a, r0, x.st, pf) : TileOne<false>(a, r0, x.st, pf);
     } else if (a.w_tile_rows != 0) {
-      TileMany<true>(a, r0, st, acc, wv, wide, meta, pf);
+      TileMany<true>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
     } else {
-      TileMany<false>(a, r0, st, acc, wv, wide, meta, pf);
+      TileMany<false>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
     }
   }
 }
 
+void Linear4Pair(const Linear4Args& a, const Linear4Args* b) {
+  const Scratch x(a);
+  if (a.n > 1) WidenRecords(a, x.wide, x.meta);
+  const bool far = UseFarPrefetch();
+  far ? Linear4Tiles<PrefetchFar>(a, x) : Linear4Tiles<PrefetchNear>(a, x);
+  if (b != nullptr) far ? Linear4Tiles<PrefetchFar>(*b, x) : Linear4Tiles<PrefetchNear>(*b, x);
+}
+
 }  // namespace
 
-void Linear4Avx512(const Linear4Args& a) {
-  if (UseFarPrefetch()) {
-    Linear4Tiles<PrefetchFar>(a);
-  } else {
-    Linear4Tiles<PrefetchNear>(a);
-  }
-}
+void Linear4Avx512(const Linear4Args& a) { Linear4Pair(a, nullptr); }
+
+void Linear4PairAvx512(const Linear4Args& a, const Linear4Args& b) { Linear4Pair(a, &b); }
 
 // ss::QuantizeActE4m3 for one 128-block, 16 lanes at a time: the power-of-two scale from the
 // fp32 bits of max(amax, 1e-4) · fp32(1/448); e4m3 RNE by integer rounding of the fp32 bits
