@@ -2,7 +2,7 @@
 # Issue 30's measurements of the CPU expert worker on the device machine's host, in as few calls
 # as the device tool's 10-minute limit allows. Pack first (here):
 #   SS_PACK_DIR=.devpack/k bash tests/device/pack.sh cpu_rates_bench splitserve-bench-experts \
-#       splitserve-expert-worker expert_kernels_test
+#       splitserve-expert-worker expert_kernels_test act_quant_test
 #   bash bench/ggml_moe/pack_ggml.sh /path/to/ggml-git .devpack/k/ggml.tar.xz   # for `ggml`
 # then, with carry [".devpack/k"], one or more PARTS a call (times are rough, on 16 cores):
 #   bash tests/device/experts.sh $OUT decode16          # ~3 min
@@ -12,13 +12,14 @@
 # Parts:
 #   decode16  splitserve-bench-experts, 16 threads (or all cores), avx512 and avx2 interleaved,
 #             3 runs each: the acceptance's decode efficiency and T = 256 share of the FMA peak
-#   rates     expert_kernels_test, then cpu_rates_bench at 1, 2, 4, 8, 16 threads
+#   rates     expert_kernels_test and act_quant_test, then cpu_rates_bench at 1, 2, 4, 8, 16
+#             threads
 #   scaling   splitserve-bench-experts at 1, 2, 4 and 8 threads, avx512 and avx2, one run each
 #   ggml      bench/ggml_moe/ggml_compare.sh at 4, 8 and 16 threads, both builds, one repeat
-#   amx       expert_kernels_test (every ISA the host has; its dispatch line says whether the host
-#             grants AMX), cpu_rates_bench's prefill-sized units by token rows a call at 1 and 16
-#             threads (avx2, avx512, amx),
-#             then splitserve-bench-experts at 16 threads, avx512 and amx interleaved, 2 runs each
+#   amx       expert_kernels_test and act_quant_test (every ISA the host has; the latter's dispatch
+#             line says whether the host grants AMX), cpu_rates_bench's prefill-sized units by
+#             token rows a call at 1 and 16 threads (avx2, avx512, amx), then
+#             splitserve-bench-experts at 16 threads, avx512 and amx interleaved, 2 runs each
 # Each run's whole output stays under $OUT/experts/ (only a few files come back: the summary is
 # $OUT/experts-summary.txt, one line a run).
 set -uo pipefail
@@ -48,8 +49,10 @@ for part in "$@"; do
       for r in 1 2 3; do for isa in avx512 avx2; do bench "$max" "$isa" "d16r$r"; done; done
       ;;
     rates)
-      "$bin/expert_kernels_test" >"$out/experts/kernels_test.txt" 2>&1
-      echo "expert_kernels_test rc=$? $(tail -1 "$out/experts/kernels_test.txt")" | tee -a "$summary"
+      for t in expert_kernels_test act_quant_test; do
+        "$bin/$t" >"$out/experts/$t.txt" 2>&1
+        echo "$t rc=$? $(tail -1 "$out/experts/$t.txt")" | tee -a "$summary"
+      done
       timeout 200 "$bin/cpu_rates_bench" --threads 1,2,4,8,16 --gib 2 --passes 2 \
         >"$out/experts/rates.txt" 2>&1
       grep -E 'section=(fma|l2|l2rows) |variant=t0_16k pages=thp|section=dram.*pages=thp' \
@@ -67,9 +70,11 @@ for part in "$@"; do
       cat "$out/experts-ggml-table.txt" 2>/dev/null
       ;;
     amx)
-      "$bin/expert_kernels_test" >"$out/experts/amx_test.txt" 2>&1
-      echo "expert_kernels_test rc=$? $(grep -E 'DetectIsa|^\[  (PASSED|FAILED)' \
-        "$out/experts/amx_test.txt" | tr '\n' ' ')" | tee -a "$summary"
+      for t in expert_kernels_test act_quant_test; do
+        "$bin/$t" >"$out/experts/amx_$t.txt" 2>&1
+        echo "$t rc=$? $(grep -E 'DetectIsa|^\[  (PASSED|FAILED)' "$out/experts/amx_$t.txt" |
+          tr '\n' ' ')" | tee -a "$summary"
+      done
       timeout 200 "$bin/cpu_rates_bench" --threads 1,"$max" --sections fma,l2rows \
         --isa avx2,avx512,amx --rows 8,16,64 --passes 2 >"$out/experts/amx_rates.txt" 2>&1
       grep -E 'section=(fma|l2rows) ' "$out/experts/amx_rates.txt" | sed 's/^/rates /' |

@@ -44,6 +44,7 @@ bins=(cuda_kernels_test block_kernels_test fused_launches_test compressor_test i
       golden_cuda_test cuda_backend_layer_bench gpu_kernels_bench splitserve splitserve-golden
       splitserve-expert-worker splitserve-gpu-worker splitserve-coordinator make_checkpoint
       cluster_bench stage_push_bench splitserve-bench-experts cpu_rates_bench expert_kernels_test
+      act_quant_test
       dummy_weights_bench mxfp4_moe_test
       mxfp4_moe_bench)
 for b in "${bins[@]}"; do [ -x build/bin/$b ] && cp build/bin/$b .devbin/; done
