@@ -83,10 +83,21 @@ class Prefetch {
       if (sp_ != nullptr) sp_ += kb * 64;
     }
   }
-  void Row(int r) const {
-    if (p_ != nullptr) Line(p_ + r * row_);
-    if (sp_ != nullptr) Line(sp_ + r * a_.s_stride);
-  }
+  void Row(int r) const { Targets().Row(r); }
+  // The aimed step's targets as values, for a row loop that keeps them in registers: Row(r)
+  // requests weight line w + r·w_step (w is never null: past the rows it is the call's first
+  // line, which costs a request and no traffic), and while they last scale line s + r·s_step.
+  struct Rows {
+    const uint8_t* w;
+    int64_t w_step;
+    const uint8_t* s;
+    int64_t s_step;
+    void Row(int r) const {
+      Line(w + r * w_step);
+      if (s != nullptr) Line(s + r * s_step);
+    }
+  };
+  Rows Targets() const { return {p_ != nullptr ? p_ : a_.w, row_, sp_, a_.s_stride}; }
   // Aim and every row's requests at once.
   void Step(int64_t r0, int64_t kb) {
     Aim(r0, kb);

@@ -226,23 +226,37 @@ inline int64_t RowStep(const Linear4Args& a) {
 }
 
 // One activation row's chunk c of a K block against the tile's 8 rows (w: their K block, `row`
-// bytes apart), its planes in `pl` (Planes or TwoPlanes): ga / gb as Reduce gives them. The sign
-// is folded into the packed bytes, one XOR per row.
-template <class P, class PF>
+// bytes apart), its planes in `pl` (Planes or TwoPlanes): ga / gb as Reduce gives them; with
+// `lines` (Prefetch::Rows), each row requests its prefetch lines. The sign is folded into the
+// packed bytes, one XOR per row. Rows are reduced in pairs as they finish
+// (Reduce's adds, in its order), so no more than two rows' sums are live: with the planes and
+// constants, the 16 ymm registers then hold everything without spilling.
+template <class P, class Rows>
 inline void ChunkOne(const uint8_t* w, int64_t row, const uint8_t* rec, int c, const P& pl,
-                     const PF* pf, __m256i& ga, __m256i& gb) {
+                     const Rows* lines, __m256i& ga, __m256i& gb) {
   const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
   const __m256i sx = Load(rec + kSignOffset + c * 32);
-  __m256i res[kRows];
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
-    if (pf != nullptr) pf->Row(r);
+  auto dot = [&](int r) {
+    if (lines != nullptr) lines->Row(r);
     const __m256i v = _mm256_xor_si256(Load(w + r * row + c * 32), sx);
     const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
     const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-    res[r] = DotPlanes(pl, we, wo);
+    return DotPlanes(pl, we, wo);
+  };
+  __m256i t2[2];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m256i t1[2];
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q) {
+      const __m256i r0 = dot(4 * h + 2 * q), r1 = dot(4 * h + 2 * q + 1);
+      t1[q] = _mm256_add_epi32(_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+    }
+    t2[h] =
+        _mm256_add_epi32(_mm256_unpacklo_epi64(t1[0], t1[1]), _mm256_unpackhi_epi64(t1[0], t1[1]));
   }
-  Reduce(res, ga, gb);
+  ga = _mm256_permute2x128_si256(t2[0], t2[1], 0x20);
+  gb = _mm256_permute2x128_si256(t2[0], t2[1], 0x31);
 }
 
 // One activation row (decode). A chunk whose record marks a plane all zero (the plane mask)
@@ -259,21 +273,25 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   const uint8_t* rec = Record(a, 0, 0);
   for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step, rec += kRecordBytes) {
     pf.Aim(r0, kb);
+    const typename PF::Rows lines = pf.Targets();
     const float sa = RecordScale(rec);
     __m256 sw[4];
     GroupScales(_mm256_load_si256(st + kb), sw);
-    for (int c = 0; c < 2; ++c) {
+    // Chunk 0 requests the rows' prefetch lines; chunk 1 none.
+    auto chunk = [&](int c, const typename PF::Rows* chunk_lines) {
       const int mask = rec[kPlaneMaskOffset + c];
       __m256i ga, gb;
       if (mask == 7) {
-        ChunkOne(w, row, rec, c, Planes(rec, c), c == 0 ? &pf : nullptr, ga, gb);
+        ChunkOne(w, row, rec, c, Planes(rec, c), chunk_lines, ga, gb);
       } else {
         // Two planes that include every nonzero one.
         const int hi = (mask & 4) != 0 ? 2 : 1, lo = (mask & 1) != 0 || hi == 1 ? 0 : 1;
-        ChunkOne(w, row, rec, c, TwoPlanes(rec, c, hi, lo), c == 0 ? &pf : nullptr, ga, gb);
+        ChunkOne(w, row, rec, c, TwoPlanes(rec, c, hi, lo), chunk_lines, ga, gb);
       }
       acc = Accumulate(acc, ga, gb, sa, sw[2 * c], sw[2 * c + 1]);
-    }
+    };
+    chunk(0, &lines);
+    chunk(1, static_cast<const typename PF::Rows*>(nullptr));
   }
   Store(a.epilogue, a.y[0] + r0, acc);
 }

@@ -119,12 +119,13 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, PF& pf) {
   const uint8_t* rec = Record(a, 0, 0);
   for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step, rec += kRecordBytes) {
     pf.Aim(r0, kb);
+    const typename PF::Rows lines = pf.Targets();
     const Planes pl(rec);
     const __m512i sx = _mm512_load_si512(rec + kSignOffset);
     __m512i res[kRows];
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
-      pf.Row(r);
+      lines.Row(r);
       const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + r * row), sx);
       const __m512i we = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, nib));
       const __m512i wo = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
