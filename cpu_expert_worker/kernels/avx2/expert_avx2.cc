@@ -166,16 +166,23 @@ inline __m256i DotPlanes(const TwoPlanes& pl, __m256i we, __m256i wo) {
                           _mm256_madd_epi16(mb, _mm256_load_si256(pl.unit[1])));
 }
 
-// 8 rows' sums of a chunk -> ga / gb = its two groups' sums with row r in lane r.
-inline void Reduce(const __m256i (&res)[kRows], __m256i& ga, __m256i& gb) {
-  __m256i t1[4], t2[2];
-  for (int i = 0; i < 4; ++i) {
-    t1[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(res[2 * i], res[2 * i + 1]),
-                             _mm256_unpackhi_epi32(res[2 * i], res[2 * i + 1]));
-  }
-  for (int i = 0; i < 2; ++i) {
-    t2[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t1[2 * i], t1[2 * i + 1]),
-                             _mm256_unpackhi_epi64(t1[2 * i], t1[2 * i + 1]));
+// The 8 rows' sums of a chunk, dot(r) for r = 0..7 (4 int32 lanes per group, two groups) -> ga /
+// gb = its two groups' sums with row r in lane r. Rows are reduced in pairs as they finish, so no
+// more than two rows' sums are live: with a chunk's operands and constants, the 16 ymm registers
+// hold everything without spilling.
+template <class Dot>
+inline void ReduceRows(const Dot& dot, __m256i& ga, __m256i& gb) {
+  __m256i t2[2];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m256i t1[2];
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q) {
+      const __m256i r0 = dot(4 * h + 2 * q), r1 = dot(4 * h + 2 * q + 1);
+      t1[q] = _mm256_add_epi32(_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+    }
+    t2[h] =
+        _mm256_add_epi32(_mm256_unpacklo_epi64(t1[0], t1[1]), _mm256_unpackhi_epi64(t1[0], t1[1]));
   }
   ga = _mm256_permute2x128_si256(t2[0], t2[1], 0x20);
   gb = _mm256_permute2x128_si256(t2[0], t2[1], 0x31);
@@ -226,11 +233,9 @@ inline int64_t RowStep(const Linear4Args& a) {
 }
 
 // One activation row's chunk c of a K block against the tile's 8 rows (w: their K block, `row`
-// bytes apart), its planes in `pl` (Planes or TwoPlanes): ga / gb as Reduce gives them; with
+// bytes apart), its planes in `pl` (Planes or TwoPlanes): ga / gb as ReduceRows gives them; with
 // `lines` (Prefetch::Rows), each row requests its prefetch lines. The sign is folded into the
-// packed bytes, one XOR per row. Rows are reduced in pairs as they finish
-// (Reduce's adds, in its order), so no more than two rows' sums are live: with the planes and
-// constants, the 16 ymm registers then hold everything without spilling.
+// packed bytes, one XOR per row.
 template <class P, class Rows>
 inline void ChunkOne(const uint8_t* w, int64_t row, const uint8_t* rec, int c, const P& pl,
                      const Rows* lines, __m256i& ga, __m256i& gb) {
@@ -243,20 +248,7 @@ inline void ChunkOne(const uint8_t* w, int64_t row, const uint8_t* rec, int c, c
     const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
     return DotPlanes(pl, we, wo);
   };
-  __m256i t2[2];
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {
-    __m256i t1[2];
-#pragma GCC unroll 2
-    for (int q = 0; q < 2; ++q) {
-      const __m256i r0 = dot(4 * h + 2 * q), r1 = dot(4 * h + 2 * q + 1);
-      t1[q] = _mm256_add_epi32(_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
-    }
-    t2[h] =
-        _mm256_add_epi32(_mm256_unpacklo_epi64(t1[0], t1[1]), _mm256_unpackhi_epi64(t1[0], t1[1]));
-  }
-  ga = _mm256_permute2x128_si256(t2[0], t2[1], 0x20);
-  gb = _mm256_permute2x128_si256(t2[0], t2[1], 0x31);
+  ReduceRows(dot, ga, gb);
 }
 
 // One activation row (decode). A chunk whose record marks a plane all zero (the plane mask)
@@ -400,25 +392,22 @@ inline __m256i Madd4(const __m256i (&x)[4], const __m256i* w) {
 }
 
 // One activation row's chunk c (its wide vectors at x) against the tile's 8 widened weight rows:
-// ga / gb as Reduce gives them; L' only if kLow.
+// ga / gb as ReduceRows gives them; L' only if kLow.
 template <bool kLow>
 inline void ChunkWide(const __m256i* wv, const __m256i* x, int c, __m256i& ga, __m256i& gb) {
   const __m256i h[4] = {_mm256_load_si256(x), _mm256_load_si256(x + 1), _mm256_load_si256(x + 2),
                         _mm256_load_si256(x + 3)};
-  __m256i res[kRows];
-#pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
+  auto dot = [&](int r) {
     const __m256i* w = wv + (r * 2 + c) * kWideVecs;
-    res[r] = Madd4(h, w);
-    if (kLow) {
-      const __m256i l = _mm256_add_epi16(
-          _mm256_maddubs_epi16(_mm256_load_si256(x + 4), _mm256_load_si256(w + 4)),
-          _mm256_maddubs_epi16(_mm256_load_si256(x + 5), _mm256_load_si256(w + 5)));
-      res[r] = _mm256_add_epi32(_mm256_slli_epi32(res[r], kWideShift),
-                                _mm256_madd_epi16(l, _mm256_set1_epi16(1)));
-    }
-  }
-  Reduce(res, ga, gb);
+    const __m256i hs = Madd4(h, w);
+    if (!kLow) return hs;
+    const __m256i l =
+        _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_load_si256(x + 4), _mm256_load_si256(w + 4)),
+                         _mm256_maddubs_epi16(_mm256_load_si256(x + 5), _mm256_load_si256(w + 5)));
+    return _mm256_add_epi32(_mm256_slli_epi32(hs, kWideShift),
+                            _mm256_madd_epi16(l, _mm256_set1_epi16(1)));
+  };
+  ReduceRows(dot, ga, gb);
   if (!kLow) {  // the units of H, after the (linear) reduction
     ga = _mm256_slli_epi32(ga, kWideShift);
     gb = _mm256_slli_epi32(gb, kWideShift);
