@@ -134,9 +134,11 @@ void Linear4PairAmx(const Linear4Args& a, const Linear4Args& b);  // splits the 
 // Scalar: internal::QuantizeActScalar (expert_kernels.cc).
 using QuantizeActFn = void (*)(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
                                const float* e4m3);
+// avx2/quantize_avx2.cc: span 64.
 void QuantizeActAvx2(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
-                     const float* e4m3);  // span 64
+                     const float* e4m3);
+// avx512/quantize_avx512.cc: span 128 (the AVX-512 and AMX kernels' records).
 void QuantizeActAvx512(const float* x, int64_t n, uint8_t* codes, float* scales, float* q,
-                       const float* e4m3);  // span 128
+                       const float* e4m3);
 
 }  // namespace ss::expert::internal
