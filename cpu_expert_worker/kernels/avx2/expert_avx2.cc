@@ -168,7 +168,7 @@ inline __m256i DotPlanes(const TwoPlanes& pl, __m256i we, __m256i wo) {
 // The 8 rows' sums of a chunk, dot(r) for r = 0..7 (4 int32 lanes per group, two groups) -> ga /
 // gb = its two groups' sums with row r in lane r. Rows are reduced in pairs as they finish, so no
 // more than two rows' sums are live: with a chunk's operands and constants, the 16 ymm registers
-// hold everything without spilling.
+// hold everything (a decode chunk with all three planes still spills about two vectors).
 template <class Dot>
 inline void ReduceRows(const Dot& dot, __m256i& ga, __m256i& gb) {
   __m256i t2[2];
