@@ -72,9 +72,9 @@ class Prefetch {
         row_(sequential_ ? 64 : steps_.row) {
     for (int64_t step = 0; step < kBlocks; ++step) Issue(step);
   }
-  // Before consuming the step (tile r0, K block kb): aims at its targets; Row(r) then requests
-  // row r's lines, interleaved with the rows' loads (decode tiles: issued together, as Step
-  // does, they read slower; bench/RESULTS.md).
+  // Before consuming the step (tile r0, K block kb): aims at its targets; Targets().Row(r) then
+  // requests row r's lines, interleaved with the rows' loads (decode tiles: issued together, as
+  // Step does, they read slower; bench/RESULTS.md).
   void Aim(int64_t r0, int64_t kb) {
     p_ = Target(r0 / kRows * nkb_ + kb + kBlocks);
     sp_ = nullptr;
@@ -83,7 +83,6 @@ class Prefetch {
       if (sp_ != nullptr) sp_ += kb * 64;
     }
   }
-  void Row(int r) const { Targets().Row(r); }
   // The aimed step's targets as values, for a row loop that keeps them in registers: Row(r)
   // requests weight line w + r·w_step (w is never null: past the rows it is the call's first
   // line, which costs a request and no traffic), and while they last scale line s + r·s_step.
@@ -101,7 +100,8 @@ class Prefetch {
   // Aim and every row's requests at once.
   void Step(int64_t r0, int64_t kb) {
     Aim(r0, kb);
-    for (int r = 0; r < kRows; ++r) Row(r);
+    const Rows t = Targets();
+    for (int r = 0; r < kRows; ++r) t.Row(r);
   }
 
  private:
