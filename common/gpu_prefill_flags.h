@@ -48,8 +48,42 @@ inline absl::StatusOr<GpuPrefillThreshold> ParseGpuPrefillThreshold(std::string_
                    "N rows)"));
 }
 
-// Default of --gpu-prefill-ring-mib: the staging ring's device memory, MiB (0: no streamed path).
-inline constexpr int64_t kDefaultGpuPrefillRingMiB = 1024;
+// --gpu-prefill-ring-mib: auto | MIB, the staging ring's device memory (0: no streamed path).
+// auto, the default, is sized at start (gpu_worker/ring_budget.h): kAutoGpuPrefillRingMiB's
+// largest that leaves the KV pool its tokens, kBaseGpuPrefillRingMiB where routed experts are
+// resident or the worker does not fill its GPU.
+struct GpuPrefillRing {
+  bool is_auto = true;
+  int64_t mib = 0;  // !is_auto
+  // "auto", "1024"
+  std::string ToString() const { return is_auto ? "auto" : absl::StrCat(mib); }
+};
+
+// The largest ring a flag accepts, MiB (1 TiB).
+inline constexpr int64_t kMaxGpuPrefillRingMiB = int64_t{1} << 20;
+// The ring auto keeps when it does not grow, and the golden tool's default, MiB.
+inline constexpr int64_t kBaseGpuPrefillRingMiB = 1024;
+// The rings auto tries, largest first, MiB: 3 GiB keeps one RTX 3090's copy engine busy through
+// a layer's attention at 8K-token chunks (bench/RESULTS.md, "Projection to RTX 3090s, session
+// 30"); the last is kBaseGpuPrefillRingMiB.
+inline constexpr int64_t kAutoGpuPrefillRingMiB[] = {3072, 2048, 1024};
+
+// InvalidArgument naming `flag`, the value and the accepted spellings (case and surrounding
+// blanks ignored).
+inline absl::StatusOr<GpuPrefillRing> ParseGpuPrefillRing(std::string_view text,
+                                                          std::string_view flag) {
+  const std::string given(text);
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(given));
+  GpuPrefillRing r;
+  if (v == "auto") return r;
+  if (absl::SimpleAtoi(v, &r.mib) && r.mib >= 0 && r.mib <= kMaxGpuPrefillRingMiB) {
+    r.is_auto = false;
+    return r;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(flag), " '", given,
+      "': expected auto or a size in MiB from 0 (no streamed path) to ", kMaxGpuPrefillRingMiB));
+}
 // Default of --gpu_prefill_slot_kib: the size each slot of the ring aims at (gpu_worker/
 // streamed_prefill.h PlanRing).
 inline constexpr int64_t kGpuPrefillSlotBytes = int64_t{256} << 20;

@@ -297,7 +297,7 @@ coord::ClusterConfig BuildClusterConfig(const ModelConfig& model, const UpOption
   // where the cuda backend may stream (the GPU workers size their KV pools beside the larger
   // step's workspace and the ring).
   const bool cuda = layout.backend == "cuda";
-  const bool may_stream = cuda && o.gpu_prefill_ring_mib > 0 && o.gpu_prefill_threshold != "off";
+  const bool may_stream = cuda && o.gpu_prefill_ring_mib != "0" && o.gpu_prefill_threshold != "off";
   cluster.max_batch_tokens = static_cast<int>(coord::LaunchMaxBatchTokens(
       o.max_num_batched_tokens, may_stream,
       o.max_model_len > 0 ? o.max_model_len : model.max_position_embeddings));
@@ -309,7 +309,11 @@ coord::ClusterConfig BuildClusterConfig(const ModelConfig& model, const UpOption
       : may_stream
           ? absl::StrCat("; large prefill steps stream their routed experts to the GPUs "
                          "(--gpu-prefill-threshold ",
-                         o.gpu_prefill_threshold, ", a ", o.gpu_prefill_ring_mib, " MiB ring)")
+                         o.gpu_prefill_threshold, ", ring ",
+                         o.gpu_prefill_ring_mib == "auto"
+                             ? std::string("sized by each GPU worker (--gpu-prefill-ring-mib auto)")
+                             : absl::StrCat(o.gpu_prefill_ring_mib, " MiB"),
+                         ")")
                 .c_str()
           : "; routed experts always on the expert workers");
   cluster.max_model_len = static_cast<int>(o.max_model_len);

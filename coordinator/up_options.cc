@@ -31,7 +31,8 @@ constexpr char kUsage[] =
     "                     [--max-model-len N] [--api-keys-file FILE] [--allowed-origins LIST]\n"
     "                     [--stage-transport auto|grpc|nccl] [--fp64-sums auto|on|off]\n"
     "                     [--max-num-batched-tokens N]\n"
-    "                     [--gpu-prefill-threshold auto|off|N] [--gpu-prefill-ring-mib MIB]\n"
+    "                     [--gpu-prefill-threshold auto|off|N]\n"
+    "                     [--gpu-prefill-ring-mib auto|MIB]\n"
     "                     [--gpu-experts auto|N|FRACTION] [--gpu-experts-profile FILE]\n"
     "                     [--gpu-experts-rebalance-s S] [--layer-timing-every N]\n"
     "                     [--enable-prefix-caching | --no-enable-prefix-caching]\n"
@@ -69,10 +70,13 @@ constexpr char kUsage[] =
     "  --gpu-prefill-threshold (cuda): steps of at least this many tokens stream their routed\n"
     "  experts host -> GPU instead of computing them on the expert workers: auto (default;\n"
     "  from the measured H2D bandwidth and CPU expert rate), off (never), or N.\n"
-    "  --gpu-prefill-ring-mib MIB (cuda): each GPU's staging ring for the streamed experts\n"
-    "  (default %lld; 0: no streamed path), in slots of ~256 MiB; a layer's attention frees no\n"
-    "  slot, so a ring of about its attention's copies (e.g. 3072 for 8K chunks on a 3090)\n"
-    "  keeps the copies going through it.\n"
+    "  --gpu-prefill-ring-mib auto|MIB (cuda): each GPU's staging ring for the streamed\n"
+    "  experts (0: no streamed path), in slots of ~256 MiB; a layer's attention frees no slot,\n"
+    "  so a ring of about its attention's copies (e.g. 3072 for 8K chunks on a 3090) keeps\n"
+    "  the copies going through it. auto (default): 3072, 2048 or %lld, the largest that\n"
+    "  leaves the KV pool room for --max-model-len tokens; %lld where --gpu-experts is not 0\n"
+    "  (the experts keep that memory) or the pool has a given size (--kv-tokens N, or GPU\n"
+    "  workers sharing a GPU).\n"
     "  --gpu-experts auto|N|FRACTION (cuda): routed experts each GPU worker keeps resident for\n"
     "  decode, over its stage's layers (a fraction in (0, 1) of them), computed there instead of\n"
     "  on the expert workers; auto: as many as fit once each GPU's KV pool keeps room for\n"
@@ -240,8 +244,11 @@ constexpr ValueOption kValueOptions[] = {
      }},
     {"--gpu-prefill-ring-mib",
      [](const std::string& v, UpOptions& o) {
-       return SetIntIn("--gpu-prefill-ring-mib", v, 0, int64_t{1} << 20,
-                       ": expected 0 (no streamed path) to 1048576 MiB", &o.gpu_prefill_ring_mib);
+       const absl::StatusOr<ss::gpu::GpuPrefillRing> r =
+           ss::gpu::ParseGpuPrefillRing(v, "--gpu-prefill-ring-mib");
+       if (!r.ok()) return r.status();
+       o.gpu_prefill_ring_mib = r->ToString();
+       return absl::OkStatus();
      }},
     {"--gpu-experts",
      [](const std::string& v, UpOptions& o) -> absl::Status {
@@ -353,7 +360,8 @@ absl::StatusOr<UpOptions> ParseUpOptions(int argc, char** argv) {
 }
 
 std::string UpUsage() {
-  return absl::StrFormat(kUsage, static_cast<long long>(ss::gpu::kDefaultGpuPrefillRingMiB));
+  return absl::StrFormat(kUsage, static_cast<long long>(ss::gpu::kBaseGpuPrefillRingMiB),
+                         static_cast<long long>(ss::gpu::kBaseGpuPrefillRingMiB));
 }
 
 }  // namespace ss

@@ -51,8 +51,8 @@ struct UpOptions {
   int64_t max_model_len = 0;          // 0: the model's max_position_embeddings
   // The streamed path of the routed experts (cuda backend; gpu_worker/streamed_prefill.h).
   std::string gpu_prefill_threshold = "auto";
-  int64_t gpu_prefill_ring_mib = ss::gpu::kDefaultGpuPrefillRingMiB;
-  std::string gpu_experts = "0";  // validated: auto, a count or a fraction in (0, 1)
+  std::string gpu_prefill_ring_mib = "auto";  // validated: auto or MiB (ParseGpuPrefillRing)
+  std::string gpu_experts = "0";              // validated: auto, a count or a fraction in (0, 1)
   std::string gpu_experts_profile;
   // Validated: seconds in [0, 86400]; unset: the GPU workers' default (10 s). Needs --gpu-experts.
   std::optional<double> gpu_experts_rebalance_s;

@@ -147,7 +147,7 @@ std::vector<std::string> GpuWorkerArgs(const LaunchPlan& p, size_t i, int contro
     args.push_back("--gpu-prefill-threshold");
     args.push_back(p.o.gpu_prefill_threshold);
     args.push_back("--gpu-prefill-ring-mib");
-    args.push_back(absl::StrCat(p.o.gpu_prefill_ring_mib));
+    args.push_back(p.o.gpu_prefill_ring_mib);
     args.push_back("--gpu-experts");
     args.push_back(p.o.gpu_experts);
     if (!p.o.gpu_experts_profile.empty()) {

@@ -53,7 +53,7 @@ struct GoldenBackendOptions {
   // here, so the checks compare the CPU path unless asked (--gpu_prefill_threshold 1 streams
   // every step).
   GpuPrefillThreshold gpu_prefill_threshold{GpuPrefillThreshold::Mode::kOff, 0};
-  int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
+  int64_t gpu_prefill_ring_bytes = kBaseGpuPrefillRingMiB << 20;
   // --backend cuda: this many routed experts of every layer resident on the GPU
   // (resident_routed_experts.h), ids spread evenly over [0, E); 0: none.
   int gpu_experts = 0;

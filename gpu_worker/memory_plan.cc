@@ -88,21 +88,12 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
     const int64_t buffers = (layout.first_stage ? 0 : 1) + (layout.last_stage ? 0 : 2);
     plan.link_bytes = buffers * options.step_tokens * model.hc_mult * model.dim * 2;
   }
-  if (options.gpu_prefill_ring_bytes < 0 || options.streamed_inter_rank < 0) {
+  if ((!options.gpu_prefill_ring_auto && options.gpu_prefill_ring_bytes < 0) ||
+      options.streamed_inter_rank < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory plan: gpu_prefill_ring_bytes = ", options.gpu_prefill_ring_bytes,
                      " and streamed_inter_rank = ", options.streamed_inter_rank, " must be >= 0"));
   }
-  if (options.gpu_prefill_ring_bytes > 0) {
-    const int64_t inter_rank = options.streamed_inter_rank > 0
-                                   ? options.streamed_inter_rank
-                                   : StreamedInterRank(model, layout.tp_size);
-    plan.ring_bytes = options.gpu_prefill_ring_bytes;
-    plan.streamed_workspace_bytes =
-        StreamedMoeWorkspaceBytes(model, options.step_tokens, inter_rank);
-  }
-  plan.reserve_bytes = options.reserve_bytes + plan.workspace_bytes + plan.link_bytes +
-                       plan.ring_bytes + plan.streamed_workspace_bytes;
   sched::KvCostOptions ko;
   ko.block_tokens = options.block_tokens;
   ko.first_layer = layout.first_layer;
@@ -110,6 +101,36 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   ko.include_mtp = layout.last_stage && layout.runs_mtp;
   ko.indexer_keys = options.indexer_keys;
   ASSIGN_OR_RETURN(plan.kv_cost, sched::KvCostModel::FromModelConfig(model, ko));
+  plan.sequences = options.sequences;
+  plan.state_bytes = options.sequences * plan.kv_cost.state_bytes;
+  plan.resident_kv_tokens =
+      ResidentKvTokens(model, options.resident_kv_tokens, options.context, options.min_kv_tokens);
+  plan.resident_kv_bytes =
+      plan.kv_cost.BlocksForTokens(plan.resident_kv_tokens) * plan.kv_cost.block_bytes;
+  const int64_t base_reserve = options.reserve_bytes + plan.workspace_bytes + plan.link_bytes;
+  if (options.gpu_prefill_ring_auto || options.gpu_prefill_ring_bytes > 0) {
+    const int64_t inter_rank = options.streamed_inter_rank > 0
+                                   ? options.streamed_inter_rank
+                                   : StreamedInterRank(model, layout.tp_size);
+    plan.streamed_workspace_bytes =
+        StreamedMoeWorkspaceBytes(model, options.step_tokens, inter_rank);
+    plan.ring_bytes = options.gpu_prefill_ring_bytes;
+  }
+  if (options.gpu_prefill_ring_auto) {
+    // As a worker without resident experts (up's --gpu-experts 0) sizes it; one given its KV
+    // tokens (--plan_resident_kv_tokens for --kv_tokens) keeps the base ring.
+    RingBudgetInputs in;
+    in.fills_device = options.resident_kv_tokens == 0;
+    in.free_bytes = device_bytes - plan.weight_bytes;
+    in.reserve_bytes = base_reserve;
+    in.state_bytes = plan.state_bytes;
+    in.kv_tokens = plan.resident_kv_tokens;
+    in.kv_bytes = plan.resident_kv_bytes;
+    in.streamed_workspace_bytes = plan.streamed_workspace_bytes;
+    plan.ring = ComputeRingBudget(in);
+    plan.ring_bytes = plan.ring->ring_bytes;
+  }
+  plan.reserve_bytes = base_reserve + plan.ring_bytes + plan.streamed_workspace_bytes;
   const std::string where =
       absl::StrCat("layers ", layout.first_layer, "-", layout.end_layer - 1, " at TP ",
                    layout.tp_size, " on a ", GiB(device_bytes), " device");
@@ -121,8 +142,6 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
                      " exceed the device; use more pipeline stages or "
                      "a larger TP size"));
   }
-  plan.sequences = options.sequences;
-  plan.state_bytes = options.sequences * plan.kv_cost.state_bytes;
   plan.kv_pool_bytes = free_bytes - plan.state_bytes;
   if (plan.kv_pool_bytes <= 0) {
     return absl::FailedPreconditionError(
@@ -142,16 +161,15 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   }
   plan.stage_experts = int64_t{layout.end_layer - layout.first_layer} * model.n_routed_experts;
   plan.resident_expert_bytes = ResidentExpertBytesPerRank(model, layout.tp_size);
-  plan.resident_kv_tokens =
-      ResidentKvTokens(model, options.resident_kv_tokens, options.context, options.min_kv_tokens);
-  plan.resident_kv_bytes =
-      plan.kv_cost.BlocksForTokens(plan.resident_kv_tokens) * plan.kv_cost.block_bytes;
   plan.resident_workspace_bytes = ResidentWorkspaceBytes(model, options.resident_max_rows,
                                                          StreamedInterRank(model, layout.tp_size)) +
                                   kRebalanceSwaps * plan.resident_expert_bytes;
   ResidentBudgetInputs in;
   in.free_bytes = device_bytes - plan.weight_bytes;
-  in.reserve_bytes = plan.reserve_bytes;
+  // With resident experts auto keeps its base ring.
+  plan.resident_ring_bytes =
+      options.gpu_prefill_ring_auto ? kBaseGpuPrefillRingMiB << 20 : plan.ring_bytes;
+  in.reserve_bytes = plan.reserve_bytes - plan.ring_bytes + plan.resident_ring_bytes;
   in.state_bytes = plan.state_bytes;
   in.kv_tokens = plan.resident_kv_tokens;
   in.kv_bytes = plan.resident_kv_bytes;
@@ -169,12 +187,16 @@ std::string MemoryPlan::Describe() const {
       GiB(weight_bytes), GiB(reserve_bytes), GiB(workspace_bytes),
       absl::StrCat(link_bytes > 0 ? absl::StrCat(", stage links ", MiB(link_bytes)) : "",
                    ring_bytes > 0 ? absl::StrCat(", streamed experts: ring ", MiB(ring_bytes),
-                                                 " + workspace ", MiB(streamed_workspace_bytes))
+                                                 ring ? " (auto)" : "", " + workspace ",
+                                                 MiB(streamed_workspace_bytes))
                                   : ""),
       GiB(state_bytes), sequences, MiB(kv_cost.state_bytes), GiB(kv_pool_bytes), kv_blocks,
       kv_cost.block_tokens, kv_tokens, kv_cost.fixed_blocks,
-      absl::StrFormat("; resident experts (--gpu-experts auto, KV kept for %d tokens): %d of %d "
-                      "(%.1f %%), %s",
+      absl::StrFormat("; resident experts (--gpu-experts auto%s, KV kept for %d tokens): %d of "
+                      "%d (%.1f %%), %s",
+                      resident_ring_bytes != ring_bytes
+                          ? absl::StrCat(", beside a ", resident_ring_bytes >> 20, " MiB ring")
+                          : "",
                       resident_kv_tokens, resident_experts_fit, stage_experts,
                       stage_experts > 0 ? 100.0 * resident_experts_fit / stage_experts : 0.0,
                       GiB(resident_experts_fit * resident_expert_bytes)));

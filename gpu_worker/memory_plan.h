@@ -38,12 +38,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/cluster_defaults.h"
 #include "common/kv_cost_model.h"
 #include "common/model_config.h"
+#include "gpu_worker/ring_budget.h"
 #include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
@@ -77,10 +79,13 @@ struct MemoryPlanOptions {
   // The nccl stage transport: the stage links' buffers are set aside too.
   bool stage_links = false;
   // The streamed path of the routed experts (streamed_prefill.h; the cuda backend's
-  // --gpu_prefill_ring_mib): the staging ring's bytes, 0 when the path is off; and this rank's
-  // rows of each expert's intermediate dimension for its workspace (0: moe_inter_dim / tp, the
-  // expert workers' slices divided over the TP ranks).
-  int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
+  // --gpu_prefill_ring_mib): auto (ring_budget.h, as a worker without resident experts sizes it,
+  // with its KV pool filling the GPU unless resident_kv_tokens stands for a given --kv_tokens),
+  // else the staging ring's bytes, 0 when the path is off;
+  // and this rank's rows of each expert's intermediate dimension for its workspace (0:
+  // moe_inter_dim / tp, the expert workers' slices divided over the TP ranks).
+  bool gpu_prefill_ring_auto = true;
+  int64_t gpu_prefill_ring_bytes = kBaseGpuPrefillRingMiB << 20;  // !gpu_prefill_ring_auto
   int64_t streamed_inter_rank = 0;
   // --gpu-experts auto (resident_budget.h): the KV tokens it keeps (the worker's --kv_tokens;
   // 0: `context`, i.e. the model's max_position_embeddings where that is 0 too; at least
@@ -91,12 +96,13 @@ struct MemoryPlanOptions {
 };
 
 struct MemoryPlan {
-  int64_t weight_bytes = 0;     // resident on this GPU
-  int64_t reserve_bytes = 0;    // options.reserve_bytes + workspace_bytes + link_bytes
-                                // + ring_bytes + streamed_workspace_bytes
-  int64_t workspace_bytes = 0;  // StepWorkspaceBytes of options.step_tokens at options.context
-  int64_t link_bytes = 0;       // the stage links' buffers (options.stage_links)
-  int64_t ring_bytes = 0;       // the streamed path's staging ring (0: off)
+  int64_t weight_bytes = 0;        // resident on this GPU
+  int64_t reserve_bytes = 0;       // options.reserve_bytes + workspace_bytes + link_bytes
+                                   // + ring_bytes + streamed_workspace_bytes
+  int64_t workspace_bytes = 0;     // StepWorkspaceBytes of options.step_tokens at options.context
+  int64_t link_bytes = 0;          // the stage links' buffers (options.stage_links)
+  int64_t ring_bytes = 0;          // the streamed path's staging ring (0: off)
+  std::optional<RingBudget> ring;  // how auto sized it (options.gpu_prefill_ring_auto)
   int64_t streamed_workspace_bytes = 0;  // StreamedMoeWorkspaceBytes of step_tokens (ring on)
   int64_t sequences = 0;                 // options.sequences
   int64_t state_bytes = 0;               // their compressor states: sequences x kv_cost.state_bytes
@@ -114,6 +120,7 @@ struct MemoryPlan {
   int64_t resident_kv_bytes = 0;         // the pool of resident_kv_tokens tokens
   int64_t resident_workspace_bytes = 0;  // ResidentWorkspaceBytes of resident_max_rows rows
                                          // + the rebalance staging of kRebalanceSwaps experts
+  int64_t resident_ring_bytes = 0;       // the ring beside them (auto's base ring with auto)
   // "weights 8.24 GiB + reserve 5.38 GiB (step workspace 3.13 GiB, streamed experts: ring
   // 1024.0 MiB + workspace 256.3 MiB) + compressor state 0.73 GiB (64 sequences x 11.6 MiB), KV
   // pool 9.65 GiB = 23040 blocks of 128 tokens (2948096 tokens; 8 window blocks per sequence)"

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu_prefill_flags.h"
 #include "common/model_config.h"
 #include "common/weight_source.h"
 #include "gpu_worker/memory_plan.h"
@@ -29,14 +30,19 @@ int PrintPlan(const PlanFlags& f) {
   options.stage_links = transport == "nccl";
   if (model_dir.empty() || tp < 1 || pp < 1 || gib <= 0 || options.sequences < 1 ||
       options.step_tokens < 1 || options.context < 0 || options.resident_kv_tokens < 0 ||
-      (transport != "grpc" && transport != "nccl") || f.gpu_prefill_ring_mib < 0 ||
-      f.gpu_prefill_ring_mib > (int64_t{1} << 30)) {
+      (transport != "grpc" && transport != "nccl")) {
     std::fprintf(stderr,
                  "%s: --plan needs --model DIR, --plan_tp >= 1, --plan_pp >= 1, "
                  "--plan_gib > 0, --plan_sequences >= 1, --plan_step_tokens >= 1, "
-                 "--plan_context >= 0, --plan_resident_kv_tokens >= 0, --plan_stage_transport grpc "
-                 "or nccl and --plan_gpu_prefill_ring_mib >= 0\n",
+                 "--plan_context >= 0, --plan_resident_kv_tokens >= 0 and --plan_stage_transport "
+                 "grpc or nccl\n",
                  kPlanName);
+    return 2;
+  }
+  const absl::StatusOr<GpuPrefillRing> ring =
+      ParseGpuPrefillRing(f.gpu_prefill_ring_mib, "--plan_gpu_prefill_ring_mib");
+  if (!ring.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kPlanName, std::string(ring.status().message()).c_str());
     return 2;
   }
   if (absl::Status s = ValidateHfOverrides(f.hf_overrides); !s.ok()) {
@@ -55,12 +61,15 @@ int PrintPlan(const PlanFlags& f) {
     return 2;
   }
   const int64_t device_bytes = static_cast<int64_t>(gib * 1073741824.0);
-  options.gpu_prefill_ring_bytes = f.gpu_prefill_ring_mib << 20;
+  options.gpu_prefill_ring_auto = ring->is_auto;
+  options.gpu_prefill_ring_bytes = ring->mib << 20;
   const std::string streamed =
-      f.gpu_prefill_ring_mib > 0
-          ? absl::StrCat("streamed to the GPU for large prefill steps through a ",
-                         f.gpu_prefill_ring_mib, " MiB staging ring")
-          : std::string("never streamed: --plan_gpu_prefill_ring_mib 0");
+      ring->is_auto ? std::string(
+                          "streamed to the GPU for large prefill steps through a staging "
+                          "ring sized by auto")
+      : ring->mib > 0 ? absl::StrCat("streamed to the GPU for large prefill steps through a ",
+                                     ring->mib, " MiB staging ring")
+                      : std::string("never streamed: --plan_gpu_prefill_ring_mib 0");
   std::printf(
       "%s x TP %d x PP %d on %.1f GiB GPUs (routed experts on CPU expert workers, %s), "
       "steps of %lld tokens, compressor state of %lld sequences:\n",

@@ -22,9 +22,9 @@ struct PlanFlags {
   int64_t step_tokens = MemoryPlanOptions{}.step_tokens;
   std::string stage_transport = "grpc";  // or "nccl": set aside the stage links' buffers
   int64_t context = 0;                   // 0: the model's max_position_embeddings
-  // --plan_gpu_prefill_ring_mib: the streamed path's staging ring (0: off), counted with its
-  // step workspace (memory_plan.h).
-  int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
+  // --plan_gpu_prefill_ring_mib: auto | MIB, the streamed path's staging ring (0: off), counted
+  // with its step workspace (memory_plan.h; auto: ring_budget.h).
+  std::string gpu_prefill_ring_mib = "auto";
   // --plan_resident_kv_tokens: the KV tokens --gpu-experts auto keeps (the worker's --kv_tokens;
   // 0: the context).
   int64_t resident_kv_tokens = 0;

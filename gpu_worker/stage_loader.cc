@@ -262,6 +262,7 @@ absl::StatusOr<LoadedStage> LoadStage(const WorkerConfig& c, const ClusterCreden
     // The streamed path: its threshold, its ring and this rank's expert stores (the backend
     // allocates the ring and a streamed step's workspace before it fits the KV pool).
     co.gpu_prefill_threshold = c.gpu_prefill_threshold;
+    co.gpu_prefill_ring_auto = c.gpu_prefill_ring_auto;
     co.gpu_prefill_ring_bytes = c.gpu_prefill_ring_bytes;
     co.gpu_prefill_slot_bytes = c.gpu_prefill_slot_bytes;
     co.expert_stores = ExpertStoresOf(o.experts);

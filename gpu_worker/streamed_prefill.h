@@ -32,8 +32,9 @@
 
 namespace ss::gpu {
 
-// GpuPrefillThreshold, ParseGpuPrefillThreshold and kDefaultGpuPrefillRingMiB (the flags'
-// spellings, which `splitserve up` parses too) are in common/gpu_prefill_flags.h.
+// GpuPrefillThreshold, GpuPrefillRing and their parsers (the flags' spellings, which `splitserve
+// up` parses too) are in common/gpu_prefill_flags.h; what the ring's auto gives, in
+// ring_budget.h.
 
 // Staging ring slots: each holds one group of experts, and the copies run ahead of the compute by
 // up to a ring's worth (RingPlan below). At least kGpuPrefillMinRingSlots slots, of about

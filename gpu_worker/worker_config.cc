@@ -32,9 +32,6 @@ absl::Status CheckPositive(absl::string_view flag, int64_t v) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", v, " must be > 0"));
 }
 
-// A ring larger than any GPU's memory is a typo.
-constexpr int64_t kMaxGpuPrefillRingMiB = int64_t{1} << 20;
-
 }  // namespace
 
 std::map<int64_t, ExpertLayerStores> ExpertStoresOf(const std::vector<LayerExpertsConfig>& layers) {
@@ -139,22 +136,18 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
   c.cuda_device = f.cuda_device;
   ASSIGN_OR_RETURN(c.fp64_sums, ParseFp64Sums(f.fp64_sums));
   ASSIGN_OR_RETURN(c.gpu_prefill_threshold, ParseGpuPrefillThreshold(f.gpu_prefill_threshold));
-  if (f.gpu_prefill_ring_mib < 0 || f.gpu_prefill_ring_mib > kMaxGpuPrefillRingMiB) {
-    return absl::InvalidArgumentError(absl::StrCat("--gpu_prefill_ring_mib ",
-                                                   f.gpu_prefill_ring_mib,
-                                                   ": expected 0 (no "
-                                                   "streamed path) to ",
-                                                   kMaxGpuPrefillRingMiB, " MiB"));
-  }
+  ASSIGN_OR_RETURN(const GpuPrefillRing ring,
+                   ParseGpuPrefillRing(f.gpu_prefill_ring_mib, "--gpu_prefill_ring_mib"));
   if (f.gpu_prefill_slot_kib < 1 || f.gpu_prefill_slot_kib > (kMaxGpuPrefillRingMiB << 10)) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu_prefill_slot_kib ",
                                                    f.gpu_prefill_slot_kib, ": expected 1 to ",
                                                    kMaxGpuPrefillRingMiB << 10, " KiB"));
   }
   c.gpu_prefill_slot_bytes = f.gpu_prefill_slot_kib << 10;
-  c.gpu_prefill_ring_bytes = c.gpu_prefill_threshold.mode == GpuPrefillThreshold::Mode::kOff
-                                 ? 0
-                                 : f.gpu_prefill_ring_mib << 20;
+  if (c.gpu_prefill_threshold.mode != GpuPrefillThreshold::Mode::kOff) {
+    c.gpu_prefill_ring_auto = ring.is_auto;
+    c.gpu_prefill_ring_bytes = ring.is_auto ? kBaseGpuPrefillRingMiB << 20 : ring.mib << 20;
+  }
   {
     double v = 0;
     const bool is_auto = f.gpu_experts == "auto";
@@ -298,7 +291,10 @@ std::vector<std::string> WorkerConfig::Describe() const {
               : std::string()),
       absl::StrCat("gpu_prefill_ring = ",
                    gpu_prefill_ring_bytes > 0
-                       ? absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB in slots of ~",
+                       ? absl::StrCat(gpu_prefill_ring_auto
+                                          ? std::string("auto (sized at start)")
+                                          : absl::StrCat(gpu_prefill_ring_bytes >> 20, " MiB"),
+                                      " in slots of ~",
                                       gpu_prefill_slot_bytes % (1 << 20) == 0
                                           ? absl::StrCat(gpu_prefill_slot_bytes >> 20, " MiB")
                                           : absl::StrCat(gpu_prefill_slot_bytes >> 10, " KiB"))

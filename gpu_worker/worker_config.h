@@ -27,8 +27,9 @@
 //   --gpu_prefill_threshold auto|off|N  --backend cuda: the steps whose routed experts are
 //                             streamed to the GPU (streamed_prefill.h): auto by the measured
 //                             rates, off never, N every step of at least N rows
-//   --gpu_prefill_ring_mib MIB  --backend cuda: the streamed path's staging ring (0: no
-//                             streamed path; off also leaves the ring unallocated)
+//   --gpu_prefill_ring_mib auto|MIB  --backend cuda: the streamed path's staging ring (0: no
+//                             streamed path; off also leaves the ring unallocated; auto:
+//                             ring_budget.h)
 //   --gpu_prefill_slot_kib KIB  --backend cuda: the size the ring's slots aim at (at least 4
 //                             slots, as many as the ring holds; streamed_prefill.h PlanRing)
 //   --gpu_experts auto|N|FRACTION  --backend cuda: routed experts resident on the GPU over the
@@ -93,7 +94,7 @@ struct WorkerFlags {
   int cuda_device = 0;  // --backend cuda: the CUDA device ordinal
   std::string fp64_sums = "auto";
   std::string gpu_prefill_threshold = "auto";
-  int64_t gpu_prefill_ring_mib = kDefaultGpuPrefillRingMiB;
+  std::string gpu_prefill_ring_mib = "auto";
   int64_t gpu_prefill_slot_kib = kGpuPrefillSlotBytes >> 10;
   std::string gpu_experts = "0";
   std::string gpu_experts_profile;
@@ -128,9 +129,11 @@ struct WorkerConfig {
   int64_t kv_tokens = 0;
   int cuda_device = 0;
   Fp64Sums fp64_sums = Fp64Sums::kAuto;
-  // The streamed path (cuda backend only): the threshold and the ring's bytes, 0 when the path is
-  // off (ring 0, or threshold off).
+  // The streamed path (cuda backend only): the threshold and the ring, auto (sized by the cuda
+  // backend at start, ring_budget.h) or its bytes, 0 when the path is off (ring 0, or threshold
+  // off; auto is then false).
   GpuPrefillThreshold gpu_prefill_threshold;
+  bool gpu_prefill_ring_auto = false;
   int64_t gpu_prefill_ring_bytes = 0;
   int64_t gpu_prefill_slot_bytes = kGpuPrefillSlotBytes;
   // Resident experts (cuda backend only): a count over the stage's layers, a fraction of them, or

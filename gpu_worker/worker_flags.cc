@@ -50,10 +50,12 @@ ABSL_FLAG(std::string, gpu_prefill_threshold, WorkerFlags{}.gpu_prefill_threshol
           "--backend cuda only: when a step's routed experts are streamed to the GPU instead of "
           "computed by the CPU expert workers: auto (from the measured H2D bandwidth and CPU "
           "expert rate), off (never), or N (every step of at least N tokens)");
-ABSL_FLAG(int64_t, gpu_prefill_ring_mib, WorkerFlags{}.gpu_prefill_ring_mib,
-          "--backend cuda only: device memory of the streamed path's staging ring in MiB, set "
-          "aside beside the KV pool with a streamed step's workspace, cut into slots of ~256 MiB "
-          "(at least 4); 0 = no streamed path");
+ABSL_FLAG(std::string, gpu_prefill_ring_mib, WorkerFlags{}.gpu_prefill_ring_mib,
+          "--backend cuda only: auto | MIB, device memory of the streamed path's staging ring, "
+          "set aside beside the KV pool with a streamed step's workspace, cut into slots of "
+          "~256 MiB (at least 4); 0 = no streamed path; auto: 3072, 2048 or 1024 MiB, the largest "
+          "that leaves the KV pool its tokens, 1024 where routed experts are resident or "
+          "--kv_tokens is given (gpu_worker/ring_budget.h)");
 ABSL_FLAG(int64_t, gpu_prefill_slot_kib, WorkerFlags{}.gpu_prefill_slot_kib,
           "--backend cuda only: the size each slot of the streamed path's ring aims at, KiB: at "
           "least 4 slots, as many as the ring holds (gpu_worker/streamed_prefill.h PlanRing)");
@@ -89,9 +91,10 @@ ABSL_FLAG(std::string, plan_stage_transport, PlanFlags{}.stage_transport,
 ABSL_FLAG(int64_t, plan_context, PlanFlags{}.context,
           "--plan: the longest context the step workspace must serve (0: the model's "
           "max_position_embeddings)");
-ABSL_FLAG(int64_t, plan_gpu_prefill_ring_mib, PlanFlags{}.gpu_prefill_ring_mib,
-          "--plan: the streamed-prefill staging ring of each GPU in MiB (--gpu_prefill_ring_mib), "
-          "counted with the streamed step's workspace; 0 = no streamed path");
+ABSL_FLAG(std::string, plan_gpu_prefill_ring_mib, PlanFlags{}.gpu_prefill_ring_mib,
+          "--plan: auto | MIB, the streamed-prefill staging ring of each GPU "
+          "(--gpu_prefill_ring_mib; auto as a worker without resident experts sizes it), counted "
+          "with the streamed step's workspace; 0 = no streamed path");
 ABSL_FLAG(int64_t, plan_resident_kv_tokens, PlanFlags{}.resident_kv_tokens,
           "--plan: the KV tokens each GPU keeps with --gpu_experts auto (the worker's "
           "--kv_tokens; 0: --plan_context, i.e. the model's max_position_embeddings when that is "

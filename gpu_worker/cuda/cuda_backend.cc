@@ -18,7 +18,9 @@
 #include "gpu_worker/memory_plan.h"
 #include "gpu_worker/nccl_comm.h"
 #include "gpu_worker/resident_budget.h"
+#include "gpu_worker/ring_budget.h"
 #include "gpu_worker/step_workspace.h"
+#include "gpu_worker/streamed_prefill.h"
 #include "spdlog/spdlog.h"
 
 namespace ss::gpu {
@@ -47,6 +49,59 @@ absl::StatusOr<ExpertSourcesOptions> SourcesOf(const model::Model& model,
   return s;
 }
 
+// The terms resident_budget.h and ring_budget.h share, from the device's free memory now: the
+// reserve beside the pool (the largest step's workspace and kv_reserve_bytes), the compressor
+// states, and the KV pool of K tokens (ResidentKvTokens).
+struct DeviceBudget {
+  int64_t free_bytes = 0, reserve_bytes = 0, state_bytes = 0, kv_tokens = 0, kv_bytes = 0;
+  // A layer without expert stores computes whole experts from the host weights (one part of
+  // moe_inter_dim rows), else this rank's share of the slices.
+  int64_t inter_rank = 0;
+};
+
+absl::StatusOr<DeviceBudget> DeviceBudgetNow(const model::Model& model,
+                                             const CudaBackendOptions& o) {
+  const ModelConfig& c = model.config();
+  ASSIGN_OR_RETURN(const KvLayout layout,
+                   KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
+                                    model.options().kv_fp8_sim_rounds));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  DeviceBudget d;
+  d.free_bytes = static_cast<int64_t>(free_bytes);
+  d.reserve_bytes = StepWorkspaceBytes(c, o.tp_size, o.first_layer, o.end_layer, o.max_step_tokens,
+                                       o.max_context) +
+                    o.kv_reserve_bytes;
+  d.state_bytes = o.kv_sequences * layout.state_floats * 4;
+  d.kv_tokens = ResidentKvTokens(c, o.kv_tokens, o.max_context, o.resident_min_kv_tokens);
+  d.kv_bytes = layout.PoolBlocks(d.kv_tokens, o.kv_extra_sequences) * layout.block_bytes;
+  const bool whole = static_cast<int64_t>(o.expert_stores.size()) < o.end_layer - o.first_layer;
+  d.inter_rank = whole ? c.moe_inter_dim : StreamedInterRank(c, o.tp_size);
+  return d;
+}
+
+// The staging ring's bytes: o.gpu_prefill_ring_bytes, or with o.gpu_prefill_ring_auto the
+// budget of ring_budget.h from the device's free memory now (the trunk's weights are on it).
+absl::StatusOr<int64_t> RingBytes(const model::Model& model, const CudaBackendOptions& o) {
+  if (!o.gpu_prefill_ring_auto) return o.gpu_prefill_ring_bytes;
+  ASSIGN_OR_RETURN(const DeviceBudget d, DeviceBudgetNow(model, o));
+  bool resident = o.place_resident != nullptr;
+  for (const std::vector<int32_t>& l : o.resident_experts) resident = resident || !l.empty();
+  RingBudgetInputs in;
+  in.free_bytes = d.free_bytes;
+  in.reserve_bytes = d.reserve_bytes;
+  in.state_bytes = d.state_bytes;
+  in.kv_tokens = d.kv_tokens;
+  in.kv_bytes = d.kv_bytes;
+  in.streamed_workspace_bytes =
+      StreamedMoeWorkspaceBytes(model.config(), o.max_step_tokens, d.inter_rank);
+  in.resident_experts = resident;
+  in.fills_device = o.kv_tokens == 0;
+  const RingBudget b = ComputeRingBudget(in);
+  spdlog::info("streamed prefill: ring auto on CUDA device {}: {}", o.device, b.Describe());
+  return b.ring_bytes;
+}
+
 // The streamed path of the routed experts (streamed_routed_experts.h), unless the ring is 0, the
 // threshold is off or the routed experts are excluded. Its device memory is allocated here, before
 // the KV pool is fitted into what is left. With --gpu_prefill_threshold auto a path that cannot
@@ -54,14 +109,14 @@ absl::StatusOr<ExpertSourcesOptions> SourcesOf(const model::Model& model,
 absl::Status SetUpStreamedPath(const model::Model& model, const CudaBackendOptions& o,
                                CudaBackend::Impl& im) {
   const GpuPrefillThreshold& th = o.gpu_prefill_threshold;
-  if (o.gpu_prefill_ring_bytes <= 0 || th.mode == GpuPrefillThreshold::Mode::kOff ||
-      o.exclude_routed_experts) {
+  if ((!o.gpu_prefill_ring_auto && o.gpu_prefill_ring_bytes <= 0) ||
+      th.mode == GpuPrefillThreshold::Mode::kOff || o.exclude_routed_experts) {
     spdlog::info("streamed prefill: off (threshold {}, ring {})", th.ToString(),
-                 MiB(o.gpu_prefill_ring_bytes));
+                 o.gpu_prefill_ring_auto ? std::string("auto") : MiB(o.gpu_prefill_ring_bytes));
     return absl::OkStatus();
   }
   StreamedExpertsOptions so;
-  so.ring_bytes = o.gpu_prefill_ring_bytes;
+  ASSIGN_OR_RETURN(so.ring_bytes, RingBytes(model, o));
   so.slot_bytes = o.gpu_prefill_slot_bytes;
   so.max_rows = o.max_step_tokens;
   absl::StatusOr<ExpertSourcesOptions> sources = SourcesOf(model, o, im);
@@ -119,29 +174,17 @@ absl::Status PlaceResidentAuto(const model::Model& model, CudaBackendOptions& o)
   o.resident_experts.clear();
   if (o.exclude_routed_experts) return absl::OkStatus();
   const ModelConfig& c = model.config();
-  ASSIGN_OR_RETURN(const KvLayout layout,
-                   KvLayout::Create(c, o.first_layer, o.end_layer, o.kv_block_tokens,
-                                    model.options().kv_fp8_sim_rounds));
-  size_t free_bytes = 0, total_bytes = 0;
-  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const int64_t layers = o.end_layer - o.first_layer;
-  // A layer without expert stores computes whole experts from the host weights (one part of
-  // moe_inter_dim rows: the resident path's workspace is the larger).
-  const bool whole = static_cast<int64_t>(o.expert_stores.size()) < layers;
+  ASSIGN_OR_RETURN(const DeviceBudget d, DeviceBudgetNow(model, o));
   ResidentBudgetInputs in;
-  in.free_bytes = static_cast<int64_t>(free_bytes);
-  in.reserve_bytes = StepWorkspaceBytes(c, o.tp_size, o.first_layer, o.end_layer, o.max_step_tokens,
-                                        o.max_context) +
-                     o.kv_reserve_bytes;
-  in.state_bytes = o.kv_sequences * layout.state_floats * 4;
-  in.kv_tokens = ResidentKvTokens(c, o.kv_tokens, o.max_context, o.resident_min_kv_tokens);
-  in.kv_bytes = layout.PoolBlocks(in.kv_tokens, o.kv_extra_sequences) * layout.block_bytes;
+  in.free_bytes = d.free_bytes;
+  in.reserve_bytes = d.reserve_bytes;
+  in.state_bytes = d.state_bytes;
+  in.kv_tokens = d.kv_tokens;
+  in.kv_bytes = d.kv_bytes;
   in.expert_bytes = ResidentExpertBytesPerRank(c, o.tp_size);
-  in.workspace_bytes =
-      ResidentWorkspaceBytes(c, o.resident_max_rows,
-                             whole ? c.moe_inter_dim : StreamedInterRank(c, o.tp_size)) +
-      kRebalanceSwaps * in.expert_bytes;  // the rebalance's staging buffer
-  in.max_experts = layers * c.n_routed_experts;
+  in.workspace_bytes = ResidentWorkspaceBytes(c, o.resident_max_rows, d.inter_rank) +
+                       kRebalanceSwaps * in.expert_bytes;  // the rebalance's staging buffer
+  in.max_experts = int64_t{o.end_layer - o.first_layer} * c.n_routed_experts;
   const ResidentBudget budget = ComputeResidentBudget(in);
   spdlog::info("resident experts auto on CUDA device {}: {}", o.device, budget.Describe());
   if (budget.experts == 0) return absl::OkStatus();

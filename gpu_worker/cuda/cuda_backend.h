@@ -130,7 +130,10 @@ struct CudaBackendOptions {
   // standalone use).
   // Off unless asked: the GPU worker passes its --gpu_prefill_threshold (auto by default).
   GpuPrefillThreshold gpu_prefill_threshold{GpuPrefillThreshold::Mode::kOff, 0};
-  int64_t gpu_prefill_ring_bytes = kDefaultGpuPrefillRingMiB << 20;
+  // The ring: auto (ring_budget.h, from the free memory once the trunk's weights are resident),
+  // else gpu_prefill_ring_bytes.
+  bool gpu_prefill_ring_auto = false;
+  int64_t gpu_prefill_ring_bytes = kBaseGpuPrefillRingMiB << 20;
   int64_t gpu_prefill_slot_bytes = kGpuPrefillSlotBytes;  // the ring's slots (PlanRing)
   std::map<int64_t, ExpertLayerStores> expert_stores;
   // Routed experts resident on this GPU (resident_routed_experts.h): per stage layer, the expert

@@ -206,9 +206,10 @@ TEST(LauncherE2eTest, HelpListsTheStepAndStreamedPrefillFlags) {
   ChildProcess p({std::string(SS_BIN_DIR) + "/splitserve", "up", "--help"}, log);
   EXPECT_EQ(p.Wait(), 0);
   const std::string help = ReadLog(log);
-  for (const char* want : {"--max-num-batched-tokens N", "--gpu-prefill-threshold auto|off|N",
-                           "--gpu-prefill-ring-mib MIB", "routed experts to the GPU: 8192, or 4096",
-                           "(default 1024; 0: no"}) {
+  for (const char* want :
+       {"--max-num-batched-tokens N", "--gpu-prefill-threshold auto|off|N",
+        "--gpu-prefill-ring-mib auto|MIB", "routed experts to the GPU: 8192, or 4096",
+        "auto (default): 3072, 2048 or 1024"}) {
     EXPECT_NE(help.find(want), std::string::npos) << want << "\n" << help;
   }
 }

@@ -417,13 +417,25 @@ TEST(GpuWorkerPlan, ReportsFlashLayoutsAndRefusesWhatDoesNotFit) {
   EXPECT_NE(refused.find("DOES NOT FIT"), std::string::npos) << refused;
   EXPECT_EQ(run("--plan_tp 3", &bad), 1) << bad;  // 3 does not divide the 64 heads
   EXPECT_NE(bad.find("num_attention_heads"), std::string::npos) << bad;
-  // The streamed path's ring and workspace are counted by default; ring 0 turns both off.
-  EXPECT_NE(fits.find("streamed experts: ring 1024.0 MiB + workspace"), std::string::npos) << fits;
+  // The streamed path's ring and workspace are counted by default (auto: 3 GiB where the KV pool
+  // keeps its tokens beside it, the resident experts' figure with 1 GiB); ring 0 turns both off.
+  EXPECT_NE(fits.find("streamed experts: ring 3072.0 MiB (auto) + workspace"), std::string::npos)
+      << fits;
+  EXPECT_NE(fits.find("resident experts (--gpu-experts auto, beside a 1024 MiB ring"),
+            std::string::npos)
+      << fits;
+  std::string fixed_ring;
+  EXPECT_EQ(run("--plan_tp 2 --plan_pp 2 --plan_gpu_prefill_ring_mib 1024", &fixed_ring), 0)
+      << fixed_ring;
+  EXPECT_NE(fixed_ring.find("streamed experts: ring 1024.0 MiB + workspace"), std::string::npos)
+      << fixed_ring;
   std::string no_ring, bad_ring;
   EXPECT_EQ(run("--plan_tp 2 --plan_pp 2 --plan_gpu_prefill_ring_mib 0", &no_ring), 0) << no_ring;
   EXPECT_EQ(no_ring.find("streamed experts:"), std::string::npos) << no_ring;
   EXPECT_NE(no_ring.find("never streamed"), std::string::npos) << no_ring;
   EXPECT_EQ(run("--plan_gpu_prefill_ring_mib -1", &bad_ring), 2) << bad_ring;
+  EXPECT_NE(bad_ring.find("--plan_gpu_prefill_ring_mib '-1': expected auto"), std::string::npos)
+      << bad_ring;
 }
 
 }  // namespace

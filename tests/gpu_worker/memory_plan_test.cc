@@ -73,15 +73,19 @@ TEST(MemoryPlanTest, FlashFitsOn3090sAndReportsKvCapacity) {
   // The reserve: 1 GiB plus what the worker keeps free at start, a 2048-token step's workspace at
   // the model's 1M positions (step_workspace.h); a shorter planned context leaves more KV.
   EXPECT_EQ(one->workspace_bytes, StepWorkspaceBytes(m, 1, 0, 43, 2048, 1 << 20));
-  // And the streamed path's default staging ring with a 2048-row streamed step's workspace.
-  EXPECT_EQ(one->ring_bytes, kDefaultGpuPrefillRingMiB << 20);
+  // And the streamed path's staging ring, auto by default (ring_budget.h): 3 GiB, since the pool
+  // beside it still holds the 1M tokens of the model's context; with a 2048-row streamed step's
+  // workspace.
+  ASSERT_TRUE(one->ring.has_value());
+  EXPECT_EQ(one->ring_bytes, int64_t{3072} << 20);
   EXPECT_EQ(one->streamed_workspace_bytes, StreamedMoeWorkspaceBytes(m, 2048, 2048));
   EXPECT_EQ(one->reserve_bytes,
             kGiB + one->workspace_bytes + one->ring_bytes + one->streamed_workspace_bytes);
-  EXPECT_NE(one->Describe().find("(step workspace 3.13 GiB, streamed experts: ring 1024.0 MiB + "
-                                 "workspace 256.3 MiB)"),
+  EXPECT_NE(one->Describe().find("(step workspace 3.13 GiB, streamed experts: ring 3072.0 MiB "
+                                 "(auto) + workspace 256.3 MiB)"),
             std::string::npos)
       << one->Describe();
+  EXPECT_GE(one->kv_tokens, 1 << 20);
   MemoryPlanOptions short_context;
   short_context.context = 131072;
   absl::StatusOr<MemoryPlan> shorter =
@@ -146,12 +150,14 @@ TEST(MemoryPlanTest, NcclStageLinksSetAsideTheirBuffers) {
 // rank's intermediate share come out of the pool; ring 0 turns both off.
 TEST(MemoryPlanTest, StreamedPathSetsAsideItsRingAndWorkspace) {
   const ModelConfig m = Flash();
-  MemoryPlanOptions off;
+  MemoryPlanOptions off, fixed;
+  off.gpu_prefill_ring_auto = fixed.gpu_prefill_ring_auto = false;
   off.gpu_prefill_ring_bytes = 0;
+  fixed.gpu_prefill_ring_bytes = int64_t{1024} << 20;
   for (const StageLayout& l :
        {StageLayout{0, 43, 1, true, true, false}, StageLayout{0, 43, 4, true, true, false},
         StageLayout{21, 43, 2, false, true, false}}) {
-    absl::StatusOr<MemoryPlan> on = PlanStageMemory(m, l, k3090);
+    absl::StatusOr<MemoryPlan> on = PlanStageMemory(m, l, k3090, fixed);
     absl::StatusOr<MemoryPlan> none = PlanStageMemory(m, l, k3090, off);
     ASSERT_TRUE(on.ok() && none.ok()) << on.status() << none.status();
     const int64_t ws = StreamedMoeWorkspaceBytes(m, 2048, m.moe_inter_dim / l.tp_size);
@@ -171,54 +177,67 @@ TEST(MemoryPlanTest, StreamedPathSetsAsideItsRingAndWorkspace) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->streamed_workspace_bytes, StreamedMoeWorkspaceBytes(m, 2048, 512));
   MemoryPlanOptions bad;
+  bad.gpu_prefill_ring_auto = false;
   bad.gpu_prefill_ring_bytes = -1;
   EXPECT_EQ(PlanStageMemory(m, {0, 43, 1, true, true, false}, k3090, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
-// Issue 31's memory requirement: with the default ring, every TP x PP layout that --plan accepts
-// on 24 GiB without the streamed path still fits at the default 2048-token step. At 8192-token
-// steps (`splitserve up`'s step when the cuda backend may stream) every layout fits but one GPU
-// holding all 43 layers: its step workspace at 1M positions (the indexer's 8192 x 1M scores,
-// 8 GiB) leaves no KV pool beside the ring.
+// Issue 31's memory requirement: with the default ring (auto), every TP x PP layout that --plan
+// accepts on 24 GiB without the streamed path still fits at the default 2048-token step, with a
+// pool of at least the model's 1M positions. At 8192-token steps (`splitserve up`'s step when the
+// cuda backend may stream) every layout fits but one GPU holding all 43 layers: its step
+// workspace at 1M positions (the indexer's 8192 x 1M scores, 8 GiB) leaves no KV pool beside the
+// ring.
 TEST(MemoryPlanTest, FlashFitsWithTheDefaultRingOn24GiB) {
   const ModelConfig m = Flash();
   const int n = static_cast<int>(m.n_layers);
-  // The smallest stage's KV tokens of a TP x PP layout, or -1 when a stage does not fit.
-  auto kv_tokens = [&](int tp, int pp, int64_t step, int64_t ring) -> int64_t {
+  // The smallest stage's KV tokens of a TP x PP layout (-1 when a stage does not fit) and the
+  // smallest stage ring; ring_mib -1: auto.
+  struct Fit {
+    int64_t kv_tokens = -1, ring_mib = 0;
+  };
+  auto fit = [&](int tp, int pp, int64_t step, int64_t ring_mib) -> Fit {
     MemoryPlanOptions o;
     o.step_tokens = step;
-    o.gpu_prefill_ring_bytes = ring;
-    int64_t least = -1;
+    o.gpu_prefill_ring_auto = ring_mib < 0;
+    o.gpu_prefill_ring_bytes = std::max<int64_t>(ring_mib, 0) << 20;
+    Fit f;
     for (int s = 0; s < pp; ++s) {
       StageLayout l{n * s / pp, n * (s + 1) / pp, tp, s == 0, s == pp - 1, false};
       absl::StatusOr<MemoryPlan> p = PlanStageMemory(m, l, k3090, o);
-      if (!p.ok()) return -1;
-      least = least < 0 ? p->kv_tokens : std::min(least, p->kv_tokens);
+      if (!p.ok()) return Fit{};
+      const int64_t ring = p->ring_bytes >> 20;
+      f.ring_mib = s == 0 ? ring : std::min(f.ring_mib, ring);
+      f.kv_tokens = s == 0 ? p->kv_tokens : std::min(f.kv_tokens, p->kv_tokens);
     }
-    return least;
+    return f;
   };
-  const int64_t ring = kDefaultGpuPrefillRingMiB << 20;
   int accepted = 0;
   for (int tp : {1, 2, 4}) {
     for (int pp : {1, 2, 4}) {
-      const int64_t off = kv_tokens(tp, pp, 2048, 0);
+      const int64_t off = fit(tp, pp, 2048, 0).kv_tokens;
       if (off < 0) continue;
       ++accepted;
-      const int64_t on = kv_tokens(tp, pp, 2048, ring);
-      const int64_t on_8k = kv_tokens(tp, pp, 8192, ring);
+      const Fit on = fit(tp, pp, 2048, -1), on_8k = fit(tp, pp, 8192, -1);
+      const Fit base = fit(tp, pp, 2048, kBaseGpuPrefillRingMiB);
       std::printf(
           "Flash TP %d x PP %d on 24 GiB, KV tokens of the smallest stage: %lld without the "
-          "streamed path, %lld with the %lld MiB ring at 2048-token steps, %lld at 8192 (-1: does "
-          "not fit)\n",
-          tp, pp, static_cast<long long>(off), static_cast<long long>(on),
-          static_cast<long long>(kDefaultGpuPrefillRingMiB), static_cast<long long>(on_8k));
-      EXPECT_GE(on, 1'000'000) << "TP " << tp << " x PP " << pp;
-      EXPECT_LT(on, off);
+          "streamed path, %lld with a %lld MiB ring, %lld with the auto ring (%lld MiB) at "
+          "2048-token steps, %lld at 8192 (%lld MiB; -1: does not fit)\n",
+          tp, pp, static_cast<long long>(off), static_cast<long long>(base.kv_tokens),
+          static_cast<long long>(kBaseGpuPrefillRingMiB), static_cast<long long>(on.kv_tokens),
+          static_cast<long long>(on.ring_mib), static_cast<long long>(on_8k.kv_tokens),
+          static_cast<long long>(on_8k.ring_mib));
+      EXPECT_GE(on.kv_tokens, 1 << 20) << "TP " << tp << " x PP " << pp;
+      EXPECT_LT(on.kv_tokens, base.kv_tokens);
+      EXPECT_LT(base.kv_tokens, off);
+      // The pool is far past 1M tokens at every layout that fits, so auto takes its largest.
+      EXPECT_EQ(on.ring_mib, 3072) << "TP " << tp << " x PP " << pp;
       if (tp == 1 && pp == 1) {
-        EXPECT_EQ(on_8k, -1);
+        EXPECT_EQ(on_8k.kv_tokens, -1);
       } else {
-        EXPECT_GT(on_8k, 1'000'000) << "TP " << tp << " x PP " << pp;
+        EXPECT_GE(on_8k.kv_tokens, 1 << 20) << "TP " << tp << " x PP " << pp;
       }
     }
   }

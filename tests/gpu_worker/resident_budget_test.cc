@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu_prefill_flags.h"
 #include "gpu_worker/expert_copy_plan.h"
 #include "gpu_worker/memory_plan.h"
 #include "gpu_worker/streamed_prefill.h"
@@ -105,8 +106,13 @@ TEST(ResidentBudgetTest, FlashPlanCountsTheExpertsAutoPlaces) {
         EXPECT_EQ(p->resident_workspace_bytes,
                   ResidentWorkspaceBytes(m, 256, StreamedInterRank(m, tp)) +
                       kRebalanceSwaps * p->resident_expert_bytes);
-        // The pool the plan leaves, less K tokens' KV and the workspace, in whole experts.
-        const int64_t left = p->kv_pool_bytes - p->resident_kv_bytes - p->resident_workspace_bytes;
+        // The pool the plan leaves beside auto's base ring (the plan's own pool is beside the
+        // ring auto gives without resident experts, ring_budget.h), less K tokens' KV and the
+        // workspace, in whole experts.
+        EXPECT_EQ(p->ring_bytes, int64_t{3072} << 20) << at;
+        EXPECT_EQ(p->resident_ring_bytes, kBaseGpuPrefillRingMiB << 20) << at;
+        const int64_t pool = p->kv_pool_bytes + p->ring_bytes - p->resident_ring_bytes;
+        const int64_t left = pool - p->resident_kv_bytes - p->resident_workspace_bytes;
         EXPECT_EQ(p->resident_experts_fit,
                   std::min(left / p->resident_expert_bytes, p->stage_experts))
             << at;
@@ -114,7 +120,7 @@ TEST(ResidentBudgetTest, FlashPlanCountsTheExpertsAutoPlaces) {
         // The same figure through the function the cuda backend calls with cudaMemGetInfo's.
         ResidentBudgetInputs in;
         in.free_bytes = k24GiB - p->weight_bytes;
-        in.reserve_bytes = p->reserve_bytes;
+        in.reserve_bytes = p->reserve_bytes - p->ring_bytes + p->resident_ring_bytes;
         in.state_bytes = p->state_bytes;
         in.kv_tokens = k;
         in.kv_bytes = p->resident_kv_bytes;
@@ -125,16 +131,17 @@ TEST(ResidentBudgetTest, FlashPlanCountsTheExpertsAutoPlaces) {
         EXPECT_EQ(b.experts, p->resident_experts_fit) << at;
         if (tp == 1 && pp == 1) std::printf("Flash TP 1 on 24 GiB: %s\n", b.Describe().c_str());
         // What the experts leave still holds K tokens.
-        EXPECT_GE(p->kv_pool_bytes - p->resident_experts_fit * p->resident_expert_bytes -
-                      p->resident_workspace_bytes,
-                  p->resident_kv_bytes)
+        EXPECT_GE(
+            pool - p->resident_experts_fit * p->resident_expert_bytes - p->resident_workspace_bytes,
+            p->resident_kv_bytes)
             << at;
         if (s == 0) {
           EXPECT_GT(p->resident_experts_fit, previous) << at;  // grows with TP
           previous = p->resident_experts_fit;
         }
         EXPECT_NE(p->Describe().find(absl::StrCat(
-                      "; resident experts (--gpu-experts auto, KV kept for 1048576 tokens): ",
+                      "; resident experts (--gpu-experts auto, beside a 1024 MiB ring, KV kept "
+                      "for 1048576 tokens): ",
                       p->resident_experts_fit, " of ", p->stage_experts, " (")),
                   std::string::npos)
             << p->Describe();
@@ -146,10 +153,11 @@ TEST(ResidentBudgetTest, FlashPlanCountsTheExpertsAutoPlaces) {
 TEST(ResidentBudgetTest, KeptKvTokensTradeAgainstExperts) {
   const ModelConfig m = Flash();
   const StageLayout whole{0, 43, 1, true, true, false};
-  MemoryPlanOptions o;
+  MemoryPlanOptions o, base_ring;
+  o.gpu_prefill_ring_auto = base_ring.gpu_prefill_ring_auto = false;  // the pools compared
   o.resident_kv_tokens = 65536;
   absl::StatusOr<MemoryPlan> short_kv = PlanStageMemory(m, whole, k24GiB, o);
-  absl::StatusOr<MemoryPlan> dflt = PlanStageMemory(m, whole, k24GiB);
+  absl::StatusOr<MemoryPlan> dflt = PlanStageMemory(m, whole, k24GiB, base_ring);
   ASSERT_TRUE(short_kv.ok() && dflt.ok());
   EXPECT_EQ(short_kv->resident_kv_tokens, 65536);
   EXPECT_GT(short_kv->resident_experts_fit, dflt->resident_experts_fit);

@@ -203,7 +203,7 @@ TEST(StreamedPrefillTest, PlanRing) {
     return std::make_pair(p.experts_per_slot, p.slots);
   };
   const int64_t gib = int64_t{1} << 30;
-  EXPECT_EQ(plan(kDefaultGpuPrefillRingMiB << 20, flash_expert), std::make_pair(int64_t{20}, 4));
+  EXPECT_EQ(plan(kBaseGpuPrefillRingMiB << 20, flash_expert), std::make_pair(int64_t{20}, 4));
   // A larger ring: more slots of the same ~256 MiB, so copies run further ahead in small groups.
   EXPECT_EQ(plan(4 * gib, flash_expert), std::make_pair(int64_t{20}, 16));
   EXPECT_EQ(plan(gib + 3 * flash_expert, flash_expert), std::make_pair(int64_t{20}, 4));

@@ -238,7 +238,9 @@ TEST(GpuWorkerConfig, StreamedPrefillFlags) {
   absl::StatusOr<WorkerConfig> c = ParseWorkerConfig(f);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->gpu_prefill_threshold.mode, GpuPrefillThreshold::Mode::kAuto);
-  EXPECT_EQ(c->gpu_prefill_ring_bytes, kDefaultGpuPrefillRingMiB << 20);
+  // The ring is auto by default: the cuda backend sizes it at start (ring_budget.h).
+  EXPECT_TRUE(c->gpu_prefill_ring_auto);
+  EXPECT_EQ(c->gpu_prefill_ring_bytes, kBaseGpuPrefillRingMiB << 20);
   auto has_line = [](const WorkerConfig& wc, const std::string& line) {
     for (const std::string& l : wc.Describe()) {
       if (l == line) return true;
@@ -247,36 +249,41 @@ TEST(GpuWorkerConfig, StreamedPrefillFlags) {
   };
   EXPECT_TRUE(has_line(*c, "gpu_prefill_threshold = auto (cuda backend only)"));
   EXPECT_EQ(c->gpu_prefill_slot_bytes, kGpuPrefillSlotBytes);
-  EXPECT_TRUE(has_line(
-      *c, absl::StrCat("gpu_prefill_ring = ", kDefaultGpuPrefillRingMiB, " MiB in slots of ~",
-                       kGpuPrefillSlotBytes >> 20, " MiB (cuda backend only)")));
+  EXPECT_TRUE(has_line(*c, absl::StrCat("gpu_prefill_ring = auto (sized at start) in slots of ~",
+                                        kGpuPrefillSlotBytes >> 20, " MiB (cuda backend only)")));
   f.gpu_prefill_threshold = "512";
-  f.gpu_prefill_ring_mib = 256;
+  f.gpu_prefill_ring_mib = " 256 ";
   c = ParseWorkerConfig(f);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->gpu_prefill_threshold.mode, GpuPrefillThreshold::Mode::kRows);
   EXPECT_EQ(c->gpu_prefill_threshold.rows, 512);
   EXPECT_EQ(c->gpu_prefill_ring_bytes, int64_t{256} << 20);
-  f.gpu_prefill_ring_mib = 0;  // no streamed path
+  EXPECT_FALSE(c->gpu_prefill_ring_auto);
+  f.gpu_prefill_ring_mib = "0";  // no streamed path
   EXPECT_EQ(ParseWorkerConfig(f)->gpu_prefill_ring_bytes, 0);
   EXPECT_TRUE(has_line(*ParseWorkerConfig(f),
                        "gpu_prefill_ring = (none: no streamed path) (cuda backend only)"));
-  f.gpu_prefill_ring_mib = 1024;
+  f.gpu_prefill_ring_mib = "AUTO";
   f.gpu_prefill_threshold = "off";  // never streams: no ring either
   c = ParseWorkerConfig(f);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->gpu_prefill_threshold.mode, GpuPrefillThreshold::Mode::kOff);
   EXPECT_EQ(c->gpu_prefill_ring_bytes, 0);
+  EXPECT_FALSE(c->gpu_prefill_ring_auto);
   f.gpu_prefill_threshold = "0";
   EXPECT_NE(ParseWorkerConfig(f).status().message().find("--gpu-prefill-threshold '0'"),
             std::string::npos)
       << ParseWorkerConfig(f).status();
   f.gpu_prefill_threshold = "auto";
-  f.gpu_prefill_ring_mib = -1;
-  EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(ParseWorkerConfig(f).status().message().find("--gpu_prefill_ring_mib -1"),
-            std::string::npos);
-  f.gpu_prefill_ring_mib = 1024;
+  for (const char* bad : {"-1", "1048577", "1g", ""}) {
+    f.gpu_prefill_ring_mib = bad;
+    EXPECT_EQ(ParseWorkerConfig(f).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(ParseWorkerConfig(f).status().message().find(
+                  absl::StrCat("--gpu_prefill_ring_mib '", bad, "': expected auto or a size")),
+              std::string::npos)
+        << ParseWorkerConfig(f).status();
+  }
+  f.gpu_prefill_ring_mib = "1024";
   f.gpu_prefill_slot_kib = 64;  // small slots (a tiny model's golden run gets many)
   ASSERT_TRUE(ParseWorkerConfig(f).ok()) << ParseWorkerConfig(f).status();
   EXPECT_EQ(ParseWorkerConfig(f)->gpu_prefill_slot_bytes, 64 << 10);

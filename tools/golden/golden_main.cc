@@ -34,7 +34,7 @@ ABSL_FLAG(std::string, fp64_sums, "auto",
 ABSL_FLAG(std::string, gpu_prefill_threshold, "off",
           "--backend cuda: steps of at least this many rows stream their routed experts to the "
           "GPU (gpu_worker/streamed_prefill.h): off | auto | N (1: every step)");
-ABSL_FLAG(int64_t, gpu_prefill_ring_mib, ss::gpu::kDefaultGpuPrefillRingMiB,
+ABSL_FLAG(int64_t, gpu_prefill_ring_mib, ss::gpu::kBaseGpuPrefillRingMiB,
           "--backend cuda: the streamed path's staging ring, MiB");
 ABSL_FLAG(int64_t, gpu_prefill_slot_kib, ss::gpu::kGpuPrefillSlotBytes >> 10,
           "--backend cuda: the size each slot of the streamed path's ring aims at, KiB (at least "
