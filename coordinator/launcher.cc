@@ -169,6 +169,17 @@ bool ResolveBackend(const ModelConfig& model, UpOptions& o, Layout* layout) {
                  "resident to rebalance)\n");
     return false;
   }
+  // The streamed path is the cuda backend's: a ring size or a row threshold asks for it (auto, 0
+  // and off are what every other backend does anyway).
+  if (backend != "cuda" &&
+      ((o.gpu_prefill_ring_mib != "auto" && o.gpu_prefill_ring_mib != "0") ||
+       (o.gpu_prefill_threshold != "auto" && o.gpu_prefill_threshold != "off"))) {
+    std::fprintf(stderr,
+                 "splitserve up: --gpu-prefill-ring-mib %s / --gpu-prefill-threshold %s: streaming "
+                 "routed experts to the GPU needs the cuda backend (this one is %s)\n",
+                 o.gpu_prefill_ring_mib.c_str(), o.gpu_prefill_threshold.c_str(), backend.c_str());
+    return false;
+  }
   if (o.stage_transport == "nccl" && backend != "cuda") {
     std::fprintf(stderr, "splitserve up: --stage-transport nccl needs the cuda backend\n");
     return false;

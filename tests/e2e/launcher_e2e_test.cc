@@ -144,6 +144,8 @@ TEST(LauncherE2eTest, BadArgumentsAreUsageErrors) {
            {"--fp64-sums", "double"},
            {"--gpu-prefill-threshold", "0"},
            {"--gpu-prefill-ring-mib", "-1"},
+           {"--backend", "cpu", "--gpu-prefill-ring-mib", "2048"},  // the cuda backend's path
+           {"--backend", "cpu", "--gpu-prefill-threshold", "512"},
            {"--gpu-experts", "1.5"},
            {"--gpu-experts-rebalance-s", "-1"},
            {"--gpu-experts-rebalance-s", "5"},  // without --gpu-experts: nothing to rebalance
