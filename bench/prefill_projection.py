@@ -30,6 +30,14 @@ measured 4K-chunk step within ~10 % (bench/RESULTS.md, session 30). TP n: a rank
 replicated kernels whole and a 1/n share of the rest, a 1/n share of the routed experts and of
 each expert's bytes, plus the fp32 all-reduces (3 x T x dim values a layer, a ring moving
 2(n-1)/n of them a rank) at --allreduce-gbps, not overlapped (part of each layer's trunk).
+
+--sp also prints a DESIGN THAT IS NOT BUILT, sequence-parallel prefill on the same n GPUs: each
+rank runs the whole trunk (replicated weights) for T/n of the chunk's tokens (a balanced split
+assumed, e.g. zigzag against the indexer's causal cost), streams and computes its 1/n slice of
+every expert for all T tokens as under TP, and communicates per layer an all-gather of the MoE
+input (T x dim bf16), a reduce-scatter of the routed output (T x dim fp32; the shared expert is
+local, so the combine rounds as the reference does) and an all-gather of the new KV records
+(--kv-bytes-per-token a layer), each ring moving (n-1)/n of its bytes a rank.
 """
 import argparse
 import csv
@@ -145,6 +153,9 @@ def main():
     a.add_argument("--allreduce-gbps", type=float, default=10.0)
     a.add_argument("--tokens", type=int, default=8192)
     a.add_argument("--dim", type=int, default=4096)
+    a.add_argument("--sp", action="store_true", help="also the sequence-parallel design (above)")
+    a.add_argument("--kv-bytes-per-token", type=float, default=449824 / 128 / 43,
+                   help="a layer's KV record bytes a token (the memory plan's Flash block / 43)")
     o = a.parse_args()
     r = o.h200_sms * o.h200_hz / (GA102_SMS * GA102_HZ)
     n4, n128, nswa = (int(x) for x in o.layers.split(","))
@@ -223,6 +234,17 @@ def project(o, trunk, moe_layer, layers, counts):
         print(f"  {o.tp}x RTX 3090, TP {o.tp}: trunk {trunk_tp:.2f} + routed {routed / o.tp:.2f} + "
               f"all-reduce {ar:.2f} s, C {c1 / o.tp:.2f} s: {t_tp:.2f} s a chunk, "
               f"{o.tokens / t_tp:,.0f} tok/s ({o.tokens / t_no:,.0f} without the all-reduces)")
+        if o.sp:
+            n = o.tp
+            sp_bytes = (n - 1) / n * o.tokens * (o.dim * (2 + 4) + o.kv_bytes_per_token)
+            comm = layers * sp_bytes / (o.allreduce_gbps * 1e9)
+            t_sp, _ = pipeline([trunk[k][0] / n + comm / layers for k in kinds],
+                               [moe_layer / n] * layers, o.experts, expert_bytes / n, ring,
+                               copy_bps)
+            print(f"  {n}x RTX 3090, sequence-parallel (a design, not built): trunk "
+                  f"{trunk_3090 / n:.2f} + routed {routed / n:.2f} + all-gathers and "
+                  f"reduce-scatters {comm:.2f} s, C {c1 / n:.2f} s: {t_sp:.2f} s a chunk, "
+                  f"{o.tokens / t_sp:,.0f} tok/s")
 
 
 if __name__ == "__main__":
