@@ -7,7 +7,9 @@
 // then frequency f and presence p on the output's ids (logit - f x count - p x [count > 0]); ids
 // outside the allowed mask and banned ids removed; / temperature; keep the top_k largest, drop
 // those less likely than min_p x the likeliest, then the smallest prefix of the rest (most likely
-// first) whose probability reaches top_p, renormalise, draw. Greedy (temperature 0) takes the
+// first) whose probability reaches top_p, renormalise, draw. The weights are e^((logit - the
+// largest) / temperature) by WeightExp, the vocabulary's total by SumWeights (sampler_math.h:
+// vectorised, within 2 ulp of exp). Greedy (temperature 0) takes the
 // argmax of the processed logits. Ties between equal logits are
 // broken by the lower token id everywhere (greedy argmax, the top-k cut, the top-p order, the
 // logprob list), so a result never depends on the vocabulary's memory order.

@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "gpu_worker/sampler.h"
+#include "gpu_worker/sampler_math.h"
 
 namespace ss::gpu::testing_util {
 
-// The documented rule written out plainly: with a cut, every id sorted by (logit desc, id asc)
-// and the weights summed in that order (without one, id order), the top-k cut, min_p, the
-// smallest prefix reaching top_p, the draw.
+// The documented rule written out plainly: weights by WeightExp; with a cut, every id sorted by
+// (logit desc, id asc) and the weights summed in that order (without one, SumWeights in id
+// order), the top-k cut, min_p, the smallest prefix reaching top_p, the draw.
 inline int32_t ReferenceDraw(const std::vector<float>& logits, const SamplingConfig& c,
                              int64_t position) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
@@ -29,11 +30,12 @@ inline int32_t ReferenceDraw(const std::vector<float>& logits, const SamplingCon
   std::vector<double> p;
   double total = 0.0;
   for (const int32_t id : ids) {
-    double w = std::exp((static_cast<double>(logits[id]) - logits[best]) / c.temperature);
+    double w = WeightExp((static_cast<double>(logits[id]) - logits[best]) / c.temperature);
     if (w < c.min_p) w = 0.0;
     p.push_back(w);
     total += w;
   }
+  if (!cut) total = SumWeights(p);
   size_t kept = ids.size();
   if (c.top_p > 0.0f && c.top_p < 1.0f) {
     double cum = 0.0;
