@@ -45,9 +45,10 @@ int32_t OrderKey(float f) {
   return k ^ ((k >> 31) & 0x7fffffff);
 }
 
-// The first id whose logit is NaN or +inf, or -1. One branch-free pass the compiler vectorises,
-// then a search only when one is there.
-int64_t FirstNonFinite(const float* logits, int64_t vocab) {
+// The first id whose logit is NaN or +inf, or -1. One branch-free pass the compiler vectorises
+// (an AVX2 clone where the CPU has it), then a search only when one is there.
+__attribute__((target_clones("avx2", "default"))) int64_t FirstNonFinite(const float* logits,
+                                                                         int64_t vocab) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < vocab; ++i) {
     const uint32_t b = std::bit_cast<uint32_t>(logits[i]) & 0x7fffffffu;
@@ -62,8 +63,9 @@ int64_t FirstNonFinite(const float* logits, int64_t vocab) {
 }
 
 // The lowest id of the largest logit (no NaN among them): the largest key in one vectorised
-// pass, then its first id.
-int32_t Argmax(const float* logits, int64_t vocab) {
+// pass (an AVX2 clone where the CPU has it), then its first id.
+__attribute__((target_clones("avx2", "default"))) int32_t Argmax(const float* logits,
+                                                                 int64_t vocab) {
   int32_t best = OrderKey(logits[0]);
   for (int64_t i = 1; i < vocab; ++i) best = std::max(best, OrderKey(logits[i]));
   int64_t i = 0;
