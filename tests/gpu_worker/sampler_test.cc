@@ -391,6 +391,27 @@ TEST(SamplerMath, SumWeightsAddsInItsDocumentedOrder) {
   }
 }
 
+// top_p where the prefix ends past the 16 heaviest bands (the sampler sums those first, over the
+// ids a scan finds, and every band only when they fall short) and where it ends inside them:
+// the same draws as the plain rule, and the far cut reaches the light ids.
+TEST(Sampler, TopPCutsInAndPastTheHeaviestBands) {
+  // 49,959 light ids of e^-12 (band 18 beside the likeliest's 1), ~6 % of the weight.
+  std::vector<float> logits(50000, -12.0f);
+  logits[1234] = 0.0f;
+  for (int i = 0; i < 40; ++i) logits[1000 * i + 7] = -1.0f - 0.1f * static_cast<float>(i);
+  int light = 0;
+  for (const float top_p : {0.99f, 0.9f, 0.6f}) {
+    SamplingConfig c = Temp(1.0f, 77);
+    c.top_p = top_p;
+    for (int64_t pos = 0; pos < 60; ++pos) {
+      const int32_t t = Draw(logits, c, pos);
+      ASSERT_EQ(t, testing_util::ReferenceDraw(logits, c, pos)) << top_p << " " << pos;
+      light += logits[t] == -12.0f ? 1 : 0;
+    }
+  }
+  EXPECT_GT(light, 0);  // top_p 0.99's prefix holds them
+}
+
 // The logprob list is the most likely ids in ByLogit order (ties to the lower id), over
 // vocabularies large enough for the one-pass selection and small enough for the sort.
 TEST(Sampler, TopLogprobsAreTheMostLikelyInOrder) {
