@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
   const Setting settings[] = {{"greedy", 0.0f, 1.0f},
                               {"temperature 1", 1.0f, 1.0f},
                               {"temperature 0.6, top_p 0.95", 0.6f, 0.95f},
-                              {"temperature 1, top_p 0.5", 1.0f, 0.5f}};
+                              {"temperature 1, top_p 0.5", 1.0f, 0.5f},
+                              {"temperature 1, top_p 0.95", 1.0f, 0.95f}};
   std::printf("sampler_bench: vocabulary %ld, best of %d calls\n", static_cast<long>(kVocab),
               repeats);
   std::printf("%-36s %12s %12s %8s %s\n", "setting", "rule us", "sampler us", "speed-up",

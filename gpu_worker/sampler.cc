@@ -161,6 +161,30 @@ int LastBand(const std::vector<double>& w, const std::vector<int32_t>* ids, doub
   return -1;
 }
 
+// `ids`, in id order, into ByLogit order. Past a few hundred ids, an LSD radix sort of (the
+// logit's order key, descending; the id) on the key's 32 bits, 8 a pass: each pass is stable, so
+// equal logits keep their id order, ByLogit's tie rule.
+void SortByLogit(const float* logits, std::vector<int32_t>& ids) {
+  if (ids.size() < 512) {
+    std::sort(ids.begin(), ids.end(), ByLogit{logits});
+    return;
+  }
+  const size_t n = ids.size();
+  std::vector<uint64_t> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t up = static_cast<uint32_t>(OrderKey(logits[ids[i]])) ^ 0x80000000u;
+    a[i] = (static_cast<uint64_t>(~up) << 32) | static_cast<uint32_t>(ids[i]);
+  }
+  for (int shift = 32; shift < 64; shift += 8) {
+    size_t start[257] = {};
+    for (const uint64_t v : a) ++start[((v >> shift) & 0xff) + 1];
+    for (int d = 0; d < 256; ++d) start[d + 1] += start[d];
+    for (const uint64_t v : a) b[start[(v >> shift) & 0xff]++] = v;
+    a.swap(b);
+  }
+  for (size_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(a[i] & 0xffffffffu);
+}
+
 // top_p over the whole vocabulary without sorting it. The weight of each band (a power of two)
 // gives the lowest band whose heavier ids reach `target`; those ids lead the ByLogit order (a
 // weight is monotone in the logit), so they are sorted alone. Then CutPrefix. Ids of weight 0
@@ -182,7 +206,7 @@ Candidates TopPPrefix(const float* logits, const std::vector<double>& w, double 
     // Every id of weight > 0 when no band reaches it.
     c.ids = IdsAtLeast(w, last < 0 ? 0x1p-1074 : std::ldexp(1.0, -last));
   }
-  std::sort(c.ids.begin(), c.ids.end(), ByLogit{logits});
+  SortByLogit(logits, c.ids);
   for (const int32_t id : c.ids) c.weights.push_back(w[id]);
   CutPrefix(target, c);
   return c;
