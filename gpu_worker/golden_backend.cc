@@ -223,6 +223,7 @@ class CudaGolden final : public StagedGolden {
         threshold_(o.gpu_prefill_threshold),
         ring_bytes_(o.gpu_prefill_ring_bytes),
         slot_bytes_(o.gpu_prefill_slot_bytes),
+        indexer_scores_bytes_(o.indexer_scores_bytes),
         gpu_experts_(o.gpu_experts) {}
   std::string name() const override {
     std::string n = "cuda";
@@ -279,6 +280,7 @@ class CudaGolden final : public StagedGolden {
     o.gpu_prefill_threshold = threshold_;
     o.gpu_prefill_ring_bytes = ring_bytes_;
     o.gpu_prefill_slot_bytes = slot_bytes_;
+    o.indexer_scores_bytes = indexer_scores_bytes_;
     const int E = static_cast<int>(m->config().n_routed_experts);
     const int n = std::min(gpu_experts_, E);
     for (int layer = l.first_layer; layer < l.end_layer && n > 0; ++layer) {
@@ -321,6 +323,7 @@ class CudaGolden final : public StagedGolden {
   const GpuPrefillThreshold threshold_;
   const int64_t ring_bytes_;
   const int64_t slot_bytes_;
+  const int64_t indexer_scores_bytes_;
   const int gpu_experts_;
   std::map<std::vector<int>, std::shared_ptr<TpGroup>> groups_;  // TP > 1, by device list
 #if SS_HAVE_CPU_BACKEND

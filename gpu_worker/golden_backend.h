@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "common/fp64_sums.h"
 #include "common/golden/golden.h"
+#include "gpu_worker/step_workspace.h"
 #include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
@@ -59,6 +60,9 @@ struct GoldenBackendOptions {
   int gpu_experts = 0;
   // --backend cuda: the streamed ring's slot size (PlanRing; small slots give tiny models many).
   int64_t gpu_prefill_slot_bytes = kGpuPrefillSlotBytes;
+  // --backend cuda: the cap of a prefill chunk's indexer scores (CudaBackendOptions::
+  // indexer_scores_bytes; a few KiB slices a tiny model's chunks into rows of a few).
+  int64_t indexer_scores_bytes = kIndexerScoresBytes;
 };
 
 inline constexpr int64_t kGoldenKvTokens = 1 << 16;

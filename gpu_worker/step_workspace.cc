@@ -103,7 +103,7 @@ int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, int first_layer, int en
   bytes += T * max_cand * 8 + cuda::KvSparseAttentionRowsBytes(attn_rows, max_cand, Dh, H);
   if (n_sel > 0) {
     const int64_t n_cols = (E / 4 + kScoreColumns - 1) / kScoreColumns * kScoreColumns;
-    bytes += T * n_cols * 4 + T * n_sel * 4;
+    bytes += IndexerScoreRows(T, n_cols, kIndexerScoresBytes) * n_cols * 4 + T * n_sel * 4;
   }
   const int64_t n_layers = std::max(end_layer - first_layer, 0);
   bytes += T * c.hc_mult * c.dim * 4 + n_layers * T * 64 + (int64_t{1} << 20);

@@ -18,6 +18,18 @@ namespace ss::gpu {
 inline constexpr int64_t kAttentionRowsBytes = int64_t{64} << 20;
 // The indexer's score columns are a multiple of this (cuda/cuda_backend_plan.cc).
 inline constexpr int64_t kScoreColumns = 256;
+// Cap of the indexer's score rows in a prefill step (CudaBackendOptions::indexer_scores_bytes):
+// a chunk whose rows x columns of fp32 scores exceed it scores and selects its rows in slices of
+// IndexerScoreRows rows. 2 GiB: a 2048-token chunk at 1M positions still takes one slice.
+inline constexpr int64_t kIndexerScoresBytes = int64_t{2} << 30;
+
+// Rows of a chunk of `rows` rows the indexer scores at once under a cap of `cap_bytes` (0: none),
+// with `n_cols` score columns: as many as fit, at least 1, at most `rows`.
+inline int64_t IndexerScoreRows(int64_t rows, int64_t n_cols, int64_t cap_bytes) {
+  if (cap_bytes <= 0 || n_cols <= 0) return rows;
+  const int64_t fit = cap_bytes / (n_cols * 4);
+  return fit < 1 ? 1 : (fit < rows ? fit : rows);
+}
 
 // The step's device scratch (sized by the batch's token count T), carved from one allocation.
 struct StepScratch {
@@ -61,7 +73,8 @@ size_t CarveStepScratch(const ModelConfig& c, int tp, int64_t T, char* base, Ste
 // model's max_position_embeddings, or its rope's original length where the config has none) of
 // the layers [first_layer, end_layer) takes beside the weights and the KV pool, at its largest:
 // the scratch arena and Run's per-step buffers. The indexer's scores grow with the context: tokens
-// x context / 4 floats (2 GiB for a 2048-token chunk at 1M positions).
+// x context / 4 floats (2 GiB for a 2048-token chunk at 1M positions), up to kIndexerScoresBytes
+// (the slices' rows beyond it).
 int64_t StepWorkspaceBytes(const ModelConfig& c, int tp, int first_layer, int end_layer,
                            int64_t tokens, int64_t context);
 

@@ -218,22 +218,26 @@ absl::Status AttentionLayer::IndexerSelect() {
   }
   for (size_t i = 0; i < nc && !plan.index_one_launch; ++i) {
     if (n_sel[i] == 0) continue;
-    const int64_t S = row0[i + 1] - row0[i];
-    // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile).
-    CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores({.q = sc.iq + row0[i] * nh * ihd,
-                                                .w = sc.iw + row0[i] * nh,
-                                                .g = geom,
-                                                .positions = sc.pos + row0[i],
-                                                .T = S,
-                                                .heads = nh,
-                                                .ratio = 4,
-                                                .n_cols = n_cols[i],
-                                                .scores = im.scores.as<float>()},
-                                               s.dtables + table_off[i],
-                                               table_off[i + 1] - table_off[i], bs_iq));
-    CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), S, n_cols[i], n_sel[i],
-                                           im.sel.as<int32_t>() + sel_base[i], topk_scratch,
-                                           bs_iq));
+    const int64_t S = row0[i + 1] - row0[i], slice = plan.score_rows[i];
+    // Scores straight from the chunk's MXFP4 keys in the pool (decoded per staged tile), for
+    // `slice` rows at a time (each row's scores and selections depend on that row alone).
+    for (int64_t r0 = 0; r0 < S; r0 += slice) {
+      const int64_t rows = std::min(slice, S - r0), t0 = row0[i] + r0;
+      CUDA_RETURN_IF_ERROR(cuda::KvIndexerScores({.q = sc.iq + t0 * nh * ihd,
+                                                  .w = sc.iw + t0 * nh,
+                                                  .g = geom,
+                                                  .positions = sc.pos + t0,
+                                                  .T = rows,
+                                                  .heads = nh,
+                                                  .ratio = 4,
+                                                  .n_cols = n_cols[i],
+                                                  .scores = im.scores.as<float>()},
+                                                 s.dtables + table_off[i],
+                                                 table_off[i + 1] - table_off[i], bs_iq));
+      CUDA_RETURN_IF_ERROR(cuda::IndexerTopK(im.scores.as<float>(), rows, n_cols[i], n_sel[i],
+                                             im.sel.as<int32_t>() + sel_base[i] + r0 * n_sel[i],
+                                             topk_scratch, bs_iq));
+    }
   }
   CUDA_RETURN_IF_ERROR(br.Done(kBranchIndexQ));
   return absl::OkStatus();

@@ -230,6 +230,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   im.tp = tp;
   im.rank = o.tp_rank;
   im.comm = tp > 1 ? o.comm : nullptr;
+  if (o.indexer_scores_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("indexer_scores_bytes ", o.indexer_scores_bytes, " must be at least 1"));
+  }
+  im.indexer_scores_bytes = o.indexer_scores_bytes;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
   RETURN_IF_ERROR(cuda::PrepareKernels());
   int single_to_double = 0;  // unknown (0) reads as fast FP64

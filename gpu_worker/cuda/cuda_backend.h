@@ -87,6 +87,7 @@
 #include "gpu_worker/expert_heat.h"
 #include "gpu_worker/expert_rebalancer.h"
 #include "gpu_worker/expert_store_map.h"
+#include "gpu_worker/step_workspace.h"
 #include "gpu_worker/streamed_prefill.h"
 
 namespace ss::gpu {
@@ -115,6 +116,11 @@ struct CudaBackendOptions {
   // pool holds beyond kv_tokens for the built-in allocator (standalone use).
   int64_t kv_block_tokens = 128;
   int64_t kv_extra_sequences = 8;
+  // A prefill chunk's indexer scores (fp32, rows x the chunk's end / 4 columns) at most this many
+  // bytes at once: longer chunks score and select their rows in slices (step_workspace.h
+  // IndexerScoreRows; the same selections). Smaller values are for tests; StepWorkspaceBytes
+  // counts the default.
+  int64_t indexer_scores_bytes = kIndexerScoresBytes;
   int device = 0;  // CUDA device ordinal
   // The routed experts of a layer: experts(layer) when the function is set and returns non-null
   // (it must outlive the backend), otherwise model::RoutedSum on the host (the local reference).

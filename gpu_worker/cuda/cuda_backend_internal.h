@@ -111,8 +111,11 @@ struct StepPlan {
   // index_k selections each (the most any chunk takes, rounded up to kDecodeSizeStep, at most
   // index_cols), token t's at t · index_k; a chunk reads the first n_sel of its rows' (the
   // top-k's order is total, so they are its own top n_sel, whatever k).
-  // Longer steps score and select chunk by chunk, with each chunk's own widths.
+  // Longer steps score and select chunk by chunk, with each chunk's own widths, in slices of
+  // score_rows[i] rows (IndexerScoreRows under the backend's indexer_scores_bytes; the chunk's
+  // rows when they fit).
   bool index_one_launch = false;
+  std::vector<int64_t> score_rows;
   int64_t index_cols = 0, index_k = 0;
   std::vector<cuda::KvToken> tokens;  // [layer, T]; table and staging set by FillUpload
   // Per layer: the longest candidate list; in a decode step rounded up to kDecodeSizeStep (the
@@ -134,7 +137,8 @@ struct StepPlan {
 };
 StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
                   std::span<const DevBlock> blocks, const KvLayout& kvl,
-                  std::span<const KvSeq* const> seq, const uint8_t* pool);
+                  std::span<const KvSeq* const> seq, const uint8_t* pool,
+                  int64_t indexer_scores_bytes);
 
 }  // namespace cuda_backend_internal
 
@@ -143,6 +147,7 @@ using namespace cuda_backend_internal;  // NOLINT: the backend's own source file
 struct CudaBackend::Impl {
   int device = 0;
   int tp = 1, rank = 0;
+  int64_t indexer_scores_bytes = kIndexerScoresBytes;  // CudaBackendOptions'; PlanStep's cap
   NcclComm* comm = nullptr;
   Share vocab;            // this rank's LM-head rows
   int64_t vocab_max = 0;  // the largest rank's row count (the all-gather's block)

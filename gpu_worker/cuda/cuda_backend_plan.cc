@@ -18,7 +18,8 @@ int64_t DecodeSize(const StepPlan& p, int64_t n) {
 
 StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
                   std::span<const DevBlock> blocks, const KvLayout& kvl,
-                  std::span<const KvSeq* const> seq, const uint8_t* pool) {
+                  std::span<const KvSeq* const> seq, const uint8_t* pool,
+                  int64_t indexer_scores_bytes) {
   StepPlan p;
   const size_t nc = batch.size();
   const int64_t n_layers = static_cast<int64_t>(blocks.size());
@@ -53,10 +54,13 @@ StepPlan PlanStep(std::span<const StageChunk> batch, const ModelConfig& c,
     p.index_k = std::max(p.index_k, p.n_sel[i]);
   }
   p.index_k = std::min(DecodeSize(p, p.index_k), p.index_cols);  // n_cols[i] >= n_sel[i]
+  p.score_rows.assign(nc, 0);
   for (size_t i = 0; i < nc; ++i) {
     const int64_t S = p.row0[i + 1] - p.row0[i];
     p.sel_base[i + 1] = p.sel_base[i] + S * (p.index_one_launch ? p.index_k : p.n_sel[i]);
-    p.scores_cap = p.index_one_launch ? T * p.index_cols : std::max(p.scores_cap, S * p.n_cols[i]);
+    p.score_rows[i] = IndexerScoreRows(S, p.n_cols[i], indexer_scores_bytes);
+    p.scores_cap = p.index_one_launch ? T * p.index_cols
+                                      : std::max(p.scores_cap, p.score_rows[i] * p.n_cols[i]);
   }
   // The batch's tables, uploaded with the step (offsets in int32s from their start).
   p.table_off.assign(nc + 1, 0);

@@ -45,7 +45,7 @@ absl::Status PlanStepBuffers(StepState& s) {
   for (size_t i = 0; i < nc; ++i) s.seq[i] = im.kv.Find(batch[i].seq_id);
 
   // The step's plan, from sizes, positions and tables alone (cuda_backend_plan.cc).
-  s.plan = PlanStep(batch, s.c, im.blocks, kvl, s.seq, im.kv.base());
+  s.plan = PlanStep(batch, s.c, im.blocks, kvl, s.seq, im.kv.base(), im.indexer_scores_bytes);
   const StepPlan& plan = s.plan;
   const int64_t T = s.T = plan.T;
   const int64_t Dh = s.Dh, H = s.H;

@@ -3,8 +3,8 @@
 #   tar xJf .devpack/devbin.tar.xz && bash tests/device/streamed.sh $OUT [PHASES]
 # 1. mxfp4_moe_test (the grouped GEMM against RoutedSum), 2. splitserve-golden --backend cuda with
 # every step streamed (--gpu_prefill_threshold 1) from the host's weights (with the default ring,
-# and with slots of one expert: many slots) and from an expert worker's shared store, each beside
-# the default run, 3. bench/flash_e2e.sh with PHASES (default
+# and with slots of one expert: many slots) and from an expert worker's shared store, and with the
+# indexer's scores in slices of a few rows (--indexer_scores_kib 4), each beside the default run, 3. bench/flash_e2e.sh with PHASES (default
 # "8192,32768") on Flash-shaped dummy weights, the streamed path on (the default); with
 # SS_STREAMED_VARIANTS="CHUNK:RING_MIB[:THRESHOLD[:PHASES]] ..." (e.g. "8192:1024 8192:3072
 # 8192:1024:off:8192") once per variant instead, each `up` started with --max-num-batched-tokens
@@ -28,6 +28,11 @@ mkdir -p "$out"
   "$bin/splitserve-golden" --backend cuda --gpu_prefill_threshold 1 --model $m --golden $m >"$out/g_streamed.log" 2>&1
   echo "golden cuda --gpu_prefill_threshold 1: rc=$? $(tail -1 "$out/g_streamed.log") | $(grep -m1 -o 'streamed prefill: [0-9]* of [0-9]* layers[^;]*' "$out/g_streamed.log")"
   diff <(grep -E '^(PASS|FAIL) ' "$out/g_host.log") <(grep -E '^(PASS|FAIL) ' "$out/g_streamed.log") | head -12
+  # The indexer's scores in slices of 4 rows (a 4 KiB cap; step_workspace.h IndexerScoreRows):
+  # the same selections, so the same lines as the host run.
+  "$bin/splitserve-golden" --backend cuda --indexer_scores_kib 4 --model $m --golden $m >"$out/g_slices.log" 2>&1
+  echo "golden cuda --indexer_scores_kib 4: rc=$? $(tail -1 "$out/g_slices.log")"
+  diff <(grep -E '^(PASS|FAIL) ' "$out/g_host.log") <(grep -E '^(PASS|FAIL) ' "$out/g_slices.log") | head -12
   # Slots of one tiny expert each: 32 slots, copies running two layers ahead (PlanRing).
   "$bin/splitserve-golden" --backend cuda --gpu_prefill_threshold 1 --gpu_prefill_slot_kib 64 --model $m --golden $m >"$out/g_slots.log" 2>&1
   echo "golden cuda --gpu_prefill_threshold 1 --gpu_prefill_slot_kib 64: rc=$? $(tail -1 "$out/g_slots.log") | $(grep -m1 -o 'ring [0-9]* x [^)]*)' "$out/g_slots.log")"

@@ -47,18 +47,50 @@ Stage FlashStage() {
   return s;
 }
 
-// One sequence's step of `rows` tokens from `start`.
-StepPlan PlanOne(const Stage& s, int64_t start, int64_t rows, KvSeq* seq) {
+// One sequence's step of `rows` tokens from `start`, the indexer's scores capped at `scores_bytes`.
+StepPlan PlanOne(const Stage& s, int64_t start, int64_t rows, KvSeq* seq,
+                 int64_t scores_bytes = kIndexerScoresBytes) {
   seq->table.assign(s.kvl.BlocksFor(start + rows), 7);
   seq->layers.assign(s.blocks.size(), KvSeq::Layer{});
-  static const std::vector<int32_t> kTokens(4096, 1);
+  static const std::vector<int32_t> kTokens(8192, 1);
   StageChunk ch;
   ch.seq_id = 1;
   ch.start = start;
   ch.tokens = std::span<const int32_t>(kTokens.data(), rows);
   ch.samples = true;
   const KvSeq* const seqs[] = {seq};
-  return PlanStep(std::span<const StageChunk>(&ch, 1), s.c, s.blocks, s.kvl, seqs, nullptr);
+  return PlanStep(std::span<const StageChunk>(&ch, 1), s.c, s.blocks, s.kvl, seqs, nullptr,
+                  scores_bytes);
+}
+
+// A prefill chunk scores its rows in slices of IndexerScoreRows rows where rows x columns of fp32
+// scores pass the cap, and the scores buffer holds one slice: at 1M positions (262,144 columns,
+// 1 MiB a row) a 2048-token chunk is one slice under the default 2 GiB, an 8192-token one four;
+// a cap of a few rows' bytes slices any chunk.
+TEST(StepPlanTest, APrefillChunkScoresItsRowsInSlicesUnderTheCap) {
+  const Stage s = FlashStage();
+  KvSeq seq;
+  const int64_t end = int64_t{1} << 20;
+  StepPlan p = PlanOne(s, end - 2048, 2048, &seq);
+  EXPECT_EQ(p.n_cols[0], end / 4);
+  EXPECT_EQ(p.score_rows[0], 2048);
+  EXPECT_EQ(p.scores_cap, 2048 * (end / 4));
+  p = PlanOne(s, end - 8192, 8192, &seq);
+  EXPECT_EQ(p.score_rows[0], 2048);
+  EXPECT_EQ(p.scores_cap * 4, kIndexerScoresBytes);
+  // A short context is never sliced; a tiny cap slices it into rows of what fits (at least 1).
+  p = PlanOne(s, 0, 4096, &seq);
+  EXPECT_EQ(p.score_rows[0], 4096);
+  p = PlanOne(s, 0, 4096, &seq, 3 * 1024 * 4);  // 1024 columns a row: 3 rows
+  EXPECT_EQ(p.n_cols[0], 1024);
+  EXPECT_EQ(p.score_rows[0], 3);
+  EXPECT_EQ(p.scores_cap, 3 * 1024);
+  p = PlanOne(s, 0, 4096, &seq, 1);
+  EXPECT_EQ(p.score_rows[0], 1);
+  // The selections' layout does not change: n_sel per row, rows after rows.
+  EXPECT_EQ(p.sel_base[1], 4096 * p.n_sel[0]);
+  EXPECT_EQ(IndexerScoreRows(10, 0, 1), 10);
+  EXPECT_EQ(IndexerScoreRows(10, 256, 0), 10);
 }
 
 TEST(StepPlanTest, DecodeSizesAreRoundedAndStayTheSameOverManyPositions) {

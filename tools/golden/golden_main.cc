@@ -39,6 +39,10 @@ ABSL_FLAG(int64_t, gpu_prefill_ring_mib, ss::gpu::kBaseGpuPrefillRingMiB,
 ABSL_FLAG(int64_t, gpu_prefill_slot_kib, ss::gpu::kGpuPrefillSlotBytes >> 10,
           "--backend cuda: the size each slot of the streamed path's ring aims at, KiB (at least "
           "4 slots, as many as the ring holds: gpu_worker/streamed_prefill.h PlanRing)");
+ABSL_FLAG(int64_t, indexer_scores_kib, ss::gpu::kIndexerScoresBytes >> 10,
+          "--backend cuda: a prefill chunk's indexer scores at most this many KiB at once, longer "
+          "chunks in row slices (gpu_worker/step_workspace.h IndexerScoreRows; the same "
+          "selections): a few KiB slices a tiny model's chunks");
 ABSL_FLAG(int, gpu_experts, 0,
           "--backend cuda: this many routed experts of every layer resident on the GPU "
           "(gpu_worker/cuda/resident_routed_experts.h; ids spread evenly), the others on the "
@@ -86,11 +90,17 @@ int main(int argc, char** argv) {
                  static_cast<long long>(absl::GetFlag(FLAGS_gpu_prefill_slot_kib)));
     return 2;
   }
+  if (absl::GetFlag(FLAGS_indexer_scores_kib) < 1) {
+    std::fprintf(stderr, "splitserve-golden: --indexer_scores_kib %lld: expected at least 1\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_indexer_scores_kib)));
+    return 2;
+  }
   auto backend = ss::gpu::MakeGoldenBackend(
       {absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_cuda_device), absl::GetFlag(FLAGS_experts),
        absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_stages), *fp64, *threshold,
        absl::GetFlag(FLAGS_gpu_prefill_ring_mib) << 20, absl::GetFlag(FLAGS_gpu_experts),
-       absl::GetFlag(FLAGS_gpu_prefill_slot_kib) << 10});
+       absl::GetFlag(FLAGS_gpu_prefill_slot_kib) << 10,
+       absl::GetFlag(FLAGS_indexer_scores_kib) << 10});
   if (!backend.ok()) {
     std::fprintf(stderr, "splitserve-golden: %s\n",
                  std::string(backend.status().message()).c_str());
