@@ -22,7 +22,9 @@ std::vector<int64_t> GraphKeyOf(const StepState& s) {
   for (size_t i = 0; i < nc; ++i) {
     key.push_back(row0[i + 1] - row0[i]);
     // A decode step's launches take no chunk's own widths (index_one_launch).
-    if (!plan.index_one_launch) key.insert(key.end(), {n_sel[i], n_cols[i], table_off[i + 1]});
+    if (!plan.index_one_launch) {
+      key.insert(key.end(), {n_sel[i], n_cols[i], plan.score_rows[i], table_off[i + 1]});
+    }
   }
   key.insert(key.end(), n_cand.begin(), n_cand.end());
   for (const void* p : {static_cast<const void*>(im.arena.p), static_cast<const void*>(im.params.p),
