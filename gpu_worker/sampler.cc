@@ -203,8 +203,8 @@ Candidates TopPPrefix(const float* logits, const std::vector<double>& w, double 
     }
   } else {
     last = LastBand(w, nullptr, threshold);
-    // Every id of weight > 0 when no band reaches it.
-    c.ids = IdsAtLeast(w, last < 0 ? 0x1p-1074 : std::ldexp(1.0, -last));
+    // Every id of weight > 0 when no band reaches it, or the last band (the subnormals) does.
+    c.ids = IdsAtLeast(w, last < 0 || last >= 1023 ? 0x1p-1074 : std::ldexp(1.0, -last));
   }
   SortByLogit(logits, c.ids);
   for (const int32_t id : c.ids) c.weights.push_back(w[id]);
