@@ -114,9 +114,10 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
                                    : StreamedInterRank(model, layout.tp_size);
     plan.streamed_workspace_bytes =
         StreamedMoeWorkspaceBytes(model, options.step_tokens, inter_rank);
-    plan.ring_bytes = options.gpu_prefill_ring_bytes;
   }
-  if (options.gpu_prefill_ring_auto) {
+  if (!options.gpu_prefill_ring_auto) {
+    plan.ring_bytes = options.gpu_prefill_ring_bytes;
+  } else {
     // As a worker without resident experts (up's --gpu-experts 0) sizes it; one given its KV
     // tokens (--plan_resident_kv_tokens for --kv_tokens) keeps the base ring.
     RingBudgetInputs in;
@@ -169,7 +170,7 @@ absl::StatusOr<MemoryPlan> PlanStageMemory(const ModelConfig& model, const Stage
   // With resident experts auto keeps its base ring.
   plan.resident_ring_bytes =
       options.gpu_prefill_ring_auto ? kBaseGpuPrefillRingMiB << 20 : plan.ring_bytes;
-  in.reserve_bytes = plan.reserve_bytes - plan.ring_bytes + plan.resident_ring_bytes;
+  in.reserve_bytes = base_reserve + plan.resident_ring_bytes + plan.streamed_workspace_bytes;
   in.state_bytes = plan.state_bytes;
   in.kv_tokens = plan.resident_kv_tokens;
   in.kv_bytes = plan.resident_kv_bytes;

@@ -212,17 +212,20 @@ Candidates TopPPrefix(const float* logits, const std::vector<double>& w, double 
   return c;
 }
 
-// w[i] = the weight of id i (WeightExp of its tempered distance to the largest logit m; 0 below
-// min_p), vectorised: 4 lanes where the CPU has AVX2 (a clone the loader picks), 2 elsewhere, the
-// same bits from either (no FMA: the build contracts nothing).
+// The weight of a logit: WeightExp of its tempered distance to the largest logit m, 0 below
+// min_p.
+inline double Weight(float logit, double m, double inv_t, double min_p) {
+  const double w = WeightExp((static_cast<double>(logit) - m) * inv_t);
+  return w < min_p ? 0.0 : w;
+}
+
+// w[i] = Weight of id i, vectorised: 4 lanes where the CPU has AVX2 (a clone the loader picks), 2
+// elsewhere, the same bits from either (no FMA: the build contracts nothing).
 __attribute__((target_clones("avx2", "default"))) void FillWeights(const float* logits,
                                                                    int64_t vocab, double m,
                                                                    double inv_t, double min_p,
                                                                    double* w) {
-  for (int64_t i = 0; i < vocab; ++i) {
-    const double x = WeightExp((static_cast<double>(logits[i]) - m) * inv_t);
-    w[i] = x < min_p ? 0.0 : x;
-  }
+  for (int64_t i = 0; i < vocab; ++i) w[i] = Weight(logits[i], m, inv_t, min_p);
 }
 
 // With top_k, the k most likely ids in ByLogit order (then top_p's prefix of them); else with
@@ -232,15 +235,11 @@ Candidates DrawCandidates(const float* logits, int64_t vocab, int32_t argmax,
                           const SamplingConfig& c) {
   const double m = logits[argmax], inv_t = 1.0 / static_cast<double>(c.temperature);
   const double min_p = c.min_p;
-  auto weight = [&](int64_t id) {
-    const double w = WeightExp((static_cast<double>(logits[id]) - m) * inv_t);
-    return w < min_p ? 0.0 : w;
-  };
   const bool cut_p = c.top_p > 0.0f && c.top_p < 1.0f;
   Candidates out;
   if (c.top_k > 0 && c.top_k < vocab) {
     out.ids = TopIds(logits, vocab, c.top_k);
-    for (const int32_t id : out.ids) out.weights.push_back(weight(id));
+    for (const int32_t id : out.ids) out.weights.push_back(Weight(logits[id], m, inv_t, min_p));
     double total = 0.0;
     for (const double w : out.weights) total += w;
     CutPrefix(cut_p ? c.top_p * total : INFINITY, out);
