@@ -110,33 +110,12 @@ struct Msg {
   bool wo_eos = false;
 };
 
-std::string_view TypeName(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "a boolean";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-    case Json::value_t::number_float:
-      return "a number";
-    default:
-      return "an unsupported value";
-  }
-}
-
 absl::Status Invalid(std::string_view where, std::string_view field, std::string_view what) {
   return absl::InvalidArgumentError(Cat(where, ".", field, ": ", what));
 }
 absl::Status WrongType(std::string_view where, std::string_view field, std::string_view expected,
                        const Json& got) {
-  return Invalid(where, field, Cat("expected ", expected, ", got ", TypeName(got)));
+  return Invalid(where, field, Cat("expected ", expected, ", got ", JsonTypeName(got)));
 }
 
 // Python truthiness of a JSON value.
@@ -256,7 +235,7 @@ absl::Status ReadToolCalls(const Json& msg, std::string_view where, std::vector<
         call.params = *std::move(parsed);
       } else {
         return Invalid(where, field + ".arguments",
-                       Cat("expected a JSON object, got ", TypeName(*parsed)));
+                       Cat("expected a JSON object, got ", JsonTypeName(*parsed)));
       }
     } else if (args != nullptr && args->is_object()) {
       call.params = *args;
@@ -271,7 +250,8 @@ absl::Status ReadToolCalls(const Json& msg, std::string_view where, std::vector<
 
 absl::StatusOr<Msg> ReadMessage(const Json& m, std::string where) {
   if (!m.is_object()) {
-    return absl::InvalidArgumentError(Cat(where, ": expected a message object, got ", TypeName(m)));
+    return absl::InvalidArgumentError(
+        Cat(where, ": expected a message object, got ", JsonTypeName(m)));
   }
   Msg msg;
   msg.where = std::move(where);
@@ -327,7 +307,7 @@ absl::StatusOr<Msg> ReadMessage(const Json& m, std::string where) {
 absl::StatusOr<std::vector<Msg>> ReadMessages(const Json& list, std::string_view label) {
   if (!list.is_array()) {
     return absl::InvalidArgumentError(
-        Cat(label, ": expected an array of messages, got ", TypeName(list)));
+        Cat(label, ": expected an array of messages, got ", JsonTypeName(list)));
   }
   std::vector<Msg> out;
   out.reserve(list.size());

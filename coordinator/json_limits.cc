@@ -44,4 +44,26 @@ absl::StatusOr<nlohmann::ordered_json> ParseJsonWithLimits(std::string_view text
   return value;
 }
 
+const char* JsonTypeName(const nlohmann::ordered_json& v) {
+  using T = nlohmann::ordered_json::value_t;
+  switch (v.type()) {
+    case T::null:
+      return "null";
+    case T::boolean:
+      return "a boolean";
+    case T::string:
+      return "a string";
+    case T::array:
+      return "an array";
+    case T::object:
+      return "an object";
+    case T::number_integer:
+    case T::number_unsigned:
+    case T::number_float:
+      return "a number";
+    default:
+      return "an unsupported value";
+  }
+}
+
 }  // namespace ss

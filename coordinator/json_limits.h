@@ -40,4 +40,9 @@ struct JsonLimits {
 absl::StatusOr<nlohmann::ordered_json> ParseJsonWithLimits(std::string_view text,
                                                            const JsonLimits& limits = {});
 
+// A value's JSON type for error messages, with its article: "null", "a boolean", "a number",
+// "a string", "an array", "an object" ("an unsupported value" for nlohmann's binary and discarded
+// values, which no JSON text parses to).
+const char* JsonTypeName(const nlohmann::ordered_json& v);
+
 }  // namespace ss

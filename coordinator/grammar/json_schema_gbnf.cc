@@ -16,6 +16,7 @@
 #include "coordinator/grammar/json_schema_support.h"
 #include "coordinator/grammar/number_range_gbnf.h"
 #include "coordinator/grammar/regex_gbnf.h"
+#include "coordinator/json_limits.h"
 #include "coordinator/utf8.h"
 
 namespace ss::grammar {
@@ -37,7 +38,6 @@ using json_schema::PointerJoin;
 using json_schema::Repeat;
 using json_schema::RepeatBounds;
 using json_schema::ResolveRef;
-using json_schema::TypeName;
 using json_schema::Unsupported;
 
 }  // namespace
@@ -235,7 +235,8 @@ absl::StatusOr<std::string> JsonSchemaConverter::Visit(const Json& s, const Ctx&
     return Invalid(ctx.pointer, "the schema false allows no value here");
   }
   if (!s.is_object()) {
-    return Invalid(ctx.pointer, absl::StrCat("expected an object or a boolean, got ", TypeName(s)));
+    return Invalid(ctx.pointer,
+                   absl::StrCat("expected an object or a boolean, got ", JsonTypeName(s)));
   }
   for (const auto& [key, value] : s.items()) {
     if (!Unsupported(key, value)) continue;

@@ -50,23 +50,6 @@ absl::Status Invalid(absl::string_view pointer, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("JSON schema at ", Where(pointer), ": ", what));
 }
 
-std::string TypeName(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "a boolean";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::object:
-      return "an object";
-    default:
-      return "a number";
-  }
-}
-
 bool MatchesType(const Json& v, absl::string_view type) {
   if (type == "null") return v.is_null();
   if (type == "boolean") return v.is_boolean();

@@ -99,9 +99,6 @@ std::string PointerJoin(absl::string_view pointer, absl::string_view key);
 // InvalidArgument "JSON schema at #<pointer>: <what>".
 absl::Status Invalid(absl::string_view pointer, absl::string_view what);
 
-// "null", "a boolean", "a string", "an array", "an object" or "a number".
-std::string TypeName(const Json& v);
-
 // Whether `v` is an instance of the JSON Schema `type` (an integer-valued float is an integer).
 bool MatchesType(const Json& v, absl::string_view type);
 
