@@ -356,16 +356,9 @@ int LaunchExpertWorkers(int requested, int nodes, int tp, bool cuda, int64_t moe
   return experts;
 }
 
-int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context) {
+int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream) {
   if (requested > 0) return requested;
-  int64_t tokens = kLaunchStepTokens;
-  if (!may_stream) return tokens;
-  const int64_t budget = kLaunchStepTokens * kLaunchStepContext;  // tokens x positions
-  while (tokens * 2 <= kLaunchStreamedStepTokens &&
-         tokens * 2 * std::max<int64_t>(context, 1) <= budget) {
-    tokens *= 2;
-  }
-  return tokens;
+  return may_stream ? kLaunchStreamedStepTokens : kLaunchStepTokens;
 }
 
 LaunchNodes LaunchNodesOf(const std::vector<NumaNode>& nodes) {

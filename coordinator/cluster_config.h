@@ -143,19 +143,16 @@ int LaunchExpertWorkers(int requested, int nodes, int tp, bool cuda, int64_t moe
 
 // `splitserve up`'s tokens per step (the cluster config's max_batch_tokens, vLLM's
 // --max-num-batched-tokens: the scheduler's budget per step and its largest prefill chunk):
-// `requested` when > 0. For 0, where the cuda backend may stream a prefill chunk's routed
-// experts to the GPU (`may_stream`: the cuda backend, a non-zero staging ring and a threshold
-// other than off), the largest power of two up to kLaunchStreamedStepTokens whose step, at
-// `context` positions (the longest sequence served), costs no more workspace than a
-// kLaunchStepTokens step at kLaunchStepContext -- a step's workspace grows with tokens x context
-// (the indexer's scores), and that is the step the memory plan fits on 24 GiB at every layout --
-// but at least kLaunchStepTokens: a streamed chunk reads every expert's weights once however many
-// tokens it carries. Else kLaunchStepTokens (the CPU expert path gains nothing from larger
-// chunks beyond the expert workers' call size).
+// `requested` when > 0. For 0, kLaunchStreamedStepTokens where the cuda backend may stream a
+// prefill chunk's routed experts to the GPU (`may_stream`: the cuda backend, a non-zero staging
+// ring and a threshold other than off; a streamed chunk reads every expert's weights once however
+// many tokens it carries), at any context: a step's indexer scores go in row slices
+// (gpu_worker/step_workspace.h IndexerScoreRows), so its workspace is what the memory plan fits
+// on 24 GiB at every layout. Else kLaunchStepTokens (the CPU expert path gains nothing from
+// larger chunks beyond the expert workers' call size).
 inline constexpr int64_t kLaunchStepTokens = 2048;
 inline constexpr int64_t kLaunchStreamedStepTokens = 8192;
-inline constexpr int64_t kLaunchStepContext = int64_t{1} << 20;
-int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream, int64_t context);
+int64_t LaunchMaxBatchTokens(int64_t requested, bool may_stream);
 
 // The NUMA nodes `splitserve up` and `splitserve cpus` place processes on: those of `nodes`
 // (NumaTopology::nodes()) with allowed CPUs, in their order.

@@ -309,9 +309,8 @@ coord::ClusterConfig BuildClusterConfig(const ModelConfig& model, const UpOption
   // step's workspace and the ring).
   const bool cuda = layout.backend == "cuda";
   const bool may_stream = cuda && o.gpu_prefill_ring_mib != "0" && o.gpu_prefill_threshold != "off";
-  cluster.max_batch_tokens = static_cast<int>(coord::LaunchMaxBatchTokens(
-      o.max_num_batched_tokens, may_stream,
-      o.max_model_len > 0 ? o.max_model_len : model.max_position_embeddings));
+  cluster.max_batch_tokens =
+      static_cast<int>(coord::LaunchMaxBatchTokens(o.max_num_batched_tokens, may_stream));
   cluster.max_running = static_cast<int>(kUpMaxRunning);
   std::printf(
       "splitserve up: steps of up to %d tokens (prefill chunks too; --max-num-batched-tokens)%s\n",

@@ -210,7 +210,7 @@ TEST(LauncherE2eTest, HelpListsTheStepAndStreamedPrefillFlags) {
   const std::string help = ReadLog(log);
   for (const char* want :
        {"--max-num-batched-tokens N", "--gpu-prefill-threshold auto|off|N",
-        "--gpu-prefill-ring-mib auto|MIB", "routed experts to the GPU: 8192, or 4096",
+        "--gpu-prefill-ring-mib auto|MIB", "routed experts to the GPU: 8192 at any --max-model-len",
         "auto (default): 3072, 2048 or 1024"}) {
     EXPECT_NE(help.find(want), std::string::npos) << want << "\n" << help;
   }
