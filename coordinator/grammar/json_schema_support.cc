@@ -66,7 +66,6 @@ bool MatchesType(const Json& v, absl::string_view type) {
   return false;
 }
 
-// The node a local $ref ("#…", a URI fragment holding a JSON pointer) names in `doc`, and the
 absl::StatusOr<std::pair<const Json*, std::string>> ResolveRef(const Json& doc,
                                                                absl::string_view ref,
                                                                absl::string_view where) {
