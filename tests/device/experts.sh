@@ -9,6 +9,7 @@
 #   bash tests/device/experts.sh $OUT rates scaling     # ~1 + ~5 min
 #   bash tests/device/experts.sh $OUT ggml              # ~5 min (ggml built twice, one repeat)
 #   bash tests/device/experts.sh $OUT amx               # ~3 min
+#   SS_AB="a:avx2 b:avx2" bash tests/device/experts.sh $OUT ab   # up to SS_AB_DEADLINE (480 s)
 # Parts:
 #   decode16  splitserve-bench-experts, 16 threads (or all cores), avx512 and avx2 interleaved,
 #             3 runs each: the acceptance's decode efficiency and T = 256 share of the FMA peak
@@ -20,6 +21,13 @@
 #             line says whether the host grants AMX), cpu_rates_bench's prefill-sized units by
 #             token rows a call at 1 and 16 threads (avx2, avx512, amx), then
 #             splitserve-bench-experts at 16 threads, avx512 and amx interleaved, 2 runs each
+#   ab        worker builds side by side: for each NAME:ISA of $SS_AB, the bench at 16 threads
+#             with worker_NAME (a binary beside the bench) and that ISA, SS_AB_ROUNDS rounds
+#             (default 5) interleaved, no run started SS_AB_DEADLINE seconds after the first.
+#             Pack: the bench, lib/ and one worker_NAME per build (stripped) in one folder, e.g.
+#             SS_PACK_DIR=.devpack/ab/x bash tests/device/pack.sh splitserve-bench-experts, then
+#             cp each build's splitserve-expert-worker there as worker_NAME; tar cJf it to carry,
+#             and on the device unpack it and point SS_EXPERTS_BIN at the folder
 # Each run's whole output stays under $OUT/experts/ (only a few files come back: the summary is
 # $OUT/experts-summary.txt, one line a run).
 set -uo pipefail
@@ -34,10 +42,10 @@ max=$((cores < 16 ? cores : 16))
 mkdir -p "$out/experts"
 summary="$out/experts-summary.txt"
 
-bench() {  # THREADS ISA TAG
+bench() {  # THREADS ISA TAG [WORKER]
   local f="$out/experts/be_${3}_t$1_$2.txt"
   timeout 150 "$bin/splitserve-bench-experts" --threads "$1" --isa "$2" --tokens 10 --calls 60 \
-    --workdir "$data" --worker "$bin/splitserve-expert-worker" >"$f" 2>&1
+    --workdir "$data" --worker "${4:-$bin/splitserve-expert-worker}" >"$f" 2>&1
   echo "bench $3 threads=$1 isa=$2 rc=$? $(grep -oE 'streaming read: [0-9.]+' "$f") $(grep -oE \
     'tokens_per_s=[^ ]+ decode_gbps=[^ ]+ stream_gbps=[^ ]+|rss_ratio=[^ ]+|fma_peak_gflops=.*' "$f" |
     tr '\n' ' ')" | tee -a "$summary"
@@ -81,6 +89,16 @@ for part in "$@"; do
         tee -a "$summary"
       for r in 1 2; do for isa in avx512 amx; do bench "$max" "$isa" "amx$r"; done; done
       ;;
-    *) echo "unknown part $part (decode16, rates, scaling, ggml, amx)" >&2; exit 2 ;;
+    ab)
+      start=$(date +%s)
+      for r in $(seq 1 "${SS_AB_ROUNDS:-5}"); do for vi in ${SS_AB:?SS_AB="NAME:ISA ..."}; do
+        if [ $(($(date +%s) - start)) -ge "${SS_AB_DEADLINE:-480}" ]; then
+          echo "ab: deadline, stopped before round $r $vi" | tee -a "$summary"
+          break 2
+        fi
+        bench "$max" "${vi##*:}" "ab_r${r}_${vi%%:*}" "$bin/worker_${vi%%:*}"
+      done; done
+      ;;
+    *) echo "unknown part $part (decode16, rates, scaling, ggml, amx, ab)" >&2; exit 2 ;;
   esac
 done
