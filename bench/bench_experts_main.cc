@@ -25,13 +25,16 @@
 // worker, the rest as skipped ids, as a GPU worker with resident experts sends them; the
 // efficiency then counts K experts a layer.
 //
+// --engine_passes 1|2 (default 2): the worker's and the in-process engine's
+// ExpertEngineOptions::passes (expert_engine.h), for A/B runs of the one-pass engine.
+//
 // --stream_only prints the streaming-read baseline alone (5 passes on the node's cores or
 // --threads; last line `stream_read_gbps=X threads=N`), for scripts that need the host's limit.
 //
 //   build/bin/splitserve-bench-experts [--quick] [--stream_only] [--workdir DIR] [--layers L]
 //   [--experts E]
 //       [--threads N] [--isa auto|scalar|avx2|avx512|amx] [--tokens N] [--calls N]
-//       [--client_spin_us US] [--cpu_choices K] [--worker PATH]
+//       [--client_spin_us US] [--cpu_choices K] [--engine_passes 1|2] [--worker PATH]
 #include <signal.h>
 #include <unistd.h>
 
@@ -81,6 +84,7 @@ struct Options {
   int layers = 0, experts = 16, threads = 0, tokens = 0, calls = 0;
   int client_spin_us = 20;  // ShmClientOptions::spin of the bench's client (the default)
   int cpu_choices = 6;      // (b): choices of a token the worker computes; the rest skipped
+  int engine_passes = 2;    // ExpertEngineOptions::passes of the worker and in-process engine
 };
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& st) {
@@ -264,13 +268,15 @@ int Main(int argc, char** argv) {
       o.client_spin_us = std::atoi(value().c_str());
     } else if (a == "--cpu_choices") {
       o.cpu_choices = std::atoi(value().c_str());
+    } else if (a == "--engine_passes") {
+      o.engine_passes = std::atoi(value().c_str());
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--quick] [--stream_only] [--workdir DIR] [--layers L] [--experts E] "
           "[--threads N] "
           "[--isa auto|scalar|avx2|avx512|amx] [--tokens N] [--calls N] [--client_spin_us US] "
-          "[--cpu_choices K] [--worker PATH]\n",
+          "[--cpu_choices K] [--engine_passes 1|2] [--worker PATH]\n",
           argv[0]);
       return 2;
     }
@@ -282,8 +288,10 @@ int Main(int argc, char** argv) {
     o.workdir = (fs::path(SelfDir()).parent_path() / "bench-experts-data").string();
   if (o.worker.empty()) o.worker = (fs::path(SelfDir()) / "splitserve-expert-worker").string();
   if (o.experts < kTopK || o.layers < 1 || o.layers > 43 || o.cpu_choices < 1 ||
-      o.cpu_choices > kTopK) {
-    std::fprintf(stderr, "need --experts >= 6, --layers in 1..43 and --cpu_choices in 1..6\n");
+      o.cpu_choices > kTopK || (o.engine_passes != 1 && o.engine_passes != 2)) {
+    std::fprintf(stderr,
+                 "need --experts >= 6, --layers in 1..43, --cpu_choices in 1..6 and "
+                 "--engine_passes 1 or 2\n");
     return 2;
   }
   const Isa worker_isa = Must(ss::expert::ParseIsa(o.isa), "--isa");
@@ -368,8 +376,9 @@ int Main(int argc, char** argv) {
   auto worker =
       Must(ChildProcess::Start(
                {o.worker, "--model", o.workdir, "--layers", absl::StrCat("0-", o.layers - 1),
-                "--threads", std::to_string(threads), "--isa", o.isa, "--shm_name", shm_name,
-                "--grpc_listen", absl::StrCat("127.0.0.1:", grpc_port), "--metrics_listen",
+                "--threads", std::to_string(threads), "--isa", o.isa, "--engine_passes",
+                std::to_string(o.engine_passes), "--shm_name", shm_name, "--grpc_listen",
+                absl::StrCat("127.0.0.1:", grpc_port), "--metrics_listen",
                 absl::StrCat("127.0.0.1:", metrics_port)},
                log),
            "starting the worker");
@@ -446,10 +455,10 @@ int Main(int argc, char** argv) {
   const double best_read = *std::max_element(stream_passes.begin(), stream_passes.end());
   const double best = best_token / std::min(best_read, kernel_bound);
   std::printf(
-      "(b) decode through the worker (isa %s, %d threads): %d tokens x %d layers x %d of 6 "
-      "choices, %.2f tokens/s, %.2f GB/s, median call %.0f us\n",
-      ss::expert::IsaName(worker_isa), threads, o.tokens, o.layers, o.cpu_choices, tokens_per_s,
-      decode_gbps, Median(decode_us));
+      "(b) decode through the worker (isa %s, %d threads, %d engine pass%s): %d tokens x %d "
+      "layers x %d of 6 choices, %.2f tokens/s, %.2f GB/s, median call %.0f us\n",
+      ss::expert::IsaName(worker_isa), threads, o.engine_passes, o.engine_passes == 1 ? "" : "es",
+      o.tokens, o.layers, o.cpu_choices, tokens_per_s, decode_gbps, Median(decode_us));
   std::printf(
       "    efficiency %.3f = %.2f GB/s / min(median read %.2f, %d x %.2f); read passes (one before "
       "each token) min %.2f, max %.2f GB/s\n",
@@ -525,6 +534,7 @@ int Main(int argc, char** argv) {
     auto store = Must(ss::expert::ExpertStore::Load(so, pool.get()), "in-process store");
     ss::expert::ExpertEngineOptions eo;
     eo.isa = worker_isa;
+    eo.passes = o.engine_passes;
     auto engine = Must(ss::expert::ExpertEngine::Create(*store, *pool, eo), "in-process engine");
     pool->PinCallingThread();  // this thread is the pool's worker 0 in Compute
     std::printf(
@@ -616,14 +626,14 @@ int Main(int argc, char** argv) {
       "t64_gflops=%.1f t256_gflops=%.1f shm_empty_us=%.1f grpc_empty_us=%.1f "
       "shm_overhead_us=%.1f grpc_overhead_us=%.1f shm_overhead_warm_us=%.1f "
       "grpc_overhead_warm_us=%.1f rss_ratio=%.3f startup_s=%.2f fma_peak_gflops=%.1f "
-      "t256_peak_ratio=%.3f stream_ratio=%.3f cpu_choices=%d\n",
+      "t256_peak_ratio=%.3f stream_ratio=%.3f cpu_choices=%d engine_passes=%d\n",
       efficiency, paired, best, tokens_per_s, decode_gbps, stream, threads,
       ss::expert::IsaName(worker_isa), rate_or(Isa::kScalar), rate_or(Isa::kAvx2),
       rate_or(Isa::kAvx512), batch[4].first, batch[16].first, batch[64].first, batch[256].first,
       batch[4].second, batch[16].second, batch[64].second, batch[256].second, Median(shm_empty),
       Median(grpc_empty), shm_overhead, grpc_overhead, Median(shm_warm), Median(grpc_warm),
       rss_ratio, startup_s, fma_peak, fma_peak > 0 ? batch[256].second / fma_peak : 0.0,
-      stream > 0 ? decode_gbps / stream : 0.0, o.cpu_choices);
+      stream > 0 ? decode_gbps / stream : 0.0, o.cpu_choices, o.engine_passes);
   return worker_exit == 0 ? 0 : 1;
 }
 

@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstring>
 #include <latch>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -145,6 +146,12 @@ ThreadPool::~ThreadPool() {
 }
 
 int64_t ThreadPool::pin_refusals() { return g_pin_refusals.load(); }
+
+void ThreadPool::WaitInTask(absl::FunctionRef<bool()> ready) {
+  // INT_MAX us: SpinUntil's deadline is never reached in practice; the loop ends when ready().
+  while (!SpinUntil(std::numeric_limits<int>::max(), ready)) {
+  }
+}
 
 bool ThreadPool::PinCallingThread() const { return cpus_.empty() || PinTo(cpus_[0]); }
 

@@ -23,6 +23,12 @@
 // Back-to-back calls (one MoE layer after another) therefore cost a cache-line handoff, calls after
 // a long idle one futex wake-up; bench/thread_pool_bench.cc measures both.
 //
+// Order. Indices are handed out in increasing order (an atomic counter, grains of consecutive
+// indices) and a worker runs its grain in order, so when index i starts, every index below i has
+// been taken by a worker that is running it, will run it before anything else, or has finished
+// it. A task may therefore wait for a LOWER index of the same job to finish (WaitInTask), never
+// for a higher one.
+//
 // Threads and order. ParallelFor may be called from any thread, and from several: calls are
 // serialised (one job at a time). Calling ParallelFor (or RunOnEachWorker) of a pool from inside
 // one of that same pool's tasks would deadlock; it is detected and returns FailedPrecondition
@@ -71,6 +77,12 @@ class ThreadPool {
   // fn(worker) once on every worker, the caller included (worker 0): for per-thread setup such
   // as first-touching a worker's own scratch. Same rules as ParallelFor.
   absl::Status RunOnEachWorker(absl::FunctionRef<void(int)> fn);
+
+  // Inside a task: returns once ready() holds, polling it with a pause instruction for 2 us and
+  // then yielding the core between polls; it never sleeps and has no timeout. Only for a
+  // condition another task of the same job makes true, and only one whose index is lower than
+  // the waiting task's (see "Order" above): anything else may wait forever.
+  static void WaitInTask(absl::FunctionRef<bool()> ready);
 
   // Pins the calling thread to cpus[0] (no-op returning true without cpus or with cpus[0] < 0).
   // Returns false (after the process's one warning) when the kernel refuses.

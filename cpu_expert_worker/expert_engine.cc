@@ -16,6 +16,23 @@ constexpr size_t kAlign = 64;
 
 size_t AlignUp(size_t v) { return RoundUp(v, kAlign); }
 
+// The down units' column bounds: kDownRows each (threads = 0), or guided for `threads` threads:
+// each range about 1/threads of the columns left, a multiple of 16 in [kMinDownRows,
+// kMaxDownRows] (the last one may be narrower).
+std::vector<int64_t> DownBounds(int64_t dim, int threads) {
+  std::vector<int64_t> b{0};
+  while (b.back() < dim) {
+    const int64_t left = dim - b.back();
+    int64_t w = ExpertEngine::kDownRows;
+    if (threads > 0) {
+      w = std::clamp(RoundUp(CeilDiv(left, int64_t{threads}), int64_t{16}),
+                     ExpertEngine::kMinDownRows, ExpertEngine::kMaxDownRows);
+    }
+    b.push_back(b.back() + std::min(w, left));
+  }
+  return b;
+}
+
 }  // namespace
 
 ExpertEngine::ExpertEngine(const ExpertStore& store, ThreadPool& pool,
@@ -33,6 +50,10 @@ absl::StatusOr<std::unique_ptr<ExpertEngine>> ExpertEngine::Create(
         "expert engine: max_tokens ", o.max_tokens, ", max_top_k ", o.max_top_k, ", split_target ",
         o.split_target, ", min_split_cols ", o.min_split_cols, ", max_splits ", o.max_splits,
         ": sizes must be >= 1 (max_splits >= 0; min_split_cols a multiple of 128)"));
+  }
+  if (o.passes != 1 && o.passes != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert engine: passes ", o.passes, ": expected 1 or 2"));
   }
   const int64_t max_entries = o.max_tokens * o.max_top_k;
   if (max_entries > (int64_t{1} << 30)) {
@@ -78,6 +99,9 @@ absl::StatusOr<std::unique_ptr<ExpertEngine>> ExpertEngine::Create(
   e->groups_.resize(E);
   e->group_offsets_.resize(E + 1);
   e->units_.resize(o.split_target + max_entries);
+  e->group_units_.resize(E);
+  e->group_done_ = std::make_unique<std::atomic<int32_t>[]>(E);
+  e->down_bounds_ = DownBounds(dim, o.passes == 1 ? pool.size() : 0);
 
   // Per-worker scratch, allocated and first touched by its own worker.
   const size_t ws_bytes = ExpertUnitWorkspaceBytes(dim, I);
@@ -189,20 +213,28 @@ void ExpertEngine::Plan(int64_t T, const int32_t* ids, const float* weights, int
   s = std::max<int64_t>(s, 1);
   // Sub-range j of s covers the 128-column chunks [j·C/s, (j+1)·C/s) (at least min_split_cols).
   int64_t n = 0;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = 0, g = 0; e < E; ++e) {
+    if (expert_count_[e] == 0) continue;
+    const int64_t first = n;
     for (int64_t b = 0; b < expert_count_[e]; b += kMaxUnitRows) {
       const int32_t rows = static_cast<int32_t>(std::min(kMaxUnitRows, expert_count_[e] - b));
       for (int64_t j = 0; j < s; ++j) {
-        units_[n++] = Unit{static_cast<int32_t>(e), static_cast<int32_t>(expert_offset_[e] + b),
-                           rows, static_cast<int32_t>(j * C / s * kActBlock),
-                           static_cast<int32_t>((j + 1) * C / s * kActBlock)};
+        units_[n++] = Unit{static_cast<int32_t>(e),
+                           static_cast<int32_t>(expert_offset_[e] + b),
+                           rows,
+                           static_cast<int32_t>(j * C / s * kActBlock),
+                           static_cast<int32_t>((j + 1) * C / s * kActBlock),
+                           static_cast<int32_t>(g)};
       }
     }
+    group_units_[g] = static_cast<int32_t>(n - first);
+    group_done_[g].store(0, std::memory_order_relaxed);
+    ++g;
   }
   num_units_ = n;
   last_units_ = n;
   last_splits_ = s;
-  last_down_units_ = dim / kDownRows;
+  last_down_units_ = DownUnits();
 }
 
 void ExpertEngine::RunGateUp(const Unit& u, const ExpertSliceView* views, int worker) {
@@ -230,19 +262,23 @@ void ExpertEngine::RunGateUp(const Unit& u, const ExpertSliceView* views, int wo
   if (!st.ok() && s.status.ok()) s.status = st;
 }
 
-void ExpertEngine::RunDown(int64_t d0, int64_t T, float* out, int worker) {
-  WorkerScratch& s = scratch_[worker];
+void ExpertEngine::ZeroColumns(int64_t d, int64_t T, float* out) const {
   const int64_t dim = store_.dim();
-  for (int64_t t = 0; t < T; ++t)
-    std::fill(out + t * dim + d0, out + t * dim + d0 + kDownRows, 0.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(out + t * dim + down_bounds_[d], out + t * dim + down_bounds_[d + 1], 0.0f);
+  }
+}
+
+void ExpertEngine::RunDown(int64_t d, int64_t g0, int64_t g1, int worker) {
+  WorkerScratch& s = scratch_[worker];
   DownCall c;
-  c.dim = dim;
+  c.dim = store_.dim();
   c.inter_slice = store_.inter_slice();
-  c.col_begin = d0;
-  c.col_end = d0 + kDownRows;
-  c.num_groups = num_groups_;
-  c.experts = groups_.data();
-  c.group_offsets = group_offsets_.data();
+  c.col_begin = down_bounds_[d];
+  c.col_end = down_bounds_[d + 1];
+  c.num_groups = g1 - g0;
+  c.experts = groups_.data() + g0;
+  c.group_offsets = group_offsets_.data() + g0;  // absolute entry indices
   c.hq_rows = hq_rows_.data();
   c.hs_rows = hs_rows_.data();
   c.out_rows = out_rows_.data();
@@ -251,6 +287,55 @@ void ExpertEngine::RunDown(int64_t d0, int64_t T, float* out, int worker) {
   c.round_expert_outputs = store_.slice_count() == 1;
   const absl::Status st = kernel_->down(c, s.workspace, s.workspace_bytes);
   if (!st.ok() && s.status.ok()) s.status = st;
+}
+
+// Adds the groups in order, each once its gate_up units are done: the longest run of ready
+// groups per kernel call.
+void ExpertEngine::RunDownWhenReady(int64_t d, int64_t T, float* out, int worker) {
+  ZeroColumns(d, T, out);
+  const auto ready = [this](int64_t g) {
+    return group_done_[g].load(std::memory_order_acquire) == group_units_[g];
+  };
+  for (int64_t g0 = 0; g0 < num_groups_;) {
+    ThreadPool::WaitInTask([&] { return ready(g0); });
+    int64_t g1 = g0 + 1;
+    while (g1 < num_groups_ && ready(g1)) ++g1;
+    RunDown(d, g0, g1, worker);
+    g0 = g1;
+  }
+}
+
+// The first kernel error any worker recorded in this call (clearing them all).
+absl::Status ExpertEngine::FirstKernelError() {
+  absl::Status first;
+  for (WorkerScratch& s : scratch_) {
+    if (first.ok() && !s.status.ok()) first = s.status;
+    s.status = absl::OkStatus();
+  }
+  return first;
+}
+
+absl::Status ExpertEngine::TwoPasses(int64_t T, const ExpertSliceView* views, float* out) {
+  RETURN_IF_ERROR(pool_.ParallelFor(
+      num_units_, [&](int64_t u, int worker) { RunGateUp(units_[u], views, worker); }));
+  for (const WorkerScratch& s : scratch_) {
+    if (!s.status.ok()) return absl::OkStatus();  // no down pass; Compute reports the error
+  }
+  return pool_.ParallelFor(DownUnits(), [&](int64_t d, int worker) {
+    ZeroColumns(d, T, out);
+    RunDown(d, 0, num_groups_, worker);
+  });
+}
+
+absl::Status ExpertEngine::OnePass(int64_t T, const ExpertSliceView* views, float* out) {
+  return pool_.ParallelFor(num_units_ + DownUnits(), [&](int64_t u, int worker) {
+    if (u >= num_units_) {
+      RunDownWhenReady(u - num_units_, T, out, worker);
+      return;
+    }
+    RunGateUp(units_[u], views, worker);
+    group_done_[units_[u].group].fetch_add(1, std::memory_order_release);  // even on error
+  });
 }
 
 absl::Status ExpertEngine::Compute(int layer, int64_t T, const uint16_t* x_bf16, const int32_t* ids,
@@ -266,24 +351,10 @@ absl::Status ExpertEngine::Compute(int layer, int64_t T, const uint16_t* x_bf16,
   RETURN_IF_ERROR(pool_.ParallelFor(T, [&](int64_t t, int) {
     kernel_->quantize_row(x_bf16 + t * dim, dim, xq_ + t * dim, xs_ + t * nb);
   }));
-  RETURN_IF_ERROR(pool_.ParallelFor(
-      num_units_, [&](int64_t u, int worker) { RunGateUp(units_[u], views, worker); }));
-  auto failed = [this]() {
-    absl::Status first;
-    for (WorkerScratch& s : scratch_) {
-      if (first.ok() && !s.status.ok()) first = s.status;
-      s.status = absl::OkStatus();
-    }
-    return first;
-  };
-  absl::Status st = failed();
-  if (st.ok()) {
-    RETURN_IF_ERROR(pool_.ParallelFor(dim / kDownRows, [&](int64_t d, int worker) {
-      RunDown(d * kDownRows, T, out_fp32, worker);
-    }));
-    st = failed();
-  }
-  if (!st.ok()) {  // the request was validated: a kernel error here is an internal bug
+  RETURN_IF_ERROR(options_.passes == 1 ? OnePass(T, views, out_fp32)
+                                       : TwoPasses(T, views, out_fp32));
+  if (const absl::Status st = FirstKernelError(); !st.ok()) {
+    // The request was validated: a kernel error here is an internal bug.
     return absl::InternalError(
         absl::StrCat("expert kernel failed on a validated request: ", st.message()));
   }

@@ -17,6 +17,14 @@
 //     routed expert in ascending id order, each row added straight into `out` in the kernel's
 //     own order. Each unit owns its columns of every token: no partial sums, no atomics, no
 //     reduction pass, and w2 is read as contiguous row blocks.
+// With ExpertEngineOptions::passes = 1 the two passes become ONE parallel pass: the gate_up units
+// come first (expert-major), then the down units, whose column ranges are guided (each about
+// 1/threads of the columns still unassigned, kMaxDownRows down to kMinDownRows, so the last ones
+// are narrow and the threads finish together). A down unit zeroes its columns, then adds the
+// experts in ascending id order, each as soon as all of that expert's gate_up units have
+// finished (ThreadPool::WaitInTask: every gate_up unit has a lower index than every down unit,
+// so it is running or done). No thread waits at a barrier between the halves; the additions are
+// the two-pass ones, in the same order.
 // Every output element is therefore computed and summed exactly as one kernel call over the
 // whole slice computes it (ExpertKernel::run): a call's output is bit-identical to that, for any
 // split, on 1 or N threads and from run to run. A worker holding whole experts (slice 0/1) rounds
@@ -25,7 +33,8 @@
 // unrounded (the caller sums them, then rounds once). Each token row is quantised to e4m3 ONCE per
 // call (ExpertKernel::quantize_row, in parallel over tokens) and every unit reads those shared
 // rows. Limitation: the 128-column granularity bounds the gate_up pass at 6·C units at T = 1 (96
-// for Flash at n = 1, 48 at n = 2); the down pass has dim / kDownRows units (64 for Flash).
+// for Flash at n = 1, 48 at n = 2); the down pass has dim / kDownRows units (64 for Flash; 51 in
+// one pass on 16 threads).
 //
 // Memory. Everything a call touches is allocated in Create (per-worker kernel workspaces first
 // touched by their own worker, the H rows, the plan arrays), on the store's NUMA node when a
@@ -36,6 +45,7 @@
 // and the pool, which must outlive it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -57,6 +67,7 @@ struct ExpertEngineOptions {
   int64_t split_target = 128;    // units a call aims for (see above); >= 1
   int64_t min_split_cols = 128;  // narrowest I-sub-range; a multiple of 128
   int64_t max_splits = 0;        // cap on s; 0 = none (1 = one gate_up unit per expert batch)
+  int passes = 2;                // 2: gate_up, barrier, down; 1: one pass (see above)
   // Where the per-call memory lives; null / -1: unbound.
   const NumaTopology* topology = nullptr;
   int numa_node = -1;
@@ -90,8 +101,9 @@ class ExpertEngine {
   int64_t last_splits() const { return last_splits_; }
   int64_t last_down_units() const { return last_down_units_; }
 
-  // Output columns per down unit.
+  // Output columns per down unit with two passes; the widest and narrowest with one.
   static constexpr int64_t kDownRows = 64;
+  static constexpr int64_t kMaxDownRows = 128, kMinDownRows = 32;
 
  private:
   struct Unit {
@@ -99,6 +111,7 @@ class ExpertEngine {
     int32_t entry_begin;  // into the expert-sorted entries
     int32_t rows;
     int32_t col_begin, col_end;  // I-sub-range within the slice, multiples of 128
+    int32_t group;               // index of the expert in groups_
   };
   struct WorkerScratch {
     NodeMemory memory;  // kernel workspace + the unit's x row pointers
@@ -116,7 +129,15 @@ class ExpertEngine {
   void Plan(int64_t T, const int32_t* ids, const float* weights, int top_k,
             const ExpertSliceView* views, float* out);
   void RunGateUp(const Unit& u, const ExpertSliceView* views, int worker);
-  void RunDown(int64_t d0, int64_t T, float* out, int worker);
+  // Down unit d: output columns [down_bounds_[d], down_bounds_[d + 1]) of every token.
+  int64_t DownUnits() const { return static_cast<int64_t>(down_bounds_.size()) - 1; }
+  void ZeroColumns(int64_t d, int64_t T, float* out) const;
+  void RunDown(int64_t d, int64_t g0, int64_t g1, int worker);  // groups [g0, g1)
+  void RunDownWhenReady(int64_t d, int64_t T, float* out, int worker);
+  // The units of a planned call; kernel errors are left in the workers' scratch.
+  absl::Status TwoPasses(int64_t T, const ExpertSliceView* views, float* out);
+  absl::Status OnePass(int64_t T, const ExpertSliceView* views, float* out);
+  absl::Status FirstKernelError();  // and clears them
 
   const ExpertStore& store_;
   ThreadPool& pool_;
@@ -142,6 +163,9 @@ class ExpertEngine {
   int64_t num_groups_ = 0;
   std::vector<Unit> units_;  // size = capacity; num_units_ used
   int64_t num_units_ = 0;
+  std::vector<int32_t> group_units_;                    // [E]: gate_up units of each group
+  std::unique_ptr<std::atomic<int32_t>[]> group_done_;  // [E]: of those, finished (one pass)
+  std::vector<int64_t> down_bounds_;                    // [down units + 1], fixed in Create
   int64_t last_units_ = 0, last_splits_ = 0, last_down_units_ = 0;
 };
 

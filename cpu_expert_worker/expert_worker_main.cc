@@ -513,12 +513,14 @@ int Main(int argc, char** argv) {
   eo.max_tokens = c.max_tokens;
   eo.split_target = c.split_target;
   eo.min_split_cols = c.min_split_cols;
+  eo.passes = c.engine_passes;
   eo.topology = topo->get();
   eo.numa_node = node;
   auto engine = ExpertEngine::Create(**store, **pool, eo);
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info(absl::StrCat("engine ready: isa ", (*engine)->isa_name(), ", max_tokens ",
-                            (*engine)->max_tokens(), ", top_k <= ", (*engine)->max_top_k()));
+                            (*engine)->max_tokens(), ", top_k <= ", (*engine)->max_top_k(),
+                            ", passes ", c.engine_passes));
   if (c.selftest >= 0) {
     const int rc = SelfTest(c, **store, **pool, **engine);
     if (rc != 0 || (c.shm_name.empty() && c.grpc_listen.empty())) return rc;

@@ -83,6 +83,11 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const WorkerFlags& f) {
         absl::StrCat("--min_split_cols ", f.min_split_cols, " is not a positive multiple of 128"));
   }
   c.min_split_cols = f.min_split_cols;
+  if (f.engine_passes != 1 && f.engine_passes != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--engine_passes ", f.engine_passes, ": expected 1 or 2"));
+  }
+  c.engine_passes = f.engine_passes;
   if (f.weight_layout != "tiled" && f.weight_layout != "rows") {
     return absl::InvalidArgumentError(
         absl::StrCat("--weight_layout ", f.weight_layout, " (tiled or rows)"));

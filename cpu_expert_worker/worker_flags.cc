@@ -53,6 +53,9 @@ ABSL_FLAG(int64_t, split_target, WorkerFlags{}.split_target,
 ABSL_FLAG(int64_t, min_split_cols, WorkerFlags{}.min_split_cols,
           "engine: narrowest sub-range of the slice's intermediate dimension per unit "
           "(a multiple of 128)");
+ABSL_FLAG(int, engine_passes, WorkerFlags{}.engine_passes,
+          "engine: 2 = gate_up units, a barrier, then down units; 1 = one parallel pass, each down "
+          "unit adding an expert once its gate_up units are done (same bits)");
 ABSL_FLAG(std::string, weight_layout, WorkerFlags{}.weight_layout,
           "expert weights in RAM: tiled (the order the ISA's kernel reads them; one sequential "
           "stream a call) or rows (the checkpoint's row-major rows)");
@@ -80,6 +83,7 @@ WorkerFlags ReadWorkerFlags() {
   f.spin_us = absl::GetFlag(FLAGS_spin_us);
   f.split_target = absl::GetFlag(FLAGS_split_target);
   f.min_split_cols = absl::GetFlag(FLAGS_min_split_cols);
+  f.engine_passes = absl::GetFlag(FLAGS_engine_passes);
   f.weight_layout = absl::GetFlag(FLAGS_weight_layout);
   f.selftest = absl::GetFlag(FLAGS_selftest);
   f.selftest_tokens = absl::GetFlag(FLAGS_selftest_tokens);

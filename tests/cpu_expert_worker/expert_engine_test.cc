@@ -3,7 +3,8 @@
 //    the whole slice;
 //  * the sum of the two slices of n = 2 is within one bf16 ulp of the n = 1 unrounded result
 //    for >= 99% of outputs;
-//  * outputs are bit-identical on 1, 2, 3 and 4 threads and from run to run;
+//  * outputs are bit-identical on 1, 2, 3 and 4 threads, in two passes and in one (passes = 1),
+//    and from run to run;
 //  * malformed requests get clear errors, leave `out` untouched, and the engine keeps serving;
 //  * concurrent callers are serialised.
 #include "cpu_expert_worker/expert_engine.h"
@@ -82,9 +83,11 @@ std::unique_ptr<ExpertStore> Store(const std::string& dir, int i, int n) {
 
 // min_split_cols 128 (the default, made explicit): I = 256 then splits in two.
 std::unique_ptr<ExpertEngine> Engine(const ExpertStore& s, ThreadPool& pool, Isa isa,
-                                     int64_t max_splits = 0, int64_t max_tokens = 256) {
+                                     int64_t max_splits = 0, int64_t max_tokens = 256,
+                                     int passes = 2) {
   ExpertEngineOptions o;
   o.isa = isa;
+  o.passes = passes;
   o.min_split_cols = 128;
   o.max_splits = max_splits;
   o.max_tokens = max_tokens;
@@ -162,18 +165,21 @@ TEST(ExpertEngine, OneSplitIsBitIdenticalToOneKernelCall) {
     ASSERT_NE(store, nullptr);
     const int k = static_cast<int>(store->config().n_activated_experts);
     for (Isa isa : Isas()) {
-      auto engine = Engine(*store, *pool, isa, /*max_splits=*/1);
-      ASSERT_NE(engine, nullptr);
-      uint32_t seed = 1;
-      for (int64_t T : {1, 3, 70, 200}) {
-        for (bool skewed : {false, true}) {
-          const Request r = MakeRequest(T, k, store->num_experts(), store->dim(), skewed, seed++);
-          const int layer = static_cast<int>(seed % store->layers().size());
-          EXPECT_EQ(
-              BitsDiffer(RunEngine(*engine, *store, layer, r), KernelCall(*store, isa, layer, r)),
-              0)
-              << dir << " " << IsaName(isa) << " T=" << T << " skewed=" << skewed;
-          EXPECT_EQ(engine->last_splits(), 1);
+      for (int passes : {2, 1}) {
+        auto engine = Engine(*store, *pool, isa, /*max_splits=*/1, 256, passes);
+        ASSERT_NE(engine, nullptr);
+        uint32_t seed = 1;
+        for (int64_t T : {1, 3, 70, 200}) {
+          for (bool skewed : {false, true}) {
+            const Request r = MakeRequest(T, k, store->num_experts(), store->dim(), skewed, seed++);
+            const int layer = static_cast<int>(seed % store->layers().size());
+            EXPECT_EQ(
+                BitsDiffer(RunEngine(*engine, *store, layer, r), KernelCall(*store, isa, layer, r)),
+                0)
+                << dir << " " << IsaName(isa) << " passes " << passes << " T=" << T
+                << " skewed=" << skewed;
+            EXPECT_EQ(engine->last_splits(), 1);
+          }
         }
       }
     }
@@ -185,18 +191,21 @@ TEST(ExpertEngine, AnySplitIsBitIdenticalToOneKernelCall) {
   auto store = Store(I256Checkpoint(), 0, 1);
   ASSERT_NE(store, nullptr);
   for (Isa isa : Isas()) {
-    auto engine = Engine(*store, *pool, isa);
-    ASSERT_NE(engine, nullptr);
-    for (int64_t T : {1, 7, 100}) {
-      for (bool skewed : {false, true}) {
-        const Request r = MakeRequest(T, 3, 8, 384, skewed, static_cast<uint32_t>(T));
-        const std::vector<float> got = RunEngine(*engine, *store, 2, r);
-        if (T == 1) {
-          EXPECT_EQ(engine->last_splits(), 2);  // C = 256/128 = 2
+    for (int passes : {2, 1}) {
+      auto engine = Engine(*store, *pool, isa, 0, 256, passes);
+      ASSERT_NE(engine, nullptr);
+      for (int64_t T : {1, 7, 100}) {
+        for (bool skewed : {false, true}) {
+          const Request r = MakeRequest(T, 3, 8, 384, skewed, static_cast<uint32_t>(T));
+          const std::vector<float> got = RunEngine(*engine, *store, 2, r);
+          if (T == 1) {
+            EXPECT_EQ(engine->last_splits(), 2);  // C = 256/128 = 2
+          }
+          // One pass on 2 threads, guided: 128 (= 384 / 2 capped), 128, 64, 32, 32.
+          EXPECT_EQ(engine->last_down_units(), passes == 2 ? 384 / ExpertEngine::kDownRows : 5);
+          EXPECT_EQ(BitsDiffer(got, KernelCall(*store, isa, 2, r)), 0)
+              << IsaName(isa) << " passes " << passes << " T=" << T << " skewed=" << skewed;
         }
-        EXPECT_EQ(engine->last_down_units(), 384 / ExpertEngine::kDownRows);
-        EXPECT_EQ(BitsDiffer(got, KernelCall(*store, isa, 2, r)), 0)
-            << IsaName(isa) << " T=" << T << " skewed=" << skewed;
       }
     }
   }
@@ -238,26 +247,34 @@ TEST(ExpertEngine, TwoSlicesSumToTheWholeExpert) {
   }
 }
 
+// Whole experts and a slice (unrounded partials), in two passes and in one: every thread count
+// gives the bits of two passes on one thread.
 TEST(ExpertEngine, BitIdenticalOnAnyThreadCount) {
-  auto store = Store(I256Checkpoint(), 0, 1);
-  ASSERT_NE(store, nullptr);
   std::vector<Request> requests;
   uint32_t seed = 7;
   for (int64_t T : {1, 5, 64, 200})
     for (bool skewed : {false, true}) requests.push_back(MakeRequest(T, 3, 8, 384, skewed, seed++));
-  std::vector<std::vector<float>> reference;
-  auto one = Pool(1);
-  auto e1 = Engine(*store, *one, DetectIsa());
-  ASSERT_NE(e1, nullptr);
-  for (const Request& r : requests) reference.push_back(RunEngine(*e1, *store, 1, r));
-  for (int threads : {2, 3, 4}) {
-    auto pool = Pool(threads);
-    auto e = Engine(*store, *pool, DetectIsa());
-    ASSERT_NE(e, nullptr);
-    for (int rep = 0; rep < 5; ++rep) {
-      for (size_t i = 0; i < requests.size(); ++i) {
-        EXPECT_EQ(BitsDiffer(RunEngine(*e, *store, 1, requests[i]), reference[i]), 0)
-            << threads << " threads, request " << i << ", repetition " << rep;
+  for (int n : {1, 2}) {
+    auto store = Store(I256Checkpoint(), 0, n);
+    ASSERT_NE(store, nullptr);
+    std::vector<std::vector<float>> reference;
+    auto one = Pool(1);
+    auto e1 = Engine(*store, *one, DetectIsa());
+    ASSERT_NE(e1, nullptr);
+    for (const Request& r : requests) reference.push_back(RunEngine(*e1, *store, 1, r));
+    for (int threads : {1, 2, 3, 4}) {
+      auto pool = Pool(threads);
+      for (int passes : {2, 1}) {
+        if (threads == 1 && passes == 2) continue;  // the reference
+        auto e = Engine(*store, *pool, DetectIsa(), 0, 256, passes);
+        ASSERT_NE(e, nullptr);
+        for (int rep = 0; rep < 5; ++rep) {
+          for (size_t i = 0; i < requests.size(); ++i) {
+            EXPECT_EQ(BitsDiffer(RunEngine(*e, *store, 1, requests[i]), reference[i]), 0)
+                << "slices " << n << ", " << threads << " threads, passes " << passes
+                << ", request " << i << ", repetition " << rep;
+          }
+        }
       }
     }
   }
@@ -305,26 +322,28 @@ TEST(ExpertEngine, SkippedChoicesAddNothing) {
     auto store = Store(I256Checkpoint(), 0, n);
     ASSERT_NE(store, nullptr);
     for (Isa isa : Isas()) {
-      auto e = Engine(*store, *pool, isa);
-      Request skipped = MakeRequest(9, 3, 8, 384, false, 21);
-      Request zero = skipped;
-      for (int64_t i = 0; i < skipped.T * skipped.k; ++i) {
-        if (i % 4 == 1 || i / skipped.k == 5) {  // token 5: every choice
-          skipped.ids[i] = model::kSkippedExpert;
-          zero.w[i] = 0.0f;
+      for (int passes : {2, 1}) {
+        auto e = Engine(*store, *pool, isa, 0, 256, passes);
+        Request skipped = MakeRequest(9, 3, 8, 384, false, 21);
+        Request zero = skipped;
+        for (int64_t i = 0; i < skipped.T * skipped.k; ++i) {
+          if (i % 4 == 1 || i / skipped.k == 5) {  // token 5: every choice
+            skipped.ids[i] = model::kSkippedExpert;
+            zero.w[i] = 0.0f;
+          }
         }
+        const std::vector<float> got = RunEngine(*e, *store, 0, skipped);
+        const std::vector<float> want = RunEngine(*e, *store, 0, zero);
+        int64_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+        EXPECT_EQ(differ, 0) << "slices " << n << " isa " << IsaName(isa);
+        for (int64_t d = 0; d < store->dim(); ++d) ASSERT_EQ(got[5 * store->dim() + d], 0.0f);
+        Request none = skipped;
+        std::fill(none.ids.begin(), none.ids.end(), model::kSkippedExpert);
+        const std::vector<float> zeros = RunEngine(*e, *store, 0, none);
+        EXPECT_EQ(e->last_units(), 0);
+        for (float v : zeros) ASSERT_EQ(v, 0.0f);
       }
-      const std::vector<float> got = RunEngine(*e, *store, 0, skipped);
-      const std::vector<float> want = RunEngine(*e, *store, 0, zero);
-      int64_t differ = 0;
-      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-      EXPECT_EQ(differ, 0) << "slices " << n << " isa " << IsaName(isa);
-      for (int64_t d = 0; d < store->dim(); ++d) ASSERT_EQ(got[5 * store->dim() + d], 0.0f);
-      Request none = skipped;
-      std::fill(none.ids.begin(), none.ids.end(), model::kSkippedExpert);
-      const std::vector<float> zeros = RunEngine(*e, *store, 0, none);
-      EXPECT_EQ(e->last_units(), 0);
-      for (float v : zeros) ASSERT_EQ(v, 0.0f);
     }
   }
 }
@@ -466,6 +485,13 @@ TEST(ExpertEngineCreate, RejectsBadOptions) {
   o.split_target = 0;
   EXPECT_EQ(ExpertEngine::Create(*store, *pool, o).status().code(),
             absl::StatusCode::kInvalidArgument);
+  for (int passes : {0, 3}) {
+    o = {};
+    o.passes = passes;
+    EXPECT_EQ(ExpertEngine::Create(*store, *pool, o).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << passes;
+  }
   o = {};
   o.isa = static_cast<Isa>(9);
   EXPECT_FALSE(ExpertEngine::Create(*store, *pool, o).ok());

@@ -10,6 +10,7 @@
 #   bash tests/device/experts.sh $OUT ggml              # ~5 min (ggml built twice, one repeat)
 #   bash tests/device/experts.sh $OUT amx               # ~3 min
 #   SS_AB="a:avx2 b:avx2" bash tests/device/experts.sh $OUT ab   # up to SS_AB_DEADLINE (480 s)
+#   bash tests/device/experts.sh $OUT passes            # up to SS_AB_DEADLINE (480 s)
 # Parts:
 #   decode16  splitserve-bench-experts, 16 threads (or all cores), avx512 and avx2 interleaved,
 #             3 runs each: the acceptance's decode efficiency and T = 256 share of the FMA peak
@@ -28,6 +29,8 @@
 #             SS_PACK_DIR=.devpack/ab/x bash tests/device/pack.sh splitserve-bench-experts, then
 #             cp each build's splitserve-expert-worker there as worker_NAME; tar cJf it to carry,
 #             and on the device unpack it and point SS_EXPERTS_BIN at the folder
+#   passes    the engine in two passes and in one (the bench's --engine_passes 2 / 1), 16 threads,
+#             avx2 and avx512, SS_AB_ROUNDS rounds (default 5) interleaved, the same deadline
 # Each run's whole output stays under $OUT/experts/ (only a few files come back: the summary is
 # $OUT/experts-summary.txt, one line a run).
 set -uo pipefail
@@ -42,13 +45,25 @@ max=$((cores < 16 ? cores : 16))
 mkdir -p "$out/experts"
 summary="$out/experts-summary.txt"
 
-bench() {  # THREADS ISA TAG [WORKER]
-  local f="$out/experts/be_${3}_t$1_$2.txt"
-  timeout 150 "$bin/splitserve-bench-experts" --threads "$1" --isa "$2" --tokens 10 --calls 60 \
-    --workdir "$data" --worker "${4:-$bin/splitserve-expert-worker}" >"$f" 2>&1
-  echo "bench $3 threads=$1 isa=$2 rc=$? $(grep -oE 'streaming read: [0-9.]+' "$f") $(grep -oE \
-    'tokens_per_s=[^ ]+ decode_gbps=[^ ]+ stream_gbps=[^ ]+|rss_ratio=[^ ]+|fma_peak_gflops=.*' "$f" |
-    tr '\n' ' ')" | tee -a "$summary"
+bench() {  # THREADS ISA TAG [WORKER [BENCH FLAG...]]
+  local f="$out/experts/be_${3}_t$1_$2.txt" threads=$1 isa=$2 tag=$3
+  local worker=${4:-$bin/splitserve-expert-worker}
+  shift $(($# < 4 ? $# : 4))
+  local keys='^efficiency=[^ ]+|tokens_per_s=[^ ]+ decode_gbps=[^ ]+ stream_gbps=[^ ]+'
+  keys+='|rss_ratio=[^ ]+|fma_peak_gflops=.*'
+  timeout 150 "$bin/splitserve-bench-experts" --threads "$threads" --isa "$isa" --tokens 10 \
+    --calls 60 --workdir "$data" --worker "$worker" "$@" >"$f" 2>&1
+  echo "bench $tag threads=$threads isa=$isa $* rc=$? $(grep -oE 'streaming read: [0-9.]+' "$f")" \
+    "$(grep -oE "$keys" "$f" | tr '\n' ' ')" | tee -a "$summary"
+}
+
+# Runs "$@" (a bench call) unless SS_AB_DEADLINE seconds have passed since $start.
+in_time() {
+  if [ $(($(date +%s) - start)) -ge "${SS_AB_DEADLINE:-480}" ]; then
+    echo "deadline: not run: $*" | tee -a "$summary"
+    return 1
+  fi
+  "$@"
 }
 
 for part in "$@"; do
@@ -92,13 +107,16 @@ for part in "$@"; do
     ab)
       start=$(date +%s)
       for r in $(seq 1 "${SS_AB_ROUNDS:-5}"); do for vi in ${SS_AB:?SS_AB="NAME:ISA ..."}; do
-        if [ $(($(date +%s) - start)) -ge "${SS_AB_DEADLINE:-480}" ]; then
-          echo "ab: deadline, stopped before round $r $vi" | tee -a "$summary"
-          break 2
-        fi
-        bench "$max" "${vi##*:}" "ab_r${r}_${vi%%:*}" "$bin/worker_${vi%%:*}"
+        in_time bench "$max" "${vi##*:}" "ab_r${r}_${vi%%:*}" "$bin/worker_${vi%%:*}" || break 2
       done; done
       ;;
-    *) echo "unknown part $part (decode16, rates, scaling, ggml, amx, ab)" >&2; exit 2 ;;
+    passes)
+      start=$(date +%s)
+      for r in $(seq 1 "${SS_AB_ROUNDS:-5}"); do for isa in avx2 avx512; do for p in 2 1; do
+        in_time bench "$max" "$isa" "passes_r${r}_p$p" "$bin/splitserve-expert-worker" \
+          --engine_passes "$p" || break 3
+      done; done; done
+      ;;
+    *) echo "unknown part $part (decode16, rates, scaling, ggml, amx, ab, passes)" >&2; exit 2 ;;
   esac
 done
