@@ -25,7 +25,7 @@
 // worker, the rest as skipped ids, as a GPU worker with resident experts sends them; the
 // efficiency then counts K experts a layer.
 //
-// --engine_passes 1|2 (default 2): the worker's and the in-process engine's
+// --engine_passes 1|2 (default 1, the worker's default): the worker's and the in-process engine's
 // ExpertEngineOptions::passes (expert_engine.h), for A/B runs of the one-pass engine.
 //
 // --stream_only prints the streaming-read baseline alone (5 passes on the node's cores or
@@ -84,7 +84,7 @@ struct Options {
   int layers = 0, experts = 16, threads = 0, tokens = 0, calls = 0;
   int client_spin_us = 20;  // ShmClientOptions::spin of the bench's client (the default)
   int cpu_choices = 6;      // (b): choices of a token the worker computes; the rest skipped
-  int engine_passes = 2;    // ExpertEngineOptions::passes of the worker and in-process engine
+  int engine_passes = 1;    // ExpertEngineOptions::passes of the worker and in-process engine
 };
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& st) {

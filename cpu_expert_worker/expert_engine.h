@@ -17,14 +17,15 @@
 //     routed expert in ascending id order, each row added straight into `out` in the kernel's
 //     own order. Each unit owns its columns of every token: no partial sums, no atomics, no
 //     reduction pass, and w2 is read as contiguous row blocks.
-// With ExpertEngineOptions::passes = 1 the two passes become ONE parallel pass: the gate_up units
-// come first (expert-major), then the down units, whose column ranges are guided (each about
+// By default (ExpertEngineOptions::passes = 1) the two passes run as ONE parallel pass: the gate_up
+// units come first (expert-major), then the down units, whose column ranges are guided (each about
 // 1/threads of the columns still unassigned, kMaxDownRows down to kMinDownRows, so the last ones
 // are narrow and the threads finish together). A down unit zeroes its columns, then adds the
 // experts in ascending id order, each as soon as all of that expert's gate_up units have
 // finished (ThreadPool::WaitInTask: every gate_up unit has a lower index than every down unit,
 // so it is running or done). No thread waits at a barrier between the halves; the additions are
-// the two-pass ones, in the same order.
+// the two-pass ones, in the same order. (passes = 2 runs them as two parallel passes with a
+// barrier between and kDownRows-wide down units; bench/RESULTS.md compares the two.)
 // Every output element is therefore computed and summed exactly as one kernel call over the
 // whole slice computes it (ExpertKernel::run): a call's output is bit-identical to that, for any
 // split, on 1 or N threads and from run to run. A worker holding whole experts (slice 0/1) rounds
@@ -67,7 +68,7 @@ struct ExpertEngineOptions {
   int64_t split_target = 128;    // units a call aims for (see above); >= 1
   int64_t min_split_cols = 128;  // narrowest I-sub-range; a multiple of 128
   int64_t max_splits = 0;        // cap on s; 0 = none (1 = one gate_up unit per expert batch)
-  int passes = 2;                // 2: gate_up, barrier, down; 1: one pass (see above)
+  int passes = 1;                // 1: one pass (see above); 2: gate_up, barrier, down
   // Where the per-call memory lives; null / -1: unbound.
   const NumaTopology* topology = nullptr;
   int numa_node = -1;

@@ -30,8 +30,8 @@
 //   --spin_us US          how long idle pool threads (and the shm serving thread) spin before
 //                         sleeping
 //   --split_target U, --min_split_cols W   how the engine cuts a call (expert_engine.h)
-//   --engine_passes 1|2   the engine's gate_up and down units in one parallel pass or two
-//                         (ExpertEngineOptions::passes; bit-identical)
+//   --engine_passes 1|2   the engine's gate_up and down units in one parallel pass (default) or
+//                         two (ExpertEngineOptions::passes; bit-identical)
 //   --weight_layout tiled|rows   expert weights in RAM: in the kernel's reading order (default;
 //                         ExpertSliceView::tile_rows) or the checkpoint's row-major rows
 //   --selftest N          load, run N random requests through the engine, print the rates
@@ -75,7 +75,7 @@ struct WorkerFlags {
   int spin_us = 200;
   int64_t split_target = 128;
   int64_t min_split_cols = 128;
-  int engine_passes = 2;
+  int engine_passes = 1;
   std::string weight_layout = "tiled";
   int64_t selftest = -1;  // -1: not requested
   int64_t selftest_tokens = 1;

@@ -54,8 +54,8 @@ ABSL_FLAG(int64_t, min_split_cols, WorkerFlags{}.min_split_cols,
           "engine: narrowest sub-range of the slice's intermediate dimension per unit "
           "(a multiple of 128)");
 ABSL_FLAG(int, engine_passes, WorkerFlags{}.engine_passes,
-          "engine: 2 = gate_up units, a barrier, then down units; 1 = one parallel pass, each down "
-          "unit adding an expert once its gate_up units are done (same bits)");
+          "engine: 1 = one parallel pass, each down unit adding an expert once its gate_up units "
+          "are done; 2 = gate_up units, a barrier, then down units (same bits)");
 ABSL_FLAG(std::string, weight_layout, WorkerFlags{}.weight_layout,
           "expert weights in RAM: tiled (the order the ISA's kernel reads them; one sequential "
           "stream a call) or rows (the checkpoint's row-major rows)");

@@ -84,7 +84,7 @@ std::unique_ptr<ExpertStore> Store(const std::string& dir, int i, int n) {
 // min_split_cols 128 (the default, made explicit): I = 256 then splits in two.
 std::unique_ptr<ExpertEngine> Engine(const ExpertStore& s, ThreadPool& pool, Isa isa,
                                      int64_t max_splits = 0, int64_t max_tokens = 256,
-                                     int passes = 2) {
+                                     int passes = 1) {
   ExpertEngineOptions o;
   o.isa = isa;
   o.passes = passes;
@@ -259,7 +259,7 @@ TEST(ExpertEngine, BitIdenticalOnAnyThreadCount) {
     ASSERT_NE(store, nullptr);
     std::vector<std::vector<float>> reference;
     auto one = Pool(1);
-    auto e1 = Engine(*store, *one, DetectIsa());
+    auto e1 = Engine(*store, *one, DetectIsa(), 0, 256, /*passes=*/2);
     ASSERT_NE(e1, nullptr);
     for (const Request& r : requests) reference.push_back(RunEngine(*e1, *store, 1, r));
     for (int threads : {1, 2, 3, 4}) {

@@ -80,7 +80,7 @@ TEST(WorkerConfig, EveryFlagIsValidated) {
   bad([](WorkerFlags& g) { g.selftest_tokens = 300; }, "--selftest_tokens");
   bad([](WorkerFlags& g) { g.weight_layout = "columns"; }, "--weight_layout");
   bad([](WorkerFlags& g) { g.engine_passes = 3; }, "--engine_passes");
-  EXPECT_EQ(c->engine_passes, 2);
+  EXPECT_EQ(c->engine_passes, 1);
   bad([](WorkerFlags& g) { g.load_format = "pt"; }, "--load-format 'pt'");
   bad([](WorkerFlags& g) { g.hf_overrides = "{\"n_routed_experts\": "; }, "--hf-overrides");
   bad([](WorkerFlags& g) { g.hf_overrides = "[128]"; }, "--hf-overrides");
@@ -198,9 +198,9 @@ TEST(ExpertWorkerBinary, SelfTestOnTinyAAndASlice) {
              " --layers 0-2,5 --slice 1/2 --isa scalar --threads 1 --selftest 5");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("slice 1/2, isa scalar"), std::string::npos) << r.output;
-  r = Worker("--model " + I256Checkpoint() + " --threads 2 --engine-passes 1 --selftest 5");
+  r = Worker("--model " + I256Checkpoint() + " --threads 2 --engine-passes 2 --selftest 5");
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("passes 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("passes 2"), std::string::npos) << r.output;
   r = Worker("--model " + I256Checkpoint() + " --selftest 0");
   EXPECT_EQ(r.status, 0) << r.output;
 }
