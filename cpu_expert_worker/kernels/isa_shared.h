@@ -16,10 +16,12 @@ namespace {
 
 // The weight prefetch: which cache level the lines go to and how far ahead of their use, in
 // 64-byte lines in consumption order (why each, measured per thread count: bench/RESULTS.md,
-// "What limited the worker: the non-temporal prefetch"):
+// "What limited the worker: the non-temporal prefetch" and "Session 37: the prefetch on Zen 4"):
 //  - kNear: non-temporal into L1, 256 lines (16 KB, half a tile at k = 4096) ahead; a longer
-//    distance into L1 evicts lines before their use.
-//  - kFar: into L2 (T2), 1024 lines (64 KB) ahead, out of L1's way.
+//    distance into L1 evicts lines before their use (tuned on Zen 5, with T0 and NTA only).
+//  - kFar: into L2 (T2), 1024 lines (64 KB) ahead, out of L1's way. Measured best on the Intel
+//    Xeon hosts and on a Zen 4 EPYC (where T0 1024 lines ahead is no better than kNear, so T2
+//    does not fill L1 there).
 struct PrefetchNear {
   static constexpr int kHint = _MM_HINT_NTA;
   static constexpr int64_t kLines = 256;
@@ -28,9 +30,11 @@ struct PrefetchFar {
   static constexpr int kHint = _MM_HINT_T2;
   static constexpr int64_t kLines = 1024;
 };
-// kFar on Intel CPUs, kNear elsewhere (decided once).
+// kFar on Intel CPUs and AMD families 17h and 19h (Zen 2 to Zen 4; Zen 2 and 3 by analogy, not
+// measured), kNear elsewhere, Zen 5 included (decided once).
 inline bool UseFarPrefetch() {
-  static const bool far = __builtin_cpu_is("intel");
+  static const bool far = __builtin_cpu_is("intel") || __builtin_cpu_is("amdfam17h") ||
+                          __builtin_cpu_is("amdfam19h");
   return far;
 }
 
