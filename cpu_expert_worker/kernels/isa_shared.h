@@ -33,8 +33,8 @@ struct PrefetchFar {
 // kFar on Intel CPUs and AMD families 17h and 19h (Zen 2 to Zen 4; Zen 2 and 3 by analogy, not
 // measured), kNear elsewhere, Zen 5 included (decided once).
 inline bool UseFarPrefetch() {
-  static const bool far = __builtin_cpu_is("intel") || __builtin_cpu_is("amdfam17h") ||
-                          __builtin_cpu_is("amdfam19h");
+  static const bool far =
+      __builtin_cpu_is("intel") || __builtin_cpu_is("amdfam17h") || __builtin_cpu_is("amdfam19h");
   return far;
 }
 
