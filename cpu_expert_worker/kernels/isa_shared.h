@@ -21,7 +21,8 @@ namespace {
 //    distance into L1 evicts lines before their use (tuned on Zen 5, with T0 and NTA only).
 //  - kFar: into L2 (T2), 1024 lines (64 KB) ahead, out of L1's way. Measured best on the Intel
 //    Xeon hosts and on a Zen 4 EPYC (where T0 1024 lines ahead is no better than kNear, so T2
-//    does not fill L1 there).
+//    does not fill L1 there). Before Zen 4, AMD's T1/T2 fill L1 like T0, and a 64 KB lead then
+//    evicts lines before their use.
 struct PrefetchNear {
   static constexpr int kHint = _MM_HINT_NTA;
   static constexpr int64_t kLines = 256;
@@ -30,11 +31,12 @@ struct PrefetchFar {
   static constexpr int kHint = _MM_HINT_T2;
   static constexpr int64_t kLines = 1024;
 };
-// kFar on Intel CPUs and AMD families 17h and 19h (Zen 2 to Zen 4; Zen 2 and 3 by analogy, not
-// measured), kNear elsewhere, Zen 5 included (decided once).
+// kFar on Intel CPUs and on Zen 4 (AMD family 19h with AVX-512; Zen 3, the same family, has
+// none), kNear elsewhere: Zen 2 and 3 (see kFar) and Zen 5 (tuned with kNear; T2 not tried
+// there). Decided once.
 inline bool UseFarPrefetch() {
-  static const bool far =
-      __builtin_cpu_is("intel") || __builtin_cpu_is("amdfam17h") || __builtin_cpu_is("amdfam19h");
+  static const bool far = __builtin_cpu_is("intel") ||
+                          (__builtin_cpu_is("amdfam19h") && __builtin_cpu_supports("avx512f"));
   return far;
 }
 
