@@ -34,8 +34,8 @@
 // unrounded (the caller sums them, then rounds once). Each token row is quantised to e4m3 ONCE per
 // call (ExpertKernel::quantize_row, in parallel over tokens) and every unit reads those shared
 // rows. Limitation: the 128-column granularity bounds the gate_up pass at 6·C units at T = 1 (96
-// for Flash at n = 1, 48 at n = 2); the down pass has dim / kDownRows units (64 for Flash; 51 in
-// one pass on 16 threads).
+// for Flash at n = 1, 48 at n = 2); the down units are 51 for Flash on 16 threads (dim /
+// kDownRows = 64 with two passes).
 //
 // Memory. Everything a call touches is allocated in Create (per-worker kernel workspaces first
 // touched by their own worker, the H rows, the plan arrays), on the store's NUMA node when a
