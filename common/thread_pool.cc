@@ -164,7 +164,28 @@ absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, 
   if (n <= 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(call_mu_);
   job_fn_ = &fn;
+  job_drained_ = nullptr;
   return Run(n, /*each_worker=*/false);
+}
+
+absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
+                                     absl::FunctionRef<void()> on_drained) {
+  if (tls_pool == this) {
+    return absl::FailedPreconditionError(
+        "ThreadPool::ParallelFor called from inside a task of the same pool: nested parallelism "
+        "would deadlock; run the inner loop serially");
+  }
+  if (n <= 0) {
+    on_drained();
+    return absl::OkStatus();
+  }
+  std::lock_guard<std::mutex> lock(call_mu_);
+  job_fn_ = &fn;
+  job_drained_ = &on_drained;
+  drained_called_.store(false, std::memory_order_relaxed);
+  const absl::Status st = Run(n, /*each_worker=*/false);
+  job_drained_ = nullptr;
+  return st;
 }
 
 absl::Status ThreadPool::RunOnEachWorker(absl::FunctionRef<void(int)> fn) {
@@ -202,12 +223,20 @@ void ThreadPool::RunShare(int worker) {
   }
   const int64_t n = job_n_, grain = job_grain_;
   if (size_ == 1 || n == 1) {
-    for (int64_t i = 0; i < n; ++i) (*job_fn_)(i, worker);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i == n - 1 && job_drained_ != nullptr) (*job_drained_)();  // the last index taken
+      (*job_fn_)(i, worker);
+    }
     return;
   }
   for (;;) {
     const int64_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
-    if (begin >= n) return;
+    if (begin >= n) {
+      if (job_drained_ != nullptr && !drained_called_.exchange(true, std::memory_order_acq_rel)) {
+        (*job_drained_)();
+      }
+      return;
+    }
     const int64_t end = std::min(n, begin + grain);
     for (int64_t i = begin; i < end; ++i) (*job_fn_)(i, worker);
   }

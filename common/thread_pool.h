@@ -73,6 +73,12 @@ class ThreadPool {
   // fn(i, worker) for i in [0, n), each exactly once; returns after all have returned. n <= 0
   // is a no-op. FailedPrecondition when called from inside a task of this pool.
   absl::Status ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn);
+  // The same, and on_drained() exactly once as soon as every index has been handed out: on the
+  // first worker that finds none left (others may still be running theirs: the job's tail), or,
+  // when the job runs on one thread, just before its last index. For a caller that acts just
+  // before the job ends (the expert engine's early wake of its client). n <= 0: on_drained only.
+  absl::Status ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
+                           absl::FunctionRef<void()> on_drained);
 
   // fn(worker) once on every worker, the caller included (worker 0): for per-thread setup such
   // as first-touching a worker's own scratch. Same rules as ParallelFor.
@@ -117,6 +123,8 @@ class ThreadPool {
   int64_t job_grain_ = 1;
   absl::FunctionRef<void(int64_t, int)>* job_fn_ = nullptr;
   absl::FunctionRef<void(int)>* job_each_fn_ = nullptr;
+  absl::FunctionRef<void()>* job_drained_ = nullptr;  // null: none
+  std::atomic<bool> drained_called_{false};
 
   // Futex words (32-bit). Workers wait for generation_ to change; the caller waits for
   // remaining_ (owned workers still inside the job) to reach 0.

@@ -315,31 +315,40 @@ absl::Status ExpertEngine::FirstKernelError() {
   return first;
 }
 
-absl::Status ExpertEngine::TwoPasses(int64_t T, const ExpertSliceView* views, float* out) {
+absl::Status ExpertEngine::TwoPasses(int64_t T, const ExpertSliceView* views, float* out,
+                                     absl::FunctionRef<void()> on_tail) {
   RETURN_IF_ERROR(pool_.ParallelFor(
       num_units_, [&](int64_t u, int worker) { RunGateUp(units_[u], views, worker); }));
   for (const WorkerScratch& s : scratch_) {
     if (!s.status.ok()) return absl::OkStatus();  // no down pass; Compute reports the error
   }
-  return pool_.ParallelFor(DownUnits(), [&](int64_t d, int worker) {
-    ZeroColumns(d, T, out);
-    RunDown(d, 0, num_groups_, worker);
-  });
+  return pool_.ParallelFor(
+      DownUnits(),
+      [&](int64_t d, int worker) {
+        ZeroColumns(d, T, out);
+        RunDown(d, 0, num_groups_, worker);
+      },
+      on_tail);
 }
 
-absl::Status ExpertEngine::OnePass(int64_t T, const ExpertSliceView* views, float* out) {
-  return pool_.ParallelFor(num_units_ + DownUnits(), [&](int64_t u, int worker) {
-    if (u >= num_units_) {
-      RunDownWhenReady(u - num_units_, T, out, worker);
-      return;
-    }
-    RunGateUp(units_[u], views, worker);
-    group_done_[units_[u].group].fetch_add(1, std::memory_order_release);  // even on error
-  });
+absl::Status ExpertEngine::OnePass(int64_t T, const ExpertSliceView* views, float* out,
+                                   absl::FunctionRef<void()> on_tail) {
+  return pool_.ParallelFor(
+      num_units_ + DownUnits(),
+      [&](int64_t u, int worker) {
+        if (u >= num_units_) {
+          RunDownWhenReady(u - num_units_, T, out, worker);
+          return;
+        }
+        RunGateUp(units_[u], views, worker);
+        group_done_[units_[u].group].fetch_add(1, std::memory_order_release);  // even on error
+      },
+      on_tail);
 }
 
 absl::Status ExpertEngine::Compute(int layer, int64_t T, const uint16_t* x_bf16, const int32_t* ids,
-                                   const float* weights, int top_k, float* out_fp32) {
+                                   const float* weights, int top_k, float* out_fp32,
+                                   const std::function<void()>* on_tail) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Validate(layer, T, x_bf16, ids, weights, top_k, out_fp32));
   if (T == 0) return absl::OkStatus();
@@ -351,8 +360,11 @@ absl::Status ExpertEngine::Compute(int layer, int64_t T, const uint16_t* x_bf16,
   RETURN_IF_ERROR(pool_.ParallelFor(T, [&](int64_t t, int) {
     kernel_->quantize_row(x_bf16 + t * dim, dim, xq_ + t * dim, xs_ + t * nb);
   }));
-  RETURN_IF_ERROR(options_.passes == 1 ? OnePass(T, views, out_fp32)
-                                       : TwoPasses(T, views, out_fp32));
+  const auto tail = [on_tail] {
+    if (on_tail != nullptr && *on_tail) (*on_tail)();
+  };
+  RETURN_IF_ERROR(options_.passes == 1 ? OnePass(T, views, out_fp32, tail)
+                                       : TwoPasses(T, views, out_fp32, tail));
   if (const absl::Status st = FirstKernelError(); !st.ok()) {
     // The request was validated: a kernel error here is an internal bug.
     return absl::InternalError(

@@ -48,10 +48,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/thread_pool.h"
@@ -90,8 +92,13 @@ class ExpertEngine {
   // [0, n_routed_experts) or a non-finite weight (naming the token and choice); ResourceExhausted
   // for T > max_tokens. T = 0 is a no-op. An id of model::kSkippedExpert (common/model/moe.h) is
   // a skipped choice: it adds nothing and reads no expert's weights.
+  // `on_tail`, when given, is called once, from a pool thread, as soon as the call's last units
+  // have been handed out (ThreadPool::ParallelFor's on_drained): the shm transport wakes its
+  // client there, so that it spins for the answer instead of sleeping through the wake-up. Not
+  // called when the request is refused, for T = 0, or when a kernel fails before the last pass.
   absl::Status Compute(int layer, int64_t T, const uint16_t* x_bf16, const int32_t* ids,
-                       const float* weights, int top_k, float* out_fp32);
+                       const float* weights, int top_k, float* out_fp32,
+                       const std::function<void()>* on_tail = nullptr);
 
   const char* isa_name() const { return kernel_->name; }
   int64_t max_tokens() const { return options_.max_tokens; }
@@ -136,8 +143,10 @@ class ExpertEngine {
   void RunDown(int64_t d, int64_t g0, int64_t g1, int worker);  // groups [g0, g1)
   void RunDownWhenReady(int64_t d, int64_t T, float* out, int worker);
   // The units of a planned call; kernel errors are left in the workers' scratch.
-  absl::Status TwoPasses(int64_t T, const ExpertSliceView* views, float* out);
-  absl::Status OnePass(int64_t T, const ExpertSliceView* views, float* out);
+  absl::Status TwoPasses(int64_t T, const ExpertSliceView* views, float* out,
+                         absl::FunctionRef<void()> on_tail);
+  absl::Status OnePass(int64_t T, const ExpertSliceView* views, float* out,
+                       absl::FunctionRef<void()> on_tail);
   absl::Status FirstKernelError();  // and clears them
 
   const ExpertStore& store_;

@@ -341,7 +341,8 @@ int Serve(const WorkerConfig& c, const ClusterCredential& credential, const Expe
       (void)pinned;
       absl::MutexLock lock(&engine_mu);
       const auto t0 = std::chrono::steady_clock::now();
-      absl::Status st = engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out);
+      absl::Status st = engine.Compute(r.layer, r.tokens, r.x_bf16, r.ids, r.weights, r.top_k, out,
+                                       r.almost_done);
       if (metrics != nullptr) {
         metrics->Observe(
             transport, r,

@@ -97,10 +97,12 @@ absl::Status CheckHeader(const std::string& name, const SegmentHeader& h, size_t
 absl::StatusOr<std::unique_ptr<ShmClient>> ShmClient::Connect(std::string_view name_in,
                                                               const ShmClientOptions& options) {
   ASSIGN_OR_RETURN(std::string name, ShmObjectName(name_in));
-  if (options.spin < absl::ZeroDuration() || options.liveness_poll <= absl::ZeroDuration() ||
+  if (options.spin < absl::ZeroDuration() || options.spin_after_wake < absl::ZeroDuration() ||
+      options.liveness_poll <= absl::ZeroDuration() ||
       options.heartbeat_stale_after <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "ShmClient: spin must be >= 0, liveness_poll and heartbeat_stale_after > 0");
+        "ShmClient: spin and spin_after_wake must be >= 0, liveness_poll and "
+        "heartbeat_stale_after > 0");
   }
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
@@ -288,7 +290,7 @@ absl::Status ShmClient::Invoke(uint32_t index, const ExpertRequestHeader& r, abs
   if (Word(h->server_waiters).load(kSeqCst) != 0) FutexWake(&h->doorbell, 1);
 
   const int64_t start = MonotonicNowNs();
-  const int64_t spin_end = start + absl::ToInt64Nanoseconds(options_.spin);
+  int64_t spin_from = start, spin_end = start + absl::ToInt64Nanoseconds(options_.spin);
   const int64_t poll_ns = absl::ToInt64Nanoseconds(options_.liveness_poll);
   int64_t next_check = start + poll_ns;
   for (;;) {
@@ -305,7 +307,7 @@ absl::Status ShmClient::Invoke(uint32_t index, const ExpertRequestHeader& r, abs
       return Withdraw(index, sequence, start, lost);
     }
     if (now < spin_end) {
-      internal::SpinStep(now - start);
+      internal::SpinStep(now - spin_from);
       continue;
     }
     if (now >= next_check) {
@@ -318,7 +320,16 @@ absl::Status ShmClient::Invoke(uint32_t index, const ExpertRequestHeader& r, abs
     Word(c->client_waiting).store(1, kSeqCst);
     s = state.load(kSeqCst);
     if (s == kRequest || s == kProcessing) {
-      FutexWait(&c->state, s, std::max<int64_t>(std::min(deadline_ns, next_check) - now, 1000));
+      const int64_t wait_ns = std::max<int64_t>(std::min(deadline_ns, next_check) - now, 1000);
+      FutexWait(&c->state, s, wait_ns);
+      // Back before the timeout with the state unchanged: the server's early wake (or, rarely,
+      // a spurious one): spin for the answer rather than sleep through its wake-up.
+      const int64_t after = MonotonicNowNs();
+      if (after < now + wait_ns && state.load(kSeqCst) == s) {
+        early_wakes_.fetch_add(1, std::memory_order_relaxed);
+        spin_from = after;
+        spin_end = after + absl::ToInt64Nanoseconds(options_.spin_after_wake);
+      }
     }
   }
   Word(c->client_waiting).store(0, std::memory_order_relaxed);

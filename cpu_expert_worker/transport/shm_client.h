@@ -10,7 +10,8 @@
 // alive.
 //
 // Every call has a deadline (an infinite one is refused). Waiting for the answer spins for
-// `spin`, then sleeps on the slot's state word (futex) in slices of at most `liveness_poll`;
+// `spin`, then sleeps on the slot's state word (futex) in slices of at most `liveness_poll`
+// (woken early by the server, it spins again for `spin_after_wake`);
 // between slices it checks the server: stopped → Unavailable at once; process gone or a zombie,
 // or heartbeat older than `heartbeat_stale_after` → Unavailable. So a dead server costs a caller
 // at most one liveness poll, never a hang. At the deadline a request no server thread has taken
@@ -47,6 +48,9 @@ namespace ss::expert::shm {
 struct ShmClientOptions {
   absl::Duration spin = absl::Microseconds(20);          // busy-poll for the answer before sleeping
   absl::Duration liveness_poll = absl::Milliseconds(5);  // server check interval while waiting
+  // After an early wake (shm_protocol.h, "Doorbells"): how long to spin for the answer before
+  // sleeping again.
+  absl::Duration spin_after_wake = absl::Milliseconds(1);
   absl::Duration heartbeat_stale_after = absl::Seconds(2);
   // What the caller needs from the segment; 0 accepts whatever the server laid out.
   uint32_t expect_dim = 0;
@@ -97,6 +101,8 @@ class ShmClient {
   const std::string& name() const { return name_; }
   const ShmLayout& layout() const { return layout_; }
   int server_pid() const { return server_pid_; }
+  // Early wakes seen so far: wake-ups before the futex timeout with the call still in progress.
+  uint64_t early_wakes() const { return early_wakes_.load(std::memory_order_relaxed); }
 
  private:
   ShmClient(std::string name, const ShmClientOptions& options, uint8_t* base, size_t bytes,
@@ -121,6 +127,7 @@ class ShmClient {
   int pid_ = 0;  // this process
   uint64_t start_time_ = 0;
   std::atomic<uint32_t> next_slot_{0};  // where the next AcquireSlot starts looking
+  std::atomic<uint64_t> early_wakes_{0};
 };
 
 // A leased request slot. Move-only; releases the slot when destroyed.

@@ -49,7 +49,11 @@
 // after posting and issues FUTEX_WAKE only when `server_waiters` is non-zero). Server → client:
 // the slot's `state` word (FUTEX_WAKE only when `client_waiting` is set). Both sides spin on the
 // word for a bounded time first (pause instructions, then sched_yield), then FUTEX_WAIT with a
-// timeout; no wait is ever unbounded.
+// timeout; no wait is ever unbounded. The early wake: while the handler runs, the server may
+// wake the client once more without changing the state (ExpertRequestView::almost_done); a
+// client woken before its timeout with the state unchanged spins again for a bounded time
+// (ShmClientOptions::spin_after_wake) before it sleeps. Either side without it only sees a
+// spurious wake-up, so this needs no protocol version.
 //
 // Versioning. The first 24 bytes (magic, protocol_version, owner_pid, owner_start_time) keep
 // their offsets in every version, so any build can tell a foreign, an incompatible and a stale
@@ -60,6 +64,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -244,6 +249,10 @@ struct ExpertRequestView {
   const uint16_t* x_bf16 = nullptr;  // [T, dim]
   const int32_t* ids = nullptr;      // [T, top_k]
   const float* weights = nullptr;    // [T, top_k]
+  // Shared memory only (null over gRPC): the early wake. A handler calls it once when its answer
+  // is near (the expert engine: when its last units are under way); a client asleep on the slot
+  // is woken then and spins for the answer, so the answer's own wake-up is off the critical path.
+  const std::function<void()>* almost_done = nullptr;
 };
 
 // Internals shared by server, client and tests.

@@ -231,6 +231,10 @@ void ShmServer::Serve(uint32_t i) {
     v.x_bf16 = reinterpret_cast<const uint16_t*>(base + layout_.x_offset);
     v.ids = reinterpret_cast<const int32_t*>(base + layout_.ids_offset);
     v.weights = reinterpret_cast<const float*>(base + layout_.weights_offset);
+    const std::function<void()> almost_done = [c] {
+      if (Word(c->client_waiting).load(kSeqCst) != 0) FutexWake(&c->state, 1);
+    };
+    v.almost_done = &almost_done;
     try {
       status = handler_(v, reinterpret_cast<float*>(base + layout_.out_offset));
     } catch (const std::exception& e) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -244,6 +245,31 @@ TEST(ExpertEngine, TwoSlicesSumToTheWholeExpert) {
         }
       }
     }
+  }
+}
+
+// The early-wake hook runs once per computed call, in both modes, and never for a refused one.
+TEST(ExpertEngine, OnTailRunsOncePerCall) {
+  auto store = Store(I256Checkpoint(), 0, 1);
+  ASSERT_NE(store, nullptr);
+  auto pool = Pool(2);
+  for (int passes : {1, 2}) {
+    auto e = Engine(*store, *pool, DetectIsa(), 0, 256, passes);
+    ASSERT_NE(e, nullptr);
+    std::atomic<int> tails{0};
+    const std::function<void()> on_tail = [&] { tails.fetch_add(1); };
+    for (int64_t T : {1, 5, 64}) {
+      const Request r = MakeRequest(T, 3, 8, 384, false, static_cast<uint32_t>(T));
+      std::vector<float> out(r.T * store->dim());
+      ASSERT_TRUE(
+          e->Compute(1, r.T, r.x.data(), r.ids.data(), r.w.data(), r.k, out.data(), &on_tail).ok());
+    }
+    EXPECT_EQ(tails.load(), 3) << "passes " << passes;
+    const Request r = MakeRequest(1, 3, 8, 384, false, 9);
+    std::vector<float> out(store->dim());
+    EXPECT_FALSE(
+        e->Compute(99, 1, r.x.data(), r.ids.data(), r.w.data(), r.k, out.data(), &on_tail).ok());
+    EXPECT_EQ(tails.load(), 3) << "passes " << passes;
   }
 }
 

@@ -33,7 +33,8 @@ namespace {
 constexpr uint32_t kDim = 64;
 constexpr uint32_t kTopK = 6;
 constexpr uint32_t kMaxT = 8;
-constexpr int kSlowLayer = 99;  // the test handler sleeps on this layer
+constexpr int kSlowLayer = 99;       // the test handler sleeps on this layer
+constexpr int kEarlyWakeLayer = 80;  // ... and on this one calls almost_done between two sleeps
 
 std::string UniqueName() {
   static std::atomic<int> counter{0};
@@ -111,6 +112,11 @@ struct TestHandler {
     if (r.layer == kSlowLayer) {
       slow_entered.fetch_add(1);
       absl::SleepFor(slow);
+    }
+    if (r.layer == kEarlyWakeLayer) {  // the engine's pattern: work, the early wake, the tail
+      absl::SleepFor(absl::Milliseconds(20));
+      if (r.almost_done != nullptr) (*r.almost_done)();
+      absl::SleepFor(absl::Milliseconds(5));
     }
     if (r.layer == 77) return absl::InvalidArgumentError("unknown layer 77");
     if (r.layer == 78) return absl::ResourceExhaustedError(std::string(1000, 'm'));
@@ -285,6 +291,29 @@ TEST(ShmTransport, ManyConcurrentClientThreads) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(server->stats().calls, static_cast<uint64_t>(kThreads * kCalls));
+}
+
+// The early wake (shm_protocol.h "Doorbells"): a client that went to sleep (spin 0) is woken
+// when the handler reports its answer near, and counts it; a handler that does not report wakes
+// it only with the answer.
+TEST(ShmTransport, EarlyWakeReachesASleepingClient) {
+  TestHandler h;
+  h.slow = absl::Milliseconds(25);
+  const std::string name = UniqueName();
+  auto server = StartServer(Options(name), &h);
+  ASSERT_NE(server, nullptr);
+  ShmClientOptions co;
+  co.spin = absl::ZeroDuration();
+  auto client = ShmClient::Connect(name, co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE(CallAndCheck(**client, MakeInputs(1, kSlowLayer, 2)).ok());
+  EXPECT_EQ((*client)->early_wakes(), 0u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(CallAndCheck(**client, MakeInputs(2 + i, kEarlyWakeLayer, 2)).ok());
+  }
+  EXPECT_EQ((*client)->early_wakes(), 3u);
+  co.spin_after_wake = absl::Microseconds(-1);
+  EXPECT_EQ(ShmClient::Connect(name, co).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ShmTransport, DeadlineExceededWhileProcessingAndSlotIsReusedCleanly) {

@@ -17,6 +17,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -151,6 +152,36 @@ TEST(ThreadPool, AnIndexMayWaitForALowerOne) {
                       .ok());
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(done[i].load(), 1) << threads << " " << n;
       EXPECT_EQ(out_of_order.load(), 0);
+    }
+  }
+}
+
+// on_drained runs exactly once per job, after every index has started (on one thread: just
+// before the last), and before ParallelFor returns; n <= 0 runs it alone.
+TEST(ThreadPool, OnDrainedRunsOnceWhenEveryIndexIsHandedOut) {
+  for (int threads : {1, 2, 3, 5}) {
+    auto pool = MakePool(threads, /*spin_us=*/20);
+    ASSERT_NE(pool, nullptr);
+    for (int64_t n : {0, 1, 2, 7, 64, 1000}) {
+      std::atomic<int64_t> started{0};
+      std::atomic<int> drained{0};
+      std::atomic<int64_t> started_at_drain{-1};
+      ASSERT_TRUE(pool->ParallelFor(
+                          n, [&](int64_t, int) { started.fetch_add(1); },
+                          [&] {
+                            drained.fetch_add(1);
+                            started_at_drain.store(started.load());
+                          })
+                      .ok());
+      EXPECT_EQ(drained.load(), 1) << threads << " threads, n " << n;
+      // Every index was handed out: at most a grain per worker (thread_pool.cc: n / (8 x
+      // threads), at least 1) has not started yet; on one thread exactly the last index.
+      const int64_t grain = std::max<int64_t>(1, n / (8 * threads));
+      if (threads == 1 || n == 1) {
+        EXPECT_EQ(started_at_drain.load(), std::max<int64_t>(0, n - 1));
+      } else {
+        EXPECT_GE(started_at_drain.load(), n - threads * grain) << threads << " threads, n " << n;
+      }
     }
   }
 }
