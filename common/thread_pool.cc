@@ -156,32 +156,28 @@ void ThreadPool::WaitInTask(absl::FunctionRef<bool()> ready) {
 bool ThreadPool::PinCallingThread() const { return cpus_.empty() || PinTo(cpus_[0]); }
 
 absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn) {
-  if (tls_pool == this) {
-    return absl::FailedPreconditionError(
-        "ThreadPool::ParallelFor called from inside a task of the same pool: nested parallelism "
-        "would deadlock; run the inner loop serially");
-  }
-  if (n <= 0) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(call_mu_);
-  job_fn_ = &fn;
-  job_drained_ = nullptr;
-  return Run(n, /*each_worker=*/false);
+  return For(n, fn, nullptr);
 }
 
 absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
                                      absl::FunctionRef<void()> on_drained) {
+  return For(n, fn, &on_drained);
+}
+
+absl::Status ThreadPool::For(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
+                             absl::FunctionRef<void()>* on_drained) {
   if (tls_pool == this) {
     return absl::FailedPreconditionError(
         "ThreadPool::ParallelFor called from inside a task of the same pool: nested parallelism "
         "would deadlock; run the inner loop serially");
   }
   if (n <= 0) {
-    on_drained();
+    if (on_drained != nullptr) (*on_drained)();
     return absl::OkStatus();
   }
   std::lock_guard<std::mutex> lock(call_mu_);
   job_fn_ = &fn;
-  job_drained_ = &on_drained;
+  job_drained_ = on_drained;
   drained_called_.store(false, std::memory_order_relaxed);
   const absl::Status st = Run(n, /*each_worker=*/false);
   job_drained_ = nullptr;

@@ -103,6 +103,9 @@ class ThreadPool {
 
  private:
   explicit ThreadPool(const ThreadPoolOptions& options);
+  // Both ParallelFors; on_drained may be null.
+  absl::Status For(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
+                   absl::FunctionRef<void()>* on_drained);
   absl::Status Run(int64_t n, bool each_worker);
   void WorkerLoop(int worker);
   void RunShare(int worker);
