@@ -326,6 +326,8 @@ absl::Status ShmClient::Invoke(uint32_t index, const ExpertRequestHeader& r, abs
       // a spurious one): spin for the answer rather than sleep through its wake-up.
       const int64_t after = MonotonicNowNs();
       if (after < now + wait_ns && state.load(kSeqCst) == s) {
+        // Spinning, so the answer needs no FUTEX_WAKE; the flag is set again before a sleep.
+        Word(c->client_waiting).store(0, std::memory_order_relaxed);
         early_wakes_.fetch_add(1, std::memory_order_relaxed);
         spin_from = after;
         spin_end = after + absl::ToInt64Nanoseconds(options_.spin_after_wake);
