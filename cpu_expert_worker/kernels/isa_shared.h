@@ -55,6 +55,22 @@ inline const uint8_t* TileBase(const Linear4Args& a, const uint8_t* w, int64_t r
   return w + r0 / t * t * a.w_stride + r0 % t * 64;
 }
 
+// The byte step between the rows of a tile: 64 when the weights are tiled (kTiled), the row
+// stride otherwise.
+template <bool kTiled>
+inline int64_t RowStep(const Linear4Args& a) {
+  return kTiled ? 64 : Steps(a).row;
+}
+
+// The multi-row paths' wide record of one activation row and K block (each ISA file gives its
+// layout; linear4.h reserves 512 bytes), and its meta.
+constexpr int64_t kWideBytes = 384;
+struct WideMeta {
+  float scale;  // RecordScale
+  int32_t low;  // nonzero where the record holds L values (a flag per span or per block: the
+                // ISA file's layout)
+};
+
 // The software prefetch of one Linear4 call whose tiles are kRows rows: lines are consumed tile
 // by tile, K block by K block, row by row, kRows lines a (tile, K block) step. Step(r0, kb),
 // called before consuming each step in that order, requests the lines of the step

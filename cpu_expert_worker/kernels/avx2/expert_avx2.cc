@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+#include "cpu_expert_worker/kernels/isa_driver.h"
 #include "cpu_expert_worker/kernels/isa_shared.h"
 #include "cpu_expert_worker/kernels/linear4.h"
 
@@ -224,13 +225,6 @@ inline __m256i Load(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// The byte step between the rows of a tile: 64 when the weights are tiled (kTiled), the row
-// stride otherwise.
-template <bool kTiled>
-inline int64_t RowStep(const Linear4Args& a) {
-  return kTiled ? 64 : Steps(a).row;
-}
-
 // One activation row's chunk c of a K block against the tile's 8 rows (w: their K block, `row`
 // bytes apart), its planes in `pl` (Planes or TwoPlanes): ga / gb as ReduceRows gives them; with
 // `lines` (Prefetch::Rows), each row requests its prefetch lines. The sign is folded into the
@@ -297,12 +291,8 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
 // unsigned, for vpmaddubsw against the signed weights. So one vpmaddwd takes 16 weights, signs
 // included, and the rare small values cost one vpmaddubsw per 32.
 // Records [kb][i]: a K block's rows are one sequential stream.
-constexpr int64_t kWideChunk = 192, kWideBytes = 2 * kWideChunk;
-constexpr int kWideShift = 3;  // ±A = H·2^kWideShift + L
-struct WideMeta {
-  float scale;  // RecordScale
-  int32_t low;  // bit c: span c holds an L value
-};
+constexpr int64_t kWideChunk = kWideBytes / 2;
+constexpr int kWideShift = 3;  // ±A = H·2^kWideShift + L; WideMeta::low: bit c, span c holds one
 
 // One record's chunk c -> its wide vectors (H[4], L'[2]); returns whether it holds an L value. A
 // plane-0 value (b <= 4) of at least 64 has b >= 3 (M >= 8 unless b = 0), so it belongs to H.
@@ -447,50 +437,28 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m256i* st, float* acc, _
   for (int64_t i = 0; i < a.n; ++i) Store(a.epilogue, a.y[i] + r0, _mm256_load_ps(acc + i * kRows));
 }
 
-// The scratch of a call (see linear4.h): its transposed scales, accumulators, widened weights,
-// and wide records with their meta.
-struct Scratch {
-  __m256i* st;    // [k/128] transposed scales
-  float* acc;     // [n][8]
-  __m256i* wv;    // [8][2][kWideVecs] widened weights
-  uint8_t* wide;  // [k/128][n] wide records
-  WideMeta* meta;
-  explicit Scratch(const Linear4Args& a)
-      : st(reinterpret_cast<__m256i*>(a.scratch)),
-        acc(a.scratch + a.k / 128 * 16),
-        wv(reinterpret_cast<__m256i*>(acc + a.n * 16)),
-        wide(reinterpret_cast<uint8_t*>(wv + kRows * 2 * kWideVecs)),
-        meta(reinterpret_cast<WideMeta*>(wide + a.k / 128 * a.n * kWideBytes)) {}
-};
-
-// The rows of a, its records already widened into x.wide when it has several activation rows.
-template <class Policy>
-void Linear4Tiles(const Linear4Args& a, const Scratch& x) {
-  Prefetch<kRows, Policy> pf(a);
-  for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
-    TransposeScales(a, r0, x.st);
-    if (a.n == 1) {
-      a.w_tile_rows != 0 ? TileOne<true>(a, r0, x.st, pf) : TileOne<false>(a, r0, x.st, pf);
-    } else if (a.w_tile_rows != 0) {
-      TileMany<true>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
-    } else {
-      TileMany<false>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
-    }
+// This file's kernel, for isa_driver.h.
+struct Kernel {
+  using Vec = __m256i;
+  static constexpr int kRows = internal::kRows, kWideVecs = kRows * 2 * internal::kWideVecs;
+  static void Scales(const Linear4Args& a, int64_t r0, Vec* st) { TransposeScales(a, r0, st); }
+  template <bool kTiled, class PF>
+  static void One(const Linear4Args& a, int64_t r0, const Vec* st, PF& pf) {
+    TileOne<kTiled>(a, r0, st, pf);
   }
-}
-
-void Linear4Pair(const Linear4Args& a, const Linear4Args* b) {
-  const Scratch x(a);
-  if (a.n > 1) WidenRecords(a, x.wide, x.meta);
-  const bool far = UseFarPrefetch();
-  far ? Linear4Tiles<PrefetchFar>(a, x) : Linear4Tiles<PrefetchNear>(a, x);
-  if (b != nullptr) far ? Linear4Tiles<PrefetchFar>(*b, x) : Linear4Tiles<PrefetchNear>(*b, x);
-}
+  template <bool kTiled, class X, class PF>
+  static void Many(const Linear4Args& a, int64_t r0, const X& x, PF& pf) {
+    TileMany<kTiled>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
+  }
+  static void Widen(const Linear4Args& a, uint8_t* wide, WideMeta* meta) {
+    WidenRecords(a, wide, meta);
+  }
+};
 
 }  // namespace
 
-void Linear4Avx2(const Linear4Args& a) { Linear4Pair(a, nullptr); }
+void Linear4Avx2(const Linear4Args& a) { Linear4Pair<Kernel>(a, nullptr); }
 
-void Linear4PairAvx2(const Linear4Args& a, const Linear4Args& b) { Linear4Pair(a, &b); }
+void Linear4PairAvx2(const Linear4Args& a, const Linear4Args& b) { Linear4Pair<Kernel>(a, &b); }
 
 }  // namespace ss::expert::internal

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "cpu_expert_worker/kernels/avx512/avx512_shared.h"
+#include "cpu_expert_worker/kernels/isa_driver.h"
 #include "cpu_expert_worker/kernels/isa_shared.h"
 #include "cpu_expert_worker/kernels/linear4.h"
 
@@ -101,13 +102,6 @@ inline __m512 Accumulate(__m512 acc, const __m512i (&g)[4], float sa, const __m5
   return acc;
 }
 
-// The byte step between the rows of a tile: 64 when the weights are tiled (kTiled), the row
-// stride otherwise.
-template <bool kTiled>
-inline int64_t RowStep(const Linear4Args& a) {
-  return kTiled ? 64 : Steps(a).row;
-}
-
 // One activation row (decode): the sign is folded into the packed bytes, one XOR per row.
 template <bool kTiled, class PF>
 void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, PF& pf) {
@@ -143,12 +137,7 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m512i* st, PF& pf) {
 // and K block int16 H[4] (vector v = 2·(odd) + (high 8 of each 128-bit lane), the plane bytes
 // widened by _mm512_unpack{lo,hi}_epi8, each 128-bit lane one group) and, where the block holds
 // a value with b <= 2, u8 L'[2] (even, odd) against H - 8. Records [kb][i].
-constexpr int64_t kWideBytes = 384;
-constexpr int kWideShift = 3;
-struct WideMeta {
-  float scale;  // RecordScale
-  int32_t low;  // the block holds an L value
-};
+constexpr int kWideShift = 3;  // WideMeta::low: the block holds an L value
 
 inline bool WidenBlock(const uint8_t* rec, __m512i* out) {
   const __m512i zero = _mm512_setzero_si512(), sx = _mm512_load_si512(rec + kSignOffset);
@@ -270,50 +259,28 @@ void TileMany(const Linear4Args& a, int64_t r0, const __m512i* st, float* acc, _
   for (int64_t i = 0; i < a.n; ++i) Store(a.epilogue, a.y[i] + r0, _mm512_load_ps(acc + i * kRows));
 }
 
-// The scratch of a call (see linear4.h): its transposed scales, accumulators, widened weights,
-// and wide records with their meta.
-struct Scratch {
-  __m512i* st;    // [k/128] transposed scales
-  float* acc;     // [n][16]
-  __m512i* wv;    // [16][kWideVecs] widened weights
-  uint8_t* wide;  // [k/128][n] wide records
-  WideMeta* meta;
-  explicit Scratch(const Linear4Args& a)
-      : st(reinterpret_cast<__m512i*>(a.scratch)),
-        acc(a.scratch + a.k / 128 * 16),
-        wv(reinterpret_cast<__m512i*>(acc + a.n * 16)),
-        wide(reinterpret_cast<uint8_t*>(wv + kRows * kWideVecs)),
-        meta(reinterpret_cast<WideMeta*>(wide + a.k / 128 * a.n * kWideBytes)) {}
-};
-
-// The rows of a, its records already widened into x.wide when it has several activation rows.
-template <class Policy>
-void Linear4Tiles(const Linear4Args& a, const Scratch& x) {
-  Prefetch<kRows, Policy> pf(a);
-  for (int64_t r0 = 0; r0 < a.rows; r0 += kRows) {
-    TransposeScales(a, r0, x.st);
-    if (a.n == 1) {
-      a.w_tile_rows != 0 ? TileOne<true>(a, r0, x.st, pf) : TileOne<false>(a, r0, x.st, pf);
-    } else if (a.w_tile_rows != 0) {
-      TileMany<true>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
-    } else {
-      TileMany<false>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
-    }
+// This file's kernel, for isa_driver.h.
+struct Kernel {
+  using Vec = __m512i;
+  static constexpr int kRows = internal::kRows, kWideVecs = kRows * internal::kWideVecs;
+  static void Scales(const Linear4Args& a, int64_t r0, Vec* st) { TransposeScales(a, r0, st); }
+  template <bool kTiled, class PF>
+  static void One(const Linear4Args& a, int64_t r0, const Vec* st, PF& pf) {
+    TileOne<kTiled>(a, r0, st, pf);
   }
-}
-
-void Linear4Pair(const Linear4Args& a, const Linear4Args* b) {
-  const Scratch x(a);
-  if (a.n > 1) WidenRecords(a, x.wide, x.meta);
-  const bool far = UseFarPrefetch();
-  far ? Linear4Tiles<PrefetchFar>(a, x) : Linear4Tiles<PrefetchNear>(a, x);
-  if (b != nullptr) far ? Linear4Tiles<PrefetchFar>(*b, x) : Linear4Tiles<PrefetchNear>(*b, x);
-}
+  template <bool kTiled, class X, class PF>
+  static void Many(const Linear4Args& a, int64_t r0, const X& x, PF& pf) {
+    TileMany<kTiled>(a, r0, x.st, x.acc, x.wv, x.wide, x.meta, pf);
+  }
+  static void Widen(const Linear4Args& a, uint8_t* wide, WideMeta* meta) {
+    WidenRecords(a, wide, meta);
+  }
+};
 
 }  // namespace
 
-void Linear4Avx512(const Linear4Args& a) { Linear4Pair(a, nullptr); }
+void Linear4Avx512(const Linear4Args& a) { Linear4Pair<Kernel>(a, nullptr); }
 
-void Linear4PairAvx512(const Linear4Args& a, const Linear4Args& b) { Linear4Pair(a, &b); }
+void Linear4PairAvx512(const Linear4Args& a, const Linear4Args& b) { Linear4Pair<Kernel>(a, &b); }
 
 }  // namespace ss::expert::internal
