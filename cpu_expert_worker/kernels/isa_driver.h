@@ -60,8 +60,9 @@ void Linear4Pair(const Linear4Args& a, const Linear4Args* b) {
   if (a.n > 1) K::Widen(a, x.wide, x.meta);
   const bool far = UseFarPrefetch();
   far ? Linear4Tiles<K, PrefetchFar>(a, x) : Linear4Tiles<K, PrefetchNear>(a, x);
-  if (b != nullptr)
+  if (b != nullptr) {
     far ? Linear4Tiles<K, PrefetchFar>(*b, x) : Linear4Tiles<K, PrefetchNear>(*b, x);
+  }
 }
 
 }  // namespace
