@@ -228,7 +228,9 @@ void ThreadPool::RunShare(int worker) {
   for (;;) {
     const int64_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
     if (begin >= n) {
-      if (job_drained_ != nullptr && !drained_called_.exchange(true, std::memory_order_acq_rel)) {
+      // Read first: every worker ends here, and only the first needs the read-modify-write.
+      if (job_drained_ != nullptr && !drained_called_.load(std::memory_order_relaxed) &&
+          !drained_called_.exchange(true, std::memory_order_acq_rel)) {
         (*job_drained_)();
       }
       return;

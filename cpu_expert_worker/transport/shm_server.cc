@@ -32,6 +32,11 @@ absl::Status Errno(absl::string_view what, absl::string_view name, int err) {
   return absl::InternalError(absl::StrCat(what, " ", name, ": ", std::strerror(err)));
 }
 
+// Wakes the slot's client if it may be asleep on the state word (it sets client_waiting first).
+void WakeClientIfWaiting(SlotControl* c) {
+  if (Word(c->client_waiting).load(kSeqCst) != 0) FutexWake(&c->state, 1);
+}
+
 // Writes the response fields of a slot the caller holds in kProcessing.
 void WriteResponse(SlotControl* c, uint64_t sequence, const absl::Status& status) {
   const absl::string_view msg = status.message();
@@ -231,9 +236,7 @@ void ShmServer::Serve(uint32_t i) {
     v.x_bf16 = reinterpret_cast<const uint16_t*>(base + layout_.x_offset);
     v.ids = reinterpret_cast<const int32_t*>(base + layout_.ids_offset);
     v.weights = reinterpret_cast<const float*>(base + layout_.weights_offset);
-    const std::function<void()> almost_done = [c] {
-      if (Word(c->client_waiting).load(kSeqCst) != 0) FutexWake(&c->state, 1);
-    };
+    const std::function<void()> almost_done = [c] { WakeClientIfWaiting(c); };
     v.almost_done = &almost_done;
     try {
       status = handler_(v, reinterpret_cast<float*>(base + layout_.out_offset));
@@ -248,7 +251,7 @@ void ShmServer::Serve(uint32_t i) {
   uint32_t expected = static_cast<uint32_t>(SlotState::kProcessing);
   if (Word(c->state).compare_exchange_strong(expected, static_cast<uint32_t>(SlotState::kResponse),
                                              kSeqCst)) {
-    if (Word(c->client_waiting).load(kSeqCst) != 0) FutexWake(&c->state, 1);
+    WakeClientIfWaiting(c);
     return;
   }
   // The client abandoned the call (deadline): the slot is ours to free.
