@@ -321,11 +321,13 @@ absl::Status ShmClient::Invoke(uint32_t index, const ExpertRequestHeader& r, abs
     s = state.load(kSeqCst);
     if (s == kRequest || s == kProcessing) {
       const int64_t wait_ns = std::max<int64_t>(std::min(deadline_ns, next_check) - now, 1000);
-      FutexWait(&c->state, s, wait_ns);
-      // Back before the timeout with the state unchanged: the server's early wake (or, rarely,
-      // a spurious one): spin for the answer rather than sleep through its wake-up.
-      const int64_t after = MonotonicNowNs();
-      if (after < now + wait_ns && state.load(kSeqCst) == s) {
+      const bool woken = FutexWait(&c->state, s, wait_ns);
+      // Woken with the call still in progress (whether or not the server took it after this
+      // client fell asleep): the server's early wake (or, rarely, a spurious one). Spin for the
+      // answer rather than sleep through its wake-up.
+      const uint32_t now_s = state.load(kSeqCst);
+      if (woken && (now_s == kRequest || now_s == kProcessing)) {
+        const int64_t after = MonotonicNowNs();
         // Spinning, so the answer needs no FUTEX_WAKE; the flag is set again before a sleep.
         Word(c->client_waiting).store(0, std::memory_order_relaxed);
         early_wakes_.fetch_add(1, std::memory_order_relaxed);

@@ -85,12 +85,12 @@ absl::Time MonotonicNsToDeadline(int64_t mono_ns) {
   return absl::Now() + absl::Nanoseconds(mono_ns - MonotonicNowNs());
 }
 
-void FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
+bool FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
   timespec ts;
   ts.tv_sec = static_cast<time_t>(timeout_ns / 1000000000);
   ts.tv_nsec = static_cast<long>(timeout_ns % 1000000000);
   // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
-  ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+  return ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0) == 0;
 }
 
 void FutexWake(uint32_t* word, int count) {

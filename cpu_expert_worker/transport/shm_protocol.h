@@ -51,7 +51,7 @@
 // word for a bounded time first (pause instructions, then sched_yield), then FUTEX_WAIT with a
 // timeout; no wait is ever unbounded. The early wake: while the handler runs, the server may
 // wake the client once more without changing the state (ExpertRequestView::almost_done); a
-// client woken before its timeout with the state unchanged spins again for a bounded time
+// client woken by a FUTEX_WAKE with the call still in progress spins again for a bounded time
 // (ShmClientOptions::spin_after_wake) before it sleeps. Either side without it only sees a
 // spurious wake-up, so this needs no protocol version.
 //
@@ -265,8 +265,9 @@ int64_t DeadlineToMonotonicNs(absl::Time deadline);
 absl::Time MonotonicNsToDeadline(int64_t mono_ns);
 
 // FUTEX_WAIT on a 32-bit word shared between processes, for at most `timeout_ns` (> 0).
-// Returns when woken, on timeout, on a signal, or at once if *word != expected.
-void FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns);
+// Returns when woken, on timeout, on a signal, or at once if *word != expected: true when woken
+// (by a FUTEX_WAKE or, rarely, spuriously), false otherwise.
+bool FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns);
 // FUTEX_WAKE up to `count` waiters of `word`. Async-signal-safe.
 void FutexWake(uint32_t* word, int count);
 // One step of a spin-wait that has run for `spun_ns`: a pause instruction for the first 2 us,

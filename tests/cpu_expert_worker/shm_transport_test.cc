@@ -116,7 +116,7 @@ struct TestHandler {
     if (r.layer == kEarlyWakeLayer) {  // the engine's pattern: work, the early wake, the tail
       absl::SleepFor(absl::Milliseconds(20));
       if (r.almost_done != nullptr) (*r.almost_done)();
-      absl::SleepFor(absl::Milliseconds(5));
+      absl::SleepFor(absl::Milliseconds(50));  // long enough for a loaded machine to run the client
     }
     if (r.layer == 77) return absl::InvalidArgumentError("unknown layer 77");
     if (r.layer == 78) return absl::ResourceExhaustedError(std::string(1000, 'm'));
@@ -304,6 +304,9 @@ TEST(ShmTransport, EarlyWakeReachesASleepingClient) {
   ASSERT_NE(server, nullptr);
   ShmClientOptions co;
   co.spin = absl::ZeroDuration();
+  // One sleep covers the handler's work, so the early wake cannot meet the end of a liveness
+  // slice (which counts as no early wake, and may find the client between two sleeps).
+  co.liveness_poll = absl::Seconds(1);
   auto client = ShmClient::Connect(name, co);
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE(CallAndCheck(**client, MakeInputs(1, kSlowLayer, 2)).ok());
