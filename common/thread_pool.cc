@@ -156,15 +156,23 @@ void ThreadPool::WaitInTask(absl::FunctionRef<bool()> ready) {
 bool ThreadPool::PinCallingThread() const { return cpus_.empty() || PinTo(cpus_[0]); }
 
 absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn) {
-  return For(n, fn, nullptr);
+  const auto ahead = [fn](int64_t i, int64_t, int worker) { fn(i, worker); };
+  return For(n, ahead, nullptr);
 }
 
 absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
                                      absl::FunctionRef<void()> on_drained) {
+  const auto ahead = [fn](int64_t i, int64_t, int worker) { fn(i, worker); };
+  return For(n, ahead, &on_drained);
+}
+
+absl::Status ThreadPool::ParallelForAhead(int64_t n,
+                                          absl::FunctionRef<void(int64_t, int64_t, int)> fn,
+                                          absl::FunctionRef<void()> on_drained) {
   return For(n, fn, &on_drained);
 }
 
-absl::Status ThreadPool::For(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
+absl::Status ThreadPool::For(int64_t n, absl::FunctionRef<void(int64_t, int64_t, int)> fn,
                              absl::FunctionRef<void()>* on_drained) {
   if (tls_pool == this) {
     return absl::FailedPreconditionError(
@@ -221,22 +229,27 @@ void ThreadPool::RunShare(int worker) {
   if (size_ == 1 || n == 1) {
     for (int64_t i = 0; i < n; ++i) {
       if (i == n - 1 && job_drained_ != nullptr) (*job_drained_)();  // the last index taken
-      (*job_fn_)(i, worker);
+      (*job_fn_)(i, i + 1 < n ? i + 1 : -1, worker);
     }
     return;
   }
-  for (;;) {
-    const int64_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
-    if (begin >= n) {
-      // Read first: every worker ends here, and only the first needs the read-modify-write.
-      if (job_drained_ != nullptr && !drained_called_.load(std::memory_order_relaxed) &&
-          !drained_called_.exchange(true, std::memory_order_acq_rel)) {
-        (*job_drained_)();
-      }
-      return;
-    }
+  // Grains are taken ahead (see ParallelForAhead) while more than a grain per worker is left.
+  const int64_t ahead_until = n - grain * size_;
+  int64_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
+  while (begin < n) {
     const int64_t end = std::min(n, begin + grain);
-    for (int64_t i = begin; i < end; ++i) (*job_fn_)(i, worker);
+    for (int64_t i = begin; i + 1 < end; ++i) (*job_fn_)(i, i + 1, worker);
+    int64_t next = n;  // not taken yet
+    if (end < ahead_until && next_.load(std::memory_order_relaxed) < ahead_until) {
+      next = next_.fetch_add(grain, std::memory_order_relaxed);
+    }
+    (*job_fn_)(end - 1, next < n ? next : -1, worker);
+    begin = next < n ? next : next_.fetch_add(grain, std::memory_order_relaxed);
+  }
+  // Read first: every worker ends here, and only the first needs the read-modify-write.
+  if (job_drained_ != nullptr && !drained_called_.load(std::memory_order_relaxed) &&
+      !drained_called_.exchange(true, std::memory_order_acq_rel)) {
+    (*job_drained_)();
   }
 }
 

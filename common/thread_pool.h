@@ -80,6 +80,15 @@ class ThreadPool {
   absl::Status ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
                            absl::FunctionRef<void()> on_drained);
 
+  // The same with fn(i, next, worker): `next` is the index this worker runs right after i, or
+  // -1 when that is not decided yet, for a task that prefetches the next one's data. A worker
+  // runs its grain in order, and while much of the job is left it takes its next grain as it
+  // starts the last index of the current one (so `next` is known there too); near the end it
+  // takes grains only when free, which keeps the tail balanced. "Order" below still holds: a
+  // grain taken ahead is the next thing its worker runs.
+  absl::Status ParallelForAhead(int64_t n, absl::FunctionRef<void(int64_t, int64_t, int)> fn,
+                                absl::FunctionRef<void()> on_drained);
+
   // fn(worker) once on every worker, the caller included (worker 0): for per-thread setup such
   // as first-touching a worker's own scratch. Same rules as ParallelFor.
   absl::Status RunOnEachWorker(absl::FunctionRef<void(int)> fn);
@@ -103,8 +112,8 @@ class ThreadPool {
 
  private:
   explicit ThreadPool(const ThreadPoolOptions& options);
-  // Both ParallelFors; on_drained may be null.
-  absl::Status For(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
+  // Every ParallelFor; on_drained may be null.
+  absl::Status For(int64_t n, absl::FunctionRef<void(int64_t, int64_t, int)> fn,
                    absl::FunctionRef<void()>* on_drained);
   absl::Status Run(int64_t n, bool each_worker);
   void WorkerLoop(int worker);
@@ -124,7 +133,7 @@ class ThreadPool {
   int64_t job_n_ = 0;
   bool job_each_ = false;  // RunOnEachWorker: index space = workers
   int64_t job_grain_ = 1;
-  absl::FunctionRef<void(int64_t, int)>* job_fn_ = nullptr;
+  absl::FunctionRef<void(int64_t, int64_t, int)>* job_fn_ = nullptr;
   absl::FunctionRef<void(int)>* job_each_fn_ = nullptr;
   absl::FunctionRef<void()>* job_drained_ = nullptr;  // null: none
   std::atomic<bool> drained_called_{false};

@@ -237,7 +237,19 @@ void ExpertEngine::Plan(int64_t T, const int32_t* ids, const float* weights, int
   last_down_units_ = DownUnits();
 }
 
-void ExpertEngine::RunGateUp(const Unit& u, const ExpertSliceView* views, int worker) {
+NextRows ExpertEngine::HintFor(int64_t next, int64_t gate_up, bool after_gate_up,
+                               const ExpertSliceView* views) const {
+  if (next < 0 || (next < gate_up) != after_gate_up || num_groups_ == 0) return {};
+  if (after_gate_up) {
+    const Unit& u = units_[next];
+    return {&views[u.expert], u.col_begin, u.col_end};
+  }
+  const int64_t d = next - gate_up;
+  return {groups_[0], down_bounds_[d], down_bounds_[d + 1]};
+}
+
+void ExpertEngine::RunGateUp(const Unit& u, const ExpertSliceView* views, int worker,
+                             NextRows next) {
   WorkerScratch& s = scratch_[worker];
   const int64_t dim = store_.dim(), nb = dim / kActBlock;
   for (int32_t i = 0; i < u.rows; ++i) {
@@ -258,6 +270,7 @@ void ExpertEngine::RunGateUp(const Unit& u, const ExpertSliceView* views, int wo
   c.swiglu_limit = static_cast<float>(store_.config().swiglu_limit);
   c.hq_rows = hq_rows_.data() + u.entry_begin;
   c.hs_rows = hs_rows_.data() + u.entry_begin;
+  c.next = next;
   const absl::Status st = kernel_->gate_up(c, s.workspace, s.workspace_bytes);
   if (!st.ok() && s.status.ok()) s.status = st;
 }
@@ -269,7 +282,7 @@ void ExpertEngine::ZeroColumns(int64_t d, int64_t T, float* out) const {
   }
 }
 
-void ExpertEngine::RunDown(int64_t d, int64_t g0, int64_t g1, int worker) {
+void ExpertEngine::RunDown(int64_t d, int64_t g0, int64_t g1, int worker, NextRows next) {
   WorkerScratch& s = scratch_[worker];
   DownCall c;
   c.dim = store_.dim();
@@ -285,13 +298,14 @@ void ExpertEngine::RunDown(int64_t d, int64_t g0, int64_t g1, int worker) {
   // A worker holding whole experts (one slice) returns the reference's routed sum exactly: each
   // expert's output rounded to bf16, summed in ascending expert id (model::RoutedSum).
   c.round_expert_outputs = store_.slice_count() == 1;
+  if (g1 == num_groups_) c.next = next;
   const absl::Status st = kernel_->down(c, s.workspace, s.workspace_bytes);
   if (!st.ok() && s.status.ok()) s.status = st;
 }
 
 // Adds the groups in order, each once its gate_up units are done: the longest run of ready
 // groups per kernel call.
-void ExpertEngine::RunDownWhenReady(int64_t d, int64_t T, float* out, int worker) {
+void ExpertEngine::RunDownWhenReady(int64_t d, int64_t T, float* out, int worker, NextRows next) {
   ZeroColumns(d, T, out);
   const auto ready = [this](int64_t g) {
     return group_done_[g].load(std::memory_order_acquire) == group_units_[g];
@@ -300,7 +314,7 @@ void ExpertEngine::RunDownWhenReady(int64_t d, int64_t T, float* out, int worker
     ThreadPool::WaitInTask([&] { return ready(g0); });
     int64_t g1 = g0 + 1;
     while (g1 < num_groups_ && ready(g1)) ++g1;
-    RunDown(d, g0, g1, worker);
+    RunDown(d, g0, g1, worker, next);
     g0 = g1;
   }
 }
@@ -317,30 +331,35 @@ absl::Status ExpertEngine::FirstKernelError() {
 
 absl::Status ExpertEngine::TwoPasses(int64_t T, const ExpertSliceView* views, float* out,
                                      absl::FunctionRef<void()> on_tail) {
-  RETURN_IF_ERROR(pool_.ParallelFor(
-      num_units_, [&](int64_t u, int worker) { RunGateUp(units_[u], views, worker); }));
+  RETURN_IF_ERROR(pool_.ParallelForAhead(
+      num_units_,
+      [&](int64_t u, int64_t next, int worker) {
+        RunGateUp(units_[u], views, worker, HintFor(next, num_units_, true, views));
+      },
+      [] {}));
   for (const WorkerScratch& s : scratch_) {
     if (!s.status.ok()) return absl::OkStatus();  // no down pass; Compute reports the error
   }
-  return pool_.ParallelFor(
+  return pool_.ParallelForAhead(
       DownUnits(),
-      [&](int64_t d, int worker) {
+      [&](int64_t d, int64_t next, int worker) {
         ZeroColumns(d, T, out);
-        RunDown(d, 0, num_groups_, worker);
+        RunDown(d, 0, num_groups_, worker, HintFor(next, 0, false, views));
       },
       on_tail);
 }
 
 absl::Status ExpertEngine::OnePass(int64_t T, const ExpertSliceView* views, float* out,
                                    absl::FunctionRef<void()> on_tail) {
-  return pool_.ParallelFor(
+  return pool_.ParallelForAhead(
       num_units_ + DownUnits(),
-      [&](int64_t u, int worker) {
+      [&](int64_t u, int64_t next, int worker) {
+        const NextRows hint = HintFor(next, num_units_, u < num_units_, views);
         if (u >= num_units_) {
-          RunDownWhenReady(u - num_units_, T, out, worker);
+          RunDownWhenReady(u - num_units_, T, out, worker, hint);
           return;
         }
-        RunGateUp(units_[u], views, worker);
+        RunGateUp(units_[u], views, worker, hint);
         group_done_[units_[u].group].fetch_add(1, std::memory_order_release);  // even on error
       },
       on_tail);

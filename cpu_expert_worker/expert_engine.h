@@ -136,12 +136,18 @@ class ExpertEngine {
                         const float* weights, int top_k, const float* out) const;
   void Plan(int64_t T, const int32_t* ids, const float* weights, int top_k,
             const ExpertSliceView* views, float* out);
-  void RunGateUp(const Unit& u, const ExpertSliceView* views, int worker);
+  // `next`: the prefetch hint of the unit the worker runs next (NextRows; none across kinds).
+  void RunGateUp(const Unit& u, const ExpertSliceView* views, int worker, NextRows next);
   // Down unit d: output columns [down_bounds_[d], down_bounds_[d + 1]) of every token.
   int64_t DownUnits() const { return static_cast<int64_t>(down_bounds_.size()) - 1; }
   void ZeroColumns(int64_t d, int64_t T, float* out) const;
-  void RunDown(int64_t d, int64_t g0, int64_t g1, int worker);  // groups [g0, g1)
-  void RunDownWhenReady(int64_t d, int64_t T, float* out, int worker);
+  // Groups [g0, g1); `next` applies after the last group.
+  void RunDown(int64_t d, int64_t g0, int64_t g1, int worker, NextRows next);
+  void RunDownWhenReady(int64_t d, int64_t T, float* out, int worker, NextRows next);
+  // The hint for a worker whose next index is `next` (-1: unknown) in a job of `gate_up` units
+  // followed by down units, after an index of the given kind.
+  NextRows HintFor(int64_t next, int64_t gate_up, bool after_gate_up,
+                   const ExpertSliceView* views) const;
   // The units of a planned call; kernel errors are left in the workers' scratch.
   absl::Status TwoPasses(int64_t T, const ExpertSliceView* views, float* out,
                          absl::FunctionRef<void()> on_tail);

@@ -289,6 +289,12 @@ void GateUpRows(const IsaOps& ops, const GateUpCall& c, const UnitSpace& ws) {
   b.s = a.next_s;
   b.next_w = b.next_s = nullptr;
   b.next_rows = 0;
+  if (c.next.expert != nullptr) {  // the prefetch runs on into the next call's w1 rows
+    const ExpertSliceView& nv = *c.next.expert;
+    b.next_w = nv.w1 + c.next.col_begin * a.w_stride;
+    b.next_s = nv.w1_scale + c.next.col_begin * a.s_stride;
+    b.next_rows = c.next.col_end - c.next.col_begin;
+  }
   if (ops.linear4_pair != nullptr) {
     ops.linear4_pair(a, b);
   } else {
@@ -325,19 +331,34 @@ void DownRows(const IsaOps& ops, const DownCall& c, const UnitSpace& ws) {
       a.epilogue = c.round_expert_outputs ? Epilogue::kAddBf16 : Epilogue::kAddF32;
       a.scratch = ws.scratch;
       // The prefetch runs on into the next group's rows (a later batch of this group reads the
-      // same rows again, from cache).
-      if (b1 == c.group_offsets[g + 1] && g + 1 < c.num_groups) {
-        const ExpertSliceView& nv = *c.experts[g + 1];
-        if (nv.w2_stride == v.w2_stride && nv.w2_scale_stride == v.w2_scale_stride &&
-            nv.tile_rows == v.tile_rows) {
-          a.next_w = nv.w2 + d0 * nv.w2_stride;
-          a.next_s = nv.w2_scale + d0 * nv.w2_scale_stride;
-          a.next_rows = rows;
-        }
+      // same rows again, from cache), after the last group into the caller's next call.
+      const bool last = g + 1 == c.num_groups;
+      const ExpertSliceView* nv = last ? c.next.expert : c.experts[g + 1];
+      if (b1 == c.group_offsets[g + 1] && nv != nullptr && nv->w2_stride == v.w2_stride &&
+          nv->w2_scale_stride == v.w2_scale_stride && nv->tile_rows == v.tile_rows) {
+        const int64_t n0 = last ? c.next.col_begin : d0;
+        a.next_w = nv->w2 + n0 * nv->w2_stride;
+        a.next_s = nv->w2_scale + n0 * nv->w2_scale_stride;
+        a.next_rows = last ? c.next.col_end - c.next.col_begin : rows;
       }
       ops.linear4(a);
     }
   }
+}
+
+// A NextRows hint's columns: within [0, limit), its start a multiple of `align`, and the
+// expert in the layout of `v` (tiling; for down also the strides).
+absl::Status CheckNext(const NextRows& n, const ExpertSliceView& v, int64_t limit, int64_t align,
+                       const char* what) {
+  if (n.expert == nullptr) return absl::OkStatus();
+  const ExpertSliceView& nv = *n.expert;
+  if (n.col_begin < 0 || n.col_begin % align != 0 || n.col_end <= n.col_begin ||
+      n.col_end > limit || nv.tile_rows != v.tile_rows || nv.w2_stride != v.w2_stride) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": next-call hint of columns [", n.col_begin, ", ", n.col_end, ") in tiles of ",
+        nv.tile_rows, " rows; this call has ", limit, " columns in tiles of ", v.tile_rows));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckUnitWorkspace(const void* workspace, size_t bytes, int64_t dim, int64_t I) {
@@ -370,6 +391,7 @@ absl::Status GateUp(const IsaOps& ops, const GateUpCall& c, void* workspace,
                                                    c.expert->tile_rows, " rows; this kernel reads ",
                                                    ops.tile_rows));
   }
+  RETURN_IF_ERROR(CheckNext(c.next, *c.expert, c.inter_slice, kActBlock, "gate_up"));
   RETURN_IF_ERROR(CheckUnitWorkspace(workspace, workspace_bytes, c.dim, c.inter_slice));
   Carver carve(workspace);
   GateUpRows(ops, c, UnitSpace(carve, c.dim, c.inter_slice));
@@ -394,6 +416,9 @@ absl::Status Down(const IsaOps& ops, const DownCall& c, void* workspace, size_t 
       return absl::InvalidArgumentError(absl::StrCat("down: weights in tiles of ", tr,
                                                      " rows; this kernel reads ", ops.tile_rows));
     }
+  }
+  if (c.experts[c.num_groups - 1] != nullptr) {
+    RETURN_IF_ERROR(CheckNext(c.next, *c.experts[c.num_groups - 1], c.dim, 16, "down"));
   }
   RETURN_IF_ERROR(CheckUnitWorkspace(workspace, workspace_bytes, c.dim, c.inter_slice));
   Carver carve(workspace);

@@ -122,6 +122,16 @@ struct ExpertCall {
 // Rows of one gate_up / down kernel call (a larger expert batch is cut into several calls).
 inline constexpr int64_t kMaxUnitRows = 64;
 
+// A prefetch hint: where the caller's next call of the same kind (gate_up after gate_up, down
+// after down) starts reading, so the weight prefetch runs on into it instead of stopping at the
+// end of this call. For gate_up, that call's w1 rows [col_begin, col_end) of its expert; for
+// down, its first group's w2 rows [col_begin, col_end). The expert must have this call's
+// layout (slice, tiling); expert null: no hint. It changes no result.
+struct NextRows {
+  const ExpertSliceView* expert = nullptr;
+  int64_t col_begin = 0, col_end = 0;
+};
+
 // The first half of `run` for one expert, a batch of its rows and a range of its slice's
 // intermediate columns: per row i, the w2 input a (see above) for columns [col_begin, col_end),
 // quantised like `run` does it, into hq_rows[i] (this kernel's layout, like xq_rows) and
@@ -138,6 +148,7 @@ struct GateUpCall {
   float swiglu_limit = 0.0f;
   float* const* hq_rows = nullptr;  // [rows] -> inter_slice floats, 64-byte aligned
   float* const* hs_rows = nullptr;  // [rows] -> inter_slice / 128 floats
+  NextRows next;                    // optional
 };
 
 // The second half of `run` for output columns [col_begin, col_end): for each expert group g in
@@ -155,6 +166,7 @@ struct DownCall {
   const float* const* hs_rows = nullptr;   // [rows]
   float* const* out_rows = nullptr;        // [rows] -> dim floats (rows may share a token)
   bool round_expert_outputs = false;
+  NextRows next;  // optional
 };
 
 // Bytes of workspace one gate_up or down call needs (a worker sizes it once).

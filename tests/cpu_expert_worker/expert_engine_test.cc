@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -209,6 +210,86 @@ TEST(ExpertEngine, AnySplitIsBitIdenticalToOneKernelCall) {
         }
       }
     }
+  }
+}
+
+// 64-byte aligned floats inside `v` (sized n + 16).
+float* Aligned(std::vector<float>& v, size_t n) {
+  v.assign(n + 16, 0.0f);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<float*>((p + 63) / 64 * 64);
+}
+
+// The engine's prefetch hint (NextRows) on the unit kernels: any valid hint leaves the bits of
+// gate_up and down as they are without one; a hint outside the call's columns is refused.
+TEST(ExpertEngine, NextRowsHintChangesNoBitsAndIsChecked) {
+  auto store = Store(I256Checkpoint(), 0, 1);
+  ASSERT_NE(store, nullptr);
+  const int64_t dim = store->dim(), I = store->inter_slice();
+  const ExpertSliceView* views = store->layer_views(0);
+  const Request r = MakeRequest(1, 1, 8, dim, false, 5);
+  for (Isa isa : Isas()) {
+    const ExpertKernel& k = **KernelFor(isa);
+    std::vector<float> xqv, xsv, hqv, hsv, outv;
+    float* xq = Aligned(xqv, dim);
+    float* xs = Aligned(xsv, dim / 128);
+    float* hq = Aligned(hqv, I);
+    float* hs = Aligned(hsv, I / 128);
+    float* out = Aligned(outv, dim);
+    k.quantize_row(r.x.data(), dim, xq, xs);
+    const float* xq_rows[1] = {xq};
+    const float* xs_rows[1] = {xs};
+    float* hq_rows[1] = {hq};
+    float* hs_rows[1] = {hs};
+    float* out_rows[1] = {out};
+    const float weight = 0.75f;
+    std::vector<uint8_t> ws(ExpertUnitWorkspaceBytes(dim, I));
+    GateUpCall g;
+    g.rows = 1;
+    g.dim = dim;
+    g.inter_slice = I;
+    g.col_begin = 0;
+    g.col_end = I;
+    g.expert = &views[0];
+    g.xq_rows = xq_rows;
+    g.xs_rows = xs_rows;
+    g.weights = &weight;
+    g.swiglu_limit = static_cast<float>(store->config().swiglu_limit);
+    g.hq_rows = hq_rows;
+    g.hs_rows = hs_rows;
+    ASSERT_TRUE(k.gate_up(g, ws.data(), ws.size()).ok()) << k.name;
+    const std::vector<float> h0(hq, hq + I), s0(hs, hs + I / 128);
+    g.next = {&views[3], 128, 256};
+    ASSERT_TRUE(k.gate_up(g, ws.data(), ws.size()).ok()) << k.name;
+    EXPECT_EQ(BitsDiffer(std::vector<float>(hq, hq + I), h0), 0) << k.name;
+    EXPECT_EQ(BitsDiffer(std::vector<float>(hs, hs + I / 128), s0), 0) << k.name;
+    for (NextRows bad : {NextRows{&views[3], 128, I + 128}, NextRows{&views[3], 64, 128}}) {
+      g.next = bad;
+      EXPECT_EQ(k.gate_up(g, ws.data(), ws.size()).code(), absl::StatusCode::kInvalidArgument)
+          << k.name << " [" << bad.col_begin << ", " << bad.col_end << ")";
+    }
+
+    const ExpertSliceView* groups[1] = {&views[0]};
+    const int32_t offsets[2] = {0, 1};
+    DownCall d;
+    d.dim = dim;
+    d.inter_slice = I;
+    d.col_begin = 64;
+    d.col_end = 128;
+    d.num_groups = 1;
+    d.experts = groups;
+    d.group_offsets = offsets;
+    d.hq_rows = hq_rows;
+    d.hs_rows = hs_rows;
+    d.out_rows = out_rows;
+    ASSERT_TRUE(k.down(d, ws.data(), ws.size()).ok()) << k.name;
+    const std::vector<float> o0(out, out + dim);
+    std::fill(out, out + dim, 0.0f);
+    d.next = {&views[5], 128, 192};
+    ASSERT_TRUE(k.down(d, ws.data(), ws.size()).ok()) << k.name;
+    EXPECT_EQ(BitsDiffer(std::vector<float>(out, out + dim), o0), 0) << k.name;
+    d.next = {&views[5], 128, dim + 16};
+    EXPECT_EQ(k.down(d, ws.data(), ws.size()).code(), absl::StatusCode::kInvalidArgument) << k.name;
   }
 }
 

@@ -22,9 +22,11 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/shm_segment.h"
@@ -184,6 +186,47 @@ TEST(ThreadPool, OnDrainedRunsOnceWhenEveryIndexIsHandedOut) {
       }
     }
   }
+}
+
+// ParallelForAhead's `next` is the index the same worker runs right after (or -1), every index
+// runs once, and on a long job a worker knows its next grain before its current one ends.
+TEST(ThreadPool, ParallelForAheadNamesEachWorkersNextIndex) {
+  int64_t across_grains = 0;
+  for (int threads : {1, 2, 3, 5}) {
+    auto pool = MakePool(threads, /*spin_us=*/20);
+    ASSERT_NE(pool, nullptr);
+    for (int64_t n : {1, 2, 7, 64, 1000}) {
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> seq(threads);
+      std::unique_ptr<std::atomic<int>[]> runs(new std::atomic<int>[n]());
+      int drained = 0;
+      ASSERT_TRUE(pool->ParallelForAhead(
+                          n,
+                          [&](int64_t i, int64_t next, int worker) {
+                            seq[worker].push_back({i, next});
+                            runs[i].fetch_add(1);
+                          },
+                          [&] { ++drained; })
+                      .ok());
+      EXPECT_EQ(drained, 1);
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(runs[i].load(), 1) << i;
+      for (int w = 0; w < threads; ++w) {
+        for (size_t j = 0; j < seq[w].size(); ++j) {
+          const int64_t next = seq[w][j].second;
+          const int64_t actual = j + 1 < seq[w].size() ? seq[w][j + 1].first : -1;
+          if (next != -1) {
+            EXPECT_EQ(next, actual) << threads << " threads, n " << n << ", worker " << w;
+          }
+          // The last index of a grain (grains: thread_pool.cc, n / (8 x threads) from 0).
+          const int64_t i = seq[w][j].first, grain = std::max<int64_t>(1, n / (8 * threads));
+          across_grains += threads > 1 && n > 1 && next != -1 && (i + 1) % grain == 0;
+        }
+        if (!seq[w].empty()) {
+          EXPECT_EQ(seq[w].back().second, -1);
+        }
+      }
+    }
+  }
+  EXPECT_GT(across_grains, 0);  // grains were taken ahead somewhere
 }
 
 TEST(ThreadPool, CallsAfterWorkersFellAsleep) {
