@@ -156,24 +156,24 @@ void ThreadPool::WaitInTask(absl::FunctionRef<bool()> ready) {
 bool ThreadPool::PinCallingThread() const { return cpus_.empty() || PinTo(cpus_[0]); }
 
 absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn) {
-  const auto ahead = [fn](int64_t i, int64_t, int worker) { fn(i, worker); };
-  return For(n, ahead, nullptr);
+  const auto with_next = [fn](int64_t i, int64_t, int worker) { fn(i, worker); };
+  return For(n, with_next, nullptr, false);
 }
 
 absl::Status ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int)> fn,
                                      absl::FunctionRef<void()> on_drained) {
-  const auto ahead = [fn](int64_t i, int64_t, int worker) { fn(i, worker); };
-  return For(n, ahead, &on_drained);
+  const auto with_next = [fn](int64_t i, int64_t, int worker) { fn(i, worker); };
+  return For(n, with_next, &on_drained, false);
 }
 
 absl::Status ThreadPool::ParallelForAhead(int64_t n,
                                           absl::FunctionRef<void(int64_t, int64_t, int)> fn,
                                           absl::FunctionRef<void()> on_drained) {
-  return For(n, fn, &on_drained);
+  return For(n, fn, &on_drained, true);
 }
 
 absl::Status ThreadPool::For(int64_t n, absl::FunctionRef<void(int64_t, int64_t, int)> fn,
-                             absl::FunctionRef<void()>* on_drained) {
+                             absl::FunctionRef<void()>* on_drained, bool ahead) {
   if (tls_pool == this) {
     return absl::FailedPreconditionError(
         "ThreadPool::ParallelFor called from inside a task of the same pool: nested parallelism "
@@ -185,6 +185,7 @@ absl::Status ThreadPool::For(int64_t n, absl::FunctionRef<void(int64_t, int64_t,
   }
   std::lock_guard<std::mutex> lock(call_mu_);
   job_fn_ = &fn;
+  job_ahead_ = ahead;
   job_drained_ = on_drained;
   drained_called_.store(false, std::memory_order_relaxed);
   const absl::Status st = Run(n, /*each_worker=*/false);
@@ -233,8 +234,8 @@ void ThreadPool::RunShare(int worker) {
     }
     return;
   }
-  // Grains are taken ahead (see ParallelForAhead) while more than a grain per worker is left.
-  const int64_t ahead_until = n - grain * size_;
+  // ParallelForAhead: grains are taken ahead while more than a grain per worker is left.
+  const int64_t ahead_until = job_ahead_ ? n - grain * size_ : 0;
   int64_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
   while (begin < n) {
     const int64_t end = std::min(n, begin + grain);

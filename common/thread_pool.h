@@ -84,8 +84,9 @@ class ThreadPool {
   // -1 when that is not decided yet, for a task that prefetches the next one's data. A worker
   // runs its grain in order, and while much of the job is left it takes its next grain as it
   // starts the last index of the current one (so `next` is known there too); near the end it
-  // takes grains only when free, which keeps the tail balanced. "Order" below still holds: a
-  // grain taken ahead is the next thing its worker runs.
+  // takes grains only when free, which keeps the tail balanced (plain ParallelFor jobs always
+  // do). "Order" at the top of this file still holds: a grain taken ahead is the next thing
+  // its worker runs.
   absl::Status ParallelForAhead(int64_t n, absl::FunctionRef<void(int64_t, int64_t, int)> fn,
                                 absl::FunctionRef<void()> on_drained);
 
@@ -112,9 +113,10 @@ class ThreadPool {
 
  private:
   explicit ThreadPool(const ThreadPoolOptions& options);
-  // Every ParallelFor; on_drained may be null.
+  // Every ParallelFor; on_drained may be null; `ahead`: grains are taken ahead (only
+  // ParallelForAhead: a plain job takes a grain only when a worker is free).
   absl::Status For(int64_t n, absl::FunctionRef<void(int64_t, int64_t, int)> fn,
-                   absl::FunctionRef<void()>* on_drained);
+                   absl::FunctionRef<void()>* on_drained, bool ahead);
   absl::Status Run(int64_t n, bool each_worker);
   void WorkerLoop(int worker);
   void RunShare(int worker);
@@ -133,6 +135,7 @@ class ThreadPool {
   int64_t job_n_ = 0;
   bool job_each_ = false;  // RunOnEachWorker: index space = workers
   int64_t job_grain_ = 1;
+  bool job_ahead_ = false;
   absl::FunctionRef<void(int64_t, int64_t, int)>* job_fn_ = nullptr;
   absl::FunctionRef<void(int)>* job_each_fn_ = nullptr;
   absl::FunctionRef<void()>* job_drained_ = nullptr;  // null: none
