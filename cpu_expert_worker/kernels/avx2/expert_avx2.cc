@@ -107,10 +107,20 @@ inline __m256i E2m1Table() {
       _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
 }
 
+// v, as a value the compiler cannot see through. For the decode loops' vector constants: under
+// register pressure GCC 12 rebuilds a set1 constant at every use from a general register (movabs,
+// vmovq, vpbroadcast: two more shuffle-port uops a weight row), where an opaque one is kept or
+// spilled once and read back as a free memory operand (bench/RESULTS.md, session 40).
+inline __m256i Opaque(__m256i v) {
+  asm("" : "+x"(v));
+  return v;
+}
+
 // One activation record's planes for a 32-byte chunk c of a K block: [plane][even, odd].
 struct Planes {
   __m256i p[3][2];
-  Planes(const uint8_t* rec, int c) {
+  const __m256i* unit;  // [p] plane p's unit 2^(5p) in 16 int16 lanes, the caller's
+  Planes(const uint8_t* rec, int c, const __m256i* units) : unit(units) {
     for (int i = 0; i < 3; ++i) {
       p[i][0] = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + kPlaneOffset[i] + c * 64));
       p[i][1] =
@@ -127,9 +137,9 @@ inline __m256i DotPlanes(const Planes& pl, __m256i we, __m256i wo) {
       _mm256_add_epi16(_mm256_maddubs_epi16(pl.p[1][0], we), _mm256_maddubs_epi16(pl.p[1][1], wo));
   const __m256i m0 =
       _mm256_add_epi16(_mm256_maddubs_epi16(pl.p[0][0], we), _mm256_maddubs_epi16(pl.p[0][1], wo));
-  return _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(m2, _mm256_set1_epi16(1024)),
-                                           _mm256_madd_epi16(m1, _mm256_set1_epi16(32))),
-                          _mm256_madd_epi16(m0, _mm256_set1_epi16(1)));
+  return _mm256_add_epi32(
+      _mm256_add_epi32(_mm256_madd_epi16(m2, pl.unit[2]), _mm256_madd_epi16(m1, pl.unit[1])),
+      _mm256_madd_epi16(m0, pl.unit[0]));
 }
 
 // Plane p's unit 2^(5p) in 16 int16 lanes.
@@ -232,7 +242,7 @@ inline __m256i Load(const uint8_t* p) {
 template <class P, class Rows>
 inline void ChunkOne(const uint8_t* w, int64_t row, const uint8_t* rec, int c, const P& pl,
                      const Rows* lines, __m256i& ga, __m256i& gb) {
-  const __m256i nib = _mm256_set1_epi8(0x0f), lut = E2m1Table();
+  const __m256i nib = Opaque(_mm256_set1_epi8(0x0f)), lut = E2m1Table();
   const __m256i sx = Load(rec + kSignOffset + c * 32);
   auto dot = [&](int r) {
     if (lines != nullptr) lines->Row(r);
@@ -256,6 +266,8 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
   const uint8_t* w = TileBase(a, a.w, r0);
   const int64_t row = RowStep<kTiled>(a), kb_step = Steps(a).kb;
   const uint8_t* rec = Record(a, 0, 0);
+  const __m256i units[3] = {Opaque(_mm256_set1_epi16(1)), Opaque(_mm256_set1_epi16(32)),
+                            Opaque(_mm256_set1_epi16(1024))};
   for (int64_t kb = 0; kb < a.k / 128; ++kb, w += kb_step, rec += kRecordBytes) {
     pf.Aim(r0, kb);
     const typename PF::Rows lines = pf.Targets();
@@ -267,7 +279,7 @@ void TileOne(const Linear4Args& a, int64_t r0, const __m256i* st, PF& pf) {
       const int mask = rec[kPlaneMaskOffset + c];
       __m256i ga, gb;
       if (mask == 7) {
-        ChunkOne(w, row, rec, c, Planes(rec, c), chunk_lines, ga, gb);
+        ChunkOne(w, row, rec, c, Planes(rec, c, units), chunk_lines, ga, gb);
       } else {
         // Two planes that include every nonzero one.
         const int hi = (mask & 4) != 0 ? 2 : 1, lo = (mask & 1) != 0 || hi == 1 ? 0 : 1;
