@@ -18,6 +18,9 @@
 #             threads
 #   scaling   splitserve-bench-experts at 1, 2, 4 and 8 threads, avx512 and avx2, one run each
 #   ggml      bench/ggml_moe/ggml_compare.sh at 4, 8 and 16 threads, both builds, one repeat
+#             (BUILDS=avx2 or avx512 in the environment: that build alone; its results stay in
+#             /tmp/ss-ggml-compare, and a later call on the same machine reuses them unless
+#             RESUME=0)
 #   amx       expert_kernels_test and act_quant_test (every ISA the host has; the latter's dispatch
 #             line says whether the host grants AMX), cpu_rates_bench's prefill-sized units by
 #             token rows a call at 1 and 16 threads (avx2, avx512, amx), then
