@@ -16,7 +16,9 @@
 #             3 runs each: the acceptance's decode efficiency and T = 256 share of the FMA peak
 #   rates     expert_kernels_test and act_quant_test, then cpu_rates_bench at 1, 2, 4, 8, 16
 #             threads
-#   scaling   splitserve-bench-experts at 1, 2, 4 and 8 threads, avx512 and avx2, one run each
+#   scaling   splitserve-bench-experts at 1, 2, 4 and 8 threads, avx512 and avx2, one run each;
+#             SCALE_THREADS, SCALE_ISAS and SCALE_ROUNDS (default 1, rounds interleaved) change
+#             that, and no run starts SS_AB_DEADLINE seconds (default 480) after the first
 #   ggml      bench/ggml_moe/ggml_compare.sh at 4, 8 and 16 threads, both builds, one repeat
 #             (BUILDS=avx2 or avx512 in the environment: that build alone; its results stay in
 #             /tmp/ss-ggml-compare, and a later call on the same machine reuses them unless
@@ -85,7 +87,12 @@ for part in "$@"; do
         "$out/experts/rates.txt" | cut -c1-120 | sed 's/^/rates /' | tee -a "$summary"
       ;;
     scaling)
-      for t in 1 2 4 8; do for isa in avx512 avx2; do bench "$t" "$isa" scale; done; done
+      start=$(date +%s)
+      for r in $(seq 1 "${SCALE_ROUNDS:-1}"); do for t in ${SCALE_THREADS:-1 2 4 8}; do
+        for isa in ${SCALE_ISAS:-avx512 avx2}; do
+          in_time bench "$t" "$isa" "scale_r$r" || break 3
+        done
+      done; done
       ;;
     ggml)
       GGML_TAR="$bin/ggml.tar.xz" SS_BIN="$bin" OUT=/tmp/ss-ggml-compare THREADS="4 8 16" \
