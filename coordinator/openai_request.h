@@ -68,6 +68,8 @@ inline constexpr int64_t kMaxTopLogprobs = 20;
 inline constexpr int64_t kMaxStopTokenIds = 64;
 inline constexpr int64_t kMaxLogitBias = 300;  // OpenAI's limit
 inline constexpr int64_t kMaxChoices = 16;     // n
+// /v1/completions' batch of prompts: at most this many choices (prompts x n) in one request.
+inline constexpr int64_t kMaxBatchChoices = 256;
 
 // Everything a generation route reads besides its prompt.
 struct GenerationParams {

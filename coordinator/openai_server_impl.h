@@ -100,6 +100,14 @@ struct OpenAiServer::Impl {
 
   enum class Kind { kChat, kCompletion };
 
+  // One prompt of a request: /v1/completions takes a batch of them (vLLM's list of prompts),
+  // every other route one.
+  struct Prompt {
+    std::vector<int32_t> tokens;
+    std::string echo;        // completions' echo: the prompt's text, returned first
+    int32_t max_tokens = 0;  // the request's max_tokens, or what the context leaves (FitContext)
+  };
+
   // A request that passed validation, ready to submit.
   struct Job {
     Kind kind;
@@ -111,22 +119,30 @@ struct OpenAiServer::Impl {
     bool parallel_tool_calls = true;                  // false: only the first tool call is returned
     std::optional<openai::RequestedGrammar> grammar;  // structured output (structured_output.h)
     std::shared_ptr<TokenConstraint> constraint;      // its constraint, made by Constrain
-    std::string echo;        // completions' echo: the prompt's text, returned first
     bool anthropic = false;  // /v1/messages: rendered as Anthropic's message or events
     // /v1/responses: rendered as a response object or its events; its conversation (messages,
     // then the reply) is stored under its id unless `store` is false.
     std::optional<responses::ResponseMeta> response;
     Json conversation;
     bool store = true;
-    std::vector<int32_t> prompt;
+    std::vector<Prompt> prompts;  // at least one; n choices each, prompt p's are p*n .. p*n+n-1
     openai::GenerationParams params;
     std::string id;
     Clock::time_point arrival;
+
+    size_t PromptTokens() const {  // usage's prompt_tokens: every prompt once
+      size_t n = 0;
+      for (const Prompt& p : prompts) n += p.tokens.size();
+      return n;
+    }
   };
 
-  // One choice of a request: its own engine sequence (n > 1: several, seeds seed + index).
+  // One choice of a request: its own engine sequence (n > 1: several per prompt, seeds seed + its
+  // place among its prompt's choices).
   struct Choice {
     int index = 0;
+    size_t prompt = 0;  // its prompt in Job::prompts
+    size_t leader = 0;  // the first choice of its prompt: its first event releases `pending`
     std::shared_ptr<GenerationStream> stream;
     std::shared_ptr<CancellationToken> cancel;
     std::unique_ptr<OutputText> output;
@@ -181,8 +197,12 @@ struct OpenAiServer::Impl {
   // Special tokens written in `text` become their ids, except inside `plain_text`.
   absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text, const char* param,
                                               Tokenizer::PlainText plain_text = {});
-  // Fills sampling.max_tokens and rejects what cannot fit the context.
+  // Fills each prompt's max_tokens (and sampling.max_tokens, the largest) and rejects a prompt
+  // that cannot fit the context.
   absl::Status FitContext(Job& job, const char* param);
+  // /v1/completions' `prompt`: a string, an array of token ids, or a batch of either (an array
+  // of strings or of token-id arrays), each with its echo text when `echo`.
+  absl::StatusOr<std::vector<Prompt>> CompletionPrompts(const Json& prompt, bool echo);
   // Moves `messages` and `tools` out of `body` (no copy of the request's largest parts). Sets the
   // job's thinking mode and how its output is parsed.
   absl::StatusOr<std::vector<int32_t>> ChatPrompt(Json& body, Job* job);
@@ -213,11 +233,12 @@ struct OpenAiServer::Impl {
   // Submits the job and answers it: a whole response, or a stream (Stream) when it asks for one.
   // Returns an error only before anything was written (a refusal, a failed generation).
   absl::Status Run(Job job, const httplib::Request& req, httplib::Response& res);
-  // Submits the job's n choices (with share_prompt_prefill and no penalties -- which need the
-  // whole prompt on the workers, so such a request never resumes from the cache -- only choice
-  // 0; the others wait in `pending`); on a refusal cancels those already accepted.
+  // Submits the job's n choices for each prompt (with share_prompt_prefill and no penalties --
+  // which need the whole prompt on the workers, so such a request never resumes from the cache
+  // -- only each prompt's first choice; the others wait in `pending`); on a refusal cancels
+  // those already accepted.
   absl::StatusOr<std::vector<Choice>> Submit(const Job& job, const httplib::Response& res);
-  // Submits the pending choices once choice 0 has had an event; a choice the engine refuses now
+  // Submits a pending choice once its leader has had an event; a choice the engine refuses now
   // fails with the reason (and with it the request).
   void SubmitPending(std::vector<Choice>& choices);
   // One engine event of `c` through its output: returns the text and logprobs it releases and
@@ -234,8 +255,8 @@ struct OpenAiServer::Impl {
   // A choice that failed (an engine error or a cancel), or null.
   static const Choice* Failed(const std::vector<Choice>& choices);
   static void CancelAll(std::vector<Choice>& choices);
-  // The prompt's tokens served from the prefix cache: the best of the choices (the prompt is
-  // counted once in usage).
+  // The prompts' tokens served from the prefix cache: for each prompt the best of its choices
+  // (usage counts a prompt once, whatever n).
   static size_t CachedTokens(const std::vector<Choice>& choices);
   static size_t GeneratedTokens(const std::vector<Choice>& choices);
   // A finished choice of a non-streaming response.
@@ -254,7 +275,7 @@ struct OpenAiServer::Impl {
 
  private:
   // response_generation.cc: the parts of Run.
-  absl::StatusOr<GenerationRequest> ChoiceRequest(const Job& job, const Choice& c, size_t i,
+  absl::StatusOr<GenerationRequest> ChoiceRequest(const Job& job, const Choice& c,
                                                   size_t count) const;
   absl::Status Refusal(const SubmitOutcome& out, const Job& job,
                        const httplib::Response& res) const;

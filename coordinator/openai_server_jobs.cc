@@ -104,7 +104,8 @@ absl::Status OpenAiServer::Impl::PrepareChat(Json& body, Job& job) {
   job.kind = Kind::kChat;
   ASSIGN_OR_RETURN(job.params, ParseGenerationParams(body, /*chat=*/true));
   RETURN_IF_ERROR(CheckLogitBias(job.params));
-  ASSIGN_OR_RETURN(job.prompt, ChatPrompt(body, &job));
+  ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ChatPrompt(body, &job));
+  job.prompts.emplace_back().tokens = std::move(tokens);
   RETURN_IF_ERROR(Constrain(job));
   return FitContext(job, "messages");
 }
@@ -121,31 +122,63 @@ absl::Status OpenAiServer::Impl::HandleCompletion(const httplib::Request& req,
   RETURN_IF_ERROR(CheckLogitBias(job.params));
   const Json* prompt = Field(body, "prompt");
   if (!prompt) return Invalid("prompt", "prompt: required");
-  if (prompt->is_string()) {
-    ASSIGN_OR_RETURN(job.prompt, Encode(prompt->get_ref<const std::string&>(), "prompt"));
-  } else if (prompt->is_array() && !prompt->empty()) {
-    for (const auto& id : *prompt) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-          id.get<int64_t>() >= tokenizer->vocab_size()) {
-        return Invalid("prompt", "prompt: expected a string or an array of token ids");
-      }
-      job.prompt.push_back(id.get<int32_t>());
-    }
-  } else {
-    return Invalid("prompt", "prompt: expected a string or an array of token ids");
-  }
-  if (job.prompt.empty()) return Invalid("prompt", "prompt: must not be empty");
   ASSIGN_OR_RETURN(const bool echo, openai::ParseEcho(body, job.params));
-  if (echo) {
-    auto text = tokenizer->Decode(job.prompt);
-    if (!text.ok()) return Invalid("prompt", text.status().message());
-    job.echo = prompt->is_string() ? prompt->get<std::string>() : *std::move(text);
+  ASSIGN_OR_RETURN(job.prompts, CompletionPrompts(*prompt, echo));
+  if (const int64_t choices = static_cast<int64_t>(job.prompts.size()) * job.params.n;
+      choices > openai::kMaxBatchChoices) {
+    return Invalid(
+        "prompt",
+        absl::StrCat("prompt: ", job.prompts.size(), " prompts x n = ", job.params.n, " make ",
+                     choices, " choices; one request takes at most ", openai::kMaxBatchChoices));
   }
   ASSIGN_OR_RETURN(job.grammar, structured->RequestGrammar(body, ToolChoice{}, nullptr));
   RETURN_IF_ERROR(Constrain(job));
   job.id = absl::StrCat("cmpl-", NewRequestId());
   RETURN_IF_ERROR(FitContext(job, "prompt"));
   return Run(std::move(job), req, res);
+}
+
+absl::StatusOr<std::vector<OpenAiServer::Impl::Prompt>> OpenAiServer::Impl::CompletionPrompts(
+    const Json& prompt, bool echo) {
+  constexpr const char* kShapes =
+      "expected a string, an array of token ids, or an array of strings or of token-id arrays";
+  const bool batch = prompt.is_array() && !prompt.empty() && !prompt[0].is_number();
+  std::vector<const Json*> items;
+  if (batch) {
+    for (const Json& p : prompt) items.push_back(&p);
+  } else {
+    items.push_back(&prompt);
+  }
+  std::vector<Prompt> out(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Json& p = *items[i];
+    const std::string name = batch ? absl::StrCat("prompt[", i, "]") : "prompt";
+    const std::string shape_error =
+        absl::StrCat(name, ": ", batch ? "expected a string or an array of token ids" : kShapes);
+    if (p.is_string()) {
+      ASSIGN_OR_RETURN(out[i].tokens, Encode(p.get_ref<const std::string&>(), "prompt"));
+    } else if (p.is_array() && !p.empty()) {
+      for (const auto& id : p) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= tokenizer->vocab_size()) {
+          return Invalid("prompt", shape_error);
+        }
+        out[i].tokens.push_back(id.get<int32_t>());
+      }
+    } else {
+      return Invalid("prompt", shape_error);
+    }
+    if (out[i].tokens.empty()) return Invalid("prompt", absl::StrCat(name, ": must not be empty"));
+    if (!echo) continue;
+    if (p.is_string()) {
+      out[i].echo = p.get<std::string>();
+    } else {
+      auto text = tokenizer->Decode(out[i].tokens);
+      if (!text.ok()) return Invalid("prompt", text.status().message());
+      out[i].echo = *std::move(text);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<int32_t>> OpenAiServer::Impl::ChatPrompt(Json& body, Job* job) {
@@ -217,29 +250,38 @@ absl::StatusOr<std::vector<int32_t>> OpenAiServer::Impl::Encode(const std::strin
 }
 
 absl::Status OpenAiServer::Impl::FitContext(Job& job, const char* param) {
-  const int64_t prompt = static_cast<int64_t>(job.prompt.size());
   int64_t ctx = config.max_context_tokens;
   if (const int64_t kv = config.max_sequence_tokens ? config.max_sequence_tokens() : 0; kv > 0) {
     ctx = std::min(ctx, kv);  // the KV cache holds less than the model's context
   }
-  int64_t want = job.params.max_tokens.value_or(ctx - prompt);
-  // Anthropic's clients ask for a fixed max_tokens (Claude Code: 32,000) whatever the context:
-  // /v1/messages lowers it to the context left instead of refusing the request.
-  if (job.anthropic && prompt < ctx) want = std::min(want, ctx - prompt);
-  if (prompt + want > ctx || want < 1) {
-    return ApiStatus(
-        absl::StatusCode::kInvalidArgument,
-        absl::StrCat("This model's maximum context length is ", ctx,
-                     " tokens. However, you requested ", prompt + std::max<int64_t>(want, 0),
-                     " tokens (", prompt, " in the prompt, ", std::max<int64_t>(want, 0),
-                     " for the completion)."),
-        param, "context_length_exceeded");
+  int32_t largest = 0;
+  for (size_t i = 0; i < job.prompts.size(); ++i) {
+    const int64_t prompt = static_cast<int64_t>(job.prompts[i].tokens.size());
+    // A batch's message names the prompt that does not fit.
+    const std::string which =
+        job.prompts.size() > 1 ? absl::StrCat("prompt[", i, "]: ") : std::string();
+    int64_t want = job.params.max_tokens.value_or(ctx - prompt);
+    // Anthropic's clients ask for a fixed max_tokens (Claude Code: 32,000) whatever the
+    // context: /v1/messages lowers it to the context left instead of refusing the request.
+    if (job.anthropic && prompt < ctx) want = std::min(want, ctx - prompt);
+    if (prompt + want > ctx || want < 1) {
+      return ApiStatus(
+          absl::StatusCode::kInvalidArgument,
+          absl::StrCat(which, "This model's maximum context length is ", ctx,
+                       " tokens. However, you requested ", prompt + std::max<int64_t>(want, 0),
+                       " tokens (", prompt, " in the prompt, ", std::max<int64_t>(want, 0),
+                       " for the completion)."),
+          param, "context_length_exceeded");
+    }
+    if (job.params.sampling.min_tokens > want) {
+      return Invalid("min_tokens",
+                     absl::StrCat(which, "min_tokens (", job.params.sampling.min_tokens,
+                                  ") must not exceed max_tokens (", want, ")"));
+    }
+    job.prompts[i].max_tokens = static_cast<int32_t>(want);
+    largest = std::max(largest, job.prompts[i].max_tokens);
   }
-  if (job.params.sampling.min_tokens > want) {
-    return Invalid("min_tokens", absl::StrCat("min_tokens (", job.params.sampling.min_tokens,
-                                              ") must not exceed max_tokens (", want, ")"));
-  }
-  job.params.sampling.max_tokens = static_cast<int32_t>(want);
+  job.params.sampling.max_tokens = largest;
   return absl::OkStatus();
 }
 

@@ -39,7 +39,7 @@ using openai::UsageJson;
 absl::Status OpenAiServer::Impl::Run(Job job, const httplib::Request& req, httplib::Response& res) {
   auto timer = std::make_unique<RequestTimer>(*gm, job.arrival);
   ASSIGN_OR_RETURN(std::vector<Choice> choices, Submit(job, res));
-  timer->Accepted(job.prompt.size(), job.params.n, job.params.sampling.max_tokens,
+  timer->Accepted(job.PromptTokens(), job.params.n, job.params.sampling.max_tokens,
                   job.params.stream);
   if (job.params.stream) {
     Stream(std::move(job), std::move(choices), std::move(timer), res);
@@ -97,7 +97,7 @@ absl::Status OpenAiServer::Impl::Respond(const Job& job, std::vector<Choice>& ch
   resp["model"] = config.model_name;
   resp["choices"] = Json::array();
   for (const Choice& c : choices) resp["choices"].push_back(ChoiceJson(job, c));
-  resp["usage"] = UsageJson(job.prompt.size(), GeneratedTokens(choices), CachedTokens(choices));
+  resp["usage"] = UsageJson(job.PromptTokens(), GeneratedTokens(choices), CachedTokens(choices));
   if (job.response) {
     StoreResponse(job, resp);
     SendJson(res, responses::ToResponse(resp, *job.response));
@@ -110,21 +110,23 @@ absl::Status OpenAiServer::Impl::Respond(const Job& job, std::vector<Choice>& ch
 
 absl::StatusOr<std::vector<OpenAiServer::Impl::Choice>> OpenAiServer::Impl::Submit(
     const Job& job, const httplib::Response& res) {
-  std::vector<Choice> choices(static_cast<size_t>(job.params.n));
+  const size_t n = static_cast<size_t>(job.params.n);
+  std::vector<Choice> choices(job.prompts.size() * n);
   const SamplingParams& sp = job.params.sampling;
-  const bool defer = config.share_prompt_prefill && choices.size() > 1 &&
-                     sp.frequency_penalty == 0.0f && sp.presence_penalty == 0.0f &&
-                     sp.repetition_penalty == 1.0f;
+  const bool defer = config.share_prompt_prefill && n > 1 && sp.frequency_penalty == 0.0f &&
+                     sp.presence_penalty == 0.0f && sp.repetition_penalty == 1.0f;
   for (size_t i = 0; i < choices.size(); ++i) {
     Choice& c = choices[i];
     c.index = static_cast<int>(i);
+    c.prompt = i / n;
+    c.leader = i - i % n;
     c.cancel = std::make_shared<CancellationToken>();
     c.output = std::make_unique<OutputText>(*tokenizer, job.params.stop,
                                             job.params.include_stop_str_in_output,
                                             static_cast<size_t>(job.params.sampling.min_tokens));
     c.parser = std::make_unique<chat::CompletionStreamParser>(job.parse_mode, job.parse_tool_calls);
-    ASSIGN_OR_RETURN(GenerationRequest gr, ChoiceRequest(job, c, i, choices.size()));
-    if (defer && i > 0) {
+    ASSIGN_OR_RETURN(GenerationRequest gr, ChoiceRequest(job, c, choices.size()));
+    if (defer && i != c.leader) {
       c.pending = std::move(gr);
       continue;
     }
@@ -138,17 +140,19 @@ absl::StatusOr<std::vector<OpenAiServer::Impl::Choice>> OpenAiServer::Impl::Subm
   return choices;
 }
 
-// The engine's request for choice `c` (the `i`th of `count`).
+// The engine's request for choice `c` (of `count`): its prompt, the seed plus its place among
+// the prompt's n choices.
 absl::StatusOr<GenerationRequest> OpenAiServer::Impl::ChoiceRequest(const Job& job, const Choice& c,
-                                                                    size_t i, size_t count) const {
+                                                                    size_t count) const {
   GenerationRequest gr;
-  gr.request_id = count == 1 ? job.id : absl::StrCat(job.id, "-", i);
-  gr.prompt = job.prompt;
+  gr.request_id = count == 1 ? job.id : absl::StrCat(job.id, "-", c.index);
+  gr.prompt = job.prompts[c.prompt].tokens;
   gr.sampling = job.params.sampling;
-  if (gr.sampling.seed) *gr.sampling.seed += i;
+  gr.sampling.max_tokens = job.prompts[c.prompt].max_tokens;
+  if (gr.sampling.seed) *gr.sampling.seed += c.index - static_cast<int>(c.leader);
   gr.cancel = c.cancel;
   gr.constraint = job.constraint;
-  if (i > 0 && job.grammar) {
+  if (c.index > 0 && job.grammar) {
     ASSIGN_OR_RETURN(gr.constraint, structured->Constraint(
                                         *job.grammar, job.parse_mode == ThinkingMode::kThinking));
   }
@@ -179,10 +183,10 @@ absl::Status OpenAiServer::Impl::Refusal(const SubmitOutcome& out, const Job& jo
 }
 
 void OpenAiServer::Impl::SubmitPending(std::vector<Choice>& choices) {
-  const Choice& first = choices[0];
-  if (first.output->tokens() == 0 && first.finish == FinishReason::kNone) return;
   for (Choice& c : choices) {
     if (!c.pending) continue;
+    const Choice& leader = choices[c.leader];
+    if (leader.output->tokens() == 0 && leader.finish == FinishReason::kNone) continue;
     SubmitOutcome out = engine->Submit(*std::move(c.pending));
     c.pending.reset();
     if (out.status == SubmitStatus::kAccepted && out.stream) {
@@ -251,8 +255,13 @@ void OpenAiServer::Impl::CancelAll(std::vector<Choice>& choices) {
 }
 
 size_t OpenAiServer::Impl::CachedTokens(const std::vector<Choice>& choices) {
+  std::vector<int64_t> best;  // by prompt
+  for (const Choice& c : choices) {
+    if (c.prompt >= best.size()) best.resize(c.prompt + 1, 0);
+    best[c.prompt] = std::max(best[c.prompt], c.cached_tokens);
+  }
   int64_t n = 0;
-  for (const Choice& c : choices) n = std::max(n, c.cached_tokens);
+  for (const int64_t b : best) n += b;
   return static_cast<size_t>(n);
 }
 
@@ -288,7 +297,7 @@ Json OpenAiServer::Impl::ChoiceJson(const Job& job, const Choice& c) const {
     choice["message"] = std::move(msg);
     choice["logprobs"] = logprobs ? ChatLogprobs(*tokenizer, c.all.logprobs) : Json(nullptr);
   } else {
-    choice["text"] = job.echo + c.all.text;
+    choice["text"] = job.prompts[c.prompt].echo + c.all.text;
     choice["logprobs"] = logprobs ? CompletionLogprobs(*tokenizer, c.all.logprobs) : Json(nullptr);
   }
   choice["finish_reason"] = reason;

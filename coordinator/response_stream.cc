@@ -59,7 +59,7 @@ void OpenAiServer::Impl::Stream(Job job, std::vector<Choice> choices,
         *st->job.response, [this, st = st.get()](const Json& c) { StoreResponse(st->job, c); });
   } else if (st->job.anthropic) {
     st->events = std::make_unique<anthropic::MessageStream>(st->job.id, config.model_name,
-                                                            st->job.prompt.size());
+                                                            st->job.PromptTokens());
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -191,8 +191,8 @@ bool OpenAiServer::Impl::Provide(StreamState& st, httplib::DataSink& sink) {
     if (!ch.started && st.job.kind == Kind::kChat) {
       if (!WriteDelta(st, ch, sink, {}, "", nullptr)) return false;  // the role chunk
     }
-    if (!ch.started && !st.job.echo.empty()) {
-      if (!WriteDelta(st, ch, sink, {}, st.job.echo, nullptr)) return false;
+    if (const std::string& echo = st.job.prompts[ch.prompt].echo; !ch.started && !echo.empty()) {
+      if (!WriteDelta(st, ch, sink, {}, echo, nullptr)) return false;
     }
   }
   bool written = true;
@@ -213,7 +213,7 @@ bool OpenAiServer::Impl::Provide(StreamState& st, httplib::DataSink& sink) {
     Json c = ChunkBase(st);
     c["choices"] = Json::array();
     c["usage"] =
-        UsageJson(st.job.prompt.size(), GeneratedTokens(st.choices), CachedTokens(st.choices));
+        UsageJson(st.job.PromptTokens(), GeneratedTokens(st.choices), CachedTokens(st.choices));
     if (!Write(st, sink, c)) return false;
   }
   st.finished = true;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -195,6 +197,96 @@ TEST_F(OpenAiServerTest, CompletionsEchoReturnsThePromptFirst) {
   }
   Json c = Json{{"model", "deepseek-v4"}, {"prompt", "Hello"}, {"echo", true}, {"logprobs", 1}};
   ExpectError(Post("/v1/completions", c.dump()), 400, "echo");
+}
+
+// vLLM's list of prompts: n choices per prompt, prompt p's at indices p*n .. p*n+n-1, each on
+// its own prompt, with its own default max_tokens and the seed plus its place among its prompt's
+// choices; usage counts every prompt once.
+TEST_F(OpenAiServerTest, CompletionsTakeABatchOfPrompts) {
+  for (const bool share : {false, true}) {
+    GatewayConfig config;
+    config.share_prompt_prefill = share;  // each prompt's later choices wait for its first
+    TearDown();
+    Launch(config, FakeEngine::Options{});
+    struct Seen {
+      std::vector<int32_t> prompt;
+      std::optional<uint64_t> seed;
+      int32_t max_tokens;
+    };
+    auto seen = std::make_shared<std::map<std::string, Seen>>();
+    engine_->set_script_fn([seen](const GenerationRequest& r) {
+      (*seen)[r.request_id] = {r.prompt, r.sampling.seed, r.sampling.max_tokens};
+      return r.prompt;  // each choice says its own prompt back
+    });
+    const std::vector<std::string> texts = {"Hello", "the world wide", "Bye now"};
+    const Json prompt = Json::array({texts[0], texts[1], Ids(texts[2])});
+    for (const bool stream : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "share " << share << " stream " << stream);
+      seen->clear();
+      Json c = Json{{"model", "deepseek-v4"}, {"prompt", prompt}, {"n", 2}, {"seed", 7}};
+      c["stream"] = stream;
+      c["echo"] = stream;  // echoed: each choice's prompt comes first
+      c["stream_options"] = Json{{"include_usage", true}};
+      if (!stream) c.erase("stream_options");
+      auto r = Post("/v1/completions", c.dump());
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      std::map<int, std::string> text;
+      Json usage;
+      if (!stream) {
+        const Json j = Json::parse(r->body);
+        for (const Json& ch : j["choices"]) text[ch["index"].get<int>()] = ch["text"];
+        usage = j["usage"];
+      } else {
+        for (const auto& ev : Events(r->body)) {
+          if (ev == "[DONE]") continue;
+          const Json j = Json::parse(ev);
+          if (j.contains("usage") && !j["usage"].is_null()) usage = j["usage"];
+          for (const Json& ch : j["choices"]) text[ch["index"].get<int>()] += ch["text"];
+        }
+      }
+      ASSERT_EQ(text.size(), 6u) << r->body;
+      size_t prompt_tokens = 0;
+      for (int i = 0; i < 6; ++i) {
+        const std::string& want = texts[static_cast<size_t>(i / 2)];
+        EXPECT_EQ(text[i], stream ? want + want : want) << "choice " << i;
+      }
+      for (const std::string& t : texts) prompt_tokens += Ids(t).size();
+      EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+      EXPECT_EQ(usage["completion_tokens"], 2 * prompt_tokens);
+      ASSERT_EQ(seen->size(), 6u);
+      for (const auto& [id, s] : *seen) {  // ids end in "-<choice index>"
+        const int i = std::stoi(id.substr(id.rfind('-') + 1));
+        const std::vector<int32_t> want = Ids(texts[static_cast<size_t>(i / 2)]);
+        EXPECT_EQ(s.prompt, want) << id;
+        EXPECT_EQ(s.seed, std::optional<uint64_t>(7 + i % 2)) << id;
+        EXPECT_EQ(s.max_tokens, 4096 - static_cast<int32_t>(want.size())) << id;
+      }
+    }
+  }
+}
+
+TEST_F(OpenAiServerTest, CompletionsRefuseAMalformedBatchNamingThePrompt) {
+  auto message = [&](const Json& prompt, Json extra = Json::object()) {
+    Json c = Json{{"model", "deepseek-v4"}, {"prompt", prompt}};
+    c.update(extra);
+    auto r = Post("/v1/completions", c.dump());
+    ExpectError(r, 400, "prompt");
+    return r ? Json::parse(r->body)["error"]["message"].get<std::string>() : std::string();
+  };
+  EXPECT_NE(message(Json::array()).find("expected a string"), std::string::npos);
+  EXPECT_NE(message(Json::array({"a", 5})).find("prompt[1]: expected"), std::string::npos);
+  EXPECT_NE(message(Json::array({"a", ""})).find("prompt[1]: must not be empty"),
+            std::string::npos);
+  EXPECT_NE(message(Json::array({Json::array({1, 2}), Json::array()})).find("prompt[1]"),
+            std::string::npos);
+  EXPECT_NE(message(Json::array({Json::array({1, -2})})).find("prompt[0]"), std::string::npos);
+  Json many = Json::array();
+  for (int i = 0; i < 17; ++i) many.push_back("x");
+  EXPECT_NE(message(many, Json{{"n", 16}}).find("272 choices"), std::string::npos);
+  EXPECT_NE(message(Json::array({"a", std::vector<int32_t>(5000, 1)})).find("prompt[1]: This"),
+            std::string::npos);
+  EXPECT_EQ(engine_->submitted_count(), 0);
 }
 
 TEST_F(OpenAiServerTest, NChoicesAreSequencesOfTheirOwnWithSeedPlusIndex) {

@@ -1,5 +1,6 @@
 // The official `openai` npm client against a splitserve gateway: models, chat (non-streaming),
-// streaming with usage, and a tool-call round trip, asserting the shapes the client hands back.
+// streaming with usage, completions of a batch of prompts, and a tool-call round trip, asserting
+// the shapes the client hands back.
 //
 //   SPLITSERVE_BASE_URL   the gateway's API root, e.g. http://127.0.0.1:8000/v1 (required)
 //   SPLITSERVE_API_KEY    bearer key, when the gateway has keys (default: "none")
@@ -111,6 +112,28 @@ test('chat completion with a stop string and logprobs', async () => {
     const text = Buffer.from(c.logprobs.content.flatMap((e) => e.bytes)).toString('utf8');
     assert.equal(text, c.message.content);
   }
+});
+
+test('completions with a batch of prompts', async () => {
+  const m = await modelId();
+  const prompts = ['Hello', 'The sky is'];
+  const r = await client.completions.create({ model: m, prompt: prompts, n: 2, max_tokens: 4 });
+  assert.equal(r.object, 'text_completion');
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3]);  // prompt p's: 2p, 2p + 1
+  for (const c of r.choices) {
+    assert.equal(typeof c.text, 'string');
+    if (fake) assert.equal(c.finish_reason, 'length');
+  }
+  checkUsage(r.usage);
+  assert.ok(r.usage.completion_tokens <= 4 * 4);
+  if (fake) assert.equal(r.usage.completion_tokens, 4 * 4);
+  // usage counts each prompt once
+  let alone = 0;
+  for (const p of prompts) {
+    alone += (await client.completions.create({ model: m, prompt: p, max_tokens: 1 })).usage
+      .prompt_tokens;
+  }
+  assert.equal(r.usage.prompt_tokens, alone);
 });
 
 test('streaming chat completion', async () => {
