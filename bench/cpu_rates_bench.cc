@@ -243,7 +243,8 @@ uint64_t ReadPart(const uint8_t* p, size_t n) {
   uint64_t a0 = 0, a1 = 0;
   for (size_t i = 0; i < n; i += 64) {
     if constexpr (kAhead > 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + i + kAhead), static_cast<_mm_hint>(kHint));
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + kAhead),
+                   static_cast<decltype(_MM_HINT_T0)>(kHint));
     }
     uint64_t w[8];
     std::memcpy(w, p + i, 64);

@@ -44,7 +44,7 @@ uint64_t Read(const uint8_t* p, size_t n, Order order) {
   if (order == Order::kSequential) {
     for (size_t i = 0; i < n; i += kLine) {
       _mm_prefetch(reinterpret_cast<const char*>(p + i + kAheadLines * kLine),
-                   static_cast<_mm_hint>(kHint));
+                   static_cast<decltype(_MM_HINT_T0)>(kHint));
       consume(p + i);
     }
     return a;
@@ -57,7 +57,7 @@ uint64_t Read(const uint8_t* p, size_t n, Order order) {
       for (size_t r = 0; r < kTileRows; ++r) {
         if (pt + tile <= n) {
           _mm_prefetch(reinterpret_cast<const char*>(p + pt + r * kRowBytes + pk * kLine),
-                       static_cast<_mm_hint>(kHint));
+                       static_cast<decltype(_MM_HINT_T0)>(kHint));
         }
         consume(p + t0 + r * kRowBytes + kb * kLine);
       }

@@ -127,8 +127,10 @@ class Prefetch {
   }
 
  private:
+  // The hint's type is GCC's enum _mm_hint and clang's int: decltype names either.
   static void Line(const uint8_t* p) {
-    _mm_prefetch(reinterpret_cast<const char*>(p), static_cast<_mm_hint>(Policy::kHint));
+    _mm_prefetch(reinterpret_cast<const char*>(p),
+                 static_cast<decltype(_MM_HINT_T0)>(Policy::kHint));
   }
   // The first line of step `step` (counted from this call's first tile), or null past the rows.
   const uint8_t* Target(int64_t step) const {

@@ -4,10 +4,13 @@
 #pragma once
 
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* placeholders) once those
-// intrinsics are inlined; the warning is about the header, not this code.
+// intrinsics are inlined; the warning is about the header, not this code. (Clang has no
+// -Wmaybe-uninitialized.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
