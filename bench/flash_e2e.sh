@@ -12,6 +12,7 @@
 #        default 160: Flash's 256 need ~151 GB of RAM for the experts alone; top-6 of fewer
 #        experts reads and computes the same bytes and FLOPs per token), SS_PORT (18000),
 #        SS_DECODE_TOKENS (output tokens per decode request, 64), SS_DECODE_CONCURRENCY ("1 4 8 16"),
+#        SS_MAX_MODEL_LEN (`up`'s --max-model-len, 40960: room for the phases' longest prompt),
 #        SS_UP_ARGS (more `splitserve up` flags, e.g. "--isa avx2"), SS_PHASE_HOOK (a command run
 #        after each phase with the phase as its argument, while `up` still runs: e.g. to have a
 #        tracer write its records, tests/device/streamed_trace.py).
@@ -40,6 +41,7 @@ port=${SS_PORT:-18000}
 decode_tokens=${SS_DECODE_TOKENS:-64}
 decode_concurrency=${SS_DECODE_CONCURRENCY:-1 4 8 16}
 up_args=${SS_UP_ARGS:-}
+max_model_len=${SS_MAX_MODEL_LEN:-40960}
 # Prebuilt binaries (tests/device/pack.sh) find their libraries through `run`; python3 and curl
 # keep the system's.
 binlibs=${LD_LIBRARY_PATH:-}
@@ -55,13 +57,13 @@ cp models/flash/config.json "$model/"
 gzip -dc tests/data/tokenizer/tokenizer.json.gz >"$model/tokenizer.json"
 overrides="{\"n_routed_experts\": $experts}"
 say "flash_e2e: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1); $(nproc) CPUs; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-say "model: models/flash/config.json, --load-format dummy, --hf-overrides '$overrides' $up_args"
+say "model: models/flash/config.json, --load-format dummy, --hf-overrides '$overrides' --max-model-len $max_model_len $up_args"
 
 t0=$(date +%s.%N)
 # Started by env directly, not through run(): a backgrounded function is a subshell, whose PID would
 # take the SIGTERM below while `up` itself kept running (and held its store and the GPU).
 env LD_LIBRARY_PATH="$binlibs" "$bin/splitserve" up --backend cuda --load-format dummy --model "$model" \
-  --hf-overrides "$overrides" --max-model-len 40960 --port "$port" --log-dir "$out/up" \
+  --hf-overrides "$overrides" --max-model-len "$max_model_len" --port "$port" --log-dir "$out/up" \
   --ready-timeout-s 500 $up_args >"$out/up.log" 2>&1 &
 up_pid=$!
 cleanup() {
