@@ -152,23 +152,29 @@ absl::StatusOr<std::vector<OpenAiServer::Impl::Prompt>> OpenAiServer::Impl::Comp
   std::vector<Prompt> out(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const Json& p = *items[i];
-    const std::string name = batch ? absl::StrCat("prompt[", i, "]") : "prompt";
-    const std::string shape_error =
-        absl::StrCat(name, ": ", batch ? "expected a string or an array of token ids" : kShapes);
+    // Error messages name the item of a batch.
+    auto name = [&] { return batch ? absl::StrCat("prompt[", i, "]") : std::string("prompt"); };
+    auto shape_error = [&] {
+      return Invalid("prompt",
+                     absl::StrCat(name(), ": ",
+                                  batch ? "expected a string or an array of token ids" : kShapes));
+    };
     if (p.is_string()) {
       ASSIGN_OR_RETURN(out[i].tokens, Encode(p.get_ref<const std::string&>(), "prompt"));
     } else if (p.is_array() && !p.empty()) {
       for (const auto& id : p) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
             id.get<int64_t>() >= tokenizer->vocab_size()) {
-          return Invalid("prompt", shape_error);
+          return shape_error();
         }
         out[i].tokens.push_back(id.get<int32_t>());
       }
     } else {
-      return Invalid("prompt", shape_error);
+      return shape_error();
     }
-    if (out[i].tokens.empty()) return Invalid("prompt", absl::StrCat(name, ": must not be empty"));
+    if (out[i].tokens.empty()) {
+      return Invalid("prompt", absl::StrCat(name(), ": must not be empty"));
+    }
     if (!echo) continue;
     if (p.is_string()) {
       out[i].echo = p.get<std::string>();
@@ -258,8 +264,9 @@ absl::Status OpenAiServer::Impl::FitContext(Job& job, const char* param) {
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     const int64_t prompt = static_cast<int64_t>(job.prompts[i].tokens.size());
     // A batch's message names the prompt that does not fit.
-    const std::string which =
-        job.prompts.size() > 1 ? absl::StrCat("prompt[", i, "]: ") : std::string();
+    auto which = [&] {
+      return job.prompts.size() > 1 ? absl::StrCat("prompt[", i, "]: ") : std::string();
+    };
     int64_t want = job.params.max_tokens.value_or(ctx - prompt);
     // Anthropic's clients ask for a fixed max_tokens (Claude Code: 32,000) whatever the
     // context: /v1/messages lowers it to the context left instead of refusing the request.
@@ -267,7 +274,7 @@ absl::Status OpenAiServer::Impl::FitContext(Job& job, const char* param) {
     if (prompt + want > ctx || want < 1) {
       return ApiStatus(
           absl::StatusCode::kInvalidArgument,
-          absl::StrCat(which, "This model's maximum context length is ", ctx,
+          absl::StrCat(which(), "This model's maximum context length is ", ctx,
                        " tokens. However, you requested ", prompt + std::max<int64_t>(want, 0),
                        " tokens (", prompt, " in the prompt, ", std::max<int64_t>(want, 0),
                        " for the completion)."),
@@ -275,7 +282,7 @@ absl::Status OpenAiServer::Impl::FitContext(Job& job, const char* param) {
     }
     if (job.params.sampling.min_tokens > want) {
       return Invalid("min_tokens",
-                     absl::StrCat(which, "min_tokens (", job.params.sampling.min_tokens,
+                     absl::StrCat(which(), "min_tokens (", job.params.sampling.min_tokens,
                                   ") must not exceed max_tokens (", want, ")"));
     }
     job.prompts[i].max_tokens = static_cast<int32_t>(want);
